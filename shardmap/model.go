@@ -52,6 +52,7 @@ type Tree struct {
 	Name       string    `json:"name"`
 	KeyColumn  string    `json:"key_column"`
 	KeyType    KeyType   `json:"key_type"`
+	Columns    []string  `json:"columns"` // column names in table order, for INSERT without a column list
 	SlotCount  int       `json:"slot_count"`
 	ShardCount int       `json:"shard_count"`
 	DDL        []string  `json:"ddl"` // statements that build a shard table; "{{table}}" stands for the qualified name
