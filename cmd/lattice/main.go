@@ -1,0 +1,288 @@
+// Command lattice is the Lattice proxy: `serve` runs it, `demo` starts a
+// local cluster with it, `passwd` makes a users-file line.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/lattice-db/lattice/admin"
+	"github.com/lattice-db/lattice/migrator"
+	"github.com/lattice-db/lattice/pgshard"
+	"github.com/lattice-db/lattice/proxy"
+	"github.com/lattice-db/lattice/router"
+	"github.com/lattice-db/lattice/shardmap"
+)
+
+const usage = `lattice: a PostgreSQL proxy that shards tables and reshards them online.
+
+Usage:
+  lattice serve  --node NAME=DSN [--node NAME=DSN ...] [flags]   run the proxy
+  lattice demo   [--data DIR]                                    local cluster with sample data
+  lattice passwd USER [TENANTS]                                  print a users-file line (reads the password from stdin)
+
+Run 'lattice serve -h' for the flags. Every flag can also be set as an
+environment variable: --users-file is LATTICE_USERS_FILE.
+`
+
+func main() {
+	if len(os.Args) < 2 {
+		fmt.Fprint(os.Stderr, usage)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	var err error
+	switch os.Args[1] {
+	case "serve":
+		err = serveCmd(ctx, os.Args[2:])
+	case "demo":
+		err = demoCmd(ctx, os.Args[2:])
+	case "passwd":
+		err = passwdCmd(os.Args[2:], os.Stdin, os.Stdout)
+	case "-h", "--help", "help":
+		fmt.Print(usage)
+	default:
+		fmt.Fprintf(os.Stderr, "lattice: unknown command %q\n\n%s", os.Args[1], usage)
+		os.Exit(2)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "lattice:", err)
+		os.Exit(1)
+	}
+}
+
+// nodeFlags collects repeated --node NAME=DSN values.
+type nodeFlags []pgshard.Node
+
+func (n *nodeFlags) String() string {
+	parts := make([]string, len(*n))
+	for i, x := range *n {
+		parts[i] = x.Name
+	}
+	return strings.Join(parts, ",")
+}
+
+func (n *nodeFlags) Set(v string) error {
+	for _, item := range strings.Fields(v) {
+		name, dsn, ok := strings.Cut(item, "=")
+		if !ok || name == "" || dsn == "" {
+			return fmt.Errorf("node %q: want NAME=DSN", item)
+		}
+		*n = append(*n, pgshard.Node{Name: name, DSN: dsn})
+	}
+	return nil
+}
+
+// serveConfig is everything `serve` takes.
+type serveConfig struct {
+	Listen, Admin, Redis, UsersFile, LogLevel string
+	Nodes                                     nodeFlags
+	MaxClients, PoolSize                      int
+	StartupTimeout                            time.Duration
+}
+
+func (c *serveConfig) flags(fs *flag.FlagSet) {
+	fs.StringVar(&c.Listen, "listen", "127.0.0.1:6432", "address for PostgreSQL clients")
+	fs.StringVar(&c.Admin, "admin", "127.0.0.1:9090", "address of the admin HTTP endpoint (/healthz, /readyz, /metrics)")
+	fs.StringVar(&c.Redis, "redis", "", "Redis URL for the shard map (redis://host:port/db or redis-sentinel://h1:p,h2:p/master); empty runs an embedded in-process server whose state is lost on exit")
+	fs.Var(&c.Nodes, "node", "a PostgreSQL node as NAME=DSN, repeatable; the first is the catalog node")
+	fs.StringVar(&c.UsersFile, "users-file", "", "SCRAM-SHA-256 users file; without it every user is trusted, which is allowed only on a loopback listener")
+	fs.StringVar(&c.LogLevel, "log-level", "info", "debug, info, warn or error")
+	fs.IntVar(&c.MaxClients, "max-clients", 1000, "most client connections at once")
+	fs.IntVar(&c.PoolSize, "pool-size", 32, "most backend connections per node and tenant")
+	fs.DurationVar(&c.StartupTimeout, "startup-timeout", 10*time.Second, "a client must finish startup and authentication within this")
+}
+
+// parseFlags parses args, then fills every flag not given on the command line
+// from its LATTICE_* environment variable.
+func parseFlags(fs *flag.FlagSet, args []string) error {
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	var err error
+	fs.VisitAll(func(f *flag.Flag) {
+		if set[f.Name] || err != nil {
+			return
+		}
+		env := "LATTICE_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
+		if v, ok := os.LookupEnv(env); ok {
+			if e := f.Value.Set(v); e != nil {
+				err = fmt.Errorf("%s: %w", env, e)
+			}
+		}
+	})
+	return err
+}
+
+func newLogger(level string) (*slog.Logger, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("log level %q: %w", level, err)
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: l})), nil
+}
+
+func serveCmd(ctx context.Context, args []string) error {
+	var cfg serveConfig
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	cfg.flags(fs)
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	log, err := newLogger(cfg.LogLevel)
+	if err != nil {
+		return err
+	}
+	return serve(ctx, cfg, log, nil)
+}
+
+// serve runs the proxy and the admin endpoint until ctx ends. ready, when
+// set, receives the listening addresses.
+func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, ready func(pgAddr, adminAddr string)) error {
+	if len(cfg.Nodes) == 0 {
+		return errors.New("no nodes: give at least one --node NAME=DSN")
+	}
+	var users *proxy.Users
+	if cfg.UsersFile != "" {
+		u, err := proxy.LoadUsers(cfg.UsersFile)
+		if err != nil {
+			return err
+		}
+		users = u
+	} else if !loopback(cfg.Listen) {
+		return fmt.Errorf("listening on %s without --users-file would trust every user: give a users file, or listen on a loopback address", cfg.Listen)
+	}
+
+	redisURL := cfg.Redis
+	if redisURL == "" {
+		url, stopRedis, err := shardmap.StartEmbedded()
+		if err != nil {
+			return fmt.Errorf("embedded redis: %w", err)
+		}
+		defer stopRedis()
+		redisURL = url
+		log.Warn("no --redis given: running an embedded in-process Redis; the shard map is lost when this process exits")
+	}
+	store, err := shardmap.OpenRedis(ctx, redisURL)
+	if err != nil {
+		return err
+	}
+	defer store.Close()
+
+	cluster, err := pgshard.NewCluster(cfg.Nodes, log)
+	if err != nil {
+		return err
+	}
+	defer cluster.Close()
+
+	cache := shardmap.NewCache(store, time.Second, log)
+	cacheCtx, stopCache := context.WithCancel(ctx)
+	defer stopCache()
+	go func() {
+		if err := cache.Run(cacheCtx); err != nil && cacheCtx.Err() == nil {
+			log.Error("shard map cache stopped", "err", err)
+		}
+	}()
+
+	pools := pgshard.NewPools(pgshard.PoolConfig{MaxConns: cfg.PoolSize}, cluster.TenantDSN)
+	defer pools.Close()
+	go reapIdle(ctx, pools)
+
+	srv := proxy.NewServer(proxy.Config{
+		Startup:     proxy.StartupConfig{Users: users, StartupTimeout: cfg.StartupTimeout},
+		MaxClients:  cfg.MaxClients,
+		CatalogNode: cluster.Catalog().Name,
+		Log:         log,
+	}, cache, router.NewPlanner(10000), pools, migrator.NewFunctions(cluster, store, cache))
+
+	adm := admin.New(log)
+	registerProxyMetrics(adm, srv, pools)
+	adm.Ready = func(ctx context.Context) error {
+		_, err := store.Trees(ctx, cluster.DefaultTenant())
+		return err
+	}
+
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return err
+	}
+	aln, err := net.Listen("tcp", cfg.Admin)
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	log.Info("lattice serving", "listen", ln.Addr().String(), "admin", aln.Addr().String(), "nodes", len(cfg.Nodes), "catalog", cluster.Catalog().Name)
+	if ready != nil {
+		ready(ln.Addr().String(), aln.Addr().String())
+	}
+	errc := make(chan error, 2)
+	go func() { errc <- adm.Serve(ctx, aln) }()
+	go func() { errc <- srv.Serve(ctx, ln) }()
+	err = <-errc
+	if err == nil {
+		err = <-errc
+	}
+	return err
+}
+
+func reapIdle(ctx context.Context, pools *pgshard.Pools) {
+	t := time.NewTicker(30 * time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			pools.ReapIdle()
+		}
+	}
+}
+
+func loopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+func passwdCmd(args []string, in io.Reader, out io.Writer) error {
+	if len(args) < 1 || len(args) > 2 {
+		return errors.New("usage: lattice passwd USER [TENANTS] < password")
+	}
+	tenants := "*"
+	if len(args) == 2 {
+		tenants = args[1]
+	}
+	raw, err := io.ReadAll(io.LimitReader(in, 4096))
+	if err != nil {
+		return err
+	}
+	password := strings.TrimRight(string(raw), "\r\n")
+	if password == "" {
+		return errors.New("empty password on standard input")
+	}
+	v, err := proxy.NewVerifier(password)
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(out, "%s %s %s\n", args[0], v, tenants)
+	return err
+}

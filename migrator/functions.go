@@ -1,0 +1,255 @@
+// Package migrator moves slots between shards (split and fold) and runs the
+// lattice_* SQL functions that create and reshard trees.
+package migrator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgproto3"
+	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/lattice-db/lattice/pgshard"
+	"github.com/lattice-db/lattice/shardmap"
+)
+
+// Error carries a SQLSTATE to the client.
+type Error struct{ Code, Message, Hint string }
+
+func (e *Error) Error() string { return e.Message }
+
+// SQLState is the code the proxy sends in its ErrorResponse.
+func (e *Error) SQLState() string { return e.Code }
+
+func errorf(code, format string, args ...any) *Error {
+	return &Error{Code: code, Message: fmt.Sprintf(format, args...)}
+}
+
+// Functions serves the lattice_* functions of DESIGN section 7.
+type Functions struct {
+	cluster *pgshard.Cluster
+	store   shardmap.Store
+	cache   *shardmap.Cache
+}
+
+// NewFunctions wires the functions to the nodes, the map store and the
+// proxy's map cache (refreshed after a change so that the caller's next
+// statement already routes by it).
+func NewFunctions(cluster *pgshard.Cluster, store shardmap.Store, cache *shardmap.Cache) *Functions {
+	return &Functions{cluster: cluster, store: store, cache: cache}
+}
+
+func field(name string, oid uint32) pgproto3.FieldDescription {
+	size := int16(-1)
+	switch oid {
+	case pgtype.Int4OID:
+		size = 4
+	case pgtype.Int8OID:
+		size = 8
+	}
+	return pgproto3.FieldDescription{Name: []byte(name), DataTypeOID: oid, DataTypeSize: size, TypeModifier: -1}
+}
+
+var signatures = map[string][]pgproto3.FieldDescription{
+	"lattice_create_tree": {field("lattice_create_tree", pgtype.TextOID)},
+	"lattice_trees": {
+		field("tree", pgtype.TextOID), field("key_column", pgtype.TextOID), field("key_type", pgtype.TextOID),
+		field("shard_count", pgtype.Int4OID), field("slot_count", pgtype.Int4OID), field("epoch", pgtype.Int8OID),
+	},
+	"lattice_shards": {
+		field("shard", pgtype.Int4OID), field("node", pgtype.TextOID), field("schema", pgtype.TextOID),
+		field("slot_ranges", pgtype.TextOID), field("slot_count", pgtype.Int4OID), field("state", pgtype.TextOID),
+		field("rows_estimate", pgtype.Int8OID),
+	},
+}
+
+// Describe returns the result columns of a lattice function.
+func (f *Functions) Describe(name string) ([]pgproto3.FieldDescription, error) {
+	sig, ok := signatures[name]
+	if !ok {
+		e := errorf("42883", "function %s does not exist", name)
+		e.Hint = "Lattice provides lattice_create_tree, lattice_trees and lattice_shards"
+		return nil, e
+	}
+	return sig, nil
+}
+
+// Call runs a lattice function for tenant.
+func (f *Functions) Call(ctx context.Context, tenant, name string, args []*string, named map[string]*string) ([][]any, error) {
+	switch name {
+	case "lattice_create_tree":
+		a, err := bindArgs(name, args, named, "tree", "key_column", "shard_count", "slot_count")
+		if err != nil {
+			return nil, err
+		}
+		return f.createTree(ctx, tenant, a)
+	case "lattice_trees":
+		if _, err := bindArgs(name, args, named); err != nil {
+			return nil, err
+		}
+		return f.trees(ctx, tenant)
+	case "lattice_shards":
+		a, err := bindArgs(name, args, named, "tree")
+		if err != nil {
+			return nil, err
+		}
+		return f.shards(ctx, tenant, a)
+	}
+	return nil, errorf("42883", "function %s does not exist", name)
+}
+
+// bindArgs matches positional and named arguments to parameter names.
+func bindArgs(fn string, args []*string, named map[string]*string, params ...string) (map[string]*string, error) {
+	if len(args) > len(params) {
+		return nil, errorf("42883", "function %s takes at most %d arguments", fn, len(params))
+	}
+	out := make(map[string]*string, len(params))
+	for i, a := range args {
+		out[params[i]] = a
+	}
+	for k, v := range named {
+		known := false
+		for _, p := range params {
+			known = known || p == k
+		}
+		if !known {
+			return nil, errorf("42883", "function %s has no parameter named %q (it takes %s)", fn, k, strings.Join(params, ", "))
+		}
+		if _, dup := out[k]; dup {
+			return nil, errorf("42P13", "argument %q of %s given twice", k, fn)
+		}
+		out[k] = v
+	}
+	return out, nil
+}
+
+func required(a map[string]*string, name string) (string, error) {
+	v := a[name]
+	if v == nil || *v == "" {
+		return "", errorf("22004", "argument %s must not be null or empty", name)
+	}
+	return *v, nil
+}
+
+func optionalInt(a map[string]*string, name string, def int) (int, error) {
+	v := a[name]
+	if v == nil {
+		return def, nil
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(*v))
+	if err != nil {
+		return 0, errorf("22023", "argument %s must be an integer, got %q", name, *v)
+	}
+	return n, nil
+}
+
+// foldName folds an unquoted identifier the way PostgreSQL does.
+func foldName(s string) string {
+	if len(s) >= 2 && s[0] == '"' && s[len(s)-1] == '"' {
+		return strings.ReplaceAll(s[1:len(s)-1], `""`, `"`)
+	}
+	return strings.ToLower(s)
+}
+
+func (f *Functions) createTree(ctx context.Context, tenant string, a map[string]*string) ([][]any, error) {
+	table, err := required(a, "tree")
+	if err != nil {
+		return nil, err
+	}
+	key, err := required(a, "key_column")
+	if err != nil {
+		return nil, err
+	}
+	shards, err := optionalInt(a, "shard_count", 64)
+	if err != nil {
+		return nil, err
+	}
+	slots, err := optionalInt(a, "slot_count", shardmap.DefaultSlotCount)
+	if err != nil {
+		return nil, err
+	}
+	spec := pgshard.TreeSpec{Tenant: tenant, Table: foldName(table), KeyColumn: foldName(key), ShardCount: shards, SlotCount: slots}
+	t, m, err := f.cluster.CreateTree(ctx, f.store, spec)
+	if err != nil {
+		return nil, err
+	}
+	if f.cache != nil {
+		if _, err := f.cache.Refresh(ctx, tenant); err != nil {
+			return nil, fmt.Errorf("tree created, but refreshing the map cache failed: %w", err)
+		}
+	}
+	nodes := map[string]bool{}
+	for _, sh := range m.Shards {
+		nodes[sh.Node] = true
+	}
+	msg := fmt.Sprintf("tree %s: %d shards on %d nodes, key %s (%s), %d slots", t.Name, len(m.Shards), len(nodes), t.KeyColumn, t.KeyType, len(m.Slots))
+	return [][]any{{msg}}, nil
+}
+
+func (f *Functions) trees(ctx context.Context, tenant string) ([][]any, error) {
+	trees, err := f.store.Trees(ctx, tenant)
+	if err != nil {
+		return nil, err
+	}
+	rows := make([][]any, 0, len(trees))
+	for _, t := range trees {
+		m, err := f.store.Map(ctx, tenant, t.Name)
+		if err != nil {
+			return nil, err
+		}
+		rows = append(rows, []any{t.Name, t.KeyColumn, string(t.KeyType), int32(m.DistinctShards()), int32(len(m.Slots)), int64(m.Epoch)})
+	}
+	return rows, nil
+}
+
+func (f *Functions) shards(ctx context.Context, tenant string, a map[string]*string) ([][]any, error) {
+	name, err := required(a, "tree")
+	if err != nil {
+		return nil, err
+	}
+	name = foldName(name)
+	t, err := f.store.Tree(ctx, tenant, name)
+	if errors.Is(err, shardmap.ErrNotFound) {
+		return nil, errorf("42P01", "tree %q does not exist", name)
+	}
+	if err != nil {
+		return nil, err
+	}
+	m, err := f.store.Map(ctx, tenant, name)
+	if err != nil {
+		return nil, err
+	}
+	counts, err := f.cluster.TreeRowCount(ctx, t, m)
+	if err != nil {
+		return nil, err
+	}
+	slotCounts := m.SlotCounts()
+	idx := make([]int, 0, len(m.Shards))
+	for i := range m.Shards {
+		idx = append(idx, i)
+	}
+	slices.Sort(idx)
+	rows := make([][]any, 0, len(idx))
+	for _, i := range idx {
+		sh := m.Shards[i]
+		rows = append(rows, []any{int32(i), sh.Node, shardmap.SchemaName(i), formatRanges(m.SlotRanges(i)),
+			int32(slotCounts[i]), string(sh.State), counts[i]})
+	}
+	return rows, nil
+}
+
+func formatRanges(r [][2]int) string {
+	parts := make([]string, len(r))
+	for i, x := range r {
+		if x[0] == x[1] {
+			parts[i] = strconv.Itoa(x[0])
+		} else {
+			parts[i] = strconv.Itoa(x[0]) + "-" + strconv.Itoa(x[1])
+		}
+	}
+	return strings.Join(parts, ",")
+}

@@ -1,0 +1,167 @@
+package pgshard
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
+)
+
+// maxPreparedPerConn bounds the server-side prepared statements one backend
+// keeps for the proxy, so that many distinct statements cannot exhaust a
+// backend's memory.
+const maxPreparedPerConn = 512
+
+// Conn is one backend connection taken over from pgconn after startup and
+// authentication, so that the proxy can forward protocol messages as they are.
+type Conn struct {
+	Node, Tenant string
+	Frontend     *pgproto3.Frontend
+	// TxStatus is the status of the last ReadyForQuery the backend sent.
+	TxStatus byte
+	// Settings is the fingerprint of the session settings last replayed on
+	// this backend (see the proxy's session state).
+	Settings string
+	// Params are the ParameterStatus values the server reported.
+	Params map[string]string
+
+	net       net.Conn
+	pid       uint32
+	secretKey []byte
+	cancelTo  string
+	broken    bool
+	lastUsed  time.Time
+
+	prepared map[string]string // statement key -> server-side name
+	prepSeq  uint64
+	toClose  []string // evicted statement names to close with the next batch
+}
+
+func connect(ctx context.Context, node, tenant, dsn string, maxMessage int) (*Conn, error) {
+	cfg, err := pgconn.ParseConfig(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("node %s: %w", node, err)
+	}
+	pc, err := pgconn.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("node %s: %w", node, err)
+	}
+	hj, err := pc.Hijack()
+	if err != nil {
+		pc.Close(ctx)
+		return nil, fmt.Errorf("node %s: %w", node, err)
+	}
+	hj.Frontend.SetMaxBodyLen(maxMessage)
+	c := &Conn{
+		Node:      node,
+		Tenant:    tenant,
+		Frontend:  hj.Frontend,
+		TxStatus:  hj.TxStatus,
+		Params:    hj.ParameterStatuses,
+		net:       hj.Conn,
+		pid:       hj.PID,
+		secretKey: hj.SecretKey,
+		cancelTo:  hj.Conn.RemoteAddr().String(),
+		prepared:  make(map[string]string),
+		lastUsed:  time.Now(),
+	}
+	if cfg.Host != "" && cfg.Host[0] == '/' {
+		c.cancelTo = "unix:" + hj.Conn.RemoteAddr().String()
+	} else {
+		c.cancelTo = net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port)))
+	}
+	return c, nil
+}
+
+// PID is the backend process id, for logs.
+func (c *Conn) PID() uint32 { return c.pid }
+
+// SetDeadline bounds the next reads and writes on the backend socket.
+func (c *Conn) SetDeadline(t time.Time) error { return c.net.SetDeadline(t) }
+
+// MarkBroken makes Release close the connection instead of pooling it: its
+// protocol state is unknown after an I/O error or an abandoned exchange.
+func (c *Conn) MarkBroken() { c.broken = true }
+
+// Broken reports whether the connection must not be reused.
+func (c *Conn) Broken() bool { return c.broken }
+
+// Close closes the socket after a polite Terminate.
+func (c *Conn) Close() {
+	c.Frontend.Send(&pgproto3.Terminate{})
+	_ = c.net.SetWriteDeadline(time.Now().Add(time.Second))
+	_ = c.Frontend.Flush()
+	_ = c.net.Close()
+}
+
+// Prepared returns the server-side name under which key (a rendered statement
+// and its parameter types) is prepared on this backend.
+func (c *Conn) Prepared(key string) (string, bool) {
+	name, ok := c.prepared[key]
+	return name, ok
+}
+
+// AddPrepared allocates a server-side name for key. The caller sends the Parse.
+// When the backend holds too many statements, one is evicted and closed with
+// the next batch (TakeEvicted).
+func (c *Conn) AddPrepared(key string) string {
+	if len(c.prepared) >= maxPreparedPerConn {
+		for k, name := range c.prepared {
+			delete(c.prepared, k)
+			c.toClose = append(c.toClose, name)
+			break
+		}
+	}
+	c.prepSeq++
+	name := "lattice_" + strconv.FormatUint(c.prepSeq, 36)
+	c.prepared[key] = name
+	return name
+}
+
+// ForgetPrepared drops key after its Parse failed on the backend.
+func (c *Conn) ForgetPrepared(key string) { delete(c.prepared, key) }
+
+// ForgetAllPrepared is for DISCARD ALL / DEALLOCATE ALL run on the backend.
+func (c *Conn) ForgetAllPrepared() {
+	c.prepared = make(map[string]string)
+	c.toClose = nil
+}
+
+// TakeEvicted returns the statement names to close on the backend.
+func (c *Conn) TakeEvicted() []string {
+	out := c.toClose
+	c.toClose = nil
+	return out
+}
+
+// Cancel asks the node to cancel whatever this backend is running, over a new
+// connection, as PostgreSQL's CancelRequest works.
+func (c *Conn) Cancel(ctx context.Context) error {
+	var d net.Dialer
+	network, addr := "tcp", c.cancelTo
+	if len(addr) > 5 && addr[:5] == "unix:" {
+		network, addr = "unix", addr[5:]
+	}
+	nc, err := d.DialContext(ctx, network, addr)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	if dl, ok := ctx.Deadline(); ok {
+		_ = nc.SetDeadline(dl)
+	}
+	buf, err := (&pgproto3.CancelRequest{ProcessID: c.pid, SecretKey: c.secretKey}).Encode(nil)
+	if err != nil {
+		return err
+	}
+	if _, err := nc.Write(buf); err != nil {
+		return err
+	}
+	// The server closes the connection once it has handled the request.
+	_, _ = nc.Read(make([]byte, 1))
+	return nil
+}

@@ -1,0 +1,226 @@
+package pgshard
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// PoolConfig bounds the backend connections of one proxy.
+type PoolConfig struct {
+	// MaxConns is the most backend connections per node and tenant. Shards
+	// are schemas, so this does not grow with the shard count.
+	MaxConns int
+	// AcquireTimeout is how long a statement waits for a free backend before
+	// it fails with 53300.
+	AcquireTimeout time.Duration
+	// IdleTimeout closes backends unused for this long.
+	IdleTimeout time.Duration
+	// MaxMessageSize bounds every message a backend sends.
+	MaxMessageSize int
+}
+
+func (c *PoolConfig) withDefaults() PoolConfig {
+	out := *c
+	if out.MaxConns <= 0 {
+		out.MaxConns = 32
+	}
+	if out.AcquireTimeout <= 0 {
+		out.AcquireTimeout = 10 * time.Second
+	}
+	if out.IdleTimeout <= 0 {
+		out.IdleTimeout = 5 * time.Minute
+	}
+	if out.MaxMessageSize <= 0 {
+		out.MaxMessageSize = 256 << 20
+	}
+	return out
+}
+
+// ErrPoolExhausted is returned when no backend became free in time.
+var ErrPoolExhausted = errors.New("no backend connection became free in time")
+
+// Pools holds one transaction-mode pool per node and tenant.
+type Pools struct {
+	cfg     PoolConfig
+	resolve func(node, tenant string) (string, error)
+
+	mu    sync.Mutex
+	pools map[poolKey]*pool
+}
+
+type poolKey struct{ node, tenant string }
+
+// NewPools creates the pools; resolve gives the DSN of a node for a tenant.
+func NewPools(cfg PoolConfig, resolve func(node, tenant string) (string, error)) *Pools {
+	return &Pools{cfg: cfg.withDefaults(), resolve: resolve, pools: make(map[poolKey]*pool)}
+}
+
+// Stats is a pool's use, for metrics.
+type Stats struct {
+	Node, Tenant  string
+	InUse, Idle   int
+	AcquireWaits  int64
+	AcquireErrors int64
+}
+
+type pool struct {
+	key   poolKey
+	dsn   string
+	cfg   PoolConfig
+	slots chan struct{} // one token per backend in use; idle ones hold none, so in use + idle <= MaxConns
+
+	mu   sync.Mutex
+	idle []*Conn
+
+	waits, errs atomic.Int64
+}
+
+func (p *Pools) get(node, tenant string) (*pool, error) {
+	k := poolKey{node, tenant}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if pl, ok := p.pools[k]; ok {
+		return pl, nil
+	}
+	dsn, err := p.resolve(node, tenant)
+	if err != nil {
+		return nil, err
+	}
+	pl := &pool{key: k, dsn: dsn, cfg: p.cfg, slots: make(chan struct{}, p.cfg.MaxConns)}
+	p.pools[k] = pl
+	return pl, nil
+}
+
+// Acquire returns an idle backend of node for tenant, or opens one, waiting
+// at most AcquireTimeout for a free slot.
+func (p *Pools) Acquire(ctx context.Context, node, tenant string) (*Conn, error) {
+	pl, err := p.get(node, tenant)
+	if err != nil {
+		return nil, err
+	}
+	return pl.acquire(ctx)
+}
+
+// Release returns c to its pool. A backend that is inside a transaction or
+// whose state is unknown is closed instead: the next user must get a clean one.
+func (p *Pools) Release(c *Conn) {
+	p.mu.Lock()
+	pl := p.pools[poolKey{c.Node, c.Tenant}]
+	p.mu.Unlock()
+	if pl == nil {
+		c.Close()
+		return
+	}
+	pl.release(c)
+}
+
+// Stats reports each pool's use.
+func (p *Pools) Stats() []Stats {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make([]Stats, 0, len(p.pools))
+	for k, pl := range p.pools {
+		pl.mu.Lock()
+		idle := len(pl.idle)
+		pl.mu.Unlock()
+		out = append(out, Stats{Node: k.node, Tenant: k.tenant, InUse: len(pl.slots), Idle: idle,
+			AcquireWaits: pl.waits.Load(), AcquireErrors: pl.errs.Load()})
+	}
+	return out
+}
+
+// Close closes every idle backend; backends in use are closed on release.
+func (p *Pools) Close() {
+	p.mu.Lock()
+	pools := p.pools
+	p.pools = make(map[poolKey]*pool)
+	p.mu.Unlock()
+	for _, pl := range pools {
+		pl.closeIdle(0)
+	}
+}
+
+// ReapIdle closes backends idle for longer than the idle timeout. The caller
+// runs it periodically.
+func (p *Pools) ReapIdle() {
+	p.mu.Lock()
+	pools := make([]*pool, 0, len(p.pools))
+	for _, pl := range p.pools {
+		pools = append(pools, pl)
+	}
+	p.mu.Unlock()
+	for _, pl := range pools {
+		pl.closeIdle(pl.cfg.IdleTimeout)
+	}
+}
+
+func (pl *pool) acquire(ctx context.Context) (*Conn, error) {
+	select {
+	case pl.slots <- struct{}{}:
+	default:
+		pl.waits.Add(1)
+		t := time.NewTimer(pl.cfg.AcquireTimeout)
+		defer t.Stop()
+		select {
+		case pl.slots <- struct{}{}:
+		case <-t.C:
+			pl.errs.Add(1)
+			return nil, fmt.Errorf("node %s: %w (%d connections in use)", pl.key.node, ErrPoolExhausted, pl.cfg.MaxConns)
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	pl.mu.Lock()
+	if n := len(pl.idle); n > 0 {
+		c := pl.idle[n-1]
+		pl.idle = pl.idle[:n-1]
+		pl.mu.Unlock()
+		return c, nil
+	}
+	pl.mu.Unlock()
+	c, err := connect(ctx, pl.key.node, pl.key.tenant, pl.dsn, pl.cfg.MaxMessageSize)
+	if err != nil {
+		<-pl.slots
+		pl.errs.Add(1)
+		return nil, err
+	}
+	return c, nil
+}
+
+func (pl *pool) release(c *Conn) {
+	if c.broken || c.TxStatus != 'I' {
+		c.Close()
+		<-pl.slots
+		return
+	}
+	c.lastUsed = time.Now()
+	pl.mu.Lock()
+	pl.idle = append(pl.idle, c)
+	pl.mu.Unlock()
+	<-pl.slots
+}
+
+// closeIdle closes idle backends unused for longer than age (all when 0).
+// The slot tokens of idle backends were already returned on release.
+func (pl *pool) closeIdle(age time.Duration) {
+	now := time.Now()
+	pl.mu.Lock()
+	keep := pl.idle[:0]
+	var drop []*Conn
+	for _, c := range pl.idle {
+		if age == 0 || now.Sub(c.lastUsed) > age {
+			drop = append(drop, c)
+		} else {
+			keep = append(keep, c)
+		}
+	}
+	pl.idle = keep
+	pl.mu.Unlock()
+	for _, c := range drop {
+		c.Close()
+	}
+}

@@ -1,0 +1,286 @@
+package proxy
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5/pgproto3"
+
+	"github.com/lattice-db/lattice/pgshard"
+)
+
+// stepKind says which responses a step expects from its backend.
+type stepKind int
+
+const (
+	stepSynthetic      stepKind = iota // responses made by the proxy itself
+	stepQuery                          // a client's simple Query: everything up to ReadyForQuery
+	stepHiddenQuery                    // a simple Query of the proxy's own: swallowed up to ReadyForQuery
+	stepParse                          // Parse of a server-side statement: ParseComplete, swallowed
+	stepAbort                          // a deliberately failing Parse that aborts the backend's transaction; swallowed
+	stepBind                           // BindComplete
+	stepDescribeStmt                   // ParameterDescription, then RowDescription or NoData
+	stepDescribePortal                 // RowDescription or NoData
+	stepExecute                        // DataRows, then CommandComplete, EmptyQueryResponse or PortalSuspended
+	stepClose                          // CloseComplete
+	stepSync                           // ReadyForQuery, swallowed: the proxy sends its own
+)
+
+// step is one unit of expected responses, kept in client order so that
+// responses of several backends and the proxy's own interleave correctly.
+type step struct {
+	kind    stepKind
+	be      *pgshard.Conn
+	msgs    []pgproto3.BackendMessage // stepSynthetic
+	prepKey string                    // stepParse: forgotten if the Parse fails
+	// staleRetry marks a step whose LT001 (slot moved) error is kept from the
+	// client so that the statement can be routed again.
+	staleRetry bool
+	// rowsOnly suppresses RowDescription and CommandComplete: the statement is
+	// one part of a split INSERT whose tag the proxy sums itself.
+	rowsOnly bool
+	counter  *int64
+	// then runs when a synthetic step is played, for work that depends on
+	// the responses before it.
+	then func(x *exchange)
+	// query marks a stepAbort sent as a simple Query, which ends with
+	// ReadyForQuery rather than waiting for a Sync.
+	query bool
+	// hide swallows the step's responses other than errors.
+	hide bool
+}
+
+// exchange collects the steps of one client round (a Query, or the extended
+// messages up to Sync or Flush) and then plays the responses back.
+type exchange struct {
+	steps []step
+	// failed marks backends that reported an error: they ignore everything up
+	// to their Sync, so their remaining steps produce nothing.
+	failed map[*pgshard.Conn]bool
+	// errored is set once an error reached the client: PostgreSQL sends
+	// nothing else before ReadyForQuery.
+	errored bool
+	// stale is the LT001 error held back from a staleRetry step.
+	stale *pgproto3.ErrorResponse
+	// sentSinceSync marks backends that were sent work in a part of the batch
+	// already played at a Flush: they still need their Sync.
+	sentSinceSync map[*pgshard.Conn]bool
+}
+
+func (x *exchange) add(st step) { x.steps = append(x.steps, st) }
+
+func (x *exchange) synthetic(msgs ...pgproto3.BackendMessage) {
+	x.add(step{kind: stepSynthetic, msgs: msgs})
+}
+
+func (x *exchange) reset() {
+	x.steps = x.steps[:0]
+	x.errored = false
+	x.stale = nil
+	clear(x.failed)
+	clear(x.sentSinceSync)
+}
+
+// errClientGone means the client socket failed; the session ends.
+var errClientGone = errors.New("client connection lost")
+
+// play reads each step's responses in order and forwards them to the client.
+// A backend I/O error marks that backend broken and ends the exchange with an
+// error for the client.
+func (s *session) play(x *exchange) error {
+	for i := range x.steps {
+		st := &x.steps[i]
+		if st.kind == stepSynthetic {
+			for _, m := range st.msgs {
+				if x.errored {
+					break
+				}
+				if _, ok := m.(*pgproto3.ErrorResponse); ok {
+					x.errored = true
+				}
+				s.send(m)
+			}
+			if st.then != nil {
+				st.then(x)
+			}
+			continue
+		}
+		if x.failed[st.be] && st.kind != stepSync && st.kind != stepQuery && st.kind != stepHiddenQuery && !st.query {
+			continue
+		}
+		if err := s.playStep(x, st); err != nil {
+			st.be.MarkBroken()
+			s.dropBackend(st.be)
+			if errors.Is(err, errClientGone) {
+				return err
+			}
+			if !x.errored {
+				x.errored = true
+				s.send(Errorf("08006", "lost connection to node %s: %v", st.be.Node, err).Response())
+			}
+			// The other steps of this backend cannot complete.
+			x.failed[st.be] = true
+		}
+	}
+	return nil
+}
+
+func (s *session) playStep(x *exchange, st *step) error {
+	be := st.be
+	hidden := st.hide || st.kind == stepHiddenQuery || st.kind == stepParse || st.kind == stepAbort || st.kind == stepSync
+	for {
+		msg, err := be.Frontend.Receive()
+		if err != nil {
+			return err
+		}
+		switch m := msg.(type) {
+		case *pgproto3.ErrorResponse:
+			x.failed[be] = true
+			if st.kind == stepParse {
+				be.ForgetPrepared(st.prepKey)
+			}
+			switch {
+			case st.kind == stepAbort:
+			case st.staleRetry && m.Code == "LT001":
+				cp := *m
+				x.stale = &cp
+			case !x.errored:
+				x.errored = true
+				s.send(m)
+			}
+			if st.kind == stepQuery || st.kind == stepHiddenQuery || st.kind == stepSync || st.query {
+				continue // wait for ReadyForQuery
+			}
+			return nil
+		case *pgproto3.NoticeResponse:
+			if !hidden {
+				s.send(m)
+			}
+			if st.then != nil {
+				st.then(x)
+			}
+			continue
+		case *pgproto3.ParameterStatus:
+			be.Params[m.Name] = m.Value
+			if !hidden {
+				s.send(m)
+			}
+			if st.then != nil {
+				st.then(x)
+			}
+			continue
+		case *pgproto3.NotificationResponse:
+			s.send(m)
+			continue
+		case *pgproto3.ReadyForQuery:
+			be.TxStatus = m.TxStatus
+			if st.kind == stepQuery || st.kind == stepHiddenQuery || st.kind == stepSync || st.query {
+				return nil
+			}
+			return fmt.Errorf("unexpected ReadyForQuery")
+		case *pgproto3.CopyInResponse:
+			if st.kind != stepQuery && st.kind != stepExecute {
+				return fmt.Errorf("unexpected CopyInResponse")
+			}
+			s.send(m)
+			if err := s.copyIn(be); err != nil {
+				return err
+			}
+			continue
+		}
+		if x.errored && !hidden {
+			// After an error the client expects nothing but ReadyForQuery;
+			// drain what this backend still sends for the step.
+			if done := stepDone(st.kind, msg); done {
+				return nil
+			}
+			continue
+		}
+		if !hidden && !(st.rowsOnly && suppressedInSplit(msg, st.counter)) {
+			s.send(msg)
+		}
+		if stepDone(st.kind, msg) {
+			return nil
+		}
+	}
+}
+
+// stepDone reports whether msg is the last response of a step of kind k.
+func stepDone(k stepKind, msg pgproto3.BackendMessage) bool {
+	switch msg.(type) {
+	case *pgproto3.ParseComplete:
+		return k == stepParse
+	case *pgproto3.BindComplete:
+		return k == stepBind
+	case *pgproto3.CloseComplete:
+		return k == stepClose
+	case *pgproto3.ParameterDescription:
+		return false
+	case *pgproto3.RowDescription, *pgproto3.NoData:
+		return k == stepDescribeStmt || k == stepDescribePortal
+	case *pgproto3.CommandComplete, *pgproto3.EmptyQueryResponse, *pgproto3.PortalSuspended:
+		return k == stepExecute
+	}
+	return false
+}
+
+// suppressedInSplit keeps per-shard RowDescriptions and command tags of a
+// split INSERT from the client, adding each part's row count to counter.
+func suppressedInSplit(msg pgproto3.BackendMessage, counter *int64) bool {
+	switch m := msg.(type) {
+	case *pgproto3.RowDescription:
+		return true
+	case *pgproto3.CommandComplete:
+		if counter != nil {
+			*counter += rowsAffected(m.CommandTag)
+		}
+		return true
+	}
+	return false
+}
+
+// rowsAffected reads the count at the end of a command tag such as "INSERT 0 5".
+func rowsAffected(tag []byte) int64 {
+	var n int64
+	mul := int64(1)
+	for i := len(tag) - 1; i >= 0 && tag[i] >= '0' && tag[i] <= '9'; i-- {
+		n += int64(tag[i]-'0') * mul
+		mul *= 10
+	}
+	return n
+}
+
+// copyIn relays a client's COPY FROM STDIN data to the backend until the
+// client ends or aborts it.
+func (s *session) copyIn(be *pgshard.Conn) error {
+	if err := s.flush(); err != nil {
+		return errClientGone
+	}
+	for {
+		msg, err := s.client.Receive()
+		if err != nil {
+			be.Frontend.Send(&pgproto3.CopyFail{Message: "client connection lost"})
+			_ = be.Frontend.Flush()
+			return errClientGone
+		}
+		switch m := msg.(type) {
+		case *pgproto3.CopyData:
+			be.Frontend.Send(m)
+			s.copyBytes += len(m.Data)
+			if s.copyBytes > 1<<18 {
+				s.copyBytes = 0
+				if err := be.Frontend.Flush(); err != nil {
+					return err
+				}
+			}
+		case *pgproto3.CopyDone, *pgproto3.CopyFail:
+			be.Frontend.Send(m)
+			return be.Frontend.Flush()
+		case *pgproto3.Flush, *pgproto3.Sync:
+			// Ignored during COPY, as PostgreSQL does.
+		default:
+			be.Frontend.Send(&pgproto3.CopyFail{Message: fmt.Sprintf("unexpected message %T during COPY", m)})
+			return be.Frontend.Flush()
+		}
+	}
+}

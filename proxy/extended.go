@@ -1,0 +1,521 @@
+package proxy
+
+import (
+	"context"
+	"strconv"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgproto3"
+	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/lattice-db/lattice/pgshard"
+	"github.com/lattice-db/lattice/router"
+	"github.com/lattice-db/lattice/shardmap"
+)
+
+// portalPart is one backend portal behind a client portal; a split INSERT
+// has one per shard.
+type portalPart struct {
+	be   *pgshard.Conn
+	name string
+}
+
+// extendedMsg serves one extended-protocol message. Responses are queued in
+// the exchange and played back at Sync or Flush, so a pipeline of many
+// Executes costs one round trip to each backend.
+func (s *session) extendedMsg(ctx context.Context, msg pgproto3.FrontendMessage) error {
+	switch m := msg.(type) {
+	case *pgproto3.Sync:
+		return s.sync(ctx)
+	case *pgproto3.Flush:
+		return s.flushBatch()
+	}
+	if s.skipping {
+		return nil
+	}
+	switch m := msg.(type) {
+	case *pgproto3.Parse:
+		s.parse(ctx, m)
+	case *pgproto3.Bind:
+		s.bind(ctx, m)
+	case *pgproto3.Describe:
+		s.describe(ctx, m)
+	case *pgproto3.Execute:
+		s.execute(ctx, m)
+	case *pgproto3.Close:
+		s.closeMsg(m)
+	}
+	if len(s.x.steps) > maxPendingSteps {
+		return s.flushBatch()
+	}
+	return nil
+}
+
+// failExtended reports an error and skips the rest of the batch.
+func (s *session) failExtended(err error) {
+	s.fail(err, true)
+	s.skipping = true
+}
+
+func (s *session) parse(ctx context.Context, m *pgproto3.Parse) {
+	if _, exists := s.stmts[m.Name]; exists && m.Name != "" {
+		s.failExtended(Errorf("42P05", "prepared statement \"%s\" already exists", m.Name))
+		return
+	}
+	plans, v, err := s.plan(ctx, m.Query)
+	if err != nil {
+		s.failExtended(err)
+		return
+	}
+	if len(plans) > 1 {
+		s.failExtended(Errorf("42601", "cannot insert multiple commands into a prepared statement"))
+		return
+	}
+	st := &clientStmt{sql: m.Query, oids: append([]uint32(nil), m.ParameterOIDs...), trees: v.TreesVersion}
+	if len(plans) == 1 {
+		st.plan = plans[0]
+		if st.plan.Kind == router.Refused {
+			s.failExtended(st.plan.Err)
+			return
+		}
+	}
+	s.stmts[m.Name] = st
+	s.x.synthetic(&pgproto3.ParseComplete{})
+}
+
+// replan refreshes a statement planned under an older trees version, as a
+// tree may have been created since the client prepared it.
+func (s *session) replan(st *clientStmt, v *shardmap.View) error {
+	if st.plan == nil || st.trees == v.TreesVersion {
+		return nil
+	}
+	plans, err := s.srv.planner.Plan(st.sql, viewTrees{v}, v.TreesVersion)
+	if err != nil {
+		return err
+	}
+	if len(plans) != 1 {
+		return Errorf("42601", "cannot insert multiple commands into a prepared statement")
+	}
+	st.plan, st.trees = plans[0], v.TreesVersion
+	return nil
+}
+
+func (s *session) bind(ctx context.Context, m *pgproto3.Bind) {
+	st, ok := s.stmts[m.PreparedStatement]
+	if !ok {
+		s.failExtended(Errorf("26000", "prepared statement \"%s\" does not exist", m.PreparedStatement))
+		return
+	}
+	v, err := s.view(ctx)
+	if err != nil {
+		s.failExtended(err)
+		return
+	}
+	if err := s.replan(st, v); err != nil {
+		s.failExtended(err)
+		return
+	}
+	portal := &clientPortal{stmt: st, resultFmt: append([]int16(nil), m.ResultFormatCodes...)}
+	p := st.plan
+	if p == nil {
+		s.portals[m.DestinationPortal] = portal
+		s.x.synthetic(&pgproto3.BindComplete{})
+		return
+	}
+	if s.abortedTx(p) {
+		s.failExtended(errAbortedTx)
+		return
+	}
+	switch p.Kind {
+	case router.Refused:
+		s.failExtended(p.Err)
+		return
+	case router.Catalog, router.LocalSet:
+		if err := s.catalogGuard(p); err != nil {
+			s.failExtended(err)
+			return
+		}
+		if !s.bindOn(ctx, portal, s.srv.catalogNode, p.SQL, m, m.DestinationPortal, false) {
+			return
+		}
+	case router.Single:
+		sh, err := s.route(v, p, p.Key, m, st.oids)
+		if err != nil {
+			s.failExtended(err)
+			return
+		}
+		if !s.bindOn(ctx, portal, sh.Node, p.Render(shardmap.SchemaName(sh.Index)), m, m.DestinationPortal, false) {
+			return
+		}
+	case router.InsertSplit:
+		if !s.bindSplit(ctx, v, portal, m) {
+			return
+		}
+	case router.Function:
+		for i := range p.Func.Args {
+			a, err := s.funcArg(p.Func.Args[i], m, st.oids)
+			if err != nil {
+				s.failExtended(err)
+				return
+			}
+			portal.fnArgs = append(portal.fnArgs, a)
+		}
+		for name, val := range p.Func.Named {
+			a, err := s.funcArg(val, m, st.oids)
+			if err != nil {
+				s.failExtended(err)
+				return
+			}
+			if portal.fnNamed == nil {
+				portal.fnNamed = map[string]*string{}
+			}
+			portal.fnNamed[name] = a
+		}
+		s.x.synthetic(&pgproto3.BindComplete{})
+	default:
+		s.x.synthetic(&pgproto3.BindComplete{})
+	}
+	s.portals[m.DestinationPortal] = portal
+}
+
+func (s *session) funcArg(v router.Value, m *pgproto3.Bind, oids []uint32) (*string, error) {
+	if v.Param == 0 {
+		return literalPtr(v), nil
+	}
+	if v.Param > len(m.Parameters) {
+		return nil, Errorf("08P01", "bind message supplies %d parameters, but the statement uses $%d", len(m.Parameters), v.Param)
+	}
+	var oid uint32
+	if v.Param <= len(oids) {
+		oid = oids[v.Param-1]
+	}
+	return paramText(m.Parameters[v.Param-1], formatFor(m.ParameterFormatCodes, v.Param-1), oid)
+}
+
+// bindOn prepares sql on node's backend (once per backend) and binds the
+// client's parameters to it under portalName. hide keeps BindComplete from
+// the client (the extra parts of a split INSERT).
+func (s *session) bindOn(ctx context.Context, portal *clientPortal, node, sql string, m *pgproto3.Bind, portalName string, hide bool) bool {
+	be, err := s.backend(ctx, node)
+	if err != nil {
+		s.failExtended(err)
+		return false
+	}
+	oids := portal.stmt.oids
+	key := preparedKey(sql, oids)
+	name, ok := be.Prepared(key)
+	if !ok {
+		name = be.AddPrepared(key)
+		be.Frontend.SendParse(&pgproto3.Parse{Name: name, Query: sql, ParameterOIDs: oids})
+		s.x.add(step{kind: stepParse, be: be, prepKey: key})
+	}
+	b := *m
+	b.DestinationPortal = portalName
+	b.PreparedStatement = name
+	be.Frontend.SendBind(&b)
+	s.x.add(step{kind: stepBind, be: be, hide: hide})
+	portal.parts = append(portal.parts, portalPart{be: be, name: portalName})
+	return true
+}
+
+func preparedKey(sql string, oids []uint32) string {
+	if len(oids) == 0 {
+		return sql
+	}
+	var b strings.Builder
+	b.WriteString(sql)
+	for _, o := range oids {
+		b.WriteByte(0)
+		b.WriteString(strconv.FormatUint(uint64(o), 10))
+	}
+	return b.String()
+}
+
+// bindSplit binds one part per shard of a multi-row INSERT, each with only
+// its rows' parameters. The parts share one node, so the batch's implicit
+// transaction keeps the INSERT atomic.
+func (s *session) bindSplit(ctx context.Context, v *shardmap.View, portal *clientPortal, m *pgproto3.Bind) bool {
+	p := portal.stmt.plan
+	shards, rows, err := s.splitRows(v, p, m, portal.stmt.oids)
+	if err != nil {
+		s.failExtended(err)
+		return false
+	}
+	for _, sh := range shards {
+		if sh.Node != shards[0].Node {
+			s.failExtended(crossNodeInsert())
+			return false
+		}
+	}
+	if len(shards) > 1 {
+		portal.split = &splitState{}
+	}
+	for i, sh := range shards {
+		sql, params := p.RenderRows(shardmap.SchemaName(sh.Index), rows[i])
+		b := *m
+		b.Parameters = make([][]byte, len(params))
+		var formats []int16
+		if len(m.ParameterFormatCodes) > 1 {
+			formats = make([]int16, len(params))
+		}
+		for j, orig := range params {
+			b.Parameters[j] = m.Parameters[orig-1]
+			if formats != nil {
+				formats[j] = m.ParameterFormatCodes[orig-1]
+			}
+		}
+		if formats != nil {
+			b.ParameterFormatCodes = formats
+		}
+		partOIDs := portal.stmt.oids
+		if len(partOIDs) > 0 {
+			partOIDs = make([]uint32, len(params))
+			for j, orig := range params {
+				if orig-1 < len(portal.stmt.oids) {
+					partOIDs[j] = portal.stmt.oids[orig-1]
+				}
+			}
+		}
+		name := m.DestinationPortal
+		if i > 0 {
+			name = "lattice_part_" + strconv.Itoa(i) + "_" + m.DestinationPortal
+		}
+		part := &clientPortal{stmt: &clientStmt{sql: sql, oids: partOIDs}}
+		if !s.bindOn(ctx, part, sh.Node, sql, &b, name, i > 0) {
+			return false
+		}
+		portal.parts = append(portal.parts, part.parts...)
+	}
+	return true
+}
+
+func (s *session) describe(ctx context.Context, m *pgproto3.Describe) {
+	if m.ObjectType == 'P' {
+		s.describePortal(m.Name)
+		return
+	}
+	st, ok := s.stmts[m.Name]
+	if !ok {
+		s.failExtended(Errorf("26000", "prepared statement \"%s\" does not exist", m.Name))
+		return
+	}
+	p := st.plan
+	if p == nil || p.Kind == router.Transaction || p.Kind == router.SessionSet || p.Kind == router.Discard {
+		s.x.synthetic(&pgproto3.ParameterDescription{ParameterOIDs: st.oids}, &pgproto3.NoData{})
+		return
+	}
+	if p.Kind == router.Function {
+		fields, err := s.describeFunction(p.Func.Name)
+		if err != nil {
+			s.failExtended(err)
+			return
+		}
+		oids := make([]uint32, maxParam(p.Func))
+		for i := range oids {
+			oids[i] = pgtype.TextOID
+			if i < len(st.oids) && st.oids[i] != 0 {
+				oids[i] = st.oids[i]
+			}
+		}
+		s.x.synthetic(&pgproto3.ParameterDescription{ParameterOIDs: oids}, &pgproto3.RowDescription{Fields: fields})
+		return
+	}
+	// A tree's statement is described against a shard on the node that holds
+	// the transaction, or against the empty template of the tree on the
+	// catalog node: both have the tree's exact columns.
+	node, sql := s.srv.catalogNode, st.sql
+	if s.pinned != nil && s.pinned.Node != node {
+		node = s.pinned.Node
+		if p.Tree != nil {
+			v, err := s.view(ctx)
+			if err != nil {
+				s.failExtended(err)
+				return
+			}
+			sql = p.Render(shardmap.SchemaName(shardOnNode(v.Maps[p.Tree.Name], node)))
+		}
+	}
+	be, err := s.backend(ctx, node)
+	if err != nil {
+		s.failExtended(err)
+		return
+	}
+	key := preparedKey(sql, st.oids)
+	name, ok := be.Prepared(key)
+	if !ok {
+		name = be.AddPrepared(key)
+		be.Frontend.SendParse(&pgproto3.Parse{Name: name, Query: sql, ParameterOIDs: st.oids})
+		s.x.add(step{kind: stepParse, be: be, prepKey: key})
+	}
+	be.Frontend.SendDescribe(&pgproto3.Describe{ObjectType: 'S', Name: name})
+	s.x.add(step{kind: stepDescribeStmt, be: be})
+}
+
+// shardOnNode picks a shard of the map placed on node (the first owning one).
+func shardOnNode(m *shardmap.Map, node string) int {
+	if m == nil {
+		return 0
+	}
+	for _, idx := range m.OwningShards() {
+		if m.Shards[idx].Node == node {
+			return idx
+		}
+	}
+	return m.OwningShards()[0]
+}
+
+func maxParam(f *router.FuncCall) int {
+	n := 0
+	for _, a := range f.Args {
+		n = max(n, a.Param)
+	}
+	for _, a := range f.Named {
+		n = max(n, a.Param)
+	}
+	return n
+}
+
+func (s *session) describeFunction(name string) ([]pgproto3.FieldDescription, error) {
+	if s.srv.functions == nil {
+		return nil, Errorf("42883", "function %s does not exist", name)
+	}
+	return s.srv.functions.Describe(name)
+}
+
+func (s *session) describePortal(name string) {
+	portal, ok := s.portals[name]
+	if !ok {
+		s.failExtended(Errorf("34000", "portal \"%s\" does not exist", name))
+		return
+	}
+	if len(portal.parts) > 0 {
+		part := portal.parts[0]
+		part.be.Frontend.SendDescribe(&pgproto3.Describe{ObjectType: 'P', Name: part.name})
+		s.x.add(step{kind: stepDescribePortal, be: part.be})
+		return
+	}
+	p := portal.stmt.plan
+	if p != nil && p.Kind == router.Function {
+		fields, err := s.describeFunction(p.Func.Name)
+		if err != nil {
+			s.failExtended(err)
+			return
+		}
+		s.x.synthetic(&pgproto3.RowDescription{Fields: resultFields(fields, portal.resultFmt)})
+		return
+	}
+	s.x.synthetic(&pgproto3.NoData{})
+}
+
+func (s *session) execute(ctx context.Context, m *pgproto3.Execute) {
+	portal, ok := s.portals[m.Portal]
+	if !ok {
+		s.failExtended(Errorf("34000", "portal \"%s\" does not exist", m.Portal))
+		return
+	}
+	if len(portal.parts) > 0 {
+		sp := portal.split
+		for _, part := range portal.parts {
+			part.be.Frontend.SendExecute(&pgproto3.Execute{Portal: part.name, MaxRows: m.MaxRows})
+			st := step{kind: stepExecute, be: part.be}
+			if sp != nil {
+				st.rowsOnly, st.counter = true, &sp.count
+			}
+			s.x.add(st)
+		}
+		if sp != nil {
+			s.x.add(step{kind: stepSynthetic, then: func(x *exchange) {
+				if !x.errored {
+					s.send(insertTag(sp.count))
+				}
+			}})
+		}
+		return
+	}
+	p := portal.stmt.plan
+	if p == nil {
+		s.x.synthetic(&pgproto3.EmptyQueryResponse{})
+		return
+	}
+	switch p.Kind {
+	case router.Function:
+		s.callFunction(ctx, p.Func, portal.fnArgs, portal.fnNamed, portal.resultFmt, false)
+		if s.x.errored {
+			s.skipping = true
+		}
+	case router.Transaction:
+		s.txControl(ctx, p, true)
+	case router.SessionSet, router.Discard:
+		s.sessionCommand(ctx, p, true)
+	default:
+		s.failExtended(Errorf("XX000", "portal \"%s\" has nothing to run", m.Portal))
+	}
+}
+
+func (s *session) closeMsg(m *pgproto3.Close) {
+	if m.ObjectType == 'S' {
+		delete(s.stmts, m.Name)
+	} else {
+		delete(s.portals, m.Name)
+	}
+	s.x.synthetic(&pgproto3.CloseComplete{})
+}
+
+// sync ends a batch: every backend used gets its Sync, all responses are
+// played back, and the client gets one ReadyForQuery.
+func (s *session) sync(ctx context.Context) error {
+	for _, be := range s.backends() {
+		if s.inBatch(be) {
+			be.Frontend.Send(&pgproto3.Sync{})
+			s.x.add(step{kind: stepSync, be: be})
+		}
+	}
+	s.sendBackends()
+	if err := s.play(&s.x); err != nil {
+		return err
+	}
+	s.x.reset()
+	s.skipping = false
+	s.finish()
+	if s.txStatus() == 'I' {
+		// Portals live until their transaction ends.
+		clear(s.portals)
+	}
+	s.send(&pgproto3.ReadyForQuery{TxStatus: s.txStatus()})
+	return s.flush()
+}
+
+// inBatch reports whether be received anything since the last Sync. A pinned
+// backend left alone needs no Sync.
+func (s *session) inBatch(be *pgshard.Conn) bool {
+	for _, st := range s.x.steps {
+		if st.be == be {
+			return true
+		}
+	}
+	return s.x.sentSinceSync[be]
+}
+
+// flushBatch plays back what is queued so far, asking each backend to flush
+// its output without ending the implicit transaction.
+func (s *session) flushBatch() error {
+	for _, be := range s.backends() {
+		if s.inBatch(be) {
+			be.Frontend.Send(&pgproto3.Flush{})
+		}
+	}
+	for _, st := range s.x.steps {
+		if st.be != nil {
+			s.x.sentSinceSync[st.be] = true
+		}
+	}
+	s.sendBackends()
+	if err := s.play(&s.x); err != nil {
+		return err
+	}
+	s.x.steps = s.x.steps[:0]
+	if s.x.errored {
+		s.skipping = true
+	}
+	return s.flush()
+}

@@ -1,0 +1,117 @@
+package proxy
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"strconv"
+
+	"github.com/jackc/pgx/v5/pgproto3"
+	"github.com/jackc/pgx/v5/pgtype"
+)
+
+// Functions runs the lattice_* SQL functions. cmd/lattice wires it to the
+// migrator, so the request path never imports the migrator.
+type Functions interface {
+	// Describe returns the result columns of function name, or an error
+	// carrying 42883 when there is no such function.
+	Describe(name string) ([]pgproto3.FieldDescription, error)
+	// Call runs name for tenant with positional and named arguments (nil is
+	// SQL NULL). Each row holds Go values of the described column types.
+	Call(ctx context.Context, tenant, name string, args []*string, named map[string]*string) ([][]any, error)
+}
+
+var typeMap = pgtype.NewMap()
+
+// funcResult is a function's rows encoded for one portal's result formats.
+type funcResult struct {
+	fields []pgproto3.FieldDescription
+	rows   [][][]byte
+}
+
+// resultFields applies the Bind result-format codes to the described columns.
+func resultFields(fields []pgproto3.FieldDescription, formats []int16) []pgproto3.FieldDescription {
+	out := make([]pgproto3.FieldDescription, len(fields))
+	copy(out, fields)
+	for i := range out {
+		out[i].Format = formatFor(formats, i)
+	}
+	return out
+}
+
+// formatFor reads a Bind format-code list: none means text, one applies to all.
+func formatFor(formats []int16, i int) int16 {
+	switch {
+	case len(formats) == 0:
+		return 0
+	case len(formats) == 1:
+		return formats[0]
+	case i < len(formats):
+		return formats[i]
+	}
+	return 0
+}
+
+func encodeRows(fields []pgproto3.FieldDescription, rows [][]any) ([][][]byte, error) {
+	out := make([][][]byte, len(rows))
+	for r, row := range rows {
+		if len(row) != len(fields) {
+			return nil, fmt.Errorf("function returned %d values for %d columns", len(row), len(fields))
+		}
+		vals := make([][]byte, len(row))
+		for i, v := range row {
+			if v == nil {
+				continue
+			}
+			b, err := typeMap.Encode(fields[i].DataTypeOID, fields[i].Format, v, []byte{})
+			if err != nil {
+				return nil, fmt.Errorf("column %s: %w", fields[i].Name, err)
+			}
+			vals[i] = b
+		}
+		out[r] = vals
+	}
+	return out, nil
+}
+
+// paramText turns one Bind parameter into its text form for a function
+// argument, decoding the binary forms drivers use for integers and text.
+func paramText(value []byte, format int16, oid uint32) (*string, error) {
+	if value == nil {
+		return nil, nil
+	}
+	if format == 0 {
+		s := string(value)
+		return &s, nil
+	}
+	var s string
+	switch oid {
+	case pgtype.Int2OID:
+		if len(value) != 2 {
+			return nil, errBadBinary
+		}
+		s = strconv.Itoa(int(int16(binary.BigEndian.Uint16(value))))
+	case pgtype.Int4OID:
+		if len(value) != 4 {
+			return nil, errBadBinary
+		}
+		s = strconv.Itoa(int(int32(binary.BigEndian.Uint32(value))))
+	case pgtype.Int8OID:
+		if len(value) != 8 {
+			return nil, errBadBinary
+		}
+		s = strconv.FormatInt(int64(binary.BigEndian.Uint64(value)), 10)
+	case pgtype.TextOID, pgtype.VarcharOID, pgtype.NameOID, 0:
+		s = string(value)
+	case pgtype.BoolOID:
+		if len(value) != 1 {
+			return nil, errBadBinary
+		}
+		s = strconv.FormatBool(value[0] != 0)
+	default:
+		return nil, Errorf("22P03", "lattice functions take text or integer arguments; got binary type oid %d", oid)
+	}
+	return &s, nil
+}
+
+var errBadBinary = Errorf("22P03", "incorrect binary data format in bind parameter")

@@ -1,0 +1,235 @@
+// Package proxy speaks the PostgreSQL wire protocol to clients: startup,
+// authentication, the simple and extended query protocols, COPY and cancel,
+// and runs each statement where the router says.
+package proxy
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+
+	"github.com/jackc/pgx/v5/pgproto3"
+
+	"github.com/lattice-db/lattice/pgshard"
+	"github.com/lattice-db/lattice/router"
+	"github.com/lattice-db/lattice/shardmap"
+)
+
+// Config is what a Server needs besides its collaborators.
+type Config struct {
+	Startup StartupConfig
+	// MaxClients bounds client connections; 0 means 1000.
+	MaxClients int
+	// CatalogNode is the node that holds ordinary tables and tree templates.
+	CatalogNode string
+	Log         *slog.Logger
+}
+
+// Server accepts client connections and runs a session for each.
+type Server struct {
+	cfg         Config
+	cache       *shardmap.Cache
+	planner     *router.Planner
+	pools       *pgshard.Pools
+	functions   Functions
+	catalogNode string
+	log         *slog.Logger
+
+	clients  atomic.Int64
+	mu       sync.Mutex
+	sessions map[uint32]*session // by the process id handed to the client, for CancelRequest
+	wg       sync.WaitGroup
+}
+
+// NewServer wires a proxy server.
+func NewServer(cfg Config, cache *shardmap.Cache, planner *router.Planner, pools *pgshard.Pools, functions Functions) *Server {
+	if cfg.MaxClients <= 0 {
+		cfg.MaxClients = 1000
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	return &Server{
+		cfg: cfg, cache: cache, planner: planner, pools: pools, functions: functions,
+		catalogNode: cfg.CatalogNode, log: cfg.Log, sessions: make(map[uint32]*session),
+	}
+}
+
+// Clients is the number of connected clients.
+func (s *Server) Clients() int64 { return s.clients.Load() }
+
+// Serve accepts connections on ln until ctx ends, then closes ln and waits
+// for sessions to finish.
+func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	go func() {
+		<-ctx.Done()
+		ln.Close()
+	}()
+	for {
+		conn, err := ln.Accept()
+		if err != nil {
+			if ctx.Err() != nil {
+				s.wg.Wait()
+				return nil
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			return err
+		}
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			s.serveConn(ctx, conn)
+		}()
+	}
+}
+
+func (s *Server) serveConn(ctx context.Context, conn net.Conn) {
+	defer conn.Close()
+	if tc, ok := conn.(*net.TCPConn); ok {
+		_ = tc.SetNoDelay(true)
+	}
+	st, err := Handshake(ctx, conn, s.cfg.Startup)
+	if err != nil {
+		s.log.Debug("startup failed", "remote", conn.RemoteAddr().String(), "err", err)
+		return
+	}
+	if st.Cancel != nil {
+		s.cancel(ctx, st.Cancel)
+		return
+	}
+	if n := s.clients.Add(1); n > int64(s.cfg.MaxClients) {
+		s.clients.Add(-1)
+		st.Backend.Send(Errorf("53300", "sorry, too many clients already").Response())
+		_ = st.Backend.Flush()
+		return
+	}
+	defer s.clients.Add(-1)
+
+	sess := &session{
+		srv: s, conn: conn, client: st.Backend,
+		user: st.User, tenant: st.Database,
+		stmts: map[string]*clientStmt{}, portals: map[string]*clientPortal{},
+	}
+	sess.x.failed = map[*pgshard.Conn]bool{}
+	sess.x.sentSinceSync = map[*pgshard.Conn]bool{}
+	sess.log = s.log.With("user", st.User, "tenant", st.Database, "remote", conn.RemoteAddr().String())
+
+	if err := s.greet(ctx, sess, st); err != nil {
+		sess.client.Send(AsError(err).Response())
+		_ = sess.client.Flush()
+		return
+	}
+	s.register(sess)
+	defer s.unregister(sess)
+	defer sess.release()
+	sess.loop(ctx)
+}
+
+// greet finishes startup: it checks that the tenant's database answers on
+// the catalog node, and reports that server's parameters as PostgreSQL would.
+func (s *Server) greet(ctx context.Context, sess *session, st *Startup) error {
+	be, err := s.pools.Acquire(ctx, s.catalogNode, sess.tenant)
+	if err != nil {
+		return AsError(unwrapPg(err))
+	}
+	defaults := make(map[string]string, len(be.Params))
+	for k, v := range be.Params {
+		defaults[k] = v
+	}
+	s.pools.Release(be)
+	sess.settings = newSettings(st.Params, defaults)
+	for k, v := range st.Params {
+		if _, reported := defaults[k]; reported {
+			defaults[k] = v
+		}
+	}
+	for k, v := range defaults {
+		sess.client.Send(&pgproto3.ParameterStatus{Name: k, Value: v})
+	}
+	var buf [8]byte
+	_, _ = rand.Read(buf[:])
+	sess.key = CancelKey{ProcessID: binary.BigEndian.Uint32(buf[:4]) &^ (1 << 31), SecretKey: binary.BigEndian.Uint32(buf[4:])}
+	secret := make([]byte, 4)
+	binary.BigEndian.PutUint32(secret, sess.key.SecretKey)
+	sess.client.Send(&pgproto3.BackendKeyData{ProcessID: sess.key.ProcessID, SecretKey: secret})
+	sess.client.Send(&pgproto3.ReadyForQuery{TxStatus: 'I'})
+	return sess.flush()
+}
+
+// unwrapPg keeps a PostgreSQL error (e.g. 3D000 for a missing database)
+// found inside a connection error.
+func unwrapPg(err error) error {
+	var pe *Error
+	if errors.As(err, &pe) {
+		return pe
+	}
+	return err
+}
+
+func (s *Server) register(sess *session) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for s.sessions[sess.key.ProcessID] != nil {
+		sess.key.ProcessID++
+	}
+	s.sessions[sess.key.ProcessID] = sess
+}
+
+func (s *Server) unregister(sess *session) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.sessions[sess.key.ProcessID] == sess {
+		delete(s.sessions, sess.key.ProcessID)
+	}
+}
+
+// cancel serves a CancelRequest: the secret must match, as in PostgreSQL.
+func (s *Server) cancel(ctx context.Context, key *CancelKey) {
+	s.mu.Lock()
+	sess := s.sessions[key.ProcessID]
+	s.mu.Unlock()
+	if sess == nil || sess.key.SecretKey != key.SecretKey {
+		return
+	}
+	sess.cancel(ctx)
+}
+
+func (sess *session) loop(ctx context.Context) {
+	for {
+		msg, err := sess.client.Receive()
+		if err != nil {
+			var tooBig *pgproto3.ExceededMaxBodyLenErr
+			if errors.As(err, &tooBig) {
+				sess.client.Send(Errorf("08P01", "message of %d bytes exceeds the limit of %d", tooBig.ActualBodyLen, tooBig.MaxExpectedBodyLen).Response())
+				_ = sess.client.Flush()
+			}
+			return
+		}
+		switch m := msg.(type) {
+		case *pgproto3.Query:
+			err = sess.simpleQuery(ctx, m.String)
+		case *pgproto3.Parse, *pgproto3.Bind, *pgproto3.Describe, *pgproto3.Execute,
+			*pgproto3.Close, *pgproto3.Sync, *pgproto3.Flush:
+			err = sess.extendedMsg(ctx, m)
+		case *pgproto3.Terminate:
+			return
+		case *pgproto3.CopyData, *pgproto3.CopyDone, *pgproto3.CopyFail:
+			// Left over from a COPY that already failed; PostgreSQL ignores them too.
+		default:
+			sess.client.Send(Errorf("08P01", "unexpected message type %T", m).Response())
+			_ = sess.client.Flush()
+			return
+		}
+		if err != nil {
+			return
+		}
+	}
+}

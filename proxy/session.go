@@ -1,0 +1,422 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/jackc/pgx/v5/pgproto3"
+
+	"github.com/lattice-db/lattice/pgshard"
+	"github.com/lattice-db/lattice/router"
+	"github.com/lattice-db/lattice/shardmap"
+)
+
+// maxStaleRetries bounds how often one statement is routed again after a
+// shard answered LT001 (slot moved).
+const maxStaleRetries = 5
+
+// flushThreshold is how much result data the proxy buffers for a client
+// before writing it out, so large results stream with bounded memory.
+const flushThreshold = 256 << 10
+
+// maxPendingSteps bounds the steps of one extended-protocol batch before the
+// proxy flushes and drains them, so a long pipeline cannot grow memory.
+const maxPendingSteps = 4096
+
+// session serves one client connection.
+type session struct {
+	srv    *Server
+	conn   net.Conn
+	client *pgproto3.Backend
+	log    *slog.Logger
+
+	user, tenant string
+	key          CancelKey
+	settings     *settings
+
+	tx struct {
+		active   bool     // BEGIN seen and no backend holds the transaction yet, or one does
+		failed   bool     // an error aborted a transaction that no backend holds
+		begin    string   // the BEGIN statement to replay on the first backend
+		deferred []string // SAVEPOINT and friends issued before a backend was chosen
+	}
+	pinned *pgshard.Conn   // the backend that holds the open transaction
+	used   []*pgshard.Conn // backends taken for the current exchange
+
+	x       exchange
+	stmts   map[string]*clientStmt
+	portals map[string]*clientPortal
+	// skipping is set after an error in an extended batch: messages are
+	// ignored until Sync, as PostgreSQL does.
+	skipping bool
+
+	activeMu sync.Mutex
+	active   []*pgshard.Conn // backends running this session's work, for CancelRequest
+
+	pendingBytes int
+	copyBytes    int
+}
+
+// clientStmt is a prepared statement as the client named it.
+type clientStmt struct {
+	sql   string
+	oids  []uint32
+	plan  *router.Plan // nil for an empty statement
+	trees uint64       // trees version the plan was made under
+}
+
+// clientPortal is a bound statement: on a backend, or answered by the proxy.
+type clientPortal struct {
+	stmt *clientStmt
+	// For statements the proxy answers itself:
+	fnArgs    []*string
+	fnNamed   map[string]*string
+	resultFmt []int16
+	split     *splitState
+	parts     []portalPart
+}
+
+// splitState accumulates the parts of an INSERT split across shards.
+type splitState struct {
+	rowDescSent bool
+	count       int64
+}
+
+func (s *session) send(m pgproto3.BackendMessage) {
+	s.client.Send(m)
+	if d, ok := m.(*pgproto3.DataRow); ok {
+		for _, v := range d.Values {
+			s.pendingBytes += len(v) + 4
+		}
+		if s.pendingBytes > flushThreshold {
+			_ = s.flush()
+		}
+	}
+}
+
+func (s *session) flush() error {
+	s.pendingBytes = 0
+	if err := s.client.Flush(); err != nil {
+		return errClientGone
+	}
+	return nil
+}
+
+// view is the tenant's current trees and maps, from the proxy's cache.
+func (s *session) view(ctx context.Context) (*shardmap.View, error) {
+	v, err := s.srv.cache.View(ctx, s.tenant)
+	if err != nil {
+		return nil, Errorf("58000", "shard map unavailable: %v", err)
+	}
+	return v, nil
+}
+
+type viewTrees struct{ v *shardmap.View }
+
+func (t viewTrees) Tree(name string) (*shardmap.Tree, bool) {
+	tr, ok := t.v.Trees[name]
+	return tr, ok
+}
+
+func (s *session) plan(ctx context.Context, sql string) ([]*router.Plan, *shardmap.View, error) {
+	v, err := s.view(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	plans, err := s.srv.planner.Plan(sql, viewTrees{v}, v.TreesVersion)
+	if err != nil {
+		return nil, v, err
+	}
+	return plans, v, nil
+}
+
+// txStatus is the transaction status the client sees in ReadyForQuery.
+func (s *session) txStatus() byte {
+	if s.pinned != nil {
+		return s.pinned.TxStatus
+	}
+	if s.tx.active {
+		if s.tx.failed {
+			return 'E'
+		}
+		return 'T'
+	}
+	return 'I'
+}
+
+// backend returns the connection that runs work for node in this exchange:
+// the transaction's own, one already taken, or a new one from the pool brought
+// to the session's settings and transaction state.
+func (s *session) backend(ctx context.Context, node string) (*pgshard.Conn, error) {
+	if s.pinned != nil {
+		if s.pinned.Node == node {
+			return s.pinned, nil
+		}
+		return nil, crossNodeTx(s.pinned.Node, node)
+	}
+	for _, be := range s.used {
+		if be.Node == node {
+			return be, nil
+		}
+	}
+	if s.tx.active && len(s.used) > 0 {
+		return nil, crossNodeTx(s.used[0].Node, node)
+	}
+	be, err := s.srv.pools.Acquire(ctx, node, s.tenant)
+	if err != nil {
+		if errors.Is(err, pgshard.ErrPoolExhausted) {
+			return nil, Errorf("53300", "%v", err)
+		}
+		return nil, Errorf("08006", "cannot reach node %s: %v", node, err)
+	}
+	s.used = append(s.used, be)
+	s.setActive(be, true)
+	var prologue []string
+	if names := be.TakeEvicted(); len(names) > 0 {
+		for _, n := range names {
+			prologue = append(prologue, "DEALLOCATE "+n)
+		}
+	}
+	if q := s.settings.replay(be.Settings); q != "" {
+		prologue = append(prologue, q)
+		be.Settings = s.settings.fp
+	}
+	if s.tx.active {
+		prologue = append(prologue, s.tx.begin)
+		prologue = append(prologue, s.tx.deferred...)
+		s.tx.deferred = nil
+	}
+	if len(prologue) > 0 {
+		be.Frontend.Send(&pgproto3.Query{String: strings.Join(prologue, "; ")})
+		s.x.add(step{kind: stepHiddenQuery, be: be})
+	}
+	return be, nil
+}
+
+func crossNodeTx(have, want string) *Error {
+	e := Errorf("0A000", "this transaction already uses node %s and this statement needs node %s", have, want)
+	e.Hint = "Lattice does not run one transaction across nodes yet: commit first, or keep a transaction to one shard key"
+	return e
+}
+
+func (s *session) setActive(be *pgshard.Conn, on bool) {
+	s.activeMu.Lock()
+	defer s.activeMu.Unlock()
+	if on {
+		s.active = append(s.active, be)
+		return
+	}
+	for i, c := range s.active {
+		if c == be {
+			s.active = append(s.active[:i], s.active[i+1:]...)
+			return
+		}
+	}
+}
+
+// cancel forwards a CancelRequest to every backend running this session's work.
+func (s *session) cancel(ctx context.Context) {
+	s.activeMu.Lock()
+	targets := append([]*pgshard.Conn(nil), s.active...)
+	s.activeMu.Unlock()
+	for _, be := range targets {
+		if err := be.Cancel(ctx); err != nil {
+			s.log.Warn("cancel request failed", "node", be.Node, "err", err)
+		}
+	}
+}
+
+// sendBackends writes out what was queued for each backend of the exchange.
+func (s *session) sendBackends() {
+	for _, be := range s.backends() {
+		if err := be.Frontend.Flush(); err != nil {
+			be.MarkBroken()
+		}
+	}
+}
+
+func (s *session) backends() []*pgshard.Conn {
+	if s.pinned != nil {
+		return append([]*pgshard.Conn{s.pinned}, s.used...)
+	}
+	return s.used
+}
+
+// dropBackend forgets a broken backend; the pool closes it.
+func (s *session) dropBackend(be *pgshard.Conn) {
+	if be == s.pinned {
+		s.pinned = nil
+		s.tx.active, s.tx.failed = true, true
+		s.setActive(be, false)
+		s.srv.pools.Release(be)
+		return
+	}
+	for i, c := range s.used {
+		if c == be {
+			s.used = append(s.used[:i], s.used[i+1:]...)
+			s.setActive(be, false)
+			s.srv.pools.Release(be)
+			return
+		}
+	}
+}
+
+// finish ends an exchange: backends that are idle go back to the pool, one
+// left inside a transaction holds the session's transaction from now on.
+func (s *session) finish() {
+	for _, be := range s.used {
+		if be.TxStatus != 'I' && !be.Broken() && s.pinned == nil {
+			s.pinned = be
+			continue
+		}
+		s.setActive(be, false)
+		s.srv.pools.Release(be)
+	}
+	s.used = s.used[:0]
+	if s.pinned != nil {
+		if s.pinned.TxStatus == 'I' || s.pinned.Broken() {
+			s.setActive(s.pinned, false)
+			s.srv.pools.Release(s.pinned)
+			s.pinned = nil
+			s.tx.active, s.tx.failed, s.tx.deferred = false, false, nil
+		} else {
+			s.tx.active = true
+		}
+	}
+}
+
+// release returns everything at session end; a transaction left open is
+// rolled back by closing its backend.
+func (s *session) release() {
+	if s.pinned != nil {
+		s.pinned.MarkBroken()
+		s.used = append(s.used, s.pinned)
+		s.pinned = nil
+	}
+	for _, be := range s.used {
+		if be.TxStatus != 'I' {
+			be.MarkBroken()
+		}
+		s.srv.pools.Release(be)
+	}
+	s.used = nil
+}
+
+// fail reports err (ours, not a backend's) to the client and applies
+// PostgreSQL's rule that an error aborts the transaction it happens in: the
+// backend holding it is made to fail too, so its later statements get 25P02
+// from PostgreSQL itself and COMMIT rolls back.
+func (s *session) fail(err error, extended bool) {
+	s.x.synthetic(AsError(err).Response())
+	for _, be := range s.backends() {
+		if extended {
+			be.Frontend.Send(&pgproto3.Parse{Query: "lattice aborts this transaction"})
+			s.x.add(step{kind: stepAbort, be: be})
+		} else if be.TxStatus != 'I' || be == s.pinned {
+			be.Frontend.Send(&pgproto3.Query{String: "lattice aborts this transaction"})
+			s.x.add(step{kind: stepAbort, be: be, query: true})
+		}
+	}
+	if s.pinned == nil && s.tx.active {
+		s.tx.failed = true
+	}
+}
+
+// route finds the shard, node and rendered SQL for a Single plan, reading
+// the key from the plan's literal or from Bind parameters.
+func (s *session) route(v *shardmap.View, p *router.Plan, key router.Value, bind *pgproto3.Bind, oids []uint32) (shardmap.Shard, error) {
+	m := v.Maps[p.Tree.Name]
+	if m == nil {
+		return shardmap.Shard{}, Errorf("58000", "tree %q has no shard map", p.Tree.Name)
+	}
+	slot, err := keySlot(p.Tree.KeyType, len(m.Slots), key, bind, oids)
+	if err != nil {
+		return shardmap.Shard{}, err
+	}
+	return m.Owner(slot), nil
+}
+
+// keySlot hashes a key value. A NULL key matches no row and cannot be
+// inserted, so any shard answers it correctly; slot 0's owner is used.
+func keySlot(kt shardmap.KeyType, slots int, key router.Value, bind *pgproto3.Bind, oids []uint32) (int, error) {
+	if key.Null {
+		return 0, nil
+	}
+	if key.Param == 0 {
+		slot, err := shardmap.SlotForText(kt, []byte(key.Text), slots)
+		if err != nil {
+			return 0, Errorf("22P02", "%v", err)
+		}
+		return slot, nil
+	}
+	if bind == nil || key.Param > len(bind.Parameters) {
+		return 0, Errorf("08P01", "bind message supplies %d parameters, but the shard key is $%d", paramCount(bind), key.Param)
+	}
+	val := bind.Parameters[key.Param-1]
+	if val == nil {
+		return 0, nil
+	}
+	var slot int
+	var err error
+	if formatFor(bind.ParameterFormatCodes, key.Param-1) == 1 {
+		slot, err = shardmap.SlotForBinary(kt, val, slots)
+	} else {
+		slot, err = shardmap.SlotForText(kt, val, slots)
+	}
+	if err != nil {
+		return 0, Errorf("22P02", "shard key $%d: %v", key.Param, err)
+	}
+	return slot, nil
+}
+
+func paramCount(b *pgproto3.Bind) int {
+	if b == nil {
+		return 0
+	}
+	return len(b.Parameters)
+}
+
+// splitRows groups the VALUES rows of an InsertSplit plan by owning shard, in
+// order of first appearance.
+func (s *session) splitRows(v *shardmap.View, p *router.Plan, bind *pgproto3.Bind, oids []uint32) ([]shardmap.Shard, [][]int, error) {
+	var shards []shardmap.Shard
+	var rows [][]int
+	index := map[int]int{}
+	for i, key := range p.Rows {
+		sh, err := s.route(v, p, key, bind, oids)
+		if err != nil {
+			return nil, nil, err
+		}
+		g, ok := index[sh.Index]
+		if !ok {
+			g = len(shards)
+			index[sh.Index] = g
+			shards = append(shards, sh)
+			rows = append(rows, nil)
+		}
+		rows[g] = append(rows[g], i)
+	}
+	return shards, rows, nil
+}
+
+func commandComplete(tag string) *pgproto3.CommandComplete {
+	return &pgproto3.CommandComplete{CommandTag: []byte(tag)}
+}
+
+func insertTag(n int64) *pgproto3.CommandComplete {
+	return commandComplete("INSERT 0 " + strconv.FormatInt(n, 10))
+}
+
+// firstWord is the upper-cased leading keyword of a statement.
+func firstWord(sql string) string {
+	w := sqlWords(sql, 1)
+	if len(w) == 0 {
+		return ""
+	}
+	return strings.ToUpper(w[0])
+}

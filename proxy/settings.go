@@ -1,0 +1,191 @@
+package proxy
+
+import (
+	"slices"
+	"strings"
+	"unicode"
+)
+
+// settings is a client's session state that must follow it across pooled
+// backends: startup parameters, then SETs in the order they were made.
+// Its fingerprint tells whether a backend already carries exactly this state.
+type settings struct {
+	base []setting // from the startup packet: what RESET ALL returns to
+	set  []setting // SET commands since
+	fp   string
+}
+
+type setting struct {
+	name string // lower-case parameter name
+	stmt string // statement that applies it
+}
+
+// startupParamsIgnored are startup parameters that are not GUCs, or that the
+// proxy owns.
+var startupParamsIgnored = map[string]bool{
+	"user": true, "database": true, "replication": true, "options": true,
+}
+
+func newSettings(params map[string]string, backendDefaults map[string]string) *settings {
+	s := &settings{}
+	for name, value := range params {
+		lname := strings.ToLower(name)
+		if startupParamsIgnored[lname] {
+			continue
+		}
+		if def, ok := backendDefaults[name]; ok && def == value {
+			continue
+		}
+		s.base = append(s.base, setting{name: lname, stmt: "SET " + quoteIdent(lname) + " = " + quoteLiteral(value)})
+	}
+	// Deterministic order so that equal states have equal fingerprints.
+	slices.SortFunc(s.base, func(a, b setting) int { return strings.Compare(a.name, b.name) })
+	s.refresh()
+	return s
+}
+
+func (s *settings) refresh() {
+	if len(s.base) == 0 && len(s.set) == 0 {
+		s.fp = ""
+		return
+	}
+	var b strings.Builder
+	b.WriteString("RESET ALL")
+	for _, v := range s.base {
+		b.WriteString("; ")
+		b.WriteString(v.stmt)
+	}
+	for _, v := range s.set {
+		b.WriteString("; ")
+		b.WriteString(v.stmt)
+	}
+	s.fp = b.String()
+}
+
+// apply records a successful SET or RESET statement.
+func (s *settings) apply(stmt string) {
+	verb, name := setTarget(stmt)
+	switch {
+	case verb == "reset" && name == "all":
+		s.set = nil
+	case verb == "reset":
+		s.set = removeSetting(s.set, name)
+	case name != "":
+		s.set = append(removeSetting(s.set, name), setting{name: name, stmt: stmt})
+	}
+	s.refresh()
+}
+
+// reset is DISCARD ALL: back to the startup state.
+func (s *settings) reset() {
+	s.set = nil
+	s.refresh()
+}
+
+func removeSetting(v []setting, name string) []setting {
+	out := v[:0]
+	for _, x := range v {
+		if x.name != name {
+			out = append(out, x)
+		}
+	}
+	return out
+}
+
+// replay is the statement that brings a backend from state fp to s, or "".
+func (s *settings) replay(fp string) string {
+	if fp == s.fp {
+		return ""
+	}
+	if s.fp == "" {
+		return "RESET ALL"
+	}
+	return s.fp
+}
+
+// setTarget extracts the verb ("set" or "reset") and the lower-case parameter
+// a SET/RESET statement names, mapping PostgreSQL's special forms.
+func setTarget(stmt string) (verb, name string) {
+	words := sqlWords(stmt, 4)
+	if len(words) == 0 {
+		return "", ""
+	}
+	verb = strings.ToLower(words[0])
+	rest := words[1:]
+	if len(rest) > 0 && strings.EqualFold(rest[0], "session") {
+		rest = rest[1:]
+		if len(rest) > 0 && strings.EqualFold(rest[0], "authorization") {
+			return verb, "session_authorization"
+		}
+		if len(rest) > 0 && strings.EqualFold(rest[0], "characteristics") {
+			return verb, "default_transaction_characteristics"
+		}
+	}
+	if len(rest) == 0 {
+		return verb, ""
+	}
+	n := rest[0]
+	switch strings.ToLower(n) {
+	case "time":
+		return verb, "timezone"
+	case "names":
+		return verb, "client_encoding"
+	case "schema":
+		return verb, "search_path"
+	case "xml":
+		return verb, "xmloption"
+	}
+	if strings.HasPrefix(n, `"`) {
+		return verb, strings.ReplaceAll(strings.Trim(n, `"`), `""`, `"`)
+	}
+	return verb, strings.ToLower(n)
+}
+
+// sqlWords splits the start of a statement into at most n words: identifiers
+// (dotted names kept whole) and quoted identifiers.
+func sqlWords(s string, n int) []string {
+	var out []string
+	i := 0
+	for i < len(s) && len(out) < n {
+		c := rune(s[i])
+		switch {
+		case unicode.IsSpace(c):
+			i++
+		case c == '"':
+			j := i + 1
+			for j < len(s) {
+				if s[j] == '"' {
+					if j+1 < len(s) && s[j+1] == '"' {
+						j += 2
+						continue
+					}
+					break
+				}
+				j++
+			}
+			if j < len(s) {
+				j++
+			}
+			out = append(out, s[i:j])
+			i = j
+		case c == '_' || c == '.' || unicode.IsLetter(c) || unicode.IsDigit(c):
+			j := i
+			for j < len(s) && (s[j] == '_' || s[j] == '.' || s[j] == '$' || unicode.IsLetter(rune(s[j])) || unicode.IsDigit(rune(s[j])) || s[j] >= 0x80) {
+				j++
+			}
+			out = append(out, s[i:j])
+			i = j
+		default:
+			return out
+		}
+	}
+	return out
+}
+
+func quoteIdent(s string) string {
+	return `"` + strings.ReplaceAll(s, `"`, `""`) + `"`
+}
+
+func quoteLiteral(s string) string {
+	return "'" + strings.ReplaceAll(s, "'", "''") + "'"
+}
