@@ -1,0 +1,290 @@
+package shardmap
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// DefaultRefresh is how often a Cache re-reads every loaded tenant in case
+// an event was lost.
+const DefaultRefresh = time.Second
+
+// View is an immutable snapshot of one tenant's trees and maps. Readers must
+// not modify it or anything it points to.
+type View struct {
+	Tenant string
+	// TreesVersion changes only when the set or the definitions of the
+	// tenant's trees change, not when a map does: a key for cached routing
+	// plans. Versions are unique across the tenants of one Cache.
+	TreesVersion uint64
+	Trees        map[string]*Tree // by name; every tree here has a map in Maps
+	Maps         map[string]*Map  // by tree name
+
+	next chan struct{} // closed when a newer view of the tenant replaces this one
+}
+
+// Cache keeps a View per tenant in memory so that the query path never
+// touches the store. It follows the store's events (Run), re-reads on a
+// timer in case an event was lost, and never replaces a map with one of a
+// lower epoch (unless the tree was dropped and created again).
+type Cache struct {
+	store    Store
+	refresh  time.Duration
+	log      *slog.Logger
+	tenants  sync.Map      // tenant name -> *tenantCache
+	versions atomic.Uint64 // source of TreesVersion
+}
+
+type tenantCache struct {
+	view  atomic.Pointer[View] // nil until the first successful load
+	mu    sync.Mutex           // serializes view replacement
+	begun atomic.Uint64        // full loads begun; written under mu
+	// lastOK is the number (begun at its start) of the last full load that
+	// succeeded; guarded by mu.
+	lastOK uint64
+}
+
+// NewCache returns a cache over s. refresh <= 0 means DefaultRefresh; a nil
+// log means slog.Default().
+func NewCache(s Store, refresh time.Duration, log *slog.Logger) *Cache {
+	if refresh <= 0 {
+		refresh = DefaultRefresh
+	}
+	if log == nil {
+		log = slog.Default()
+	}
+	return &Cache{store: s, refresh: refresh, log: log}
+}
+
+// Run follows the store's events and re-reads every loaded tenant each
+// refresh interval until ctx ends, then returns nil. It fails only if it
+// cannot subscribe at all; after that the subscription reconnects by itself.
+func (c *Cache) Run(ctx context.Context) error {
+	events, err := c.store.Subscribe(ctx)
+	if err != nil {
+		return fmt.Errorf("shardmap: cache: %w", err)
+	}
+	tick := time.NewTicker(c.refresh)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case ev, ok := <-events:
+			if !ok {
+				return nil // closed only when ctx ends
+			}
+			c.handle(ctx, ev)
+		case <-tick.C:
+			c.tenants.Range(func(k, v any) bool {
+				tc := v.(*tenantCache)
+				if tc.view.Load() == nil {
+					return true // never loaded: the next View call loads it
+				}
+				if _, err := c.load(ctx, k.(string), tc); err != nil && ctx.Err() == nil {
+					c.log.WarnContext(ctx, "shardmap: cache refresh failed", "tenant", k, "err", err)
+				}
+				return ctx.Err() == nil
+			})
+		}
+	}
+}
+
+func (c *Cache) handle(ctx context.Context, ev Event) {
+	v, ok := c.tenants.Load(ev.Tenant)
+	if !ok {
+		return // a tenant this proxy has not served
+	}
+	tc := v.(*tenantCache)
+	cur := tc.view.Load()
+	if cur == nil {
+		return
+	}
+	var err error
+	switch ev.Kind {
+	case EventMap:
+		if m := cur.Maps[ev.Tree]; m != nil && m.Epoch >= ev.Epoch {
+			return
+		}
+		err = c.loadMap(ctx, ev.Tenant, tc, ev.Tree)
+	default: // tree events, and kinds newer than this code: re-read it all
+		_, err = c.load(ctx, ev.Tenant, tc)
+	}
+	if err != nil && ctx.Err() == nil {
+		c.log.WarnContext(ctx, "shardmap: cache update after event failed",
+			"kind", ev.Kind, "tenant", ev.Tenant, "tree", ev.Tree, "epoch", ev.Epoch, "err", err)
+	}
+}
+
+// View returns the tenant's current snapshot. The first call for a tenant
+// reads the store; later calls are an atomic load.
+func (c *Cache) View(ctx context.Context, tenant string) (*View, error) {
+	tc := c.tenant(tenant)
+	if v := tc.view.Load(); v != nil {
+		return v, nil
+	}
+	return c.load(ctx, tenant, tc)
+}
+
+// Refresh re-reads the tenant from the store, for a caller that has seen
+// proof of a stale view (a stale-routing error). Concurrent calls share
+// one read, as long as it began after they were made.
+func (c *Cache) Refresh(ctx context.Context, tenant string) (*View, error) {
+	return c.load(ctx, tenant, c.tenant(tenant))
+}
+
+// Wait blocks until the cached map of tree has reached minEpoch and returns
+// the view that has it. It reads the map from the store at once and then
+// every refresh interval, so it does not depend on Run or on events.
+func (c *Cache) Wait(ctx context.Context, tenant, tree string, minEpoch uint64) (*View, error) {
+	tc := c.tenant(tenant)
+	if _, err := c.View(ctx, tenant); err != nil {
+		return nil, err
+	}
+	poll := time.NewTicker(c.refresh)
+	defer poll.Stop()
+	fetch := true
+	for {
+		v := tc.view.Load()
+		if m := v.Maps[tree]; m != nil && m.Epoch >= minEpoch {
+			return v, nil
+		}
+		if fetch {
+			fetch = false
+			if err := c.loadMap(ctx, tenant, tc, tree); err != nil && ctx.Err() == nil {
+				c.log.WarnContext(ctx, "shardmap: cache read while waiting failed",
+					"tenant", tenant, "tree", tree, "epoch", minEpoch, "err", err)
+			}
+			continue
+		}
+		select {
+		case <-v.next:
+		case <-poll.C:
+			fetch = true
+		case <-ctx.Done():
+			return nil, fmt.Errorf("shardmap: wait for %s/%s epoch %d: %w", tenant, tree, minEpoch, ctx.Err())
+		}
+	}
+}
+
+func (c *Cache) tenant(name string) *tenantCache {
+	if v, ok := c.tenants.Load(name); ok {
+		return v.(*tenantCache)
+	}
+	v, _ := c.tenants.LoadOrStore(name, new(tenantCache))
+	return v.(*tenantCache)
+}
+
+// load re-reads all of a tenant. A caller that waited for the lock while a
+// load that began after its call succeeded takes that result: a burst of
+// Refresh calls after one stale-routing error costs one read.
+func (c *Cache) load(ctx context.Context, tenant string, tc *tenantCache) (*View, error) {
+	seen := tc.begun.Load()
+	tc.mu.Lock()
+	defer tc.mu.Unlock()
+	if tc.lastOK > seen {
+		return tc.view.Load(), nil
+	}
+	seq := tc.begun.Add(1)
+
+	list, err := c.store.Trees(ctx, tenant)
+	if err != nil {
+		return nil, err
+	}
+	trees := make(map[string]*Tree, len(list))
+	ms := make(map[string]*Map, len(list))
+	for _, t := range list {
+		m, err := c.store.Map(ctx, tenant, t.Name)
+		if errors.Is(err, ErrNotFound) {
+			continue // dropped since Trees: leave it out like the drop will
+		}
+		if err != nil {
+			return nil, err
+		}
+		trees[t.Name], ms[t.Name] = t, m
+	}
+
+	old := tc.view.Load()
+	v := &View{Tenant: tenant, Trees: trees, Maps: ms, next: make(chan struct{})}
+	if old != nil && sameTrees(old.Trees, trees) {
+		v.TreesVersion = old.TreesVersion
+	} else {
+		v.TreesVersion = c.versions.Add(1)
+	}
+	if old != nil {
+		for name, m := range ms {
+			om := old.Maps[name]
+			if om != nil && om.Epoch >= m.Epoch && old.Trees[name].Created.Equal(trees[name].Created) {
+				ms[name] = om // the store answered with an older map (a replica, a race): keep ours
+			}
+		}
+	}
+	tc.replace(old, v)
+	tc.lastOK = seq
+	return v, nil
+}
+
+// loadMap re-reads one tree's map and installs it if its epoch is higher.
+func (c *Cache) loadMap(ctx context.Context, tenant string, tc *tenantCache, tree string) error {
+	m, err := c.store.Map(ctx, tenant, tree)
+	if errors.Is(err, ErrNotFound) {
+		_, err = c.load(ctx, tenant, tc) // dropped: the tree list changed too
+		return err
+	}
+	if err != nil {
+		return err
+	}
+	tc.mu.Lock()
+	old := tc.view.Load()
+	if old == nil || old.Trees[tree] == nil {
+		tc.mu.Unlock()
+		_, err = c.load(ctx, tenant, tc) // a tree this view does not know yet
+		return err
+	}
+	defer tc.mu.Unlock()
+	if old.Maps[tree].Epoch >= m.Epoch {
+		return nil
+	}
+	v := *old
+	v.Maps = maps.Clone(old.Maps)
+	v.Maps[tree] = m
+	v.next = make(chan struct{})
+	tc.replace(old, &v)
+	return nil
+}
+
+// replace publishes v and wakes the waiters on old. Called with mu held.
+func (tc *tenantCache) replace(old, v *View) {
+	tc.view.Store(v)
+	if old != nil {
+		close(old.next)
+	}
+}
+
+// sameTrees compares definitions by their JSON, which covers every field
+// and compares times by value rather than by location pointer.
+func sameTrees(a, b map[string]*Tree) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for name, t := range a {
+		u, ok := b[name]
+		if !ok {
+			return false
+		}
+		tj, _ := json.Marshal(t) // a Tree always encodes
+		uj, _ := json.Marshal(u)
+		if !bytes.Equal(tj, uj) {
+			return false
+		}
+	}
+	return true
+}

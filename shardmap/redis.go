@@ -1,0 +1,398 @@
+package shardmap
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// DefaultPrefix starts every key and the event channel of a store opened
+// with OpenRedis.
+const DefaultPrefix = "lattice"
+
+// RedisStore is the Store kept in Redis (standalone, Sentinel or Cluster).
+//
+// Key layout, with P the prefix and T the tenant ('%', '{' and '}' in T
+// percent-escaped so the hash tag always ends where T does):
+//
+//	P:{T}:trees       hash: tree name -> Tree JSON (the tenant's registry)
+//	P:{T}:map:<tree>  hash: "epoch" -> decimal epoch, "map" -> Map JSON
+//	P:events          pub/sub channel carrying Event JSON
+//
+// All keys of a tenant share the hash tag {T}, so in Redis Cluster they live
+// in one slot and a script can register a tree and its map atomically. The
+// epoch sits in its own hash field so the compare-and-set script compares
+// it without decoding the map.
+type RedisStore struct {
+	client  redis.UniversalClient
+	prefix  string
+	channel string
+}
+
+var _ Store = (*RedisStore)(nil)
+
+// NewRedisStore returns a store that keeps its keys under prefix (it must
+// not contain '{' or '}'; "" means DefaultPrefix). Close closes client.
+func NewRedisStore(client redis.UniversalClient, prefix string) *RedisStore {
+	if prefix == "" {
+		prefix = DefaultPrefix
+	}
+	return &RedisStore{client: client, prefix: prefix, channel: prefix + ":events"}
+}
+
+// OpenRedis connects to Redis and checks that it answers. Accepted URLs:
+//
+//	redis://[user:password@]host:port[/db][?option=value...]
+//	rediss://...                      the same over TLS
+//	redis-sentinel://[user:password@]host:port[,host:port...]/master[/db][?password=...]
+//	rediss-sentinel://...             the same over TLS
+//	redis-cluster://[user:password@]host:port[,host:port...][?option=value...]
+//	rediss-cluster://...              the same over TLS
+//
+// In the sentinel form the user info authenticates to the sentinels and the
+// password query parameter to the master. Options are go-redis's, in
+// snake case (dial_timeout=3s, pool_size=20, ...).
+func OpenRedis(ctx context.Context, rawURL string) (*RedisStore, error) {
+	client, err := newUniversalClient(rawURL)
+	if err != nil {
+		return nil, fmt.Errorf("shardmap: redis url: %w", err)
+	}
+	if err := client.Ping(ctx).Err(); err != nil {
+		client.Close()
+		return nil, fmt.Errorf("shardmap: connect to redis: %w", err)
+	}
+	return NewRedisStore(client, DefaultPrefix), nil
+}
+
+// Client kinds behind a URL.
+const (
+	modeSingle   = "single"
+	modeSentinel = "sentinel"
+	modeCluster  = "cluster"
+)
+
+func newUniversalClient(rawURL string) (redis.UniversalClient, error) {
+	mode, u, err := goRedisURL(rawURL)
+	if err != nil {
+		return nil, err
+	}
+	switch mode {
+	case modeSentinel:
+		opt, err := redis.ParseFailoverURL(u)
+		if err != nil {
+			return nil, err
+		}
+		return redis.NewFailoverClient(opt), nil
+	case modeCluster:
+		opt, err := redis.ParseClusterURL(u)
+		if err != nil {
+			return nil, err
+		}
+		return redis.NewClusterClient(opt), nil
+	}
+	opt, err := redis.ParseURL(u)
+	if err != nil {
+		return nil, err
+	}
+	return redis.NewClient(opt), nil
+}
+
+// goRedisURL translates one of OpenRedis's URL forms into the client kind
+// and the URL go-redis's parser for that kind takes, where extra hosts are
+// addr parameters and the sentinel master is master_name.
+func goRedisURL(rawURL string) (mode, u string, err error) {
+	scheme, rest, ok := strings.Cut(rawURL, "://")
+	if !ok {
+		return "", "", errors.New("missing scheme")
+	}
+	switch scheme {
+	case "redis", "rediss":
+		return modeSingle, rawURL, nil
+	case "redis-sentinel", "rediss-sentinel":
+		mu, err := multiHostURL(strings.TrimSuffix(scheme, "-sentinel"), rest)
+		if err != nil {
+			return "", "", err
+		}
+		parts := strings.Split(strings.Trim(mu.Path, "/"), "/")
+		if parts[0] == "" || len(parts) > 2 {
+			return "", "", errors.New("sentinel url needs /master or /master/db")
+		}
+		q := mu.Query()
+		q.Set("master_name", parts[0])
+		mu.RawQuery = q.Encode()
+		mu.Path = ""
+		if len(parts) == 2 {
+			mu.Path = "/" + parts[1]
+		}
+		return modeSentinel, mu.String(), nil
+	case "redis-cluster", "rediss-cluster":
+		mu, err := multiHostURL(strings.TrimSuffix(scheme, "-cluster"), rest)
+		if err != nil {
+			return "", "", err
+		}
+		return modeCluster, mu.String(), nil
+	}
+	return "", "", fmt.Errorf("unsupported scheme %q", scheme)
+}
+
+// multiHostURL turns "user@h1:p1,h2:p2/path?q" into scheme://user@h1:p1/path?q&addr=h2:p2,
+// the form go-redis parses: net/url refuses a comma-separated host list.
+func multiHostURL(scheme, rest string) (*url.URL, error) {
+	authority, tail := rest, ""
+	if i := strings.IndexAny(rest, "/?"); i >= 0 {
+		authority, tail = rest[:i], rest[i:]
+	}
+	userinfo, hosts := "", authority
+	if i := strings.LastIndexByte(authority, '@'); i >= 0 {
+		userinfo, hosts = authority[:i+1], authority[i+1:]
+	}
+	addrs := strings.Split(hosts, ",")
+	u, err := url.Parse(scheme + "://" + userinfo + addrs[0] + tail)
+	if err != nil {
+		return nil, err
+	}
+	q := u.Query()
+	for _, a := range addrs[1:] {
+		q.Add("addr", a)
+	}
+	u.RawQuery = q.Encode()
+	return u, nil
+}
+
+var tagEscaper = strings.NewReplacer("%", "%25", "{", "%7B", "}", "%7D")
+
+func (s *RedisStore) tenantTag(tenant string) string {
+	return s.prefix + ":{" + tagEscaper.Replace(tenant) + "}"
+}
+
+func (s *RedisStore) treesKey(tenant string) string { return s.tenantTag(tenant) + ":trees" }
+
+func (s *RedisStore) mapKey(tenant, tree string) string {
+	return s.tenantTag(tenant) + ":map:" + tree
+}
+
+// Every write is a script so that the check, the write and the PUBLISH
+// happen as one step: no event announces a change that did not happen, and
+// no change goes unannounced because the writer died in between.
+var (
+	// KEYS: trees, map. ARGV: name, tree JSON, epoch, map JSON, channel, event.
+	createScript = redis.NewScript(`
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then return 0 end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+redis.call('HSET', KEYS[2], 'epoch', ARGV[3], 'map', ARGV[4])
+redis.call('PUBLISH', ARGV[5], ARGV[6])
+return 1`)
+
+	// KEYS: trees. ARGV: name, tree JSON, channel, event.
+	updateScript = redis.NewScript(`
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then return 0 end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+redis.call('PUBLISH', ARGV[3], ARGV[4])
+return 1`)
+
+	// KEYS: trees, map. ARGV: name, channel, event.
+	deleteScript = redis.NewScript(`
+if redis.call('HDEL', KEYS[1], ARGV[1]) == 0 then return 0 end
+redis.call('DEL', KEYS[2])
+redis.call('PUBLISH', ARGV[2], ARGV[3])
+return 1`)
+
+	// KEYS: map. ARGV: expected epoch, new epoch, map JSON, channel, event.
+	// Returns -1 if the map does not exist, 0 on an epoch mismatch.
+	swapScript = redis.NewScript(`
+local cur = redis.call('HGET', KEYS[1], 'epoch')
+if not cur then return -1 end
+if cur ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'epoch', ARGV[2], 'map', ARGV[3])
+redis.call('PUBLISH', ARGV[4], ARGV[5])
+return 1`)
+)
+
+// Trees implements Store.
+func (s *RedisStore) Trees(ctx context.Context, tenant string) ([]*Tree, error) {
+	vals, err := s.client.HGetAll(ctx, s.treesKey(tenant)).Result()
+	if err != nil {
+		return nil, fmt.Errorf("shardmap: list trees of %s: %w", tenant, err)
+	}
+	trees := make([]*Tree, 0, len(vals))
+	for name, v := range vals {
+		t := new(Tree)
+		if err := json.Unmarshal([]byte(v), t); err != nil {
+			return nil, fmt.Errorf("shardmap: decode tree %s/%s: %w", tenant, name, err)
+		}
+		trees = append(trees, t)
+	}
+	slices.SortFunc(trees, func(a, b *Tree) int { return strings.Compare(a.Name, b.Name) })
+	return trees, nil
+}
+
+// Tree implements Store.
+func (s *RedisStore) Tree(ctx context.Context, tenant, name string) (*Tree, error) {
+	v, err := s.client.HGet(ctx, s.treesKey(tenant), name).Result()
+	if errors.Is(err, redis.Nil) {
+		return nil, fmt.Errorf("shardmap: tree %s/%s: %w", tenant, name, ErrNotFound)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("shardmap: read tree %s/%s: %w", tenant, name, err)
+	}
+	t := new(Tree)
+	if err := json.Unmarshal([]byte(v), t); err != nil {
+		return nil, fmt.Errorf("shardmap: decode tree %s/%s: %w", tenant, name, err)
+	}
+	return t, nil
+}
+
+// Map implements Store.
+func (s *RedisStore) Map(ctx context.Context, tenant, tree string) (*Map, error) {
+	v, err := s.client.HGet(ctx, s.mapKey(tenant, tree), "map").Result()
+	if errors.Is(err, redis.Nil) {
+		return nil, fmt.Errorf("shardmap: map of %s/%s: %w", tenant, tree, ErrNotFound)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("shardmap: read map of %s/%s: %w", tenant, tree, err)
+	}
+	m := new(Map)
+	if err := json.Unmarshal([]byte(v), m); err != nil {
+		return nil, fmt.Errorf("shardmap: decode map of %s/%s: %w", tenant, tree, err)
+	}
+	return m, nil
+}
+
+// CreateTree implements Store.
+func (s *RedisStore) CreateTree(ctx context.Context, t *Tree, m *Map) error {
+	if t.Tenant != m.Tenant || t.Name != m.Tree {
+		return fmt.Errorf("shardmap: create tree %s/%s with the map of %s/%s", t.Tenant, t.Name, m.Tenant, m.Tree)
+	}
+	if t.Created.IsZero() {
+		t.Created = time.Now().UTC()
+	}
+	tj, err := json.Marshal(t)
+	if err != nil {
+		return fmt.Errorf("shardmap: encode tree %s/%s: %w", t.Tenant, t.Name, err)
+	}
+	mj, err := json.Marshal(m)
+	if err != nil {
+		return fmt.Errorf("shardmap: encode map of %s/%s: %w", t.Tenant, t.Name, err)
+	}
+	n, err := createScript.Run(ctx, s.client,
+		[]string{s.treesKey(t.Tenant), s.mapKey(t.Tenant, t.Name)},
+		t.Name, tj, strconv.FormatUint(m.Epoch, 10), mj,
+		s.channel, s.event(EventTree, t.Tenant, t.Name, 0)).Int()
+	if err != nil {
+		return fmt.Errorf("shardmap: create tree %s/%s: %w", t.Tenant, t.Name, err)
+	}
+	if n == 0 {
+		return fmt.Errorf("shardmap: create tree %s/%s: %w", t.Tenant, t.Name, ErrExists)
+	}
+	return nil
+}
+
+// UpdateTree implements Store.
+func (s *RedisStore) UpdateTree(ctx context.Context, t *Tree) error {
+	tj, err := json.Marshal(t)
+	if err != nil {
+		return fmt.Errorf("shardmap: encode tree %s/%s: %w", t.Tenant, t.Name, err)
+	}
+	n, err := updateScript.Run(ctx, s.client, []string{s.treesKey(t.Tenant)},
+		t.Name, tj, s.channel, s.event(EventTree, t.Tenant, t.Name, 0)).Int()
+	if err != nil {
+		return fmt.Errorf("shardmap: update tree %s/%s: %w", t.Tenant, t.Name, err)
+	}
+	if n == 0 {
+		return fmt.Errorf("shardmap: update tree %s/%s: %w", t.Tenant, t.Name, ErrNotFound)
+	}
+	return nil
+}
+
+// DeleteTree implements Store.
+func (s *RedisStore) DeleteTree(ctx context.Context, tenant, name string) error {
+	n, err := deleteScript.Run(ctx, s.client,
+		[]string{s.treesKey(tenant), s.mapKey(tenant, name)},
+		name, s.channel, s.event(EventTree, tenant, name, 0)).Int()
+	if err != nil {
+		return fmt.Errorf("shardmap: delete tree %s/%s: %w", tenant, name, err)
+	}
+	if n == 0 {
+		return fmt.Errorf("shardmap: delete tree %s/%s: %w", tenant, name, ErrNotFound)
+	}
+	return nil
+}
+
+// SwapMap implements Store.
+func (s *RedisStore) SwapMap(ctx context.Context, m *Map, expected uint64) error {
+	next := *m
+	next.Epoch = expected + 1
+	mj, err := json.Marshal(&next)
+	if err != nil {
+		return fmt.Errorf("shardmap: encode map of %s/%s: %w", m.Tenant, m.Tree, err)
+	}
+	n, err := swapScript.Run(ctx, s.client, []string{s.mapKey(m.Tenant, m.Tree)},
+		strconv.FormatUint(expected, 10), strconv.FormatUint(next.Epoch, 10), mj,
+		s.channel, s.event(EventMap, m.Tenant, m.Tree, next.Epoch)).Int()
+	if err != nil {
+		return fmt.Errorf("shardmap: swap map of %s/%s: %w", m.Tenant, m.Tree, err)
+	}
+	switch n {
+	case -1:
+		return fmt.Errorf("shardmap: swap map of %s/%s: %w", m.Tenant, m.Tree, ErrNotFound)
+	case 0:
+		return fmt.Errorf("shardmap: swap map of %s/%s at epoch %d: %w", m.Tenant, m.Tree, expected, ErrConflict)
+	}
+	m.Epoch = next.Epoch
+	return nil
+}
+
+func (s *RedisStore) event(kind EventKind, tenant, tree string, epoch uint64) []byte {
+	b, _ := json.Marshal(Event{Kind: kind, Tenant: tenant, Tree: tree, Epoch: epoch}) // strings and a number always encode
+	return b
+}
+
+// Subscribe implements Store. go-redis's PubSub re-subscribes after a
+// reconnect and pings the connection, so the channel outlives a Redis restart.
+func (s *RedisStore) Subscribe(ctx context.Context) (<-chan Event, error) {
+	ps := s.client.Subscribe(ctx, s.channel)
+	// Wait for the confirmation so that every publish after this returns is seen.
+	if _, err := ps.Receive(ctx); err != nil {
+		ps.Close()
+		return nil, fmt.Errorf("shardmap: subscribe to %s: %w", s.channel, err)
+	}
+	msgs := ps.Channel()
+	out := make(chan Event, 64)
+	go func() {
+		defer close(out)
+		defer ps.Close()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case msg, ok := <-msgs:
+				if !ok {
+					return
+				}
+				var ev Event
+				if err := json.Unmarshal([]byte(msg.Payload), &ev); err != nil {
+					slog.WarnContext(ctx, "shardmap: ignoring malformed event", "channel", s.channel, "err", err)
+					continue
+				}
+				select {
+				case out <- ev:
+				case <-ctx.Done():
+					return
+				}
+			}
+		}
+	}()
+	return out, nil
+}
+
+// Close implements Store.
+func (s *RedisStore) Close() error { return s.client.Close() }

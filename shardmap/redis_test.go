@@ -1,0 +1,357 @@
+package shardmap
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+)
+
+func newTestStore(t *testing.T) (*RedisStore, *miniredis.Miniredis) {
+	t.Helper()
+	mr := miniredis.RunT(t)
+	s := NewRedisStore(redis.NewClient(&redis.Options{Addr: mr.Addr()}), "test")
+	t.Cleanup(func() { s.Close() })
+	return s, mr
+}
+
+func testTree(tenant, name string) (*Tree, *Map) {
+	t := &Tree{
+		Tenant: tenant, Name: name, KeyColumn: "sku", KeyType: KeyText,
+		Columns: []string{"sku", "title"}, SlotCount: DefaultSlotCount, ShardCount: 4,
+		DDL: []string{"CREATE TABLE {{table}} (sku text PRIMARY KEY, title text)"},
+	}
+	return t, NewIdentityMap(tenant, name, DefaultSlotCount, 4, []string{"n1", "n2"})
+}
+
+func mustCreate(t *testing.T, s Store, tenant, name string) (*Tree, *Map) {
+	t.Helper()
+	tr, m := testTree(tenant, name)
+	if err := s.CreateTree(context.Background(), tr, m); err != nil {
+		t.Fatalf("CreateTree %s/%s: %v", tenant, name, err)
+	}
+	return tr, m
+}
+
+func TestCreateTree(t *testing.T) {
+	ctx := context.Background()
+	s, _ := newTestStore(t)
+	// A tenant name with hash-tag characters must not leak into another's keys.
+	for _, tenant := range []string{"app", "odd}{%tenant"} {
+		mustCreate(t, s, tenant, "catalogue")
+		mustCreate(t, s, tenant, "accounts")
+	}
+
+	tests := []struct {
+		name   string
+		tree   func() (*Tree, *Map)
+		target error
+	}{
+		{"again", func() (*Tree, *Map) { return testTree("app", "catalogue") }, ErrExists},
+		{"same name other tenant", func() (*Tree, *Map) { return testTree("other", "catalogue") }, nil},
+		{"map of another tree", func() (*Tree, *Map) {
+			tr, _ := testTree("app", "orders")
+			_, m := testTree("app", "catalogue")
+			return tr, m
+		}, errors.New("any")},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			tr, m := tc.tree()
+			err := s.CreateTree(ctx, tr, m)
+			switch {
+			case tc.target == nil && err != nil:
+				t.Fatalf("CreateTree: %v", err)
+			case tc.target != nil && err == nil:
+				t.Fatalf("CreateTree succeeded, want an error")
+			case errors.Is(tc.target, ErrExists) && !errors.Is(err, ErrExists):
+				t.Fatalf("CreateTree: %v, want ErrExists", err)
+			}
+		})
+	}
+
+	for _, tenant := range []string{"app", "odd}{%tenant"} {
+		trees, err := s.Trees(ctx, tenant)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(trees) != 2 || trees[0].Name != "accounts" || trees[1].Name != "catalogue" {
+			t.Fatalf("Trees(%q) = %v, want accounts, catalogue", tenant, trees)
+		}
+		if trees[0].Created.IsZero() {
+			t.Errorf("Created was not set")
+		}
+	}
+	if _, err := s.Tree(ctx, "app", "orders"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("Tree(orders) after a refused create: %v, want ErrNotFound", err)
+	}
+	got, err := s.Tree(ctx, "app", "catalogue")
+	if err != nil || got.KeyColumn != "sku" || len(got.DDL) != 1 {
+		t.Fatalf("Tree = %+v, %v", got, err)
+	}
+	m, err := s.Map(ctx, "app", "catalogue")
+	if err != nil || m.Epoch != 1 || len(m.Slots) != DefaultSlotCount || m.Owner(4095).Index != 3 {
+		t.Fatalf("Map = epoch %d, %d slots, %v", m.Epoch, len(m.Slots), err)
+	}
+	if _, err := s.Map(ctx, "app", "nope"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("Map(nope): %v, want ErrNotFound", err)
+	}
+}
+
+func TestUpdateDeleteTree(t *testing.T) {
+	ctx := context.Background()
+	s, _ := newTestStore(t)
+	tr, m := mustCreate(t, s, "app", "catalogue")
+
+	tr.ShardCount = 16
+	tr.DDL = append(tr.DDL, "CREATE INDEX ON {{table}} (title)")
+	if err := s.UpdateTree(ctx, tr); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.Tree(ctx, "app", "catalogue")
+	if err != nil || got.ShardCount != 16 || len(got.DDL) != 2 {
+		t.Fatalf("after update: %+v, %v", got, err)
+	}
+	if cur, _ := s.Map(ctx, "app", "catalogue"); cur.Epoch != 1 {
+		t.Errorf("UpdateTree changed the map epoch to %d", cur.Epoch)
+	}
+
+	missing, _ := testTree("app", "missing")
+	if err := s.UpdateTree(ctx, missing); !errors.Is(err, ErrNotFound) {
+		t.Errorf("UpdateTree(missing): %v, want ErrNotFound", err)
+	}
+
+	if err := s.DeleteTree(ctx, "app", "catalogue"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.DeleteTree(ctx, "app", "catalogue"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("second DeleteTree: %v, want ErrNotFound", err)
+	}
+	if _, err := s.Tree(ctx, "app", "catalogue"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("Tree after delete: %v", err)
+	}
+	if _, err := s.Map(ctx, "app", "catalogue"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("Map after delete: %v", err)
+	}
+	if err := s.SwapMap(ctx, m, 1); !errors.Is(err, ErrNotFound) {
+		t.Errorf("SwapMap after delete: %v, want ErrNotFound", err)
+	}
+	if trees, err := s.Trees(ctx, "app"); err != nil || len(trees) != 0 {
+		t.Errorf("Trees after delete: %v, %v", trees, err)
+	}
+	// The name is free again.
+	mustCreate(t, s, "app", "catalogue")
+}
+
+func TestSwapMap(t *testing.T) {
+	ctx := context.Background()
+	s, _ := newTestStore(t)
+	mustCreate(t, s, "app", "catalogue")
+
+	tests := []struct {
+		name      string
+		expected  uint64
+		wantErr   error
+		wantEpoch uint64 // stored afterwards
+	}{
+		{"current epoch", 1, nil, 2},
+		{"stale epoch", 1, ErrConflict, 2},
+		{"future epoch", 7, ErrConflict, 2},
+		{"next", 2, nil, 3},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			m, err := s.Map(ctx, "app", "catalogue")
+			if err != nil {
+				t.Fatal(err)
+			}
+			before := m.Epoch
+			m.Slots[0] = 3
+			err = s.SwapMap(ctx, m, tc.expected)
+			if !errors.Is(err, tc.wantErr) {
+				t.Fatalf("SwapMap: %v, want %v", err, tc.wantErr)
+			}
+			if tc.wantErr == nil && m.Epoch != tc.expected+1 {
+				t.Errorf("m.Epoch = %d after a swap, want %d", m.Epoch, tc.expected+1)
+			}
+			if tc.wantErr != nil && m.Epoch != before {
+				t.Errorf("m.Epoch changed to %d by a failed swap", m.Epoch)
+			}
+			got, err := s.Map(ctx, "app", "catalogue")
+			if err != nil || got.Epoch != tc.wantEpoch {
+				t.Fatalf("stored epoch %d, %v; want %d", got.Epoch, err, tc.wantEpoch)
+			}
+			if tc.wantErr == nil && got.Slots[0] != 3 {
+				t.Errorf("the swapped map was not stored")
+			}
+		})
+	}
+}
+
+// testConcurrentSwaps has N goroutines each make K read-modify-swap changes,
+// retrying on ErrConflict; every success must be counted exactly once.
+func testConcurrentSwaps(t *testing.T, s Store, tenant string) {
+	ctx := context.Background()
+	mustCreate(t, s, tenant, "catalogue")
+	const workers, perWorker = 6, 10
+	var swaps, conflicts atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	for w := range workers {
+		wg.Go(func() {
+			for range perWorker {
+				for {
+					m, err := s.Map(ctx, tenant, "catalogue")
+					if err != nil {
+						errs <- err
+						return
+					}
+					m.Slots[w]++ // each worker counts its own successes in the map too
+					err = s.SwapMap(ctx, m, m.Epoch)
+					if errors.Is(err, ErrConflict) {
+						conflicts.Add(1)
+						continue
+					}
+					if err != nil {
+						errs <- err
+						return
+					}
+					swaps.Add(1)
+					break
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	m, err := s.Map(ctx, tenant, "catalogue")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := m.Epoch, uint64(1+swaps.Load()); got != want || swaps.Load() != workers*perWorker {
+		t.Fatalf("epoch %d after %d swaps, want %d and %d swaps", got, swaps.Load(), want, workers*perWorker)
+	}
+	for w := range workers {
+		if m.Slots[w] != perWorker { // identity map: the first slots start on shard 0
+			t.Errorf("slot %d = %d, want %d: a swap was lost", w, m.Slots[w], perWorker)
+		}
+	}
+	t.Logf("%d swaps, %d conflicts", swaps.Load(), conflicts.Load())
+}
+
+func TestSwapMapConcurrent(t *testing.T) {
+	s, _ := newTestStore(t)
+	testConcurrentSwaps(t, s, "app")
+}
+
+func recv(t *testing.T, ch <-chan Event) Event {
+	t.Helper()
+	select {
+	case ev, ok := <-ch:
+		if !ok {
+			t.Fatal("event channel closed")
+		}
+		return ev
+	case <-time.After(5 * time.Second):
+		t.Fatal("no event within 5s")
+	}
+	return Event{}
+}
+
+func TestSubscribe(t *testing.T) {
+	s, mr := newTestStore(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	events, err := s.Subscribe(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	tr, m := mustCreate(t, s, "app", "catalogue")
+	if err := s.SwapMap(ctx, m, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.UpdateTree(ctx, tr); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SwapMap(ctx, m, 1); !errors.Is(err, ErrConflict) {
+		t.Fatalf("stale swap: %v", err) // must publish nothing
+	}
+	// Garbage on the channel is skipped, not delivered or fatal.
+	mr.Publish("test:events", "not json")
+	if err := s.DeleteTree(ctx, "app", "catalogue"); err != nil {
+		t.Fatal(err)
+	}
+
+	want := []Event{
+		{Kind: EventTree, Tenant: "app", Tree: "catalogue"},
+		{Kind: EventMap, Tenant: "app", Tree: "catalogue", Epoch: 2},
+		{Kind: EventTree, Tenant: "app", Tree: "catalogue"},
+		{Kind: EventTree, Tenant: "app", Tree: "catalogue"},
+	}
+	for i, w := range want {
+		if got := recv(t, events); got != w {
+			t.Errorf("event %d = %+v, want %+v", i, got, w)
+		}
+	}
+
+	cancel()
+	for range events { // must be closed once ctx ends
+	}
+}
+
+func TestOpenRedisURLs(t *testing.T) {
+	tests := []struct {
+		url    string
+		mode   string // "" for an error
+		goURL  string // what go-redis parses
+		client string // Go type of the client
+	}{
+		{"redis://localhost:6379/2", modeSingle, "redis://localhost:6379/2", "*redis.Client"},
+		{"rediss://user:pw@localhost:6380", modeSingle, "rediss://user:pw@localhost:6380", "*redis.Client"},
+		{"redis-sentinel://s1:26379,s2:26379,s3:26379/mymaster", modeSentinel,
+			"redis://s1:26379?addr=s2%3A26379&addr=s3%3A26379&master_name=mymaster", "*redis.Client"},
+		{"rediss-sentinel://su:sp@s1:26379/mymaster/3?password=secret", modeSentinel,
+			"rediss://su:sp@s1:26379/3?master_name=mymaster&password=secret", "*redis.Client"},
+		{"redis-cluster://c1:7000,c2:7001?pool_size=5", modeCluster,
+			"redis://c1:7000?addr=c2%3A7001&pool_size=5", "*redis.ClusterClient"},
+		{"redis-sentinel://s1:26379", "", "", ""},
+		{"redis-sentinel://s1:26379/a/1/x", "", "", ""},
+		{"memcache://localhost", "", "", ""},
+		{"localhost:6379", "", "", ""},
+	}
+	for _, tc := range tests {
+		t.Run(tc.url, func(t *testing.T) {
+			mode, u, err := goRedisURL(tc.url)
+			if tc.mode == "" {
+				if err == nil {
+					t.Fatalf("goRedisURL = %s %s, want an error", mode, u)
+				}
+				return
+			}
+			if err != nil || mode != tc.mode || u != tc.goURL {
+				t.Fatalf("goRedisURL = %s %s %v, want %s %s", mode, u, err, tc.mode, tc.goURL)
+			}
+			c, err := newUniversalClient(tc.url)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			if got := fmt.Sprintf("%T", c); got != tc.client {
+				t.Errorf("client %s, want %s", got, tc.client)
+			}
+		})
+	}
+	if _, err := newUniversalClient("redis://localhost:6379/2?bogus=1"); err == nil {
+		t.Errorf("an unknown option was accepted")
+	}
+}

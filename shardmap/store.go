@@ -1,0 +1,67 @@
+package shardmap
+
+import (
+	"context"
+	"errors"
+)
+
+var (
+	// ErrNotFound is returned when a tree (or its map) is not registered.
+	ErrNotFound = errors.New("shardmap: not found")
+	// ErrExists is returned by CreateTree when the tree is already registered.
+	ErrExists = errors.New("shardmap: already exists")
+	// ErrConflict is returned by SwapMap when the stored epoch is not the
+	// expected one: another writer won the compare-and-set.
+	ErrConflict = errors.New("shardmap: epoch conflict")
+)
+
+// EventKind says what changed.
+type EventKind string
+
+const (
+	// EventMap: a tree's map changed; Epoch is the new epoch.
+	EventMap EventKind = "map"
+	// EventTree: a tree was created, altered or dropped; Epoch is 0.
+	EventTree EventKind = "tree"
+)
+
+// Event announces a change to every subscriber. Events can be lost (a
+// subscriber that is reconnecting misses them), so a consumer also re-reads
+// on a timer.
+type Event struct {
+	Kind   EventKind `json:"kind"`
+	Tenant string    `json:"tenant"`
+	Tree   string    `json:"tree"`
+	Epoch  uint64    `json:"epoch,omitempty"`
+}
+
+// Store keeps the tree registry and the shard maps of every tenant.
+type Store interface {
+	// Trees lists a tenant's trees sorted by name.
+	Trees(ctx context.Context, tenant string) ([]*Tree, error)
+	// Tree returns one registry entry, or ErrNotFound.
+	Tree(ctx context.Context, tenant, name string) (*Tree, error)
+	// Map returns a tree's current map, or ErrNotFound.
+	Map(ctx context.Context, tenant, tree string) (*Map, error)
+	// CreateTree registers t with its first map m in one step and publishes
+	// a "tree" event; ErrExists if t is already registered. A zero t.Created
+	// is set to now: it is how a Cache tells a re-created tree (whose epochs
+	// start over) from the one that was dropped.
+	CreateTree(ctx context.Context, t *Tree, m *Map) error
+	// UpdateTree replaces a registry entry (DDL log, shard count), not its
+	// map, and publishes a "tree" event; ErrNotFound if it is not registered.
+	UpdateTree(ctx context.Context, t *Tree) error
+	// DeleteTree removes a tree and its map and publishes a "tree" event;
+	// ErrNotFound if it is not registered.
+	DeleteTree(ctx context.Context, tenant, name string) error
+	// SwapMap stores m only if the stored epoch equals expected; on success
+	// the stored (and m's) epoch is expected+1 and a "map" event is
+	// published. ErrConflict otherwise, ErrNotFound if the tree is gone.
+	SwapMap(ctx context.Context, m *Map, expected uint64) error
+	// Subscribe delivers events until ctx ends, then closes the channel. The
+	// subscription is active when Subscribe returns and reconnects by itself
+	// after the server restarts; events published while it was down are lost.
+	Subscribe(ctx context.Context) (<-chan Event, error)
+	// Close releases the connections.
+	Close() error
+}
