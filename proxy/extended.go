@@ -24,7 +24,7 @@ type portalPart struct {
 // the exchange and played back at Sync or Flush, so a pipeline of many
 // Executes costs one round trip to each backend.
 func (s *session) extendedMsg(ctx context.Context, msg pgproto3.FrontendMessage) error {
-	switch m := msg.(type) {
+	switch msg.(type) {
 	case *pgproto3.Sync:
 		return s.sync(ctx)
 	case *pgproto3.Flush:

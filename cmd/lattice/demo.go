@@ -97,7 +97,11 @@ func loadSample(ctx context.Context, dsn string, rows int, log *slog.Logger) err
 		return err
 	}
 	names, err := pgx.CollectRows(trees, func(r pgx.CollectableRow) (string, error) {
-		return r.Values()[0].(string), nil
+		var name, key, keyType string
+		var shards, slots int32
+		var epoch int64
+		err := r.Scan(&name, &key, &keyType, &shards, &slots, &epoch)
+		return name, err
 	})
 	if err != nil {
 		return err

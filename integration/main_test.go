@@ -1,0 +1,697 @@
+// Package integration holds the end-to-end tests: real PostgreSQL nodes, a
+// real redis-server and the lattice binary built with the race detector.
+//
+// TestMain starts 3 PostgreSQL 15 nodes and one redis-server under a temp dir
+// for the whole package run. Set LATTICE_TEST_KEEP=1 to keep that dir (data
+// directories, server logs, the binary) for debugging.
+package integration
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/lattice-db/lattice/localnode"
+)
+
+// numNodes is how many PostgreSQL nodes TestMain starts.
+const numNodes = 3
+
+var harness struct {
+	dir   string
+	nodes []*localnode.Postgres
+	redis *localnode.Redis
+
+	buildOnce sync.Once
+	binary    string
+	buildErr  error
+
+	proxySeq atomic.Int64
+}
+
+func TestMain(m *testing.M) {
+	os.Exit(runMain(m))
+}
+
+func runMain(m *testing.M) (code int) {
+	// Progress of the servers goes to stderr, which go test shows.
+	slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})))
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	defer cancel()
+
+	if err := localnode.EnsureTools(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, "integration:", err)
+		return 1
+	}
+	removeStaleDirs()
+	dir, err := os.MkdirTemp("", tempPrefix)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "integration:", err)
+		return 1
+	}
+	// PostgreSQL runs as the unprivileged postgres user when we are root: it
+	// must be able to enter the dir.
+	if err := os.Chmod(dir, 0o755); err != nil {
+		fmt.Fprintln(os.Stderr, "integration:", err)
+		return 1
+	}
+	harness.dir = dir
+	// Marks the dir as this process's, so that a later run can remove it if
+	// this one dies without cleaning up (go test -timeout, SIGKILL).
+	_ = os.WriteFile(filepath.Join(dir, ownerFile), []byte(strconv.Itoa(os.Getpid())), 0o644)
+	keep := os.Getenv("LATTICE_TEST_KEEP") == "1"
+	defer func() {
+		teardown()
+		if keep {
+			os.Remove(filepath.Join(dir, ownerFile))
+			fmt.Fprintf(os.Stderr, "integration: LATTICE_TEST_KEEP=1: kept %s\n", dir)
+		} else {
+			os.RemoveAll(dir)
+		}
+	}()
+
+	// Ctrl-C or a SIGTERM to the test binary: stop the servers and remove the
+	// dir before dying. (A SIGKILL is covered by the servers' Pdeathsig.)
+	sigc := make(chan os.Signal, 1)
+	signal.Notify(sigc, os.Interrupt, syscall.SIGTERM)
+	defer signal.Stop(sigc)
+	go func() {
+		sig, ok := <-sigc
+		if !ok {
+			return
+		}
+		fmt.Fprintf(os.Stderr, "integration: %v: stopping servers\n", sig)
+		teardown()
+		if !keep {
+			os.RemoveAll(dir)
+		}
+		os.Exit(2)
+	}()
+
+	if err := startServers(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, "integration:", err)
+		return 1
+	}
+	fmt.Fprintf(os.Stderr, "integration: %d PostgreSQL nodes and redis-server up in %s (dir %s)\n",
+		numNodes, time.Since(start).Round(time.Millisecond), dir)
+	return m.Run()
+}
+
+const (
+	tempPrefix = "lattice-it-"
+	ownerFile  = "harness.pid"
+)
+
+// removeStaleDirs removes the temp dirs of earlier runs whose process is gone
+// (their servers died with them through Pdeathsig), unless kept on purpose.
+func removeStaleDirs() {
+	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), tempPrefix+"*"))
+	for _, d := range dirs {
+		b, err := os.ReadFile(filepath.Join(d, ownerFile))
+		if err != nil {
+			continue // kept (LATTICE_TEST_KEEP removes the mark) or not ours
+		}
+		pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+		if err != nil || pid <= 0 || !errors.Is(syscall.Kill(pid, 0), syscall.ESRCH) {
+			continue
+		}
+		slog.Info("integration: removing the temp dir of a dead run", "dir", d, "pid", pid)
+		os.RemoveAll(d)
+	}
+}
+
+func startServers(ctx context.Context) error {
+	harness.nodes = make([]*localnode.Postgres, numNodes)
+	errs := make([]error, numNodes+1)
+	var wg sync.WaitGroup
+	for i := 0; i < numNodes; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			name := fmt.Sprintf("n%d", i+1)
+			harness.nodes[i], errs[i] = localnode.StartPostgres(ctx, filepath.Join(harness.dir, name), name,
+				localnode.PostgresOptions{Fast: true})
+		}()
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		harness.redis, errs[numNodes] = localnode.StartRedis(ctx, filepath.Join(harness.dir, "redis"))
+	}()
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+var teardownOnce sync.Once
+
+func teardown() {
+	teardownOnce.Do(func() {
+		var wg sync.WaitGroup
+		for _, n := range harness.nodes {
+			if n == nil {
+				continue
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if err := n.Stop(); err != nil {
+					fmt.Fprintln(os.Stderr, "integration:", err)
+				}
+			}()
+		}
+		if harness.redis != nil {
+			if err := harness.redis.Stop(); err != nil {
+				fmt.Fprintln(os.Stderr, "integration:", err)
+			}
+		}
+		wg.Wait()
+	})
+}
+
+// testNode returns PostgreSQL node i (0-based).
+func testNode(t testing.TB, i int) *localnode.Postgres {
+	t.Helper()
+	if i < 0 || i >= len(harness.nodes) || harness.nodes[i] == nil {
+		t.Fatalf("no test node %d (the harness has %d)", i, len(harness.nodes))
+	}
+	return harness.nodes[i]
+}
+
+// testNodeDSN returns the DSN of node i (0-based), database "lattice".
+func testNodeDSN(t testing.TB, i int) string {
+	t.Helper()
+	return testNode(t, i).DSN("lattice")
+}
+
+// testRedisURL returns redis://127.0.0.1:PORT/0 of the harness's redis.
+func testRedisURL(t testing.TB) string {
+	t.Helper()
+	if harness.redis == nil {
+		t.Fatal("no test redis")
+	}
+	return harness.redis.URL()
+}
+
+// testRedis returns the harness's redis-server (Kill, Restart for fault tests).
+func testRedis(t testing.TB) *localnode.Redis {
+	t.Helper()
+	if harness.redis == nil {
+		t.Fatal("no test redis")
+	}
+	return harness.redis
+}
+
+// repoRoot is the module root: the parent of this package's directory.
+func repoRoot() (string, error) {
+	wd, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	root := filepath.Dir(wd)
+	if _, err := os.Stat(filepath.Join(root, "go.mod")); err != nil {
+		return "", fmt.Errorf("no go.mod in %s: %w", root, err)
+	}
+	return root, nil
+}
+
+func goTool() string {
+	if p, err := exec.LookPath("go"); err == nil {
+		return p
+	}
+	return filepath.Join(runtime.GOROOT(), "bin", "go")
+}
+
+// latticeBinary builds ./cmd/lattice with -race once per package run, on
+// first use, so that tests which do not need it run even if it fails to
+// build.
+func latticeBinary(t testing.TB) string {
+	t.Helper()
+	harness.buildOnce.Do(func() {
+		start := time.Now()
+		root, err := repoRoot()
+		if err != nil {
+			harness.buildErr = err
+			return
+		}
+		out := filepath.Join(harness.dir, "lattice")
+		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, goTool(), "build", "-race", "-o", out, "./cmd/lattice")
+		cmd.Dir = root
+		var buf bytes.Buffer
+		cmd.Stdout = &buf
+		cmd.Stderr = &buf
+		if err := cmd.Run(); err != nil {
+			harness.buildErr = fmt.Errorf("go build -race ./cmd/lattice: %w\n%s", err, buf.String())
+			return
+		}
+		harness.binary = out
+		slog.Info("integration: built lattice", "binary", out, "took", time.Since(start).Round(time.Millisecond))
+	})
+	if harness.buildErr != nil {
+		t.Fatalf("lattice binary unavailable: %v", harness.buildErr)
+	}
+	return harness.binary
+}
+
+// syncBuffer is a bytes.Buffer safe for the process's writer and the test.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// proxyProc is one running `lattice serve`.
+type proxyProc struct {
+	Addr      string // 127.0.0.1:PORT, PostgreSQL wire protocol
+	AdminAddr string // 127.0.0.1:PORT, HTTP admin endpoint
+	Args      []string
+
+	cmd     *exec.Cmd
+	log     *syncBuffer
+	logPath string
+	done    chan struct{} // closed once the process exited
+	waitErr error
+	killed  atomic.Bool // stopped on purpose (Kill or cleanup)
+}
+
+// startProxy starts `lattice serve` over the first `nodes` harness nodes and
+// the harness redis, waits until it accepts connections and /healthz answers
+// 200, and stops it in t.Cleanup (SIGTERM, SIGKILL after 10s). When the test
+// fails, the proxy's log is dumped with t.Log. A proxy that dies on its own, or
+// whose log has a race report, fails the test.
+func startProxy(t testing.TB, nodes int, extraArgs ...string) *proxyProc {
+	t.Helper()
+	if nodes < 1 || nodes > len(harness.nodes) {
+		t.Fatalf("startProxy: %d nodes requested, the harness has %d", nodes, len(harness.nodes))
+	}
+	bin := latticeBinary(t)
+	port, err := localnode.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	adminPort, err := localnode.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &proxyProc{
+		Addr:      fmt.Sprintf("127.0.0.1:%d", port),
+		AdminAddr: fmt.Sprintf("127.0.0.1:%d", adminPort),
+		log:       &syncBuffer{},
+		done:      make(chan struct{}),
+	}
+	args := []string{"serve", "--listen", p.Addr, "--admin", p.AdminAddr, "--redis", testRedisURL(t)}
+	for i := 0; i < nodes; i++ {
+		args = append(args, "--node", fmt.Sprintf("n%d=%s", i+1, testNodeDSN(t, i)))
+	}
+	p.Args = append(args, extraArgs...)
+
+	// The log goes to a buffer (dumped on failure) and to a file in the
+	// harness dir (kept with LATTICE_TEST_KEEP=1).
+	seq := harness.proxySeq.Add(1)
+	p.logPath = filepath.Join(harness.dir, fmt.Sprintf("proxy-%03d-%s.log", seq, sanitize(t.Name())))
+	var out io.Writer = p.log
+	if f, err := os.Create(p.logPath); err == nil {
+		out = io.MultiWriter(p.log, f)
+		t.Cleanup(func() { f.Close() })
+	}
+	p.cmd = exec.Command(bin, p.Args...)
+	p.cmd.Stdout = out
+	p.cmd.Stderr = out
+	p.cmd.Env = append(os.Environ(), "GORACE=halt_on_error=0")
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := p.cmd.Start(); err != nil {
+		t.Fatalf("start lattice: %v", err)
+	}
+	go func() {
+		p.waitErr = p.cmd.Wait()
+		close(p.done)
+	}()
+	t.Cleanup(func() { p.cleanup(t) })
+
+	if err := p.waitReady(60 * time.Second); err != nil {
+		t.Fatalf("lattice serve did not become ready: %v\nargs: %q\n--- log ---\n%s", err, p.Args, p.log.String())
+	}
+	return p
+}
+
+func sanitize(name string) string {
+	return strings.Map(func(r rune) rune {
+		switch {
+		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '-', r == '_':
+			return r
+		}
+		return '_'
+	}, name)
+}
+
+func (p *proxyProc) exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+func (p *proxyProc) waitReady(timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	client := &http.Client{Timeout: 2 * time.Second}
+	var lastErr error
+	for time.Now().Before(deadline) {
+		if p.exited() {
+			return fmt.Errorf("exited: %v", p.waitErr)
+		}
+		lastErr = func() error {
+			c, err := net.DialTimeout("tcp", p.Addr, time.Second)
+			if err != nil {
+				return err
+			}
+			c.Close()
+			resp, err := client.Get("http://" + p.AdminAddr + "/healthz")
+			if err != nil {
+				return err
+			}
+			defer resp.Body.Close()
+			io.Copy(io.Discard, resp.Body)
+			if resp.StatusCode != http.StatusOK {
+				return fmt.Errorf("/healthz: %s", resp.Status)
+			}
+			return nil
+		}()
+		if lastErr == nil {
+			return nil
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return fmt.Errorf("timed out after %s: %v", timeout, lastErr)
+}
+
+func (p *proxyProc) cleanup(t testing.TB) {
+	diedOnItsOwn := p.exited() && !p.killed.Load()
+	if !p.exited() {
+		p.killed.Store(true)
+		_ = p.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-p.done:
+		case <-time.After(10 * time.Second):
+			t.Errorf("lattice serve did not exit within 10s of SIGTERM; killed")
+			_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+			<-p.done
+		}
+	}
+	_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL) // anything it left in its group
+	log := p.log.String()
+	if diedOnItsOwn {
+		t.Errorf("lattice serve exited on its own during the test: %v", p.waitErr)
+	}
+	if strings.Contains(log, "WARNING: DATA RACE") {
+		t.Errorf("the race detector reported a data race in lattice serve (see its log)")
+	}
+	if t.Failed() {
+		t.Logf("lattice serve %q exit: %v\n--- proxy log (%s) ---\n%s", p.Args, p.waitErr, p.logPath, log)
+	}
+}
+
+// DSN returns postgres://lattice@ADDR/DATABASE?sslmode=disable.
+func (p *proxyProc) DSN(database string) string {
+	return fmt.Sprintf("postgres://lattice@%s/%s?sslmode=disable", p.Addr, url.PathEscape(database))
+}
+
+// Log returns everything the proxy has logged so far.
+func (p *proxyProc) Log() string { return p.log.String() }
+
+// Kill sends SIGKILL to the proxy (crash tests) and waits for it to exit.
+func (p *proxyProc) Kill() {
+	p.killed.Store(true)
+	_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+	<-p.done
+}
+
+// resetNodes makes tests independent: on every node's "lattice" database it
+// ends other sessions, rolls back prepared transactions, drops replication
+// slots, publications, every lattice_s* schema and every table, view and
+// sequence in public; then it runs FLUSHALL on redis.
+func resetNodes(t testing.TB) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	for i := range harness.nodes {
+		if err := resetNode(ctx, testNodeDSN(t, i)); err != nil {
+			t.Fatalf("reset node %d: %v", i, err)
+		}
+	}
+	rdb, err := redisClient(testRedisURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rdb.Close()
+	if err := rdb.FlushAll(ctx).Err(); err != nil {
+		t.Fatalf("redis FLUSHALL: %v", err)
+	}
+}
+
+func redisClient(url string) (*redis.Client, error) {
+	opts, err := redis.ParseURL(url)
+	if err != nil {
+		return nil, err
+	}
+	return redis.NewClient(opts), nil
+}
+
+func resetNode(ctx context.Context, dsn string) error {
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.Background())
+	run := func(sql string, args ...any) error {
+		if _, err := conn.Exec(ctx, sql, args...); err != nil {
+			return fmt.Errorf("%s: %w", sql, err)
+		}
+		return nil
+	}
+	strs := func(sql string) ([]string, error) {
+		rows, err := conn.Query(ctx, sql)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", sql, err)
+		}
+		return pgx.CollectRows(rows, pgx.RowTo[string])
+	}
+	// Leftover sessions (a killed proxy's backends, a leaked transaction)
+	// would hold locks that make the drops below wait.
+	if err := run(`SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+		WHERE datname = current_database() AND pid <> pg_backend_pid() AND backend_type = 'client backend'`); err != nil {
+		return err
+	}
+	gids, err := strs(`SELECT gid FROM pg_prepared_xacts WHERE database = current_database()`)
+	if err != nil {
+		return err
+	}
+	for _, gid := range gids {
+		if err := run("ROLLBACK PREPARED " + quoteLiteral(gid)); err != nil {
+			return err
+		}
+	}
+	if err := run(`SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots
+		WHERE database = current_database() AND active_pid IS NOT NULL`); err != nil {
+		return err
+	}
+	slots, err := strs(`SELECT slot_name::text FROM pg_replication_slots WHERE database = current_database()`)
+	if err != nil {
+		return err
+	}
+	for _, s := range slots {
+		// The walsender may take a moment to exit after being terminated.
+		var lastErr error
+		for try := 0; try < 50; try++ {
+			if _, lastErr = conn.Exec(ctx, "SELECT pg_drop_replication_slot($1)", s); lastErr == nil {
+				break
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		if lastErr != nil {
+			return fmt.Errorf("drop replication slot %s: %w", s, lastErr)
+		}
+	}
+	if err := run("SET lock_timeout = '20s'"); err != nil {
+		return err
+	}
+	var drops []string
+	pubs, err := strs(`SELECT pubname::text FROM pg_publication`)
+	if err != nil {
+		return err
+	}
+	for _, p := range pubs {
+		drops = append(drops, "DROP PUBLICATION IF EXISTS "+pgx.Identifier{p}.Sanitize())
+	}
+	schemas, err := strs(`SELECT nspname::text FROM pg_namespace WHERE nspname LIKE 'lattice\_s%'`)
+	if err != nil {
+		return err
+	}
+	for _, s := range schemas {
+		drops = append(drops, "DROP SCHEMA IF EXISTS "+pgx.Identifier{s}.Sanitize()+" CASCADE")
+	}
+	rels, err := strs(`SELECT CASE c.relkind WHEN 'v' THEN 'VIEW' WHEN 'm' THEN 'MATERIALIZED VIEW'
+			WHEN 'S' THEN 'SEQUENCE' WHEN 'f' THEN 'FOREIGN TABLE' ELSE 'TABLE' END
+			|| ' IF EXISTS public.' || quote_ident(c.relname) || ' CASCADE'
+		FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p', 'v', 'm', 'S', 'f') AND NOT c.relispartition
+		ORDER BY c.relkind = 'S'`)
+	if err != nil {
+		return err
+	}
+	for _, r := range rels {
+		drops = append(drops, "DROP "+r)
+	}
+	for _, d := range drops {
+		if err := run(d); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func quoteLiteral(s string) string {
+	return "'" + strings.ReplaceAll(s, "'", "''") + "'"
+}
+
+// TestHarnessNodesUp checks the harness itself: every node answers with
+// wal_level=logical and redis answers PING.
+func TestHarnessNodesUp(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if len(harness.nodes) != numNodes {
+		t.Fatalf("%d nodes, want %d", len(harness.nodes), numNodes)
+	}
+	ports := map[int]bool{}
+	for i := range harness.nodes {
+		conn, err := pgx.Connect(ctx, testNodeDSN(t, i))
+		if err != nil {
+			t.Fatalf("node %d: %v", i, err)
+		}
+		for setting, want := range map[string]string{
+			"wal_level":                 "logical",
+			"max_replication_slots":     "64",
+			"max_prepared_transactions": "64",
+		} {
+			var got string
+			if err := conn.QueryRow(ctx, "SHOW "+setting).Scan(&got); err != nil {
+				t.Fatalf("node %d: SHOW %s: %v", i, setting, err)
+			}
+			if got != want {
+				t.Errorf("node %d: %s = %q, want %q", i, setting, got, want)
+			}
+		}
+		var db string
+		if err := conn.QueryRow(ctx, "SELECT current_database()").Scan(&db); err != nil || db != "lattice" {
+			t.Errorf("node %d: current_database = %q, %v", i, db, err)
+		}
+		conn.Close(ctx)
+		ports[testNode(t, i).Port] = true
+	}
+	if len(ports) != numNodes {
+		t.Errorf("nodes share ports: %v", ports)
+	}
+	rdb, err := redisClient(testRedisURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rdb.Close()
+	if pong, err := rdb.Ping(ctx).Result(); err != nil || pong != "PONG" {
+		t.Fatalf("redis PING = %q, %v", pong, err)
+	}
+	var aof string
+	if res, err := rdb.ConfigGet(ctx, "appendonly").Result(); err == nil {
+		aof = res["appendonly"]
+	}
+	if aof != "yes" {
+		t.Errorf("redis appendonly = %q, want yes", aof)
+	}
+}
+
+// TestHarnessReset checks resetNodes: it drops shard schemas, public tables
+// and publications, and flushes redis.
+func TestHarnessReset(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, testNodeDSN(t, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	for _, sql := range []string{
+		"CREATE SCHEMA lattice_s0007",
+		"CREATE TABLE lattice_s0007.catalogue (sku text PRIMARY KEY)",
+		"CREATE TABLE public.plain (id int PRIMARY KEY)",
+		"CREATE VIEW public.v AS SELECT * FROM public.plain",
+		"CREATE SEQUENCE public.seq",
+		"CREATE PUBLICATION lattice_m1 FOR TABLE lattice_s0007.catalogue",
+	} {
+		if _, err := conn.Exec(ctx, sql); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	rdb, err := redisClient(testRedisURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rdb.Close()
+	if err := rdb.Set(ctx, "lattice:test", "1", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	conn.Close(ctx)
+
+	resetNodes(t)
+
+	conn, err = pgx.Connect(ctx, testNodeDSN(t, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var n int
+	if err := conn.QueryRow(ctx, `SELECT (SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'lattice\_s%')
+		+ (SELECT count(*) FROM pg_class c JOIN pg_namespace s ON s.oid = c.relnamespace WHERE s.nspname = 'public')
+		+ (SELECT count(*) FROM pg_publication)`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 0 {
+		t.Errorf("%d objects left after resetNodes", n)
+	}
+	if k, err := rdb.DBSize(ctx).Result(); err != nil || k != 0 {
+		t.Errorf("redis DBSIZE after reset = %d, %v", k, err)
+	}
+}

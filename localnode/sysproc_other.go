@@ -1,0 +1,15 @@
+//go:build unix && !linux
+
+package localnode
+
+import "syscall"
+
+// sysProcAttr puts the child in its own process group and runs it as cred
+// (when not nil). Only Linux has a parent-death signal: elsewhere a server
+// can outlive a parent that is killed with SIGKILL.
+func sysProcAttr(cred *syscall.Credential, _ syscall.Signal) *syscall.SysProcAttr {
+	return &syscall.SysProcAttr{
+		Setpgid:    true,
+		Credential: cred,
+	}
+}

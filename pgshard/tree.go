@@ -1,0 +1,804 @@
+package pgshard
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/lattice-db/lattice/shardmap"
+)
+
+// Error is a failure with a PostgreSQL SQLSTATE, for the proxy to send to
+// the client as an ErrorResponse.
+type Error struct {
+	Code    string // SQLSTATE
+	Message string
+	Detail  string
+	Hint    string
+}
+
+func (e *Error) Error() string { return e.Message + " (SQLSTATE " + e.Code + ")" }
+
+// FenceCode is the SQLSTATE a fenced relation raises for a write that must
+// go elsewhere: the proxy refreshes its map and retries on the shards.
+const FenceCode = "LT001"
+
+const (
+	codeFeatureNotSupported    = "0A000"
+	codeInvalidParameter       = "22023"
+	codeUndefinedColumn        = "42703"
+	codeUndefinedTable         = "42P01"
+	codeDuplicateTable         = "42P07"
+	codeInvalidTableDef        = "42P16"
+	codeWrongObjectType        = "42809"
+	codeReservedName           = "42939"
+	codeNotInPrerequisiteState = "55000"
+)
+
+// DefaultShardCount is the shard count of a tree created without one.
+const DefaultShardCount = 64
+
+// maxSlotCount bounds a tree's declared slot count; its map holds one entry
+// per slot.
+const maxSlotCount = 1 << 16
+
+// fenceTrigger and fenceFunction reject writes to a tree's template.
+const (
+	fenceTrigger  = "lattice_fence"
+	fenceSchema   = "lattice_meta"
+	fenceFunction = fenceSchema + ".template_fence()"
+)
+
+// TreeSpec describes lattice_create_tree's arguments. Names are exact (the
+// caller folds case as SQL would).
+type TreeSpec struct {
+	Tenant     string // "" means the default tenant
+	Table      string // an ordinary table in the catalog node's public schema
+	KeyColumn  string
+	ShardCount int // 0 means DefaultShardCount
+	SlotCount  int // 0 means shardmap.DefaultSlotCount; else a power of two in [2, 65536]
+}
+
+func (c *Cluster) normalizeSpec(spec TreeSpec) (TreeSpec, error) {
+	if spec.Tenant == "" {
+		spec.Tenant = c.DefaultTenant()
+	}
+	if spec.ShardCount == 0 {
+		spec.ShardCount = DefaultShardCount
+	}
+	if spec.SlotCount == 0 {
+		spec.SlotCount = shardmap.DefaultSlotCount
+	}
+	switch {
+	case spec.Table == "":
+		return spec, &Error{Code: codeInvalidParameter, Message: "table name is empty"}
+	case spec.KeyColumn == "":
+		return spec, &Error{Code: codeInvalidParameter, Message: "shard key column name is empty"}
+	case strings.HasPrefix(spec.Table, "lattice_"):
+		return spec, &Error{Code: codeReservedName,
+			Message: fmt.Sprintf("relation name %s is reserved", quoted(spec.Table)),
+			Detail:  `Names beginning with "lattice_" belong to Lattice's own objects in shard schemas.`}
+	case spec.SlotCount < 2 || spec.SlotCount > maxSlotCount || spec.SlotCount&(spec.SlotCount-1) != 0:
+		return spec, &Error{Code: codeInvalidParameter,
+			Message: fmt.Sprintf("slot count %d is invalid", spec.SlotCount),
+			Detail:  fmt.Sprintf("The slot count must be a power of two between 2 and %d.", maxSlotCount)}
+	case spec.ShardCount < 1 || spec.ShardCount > spec.SlotCount:
+		return spec, &Error{Code: codeInvalidParameter,
+			Message: fmt.Sprintf("shard count %d is out of range", spec.ShardCount),
+			Detail:  fmt.Sprintf("The shard count must be between 1 and the slot count (%d).", spec.SlotCount)}
+	}
+	return spec, nil
+}
+
+// CreateTree turns the ordinary table public.<Table> on the catalog node into
+// a tree: it checks the table meets the rules, records its DDL, creates the
+// shards on the nodes, moves the rows into them, and registers the tree and
+// its first map in store. The table stays as an empty template whose fence
+// rejects writes with FenceCode, so catalog queries keep working.
+//
+// The template is write-locked (reads go on) from the start to the end, so no
+// write is lost: one that waited for the lock gets FenceCode afterwards and
+// the proxy retries it on the shards. Rule violations are *Error.
+func (c *Cluster) CreateTree(ctx context.Context, store shardmap.Store, spec TreeSpec) (*shardmap.Tree, *shardmap.Map, error) {
+	spec, err := c.normalizeSpec(spec)
+	if err != nil {
+		return nil, nil, err
+	}
+	log := c.log.With("tenant", spec.Tenant, "tree", spec.Table)
+	start := time.Now()
+	switch _, err := store.Tree(ctx, spec.Tenant, spec.Table); {
+	case err == nil:
+		return nil, nil, alreadyTree(spec.Table)
+	case !errors.Is(err, shardmap.ErrNotFound):
+		return nil, nil, fmt.Errorf("pgshard: create tree %s: %w", spec.Table, err)
+	}
+
+	conn, err := c.connect(ctx, c.Catalog().Name, spec.Tenant)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer closeConn(conn)
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		return nil, nil, fmt.Errorf("pgshard: create tree %s: %w", spec.Table, err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+
+	tree, ti, err := prepareTree(ctx, tx, spec)
+	if err != nil {
+		return nil, nil, err
+	}
+	m := shardmap.NewIdentityMap(spec.Tenant, spec.Table, spec.SlotCount, spec.ShardCount, c.NodeNames())
+	log.Info("creating tree", "key", tree.KeyColumn, "key_type", tree.KeyType,
+		"shards", spec.ShardCount, "slots", spec.SlotCount, "nodes", len(c.nodes))
+
+	// From here on, a failure rolls the catalog back and drops the shards.
+	undo := func(err error) (*shardmap.Tree, *shardmap.Map, error) {
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+		c.dropShards(ctx, tree, m, log)
+		log.Error("create tree failed", "err", err)
+		return nil, nil, err
+	}
+	if err := c.createShards(ctx, tree, m); err != nil {
+		return undo(err)
+	}
+	log.Info("shards created", "elapsed", time.Since(start).Round(time.Millisecond))
+	rows, err := c.copyRows(ctx, tx.Conn().PgConn(), tree, ti, m, log)
+	if err != nil {
+		return undo(err)
+	}
+	if err := fenceTemplate(ctx, tx, tree.Name); err != nil {
+		return undo(fmt.Errorf("pgshard: fence template %s: %w", tree.Name, err))
+	}
+	if err := store.CreateTree(ctx, tree, m); err != nil {
+		if errors.Is(err, shardmap.ErrExists) {
+			return undo(alreadyTree(tree.Name))
+		}
+		// The registration may have happened with only the reply lost: take
+		// it back before the template takes writes again.
+		if derr := store.DeleteTree(context.WithoutCancel(ctx), tree.Tenant, tree.Name); derr != nil && !errors.Is(derr, shardmap.ErrNotFound) {
+			log.Error("could not take back the registration of a failed tree", "err", derr)
+		}
+		return undo(fmt.Errorf("pgshard: register tree %s: %w", tree.Name, err))
+	}
+	if err := tx.Commit(ctx); err != nil {
+		// The tree is registered and its rows are on the shards: proxies may
+		// already write there, so finish forwards rather than undo.
+		log.Warn("catalog commit failed after the tree was registered; fencing the template again", "err", err)
+		if err := c.finishTemplate(ctx, tree); err != nil {
+			return nil, nil, fmt.Errorf("pgshard: tree %s is registered but its template %s is not fenced: %w",
+				tree.Name, pgx.Identifier{"public", tree.Name}.Sanitize(), err)
+		}
+	}
+	log.Info("tree created", "rows", rows, "elapsed", time.Since(start).Round(time.Millisecond))
+	return tree, m, nil
+}
+
+// prepareTree locks the template against writes, inspects it and builds the
+// tree's registry entry. Inspecting under the lock means the table cannot be
+// altered between the DDL read here and the copy.
+func prepareTree(ctx context.Context, tx pgx.Tx, spec TreeSpec) (*shardmap.Tree, *tableInfo, error) {
+	template := pgx.Identifier{"public", spec.Table}.Sanitize()
+	var exists bool
+	if err := tx.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, template).Scan(&exists); err != nil {
+		return nil, nil, fmt.Errorf("pgshard: create tree %s: %w", spec.Table, err)
+	}
+	if !exists {
+		return nil, nil, &Error{Code: codeUndefinedTable, Message: fmt.Sprintf("relation %s does not exist", quoted(spec.Table)),
+			Hint: "Create the table in the public schema first, through the proxy."}
+	}
+	if _, err := tx.Exec(ctx, "LOCK TABLE "+template+" IN EXCLUSIVE MODE"); err != nil {
+		return nil, nil, fmt.Errorf("pgshard: lock %s: %w", template, err)
+	}
+	ti, err := inspectTable(ctx, tx, spec.Table)
+	if err != nil {
+		return nil, nil, fmt.Errorf("pgshard: inspect %s: %w", template, err)
+	}
+	kt, err := checkTable(ti, spec.KeyColumn)
+	if err != nil {
+		return nil, nil, err
+	}
+	ddl, err := buildDDL(ti)
+	if err != nil {
+		return nil, nil, fmt.Errorf("pgshard: DDL of %s: %w", template, err)
+	}
+	cols := make([]string, len(ti.Columns))
+	for i, col := range ti.Columns {
+		cols[i] = col.Name
+	}
+	return &shardmap.Tree{
+		Tenant:     spec.Tenant,
+		Name:       spec.Table,
+		KeyColumn:  spec.KeyColumn,
+		KeyType:    kt,
+		Columns:    cols,
+		SlotCount:  spec.SlotCount,
+		ShardCount: spec.ShardCount,
+		DDL:        ddl,
+		Created:    time.Now().UTC(),
+	}, ti, nil
+}
+
+func alreadyTree(name string) *Error {
+	return &Error{Code: codeDuplicateTable, Message: fmt.Sprintf("relation %s is already a tree", quoted(name))}
+}
+
+func closeConn(conn *pgx.Conn) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = conn.Close(ctx)
+}
+
+// shardsByNode lists the shard indices of m placed on each node, in order.
+func shardsByNode(m *shardmap.Map) (nodes []string, byNode map[string][]int) {
+	byNode = make(map[string][]int)
+	for idx, s := range m.Shards {
+		if _, ok := byNode[s.Node]; !ok {
+			nodes = append(nodes, s.Node)
+		}
+		byNode[s.Node] = append(byNode[s.Node], idx)
+	}
+	sort.Strings(nodes)
+	for _, idxs := range byNode {
+		sort.Ints(idxs)
+	}
+	return nodes, byNode
+}
+
+// createShards creates every shard of a new tree, nodes in parallel. A shard
+// table left by an earlier attempt that crashed is dropped first: the tree is
+// not registered and its template not fenced, so nothing routes to it, and it
+// may hold rows or an outdated DDL.
+func (c *Cluster) createShards(ctx context.Context, t *shardmap.Tree, m *shardmap.Map) error {
+	nodes, byNode := shardsByNode(m)
+	return forEachNode(ctx, nodes, func(ctx context.Context, node string) error {
+		if node != c.Catalog().Name {
+			if err := c.EnsureTenant(ctx, node, t.Tenant); err != nil {
+				return err
+			}
+		}
+		for _, idx := range byNode[node] {
+			if err := c.DropShard(ctx, t, idx, node); err != nil {
+				return err
+			}
+			if err := c.CreateShard(ctx, t, idx, node, m.SlotRanges(idx), m.Epoch); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// dropShards removes the shards of a tree whose creation failed, on a
+// context that outlives the caller's cancellation.
+func (c *Cluster) dropShards(ctx context.Context, t *shardmap.Tree, m *shardmap.Map, log *slog.Logger) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+	defer cancel()
+	nodes, byNode := shardsByNode(m)
+	err := forEachNode(ctx, nodes, func(ctx context.Context, node string) error {
+		var errs []error
+		for _, idx := range byNode[node] {
+			errs = append(errs, c.DropShard(ctx, t, idx, node))
+		}
+		return errors.Join(errs...)
+	})
+	if err != nil {
+		log.Error("could not drop the shards of a failed tree creation", "err", err)
+	}
+}
+
+// copyColumns is the column list a binary COPY between template and shard
+// carries: generated columns are computed on the shard instead.
+func copyColumns(ti *tableInfo) string {
+	var cols []string
+	for _, col := range ti.Columns {
+		if col.Generated == "" {
+			cols = append(cols, quoteIdent(col.Name))
+		}
+	}
+	return strings.Join(cols, ", ")
+}
+
+// copyRows streams each shard's rows out of the template (on src, inside the
+// locking transaction) into the shard, one binary COPY pipe per shard.
+func (c *Cluster) copyRows(ctx context.Context, src *pgconn.PgConn, t *shardmap.Tree, ti *tableInfo, m *shardmap.Map, log *slog.Logger) (int64, error) {
+	cols := copyColumns(ti)
+	template := pgx.Identifier{"public", t.Name}.Sanitize()
+	idxs := make([]int, 0, len(m.Shards))
+	for idx := range m.Shards {
+		idxs = append(idxs, idx)
+	}
+	sort.Ints(idxs)
+	var total int64
+	for _, idx := range idxs {
+		node := m.Shards[idx].Node
+		out := "COPY (SELECT " + cols + " FROM " + template + " WHERE " + SlotPredicate(t, "", m.SlotRanges(idx)) +
+			") TO STDOUT (FORMAT binary)"
+		in := "COPY " + ShardTable(t, idx) + " (" + cols + ") FROM STDIN (FORMAT binary)"
+		n, err := c.pipeCopy(ctx, src, node, t.Tenant, out, in)
+		if err != nil {
+			return total, fmt.Errorf("pgshard: copy rows of %s into shard %d on %s: %w", t.Name, idx, node, err)
+		}
+		log.Debug("shard filled", "shard", idx, "node", node, "rows", n)
+		total += n
+	}
+	return total, nil
+}
+
+// errCopyAborted stops a COPY TO whose reader has gone.
+var errCopyAborted = errors.New("pgshard: copy target stopped reading")
+
+// pipeCopy runs the COPY TO out on src and streams it into the COPY FROM in on
+// node; it returns the row count both agree on.
+func (c *Cluster) pipeCopy(ctx context.Context, src *pgconn.PgConn, node, tenant, out, in string) (int64, error) {
+	p, err := c.Admin(ctx, node, tenant)
+	if err != nil {
+		return 0, err
+	}
+	dst, err := p.Acquire(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("node %s: %w", node, err)
+	}
+	defer dst.Release()
+	pr, pw := io.Pipe()
+	type result struct {
+		tag pgconn.CommandTag
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		tag, err := src.CopyTo(ctx, pw, out)
+		pw.CloseWithError(err) // nil: the reader sees EOF
+		done <- result{tag, err}
+	}()
+	inTag, inErr := dst.Conn().PgConn().CopyFrom(ctx, pr, in)
+	// Unblock the writer if COPY FROM stopped before the end.
+	pr.CloseWithError(errCopyAborted)
+	res := <-done
+	// When both sides failed, the one that failed first is the cause.
+	switch {
+	case res.err != nil && (inErr == nil || !errors.Is(res.err, errCopyAborted)):
+		return 0, fmt.Errorf("read: %w", res.err)
+	case inErr != nil:
+		return 0, fmt.Errorf("write: %w", inErr)
+	case res.tag.RowsAffected() != inTag.RowsAffected():
+		return 0, fmt.Errorf("read %d rows but wrote %d", res.tag.RowsAffected(), inTag.RowsAffected())
+	}
+	return inTag.RowsAffected(), nil
+}
+
+// fenceTemplate empties the template and installs the fence. TRUNCATE comes
+// first because the fence also rejects TRUNCATE.
+func fenceTemplate(ctx context.Context, tx pgx.Tx, table string) error {
+	template := pgx.Identifier{"public", table}.Sanitize()
+	stmts := []string{
+		"TRUNCATE ONLY " + template,
+		// CREATE OR REPLACE FUNCTION races with itself across sessions.
+		fmt.Sprintf("SELECT pg_advisory_xact_lock(%d, -1)", schemaLockClass),
+		// Not "lattice": a schema named like the role would come first in its
+		// default search_path ("$user", public) and capture unqualified names.
+		"CREATE SCHEMA IF NOT EXISTS " + fenceSchema,
+		`CREATE OR REPLACE FUNCTION ` + fenceFunction + ` RETURNS trigger LANGUAGE plpgsql AS $fence$
+BEGIN
+    RAISE EXCEPTION USING
+        ERRCODE = '` + FenceCode + `',
+        MESSAGE = format('lattice: relation "%s" is a tree now', TG_TABLE_NAME),
+        HINT = 'Write through the Lattice proxy, which routes rows to the shards.';
+END
+$fence$`,
+		"CREATE TRIGGER " + fenceTrigger + " BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON " + template +
+			" FOR EACH STATEMENT EXECUTE FUNCTION " + fenceFunction,
+	}
+	for _, s := range stmts {
+		if _, err := tx.Exec(ctx, s); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// finishTemplate empties and fences the template of a registered tree unless
+// that is already done: it is for when the catalog commit of CreateTree
+// failed, or may have succeeded without the reply reaching us.
+func (c *Cluster) finishTemplate(ctx context.Context, t *shardmap.Tree) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+	defer cancel()
+	conn, err := c.connect(ctx, c.Catalog().Name, t.Tenant)
+	if err != nil {
+		return err
+	}
+	defer closeConn(conn)
+	template := pgx.Identifier{"public", t.Name}.Sanitize()
+	return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "LOCK TABLE "+template+" IN EXCLUSIVE MODE"); err != nil {
+			return err
+		}
+		var fenced bool
+		err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger WHERE tgrelid = $1::regclass AND tgname = $2)`,
+			template, fenceTrigger).Scan(&fenced)
+		if err != nil || fenced {
+			return err
+		}
+		return fenceTemplate(ctx, tx, t.Name)
+	})
+}
+
+// TreeRowCount estimates each shard's rows from the planner statistics, one
+// query per node; a table never analysed reports the live-row count of the
+// statistics collector instead. Shards whose table is gone are absent.
+func (c *Cluster) TreeRowCount(ctx context.Context, t *shardmap.Tree, m *shardmap.Map) (map[int]int64, error) {
+	nodes, byNode := shardsByNode(m)
+	var mu sync.Mutex
+	out := make(map[int]int64, len(m.Shards))
+	err := forEachNode(ctx, nodes, func(ctx context.Context, node string) error {
+		schemas := make([]string, len(byNode[node]))
+		for i, idx := range byNode[node] {
+			schemas[i] = shardmap.SchemaName(idx)
+		}
+		p, err := c.Admin(ctx, node, t.Tenant)
+		if err != nil {
+			return err
+		}
+		rows, err := p.Query(ctx, `SELECT n.nspname,
+    CASE WHEN c.reltuples >= 0 THEN c.reltuples::int8 ELSE coalesce(s.n_live_tup, 0) END
+FROM pg_catalog.pg_class c
+JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+LEFT JOIN pg_catalog.pg_stat_user_tables s ON s.relid = c.oid
+WHERE c.relname = $1 AND c.relkind = 'r' AND n.nspname = ANY($2)`, t.Name, schemas)
+		if err != nil {
+			return fmt.Errorf("pgshard: node %s: row estimates of %s: %w", node, t.Name, err)
+		}
+		var (
+			schema string
+			n      int64
+		)
+		_, err = pgx.ForEachRow(rows, []any{&schema, &n}, func() error {
+			mu.Lock()
+			out[byNode[node][slices.Index(schemas, schema)]] = n
+			mu.Unlock()
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("pgshard: node %s: row estimates of %s: %w", node, t.Name, err)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// tableInfo is what the catalog says about a table that is to become a tree.
+type tableInfo struct {
+	Name        string
+	OID         uint32
+	Kind        string   // pg_class.relkind
+	Persistence string   // pg_class.relpersistence
+	Inherits    bool     // has a parent or children
+	Options     []string // reloptions, "name=value"
+	Columns     []columnInfo
+	Constraints []constraintInfo
+	Indexes     []indexInfo
+	Triggers    []string // user triggers, by name
+}
+
+type columnInfo struct {
+	Num              int16
+	Name             string
+	Type             string // format_type()
+	NotNull          bool
+	Default          string // the default, or a generated column's expression; "" for none
+	FromSequence     bool   // the default draws from a sequence
+	Identity         string // attidentity: "", "a" or "d"
+	Generated        string // attgenerated: "" or "s"
+	Collation        string // qualified and quoted; "" when it is the type's own
+	Nondeterministic bool   // the collation is nondeterministic
+}
+
+type constraintInfo struct {
+	Name      string
+	Type      string // contype: p, u, c, f, x
+	Def       string // pg_get_constraintdef()
+	Validated bool
+	// For a foreign key: whether it is this table's, the referencing and
+	// referenced table names, and the referencing table as SQL.
+	Outgoing bool
+	From, To string
+	FromSQL  string
+}
+
+type indexInfo struct {
+	Name       string
+	Unique     bool
+	Primary    bool
+	Valid      bool
+	Constraint bool    // backs a constraint, which CREATE TABLE recreates
+	Keys       []int16 // key column numbers (0 for an expression), INCLUDE columns left out
+	Def        string  // pg_get_indexdef()
+	Prefix     string  // what Def must start with, up to the access method
+}
+
+// inspectTable reads public.<name> from pg_catalog.
+func inspectTable(ctx context.Context, tx pgx.Tx, name string) (*tableInfo, error) {
+	ti := &tableInfo{Name: name}
+	err := tx.QueryRow(ctx, `SELECT c.oid, c.relkind::text, c.relpersistence::text, coalesce(c.reloptions, '{}'),
+    EXISTS (SELECT 1 FROM pg_catalog.pg_inherits i WHERE i.inhrelid = c.oid OR i.inhparent = c.oid)
+FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = 'public' AND c.relname = $1`, name).Scan(&ti.OID, &ti.Kind, &ti.Persistence, &ti.Options, &ti.Inherits)
+	if err != nil {
+		return nil, fmt.Errorf("table: %w", err)
+	}
+
+	rows, err := tx.Query(ctx, `SELECT a.attnum, a.attname, pg_catalog.format_type(a.atttypid, a.atttypmod), a.attnotnull,
+    coalesce(pg_catalog.pg_get_expr(d.adbin, d.adrelid), ''),
+    d.oid IS NOT NULL AND (
+        EXISTS (SELECT 1 FROM pg_catalog.pg_depend dep JOIN pg_catalog.pg_class s ON s.oid = dep.refobjid
+                WHERE dep.classid = 'pg_catalog.pg_attrdef'::regclass AND dep.objid = d.oid
+                  AND dep.refclassid = 'pg_catalog.pg_class'::regclass AND s.relkind = 'S')
+        OR pg_catalog.pg_get_expr(d.adbin, d.adrelid) ~* '\mnextval\s*\('),
+    a.attidentity::text, a.attgenerated::text,
+    CASE WHEN a.attcollation <> t.typcollation AND co.oid IS NOT NULL
+         THEN pg_catalog.quote_ident(cn.nspname) || '.' || pg_catalog.quote_ident(co.collname) ELSE '' END,
+    coalesce(NOT co.collisdeterministic, false)
+FROM pg_catalog.pg_attribute a
+JOIN pg_catalog.pg_type t ON t.oid = a.atttypid
+LEFT JOIN pg_catalog.pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+LEFT JOIN pg_catalog.pg_collation co ON co.oid = a.attcollation
+LEFT JOIN pg_catalog.pg_namespace cn ON cn.oid = co.collnamespace
+WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped
+ORDER BY a.attnum`, ti.OID)
+	if err != nil {
+		return nil, fmt.Errorf("columns: %w", err)
+	}
+	var col columnInfo
+	_, err = pgx.ForEachRow(rows, []any{&col.Num, &col.Name, &col.Type, &col.NotNull, &col.Default, &col.FromSequence,
+		&col.Identity, &col.Generated, &col.Collation, &col.Nondeterministic}, func() error {
+		ti.Columns = append(ti.Columns, col)
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("columns: %w", err)
+	}
+
+	// The primary key first, then by name, so the DDL is stable.
+	rows, err = tx.Query(ctx, `SELECT con.conname, con.contype::text, pg_catalog.pg_get_constraintdef(con.oid), con.convalidated,
+    con.conrelid = $1, fr.relname, coalesce(tr.relname, ''), con.conrelid::regclass::text
+FROM pg_catalog.pg_constraint con
+JOIN pg_catalog.pg_class fr ON fr.oid = con.conrelid
+LEFT JOIN pg_catalog.pg_class tr ON tr.oid = con.confrelid
+WHERE con.conrelid = $1 OR (con.contype = 'f' AND con.confrelid = $1)
+ORDER BY con.contype <> 'p', con.conname`, ti.OID)
+	if err != nil {
+		return nil, fmt.Errorf("constraints: %w", err)
+	}
+	var con constraintInfo
+	_, err = pgx.ForEachRow(rows, []any{&con.Name, &con.Type, &con.Def, &con.Validated, &con.Outgoing, &con.From, &con.To, &con.FromSQL}, func() error {
+		ti.Constraints = append(ti.Constraints, con)
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("constraints: %w", err)
+	}
+
+	rows, err = tx.Query(ctx, `SELECT ic.relname, i.indisunique, i.indisprimary, i.indisvalid,
+    EXISTS (SELECT 1 FROM pg_catalog.pg_constraint con WHERE con.conrelid = i.indrelid AND con.conindid = i.indexrelid),
+    (i.indkey::int2[])[0:i.indnkeyatts - 1],
+    pg_catalog.pg_get_indexdef(i.indexrelid),
+    'CREATE ' || CASE WHEN i.indisunique THEN 'UNIQUE ' ELSE '' END || 'INDEX ' || pg_catalog.quote_ident(ic.relname)
+        || ' ON ' || pg_catalog.quote_ident(n.nspname) || '.' || pg_catalog.quote_ident(c.relname) || ' USING '
+FROM pg_catalog.pg_index i
+JOIN pg_catalog.pg_class ic ON ic.oid = i.indexrelid
+JOIN pg_catalog.pg_class c ON c.oid = i.indrelid
+JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+WHERE i.indrelid = $1
+ORDER BY ic.relname`, ti.OID)
+	if err != nil {
+		return nil, fmt.Errorf("indexes: %w", err)
+	}
+	var ix indexInfo
+	_, err = pgx.ForEachRow(rows, []any{&ix.Name, &ix.Unique, &ix.Primary, &ix.Valid, &ix.Constraint, &ix.Keys, &ix.Def, &ix.Prefix}, func() error {
+		ti.Indexes = append(ti.Indexes, ix)
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("indexes: %w", err)
+	}
+
+	rows, err = tx.Query(ctx, `SELECT tgname FROM pg_catalog.pg_trigger WHERE tgrelid = $1 AND NOT tgisinternal ORDER BY tgname`, ti.OID)
+	if err != nil {
+		return nil, fmt.Errorf("triggers: %w", err)
+	}
+	ti.Triggers, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("triggers: %w", err)
+	}
+	return ti, nil
+}
+
+// quoted renders a name the way PostgreSQL messages do.
+func quoted(name string) string { return `"` + name + `"` }
+
+// checkTable applies the rules a tree must meet and returns the key's
+// hashing family.
+func checkTable(ti *tableInfo, keyColumn string) (shardmap.KeyType, error) {
+	rel := quoted(ti.Name)
+	unsupported := func(msg, detail, hint string) error {
+		return &Error{Code: codeFeatureNotSupported, Message: msg, Detail: detail, Hint: hint}
+	}
+	switch ti.Kind {
+	case "r":
+	case "p":
+		return "", unsupported("cannot make partitioned table "+rel+" a tree", "", "")
+	default:
+		return "", &Error{Code: codeWrongObjectType, Message: rel + " is not a table"}
+	}
+	if slices.Contains(ti.Triggers, fenceTrigger) {
+		return "", alreadyTree(ti.Name)
+	}
+	if ti.Inherits {
+		return "", unsupported("cannot make table "+rel+" a tree: it takes part in table inheritance", "", "")
+	}
+	if ti.Persistence != "p" {
+		return "", unsupported("cannot make unlogged table "+rel+" a tree",
+			"Shards are moved by logical replication, which does not carry unlogged tables.",
+			"ALTER TABLE "+quoteIdent(ti.Name)+" SET LOGGED")
+	}
+
+	ki := slices.IndexFunc(ti.Columns, func(c columnInfo) bool { return c.Name == keyColumn })
+	if ki < 0 {
+		return "", &Error{Code: codeUndefinedColumn, Message: fmt.Sprintf("column %s of relation %s does not exist", quoted(keyColumn), rel)}
+	}
+	key := ti.Columns[ki]
+	kt, err := shardmap.KeyTypeFor(key.Type)
+	if err != nil {
+		return "", unsupported(fmt.Sprintf("shard key column %s has type %s, which Lattice cannot hash", quoted(key.Name), key.Type),
+			"Slots are computed with PostgreSQL's own hash functions, ported to the proxy for these types only.",
+			"Use text, varchar, smallint, integer, bigint or uuid for the shard key.")
+	}
+	if key.Generated != "" {
+		return "", unsupported(fmt.Sprintf("shard key column %s is a generated column", quoted(key.Name)),
+			"Logical replication, which moves shards, does not carry generated columns.", "")
+	}
+	if key.Nondeterministic {
+		return "", unsupported(fmt.Sprintf("shard key column %s uses nondeterministic collation %s", quoted(key.Name), key.Collation),
+			"Slots are computed from the bytes of the key.", "")
+	}
+	for _, col := range ti.Columns {
+		what := "column " + quoted(col.Name) + " of " + rel
+		if col.Name == keyColumn {
+			what = "shard key column " + quoted(col.Name)
+		}
+		detail := "Each shard would draw from its own sequence and hand out the same values twice."
+		switch {
+		case col.Identity != "":
+			return "", unsupported(what+" is an identity column", detail,
+				"Supply the values from the application or use uuid with gen_random_uuid(), then ALTER TABLE "+
+					quoteIdent(ti.Name)+" ALTER COLUMN "+quoteIdent(col.Name)+" DROP IDENTITY.")
+		case col.FromSequence:
+			return "", unsupported(what+" takes its default from a sequence", detail,
+				"Supply the values from the application or use uuid with gen_random_uuid(), then ALTER TABLE "+
+					quoteIdent(ti.Name)+" ALTER COLUMN "+quoteIdent(col.Name)+" DROP DEFAULT.")
+		}
+	}
+
+	for _, con := range ti.Constraints {
+		switch {
+		case con.Type == "f" && con.Outgoing:
+			return "", unsupported(fmt.Sprintf("table %s has foreign key %s referencing %s", rel, quoted(con.Name), quoted(con.To)),
+				"A foreign key cannot be enforced across shards.",
+				"ALTER TABLE "+quoteIdent(ti.Name)+" DROP CONSTRAINT "+quoteIdent(con.Name))
+		case con.Type == "f":
+			return "", unsupported(fmt.Sprintf("foreign key %s of table %s references %s", quoted(con.Name), quoted(con.From), rel),
+				"A foreign key cannot be enforced across shards.",
+				"ALTER TABLE "+con.FromSQL+" DROP CONSTRAINT "+quoteIdent(con.Name))
+		case con.Type == "x":
+			return "", unsupported(fmt.Sprintf("exclusion constraint %s of %s cannot be enforced across shards", quoted(con.Name), rel), "", "")
+		case !con.Validated:
+			return "", &Error{Code: codeNotInPrerequisiteState,
+				Message: fmt.Sprintf("constraint %s of %s is not validated", quoted(con.Name), rel),
+				Detail:  "A shard enforces it on every row it receives.",
+				Hint:    "ALTER TABLE " + quoteIdent(ti.Name) + " VALIDATE CONSTRAINT " + quoteIdent(con.Name)}
+		}
+	}
+
+	pk := slices.IndexFunc(ti.Indexes, func(ix indexInfo) bool { return ix.Primary })
+	switch {
+	case pk < 0:
+		return "", &Error{Code: codeInvalidTableDef, Message: fmt.Sprintf("relation %s has no primary key", rel),
+			Detail: "Shards are moved by logical replication, which identifies rows by the primary key.",
+			Hint:   "Add a primary key that includes " + quoted(key.Name) + "."}
+	case !slices.Contains(ti.Indexes[pk].Keys, key.Num):
+		return "", &Error{Code: codeInvalidTableDef,
+			Message: fmt.Sprintf("shard key column %s is not part of the primary key of %s", quoted(key.Name), rel),
+			Detail:  "Each shard enforces the primary key only for its own rows.",
+			Hint:    "Make the primary key include " + quoted(key.Name) + "."}
+	}
+	for _, ix := range ti.Indexes {
+		if !ix.Valid {
+			return "", &Error{Code: codeNotInPrerequisiteState, Message: fmt.Sprintf("index %s of %s is invalid", quoted(ix.Name), rel),
+				Hint: "REINDEX INDEX " + quoteIdent(ix.Name) + ", or drop it."}
+		}
+		if ix.Unique && !slices.Contains(ix.Keys, key.Num) {
+			return "", &Error{Code: codeInvalidTableDef,
+				Message: fmt.Sprintf("unique index %s of %s does not include the shard key column %s", quoted(ix.Name), rel, quoted(key.Name)),
+				Detail:  "Each shard enforces uniqueness only for its own rows.",
+				Hint:    "Add " + quoted(key.Name) + " to the index, or drop it."}
+		}
+	}
+
+	if len(ti.Triggers) > 0 {
+		return "", unsupported(fmt.Sprintf("table %s has trigger %s", rel, quoted(ti.Triggers[0])),
+			"Triggers are not recreated on the shards.", "Drop the trigger before making the table a tree.")
+	}
+	return kt, nil
+}
+
+// buildDDL writes the statements that build a shard table like ti, with
+// "{{table}}" for the shard's qualified name: CREATE TABLE with the columns,
+// the primary key, unique and check constraints and storage options, then
+// CREATE INDEX for every index not behind a constraint. Index names stay as
+// they are: each shard has its own schema.
+func buildDDL(ti *tableInfo) ([]string, error) {
+	var b strings.Builder
+	b.WriteString("CREATE TABLE {{table}} (")
+	sep := "\n    "
+	for _, col := range ti.Columns {
+		b.WriteString(sep)
+		sep = ",\n    "
+		b.WriteString(quoteIdent(col.Name) + " " + col.Type)
+		if col.Collation != "" {
+			b.WriteString(" COLLATE " + col.Collation)
+		}
+		switch {
+		case col.Generated != "":
+			b.WriteString(" GENERATED ALWAYS AS (" + col.Default + ") STORED")
+		case col.Default != "":
+			b.WriteString(" DEFAULT " + col.Default)
+		}
+		if col.NotNull {
+			b.WriteString(" NOT NULL")
+		}
+	}
+	for _, con := range ti.Constraints {
+		if con.Type == "p" || con.Type == "u" || con.Type == "c" {
+			b.WriteString(sep + "CONSTRAINT " + quoteIdent(con.Name) + " " + con.Def)
+		}
+	}
+	b.WriteString("\n)")
+	if len(ti.Options) > 0 {
+		opts := make([]string, len(ti.Options))
+		for i, o := range ti.Options {
+			k, v, _ := strings.Cut(o, "=")
+			opts[i] = k + " = " + quoteLiteral(v)
+		}
+		b.WriteString(" WITH (" + strings.Join(opts, ", ") + ")")
+	}
+	ddl := []string{b.String()}
+	for _, ix := range ti.Indexes {
+		if ix.Constraint {
+			continue
+		}
+		rest, ok := strings.CutPrefix(ix.Def, ix.Prefix)
+		if !ok {
+			return nil, fmt.Errorf("index %s: unexpected definition %q", ix.Name, ix.Def)
+		}
+		stmt := "CREATE INDEX "
+		if ix.Unique {
+			stmt = "CREATE UNIQUE INDEX "
+		}
+		ddl = append(ddl, stmt+quoteIdent(ix.Name)+" ON {{table}} USING "+rest)
+	}
+	return ddl, nil
+}
+
+func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
