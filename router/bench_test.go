@@ -1,0 +1,108 @@
+package router
+
+import (
+	"fmt"
+	"testing"
+)
+
+const benchPoint = "SELECT sku, name, price, qty FROM catalogue WHERE sku = $1"
+
+// BenchmarkPlanCachedRender is the hot path of a prepared or repeated
+// statement: a cache hit and the rewrite to the shard schema.
+func BenchmarkPlanCachedRender(b *testing.B) {
+	p := NewPlanner(10000)
+	trees := testTrees()
+	if _, err := p.Plan(benchPoint, trees, 1); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		plans, err := p.Plan(benchPoint, trees, 1)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if s := plans[0].Render("lattice_s0005"); len(s) == 0 {
+			b.Fatal("empty")
+		}
+	}
+}
+
+func BenchmarkPlanCachedRenderParallel(b *testing.B) {
+	p := NewPlanner(10000)
+	trees := testTrees()
+	if _, err := p.Plan(benchPoint, trees, 1); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			plans, _ := p.Plan(benchPoint, trees, 1)
+			_ = plans[0].Render("lattice_s0005")
+		}
+	})
+}
+
+// BenchmarkPlanCold parses and plans a point select with no cache.
+func BenchmarkPlanCold(b *testing.B) {
+	p := NewPlanner(0)
+	trees := testTrees()
+	b.ReportAllocs()
+	for i := 0; i < b.N; i++ {
+		plans, err := p.Plan(benchPoint, trees, 1)
+		if err != nil || plans[0].Kind != Single {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkPlanColdInsert10 plans a 10-row INSERT (parse, scan, split).
+func BenchmarkPlanColdInsert10(b *testing.B) {
+	sql := "INSERT INTO orders (id, customer, total) VALUES "
+	for i := 0; i < 10; i++ {
+		if i > 0 {
+			sql += ", "
+		}
+		sql += fmt.Sprintf("($%d, $%d, $%d)", 3*i+1, 3*i+2, 3*i+3)
+	}
+	p := NewPlanner(0)
+	trees := testTrees()
+	b.ReportAllocs()
+	for i := 0; i < b.N; i++ {
+		plans, err := p.Plan(sql, trees, 1)
+		if err != nil || plans[0].Kind != InsertSplit {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkRenderRows(b *testing.B) {
+	plans, _ := NewPlanner(0).Plan("INSERT INTO orders (id, customer, total) VALUES ($1, $2, $3), ($4, $5, $6), ($7, $8, $9)", testTrees(), 1)
+	b.ReportAllocs()
+	for i := 0; i < b.N; i++ {
+		plans[0].RenderRows("lattice_s0005", []int{2, 0})
+	}
+}
+
+// BenchmarkPlanShape plans point selects that differ only in the literal
+// key (simple query protocol): each is a miss of the exact-text cache and a
+// hit of the shape cache (scan, derive, no parse).
+func BenchmarkPlanShape(b *testing.B) {
+	p := NewPlanner(10000)
+	trees := testTrees()
+	sqls := make([]string, 100000)
+	for i := range sqls {
+		sqls[i] = fmt.Sprintf("SELECT sku, name, price, qty FROM catalogue WHERE sku = 'k%d'", i)
+	}
+	p.Plan(sqls[0], trees, 1)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		plans, err := p.Plan(sqls[i%len(sqls)], trees, 1)
+		if err != nil || plans[0].Kind != Single {
+			b.Fatal(err)
+		}
+		_ = plans[0].Render("lattice_s0005")
+	}
+}

@@ -1,0 +1,157 @@
+package router
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/lattice-db/lattice/shardmap"
+)
+
+var update = flag.Bool("update", false, "rewrite testdata/plans.golden")
+
+// treeMap is a Trees for tests.
+type treeMap map[string]*shardmap.Tree
+
+func (m treeMap) Tree(name string) (*shardmap.Tree, bool) {
+	t, ok := m[name]
+	return t, ok
+}
+
+func testTrees() treeMap {
+	return treeMap{
+		"catalogue": {Name: "catalogue", KeyColumn: "sku", KeyType: shardmap.KeyText, Columns: []string{"sku", "name", "price", "qty"}},
+		"orders":    {Name: "orders", KeyColumn: "id", KeyType: shardmap.KeyInt, Columns: []string{"id", "customer", "total"}},
+		"MixedCase": {Name: "MixedCase", KeyColumn: "k", KeyType: shardmap.KeyUUID, Columns: []string{"k", "v"}},
+	}
+}
+
+// readStatements reads testdata/plans.txt: blocks separated by blank
+// lines, # lines are comments.
+func readStatements(t *testing.T) []string { return readStatementsFile(t) }
+
+func readStatementsFile(t testing.TB) []string {
+	data, err := os.ReadFile("testdata/plans.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	var cur []string
+	flush := func() {
+		if len(cur) > 0 {
+			out = append(out, strings.Join(cur, "\n"))
+			cur = nil
+		}
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		switch {
+		case strings.HasPrefix(line, "#"):
+		case strings.TrimSpace(line) == "":
+			flush()
+		default:
+			cur = append(cur, line)
+		}
+	}
+	flush()
+	return out
+}
+
+const goldenSchema = "lattice_s0005"
+
+// describe is the golden text of one statement string.
+func describe(p *Planner, sql string) string {
+	var b strings.Builder
+	b.WriteString(sql + "\n")
+	plans, err := p.Plan(sql, testTrees(), 1)
+	if err != nil {
+		var e *Error
+		if !errors.As(err, &e) {
+			return b.String() + "=> NOT AN *Error: " + err.Error() + "\n"
+		}
+		fmt.Fprintf(&b, "=> ERROR %s %q position=%d\n", e.Code, e.Message, e.Position)
+		return b.String()
+	}
+	if len(plans) == 0 {
+		b.WriteString("=> no statement\n")
+	}
+	for i, pl := range plans {
+		prefix := "=> "
+		if len(plans) > 1 {
+			prefix = fmt.Sprintf("=> [%d] ", i+1)
+		}
+		b.WriteString(prefix + pl.String() + "\n")
+		if len(plans) > 1 {
+			b.WriteString("   sql: " + pl.SQL + "\n")
+		}
+		switch pl.Kind {
+		case Single, InsertSplit:
+			b.WriteString("   " + indent(pl.Render(goldenSchema)) + "\n")
+		case Refused:
+			if pl.Err.Hint != "" {
+				b.WriteString("   hint: " + pl.Err.Hint + "\n")
+			}
+		}
+		if pl.Kind == InsertSplit {
+			last := len(pl.Rows) - 1
+			for _, rows := range [][]int{{last}, {last, 0}} {
+				s, params := pl.RenderRows(goldenSchema, rows)
+				fmt.Fprintf(&b, "   rows %v: %s params=%v\n", rows, indent(s), params)
+			}
+		}
+	}
+	return b.String()
+}
+
+func indent(s string) string { return strings.ReplaceAll(s, "\n", "\n   ") }
+
+func TestGolden(t *testing.T) {
+	stmts := readStatements(t)
+	if len(stmts) < 60 {
+		t.Fatalf("only %d statements in testdata/plans.txt", len(stmts))
+	}
+	p := NewPlanner(1000)
+	var b strings.Builder
+	for _, s := range stmts {
+		b.WriteString(describe(p, s))
+		b.WriteString("\n")
+	}
+	got := b.String()
+	// Planning again hits the cache and must give the same text.
+	var again strings.Builder
+	for _, s := range stmts {
+		again.WriteString(describe(p, s))
+		again.WriteString("\n")
+	}
+	if again.String() != got {
+		t.Fatal("cached plans differ from fresh plans")
+	}
+	const path = "testdata/plans.golden"
+	if *update {
+		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run go test ./router -run TestGolden -update)", err)
+	}
+	if string(want) != got {
+		wl, gl := strings.Split(string(want), "\n"), strings.Split(got, "\n")
+		for i := 0; i < len(wl) || i < len(gl); i++ {
+			var w, g string
+			if i < len(wl) {
+				w = wl[i]
+			}
+			if i < len(gl) {
+				g = gl[i]
+			}
+			if w != g {
+				t.Fatalf("golden mismatch at line %d:\nwant: %s\ngot:  %s\n(run with -update to accept)", i+1, w, g)
+			}
+		}
+	}
+}

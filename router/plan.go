@@ -1,0 +1,932 @@
+package router
+
+import (
+	"sort"
+	"strings"
+
+	pg "github.com/pganalyze/pg_query_go/v6"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/lattice-db/lattice/shardmap"
+)
+
+// planner plans the statements of one SQL string.
+type planner struct {
+	sql     string
+	trees   Trees
+	toks    []*pg.ScanToken
+	scanned bool
+}
+
+// planFull parses sql once and plans each statement. toks, when not nil,
+// is the scan of sql. With wantTemplate it also returns the shape template
+// of a single-statement string whose plan can be derived from its tokens
+// (nil when there is none).
+func planFull(sql string, trees Trees, toks []*pg.ScanToken, wantTemplate bool) ([]*Plan, *shapeTemplate, *Error) {
+	res, err := pg.Parse(sql)
+	if err != nil {
+		return nil, nil, syntaxError(err)
+	}
+	p := &planner{sql: sql, trees: trees}
+	if toks != nil {
+		p.toks, p.scanned = toks, true
+	}
+	plans := make([]*Plan, 0, len(res.Stmts))
+	for _, raw := range res.Stmts {
+		start := int(raw.StmtLocation)
+		end := len(sql)
+		if raw.StmtLen > 0 {
+			end = start + int(raw.StmtLen)
+		}
+		start, end = p.trim(start, end)
+		plans = append(plans, p.plan(raw.Stmt, start, end))
+	}
+	var tmpl *shapeTemplate
+	if wantTemplate && len(plans) == 1 {
+		tmpl = p.template(res.Stmts[0].Stmt, plans[0])
+	}
+	for _, pl := range plans {
+		pl.src = nil
+	}
+	return plans, tmpl, nil
+}
+
+// tokens scans the whole string once, on first need.
+func (p *planner) tokens() []*pg.ScanToken {
+	if !p.scanned {
+		p.scanned = true
+		if res, err := pg.Scan(p.sql); err == nil {
+			p.toks = res.Tokens
+		}
+	}
+	return p.toks
+}
+
+// tokenAt returns the index of the token that starts at byte offset loc, or -1.
+func (p *planner) tokenAt(loc int) int {
+	toks := p.tokens()
+	i := sort.Search(len(toks), func(i int) bool { return int(toks[i].Start) >= loc })
+	if i < len(toks) && int(toks[i].Start) == loc {
+		return i
+	}
+	return -1
+}
+
+func isComment(t *pg.ScanToken) bool {
+	return t.Token == pg.Token_SQL_COMMENT || t.Token == pg.Token_C_COMMENT
+}
+
+// trim drops the white space around a statement, and a trailing -- comment
+// (which would swallow anything the proxy appends after the statement).
+func (p *planner) trim(start, end int) (int, int) {
+	for start < end && isSpace(p.sql[start]) {
+		start++
+	}
+	for end > start && isSpace(p.sql[end-1]) {
+		end--
+	}
+	if strings.Contains(p.sql[start:end], "--") {
+		last := -1
+		for _, t := range p.tokens() {
+			if int(t.Start) >= start && int(t.End) <= end && !isComment(t) {
+				last = int(t.End)
+			}
+		}
+		if last > start {
+			end = last
+		}
+	}
+	return start, end
+}
+
+func isSpace(c byte) bool {
+	return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'
+}
+
+// plan plans one statement occupying sql[start:end].
+func (p *planner) plan(n *pg.Node, start, end int) *Plan {
+	pl := &Plan{SQL: p.sql[start:end]}
+	switch s := n.Node.(type) {
+	case *pg.Node_TransactionStmt:
+		p.transaction(pl, s.TransactionStmt)
+	case *pg.Node_VariableSetStmt:
+		p.variableSet(pl, s.VariableSetStmt)
+	case *pg.Node_ConstraintsSetStmt:
+		pl.Kind, pl.Tag = LocalSet, "SET CONSTRAINTS"
+	case *pg.Node_DiscardStmt:
+		if s.DiscardStmt.Target == pg.DiscardMode_DISCARD_ALL {
+			pl.Kind, pl.Tag = Discard, "DISCARD ALL"
+		}
+	case *pg.Node_ExplainStmt:
+		r := p.route(s.ExplainStmt.Query)
+		switch r.kind {
+		case Single:
+			p.apply(pl, r, start, end)
+		case InsertSplit:
+			pl.Kind, pl.Err = Refused, refused("EXPLAIN a single-row INSERT instead.",
+				"EXPLAIN of a multi-row INSERT into tree %s is not supported: its rows may go to several shards", qn(r.tree.Name))
+		case Function:
+			pl.Kind, pl.Err = Refused, refused("Call the function without EXPLAIN.",
+				"EXPLAIN of %s is not supported: lattice functions run in the proxy", r.fn.Name)
+		default:
+			p.apply(pl, r, start, end)
+		}
+	default:
+		p.apply(pl, p.route(n), start, end)
+	}
+	return pl
+}
+
+func (p *planner) apply(pl *Plan, r route, start, end int) {
+	pl.Kind = r.kind
+	switch r.kind {
+	case Refused:
+		pl.Err = r.err
+	case Function:
+		pl.Func, pl.Tag = r.fn, "SELECT"
+	case Single, InsertSplit:
+		pl.Tree, pl.Key, pl.Rows = r.tree, r.key, r.rows
+		refs, err := p.refSpans(r)
+		var rd *renderer
+		if err == nil {
+			rd, err = p.renderer(r.tree, refs, start, end)
+		}
+		if err != nil {
+			pl.Kind, pl.Tree, pl.Key, pl.Rows, pl.Err = Refused, nil, Value{}, nil, err
+			return
+		}
+		pl.render = rd
+		pl.src = &planSource{refs: refs, keyLocs: r.keyLocs, keyCasts: r.keyCasts}
+		if r.kind == InsertSplit {
+			rows, err := p.valuesRows(r)
+			var sp *splitter
+			if err == nil {
+				sp, err = p.splitter(r.tree, rows, refs, start, end)
+			}
+			if err != nil {
+				pl.Kind, pl.Tree, pl.Rows, pl.render, pl.src, pl.Err = Refused, nil, nil, nil, nil, err
+				return
+			}
+			pl.split = sp
+			pl.src.rows = rows
+		}
+	}
+}
+
+// planSource is what the shape template of a routed plan is made from;
+// it lives only until the template is built.
+type planSource struct {
+	refs     []span         // references to the tree
+	rows     []span         // InsertSplit: the VALUES rows
+	keyLocs  []int32        // location of each key constant or parameter
+	keyCasts []*pg.TypeName // the cast over each key, or nil
+}
+
+// route is the routing decision for one statement (before rendering).
+type route struct {
+	kind Kind
+	tree *shardmap.Tree
+	key  Value
+	rows []Value
+	fn   *FuncCall
+	err  *Error
+
+	rv       *pg.RangeVar    // the tree reference
+	cols     []*pg.ColumnRef // public.tree.col references to requalify
+	keyLocs  []int32         // location of the key constant of the statement (Single) or of each row (InsertSplit)
+	keyCasts []*pg.TypeName  // the cast over each key constant, or nil
+}
+
+func refusedRoute(e *Error) route { return route{kind: Refused, err: e} }
+
+// lookup resolves a RangeVar to a tree: unqualified or public-qualified
+// names only. It reports whether the name is a tree named with a database
+// qualifier (which is refused).
+func (p *planner) lookup(rv *pg.RangeVar) (*shardmap.Tree, bool) {
+	if rv.Schemaname != "" && rv.Schemaname != "public" {
+		return nil, false
+	}
+	if p.trees == nil {
+		return nil, false
+	}
+	t, ok := p.trees.Tree(rv.Relname)
+	if !ok || t == nil {
+		return nil, false
+	}
+	return t, rv.Catalogname != ""
+}
+
+func (p *planner) route(n *pg.Node) route {
+	root, ok := nodeMessage(n)
+	if !ok {
+		return route{kind: Catalog}
+	}
+	name := stmtName(n)
+	w := walkStmt(root)
+
+	// lattice_* functions: only SELECT f(...) or SELECT * FROM f(...).
+	if len(w.lattice) > 0 {
+		if sel, ok := root.(*pg.SelectStmt); ok && len(w.lattice) == 1 {
+			if fc, ok := functionCall(sel); ok {
+				return route{kind: Function, fn: fc}
+			}
+		}
+		f := w.lattice[0]
+		fname := f.Funcname[len(f.Funcname)-1].GetString_().GetSval()
+		return refusedRoute(refused("Call it in a statement of its own: SELECT "+fname+"(...) or SELECT * FROM "+fname+"(...), with constant or $n arguments, and no alias, WHERE or other clause.",
+			"%s can only be called on its own, as SELECT %s(...) or SELECT * FROM %s(...) with constant or $n arguments, not as part of a larger %s",
+			fname, fname, fname, name))
+	}
+
+	// Which relations are trees?
+	var treeRefs []relRef
+	var trees []*shardmap.Tree
+	var other *pg.RangeVar
+	for _, r := range w.rels {
+		if r.cte {
+			continue
+		}
+		t, dbQualified := p.lookup(r.rv)
+		if t == nil {
+			if other == nil {
+				other = r.rv
+			}
+			continue
+		}
+		if dbQualified {
+			return refusedRoute(refused("Leave out the database name: "+qn(t.Name)+" or public."+qn(t.Name)+".",
+				"%s names tree %s with a database qualifier (%s), which the proxy cannot route", name, qn(t.Name), r.rv.Catalogname))
+		}
+		treeRefs = append(treeRefs, r)
+		trees = append(trees, t)
+	}
+	if drop := n.GetDropStmt(); drop != nil {
+		if t := p.droppedTree(drop); t != nil {
+			return refusedRoute(ddlRefusal(name, t))
+		}
+	}
+	if len(treeRefs) == 0 {
+		return route{kind: Catalog}
+	}
+	tree := trees[0]
+	if cs := n.GetCreateStmt(); cs != nil && cs.IfNotExists && len(treeRefs) == 1 && treeRefs[0].rv == cs.Relation {
+		// The tree's template table exists on the catalog node: PostgreSQL
+		// answers with a notice and changes nothing. Migrations that run
+		// CREATE TABLE IF NOT EXISTS at start-up keep working.
+		return route{kind: Catalog}
+	}
+
+	switch root.(type) {
+	case *pg.SelectStmt, *pg.InsertStmt, *pg.UpdateStmt, *pg.DeleteStmt:
+	case *pg.CopyStmt:
+		return refusedRoute(refused("Use INSERT ... VALUES to load rows (a multi-row INSERT is split by shard) and SELECT ... WHERE "+tree.KeyColumn+" = ... to read them.",
+			"COPY of tree %s is not supported yet", qn(tree.Name)))
+	case *pg.MergeStmt:
+		return refusedRoute(refused("Use INSERT ... ON CONFLICT, UPDATE or DELETE with the shard key in WHERE.",
+			"MERGE with tree %s is not supported", qn(tree.Name)))
+	case *pg.DeclareCursorStmt:
+		return refusedRoute(refused("Run the query without a cursor, with the shard key in WHERE.",
+			"DECLARE CURSOR over tree %s is not supported", qn(tree.Name)))
+	case *pg.PrepareStmt:
+		return refusedRoute(refused("Use the extended query protocol (Parse/Bind), which every driver offers.",
+			"PREPARE of a statement on tree %s is not supported", qn(tree.Name)))
+	case *pg.CreateTableAsStmt, *pg.ViewStmt:
+		return refusedRoute(refused("Read the rows by shard key and write them with INSERT ... VALUES.",
+			"%s reading tree %s is not supported: the tree's rows live on the shards", name, qn(tree.Name)))
+	default:
+		return refusedRoute(ddlRefusal(name, tree))
+	}
+
+	if sel, ok := root.(*pg.SelectStmt); ok && sel.IntoClause != nil {
+		return refusedRoute(refused("Create the table first, then fill it with INSERT ... VALUES.",
+			"SELECT INTO with tree %s is not supported", qn(tree.Name)))
+	}
+	for i, ref := range treeRefs {
+		if ref.nested {
+			return refusedRoute(refused("Put the tree in the top-level FROM with its shard key in WHERE, or run separate statements.",
+				"%s uses tree %s inside a subquery, CTE or set operation, which the proxy cannot route yet", name, qn(trees[i].Name)))
+		}
+	}
+	if len(treeRefs) > 1 {
+		if trees[1].Name == tree.Name {
+			return refusedRoute(refused("Split it into statements that each read one tree once, with the shard key in WHERE (queries over several shards are not supported yet).",
+				"%s references tree %s more than once", name, qn(tree.Name)))
+		}
+		return refusedRoute(refused("Query each tree in its own statement, with its shard key in WHERE.",
+			"%s references trees %s and %s: a statement can touch only one tree", name, qn(tree.Name), qn(trees[1].Name)))
+	}
+	ref := treeRefs[0]
+	if other != nil {
+		return refusedRoute(refused("Trees and ordinary tables live on different nodes: query them in separate statements.",
+			"%s uses tree %s together with %s", name, qn(tree.Name), relText(other)))
+	}
+
+	r := route{tree: tree, rv: ref.rv}
+	for _, c := range w.cols {
+		if isPublicTreeRef(c, tree) {
+			r.cols = append(r.cols, c)
+		}
+	}
+	switch s := root.(type) {
+	case *pg.SelectStmt:
+		return p.where(r, name, s.WhereClause)
+	case *pg.UpdateStmt:
+		for _, t := range s.TargetList {
+			if rt := t.GetResTarget(); rt != nil && rt.Name == tree.KeyColumn {
+				return refusedRoute(refused("Delete the row and insert it again with the new key.",
+					"UPDATE of tree %s assigns the shard key %s, which would move the row to another shard", qn(tree.Name), qn(tree.KeyColumn)))
+			}
+		}
+		return p.where(r, name, s.WhereClause)
+	case *pg.DeleteStmt:
+		return p.where(r, name, s.WhereClause)
+	case *pg.InsertStmt:
+		return p.insert(r, s)
+	}
+	return refusedRoute(ddlRefusal(name, tree))
+}
+
+func ddlRefusal(name string, t *shardmap.Tree) *Error {
+	shards := "lattice_sNNNN." + quoteIdent(t.Name)
+	hint := "Change the table before making it a tree (lattice_create_tree), or apply the change to every shard table (" + shards + ") on the nodes directly."
+	switch name {
+	case "TRUNCATE TABLE":
+		hint = "Delete rows by shard key (DELETE ... WHERE " + t.KeyColumn + " = ...), or truncate every shard table (" + shards + ") on the nodes directly."
+	case "LOCK TABLE":
+		hint = "Lock rows by shard key with SELECT ... WHERE " + t.KeyColumn + " = ... FOR UPDATE."
+	case "VACUUM", "ANALYZE", "CLUSTER", "REINDEX":
+		hint = "Run it on the nodes, against every shard table (" + shards + ")."
+	case "GRANT", "REVOKE":
+		hint = "Grant on every shard table (" + shards + ") on the nodes directly, and on the template public." + quoteIdent(t.Name) + "."
+	}
+	return refused(hint, "%s on tree %s is not supported through the proxy", name, qn(t.Name))
+}
+
+func relText(rv *pg.RangeVar) string {
+	s := qn(rv.Relname)
+	if rv.Schemaname != "" {
+		s = qn(rv.Schemaname) + "." + s
+	}
+	return "table " + s
+}
+
+// droppedTree finds a tree among the objects of DROP TABLE (or of DROP
+// TRIGGER/RULE/POLICY ... ON tree), whose names are plain lists.
+func (p *planner) droppedTree(d *pg.DropStmt) *shardmap.Tree {
+	for _, o := range d.Objects {
+		l := o.GetList()
+		if l == nil {
+			continue
+		}
+		var names []string
+		for _, it := range l.Items {
+			names = append(names, it.GetString_().GetSval())
+		}
+		switch d.RemoveType {
+		case pg.ObjectType_OBJECT_TABLE, pg.ObjectType_OBJECT_VIEW, pg.ObjectType_OBJECT_MATVIEW,
+			pg.ObjectType_OBJECT_FOREIGN_TABLE, pg.ObjectType_OBJECT_SEQUENCE, pg.ObjectType_OBJECT_INDEX:
+		case pg.ObjectType_OBJECT_TRIGGER, pg.ObjectType_OBJECT_RULE, pg.ObjectType_OBJECT_POLICY:
+			if len(names) < 2 {
+				continue
+			}
+			names = names[:len(names)-1]
+		default:
+			continue
+		}
+		rv := &pg.RangeVar{Relname: names[len(names)-1]}
+		if len(names) >= 2 {
+			rv.Schemaname = names[len(names)-2]
+		}
+		if len(names) >= 3 {
+			rv.Catalogname = names[len(names)-3]
+		}
+		if t, _ := p.lookup(rv); t != nil {
+			return t
+		}
+	}
+	return nil
+}
+
+// isPublicTreeRef reports whether a column reference starts public.tree.
+func isPublicTreeRef(c *pg.ColumnRef, t *shardmap.Tree) bool {
+	return len(c.Fields) >= 3 && c.Fields[0].GetString_().GetSval() == "public" && c.Fields[1].GetString_().GetSval() == t.Name
+}
+
+// where finds the shard key in the top-level conjunction of a WHERE clause.
+func (p *planner) where(r route, name string, where *pg.Node) route {
+	tree := r.tree
+	var found *Value
+	var foundC constant
+	var problem string
+	var visit func(n *pg.Node) bool
+	visit = func(n *pg.Node) bool {
+		if n == nil {
+			return false
+		}
+		if b := n.GetBoolExpr(); b != nil {
+			if b.Boolop != pg.BoolExprType_AND_EXPR {
+				return false
+			}
+			for _, a := range b.Args {
+				if visit(a) {
+					return true
+				}
+			}
+			return false
+		}
+		e := n.GetAExpr()
+		if e == nil || !isPlainEq(e.Name) {
+			return false
+		}
+		var operand *pg.Node
+		switch e.Kind {
+		case pg.A_Expr_Kind_AEXPR_OP:
+			if p.isKeyColumn(e.Lexpr, r.rv, tree) {
+				operand = e.Rexpr
+			} else if p.isKeyColumn(e.Rexpr, r.rv, tree) {
+				operand = e.Lexpr
+			}
+		case pg.A_Expr_Kind_AEXPR_IN:
+			if l := e.Rexpr.GetList(); l != nil && len(l.Items) == 1 && p.isKeyColumn(e.Lexpr, r.rv, tree) {
+				operand = l.Items[0]
+			}
+		}
+		if operand == nil {
+			return false
+		}
+		c, ok := asConstant(operand)
+		if !ok {
+			return false // key = expression: look for another conjunct
+		}
+		v, msg := keyValue(tree, c)
+		if msg != "" {
+			problem = msg
+			return true
+		}
+		found, foundC = &v, c
+		return true
+	}
+	visit(where)
+	if problem != "" {
+		return refusedRoute(refused("", "%s on tree %s: %s", name, qn(tree.Name), problem))
+	}
+	if found == nil {
+		return refusedRoute(refused("Add "+tree.KeyColumn+" = <value> (or IN with one value) to the WHERE clause, ANDed with the other conditions; statements over several shards are not supported yet.",
+			"%s on tree %s does not fix the shard key %s", name, qn(tree.Name), qn(tree.KeyColumn)))
+	}
+	r.kind, r.key = Single, *found
+	r.keyLocs, r.keyCasts = []int32{foundC.loc}, []*pg.TypeName{foundC.cast}
+	return r
+}
+
+func isPlainEq(names []*pg.Node) bool {
+	return len(names) == 1 && names[0].GetString_().GetSval() == "="
+}
+
+// isKeyColumn reports whether n is a reference to the tree's key column:
+// key, ref.key (ref is the alias, or the table name when there is no
+// alias), or public.table.key when there is no alias.
+func (p *planner) isKeyColumn(n *pg.Node, rv *pg.RangeVar, t *shardmap.Tree) bool {
+	c := n.GetColumnRef()
+	if c == nil {
+		return false
+	}
+	f := make([]string, len(c.Fields))
+	for i, x := range c.Fields {
+		s := x.GetString_()
+		if s == nil {
+			return false
+		}
+		f[i] = s.Sval
+	}
+	ref := rv.Relname
+	if rv.Alias != nil {
+		ref = rv.Alias.Aliasname
+	}
+	switch len(f) {
+	case 1:
+		return f[0] == t.KeyColumn
+	case 2:
+		return f[0] == ref && f[1] == t.KeyColumn
+	case 3:
+		return rv.Alias == nil && f[0] == "public" && f[1] == rv.Relname && f[2] == t.KeyColumn
+	}
+	return false
+}
+
+// insert routes INSERT ... VALUES into a tree.
+func (p *planner) insert(r route, s *pg.InsertStmt) route {
+	tree := r.tree
+	keyIdx := -1
+	if len(s.Cols) > 0 {
+		for i, c := range s.Cols {
+			if rt := c.GetResTarget(); rt != nil && rt.Name == tree.KeyColumn {
+				if len(rt.Indirection) > 0 {
+					return refusedRoute(refused("Give the whole key value.",
+						"INSERT into tree %s assigns part of the shard key %s", qn(tree.Name), qn(tree.KeyColumn)))
+				}
+				keyIdx = i
+				break
+			}
+		}
+		if keyIdx < 0 {
+			return refusedRoute(refused("Name "+tree.KeyColumn+" in the column list and give its value: keys are supplied by the application.",
+				"INSERT into tree %s does not give the shard key %s", qn(tree.Name), qn(tree.KeyColumn)))
+		}
+	} else {
+		for i, c := range tree.Columns {
+			if c == tree.KeyColumn {
+				keyIdx = i
+				break
+			}
+		}
+		if keyIdx < 0 {
+			return refusedRoute(refused("Give a column list that names "+tree.KeyColumn+".",
+				"INSERT into tree %s without a column list cannot be routed: the proxy does not know the tree's column order", qn(tree.Name)))
+		}
+	}
+	if s.SelectStmt == nil {
+		return refusedRoute(refused("Use INSERT ... ("+tree.KeyColumn+", ...) VALUES (...) with the key value.",
+			"INSERT ... DEFAULT VALUES into tree %s does not give the shard key %s", qn(tree.Name), qn(tree.KeyColumn)))
+	}
+	sel := s.SelectStmt.GetSelectStmt()
+	if sel == nil || len(sel.ValuesLists) == 0 || sel.WithClause != nil || len(sel.SortClause) > 0 ||
+		sel.LimitCount != nil || sel.LimitOffset != nil || len(sel.LockingClause) > 0 || sel.Op != pg.SetOperation_SETOP_NONE {
+		return refusedRoute(refused("Select the rows first, then send them with INSERT ... VALUES (a multi-row INSERT is split by shard).",
+			"INSERT ... SELECT into tree %s is not supported", qn(tree.Name)))
+	}
+	if oc := s.OnConflictClause; oc != nil {
+		for _, t := range oc.TargetList {
+			if rt := t.GetResTarget(); rt != nil && rt.Name == tree.KeyColumn {
+				return refusedRoute(refused("Leave the key out of DO UPDATE SET: the conflicting row already has it.",
+					"INSERT ... ON CONFLICT DO UPDATE on tree %s assigns the shard key %s", qn(tree.Name), qn(tree.KeyColumn)))
+			}
+		}
+	}
+	rows := make([]Value, 0, len(sel.ValuesLists))
+	anchors := make([]int32, 0, len(sel.ValuesLists))
+	casts := make([]*pg.TypeName, 0, len(sel.ValuesLists))
+	for i, row := range sel.ValuesLists {
+		items := row.GetList().GetItems()
+		if keyIdx >= len(items) {
+			return refusedRoute(refused("Give the key value in every row.",
+				"INSERT into tree %s does not give the shard key %s in row %d", qn(tree.Name), qn(tree.KeyColumn), i+1))
+		}
+		c, ok := asConstant(items[keyIdx])
+		if !ok {
+			what := "an expression"
+			if items[keyIdx].GetSetToDefault() != nil {
+				what = "DEFAULT"
+			}
+			return refusedRoute(refused("Compute the key in the application and give it as a literal or a $n parameter.",
+				"INSERT into tree %s gives the shard key %s as %s in row %d", qn(tree.Name), qn(tree.KeyColumn), what, i+1))
+		}
+		v, msg := keyValue(tree, c)
+		if msg != "" {
+			return refusedRoute(refused("", "INSERT on tree %s: %s", qn(tree.Name), msg))
+		}
+		rows = append(rows, v)
+		anchors = append(anchors, c.loc)
+		casts = append(casts, c.cast)
+	}
+	r.keyLocs, r.keyCasts = anchors, casts
+	if len(rows) == 1 {
+		r.kind, r.key = Single, rows[0]
+		return r
+	}
+	r.kind, r.rows = InsertSplit, rows
+	return r
+}
+
+// functionCall recognises SELECT lattice_x(args) and SELECT * FROM lattice_x(args).
+func functionCall(s *pg.SelectStmt) (*FuncCall, bool) {
+	if len(s.TargetList) != 1 || len(s.DistinctClause) > 0 || s.IntoClause != nil || s.WhereClause != nil ||
+		len(s.GroupClause) > 0 || s.HavingClause != nil || len(s.WindowClause) > 0 || len(s.ValuesLists) > 0 ||
+		len(s.SortClause) > 0 || s.LimitOffset != nil || s.LimitCount != nil || len(s.LockingClause) > 0 ||
+		s.WithClause != nil || s.Op != pg.SetOperation_SETOP_NONE {
+		return nil, false
+	}
+	rt := s.TargetList[0].GetResTarget()
+	if rt == nil || rt.Name != "" || len(rt.Indirection) > 0 {
+		return nil, false
+	}
+	var fc *pg.FuncCall
+	star := false
+	switch len(s.FromClause) {
+	case 0:
+		fc = rt.Val.GetFuncCall()
+	case 1:
+		c := rt.Val.GetColumnRef()
+		if c == nil || len(c.Fields) != 1 || c.Fields[0].GetAStar() == nil {
+			return nil, false
+		}
+		rf := s.FromClause[0].GetRangeFunction()
+		if rf == nil || rf.Lateral || rf.Ordinality || rf.IsRowsfrom || rf.Alias != nil || len(rf.Coldeflist) > 0 || len(rf.Functions) != 1 {
+			return nil, false
+		}
+		l := rf.Functions[0].GetList()
+		if l == nil || len(l.Items) == 0 || len(l.Items) > 2 || len(l.Items) == 2 && l.Items[1].GetList() != nil && len(l.Items[1].GetList().Items) > 0 {
+			return nil, false
+		}
+		fc = l.Items[0].GetFuncCall()
+		star = true
+	default:
+		return nil, false
+	}
+	if fc == nil || len(fc.AggOrder) > 0 || fc.AggFilter != nil || fc.Over != nil || fc.AggWithinGroup ||
+		fc.AggStar || fc.AggDistinct || fc.FuncVariadic {
+		return nil, false
+	}
+	var name string
+	switch len(fc.Funcname) {
+	case 1:
+		name = fc.Funcname[0].GetString_().GetSval()
+	case 2:
+		if fc.Funcname[0].GetString_().GetSval() != "public" {
+			return nil, false
+		}
+		name = fc.Funcname[1].GetString_().GetSval()
+	default:
+		return nil, false
+	}
+	if !strings.HasPrefix(name, "lattice_") {
+		return nil, false
+	}
+	out := &FuncCall{Name: name, Star: star}
+	for _, a := range fc.Args {
+		if na := a.GetNamedArgExpr(); na != nil {
+			c, ok := asConstant(na.Arg)
+			if !ok {
+				return nil, false
+			}
+			if out.Named == nil {
+				out.Named = make(map[string]Value)
+			}
+			if _, dup := out.Named[na.Name]; dup {
+				return nil, false
+			}
+			out.Named[na.Name] = c.value()
+			continue
+		}
+		if out.Named != nil {
+			return nil, false // positional after named: PostgreSQL rejects it too
+		}
+		c, ok := asConstant(a)
+		if !ok {
+			return nil, false
+		}
+		out.Args = append(out.Args, c.value())
+	}
+	return out, true
+}
+
+// transaction plans transaction control.
+func (p *planner) transaction(pl *Plan, t *pg.TransactionStmt) {
+	pl.Kind = Transaction
+	chain := func(what string) {
+		if t.Chain {
+			pl.Kind, pl.Tag = Refused, ""
+			pl.Err = refused("Send "+what+" and then BEGIN.", "%s AND CHAIN is not supported", what)
+		}
+	}
+	switch t.Kind {
+	case pg.TransactionStmtKind_TRANS_STMT_BEGIN, pg.TransactionStmtKind_TRANS_STMT_START:
+		pl.Tx, pl.Tag = Begin, "BEGIN"
+		if t.Kind == pg.TransactionStmtKind_TRANS_STMT_START {
+			pl.Tag = "START TRANSACTION"
+		}
+		pl.TxOptions = txOptions(t.Options)
+	case pg.TransactionStmtKind_TRANS_STMT_COMMIT:
+		pl.Tx, pl.Tag = Commit, "COMMIT"
+		chain("COMMIT")
+	case pg.TransactionStmtKind_TRANS_STMT_ROLLBACK:
+		pl.Tx, pl.Tag = Rollback, "ROLLBACK"
+		chain("ROLLBACK")
+	case pg.TransactionStmtKind_TRANS_STMT_SAVEPOINT:
+		pl.Tx, pl.Tag, pl.Savepoint = Savepoint, "SAVEPOINT", t.SavepointName
+	case pg.TransactionStmtKind_TRANS_STMT_RELEASE:
+		pl.Tx, pl.Tag, pl.Savepoint = Release, "RELEASE", t.SavepointName
+	case pg.TransactionStmtKind_TRANS_STMT_ROLLBACK_TO:
+		pl.Tx, pl.Tag, pl.Savepoint = RollbackTo, "ROLLBACK", t.SavepointName
+	default:
+		what := map[pg.TransactionStmtKind]string{
+			pg.TransactionStmtKind_TRANS_STMT_PREPARE:           "PREPARE TRANSACTION",
+			pg.TransactionStmtKind_TRANS_STMT_COMMIT_PREPARED:   "COMMIT PREPARED",
+			pg.TransactionStmtKind_TRANS_STMT_ROLLBACK_PREPARED: "ROLLBACK PREPARED",
+		}[t.Kind]
+		if what == "" {
+			what = "this transaction statement"
+		}
+		pl.Kind, pl.Tx = Refused, PrepareTx
+		pl.Err = refused("Use ordinary transactions (BEGIN ... COMMIT).",
+			"%s is not supported: the proxy pools backend connections and does not run two-phase commit", what)
+	}
+}
+
+// txOptions renders BEGIN / START TRANSACTION options as text that can be
+// passed to BEGIN on a backend.
+func txOptions(opts []*pg.Node) string {
+	var parts []string
+	for _, o := range opts {
+		d := o.GetDefElem()
+		if d == nil {
+			continue
+		}
+		c, _ := bareConstant(d.Arg)
+		on := c.kind == litInt && c.text != "0"
+		switch d.Defname {
+		case "transaction_isolation":
+			parts = append(parts, "ISOLATION LEVEL "+strings.ToUpper(c.text))
+		case "transaction_read_only":
+			if on {
+				parts = append(parts, "READ ONLY")
+			} else {
+				parts = append(parts, "READ WRITE")
+			}
+		case "transaction_deferrable":
+			if on {
+				parts = append(parts, "DEFERRABLE")
+			} else {
+				parts = append(parts, "NOT DEFERRABLE")
+			}
+		}
+	}
+	return strings.Join(parts, " ")
+}
+
+// variableSet plans SET and RESET.
+func (p *planner) variableSet(pl *Plan, s *pg.VariableSetStmt) {
+	pl.Kind, pl.Tag = SessionSet, "SET"
+	switch {
+	case s.Kind == pg.VariableSetKind_VAR_RESET || s.Kind == pg.VariableSetKind_VAR_RESET_ALL:
+		pl.Tag = "RESET"
+	case s.IsLocal, s.Kind == pg.VariableSetKind_VAR_SET_MULTI && strings.HasPrefix(s.Name, "TRANSACTION"):
+		pl.Kind = LocalSet
+	}
+	if s.Kind != pg.VariableSetKind_VAR_SET_VALUE || len(s.Args) == 0 {
+		return
+	}
+	c, _ := bareConstant(s.Args[0])
+	switch strings.ToLower(s.Name) {
+	case "standard_conforming_strings":
+		// The proxy parses every statement with standard_conforming_strings
+		// on: with it off, 'a\'b' would be read differently by the backend,
+		// and a key literal could hash to the wrong shard.
+		if b, ok := parseBool(c.text); !ok || !b || len(s.Args) != 1 {
+			pl.Kind, pl.Tag = Refused, ""
+			pl.Err = refused("Keep standard_conforming_strings on (the default) and use E'...' strings for backslash escapes.",
+				"SET standard_conforming_strings to %s is not supported: the proxy reads string literals as standard strings", shorten(c.text))
+		}
+	case "client_encoding":
+		// Key literals are hashed as the bytes of the statement: they
+		// must be UTF-8, the servers' encoding.
+		e := strings.ToUpper(strings.ReplaceAll(c.text, "-", ""))
+		e = strings.ReplaceAll(e, "_", "")
+		if e != "UTF8" && e != "UNICODE" && e != "SQLASCII" {
+			pl.Kind, pl.Tag = Refused, ""
+			pl.Err = refused("Use client_encoding UTF8 and convert in the application.",
+				"SET client_encoding to %s is not supported: the proxy hashes shard keys as UTF-8", shorten(c.text))
+		}
+	}
+}
+
+// parseBool reads a boolean the way PostgreSQL's parse_bool does.
+func parseBool(s string) (bool, bool) {
+	v := strings.ToLower(strings.TrimSpace(s))
+	if v == "" {
+		return false, false
+	}
+	switch {
+	case strings.HasPrefix("true", v), strings.HasPrefix("yes", v), v == "1":
+		return true, true
+	case strings.HasPrefix("false", v), strings.HasPrefix("no", v), v == "0":
+		return false, true
+	case len(v) >= 2 && strings.HasPrefix("on", v):
+		return true, true
+	case len(v) >= 2 && strings.HasPrefix("off", v):
+		return false, true
+	}
+	return false, false
+}
+
+// nodeMessage returns the message inside a Node.
+func nodeMessage(n *pg.Node) (proto.Message, bool) {
+	if n == nil || n.Node == nil {
+		return nil, false
+	}
+	m := n.ProtoReflect()
+	od := m.Descriptor().Oneofs().ByName("node")
+	fd := m.WhichOneof(od)
+	if fd == nil {
+		return nil, false
+	}
+	return m.Get(fd).Message().Interface(), true
+}
+
+// stmtName names a statement for messages the way PostgreSQL's command
+// tags do.
+func stmtName(n *pg.Node) string {
+	switch s := n.Node.(type) {
+	case *pg.Node_SelectStmt:
+		if s.SelectStmt.IntoClause != nil {
+			return "SELECT INTO"
+		}
+		return "SELECT"
+	case *pg.Node_InsertStmt:
+		return "INSERT"
+	case *pg.Node_UpdateStmt:
+		return "UPDATE"
+	case *pg.Node_DeleteStmt:
+		return "DELETE"
+	case *pg.Node_MergeStmt:
+		return "MERGE"
+	case *pg.Node_CopyStmt:
+		return "COPY"
+	case *pg.Node_CreateStmt:
+		return "CREATE TABLE"
+	case *pg.Node_AlterTableStmt:
+		return "ALTER " + objectWord(s.AlterTableStmt.Objtype)
+	case *pg.Node_RenameStmt:
+		return "ALTER " + objectWord(s.RenameStmt.RenameType)
+	case *pg.Node_AlterObjectSchemaStmt:
+		return "ALTER " + objectWord(s.AlterObjectSchemaStmt.ObjectType)
+	case *pg.Node_DropStmt:
+		return "DROP " + objectWord(s.DropStmt.RemoveType)
+	case *pg.Node_TruncateStmt:
+		return "TRUNCATE TABLE"
+	case *pg.Node_IndexStmt:
+		return "CREATE INDEX"
+	case *pg.Node_ViewStmt:
+		return "CREATE VIEW"
+	case *pg.Node_CreateTableAsStmt:
+		if s.CreateTableAsStmt.Objtype == pg.ObjectType_OBJECT_MATVIEW {
+			return "CREATE MATERIALIZED VIEW"
+		}
+		return "CREATE TABLE AS"
+	case *pg.Node_LockStmt:
+		return "LOCK TABLE"
+	case *pg.Node_VacuumStmt:
+		if s.VacuumStmt.IsVacuumcmd {
+			return "VACUUM"
+		}
+		return "ANALYZE"
+	case *pg.Node_GrantStmt:
+		if s.GrantStmt.IsGrant {
+			return "GRANT"
+		}
+		return "REVOKE"
+	case *pg.Node_CreateTrigStmt:
+		return "CREATE TRIGGER"
+	case *pg.Node_RuleStmt:
+		return "CREATE RULE"
+	case *pg.Node_CreatePolicyStmt:
+		return "CREATE POLICY"
+	case *pg.Node_AlterPolicyStmt:
+		return "ALTER POLICY"
+	case *pg.Node_ClusterStmt:
+		return "CLUSTER"
+	case *pg.Node_ReindexStmt:
+		return "REINDEX"
+	case *pg.Node_DeclareCursorStmt:
+		return "DECLARE CURSOR"
+	case *pg.Node_PrepareStmt:
+		return "PREPARE"
+	case *pg.Node_ExplainStmt:
+		return "EXPLAIN"
+	case *pg.Node_CreateStatsStmt:
+		return "CREATE STATISTICS"
+	case *pg.Node_CommentStmt:
+		return "COMMENT"
+	case *pg.Node_CallStmt:
+		return "CALL"
+	case *pg.Node_CreatePublicationStmt:
+		return "CREATE PUBLICATION"
+	case *pg.Node_AlterPublicationStmt:
+		return "ALTER PUBLICATION"
+	case *pg.Node_RefreshMatViewStmt:
+		return "REFRESH MATERIALIZED VIEW"
+	}
+	m, ok := nodeMessage(n)
+	if !ok {
+		return "statement"
+	}
+	return camelWords(strings.TrimSuffix(string(m.ProtoReflect().Descriptor().Name()), "Stmt"))
+}
+
+func objectWord(t pg.ObjectType) string {
+	s := strings.TrimPrefix(t.String(), "OBJECT_")
+	return strings.ReplaceAll(s, "_", " ")
+}
+
+// camelWords turns AlterOwner into ALTER OWNER.
+func camelWords(s string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if i > 0 && c >= 'A' && c <= 'Z' && s[i-1] >= 'a' && s[i-1] <= 'z' {
+			b.WriteByte(' ')
+		}
+		b.WriteByte(c)
+	}
+	return strings.ToUpper(b.String())
+}

@@ -1,0 +1,251 @@
+// Package router turns SQL text into routing plans.
+//
+// Each statement is parsed once with pg_query_go (PostgreSQL's own parser),
+// and the plan is cached by statement text. A plan says where a statement
+// runs: on the catalog node unchanged, on the one shard that owns a key, on
+// the shards of a multi-row INSERT's rows, or in the proxy itself (lattice_*
+// functions, transaction control, session settings). Relation names are
+// rewritten to the shard schema by splicing at the parser's token locations,
+// never by searching the text.
+//
+// What cannot be routed correctly is refused with SQLSTATE 0A000 and a
+// message that says what to do instead: the router never produces a plan
+// that would run a statement on the wrong shard.
+//
+// Plans are cached by exact text and, for single statements, by shape: a
+// statement that differs from a planned one only in literal constants is
+// scanned (not parsed) and its plan derived from the shape's template
+// (shape.go says why that plan is the one a parse would give).
+package router
+
+import (
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/lattice-db/lattice/shardmap"
+)
+
+// Trees looks up the distributed tables of one tenant. Names are passed
+// unqualified and case-folded the way PostgreSQL folds identifiers
+// (catalogue, MixedCase for "MixedCase").
+type Trees interface {
+	Tree(name string) (*shardmap.Tree, bool)
+}
+
+// Kind is where a statement goes.
+type Kind int
+
+const (
+	// Catalog statements touch no tree; they run unchanged on the catalog node.
+	Catalog Kind = iota
+	// Single statements touch one tree and fix its shard key: they run on
+	// the shard that owns Plan.Key, rendered with Plan.Render.
+	Single
+	// InsertSplit is a multi-row INSERT ... VALUES into a tree: Plan.Rows
+	// holds each row's key; Plan.RenderRows builds one INSERT per shard.
+	InsertSplit
+	// Function is a call of a lattice_* function, answered by the proxy.
+	Function
+	// Transaction is transaction control (BEGIN, COMMIT, SAVEPOINT ...).
+	Transaction
+	// SessionSet is SET / RESET / SET SESSION: session state the proxy
+	// tracks and replays on the backends it uses.
+	SessionSet
+	// LocalSet is SET LOCAL, SET TRANSACTION and SET CONSTRAINTS: it applies
+	// to the current transaction and goes to whatever backend(s) the
+	// transaction uses.
+	LocalSet
+	// Discard is DISCARD ALL: the proxy drops the session state it tracks.
+	Discard
+	// Refused statements cannot be routed correctly; Plan.Err says why and
+	// what to do instead.
+	Refused
+)
+
+var kindNames = [...]string{"Catalog", "Single", "InsertSplit", "Function", "Transaction", "SessionSet", "LocalSet", "Discard", "Refused"}
+
+func (k Kind) String() string {
+	if k >= 0 && int(k) < len(kindNames) {
+		return kindNames[k]
+	}
+	return "Kind(" + strconv.Itoa(int(k)) + ")"
+}
+
+// TxKind is the kind of a transaction-control statement.
+type TxKind int
+
+const (
+	Begin      TxKind = iota // BEGIN, START TRANSACTION
+	Commit                   // COMMIT, END
+	Rollback                 // ROLLBACK, ABORT
+	Savepoint                // SAVEPOINT x
+	Release                  // RELEASE [SAVEPOINT] x
+	RollbackTo               // ROLLBACK TO [SAVEPOINT] x
+	PrepareTx                // PREPARE TRANSACTION, COMMIT PREPARED, ROLLBACK PREPARED (always Refused)
+)
+
+var txNames = [...]string{"Begin", "Commit", "Rollback", "Savepoint", "Release", "RollbackTo", "PrepareTx"}
+
+func (t TxKind) String() string {
+	if t >= 0 && int(t) < len(txNames) {
+		return txNames[t]
+	}
+	return "TxKind(" + strconv.Itoa(int(t)) + ")"
+}
+
+// Value is a shard key value or a function argument: either a parameter
+// of the extended protocol ($n) or a literal.
+type Value struct {
+	Param int    // 1-based $n; 0 for a literal
+	Text  string // literal in PostgreSQL text form (key literals are normalized: canonical integer, canonical uuid)
+	Null  bool   // literal NULL
+}
+
+// String is $n, NULL or the literal quoted as a SQL string.
+func (v Value) String() string {
+	switch {
+	case v.Param > 0:
+		return "$" + strconv.Itoa(v.Param)
+	case v.Null:
+		return "NULL"
+	}
+	return quoteLiteral(v.Text)
+}
+
+// FuncCall is a call of a lattice_* function.
+type FuncCall struct {
+	Name  string           // e.g. "lattice_reshard"
+	Args  []Value          // positional arguments in order
+	Named map[string]Value // named arguments (shard_count => 64); nil when there are none
+	Star  bool             // SELECT * FROM f(...) rather than SELECT f(...)
+}
+
+// String renders the call as SQL-like text with quoted literals.
+func (f *FuncCall) String() string {
+	var b strings.Builder
+	if f.Star {
+		b.WriteString("* FROM ")
+	}
+	b.WriteString(f.Name)
+	b.WriteByte('(')
+	for i, a := range f.Args {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString(a.String())
+	}
+	names := make([]string, 0, len(f.Named))
+	for n := range f.Named {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for i, n := range names {
+		if i > 0 || len(f.Args) > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString(n)
+		b.WriteString(" => ")
+		b.WriteString(f.Named[n].String())
+	}
+	b.WriteByte(')')
+	return b.String()
+}
+
+// Error is a PostgreSQL error the proxy sends as an ErrorResponse.
+type Error struct {
+	Code     string // SQLSTATE
+	Message  string
+	Detail   string
+	Hint     string
+	Position int // 1-based character position in the query string for syntax errors; 0 when unknown
+}
+
+func (e *Error) Error() string {
+	if e.Code == "" {
+		return e.Message
+	}
+	return e.Message + " (SQLSTATE " + e.Code + ")"
+}
+
+// Plan is the routing of one statement. Plans are shared between sessions
+// through the cache: treat every field as read-only.
+type Plan struct {
+	Kind      Kind
+	SQL       string         // this statement's text (trimmed, without the trailing semicolon)
+	Tree      *shardmap.Tree // Single, InsertSplit
+	Key       Value          // Single: the shard key value
+	Rows      []Value        // InsertSplit: key value of each VALUES row in order
+	Func      *FuncCall      // Function
+	Tx        TxKind         // Transaction (and PrepareTx for a refused PREPARE TRANSACTION family statement)
+	TxOptions string         // BEGIN / START TRANSACTION options, e.g. "ISOLATION LEVEL SERIALIZABLE READ ONLY"
+	Savepoint string         // Savepoint, Release, RollbackTo: the savepoint name (case-folded)
+	Err       *Error         // Refused
+	Tag       string         // command tag for statements the proxy answers itself ("BEGIN", "SET", "SELECT" for Function: append the row count)
+
+	render *renderer   // Single, InsertSplit: the statement in pieces around each reference to the tree
+	split  *splitter   // InsertSplit: head, rows and tail for RenderRows
+	src    *planSource // while planning only: what a shape template is made from
+}
+
+// String is a stable one-line description for golden files and logs.
+func (p *Plan) String() string {
+	var b strings.Builder
+	b.WriteString(p.Kind.String())
+	switch p.Kind {
+	case Single:
+		fmt.Fprintf(&b, " tree=%s key=%s", p.Tree.Name, p.Key)
+	case InsertSplit:
+		fmt.Fprintf(&b, " tree=%s rows=[", p.Tree.Name)
+		for i, v := range p.Rows {
+			if i > 0 {
+				b.WriteString(", ")
+			}
+			b.WriteString(v.String())
+		}
+		b.WriteByte(']')
+	case Function:
+		b.WriteString(" " + p.Func.String())
+	case Transaction:
+		b.WriteString(" " + p.Tx.String())
+		if p.TxOptions != "" {
+			fmt.Fprintf(&b, " options=%q", p.TxOptions)
+		}
+		if p.Savepoint != "" {
+			fmt.Fprintf(&b, " savepoint=%q", p.Savepoint)
+		}
+	case Refused:
+		fmt.Fprintf(&b, " %s %q", p.Err.Code, p.Err.Message)
+	}
+	if p.Tag != "" {
+		b.WriteString(" tag=" + p.Tag)
+	}
+	return b.String()
+}
+
+// Render returns the statement to run on a shard of schema: every reference
+// to the tree is replaced by schema.tree (quoted by quote_ident rules);
+// aliases, comments and parameters are kept. For Catalog and the other
+// kinds it returns SQL unchanged. For InsertSplit it renders all rows with
+// the original parameter numbers (use it when every row maps to one shard).
+func (p *Plan) Render(schema string) string {
+	if p.render == nil {
+		return p.SQL
+	}
+	return p.render.render(schema)
+}
+
+// RenderRows returns, for an InsertSplit plan, the INSERT with only the
+// given VALUES rows (0-based indices into Rows, in the order given), the
+// tree qualified by schema, and the parameters renumbered $1.. in order of
+// first appearance; params[i] is the original 1-based parameter number of
+// the new $i+1. Parameters used outside the VALUES list (ON CONFLICT ... DO
+// UPDATE, RETURNING) are kept and renumbered too. It panics if rows is empty
+// or holds an index out of range, or if the plan is not InsertSplit.
+func (p *Plan) RenderRows(schema string, rows []int) (sql string, params []int) {
+	if p.split == nil {
+		panic("router: RenderRows on a " + p.Kind.String() + " plan")
+	}
+	return p.split.renderRows(p.render.qualified(schema), rows)
+}
