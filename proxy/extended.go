@@ -135,7 +135,7 @@ func (s *session) bind(ctx context.Context, m *pgproto3.Bind) {
 			s.failExtended(err)
 			return
 		}
-		if !s.bindOn(ctx, portal, s.srv.catalogNode, p.SQL, m, m.DestinationPortal, false) {
+		if !s.bindOn(ctx, portal, s.catalogTarget(p), p.SQL, m, m.DestinationPortal, false) {
 			return
 		}
 	case router.Single:

@@ -154,7 +154,8 @@ func (s *session) txStatus() byte {
 // to the session's settings and transaction state.
 func (s *session) backend(ctx context.Context, node string) (*pgshard.Conn, error) {
 	if s.pinned != nil {
-		if s.pinned.Node == node {
+		// A failed transaction answers 25P02 to anything, wherever it points.
+		if s.pinned.Node == node || s.pinned.TxStatus == 'E' {
 			return s.pinned, nil
 		}
 		return nil, crossNodeTx(s.pinned.Node, node)
@@ -196,6 +197,20 @@ func (s *session) backend(ctx context.Context, node string) (*pgshard.Conn, erro
 		s.x.add(step{kind: stepHiddenQuery, be: be})
 	}
 	return be, nil
+}
+
+// catalogTarget is the node for a Catalog plan: the catalog node, except
+// that a read naming no relation follows the session's open transaction.
+func (s *session) catalogTarget(p *router.Plan) string {
+	if p.Anywhere {
+		if s.pinned != nil {
+			return s.pinned.Node
+		}
+		if s.tx.active && len(s.used) > 0 {
+			return s.used[0].Node
+		}
+	}
+	return s.srv.catalogNode
 }
 
 func crossNodeTx(have, want string) *Error {

@@ -30,6 +30,7 @@ func (s *session) simpleQuery(ctx context.Context, sql string) error {
 			s.log.Warn("map refresh after LT001 failed", "err", err)
 		}
 	}
+	s.x.reset()
 	s.finish()
 	s.send(&pgproto3.ReadyForQuery{TxStatus: s.txStatus()})
 	return s.flush()
@@ -85,7 +86,7 @@ func (s *session) simpleOne(ctx context.Context, v *shardmap.View, p *router.Pla
 			s.fail(err, false)
 			return
 		}
-		s.forwardQuery(ctx, s.srv.catalogNode, p.SQL, false)
+		s.forwardQuery(ctx, s.catalogTarget(p), p.SQL, false)
 	case router.Single:
 		sh, err := s.route(v, p, p.Key, nil, nil)
 		if err != nil {
@@ -168,7 +169,10 @@ func (s *session) simpleMulti(ctx context.Context, v *shardmap.View, plans []*ro
 				s.fail(err, false)
 				return
 			}
-			n, sql = "", p.SQL
+			sql = p.SQL
+			if p.Kind == router.Catalog && !p.Anywhere {
+				n = s.srv.catalogNode
+			}
 		case router.Single:
 			sh, err := s.route(v, p, p.Key, nil, nil)
 			if err != nil {
@@ -197,7 +201,7 @@ func (s *session) simpleMulti(ctx context.Context, v *shardmap.View, plans []*ro
 		parts = append(parts, sql)
 	}
 	if node == "" {
-		node = s.srv.catalogNode
+		node = s.catalogTarget(&router.Plan{Anywhere: true})
 	}
 	s.forwardQuery(ctx, node, strings.Join(parts, ";\n"), false)
 }

@@ -138,7 +138,7 @@ func (p *planner) plan(n *pg.Node, start, end int) *Plan {
 }
 
 func (p *planner) apply(pl *Plan, r route, start, end int) {
-	pl.Kind = r.kind
+	pl.Kind, pl.Anywhere = r.kind, r.anywhere
 	switch r.kind {
 	case Refused:
 		pl.Err = r.err
@@ -185,11 +185,14 @@ type planSource struct {
 // route is the routing decision for one statement (before rendering).
 type route struct {
 	kind Kind
-	tree *shardmap.Tree
-	key  Value
-	rows []Value
-	fn   *FuncCall
-	err  *Error
+	// anywhere marks a read that names no relation (SELECT 1, SHOW): any
+	// node answers it, so inside a transaction it follows the transaction.
+	anywhere bool
+	tree     *shardmap.Tree
+	key      Value
+	rows     []Value
+	fn       *FuncCall
+	err      *Error
 
 	rv       *pg.RangeVar    // the tree reference
 	cols     []*pg.ColumnRef // public.tree.col references to requalify
@@ -266,7 +269,7 @@ func (p *planner) route(n *pg.Node) route {
 		}
 	}
 	if len(treeRefs) == 0 {
-		return route{kind: Catalog}
+		return route{kind: Catalog, anywhere: other == nil && (n.GetSelectStmt() != nil || n.GetVariableShowStmt() != nil)}
 	}
 	tree := trees[0]
 	if cs := n.GetCreateStmt(); cs != nil && cs.IfNotExists && len(treeRefs) == 1 && treeRefs[0].rv == cs.Relation {

@@ -182,6 +182,7 @@ type Plan struct {
 	TxOptions string         // BEGIN / START TRANSACTION options, e.g. "ISOLATION LEVEL SERIALIZABLE READ ONLY"
 	Savepoint string         // Savepoint, Release, RollbackTo: the savepoint name (case-folded)
 	Err       *Error         // Refused
+	Anywhere  bool           // Catalog: a read naming no relation, which any node can answer
 	Tag       string         // command tag for statements the proxy answers itself ("BEGIN", "SET", "SELECT" for Function: append the row count)
 
 	render *renderer   // Single, InsertSplit: the statement in pieces around each reference to the tree

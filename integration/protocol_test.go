@@ -1,0 +1,341 @@
+package integration
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/lattice-db/lattice/localnode"
+)
+
+func pgCode(err error) string {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		return pe.Code
+	}
+	return ""
+}
+
+// setupCatalogue creates tree catalogue(sku text key) with n rows through p.
+func setupCatalogue(t testing.TB, c *pgx.Conn, n int) {
+	t.Helper()
+	mustExec(t, c, `CREATE TABLE catalogue (sku text PRIMARY KEY, name text, qty integer NOT NULL DEFAULT 0)`)
+	mustExec(t, c, fmt.Sprintf(`INSERT INTO catalogue SELECT 'sku' || i, 'item ' || i, i FROM generate_series(1, %d) i`, n))
+	mustExec(t, c, `SELECT lattice_create_tree('catalogue', 'sku', shard_count => 16)`)
+}
+
+// TestProtocol covers the wire protocol through the proxy: errors that keep
+// the session usable, pipelines, named statements, transactions pinned to a
+// backend, and cancel.
+func TestProtocol(t *testing.T) {
+	resetNodes(t)
+	p := startProxy(t, 2)
+	ctx := context.Background()
+	c := connect(t, p.DSN("lattice"))
+	setupCatalogue(t, c, 1000)
+
+	t.Run("error keeps session", func(t *testing.T) {
+		_, err := c.Exec(ctx, `SELEC 1`)
+		if pgCode(err) != "42601" {
+			t.Fatalf("malformed SQL: got %v, want 42601", err)
+		}
+		_, err = c.Exec(ctx, `INSERT INTO catalogue (sku, name) VALUES ('sku1', 'dup')`)
+		if pgCode(err) != "23505" {
+			t.Fatalf("duplicate key: got %v, want 23505", err)
+		}
+		_, err = c.Exec(ctx, `SELECT * FROM catalogue WHERE name = 'x'`)
+		if pgCode(err) != "0A000" {
+			t.Fatalf("unroutable: got %v, want 0A000", err)
+		}
+		var n int
+		if err := c.QueryRow(ctx, `SELECT qty FROM catalogue WHERE sku = $1`, "sku7").Scan(&n); err != nil || n != 7 {
+			t.Fatalf("after errors: %d %v", n, err)
+		}
+	})
+
+	t.Run("pipeline with error in the middle", func(t *testing.T) {
+		b := &pgx.Batch{}
+		b.Queue(`SELECT qty FROM catalogue WHERE sku = $1`, "sku1")
+		b.Queue(`SELECT qty FROM catalogue WHERE sku = $1`, "sku2")
+		b.Queue(`SELECT 1/0 FROM catalogue WHERE sku = $1`, "sku3")
+		b.Queue(`SELECT qty FROM catalogue WHERE sku = $1`, "sku4")
+		br := c.SendBatch(ctx, b)
+		var n int
+		if err := br.QueryRow().Scan(&n); err != nil || n != 1 {
+			t.Fatalf("first: %d %v", n, err)
+		}
+		if err := br.QueryRow().Scan(&n); err != nil || n != 2 {
+			t.Fatalf("second: %d %v", n, err)
+		}
+		if err := br.QueryRow().Scan(&n); pgCode(err) != "22012" {
+			t.Fatalf("third: want 22012, got %v", err)
+		}
+		br.Close()
+		if err := c.QueryRow(ctx, `SELECT qty FROM catalogue WHERE sku = $1`, "sku9").Scan(&n); err != nil || n != 9 {
+			t.Fatalf("after pipeline: %d %v", n, err)
+		}
+	})
+
+	t.Run("pipelined insert rolled back with its batch", func(t *testing.T) {
+		// PostgreSQL runs a pipeline up to Sync as one implicit transaction:
+		// an error in it undoes the writes before it.
+		b := &pgx.Batch{}
+		b.Queue(`INSERT INTO catalogue (sku, name) VALUES ($1, 'pipelined')`, "pipe-1")
+		b.Queue(`SELECT * FROM catalogue WHERE name = 'unroutable'`)
+		err := c.SendBatch(ctx, b).Close()
+		if pgCode(err) != "0A000" {
+			t.Fatalf("want 0A000, got %v", err)
+		}
+		var n int
+		if err := c.QueryRow(ctx, `SELECT count(*) FROM catalogue WHERE sku = 'pipe-1'`).Scan(&n); err != nil || n != 0 {
+			t.Fatalf("row of the failed pipeline: count %d %v", n, err)
+		}
+	})
+
+	t.Run("transaction pinned", func(t *testing.T) {
+		tx, err := c.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tx.Exec(ctx, `UPDATE catalogue SET qty = 999 WHERE sku = $1`, "sku5"); err != nil {
+			t.Fatal(err)
+		}
+		var n int
+		if err := tx.QueryRow(ctx, `SELECT qty FROM catalogue WHERE sku = $1`, "sku5").Scan(&n); err != nil || n != 999 {
+			t.Fatalf("in tx: %d %v", n, err)
+		}
+		if err := tx.Rollback(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.QueryRow(ctx, `SELECT qty FROM catalogue WHERE sku = $1`, "sku5").Scan(&n); err != nil || n != 5 {
+			t.Fatalf("after rollback: %d %v", n, err)
+		}
+		tx, _ = c.Begin(ctx)
+		if _, err := tx.Exec(ctx, `UPDATE catalogue SET qty = 55 WHERE sku = 'sku5'`); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.QueryRow(ctx, `SELECT qty FROM catalogue WHERE sku = $1`, "sku5").Scan(&n); err != nil || n != 55 {
+			t.Fatalf("after commit: %d %v", n, err)
+		}
+	})
+
+	t.Run("error aborts transaction", func(t *testing.T) {
+		tx, _ := c.Begin(ctx)
+		if _, err := tx.Exec(ctx, `UPDATE catalogue SET qty = 1 WHERE sku = 'sku6'`); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tx.Exec(ctx, `SELECT * FROM catalogue WHERE qty > 3`); pgCode(err) != "0A000" {
+			t.Fatalf("want 0A000, got %v", err)
+		}
+		if _, err := tx.Exec(ctx, `SELECT 1`); pgCode(err) != "25P02" {
+			t.Fatalf("want 25P02 in aborted tx, got %v", err)
+		}
+		tx.Rollback(ctx)
+		var n int
+		if err := c.QueryRow(ctx, `SELECT qty FROM catalogue WHERE sku = 'sku6'`).Scan(&n); err != nil || n != 6 {
+			t.Fatalf("after aborted tx: %d %v", n, err)
+		}
+	})
+
+	t.Run("multi-row insert split by shard", func(t *testing.T) {
+		// Rows of one node only: shards 0,2,4.. are on the first node.
+		var keys []string
+		for i := 0; len(keys) < 6; i++ {
+			k := fmt.Sprintf("split-%d", i)
+			var idx int
+			nc := connect(t, testNodeDSN(t, 0))
+			if err := nc.QueryRow(ctx, `SELECT (hashtextextended($1, 0) & 4095) / 256`, k).Scan(&idx); err != nil {
+				t.Fatal(err)
+			}
+			if idx%2 == 0 {
+				keys = append(keys, k)
+			}
+		}
+		var vals []string
+		var args []any
+		for i, k := range keys {
+			vals = append(vals, fmt.Sprintf("($%d, 'split')", i+1))
+			args = append(args, k)
+		}
+		tag, err := c.Exec(ctx, `INSERT INTO catalogue (sku, name) VALUES `+strings.Join(vals, ", "), args...)
+		if err != nil || tag.RowsAffected() != int64(len(keys)) {
+			t.Fatalf("split insert: %v %v", tag, err)
+		}
+		for _, k := range keys {
+			var name string
+			if err := c.QueryRow(ctx, `SELECT name FROM catalogue WHERE sku = $1`, k).Scan(&name); err != nil || name != "split" {
+				t.Fatalf("%s: %q %v", k, name, err)
+			}
+		}
+	})
+
+	t.Run("ordinary table on catalog node", func(t *testing.T) {
+		mustExec(t, c, `CREATE TABLE plain (id int PRIMARY KEY, v text)`)
+		mustExec(t, c, `INSERT INTO plain VALUES (1, 'one'), (2, 'two')`)
+		var n int
+		nc := connect(t, testNodeDSN(t, 0))
+		if err := nc.QueryRow(ctx, `SELECT count(*) FROM public.plain`).Scan(&n); err != nil || n != 2 {
+			t.Fatalf("catalog node holds %d rows (%v)", n, err)
+		}
+	})
+
+	t.Run("set survives pooling", func(t *testing.T) {
+		mustExec(t, c, `SET application_name = 'lattice-test'`)
+		for i := 0; i < 5; i++ {
+			var name string
+			if err := c.QueryRow(ctx, `SHOW application_name`).Scan(&name); err != nil || name != "lattice-test" {
+				t.Fatalf("application_name = %q (%v)", name, err)
+			}
+		}
+	})
+
+	t.Run("cancel", func(t *testing.T) {
+		cctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+		defer cancel()
+		c2 := connect(t, p.DSN("lattice"))
+		_, err := c2.Exec(cctx, `SELECT pg_sleep(30) FROM catalogue WHERE sku = 'sku1'`)
+		if err == nil {
+			t.Fatal("pg_sleep was not cancelled")
+		}
+		// pgx cancels through CancelRequest; PostgreSQL reports 57014.
+		var pe *pgconn.PgError
+		if errors.As(err, &pe) && pe.Code != "57014" {
+			t.Fatalf("want 57014, got %v", err)
+		}
+		if !errors.As(err, &pe) && !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("unexpected error %v", err)
+		}
+	})
+}
+
+// TestBadInput sends what a broken or hostile client might and checks each
+// gets a clear error while another client keeps working.
+func TestBadInput(t *testing.T) {
+	resetNodes(t)
+	users := filepath.Join(t.TempDir(), "users")
+	verifier := runLattice(t, "passwd good lattice", "s3cret")
+	if err := os.WriteFile(users, []byte(verifier), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p := startProxy(t, 2, "--users-file", users)
+	good := strings.Replace(p.DSN("lattice"), "lattice@", "good:s3cret@", 1)
+	ctx := context.Background()
+	witness := connect(t, good)
+	check := func(t *testing.T) {
+		var n int
+		if err := witness.QueryRow(ctx, `SELECT 1`).Scan(&n); err != nil || n != 1 {
+			t.Fatalf("other client broken: %v", err)
+		}
+	}
+	cases := []struct {
+		name string
+		run  func(t *testing.T) string // returns what the client saw
+		want string
+	}{
+		{"random bytes", func(t *testing.T) string {
+			buf := make([]byte, 4096)
+			rand.Read(buf)
+			return rawExchange(t, p.Addr, buf)
+		}, ""},
+		{"oversize startup", func(t *testing.T) string {
+			msg := make([]byte, 8)
+			binary.BigEndian.PutUint32(msg, 1<<30)
+			binary.BigEndian.PutUint32(msg[4:], 196608)
+			return rawExchange(t, p.Addr, msg)
+		}, "08P01"},
+		{"oversize message", func(t *testing.T) string {
+			c := connect(t, good)
+			_, err := c.Exec(ctx, "SELECT $1::text", strings.Repeat("x", 80<<20))
+			return fmt.Sprint(err)
+		}, "08P01"},
+		{"unknown user", func(t *testing.T) string {
+			_, err := pgx.Connect(ctx, strings.Replace(good, "good:", "nobody:", 1))
+			return fmt.Sprint(err)
+		}, "28P01"},
+		{"wrong password", func(t *testing.T) string {
+			_, err := pgx.Connect(ctx, strings.Replace(good, "s3cret", "wrong", 1))
+			return fmt.Sprint(err)
+		}, "28P01"},
+		{"malformed SQL", func(t *testing.T) string {
+			c := connect(t, good)
+			_, err := c.Exec(ctx, "SELECT FROM WHERE (")
+			return fmt.Sprint(err)
+		}, "42601"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			got := tc.run(t)
+			if !strings.Contains(got, tc.want) {
+				t.Fatalf("got %q, want it to mention %s", got, tc.want)
+			}
+			check(t)
+		})
+	}
+}
+
+// rawExchange writes b to a new connection and returns what came back
+// before the proxy closed it.
+func rawExchange(t *testing.T, addr string, b []byte) string {
+	conn, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(15 * time.Second))
+	conn.Write(b)
+	out, _ := io.ReadAll(conn)
+	return string(out)
+}
+
+// runLattice runs the lattice binary with args and stdin, returning stdout.
+func runLattice(t *testing.T, args, stdin string) string {
+	t.Helper()
+	cmd := exec.Command(latticeBinary(t), strings.Fields(args)...)
+	cmd.Stdin = strings.NewReader(stdin)
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("lattice %s: %v", args, err)
+	}
+	return string(out)
+}
+
+// TestPgbench runs pgbench's point select against a tree in all three
+// protocol modes and requires it to finish without a failed transaction.
+func TestPgbench(t *testing.T) {
+	resetNodes(t)
+	p := startProxy(t, 2)
+	c := connect(t, p.DSN("lattice"))
+	mustExec(t, c, `CREATE TABLE accounts (aid integer PRIMARY KEY, abalance integer NOT NULL, filler text)`)
+	mustExec(t, c, `INSERT INTO accounts SELECT i, i, 'x' FROM generate_series(1, 10000) i`)
+	mustExec(t, c, `SELECT lattice_create_tree('accounts', 'aid', shard_count => 16)`)
+	script := filepath.Join(t.TempDir(), "point.sql")
+	os.WriteFile(script, []byte("\\set aid random(1, 10000)\nSELECT abalance FROM accounts WHERE aid = :aid;\n"), 0o644)
+	for _, mode := range []string{"simple", "extended", "prepared"} {
+		t.Run(mode, func(t *testing.T) {
+			cmd := exec.Command(filepath.Join(localnode.PGBinDir(), "pgbench"), "-n", "-M", mode, "-c", "4", "-j", "2", "-t", "500", "-f", script, p.DSN("lattice"))
+			out, err := cmd.CombinedOutput()
+			if err != nil {
+				t.Fatalf("pgbench -M %s: %v\n%s", mode, err, out)
+			}
+			if !strings.Contains(string(out), "number of failed transactions: 0") {
+				t.Fatalf("pgbench -M %s reported failures:\n%s", mode, out)
+			}
+		})
+	}
+}
