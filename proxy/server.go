@@ -12,6 +12,7 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgproto3"
 
@@ -208,6 +209,9 @@ func (sess *session) loop(ctx context.Context) {
 		if err != nil {
 			var tooBig *pgproto3.ExceededMaxBodyLenErr
 			if errors.As(err, &tooBig) {
+				// Read the rest of the message (within a deadline) so the
+				// client is not cut off mid-write and can read why.
+				discardInput(sess.conn, int64(tooBig.ActualBodyLen))
 				sess.client.Send(Errorf("08P01", "message of %d bytes exceeds the limit of %d", tooBig.ActualBodyLen, tooBig.MaxExpectedBodyLen).Response())
 				_ = sess.client.Flush()
 			}
@@ -228,6 +232,21 @@ func (sess *session) loop(ctx context.Context) {
 			_ = sess.client.Flush()
 			return
 		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// discardInput reads and drops up to n bytes, stopping when the client
+// pauses for half a second or after ten seconds in all.
+func discardInput(conn net.Conn, n int64) {
+	buf := make([]byte, 64<<10)
+	stop := time.Now().Add(10 * time.Second)
+	for n > 0 && time.Now().Before(stop) {
+		_ = conn.SetReadDeadline(time.Now().Add(500 * time.Millisecond))
+		read, err := conn.Read(buf)
+		n -= int64(read)
 		if err != nil {
 			return
 		}
