@@ -258,13 +258,19 @@ func latticeBinary(t testing.TB) string {
 		out := filepath.Join(harness.dir, "lattice")
 		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 		defer cancel()
-		cmd := exec.CommandContext(ctx, goTool(), "build", "-race", "-o", out, "./cmd/lattice")
+		// Benchmarks set LATTICE_TEST_RACE=0: the race detector slows the
+		// proxy several times over.
+		args := []string{"build", "-race", "-o", out, "./cmd/lattice"}
+		if os.Getenv("LATTICE_TEST_RACE") == "0" {
+			args = []string{"build", "-o", out, "./cmd/lattice"}
+		}
+		cmd := exec.CommandContext(ctx, goTool(), args...)
 		cmd.Dir = root
 		var buf bytes.Buffer
 		cmd.Stdout = &buf
 		cmd.Stderr = &buf
 		if err := cmd.Run(); err != nil {
-			harness.buildErr = fmt.Errorf("go build -race ./cmd/lattice: %w\n%s", err, buf.String())
+			harness.buildErr = fmt.Errorf("go %v: %w\n%s", args, err, buf.String())
 			return
 		}
 		harness.binary = out
