@@ -25,8 +25,8 @@ test: tools
 	$(GO) vet ./...
 	$(GO) test -race -count=1 -timeout 25m ./...
 
-bench:
-	$(GO) test -run '^$$' -bench . ./...
+bench: tools
+	bash bench/point-select.sh
 
 clean:
 	rm -rf bin
