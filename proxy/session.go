@@ -10,6 +10,7 @@ import (
 	"sync"
 
 	"github.com/jackc/pgx/v5/pgproto3"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/lattice-db/lattice/pgshard"
 	"github.com/lattice-db/lattice/router"
@@ -379,6 +380,15 @@ func keySlot(kt shardmap.KeyType, slots int, key router.Value, bind *pgproto3.Bi
 	var slot int
 	var err error
 	if formatFor(bind.ParameterFormatCodes, key.Param-1) == 1 {
+		var oid uint32
+		if key.Param <= len(oids) {
+			oid = oids[key.Param-1]
+		}
+		if !binaryKeyOID(kt, oid) {
+			e := Errorf("0A000", "shard key $%d is sent in binary as type oid %d, which Lattice cannot hash as the key's type", key.Param, oid)
+			e.Hint = "send the key as text, or with the key column's own type"
+			return 0, e
+		}
 		slot, err = shardmap.SlotForBinary(kt, val, slots)
 	} else {
 		slot, err = shardmap.SlotForText(kt, val, slots)
@@ -434,4 +444,19 @@ func firstWord(sql string) string {
 		return ""
 	}
 	return strings.ToUpper(w[0])
+}
+
+// binaryKeyOID reports whether a binary parameter of type oid hashes like
+// the key: a float8 sent for an int key has 8 bytes too, but another value.
+func binaryKeyOID(kt shardmap.KeyType, oid uint32) bool {
+	if oid == 0 {
+		return true // the server infers the key column's own type
+	}
+	switch kt {
+	case shardmap.KeyInt:
+		return oid == pgtype.Int2OID || oid == pgtype.Int4OID || oid == pgtype.Int8OID
+	case shardmap.KeyUUID:
+		return oid == pgtype.UUIDOID
+	}
+	return oid == pgtype.TextOID || oid == pgtype.VarcharOID
 }

@@ -1,0 +1,95 @@
+package proxy
+
+import (
+	"encoding/binary"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgproto3"
+	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/lattice-db/lattice/router"
+	"github.com/lattice-db/lattice/shardmap"
+)
+
+func be8(v int64) []byte {
+	b := make([]byte, 8)
+	binary.BigEndian.PutUint64(b, uint64(v))
+	return b
+}
+
+func TestKeySlot(t *testing.T) {
+	want42 := shardmap.SlotOf(shardmap.HashInt8(42), 4096)
+	cases := []struct {
+		name     string
+		key      router.Value
+		bind     *pgproto3.Bind
+		oids     []uint32
+		wantSlot int
+		wantCode string
+	}{
+		{name: "literal", key: router.Value{Text: "42"}, wantSlot: want42},
+		{name: "null literal", key: router.Value{Null: true}, wantSlot: 0},
+		{name: "text param", key: router.Value{Param: 1}, bind: &pgproto3.Bind{Parameters: [][]byte{[]byte("42")}}, wantSlot: want42},
+		{name: "binary int8 param", key: router.Value{Param: 1}, oids: []uint32{pgtype.Int8OID},
+			bind: &pgproto3.Bind{ParameterFormatCodes: []int16{1}, Parameters: [][]byte{be8(42)}}, wantSlot: want42},
+		{name: "binary float8 param refused", key: router.Value{Param: 1}, oids: []uint32{pgtype.Float8OID},
+			bind: &pgproto3.Bind{ParameterFormatCodes: []int16{1}, Parameters: [][]byte{be8(42)}}, wantCode: "0A000"},
+		{name: "null param", key: router.Value{Param: 1}, bind: &pgproto3.Bind{Parameters: [][]byte{nil}}, wantSlot: 0},
+		{name: "missing param", key: router.Value{Param: 2}, bind: &pgproto3.Bind{Parameters: [][]byte{[]byte("1")}}, wantCode: "08P01"},
+		{name: "bad literal", key: router.Value{Text: "4x2"}, wantCode: "22P02"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			slot, err := keySlot(shardmap.KeyInt, 4096, tc.key, tc.bind, tc.oids)
+			if tc.wantCode != "" {
+				if got := AsError(err); err == nil || got.Code != tc.wantCode {
+					t.Fatalf("got %v, want SQLSTATE %s", err, tc.wantCode)
+				}
+				return
+			}
+			if err != nil || slot != tc.wantSlot {
+				t.Fatalf("got slot %d, %v; want %d", slot, err, tc.wantSlot)
+			}
+		})
+	}
+}
+
+func TestSettingsReplay(t *testing.T) {
+	s := newSettings(map[string]string{"application_name": "psql", "client_encoding": "UTF8"}, map[string]string{"client_encoding": "UTF8"})
+	if got := s.replay(""); got != `RESET ALL; SET "application_name" = 'psql'` {
+		t.Fatalf("startup replay = %q", got)
+	}
+	s.apply("SET search_path TO a, b")
+	s.apply("SET application_name = 'x'")
+	fp := s.fp
+	if s.replay(fp) != "" {
+		t.Fatal("a backend in the same state needs no replay")
+	}
+	s.apply("RESET search_path")
+	if got := s.replay(fp); got != `RESET ALL; SET "application_name" = 'psql'; SET application_name = 'x'` {
+		t.Fatalf("after RESET: %q", got)
+	}
+	s.apply("RESET ALL")
+	s.reset()
+	if got := s.replay(fp); got != `RESET ALL; SET "application_name" = 'psql'` {
+		t.Fatalf("after RESET ALL: %q", got)
+	}
+}
+
+func TestSetTarget(t *testing.T) {
+	cases := map[string][2]string{
+		"SET search_path = a":           {"set", "search_path"},
+		"set session TIME ZONE 'UTC'":   {"set", "timezone"},
+		"SET NAMES 'UTF8'":              {"set", "client_encoding"},
+		`SET "MyApp.Flag" = on`:         {"set", "MyApp.Flag"},
+		"SET myapp.flag TO 1":           {"set", "myapp.flag"},
+		"RESET ALL":                     {"reset", "all"},
+		"SET SESSION AUTHORIZATION bob": {"set", "session_authorization"},
+	}
+	for stmt, want := range cases {
+		verb, name := setTarget(stmt)
+		if verb != want[0] || name != want[1] {
+			t.Errorf("%s: got %s %s, want %s %s", stmt, verb, name, want[0], want[1])
+		}
+	}
+}
