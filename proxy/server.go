@@ -70,6 +70,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	go func() {
 		<-ctx.Done()
 		ln.Close()
+		s.closeSessions()
 	}()
 	for {
 		conn, err := ln.Accept()
@@ -189,6 +190,23 @@ func (s *Server) unregister(sess *session) {
 	defer s.mu.Unlock()
 	if s.sessions[sess.key.ProcessID] == sess {
 		delete(s.sessions, sess.key.ProcessID)
+	}
+}
+
+// closeSessions ends every session at shutdown: work running on a backend
+// is cancelled, and closing the client socket ends the session's loop.
+func (s *Server) closeSessions() {
+	s.mu.Lock()
+	sessions := make([]*session, 0, len(s.sessions))
+	for _, sess := range s.sessions {
+		sessions = append(sessions, sess)
+	}
+	s.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for _, sess := range sessions {
+		sess.cancel(ctx)
+		sess.conn.Close()
 	}
 }
 

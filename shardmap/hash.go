@@ -187,17 +187,16 @@ func parseInt8(s []byte) (int64, error) {
 		neg = s[i] == '-'
 		i++
 	}
-	// Accumulate the magnitude; a negative bigint reaches one further.
-	limit := uint64(1<<63 - 1)
-	if neg {
-		limit++
-	}
+	// Like int8in, accumulate up to the negative bound (2^63): passing it is
+	// out of range at once, before trailing junk is seen, while the positive
+	// bound is checked only after the syntax, so "9223372036854775808x" is a
+	// syntax error and "99999999999999999999x" is out of range.
+	const bound = uint64(1 << 63)
 	start := i
 	var m uint64
 	for ; i < len(s) && s[i] >= '0' && s[i] <= '9'; i++ {
 		d := uint64(s[i] - '0')
-		// Like int8in, overflow is reported before any trailing junk is seen.
-		if m > (limit-d)/10 {
+		if m > (bound-d)/10 {
 			return 0, fmt.Errorf("%w: %s", ErrKeyOutOfRange, quoteKey(s))
 		}
 		m = m*10 + d
@@ -211,6 +210,9 @@ func parseInt8(s []byte) (int64, error) {
 	}
 	if neg {
 		return int64(-m), nil
+	}
+	if m == bound {
+		return 0, fmt.Errorf("%w: %s", ErrKeyOutOfRange, quoteKey(s))
 	}
 	return int64(m), nil
 }

@@ -146,6 +146,7 @@ func TestParseInt8(t *testing.T) {
 		{"-9223372036854775808", math.MinInt64, nil},
 		{"0000000000000000000000009223372036854775807", math.MaxInt64, nil},
 		{"9223372036854775808", 0, ErrKeyOutOfRange},
+		{"9223372036854775808a", 0, ErrBadKey},
 		{"-9223372036854775809", 0, ErrKeyOutOfRange},
 		{"18446744073709551616", 0, ErrKeyOutOfRange},
 		{"99999999999999999999x", 0, ErrKeyOutOfRange}, // int8in sees the overflow first
