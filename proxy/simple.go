@@ -291,12 +291,7 @@ func (s *session) forwardTx(sql string, extended bool) {
 		s.x.add(step{kind: stepQuery, be: be})
 		return
 	}
-	be.Frontend.Send(&pgproto3.Parse{Query: sql})
-	be.Frontend.Send(&pgproto3.Bind{})
-	be.Frontend.Send(&pgproto3.Execute{})
-	s.x.add(step{kind: stepParse, be: be})
-	s.x.add(step{kind: stepBind, be: be})
-	s.x.add(step{kind: stepExecute, be: be})
+	s.forwardExtendedSQL(be, sql)
 }
 
 // sessionCommand serves SET, RESET and DISCARD ALL. SET runs on a backend so
