@@ -196,30 +196,78 @@ func TestProtocol(t *testing.T) {
 	})
 
 	t.Run("set survives pooling", func(t *testing.T) {
-		mustExec(t, c, `SET application_name = 'lattice-test'`)
+		// Two clients take turns on the same pooled backends, so each sees
+		// its own setting only if the proxy replays it.
+		other := connect(t, p.DSN("lattice"))
+		mustExec(t, c, `SET application_name = 'client-a'`)
+		mustExec(t, other, `SET application_name = 'client-b'`)
 		for i := 0; i < 5; i++ {
-			var name string
-			if err := c.QueryRow(ctx, `SHOW application_name`).Scan(&name); err != nil || name != "lattice-test" {
-				t.Fatalf("application_name = %q (%v)", name, err)
+			for conn, want := range map[*pgx.Conn]string{c: "client-a", other: "client-b"} {
+				var name string
+				if err := conn.QueryRow(ctx, `SHOW application_name`).Scan(&name); err != nil || name != want {
+					t.Fatalf("application_name = %q, want %q (%v)", name, want, err)
+				}
 			}
+		}
+		mustExec(t, other, `RESET application_name`)
+		var name string
+		if err := c.QueryRow(ctx, `SHOW application_name`).Scan(&name); err != nil || name != "client-a" {
+			t.Fatalf("after the other client's RESET: %q (%v)", name, err)
+		}
+	})
+
+	t.Run("statement prepared inside a transaction on a non-catalog node", func(t *testing.T) {
+		// The first statement of a transaction decides its node; describing a
+		// new prepared statement must not pin it to the catalog node.
+		nc := connect(t, testNodeDSN(t, 0))
+		var sku string
+		for i := 1; ; i++ {
+			var idx int
+			k := fmt.Sprintf("sku%d", i)
+			if err := nc.QueryRow(ctx, `SELECT (hashtextextended($1, 0) & 4095) / 256`, k).Scan(&idx); err != nil {
+				t.Fatal(err)
+			}
+			if idx%2 == 1 { // odd shards live on the second node
+				sku = k
+				break
+			}
+		}
+		tx, err := c.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tx.Exec(ctx, `UPDATE catalogue SET qty = qty + 1000 WHERE sku = $1 /* fresh text */`, sku); err != nil {
+			t.Fatalf("update in tx: %v", err)
+		}
+		var n int
+		if err := tx.QueryRow(ctx, `SELECT qty FROM catalogue WHERE sku = $1 /* fresh text */`, sku).Scan(&n); err != nil || n < 1000 {
+			t.Fatalf("read in tx: %d %v", n, err)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
 		}
 	})
 
 	t.Run("cancel", func(t *testing.T) {
-		cctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
-		defer cancel()
+		// An explicit CancelRequest, with no client-side deadline: only a
+		// cancel that reaches the backend ends the 30 s sleep early.
 		c2 := connect(t, p.DSN("lattice"))
-		_, err := c2.Exec(cctx, `SELECT pg_sleep(30) FROM catalogue WHERE sku = 'sku1'`)
-		if err == nil {
-			t.Fatal("pg_sleep was not cancelled")
+		done := make(chan error, 1)
+		go func() {
+			_, err := c2.Exec(context.Background(), `SELECT pg_sleep(30) FROM catalogue WHERE sku = 'sku1'`)
+			done <- err
+		}()
+		time.Sleep(300 * time.Millisecond)
+		if err := c2.PgConn().CancelRequest(ctx); err != nil {
+			t.Fatal(err)
 		}
-		// pgx cancels through CancelRequest; PostgreSQL reports 57014.
-		var pe *pgconn.PgError
-		if errors.As(err, &pe) && pe.Code != "57014" {
-			t.Fatalf("want 57014, got %v", err)
-		}
-		if !errors.As(err, &pe) && !errors.Is(err, context.DeadlineExceeded) {
-			t.Fatalf("unexpected error %v", err)
+		select {
+		case err := <-done:
+			if pgCode(err) != "57014" {
+				t.Fatalf("want 57014, got %v", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("the cancel request did not reach the backend")
 		}
 	})
 }

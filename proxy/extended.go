@@ -320,26 +320,12 @@ func (s *session) describe(ctx context.Context, m *pgproto3.Describe) {
 		s.x.synthetic(&pgproto3.ParameterDescription{ParameterOIDs: oids}, &pgproto3.RowDescription{Fields: fields})
 		return
 	}
-	// A tree's statement is described against a shard on the node that holds
-	// the transaction, or against the empty template of the tree on the
-	// catalog node: both have the tree's exact columns.
-	node, sql := s.srv.catalogNode, st.sql
-	if s.pinned != nil && s.pinned.Node != node {
-		node = s.pinned.Node
-		if p.Tree != nil {
-			v, err := s.view(ctx)
-			if err != nil {
-				s.failExtended(err)
-				return
-			}
-			sql = p.Render(shardmap.SchemaName(shardOnNode(v.Maps[p.Tree.Name], node)))
-		}
-	}
-	be, err := s.backend(ctx, node)
+	be, err := s.describeBackend(ctx)
 	if err != nil {
 		s.failExtended(err)
 		return
 	}
+	sql := st.sql
 	key := preparedKey(sql, st.oids)
 	name, ok := be.Prepared(key)
 	if !ok {
@@ -349,19 +335,6 @@ func (s *session) describe(ctx context.Context, m *pgproto3.Describe) {
 	}
 	be.Frontend.SendDescribe(&pgproto3.Describe{ObjectType: 'S', Name: name})
 	s.x.add(step{kind: stepDescribeStmt, be: be})
-}
-
-// shardOnNode picks a shard of the map placed on node (the first owning one).
-func shardOnNode(m *shardmap.Map, node string) int {
-	if m == nil {
-		return 0
-	}
-	for _, idx := range m.OwningShards() {
-		if m.Shards[idx].Node == node {
-			return idx
-		}
-	}
-	return m.OwningShards()[0]
 }
 
 func maxParam(f *router.FuncCall) int {

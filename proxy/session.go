@@ -48,6 +48,7 @@ type session struct {
 	}
 	pinned *pgshard.Conn   // the backend that holds the open transaction
 	used   []*pgshard.Conn // backends taken for the current exchange
+	aux    []*pgshard.Conn // backends that only describe statements, outside any transaction
 
 	x       exchange
 	stmts   map[string]*clientStmt
@@ -169,6 +170,23 @@ func (s *session) backend(ctx context.Context, node string) (*pgshard.Conn, erro
 	if s.tx.active && len(s.used) > 0 {
 		return nil, crossNodeTx(s.used[0].Node, node)
 	}
+	be, err := s.acquire(ctx, node)
+	if err != nil {
+		return nil, err
+	}
+	s.used = append(s.used, be)
+	if s.tx.active {
+		prologue := append([]string{s.tx.begin}, s.tx.deferred...)
+		s.tx.deferred = nil
+		be.Frontend.Send(&pgproto3.Query{String: strings.Join(prologue, "; ")})
+		s.x.add(step{kind: stepHiddenQuery, be: be})
+	}
+	return be, nil
+}
+
+// acquire takes a backend from the pool and queues what brings it to the
+// session's settings.
+func (s *session) acquire(ctx context.Context, node string) (*pgshard.Conn, error) {
 	be, err := s.srv.pools.Acquire(ctx, node, s.tenant)
 	if err != nil {
 		if errors.Is(err, pgshard.ErrPoolExhausted) {
@@ -176,27 +194,46 @@ func (s *session) backend(ctx context.Context, node string) (*pgshard.Conn, erro
 		}
 		return nil, Errorf("08006", "cannot reach node %s: %v", node, err)
 	}
-	s.used = append(s.used, be)
 	s.setActive(be, true)
 	var prologue []string
-	if names := be.TakeEvicted(); len(names) > 0 {
-		for _, n := range names {
-			prologue = append(prologue, "DEALLOCATE "+n)
-		}
+	for _, n := range be.TakeEvicted() {
+		prologue = append(prologue, "DEALLOCATE "+n)
 	}
 	if q := s.settings.replay(be.Settings); q != "" {
 		prologue = append(prologue, q)
 		be.Settings = s.settings.fp
 	}
-	if s.tx.active {
-		prologue = append(prologue, s.tx.begin)
-		prologue = append(prologue, s.tx.deferred...)
-		s.tx.deferred = nil
-	}
 	if len(prologue) > 0 {
 		be.Frontend.Send(&pgproto3.Query{String: strings.Join(prologue, "; ")})
 		s.x.add(step{kind: stepHiddenQuery, be: be})
 	}
+	return be, nil
+}
+
+// describeBackend is where statements are described: against the tree's
+// template on the catalog node, which has the tree's exact columns. A
+// transaction that is not on the catalog node is left alone, so that
+// describing a statement never decides which node holds the transaction.
+func (s *session) describeBackend(ctx context.Context) (*pgshard.Conn, error) {
+	node := s.srv.catalogNode
+	if s.pinned != nil && s.pinned.Node == node {
+		return s.pinned, nil
+	}
+	for _, be := range s.used {
+		if be.Node == node {
+			return be, nil
+		}
+	}
+	for _, be := range s.aux {
+		if be.Node == node {
+			return be, nil
+		}
+	}
+	be, err := s.acquire(ctx, node)
+	if err != nil {
+		return nil, err
+	}
+	s.aux = append(s.aux, be)
 	return be, nil
 }
 
@@ -257,10 +294,11 @@ func (s *session) sendBackends() {
 }
 
 func (s *session) backends() []*pgshard.Conn {
+	out := make([]*pgshard.Conn, 0, 1+len(s.used)+len(s.aux))
 	if s.pinned != nil {
-		return append([]*pgshard.Conn{s.pinned}, s.used...)
+		out = append(out, s.pinned)
 	}
-	return s.used
+	return append(append(out, s.used...), s.aux...)
 }
 
 // dropBackend forgets a broken backend; the pool closes it.
@@ -272,12 +310,14 @@ func (s *session) dropBackend(be *pgshard.Conn) {
 		s.srv.pools.Release(be)
 		return
 	}
-	for i, c := range s.used {
-		if c == be {
-			s.used = append(s.used[:i], s.used[i+1:]...)
-			s.setActive(be, false)
-			s.srv.pools.Release(be)
-			return
+	for _, list := range []*[]*pgshard.Conn{&s.used, &s.aux} {
+		for i, c := range *list {
+			if c == be {
+				*list = append((*list)[:i], (*list)[i+1:]...)
+				s.setActive(be, false)
+				s.srv.pools.Release(be)
+				return
+			}
 		}
 	}
 }
@@ -294,6 +334,14 @@ func (s *session) finish() {
 		s.srv.pools.Release(be)
 	}
 	s.used = s.used[:0]
+	for _, be := range s.aux {
+		if be.TxStatus != 'I' {
+			be.MarkBroken()
+		}
+		s.setActive(be, false)
+		s.srv.pools.Release(be)
+	}
+	s.aux = s.aux[:0]
 	if s.pinned != nil {
 		if s.pinned.TxStatus == 'I' || s.pinned.Broken() {
 			s.setActive(s.pinned, false)
@@ -314,13 +362,13 @@ func (s *session) release() {
 		s.used = append(s.used, s.pinned)
 		s.pinned = nil
 	}
-	for _, be := range s.used {
+	for _, be := range append(s.used, s.aux...) {
 		if be.TxStatus != 'I' {
 			be.MarkBroken()
 		}
 		s.srv.pools.Release(be)
 	}
-	s.used = nil
+	s.used, s.aux = nil, nil
 }
 
 // fail reports err (ours, not a backend's) to the client and applies
