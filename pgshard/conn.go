@@ -55,11 +55,15 @@ func connect(ctx context.Context, node, tenant, dsn string, maxMessage int) (*Co
 		pc.Close(ctx)
 		return nil, fmt.Errorf("node %s: %w", node, err)
 	}
-	hj.Frontend.SetMaxBodyLen(maxMessage)
+	// pgconn's Frontend reads through a background reader goroutine; the
+	// proxy reads synchronously, so it talks to the socket directly. The
+	// connection is idle after startup: nothing is left unread.
+	fe := pgproto3.NewFrontend(hj.Conn, hj.Conn)
+	fe.SetMaxBodyLen(maxMessage)
 	c := &Conn{
 		Node:      node,
 		Tenant:    tenant,
-		Frontend:  hj.Frontend,
+		Frontend:  fe,
 		TxStatus:  hj.TxStatus,
 		Params:    hj.ParameterStatuses,
 		net:       hj.Conn,
