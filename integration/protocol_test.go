@@ -216,6 +216,27 @@ func TestProtocol(t *testing.T) {
 		}
 	})
 
+	t.Run("startup options become settings", func(t *testing.T) {
+		cfg, err := pgx.ParseConfig(p.DSN("lattice"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.RuntimeParams["options"] = "-c application_name=from-options"
+		oc, err := pgx.ConnectConfig(ctx, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer oc.Close(ctx)
+		for i := 0; i < 3; i++ {
+			var name string
+			if err := oc.QueryRow(ctx, `SHOW application_name`).Scan(&name); err != nil || name != "from-options" {
+				t.Fatalf("application_name = %q (%v)", name, err)
+			}
+			// Another client takes the same pooled backend in between.
+			mustExec(t, c, `SELECT 1`)
+		}
+	})
+
 	t.Run("statement prepared inside a transaction on a non-catalog node", func(t *testing.T) {
 		// The first statement of a transaction decides its node; describing a
 		// new prepared statement must not pin it to the catalog node.
@@ -320,6 +341,12 @@ func TestBadInput(t *testing.T) {
 			_, err := pgx.Connect(ctx, strings.Replace(good, "s3cret", "wrong", 1))
 			return fmt.Sprint(err)
 		}, "28P01"},
+		{"client encoding that would misroute text keys", func(t *testing.T) string {
+			cmd := exec.Command("psql", "-X", "-d", good, "-c", "SELECT 1")
+			cmd.Env = append(os.Environ(), "PGCLIENTENCODING=LATIN1")
+			out, _ := cmd.CombinedOutput()
+			return string(out)
+		}, "client_encoding = LATIN1 is not supported"},
 		{"malformed SQL", func(t *testing.T) string {
 			c := connect(t, good)
 			_, err := c.Exec(ctx, "SELECT FROM WHERE (")

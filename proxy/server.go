@@ -138,6 +138,10 @@ func (s *Server) serveConn(ctx context.Context, conn net.Conn) {
 // greet finishes startup: it checks that the tenant's database answers on
 // the catalog node, and reports that server's parameters as PostgreSQL would.
 func (s *Server) greet(ctx context.Context, sess *session, st *Startup) error {
+	params, err := startupSettings(st.Params)
+	if err != nil {
+		return err
+	}
 	be, err := s.pools.Acquire(ctx, s.catalogNode, sess.tenant)
 	if err != nil {
 		return AsError(unwrapPg(err))
@@ -147,8 +151,8 @@ func (s *Server) greet(ctx context.Context, sess *session, st *Startup) error {
 		defaults[k] = v
 	}
 	s.pools.Release(be)
-	sess.settings = newSettings(st.Params, defaults)
-	for k, v := range st.Params {
+	sess.settings = newSettings(params, defaults)
+	for k, v := range params {
 		if _, reported := defaults[k]; reported {
 			defaults[k] = v
 		}

@@ -93,3 +93,42 @@ func TestSetTarget(t *testing.T) {
 		}
 	}
 }
+
+func TestStartupSettings(t *testing.T) {
+	cases := []struct {
+		name     string
+		params   map[string]string
+		want     map[string]string
+		wantCode string
+	}{
+		{name: "plain", params: map[string]string{"application_name": "psql", "client_encoding": "UTF8"},
+			want: map[string]string{"application_name": "psql", "client_encoding": "UTF8"}},
+		{name: "options -c", params: map[string]string{"options": `-c search_path=app -csearch\ x=1 --statement-timeout=5s`},
+			want: map[string]string{"search_path": "app", "search x": "1", "statement_timeout": "5s"}},
+		{name: "sql_ascii encoding", params: map[string]string{"client_encoding": "sql_ascii"}, want: map[string]string{"client_encoding": "sql_ascii"}},
+		{name: "latin1 refused", params: map[string]string{"client_encoding": "LATIN1"}, wantCode: "0A000"},
+		{name: "latin1 in options refused", params: map[string]string{"options": "-c client_encoding=LATIN1"}, wantCode: "0A000"},
+		{name: "standard strings off refused", params: map[string]string{"standard_conforming_strings": "off"}, wantCode: "0A000"},
+		{name: "unknown option refused", params: map[string]string{"options": "-B 100"}, wantCode: "0A000"},
+		{name: "option without value", params: map[string]string{"options": "-c search_path"}, wantCode: "22023"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := startupSettings(tc.params)
+			if tc.wantCode != "" {
+				if err == nil || AsError(err).Code != tc.wantCode {
+					t.Fatalf("got %v, %v; want SQLSTATE %s", got, err, tc.wantCode)
+				}
+				return
+			}
+			if err != nil || len(got) != len(tc.want) {
+				t.Fatalf("got %v, %v; want %v", got, err, tc.want)
+			}
+			for k, v := range tc.want {
+				if got[k] != v {
+					t.Fatalf("%s = %q, want %q", k, got[k], v)
+				}
+			}
+		})
+	}
+}

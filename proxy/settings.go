@@ -20,19 +20,10 @@ type setting struct {
 	stmt string // statement that applies it
 }
 
-// startupParamsIgnored are startup parameters that are not GUCs, or that the
-// proxy owns.
-var startupParamsIgnored = map[string]bool{
-	"user": true, "database": true, "replication": true, "options": true,
-}
-
 func newSettings(params map[string]string, backendDefaults map[string]string) *settings {
 	s := &settings{}
 	for name, value := range params {
 		lname := strings.ToLower(name)
-		if startupParamsIgnored[lname] {
-			continue
-		}
 		if def, ok := backendDefaults[name]; ok && def == value {
 			continue
 		}

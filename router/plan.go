@@ -770,27 +770,39 @@ func (p *planner) variableSet(pl *Plan, s *pg.VariableSetStmt) {
 		return
 	}
 	c, _ := bareConstant(s.Args[0])
-	switch strings.ToLower(s.Name) {
+	value := c.text
+	if strings.ToLower(s.Name) == "standard_conforming_strings" && len(s.Args) != 1 {
+		value = ""
+	}
+	if err := CheckSetting(s.Name, value); err != nil {
+		pl.Kind, pl.Tag, pl.Err = Refused, "", err
+	}
+}
+
+// CheckSetting refuses a session setting under which the proxy would read
+// or hash shard keys differently from PostgreSQL. It serves SET statements
+// and the settings a client sends at startup.
+func CheckSetting(name, value string) *Error {
+	switch strings.ToLower(name) {
 	case "standard_conforming_strings":
 		// The proxy parses every statement with standard_conforming_strings
 		// on: with it off, 'a\'b' would be read differently by the backend,
 		// and a key literal could hash to the wrong shard.
-		if b, ok := parseBool(c.text); !ok || !b || len(s.Args) != 1 {
-			pl.Kind, pl.Tag = Refused, ""
-			pl.Err = refused("Keep standard_conforming_strings on (the default) and use E'...' strings for backslash escapes.",
-				"SET standard_conforming_strings to %s is not supported: the proxy reads string literals as standard strings", shorten(c.text))
+		if b, ok := parseBool(value); !ok || !b {
+			return refused("Keep standard_conforming_strings on (the default) and use E'...' strings for backslash escapes.",
+				"standard_conforming_strings = %s is not supported: the proxy reads string literals as standard strings", shorten(value))
 		}
 	case "client_encoding":
-		// Key literals are hashed as the bytes of the statement: they
-		// must be UTF-8, the servers' encoding.
-		e := strings.ToUpper(strings.ReplaceAll(c.text, "-", ""))
+		// Keys are hashed as the bytes the client sends: they must be
+		// UTF-8, the servers' encoding.
+		e := strings.ToUpper(strings.ReplaceAll(value, "-", ""))
 		e = strings.ReplaceAll(e, "_", "")
 		if e != "UTF8" && e != "UNICODE" && e != "SQLASCII" {
-			pl.Kind, pl.Tag = Refused, ""
-			pl.Err = refused("Use client_encoding UTF8 and convert in the application.",
-				"SET client_encoding to %s is not supported: the proxy hashes shard keys as UTF-8", shorten(c.text))
+			return refused("Use client_encoding UTF8 and convert in the application.",
+				"client_encoding = %s is not supported: the proxy hashes shard keys as UTF-8", shorten(value))
 		}
 	}
+	return nil
 }
 
 // parseBool reads a boolean the way PostgreSQL's parse_bool does.
