@@ -652,6 +652,7 @@ func TestHarnessNodesUp(t *testing.T) {
 // TestHarnessReset checks resetNodes: it drops shard schemas, public tables
 // and publications, and flushes redis.
 func TestHarnessReset(t *testing.T) {
+	resetNodes(t) // start clean whatever ran before, so the objects below are new
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	conn, err := pgx.Connect(ctx, testNodeDSN(t, 1))

@@ -287,3 +287,18 @@ func forEachNode(ctx context.Context, nodes []string, fn func(ctx context.Contex
 }
 
 func quoteIdent(s string) string { return pgx.Identifier{s}.Sanitize() }
+
+// Aggregates returns which of names are aggregate functions in tenant's
+// catalog: the router knows PostgreSQL's built-in ones by name, but only the
+// catalog knows the user-defined ones.
+func (c *Cluster) Aggregates(ctx context.Context, tenant string, names []string) ([]string, error) {
+	p, err := c.Admin(ctx, c.Catalog().Name, tenant)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := p.Query(ctx, `SELECT DISTINCT lower(proname) FROM pg_proc WHERE prokind = 'a' AND lower(proname) = ANY($1)`, names)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
+}

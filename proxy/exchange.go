@@ -24,6 +24,7 @@ const (
 	stepExecute                        // DataRows, then CommandComplete, EmptyQueryResponse or PortalSuspended
 	stepClose                          // CloseComplete
 	stepSync                           // ReadyForQuery, swallowed: the proxy sends its own
+	stepFanOut                         // the results of one SELECT on several nodes, merged
 )
 
 // step is one unit of expected responses, kept in client order so that
@@ -48,6 +49,11 @@ type step struct {
 	query bool
 	// hide swallows the step's responses other than errors.
 	hide bool
+	fan  *fanOut // stepFanOut
+	// trim drops this many trailing columns from a RowDescription: the
+	// hidden sort columns of a fan-out. capture keeps the full description.
+	trim    int
+	capture *fanOut
 }
 
 // exchange collects the steps of one client round (a Query, or the extended
@@ -102,6 +108,21 @@ func (s *session) play(x *exchange) error {
 			}
 			if st.then != nil {
 				st.then(x)
+			}
+			continue
+		}
+		if st.kind == stepFanOut {
+			if err := st.fan.play(s, x); err != nil {
+				if !x.errored {
+					x.errored = true
+					s.send(Errorf("08006", "lost connection to a node: %v", err).Response())
+				}
+				for _, p := range st.fan.parts {
+					if p.be.Broken() {
+						x.failed[p.be] = true
+						s.dropBackend(p.be)
+					}
+				}
 			}
 			continue
 		}
@@ -195,6 +216,12 @@ func (s *session) playStep(x *exchange, st *step) error {
 				return nil
 			}
 			continue
+		}
+		if rd, ok := msg.(*pgproto3.RowDescription); ok && (st.trim > 0 || st.capture != nil) {
+			if st.capture != nil {
+				st.capture.fields = copyFields(rd.Fields)
+			}
+			msg = &pgproto3.RowDescription{Fields: rd.Fields[:len(rd.Fields)-st.trim]}
 		}
 		if !hidden && !(st.rowsOnly && suppressedInSplit(msg, st.counter)) {
 			s.send(msg)

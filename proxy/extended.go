@@ -151,6 +151,11 @@ func (s *session) bind(ctx context.Context, m *pgproto3.Bind) {
 		if !s.bindSplit(ctx, v, portal, m) {
 			return
 		}
+	case router.FanOut:
+		if portal.fan = s.startFanOut(ctx, v, p, m, portal); portal.fan == nil {
+			s.skipping = true
+			return
+		}
 	case router.Function:
 		for i := range p.Func.Args {
 			a, err := s.funcArg(p.Func.Args[i], m, st.oids)
@@ -364,7 +369,11 @@ func (s *session) describePortal(name string) {
 	if len(portal.parts) > 0 {
 		part := portal.parts[0]
 		part.be.Frontend.SendDescribe(&pgproto3.Describe{ObjectType: 'P', Name: part.name})
-		s.x.add(step{kind: stepDescribePortal, be: part.be})
+		st := step{kind: stepDescribePortal, be: part.be}
+		if portal.fan != nil {
+			st.trim, st.capture = portal.fan.plan.Hidden, portal.fan
+		}
+		s.x.add(st)
 		return
 	}
 	p := portal.stmt.plan
@@ -384,6 +393,24 @@ func (s *session) execute(ctx context.Context, m *pgproto3.Execute) {
 	portal, ok := s.portals[m.Portal]
 	if !ok {
 		s.failExtended(Errorf("34000", "portal \"%s\" does not exist", m.Portal))
+		return
+	}
+	if f := portal.fan; f != nil {
+		if m.MaxRows > 0 {
+			s.failExtended(Errorf("0A000", "fetching a SELECT over several shards in batches (Execute with a row limit) is not supported"))
+			return
+		}
+		if len(f.plan.Sort) > 0 && f.fields == nil {
+			// The merge needs the column types: describe the first part
+			// for the proxy alone.
+			part := portal.parts[0]
+			part.be.Frontend.SendDescribe(&pgproto3.Describe{ObjectType: 'P', Name: part.name})
+			s.x.add(step{kind: stepDescribePortal, be: part.be, hide: true, capture: f})
+		}
+		for _, part := range portal.parts {
+			part.be.Frontend.SendExecute(&pgproto3.Execute{Portal: part.name})
+		}
+		s.x.add(step{kind: stepFanOut, fan: f})
 		return
 	}
 	if len(portal.parts) > 0 {

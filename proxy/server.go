@@ -10,6 +10,7 @@ import (
 	"errors"
 	"log/slog"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -28,7 +29,11 @@ type Config struct {
 	MaxClients int
 	// CatalogNode is the node that holds ordinary tables and tree templates.
 	CatalogNode string
-	Log         *slog.Logger
+	// Aggregates tells which of the named functions are aggregates in a
+	// tenant's catalog; a SELECT over several shards that calls one is
+	// refused rather than answered with one row per node.
+	Aggregates func(ctx context.Context, tenant string, names []string) ([]string, error)
+	Log        *slog.Logger
 }
 
 // Server accepts client connections and runs a session for each.
@@ -41,6 +46,7 @@ type Server struct {
 	catalogNode string
 	log         *slog.Logger
 
+	aggs     sync.Map // tenant + "\x00" + function name -> aggCheck
 	clients  atomic.Int64
 	mu       sync.Mutex
 	sessions map[uint32]*session // by the process id handed to the client, for CancelRequest
@@ -273,4 +279,46 @@ func discardInput(conn net.Conn, n int64) {
 			return
 		}
 	}
+}
+
+// aggCheck is a cached answer of Config.Aggregates. Answers expire so that
+// an aggregate created later is noticed.
+type aggCheck struct {
+	aggregate bool
+	at        time.Time
+}
+
+const aggCheckTTL = 10 * time.Second
+
+// aggregateIn returns a function of names that is an aggregate in tenant's
+// catalog, or "".
+func (s *Server) aggregateIn(ctx context.Context, tenant string, names []string) (string, error) {
+	if s.cfg.Aggregates == nil || len(names) == 0 {
+		return "", nil
+	}
+	var unknown []string
+	for _, n := range names {
+		v, ok := s.aggs.Load(tenant + "\x00" + n)
+		switch {
+		case !ok || time.Since(v.(aggCheck).at) > aggCheckTTL:
+			unknown = append(unknown, n)
+		case v.(aggCheck).aggregate:
+			return n, nil
+		}
+	}
+	if len(unknown) == 0 {
+		return "", nil
+	}
+	aggs, err := s.cfg.Aggregates(ctx, tenant, unknown)
+	if err != nil {
+		return "", err
+	}
+	now := time.Now()
+	for _, n := range unknown {
+		s.aggs.Store(tenant+"\x00"+n, aggCheck{aggregate: slices.Contains(aggs, n), at: now})
+	}
+	if len(aggs) > 0 {
+		return aggs[0], nil
+	}
+	return "", nil
 }

@@ -80,6 +80,7 @@ type clientPortal struct {
 	fnNamed   map[string]*string
 	resultFmt []int16
 	split     *splitState
+	fan       *fanOut
 	parts     []portalPart
 }
 

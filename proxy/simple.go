@@ -96,6 +96,8 @@ func (s *session) simpleOne(ctx context.Context, v *shardmap.View, p *router.Pla
 		s.forwardQuery(ctx, sh.Node, p.Render(shardmap.SchemaName(sh.Index)), allowRetry && !s.tx.active)
 	case router.InsertSplit:
 		s.simpleInsertSplit(ctx, v, p, allowRetry)
+	case router.FanOut:
+		s.startFanOut(ctx, v, p, nil, nil)
 	default:
 		s.fail(Errorf("XX000", "unhandled plan kind %v", p.Kind), false)
 	}

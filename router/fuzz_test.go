@@ -11,7 +11,8 @@ import (
 // FuzzPlan plans arbitrary text and checks the invariants of routed plans:
 // no panic; a Single or InsertSplit plan renders to SQL that parses to the
 // original tree with the relation moved to the shard schema; every single
-// row of an InsertSplit renders to a Single INSERT with that row's key.
+// row of an InsertSplit renders to a Single INSERT with that row's key; a
+// FanOut plan renders to a UNION ALL of one branch per schema.
 func FuzzPlan(f *testing.F) {
 	data, err := os.ReadFile("testdata/plans.txt")
 	if err != nil {
@@ -47,6 +48,8 @@ func FuzzPlan(f *testing.F) {
 				if p.Err == nil || p.Err.Code == "" || p.Err.Message == "" {
 					t.Fatalf("refusal without error: %q", sql)
 				}
+			case FanOut:
+				checkFanOutSQL(t, p)
 			case Single, InsertSplit:
 				rendered := p.Render("lattice_s0042")
 				res, err := pg.Parse(rendered)

@@ -89,6 +89,8 @@ func describe(p *Planner, sql string) string {
 		switch pl.Kind {
 		case Single, InsertSplit:
 			b.WriteString("   " + indent(pl.Render(goldenSchema)) + "\n")
+		case FanOut:
+			b.WriteString("   " + indent(pl.RenderFanOut([]string{"lattice_s0001", "lattice_s0003"}, 10)) + "\n")
 		case Refused:
 			if pl.Err.Hint != "" {
 				b.WriteString("   hint: " + pl.Err.Hint + "\n")

@@ -128,6 +128,9 @@ func (p *planner) plan(n *pg.Node, start, end int) *Plan {
 		case Function:
 			pl.Kind, pl.Err = Refused, refused("Call the function without EXPLAIN.",
 				"EXPLAIN of %s is not supported: lattice functions run in the proxy", r.fn.Name)
+		case FanOut:
+			pl.Kind, pl.Err = Refused, refused("EXPLAIN it with "+r.tree.KeyColumn+" = <value> in WHERE to see the plan on one shard.",
+				"EXPLAIN of a SELECT over several shards of tree %s is not supported", qn(r.tree.Name))
 		default:
 			p.apply(pl, r, start, end)
 		}
@@ -144,6 +147,14 @@ func (p *planner) apply(pl *Plan, r route, start, end int) {
 		pl.Err = r.err
 	case Function:
 		pl.Func, pl.Tag = r.fn, "SELECT"
+	case FanOut:
+		fr, err := p.fanRenderer(r, start, end)
+		if err != nil {
+			pl.Kind, pl.Err = Refused, err
+			return
+		}
+		pl.Tree, pl.fan = r.tree, fr
+		pl.Sort, pl.Hidden, pl.Limit, pl.Offset, pl.Calls = r.fan.sort, r.fan.hidden, r.fan.limit, r.fan.offset, r.fan.calls
 	case Single, InsertSplit:
 		pl.Tree, pl.Key, pl.Rows = r.tree, r.key, r.rows
 		refs, err := p.refSpans(r)
@@ -198,6 +209,10 @@ type route struct {
 	cols     []*pg.ColumnRef // public.tree.col references to requalify
 	keyLocs  []int32         // location of the key constant of the statement (Single) or of each row (InsertSplit)
 	keyCasts []*pg.TypeName  // the cast over each key constant, or nil
+
+	noKey bool           // Refused because WHERE does not fix the shard key
+	sel   *pg.SelectStmt // FanOut: the statement
+	fan   *fanPlan       // FanOut: sort keys, limit and offset
 }
 
 func refusedRoute(e *Error) route { return route{kind: Refused, err: e} }
@@ -332,7 +347,10 @@ func (p *planner) route(n *pg.Node) route {
 	}
 	switch s := root.(type) {
 	case *pg.SelectStmt:
-		return p.where(r, name, s.WhereClause)
+		if w := p.where(r, name, s.WhereClause); !w.noKey {
+			return w
+		}
+		return p.fanOut(r, s)
 	case *pg.UpdateStmt:
 		for _, t := range s.TargetList {
 			if rt := t.GetResTarget(); rt != nil && rt.Name == tree.KeyColumn {
@@ -474,8 +492,8 @@ func (p *planner) where(r route, name string, where *pg.Node) route {
 		return refusedRoute(refused("", "%s on tree %s: %s", name, qn(tree.Name), problem))
 	}
 	if found == nil {
-		return refusedRoute(refused("Add "+tree.KeyColumn+" = <value> (or IN with one value) to the WHERE clause, ANDed with the other conditions; statements over several shards are not supported yet.",
-			"%s on tree %s does not fix the shard key %s", name, qn(tree.Name), qn(tree.KeyColumn)))
+		return route{kind: Refused, noKey: true, err: refused("Add "+tree.KeyColumn+" = <value> (or IN with one value) to the WHERE clause, ANDed with the other conditions; statements over several shards are not supported yet.",
+			"%s on tree %s does not fix the shard key %s", name, qn(tree.Name), qn(tree.KeyColumn))}
 	}
 	r.kind, r.key = Single, *found
 	r.keyLocs, r.keyCasts = []int32{foundC.loc}, []*pg.TypeName{foundC.cast}

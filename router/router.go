@@ -62,9 +62,15 @@ const (
 	// Refused statements cannot be routed correctly; Plan.Err says why and
 	// what to do instead.
 	Refused
+	// FanOut is a plain SELECT of one tree that does not fix the shard key:
+	// the proxy sends one query per node (Plan.RenderFanOut, that node's
+	// shards glued with UNION ALL), merges the streams by Plan.Sort, drops
+	// the Plan.Hidden trailing columns, and applies Plan.Offset and
+	// Plan.Limit after the merge.
+	FanOut
 )
 
-var kindNames = [...]string{"Catalog", "Single", "InsertSplit", "Function", "Transaction", "SessionSet", "LocalSet", "Discard", "Refused"}
+var kindNames = [...]string{"Catalog", "Single", "InsertSplit", "Function", "Transaction", "SessionSet", "LocalSet", "Discard", "Refused", "FanOut"}
 
 func (k Kind) String() string {
 	if k >= 0 && int(k) < len(kindNames) {
@@ -174,7 +180,7 @@ func (e *Error) Error() string {
 type Plan struct {
 	Kind      Kind
 	SQL       string         // this statement's text (trimmed, without the trailing semicolon)
-	Tree      *shardmap.Tree // Single, InsertSplit
+	Tree      *shardmap.Tree // Single, InsertSplit, FanOut
 	Key       Value          // Single: the shard key value
 	Rows      []Value        // InsertSplit: key value of each VALUES row in order
 	Func      *FuncCall      // Function
@@ -184,8 +190,14 @@ type Plan struct {
 	Err       *Error         // Refused
 	Anywhere  bool           // Catalog: a read naming no relation, which any node can answer
 	Tag       string         // command tag for statements the proxy answers itself ("BEGIN", "SET", "SELECT" for Function: append the row count)
+	Sort      []SortKey      // FanOut: ORDER BY keys, in order
+	Hidden    int            // FanOut: trailing result columns the proxy added for sort keys; the proxy drops them before rows reach the client
+	Limit     *Value         // FanOut: LIMIT / FETCH FIRST count; nil when absent (or LIMIT ALL / NULL)
+	Offset    *Value         // FanOut: OFFSET; nil when absent
+	Calls     []string       // FanOut: the functions the statement calls, for the proxy's user-defined aggregate check
 
 	render *renderer   // Single, InsertSplit: the statement in pieces around each reference to the tree
+	fan    *fanRender  // FanOut: the per-shard branch and the outer ORDER BY
 	split  *splitter   // InsertSplit: head, rows and tail for RenderRows
 	src    *planSource // while planning only: what a shape template is made from
 }
@@ -218,6 +230,21 @@ func (p *Plan) String() string {
 		}
 	case Refused:
 		fmt.Fprintf(&b, " %s %q", p.Err.Code, p.Err.Message)
+	case FanOut:
+		fmt.Fprintf(&b, " tree=%s sort=[", p.Tree.Name)
+		for i, k := range p.Sort {
+			if i > 0 {
+				b.WriteString(", ")
+			}
+			b.WriteString(k.String())
+		}
+		fmt.Fprintf(&b, "] hidden=%d", p.Hidden)
+		if p.Limit != nil {
+			b.WriteString(" limit=" + p.Limit.String())
+		}
+		if p.Offset != nil {
+			b.WriteString(" offset=" + p.Offset.String())
+		}
 	}
 	if p.Tag != "" {
 		b.WriteString(" tag=" + p.Tag)

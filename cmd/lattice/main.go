@@ -205,6 +205,7 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, ready func(pg
 		Startup:     proxy.StartupConfig{Users: users, StartupTimeout: cfg.StartupTimeout},
 		MaxClients:  cfg.MaxClients,
 		CatalogNode: cluster.Catalog().Name,
+		Aggregates:  cluster.Aggregates,
 		Log:         log,
 	}, cache, router.NewPlanner(10000), pools, migrator.NewFunctions(cluster, store, cache))
 

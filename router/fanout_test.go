@@ -1,0 +1,305 @@
+package router
+
+import (
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+
+	pg "github.com/pganalyze/pg_query_go/v6"
+)
+
+func TestFanOutRefusals(t *testing.T) {
+	cases := []struct{ sql, errHas string }{
+		// Aggregates: a later change merges them.
+		{`SELECT count(*) FROM catalogue`, "aggregates over several shards are not supported yet"},
+		{`SELECT sum(price) FROM catalogue WHERE qty > 1`, "aggregates over several shards"},
+		{`SELECT count(DISTINCT name) FROM catalogue`, "aggregates over several shards"},
+		{`SELECT pg_catalog.max(price) FROM catalogue`, "aggregates over several shards"},
+		{`SELECT my_agg(price ORDER BY sku) FROM catalogue`, "aggregates over several shards"},
+		{`SELECT my_agg(price) FILTER (WHERE qty > 0) FROM catalogue`, "aggregates over several shards"},
+		{`SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY price) FROM catalogue`, "aggregates over several shards"},
+		{`SELECT name FROM catalogue ORDER BY count(*)`, "aggregates over several shards"},
+		{`SELECT (SELECT max(c.price)) FROM catalogue c`, "aggregates over several shards"},
+		{`SELECT JSON_ARRAYAGG(name) FROM catalogue`, "aggregates over several shards"},
+		// Grouping, DISTINCT, windows, locking.
+		{`SELECT name FROM catalogue GROUP BY name`, "GROUP BY over several shards"},
+		{`SELECT 1 FROM catalogue GROUP BY ()`, "GROUP BY over several shards"},
+		{`SELECT 1 FROM catalogue HAVING true`, "HAVING over several shards"},
+		{`SELECT DISTINCT name FROM catalogue`, "DISTINCT over several shards"},
+		{`SELECT DISTINCT ON (name) name FROM catalogue ORDER BY name`, "DISTINCT over several shards"},
+		{`SELECT name, row_number() OVER () FROM catalogue`, "window functions"},
+		{`SELECT name FROM catalogue ORDER BY rank() OVER (ORDER BY price)`, "window functions"},
+		{`SELECT name FROM catalogue WINDOW w AS (ORDER BY price)`, "window functions"},
+		{`SELECT * FROM catalogue FOR UPDATE`, "FOR UPDATE/SHARE"},
+		{`SELECT * FROM catalogue c FOR SHARE OF c SKIP LOCKED`, "FOR UPDATE/SHARE"},
+		// Set operations and nesting (refused before fan-out is considered).
+		{`SELECT sku FROM catalogue UNION ALL SELECT 'x'`, "inside a subquery, CTE or set operation"},
+		{`SELECT * FROM (SELECT * FROM catalogue) s`, "inside a subquery, CTE or set operation"},
+		{`WITH c AS (SELECT * FROM catalogue) SELECT * FROM c`, "inside a subquery, CTE or set operation"},
+		{`SELECT * FROM catalogue JOIN customers ON true`, "together with"},
+		{`SELECT * FROM catalogue a, catalogue b`, "more than once"},
+		{`SELECT * INTO t FROM catalogue`, "SELECT INTO"},
+		// LIMIT, OFFSET, FETCH.
+		{`SELECT * FROM catalogue LIMIT 1 + 1`, "LIMIT over several shards must be an integer constant or a $n parameter"},
+		{`SELECT * FROM catalogue LIMIT 'five'`, "LIMIT over several shards must be"},
+		{`SELECT * FROM catalogue LIMIT 2.5`, "LIMIT over several shards must be"},
+		{`SELECT * FROM catalogue LIMIT $1::numeric`, "LIMIT over several shards must be"},
+		{`SELECT * FROM catalogue LIMIT (SELECT 1)`, "LIMIT over several shards must be"},
+		{`SELECT * FROM catalogue LIMIT -1`, "LIMIT must not be negative"},
+		{`SELECT * FROM catalogue OFFSET $1 + 1`, "OFFSET over several shards must be"},
+		{`SELECT * FROM catalogue ORDER BY price FETCH FIRST 3 ROWS WITH TIES`, "WITH TIES"},
+		// ORDER BY keys.
+		{`SELECT * FROM catalogue ORDER BY price USING >`, "USING"},
+		{`SELECT sku FROM catalogue ORDER BY 0`, "position 0 is not in the select list"},
+		{`SELECT sku FROM catalogue ORDER BY 2`, "position 2 is not in the select list"},
+		{`SELECT sku FROM catalogue ORDER BY 'x'`, "not a column position"},
+		{`SELECT sku FROM catalogue ORDER BY name COLLATE "en_US"`, `COLLATE "en_US"`},
+		{`SELECT sku FROM catalogue ORDER BY upper(name COLLATE "C")`, "COLLATE inside it"},
+		{`SELECT name COLLATE "de_DE" AS n FROM catalogue ORDER BY n`, `COLLATE "de_DE"`},
+		{`SELECT sku AS x, name AS x FROM catalogue ORDER BY x`, "ambiguous"},
+		{`SELECT (SELECT 1), sku FROM catalogue ORDER BY sku`, "cannot tell whether ORDER BY"},
+		{`SELECT *, price * 2 AS p2 FROM catalogue ORDER BY p2`, "follows *"},
+		{`SELECT * FROM catalogue c, generate_series(1, 2) g ORDER BY price`, "whose columns the proxy does not know"},
+		// Rewriting.
+		{`(SELECT * FROM catalogue ORDER BY 1) LIMIT 3`, "could not rewrite"},
+		{`TABLE catalogue ORDER BY sku`, "could not rewrite"},
+		{`EXPLAIN SELECT * FROM catalogue ORDER BY sku`, "EXPLAIN of a SELECT over several shards"},
+		// Not SELECT: still needs the key.
+		{`UPDATE catalogue SET qty = 0`, "does not fix the shard key"},
+		{`DELETE FROM orders WHERE total > 1`, "does not fix the shard key"},
+	}
+	for _, c := range cases {
+		t.Run(c.sql, func(t *testing.T) {
+			p := planOne(t, c.sql)
+			if p.Kind != Refused {
+				t.Fatalf("kind %v, want Refused (%s)", p.Kind, p)
+			}
+			if p.Err.Code != CodeFeatureNotSupported || p.Err.Hint == "" {
+				t.Errorf("error %+v: want 0A000 with a hint", p.Err)
+			}
+			if !strings.Contains(p.Err.Message, c.errHas) {
+				t.Errorf("message %q lacks %q", p.Err.Message, c.errHas)
+			}
+		})
+	}
+}
+
+func TestFanOutPlans(t *testing.T) {
+	cases := []struct {
+		sql           string
+		sort          []SortKey
+		hidden        int
+		limit, offset string // Value.String(), "" for nil
+		branch        string // RenderFanOut of lattice_s0001 alone
+	}{
+		{sql: `SELECT * FROM catalogue`,
+			branch: `(SELECT * FROM lattice_s0001.catalogue)`},
+		{sql: `SELECT name, price FROM catalogue ORDER BY price DESC LIMIT $1 OFFSET $2`,
+			sort: []SortKey{{Column: 1, Desc: true, NullsFirst: true}}, limit: "$1", offset: "$2",
+			branch: `(SELECT name, price FROM lattice_s0001.catalogue) ORDER BY 2 DESC NULLS FIRST LIMIT 7`},
+		{sql: `SELECT name FROM catalogue ORDER BY price NULLS FIRST, qty DESC NULLS LAST, name`,
+			sort:   []SortKey{{Column: 1, NullsFirst: true}, {Column: 2, Desc: true}, {Column: 0}},
+			hidden: 2,
+			branch: `(SELECT name, price AS lattice_sort_1, qty AS lattice_sort_2 FROM lattice_s0001.catalogue) ORDER BY 2 ASC NULLS FIRST, 3 DESC NULLS LAST, 1 ASC NULLS LAST LIMIT 7`},
+		{sql: `SELECT name AS n FROM catalogue ORDER BY n COLLATE "C"`,
+			sort: []SortKey{{Column: 1, ByteOrder: true}}, hidden: 1,
+			branch: `(SELECT name AS n, n COLLATE "C" AS lattice_sort_1 FROM lattice_s0001.catalogue) ORDER BY 2 ASC NULLS LAST LIMIT 7`},
+		{sql: `SELECT name COLLATE pg_catalog."C" AS n FROM catalogue ORDER BY 1 DESC`,
+			sort:   []SortKey{{Column: 0, Desc: true, NullsFirst: true, ByteOrder: true}},
+			branch: `(SELECT name COLLATE pg_catalog."C" AS n FROM lattice_s0001.catalogue) ORDER BY 1 DESC NULLS FIRST LIMIT 7`},
+		{sql: `SELECT price AS qty, qty AS price FROM catalogue ORDER BY qty, price`,
+			sort:   []SortKey{{Column: 0}, {Column: 1}},
+			branch: `(SELECT price AS qty, qty AS price FROM lattice_s0001.catalogue) ORDER BY 1 ASC NULLS LAST, 2 ASC NULLS LAST LIMIT 7`},
+		{sql: `SELECT c.name, c.price::int FROM catalogue c ORDER BY price, name`,
+			sort:   []SortKey{{Column: 1}, {Column: 0}},
+			branch: `(SELECT c.name, c.price::int FROM lattice_s0001.catalogue c) ORDER BY 2 ASC NULLS LAST, 1 ASC NULLS LAST LIMIT 7`},
+		{sql: `SELECT * FROM "user" ORDER BY name DESC LIMIT ALL`,
+			sort: []SortKey{{Column: 2, Desc: true, NullsFirst: true}}, hidden: 1,
+			branch: `(SELECT *, name AS lattice_sort_1 FROM lattice_s0001."user") ORDER BY 3 DESC NULLS FIRST LIMIT 7`},
+		{sql: `SELECT "Key" FROM "Upper" WHERE "Key" > $1 ORDER BY "Key" FETCH FIRST $2 ROWS ONLY`,
+			sort: []SortKey{{Column: 0}}, limit: "$2",
+			branch: `(SELECT "Key" FROM lattice_s0001."Upper" WHERE "Key" > $1) ORDER BY 1 ASC NULLS LAST LIMIT 7`},
+		{sql: `SELECT sku FROM items OFFSET 10000000000 LIMIT 3::int8`, limit: "'3'", offset: "'10000000000'",
+			branch: `(SELECT sku FROM lattice_s0001.items) LIMIT 7`},
+		{sql: `SELECT sku FROM items LIMIT ' 5'`, limit: "'5'",
+			branch: `(SELECT sku FROM lattice_s0001.items) LIMIT 7`},
+		{sql: `SELECT * FROM orders WHERE total > 10;`,
+			branch: `(SELECT * FROM lattice_s0001.orders WHERE total > 10)`},
+	}
+	for _, c := range cases {
+		t.Run(c.sql, func(t *testing.T) {
+			p := planOne(t, c.sql)
+			if p.Kind != FanOut {
+				t.Fatalf("kind %v, want FanOut (%s)", p.Kind, p)
+			}
+			if !reflect.DeepEqual(p.Sort, c.sort) {
+				t.Errorf("sort %v, want %v", p.Sort, c.sort)
+			}
+			if p.Hidden != c.hidden {
+				t.Errorf("hidden %d, want %d", p.Hidden, c.hidden)
+			}
+			str := func(v *Value) string {
+				if v == nil {
+					return ""
+				}
+				return v.String()
+			}
+			if str(p.Limit) != c.limit || str(p.Offset) != c.offset {
+				t.Errorf("limit %q offset %q, want %q %q", str(p.Limit), str(p.Offset), c.limit, c.offset)
+			}
+			limit := int64(7)
+			if len(p.Sort) == 0 && p.Limit == nil {
+				limit = -1
+			}
+			if got := p.RenderFanOut([]string{"lattice_s0001"}, limit); got != c.branch {
+				t.Errorf("render\n got %s\nwant %s", got, c.branch)
+			}
+			checkFanOutSQL(t, p)
+		})
+	}
+}
+
+// TestFanOutRenderParses renders every FanOut plan of plans.txt over one,
+// two and three schemas and checks the parse of the result.
+func TestFanOutRenderParses(t *testing.T) {
+	n := 0
+	for _, sql := range readStatements(t) {
+		plans, err := NewPlanner(0).Plan(sql, testTrees(), 1)
+		if err != nil {
+			continue
+		}
+		for _, p := range plans {
+			if p.Kind == FanOut {
+				n++
+				checkFanOutSQL(t, p)
+			}
+		}
+	}
+	if n < 20 {
+		t.Fatalf("only %d FanOut statements in testdata/plans.txt", n)
+	}
+}
+
+// checkFanOutSQL checks that RenderFanOut parses to a UNION ALL of one
+// branch per schema, each reading the tree in its schema, with the outer
+// ORDER BY of the plan's keys and the LIMIT given.
+func checkFanOutSQL(t testing.TB, p *Plan) {
+	t.Helper()
+	for _, schemas := range [][]string{{"lattice_s0001"}, {"lattice_s0001", "Odd Schema"}, {"lattice_s0001", "lattice_s0002", "lattice_s0003"}} {
+		for _, limit := range []int64{-1, 0, 25} {
+			sql := p.RenderFanOut(schemas, limit)
+			res, err := pg.Parse(sql)
+			if err != nil || len(res.Stmts) != 1 {
+				t.Fatalf("%s: renders to %s, which does not parse as one statement: %v", p.SQL, sql, err)
+			}
+			top := res.Stmts[0].Stmt.GetSelectStmt()
+			if top == nil {
+				t.Fatalf("%s: renders to %s: not a SELECT", p.SQL, sql)
+			}
+			var leaves []*pg.SelectStmt
+			var walk func(s *pg.SelectStmt)
+			walk = func(s *pg.SelectStmt) {
+				if s.Op == pg.SetOperation_SETOP_NONE {
+					leaves = append(leaves, s)
+					return
+				}
+				if s.Op != pg.SetOperation_SETOP_UNION || !s.All {
+					t.Fatalf("%s: renders to %s: not UNION ALL", p.SQL, sql)
+				}
+				walk(s.Larg)
+				walk(s.Rarg)
+			}
+			walk(top)
+			if len(leaves) != len(schemas) {
+				t.Fatalf("%s: renders to %s: %d branches, want %d", p.SQL, sql, len(leaves), len(schemas))
+			}
+			for i, l := range leaves {
+				w := walkStmt(l)
+				found := 0
+				for _, r := range w.rels {
+					if r.rv.Relname == p.Tree.Name {
+						if r.rv.Schemaname != schemas[i] {
+							t.Fatalf("%s: branch %d reads %s.%s", sql, i, r.rv.Schemaname, r.rv.Relname)
+						}
+						found++
+					}
+				}
+				if found != 1 {
+					t.Fatalf("%s: branch %d reads the tree %d times", sql, i, found)
+				}
+				if len(schemas) > 1 && (len(l.SortClause) > 0 || l.LimitCount != nil || l.LimitOffset != nil) {
+					t.Fatalf("%s: branch %d keeps ORDER BY/LIMIT/OFFSET", sql, i)
+				}
+				if len(schemas) > 1 && len(l.TargetList) < p.Hidden {
+					t.Fatalf("%s: branch %d has too few columns", sql, i)
+				}
+			}
+			if len(top.SortClause) != len(p.Sort) {
+				t.Fatalf("%s: renders to %s: %d sort keys, want %d", p.SQL, sql, len(top.SortClause), len(p.Sort))
+			}
+			for i, k := range p.Sort {
+				sb := top.SortClause[i].GetSortBy()
+				if got := sb.Node.GetAConst().GetIval().GetIval(); int(got) != k.Column+1 {
+					t.Fatalf("%s: sort key %d is position %d, want %d", sql, i, got, k.Column+1)
+				}
+			}
+			if (top.LimitCount != nil) != (limit >= 0) || limit >= 0 && int64(top.LimitCount.GetAConst().GetIval().GetIval()) != limit {
+				t.Fatalf("%s: renders to %s: wrong LIMIT", p.SQL, sql)
+			}
+			if top.LimitOffset != nil {
+				t.Fatalf("%s: renders to %s: OFFSET pushed down", p.SQL, sql)
+			}
+		}
+	}
+}
+
+// TestFanOutNotTemplated: FanOut plans vary with LIMIT/OFFSET literals and
+// are never derived from a shape template.
+func TestFanOutNotTemplated(t *testing.T) {
+	p := NewPlanner(100)
+	a, err := p.Plan("SELECT * FROM orders ORDER BY id LIMIT 5 OFFSET 1", testTrees(), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := p.Plan("SELECT * FROM orders ORDER BY id LIMIT 7 OFFSET 2", testTrees(), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a[0].Limit.Text != "5" || a[0].Offset.Text != "1" || b[0].Limit.Text != "7" || b[0].Offset.Text != "2" {
+		t.Fatalf("%s / %s", a[0], b[0])
+	}
+	c, _ := p.Plan("SELECT * FROM orders ORDER BY id LIMIT -1", testTrees(), 1)
+	if c[0].Kind != Refused {
+		t.Fatalf("%s", c[0])
+	}
+	if p.shapeHits.Load() != 0 {
+		t.Fatal("a FanOut plan was derived from a shape template")
+	}
+}
+
+func TestRenderFanOutPanics(t *testing.T) {
+	for _, f := range []func(){
+		func() { planOne(t, "SELECT * FROM orders WHERE id = 1").RenderFanOut([]string{"s"}, -1) },
+		func() { planOne(t, "SELECT * FROM orders").RenderFanOut(nil, -1) },
+	} {
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Error("no panic")
+				}
+			}()
+			f()
+		}()
+	}
+}
+
+func TestFanOutCalls(t *testing.T) {
+	p := planOne(t, `SELECT my_agg(qty), lower(name) FROM catalogue ORDER BY public.Score(price) LIMIT 3`)
+	if p.Kind != FanOut {
+		t.Fatalf("kind %v: %v", p.Kind, p.Err)
+	}
+	if !slices.Equal(p.Calls, []string{"my_agg", "lower", "score"}) {
+		t.Fatalf("calls = %v", p.Calls)
+	}
+}
