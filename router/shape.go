@@ -141,20 +141,7 @@ func (p *planner) template(stmt *pg.Node, pl *Plan) *shapeTemplate {
 			}
 			return
 		}
-		m.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
-			if fd.Kind() != protoreflect.MessageKind || fd.IsMap() {
-				return true
-			}
-			if fd.IsList() {
-				l := v.List()
-				for i := 0; i < l.Len(); i++ {
-					visit(l.Get(i).Message())
-				}
-				return true
-			}
-			visit(v.Message())
-			return true
-		})
+		eachChild(m, visit)
 	}
 	visit(stmt.ProtoReflect())
 	for i, tk := range toks {
