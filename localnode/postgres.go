@@ -386,7 +386,9 @@ func (p *Postgres) Kill() error {
 	if !pr.wait(30 * time.Second) {
 		return fmt.Errorf("localnode: postgres %s: pid %d did not die after SIGKILL", p.Name, pr.pid())
 	}
-	pr.waitGroupGone(5 * time.Second)
+	if !pr.waitGroupGone(15 * time.Second) {
+		return fmt.Errorf("localnode: postgres %s: processes of group %d still alive after SIGKILL", p.Name, pr.pid())
+	}
 	slog.Info("localnode: postgres killed", "name", p.Name, "port", p.Port)
 	return nil
 }

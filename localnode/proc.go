@@ -126,19 +126,20 @@ func (p *proc) wait(d time.Duration) bool {
 	}
 }
 
-// waitGroupGone waits up to d until no process of the group is left (zombies
-// waiting for init to reap them count as gone only once reaped).
+// waitGroupGone kills the group again and again until no live process of
+// it is left, or d passes. Repeating the kill catches a child forked while
+// the first signal was being delivered, which would otherwise keep serving
+// (a backend still answering its client, shared memory still in use).
 func (p *proc) waitGroupGone(d time.Duration) bool {
 	deadline := time.Now().Add(d)
-	for {
-		if err := syscall.Kill(-p.pid(), 0); errors.Is(err, syscall.ESRCH) {
-			return true
-		}
+	for groupAlive(p.pid()) {
 		if time.Now().After(deadline) {
 			return false
 		}
-		time.Sleep(20 * time.Millisecond)
+		p.killGroup()
+		time.Sleep(10 * time.Millisecond)
 	}
+	return true
 }
 
 // stop sends sig, waits up to grace for the process to exit, then kills the

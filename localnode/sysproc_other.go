@@ -13,3 +13,7 @@ func sysProcAttr(cred *syscall.Credential, _ syscall.Signal) *syscall.SysProcAtt
 		Credential: cred,
 	}
 }
+
+// groupAlive reports whether a process of group pgid exists (zombies
+// included: there is no portable way to tell them apart).
+func groupAlive(pgid int) bool { return syscall.Kill(-pgid, 0) == nil }
