@@ -131,6 +131,11 @@ func (s *session) bind(ctx context.Context, m *pgproto3.Bind) {
 		s.failExtended(p.Err)
 		return
 	case router.Catalog, router.LocalSet:
+		if isListenPlan(p) {
+			// Runs at Execute on the session's listen backend.
+			s.x.synthetic(&pgproto3.BindComplete{})
+			break
+		}
 		if err := s.catalogGuard(p); err != nil {
 			s.failExtended(err)
 			return
@@ -305,7 +310,7 @@ func (s *session) describe(ctx context.Context, m *pgproto3.Describe) {
 		return
 	}
 	p := st.plan
-	if p == nil || p.Kind == router.Transaction || p.Kind == router.SessionSet || p.Kind == router.Discard {
+	if p == nil || p.Kind == router.Transaction || p.Kind == router.SessionSet || p.Kind == router.Discard || isListenPlan(p) {
 		s.x.synthetic(&pgproto3.ParameterDescription{ParameterOIDs: st.oids}, &pgproto3.NoData{})
 		return
 	}
@@ -447,6 +452,12 @@ func (s *session) execute(ctx context.Context, m *pgproto3.Execute) {
 		s.txControl(ctx, p, true)
 	case router.SessionSet, router.Discard:
 		s.sessionCommand(ctx, p, true)
+	case router.Catalog:
+		if !isListenPlan(p) {
+			s.failExtended(Errorf("XX000", "portal \"%s\" has nothing to run", m.Portal))
+			return
+		}
+		s.listenCommand(ctx, p, true)
 	default:
 		s.failExtended(Errorf("XX000", "portal \"%s\" has nothing to run", m.Portal))
 	}
@@ -481,6 +492,7 @@ func (s *session) sync(ctx context.Context) error {
 		// Portals live until their transaction ends.
 		clear(s.portals)
 	}
+	s.syncListener()
 	s.send(&pgproto3.ReadyForQuery{TxStatus: s.txStatus()})
 	return s.flush()
 }

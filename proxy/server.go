@@ -232,8 +232,17 @@ func (s *Server) cancel(ctx context.Context, key *CancelKey) {
 }
 
 func (sess *session) loop(ctx context.Context) {
+	// ready: the client got ReadyForQuery for everything it sent, so the
+	// session is between queries and notifications may flow.
+	ready := true
 	for {
+		if ready {
+			sess.enterIdle()
+		}
 		msg, err := sess.client.Receive()
+		if lerr := sess.leaveIdle(); lerr != nil {
+			return
+		}
 		if err != nil {
 			var tooBig *pgproto3.ExceededMaxBodyLenErr
 			if errors.As(err, &tooBig) {
@@ -248,9 +257,11 @@ func (sess *session) loop(ctx context.Context) {
 		switch m := msg.(type) {
 		case *pgproto3.Query:
 			err = sess.simpleQuery(ctx, m.String)
+			ready = true
 		case *pgproto3.Parse, *pgproto3.Bind, *pgproto3.Describe, *pgproto3.Execute,
 			*pgproto3.Close, *pgproto3.Sync, *pgproto3.Flush:
 			err = sess.extendedMsg(ctx, m)
+			_, ready = m.(*pgproto3.Sync)
 		case *pgproto3.Terminate:
 			return
 		case *pgproto3.CopyData, *pgproto3.CopyDone, *pgproto3.CopyFail:

@@ -62,6 +62,8 @@ type session struct {
 
 	pendingBytes int
 	copyBytes    int
+
+	listener *listener // the session's LISTEN backend, nil until it runs LISTEN
 }
 
 // clientStmt is a prepared statement as the client named it.
@@ -358,6 +360,12 @@ func (s *session) finish() {
 // release returns everything at session end; a transaction left open is
 // rolled back by closing its backend.
 func (s *session) release() {
+	if s.listener != nil {
+		// The reader may be writing a notification to the client: closing
+		// the socket ends that write.
+		s.conn.Close()
+		s.dropListener()
+	}
 	if s.pinned != nil {
 		s.pinned.MarkBroken()
 		s.used = append(s.used, s.pinned)

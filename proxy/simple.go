@@ -32,6 +32,7 @@ func (s *session) simpleQuery(ctx context.Context, sql string) error {
 	}
 	s.x.reset()
 	s.finish()
+	s.syncListener()
 	s.send(&pgproto3.ReadyForQuery{TxStatus: s.txStatus()})
 	return s.flush()
 }
@@ -82,6 +83,10 @@ func (s *session) simpleOne(ctx context.Context, v *shardmap.View, p *router.Pla
 		args, named := literalArgs(p.Func)
 		s.callFunction(ctx, p.Func, args, named, nil, true)
 	case router.Catalog, router.LocalSet:
+		if isListenPlan(p) {
+			s.listenCommand(ctx, p, false)
+			return
+		}
 		if err := s.catalogGuard(p); err != nil {
 			s.fail(err, false)
 			return
@@ -167,6 +172,12 @@ func (s *session) simpleMulti(ctx context.Context, v *shardmap.View, plans []*ro
 		var n, sql string
 		switch p.Kind {
 		case router.Catalog, router.LocalSet, router.Transaction:
+			if isListenPlan(p) {
+				e := Errorf("0A000", "%s cannot be combined with other statements in one query string through the Lattice proxy", firstWord(p.SQL))
+				e.Hint = "send it as a query of its own"
+				s.fail(e, false)
+				return
+			}
 			if err := s.catalogGuard(p); err != nil {
 				s.fail(err, false)
 				return
@@ -215,9 +226,6 @@ func (s *session) catalogGuard(p *router.Plan) error {
 	case "PREPARE", "EXECUTE":
 		e := Errorf("0A000", "SQL-level PREPARE and EXECUTE are not supported through the Lattice proxy")
 		e.Hint = "use the extended query protocol (your driver's prepared statements), which works across pooled backends"
-		return e
-	case "LISTEN", "UNLISTEN":
-		e := Errorf("0A000", "LISTEN is not supported yet through the Lattice proxy")
 		return e
 	}
 	return nil
@@ -308,6 +316,8 @@ func (s *session) sessionCommand(ctx context.Context, p *router.Plan, extended b
 		s.settings.reset()
 		s.stmts = map[string]*clientStmt{}
 		s.portals = map[string]*clientPortal{}
+		// DISCARD ALL includes UNLISTEN *.
+		s.x.add(step{kind: stepSynthetic, then: func(*exchange) { s.dropListener() }})
 		s.x.synthetic(commandComplete("DISCARD ALL"))
 		return
 	}

@@ -1,6 +1,7 @@
 package router
 
 import (
+	"slices"
 	"sort"
 	"strings"
 
@@ -283,8 +284,15 @@ func (p *planner) route(n *pg.Node) route {
 			return refusedRoute(ddlRefusal(name, t))
 		}
 	}
+	// A notification reaches only listeners of the node that commits it, and
+	// the proxy's listeners are on the catalog node.
+	notify := slices.Contains(functionNames([]*pg.Node{n}), "pg_notify")
 	if len(treeRefs) == 0 {
-		return route{kind: Catalog, anywhere: other == nil && (n.GetSelectStmt() != nil || n.GetVariableShowStmt() != nil)}
+		return route{kind: Catalog, anywhere: !notify && other == nil && (n.GetSelectStmt() != nil || n.GetVariableShowStmt() != nil)}
+	}
+	if notify {
+		return refusedRoute(refused("Call pg_notify in a statement that names no tree, e.g. SELECT pg_notify('channel', 'payload').",
+			"%s calls pg_notify on tree %s: notifications are delivered from the catalog node only", name, qn(trees[0].Name)))
 	}
 	tree := trees[0]
 	if cs := n.GetCreateStmt(); cs != nil && cs.IfNotExists && len(treeRefs) == 1 && treeRefs[0].rv == cs.Relation {

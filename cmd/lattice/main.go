@@ -88,7 +88,7 @@ func (n *nodeFlags) Set(v string) error {
 type serveConfig struct {
 	Listen, Admin, Redis, UsersFile, LogLevel string
 	Nodes                                     nodeFlags
-	MaxClients, PoolSize                      int
+	MaxClients, PoolSize, MaxListeners        int
 	StartupTimeout                            time.Duration
 }
 
@@ -101,6 +101,7 @@ func (c *serveConfig) flags(fs *flag.FlagSet) {
 	fs.StringVar(&c.LogLevel, "log-level", "info", "debug, info, warn or error")
 	fs.IntVar(&c.MaxClients, "max-clients", 1000, "most client connections at once")
 	fs.IntVar(&c.PoolSize, "pool-size", 32, "most backend connections per node and tenant")
+	fs.IntVar(&c.MaxListeners, "max-listeners", 0, "most sessions per tenant that hold a catalog-node backend for LISTEN, counted within --pool-size; 0 means half of --pool-size")
 	fs.DurationVar(&c.StartupTimeout, "startup-timeout", 10*time.Second, "a client must finish startup and authentication within this")
 }
 
@@ -197,7 +198,7 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, ready func(pg
 		}
 	}()
 
-	pools := pgshard.NewPools(pgshard.PoolConfig{MaxConns: cfg.PoolSize}, cluster.TenantDSN)
+	pools := pgshard.NewPools(pgshard.PoolConfig{MaxConns: cfg.PoolSize, MaxHeld: cfg.MaxListeners}, cluster.TenantDSN)
 	defer pools.Close()
 	go reapIdle(ctx, pools)
 
