@@ -352,7 +352,8 @@ func (s *session) forwardExtendedSQL(be *pgshard.Conn, sql string) {
 	be.Frontend.Send(&pgproto3.Bind{})
 	be.Frontend.Send(&pgproto3.Execute{})
 	s.x.add(step{kind: stepParse, be: be})
-	s.x.add(step{kind: stepBind, be: be})
+	// The client's own Bind was answered when it came.
+	s.x.add(step{kind: stepBind, be: be, hide: true})
 	s.x.add(step{kind: stepExecute, be: be})
 }
 
