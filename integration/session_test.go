@@ -2,9 +2,14 @@ package integration
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
 )
 
 // TestSessionStateInterleaved: two clients share two pooled backends per
@@ -128,5 +133,61 @@ func TestSessionStateInterleaved(t *testing.T) {
 	}
 	if got := one(b, "q", 1); got != "b:2" {
 		t.Fatalf("b's q after a's DISCARD ALL = %q", got)
+	}
+}
+
+// TestSessionExtendedResponses: statements the proxy handles itself (SET,
+// transaction control, LISTEN, DISCARD) answer each extended-protocol message
+// exactly once, as PostgreSQL does; strict drivers (pgjdbc) fail otherwise.
+func TestSessionExtendedResponses(t *testing.T) {
+	resetNodes(t)
+	p := startProxy(t, 3)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pc, err := pgconn.Connect(ctx, p.DSN("lattice"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hj, err := pc.Hijack()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hj.Conn.Close()
+	fe := pgproto3.NewFrontend(hj.Conn, hj.Conn)
+	const ok = "ParseComplete BindComplete NoData CommandComplete ReadyForQuery"
+	for _, tc := range []struct{ sql, want string }{
+		{`SET application_name = 'x'`, ok},
+		{`BEGIN`, ok},
+		{`SELECT 1`, "ParseComplete BindComplete RowDescription DataRow CommandComplete ReadyForQuery"},
+		{`SET search_path = public`, ok},
+		{`COMMIT`, ok},
+		{`LISTEN ch`, ok},
+		{`UNLISTEN *`, ok},
+		{`DISCARD ALL`, ok},
+		{`RESET ALL`, ok},
+	} {
+		fe.SendParse(&pgproto3.Parse{Query: tc.sql})
+		fe.SendBind(&pgproto3.Bind{})
+		fe.SendDescribe(&pgproto3.Describe{ObjectType: 'P'})
+		fe.SendExecute(&pgproto3.Execute{})
+		fe.SendSync(&pgproto3.Sync{})
+		if err := fe.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		_ = hj.Conn.SetReadDeadline(time.Now().Add(15 * time.Second))
+		var got []string
+		for {
+			msg, err := fe.Receive()
+			if err != nil {
+				t.Fatalf("%s: %v after %v", tc.sql, err, got)
+			}
+			got = append(got, strings.TrimPrefix(fmt.Sprintf("%T", msg), "*pgproto3."))
+			if _, done := msg.(*pgproto3.ReadyForQuery); done {
+				break
+			}
+		}
+		if s := strings.Join(got, " "); s != tc.want {
+			t.Errorf("%s: got %s, want %s", tc.sql, s, tc.want)
+		}
 	}
 }
