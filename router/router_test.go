@@ -614,3 +614,27 @@ func TestCacheTenants(t *testing.T) {
 		}
 	}
 }
+
+// TestNotifyOnCatalog: a notification is delivered only on the node that
+// commits it, and listeners are on the catalog node, so pg_notify never
+// follows a transaction to another node as other reads naming no relation do.
+func TestNotifyOnCatalog(t *testing.T) {
+	cases := []struct {
+		sql      string
+		anywhere bool
+	}{
+		{"SELECT 1", true},
+		{"SELECT pg_notify('c', 'x')", false},
+		{"SELECT upper(pg_notify('c', 'x')::text)", false},
+		{"NOTIFY c, 'x'", false},
+	}
+	for _, tc := range cases {
+		plans, err := NewPlanner(0).Plan(tc.sql, moreTrees(), 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p := plans[0]; p.Kind != Catalog || p.Anywhere != tc.anywhere {
+			t.Errorf("%s: %v anywhere=%v, want Catalog anywhere=%v", tc.sql, p.Kind, p.Anywhere, tc.anywhere)
+		}
+	}
+}
