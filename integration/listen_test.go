@@ -3,6 +3,9 @@ package integration
 import (
 	"context"
 	"errors"
+	"io"
+	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -158,12 +161,14 @@ func TestListenReleasesBackend(t *testing.T) {
 	b := connect(t, p.DSN("lattice"))
 
 	mustExec(t, a, `LISTEN ch`)
+	heldBackends(t, p, "1")
 	_, err := b.Exec(context.Background(), `LISTEN ch`)
 	if code := pgCode(err); code != "53300" {
 		t.Fatalf("second listener over --max-listeners 1: %v (SQLSTATE %s), want 53300", err, code)
 	}
 
 	mustExec(t, a, `UNLISTEN *`)
+	heldBackends(t, p, "0")
 	mustExec(t, b, `LISTEN ch`) // the held backend was given back
 	mustExec(t, a, `NOTIFY ch, 'x'`)
 	wantNote(t, waitNote(t, b), "ch", "x")
@@ -193,4 +198,23 @@ func TestListenReleasesBackend(t *testing.T) {
 	}
 	mustExec(t, b, `NOTIFY ch, 'z'`)
 	wantNote(t, waitNote(t, c), "ch", "z")
+}
+
+// heldBackends checks the proxy's count of backends held by listeners on the
+// catalog node n1.
+func heldBackends(t *testing.T, p *proxyProc, want string) {
+	t.Helper()
+	resp, err := http.Get("http://" + p.AdminAddr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	line := `lattice_pool_backends_held{node="n1",tenant="lattice"} ` + want + "\n"
+	if !strings.Contains(string(body), line) {
+		t.Fatalf("/metrics has no %q", line)
+	}
 }
