@@ -97,6 +97,33 @@ func TestSessionStateInterleaved(t *testing.T) {
 		{b, `SELECT v FROM who`, nil, "b"},
 	})
 
+	// A SET inside a transaction lasts only if the transaction commits, as
+	// in PostgreSQL; SET LOCAL never outlives it.
+	for _, end := range []string{"ROLLBACK", "COMMIT"} {
+		mustExec(t, b, `BEGIN`)
+		mustExec(t, b, `SET search_path = sa, public`)
+		mustExec(t, b, `SET LOCAL statement_timeout = '3s'`)
+		if got := one(b, `SELECT v FROM who`, pgx.QueryExecModeSimpleProtocol); got != "a" {
+			t.Fatalf("inside the transaction: %q", got)
+		}
+		mustExec(t, b, end)
+		want := map[string]string{"ROLLBACK": "b", "COMMIT": "a"}[end]
+		run([]check{
+			{b, `SELECT v FROM who`, nil, want},
+			{b, `SELECT current_setting('statement_timeout')`, nil, "0"},
+			{a, `SELECT current_setting('search_path')`, nil, `"$user", public`},
+		})
+		mustExec(t, b, `SET search_path = sb, public`)
+	}
+	// A failed transaction's COMMIT rolls back its SETs too.
+	mustExec(t, b, `BEGIN`)
+	mustExec(t, b, `SET search_path = sa, public`)
+	if _, err := b.Exec(ctx, `SELECT 1/0`); pgCode(err) != "22012" {
+		t.Fatalf("1/0: %v", err)
+	}
+	mustExec(t, b, `COMMIT`)
+	run([]check{{b, `SELECT v FROM who`, nil, "b"}})
+
 	// Named prepared statements with the same name in both sessions, and
 	// unnamed ones, run on whichever backend is free.
 	if _, err := a.Prepare(ctx, "q", `SELECT 'a:' || $1::text`); err != nil {

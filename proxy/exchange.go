@@ -54,6 +54,8 @@ type step struct {
 	// hidden sort columns of a fan-out. capture keeps the full description.
 	trim    int
 	capture *fanOut
+	// tag receives the step's command tag.
+	tag *string
 }
 
 // exchange collects the steps of one client round (a Query, or the extended
@@ -222,6 +224,9 @@ func (s *session) playStep(x *exchange, st *step) error {
 				st.capture.fields = copyFields(rd.Fields)
 			}
 			msg = &pgproto3.RowDescription{Fields: rd.Fields[:len(rd.Fields)-st.trim]}
+		}
+		if cc, ok := msg.(*pgproto3.CommandComplete); ok && st.tag != nil {
+			*st.tag = string(cc.CommandTag)
 		}
 		if !hidden && !(st.rowsOnly && suppressedInSplit(msg, st.counter)) {
 			s.send(msg)

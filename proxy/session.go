@@ -45,6 +45,10 @@ type session struct {
 		failed   bool     // an error aborted a transaction that no backend holds
 		begin    string   // the BEGIN statement to replay on the first backend
 		deferred []string // SAVEPOINT and friends issued before a backend was chosen
+		// setsBefore is the session's SETs before the first SET inside this
+		// transaction: a rollback undoes that SET, so they are restored.
+		setsBefore []setting
+		setInTx    bool
 	}
 	pinned *pgshard.Conn   // the backend that holds the open transaction
 	used   []*pgshard.Conn // backends taken for the current exchange
@@ -351,6 +355,7 @@ func (s *session) finish() {
 			s.srv.pools.Release(s.pinned)
 			s.pinned = nil
 			s.tx.active, s.tx.failed, s.tx.deferred = false, false, nil
+			s.tx.setInTx, s.tx.setsBefore = false, nil
 		} else {
 			s.tx.active = true
 		}

@@ -67,6 +67,12 @@ func (s *settings) apply(stmt string) {
 	s.refresh()
 }
 
+// restore sets the SETs back to an earlier list (a transaction rolled back).
+func (s *settings) restore(set []setting) {
+	s.set = set
+	s.refresh()
+}
+
 // reset is DISCARD ALL: back to the startup state.
 func (s *settings) reset() {
 	s.set = nil

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -241,6 +242,9 @@ func (s *session) txControl(ctx context.Context, p *router.Plan, extended bool) 
 			return
 		}
 		s.forwardTx(p.SQL, extended)
+		if p.Tx == router.Commit || p.Tx == router.Rollback {
+			s.afterTxEnd()
+		}
 		return
 	}
 	switch p.Tx {
@@ -265,6 +269,11 @@ func (s *session) txControl(ctx context.Context, p *router.Plan, extended bool) 
 			return
 		}
 		s.tx.active, s.tx.failed, s.tx.deferred = false, false, nil
+		if s.tx.setInTx {
+			// No backend holds the transaction any more: nothing committed.
+			s.settings.restore(s.tx.setsBefore)
+			s.tx.setInTx, s.tx.setsBefore = false, nil
+		}
 		s.x.synthetic(commandComplete(tag))
 	case router.Savepoint, router.Release, router.RollbackTo:
 		if !s.tx.active {
@@ -289,6 +298,26 @@ func savepointTag(t router.TxKind) string {
 		return "ROLLBACK"
 	}
 	return "SAVEPOINT"
+}
+
+// afterTxEnd follows the COMMIT or ROLLBACK just queued for the pinned
+// backend: when the transaction did not commit, SETs made inside it are
+// undone, on the backend by PostgreSQL and here by restoring the session's
+// settings. (ROLLBACK TO SAVEPOINT undoing a SET is not tracked.)
+func (s *session) afterTxEnd() {
+	if !s.tx.setInTx {
+		return
+	}
+	be := s.pinned
+	tag := new(string)
+	s.x.steps[len(s.x.steps)-1].tag = tag
+	s.x.add(step{kind: stepSynthetic, then: func(x *exchange) {
+		if *tag != "COMMIT" {
+			s.settings.restore(s.tx.setsBefore)
+			be.Settings = s.settings.fp
+		}
+		s.tx.setInTx, s.tx.setsBefore = false, nil
+	}})
 }
 
 // forwardTx sends a transaction statement to the backend holding the
@@ -339,6 +368,9 @@ func (s *session) sessionCommand(ctx context.Context, p *router.Plan, extended b
 	// Recorded only once PostgreSQL accepted it.
 	s.x.add(step{kind: stepSynthetic, then: func(x *exchange) {
 		if !x.failed[be] {
+			if s.tx.active && !s.tx.setInTx {
+				s.tx.setInTx, s.tx.setsBefore = true, slices.Clone(s.settings.set)
+			}
 			s.settings.apply(p.SQL)
 			be.Settings = s.settings.fp
 		}
