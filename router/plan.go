@@ -131,6 +131,9 @@ func (p *planner) plan(n *pg.Node, start, end int) *Plan {
 		case FanOut:
 			pl.Kind, pl.Err = Refused, refused("EXPLAIN it with "+r.tree.KeyColumn+" = <value> in WHERE to see the plan on one shard.",
 				"EXPLAIN of a SELECT over several shards of tree %s is not supported", qn(r.tree.Name))
+		case WriteAll:
+			pl.Kind, pl.Err = Refused, refused("EXPLAIN it with "+r.tree.KeyColumn+" = <value> in WHERE to see the plan on one shard.",
+				"EXPLAIN of an UPDATE or DELETE over every shard of tree %s is not supported", qn(r.tree.Name))
 		default:
 			p.apply(pl, r, start, end)
 		}
@@ -155,7 +158,7 @@ func (p *planner) apply(pl *Plan, r route, start, end int) {
 		}
 		pl.Tree, pl.fan = r.tree, fr
 		pl.Sort, pl.Hidden, pl.Limit, pl.Offset, pl.Calls = r.fan.sort, r.fan.hidden, r.fan.limit, r.fan.offset, r.fan.calls
-	case Single, InsertSplit:
+	case Single, InsertSplit, WriteAll:
 		pl.Tree, pl.Key, pl.Rows = r.tree, r.key, r.rows
 		refs, err := p.refSpans(r)
 		var rd *renderer
@@ -358,13 +361,24 @@ func (p *planner) route(n *pg.Node) route {
 					"UPDATE of tree %s assigns the shard key %s, which would move the row to another shard", qn(tree.Name), qn(tree.KeyColumn)))
 			}
 		}
-		return p.where(r, name, s.WhereClause)
+		return everyShard(p.where(r, name, s.WhereClause), r, s.WhereClause)
 	case *pg.DeleteStmt:
-		return p.where(r, name, s.WhereClause)
+		return everyShard(p.where(r, name, s.WhereClause), r, s.WhereClause)
 	case *pg.InsertStmt:
 		return p.insert(r, s)
 	}
 	return refusedRoute(ddlRefusal(name, tree))
+}
+
+// everyShard turns an UPDATE or DELETE whose WHERE does not fix the shard
+// key into a write on every shard. WHERE CURRENT OF names a cursor, which
+// lives on one backend: it stays refused.
+func everyShard(w, r route, where *pg.Node) route {
+	if !w.noKey || where.GetCurrentOfExpr() != nil {
+		return w
+	}
+	r.kind = WriteAll
+	return r
 }
 
 func ddlRefusal(name string, t *shardmap.Tree) *Error {

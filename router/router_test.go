@@ -70,6 +70,10 @@ func TestRouting(t *testing.T) {
 		{sql: `SELECT * FROM catalogue CROSS JOIN generate_series(1, 3) g WHERE sku = 'x'`, kind: Single, key: `'x'`},
 		{sql: `SELECT * FROM catalogue c LEFT JOIN (VALUES ('x')) v(s) ON v.s = c.sku WHERE c.sku = 'x'`, kind: Single, key: `'x'`},
 		{sql: `DELETE FROM catalogue WHERE CURRENT OF cur`, kind: Refused, errHas: "does not fix"},
+		// Without the key, UPDATE and DELETE run on every shard.
+		{sql: `DELETE FROM catalogue WHERE qty > 1`, kind: WriteAll},
+		{sql: `UPDATE catalogue SET qty = qty + 1 WHERE sku = upper('a') RETURNING sku`, kind: WriteAll},
+		{sql: `UPDATE catalogue SET sku = 'b' WHERE qty = 0`, kind: Refused, errHas: "assigns the shard key"},
 		{sql: `DELETE FROM catalogue WHERE sku = 'a' AND qty IN (SELECT 1 FROM customers)`, kind: Refused, errHas: "together with"},
 		{sql: `UPDATE catalogue SET (name, qty) = (SELECT name, 1 FROM customers) WHERE sku = 'a'`, kind: Refused, errHas: "together with"},
 		{sql: `UPDATE catalogue SET (name, qty) = (SELECT 'n', 1) WHERE sku = 'a'`, kind: Single, key: `'a'`},
