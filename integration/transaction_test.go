@@ -242,6 +242,22 @@ func TestTransaction(t *testing.T) {
 			run(t, `COMMIT`)
 			want(t, map[int64]int64{a: 1, b: 2})
 		})
+		t.Run(mode.name+"/set transaction reaches every node", func(t *testing.T) {
+			clean(t)
+			run(t, ins(a, 1))
+			run(t, ins(b, 2))
+			run(t, `BEGIN`)
+			run(t, `SET TRANSACTION ISOLATION LEVEL REPEATABLE READ`)
+			run(t, `SET LOCAL application_name = 'lattice-tx-test'`)
+			for _, id := range []int64{a, b} {
+				_, rows := run(t, fmt.Sprintf(`SELECT current_setting('transaction_isolation'), current_setting('application_name') FROM acct WHERE id = %d`, id))
+				if len(rows) != 1 || rows[0][0] != "repeatable read" || rows[0][1] != "lattice-tx-test" {
+					t.Fatalf("id %d: settings %v, want repeatable read and the SET LOCAL value", id, rows)
+				}
+			}
+			run(t, `COMMIT`)
+			want(t, map[int64]int64{a: 1, b: 2})
+		})
 		t.Run(mode.name+"/savepoints on one node", func(t *testing.T) {
 			clean(t)
 			run(t, `BEGIN`)
@@ -341,6 +357,19 @@ func TestTransaction(t *testing.T) {
 		})
 	}
 
+	t.Run("disconnect rolls back every node", func(t *testing.T) {
+		mustExec(t, c, `DELETE FROM acct`)
+		c2 := connect(t, p.DSN("lattice"))
+		mustExec(t, c2, `BEGIN`)
+		mustExec(t, c2, `INSERT INTO acct (id, bal) VALUES ($1, 1)`, a)
+		mustExec(t, c2, `INSERT INTO acct (id, bal) VALUES ($1, 1)`, b)
+		c2.Close(context.Background())
+		// Had the transaction committed, these would be duplicates.
+		mustExec(t, c, `INSERT INTO acct (id, bal) VALUES ($1, 2), ($2, 3)`, a, b)
+		if got := allRows(t, 3, "acct"); !maps.Equal(got, map[int64]int64{a: 2, b: 3}) {
+			t.Fatalf("rows %v after the disconnect", got)
+		}
+	})
 	t.Run("extended batch", func(t *testing.T) {
 		// One pipeline: the keyless UPDATE starts an implicit transaction
 		// over every node that the single-node INSERT before it joins, and

@@ -130,7 +130,16 @@ func (s *session) bind(ctx context.Context, m *pgproto3.Bind) {
 	case router.Refused:
 		s.failExtended(p.Err)
 		return
-	case router.Catalog, router.LocalSet:
+	case router.LocalSet:
+		if s.tx.active {
+			// Run at Execute on every node of the transaction.
+			s.x.synthetic(&pgproto3.BindComplete{})
+			break
+		}
+		if !s.bindOn(ctx, portal, s.catalogTarget(p), p.SQL, m, m.DestinationPortal, false) {
+			return
+		}
+	case router.Catalog:
 		if err := s.catalogGuard(p); err != nil {
 			s.failExtended(err)
 			return
@@ -483,6 +492,8 @@ func (s *session) execute(ctx context.Context, m *pgproto3.Execute) {
 		}
 	case router.Transaction:
 		s.txControl(ctx, p, true)
+	case router.LocalSet:
+		s.localSet(ctx, p, true)
 	case router.SessionSet, router.Discard:
 		s.sessionCommand(ctx, p, true)
 	default:

@@ -50,6 +50,7 @@ type session struct {
 		implicit bool
 		begin    string   // the BEGIN statement, replayed on every node the transaction touches
 		deferred []string // SAVEPOINT and friends issued before a backend was chosen
+		local    []string // SET LOCAL, SET TRANSACTION: replayed on every node that joins
 		// conns hold the transaction, one backend per node, in the order
 		// the nodes joined.
 		conns []*pgshard.Conn
@@ -193,7 +194,7 @@ func (s *session) backend(ctx context.Context, node string) (*pgshard.Conn, erro
 		return be, nil
 	}
 	s.tx.conns = append(s.tx.conns, be)
-	prologue := append([]string{s.tx.begin}, s.tx.deferred...)
+	prologue := append(append([]string{s.tx.begin}, s.tx.local...), s.tx.deferred...)
 	s.tx.deferred = nil
 	be.Frontend.Send(&pgproto3.Query{String: strings.Join(prologue, "; ")})
 	s.x.add(step{kind: stepHiddenQuery, be: be})
@@ -386,7 +387,7 @@ func (s *session) finish() {
 // resetTx forgets a transaction that ended on every backend.
 func (s *session) resetTx() {
 	s.tx.active, s.tx.failed, s.tx.implicit = false, false, false
-	s.tx.deferred, s.tx.begin = nil, ""
+	s.tx.deferred, s.tx.local, s.tx.begin = nil, nil, ""
 }
 
 // release returns everything at session end; a transaction left open is

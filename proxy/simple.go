@@ -85,7 +85,13 @@ func (s *session) simpleOne(ctx context.Context, v *shardmap.View, p *router.Pla
 	case router.Function:
 		args, named := literalArgs(p.Func)
 		s.callFunction(ctx, p.Func, args, named, nil, true)
-	case router.Catalog, router.LocalSet:
+	case router.LocalSet:
+		if s.tx.active {
+			s.localSet(ctx, p, false)
+		} else {
+			s.forwardQuery(ctx, s.catalogTarget(p), p.SQL, false)
+		}
+	case router.Catalog:
 		if err := s.catalogGuard(p); err != nil {
 			s.fail(err, false)
 			return
@@ -193,13 +199,13 @@ func (s *session) simpleEveryNode(ctx context.Context, nodes []string, parts map
 func (s *session) simpleMulti(ctx context.Context, v *shardmap.View, plans []*router.Plan) {
 	node := ""
 	parts := make([]string, 0, len(plans))
+	// txStmts are the statements that act on the whole transaction; they
+	// reach only the node this query string runs on.
+	var txStmts []*router.Plan
 	for _, p := range plans {
 		var n, sql string
-		if p.Kind == router.Transaction && len(s.tx.conns) > 1 {
-			e := Errorf("0A000", "transaction control inside a multi-statement query is not supported in a transaction that spans several nodes")
-			e.Hint = "send COMMIT, ROLLBACK and savepoint commands as queries of their own"
-			s.fail(e, false)
-			return
+		if p.Kind == router.LocalSet || p.Kind == router.Transaction && p.Tx != router.Begin {
+			txStmts = append(txStmts, p)
 		}
 		if p.Kind == router.Transaction && p.Tx == router.Begin && !s.tx.active {
 			// Replayed on the other nodes the transaction will touch.
@@ -245,7 +251,43 @@ func (s *session) simpleMulti(ctx context.Context, v *shardmap.View, plans []*ro
 	if node == "" {
 		node = s.catalogTarget(&router.Plan{Anywhere: true})
 	}
+	if len(txStmts) > 0 && (len(s.tx.conns) > 1 || len(s.tx.conns) == 1 && s.tx.conns[0].Node != node) {
+		e := Errorf("0A000", "%s inside a multi-statement query is not supported in a transaction that spans several nodes", firstWord(txStmts[0].SQL))
+		e.Hint = "send COMMIT, ROLLBACK, savepoint and SET LOCAL commands as queries of their own"
+		s.fail(e, false)
+		return
+	}
+	if s.tx.active {
+		for _, p := range txStmts {
+			if p.Kind == router.LocalSet {
+				s.tx.local = append(s.tx.local, p.SQL)
+			}
+		}
+	}
 	s.forwardQuery(ctx, node, strings.Join(parts, ";\n"), false)
+}
+
+// localSet runs SET LOCAL, SET TRANSACTION or SET CONSTRAINTS inside a
+// transaction on every node it holds, and keeps it to replay on the nodes
+// it touches later. With no node yet, the catalog node joins so that
+// PostgreSQL validates the statement.
+func (s *session) localSet(ctx context.Context, p *router.Plan, extended bool) {
+	conns := s.tx.conns
+	if len(conns) == 0 {
+		be, err := s.backend(ctx, s.srv.catalogNode)
+		if err != nil {
+			s.fail(err, extended)
+			if extended {
+				s.skipping = true
+			}
+			return
+		}
+		conns = []*pgshard.Conn{be}
+	}
+	for i, be := range conns {
+		s.forwardTx(be, p.SQL, extended, i > 0)
+	}
+	s.tx.local = append(s.tx.local, p.SQL)
 }
 
 // catalogGuard refuses statements whose effect would be stranded on one
