@@ -388,6 +388,31 @@ func TestTransaction(t *testing.T) {
 			t.Fatalf("rows %v after the failed batch", got)
 		}
 	})
+	t.Run("extended batch ending a transaction", func(t *testing.T) {
+		// After COMMIT in a pipeline, the next statement runs on its own,
+		// even on a node the transaction did not touch: once after a
+		// transaction on one node, once after one on two.
+		mustExec(t, c, `DELETE FROM acct`)
+		for _, ids := range [][]int64{{a}, {a2, cc}} {
+			batch := &pgx.Batch{}
+			batch.Queue(`BEGIN`)
+			for _, id := range ids {
+				batch.Queue(`INSERT INTO acct (id, bal) VALUES ($1, 1)`, id)
+			}
+			batch.Queue(`COMMIT`)
+			batch.Queue(`INSERT INTO acct (id, bal) VALUES ($1, 2)`, by[1][len(ids)])
+			if err := c.SendBatch(context.Background(), batch).Close(); err != nil {
+				t.Fatalf("batch: %v", err)
+			}
+			if st := c.PgConn().TxStatus(); st != 'I' {
+				t.Fatalf("transaction status %q after the batch, want I", st)
+			}
+		}
+		want := map[int64]int64{a: 1, a2: 1, cc: 1, by[1][1]: 2, by[1][2]: 2}
+		if got := allRows(t, 3, "acct"); !maps.Equal(got, want) {
+			t.Fatalf("rows %v after the batches, want %v", got, want)
+		}
+	})
 }
 
 // TestTransactionCrashRecovery kills the proxy (SIGKILL, through the

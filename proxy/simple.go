@@ -424,13 +424,14 @@ func (s *session) sessionCommand(ctx context.Context, p *router.Plan, extended b
 }
 
 // forwardExtendedSQL runs a parameterless statement on be with the extended
-// protocol inside an extended batch.
+// protocol inside an extended batch. The client's Bind was answered when it
+// arrived, so the backend's BindComplete stays in the proxy.
 func (s *session) forwardExtendedSQL(be *pgshard.Conn, sql string) {
 	be.Frontend.Send(&pgproto3.Parse{Query: sql})
 	be.Frontend.Send(&pgproto3.Bind{})
 	be.Frontend.Send(&pgproto3.Execute{})
 	s.x.add(step{kind: stepParse, be: be})
-	s.x.add(step{kind: stepBind, be: be})
+	s.x.add(step{kind: stepBind, be: be, hide: true})
 	s.x.add(step{kind: stepExecute, be: be})
 }
 

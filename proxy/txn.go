@@ -75,14 +75,15 @@ func (s *session) txOnBackends(ctx context.Context, p *router.Plan, extended boo
 		s.tx.implicit = false
 		if len(conns) == 1 && !s.tx.failed {
 			s.forwardTx(conns[0], p.SQL, extended, false)
+			s.leaveTx()
 			return
 		}
 		s.commitMulti(ctx, extended)
 	case router.Rollback:
-		s.tx.implicit = false
 		for i, be := range conns {
 			s.forwardTx(be, "ROLLBACK", extended, i > 0)
 		}
+		s.leaveTx()
 	default:
 		if len(conns) > 1 {
 			e := Errorf("0A000", "%s is not supported in a transaction that spans several nodes (%s)", firstWord(p.SQL), nodeList(conns))
@@ -95,6 +96,17 @@ func (s *session) txOnBackends(ctx context.Context, p *router.Plan, extended boo
 		}
 		s.forwardTx(conns[0], p.SQL, extended, false)
 	}
+}
+
+// leaveTx is called once COMMIT or ROLLBACK is queued on every backend of
+// the transaction: what follows in the same batch runs outside it, as in
+// PostgreSQL. The backends stay in this exchange; finish returns them to
+// the pool, or keeps one whose COMMIT was skipped after an error (its
+// ReadyForQuery still says 'E').
+func (s *session) leaveTx() {
+	s.used = append(s.used, s.tx.conns...)
+	s.tx.conns = nil
+	s.resetTx()
 }
 
 func nodeList(conns []*pgshard.Conn) string {
