@@ -76,6 +76,7 @@ type TwoPhase struct {
 	seq   atomic.Uint64
 	live  sync.Map // gid -> struct{}: this proxy's commits in progress
 	ready atomic.Bool
+	mu    sync.Mutex // serializes creating the log
 }
 
 // NewTwoPhase returns a coordinator with a fresh identity for this proxy.
@@ -100,7 +101,14 @@ func (t *TwoPhase) logPool(ctx context.Context) (*pgxpool.Pool, error) {
 	return c.Admin(ctx, c.Catalog().Name, c.DefaultTenant())
 }
 
+// ensureLog creates the decision log once. Proxies starting together may
+// race on CREATE ... IF NOT EXISTS; the loser finds the table there.
 func (t *TwoPhase) ensureLog(ctx context.Context) error {
+	if t.ready.Load() {
+		return nil
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
 	if t.ready.Load() {
 		return nil
 	}
@@ -109,7 +117,13 @@ func (t *TwoPhase) ensureLog(ctx context.Context) error {
 		return err
 	}
 	for _, ddl := range logDDL {
-		if _, err := pool.Exec(ctx, ddl); err != nil {
+		if _, err = pool.Exec(ctx, ddl); err != nil {
+			break
+		}
+	}
+	if err != nil {
+		var exists bool
+		if e := pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, logTable).Scan(&exists); e != nil || !exists {
 			return fmt.Errorf("create the transaction log %s: %w", logTable, err)
 		}
 	}
