@@ -3,6 +3,8 @@ package proxy
 import (
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 
 	"github.com/jackc/pgx/v5/pgproto3"
 
@@ -40,7 +42,7 @@ type step struct {
 	// rowsOnly suppresses RowDescription and CommandComplete: the statement is
 	// one part of a split INSERT whose tag the proxy sums itself.
 	rowsOnly bool
-	counter  *int64
+	split    *splitState
 	// then runs when a synthetic step is played, for work that depends on
 	// the responses before it.
 	then func(x *exchange)
@@ -228,7 +230,7 @@ func (s *session) playStep(x *exchange, st *step) error {
 		if cc, ok := msg.(*pgproto3.CommandComplete); ok && st.tag != nil {
 			*st.tag = string(cc.CommandTag)
 		}
-		if !hidden && !(st.rowsOnly && suppressedInSplit(msg, st.counter)) {
+		if !hidden && !(st.rowsOnly && st.split.suppressed(msg)) {
 			s.send(msg)
 		}
 		if stepDone(st.kind, msg) {
@@ -256,19 +258,31 @@ func stepDone(k stepKind, msg pgproto3.BackendMessage) bool {
 	return false
 }
 
-// suppressedInSplit keeps per-shard RowDescriptions and command tags of a
-// split INSERT from the client, adding each part's row count to counter.
-func suppressedInSplit(msg pgproto3.BackendMessage, counter *int64) bool {
+// suppressed keeps the per-shard command tags of a statement split across
+// shards from the client, adding up their row counts, and lets only the
+// first RowDescription through (RETURNING over a multi-statement Query).
+func (sp *splitState) suppressed(msg pgproto3.BackendMessage) bool {
 	switch m := msg.(type) {
 	case *pgproto3.RowDescription:
-		return true
+		if sp.rowDescSent {
+			return true
+		}
+		sp.rowDescSent = true
+		return false
 	case *pgproto3.CommandComplete:
-		if counter != nil {
-			*counter += rowsAffected(m.CommandTag)
+		sp.count += rowsAffected(m.CommandTag)
+		if sp.prefix == "" {
+			sp.prefix = strings.TrimRight(string(m.CommandTag), "0123456789")
 		}
 		return true
 	}
 	return false
+}
+
+// tag is the command tag of the whole statement: the parts' verb with their
+// counts added up ("UPDATE 7", "INSERT 0 3").
+func (sp *splitState) tag() *pgproto3.CommandComplete {
+	return commandComplete(sp.prefix + strconv.FormatInt(sp.count, 10))
 }
 
 // rowsAffected reads the count at the end of a command tag such as "INSERT 0 5".

@@ -130,7 +130,16 @@ func (s *session) bind(ctx context.Context, m *pgproto3.Bind) {
 	case router.Refused:
 		s.failExtended(p.Err)
 		return
-	case router.Catalog, router.LocalSet:
+	case router.LocalSet:
+		if s.tx.active {
+			// Run at Execute on every node of the transaction.
+			s.x.synthetic(&pgproto3.BindComplete{})
+			break
+		}
+		if !s.bindOn(ctx, portal, s.catalogTarget(p), p.SQL, m, m.DestinationPortal, false) {
+			return
+		}
+	case router.Catalog:
 		if isListenPlan(p) {
 			// Runs at Execute on the session's listen backend.
 			s.x.synthetic(&pgproto3.BindComplete{})
@@ -154,6 +163,10 @@ func (s *session) bind(ctx context.Context, m *pgproto3.Bind) {
 		}
 	case router.InsertSplit:
 		if !s.bindSplit(ctx, v, portal, m) {
+			return
+		}
+	case router.WriteAll:
+		if !s.bindWriteAll(ctx, v, portal, m) {
 			return
 		}
 	case router.FanOut:
@@ -242,8 +255,8 @@ func preparedKey(sql string, oids []uint32) string {
 }
 
 // bindSplit binds one part per shard of a multi-row INSERT, each with only
-// its rows' parameters. The parts share one node, so the batch's implicit
-// transaction keeps the INSERT atomic.
+// its rows' parameters. On one node the batch's implicit transaction keeps
+// the INSERT atomic; over several, spanNodes does.
 func (s *session) bindSplit(ctx context.Context, v *shardmap.View, portal *clientPortal, m *pgproto3.Bind) bool {
 	p := portal.stmt.plan
 	shards, rows, err := s.splitRows(v, p, m, portal.stmt.oids)
@@ -251,12 +264,11 @@ func (s *session) bindSplit(ctx context.Context, v *shardmap.View, portal *clien
 		s.failExtended(err)
 		return false
 	}
+	nodes := map[string]bool{}
 	for _, sh := range shards {
-		if sh.Node != shards[0].Node {
-			s.failExtended(crossNodeInsert())
-			return false
-		}
+		nodes[sh.Node] = true
 	}
+	s.spanNodes(len(nodes), true)
 	if len(shards) > 1 {
 		portal.split = &splitState{}
 	}
@@ -286,15 +298,47 @@ func (s *session) bindSplit(ctx context.Context, v *shardmap.View, portal *clien
 				}
 			}
 		}
-		name := m.DestinationPortal
-		if i > 0 {
-			name = "lattice_part_" + strconv.Itoa(i) + "_" + m.DestinationPortal
-		}
+		name := partPortal(m.DestinationPortal, i)
 		part := &clientPortal{stmt: &clientStmt{sql: sql, oids: partOIDs}}
 		if !s.bindOn(ctx, part, sh.Node, sql, &b, name, i > 0) {
 			return false
 		}
 		portal.parts = append(portal.parts, part.parts...)
+	}
+	return true
+}
+
+// partPortal names the backend portal of part i of a client portal.
+func partPortal(name string, i int) string {
+	if i == 0 {
+		return name
+	}
+	return "lattice_part_" + strconv.Itoa(i) + "_" + name
+}
+
+// bindWriteAll binds an UPDATE or DELETE without the shard key once per
+// shard, every part with all of the client's parameters, atomically
+// (spanNodes).
+func (s *session) bindWriteAll(ctx context.Context, v *shardmap.View, portal *clientPortal, m *pgproto3.Bind) bool {
+	p := portal.stmt.plan
+	mp := v.Maps[p.Tree.Name]
+	if mp == nil {
+		s.failExtended(Errorf("58000", "tree %q has no shard map", p.Tree.Name))
+		return false
+	}
+	nodes, schemas := nodeGroups(mp)
+	s.spanNodes(len(nodes), true)
+	portal.split = &splitState{}
+	i := 0
+	for g, node := range nodes {
+		for _, schema := range schemas[g] {
+			part := &clientPortal{stmt: &clientStmt{sql: p.Render(schema), oids: portal.stmt.oids}}
+			if !s.bindOn(ctx, part, node, part.stmt.sql, m, partPortal(m.DestinationPortal, i), i > 0) {
+				return false
+			}
+			portal.parts = append(portal.parts, part.parts...)
+			i++
+		}
 	}
 	return true
 }
@@ -420,18 +464,21 @@ func (s *session) execute(ctx context.Context, m *pgproto3.Execute) {
 	}
 	if len(portal.parts) > 0 {
 		sp := portal.split
+		if sp != nil {
+			sp.count, sp.rowDescSent = 0, false
+		}
 		for _, part := range portal.parts {
 			part.be.Frontend.SendExecute(&pgproto3.Execute{Portal: part.name, MaxRows: m.MaxRows})
 			st := step{kind: stepExecute, be: part.be}
 			if sp != nil {
-				st.rowsOnly, st.counter = true, &sp.count
+				st.rowsOnly, st.split = true, sp
 			}
 			s.x.add(st)
 		}
 		if sp != nil {
 			s.x.add(step{kind: stepSynthetic, then: func(x *exchange) {
 				if !x.errored {
-					s.send(insertTag(sp.count))
+					s.send(sp.tag())
 				}
 			}})
 		}
@@ -450,6 +497,8 @@ func (s *session) execute(ctx context.Context, m *pgproto3.Execute) {
 		}
 	case router.Transaction:
 		s.txControl(ctx, p, true)
+	case router.LocalSet:
+		s.localSet(ctx, p, true)
 	case router.SessionSet, router.Discard:
 		s.sessionCommand(ctx, p, true)
 	case router.Catalog:
@@ -485,9 +534,13 @@ func (s *session) sync(ctx context.Context) error {
 	if err := s.play(&s.x); err != nil {
 		return err
 	}
+	ok := !s.x.errored
 	s.x.reset()
 	s.skipping = false
 	s.finish()
+	if err := s.endImplicit(ctx, ok); err != nil {
+		s.send(err.Response())
+	}
 	if s.txStatus() == 'I' {
 		// Portals live until their transaction ends.
 		clear(s.portals)

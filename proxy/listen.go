@@ -268,7 +268,7 @@ func (s *session) listenLost(x *exchange, err error) {
 // listenCommand serves LISTEN and UNLISTEN on the session's listen backend,
 // taking one on the first LISTEN and giving it back on UNLISTEN *.
 func (s *session) listenCommand(ctx context.Context, p *router.Plan, extended bool) {
-	if s.tx.active || s.pinned != nil {
+	if s.tx.active || len(s.tx.conns) > 0 {
 		e := Errorf("0A000", "%s inside a transaction block is not supported through the Lattice proxy", firstWord(p.SQL))
 		e.Hint = "run LISTEN and UNLISTEN outside a transaction block"
 		s.fail(e, extended)

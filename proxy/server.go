@@ -33,7 +33,10 @@ type Config struct {
 	// tenant's catalog; a SELECT over several shards that calls one is
 	// refused rather than answered with one row per node.
 	Aggregates func(ctx context.Context, tenant string, names []string) ([]string, error)
-	Log        *slog.Logger
+	// TwoPhase commits transactions that span several nodes; without it
+	// they are refused at COMMIT.
+	TwoPhase *TwoPhase
+	Log      *slog.Logger
 }
 
 // Server accepts client connections and runs a session for each.
@@ -44,6 +47,7 @@ type Server struct {
 	pools       *pgshard.Pools
 	functions   Functions
 	catalogNode string
+	twoPhase    *TwoPhase
 	log         *slog.Logger
 
 	aggs     sync.Map // tenant + "\x00" + function name -> aggCheck
@@ -63,7 +67,7 @@ func NewServer(cfg Config, cache *shardmap.Cache, planner *router.Planner, pools
 	}
 	return &Server{
 		cfg: cfg, cache: cache, planner: planner, pools: pools, functions: functions,
-		catalogNode: cfg.CatalogNode, log: cfg.Log, sessions: make(map[uint32]*session),
+		catalogNode: cfg.CatalogNode, twoPhase: cfg.TwoPhase, log: cfg.Log, sessions: make(map[uint32]*session),
 	}
 }
 

@@ -132,6 +132,9 @@ func (p *planner) plan(n *pg.Node, start, end int) *Plan {
 		case FanOut:
 			pl.Kind, pl.Err = Refused, refused("EXPLAIN it with "+r.tree.KeyColumn+" = <value> in WHERE to see the plan on one shard.",
 				"EXPLAIN of a SELECT over several shards of tree %s is not supported", qn(r.tree.Name))
+		case WriteAll:
+			pl.Kind, pl.Err = Refused, refused("EXPLAIN it with "+r.tree.KeyColumn+" = <value> in WHERE to see the plan on one shard.",
+				"EXPLAIN of an UPDATE or DELETE over every shard of tree %s is not supported", qn(r.tree.Name))
 		default:
 			p.apply(pl, r, start, end)
 		}
@@ -142,7 +145,7 @@ func (p *planner) plan(n *pg.Node, start, end int) *Plan {
 }
 
 func (p *planner) apply(pl *Plan, r route, start, end int) {
-	pl.Kind, pl.Anywhere = r.kind, r.anywhere
+	pl.Kind, pl.Anywhere, pl.Notify = r.kind, r.anywhere, r.notify
 	switch r.kind {
 	case Refused:
 		pl.Err = r.err
@@ -156,7 +159,7 @@ func (p *planner) apply(pl *Plan, r route, start, end int) {
 		}
 		pl.Tree, pl.fan = r.tree, fr
 		pl.Sort, pl.Hidden, pl.Limit, pl.Offset, pl.Calls = r.fan.sort, r.fan.hidden, r.fan.limit, r.fan.offset, r.fan.calls
-	case Single, InsertSplit:
+	case Single, InsertSplit, WriteAll:
 		pl.Tree, pl.Key, pl.Rows = r.tree, r.key, r.rows
 		refs, err := p.refSpans(r)
 		var rd *renderer
@@ -200,6 +203,7 @@ type route struct {
 	// anywhere marks a read that names no relation (SELECT 1, SHOW): any
 	// node answers it, so inside a transaction it follows the transaction.
 	anywhere bool
+	notify   bool // Catalog: sends a notification (NOTIFY, pg_notify)
 	tree     *shardmap.Tree
 	key      Value
 	rows     []Value
@@ -288,7 +292,8 @@ func (p *planner) route(n *pg.Node) route {
 	// the proxy's listeners are on the catalog node.
 	notify := slices.Contains(functionNames([]*pg.Node{n}), "pg_notify")
 	if len(treeRefs) == 0 {
-		return route{kind: Catalog, anywhere: !notify && other == nil && (n.GetSelectStmt() != nil || n.GetVariableShowStmt() != nil)}
+		return route{kind: Catalog, notify: notify || n.GetNotifyStmt() != nil,
+			anywhere: !notify && other == nil && (n.GetSelectStmt() != nil || n.GetVariableShowStmt() != nil)}
 	}
 	if notify {
 		return refusedRoute(refused("Call pg_notify in a statement that names no tree, e.g. SELECT pg_notify('channel', 'payload').",
@@ -366,13 +371,24 @@ func (p *planner) route(n *pg.Node) route {
 					"UPDATE of tree %s assigns the shard key %s, which would move the row to another shard", qn(tree.Name), qn(tree.KeyColumn)))
 			}
 		}
-		return p.where(r, name, s.WhereClause)
+		return everyShard(p.where(r, name, s.WhereClause), r, s.WhereClause)
 	case *pg.DeleteStmt:
-		return p.where(r, name, s.WhereClause)
+		return everyShard(p.where(r, name, s.WhereClause), r, s.WhereClause)
 	case *pg.InsertStmt:
 		return p.insert(r, s)
 	}
 	return refusedRoute(ddlRefusal(name, tree))
+}
+
+// everyShard turns an UPDATE or DELETE whose WHERE does not fix the shard
+// key into a write on every shard. WHERE CURRENT OF names a cursor, which
+// lives on one backend: it stays refused.
+func everyShard(w, r route, where *pg.Node) route {
+	if !w.noKey || where.GetCurrentOfExpr() != nil {
+		return w
+	}
+	r.kind = WriteAll
+	return r
 }
 
 func ddlRefusal(name string, t *shardmap.Tree) *Error {

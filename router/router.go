@@ -68,9 +68,13 @@ const (
 	// the Plan.Hidden trailing columns, and applies Plan.Offset and
 	// Plan.Limit after the merge.
 	FanOut
+	// WriteAll is an UPDATE or DELETE of one tree that does not fix the
+	// shard key: it runs on every shard (Plan.Render per shard schema), all
+	// of them in one transaction, and the proxy adds up the command tags.
+	WriteAll
 )
 
-var kindNames = [...]string{"Catalog", "Single", "InsertSplit", "Function", "Transaction", "SessionSet", "LocalSet", "Discard", "Refused", "FanOut"}
+var kindNames = [...]string{"Catalog", "Single", "InsertSplit", "Function", "Transaction", "SessionSet", "LocalSet", "Discard", "Refused", "FanOut", "WriteAll"}
 
 func (k Kind) String() string {
 	if k >= 0 && int(k) < len(kindNames) {
@@ -180,7 +184,7 @@ func (e *Error) Error() string {
 type Plan struct {
 	Kind      Kind
 	SQL       string         // this statement's text (trimmed, without the trailing semicolon)
-	Tree      *shardmap.Tree // Single, InsertSplit, FanOut
+	Tree      *shardmap.Tree // Single, InsertSplit, FanOut, WriteAll
 	Key       Value          // Single: the shard key value
 	Rows      []Value        // InsertSplit: key value of each VALUES row in order
 	Func      *FuncCall      // Function
@@ -189,6 +193,7 @@ type Plan struct {
 	Savepoint string         // Savepoint, Release, RollbackTo: the savepoint name (case-folded)
 	Err       *Error         // Refused
 	Anywhere  bool           // Catalog: a read naming no relation, which any node can answer
+	Notify    bool           // Catalog: sends a notification (NOTIFY, pg_notify)
 	Tag       string         // command tag for statements the proxy answers itself ("BEGIN", "SET", "SELECT" for Function: append the row count)
 	Sort      []SortKey      // FanOut: ORDER BY keys, in order
 	Hidden    int            // FanOut: trailing result columns the proxy added for sort keys; the proxy drops them before rows reach the client
@@ -196,7 +201,7 @@ type Plan struct {
 	Offset    *Value         // FanOut: OFFSET; nil when absent
 	Calls     []string       // FanOut: the functions the statement calls, for the proxy's user-defined aggregate check
 
-	render *renderer   // Single, InsertSplit: the statement in pieces around each reference to the tree
+	render *renderer   // Single, InsertSplit, WriteAll: the statement in pieces around each reference to the tree
 	fan    *fanRender  // FanOut: the per-shard branch and the outer ORDER BY
 	split  *splitter   // InsertSplit: head, rows and tail for RenderRows
 	src    *planSource // while planning only: what a shape template is made from
@@ -220,6 +225,8 @@ func (p *Plan) String() string {
 		b.WriteByte(']')
 	case Function:
 		b.WriteString(" " + p.Func.String())
+	case WriteAll:
+		fmt.Fprintf(&b, " tree=%s", p.Tree.Name)
 	case Transaction:
 		b.WriteString(" " + p.Tx.String())
 		if p.TxOptions != "" {

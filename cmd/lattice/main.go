@@ -90,6 +90,7 @@ type serveConfig struct {
 	Nodes                                     nodeFlags
 	MaxClients, PoolSize, MaxListeners        int
 	StartupTimeout                            time.Duration
+	TxRecoverEvery, TxAbortAfter              time.Duration
 }
 
 func (c *serveConfig) flags(fs *flag.FlagSet) {
@@ -103,7 +104,14 @@ func (c *serveConfig) flags(fs *flag.FlagSet) {
 	fs.IntVar(&c.PoolSize, "pool-size", 32, "most backend connections per node and tenant")
 	fs.IntVar(&c.MaxListeners, "max-listeners", 0, "most sessions per tenant that hold a catalog-node backend for LISTEN, counted within --pool-size; 0 means half of --pool-size")
 	fs.DurationVar(&c.StartupTimeout, "startup-timeout", 10*time.Second, "a client must finish startup and authentication within this")
+	fs.DurationVar(&c.TxRecoverEvery, "tx-recover-interval", 10*time.Second, "how often to look for prepared transactions across nodes that a crashed proxy left behind")
+	fs.DurationVar(&c.TxAbortAfter, "tx-abort-after", time.Minute, "roll back a prepared transaction across nodes that has no commit decision after this long; must exceed any prepare phase")
 }
+
+// crashHookEnv names the test-only hook that makes the proxy kill itself at
+// a point of every two-phase commit (after-prepare, after-decision); the
+// crash-recovery integration tests set it. Read once at start.
+const crashHookEnv = "LATTICE_TEST_CRASH_2PC"
 
 // parseFlags parses args, then fills every flag not given on the command line
 // from its LATTICE_* environment variable.
@@ -202,11 +210,23 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, ready func(pg
 	defer pools.Close()
 	go reapIdle(ctx, pools)
 
+	twoPhase := proxy.NewTwoPhase(proxy.TwoPhaseConfig{
+		Cluster:      cluster,
+		RecoverEvery: cfg.TxRecoverEvery,
+		AbortAfter:   cfg.TxAbortAfter,
+		CrashAt:      os.Getenv(crashHookEnv),
+		Log:          log,
+	})
+	recoverCtx, stopRecover := context.WithCancel(ctx)
+	defer stopRecover()
+	go twoPhase.RunRecoverer(recoverCtx)
+
 	srv := proxy.NewServer(proxy.Config{
 		Startup:     proxy.StartupConfig{Users: users, StartupTimeout: cfg.StartupTimeout},
 		MaxClients:  cfg.MaxClients,
 		CatalogNode: cluster.Catalog().Name,
 		Aggregates:  cluster.Aggregates,
+		TwoPhase:    twoPhase,
 		Log:         log,
 	}, cache, router.NewPlanner(10000), pools, migrator.NewFunctions(cluster, store, cache))
 
