@@ -33,6 +33,13 @@ type Config struct {
 	// tenant's catalog; a SELECT over several shards that calls one is
 	// refused rather than answered with one row per node.
 	Aggregates func(ctx context.Context, tenant string, names []string) ([]string, error)
+	// TreeDDL runs DDL on a tree on its template and every shard and
+	// records it in the registry; nil refuses DDL on trees.
+	TreeDDL func(ctx context.Context, d pgshard.TreeDDL) error
+	// IndexTable names the table of index public.<index> on the catalog
+	// node ("" when there is none), so that DROP INDEX of a tree's index
+	// reaches its shards.
+	IndexTable func(ctx context.Context, tenant, index string) (string, error)
 	Log        *slog.Logger
 }
 

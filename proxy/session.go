@@ -82,6 +82,7 @@ type clientPortal struct {
 	split     *splitState
 	fan       *fanOut
 	parts     []portalPart
+	ddl       *shardmap.Tree // a DDL plan's tree, found at Bind
 }
 
 // splitState accumulates the parts of an INSERT split across shards.

@@ -206,6 +206,10 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, ready func(pg
 		MaxClients:  cfg.MaxClients,
 		CatalogNode: cluster.Catalog().Name,
 		Aggregates:  cluster.Aggregates,
+		TreeDDL: func(ctx context.Context, d pgshard.TreeDDL) error {
+			return cluster.RunTreeDDL(ctx, store, d)
+		},
+		IndexTable: cluster.IndexTable,
 		Log:         log,
 	}, cache, router.NewPlanner(10000), pools, migrator.NewFunctions(cluster, store, cache))
 
