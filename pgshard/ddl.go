@@ -26,6 +26,22 @@ const (
 	DDLDropTable                // DROP TABLE: template, shards and the registry entry
 )
 
+func (o DDLOp) String() string {
+	switch o {
+	case DDLAlter:
+		return "alter"
+	case DDLCreateIndex:
+		return "create-index"
+	case DDLDropIndex:
+		return "drop-index"
+	case DDLTruncate:
+		return "truncate"
+	case DDLDropTable:
+		return "drop-table"
+	}
+	return fmt.Sprintf("DDLOp(%d)", int(o))
+}
+
 // TreeDDL is one DDL statement on a tree, as the router planned it.
 type TreeDDL struct {
 	Tenant string
