@@ -176,6 +176,8 @@ func TestDDLTree(t *testing.T) {
 			{`CREATE TABLE lines (item_id bigint REFERENCES items (id))`, "0A000"},
 			{`ALTER TABLE items ENABLE ROW LEVEL SECURITY`, "0A000"},
 			{`TRUNCATE items, lines`, "0A000"},
+			{`ALTER INDEX items_pkey RENAME TO items_key`, "0A000"},
+			{`DROP INDEX items_pkey, no_such_index`, "0A000"},
 			// PostgreSQL rejects it on the template: nothing changes anywhere.
 			{`ALTER TABLE items ADD COLUMN name text`, "42701"},
 			{`ALTER TABLE items ALTER COLUMN price SET DEFAULT 'x'`, "22P02"},
@@ -385,6 +387,26 @@ func TestDDLCatalogQueries(t *testing.T) {
 			}
 		})
 	}
+
+	t.Run("index of an ordinary table", func(t *testing.T) {
+		// ALTER and DROP INDEX of an index that is not a tree's run on the
+		// catalog node unchanged, in both protocols.
+		mustExec(t, c, `CREATE INDEX plain_x ON plain (x)`)
+		if _, err := c.Exec(ctx, `ALTER INDEX plain_x RENAME TO plain_y`, pgx.QueryExecModeDescribeExec); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Exec(ctx, `DROP INDEX plain_y, public.no_such_index`, pgx.QueryExecModeSimpleProtocol); pgCode(err) != "42704" {
+			t.Fatalf("DROP INDEX of a missing index: %v, want SQLSTATE 42704", err)
+		}
+		if _, err := c.Exec(ctx, `DROP INDEX plain_y`, pgx.QueryExecModeSimpleProtocol); err != nil {
+			t.Fatal(err)
+		}
+		n1 := connect(t, testNodeDSN(t, 0))
+		left, err := queryStrings(t, n1, `SELECT indexname FROM pg_indexes WHERE tablename = 'plain'`)
+		if err != nil || len(left) != 0 {
+			t.Fatalf("indexes of plain on n1: %v, %v", left, err)
+		}
+	})
 
 	t.Run("driver queries", func(t *testing.T) {
 		queries := []struct{ sql, want string }{

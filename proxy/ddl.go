@@ -10,10 +10,11 @@ import (
 	"github.com/lattice-db/lattice/shardmap"
 )
 
-// ddlTree finds the tree a DDL plan changes. A DROP INDEX plan names no
-// tree: the catalog node says which table the index belongs to, and nil
-// (without error) means it is not a tree's, so the statement runs on the
-// catalog node like any other.
+// ddlTree finds the tree a DDL plan changes. A DROP INDEX or ALTER INDEX
+// plan names no tree: the catalog node says which table each index belongs
+// to, and nil (without error) means none is a tree's, so the statement runs
+// on the catalog node like any other. ALTER INDEX, or DROP INDEX of several
+// indexes, on a tree's index is refused.
 func (s *session) ddlTree(ctx context.Context, v *shardmap.View, p *router.Plan) (*shardmap.Tree, error) {
 	if p.Tree != nil {
 		return p.Tree, nil
@@ -21,11 +22,27 @@ func (s *session) ddlTree(ctx context.Context, v *shardmap.View, p *router.Plan)
 	if s.srv.cfg.IndexTable == nil {
 		return nil, nil
 	}
-	table, err := s.srv.cfg.IndexTable(ctx, s.tenant, p.DDL.Index)
-	if err != nil {
-		return nil, Errorf("58000", "cannot find the table of index %q: %v", p.DDL.Index, err)
+	for _, ix := range p.DDL.Indexes {
+		table, err := s.srv.cfg.IndexTable(ctx, s.tenant, ix)
+		if err != nil {
+			return nil, Errorf("58000", "cannot find the table of index %q: %v", ix, err)
+		}
+		t := v.Trees[table]
+		switch {
+		case t == nil:
+			continue
+		case p.DDL.Op == router.DDLIndexCheck && p.Tag == "DROP INDEX":
+			e := Errorf("0A000", "DROP INDEX of index %q of tree %q together with other indexes is not supported", ix, t.Name)
+			e.Hint = "Drop the tree's index in a statement of its own."
+			return nil, e
+		case p.DDL.Op == router.DDLIndexCheck:
+			e := Errorf("0A000", "%s on index %q of tree %q is not supported", p.Tag, ix, t.Name)
+			e.Hint = "Drop the index and create it again with the new name or settings."
+			return nil, e
+		}
+		return t, nil
 	}
-	return v.Trees[table], nil
+	return nil, nil
 }
 
 // runDDL runs DDL on tree t: the template and every shard change together

@@ -27,9 +27,13 @@ const (
 	DDLTruncate
 	// DDLDropTable is DROP TABLE of one tree: shards, template and registry entry.
 	DDLDropTable
+	// DDLIndexCheck is ALTER INDEX, or DROP INDEX of several indexes: the
+	// proxy refuses it if one of Indexes is a tree's (it would change the
+	// template only) and runs it on the catalog node otherwise.
+	DDLIndexCheck
 )
 
-var ddlOpNames = [...]string{"alter", "create-index", "drop-index", "truncate", "drop-table"}
+var ddlOpNames = [...]string{"alter", "create-index", "drop-index", "truncate", "drop-table", "index-check"}
 
 func (o DDLOp) String() string {
 	if o >= 0 && int(o) < len(ddlOpNames) {
@@ -41,11 +45,12 @@ func (o DDLOp) String() string {
 // DDLPlan is the tree-specific part of a DDL plan.
 type DDLPlan struct {
 	Op           DDLOp
-	Concurrently bool   // CREATE/DROP INDEX CONCURRENTLY: runs per table, outside a transaction
-	Index        string // DDLDropIndex: the index name (case-folded)
-	MissingOK    bool   // DROP ... IF EXISTS
-	Cascade      bool   // DROP ... CASCADE
-	Logged       bool   // appended to the tree's DDL log for shards created later
+	Concurrently bool     // CREATE/DROP INDEX CONCURRENTLY: runs per table, outside a transaction
+	Index        string   // DDLDropIndex: the index name (case-folded)
+	Indexes      []string // DDLDropIndex, DDLIndexCheck: the public or unqualified index names the statement names
+	MissingOK    bool     // DROP ... IF EXISTS
+	Cascade      bool     // DROP ... CASCADE
+	Logged       bool     // appended to the tree's DDL log for shards created later
 
 	// log is the statement for the DDL log, with "{{table}}" for the
 	// qualified shard table and "{{schema}}" for the shard schema.
@@ -90,11 +95,18 @@ func (p *planner) ddl(pl *Plan, n *pg.Node, start, end int) bool {
 	)
 	switch s := n.Node.(type) {
 	case *pg.Node_AlterTableStmt:
-		if s.AlterTableStmt.Objtype != pg.ObjectType_OBJECT_TABLE {
+		switch s.AlterTableStmt.Objtype {
+		case pg.ObjectType_OBJECT_INDEX:
+			return indexCheck(pl, "ALTER INDEX", s.AlterTableStmt.Relation)
+		case pg.ObjectType_OBJECT_TABLE:
+		default:
 			return false
 		}
 		op, target = DDLAlter, s.AlterTableStmt.Relation
 	case *pg.Node_RenameStmt:
+		if s.RenameStmt.RenameType == pg.ObjectType_OBJECT_INDEX {
+			return indexCheck(pl, "ALTER INDEX", s.RenameStmt.Relation)
+		}
 		op, target = DDLAlter, s.RenameStmt.Relation
 	case *pg.Node_AlterObjectSchemaStmt:
 		op, target = DDLAlter, s.AlterObjectSchemaStmt.Relation
@@ -460,8 +472,17 @@ func (p *planner) dropDDL(pl *Plan, d *pg.DropStmt) bool {
 		return true
 	case pg.ObjectType_OBJECT_INDEX:
 		if len(d.Objects) != 1 {
-			// Several indexes: the proxy checks that none is a tree's.
-			return false
+			var names []string
+			for _, o := range d.Objects {
+				if n, ok := publicName(o.GetList()); ok {
+					names = append(names, n)
+				}
+			}
+			if len(names) == 0 {
+				return false
+			}
+			pl.Kind, pl.Tag, pl.DDL = DDL, "DROP INDEX", &DDLPlan{Op: DDLIndexCheck, Indexes: names}
+			return true
 		}
 		l := d.Objects[0].GetList()
 		if l == nil || len(l.Items) == 0 || len(l.Items) > 2 {
@@ -483,13 +504,34 @@ func (p *planner) dropDDL(pl *Plan, d *pg.DropStmt) bool {
 		if d.Behavior == pg.DropBehavior_DROP_CASCADE {
 			b.WriteString(" CASCADE")
 		}
-		dp := &DDLPlan{Op: DDLDropIndex, Index: idx, Concurrently: d.Concurrent, MissingOK: d.MissingOk,
+		dp := &DDLPlan{Op: DDLDropIndex, Index: idx, Indexes: []string{idx}, Concurrently: d.Concurrent, MissingOK: d.MissingOk,
 			Cascade: d.Behavior == pg.DropBehavior_DROP_CASCADE, Logged: true, drop: b.String()}
 		dp.log = strings.Replace(dp.drop, "CONCURRENTLY ", "", 1)
 		pl.Kind, pl.Tag, pl.DDL = DDL, "DROP INDEX", dp
 		return true
 	}
 	return false
+}
+
+// publicName returns the name of a public or unqualified object.
+func publicName(l *pg.List) (string, bool) {
+	if l == nil || len(l.Items) == 0 || len(l.Items) > 2 {
+		return "", false
+	}
+	if len(l.Items) == 2 && l.Items[0].GetString_().GetSval() != "public" {
+		return "", false
+	}
+	return l.Items[len(l.Items)-1].GetString_().GetSval(), true
+}
+
+// indexCheck plans a statement on an index the router cannot tell is a
+// tree's (DDLIndexCheck).
+func indexCheck(pl *Plan, tag string, rv *pg.RangeVar) bool {
+	if rv == nil || rv.Catalogname != "" || rv.Schemaname != "" && rv.Schemaname != "public" {
+		return false
+	}
+	pl.Kind, pl.Tag, pl.DDL = DDL, tag, &DDLPlan{Op: DDLIndexCheck, Indexes: []string{rv.Relname}}
+	return true
 }
 
 // createReferencing refuses CREATE TABLE with a foreign key to a tree.

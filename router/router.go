@@ -241,8 +241,8 @@ func (p *Plan) String() string {
 			b.WriteString(" tree=" + p.Tree.Name)
 		}
 		b.WriteString(" op=" + p.DDL.Op.String())
-		if p.DDL.Index != "" {
-			fmt.Fprintf(&b, " index=%q", p.DDL.Index)
+		if len(p.DDL.Indexes) > 0 {
+			fmt.Fprintf(&b, " indexes=%q", p.DDL.Indexes)
 		}
 		if p.DDL.Concurrently {
 			b.WriteString(" concurrently")

@@ -210,7 +210,7 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, ready func(pg
 			return cluster.RunTreeDDL(ctx, store, d)
 		},
 		IndexTable: cluster.IndexTable,
-		Log:         log,
+		Log:        log,
 	}, cache, router.NewPlanner(10000), pools, migrator.NewFunctions(cluster, store, cache))
 
 	adm := admin.New(log)
