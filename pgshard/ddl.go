@@ -95,32 +95,42 @@ func (c *Cluster) RunTreeDDL(ctx context.Context, store shardmap.Store, d TreeDD
 	if d.Tenant == "" {
 		d.Tenant = c.DefaultTenant()
 	}
-	t, err := store.Tree(ctx, d.Tenant, d.Tree)
-	if err != nil {
-		if errors.Is(err, shardmap.ErrNotFound) {
-			return &Error{Code: codeUndefinedTable, Message: fmt.Sprintf("tree %s does not exist", quoted(d.Tree)),
-				Hint: "It was dropped or renamed by another session; run the statement again."}
-		}
-		return err
-	}
-	m, err := store.Map(ctx, d.Tenant, d.Tree)
-	if err != nil {
-		return err
-	}
-	targets := c.ddlTargets(m)
 	log := c.log.With("tenant", d.Tenant, "tree", d.Tree)
 	start := time.Now()
+	var err error
 	if d.Concurrently {
-		err = c.concurrentDDL(ctx, store, t, d, targets)
+		err = c.concurrentDDL(ctx, store, d)
 	} else {
-		err = c.transactionalDDL(ctx, store, t, d, targets)
+		err = c.transactionalDDL(ctx, store, d)
 	}
 	if err != nil {
 		log.Warn("tree DDL failed", "op", d.Op, "err", err)
 		return err
 	}
-	log.Info("tree DDL done", "op", d.Op, "tables", len(targets), "elapsed", time.Since(start).Round(time.Millisecond))
+	log.Info("tree DDL done", "op", d.Op, "elapsed", time.Since(start).Round(time.Millisecond))
 	return nil
+}
+
+// ddlLockClass is the first key of the advisory lock, on the catalog node,
+// that serialises DDL on one tree across proxies (the second key hashes the
+// tree's name): a statement reads the registry entry only once it holds it.
+const ddlLockClass = 0x4c617432 // "Lat2"
+
+// readTree reads the registry entry and the map of d's tree.
+func readTree(ctx context.Context, store shardmap.Store, d TreeDDL) (*shardmap.Tree, *shardmap.Map, error) {
+	t, err := store.Tree(ctx, d.Tenant, d.Tree)
+	if errors.Is(err, shardmap.ErrNotFound) {
+		return nil, nil, &Error{Code: codeUndefinedTable, Message: fmt.Sprintf("tree %s does not exist", quoted(d.Tree)),
+			Hint: "Another session dropped it; run the statement again."}
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	m, err := store.Map(ctx, d.Tenant, d.Tree)
+	if err != nil {
+		return nil, nil, err
+	}
+	return t, m, nil
 }
 
 // nodeTx is the open DDL transaction on one node.
@@ -130,10 +140,11 @@ type nodeTx struct {
 	conn *pgxpool.Conn
 }
 
-// transactionalDDL runs d in one transaction per node, template first (its
-// lock serialises DDL on the tree across proxies), records the change in
-// the registry, and then commits the nodes with commitDDL.
-func (c *Cluster) transactionalDDL(ctx context.Context, store shardmap.Store, t *shardmap.Tree, d TreeDDL, targets []ddlTarget) error {
+// transactionalDDL runs d in one transaction per node, the catalog node's
+// first (its advisory lock serialises DDL on the tree across proxies, and
+// the template is changed before any shard), records the change in the
+// registry, and then commits the nodes with commitDDL.
+func (c *Cluster) transactionalDDL(ctx context.Context, store shardmap.Store, d TreeDDL) error {
 	var txs []*nodeTx
 	defer func() {
 		for _, n := range txs {
@@ -147,7 +158,7 @@ func (c *Cluster) transactionalDDL(ctx context.Context, store shardmap.Store, t 
 				return n, nil
 			}
 		}
-		p, err := c.Admin(ctx, node, t.Tenant)
+		p, err := c.Admin(ctx, node, d.Tenant)
 		if err != nil {
 			return nil, err
 		}
@@ -164,8 +175,19 @@ func (c *Cluster) transactionalDDL(ctx context.Context, store shardmap.Store, t 
 		txs = append(txs, n)
 		return n, nil
 	}
+	cat, err := open(c.Catalog().Name)
+	if err != nil {
+		return err
+	}
+	if _, err := cat.tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1, hashtext($2))`, int32(ddlLockClass), d.Tree); err != nil {
+		return fmt.Errorf("pgshard: lock tree %s for DDL: %w", d.Tree, err)
+	}
+	t, m, err := readTree(ctx, store, d)
+	if err != nil {
+		return err
+	}
 	var columns []string
-	for _, tg := range targets {
+	for _, tg := range c.ddlTargets(m) {
 		n, err := open(tg.node)
 		if err != nil {
 			return err
@@ -280,7 +302,12 @@ WHERE attrelid = $1::regclass AND attnum > 0 AND NOT attisdropped ORDER BY attnu
 // the invalid one it left where it failed, are dropped again, so the tree
 // is as it was. A DROP that fails leaves the index dropped on the tables
 // before; running DROP INDEX CONCURRENTLY IF EXISTS again finishes it.
-func (c *Cluster) concurrentDDL(ctx context.Context, store shardmap.Store, t *shardmap.Tree, d TreeDDL, targets []ddlTarget) error {
+func (c *Cluster) concurrentDDL(ctx context.Context, store shardmap.Store, d TreeDDL) error {
+	t, m, err := readTree(ctx, store, d)
+	if err != nil {
+		return err
+	}
+	targets := c.ddlTargets(m)
 	type made struct {
 		tg    ddlTarget
 		added []string // qualified names of the indexes CREATE INDEX added
