@@ -178,6 +178,9 @@ func TestDDLTree(t *testing.T) {
 			{`TRUNCATE items, lines`, "0A000"},
 			{`ALTER INDEX items_pkey RENAME TO items_key`, "0A000"},
 			{`DROP INDEX items_pkey, no_such_index`, "0A000"},
+			// Only the catalog knows this is the primary key: checked on the
+			// template inside the statement's transaction.
+			{`ALTER TABLE items DROP CONSTRAINT items_pkey`, "42P16"},
 			// PostgreSQL rejects it on the template: nothing changes anywhere.
 			{`ALTER TABLE items ADD COLUMN name text`, "42701"},
 			{`ALTER TABLE items ALTER COLUMN price SET DEFAULT 'x'`, "22P02"},

@@ -195,9 +195,9 @@ func (c *Cluster) transactionalDDL(ctx context.Context, store shardmap.Store, d 
 		if err := c.ddlOn(ctx, n.tx, t, d, tg); err != nil {
 			return err
 		}
-		if tg.shard < 0 && d.Op == DDLAlter {
-			if columns, err = templateColumns(ctx, n.tx, t.Name); err != nil {
-				return fmt.Errorf("pgshard: columns of %s: %w", t.Name, err)
+		if tg.shard < 0 && (d.Op == DDLAlter || d.Op == DDLCreateIndex) {
+			if columns, err = checkTemplate(ctx, n.tx, t); err != nil {
+				return err
 			}
 		}
 	}
@@ -286,15 +286,60 @@ func tableName(t *shardmap.Tree, tg ddlTarget) string {
 	return pgx.Identifier{tg.schema, t.Name}.Sanitize()
 }
 
-// templateColumns reads the template's columns in table order.
-func templateColumns(ctx context.Context, tx pgx.Tx, name string) ([]string, error) {
-	rows, err := tx.Query(ctx, `SELECT attname::text FROM pg_catalog.pg_attribute
-WHERE attrelid = $1::regclass AND attnum > 0 AND NOT attisdropped ORDER BY attnum`,
-		pgx.Identifier{"public", name}.Sanitize())
+// checkTemplate reads the template as the statement left it (inside tx)
+// and checks it still meets the rules routing relies on, whatever the
+// statement did (the router checks the statement; this catches what only
+// the catalog knows, such as dropping the primary key by its name). It
+// returns the columns in table order.
+func checkTemplate(ctx context.Context, tx pgx.Tx, t *shardmap.Tree) ([]string, error) {
+	ti, err := inspectTable(ctx, tx, t.Name)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("pgshard: inspect template %s: %w", t.Name, err)
 	}
-	return pgx.CollectRows(rows, pgx.RowTo[string])
+	rel := quoted(t.Name)
+	invalid := func(msg, detail, hint string) error {
+		return &Error{Code: codeInvalidTableDef, Message: msg, Detail: detail, Hint: hint}
+	}
+	ki := slices.IndexFunc(ti.Columns, func(c columnInfo) bool { return c.Name == t.KeyColumn })
+	if ki < 0 {
+		return nil, invalid(fmt.Sprintf("tree %s would lose its shard key column %s", rel, quoted(t.KeyColumn)), "", "")
+	}
+	key := ti.Columns[ki]
+	if kt, err := shardmap.KeyTypeFor(key.Type); err != nil || kt != t.KeyType {
+		return nil, &Error{Code: codeFeatureNotSupported,
+			Message: fmt.Sprintf("shard key column %s of tree %s would change its type to %s", quoted(key.Name), rel, key.Type),
+			Detail:  "Every row's shard is computed from the key's value as its type hashes it."}
+	}
+	pk := slices.IndexFunc(ti.Indexes, func(ix indexInfo) bool { return ix.Primary })
+	if pk < 0 || !slices.Contains(ti.Indexes[pk].Keys, key.Num) {
+		return nil, invalid(fmt.Sprintf("tree %s must keep a primary key that includes %s", rel, quoted(key.Name)),
+			"Shards are moved by logical replication, which identifies rows by the primary key.",
+			"Add the new primary key in the same ALTER TABLE that drops the old one.")
+	}
+	for _, ix := range ti.Indexes {
+		if ix.Unique && !slices.Contains(ix.Keys, key.Num) {
+			return nil, invalid(fmt.Sprintf("unique index %s of tree %s does not include the shard key column %s", quoted(ix.Name), rel, quoted(key.Name)),
+				"Each shard enforces uniqueness only for its own rows.", "Add "+quoted(key.Name)+" to the index.")
+		}
+	}
+	for _, con := range ti.Constraints {
+		if con.Type == "f" {
+			return nil, &Error{Code: codeFeatureNotSupported,
+				Message: fmt.Sprintf("foreign key %s from %s to %s cannot be enforced across shards", quoted(con.Name), quoted(con.From), quoted(con.To))}
+		}
+	}
+	for _, col := range ti.Columns {
+		if col.Identity != "" || col.FromSequence {
+			return nil, &Error{Code: codeFeatureNotSupported,
+				Message: fmt.Sprintf("column %s of tree %s cannot take its values from a sequence or identity", quoted(col.Name), rel),
+				Detail:  "Each shard would draw from its own sequence and hand out the same values twice."}
+		}
+	}
+	cols := make([]string, len(ti.Columns))
+	for i, col := range ti.Columns {
+		cols[i] = col.Name
+	}
+	return cols, nil
 }
 
 // concurrentDDL runs CREATE or DROP INDEX CONCURRENTLY table by table. If
