@@ -203,6 +203,21 @@ func TestDDLTree(t *testing.T) {
 		}
 	})
 
+	t.Run("pipeline", func(t *testing.T) {
+		// In one batch after a write that holds an implicit transaction on
+		// a shard, DDL on the tree would wait for it: refused.
+		b := &pgx.Batch{}
+		b.Queue(`INSERT INTO items (id, name, price, qty) VALUES ($1, 'p', 1, 1)`, 2001)
+		b.Queue(`ALTER TABLE items ADD COLUMN z int`)
+		err := c.SendBatch(ctx, b).Close()
+		if pgCode(err) != "0A000" {
+			t.Errorf("DDL after a write in one pipeline: %v, want SQLSTATE 0A000", err)
+		}
+		if got := ddlDef(t, nodes, "items"); got != def {
+			t.Errorf("refused pipeline changed the tree:\n%s", got)
+		}
+	})
+
 	t.Run("log replays to a new shard", func(t *testing.T) {
 		store, err := shardmap.OpenRedis(ctx, testRedisURL(t))
 		if err != nil {

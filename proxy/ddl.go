@@ -58,6 +58,15 @@ func (s *session) runDDL(ctx context.Context, t *shardmap.Tree, p *router.Plan, 
 		s.fail(e, extended)
 		return
 	}
+	if len(s.backends()) > 0 {
+		// Earlier statements of this batch hold an implicit transaction on
+		// a backend: the DDL would run before them, or wait for their locks
+		// while they wait for the batch to end.
+		e := Errorf("0A000", "%s on tree %q must be sent in a batch of its own", p.Tag, t.Name)
+		e.Hint = "Send Sync before the DDL statement (most drivers do this for each statement outside a pipeline)."
+		s.fail(e, extended)
+		return
+	}
 	if s.srv.cfg.TreeDDL == nil {
 		s.fail(Errorf("0A000", "%s on tree %q is not supported by this proxy", p.Tag, t.Name), extended)
 		return
