@@ -48,7 +48,6 @@ type DDLPlan struct {
 	Concurrently bool     // CREATE/DROP INDEX CONCURRENTLY: runs per table, outside a transaction
 	Index        string   // DDLDropIndex: the index name (case-folded)
 	Indexes      []string // DDLDropIndex, DDLIndexCheck: the public or unqualified index names the statement names
-	MissingOK    bool     // DROP ... IF EXISTS
 	Cascade      bool     // DROP ... CASCADE
 	Logged       bool     // appended to the tree's DDL log for shards created later
 
@@ -228,16 +227,11 @@ func (p *planner) withoutConcurrently(sql string) string {
 }
 
 func ddlTag(n *pg.Node) string {
-	switch s := n.Node.(type) {
+	switch n.Node.(type) {
 	case *pg.Node_IndexStmt:
 		return "CREATE INDEX"
 	case *pg.Node_TruncateStmt:
 		return "TRUNCATE TABLE"
-	case *pg.Node_DropStmt:
-		if s.DropStmt.RemoveType == pg.ObjectType_OBJECT_INDEX {
-			return "DROP INDEX"
-		}
-		return "DROP TABLE"
 	}
 	return "ALTER TABLE"
 }
@@ -468,7 +462,7 @@ func (p *planner) dropDDL(pl *Plan, d *pg.DropStmt) bool {
 				"DROP TABLE of tree %s together with other tables is not supported", qn(t.Name)))
 		}
 		pl.Kind, pl.Tree, pl.Tag = DDL, t, "DROP TABLE"
-		pl.DDL = &DDLPlan{Op: DDLDropTable, MissingOK: d.MissingOk, Cascade: d.Behavior == pg.DropBehavior_DROP_CASCADE}
+		pl.DDL = &DDLPlan{Op: DDLDropTable, Cascade: d.Behavior == pg.DropBehavior_DROP_CASCADE}
 		return true
 	case pg.ObjectType_OBJECT_INDEX:
 		if len(d.Objects) != 1 {
@@ -504,7 +498,7 @@ func (p *planner) dropDDL(pl *Plan, d *pg.DropStmt) bool {
 		if d.Behavior == pg.DropBehavior_DROP_CASCADE {
 			b.WriteString(" CASCADE")
 		}
-		dp := &DDLPlan{Op: DDLDropIndex, Index: idx, Indexes: []string{idx}, Concurrently: d.Concurrent, MissingOK: d.MissingOk,
+		dp := &DDLPlan{Op: DDLDropIndex, Index: idx, Indexes: []string{idx}, Concurrently: d.Concurrent,
 			Cascade: d.Behavior == pg.DropBehavior_DROP_CASCADE, Logged: true, drop: b.String()}
 		dp.log = strings.Replace(dp.drop, "CONCURRENTLY ", "", 1)
 		pl.Kind, pl.Tag, pl.DDL = DDL, "DROP INDEX", dp
