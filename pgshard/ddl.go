@@ -86,11 +86,8 @@ func (c *Cluster) ddlTargets(m *shardmap.Map) []ddlTarget {
 // RunTreeDDL runs d on the template and every shard of the tree and records
 // it in the registry (store): the DDL log for ALTER and the index
 // statements, the column list after ALTER, or the removal of the tree for
-// DROP TABLE. A statement PostgreSQL rejects on any table changes nothing.
-//
-// TODO(reshard): refuse while a reshard of the tree is running once the
-// coordinator records one; a split target created from the old log would
-// miss the change.
+// DROP TABLE. A statement PostgreSQL rejects on any table changes nothing
+// (except CONCURRENTLY, see concurrentDDL).
 func (c *Cluster) RunTreeDDL(ctx context.Context, store shardmap.Store, d TreeDDL) error {
 	if d.Tenant == "" {
 		d.Tenant = c.DefaultTenant()
