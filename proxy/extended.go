@@ -174,6 +174,10 @@ func (s *session) bind(ctx context.Context, m *pgproto3.Bind) {
 			s.skipping = true
 			return
 		}
+	case router.DDL:
+		if !s.bindDDL(ctx, v, portal, m) {
+			return
+		}
 	case router.Function:
 		for i := range p.Func.Args {
 			a, err := s.funcArg(p.Func.Args[i], m, st.oids)
@@ -354,7 +358,7 @@ func (s *session) describe(ctx context.Context, m *pgproto3.Describe) {
 		return
 	}
 	p := st.plan
-	if p == nil || p.Kind == router.Transaction || p.Kind == router.SessionSet || p.Kind == router.Discard || isListenPlan(p) {
+	if p == nil || p.Kind == router.Transaction || p.Kind == router.SessionSet || p.Kind == router.Discard || p.Kind == router.DDL || isListenPlan(p) {
 		s.x.synthetic(&pgproto3.ParameterDescription{ParameterOIDs: st.oids}, &pgproto3.NoData{})
 		return
 	}
@@ -507,6 +511,11 @@ func (s *session) execute(ctx context.Context, m *pgproto3.Execute) {
 			return
 		}
 		s.listenCommand(ctx, p, true)
+	case router.DDL:
+		s.runDDL(ctx, portal.ddl, p, true)
+		if s.x.errored {
+			s.skipping = true
+		}
 	default:
 		s.failExtended(Errorf("XX000", "portal \"%s\" has nothing to run", m.Portal))
 	}

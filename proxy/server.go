@@ -36,7 +36,14 @@ type Config struct {
 	// TwoPhase commits transactions that span several nodes; without it
 	// they are refused at COMMIT.
 	TwoPhase *TwoPhase
-	Log      *slog.Logger
+	// TreeDDL runs DDL on a tree on its template and every shard and
+	// records it in the registry; nil refuses DDL on trees.
+	TreeDDL func(ctx context.Context, d pgshard.TreeDDL) error
+	// IndexTable names the table of index public.<index> on the catalog
+	// node ("" when there is none), so that DROP INDEX of a tree's index
+	// reaches its shards.
+	IndexTable func(ctx context.Context, tenant, index string) (string, error)
+	Log        *slog.Logger
 }
 
 // Server accepts client connections and runs a session for each.

@@ -96,6 +96,7 @@ type clientPortal struct {
 	split     *splitState
 	fan       *fanOut
 	parts     []portalPart
+	ddl       *shardmap.Tree // a DDL plan's tree, found at Bind
 }
 
 // splitState accumulates the parts of a statement split across shards: a

@@ -116,6 +116,8 @@ func (s *session) simpleOne(ctx context.Context, v *shardmap.View, p *router.Pla
 		s.simpleWriteAll(ctx, v, p)
 	case router.FanOut:
 		s.startFanOut(ctx, v, p, nil, nil)
+	case router.DDL:
+		s.simpleDDL(ctx, v, p)
 	default:
 		s.fail(Errorf("XX000", "unhandled plan kind %v", p.Kind), false)
 	}

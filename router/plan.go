@@ -139,7 +139,9 @@ func (p *planner) plan(n *pg.Node, start, end int) *Plan {
 			p.apply(pl, r, start, end)
 		}
 	default:
-		p.apply(pl, p.route(n), start, end)
+		if !p.ddl(pl, n, start, end) {
+			p.apply(pl, p.route(n), start, end)
+		}
 	}
 	return pl
 }

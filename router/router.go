@@ -72,9 +72,14 @@ const (
 	// shard key: it runs on every shard (Plan.Render per shard schema), all
 	// of them in one transaction, and the proxy adds up the command tags.
 	WriteAll
+	// DDL changes a tree (Plan.Tree, Plan.DDL): the proxy runs it on the
+	// template and on every shard (Plan.RenderDDL) and records it in the
+	// tree's DDL log. DROP INDEX plans have no Tree: the proxy finds the
+	// index's table first.
+	DDL
 )
 
-var kindNames = [...]string{"Catalog", "Single", "InsertSplit", "Function", "Transaction", "SessionSet", "LocalSet", "Discard", "Refused", "FanOut", "WriteAll"}
+var kindNames = [...]string{"Catalog", "Single", "InsertSplit", "Function", "Transaction", "SessionSet", "LocalSet", "Discard", "Refused", "FanOut", "WriteAll", "DDL"}
 
 func (k Kind) String() string {
 	if k >= 0 && int(k) < len(kindNames) {
@@ -200,6 +205,7 @@ type Plan struct {
 	Limit     *Value         // FanOut: LIMIT / FETCH FIRST count; nil when absent (or LIMIT ALL / NULL)
 	Offset    *Value         // FanOut: OFFSET; nil when absent
 	Calls     []string       // FanOut: the functions the statement calls, for the proxy's user-defined aggregate check
+	DDL       *DDLPlan       // DDL
 
 	render *renderer   // Single, InsertSplit, WriteAll: the statement in pieces around each reference to the tree
 	fan    *fanRender  // FanOut: the per-shard branch and the outer ORDER BY
@@ -237,6 +243,20 @@ func (p *Plan) String() string {
 		}
 	case Refused:
 		fmt.Fprintf(&b, " %s %q", p.Err.Code, p.Err.Message)
+	case DDL:
+		if p.Tree != nil {
+			b.WriteString(" tree=" + p.Tree.Name)
+		}
+		b.WriteString(" op=" + p.DDL.Op.String())
+		if len(p.DDL.Indexes) > 0 {
+			fmt.Fprintf(&b, " indexes=%q", p.DDL.Indexes)
+		}
+		if p.DDL.Concurrently {
+			b.WriteString(" concurrently")
+		}
+		if l := p.DDL.Log(); l != "" {
+			fmt.Fprintf(&b, " log=%q", l)
+		}
 	case FanOut:
 		fmt.Fprintf(&b, " tree=%s sort=[", p.Tree.Name)
 		for i, k := range p.Sort {

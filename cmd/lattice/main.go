@@ -227,7 +227,11 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, ready func(pg
 		CatalogNode: cluster.Catalog().Name,
 		Aggregates:  cluster.Aggregates,
 		TwoPhase:    twoPhase,
-		Log:         log,
+		TreeDDL: func(ctx context.Context, d pgshard.TreeDDL) error {
+			return cluster.RunTreeDDL(ctx, store, d)
+		},
+		IndexTable: cluster.IndexTable,
+		Log:        log,
 	}, cache, router.NewPlanner(10000), pools, migrator.NewFunctions(cluster, store, cache))
 
 	adm := admin.New(log)
