@@ -148,6 +148,10 @@ func (p *planner) apply(pl *Plan, r route, start, end int) {
 	case Function:
 		pl.Func, pl.Tag = r.fn, "SELECT"
 	case FanOut:
+		if r.fan.agg != nil {
+			pl.Tree, pl.Agg, pl.Calls = r.tree, r.fan.agg, r.fan.calls
+			return
+		}
 		fr, err := p.fanRenderer(r, start, end)
 		if err != nil {
 			pl.Kind, pl.Err = Refused, err

@@ -195,6 +195,7 @@ type Plan struct {
 	Limit     *Value         // FanOut: LIMIT / FETCH FIRST count; nil when absent (or LIMIT ALL / NULL)
 	Offset    *Value         // FanOut: OFFSET; nil when absent
 	Calls     []string       // FanOut: the functions the statement calls, for the proxy's user-defined aggregate check
+	Agg       *AggPlan       // FanOut that aggregates, groups or removes duplicates: partial query per node, final query over the partial rows (Sort, Hidden, Limit and Offset are then unused: the final query applies them)
 
 	render *renderer   // Single, InsertSplit: the statement in pieces around each reference to the tree
 	fan    *fanRender  // FanOut: the per-shard branch and the outer ORDER BY
@@ -231,6 +232,10 @@ func (p *Plan) String() string {
 	case Refused:
 		fmt.Fprintf(&b, " %s %q", p.Err.Code, p.Err.Message)
 	case FanOut:
+		if p.Agg != nil {
+			fmt.Fprintf(&b, " tree=%s agg partial=%q final=%q", p.Tree.Name, p.RenderPartial([]string{"lattice_s0001", "lattice_s0002"}), p.Agg.template())
+			break
+		}
 		fmt.Fprintf(&b, " tree=%s sort=[", p.Tree.Name)
 		for i, k := range p.Sort {
 			if i > 0 {
