@@ -54,6 +54,10 @@ type step struct {
 	// hidden sort columns of a fan-out. capture keeps the full description.
 	trim    int
 	capture *fanOut
+	// asPortal answers a client's portal Describe with a statement
+	// Describe: no ParameterDescription, and these result formats.
+	asPortal bool
+	formats  []int16
 }
 
 // exchange collects the steps of one client round (a Query, or the extended
@@ -222,6 +226,14 @@ func (s *session) playStep(x *exchange, st *step) error {
 				st.capture.fields = copyFields(rd.Fields)
 			}
 			msg = &pgproto3.RowDescription{Fields: rd.Fields[:len(rd.Fields)-st.trim]}
+		}
+		if st.asPortal {
+			switch m := msg.(type) {
+			case *pgproto3.ParameterDescription:
+				continue
+			case *pgproto3.RowDescription:
+				msg = &pgproto3.RowDescription{Fields: resultFields(m.Fields, st.formats)}
+			}
 		}
 		if !hidden && !(st.rowsOnly && suppressedInSplit(msg, st.counter)) {
 			s.send(msg)

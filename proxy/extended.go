@@ -152,6 +152,12 @@ func (s *session) bind(ctx context.Context, m *pgproto3.Bind) {
 			return
 		}
 	case router.FanOut:
+		if sql, node, ok := wholeOnOneNode(v, p, m, st.oids); ok {
+			if !s.bindOn(ctx, portal, node, sql, m, m.DestinationPortal, false) {
+				return
+			}
+			break
+		}
 		if portal.fan = s.startFanOut(ctx, v, p, m, portal); portal.fan == nil {
 			s.skipping = true
 			return
@@ -296,7 +302,7 @@ func (s *session) bindSplit(ctx context.Context, v *shardmap.View, portal *clien
 
 func (s *session) describe(ctx context.Context, m *pgproto3.Describe) {
 	if m.ObjectType == 'P' {
-		s.describePortal(m.Name)
+		s.describePortal(ctx, m.Name)
 		return
 	}
 	st, ok := s.stmts[m.Name]
@@ -360,10 +366,14 @@ func (s *session) describeFunction(name string) ([]pgproto3.FieldDescription, er
 	return s.srv.functions.Describe(name)
 }
 
-func (s *session) describePortal(name string) {
+func (s *session) describePortal(ctx context.Context, name string) {
 	portal, ok := s.portals[name]
 	if !ok {
 		s.failExtended(Errorf("34000", "portal \"%s\" does not exist", name))
+		return
+	}
+	if portal.fan != nil && portal.fan.agg != nil {
+		s.describeAggPortal(ctx, portal)
 		return
 	}
 	if len(portal.parts) > 0 {
@@ -400,7 +410,7 @@ func (s *session) execute(ctx context.Context, m *pgproto3.Execute) {
 			s.failExtended(Errorf("0A000", "fetching a SELECT over several shards in batches (Execute with a row limit) is not supported"))
 			return
 		}
-		if len(f.plan.Sort) > 0 && f.fields == nil {
+		if (len(f.plan.Sort) > 0 || f.agg != nil) && f.fields == nil {
 			// The merge needs the column types: describe the first part
 			// for the proxy alone.
 			part := portal.parts[0]

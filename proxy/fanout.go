@@ -28,6 +28,7 @@ type fanOut struct {
 	// fields are the per-node result columns (hidden sort columns included),
 	// needed to decode sort keys.
 	fields []pgproto3.FieldDescription
+	agg    *aggState // an aggregating fan-out: partial rows feed a final query
 }
 
 type fanPart struct {
@@ -60,10 +61,14 @@ func (f *fanOut) checkFields() error {
 }
 
 // nodeGroups lists the nodes holding shards of the plan's tree with the
-// schemas of those shards, in shard order.
-func nodeGroups(m *shardmap.Map) (nodes []string, schemas [][]string) {
+// schemas of those shards, in shard order; only the shards in only when it
+// is not nil.
+func nodeGroups(m *shardmap.Map, only map[int]bool) (nodes []string, schemas [][]string) {
 	index := map[string]int{}
 	for _, idx := range m.OwningShards() {
+		if only != nil && !only[idx] {
+			continue
+		}
 		node := m.Shards[idx].Node
 		g, ok := index[node]
 		if !ok {
@@ -101,6 +106,10 @@ func (s *session) startFanOut(ctx context.Context, v *shardmap.View, p *router.P
 	if portal != nil {
 		oids = portal.stmt.oids
 	}
+	nodes, schemas := nodeGroups(m, keyShards(m, p, bind, oids))
+	if p.Agg != nil {
+		return s.startAggFanOut(ctx, p, nodes, schemas, bind, portal)
+	}
 	limit, offset, perNode, err := limits(p, bind, oids)
 	if err != nil {
 		s.fail(err, extended)
@@ -114,7 +123,6 @@ func (s *session) startFanOut(ctx context.Context, v *shardmap.View, p *router.P
 		b.ResultFormatCodes = append(append([]int16(nil), bind.ResultFormatCodes...), make([]int16, p.Hidden)...)
 		bind = &b
 	}
-	nodes, schemas := nodeGroups(m)
 	for i, node := range nodes {
 		sql := p.RenderFanOut(schemas[i], perNode)
 		if extended {
@@ -223,6 +231,9 @@ func limitValue(v *router.Value, bind *pgproto3.Bind, oids []uint32, what, code 
 
 // play merges the parts' results and forwards them to the client.
 func (f *fanOut) play(s *session, x *exchange) error {
+	if f.agg != nil {
+		return f.playAgg(s, x)
+	}
 	live := f.parts[:0:0]
 	for _, p := range f.parts {
 		if !x.failed[p.be] {
@@ -335,7 +346,7 @@ func (f *fanOut) next(s *session, x *exchange, p *fanPart, keep bool) ([][]byte,
 		case *pgproto3.RowDescription:
 			if f.fields == nil {
 				f.fields = copyFields(m.Fields)
-				if f.simple && !x.errored {
+				if f.simple && !x.errored && f.agg == nil {
 					s.send(&pgproto3.RowDescription{Fields: m.Fields[:len(m.Fields)-f.plan.Hidden]})
 				}
 			}

@@ -97,6 +97,10 @@ func (s *session) simpleOne(ctx context.Context, v *shardmap.View, p *router.Pla
 	case router.InsertSplit:
 		s.simpleInsertSplit(ctx, v, p, allowRetry)
 	case router.FanOut:
+		if sql, node, ok := wholeOnOneNode(v, p, nil, nil); ok {
+			s.forwardQuery(ctx, node, sql, false)
+			return
+		}
 		s.startFanOut(ctx, v, p, nil, nil)
 	default:
 		s.fail(Errorf("XX000", "unhandled plan kind %v", p.Kind), false)

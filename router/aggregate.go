@@ -45,6 +45,7 @@ type aggCall struct {
 // AggPlan is the two-step form of an aggregating FanOut plan.
 type AggPlan struct {
 	partial [2]string // text before and after the source of the partial query
+	whole   [2]string // the statement itself around its source: all shards on one node
 	final   []string  // final query text around its holes: source, then one per aggregate in order of appearance
 	holes   []int     // for each hole after final[0]: -1 source, else the aggregate index
 	aggs    []aggCall
@@ -60,10 +61,16 @@ const aggSource = "lattice_src"
 
 // RenderPartial is the partial query a node runs over the given shard
 // schemas.
-func (p *Plan) RenderPartial(schemas []string) string {
+func (p *Plan) RenderPartial(schemas []string) string { return p.renderAround(p.Agg.partial, schemas) }
+
+// RenderWhole is the statement itself over the given shard schemas, for a
+// node that holds every shard of the tree: no final step is needed.
+func (p *Plan) RenderWhole(schemas []string) string { return p.renderAround(p.Agg.whole, schemas) }
+
+func (p *Plan) renderAround(pieces [2]string, schemas []string) string {
 	a := p.Agg
 	var b strings.Builder
-	b.WriteString(a.partial[0])
+	b.WriteString(pieces[0])
 	b.WriteByte('(')
 	for i, s := range schemas {
 		if i > 0 {
@@ -73,7 +80,7 @@ func (p *Plan) RenderPartial(schemas []string) string {
 	}
 	b.WriteString(") AS ")
 	b.WriteString(quoteIdent(a.alias))
-	b.WriteString(a.partial[1])
+	b.WriteString(pieces[1])
 	return b.String()
 }
 
@@ -117,7 +124,9 @@ func (a *AggPlan) combine(i int, oids []uint32) (string, *Error) {
 	}
 	switch c.kind {
 	case AggCount:
-		return "CAST(sum(" + col(c.col) + ") AS bigint)", nil
+		// No partial rows at all (a DISTINCT aggregate beside it groups
+		// the partial query) is a count of 0.
+		return "COALESCE(CAST(sum(" + col(c.col) + ") AS bigint), 0)", nil
 	case AggMin:
 		return "min(" + col(c.col) + ")", nil
 	case AggMax:
@@ -353,6 +362,17 @@ func (p *planner) aggFanOut(r route, s *pg.SelectStmt) route {
 	if problem != "" {
 		return no(keyHint+", or aggregate in the application.", "aggregate %s over several shards is not supported (count, sum, min, max and avg are, without FILTER or ORDER BY)", problem)
 	}
+	// What is left of a column outside the aggregates must be a grouping
+	// key: PostgreSQL would also accept columns that depend on a grouped
+	// primary key, which the final step cannot see.
+	var outside []*pg.Node
+	for _, t := range final.TargetList {
+		outside = append(outside, t.GetResTarget().Val)
+	}
+	outside = append(outside, final.HavingClause)
+	if col := strayColumn(outside); col != "" {
+		return no("List the column in GROUP BY, or use it inside an aggregate.", "column %s is neither grouped nor aggregated", qn(col))
+	}
 	for _, d := range distinctCalls {
 		g := addGroup(d.fc.Args[0])
 		fc := proto.Clone(d.fc).(*pg.FuncCall)
@@ -390,7 +410,9 @@ func (p *planner) aggFanOut(r route, s *pg.SelectStmt) route {
 		partial.TargetList = append(partial.TargetList, resTarget("lattice_c"+strconv.Itoa(len(groups)+i+1), a))
 	}
 	if len(partial.TargetList) == 0 {
-		return refusedRoute(fanError(tree.Name))
+		// Nothing to carry (SELECT 1 ... HAVING true): one row per node
+		// still tells the final step there was a group.
+		partial.TargetList = append(partial.TargetList, resTarget("lattice_c1", funcNode("count", nil, true)))
 	}
 
 	alias := tree.Name
@@ -407,6 +429,16 @@ func (p *planner) aggFanOut(r route, s *pg.SelectStmt) route {
 		return refusedRoute(fanError(tree.Name))
 	}
 	ap.partial, ap.alias = [2]string{pre, post}, alias
+	whole := proto.Clone(s).(*pg.SelectStmt)
+	whole.FromClause = []*pg.Node{{Node: &pg.Node_RangeVar{RangeVar: &pg.RangeVar{Relname: aggSource, Inh: true, Relpersistence: "p"}}}}
+	wtext, err := deparseStmt(whole)
+	if err != nil {
+		return refusedRoute(fanError(tree.Name))
+	}
+	if pre, post, ok = splitSource(wtext); !ok {
+		return refusedRoute(fanError(tree.Name))
+	}
+	ap.whole = [2]string{pre, post}
 	ftext, err := deparseStmt(final)
 	if err != nil {
 		return refusedRoute(fanError(tree.Name))
@@ -453,6 +485,32 @@ func (a *AggPlan) SourceColumns() string {
 	return b.String()
 }
 
+// strayColumn returns a column reference in nodes that is not a partial
+// column, or "".
+func strayColumn(nodes []*pg.Node) string {
+	stray := ""
+	var visit func(m protoreflect.Message)
+	visit = func(m protoreflect.Message) {
+		if c, ok := m.Interface().(*pg.ColumnRef); ok && stray == "" {
+			name, _ := bareName(&pg.Node{Node: &pg.Node_ColumnRef{ColumnRef: c}})
+			if !strings.HasPrefix(name, "lattice_c") && !strings.HasPrefix(name, "lattice_agg_") {
+				stray = name
+				if stray == "" {
+					stray = "*"
+				}
+			}
+			return
+		}
+		eachChild(m, visit)
+	}
+	for _, n := range nodes {
+		if n != nil {
+			visit(n.ProtoReflect())
+		}
+	}
+	return stray
+}
+
 // unsupportedNode names the first construct in nodes the two-step form
 // cannot carry: subqueries and window functions.
 func unsupportedNode(nodes []*pg.Node) string {
@@ -473,6 +531,12 @@ func unsupportedNode(nodes []*pg.Node) string {
 			}
 		case *pg.GroupingFunc:
 			bad = "GROUPING()"
+			return
+		case *pg.JsonArrayAgg:
+			bad = "JSON_ARRAYAGG()"
+			return
+		case *pg.JsonObjectAgg:
+			bad = "JSON_OBJECTAGG()"
 			return
 		}
 		eachChild(m, visit)
@@ -686,7 +750,11 @@ func (a *AggPlan) template() string {
 		if h < 0 {
 			b.WriteString("<partial rows>")
 		} else {
-			fmt.Fprintf(&b, "<%s #%d>", []string{"count", "sum", "min", "max", "avg", "distinct"}[a.aggs[h].kind], a.aggs[h].col+1)
+			if c := a.aggs[h]; c.kind == AggDistinct {
+				b.WriteString(c.text)
+			} else {
+				fmt.Fprintf(&b, "<%s of lattice_c%d>", []string{"count", "sum", "min", "max", "avg"}[c.kind], c.col+1)
+			}
 		}
 		b.WriteString(a.final[i+1])
 	}

@@ -90,6 +90,12 @@ func describe(p *Planner, sql string) string {
 		case Single, InsertSplit:
 			b.WriteString("   " + indent(pl.Render(goldenSchema)) + "\n")
 		case FanOut:
+			if pl.Agg != nil {
+				b.WriteString("   partial: " + indent(pl.RenderPartial([]string{"lattice_s0001", "lattice_s0003"})) + "\n")
+				b.WriteString("   final: " + indent(pl.Agg.template()) + "\n")
+				b.WriteString("   one node: " + indent(pl.RenderWhole([]string{"lattice_s0001", "lattice_s0003"})) + "\n")
+				break
+			}
 			b.WriteString("   " + indent(pl.RenderFanOut([]string{"lattice_s0001", "lattice_s0003"}, 10)) + "\n")
 		case Refused:
 			if pl.Err.Hint != "" {

@@ -195,6 +195,8 @@ type Plan struct {
 	Limit     *Value         // FanOut: LIMIT / FETCH FIRST count; nil when absent (or LIMIT ALL / NULL)
 	Offset    *Value         // FanOut: OFFSET; nil when absent
 	Calls     []string       // FanOut: the functions the statement calls, for the proxy's user-defined aggregate check
+	Keys      []Value        // FanOut: when non-nil, only the shards owning these key values (key IN (...), = ANY(ARRAY[...])) hold matching rows
+	KeyArray  *Value         // FanOut: when non-nil, only the shards owning the elements of this array value (= ANY($1), = ANY('{...}')) hold matching rows
 	Agg       *AggPlan       // FanOut that aggregates, groups or removes duplicates: partial query per node, final query over the partial rows (Sort, Hidden, Limit and Offset are then unused: the final query applies them)
 
 	render *renderer   // Single, InsertSplit: the statement in pieces around each reference to the tree
@@ -232,8 +234,21 @@ func (p *Plan) String() string {
 	case Refused:
 		fmt.Fprintf(&b, " %s %q", p.Err.Code, p.Err.Message)
 	case FanOut:
+		if p.Keys != nil {
+			b.WriteString(" keys=[")
+			for i, v := range p.Keys {
+				if i > 0 {
+					b.WriteString(", ")
+				}
+				b.WriteString(v.String())
+			}
+			b.WriteByte(']')
+		}
+		if p.KeyArray != nil {
+			b.WriteString(" keys=ANY(" + p.KeyArray.String() + ")")
+		}
 		if p.Agg != nil {
-			fmt.Fprintf(&b, " tree=%s agg partial=%q final=%q", p.Tree.Name, p.RenderPartial([]string{"lattice_s0001", "lattice_s0002"}), p.Agg.template())
+			fmt.Fprintf(&b, " tree=%s agg columns=%d params=%v/%v", p.Tree.Name, p.Agg.Columns, p.Agg.PartialParams, p.Agg.FinalParams)
 			break
 		}
 		fmt.Fprintf(&b, " tree=%s sort=[", p.Tree.Name)
