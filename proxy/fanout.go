@@ -95,8 +95,8 @@ func (s *session) startFanOut(ctx context.Context, v *shardmap.View, p *router.P
 	}
 	if agg, err := s.srv.aggregateIn(ctx, s.tenant, p.Calls); err != nil || agg != "" {
 		if err == nil {
-			e := Errorf("0A000", "SELECT on tree %q calls aggregate %s, and aggregates over several shards are not supported yet", p.Tree.Name, agg)
-			e.Hint = "fix the shard key in WHERE to read one shard, or aggregate in the application"
+			e := Errorf("0A000", "SELECT on tree %q calls aggregate %s, which the proxy cannot combine over several shards", p.Tree.Name, agg)
+			e.Hint = "fix the shard key in WHERE to read one shard, or aggregate in the application; count, sum, min, max and avg are combined"
 			err = e
 		}
 		s.fail(err, extended)
