@@ -215,11 +215,11 @@ type route struct {
 	keyLocs  []int32         // location of the key constant of the statement (Single) or of each row (InsertSplit)
 	keyCasts []*pg.TypeName  // the cast over each key constant, or nil
 
-	noKey    bool    // Refused because WHERE does not fix the shard key
-	keys     []Value // with noKey: WHERE restricts the key to these values (IN, = ANY(ARRAY[...]))
-	keyArray *Value  // with noKey: WHERE restricts the key to the elements of this array (= ANY($1), = ANY('{...}'))
-	sel   *pg.SelectStmt // FanOut: the statement
-	fan   *fanPlan       // FanOut: sort keys, limit and offset
+	noKey    bool           // Refused because WHERE does not fix the shard key
+	keys     []Value        // with noKey: WHERE restricts the key to these values (IN, = ANY(ARRAY[...]))
+	keyArray *Value         // with noKey: WHERE restricts the key to the elements of this array (= ANY($1), = ANY('{...}'))
+	sel      *pg.SelectStmt // FanOut: the statement
+	fan      *fanPlan       // FanOut: sort keys, limit and offset
 }
 
 func refusedRoute(e *Error) route { return route{kind: Refused, err: e} }
