@@ -119,6 +119,8 @@ func TestFanOut(t *testing.T) {
 		{sql: `SELECT DISTINCT ok FROM fan ORDER BY ok`, ordered: true},
 		{sql: `SELECT DISTINCT qty % 3 AS r, ok FROM fan ORDER BY 1, 2`, ordered: true},
 		{sql: `SELECT DISTINCT count(*) FROM fan GROUP BY qty ORDER BY 1`, ordered: true},
+		{sql: `SELECT name, count(*), max(qty) FROM fan GROUP BY name ORDER BY name DESC LIMIT 12`, ordered: true},
+		{sql: `SELECT 1 AS one FROM fan HAVING count(*) > 2999`},
 		// IN and ANY on the shard key read only the shards that own the keys.
 		{sql: `SELECT * FROM fan WHERE id IN (1, 2, 3, 500) ORDER BY id`, ordered: true},
 		{sql: `SELECT id, qty FROM fan WHERE id IN (7, 8)`},
@@ -187,6 +189,32 @@ func TestFanOut(t *testing.T) {
 			if fmt.Sprint(gotRows) != fmt.Sprint(wantRows) {
 				t.Fatalf("%s: rows %v, want %v", sql, gotRows, wantRows)
 			}
+		}
+	})
+
+	// Inside a transaction a fan-out runs only on the transaction's node.
+	t.Run("aggregates in a transaction", func(t *testing.T) {
+		ctx := context.Background()
+		tx, err := c.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := queryStrings(t, tx.Conn(), `SELECT count(*), sum(qty), avg(price) FROM fan WHERE id IN (5, 5)`)
+		if err != nil {
+			t.Fatalf("one shard in a transaction: %v", err)
+		}
+		want, err := queryStrings(t, tx.Conn(), `SELECT count(*), sum(qty), avg(price) FROM plain WHERE id IN (5, 5)`)
+		if err != nil || !slices.Equal(got, want) {
+			t.Fatalf("tree %v, table %v (%v)", got, want, err)
+		}
+		if _, err := queryStrings(t, tx.Conn(), `SELECT count(*) FROM fan`); pgCode(err) != "0A000" {
+			t.Fatalf("every shard in a transaction: want 0A000, got %v", err)
+		}
+		if err := tx.Rollback(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := queryStrings(t, c, `SELECT count(*) FROM fan`); err != nil || len(got) != 1 || got[0] != "3000" {
+			t.Fatalf("after the transaction: %v %v", got, err)
 		}
 	})
 

@@ -82,6 +82,7 @@ func (s *session) startAggFanOut(ctx context.Context, p *router.Plan, nodes []st
 	extended := bind != nil
 	f := &fanOut{plan: p, limit: -1, simple: !extended, agg: &aggState{ctx: ctx}}
 	var partialBind pgproto3.Bind
+	var queries []string // simple protocol: each node's partial query
 	if extended {
 		f.agg.params, f.agg.formats, f.agg.oids, f.agg.results = bind.Parameters, bind.ParameterFormatCodes, portal.stmt.oids, bind.ResultFormatCodes
 		// Partial rows come back as text: they become text parameters of
@@ -109,10 +110,15 @@ func (s *session) startAggFanOut(ctx context.Context, p *router.Plan, nodes []st
 			s.fail(err, false)
 			return nil
 		}
-		be.Frontend.Send(&pgproto3.Query{String: sql})
+		queries = append(queries, sql)
 		f.parts = append(f.parts, &fanPart{be: be})
 	}
 	if !extended {
+		// Sent only once every node's backend is at hand: a Query sent
+		// before a later node is refused would have no step to read it.
+		for i, part := range f.parts {
+			part.be.Frontend.Send(&pgproto3.Query{String: queries[i]})
+		}
 		s.x.add(step{kind: stepFanOut, fan: f})
 	}
 	return f

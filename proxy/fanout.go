@@ -107,6 +107,7 @@ func (s *session) startFanOut(ctx context.Context, v *shardmap.View, p *router.P
 		oids = portal.stmt.oids
 	}
 	nodes, schemas := nodeGroups(m, keyShards(m, p, bind, oids))
+	var queries []string // simple protocol: each node's statement
 	if p.Agg != nil {
 		return s.startAggFanOut(ctx, p, nodes, schemas, bind, portal)
 	}
@@ -145,10 +146,15 @@ func (s *session) startFanOut(ctx context.Context, v *shardmap.View, p *router.P
 			s.fail(err, false)
 			return nil
 		}
-		be.Frontend.Send(&pgproto3.Query{String: sql})
+		queries = append(queries, sql)
 		f.parts = append(f.parts, &fanPart{be: be})
 	}
 	if !extended {
+		// Sent only once every node's backend is at hand: a Query sent
+		// before a later node is refused would have no step to read it.
+		for i, part := range f.parts {
+			part.be.Frontend.Send(&pgproto3.Query{String: queries[i]})
+		}
 		s.x.add(step{kind: stepFanOut, fan: f})
 	}
 	return f
