@@ -270,9 +270,13 @@ func (p *planner) aggFanOut(r route, s *pg.SelectStmt) route {
 			}
 			e = targets[k-1].Val
 		} else if name, ok := bareName(g); ok && !slices.Contains(tree.Columns, name) {
-			// Not an input column: an output column name (SQL92).
+			// Not an input column: an output column name (SQL92). Without
+			// the tree's columns the proxy cannot tell which it is.
 			for _, t := range targets {
 				if t.Name == name {
+					if len(tree.Columns) == 0 && !sameExpr(t.Val, g, r) {
+						return no("Group by the expression or its position instead of the output name.", "the proxy cannot tell whether GROUP BY %s names an output column", qn(name))
+					}
 					e = t.Val
 					break
 				}
@@ -492,12 +496,13 @@ func strayColumn(nodes []*pg.Node) string {
 	var visit func(m protoreflect.Message)
 	visit = func(m protoreflect.Message) {
 		if c, ok := m.Interface().(*pg.ColumnRef); ok && stray == "" {
-			name, _ := bareName(&pg.Node{Node: &pg.Node_ColumnRef{ColumnRef: c}})
-			if !strings.HasPrefix(name, "lattice_c") && !strings.HasPrefix(name, "lattice_agg_") {
-				stray = name
-				if stray == "" {
-					stray = "*"
-				}
+			if name, ok := bareName(&pg.Node{Node: &pg.Node_ColumnRef{ColumnRef: c}}); ok &&
+				(strings.HasPrefix(name, "lattice_c") || strings.HasPrefix(name, "lattice_agg_")) {
+				return
+			}
+			stray = "*"
+			if last := c.Fields[len(c.Fields)-1].GetString_(); last != nil {
+				stray = last.Sval
 			}
 			return
 		}
