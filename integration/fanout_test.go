@@ -158,6 +158,57 @@ func TestFanOut(t *testing.T) {
 		}
 	}
 
+	// More partial values than one VALUES list carries: they go through a
+	// temporary table with COPY (text with tabs, newlines and backslashes
+	// checks its escaping).
+	t.Run("large partial results", func(t *testing.T) {
+		const many = `(id bigint PRIMARY KEY, k integer, s text)`
+		const fillMany = `SELECT i, i % 30000, E'x\t\\' || i || E'\n' FROM generate_series(1, 40000) i`
+		mustExec(t, c, `CREATE TABLE many `+many)
+		mustExec(t, c, `INSERT INTO many `+fillMany)
+		mustExec(t, c, `SELECT lattice_create_tree('many', 'id', shard_count => 16)`)
+		mustExec(t, c, `CREATE TABLE many_plain `+many)
+		mustExec(t, c, `INSERT INTO many_plain `+fillMany)
+		for name, mode := range modes {
+			for _, tc := range []struct {
+				sql     string
+				ordered bool
+			}{
+				{`SELECT k, count(*), min(s), max(s) FROM many GROUP BY k ORDER BY k`, true},
+				{`SELECT count(DISTINCT s), count(*), sum(k) FROM many`, false},
+				{`SELECT s FROM many GROUP BY s HAVING count(*) = 1 ORDER BY s DESC LIMIT 5`, true},
+			} {
+				gotHead, got, err := queryTyped(t, c, tc.sql, mode)
+				if err != nil {
+					t.Fatalf("%s %s through the tree: %v", name, tc.sql, err)
+				}
+				wantHead, want, err := queryTyped(t, c, strings.ReplaceAll(tc.sql, "FROM many", "FROM many_plain"), mode)
+				if err != nil {
+					t.Fatalf("%s %s on the plain table: %v", name, tc.sql, err)
+				}
+				if !tc.ordered {
+					slices.Sort(got)
+					slices.Sort(want)
+				}
+				if gotHead != wantHead || !slices.Equal(got, want) {
+					t.Fatalf("%s %s: %s %d rows through the tree, %s %d on one table; first difference:\n%s",
+						name, tc.sql, gotHead, len(got), wantHead, len(want), firstDiff(got, want))
+				}
+			}
+		}
+		// The final backend committed: no temporary table, no open
+		// transaction left on the catalog node.
+		node := connect(t, testNodeDSN(t, 0))
+		var tables, open int
+		if err := node.QueryRow(context.Background(), `SELECT (SELECT count(*) FROM pg_class WHERE relname = 'lattice_partial'),
+			(SELECT count(*) FROM pg_stat_activity WHERE state LIKE 'idle in transaction%')`).Scan(&tables, &open); err != nil {
+			t.Fatal(err)
+		}
+		if tables != 0 || open != 0 {
+			t.Fatalf("left behind on the catalog node: %d temporary tables, %d open transactions", tables, open)
+		}
+	})
+
 	// Parse, Bind, Describe of the portal, Execute: the portal's columns
 	// must be the statement's own, not the partial query's.
 	t.Run("portal describe of an aggregate", func(t *testing.T) {
