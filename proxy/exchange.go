@@ -58,6 +58,10 @@ type step struct {
 	capture *fanOut
 	// tag receives the step's command tag.
 	tag *string
+	// asPortal answers a client's portal Describe with a statement
+	// Describe: no ParameterDescription, and these result formats.
+	asPortal bool
+	formats  []int16
 }
 
 // exchange collects the steps of one client round (a Query, or the extended
@@ -229,6 +233,14 @@ func (s *session) playStep(x *exchange, st *step) error {
 		}
 		if cc, ok := msg.(*pgproto3.CommandComplete); ok && st.tag != nil {
 			*st.tag = string(cc.CommandTag)
+		}
+		if st.asPortal {
+			switch m := msg.(type) {
+			case *pgproto3.ParameterDescription:
+				continue
+			case *pgproto3.RowDescription:
+				msg = &pgproto3.RowDescription{Fields: resultFields(m.Fields, st.formats)}
+			}
 		}
 		if !hidden && !(st.rowsOnly && st.split.suppressed(msg)) {
 			s.send(msg)

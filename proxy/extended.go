@@ -170,6 +170,12 @@ func (s *session) bind(ctx context.Context, m *pgproto3.Bind) {
 			return
 		}
 	case router.FanOut:
+		if sql, node, ok := wholeOnOneNode(v, p, m, st.oids); ok {
+			if !s.bindOn(ctx, portal, node, sql, m, m.DestinationPortal, false) {
+				return
+			}
+			break
+		}
 		if portal.fan = s.startFanOut(ctx, v, p, m, portal); portal.fan == nil {
 			s.skipping = true
 			return
@@ -330,7 +336,7 @@ func (s *session) bindWriteAll(ctx context.Context, v *shardmap.View, portal *cl
 		s.failExtended(Errorf("58000", "tree %q has no shard map", p.Tree.Name))
 		return false
 	}
-	nodes, schemas := nodeGroups(mp)
+	nodes, schemas := nodeGroups(mp, nil)
 	s.spanNodes(len(nodes), true)
 	portal.split = &splitState{}
 	i := 0
@@ -349,7 +355,7 @@ func (s *session) bindWriteAll(ctx context.Context, v *shardmap.View, portal *cl
 
 func (s *session) describe(ctx context.Context, m *pgproto3.Describe) {
 	if m.ObjectType == 'P' {
-		s.describePortal(m.Name)
+		s.describePortal(ctx, m.Name)
 		return
 	}
 	st, ok := s.stmts[m.Name]
@@ -413,10 +419,14 @@ func (s *session) describeFunction(name string) ([]pgproto3.FieldDescription, er
 	return s.srv.functions.Describe(name)
 }
 
-func (s *session) describePortal(name string) {
+func (s *session) describePortal(ctx context.Context, name string) {
 	portal, ok := s.portals[name]
 	if !ok {
 		s.failExtended(Errorf("34000", "portal \"%s\" does not exist", name))
+		return
+	}
+	if portal.fan != nil && portal.fan.agg != nil {
+		s.describeAggPortal(ctx, portal)
 		return
 	}
 	if len(portal.parts) > 0 {
@@ -453,7 +463,7 @@ func (s *session) execute(ctx context.Context, m *pgproto3.Execute) {
 			s.failExtended(Errorf("0A000", "fetching a SELECT over several shards in batches (Execute with a row limit) is not supported"))
 			return
 		}
-		if len(f.plan.Sort) > 0 && f.fields == nil {
+		if (len(f.plan.Sort) > 0 || f.agg != nil) && f.fields == nil {
 			// The merge needs the column types: describe the first part
 			// for the proxy alone.
 			part := portal.parts[0]

@@ -229,6 +229,16 @@ func (s *session) acquire(ctx context.Context, node string) (*pgshard.Conn, erro
 		return nil, Errorf("08006", "cannot reach node %s: %v", node, err)
 	}
 	s.setActive(be, true)
+	if q := s.prologue(be); q != "" {
+		be.Frontend.Send(&pgproto3.Query{String: q})
+		s.x.add(step{kind: stepHiddenQuery, be: be})
+	}
+	return be, nil
+}
+
+// prologue is the Query that brings a backend fresh from the pool to the
+// session's settings, or "".
+func (s *session) prologue(be *pgshard.Conn) string {
 	var prologue []string
 	for _, n := range be.TakeEvicted() {
 		prologue = append(prologue, "DEALLOCATE "+n)
@@ -237,11 +247,7 @@ func (s *session) acquire(ctx context.Context, node string) (*pgshard.Conn, erro
 		prologue = append(prologue, q)
 		be.Settings = s.settings.fp
 	}
-	if len(prologue) > 0 {
-		be.Frontend.Send(&pgproto3.Query{String: strings.Join(prologue, "; ")})
-		s.x.add(step{kind: stepHiddenQuery, be: be})
-	}
-	return be, nil
+	return strings.Join(prologue, "; ")
 }
 
 // describeBackend is where statements are described: against the tree's

@@ -115,6 +115,10 @@ func (s *session) simpleOne(ctx context.Context, v *shardmap.View, p *router.Pla
 	case router.WriteAll:
 		s.simpleWriteAll(ctx, v, p)
 	case router.FanOut:
+		if sql, node, ok := wholeOnOneNode(v, p, nil, nil); ok {
+			s.forwardQuery(ctx, node, sql, false)
+			return
+		}
 		s.startFanOut(ctx, v, p, nil, nil)
 	case router.DDL:
 		s.simpleDDL(ctx, v, p)
@@ -169,7 +173,7 @@ func (s *session) simpleWriteAll(ctx context.Context, v *shardmap.View, p *route
 		s.fail(Errorf("58000", "tree %q has no shard map", p.Tree.Name), false)
 		return
 	}
-	nodes, schemas := nodeGroups(m)
+	nodes, schemas := nodeGroups(m, nil)
 	parts := make(map[string][]string, len(nodes))
 	for i, node := range nodes {
 		for _, schema := range schemas[i] {

@@ -58,7 +58,8 @@ type fanPlan struct {
 	hidden        int
 	limit, offset *Value
 	calls         []string
-	hiddenKeys    []int // for each hidden column in order, the index of its ORDER BY item
+	hiddenKeys    []int    // for each hidden column in order, the index of its ORDER BY item
+	agg           *AggPlan // aggregates, GROUP BY, HAVING or DISTINCT: the two-step form
 }
 
 // fanRender holds a FanOut plan's per-shard branch and outer ORDER BY.
@@ -122,6 +123,9 @@ func (p *planner) fanOut(r route, s *pg.SelectStmt) route {
 	scan = append(scan, s.SortClause...)
 	if s.HavingClause != nil {
 		scan = append(scan, s.HavingClause)
+	}
+	if aggregating(s, scan) {
+		return p.aggFanOut(r, s)
 	}
 	if agg, window := aggregates(scan); agg != "" {
 		return no(keyHint+", or aggregate in the application.", "aggregates over several shards are not supported yet (%s)", agg)

@@ -154,6 +154,11 @@ func (p *planner) apply(pl *Plan, r route, start, end int) {
 	case Function:
 		pl.Func, pl.Tag = r.fn, "SELECT"
 	case FanOut:
+		pl.Keys, pl.KeyArray = r.keys, r.keyArray
+		if r.fan.agg != nil {
+			pl.Tree, pl.Agg, pl.Calls = r.tree, r.fan.agg, r.fan.calls
+			return
+		}
 		fr, err := p.fanRenderer(r, start, end)
 		if err != nil {
 			pl.Kind, pl.Err = Refused, err
@@ -217,9 +222,11 @@ type route struct {
 	keyLocs  []int32         // location of the key constant of the statement (Single) or of each row (InsertSplit)
 	keyCasts []*pg.TypeName  // the cast over each key constant, or nil
 
-	noKey bool           // Refused because WHERE does not fix the shard key
-	sel   *pg.SelectStmt // FanOut: the statement
-	fan   *fanPlan       // FanOut: sort keys, limit and offset
+	noKey    bool           // Refused because WHERE does not fix the shard key
+	keys     []Value        // with noKey: WHERE restricts the key to these values (IN, = ANY(ARRAY[...]))
+	keyArray *Value         // with noKey: WHERE restricts the key to the elements of this array (= ANY($1), = ANY('{...}'))
+	sel      *pg.SelectStmt // FanOut: the statement
+	fan      *fanPlan       // FanOut: sort keys, limit and offset
 }
 
 func refusedRoute(e *Error) route { return route{kind: Refused, err: e} }
@@ -362,9 +369,11 @@ func (p *planner) route(n *pg.Node) route {
 	}
 	switch s := root.(type) {
 	case *pg.SelectStmt:
-		if w := p.where(r, name, s.WhereClause); !w.noKey {
+		w := p.where(r, name, s.WhereClause)
+		if !w.noKey {
 			return w
 		}
+		r.keys, r.keyArray = w.keys, w.keyArray
 		return p.fanOut(r, s)
 	case *pg.UpdateStmt:
 		for _, t := range s.TargetList {
@@ -465,6 +474,7 @@ func (p *planner) where(r route, name string, where *pg.Node) route {
 	var found *Value
 	var foundC constant
 	var problem string
+	var set *keySetValue // key IN (...) or key = ANY(...): the shards that own these keys
 	var visit func(n *pg.Node) bool
 	visit = func(n *pg.Node) bool {
 		if n == nil {
@@ -496,7 +506,16 @@ func (p *planner) where(r route, name string, where *pg.Node) route {
 		case pg.A_Expr_Kind_AEXPR_IN:
 			if l := e.Rexpr.GetList(); l != nil && len(l.Items) == 1 && p.isKeyColumn(e.Lexpr, r.rv, tree) {
 				operand = l.Items[0]
+			} else if l != nil && p.isKeyColumn(e.Lexpr, r.rv, tree) && set == nil {
+				set, problem = keySet(tree, l.Items)
 			}
+		case pg.A_Expr_Kind_AEXPR_OP_ANY:
+			if p.isKeyColumn(e.Lexpr, r.rv, tree) && set == nil {
+				set, problem = keyArray(tree, e.Rexpr)
+			}
+		}
+		if problem != "" {
+			return true
 		}
 		if operand == nil {
 			return false
@@ -518,7 +537,10 @@ func (p *planner) where(r route, name string, where *pg.Node) route {
 		return refusedRoute(refused("", "%s on tree %s: %s", name, qn(tree.Name), problem))
 	}
 	if found == nil {
-		return route{kind: Refused, noKey: true, err: refused("Add "+tree.KeyColumn+" = <value> (or IN with one value) to the WHERE clause, ANDed with the other conditions; statements over several shards are not supported yet.",
+		if set != nil {
+			r.keys, r.keyArray = set.keys, set.array
+		}
+		return route{kind: Refused, noKey: true, keys: r.keys, keyArray: r.keyArray, err: refused("Add "+tree.KeyColumn+" = <value> (or IN with one value) to the WHERE clause, ANDed with the other conditions; statements over several shards are not supported yet.",
 			"%s on tree %s does not fix the shard key %s", name, qn(tree.Name), qn(tree.KeyColumn))}
 	}
 	r.kind, r.key = Single, *found

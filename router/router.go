@@ -206,6 +206,9 @@ type Plan struct {
 	Offset    *Value         // FanOut: OFFSET; nil when absent
 	Calls     []string       // FanOut: the functions the statement calls, for the proxy's user-defined aggregate check
 	DDL       *DDLPlan       // DDL
+	Keys      []Value        // FanOut: when non-nil, only the shards owning these key values (key IN (...), = ANY(ARRAY[...])) hold matching rows
+	KeyArray  *Value         // FanOut: when non-nil, only the shards owning the elements of this array value (= ANY($1), = ANY('{...}')) hold matching rows
+	Agg       *AggPlan       // FanOut that aggregates, groups or removes duplicates: partial query per node, final query over the partial rows (Sort, Hidden, Limit and Offset are then unused: the final query applies them)
 
 	render *renderer   // Single, InsertSplit, WriteAll: the statement in pieces around each reference to the tree
 	fan    *fanRender  // FanOut: the per-shard branch and the outer ORDER BY
@@ -258,6 +261,23 @@ func (p *Plan) String() string {
 			fmt.Fprintf(&b, " log=%q", l)
 		}
 	case FanOut:
+		if p.Keys != nil {
+			b.WriteString(" keys=[")
+			for i, v := range p.Keys {
+				if i > 0 {
+					b.WriteString(", ")
+				}
+				b.WriteString(v.String())
+			}
+			b.WriteByte(']')
+		}
+		if p.KeyArray != nil {
+			b.WriteString(" keys=ANY(" + p.KeyArray.String() + ")")
+		}
+		if p.Agg != nil {
+			fmt.Fprintf(&b, " tree=%s agg columns=%d params=%v/%v", p.Tree.Name, p.Agg.Columns, p.Agg.PartialParams, p.Agg.FinalParams)
+			break
+		}
 		fmt.Fprintf(&b, " tree=%s sort=[", p.Tree.Name)
 		for i, k := range p.Sort {
 			if i > 0 {
