@@ -155,6 +155,8 @@ func (p *planner) apply(pl *Plan, r route, start, end int) {
 		}
 		pl.Tree, pl.fan = r.tree, fr
 		pl.Sort, pl.Hidden, pl.Limit, pl.Offset, pl.Calls = r.fan.sort, r.fan.hidden, r.fan.limit, r.fan.offset, r.fan.calls
+	case Copy:
+		p.applyCopy(pl, r, start, end)
 	case Single, InsertSplit:
 		pl.Tree, pl.Key, pl.Rows = r.tree, r.key, r.rows
 		refs, err := p.refSpans(r)
@@ -213,6 +215,7 @@ type route struct {
 	noKey bool           // Refused because WHERE does not fix the shard key
 	sel   *pg.SelectStmt // FanOut: the statement
 	fan   *fanPlan       // FanOut: sort keys, limit and offset
+	cp    *CopySpec      // Copy
 }
 
 func refusedRoute(e *Error) route { return route{kind: Refused, err: e} }
@@ -297,8 +300,7 @@ func (p *planner) route(n *pg.Node) route {
 	switch root.(type) {
 	case *pg.SelectStmt, *pg.InsertStmt, *pg.UpdateStmt, *pg.DeleteStmt:
 	case *pg.CopyStmt:
-		return refusedRoute(refused("Use INSERT ... VALUES to load rows (a multi-row INSERT is split by shard) and SELECT ... WHERE "+tree.KeyColumn+" = ... to read them.",
-			"COPY of tree %s is not supported yet", qn(tree.Name)))
+		return p.copyRoute(root.(*pg.CopyStmt))
 	case *pg.MergeStmt:
 		return refusedRoute(refused("Use INSERT ... ON CONFLICT, UPDATE or DELETE with the shard key in WHERE.",
 			"MERGE with tree %s is not supported", qn(tree.Name)))

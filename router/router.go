@@ -68,9 +68,11 @@ const (
 	// the Plan.Hidden trailing columns, and applies Plan.Offset and
 	// Plan.Limit after the merge.
 	FanOut
+	// Copy is COPY of a tree FROM STDIN or TO STDOUT; Plan.Copy says how.
+	Copy
 )
 
-var kindNames = [...]string{"Catalog", "Single", "InsertSplit", "Function", "Transaction", "SessionSet", "LocalSet", "Discard", "Refused", "FanOut"}
+var kindNames = [...]string{"Catalog", "Single", "InsertSplit", "Function", "Transaction", "SessionSet", "LocalSet", "Discard", "Refused", "FanOut", "Copy"}
 
 func (k Kind) String() string {
 	if k >= 0 && int(k) < len(kindNames) {
@@ -194,7 +196,8 @@ type Plan struct {
 	Hidden    int            // FanOut: trailing result columns the proxy added for sort keys; the proxy drops them before rows reach the client
 	Limit     *Value         // FanOut: LIMIT / FETCH FIRST count; nil when absent (or LIMIT ALL / NULL)
 	Offset    *Value         // FanOut: OFFSET; nil when absent
-	Calls     []string       // FanOut: the functions the statement calls, for the proxy's user-defined aggregate check
+	Calls     []string       // FanOut (and Copy of a fan-out query): the functions the statement calls, for the proxy's user-defined aggregate check
+	Copy      *CopySpec      // Copy
 
 	render *renderer   // Single, InsertSplit: the statement in pieces around each reference to the tree
 	fan    *fanRender  // FanOut: the per-shard branch and the outer ORDER BY
@@ -244,6 +247,11 @@ func (p *Plan) String() string {
 		}
 		if p.Offset != nil {
 			b.WriteString(" offset=" + p.Offset.String())
+		}
+	case Copy:
+		fmt.Fprintf(&b, " tree=%s %s", p.Tree.Name, p.Copy)
+		if p.Copy.Query && p.Copy.QueryKind == Single {
+			b.WriteString(" key=" + p.Key.String())
 		}
 	}
 	if p.Tag != "" {
