@@ -25,6 +25,7 @@ const (
 	stepClose                          // CloseComplete
 	stepSync                           // ReadyForQuery, swallowed: the proxy sends its own
 	stepFanOut                         // the results of one SELECT on several nodes, merged
+	stepCopy                           // COPY of a tree, run by the proxy against several backends
 )
 
 // step is one unit of expected responses, kept in client order so that
@@ -54,6 +55,8 @@ type step struct {
 	// hidden sort columns of a fan-out. capture keeps the full description.
 	trim    int
 	capture *fanOut
+	copyIn  *copyIn  // stepCopy FROM STDIN
+	copyOut *copyOut // stepCopy TO STDOUT
 }
 
 // exchange collects the steps of one client round (a Query, or the extended
@@ -123,6 +126,12 @@ func (s *session) play(x *exchange) error {
 						s.dropBackend(p.be)
 					}
 				}
+			}
+			continue
+		}
+		if st.kind == stepCopy {
+			if err := s.playCopy(x, st); err != nil {
+				return err
 			}
 			continue
 		}

@@ -147,6 +147,11 @@ func (s *session) bind(ctx context.Context, m *pgproto3.Bind) {
 		if !s.bindOn(ctx, portal, sh.Node, p.Render(shardmap.SchemaName(sh.Index)), m, m.DestinationPortal, false) {
 			return
 		}
+	case router.Copy:
+		e := Errorf("0A000", "COPY of tree %q through the extended query protocol is not supported", p.Tree.Name)
+		e.Hint = "send COPY as a simple Query, as psql and the COPY functions of pgx, JDBC and psycopg do"
+		s.failExtended(e)
+		return
 	case router.InsertSplit:
 		if !s.bindSplit(ctx, v, portal, m) {
 			return

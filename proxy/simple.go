@@ -98,6 +98,8 @@ func (s *session) simpleOne(ctx context.Context, v *shardmap.View, p *router.Pla
 		s.simpleInsertSplit(ctx, v, p, allowRetry)
 	case router.FanOut:
 		s.startFanOut(ctx, v, p, nil, nil)
+	case router.Copy:
+		s.startCopy(ctx, v, p)
 	default:
 		s.fail(Errorf("XX000", "unhandled plan kind %v", p.Kind), false)
 	}
