@@ -346,6 +346,12 @@ func (ci *copyIn) flushShard(s *session, sh *copyShard) {
 
 // readResult reads one command's responses from a node, up to ReadyForQuery.
 func (ci *copyIn) readResult(s *session, cn *copyNode) {
+	// Commands may still sit in the buffer: the BEGIN of a node whose rows
+	// were never sent.
+	if err := cn.be.Frontend.Flush(); err != nil {
+		ci.lost(s, cn, err)
+		return
+	}
 	for {
 		msg, err := cn.be.Frontend.Receive()
 		if err != nil {

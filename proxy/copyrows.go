@@ -47,6 +47,9 @@ func newRowParser(c *router.CopySpec, keyCol string) *rowParser {
 
 // feed adds client data, first dropping the rows already returned.
 func (p *rowParser) feed(data []byte) error {
+	if p.done && p.c.Format == router.CopyBinary && len(data) > 0 {
+		return p.copyError("22P04", "received copy data after EOF marker")
+	}
 	if p.start > 0 {
 		n := copy(p.buf, p.buf[p.start:])
 		p.buf = p.buf[:n]
@@ -112,6 +115,9 @@ func (p *rowParser) next(final bool) (row []byte, key copyKey, ok bool, err erro
 func (p *rowParser) nextLine(final bool) (row, content []byte, ok bool, err error) {
 	buf, csv := p.buf, p.c.Format == router.CopyCSV
 	quote, esc := p.c.Quote, p.c.Escape
+	if esc == quote {
+		esc = 0 // as CopyReadLineText: the quote alone toggles
+	}
 	for p.pos < len(buf) {
 		c := buf[p.pos]
 		// A backslash: in text, it escapes the next byte (even a line
