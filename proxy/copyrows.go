@@ -37,12 +37,20 @@ type rowParser struct {
 	header     bool // text/CSV: a header line is still to be skipped; binary: the header is still to be read
 	done       bool // the end-of-data marker or the binary trailer was seen
 	line       int64
-	eol        []byte // the line end of the last row, for a last row without one
-	field      []byte // scratch for de-escaped key values
+	eol        []byte    // the line end of the last row, for a last row without one
+	field      []byte    // scratch for de-escaped key values
+	special    [256]bool // bytes the line scanner must look at; others are skipped fast
 }
 
 func newRowParser(c *router.CopySpec, keyCol string) *rowParser {
-	return &rowParser{c: c, col: keyCol, header: c.Header || c.Format == router.CopyBinary, eol: []byte{'\n'}}
+	p := &rowParser{c: c, col: keyCol, header: c.Header || c.Format == router.CopyBinary, eol: []byte{'\n'}}
+	for _, b := range []byte{'\n', '\r', '\\'} {
+		p.special[b] = true
+	}
+	if c.Format == router.CopyCSV {
+		p.special[c.Quote], p.special[c.Escape] = true, true
+	}
+	return p
 }
 
 // feed adds client data, first dropping the rows already returned.
@@ -119,6 +127,13 @@ func (p *rowParser) nextLine(final bool) (row, content []byte, ok bool, err erro
 		esc = 0 // as CopyReadLineText: the quote alone toggles
 	}
 	for p.pos < len(buf) {
+		if !p.special[buf[p.pos]] {
+			// Plain data: nothing changes but CSV's "last was escape".
+			for p.pos++; p.pos < len(buf) && !p.special[buf[p.pos]]; p.pos++ {
+			}
+			p.lastEsc = false
+			continue
+		}
 		c := buf[p.pos]
 		// A backslash: in text, it escapes the next byte (even a line
 		// end); \. is the end-of-data marker, which CSV knows only alone
