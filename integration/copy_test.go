@@ -6,12 +6,14 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+	"testing/iotest"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -286,6 +288,13 @@ func TestCopyFrom(t *testing.T) {
 			}
 		})
 	}
+	t.Run("client CopyFail", func(t *testing.T) {
+		r := io.MultiReader(bytes.NewReader(manyThenBad.Bytes()[:100000]), iotest.ErrReader(errors.New("client gave up")))
+		_, err := c.PgConn().CopyFrom(context.Background(), r, `COPY ct FROM STDIN`)
+		if code := sqlState(err); code != "57014" {
+			t.Fatalf("COPY error %v (SQLSTATE %q), want 57014", err, code)
+		}
+	})
 	after := map[string]int64{"ct": checkCopyPlacement(t, "ct", "hashtextextended(k, 0)"), "ci": checkCopyPlacement(t, "ci", "hashint8extended(k, 0)")}
 	for tree, n := range before {
 		if after[tree] != n {

@@ -485,7 +485,8 @@ func (s *session) playCopyOut(x *exchange, co *copyOut) error {
 	started := false
 	var total int64
 	for i, be := range co.parts {
-		if x.failed[be] {
+		// Even a backend whose prologue failed runs its COPY: drain it.
+		if be.Broken() {
 			continue
 		}
 		skip := 0 // header bytes still to drop from this node's binary stream
