@@ -149,7 +149,7 @@ func (s *session) bind(ctx context.Context, m *pgproto3.Bind) {
 		}
 	case router.Copy:
 		e := Errorf("0A000", "COPY of tree %q through the extended query protocol is not supported", p.Tree.Name)
-		e.Hint = "send COPY as a simple Query, as psql and the COPY functions of pgx, JDBC and psycopg do"
+		e.Hint = "send COPY as a simple Query message, as psql and pgx's CopyFrom and CopyTo do"
 		s.failExtended(e)
 		return
 	case router.InsertSplit:
