@@ -14,9 +14,11 @@ import (
 	"strings"
 	"testing"
 	"testing/iotest"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
 )
 
 // copyShards is the shard count of the trees in the COPY tests.
@@ -462,13 +464,6 @@ func TestCopyTransaction(t *testing.T) {
 		t.Fatalf("after rollback: %d rows, %v; want %d", n, err, len(shard0))
 	}
 
-	// COPY through the extended protocol is refused.
-	for _, sql := range []string{`COPY tx TO STDOUT`, `COPY tx FROM STDIN`} {
-		err := c.PgConn().ExecParams(ctx, sql, nil, nil, nil, nil).Read().Err
-		if sqlState(err) != "0A000" {
-			t.Errorf("%s with the extended protocol: %v, want SQLSTATE 0A000", sql, err)
-		}
-	}
 }
 
 // TestCopyPsql round-trips files through psql's \copy, text and CSV: the file
@@ -567,4 +562,154 @@ func TestCopyLarge(t *testing.T) {
 	if lines != total {
 		t.Fatalf("COPY TO gave %d lines, want %d", lines, total)
 	}
+}
+
+// TestCopyExtended runs COPY of a tree through the extended protocol as
+// drivers such as rust-postgres do: Parse, Bind, Execute and Sync, then the
+// data, CopyDone and another Sync (PostgreSQL ignores a Sync during COPY).
+func TestCopyExtended(t *testing.T) {
+	resetNodes(t)
+	p := startProxy(t, 3)
+	ctx := context.Background()
+	c := connect(t, p.DSN("lattice"))
+	mustExec(t, c, `CREATE TABLE ext (k text PRIMARY KEY, v text)`)
+	mustExec(t, c, fmt.Sprintf(`SELECT lattice_create_tree('ext', 'k', shard_count => %d)`, copyShards))
+
+	pc, err := pgconn.Connect(ctx, p.DSN("lattice"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hj, err := pc.Hijack()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hj.Conn.Close()
+	fe := pgproto3.NewFrontend(hj.Conn, hj.Conn)
+	// expect reads messages up to one of type want and returns them all.
+	expect := func(want pgproto3.BackendMessage) []pgproto3.BackendMessage {
+		t.Helper()
+		var got []pgproto3.BackendMessage
+		for {
+			hj.Conn.SetReadDeadline(time.Now().Add(30 * time.Second))
+			m, err := fe.Receive()
+			if err != nil {
+				t.Fatalf("waiting for %T: %v (got %d messages)", want, err, len(got))
+			}
+			// Messages point into the read buffer: keep copies.
+			switch m := m.(type) {
+			case *pgproto3.ErrorResponse:
+				cp := *m
+				got = append(got, &cp)
+			case *pgproto3.CommandComplete:
+				got = append(got, &pgproto3.CommandComplete{CommandTag: bytes.Clone(m.CommandTag)})
+			case *pgproto3.CopyData:
+				got = append(got, &pgproto3.CopyData{Data: bytes.Clone(m.Data)})
+			default:
+				got = append(got, m)
+			}
+			if fmt.Sprintf("%T", m) == fmt.Sprintf("%T", want) {
+				return got
+			}
+		}
+	}
+	errCode := func(msgs []pgproto3.BackendMessage) string {
+		for _, m := range msgs {
+			if e, ok := m.(*pgproto3.ErrorResponse); ok {
+				return e.Code
+			}
+		}
+		return ""
+	}
+	rows := func(prefix string, n int, bad bool) []byte {
+		var b bytes.Buffer
+		for i := 0; i < n; i++ {
+			fmt.Fprintf(&b, "%s%d\tv%d\n", prefix, i, i)
+			if bad && i == n/2 {
+				b.WriteString("\\N\tnull key\n")
+			}
+		}
+		return b.Bytes()
+	}
+	copyIn := func(data []byte, flush pgproto3.FrontendMessage) []pgproto3.BackendMessage {
+		t.Helper()
+		fe.Send(&pgproto3.Parse{Query: "COPY ext FROM STDIN"})
+		fe.Send(&pgproto3.Bind{})
+		fe.Send(&pgproto3.Execute{})
+		fe.Send(flush)
+		if err := fe.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		if msgs := expect(&pgproto3.CopyInResponse{}); errCode(msgs) != "" {
+			t.Fatalf("before CopyInResponse: %v", msgs)
+		}
+		for len(data) > 0 {
+			n := min(len(data), 1000)
+			fe.Send(&pgproto3.CopyData{Data: data[:n]})
+			data = data[n:]
+		}
+		fe.Send(&pgproto3.CopyDone{})
+		fe.Send(&pgproto3.Sync{})
+		if err := fe.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		return expect(&pgproto3.ReadyForQuery{})
+	}
+	for _, tc := range []struct {
+		name  string
+		flush pgproto3.FrontendMessage
+	}{{"sync", &pgproto3.Sync{}}, {"flush", &pgproto3.Flush{}}} {
+		t.Run(tc.name, func(t *testing.T) {
+			msgs := copyIn(rows(tc.name, 1000, false), tc.flush)
+			var tag string
+			for _, m := range msgs {
+				if cc, ok := m.(*pgproto3.CommandComplete); ok {
+					tag = string(cc.CommandTag)
+				}
+			}
+			if tag != "COPY 1000" || errCode(msgs) != "" {
+				t.Fatalf("got %s, want COPY 1000", describeMsgs(msgs))
+			}
+			msgs = copyIn(rows(tc.name+"-bad", 1000, true), tc.flush)
+			if code := errCode(msgs); code != "23502" {
+				t.Fatalf("bad row: got %v, want SQLSTATE 23502", msgs)
+			}
+		})
+	}
+	if n, err := treeRows(c, "ext"); err != nil || n != 2000 {
+		t.Fatalf("%d rows in the tree, %v; want 2000", n, err)
+	}
+	if got := checkCopyPlacement(t, "ext", "hashtextextended(k, 0)"); got != 2000 {
+		t.Fatalf("%d rows on the nodes, want 2000", got)
+	}
+
+	// COPY TO through the extended protocol.
+	fe.Send(&pgproto3.Parse{Query: "COPY ext TO STDOUT (FORMAT csv)"})
+	fe.Send(&pgproto3.Bind{})
+	fe.Send(&pgproto3.Describe{ObjectType: 'P'})
+	fe.Send(&pgproto3.Execute{})
+	fe.Send(&pgproto3.Sync{})
+	if err := fe.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	msgs := expect(&pgproto3.ReadyForQuery{})
+	lines, tag := 0, ""
+	for _, m := range msgs {
+		switch m := m.(type) {
+		case *pgproto3.CopyData:
+			lines += bytes.Count(m.Data, []byte("\n"))
+		case *pgproto3.CommandComplete:
+			tag = string(m.CommandTag)
+		}
+	}
+	if lines != 2000 || tag != "COPY 2000" || errCode(msgs) != "" {
+		t.Fatalf("COPY TO: %d lines, tag %q, error %q", lines, tag, errCode(msgs))
+	}
+}
+
+func describeMsgs(msgs []pgproto3.BackendMessage) string {
+	var b strings.Builder
+	for _, m := range msgs {
+		fmt.Fprintf(&b, "%T %+v; ", m, m)
+	}
+	return b.String()
 }

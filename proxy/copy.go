@@ -63,11 +63,16 @@ type copyOut struct {
 	parts []*pgshard.Conn
 }
 
-// startCopy queues a COPY of a tree (simple protocol).
-func (s *session) startCopy(ctx context.Context, v *shardmap.View, p *router.Plan) {
+// startCopy queues a COPY of a tree. With the extended protocol the nodes
+// still get simple Queries: a COPY takes no parameters.
+func (s *session) startCopy(ctx context.Context, v *shardmap.View, p *router.Plan, extended bool) {
+	fail := func(err error) {
+		s.fail(err, extended)
+		s.skipping = extended
+	}
 	m := v.Maps[p.Tree.Name]
 	if m == nil {
-		s.fail(Errorf("58000", "tree %q has no shard map", p.Tree.Name), false)
+		fail(Errorf("58000", "tree %q has no shard map", p.Tree.Name))
 		return
 	}
 	if s.pinned != nil && s.pinned.TxStatus == 'E' {
@@ -86,7 +91,7 @@ func (s *session) startCopy(ctx context.Context, v *shardmap.View, p *router.Pla
 	if p.Copy.Query && p.Copy.QueryKind == router.Single {
 		sh, err := s.route(v, p, p.Key, nil, nil)
 		if err != nil {
-			s.fail(err, false)
+			fail(err)
 			return
 		}
 		nodes, schemas = []string{sh.Node}, [][]string{{shardmap.SchemaName(sh.Index)}}
@@ -97,7 +102,7 @@ func (s *session) startCopy(ctx context.Context, v *shardmap.View, p *router.Pla
 				e.Hint = "fix the shard key in WHERE to read one shard, or aggregate in the application"
 				err = e
 			}
-			s.fail(err, false)
+			fail(err)
 			return
 		}
 		nodes, schemas = nodeGroups(m)
@@ -106,7 +111,7 @@ func (s *session) startCopy(ctx context.Context, v *shardmap.View, p *router.Pla
 	for i, node := range nodes {
 		be, err := s.backend(ctx, node)
 		if err != nil {
-			s.fail(err, false)
+			fail(err)
 			return
 		}
 		be.Frontend.Send(&pgproto3.Query{String: p.RenderCopyTo(schemas[i], i == 0)})

@@ -42,6 +42,12 @@ func (s *session) extendedMsg(ctx context.Context, msg pgproto3.FrontendMessage)
 		s.describe(ctx, m)
 	case *pgproto3.Execute:
 		s.execute(ctx, m)
+		if p := s.portals[m.Portal]; p != nil && p.stmt.plan != nil && p.stmt.plan.Kind == router.Copy && p.stmt.plan.Copy.From && !s.skipping {
+			// PostgreSQL answers CopyInResponse at once, and clients wait
+			// for it before they send the data (a Sync sent in between
+			// is ignored during COPY, here as there).
+			return s.flushBatch()
+		}
 	case *pgproto3.Close:
 		s.closeMsg(m)
 	}
@@ -148,10 +154,7 @@ func (s *session) bind(ctx context.Context, m *pgproto3.Bind) {
 			return
 		}
 	case router.Copy:
-		e := Errorf("0A000", "COPY of tree %q through the extended query protocol is not supported", p.Tree.Name)
-		e.Hint = "send COPY as a simple Query message, as psql and pgx's CopyFrom and CopyTo do"
-		s.failExtended(e)
-		return
+		s.x.synthetic(&pgproto3.BindComplete{})
 	case router.InsertSplit:
 		if !s.bindSplit(ctx, v, portal, m) {
 			return
@@ -452,6 +455,13 @@ func (s *session) execute(ctx context.Context, m *pgproto3.Execute) {
 		s.txControl(ctx, p, true)
 	case router.SessionSet, router.Discard:
 		s.sessionCommand(ctx, p, true)
+	case router.Copy:
+		v, err := s.view(ctx)
+		if err != nil {
+			s.failExtended(err)
+			return
+		}
+		s.startCopy(ctx, v, p, true)
 	default:
 		s.failExtended(Errorf("XX000", "portal \"%s\" has nothing to run", m.Portal))
 	}

@@ -99,7 +99,7 @@ func (s *session) simpleOne(ctx context.Context, v *shardmap.View, p *router.Pla
 	case router.FanOut:
 		s.startFanOut(ctx, v, p, nil, nil)
 	case router.Copy:
-		s.startCopy(ctx, v, p)
+		s.startCopy(ctx, v, p, false)
 	default:
 		s.fail(Errorf("XX000", "unhandled plan kind %v", p.Kind), false)
 	}
