@@ -34,7 +34,6 @@ type copyNode struct {
 	be      *pgshard.Conn
 	pending int   // commands sent whose ReadyForQuery was not read yet
 	count   int64 // rows the node confirmed
-	rows    bool  // rows were sent to this node
 }
 
 // copyShard buffers the rows of one shard.
@@ -334,7 +333,6 @@ func (ci *copyIn) flushShard(s *session, sh *copyShard) {
 	fe.Send(&pgproto3.CopyData{Data: sh.data})
 	fe.Send(&pgproto3.CopyDone{})
 	cn.pending++
-	cn.rows = true
 	ci.total -= len(sh.data)
 	if ci.plan.Copy.Format == router.CopyBinary {
 		ci.total += 2
