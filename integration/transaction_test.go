@@ -2,7 +2,6 @@ package integration
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -11,7 +10,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // runner runs one statement with literal values through the proxy, with
@@ -49,14 +47,6 @@ func textRows(rows [][][]byte) [][]string {
 		out = append(out, row)
 	}
 	return out
-}
-
-func sqlState(err error) string {
-	var pg *pgconn.PgError
-	if errors.As(err, &pg) {
-		return pg.Code
-	}
-	return ""
 }
 
 // nodeRows reads tree's rows (id -> bal) straight from the shard tables on
@@ -168,7 +158,7 @@ func TestTransaction(t *testing.T) {
 		}
 		fails := func(t *testing.T, sql, code string) {
 			t.Helper()
-			if _, _, err := mode.run(t, sql); sqlState(err) != code {
+			if _, _, err := mode.run(t, sql); pgCode(err) != code {
 				t.Fatalf("%s: error %v, want SQLSTATE %s", sql, err, code)
 			}
 		}
@@ -381,7 +371,7 @@ func TestTransaction(t *testing.T) {
 		batch.Queue(`UPDATE acct SET bal = bal + $1 WHERE bal >= 0`, 1)
 		batch.Queue(`UPDATE acct SET bal = bal - $1 WHERE id = $2`, 5, b)
 		err := c.SendBatch(context.Background(), batch).Close()
-		if sqlState(err) != "23514" {
+		if pgCode(err) != "23514" {
 			t.Fatalf("batch: error %v, want 23514", err)
 		}
 		if got := allRows(t, 3, "acct"); !maps.Equal(got, map[int64]int64{a: 1, b: 0}) {

@@ -27,6 +27,7 @@ const (
 	stepClose                          // CloseComplete
 	stepSync                           // ReadyForQuery, swallowed: the proxy sends its own
 	stepFanOut                         // the results of one SELECT on several nodes, merged
+	stepCopy                           // COPY of a tree, run by the proxy against several backends
 )
 
 // step is one unit of expected responses, kept in client order so that
@@ -62,6 +63,8 @@ type step struct {
 	// Describe: no ParameterDescription, and these result formats.
 	asPortal bool
 	formats  []int16
+	copyIn   *copyIn  // stepCopy FROM STDIN
+	copyOut  *copyOut // stepCopy TO STDOUT
 }
 
 // exchange collects the steps of one client round (a Query, or the extended
@@ -131,6 +134,12 @@ func (s *session) play(x *exchange) error {
 						s.dropBackend(p.be)
 					}
 				}
+			}
+			continue
+		}
+		if st.kind == stepCopy {
+			if err := s.playCopy(x, st); err != nil {
+				return err
 			}
 			continue
 		}

@@ -42,6 +42,12 @@ func (s *session) extendedMsg(ctx context.Context, msg pgproto3.FrontendMessage)
 		s.describe(ctx, m)
 	case *pgproto3.Execute:
 		s.execute(ctx, m)
+		if p := s.portals[m.Portal]; p != nil && p.stmt.plan != nil && p.stmt.plan.Kind == router.Copy && p.stmt.plan.Copy.From && !s.skipping {
+			// PostgreSQL answers CopyInResponse at once, and clients wait
+			// for it before they send the data (a Sync sent in between
+			// is ignored during COPY, here as there).
+			return s.flushBatch()
+		}
 	case *pgproto3.Close:
 		s.closeMsg(m)
 	}
@@ -161,6 +167,8 @@ func (s *session) bind(ctx context.Context, m *pgproto3.Bind) {
 		if !s.bindOn(ctx, portal, sh.Node, p.Render(shardmap.SchemaName(sh.Index)), m, m.DestinationPortal, false) {
 			return
 		}
+	case router.Copy:
+		s.x.synthetic(&pgproto3.BindComplete{})
 	case router.InsertSplit:
 		if !s.bindSplit(ctx, v, portal, m) {
 			return
@@ -526,6 +534,13 @@ func (s *session) execute(ctx context.Context, m *pgproto3.Execute) {
 		if s.x.errored {
 			s.skipping = true
 		}
+	case router.Copy:
+		v, err := s.view(ctx)
+		if err != nil {
+			s.failExtended(err)
+			return
+		}
+		s.startCopy(ctx, v, p, true)
 	default:
 		s.failExtended(Errorf("XX000", "portal \"%s\" has nothing to run", m.Portal))
 	}

@@ -122,6 +122,8 @@ func (s *session) simpleOne(ctx context.Context, v *shardmap.View, p *router.Pla
 		s.startFanOut(ctx, v, p, nil, nil)
 	case router.DDL:
 		s.simpleDDL(ctx, v, p)
+	case router.Copy:
+		s.startCopy(ctx, v, p, false)
 	default:
 		s.fail(Errorf("XX000", "unhandled plan kind %v", p.Kind), false)
 	}

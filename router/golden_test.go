@@ -97,6 +97,12 @@ func describe(p *Planner, sql string) string {
 				break
 			}
 			b.WriteString("   " + indent(pl.RenderFanOut([]string{"lattice_s0001", "lattice_s0003"}, 10)) + "\n")
+		case Copy:
+			if pl.Copy.From {
+				b.WriteString("   " + indent(pl.RenderCopyFrom(goldenSchema)) + "\n")
+			} else {
+				b.WriteString("   " + indent(pl.RenderCopyTo([]string{"lattice_s0001", "lattice_s0003"}, true)) + "\n")
+			}
 		case Refused:
 			if pl.Err.Hint != "" {
 				b.WriteString("   hint: " + pl.Err.Hint + "\n")

@@ -166,6 +166,8 @@ func (p *planner) apply(pl *Plan, r route, start, end int) {
 		}
 		pl.Tree, pl.fan = r.tree, fr
 		pl.Sort, pl.Hidden, pl.Limit, pl.Offset, pl.Calls = r.fan.sort, r.fan.hidden, r.fan.limit, r.fan.offset, r.fan.calls
+	case Copy:
+		p.applyCopy(pl, r, start, end)
 	case Single, InsertSplit, WriteAll:
 		pl.Tree, pl.Key, pl.Rows = r.tree, r.key, r.rows
 		refs, err := p.refSpans(r)
@@ -227,6 +229,7 @@ type route struct {
 	keyArray *Value         // with noKey: WHERE restricts the key to the elements of this array (= ANY($1), = ANY('{...}'))
 	sel      *pg.SelectStmt // FanOut: the statement
 	fan      *fanPlan       // FanOut: sort keys, limit and offset
+	cp       *CopySpec      // Copy
 }
 
 func refusedRoute(e *Error) route { return route{kind: Refused, err: e} }
@@ -319,8 +322,7 @@ func (p *planner) route(n *pg.Node) route {
 	switch root.(type) {
 	case *pg.SelectStmt, *pg.InsertStmt, *pg.UpdateStmt, *pg.DeleteStmt:
 	case *pg.CopyStmt:
-		return refusedRoute(refused("Use INSERT ... VALUES to load rows (a multi-row INSERT is split by shard) and SELECT ... WHERE "+tree.KeyColumn+" = ... to read them.",
-			"COPY of tree %s is not supported yet", qn(tree.Name)))
+		return p.copyRoute(root.(*pg.CopyStmt))
 	case *pg.MergeStmt:
 		return refusedRoute(refused("Use INSERT ... ON CONFLICT, UPDATE or DELETE with the shard key in WHERE.",
 			"MERGE with tree %s is not supported", qn(tree.Name)))

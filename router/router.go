@@ -77,9 +77,11 @@ const (
 	// tree's DDL log. DROP INDEX plans have no Tree: the proxy finds the
 	// index's table first.
 	DDL
+	// Copy is COPY of a tree FROM STDIN or TO STDOUT; Plan.Copy says how.
+	Copy
 )
 
-var kindNames = [...]string{"Catalog", "Single", "InsertSplit", "Function", "Transaction", "SessionSet", "LocalSet", "Discard", "Refused", "FanOut", "WriteAll", "DDL"}
+var kindNames = [...]string{"Catalog", "Single", "InsertSplit", "Function", "Transaction", "SessionSet", "LocalSet", "Discard", "Refused", "FanOut", "WriteAll", "DDL", "Copy"}
 
 func (k Kind) String() string {
 	if k >= 0 && int(k) < len(kindNames) {
@@ -204,11 +206,12 @@ type Plan struct {
 	Hidden    int            // FanOut: trailing result columns the proxy added for sort keys; the proxy drops them before rows reach the client
 	Limit     *Value         // FanOut: LIMIT / FETCH FIRST count; nil when absent (or LIMIT ALL / NULL)
 	Offset    *Value         // FanOut: OFFSET; nil when absent
-	Calls     []string       // FanOut: the functions the statement calls, for the proxy's user-defined aggregate check
+	Calls     []string       // FanOut (and Copy of a fan-out query): the functions the statement calls, for the proxy's user-defined aggregate check
 	DDL       *DDLPlan       // DDL
 	Keys      []Value        // FanOut: when non-nil, only the shards owning these key values (key IN (...), = ANY(ARRAY[...])) hold matching rows
 	KeyArray  *Value         // FanOut: when non-nil, only the shards owning the elements of this array value (= ANY($1), = ANY('{...}')) hold matching rows
 	Agg       *AggPlan       // FanOut that aggregates, groups or removes duplicates: partial query per node, final query over the partial rows (Sort, Hidden, Limit and Offset are then unused: the final query applies them)
+	Copy      *CopySpec      // Copy
 
 	render *renderer   // Single, InsertSplit, WriteAll: the statement in pieces around each reference to the tree
 	fan    *fanRender  // FanOut: the per-shard branch and the outer ORDER BY
@@ -291,6 +294,11 @@ func (p *Plan) String() string {
 		}
 		if p.Offset != nil {
 			b.WriteString(" offset=" + p.Offset.String())
+		}
+	case Copy:
+		fmt.Fprintf(&b, " tree=%s %s", p.Tree.Name, p.Copy)
+		if p.Copy.Query && p.Copy.QueryKind == Single {
+			b.WriteString(" key=" + p.Key.String())
 		}
 	}
 	if p.Tag != "" {
