@@ -542,7 +542,7 @@ func (p *planner) where(r route, name string, where *pg.Node) route {
 		if set != nil {
 			r.keys, r.keyArray = set.keys, set.array
 		}
-		return route{kind: Refused, noKey: true, keys: r.keys, keyArray: r.keyArray, err: refused("Add "+tree.KeyColumn+" = <value> (or IN with one value) to the WHERE clause, ANDed with the other conditions; statements over several shards are not supported yet.",
+		return route{kind: Refused, noKey: true, keys: r.keys, keyArray: r.keyArray, err: refused("Add "+tree.KeyColumn+" = <value> (or IN with one value) to the WHERE clause, ANDed with the other conditions, so that the statement runs on one shard.",
 			"%s on tree %s does not fix the shard key %s", name, qn(tree.Name), qn(tree.KeyColumn))}
 	}
 	r.kind, r.key = Single, *found
