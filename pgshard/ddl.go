@@ -88,7 +88,7 @@ func (c *Cluster) ddlTargets(m *shardmap.Map) []ddlTarget {
 // statements, the column list after ALTER, or the removal of the tree for
 // DROP TABLE. A statement PostgreSQL rejects on any table changes nothing
 // (except CONCURRENTLY, see concurrentDDL).
-func (c *Cluster) RunTreeDDL(ctx context.Context, store shardmap.Store, d TreeDDL) error {
+func (c *Cluster) RunTreeDDL(ctx context.Context, store shardmap.Store, d TreeDDL, commit CommitFunc) error {
 	if d.Tenant == "" {
 		d.Tenant = c.DefaultTenant()
 	}
@@ -98,7 +98,7 @@ func (c *Cluster) RunTreeDDL(ctx context.Context, store shardmap.Store, d TreeDD
 	if d.Concurrently {
 		err = c.concurrentDDL(ctx, store, d)
 	} else {
-		err = c.transactionalDDL(ctx, store, d)
+		err = c.transactionalDDL(ctx, store, d, commit)
 	}
 	if err != nil {
 		log.Warn("tree DDL failed", "op", d.Op, "err", err)
@@ -141,7 +141,7 @@ type nodeTx struct {
 // first (its advisory lock serialises DDL on the tree across proxies, and
 // the template is changed before any shard), records the change in the
 // registry, and then commits the nodes with commitDDL.
-func (c *Cluster) transactionalDDL(ctx context.Context, store shardmap.Store, d TreeDDL) error {
+func (c *Cluster) transactionalDDL(ctx context.Context, store shardmap.Store, d TreeDDL, commit CommitFunc) error {
 	var txs []*nodeTx
 	defer func() {
 		for _, n := range txs {
@@ -199,9 +199,8 @@ func (c *Cluster) transactionalDDL(ctx context.Context, store shardmap.Store, d 
 		}
 	}
 
-	// The registry changes before the nodes commit: with two-phase commit
-	// that is "prepare, record, commit"; a registry failure here still
-	// rolls every node back.
+	// The registry changes before the nodes commit: a registry failure
+	// here still rolls every node back.
 	switch {
 	case d.Op == DDLDropTable:
 		if err := store.DeleteTree(ctx, t.Tenant, t.Name); err != nil {
@@ -228,33 +227,25 @@ func (c *Cluster) transactionalDDL(ctx context.Context, store shardmap.Store, d 
 	for i, n := range txs {
 		nodes[i], commits[i] = n.node, n.tx
 	}
-	return commitDDL(ctx, t.Name, nodes, commits)
+	return commitDDL(ctx, d.Tenant, t.Name, nodes, commits, commit)
 }
 
-// commitDDL commits the per-node transactions of one DDL statement.
-//
-// It is the one place that ends them: once two-phase commit across nodes
-// lands (another change in progress), this becomes PREPARE TRANSACTION on
-// every node followed by COMMIT PREPARED. Until then the nodes commit one
-// after the other; if one fails after others committed, the tree is left
-// changed on the committed nodes only, and the error says which.
-func commitDDL(ctx context.Context, tree string, nodes []string, txs []pgx.Tx) error {
-	for i, tx := range txs {
-		err := tx.Commit(ctx)
-		if err == nil {
-			continue
-		}
-		if i == 0 {
-			return err // nothing committed: as if the statement failed
-		}
-		return &Error{Code: pgCode(err),
-			Message: fmt.Sprintf("DDL on tree %s committed on nodes %s but failed to commit on node %s: %v",
-				quoted(tree), strings.Join(nodes[:i], ", "), nodes[i], err),
-			Detail: fmt.Sprintf("Nodes %s were not committed either. The tree's DDL log already holds the statement.",
-				strings.Join(nodes[i+1:], ", ")),
-			Hint: "Apply the statement by hand to the tables of the nodes that did not commit (public and lattice_sNNNN schemas), then check with \\d on each node."}
+// CommitFunc commits per-node transactions of database together: on
+// return with a nil error every node committed, otherwise none did. The
+// proxy's two-phase commit coordinator provides it.
+type CommitFunc func(ctx context.Context, database string, nodes []string, txs []pgx.Tx) error
+
+// commitDDL ends the per-node transactions of one DDL statement: a plain
+// COMMIT on one node, commit on several, all or none.
+func commitDDL(ctx context.Context, database, tree string, nodes []string, txs []pgx.Tx, commit CommitFunc) error {
+	switch {
+	case len(txs) == 1:
+		return txs[0].Commit(ctx)
+	case commit == nil:
+		return &Error{Code: codeFeatureNotSupported,
+			Message: fmt.Sprintf("DDL on tree %s runs on nodes %s and needs two-phase commit, which this process lacks", quoted(tree), strings.Join(nodes, ", "))}
 	}
-	return nil
+	return commit(ctx, database, nodes, txs)
 }
 
 // ddlOn runs d against one table inside tx.

@@ -162,48 +162,102 @@ func (t *TwoPhase) crash(point string) {
 	select {} // SIGKILL cannot be caught: nothing runs after it
 }
 
+// participant is one node's part of a transaction that commits in two
+// phases: a pooled backend of a session, or a control transaction (DDL).
+type participant struct {
+	node string
+	be   *pgshard.Conn
+	tx   pgx.Tx
+}
+
+// mayBeOpen reports whether the participant may still be inside its
+// transaction after a failed statement (a control transaction cannot say).
+func (p participant) mayBeOpen() bool {
+	if p.be != nil {
+		return p.be.TxStatus != 'I' && !p.be.Broken()
+	}
+	return true
+}
+
+// execParts runs sql on each participant: backends pipelined in one round
+// trip, control transactions one after the other.
+func execParts(ctx context.Context, parts []participant, sql string) []error {
+	errs := make([]error, len(parts))
+	var conns []*pgshard.Conn
+	var at []int
+	for i, p := range parts {
+		if p.be != nil {
+			conns, at = append(conns, p.be), append(at, i)
+			continue
+		}
+		_, errs[i] = p.tx.Exec(ctx, sql)
+	}
+	for j, err := range execAll(ctx, conns, sql) {
+		errs[at[j]] = err
+	}
+	return errs
+}
+
 // commit commits the transaction held by conns (idle, inside a transaction
-// block, in database) on every node: the decision log row, PREPARE
-// TRANSACTION everywhere, the commit decision, COMMIT PREPARED everywhere.
-// On return the backends are idle; the transaction committed if the error
-// is nil.
+// block, in database) on every node. On return the backends are idle; the
+// transaction committed if the error is nil.
 func (t *TwoPhase) commit(ctx context.Context, database string, conns []*pgshard.Conn) error {
+	parts := make([]participant, len(conns))
+	for i, be := range conns {
+		parts[i] = participant{node: be.Node, be: be}
+	}
+	return t.commitParts(ctx, database, parts)
+}
+
+// CommitTxs commits control transactions of database, one per node,
+// together (pgshard.CommitFunc): the DDL of a tree uses it.
+func (t *TwoPhase) CommitTxs(ctx context.Context, database string, nodes []string, txs []pgx.Tx) error {
+	parts := make([]participant, len(txs))
+	for i, tx := range txs {
+		parts[i] = participant{node: nodes[i], tx: tx}
+	}
+	return t.commitParts(ctx, database, parts)
+}
+
+// commitParts is the two-phase commit: the decision log row, PREPARE
+// TRANSACTION everywhere, the commit decision, COMMIT PREPARED everywhere.
+func (t *TwoPhase) commitParts(ctx context.Context, database string, parts []participant) error {
 	gid := fmt.Sprintf("%s%s_%d", gidPrefix, t.owner, t.seq.Add(1))
 	t.live.Store(gid, struct{}{})
 	defer t.live.Delete(gid)
-	nodes := make([]string, len(conns))
-	for i, be := range conns {
-		nodes[i] = be.Node
+	nodes := make([]string, len(parts))
+	for i, p := range parts {
+		nodes[i] = p.node
 	}
 	if err := t.ensureLog(ctx); err != nil {
-		execAll(ctx, conns, "ROLLBACK")
+		execParts(ctx, parts, "ROLLBACK")
 		return Errorf("58000", "cannot commit across nodes: %v", err)
 	}
 	if _, err := t.logWrite(ctx, `INSERT INTO `+logTable+` (gid, database, participants, state, owner)
 		VALUES ($1, $2, $3, 'preparing', $4)`, gid, database, nodes, t.owner); err != nil {
-		execAll(ctx, conns, "ROLLBACK")
+		execParts(ctx, parts, "ROLLBACK")
 		return Errorf("58000", "cannot record the transaction in %s on the catalog node: %v", logTable, err)
 	}
 
-	errs := execAll(ctx, conns, "PREPARE TRANSACTION "+quoteLiteral(gid))
-	var prepared, aborted []*pgshard.Conn
+	errs := execParts(ctx, parts, "PREPARE TRANSACTION "+quoteLiteral(gid))
+	var prepared, aborted []participant
 	var first error
-	for i, be := range conns {
+	for i, p := range parts {
 		switch {
 		case errs[i] == nil:
-			prepared = append(prepared, be)
+			prepared = append(prepared, p)
 		case first == nil:
-			first = prepareError(be.Node, errs[i])
+			first = prepareError(p.node, errs[i])
 		}
-		if errs[i] != nil && be.TxStatus != 'I' && !be.Broken() {
-			aborted = append(aborted, be)
+		if errs[i] != nil && p.mayBeOpen() {
+			aborted = append(aborted, p)
 		}
 	}
 	if len(prepared) > 0 {
 		t.crash(CrashAfterPrepare)
 	}
 	if first != nil {
-		execAll(ctx, aborted, "ROLLBACK")
+		execParts(ctx, aborted, "ROLLBACK")
 		t.abort(ctx, gid, prepared)
 		return first
 	}
@@ -223,10 +277,10 @@ func (t *TwoPhase) commit(ctx context.Context, database string, conns []*pgshard
 	t.crash(CrashAfterDecision)
 
 	done := true
-	for i, err := range execAll(ctx, conns, "COMMIT PREPARED "+quoteLiteral(gid)) {
+	for i, err := range execParts(ctx, parts, "COMMIT PREPARED "+quoteLiteral(gid)) {
 		if err != nil {
 			done = false
-			t.cfg.Log.Warn("two-phase commit: COMMIT PREPARED failed; the recoverer finishes it", "gid", gid, "node", conns[i].Node, "err", err)
+			t.cfg.Log.Warn("two-phase commit: COMMIT PREPARED failed; the recoverer finishes it", "gid", gid, "node", parts[i].node, "err", err)
 		}
 	}
 	if done {
@@ -237,8 +291,8 @@ func (t *TwoPhase) commit(ctx context.Context, database string, conns []*pgshard
 
 // abort rolls back the participants that prepared and ends the log row; a
 // row whose rollback did not finish is marked aborted for the recoverer.
-func (t *TwoPhase) abort(ctx context.Context, gid string, prepared []*pgshard.Conn) {
-	for _, err := range execAll(ctx, prepared, "ROLLBACK PREPARED "+quoteLiteral(gid)) {
+func (t *TwoPhase) abort(ctx context.Context, gid string, prepared []participant) {
+	for _, err := range execParts(ctx, prepared, "ROLLBACK PREPARED "+quoteLiteral(gid)) {
 		if err != nil && !noSuchGID(err) {
 			if _, err := t.logWrite(ctx, `UPDATE `+logTable+` SET state = 'aborted' WHERE gid = $1 AND state = 'preparing'`, gid); err != nil {
 				t.cfg.Log.Warn("two-phase commit: marking an aborted transaction failed", "gid", gid, "err", err)

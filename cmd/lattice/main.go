@@ -228,7 +228,7 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, ready func(pg
 		Aggregates:  cluster.Aggregates,
 		TwoPhase:    twoPhase,
 		TreeDDL: func(ctx context.Context, d pgshard.TreeDDL) error {
-			return cluster.RunTreeDDL(ctx, store, d)
+			return cluster.RunTreeDDL(ctx, store, d, twoPhase.CommitTxs)
 		},
 		IndexTable: cluster.IndexTable,
 		Log:        log,
