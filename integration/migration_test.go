@@ -116,7 +116,7 @@ func TestSplitAndFold(t *testing.T) {
 	}
 
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	r := migrator.NewRunner(c, store, migrator.Options{}, log)
+	r := migrator.NewRunner(c, store, migrator.Options{}, nil, log)
 	split, err := r.StartSplit(ctx, tree, 0)
 	if err != nil {
 		t.Fatal(err)

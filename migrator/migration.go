@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -46,6 +47,9 @@ func (o Options) withDefaults() Options {
 	return o
 }
 
+// ErrBusy refuses a fold of a shard that an in-flight migration holds.
+var ErrBusy = errors.New("migrator: shard busy")
+
 // Store is what the migrator keeps in Redis.
 type Store interface {
 	shardmap.Store
@@ -60,14 +64,18 @@ type Runner struct {
 	store   Store
 	log     *slog.Logger
 	opts    Options
+	metrics *Metrics
 }
 
-// NewRunner returns a runner. log may be nil.
-func NewRunner(cluster *pgshard.Cluster, store Store, opts Options, log *slog.Logger) *Runner {
+// NewRunner returns a runner. metrics and log may be nil.
+func NewRunner(cluster *pgshard.Cluster, store Store, opts Options, metrics *Metrics, log *slog.Logger) *Runner {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Runner{cluster: cluster, store: store, log: log, opts: opts.withDefaults()}
+	if metrics == nil {
+		metrics = NewMetrics(nil)
+	}
+	return &Runner{cluster: cluster, store: store, log: log, opts: opts.withDefaults(), metrics: metrics}
 }
 
 func newID() string {
@@ -168,6 +176,16 @@ func (r *Runner) StartFold(ctx context.Context, t *shardmap.Tree, donor, survivo
 	if len(mig.Slots) == 0 {
 		return nil, fmt.Errorf("migrator: shard %d of %s owns no slots", donor, t.Name)
 	}
+	// A shard another migration still owes writes to is not folded.
+	migs, err := r.store.Migrations(ctx, t.Tenant, t.Name)
+	if err != nil {
+		return nil, err
+	}
+	for _, o := range migs {
+		if o.Phase != shardmap.PhaseDone && (o.Target == donor || o.Target == survivor || o.Source == donor || o.Source == survivor) {
+			return nil, fmt.Errorf("%w: shard %d or %d is part of migration %s", ErrBusy, donor, survivor, o.ID)
+		}
+	}
 	if err := r.store.PutMigration(ctx, mig); err != nil {
 		return nil, err
 	}
@@ -238,6 +256,9 @@ func (r *Runner) Run(ctx context.Context, mig *shardmap.Migration) error {
 				if sh, err = StartShadow(ctx, spec, log); err != nil {
 					return err
 				}
+				if mig.Phase == shardmap.PhaseCopy {
+					r.metrics.RowsCopied.WithLabelValues(mig.Tree, mig.Tenant).Add(float64(sh.Stats().RowsCopied))
+				}
 				mig.RowsCopied = sh.Stats().RowsCopied
 			}
 			if mig.Phase == shardmap.PhaseCopy {
@@ -304,6 +325,7 @@ func (r *Runner) Run(ctx context.Context, mig *shardmap.Migration) error {
 				return err
 			}
 		case shardmap.PhaseDone:
+			r.metrics.ReplicationLagBytes.DeleteLabelValues(mig.Tree, mig.Tenant, mig.ID)
 			log.Info("migration done", "rows_copied", mig.RowsCopied, "freezes", mig.Freezes)
 			return r.store.DeleteMigration(ctx, mig.Tenant, mig.Tree, mig.ID)
 		default:
@@ -363,6 +385,7 @@ func (r *Runner) drain(ctx context.Context, t *shardmap.Tree, mig *shardmap.Migr
 		cancel()
 		applied := sh.Stats().Applied
 		mig.LagBytes = max(int64(cur)-int64(applied), 0)
+		r.metrics.ReplicationLagBytes.WithLabelValues(mig.Tree, mig.Tenant, mig.ID).Set(float64(mig.LagBytes))
 		if err == nil || mig.LagBytes <= r.opts.FreezeLag {
 			return nil
 		}
@@ -430,6 +453,7 @@ func (r *Runner) freezeAndFlip(ctx context.Context, t *shardmap.Tree, mig *shard
 			return false, ctx.Err()
 		}
 		log.Warn("freeze rolled back", "after", time.Since(start), "err", err)
+		r.metrics.FreezeSeconds.WithLabelValues(mig.Tree, mig.Tenant, "rolled_back").Observe(time.Since(start).Seconds())
 		mig.LastError = err.Error()
 		return false, r.unfreeze(ctx, t, mig)
 	}
@@ -457,7 +481,12 @@ func (r *Runner) freezeAndFlip(ctx context.Context, t *shardmap.Tree, mig *shard
 	if err != nil {
 		return false, err
 	}
-	log.Info("flipped", "pause", time.Since(start), "epoch", flipped.Epoch, "final_lsn", final)
+	pause := time.Since(start)
+	log.Info("flipped", "pause", pause, "epoch", flipped.Epoch, "final_lsn", final)
+	r.metrics.FreezeSeconds.WithLabelValues(mig.Tree, mig.Tenant, "flipped").Observe(pause.Seconds())
+	if mig.Kind == shardmap.Fold {
+		r.metrics.ConsolidationsCommitted.WithLabelValues(mig.Tree, mig.Tenant, strconv.Itoa(mig.Source)).Inc()
+	}
 	r.recordOwnership(ctx, t, flipped, mig)
 	return true, nil
 }

@@ -35,7 +35,9 @@ type SlotFence struct {
 func (f SlotFence) trigger() string { return "lattice_fence_m_" + f.Migration }
 
 func (f SlotFence) function() string {
-	return fenceSchema + "." + pgx.Identifier{"fence_m_" + f.Migration}.Sanitize() + "()"
+	// One function per fenced table: several tables of a node may be fenced
+	// under one name (an empty-tree re-pin), and each is dropped alone.
+	return fenceSchema + "." + pgx.Identifier{fmt.Sprintf("fence_m_%s_%d", f.Migration, f.Shard)}.Sanitize() + "()"
 }
 
 // InstallSlotFence creates the fence on node. Creating the trigger waits for

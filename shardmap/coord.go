@@ -61,6 +61,7 @@ type Reshard struct {
 	Tenant  string    `json:"tenant"`
 	Tree    string    `json:"tree"`
 	Target  int       `json:"target"`
+	From    int       `json:"from"` // distinct shards when it started
 	Grow    bool      `json:"grow"`
 	Phase   string    `json:"phase"`
 	Started time.Time `json:"started"`
@@ -83,6 +84,8 @@ type Coordination interface {
 	Reshard(ctx context.Context, tenant, tree string) (*Reshard, error)
 	// FinishReshard removes the reshard if its operation id is opID.
 	FinishReshard(ctx context.Context, tenant, tree, opID string) error
+	// Reshards lists every running reshard of every tenant.
+	Reshards(ctx context.Context) ([]*Reshard, error)
 
 	// AcquireLease takes or renews the lease of a tree's coordinator for
 	// owner; false if another owner holds it.
@@ -111,6 +114,8 @@ var _ Coordination = (*RedisStore)(nil)
 //	P:{T}:lease:<tree>    string: coordinator owner, with an expiry
 //	P:{T}:acks:<tree>     hash: proxy id -> acknowledged epoch
 //	P:proxies             sorted set: proxy id scored by lease expiry (unix ms)
+//	P:reshards            set: "tenant/tree" of every running reshard, so a
+//	                      coordinator finds them without scanning keys
 func (s *RedisStore) migsKey(tenant, tree string) string {
 	return s.tenantTag(tenant) + ":migs:" + tree
 }
@@ -123,7 +128,12 @@ func (s *RedisStore) leaseKey(tenant, tree string) string {
 func (s *RedisStore) acksKey(tenant, tree string) string {
 	return s.tenantTag(tenant) + ":acks:" + tree
 }
-func (s *RedisStore) proxiesKey() string { return s.prefix + ":proxies" }
+func (s *RedisStore) proxiesKey() string  { return s.prefix + ":proxies" }
+func (s *RedisStore) reshardsKey() string { return s.prefix + ":reshards" }
+
+// reshardMember names a tree in the reshards set; a tenant name cannot
+// contain '/', a tree name can, so the first '/' separates them.
+func reshardMember(tenant, tree string) string { return tenant + "/" + tree }
 
 var (
 	// KEYS: lease. ARGV: owner, ttl ms. Returns 1 when owner holds the lease.
@@ -202,6 +212,11 @@ func (s *RedisStore) StartReshard(ctx context.Context, r *Reshard) (*Reshard, er
 	if err != nil {
 		return nil, err
 	}
+	// The set entry comes first: an entry without an intent is dropped by
+	// Reshards, an intent without an entry would never be found.
+	if err := s.client.SAdd(ctx, s.reshardsKey(), reshardMember(r.Tenant, r.Tree)).Err(); err != nil {
+		return nil, fmt.Errorf("shardmap: write reshard of %s/%s: %w", r.Tenant, r.Tree, err)
+	}
 	ok, err := s.client.SetNX(ctx, s.reshardKey(r.Tenant, r.Tree), b, 0).Result()
 	if err != nil {
 		return nil, fmt.Errorf("shardmap: write reshard of %s/%s: %w", r.Tenant, r.Tree, err)
@@ -235,10 +250,40 @@ func (s *RedisStore) Reshard(ctx context.Context, tenant, tree string) (*Reshard
 
 // FinishReshard implements Coordination.
 func (s *RedisStore) FinishReshard(ctx context.Context, tenant, tree, opID string) error {
-	if err := finishReshardScript.Run(ctx, s.client, []string{s.reshardKey(tenant, tree)}, opID).Err(); err != nil {
+	n, err := finishReshardScript.Run(ctx, s.client, []string{s.reshardKey(tenant, tree)}, opID).Int()
+	if err != nil {
 		return fmt.Errorf("shardmap: finish reshard of %s/%s: %w", tenant, tree, err)
 	}
+	if n == 1 {
+		return s.client.SRem(ctx, s.reshardsKey(), reshardMember(tenant, tree)).Err()
+	}
 	return nil
+}
+
+// Reshards implements Coordination.
+func (s *RedisStore) Reshards(ctx context.Context) ([]*Reshard, error) {
+	members, err := s.client.SMembers(ctx, s.reshardsKey()).Result()
+	if err != nil {
+		return nil, fmt.Errorf("shardmap: list reshards: %w", err)
+	}
+	slices.Sort(members)
+	var out []*Reshard
+	for _, mem := range members {
+		tenant, tree, ok := strings.Cut(mem, "/")
+		if !ok {
+			continue
+		}
+		r, err := s.Reshard(ctx, tenant, tree)
+		if errors.Is(err, ErrNotFound) {
+			s.client.SRem(ctx, s.reshardsKey(), mem)
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, r)
+	}
+	return out, nil
 }
 
 // AcquireLease implements Coordination.

@@ -59,6 +59,9 @@ func TestReshardIntent(t *testing.T) {
 	if err != nil || cur == nil || cur.OpID != "op1" || cur.Target != 16 {
 		t.Fatalf("second start: got %+v %v, want the running op1", cur, err)
 	}
+	if all, err := s.Reshards(ctx); err != nil || len(all) != 1 || all[0].OpID != "op1" {
+		t.Fatalf("Reshards: %v %v", all, err)
+	}
 	if err := s.FinishReshard(ctx, "t", "x", "op2"); err != nil {
 		t.Fatal(err)
 	}
@@ -70,6 +73,9 @@ func TestReshardIntent(t *testing.T) {
 	}
 	if _, err := s.Reshard(ctx, "t", "x"); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("after finish: %v", err)
+	}
+	if all, err := s.Reshards(ctx); err != nil || len(all) != 0 {
+		t.Fatalf("Reshards after finish: %v %v", all, err)
 	}
 }
 

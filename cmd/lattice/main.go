@@ -4,6 +4,7 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"flag"
 	"fmt"
@@ -201,15 +202,30 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, ready func(pg
 	defer pools.Close()
 	go reapIdle(ctx, pools)
 
+	adm := admin.New(log)
+	proxyID := newProxyID()
+	metrics := migrator.NewMetrics(adm.Registry)
+	runner := migrator.NewRunner(cluster, store, migrator.Options{}, metrics, log)
+	coord := migrator.NewCoordinator(proxyID, runner, migrator.CoordinatorOptions{}, nil)
+	coordCtx, stopCoord := context.WithCancel(ctx)
+	coordDone := make(chan struct{})
+	go func() {
+		defer close(coordDone)
+		coord.Run(coordCtx)
+	}()
+	defer func() {
+		stopCoord()
+		<-coordDone
+	}()
+
 	srv := proxy.NewServer(proxy.Config{
 		Startup:     proxy.StartupConfig{Users: users, StartupTimeout: cfg.StartupTimeout},
 		MaxClients:  cfg.MaxClients,
 		CatalogNode: cluster.Catalog().Name,
 		Aggregates:  cluster.Aggregates,
 		Log:         log,
-	}, cache, router.NewPlanner(10000), pools, migrator.NewFunctions(cluster, store, cache))
+	}, cache, router.NewPlanner(10000), pools, migrator.NewFunctions(cluster, store, cache, coord))
 
-	adm := admin.New(log)
 	registerProxyMetrics(adm, srv, pools)
 	adm.Ready = func(ctx context.Context) error {
 		_, err := store.Trees(ctx, cluster.DefaultTenant())
@@ -237,6 +253,14 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, ready func(pg
 		err = <-errc
 	}
 	return err
+}
+
+// newProxyID names this process in the proxy registry and in leases.
+func newProxyID() string {
+	host, _ := os.Hostname()
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	return fmt.Sprintf("%s-%d-%x", host, os.Getpid(), b)
 }
 
 func reapIdle(ctx context.Context, pools *pgshard.Pools) {
