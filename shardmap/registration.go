@@ -39,7 +39,7 @@ type Registration struct {
 	liveUntil atomic.Int64 // unix nanoseconds; 0 until the first heartbeat
 
 	mu    sync.Mutex
-	inUse map[*View]int    // views statements are running on
+	inUse map[*View]int     // views statements are running on
 	acked map[treeID]uint64 // last epoch acknowledged per tree
 	poke  chan struct{}
 }
