@@ -266,6 +266,7 @@ func (r *Runner) Run(ctx context.Context, mig *shardmap.Migration) error {
 					return err
 				}
 			}
+			crashPoint("drain")
 			if err := r.drain(ctx, t, mig, sh); err != nil {
 				return err
 			}
@@ -448,6 +449,9 @@ func (r *Runner) freezeAndFlip(ctx context.Context, t *shardmap.Tree, mig *shard
 			err = sh.WaitApplied(bctx, final)
 		}
 	}
+	if err == nil {
+		crashPoint("freeze")
+	}
 	if err != nil {
 		if ctx.Err() != nil {
 			return false, ctx.Err()
@@ -481,6 +485,7 @@ func (r *Runner) freezeAndFlip(ctx context.Context, t *shardmap.Tree, mig *shard
 	if err != nil {
 		return false, err
 	}
+	crashPoint("flip")
 	pause := time.Since(start)
 	log.Info("flipped", "pause", pause, "epoch", flipped.Epoch, "final_lsn", final)
 	r.metrics.FreezeSeconds.WithLabelValues(mig.Tree, mig.Tenant, "flipped").Observe(pause.Seconds())
@@ -559,6 +564,7 @@ func (r *Runner) release(ctx context.Context, t *shardmap.Tree, mig *shardmap.Mi
 	if err := DropShadow(ctx, spec); err != nil {
 		return err
 	}
+	crashPoint("release")
 	if mig.Kind == shardmap.Fold {
 		if m.SlotCounts()[mig.Source] > 0 {
 			r.log.Warn("fold donor still owns slots; keeping its storage", "migration", mig.ID, "donor", mig.Source)

@@ -240,6 +240,7 @@ func (sh *Shadow) copyRows(ctx context.Context, src *pgx.Conn, snapshot string, 
 		sp.ID, start.String(), tag.RowsAffected()); err != nil {
 		return 0, err
 	}
+	crashPoint("copy")
 	if err := tx.Commit(ctx); err != nil {
 		return 0, err
 	}

@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/signal"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -91,6 +92,11 @@ type serveConfig struct {
 	Nodes                                     nodeFlags
 	MaxClients, PoolSize                      int
 	StartupTimeout                            time.Duration
+
+	Coordinator bool
+	Reshard     migrator.CoordinatorOptions
+	Migration   migrator.Options
+	ProxyLease  time.Duration
 }
 
 func (c *serveConfig) flags(fs *flag.FlagSet) {
@@ -103,6 +109,14 @@ func (c *serveConfig) flags(fs *flag.FlagSet) {
 	fs.IntVar(&c.MaxClients, "max-clients", 1000, "most client connections at once")
 	fs.IntVar(&c.PoolSize, "pool-size", 32, "most backend connections per node and tenant")
 	fs.DurationVar(&c.StartupTimeout, "startup-timeout", 10*time.Second, "a client must finish startup and authentication within this")
+	fs.BoolVar(&c.Coordinator, "coordinator", true, "run reshard coordinators in this proxy (at least one proxy must)")
+	fs.IntVar(&c.Reshard.MaxConcurrentMigrations, "max-concurrent-migrations", 4, "splits or folds one reshard keeps in flight")
+	fs.DurationVar(&c.Reshard.Tick, "reshard-tick", 2*time.Second, "how often a reshard coordinator plans")
+	fs.DurationVar(&c.Reshard.LeaseTTL, "reshard-lease", time.Minute, "a coordinator's lease; another proxy takes over a reshard this long after its coordinator died")
+	fs.DurationVar(&c.Reshard.EmptyTreeProbeBudget, "empty-probe-budget", 10*time.Second, "ceiling on the emptiness probe of lattice_reshard")
+	fs.DurationVar(&c.Migration.FreezeBudget, "freeze-budget", 2*time.Second, "longest write pause of one freeze; a freeze that does not fit is rolled back and retried")
+	fs.Int64Var(&c.Migration.FreezeLag, "freeze-lag", 256<<10, "replication lag in bytes under which a migration freezes")
+	fs.DurationVar(&c.ProxyLease, "proxy-lease", shardmap.DefaultLeaseTTL, "a proxy that cannot renew its registration for this long stops serving until it has re-read the maps")
 }
 
 // parseFlags parses args, then fills every flag not given on the command line
@@ -205,18 +219,27 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, ready func(pg
 	adm := admin.New(log)
 	proxyID := newProxyID()
 	metrics := migrator.NewMetrics(adm.Registry)
-	runner := migrator.NewRunner(cluster, store, migrator.Options{}, metrics, log)
-	coord := migrator.NewCoordinator(proxyID, runner, migrator.CoordinatorOptions{}, nil)
-	coordCtx, stopCoord := context.WithCancel(ctx)
-	coordDone := make(chan struct{})
-	go func() {
-		defer close(coordDone)
-		coord.Run(coordCtx)
-	}()
+	runner := migrator.NewRunner(cluster, store, cfg.Migration, metrics, log)
+	coord := migrator.NewCoordinator(proxyID, runner, cfg.Reshard, nil)
+	reg := shardmap.NewRegistration(proxyID, store, cache, cfg.ProxyLease, 0, log)
+	bgCtx, stopBackground := context.WithCancel(ctx)
+	var bg sync.WaitGroup
 	defer func() {
-		stopCoord()
-		<-coordDone
+		stopBackground()
+		bg.Wait()
 	}()
+	bg.Add(1)
+	go func() {
+		defer bg.Done()
+		reg.Run(bgCtx)
+	}()
+	if cfg.Coordinator {
+		bg.Add(1)
+		go func() {
+			defer bg.Done()
+			coord.Run(bgCtx)
+		}()
+	}
 
 	srv := proxy.NewServer(proxy.Config{
 		Startup:     proxy.StartupConfig{Users: users, StartupTimeout: cfg.StartupTimeout},
