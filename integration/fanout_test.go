@@ -8,15 +8,33 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // queryStrings runs sql and returns each row's values printed as text.
 func queryStrings(t *testing.T, c *pgx.Conn, sql string, args ...any) ([]string, error) {
 	t.Helper()
+	_, rows, err := queryTyped(t, c, sql, args...)
+	return rows, err
+}
+
+// queryTyped runs sql and returns its columns' names and type OIDs, and
+// each row's values printed as text (Go values, so their types count too).
+func queryTyped(t *testing.T, c *pgx.Conn, sql string, args ...any) (string, []string, error) {
+	t.Helper()
 	rows, err := c.Query(context.Background(), sql, args...)
 	if err != nil {
-		return nil, err
+		return "", nil, err
 	}
+	var head []string
+	for _, f := range rows.FieldDescriptions() {
+		head = append(head, fmt.Sprintf("%s:%d", f.Name, f.DataTypeOID))
+	}
+	out, err := collectStrings(rows)
+	return strings.Join(head, ","), out, err
+}
+
+func collectStrings(rows pgx.Rows) ([]string, error) {
 	var out []string
 	for rows.Next() {
 		vals, err := rows.Values()
@@ -35,9 +53,12 @@ func TestFanOut(t *testing.T) {
 	resetNodes(t)
 	p := startProxy(t, 3)
 	c := connect(t, p.DSN("lattice"))
-	const cols = `(id bigint PRIMARY KEY, qty integer, price numeric(10,2), name text, created timestamptz, ok boolean)`
+	// n holds numerics equal but differently written (1.0, 1.00): they
+	// must fall in one group.
+	const cols = `(id bigint PRIMARY KEY, qty integer, price numeric(10,2), name text, created timestamptz, ok boolean, n numeric)`
 	const fill = `SELECT i, (i * 7) %% 50, CASE WHEN i %% 11 = 0 THEN NULL ELSE ((i * 13) %% 1000) / 10.0 END,
-		'name ' || ((i * 17) %% 300), timestamptz '2026-01-01' + i * interval '37 minutes', i %% 3 = 0
+		'name ' || ((i * 17) %% 300), timestamptz '2026-01-01' + i * interval '37 minutes', i %% 3 = 0,
+		CASE i %% 4 WHEN 0 THEN 1.0 WHEN 1 THEN 1.00 WHEN 2 THEN 2.5 END
 		FROM generate_series(1, 3000) i`
 	mustExec(t, c, `CREATE TABLE fan `+cols)
 	mustExec(t, c, fmt.Sprintf(`INSERT INTO fan `+fill))
@@ -64,19 +85,67 @@ func TestFanOut(t *testing.T) {
 		{sql: `SELECT * FROM fan ORDER BY id LIMIT 3`, ordered: true},
 		{sql: `SELECT id FROM fan WHERE qty = $1 ORDER BY id LIMIT $2 OFFSET $3`, ordered: true, args: []any{7, 5, 2}},
 		{sql: `SELECT id FROM fan ORDER BY id LIMIT 0`, ordered: true},
+		{sql: `SELECT id, qty + 1 AS q FROM fan ORDER BY q DESC, id LIMIT 10`, ordered: true},
+		{sql: `SELECT id FROM fan ORDER BY price * 2 NULLS FIRST, id LIMIT 15`, ordered: true},
+		{sql: `SELECT id, name FROM fan ORDER BY created DESC LIMIT 5 OFFSET 10`, ordered: true},
+		// Aggregates, GROUP BY, HAVING, DISTINCT.
+		{sql: `SELECT count(*) FROM fan`},
+		{sql: `SELECT count(price), count(*), count(n) FROM fan`},
+		{sql: `SELECT sum(qty), sum(id), sum(price), sum(n) FROM fan`},
+		{sql: `SELECT min(price), max(price), min(name), max(created), min(id), max(ok::int) FROM fan`},
+		{sql: `SELECT avg(qty), avg(id), avg(price), avg(n) FROM fan`},
+		{sql: `SELECT count(*), sum(qty), avg(price), max(id), count(DISTINCT qty) FROM fan WHERE qty > 1000`},
+		{sql: `SELECT qty, count(*) FROM fan WHERE qty > 1000 GROUP BY qty`},
+		{sql: `SELECT qty, count(*), sum(price), avg(price) FROM fan GROUP BY qty ORDER BY qty`, ordered: true},
+		{sql: `SELECT ok, count(*), min(created), max(created) FROM fan GROUP BY ok`},
+		{sql: `SELECT qty % 5 AS m, sum(qty) FROM fan GROUP BY m ORDER BY m`, ordered: true},
+		{sql: `SELECT qty, count(*) FROM fan GROUP BY qty HAVING count(*) > 60 ORDER BY count(*) DESC, qty`, ordered: true},
+		{sql: `SELECT qty, avg(price) FROM fan GROUP BY 1 HAVING avg(price) > 50 ORDER BY 2 DESC, 1 LIMIT 5 OFFSET 2`, ordered: true},
+		{sql: `SELECT count(DISTINCT qty), count(DISTINCT price), count(DISTINCT n) FROM fan`},
+		{sql: `SELECT ok, count(DISTINCT qty), sum(DISTINCT qty), avg(DISTINCT qty) FROM fan GROUP BY ok ORDER BY ok`, ordered: true},
+		{sql: `SELECT count(*) FROM fan GROUP BY n ORDER BY 1`, ordered: true},
+		{sql: `SELECT n IS NULL, count(*), sum(n) FROM fan GROUP BY n ORDER BY 2`, ordered: true},
+		{sql: `SELECT lower(name) AS l, count(*) FROM fan GROUP BY l ORDER BY lower(name) COLLATE "C" LIMIT 10`, ordered: true},
+		{sql: `SELECT qty FROM fan GROUP BY qty ORDER BY sum(price) DESC NULLS LAST, qty LIMIT 7`, ordered: true},
+		{sql: `SELECT sum(qty) / count(*) AS ratio, max(qty) - min(qty) AS spread FROM fan`},
+		{sql: `SELECT count(*) AS c FROM fan GROUP BY ok HAVING min(qty) = 0 ORDER BY c`, ordered: true},
+		{sql: `SELECT ok, avg(qty)::numeric(10,3) AS a FROM fan GROUP BY ok ORDER BY ok`, ordered: true},
+		{sql: `SELECT count(*) FROM fan WHERE name LIKE 'name 1%'`},
+		{sql: `SELECT max(name COLLATE "C"), min(name COLLATE "C") FROM fan`},
+		{sql: `SELECT count(*) FROM fan WHERE qty = $1`, args: []any{14}},
+		{sql: `SELECT qty, count(*) FROM fan WHERE price > $1 GROUP BY qty HAVING count(*) >= $2 ORDER BY qty LIMIT $3`, ordered: true, args: []any{10, 40, 6}},
+		{sql: `SELECT DISTINCT qty FROM fan`},
+		{sql: `SELECT DISTINCT qty, ok FROM fan ORDER BY qty DESC, ok LIMIT 20`, ordered: true},
+		{sql: `SELECT DISTINCT ok FROM fan ORDER BY ok`, ordered: true},
+		{sql: `SELECT DISTINCT qty % 3 AS r, ok FROM fan ORDER BY 1, 2`, ordered: true},
+		{sql: `SELECT DISTINCT count(*) FROM fan GROUP BY qty ORDER BY 1`, ordered: true},
+		{sql: `SELECT name, count(*), max(qty) FROM fan GROUP BY name ORDER BY name DESC LIMIT 12`, ordered: true},
+		{sql: `SELECT 1 AS one FROM fan HAVING count(*) > 2999`},
+		// IN and ANY on the shard key read only the shards that own the keys.
+		{sql: `SELECT * FROM fan WHERE id IN (1, 2, 3, 500) ORDER BY id`, ordered: true},
+		{sql: `SELECT id, qty FROM fan WHERE id IN (7, 8)`},
+		{sql: `SELECT id FROM fan WHERE id IN (42)`},
+		{sql: `SELECT count(*), sum(qty) FROM fan WHERE id IN (10, 20, 30, 40, 2999)`},
+		{sql: `SELECT id FROM fan WHERE id = ANY($1) ORDER BY id`, ordered: true, args: []any{[]int64{3, 99, 1500, 2999, 4000}}},
+		{sql: `SELECT count(*) FROM fan WHERE id = ANY($1)`, args: []any{[]int64{5, 6, 7, 8, 9}}},
+		{sql: `SELECT id FROM fan WHERE id = ANY('{4,5,6}') ORDER BY id`, ordered: true},
+		{sql: `SELECT id, qty FROM fan WHERE id = ANY(ARRAY[11, 12, 13]) AND qty > 0`},
 	}
 	modes := map[string]pgx.QueryExecMode{"extended": pgx.QueryExecModeCacheStatement, "simple": pgx.QueryExecModeSimpleProtocol, "describe": pgx.QueryExecModeDescribeExec}
 	for name, mode := range modes {
 		for _, tc := range cases {
 			t.Run(name+"/"+tc.sql, func(t *testing.T) {
 				args := append([]any{mode}, tc.args...)
-				got, err := queryStrings(t, c, tc.sql, args...)
+				gotHead, got, err := queryTyped(t, c, tc.sql, args...)
 				if err != nil {
 					t.Fatalf("through the tree: %v", err)
 				}
-				want, err := queryStrings(t, c, strings.ReplaceAll(tc.sql, "FROM fan", "FROM plain"), args...)
+				wantHead, want, err := queryTyped(t, c, strings.ReplaceAll(tc.sql, "FROM fan", "FROM plain"), args...)
 				if err != nil {
 					t.Fatalf("on the plain table: %v", err)
+				}
+				if gotHead != wantHead {
+					t.Fatalf("columns through the tree %s, on one table %s", gotHead, wantHead)
 				}
 				if !tc.ordered {
 					slices.Sort(got)
@@ -89,6 +158,123 @@ func TestFanOut(t *testing.T) {
 		}
 	}
 
+	// More partial values than one VALUES list carries: they go through a
+	// temporary table with COPY (text with tabs, newlines and backslashes
+	// checks its escaping).
+	t.Run("large partial results", func(t *testing.T) {
+		const many = `(id bigint PRIMARY KEY, k integer, s text)`
+		const fillMany = `SELECT i, i % 30000, E'x\t\\' || i || E'\n' FROM generate_series(1, 40000) i`
+		mustExec(t, c, `CREATE TABLE many `+many)
+		mustExec(t, c, `INSERT INTO many `+fillMany)
+		mustExec(t, c, `SELECT lattice_create_tree('many', 'id', shard_count => 16)`)
+		mustExec(t, c, `CREATE TABLE many_plain `+many)
+		mustExec(t, c, `INSERT INTO many_plain `+fillMany)
+		for name, mode := range modes {
+			for _, tc := range []struct {
+				sql     string
+				ordered bool
+			}{
+				{`SELECT k, count(*), min(s), max(s) FROM many GROUP BY k ORDER BY k`, true},
+				{`SELECT count(DISTINCT s), count(*), sum(k) FROM many`, false},
+				{`SELECT s FROM many GROUP BY s HAVING count(*) = 1 ORDER BY s DESC LIMIT 5`, true},
+			} {
+				gotHead, got, err := queryTyped(t, c, tc.sql, mode)
+				if err != nil {
+					t.Fatalf("%s %s through the tree: %v", name, tc.sql, err)
+				}
+				wantHead, want, err := queryTyped(t, c, strings.ReplaceAll(tc.sql, "FROM many", "FROM many_plain"), mode)
+				if err != nil {
+					t.Fatalf("%s %s on the plain table: %v", name, tc.sql, err)
+				}
+				if !tc.ordered {
+					slices.Sort(got)
+					slices.Sort(want)
+				}
+				if gotHead != wantHead || !slices.Equal(got, want) {
+					t.Fatalf("%s %s: %s %d rows through the tree, %s %d on one table; first difference:\n%s",
+						name, tc.sql, gotHead, len(got), wantHead, len(want), firstDiff(got, want))
+				}
+			}
+		}
+		// The final backend committed: no temporary table, no open
+		// transaction left on the catalog node.
+		node := connect(t, testNodeDSN(t, 0))
+		var tables, open int
+		if err := node.QueryRow(context.Background(), `SELECT (SELECT count(*) FROM pg_class WHERE relname = 'lattice_partial'),
+			(SELECT count(*) FROM pg_stat_activity WHERE state LIKE 'idle in transaction%')`).Scan(&tables, &open); err != nil {
+			t.Fatal(err)
+		}
+		if tables != 0 || open != 0 {
+			t.Fatalf("left behind on the catalog node: %d temporary tables, %d open transactions", tables, open)
+		}
+	})
+
+	// Parse, Bind, Describe of the portal, Execute: the portal's columns
+	// must be the statement's own, not the partial query's.
+	t.Run("portal describe of an aggregate", func(t *testing.T) {
+		for _, sql := range []string{
+			`SELECT qty, count(*), avg(price) FROM fan WHERE qty > $1 GROUP BY qty ORDER BY qty`,
+			`SELECT count(*), sum(qty) FROM fan WHERE id = ANY($1::bigint[])`,
+		} {
+			arg := []byte("3")
+			if strings.Contains(sql, "ANY") {
+				arg = []byte("{1,2,3,400}")
+			}
+			run := func(q string) ([]pgconn.FieldDescription, [][][]byte) {
+				res := c.PgConn().ExecParams(context.Background(), q, [][]byte{arg}, nil, nil, []int16{1}).Read()
+				if res.Err != nil {
+					t.Fatalf("%s: %v", q, res.Err)
+				}
+				return res.FieldDescriptions, res.Rows
+			}
+			gotF, gotRows := run(sql)
+			wantF, wantRows := run(strings.ReplaceAll(sql, "FROM fan", "FROM plain"))
+			if len(gotF) != len(wantF) {
+				t.Fatalf("%s: %d columns, want %d", sql, len(gotF), len(wantF))
+			}
+			for i := range gotF {
+				if gotF[i].Name != wantF[i].Name || gotF[i].DataTypeOID != wantF[i].DataTypeOID || gotF[i].Format != wantF[i].Format {
+					t.Fatalf("%s: column %d is %+v, want %+v", sql, i, gotF[i], wantF[i])
+				}
+			}
+			if fmt.Sprint(gotRows) != fmt.Sprint(wantRows) {
+				t.Fatalf("%s: rows %v, want %v", sql, gotRows, wantRows)
+			}
+		}
+	})
+
+	// Inside a transaction an aggregate reads the transaction's own view:
+	// its partial queries run on the transaction's backends.
+	t.Run("aggregates in a transaction", func(t *testing.T) {
+		ctx := context.Background()
+		// The plain table lives on another node than the shard: read it first.
+		want, err := queryStrings(t, c, `SELECT count(*), sum(qty), avg(price) FROM plain WHERE id IN (5, 5)`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tx, err := c.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(ctx)
+		got, err := queryStrings(t, tx.Conn(), `SELECT count(*), sum(qty), avg(price) FROM fan WHERE id IN (5, 5)`)
+		if err != nil || !slices.Equal(got, want) {
+			t.Fatalf("one shard in a transaction: tree %v, table %v (%v)", got, want, err)
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO fan (id, qty) VALUES (100001, 1), (100002, 2), (100003, 3)`); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := queryStrings(t, tx.Conn(), `SELECT count(*) FROM fan`); err != nil || len(got) != 1 || got[0] != "3003" {
+			t.Fatalf("every shard in a transaction that inserted 3 rows: %v %v, want 3003", got, err)
+		}
+		if err := tx.Rollback(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := queryStrings(t, c, `SELECT count(*) FROM fan`); err != nil || len(got) != 1 || got[0] != "3000" {
+			t.Fatalf("after the transaction: %v %v", got, err)
+		}
+	})
+
 	t.Run("text order without a byte collation is refused", func(t *testing.T) {
 		_, err := queryStrings(t, c, `SELECT id, name FROM fan ORDER BY name LIMIT 5`)
 		if pgCode(err) != "0A000" {
@@ -98,9 +284,14 @@ func TestFanOut(t *testing.T) {
 			t.Fatalf("session after refusal: %v", err)
 		}
 	})
-	t.Run("aggregates still refused", func(t *testing.T) {
-		if _, err := queryStrings(t, c, `SELECT count(*) FROM fan`); pgCode(err) != "0A000" {
-			t.Fatalf("want 0A000, got %v", err)
+	t.Run("aggregates the proxy cannot combine are refused", func(t *testing.T) {
+		for _, sql := range []string{`SELECT string_agg(name, ',') FROM fan`, `SELECT count(*) FILTER (WHERE ok) FROM fan`,
+			`SELECT id, rank() OVER (ORDER BY qty) FROM fan`, `SELECT DISTINCT ON (qty) qty, id FROM fan`} {
+			for _, mode := range modes {
+				if _, err := queryStrings(t, c, sql, mode); pgCode(err) != "0A000" {
+					t.Fatalf("%s: want 0A000, got %v", sql, err)
+				}
+			}
 		}
 		// A user-defined aggregate looks like any function to the router;
 		// the catalog tells, instead of one row per node coming back.
@@ -108,6 +299,9 @@ func TestFanOut(t *testing.T) {
 		for _, mode := range modes {
 			if rows, err := queryStrings(t, c, `SELECT my_total(qty) FROM fan`, mode); pgCode(err) != "0A000" {
 				t.Fatalf("user-defined aggregate: want 0A000, got %v %v", rows, err)
+			}
+			if rows, err := queryStrings(t, c, `SELECT my_total(qty), count(*) FROM fan`, mode); pgCode(err) != "0A000" {
+				t.Fatalf("user-defined aggregate beside count: want 0A000, got %v %v", rows, err)
 			}
 		}
 		if _, err := queryStrings(t, c, `SELECT lower(name) FROM fan LIMIT 1`); err != nil {

@@ -321,6 +321,13 @@ type proxyProc struct {
 // whose log has a race report, fails the test.
 func startProxy(t testing.TB, nodes int, extraArgs ...string) *proxyProc {
 	t.Helper()
+	return startProxyEnv(t, nodes, nil, extraArgs...)
+}
+
+// startProxyEnv is startProxy with extra environment variables (NAME=VALUE)
+// for the proxy process, such as test-only hooks.
+func startProxyEnv(t testing.TB, nodes int, env []string, extraArgs ...string) *proxyProc {
+	t.Helper()
 	if nodes < 1 || nodes > len(harness.nodes) {
 		t.Fatalf("startProxy: %d nodes requested, the harness has %d", nodes, len(harness.nodes))
 	}
@@ -357,7 +364,7 @@ func startProxy(t testing.TB, nodes int, extraArgs ...string) *proxyProc {
 	p.cmd = exec.Command(bin, p.Args...)
 	p.cmd.Stdout = out
 	p.cmd.Stderr = out
-	p.cmd.Env = append(os.Environ(), "GORACE=halt_on_error=0")
+	p.cmd.Env = append(append(os.Environ(), "GORACE=halt_on_error=0"), env...)
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := p.cmd.Start(); err != nil {
 		t.Fatalf("start lattice: %v", err)
@@ -459,6 +466,18 @@ func (p *proxyProc) DSN(database string) string {
 
 // Log returns everything the proxy has logged so far.
 func (p *proxyProc) Log() string { return p.log.String() }
+
+// WaitExit waits up to timeout for a proxy that is expected to end by
+// itself (a test hook that crashes it) and reports whether it did.
+func (p *proxyProc) WaitExit(timeout time.Duration) bool {
+	p.killed.Store(true)
+	select {
+	case <-p.done:
+		return true
+	case <-time.After(timeout):
+		return false
+	}
+}
 
 // Kill sends SIGKILL to the proxy (crash tests) and waits for it to exit.
 func (p *proxyProc) Kill() {

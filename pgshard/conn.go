@@ -34,6 +34,7 @@ type Conn struct {
 	secretKey []byte
 	cancelTo  string
 	broken    bool
+	held      bool // taken with AcquireHeld
 	lastUsed  time.Time
 
 	prepared map[string]string // statement key -> server-side name

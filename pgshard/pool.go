@@ -21,6 +21,10 @@ type PoolConfig struct {
 	IdleTimeout time.Duration
 	// MaxMessageSize bounds every message a backend sends.
 	MaxMessageSize int
+	// MaxHeld bounds the backends per node and tenant that sessions hold for
+	// themselves (LISTEN); they count against MaxConns too. 0 means half of
+	// MaxConns, so listeners cannot starve the pool.
+	MaxHeld int
 }
 
 func (c *PoolConfig) withDefaults() PoolConfig {
@@ -36,6 +40,9 @@ func (c *PoolConfig) withDefaults() PoolConfig {
 	}
 	if out.MaxMessageSize <= 0 {
 		out.MaxMessageSize = 256 << 20
+	}
+	if out.MaxHeld <= 0 {
+		out.MaxHeld = max(1, out.MaxConns/2)
 	}
 	return out
 }
@@ -63,6 +70,7 @@ func NewPools(cfg PoolConfig, resolve func(node, tenant string) (string, error))
 type Stats struct {
 	Node, Tenant  string
 	InUse, Idle   int
+	Held          int
 	AcquireWaits  int64
 	AcquireErrors int64
 }
@@ -77,6 +85,7 @@ type pool struct {
 	idle []*Conn
 
 	waits, errs atomic.Int64
+	held        atomic.Int64 // backends in use that a session holds for itself
 }
 
 func (p *Pools) get(node, tenant string) (*pool, error) {
@@ -127,7 +136,7 @@ func (p *Pools) Stats() []Stats {
 		pl.mu.Lock()
 		idle := len(pl.idle)
 		pl.mu.Unlock()
-		out = append(out, Stats{Node: k.node, Tenant: k.tenant, InUse: len(pl.slots), Idle: idle,
+		out = append(out, Stats{Node: k.node, Tenant: k.tenant, InUse: len(pl.slots), Idle: idle, Held: int(pl.held.Load()),
 			AcquireWaits: pl.waits.Load(), AcquireErrors: pl.errs.Load()})
 	}
 	return out

@@ -85,12 +85,13 @@ func ShardTable(t *shardmap.Tree, idx int) string {
 	return pgx.Identifier{shardmap.SchemaName(idx), t.Name}.Sanitize()
 }
 
-// ShardDDL is t's DDL log with "{{table}}" replaced by shard idx's table.
+// ShardDDL is t's DDL log with "{{table}}" replaced by shard idx's table
+// and "{{schema}}" by its schema (DROP INDEX names the index by schema).
 func ShardDDL(t *shardmap.Tree, idx int) []string {
-	name := ShardTable(t, idx)
+	r := strings.NewReplacer("{{table}}", ShardTable(t, idx), "{{schema}}", quoteIdent(shardmap.SchemaName(idx)))
 	out := make([]string, len(t.DDL))
 	for i, s := range t.DDL {
-		out[i] = strings.ReplaceAll(s, "{{table}}", name)
+		out[i] = r.Replace(s)
 	}
 	return out
 }
@@ -216,37 +217,40 @@ func (c *Cluster) DropShard(ctx context.Context, t *shardmap.Tree, idx int, node
 	if err != nil {
 		return err
 	}
-	schema := quoteIdent(shardmap.SchemaName(idx))
-	err = pgx.BeginFunc(ctx, p, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1, $2)`, int32(schemaLockClass), int32(idx)); err != nil {
-			return err
-		}
-		if _, err := tx.Exec(ctx, "DROP TABLE IF EXISTS "+ShardTable(t, idx)); err != nil {
-			return err
-		}
-		var hasOwner bool
-		if err := tx.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, schema+"."+OwnerTable).Scan(&hasOwner); err != nil {
-			return err
-		}
-		if !hasOwner {
-			return nil
-		}
-		if _, err := tx.Exec(ctx, `DELETE FROM `+schema+`.`+OwnerTable+` WHERE tree = $1`, t.Name); err != nil {
-			return err
-		}
-		var others bool
-		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+schema+`.`+OwnerTable+`)`).Scan(&others); err != nil || others {
-			return err
-		}
-		// No tree has a shard here any more; what is left (the ownership
-		// table, a migration's progress table) belongs to this shard.
-		_, err = tx.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE")
-		return err
-	})
+	err = pgx.BeginFunc(ctx, p, func(tx pgx.Tx) error { return dropShardTx(ctx, tx, t, idx) })
 	if err != nil {
 		return fmt.Errorf("pgshard: drop shard %d of %s/%s on %s: %w", idx, t.Tenant, t.Name, node, err)
 	}
 	return nil
+}
+
+// dropShardTx is DropShard inside tx.
+func dropShardTx(ctx context.Context, tx pgx.Tx, t *shardmap.Tree, idx int) error {
+	schema := quoteIdent(shardmap.SchemaName(idx))
+	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1, $2)`, int32(schemaLockClass), int32(idx)); err != nil {
+		return err
+	}
+	if _, err := tx.Exec(ctx, "DROP TABLE IF EXISTS "+ShardTable(t, idx)); err != nil {
+		return err
+	}
+	var hasOwner bool
+	if err := tx.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, schema+"."+OwnerTable).Scan(&hasOwner); err != nil {
+		return err
+	}
+	if !hasOwner {
+		return nil
+	}
+	if _, err := tx.Exec(ctx, `DELETE FROM `+schema+`.`+OwnerTable+` WHERE tree = $1`, t.Name); err != nil {
+		return err
+	}
+	var others bool
+	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+schema+`.`+OwnerTable+`)`).Scan(&others); err != nil || others {
+		return err
+	}
+	// No tree has a shard here any more; what is left (the ownership
+	// table, a migration's progress table) belongs to this shard.
+	_, err := tx.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE")
+	return err
 }
 
 // ReadOwnership reads the ownership records of every shard schema on every

@@ -50,6 +50,7 @@ func TestShardDDL(t *testing.T) {
 	tr := &shardmap.Tree{Name: "Cat", DDL: []string{
 		"CREATE TABLE {{table}} (k text)",
 		`CREATE INDEX "i" ON {{table}} USING btree (k)`,
+		`DROP INDEX {{schema}}."i"`,
 	}}
 	if got := ShardTable(tr, 5); got != `"lattice_s0005"."Cat"` {
 		t.Errorf("ShardTable = %s", got)
@@ -57,6 +58,7 @@ func TestShardDDL(t *testing.T) {
 	want := []string{
 		`CREATE TABLE "lattice_s0012"."Cat" (k text)`,
 		`CREATE INDEX "i" ON "lattice_s0012"."Cat" USING btree (k)`,
+		`DROP INDEX "lattice_s0012"."i"`,
 	}
 	if got := ShardDDL(tr, 12); !slices.Equal(got, want) {
 		t.Errorf("ShardDDL = %q, want %q", got, want)

@@ -3,6 +3,8 @@ package proxy
 import (
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 
 	"github.com/jackc/pgx/v5/pgproto3"
 
@@ -25,6 +27,7 @@ const (
 	stepClose                          // CloseComplete
 	stepSync                           // ReadyForQuery, swallowed: the proxy sends its own
 	stepFanOut                         // the results of one SELECT on several nodes, merged
+	stepCopy                           // COPY of a tree, run by the proxy against several backends
 )
 
 // step is one unit of expected responses, kept in client order so that
@@ -40,7 +43,7 @@ type step struct {
 	// rowsOnly suppresses RowDescription and CommandComplete: the statement is
 	// one part of a split INSERT whose tag the proxy sums itself.
 	rowsOnly bool
-	counter  *int64
+	split    *splitState
 	// then runs when a synthetic step is played, for work that depends on
 	// the responses before it.
 	then func(x *exchange)
@@ -54,6 +57,14 @@ type step struct {
 	// hidden sort columns of a fan-out. capture keeps the full description.
 	trim    int
 	capture *fanOut
+	// tag receives the step's command tag.
+	tag *string
+	// asPortal answers a client's portal Describe with a statement
+	// Describe: no ParameterDescription, and these result formats.
+	asPortal bool
+	formats  []int16
+	copyIn   *copyIn  // stepCopy FROM STDIN
+	copyOut  *copyOut // stepCopy TO STDOUT
 }
 
 // exchange collects the steps of one client round (a Query, or the extended
@@ -123,6 +134,12 @@ func (s *session) play(x *exchange) error {
 						s.dropBackend(p.be)
 					}
 				}
+			}
+			continue
+		}
+		if st.kind == stepCopy {
+			if err := s.playCopy(x, st); err != nil {
+				return err
 			}
 			continue
 		}
@@ -223,7 +240,18 @@ func (s *session) playStep(x *exchange, st *step) error {
 			}
 			msg = &pgproto3.RowDescription{Fields: rd.Fields[:len(rd.Fields)-st.trim]}
 		}
-		if !hidden && !(st.rowsOnly && suppressedInSplit(msg, st.counter)) {
+		if cc, ok := msg.(*pgproto3.CommandComplete); ok && st.tag != nil {
+			*st.tag = string(cc.CommandTag)
+		}
+		if st.asPortal {
+			switch m := msg.(type) {
+			case *pgproto3.ParameterDescription:
+				continue
+			case *pgproto3.RowDescription:
+				msg = &pgproto3.RowDescription{Fields: resultFields(m.Fields, st.formats)}
+			}
+		}
+		if !hidden && !(st.rowsOnly && st.split.suppressed(msg)) {
 			s.send(msg)
 		}
 		if stepDone(st.kind, msg) {
@@ -251,19 +279,31 @@ func stepDone(k stepKind, msg pgproto3.BackendMessage) bool {
 	return false
 }
 
-// suppressedInSplit keeps per-shard RowDescriptions and command tags of a
-// split INSERT from the client, adding each part's row count to counter.
-func suppressedInSplit(msg pgproto3.BackendMessage, counter *int64) bool {
+// suppressed keeps the per-shard command tags of a statement split across
+// shards from the client, adding up their row counts, and lets only the
+// first RowDescription through (RETURNING over a multi-statement Query).
+func (sp *splitState) suppressed(msg pgproto3.BackendMessage) bool {
 	switch m := msg.(type) {
 	case *pgproto3.RowDescription:
-		return true
+		if sp.rowDescSent {
+			return true
+		}
+		sp.rowDescSent = true
+		return false
 	case *pgproto3.CommandComplete:
-		if counter != nil {
-			*counter += rowsAffected(m.CommandTag)
+		sp.count += rowsAffected(m.CommandTag)
+		if sp.prefix == "" {
+			sp.prefix = strings.TrimRight(string(m.CommandTag), "0123456789")
 		}
 		return true
 	}
 	return false
+}
+
+// tag is the command tag of the whole statement: the parts' verb with their
+// counts added up ("UPDATE 7", "INSERT 0 3").
+func (sp *splitState) tag() *pgproto3.CommandComplete {
+	return commandComplete(sp.prefix + strconv.FormatInt(sp.count, 10))
 }
 
 // rowsAffected reads the count at the end of a command tag such as "INSERT 0 5".

@@ -42,6 +42,12 @@ func (s *session) extendedMsg(ctx context.Context, msg pgproto3.FrontendMessage)
 		s.describe(ctx, m)
 	case *pgproto3.Execute:
 		s.execute(ctx, m)
+		if p := s.portals[m.Portal]; p != nil && p.stmt.plan != nil && p.stmt.plan.Kind == router.Copy && p.stmt.plan.Copy.From && !s.skipping {
+			// PostgreSQL answers CopyInResponse at once, and clients wait
+			// for it before they send the data (a Sync sent in between
+			// is ignored during COPY, here as there).
+			return s.flushBatch()
+		}
 	case *pgproto3.Close:
 		s.closeMsg(m)
 	}
@@ -130,7 +136,21 @@ func (s *session) bind(ctx context.Context, m *pgproto3.Bind) {
 	case router.Refused:
 		s.failExtended(p.Err)
 		return
-	case router.Catalog, router.LocalSet:
+	case router.LocalSet:
+		if s.tx.active {
+			// Run at Execute on every node of the transaction.
+			s.x.synthetic(&pgproto3.BindComplete{})
+			break
+		}
+		if !s.bindOn(ctx, portal, s.catalogTarget(p), p.SQL, m, m.DestinationPortal, false) {
+			return
+		}
+	case router.Catalog:
+		if isListenPlan(p) {
+			// Runs at Execute on the session's listen backend.
+			s.x.synthetic(&pgproto3.BindComplete{})
+			break
+		}
 		if err := s.catalogGuard(p); err != nil {
 			s.failExtended(err)
 			return
@@ -147,13 +167,29 @@ func (s *session) bind(ctx context.Context, m *pgproto3.Bind) {
 		if !s.bindOn(ctx, portal, sh.Node, p.Render(shardmap.SchemaName(sh.Index)), m, m.DestinationPortal, false) {
 			return
 		}
+	case router.Copy:
+		s.x.synthetic(&pgproto3.BindComplete{})
 	case router.InsertSplit:
 		if !s.bindSplit(ctx, v, portal, m) {
 			return
 		}
+	case router.WriteAll:
+		if !s.bindWriteAll(ctx, v, portal, m) {
+			return
+		}
 	case router.FanOut:
+		if sql, node, ok := wholeOnOneNode(v, p, m, st.oids); ok {
+			if !s.bindOn(ctx, portal, node, sql, m, m.DestinationPortal, false) {
+				return
+			}
+			break
+		}
 		if portal.fan = s.startFanOut(ctx, v, p, m, portal); portal.fan == nil {
 			s.skipping = true
+			return
+		}
+	case router.DDL:
+		if !s.bindDDL(ctx, v, portal, m) {
 			return
 		}
 	case router.Function:
@@ -237,8 +273,8 @@ func preparedKey(sql string, oids []uint32) string {
 }
 
 // bindSplit binds one part per shard of a multi-row INSERT, each with only
-// its rows' parameters. The parts share one node, so the batch's implicit
-// transaction keeps the INSERT atomic.
+// its rows' parameters. On one node the batch's implicit transaction keeps
+// the INSERT atomic; over several, spanNodes does.
 func (s *session) bindSplit(ctx context.Context, v *shardmap.View, portal *clientPortal, m *pgproto3.Bind) bool {
 	p := portal.stmt.plan
 	shards, rows, err := s.splitRows(v, p, m, portal.stmt.oids)
@@ -246,12 +282,11 @@ func (s *session) bindSplit(ctx context.Context, v *shardmap.View, portal *clien
 		s.failExtended(err)
 		return false
 	}
+	nodes := map[string]bool{}
 	for _, sh := range shards {
-		if sh.Node != shards[0].Node {
-			s.failExtended(crossNodeInsert())
-			return false
-		}
+		nodes[sh.Node] = true
 	}
+	s.spanNodes(len(nodes), true)
 	if len(shards) > 1 {
 		portal.split = &splitState{}
 	}
@@ -281,10 +316,7 @@ func (s *session) bindSplit(ctx context.Context, v *shardmap.View, portal *clien
 				}
 			}
 		}
-		name := m.DestinationPortal
-		if i > 0 {
-			name = "lattice_part_" + strconv.Itoa(i) + "_" + m.DestinationPortal
-		}
+		name := partPortal(m.DestinationPortal, i)
 		part := &clientPortal{stmt: &clientStmt{sql: sql, oids: partOIDs}}
 		if !s.bindOn(ctx, part, sh.Node, sql, &b, name, i > 0) {
 			return false
@@ -294,9 +326,44 @@ func (s *session) bindSplit(ctx context.Context, v *shardmap.View, portal *clien
 	return true
 }
 
+// partPortal names the backend portal of part i of a client portal.
+func partPortal(name string, i int) string {
+	if i == 0 {
+		return name
+	}
+	return "lattice_part_" + strconv.Itoa(i) + "_" + name
+}
+
+// bindWriteAll binds an UPDATE or DELETE without the shard key once per
+// shard, every part with all of the client's parameters, atomically
+// (spanNodes).
+func (s *session) bindWriteAll(ctx context.Context, v *shardmap.View, portal *clientPortal, m *pgproto3.Bind) bool {
+	p := portal.stmt.plan
+	mp := v.Maps[p.Tree.Name]
+	if mp == nil {
+		s.failExtended(Errorf("58000", "tree %q has no shard map", p.Tree.Name))
+		return false
+	}
+	nodes, schemas := nodeGroups(mp, nil)
+	s.spanNodes(len(nodes), true)
+	portal.split = &splitState{}
+	i := 0
+	for g, node := range nodes {
+		for _, schema := range schemas[g] {
+			part := &clientPortal{stmt: &clientStmt{sql: p.Render(schema), oids: portal.stmt.oids}}
+			if !s.bindOn(ctx, part, node, part.stmt.sql, m, partPortal(m.DestinationPortal, i), i > 0) {
+				return false
+			}
+			portal.parts = append(portal.parts, part.parts...)
+			i++
+		}
+	}
+	return true
+}
+
 func (s *session) describe(ctx context.Context, m *pgproto3.Describe) {
 	if m.ObjectType == 'P' {
-		s.describePortal(m.Name)
+		s.describePortal(ctx, m.Name)
 		return
 	}
 	st, ok := s.stmts[m.Name]
@@ -305,7 +372,7 @@ func (s *session) describe(ctx context.Context, m *pgproto3.Describe) {
 		return
 	}
 	p := st.plan
-	if p == nil || p.Kind == router.Transaction || p.Kind == router.SessionSet || p.Kind == router.Discard {
+	if p == nil || p.Kind == router.Transaction || p.Kind == router.SessionSet || p.Kind == router.Discard || p.Kind == router.DDL || isListenPlan(p) {
 		s.x.synthetic(&pgproto3.ParameterDescription{ParameterOIDs: st.oids}, &pgproto3.NoData{})
 		return
 	}
@@ -360,10 +427,14 @@ func (s *session) describeFunction(name string) ([]pgproto3.FieldDescription, er
 	return s.srv.functions.Describe(name)
 }
 
-func (s *session) describePortal(name string) {
+func (s *session) describePortal(ctx context.Context, name string) {
 	portal, ok := s.portals[name]
 	if !ok {
 		s.failExtended(Errorf("34000", "portal \"%s\" does not exist", name))
+		return
+	}
+	if portal.fan != nil && portal.fan.agg != nil {
+		s.describeAggPortal(ctx, portal)
 		return
 	}
 	if len(portal.parts) > 0 {
@@ -400,7 +471,7 @@ func (s *session) execute(ctx context.Context, m *pgproto3.Execute) {
 			s.failExtended(Errorf("0A000", "fetching a SELECT over several shards in batches (Execute with a row limit) is not supported"))
 			return
 		}
-		if len(f.plan.Sort) > 0 && f.fields == nil {
+		if (len(f.plan.Sort) > 0 || f.agg != nil) && f.fields == nil {
 			// The merge needs the column types: describe the first part
 			// for the proxy alone.
 			part := portal.parts[0]
@@ -415,18 +486,21 @@ func (s *session) execute(ctx context.Context, m *pgproto3.Execute) {
 	}
 	if len(portal.parts) > 0 {
 		sp := portal.split
+		if sp != nil {
+			sp.count, sp.rowDescSent = 0, false
+		}
 		for _, part := range portal.parts {
 			part.be.Frontend.SendExecute(&pgproto3.Execute{Portal: part.name, MaxRows: m.MaxRows})
 			st := step{kind: stepExecute, be: part.be}
 			if sp != nil {
-				st.rowsOnly, st.counter = true, &sp.count
+				st.rowsOnly, st.split = true, sp
 			}
 			s.x.add(st)
 		}
 		if sp != nil {
 			s.x.add(step{kind: stepSynthetic, then: func(x *exchange) {
 				if !x.errored {
-					s.send(insertTag(sp.count))
+					s.send(sp.tag())
 				}
 			}})
 		}
@@ -445,8 +519,28 @@ func (s *session) execute(ctx context.Context, m *pgproto3.Execute) {
 		}
 	case router.Transaction:
 		s.txControl(ctx, p, true)
+	case router.LocalSet:
+		s.localSet(ctx, p, true)
 	case router.SessionSet, router.Discard:
 		s.sessionCommand(ctx, p, true)
+	case router.Catalog:
+		if !isListenPlan(p) {
+			s.failExtended(Errorf("XX000", "portal \"%s\" has nothing to run", m.Portal))
+			return
+		}
+		s.listenCommand(ctx, p, true)
+	case router.DDL:
+		s.runDDL(ctx, portal.ddl, p, true)
+		if s.x.errored {
+			s.skipping = true
+		}
+	case router.Copy:
+		v, err := s.view(ctx)
+		if err != nil {
+			s.failExtended(err)
+			return
+		}
+		s.startCopy(ctx, v, p, true)
 	default:
 		s.failExtended(Errorf("XX000", "portal \"%s\" has nothing to run", m.Portal))
 	}
@@ -474,13 +568,18 @@ func (s *session) sync(ctx context.Context) error {
 	if err := s.play(&s.x); err != nil {
 		return err
 	}
+	ok := !s.x.errored
 	s.x.reset()
 	s.skipping = false
 	s.finish()
+	if err := s.endImplicit(ctx, ok); err != nil {
+		s.send(err.Response())
+	}
 	if s.txStatus() == 'I' {
 		// Portals live until their transaction ends.
 		clear(s.portals)
 	}
+	s.syncListener()
 	s.send(&pgproto3.ReadyForQuery{TxStatus: s.txStatus()})
 	return s.flush()
 }

@@ -28,6 +28,7 @@ type fanOut struct {
 	// fields are the per-node result columns (hidden sort columns included),
 	// needed to decode sort keys.
 	fields []pgproto3.FieldDescription
+	agg    *aggState // an aggregating fan-out: partial rows feed a final query
 }
 
 type fanPart struct {
@@ -60,10 +61,14 @@ func (f *fanOut) checkFields() error {
 }
 
 // nodeGroups lists the nodes holding shards of the plan's tree with the
-// schemas of those shards, in shard order.
-func nodeGroups(m *shardmap.Map) (nodes []string, schemas [][]string) {
+// schemas of those shards, in shard order; only the shards in only when it
+// is not nil.
+func nodeGroups(m *shardmap.Map, only map[int]bool) (nodes []string, schemas [][]string) {
 	index := map[string]int{}
 	for _, idx := range m.OwningShards() {
+		if only != nil && !only[idx] {
+			continue
+		}
 		node := m.Shards[idx].Node
 		g, ok := index[node]
 		if !ok {
@@ -90,8 +95,8 @@ func (s *session) startFanOut(ctx context.Context, v *shardmap.View, p *router.P
 	}
 	if agg, err := s.srv.aggregateIn(ctx, s.tenant, p.Calls); err != nil || agg != "" {
 		if err == nil {
-			e := Errorf("0A000", "SELECT on tree %q calls aggregate %s, and aggregates over several shards are not supported yet", p.Tree.Name, agg)
-			e.Hint = "fix the shard key in WHERE to read one shard, or aggregate in the application"
+			e := Errorf("0A000", "SELECT on tree %q calls aggregate %s, which the proxy cannot combine over several shards", p.Tree.Name, agg)
+			e.Hint = "fix the shard key in WHERE to read one shard, or aggregate in the application; count, sum, min, max and avg are combined"
 			err = e
 		}
 		s.fail(err, extended)
@@ -100,6 +105,11 @@ func (s *session) startFanOut(ctx context.Context, v *shardmap.View, p *router.P
 	var oids []uint32
 	if portal != nil {
 		oids = portal.stmt.oids
+	}
+	nodes, schemas := nodeGroups(m, keyShards(m, p, bind, oids))
+	var queries []string // simple protocol: each node's statement
+	if p.Agg != nil {
+		return s.startAggFanOut(ctx, p, nodes, schemas, bind, portal)
 	}
 	limit, offset, perNode, err := limits(p, bind, oids)
 	if err != nil {
@@ -114,7 +124,6 @@ func (s *session) startFanOut(ctx context.Context, v *shardmap.View, p *router.P
 		b.ResultFormatCodes = append(append([]int16(nil), bind.ResultFormatCodes...), make([]int16, p.Hidden)...)
 		bind = &b
 	}
-	nodes, schemas := nodeGroups(m)
 	for i, node := range nodes {
 		sql := p.RenderFanOut(schemas[i], perNode)
 		if extended {
@@ -137,10 +146,15 @@ func (s *session) startFanOut(ctx context.Context, v *shardmap.View, p *router.P
 			s.fail(err, false)
 			return nil
 		}
-		be.Frontend.Send(&pgproto3.Query{String: sql})
+		queries = append(queries, sql)
 		f.parts = append(f.parts, &fanPart{be: be})
 	}
 	if !extended {
+		// Sent only once every node's backend is at hand: a Query sent
+		// before a later node is refused would have no step to read it.
+		for i, part := range f.parts {
+			part.be.Frontend.Send(&pgproto3.Query{String: queries[i]})
+		}
 		s.x.add(step{kind: stepFanOut, fan: f})
 	}
 	return f
@@ -223,6 +237,9 @@ func limitValue(v *router.Value, bind *pgproto3.Bind, oids []uint32, what, code 
 
 // play merges the parts' results and forwards them to the client.
 func (f *fanOut) play(s *session, x *exchange) error {
+	if f.agg != nil {
+		return f.playAgg(s, x)
+	}
 	live := f.parts[:0:0]
 	for _, p := range f.parts {
 		if !x.failed[p.be] {
@@ -335,7 +352,7 @@ func (f *fanOut) next(s *session, x *exchange, p *fanPart, keep bool) ([][]byte,
 		case *pgproto3.RowDescription:
 			if f.fields == nil {
 				f.fields = copyFields(m.Fields)
-				if f.simple && !x.errored {
+				if f.simple && !x.errored && f.agg == nil {
 					s.send(&pgproto3.RowDescription{Fields: m.Fields[:len(m.Fields)-f.plan.Hidden]})
 				}
 			}

@@ -33,6 +33,16 @@ type Config struct {
 	// tenant's catalog; a SELECT over several shards that calls one is
 	// refused rather than answered with one row per node.
 	Aggregates func(ctx context.Context, tenant string, names []string) ([]string, error)
+	// TwoPhase commits transactions that span several nodes; without it
+	// they are refused at COMMIT.
+	TwoPhase *TwoPhase
+	// TreeDDL runs DDL on a tree on its template and every shard and
+	// records it in the registry; nil refuses DDL on trees.
+	TreeDDL func(ctx context.Context, d pgshard.TreeDDL) error
+	// IndexTable names the table of index public.<index> on the catalog
+	// node ("" when there is none), so that DROP INDEX of a tree's index
+	// reaches its shards.
+	IndexTable func(ctx context.Context, tenant, index string) (string, error)
 	Log        *slog.Logger
 }
 
@@ -44,6 +54,7 @@ type Server struct {
 	pools       *pgshard.Pools
 	functions   Functions
 	catalogNode string
+	twoPhase    *TwoPhase
 	log         *slog.Logger
 
 	aggs     sync.Map // tenant + "\x00" + function name -> aggCheck
@@ -63,7 +74,7 @@ func NewServer(cfg Config, cache *shardmap.Cache, planner *router.Planner, pools
 	}
 	return &Server{
 		cfg: cfg, cache: cache, planner: planner, pools: pools, functions: functions,
-		catalogNode: cfg.CatalogNode, log: cfg.Log, sessions: make(map[uint32]*session),
+		catalogNode: cfg.CatalogNode, twoPhase: cfg.TwoPhase, log: cfg.Log, sessions: make(map[uint32]*session),
 	}
 }
 
@@ -232,8 +243,17 @@ func (s *Server) cancel(ctx context.Context, key *CancelKey) {
 }
 
 func (sess *session) loop(ctx context.Context) {
+	// ready: the client got ReadyForQuery for everything it sent, so the
+	// session is between queries and notifications may flow.
+	ready := true
 	for {
+		if ready {
+			sess.enterIdle()
+		}
 		msg, err := sess.client.Receive()
+		if lerr := sess.leaveIdle(); lerr != nil {
+			return
+		}
 		if err != nil {
 			var tooBig *pgproto3.ExceededMaxBodyLenErr
 			if errors.As(err, &tooBig) {
@@ -248,9 +268,11 @@ func (sess *session) loop(ctx context.Context) {
 		switch m := msg.(type) {
 		case *pgproto3.Query:
 			err = sess.simpleQuery(ctx, m.String)
+			ready = true
 		case *pgproto3.Parse, *pgproto3.Bind, *pgproto3.Describe, *pgproto3.Execute,
 			*pgproto3.Close, *pgproto3.Sync, *pgproto3.Flush:
 			err = sess.extendedMsg(ctx, m)
+			_, ready = m.(*pgproto3.Sync)
 		case *pgproto3.Terminate:
 			return
 		case *pgproto3.CopyData, *pgproto3.CopyDone, *pgproto3.CopyFail:

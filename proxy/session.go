@@ -5,7 +5,6 @@ import (
 	"errors"
 	"log/slog"
 	"net"
-	"strconv"
 	"strings"
 	"sync"
 
@@ -41,14 +40,27 @@ type session struct {
 	settings     *settings
 
 	tx struct {
-		active   bool     // BEGIN seen and no backend holds the transaction yet, or one does
-		failed   bool     // an error aborted a transaction that no backend holds
-		begin    string   // the BEGIN statement to replay on the first backend
+		active bool // BEGIN seen (or an implicit transaction started), whether or not a backend holds it yet
+		// failed marks an error no backend records: one before any backend
+		// held the transaction, or a participant lost mid-transaction.
+		failed bool
+		// implicit marks a transaction the proxy started for one statement
+		// (or one extended batch) over several nodes; it ends at
+		// ReadyForQuery (endImplicit).
+		implicit bool
+		begin    string   // the BEGIN statement, replayed on every node the transaction touches
 		deferred []string // SAVEPOINT and friends issued before a backend was chosen
+		local    []string // SET LOCAL, SET TRANSACTION: replayed on every node that joins
+		// conns hold the transaction, one backend per node, in the order
+		// the nodes joined.
+		conns []*pgshard.Conn
+		// setsBefore is the session's SETs before the first SET inside this
+		// transaction: a rollback undoes that SET, so they are restored.
+		setsBefore []setting
+		setInTx    bool
 	}
-	pinned *pgshard.Conn   // the backend that holds the open transaction
-	used   []*pgshard.Conn // backends taken for the current exchange
-	aux    []*pgshard.Conn // backends that only describe statements, outside any transaction
+	used []*pgshard.Conn // backends taken for the current exchange, outside any transaction
+	aux  []*pgshard.Conn // backends that only describe statements, outside any transaction
 
 	x       exchange
 	stmts   map[string]*clientStmt
@@ -62,6 +74,8 @@ type session struct {
 
 	pendingBytes int
 	copyBytes    int
+
+	listener *listener // the session's LISTEN backend, nil until it runs LISTEN
 }
 
 // clientStmt is a prepared statement as the client named it.
@@ -82,12 +96,15 @@ type clientPortal struct {
 	split     *splitState
 	fan       *fanOut
 	parts     []portalPart
+	ddl       *shardmap.Tree // a DDL plan's tree, found at Bind
 }
 
-// splitState accumulates the parts of an INSERT split across shards.
+// splitState accumulates the parts of a statement split across shards: a
+// multi-row INSERT, or an UPDATE or DELETE on every shard.
 type splitState struct {
 	rowDescSent bool
 	count       int64
+	prefix      string // the command tag without its count: "UPDATE ", "INSERT 0 "
 }
 
 func (s *session) send(m pgproto3.BackendMessage) {
@@ -140,49 +157,65 @@ func (s *session) plan(ctx context.Context, sql string) ([]*router.Plan, *shardm
 
 // txStatus is the transaction status the client sees in ReadyForQuery.
 func (s *session) txStatus() byte {
-	if s.pinned != nil {
-		return s.pinned.TxStatus
+	if !s.tx.active && len(s.tx.conns) == 0 {
+		return 'I'
 	}
-	if s.tx.active {
-		if s.tx.failed {
+	if s.tx.failed {
+		return 'E'
+	}
+	for _, be := range s.tx.conns {
+		if be.TxStatus == 'E' {
 			return 'E'
 		}
-		return 'T'
 	}
-	return 'I'
+	return 'T'
 }
 
 // backend returns the connection that runs work for node in this exchange:
-// the transaction's own, one already taken, or a new one from the pool brought
-// to the session's settings and transaction state.
+// the transaction's own for that node, one already taken, or a new one from
+// the pool brought to the session's settings. Inside a transaction a new
+// backend joins it: the client's BEGIN is replayed there first.
 func (s *session) backend(ctx context.Context, node string) (*pgshard.Conn, error) {
-	if s.pinned != nil {
-		// A failed transaction answers 25P02 to anything, wherever it points.
-		if s.pinned.Node == node || s.pinned.TxStatus == 'E' {
-			return s.pinned, nil
+	for _, be := range s.tx.conns {
+		if be.Node == node {
+			return be, nil
 		}
-		return nil, crossNodeTx(s.pinned.Node, node)
+	}
+	for _, be := range s.tx.conns {
+		// A failed transaction answers 25P02 to anything, wherever it points.
+		if be.TxStatus == 'E' {
+			return be, nil
+		}
 	}
 	for _, be := range s.used {
 		if be.Node == node {
 			return be, nil
 		}
 	}
-	if s.tx.active && len(s.used) > 0 {
-		return nil, crossNodeTx(s.used[0].Node, node)
-	}
 	be, err := s.acquire(ctx, node)
 	if err != nil {
 		return nil, err
 	}
-	s.used = append(s.used, be)
-	if s.tx.active {
-		prologue := append([]string{s.tx.begin}, s.tx.deferred...)
-		s.tx.deferred = nil
-		be.Frontend.Send(&pgproto3.Query{String: strings.Join(prologue, "; ")})
-		s.x.add(step{kind: stepHiddenQuery, be: be})
+	if !s.tx.active {
+		s.used = append(s.used, be)
+		return be, nil
 	}
+	s.tx.conns = append(s.tx.conns, be)
+	prologue := append(append([]string{s.tx.begin}, s.tx.local...), s.tx.deferred...)
+	s.tx.deferred = nil
+	be.Frontend.Send(&pgproto3.Query{String: strings.Join(prologue, "; ")})
+	s.x.add(step{kind: stepHiddenQuery, be: be})
 	return be, nil
+}
+
+// inTx reports whether be holds part of the session's transaction.
+func (s *session) inTx(be *pgshard.Conn) bool {
+	for _, c := range s.tx.conns {
+		if c == be {
+			return true
+		}
+	}
+	return false
 }
 
 // acquire takes a backend from the pool and queues what brings it to the
@@ -196,6 +229,16 @@ func (s *session) acquire(ctx context.Context, node string) (*pgshard.Conn, erro
 		return nil, Errorf("08006", "cannot reach node %s: %v", node, err)
 	}
 	s.setActive(be, true)
+	if q := s.prologue(be); q != "" {
+		be.Frontend.Send(&pgproto3.Query{String: q})
+		s.x.add(step{kind: stepHiddenQuery, be: be})
+	}
+	return be, nil
+}
+
+// prologue is the Query that brings a backend fresh from the pool to the
+// session's settings, or "".
+func (s *session) prologue(be *pgshard.Conn) string {
 	var prologue []string
 	for _, n := range be.TakeEvicted() {
 		prologue = append(prologue, "DEALLOCATE "+n)
@@ -204,11 +247,7 @@ func (s *session) acquire(ctx context.Context, node string) (*pgshard.Conn, erro
 		prologue = append(prologue, q)
 		be.Settings = s.settings.fp
 	}
-	if len(prologue) > 0 {
-		be.Frontend.Send(&pgproto3.Query{String: strings.Join(prologue, "; ")})
-		s.x.add(step{kind: stepHiddenQuery, be: be})
-	}
-	return be, nil
+	return strings.Join(prologue, "; ")
 }
 
 // describeBackend is where statements are described: against the tree's
@@ -217,8 +256,10 @@ func (s *session) acquire(ctx context.Context, node string) (*pgshard.Conn, erro
 // describing a statement never decides which node holds the transaction.
 func (s *session) describeBackend(ctx context.Context) (*pgshard.Conn, error) {
 	node := s.srv.catalogNode
-	if s.pinned != nil && s.pinned.Node == node {
-		return s.pinned, nil
+	for _, be := range s.tx.conns {
+		if be.Node == node {
+			return be, nil
+		}
 	}
 	for _, be := range s.used {
 		if be.Node == node {
@@ -241,21 +282,10 @@ func (s *session) describeBackend(ctx context.Context) (*pgshard.Conn, error) {
 // catalogTarget is the node for a Catalog plan: the catalog node, except
 // that a read naming no relation follows the session's open transaction.
 func (s *session) catalogTarget(p *router.Plan) string {
-	if p.Anywhere {
-		if s.pinned != nil {
-			return s.pinned.Node
-		}
-		if s.tx.active && len(s.used) > 0 {
-			return s.used[0].Node
-		}
+	if p.Anywhere && len(s.tx.conns) > 0 {
+		return s.tx.conns[0].Node
 	}
 	return s.srv.catalogNode
-}
-
-func crossNodeTx(have, want string) *Error {
-	e := Errorf("0A000", "this transaction already uses node %s and this statement needs node %s", have, want)
-	e.Hint = "Lattice does not run one transaction across nodes yet: commit first, or keep a transaction to one shard key"
-	return e
 }
 
 func (s *session) setActive(be *pgshard.Conn, on bool) {
@@ -295,23 +325,17 @@ func (s *session) sendBackends() {
 }
 
 func (s *session) backends() []*pgshard.Conn {
-	out := make([]*pgshard.Conn, 0, 1+len(s.used)+len(s.aux))
-	if s.pinned != nil {
-		out = append(out, s.pinned)
-	}
-	return append(append(out, s.used...), s.aux...)
+	out := make([]*pgshard.Conn, 0, len(s.tx.conns)+len(s.used)+len(s.aux))
+	return append(append(append(out, s.tx.conns...), s.used...), s.aux...)
 }
 
 // dropBackend forgets a broken backend; the pool closes it.
 func (s *session) dropBackend(be *pgshard.Conn) {
-	if be == s.pinned {
-		s.pinned = nil
+	if s.inTx(be) {
+		// The participant's work is gone: only ROLLBACK ends this.
 		s.tx.active, s.tx.failed = true, true
-		s.setActive(be, false)
-		s.srv.pools.Release(be)
-		return
 	}
-	for _, list := range []*[]*pgshard.Conn{&s.used, &s.aux} {
+	for _, list := range []*[]*pgshard.Conn{&s.tx.conns, &s.used, &s.aux} {
 		for i, c := range *list {
 			if c == be {
 				*list = append((*list)[:i], (*list)[i+1:]...)
@@ -323,12 +347,15 @@ func (s *session) dropBackend(be *pgshard.Conn) {
 	}
 }
 
-// finish ends an exchange: backends that are idle go back to the pool, one
-// left inside a transaction holds the session's transaction from now on.
+// finish ends an exchange: backends that are idle go back to the pool; one
+// left inside a transaction (a BEGIN sent within a multi-statement query)
+// holds the session's transaction from now on. A transaction whose backends
+// all ended it (COMMIT or ROLLBACK forwarded) is over.
 func (s *session) finish() {
 	for _, be := range s.used {
-		if be.TxStatus != 'I' && !be.Broken() && s.pinned == nil {
-			s.pinned = be
+		if be.TxStatus != 'I' && !be.Broken() && len(s.tx.conns) == 0 {
+			s.tx.conns = append(s.tx.conns, be)
+			s.tx.active = true
 			continue
 		}
 		s.setActive(be, false)
@@ -343,33 +370,58 @@ func (s *session) finish() {
 		s.srv.pools.Release(be)
 	}
 	s.aux = s.aux[:0]
-	if s.pinned != nil {
-		if s.pinned.TxStatus == 'I' || s.pinned.Broken() {
-			s.setActive(s.pinned, false)
-			s.srv.pools.Release(s.pinned)
-			s.pinned = nil
-			s.tx.active, s.tx.failed, s.tx.deferred = false, false, nil
-		} else {
-			s.tx.active = true
-		}
+	if len(s.tx.conns) == 0 {
+		return
 	}
+	kept := s.tx.conns[:0]
+	for _, be := range s.tx.conns {
+		if be.TxStatus == 'I' || be.Broken() {
+			s.setActive(be, false)
+			s.srv.pools.Release(be)
+			continue
+		}
+		kept = append(kept, be)
+	}
+	ended := len(kept) < len(s.tx.conns)
+	clear(s.tx.conns[len(kept):])
+	s.tx.conns = kept
+	switch {
+	case len(kept) == 0 && !s.tx.implicit:
+		s.resetTx()
+	case ended:
+		// One participant left the transaction on its own: the others
+		// must not commit without it.
+		s.tx.failed = true
+	default:
+		s.tx.active = true
+	}
+}
+
+// resetTx forgets a transaction that ended on every backend.
+func (s *session) resetTx() {
+	s.tx.active, s.tx.failed, s.tx.implicit = false, false, false
+	s.tx.deferred, s.tx.local, s.tx.begin = nil, nil, ""
 }
 
 // release returns everything at session end; a transaction left open is
 // rolled back by closing its backend.
 func (s *session) release() {
-	if s.pinned != nil {
-		s.pinned.MarkBroken()
-		s.used = append(s.used, s.pinned)
-		s.pinned = nil
+	if s.listener != nil {
+		// The reader may be writing a notification to the client: closing
+		// the socket ends that write.
+		s.conn.Close()
+		s.dropListener()
 	}
-	for _, be := range append(s.used, s.aux...) {
+	for _, be := range s.tx.conns {
+		be.MarkBroken()
+	}
+	for _, be := range append(append(s.tx.conns, s.used...), s.aux...) {
 		if be.TxStatus != 'I' {
 			be.MarkBroken()
 		}
 		s.srv.pools.Release(be)
 	}
-	s.used, s.aux = nil, nil
+	s.tx.conns, s.used, s.aux = nil, nil, nil
 }
 
 // fail reports err (ours, not a backend's) to the client and applies
@@ -382,12 +434,12 @@ func (s *session) fail(err error, extended bool) {
 		if extended {
 			be.Frontend.Send(&pgproto3.Parse{Query: "lattice aborts this transaction"})
 			s.x.add(step{kind: stepAbort, be: be})
-		} else if be.TxStatus != 'I' || be == s.pinned {
+		} else if be.TxStatus != 'I' || s.inTx(be) {
 			be.Frontend.Send(&pgproto3.Query{String: "lattice aborts this transaction"})
 			s.x.add(step{kind: stepAbort, be: be, query: true})
 		}
 	}
-	if s.pinned == nil && s.tx.active {
+	if len(s.tx.conns) == 0 && s.tx.active {
 		s.tx.failed = true
 	}
 }
@@ -480,10 +532,6 @@ func (s *session) splitRows(v *shardmap.View, p *router.Plan, bind *pgproto3.Bin
 
 func commandComplete(tag string) *pgproto3.CommandComplete {
 	return &pgproto3.CommandComplete{CommandTag: []byte(tag)}
-}
-
-func insertTag(n int64) *pgproto3.CommandComplete {
-	return commandComplete("INSERT 0 " + strconv.FormatInt(n, 10))
 }
 
 // firstWord is the upper-cased leading keyword of a statement.

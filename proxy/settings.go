@@ -67,6 +67,12 @@ func (s *settings) apply(stmt string) {
 	s.refresh()
 }
 
+// restore sets the SETs back to an earlier list (a transaction rolled back).
+func (s *settings) restore(set []setting) {
+	s.set = set
+	s.refresh()
+}
+
 // reset is DISCARD ALL: back to the startup state.
 func (s *settings) reset() {
 	s.set = nil
@@ -84,6 +90,10 @@ func removeSetting(v []setting, name string) []setting {
 }
 
 // replay is the statement that brings a backend from state fp to s, or "".
+// unknownSettings marks a backend whose settings the proxy does not know:
+// it matches no fingerprint, so the session's settings are replayed.
+const unknownSettings = "\x00unknown"
+
 func (s *settings) replay(fp string) string {
 	if fp == s.fp {
 		return ""

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -30,8 +31,13 @@ func (s *session) simpleQuery(ctx context.Context, sql string) error {
 			s.log.Warn("map refresh after LT001 failed", "err", err)
 		}
 	}
+	ok := !s.x.errored
 	s.x.reset()
 	s.finish()
+	if err := s.endImplicit(ctx, ok); err != nil {
+		s.send(err.Response())
+	}
+	s.syncListener()
 	s.send(&pgproto3.ReadyForQuery{TxStatus: s.txStatus()})
 	return s.flush()
 }
@@ -55,7 +61,7 @@ func (s *session) runQuery(ctx context.Context, sql string, allowRetry bool) {
 // abortedTx reports the 25P02 PostgreSQL gives for statements in a failed
 // transaction, when the proxy itself holds that transaction.
 func (s *session) abortedTx(p *router.Plan) bool {
-	if s.pinned != nil || !s.tx.failed {
+	if !s.tx.failed {
 		return false
 	}
 	if p.Kind == router.Transaction && (p.Tx == router.Commit || p.Tx == router.Rollback || p.Tx == router.RollbackTo) {
@@ -81,7 +87,17 @@ func (s *session) simpleOne(ctx context.Context, v *shardmap.View, p *router.Pla
 	case router.Function:
 		args, named := literalArgs(p.Func)
 		s.callFunction(ctx, p.Func, args, named, nil, true)
-	case router.Catalog, router.LocalSet:
+	case router.LocalSet:
+		if s.tx.active {
+			s.localSet(ctx, p, false)
+		} else {
+			s.forwardQuery(ctx, s.catalogTarget(p), p.SQL, false)
+		}
+	case router.Catalog:
+		if isListenPlan(p) {
+			s.listenCommand(ctx, p, false)
+			return
+		}
 		if err := s.catalogGuard(p); err != nil {
 			s.fail(err, false)
 			return
@@ -96,8 +112,18 @@ func (s *session) simpleOne(ctx context.Context, v *shardmap.View, p *router.Pla
 		s.forwardQuery(ctx, sh.Node, p.Render(shardmap.SchemaName(sh.Index)), allowRetry && !s.tx.active)
 	case router.InsertSplit:
 		s.simpleInsertSplit(ctx, v, p, allowRetry)
+	case router.WriteAll:
+		s.simpleWriteAll(ctx, v, p)
 	case router.FanOut:
+		if sql, node, ok := wholeOnOneNode(v, p, nil, nil); ok {
+			s.forwardQuery(ctx, node, sql, false)
+			return
+		}
 		s.startFanOut(ctx, v, p, nil, nil)
+	case router.DDL:
+		s.simpleDDL(ctx, v, p)
+	case router.Copy:
+		s.startCopy(ctx, v, p, false)
 	default:
 		s.fail(Errorf("XX000", "unhandled plan kind %v", p.Kind), false)
 	}
@@ -113,48 +139,72 @@ func (s *session) forwardQuery(ctx context.Context, node, sql string, staleRetry
 	s.x.add(step{kind: stepQuery, be: be, staleRetry: staleRetry})
 }
 
-// simpleInsertSplit runs a multi-row INSERT as one statement per shard. All
-// parts go to one node as one multi-statement Query, which PostgreSQL runs
-// as one implicit transaction, so the INSERT stays atomic.
+// simpleInsertSplit runs a multi-row INSERT as one statement per shard,
+// the parts of one node in one multi-statement Query. On one node
+// PostgreSQL's implicit transaction keeps it atomic; over several nodes it
+// runs in the session's transaction, or in an implicit one committed with
+// two-phase commit.
 func (s *session) simpleInsertSplit(ctx context.Context, v *shardmap.View, p *router.Plan, allowRetry bool) {
 	shards, rows, err := s.splitRows(v, p, nil, nil)
 	if err != nil {
 		s.fail(err, false)
 		return
 	}
-	node := shards[0].Node
-	parts := make([]string, len(shards))
+	if len(shards) == 1 {
+		sql, _ := p.RenderRows(shardmap.SchemaName(shards[0].Index), rows[0])
+		s.forwardQuery(ctx, shards[0].Node, sql, allowRetry && !s.tx.active)
+		return
+	}
+	var nodes []string
+	parts := map[string][]string{}
 	for i, sh := range shards {
-		if sh.Node != node {
-			s.fail(crossNodeInsert(), false)
+		if _, ok := parts[sh.Node]; !ok {
+			nodes = append(nodes, sh.Node)
+		}
+		sql, _ := p.RenderRows(shardmap.SchemaName(sh.Index), rows[i])
+		parts[sh.Node] = append(parts[sh.Node], sql)
+	}
+	s.simpleEveryNode(ctx, nodes, parts)
+}
+
+// simpleWriteAll runs an UPDATE or DELETE without the shard key on every
+// shard of its tree: one multi-statement Query per node.
+func (s *session) simpleWriteAll(ctx context.Context, v *shardmap.View, p *router.Plan) {
+	m := v.Maps[p.Tree.Name]
+	if m == nil {
+		s.fail(Errorf("58000", "tree %q has no shard map", p.Tree.Name), false)
+		return
+	}
+	nodes, schemas := nodeGroups(m, nil)
+	parts := make(map[string][]string, len(nodes))
+	for i, node := range nodes {
+		for _, schema := range schemas[i] {
+			parts[node] = append(parts[node], p.Render(schema))
+		}
+	}
+	s.simpleEveryNode(ctx, nodes, parts)
+}
+
+// simpleEveryNode sends each node its statements as one Query, atomically
+// (spanNodes), and reports one command tag with the counts added up.
+func (s *session) simpleEveryNode(ctx context.Context, nodes []string, parts map[string][]string) {
+	s.spanNodes(len(nodes), false)
+	sp := &splitState{}
+	for _, node := range nodes {
+		be, err := s.backend(ctx, node)
+		if err != nil {
+			s.fail(err, false)
 			return
 		}
-		parts[i], _ = p.RenderRows(shardmap.SchemaName(sh.Index), rows[i])
+		be.Frontend.Send(&pgproto3.Query{String: strings.Join(parts[node], ";\n")})
+		s.x.add(step{kind: stepQuery, be: be, rowsOnly: true, split: sp})
 	}
-	if len(parts) == 1 {
-		s.forwardQuery(ctx, node, parts[0], allowRetry && !s.tx.active)
-		return
-	}
-	be, err := s.backend(ctx, node)
-	if err != nil {
-		s.fail(err, false)
-		return
-	}
-	be.Frontend.Send(&pgproto3.Query{String: strings.Join(parts, ";\n")})
-	sp := &splitState{}
-	s.x.add(step{kind: stepQuery, be: be, rowsOnly: true, counter: &sp.count})
 	// The summed tag is known only once the parts ran.
 	s.x.add(step{kind: stepSynthetic, then: func(x *exchange) {
 		if !x.errored {
-			s.send(insertTag(sp.count))
+			s.send(sp.tag())
 		}
 	}})
-}
-
-func crossNodeInsert() *Error {
-	e := Errorf("0A000", "the rows of this INSERT belong to shards on more than one node")
-	e.Hint = "insert the rows in separate statements, grouped by node; atomic writes across nodes are not supported yet"
-	return e
 }
 
 // simpleMulti runs a Query holding several statements. It is forwarded as one
@@ -163,10 +213,26 @@ func crossNodeInsert() *Error {
 func (s *session) simpleMulti(ctx context.Context, v *shardmap.View, plans []*router.Plan) {
 	node := ""
 	parts := make([]string, 0, len(plans))
+	// txStmts are the statements that act on the whole transaction; they
+	// reach only the node this query string runs on.
+	var txStmts []*router.Plan
 	for _, p := range plans {
 		var n, sql string
+		if p.Kind == router.LocalSet || p.Kind == router.Transaction && p.Tx != router.Begin {
+			txStmts = append(txStmts, p)
+		}
+		if p.Kind == router.Transaction && p.Tx == router.Begin && !s.tx.active {
+			// Replayed on the other nodes the transaction will touch.
+			s.tx.begin = strings.TrimSpace("BEGIN " + p.TxOptions)
+		}
 		switch p.Kind {
 		case router.Catalog, router.LocalSet, router.Transaction:
+			if isListenPlan(p) {
+				e := Errorf("0A000", "%s cannot be combined with other statements in one query string through the Lattice proxy", firstWord(p.SQL))
+				e.Hint = "send it as a query of its own"
+				s.fail(e, false)
+				return
+			}
 			if err := s.catalogGuard(p); err != nil {
 				s.fail(err, false)
 				return
@@ -205,34 +271,77 @@ func (s *session) simpleMulti(ctx context.Context, v *shardmap.View, plans []*ro
 	if node == "" {
 		node = s.catalogTarget(&router.Plan{Anywhere: true})
 	}
+	if len(txStmts) > 0 && (len(s.tx.conns) > 1 || len(s.tx.conns) == 1 && s.tx.conns[0].Node != node) {
+		e := Errorf("0A000", "%s inside a multi-statement query is not supported in a transaction that spans several nodes", firstWord(txStmts[0].SQL))
+		e.Hint = "send COMMIT, ROLLBACK, savepoint and SET LOCAL commands as queries of their own"
+		s.fail(e, false)
+		return
+	}
+	if s.tx.active {
+		for _, p := range txStmts {
+			if p.Kind == router.LocalSet {
+				s.tx.local = append(s.tx.local, p.SQL)
+			}
+		}
+	}
 	s.forwardQuery(ctx, node, strings.Join(parts, ";\n"), false)
+}
+
+// localSet runs SET LOCAL, SET TRANSACTION or SET CONSTRAINTS inside a
+// transaction on every node it holds, and keeps it to replay on the nodes
+// it touches later. With no node yet, the catalog node joins so that
+// PostgreSQL validates the statement.
+func (s *session) localSet(ctx context.Context, p *router.Plan, extended bool) {
+	conns := s.tx.conns
+	if len(conns) == 0 {
+		be, err := s.backend(ctx, s.srv.catalogNode)
+		if err != nil {
+			s.fail(err, extended)
+			if extended {
+				s.skipping = true
+			}
+			return
+		}
+		conns = []*pgshard.Conn{be}
+	}
+	for i, be := range conns {
+		s.forwardTx(be, p.SQL, extended, i > 0)
+	}
+	s.tx.local = append(s.tx.local, p.SQL)
 }
 
 // catalogGuard refuses statements whose effect would be stranded on one
 // pooled backend: SQL-level prepared statements and the like.
 func (s *session) catalogGuard(p *router.Plan) error {
+	if p.Notify && slices.ContainsFunc(s.tx.conns, func(be *pgshard.Conn) bool { return be.Node != s.srv.catalogNode }) {
+		// It would join the catalog node to a transaction over several
+		// nodes, and PostgreSQL cannot prepare a transaction that notified.
+		e := Errorf("0A000", "cannot notify inside a transaction that already uses %s: notifications are sent from the catalog node, and a transaction over several nodes commits with PREPARE TRANSACTION, which PostgreSQL refuses after NOTIFY", nodeList(s.tx.conns))
+		e.Hint = "notify outside this transaction, or in a transaction that touches only the catalog node"
+		return e
+	}
 	switch firstWord(p.SQL) {
 	case "PREPARE", "EXECUTE":
 		e := Errorf("0A000", "SQL-level PREPARE and EXECUTE are not supported through the Lattice proxy")
 		e.Hint = "use the extended query protocol (your driver's prepared statements), which works across pooled backends"
-		return e
-	case "LISTEN", "UNLISTEN":
-		e := Errorf("0A000", "LISTEN is not supported yet through the Lattice proxy")
 		return e
 	}
 	return nil
 }
 
 // txControl serves BEGIN, COMMIT, ROLLBACK and savepoints. BEGIN takes no
-// backend: the first statement that needs one decides which node holds the
-// transaction, and BEGIN is replayed there.
+// backend: each node the transaction touches gets BEGIN replayed before its
+// first statement. COMMIT over several nodes is a two-phase commit.
 func (s *session) txControl(ctx context.Context, p *router.Plan, extended bool) {
-	if s.pinned != nil {
-		if p.Tx == router.Begin {
-			s.x.synthetic(&pgproto3.NoticeResponse{Severity: "WARNING", Code: "25001", Message: "there is already a transaction in progress"}, commandComplete("BEGIN"))
-			return
-		}
-		s.forwardTx(p.SQL, extended)
+	if p.Tx == router.Begin && s.tx.implicit {
+		// As in PostgreSQL, BEGIN inside an implicit transaction makes it
+		// a transaction block that includes what ran before.
+		s.tx.implicit = false
+		s.x.synthetic(commandComplete("BEGIN"))
+		return
+	}
+	if len(s.tx.conns) > 0 && p.Tx != router.Begin {
+		s.txOnBackends(ctx, p, extended)
 		return
 	}
 	switch p.Tx {
@@ -257,6 +366,11 @@ func (s *session) txControl(ctx context.Context, p *router.Plan, extended bool) 
 			return
 		}
 		s.tx.active, s.tx.failed, s.tx.deferred = false, false, nil
+		if s.tx.setInTx {
+			// No backend holds the transaction any more: nothing committed.
+			s.settings.restore(s.tx.setsBefore)
+			s.tx.setInTx, s.tx.setsBefore = false, nil
+		}
 		s.x.synthetic(commandComplete(tag))
 	case router.Savepoint, router.Release, router.RollbackTo:
 		if !s.tx.active {
@@ -283,11 +397,50 @@ func savepointTag(t router.TxKind) string {
 	return "SAVEPOINT"
 }
 
-// forwardTx sends a transaction statement to the backend holding the
+// afterTxEnd follows a COMMIT just queued (the last step) on be, the one
+// backend of the transaction: when it did not commit after all, SETs made
+// inside the transaction are undone, on be by PostgreSQL and here by
+// restoring the session's settings. (ROLLBACK TO SAVEPOINT undoing a SET is
+// not tracked.)
+func (s *session) afterTxEnd(be *pgshard.Conn) {
+	if !s.tx.setInTx {
+		return
+	}
+	before := s.tx.setsBefore
+	s.tx.setInTx, s.tx.setsBefore = false, nil
+	tag := new(string)
+	s.x.steps[len(s.x.steps)-1].tag = tag
+	s.x.add(step{kind: stepSynthetic, then: func(x *exchange) {
+		if *tag != "COMMIT" {
+			s.settings.restore(before)
+			be.Settings = unknownSettings
+		}
+	}})
+}
+
+// undoTxSets restores the session's settings after a transaction that
+// rolled back. The backends that held it are back at whatever settings they
+// had before it, which the proxy did not track, so each replays the
+// session's settings on its next use.
+func (s *session) undoTxSets(conns []*pgshard.Conn) {
+	if !s.tx.setInTx {
+		return
+	}
+	s.settings.restore(s.tx.setsBefore)
+	s.tx.setInTx, s.tx.setsBefore = false, nil
+	for _, be := range conns {
+		be.Settings = unknownSettings
+	}
+}
+
+// forwardTx sends a transaction statement to be, which holds (part of) the
 // transaction; the status in its ReadyForQuery tells finish whether the
-// transaction ended.
-func (s *session) forwardTx(sql string, extended bool) {
-	be := s.pinned
+// transaction ended. hide keeps its responses from the client.
+func (s *session) forwardTx(be *pgshard.Conn, sql string, extended, hide bool) {
+	if hide {
+		s.hiddenSQL(be, sql, extended)
+		return
+	}
 	if !extended {
 		be.Frontend.Send(&pgproto3.Query{String: sql})
 		s.x.add(step{kind: stepQuery, be: be})
@@ -301,19 +454,21 @@ func (s *session) forwardTx(sql string, extended bool) {
 // replayed on every backend the session uses.
 func (s *session) sessionCommand(ctx context.Context, p *router.Plan, extended bool) {
 	if p.Kind == router.Discard {
-		if s.tx.active || s.pinned != nil {
+		if s.tx.active {
 			s.fail(Errorf("25001", "DISCARD ALL cannot run inside a transaction block"), extended)
 			return
 		}
 		s.settings.reset()
 		s.stmts = map[string]*clientStmt{}
 		s.portals = map[string]*clientPortal{}
+		// DISCARD ALL includes UNLISTEN *.
+		s.x.add(step{kind: stepSynthetic, then: func(*exchange) { s.dropListener() }})
 		s.x.synthetic(commandComplete("DISCARD ALL"))
 		return
 	}
 	node := s.srv.catalogNode
-	if s.pinned != nil {
-		node = s.pinned.Node
+	if len(s.tx.conns) > 0 {
+		node = s.tx.conns[0].Node
 	}
 	be, err := s.backend(ctx, node)
 	if err != nil {
@@ -329,6 +484,9 @@ func (s *session) sessionCommand(ctx context.Context, p *router.Plan, extended b
 	// Recorded only once PostgreSQL accepted it.
 	s.x.add(step{kind: stepSynthetic, then: func(x *exchange) {
 		if !x.failed[be] {
+			if s.tx.active && !s.tx.setInTx {
+				s.tx.setInTx, s.tx.setsBefore = true, slices.Clone(s.settings.set)
+			}
 			s.settings.apply(p.SQL)
 			be.Settings = s.settings.fp
 		}
@@ -336,13 +494,15 @@ func (s *session) sessionCommand(ctx context.Context, p *router.Plan, extended b
 }
 
 // forwardExtendedSQL runs a parameterless statement on be with the extended
-// protocol inside an extended batch.
+// protocol inside an extended batch. The client's Bind was answered when it
+// arrived, so the backend's BindComplete stays in the proxy.
 func (s *session) forwardExtendedSQL(be *pgshard.Conn, sql string) {
 	be.Frontend.Send(&pgproto3.Parse{Query: sql})
 	be.Frontend.Send(&pgproto3.Bind{})
 	be.Frontend.Send(&pgproto3.Execute{})
 	s.x.add(step{kind: stepParse, be: be})
-	s.x.add(step{kind: stepBind, be: be})
+	// The client's own Bind was answered when it came.
+	s.x.add(step{kind: stepBind, be: be, hide: true})
 	s.x.add(step{kind: stepExecute, be: be})
 }
 

@@ -58,7 +58,8 @@ type fanPlan struct {
 	hidden        int
 	limit, offset *Value
 	calls         []string
-	hiddenKeys    []int // for each hidden column in order, the index of its ORDER BY item
+	hiddenKeys    []int    // for each hidden column in order, the index of its ORDER BY item
+	agg           *AggPlan // aggregates, GROUP BY, HAVING or DISTINCT: the two-step form
 }
 
 // fanRender holds a FanOut plan's per-shard branch and outer ORDER BY.
@@ -104,6 +105,17 @@ func (p *Plan) RenderFanOut(schemas []string, limit int64) string {
 	return b.String()
 }
 
+// selectScan lists the parts of a SELECT where aggregates may appear.
+func selectScan(s *pg.SelectStmt) []*pg.Node {
+	var scan []*pg.Node
+	scan = append(scan, s.TargetList...)
+	scan = append(scan, s.SortClause...)
+	if s.HavingClause != nil {
+		scan = append(scan, s.HavingClause)
+	}
+	return scan
+}
+
 // fanOut decides whether a SELECT of one tree without its shard key can
 // run on every shard with the results merged in the proxy.
 func (p *planner) fanOut(r route, s *pg.SelectStmt) route {
@@ -117,11 +129,9 @@ func (p *planner) fanOut(r route, s *pg.SelectStmt) route {
 	if s.Op != pg.SetOperation_SETOP_NONE || len(s.ValuesLists) > 0 {
 		return no(keyHint+", or run the parts as separate statements.", "set operations over several shards are not supported yet")
 	}
-	var scan []*pg.Node
-	scan = append(scan, s.TargetList...)
-	scan = append(scan, s.SortClause...)
-	if s.HavingClause != nil {
-		scan = append(scan, s.HavingClause)
+	scan := selectScan(s)
+	if aggregating(s, scan) {
+		return p.aggFanOut(r, s)
 	}
 	if agg, window := aggregates(scan); agg != "" {
 		return no(keyHint+", or aggregate in the application.", "aggregates over several shards are not supported yet (%s)", agg)

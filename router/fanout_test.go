@@ -11,23 +11,20 @@ import (
 
 func TestFanOutRefusals(t *testing.T) {
 	cases := []struct{ sql, errHas string }{
-		// Aggregates: a later change merges them.
-		{`SELECT count(*) FROM catalogue`, "aggregates over several shards are not supported yet"},
-		{`SELECT sum(price) FROM catalogue WHERE qty > 1`, "aggregates over several shards"},
-		{`SELECT count(DISTINCT name) FROM catalogue`, "aggregates over several shards"},
-		{`SELECT pg_catalog.max(price) FROM catalogue`, "aggregates over several shards"},
-		{`SELECT my_agg(price ORDER BY sku) FROM catalogue`, "aggregates over several shards"},
-		{`SELECT my_agg(price) FILTER (WHERE qty > 0) FROM catalogue`, "aggregates over several shards"},
-		{`SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY price) FROM catalogue`, "aggregates over several shards"},
-		{`SELECT name FROM catalogue ORDER BY count(*)`, "aggregates over several shards"},
-		{`SELECT (SELECT max(c.price)) FROM catalogue c`, "aggregates over several shards"},
-		{`SELECT JSON_ARRAYAGG(name) FROM catalogue`, "aggregates over several shards"},
-		// Grouping, DISTINCT, windows, locking.
-		{`SELECT name FROM catalogue GROUP BY name`, "GROUP BY over several shards"},
-		{`SELECT 1 FROM catalogue GROUP BY ()`, "GROUP BY over several shards"},
-		{`SELECT 1 FROM catalogue HAVING true`, "HAVING over several shards"},
-		{`SELECT DISTINCT name FROM catalogue`, "DISTINCT over several shards"},
-		{`SELECT DISTINCT ON (name) name FROM catalogue ORDER BY name`, "DISTINCT over several shards"},
+		// Aggregates the two-step form cannot combine.
+		{`SELECT my_agg(price ORDER BY sku) FROM catalogue`, "aggregate my_agg() over several shards is not supported"},
+		{`SELECT my_agg(price) FILTER (WHERE qty > 0) FROM catalogue`, "aggregate my_agg() over several shards"},
+		{`SELECT count(*) FILTER (WHERE qty > 0) FROM catalogue`, "aggregate count() over several shards"},
+		{`SELECT string_agg(name, ',') FROM catalogue`, "aggregate string_agg() over several shards"},
+		{`SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY price) FROM catalogue`, "aggregate percentile_cont() over several shards"},
+		{`SELECT name FROM catalogue ORDER BY count(*)`, "column \"name\" is neither grouped nor aggregated"},
+		{`SELECT (SELECT max(c.price)) FROM catalogue c`, "a subquery in an aggregating SELECT"},
+		{`SELECT JSON_ARRAYAGG(name) FROM catalogue`, "JSON_ARRAYAGG() over several shards"},
+		{`SELECT 1 FROM catalogue GROUP BY ()`, "GROUPING SETS, ROLLUP and CUBE"},
+		{`SELECT DISTINCT ON (name) name FROM catalogue ORDER BY name`, "DISTINCT ON over several shards"},
+		{`SELECT name FROM catalogue GROUP BY DISTINCT name`, "GROUP BY DISTINCT"},
+		{`SELECT count(*) FROM catalogue c, generate_series(1, 2) g`, "the tree as the only FROM item"},
+		// Windows, locking.
 		{`SELECT name, row_number() OVER () FROM catalogue`, "window functions"},
 		{`SELECT name FROM catalogue ORDER BY rank() OVER (ORDER BY price)`, "window functions"},
 		{`SELECT name FROM catalogue WINDOW w AS (ORDER BY price)`, "window functions"},
@@ -65,9 +62,9 @@ func TestFanOutRefusals(t *testing.T) {
 		{`(SELECT * FROM catalogue ORDER BY 1) LIMIT 3`, "could not rewrite"},
 		{`TABLE catalogue ORDER BY sku`, "could not rewrite"},
 		{`EXPLAIN SELECT * FROM catalogue ORDER BY sku`, "EXPLAIN of a SELECT over several shards"},
-		// Not SELECT: still needs the key.
-		{`UPDATE catalogue SET qty = 0`, "does not fix the shard key"},
-		{`DELETE FROM orders WHERE total > 1`, "does not fix the shard key"},
+		// Writes over every shard cannot be explained.
+		{`EXPLAIN UPDATE catalogue SET qty = 0`, "EXPLAIN of an UPDATE or DELETE over every shard"},
+		{`EXPLAIN DELETE FROM orders WHERE total > 1`, "EXPLAIN of an UPDATE or DELETE over every shard"},
 	}
 	for _, c := range cases {
 		t.Run(c.sql, func(t *testing.T) {
@@ -170,7 +167,10 @@ func TestFanOutRenderParses(t *testing.T) {
 			continue
 		}
 		for _, p := range plans {
-			if p.Kind == FanOut {
+			switch {
+			case p.Kind == FanOut && p.Agg != nil:
+				checkAggSQL(t, p)
+			case p.Kind == FanOut:
 				n++
 				checkFanOutSQL(t, p)
 			}
@@ -301,5 +301,46 @@ func TestFanOutCalls(t *testing.T) {
 	}
 	if !slices.Equal(p.Calls, []string{"my_agg", "lower", "score"}) {
 		t.Fatalf("calls = %v", p.Calls)
+	}
+}
+
+// checkAggSQL checks that the partial and the whole statement of an
+// aggregating plan parse and read the tree once in each schema, and that
+// the final statement parses over a VALUES source.
+func checkAggSQL(t testing.TB, p *Plan) {
+	t.Helper()
+	for _, schemas := range [][]string{{"lattice_s0001"}, {"lattice_s0001", "Odd Schema", "lattice_s0003"}} {
+		for _, sql := range []string{p.RenderPartial(schemas), p.RenderWhole(schemas)} {
+			res, err := pg.Parse(sql)
+			if err != nil || len(res.Stmts) != 1 {
+				t.Fatalf("%s: renders to %s, which does not parse as one statement: %v", p.SQL, sql, err)
+			}
+			seen := map[string]int{}
+			for _, r := range walkStmt(res.Stmts[0].Stmt.GetSelectStmt()).rels {
+				if r.rv.Relname == p.Tree.Name {
+					seen[r.rv.Schemaname]++
+				}
+			}
+			for _, sc := range schemas {
+				if seen[sc] != 1 || len(seen) != len(schemas) {
+					t.Fatalf("%s: renders to %s: reads %v", p.SQL, sql, seen)
+				}
+			}
+		}
+	}
+	oids := make([]uint32, p.Agg.Columns)
+	for i := range oids {
+		oids[i] = oidNumeric
+	}
+	values := make([]string, p.Agg.Columns)
+	for i := range values {
+		values[i] = "1"
+	}
+	final, err := p.Agg.RenderFinal(oids, "(VALUES ("+strings.Join(values, ", ")+")) AS "+p.Agg.SourceColumns())
+	if err != nil {
+		t.Fatalf("%s: final: %v", p.SQL, err)
+	}
+	if res, err := pg.Parse(final); err != nil || len(res.Stmts) != 1 {
+		t.Fatalf("%s: final %s does not parse as one statement: %v", p.SQL, final, err)
 	}
 }

@@ -49,6 +49,10 @@ func FuzzPlan(f *testing.F) {
 					t.Fatalf("refusal without error: %q", sql)
 				}
 			case FanOut:
+				if p.Agg != nil {
+					checkAggSQL(t, p)
+					break
+				}
 				checkFanOutSQL(t, p)
 			case Single, InsertSplit:
 				rendered := p.Render("lattice_s0042")

@@ -90,7 +90,19 @@ func describe(p *Planner, sql string) string {
 		case Single, InsertSplit:
 			b.WriteString("   " + indent(pl.Render(goldenSchema)) + "\n")
 		case FanOut:
+			if pl.Agg != nil {
+				b.WriteString("   partial: " + indent(pl.RenderPartial([]string{"lattice_s0001", "lattice_s0003"})) + "\n")
+				b.WriteString("   final: " + indent(pl.Agg.template()) + "\n")
+				b.WriteString("   one node: " + indent(pl.RenderWhole([]string{"lattice_s0001", "lattice_s0003"})) + "\n")
+				break
+			}
 			b.WriteString("   " + indent(pl.RenderFanOut([]string{"lattice_s0001", "lattice_s0003"}, 10)) + "\n")
+		case Copy:
+			if pl.Copy.From {
+				b.WriteString("   " + indent(pl.RenderCopyFrom(goldenSchema)) + "\n")
+			} else {
+				b.WriteString("   " + indent(pl.RenderCopyTo([]string{"lattice_s0001", "lattice_s0003"}, true)) + "\n")
+			}
 		case Refused:
 			if pl.Err.Hint != "" {
 				b.WriteString("   hint: " + pl.Err.Hint + "\n")
@@ -156,4 +168,23 @@ func TestGolden(t *testing.T) {
 			}
 		}
 	}
+}
+
+// template is the final query with its holes named, for golden files.
+func (a *AggPlan) template() string {
+	var b strings.Builder
+	b.WriteString(a.final[0])
+	for i, h := range a.holes {
+		if h < 0 {
+			b.WriteString("<partial rows>")
+		} else {
+			if c := a.aggs[h]; c.kind == AggDistinct {
+				b.WriteString(c.text)
+			} else {
+				fmt.Fprintf(&b, "<%s of lattice_c%d>", []string{"count", "sum", "min", "max", "avg"}[c.kind], c.col+1)
+			}
+		}
+		b.WriteString(a.final[i+1])
+	}
+	return b.String()
 }

@@ -1,6 +1,7 @@
 package router
 
 import (
+	"slices"
 	"sort"
 	"strings"
 
@@ -131,23 +132,33 @@ func (p *planner) plan(n *pg.Node, start, end int) *Plan {
 		case FanOut:
 			pl.Kind, pl.Err = Refused, refused("EXPLAIN it with "+r.tree.KeyColumn+" = <value> in WHERE to see the plan on one shard.",
 				"EXPLAIN of a SELECT over several shards of tree %s is not supported", qn(r.tree.Name))
+		case WriteAll:
+			pl.Kind, pl.Err = Refused, refused("EXPLAIN it with "+r.tree.KeyColumn+" = <value> in WHERE to see the plan on one shard.",
+				"EXPLAIN of an UPDATE or DELETE over every shard of tree %s is not supported", qn(r.tree.Name))
 		default:
 			p.apply(pl, r, start, end)
 		}
 	default:
-		p.apply(pl, p.route(n), start, end)
+		if !p.ddl(pl, n, start, end) {
+			p.apply(pl, p.route(n), start, end)
+		}
 	}
 	return pl
 }
 
 func (p *planner) apply(pl *Plan, r route, start, end int) {
-	pl.Kind, pl.Anywhere = r.kind, r.anywhere
+	pl.Kind, pl.Anywhere, pl.Notify = r.kind, r.anywhere, r.notify
 	switch r.kind {
 	case Refused:
 		pl.Err = r.err
 	case Function:
 		pl.Func, pl.Tag = r.fn, "SELECT"
 	case FanOut:
+		pl.Keys, pl.KeyArray = r.keys, r.keyArray
+		if r.fan.agg != nil {
+			pl.Tree, pl.Agg, pl.Calls = r.tree, r.fan.agg, r.fan.calls
+			return
+		}
 		fr, err := p.fanRenderer(r, start, end)
 		if err != nil {
 			pl.Kind, pl.Err = Refused, err
@@ -155,7 +166,9 @@ func (p *planner) apply(pl *Plan, r route, start, end int) {
 		}
 		pl.Tree, pl.fan = r.tree, fr
 		pl.Sort, pl.Hidden, pl.Limit, pl.Offset, pl.Calls = r.fan.sort, r.fan.hidden, r.fan.limit, r.fan.offset, r.fan.calls
-	case Single, InsertSplit:
+	case Copy:
+		p.applyCopy(pl, r, start, end)
+	case Single, InsertSplit, WriteAll:
 		pl.Tree, pl.Key, pl.Rows = r.tree, r.key, r.rows
 		refs, err := p.refSpans(r)
 		var rd *renderer
@@ -199,6 +212,7 @@ type route struct {
 	// anywhere marks a read that names no relation (SELECT 1, SHOW): any
 	// node answers it, so inside a transaction it follows the transaction.
 	anywhere bool
+	notify   bool // Catalog: sends a notification (NOTIFY, pg_notify)
 	tree     *shardmap.Tree
 	key      Value
 	rows     []Value
@@ -210,9 +224,12 @@ type route struct {
 	keyLocs  []int32         // location of the key constant of the statement (Single) or of each row (InsertSplit)
 	keyCasts []*pg.TypeName  // the cast over each key constant, or nil
 
-	noKey bool           // Refused because WHERE does not fix the shard key
-	sel   *pg.SelectStmt // FanOut: the statement
-	fan   *fanPlan       // FanOut: sort keys, limit and offset
+	noKey    bool           // Refused because WHERE does not fix the shard key
+	keys     []Value        // with noKey: WHERE restricts the key to these values (IN, = ANY(ARRAY[...]))
+	keyArray *Value         // with noKey: WHERE restricts the key to the elements of this array (= ANY($1), = ANY('{...}'))
+	sel      *pg.SelectStmt // FanOut: the statement
+	fan      *fanPlan       // FanOut: sort keys, limit and offset
+	cp       *CopySpec      // Copy
 }
 
 func refusedRoute(e *Error) route { return route{kind: Refused, err: e} }
@@ -283,8 +300,16 @@ func (p *planner) route(n *pg.Node) route {
 			return refusedRoute(ddlRefusal(name, t))
 		}
 	}
+	// A notification reaches only listeners of the node that commits it, and
+	// the proxy's listeners are on the catalog node.
+	notify := slices.Contains(functionNames([]*pg.Node{n}), "pg_notify")
 	if len(treeRefs) == 0 {
-		return route{kind: Catalog, anywhere: other == nil && (n.GetSelectStmt() != nil || n.GetVariableShowStmt() != nil)}
+		return route{kind: Catalog, notify: notify || n.GetNotifyStmt() != nil,
+			anywhere: !notify && other == nil && (n.GetSelectStmt() != nil || n.GetVariableShowStmt() != nil)}
+	}
+	if notify {
+		return refusedRoute(refused("Call pg_notify in a statement that names no tree, e.g. SELECT pg_notify('channel', 'payload').",
+			"%s calls pg_notify on tree %s: notifications are delivered from the catalog node only", name, qn(trees[0].Name)))
 	}
 	tree := trees[0]
 	if cs := n.GetCreateStmt(); cs != nil && cs.IfNotExists && len(treeRefs) == 1 && treeRefs[0].rv == cs.Relation {
@@ -297,8 +322,7 @@ func (p *planner) route(n *pg.Node) route {
 	switch root.(type) {
 	case *pg.SelectStmt, *pg.InsertStmt, *pg.UpdateStmt, *pg.DeleteStmt:
 	case *pg.CopyStmt:
-		return refusedRoute(refused("Use INSERT ... VALUES to load rows (a multi-row INSERT is split by shard) and SELECT ... WHERE "+tree.KeyColumn+" = ... to read them.",
-			"COPY of tree %s is not supported yet", qn(tree.Name)))
+		return p.copyRoute(root.(*pg.CopyStmt))
 	case *pg.MergeStmt:
 		return refusedRoute(refused("Use INSERT ... ON CONFLICT, UPDATE or DELETE with the shard key in WHERE.",
 			"MERGE with tree %s is not supported", qn(tree.Name)))
@@ -347,9 +371,11 @@ func (p *planner) route(n *pg.Node) route {
 	}
 	switch s := root.(type) {
 	case *pg.SelectStmt:
-		if w := p.where(r, name, s.WhereClause); !w.noKey {
+		w := p.where(r, name, s.WhereClause)
+		if !w.noKey {
 			return w
 		}
+		r.keys, r.keyArray = w.keys, w.keyArray
 		return p.fanOut(r, s)
 	case *pg.UpdateStmt:
 		for _, t := range s.TargetList {
@@ -358,13 +384,24 @@ func (p *planner) route(n *pg.Node) route {
 					"UPDATE of tree %s assigns the shard key %s, which would move the row to another shard", qn(tree.Name), qn(tree.KeyColumn)))
 			}
 		}
-		return p.where(r, name, s.WhereClause)
+		return everyShard(p.where(r, name, s.WhereClause), r, s.WhereClause)
 	case *pg.DeleteStmt:
-		return p.where(r, name, s.WhereClause)
+		return everyShard(p.where(r, name, s.WhereClause), r, s.WhereClause)
 	case *pg.InsertStmt:
 		return p.insert(r, s)
 	}
 	return refusedRoute(ddlRefusal(name, tree))
+}
+
+// everyShard turns an UPDATE or DELETE whose WHERE does not fix the shard
+// key into a write on every shard. WHERE CURRENT OF names a cursor, which
+// lives on one backend: it stays refused.
+func everyShard(w, r route, where *pg.Node) route {
+	if !w.noKey || where.GetCurrentOfExpr() != nil {
+		return w
+	}
+	r.kind = WriteAll
+	return r
 }
 
 func ddlRefusal(name string, t *shardmap.Tree) *Error {
@@ -439,6 +476,7 @@ func (p *planner) where(r route, name string, where *pg.Node) route {
 	var found *Value
 	var foundC constant
 	var problem string
+	var set *keySetValue // key IN (...) or key = ANY(...): the shards that own these keys
 	var visit func(n *pg.Node) bool
 	visit = func(n *pg.Node) bool {
 		if n == nil {
@@ -470,7 +508,16 @@ func (p *planner) where(r route, name string, where *pg.Node) route {
 		case pg.A_Expr_Kind_AEXPR_IN:
 			if l := e.Rexpr.GetList(); l != nil && len(l.Items) == 1 && p.isKeyColumn(e.Lexpr, r.rv, tree) {
 				operand = l.Items[0]
+			} else if l != nil && p.isKeyColumn(e.Lexpr, r.rv, tree) && set == nil {
+				set, problem = keySet(tree, l.Items)
 			}
+		case pg.A_Expr_Kind_AEXPR_OP_ANY:
+			if p.isKeyColumn(e.Lexpr, r.rv, tree) && set == nil {
+				set, problem = keyArray(tree, e.Rexpr)
+			}
+		}
+		if problem != "" {
+			return true
 		}
 		if operand == nil {
 			return false
@@ -492,7 +539,10 @@ func (p *planner) where(r route, name string, where *pg.Node) route {
 		return refusedRoute(refused("", "%s on tree %s: %s", name, qn(tree.Name), problem))
 	}
 	if found == nil {
-		return route{kind: Refused, noKey: true, err: refused("Add "+tree.KeyColumn+" = <value> (or IN with one value) to the WHERE clause, ANDed with the other conditions; statements over several shards are not supported yet.",
+		if set != nil {
+			r.keys, r.keyArray = set.keys, set.array
+		}
+		return route{kind: Refused, noKey: true, keys: r.keys, keyArray: r.keyArray, err: refused("Add "+tree.KeyColumn+" = <value> (or IN with one value) to the WHERE clause, ANDed with the other conditions; statements over several shards are not supported yet.",
 			"%s on tree %s does not fix the shard key %s", name, qn(tree.Name), qn(tree.KeyColumn))}
 	}
 	r.kind, r.key = Single, *found

@@ -68,9 +68,20 @@ const (
 	// the Plan.Hidden trailing columns, and applies Plan.Offset and
 	// Plan.Limit after the merge.
 	FanOut
+	// WriteAll is an UPDATE or DELETE of one tree that does not fix the
+	// shard key: it runs on every shard (Plan.Render per shard schema), all
+	// of them in one transaction, and the proxy adds up the command tags.
+	WriteAll
+	// DDL changes a tree (Plan.Tree, Plan.DDL): the proxy runs it on the
+	// template and on every shard (Plan.RenderDDL) and records it in the
+	// tree's DDL log. DROP INDEX plans have no Tree: the proxy finds the
+	// index's table first.
+	DDL
+	// Copy is COPY of a tree FROM STDIN or TO STDOUT; Plan.Copy says how.
+	Copy
 )
 
-var kindNames = [...]string{"Catalog", "Single", "InsertSplit", "Function", "Transaction", "SessionSet", "LocalSet", "Discard", "Refused", "FanOut"}
+var kindNames = [...]string{"Catalog", "Single", "InsertSplit", "Function", "Transaction", "SessionSet", "LocalSet", "Discard", "Refused", "FanOut", "WriteAll", "DDL", "Copy"}
 
 func (k Kind) String() string {
 	if k >= 0 && int(k) < len(kindNames) {
@@ -180,7 +191,7 @@ func (e *Error) Error() string {
 type Plan struct {
 	Kind      Kind
 	SQL       string         // this statement's text (trimmed, without the trailing semicolon)
-	Tree      *shardmap.Tree // Single, InsertSplit, FanOut
+	Tree      *shardmap.Tree // Single, InsertSplit, FanOut, WriteAll
 	Key       Value          // Single: the shard key value
 	Rows      []Value        // InsertSplit: key value of each VALUES row in order
 	Func      *FuncCall      // Function
@@ -189,14 +200,20 @@ type Plan struct {
 	Savepoint string         // Savepoint, Release, RollbackTo: the savepoint name (case-folded)
 	Err       *Error         // Refused
 	Anywhere  bool           // Catalog: a read naming no relation, which any node can answer
+	Notify    bool           // Catalog: sends a notification (NOTIFY, pg_notify)
 	Tag       string         // command tag for statements the proxy answers itself ("BEGIN", "SET", "SELECT" for Function: append the row count)
 	Sort      []SortKey      // FanOut: ORDER BY keys, in order
 	Hidden    int            // FanOut: trailing result columns the proxy added for sort keys; the proxy drops them before rows reach the client
 	Limit     *Value         // FanOut: LIMIT / FETCH FIRST count; nil when absent (or LIMIT ALL / NULL)
 	Offset    *Value         // FanOut: OFFSET; nil when absent
-	Calls     []string       // FanOut: the functions the statement calls, for the proxy's user-defined aggregate check
+	Calls     []string       // FanOut (and Copy of a fan-out query): the functions the statement calls, for the proxy's user-defined aggregate check
+	DDL       *DDLPlan       // DDL
+	Keys      []Value        // FanOut: when non-nil, only the shards owning these key values (key IN (...), = ANY(ARRAY[...])) hold matching rows
+	KeyArray  *Value         // FanOut: when non-nil, only the shards owning the elements of this array value (= ANY($1), = ANY('{...}')) hold matching rows
+	Agg       *AggPlan       // FanOut that aggregates, groups or removes duplicates: partial query per node, final query over the partial rows (Sort, Hidden, Limit and Offset are then unused: the final query applies them)
+	Copy      *CopySpec      // Copy
 
-	render *renderer   // Single, InsertSplit: the statement in pieces around each reference to the tree
+	render *renderer   // Single, InsertSplit, WriteAll: the statement in pieces around each reference to the tree
 	fan    *fanRender  // FanOut: the per-shard branch and the outer ORDER BY
 	split  *splitter   // InsertSplit: head, rows and tail for RenderRows
 	src    *planSource // while planning only: what a shape template is made from
@@ -220,6 +237,8 @@ func (p *Plan) String() string {
 		b.WriteByte(']')
 	case Function:
 		b.WriteString(" " + p.Func.String())
+	case WriteAll:
+		fmt.Fprintf(&b, " tree=%s", p.Tree.Name)
 	case Transaction:
 		b.WriteString(" " + p.Tx.String())
 		if p.TxOptions != "" {
@@ -230,7 +249,38 @@ func (p *Plan) String() string {
 		}
 	case Refused:
 		fmt.Fprintf(&b, " %s %q", p.Err.Code, p.Err.Message)
+	case DDL:
+		if p.Tree != nil {
+			b.WriteString(" tree=" + p.Tree.Name)
+		}
+		b.WriteString(" op=" + p.DDL.Op.String())
+		if len(p.DDL.Indexes) > 0 {
+			fmt.Fprintf(&b, " indexes=%q", p.DDL.Indexes)
+		}
+		if p.DDL.Concurrently {
+			b.WriteString(" concurrently")
+		}
+		if l := p.DDL.Log(); l != "" {
+			fmt.Fprintf(&b, " log=%q", l)
+		}
 	case FanOut:
+		if p.Keys != nil {
+			b.WriteString(" keys=[")
+			for i, v := range p.Keys {
+				if i > 0 {
+					b.WriteString(", ")
+				}
+				b.WriteString(v.String())
+			}
+			b.WriteByte(']')
+		}
+		if p.KeyArray != nil {
+			b.WriteString(" keys=ANY(" + p.KeyArray.String() + ")")
+		}
+		if p.Agg != nil {
+			fmt.Fprintf(&b, " tree=%s agg columns=%d params=%v/%v", p.Tree.Name, p.Agg.Columns, p.Agg.PartialParams, p.Agg.FinalParams)
+			break
+		}
 		fmt.Fprintf(&b, " tree=%s sort=[", p.Tree.Name)
 		for i, k := range p.Sort {
 			if i > 0 {
@@ -244,6 +294,11 @@ func (p *Plan) String() string {
 		}
 		if p.Offset != nil {
 			b.WriteString(" offset=" + p.Offset.String())
+		}
+	case Copy:
+		fmt.Fprintf(&b, " tree=%s %s", p.Tree.Name, p.Copy)
+		if p.Copy.Query && p.Copy.QueryKind == Single {
+			b.WriteString(" key=" + p.Key.String())
 		}
 	}
 	if p.Tag != "" {

@@ -70,6 +70,10 @@ func TestRouting(t *testing.T) {
 		{sql: `SELECT * FROM catalogue CROSS JOIN generate_series(1, 3) g WHERE sku = 'x'`, kind: Single, key: `'x'`},
 		{sql: `SELECT * FROM catalogue c LEFT JOIN (VALUES ('x')) v(s) ON v.s = c.sku WHERE c.sku = 'x'`, kind: Single, key: `'x'`},
 		{sql: `DELETE FROM catalogue WHERE CURRENT OF cur`, kind: Refused, errHas: "does not fix"},
+		// Without the key, UPDATE and DELETE run on every shard.
+		{sql: `DELETE FROM catalogue WHERE qty > 1`, kind: WriteAll},
+		{sql: `UPDATE catalogue SET qty = qty + 1 WHERE sku = upper('a') RETURNING sku`, kind: WriteAll},
+		{sql: `UPDATE catalogue SET sku = 'b' WHERE qty = 0`, kind: Refused, errHas: "assigns the shard key"},
 		{sql: `DELETE FROM catalogue WHERE sku = 'a' AND qty IN (SELECT 1 FROM customers)`, kind: Refused, errHas: "together with"},
 		{sql: `UPDATE catalogue SET (name, qty) = (SELECT name, 1 FROM customers) WHERE sku = 'a'`, kind: Refused, errHas: "together with"},
 		{sql: `UPDATE catalogue SET (name, qty) = (SELECT 'n', 1) WHERE sku = 'a'`, kind: Single, key: `'a'`},
@@ -611,6 +615,53 @@ func TestCacheTenants(t *testing.T) {
 		got, _ := p.Plan(sql, tr, v)
 		if (got[0].Kind == Single) != (v%2 == 0) {
 			t.Fatal(v, got[0])
+		}
+	}
+}
+
+// TestNotifyOnCatalog: a notification is delivered only on the node that
+// commits it, and listeners are on the catalog node, so pg_notify never
+// follows a transaction to another node as other reads naming no relation do.
+func TestNotifyOnCatalog(t *testing.T) {
+	cases := []struct {
+		sql      string
+		anywhere bool
+	}{
+		{"SELECT 1", true},
+		{"SELECT pg_notify('c', 'x')", false},
+		{"SELECT upper(pg_notify('c', 'x')::text)", false},
+		{"NOTIFY c, 'x'", false},
+	}
+	for _, tc := range cases {
+		plans, err := NewPlanner(0).Plan(tc.sql, moreTrees(), 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p := plans[0]; p.Kind != Catalog || p.Anywhere != tc.anywhere {
+			t.Errorf("%s: %v anywhere=%v, want Catalog anywhere=%v", tc.sql, p.Kind, p.Anywhere, tc.anywhere)
+		}
+	}
+}
+
+// Plans derived from a cached shape keep the flags of the plan the shape
+// was made from: a second pg_notify with other literals still notifies.
+func TestShapeCacheKeepsCatalogFlags(t *testing.T) {
+	p := NewPlanner(10)
+	for _, c := range []struct {
+		first, second    string
+		anywhere, notify bool
+	}{
+		{"SELECT pg_notify('a', 'x')", "SELECT pg_notify('b', 'y')", false, true},
+		{"SELECT 1", "SELECT 2", true, false},
+	} {
+		for _, sql := range []string{c.first, c.second} {
+			pl, err := p.Plan(sql, nil, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if pl[0].Anywhere != c.anywhere || pl[0].Notify != c.notify {
+				t.Errorf("%s: anywhere %v notify %v, want %v %v", sql, pl[0].Anywhere, pl[0].Notify, c.anywhere, c.notify)
+			}
 		}
 	}
 }

@@ -49,14 +49,16 @@ import (
 // would be without the cache; nothing of this kind is checked by the raw
 // parser for the constants that may vary.
 type shapeTemplate struct {
-	kind   Kind
-	tree   *shardmap.Tree
-	anyVer bool
-	semi   int         // index of the trailing ';' token, or -1
-	fixed  []fixedTok  // constant tokens that must keep their text
-	keys   []keySource // Single: the key; InsertSplit: each row's key
-	refs   [][2]int    // token index range (first, last) of each reference to the tree
-	rows   [][2]int    // InsertSplit: token index of each row's ( and )
+	kind     Kind
+	anywhere bool // Catalog: Plan.Anywhere
+	notify   bool // Catalog: Plan.Notify
+	tree     *shardmap.Tree
+	anyVer   bool
+	semi     int         // index of the trailing ';' token, or -1
+	fixed    []fixedTok  // constant tokens that must keep their text
+	keys     []keySource // Single: the key; InsertSplit: each row's key
+	refs     [][2]int    // token index range (first, last) of each reference to the tree
+	rows     [][2]int    // InsertSplit: token index of each row's ( and )
 }
 
 type fixedTok struct {
@@ -108,7 +110,7 @@ func (p *planner) template(stmt *pg.Node, pl *Plan) *shapeTemplate {
 	if toks == nil {
 		return nil
 	}
-	t := &shapeTemplate{kind: pl.Kind, tree: pl.Tree, semi: -1}
+	t := &shapeTemplate{kind: pl.Kind, anywhere: pl.Anywhere, notify: pl.Notify, tree: pl.Tree, semi: -1}
 	last := -1
 	for i, tk := range toks {
 		if !isComment(tk) {
@@ -237,7 +239,7 @@ func (t *shapeTemplate) derive(sql string, toks []*pg.ScanToken) ([]*Plan, bool)
 		end = int(toks[t.semi].Start)
 	}
 	start, end = p.trim(start, end)
-	pl := &Plan{Kind: t.kind, SQL: sql[start:end]}
+	pl := &Plan{Kind: t.kind, SQL: sql[start:end], Anywhere: t.anywhere, Notify: t.notify}
 	if t.kind == Catalog {
 		return []*Plan{pl}, true
 	}
@@ -344,6 +346,7 @@ func allDigits(s string) bool {
 // samePlan reports whether two plans route and render identically.
 func samePlan(a, b *Plan) bool {
 	if a.Kind != b.Kind || a.SQL != b.SQL || a.Tree != b.Tree || a.Key != b.Key || a.Tag != b.Tag ||
+		a.Anywhere != b.Anywhere || a.Notify != b.Notify ||
 		a.Func != nil || b.Func != nil || a.Err != nil || b.Err != nil || a.String() != b.String() ||
 		len(a.Rows) != len(b.Rows) {
 		return false

@@ -199,6 +199,16 @@ redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 redis.call('PUBLISH', ARGV[3], ARGV[4])
 return 1`)
 
+	// KEYS: trees. ARGV: name, expected tree JSON, tree JSON, channel, event.
+	// Returns -1 if the tree does not exist, 0 when it is not the expected one.
+	swapTreeScript = redis.NewScript(`
+local cur = redis.call('HGET', KEYS[1], ARGV[1])
+if not cur then return -1 end
+if cur ~= ARGV[2] then return 0 end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
+redis.call('PUBLISH', ARGV[4], ARGV[5])
+return 1`)
+
 	// KEYS: trees, map, and the tree's coordination keys. ARGV: name,
 	// channel, event.
 	deleteScript = redis.NewScript(`
@@ -310,6 +320,35 @@ func (s *RedisStore) UpdateTree(ctx context.Context, t *Tree) error {
 	}
 	if n == 0 {
 		return fmt.Errorf("shardmap: update tree %s/%s: %w", t.Tenant, t.Name, ErrNotFound)
+	}
+	return nil
+}
+
+// SwapTree implements Store. The stored entry is compared as JSON: entries
+// are only ever written by json.Marshal of a Tree, which prev re-encodes to
+// the same bytes.
+func (s *RedisStore) SwapTree(ctx context.Context, t, prev *Tree) error {
+	if t.Tenant != prev.Tenant || t.Name != prev.Name {
+		return fmt.Errorf("shardmap: swap tree %s/%s for %s/%s", prev.Tenant, prev.Name, t.Tenant, t.Name)
+	}
+	pj, err := json.Marshal(prev)
+	if err != nil {
+		return fmt.Errorf("shardmap: encode tree %s/%s: %w", t.Tenant, t.Name, err)
+	}
+	tj, err := json.Marshal(t)
+	if err != nil {
+		return fmt.Errorf("shardmap: encode tree %s/%s: %w", t.Tenant, t.Name, err)
+	}
+	n, err := swapTreeScript.Run(ctx, s.client, []string{s.treesKey(t.Tenant)},
+		t.Name, pj, tj, s.channel, s.event(EventTree, t.Tenant, t.Name, 0)).Int()
+	if err != nil {
+		return fmt.Errorf("shardmap: swap tree %s/%s: %w", t.Tenant, t.Name, err)
+	}
+	switch n {
+	case -1:
+		return fmt.Errorf("shardmap: swap tree %s/%s: %w", t.Tenant, t.Name, ErrNotFound)
+	case 0:
+		return fmt.Errorf("shardmap: swap tree %s/%s: %w", t.Tenant, t.Name, ErrConflict)
 	}
 	return nil
 }

@@ -51,6 +51,11 @@ type Store interface {
 	// UpdateTree replaces a registry entry (DDL log, shard count), not its
 	// map, and publishes a "tree" event; ErrNotFound if it is not registered.
 	UpdateTree(ctx context.Context, t *Tree) error
+	// SwapTree replaces the registry entry prev with t only if the stored
+	// entry is still prev (compare-and-set), and publishes a "tree" event;
+	// ErrConflict when another writer changed it, ErrNotFound if it is gone.
+	// DDL on a tree appends to t.DDL with it.
+	SwapTree(ctx context.Context, t, prev *Tree) error
 	// DeleteTree removes a tree and its map and publishes a "tree" event;
 	// ErrNotFound if it is not registered.
 	DeleteTree(ctx context.Context, tenant, name string) error

@@ -90,8 +90,9 @@ func (n *nodeFlags) Set(v string) error {
 type serveConfig struct {
 	Listen, Admin, Redis, UsersFile, LogLevel string
 	Nodes                                     nodeFlags
-	MaxClients, PoolSize                      int
+	MaxClients, PoolSize, MaxListeners        int
 	StartupTimeout                            time.Duration
+	TxRecoverEvery, TxAbortAfter              time.Duration
 
 	Coordinator bool
 	Reshard     migrator.CoordinatorOptions
@@ -108,7 +109,10 @@ func (c *serveConfig) flags(fs *flag.FlagSet) {
 	fs.StringVar(&c.LogLevel, "log-level", "info", "debug, info, warn or error")
 	fs.IntVar(&c.MaxClients, "max-clients", 1000, "most client connections at once")
 	fs.IntVar(&c.PoolSize, "pool-size", 32, "most backend connections per node and tenant")
+	fs.IntVar(&c.MaxListeners, "max-listeners", 0, "most sessions per tenant that hold a catalog-node backend for LISTEN, counted within --pool-size; 0 means half of --pool-size")
 	fs.DurationVar(&c.StartupTimeout, "startup-timeout", 10*time.Second, "a client must finish startup and authentication within this")
+	fs.DurationVar(&c.TxRecoverEvery, "tx-recover-interval", 10*time.Second, "how often to look for prepared transactions across nodes that a crashed proxy left behind")
+	fs.DurationVar(&c.TxAbortAfter, "tx-abort-after", time.Minute, "roll back a prepared transaction across nodes that has no commit decision after this long; must exceed any prepare phase")
 	fs.BoolVar(&c.Coordinator, "coordinator", true, "run reshard coordinators in this proxy (at least one proxy must)")
 	fs.IntVar(&c.Reshard.MaxConcurrentMigrations, "max-concurrent-migrations", 4, "splits or folds one reshard keeps in flight")
 	fs.DurationVar(&c.Reshard.Tick, "reshard-tick", 2*time.Second, "how often a reshard coordinator plans")
@@ -118,6 +122,11 @@ func (c *serveConfig) flags(fs *flag.FlagSet) {
 	fs.Int64Var(&c.Migration.FreezeLag, "freeze-lag", 256<<10, "replication lag in bytes under which a migration freezes")
 	fs.DurationVar(&c.ProxyLease, "proxy-lease", shardmap.DefaultLeaseTTL, "a proxy that cannot renew its registration for this long stops serving until it has re-read the maps")
 }
+
+// crashHookEnv names the test-only hook that makes the proxy kill itself at
+// a point of every two-phase commit (after-prepare, after-decision); the
+// crash-recovery integration tests set it. Read once at start.
+const crashHookEnv = "LATTICE_TEST_CRASH_2PC"
 
 // parseFlags parses args, then fills every flag not given on the command line
 // from its LATTICE_* environment variable.
@@ -212,10 +221,20 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, ready func(pg
 		}
 	}()
 
-	pools := pgshard.NewPools(pgshard.PoolConfig{MaxConns: cfg.PoolSize}, cluster.TenantDSN)
+	pools := pgshard.NewPools(pgshard.PoolConfig{MaxConns: cfg.PoolSize, MaxHeld: cfg.MaxListeners}, cluster.TenantDSN)
 	defer pools.Close()
 	go reapIdle(ctx, pools)
 
+	twoPhase := proxy.NewTwoPhase(proxy.TwoPhaseConfig{
+		Cluster:      cluster,
+		RecoverEvery: cfg.TxRecoverEvery,
+		AbortAfter:   cfg.TxAbortAfter,
+		CrashAt:      os.Getenv(crashHookEnv),
+		Log:          log,
+	})
+	recoverCtx, stopRecover := context.WithCancel(ctx)
+	defer stopRecover()
+	go twoPhase.RunRecoverer(recoverCtx)
 	adm := admin.New(log)
 	proxyID := newProxyID()
 	metrics := migrator.NewMetrics(adm.Registry)
@@ -246,7 +265,12 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, ready func(pg
 		MaxClients:  cfg.MaxClients,
 		CatalogNode: cluster.Catalog().Name,
 		Aggregates:  cluster.Aggregates,
-		Log:         log,
+		TwoPhase:    twoPhase,
+		TreeDDL: func(ctx context.Context, d pgshard.TreeDDL) error {
+			return cluster.RunTreeDDL(ctx, store, d)
+		},
+		IndexTable: cluster.IndexTable,
+		Log:        log,
 	}, cache, router.NewPlanner(10000), pools, migrator.NewFunctions(cluster, store, cache, coord))
 
 	registerProxyMetrics(adm, srv, pools)

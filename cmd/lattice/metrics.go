@@ -23,6 +23,7 @@ type poolCollector struct{ pools *pgshard.Pools }
 var (
 	poolInUse = prometheus.NewDesc("lattice_pool_backends_in_use", "Backend connections lent to sessions.", []string{"node", "tenant"}, nil)
 	poolIdle  = prometheus.NewDesc("lattice_pool_backends_idle", "Idle backend connections.", []string{"node", "tenant"}, nil)
+	poolHeld  = prometheus.NewDesc("lattice_pool_backends_held", "Backend connections held by listening sessions (LISTEN), within those in use.", []string{"node", "tenant"}, nil)
 	poolWaits = prometheus.NewDesc("lattice_pool_acquire_waits_total", "Acquires that had to wait for a free backend.", []string{"node", "tenant"}, nil)
 	poolErrs  = prometheus.NewDesc("lattice_pool_acquire_errors_total", "Acquires that failed.", []string{"node", "tenant"}, nil)
 )
@@ -30,6 +31,7 @@ var (
 func (c poolCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- poolInUse
 	ch <- poolIdle
+	ch <- poolHeld
 	ch <- poolWaits
 	ch <- poolErrs
 }
@@ -38,6 +40,7 @@ func (c poolCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, s := range c.pools.Stats() {
 		ch <- prometheus.MustNewConstMetric(poolInUse, prometheus.GaugeValue, float64(s.InUse), s.Node, s.Tenant)
 		ch <- prometheus.MustNewConstMetric(poolIdle, prometheus.GaugeValue, float64(s.Idle), s.Node, s.Tenant)
+		ch <- prometheus.MustNewConstMetric(poolHeld, prometheus.GaugeValue, float64(s.Held), s.Node, s.Tenant)
 		ch <- prometheus.MustNewConstMetric(poolWaits, prometheus.CounterValue, float64(s.AcquireWaits), s.Node, s.Tenant)
 		ch <- prometheus.MustNewConstMetric(poolErrs, prometheus.CounterValue, float64(s.AcquireErrors), s.Node, s.Tenant)
 	}

@@ -1,0 +1,220 @@
+package integration
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// waitNote waits for the next notification on c, bounded so that a lost
+// notification fails the test instead of hanging it.
+func waitNote(t *testing.T, c *pgx.Conn) *pgconn.Notification {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	n, err := c.WaitForNotification(ctx)
+	if err != nil {
+		t.Fatalf("waiting for a notification: %v", err)
+	}
+	return n
+}
+
+func wantNote(t *testing.T, n *pgconn.Notification, channel, payload string) {
+	t.Helper()
+	if n.Channel != channel || n.Payload != payload {
+		t.Fatalf("notification %s/%q, want %s/%q", n.Channel, n.Payload, channel, payload)
+	}
+}
+
+// TestListenNotify: LISTEN through the proxy holds a catalog-node backend for
+// the session; NOTIFY and pg_notify from another client, in and out of
+// transactions, reach it while it is idle and during its own queries.
+func TestListenNotify(t *testing.T) {
+	resetNodes(t)
+	p := startProxy(t, 3, "--pool-size", "4")
+	listener := connect(t, p.DSN("lattice"))
+	notifier := connect(t, p.DSN("lattice"))
+	ctx := context.Background()
+
+	mustExec(t, notifier, `CREATE TABLE items (id bigint PRIMARY KEY, v text)`)
+	mustExec(t, notifier, `SELECT lattice_create_tree('items', 'id', shard_count => 16)`)
+
+	mustExec(t, listener, `LISTEN jobs`)
+
+	// Idle listener: WaitForNotification only reads the socket.
+	mustExec(t, notifier, `NOTIFY jobs, 'one'`)
+	wantNote(t, waitNote(t, listener), "jobs", "one")
+	mustExec(t, notifier, `SELECT pg_notify('jobs', 'two')`)
+	wantNote(t, waitNote(t, listener), "jobs", "two")
+
+	// pg_notify in a transaction held by another node than the catalog
+	// node would be lost there: it is refused. Keys spread over the nodes,
+	// so some of them are elsewhere.
+	refused := 0
+	for key := 1; key <= 16; key++ {
+		tx, err := notifier.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO items VALUES ($1, 'x')`, key); err != nil {
+			t.Fatal(err)
+		}
+		_, err = tx.Exec(ctx, `SELECT pg_notify('nobody', 'x')`)
+		switch code := pgCode(err); code {
+		case "":
+		case "0A000":
+			refused++
+		default:
+			t.Fatalf("pg_notify in a transaction on key %d: %v", key, err)
+		}
+		if err := tx.Rollback(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if refused == 0 {
+		t.Fatalf("no key of 16 put the transaction on another node than the catalog node")
+	}
+
+	tx, err := notifier.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `NOTIFY jobs, 'in tx'`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `SELECT pg_notify('jobs', 'in tx 2')`); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wantNote(t, waitNote(t, listener), "jobs", "in tx")
+	wantNote(t, waitNote(t, listener), "jobs", "in tx 2")
+
+	// A rolled-back NOTIFY is never delivered: the next one is.
+	tx, err = notifier.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `NOTIFY jobs, 'rolled back'`); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	mustExec(t, notifier, `NOTIFY jobs, 'after rollback'`)
+	wantNote(t, waitNote(t, listener), "jobs", "after rollback")
+
+	// Notifications arrive with the listener's own queries too, on both
+	// protocols and from a fan-out.
+	mustExec(t, notifier, `NOTIFY jobs, 'during query'`)
+	if _, err := queryStrings(t, listener, `SELECT id FROM items`); err != nil {
+		t.Fatal(err)
+	}
+	wantNote(t, waitNote(t, listener), "jobs", "during query")
+
+	// UNLISTEN of one channel: PostgreSQL delivers in commit order, so if
+	// "jobs" were still listened to, its notification would come first.
+	mustExec(t, listener, `LISTEN other`)
+	mustExec(t, listener, `UNLISTEN jobs`)
+	mustExec(t, notifier, `NOTIFY jobs, 'unheard'`)
+	mustExec(t, notifier, `NOTIFY other, 'heard'`)
+	wantNote(t, waitNote(t, listener), "other", "heard")
+
+	// The extended protocol runs LISTEN too.
+	if _, err := listener.PgConn().ExecParams(ctx, `LISTEN "Mixed"`, nil, nil, nil, nil).Close(); err != nil {
+		t.Fatalf("LISTEN over the extended protocol: %v", err)
+	}
+	mustExec(t, notifier, `NOTIFY "Mixed", 'ext'`)
+	wantNote(t, waitNote(t, listener), "Mixed", "ext")
+
+	// A notification to oneself arrives before the statement's ReadyForQuery.
+	mustExec(t, listener, `NOTIFY other, 'self'`)
+	wantNote(t, waitNote(t, listener), "other", "self")
+
+	// LISTEN inside a transaction block is refused, not silently detached.
+	tx, err = listener.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = tx.Exec(ctx, `LISTEN later`)
+	if code := pgCode(err); code != "0A000" {
+		t.Fatalf("LISTEN in a transaction: %v (SQLSTATE %s), want 0A000", err, code)
+	}
+	_ = tx.Rollback(ctx)
+}
+
+// TestListenReleasesBackend: the backend a listener holds is bounded
+// (--max-listeners), given back by UNLISTEN * and DISCARD ALL, and released
+// when the client disconnects.
+func TestListenReleasesBackend(t *testing.T) {
+	resetNodes(t)
+	p := startProxy(t, 3, "--pool-size", "4", "--max-listeners", "1")
+	a := connect(t, p.DSN("lattice"))
+	b := connect(t, p.DSN("lattice"))
+
+	mustExec(t, a, `LISTEN ch`)
+	heldBackends(t, p, "1")
+	_, err := b.Exec(context.Background(), `LISTEN ch`)
+	if code := pgCode(err); code != "53300" {
+		t.Fatalf("second listener over --max-listeners 1: %v (SQLSTATE %s), want 53300", err, code)
+	}
+
+	mustExec(t, a, `UNLISTEN *`)
+	heldBackends(t, p, "0")
+	mustExec(t, b, `LISTEN ch`) // the held backend was given back
+	mustExec(t, a, `NOTIFY ch, 'x'`)
+	wantNote(t, waitNote(t, b), "ch", "x")
+
+	mustExec(t, b, `DISCARD ALL`)
+	mustExec(t, a, `LISTEN ch`)
+	mustExec(t, b, `NOTIFY ch, 'y'`)
+	wantNote(t, waitNote(t, a), "ch", "y")
+
+	// Disconnecting a listener releases its backend; the proxy notices the
+	// closed socket asynchronously, so c retries until it may listen.
+	if err := a.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	c := connect(t, p.DSN("lattice"))
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		_, err := c.Exec(context.Background(), `LISTEN ch`)
+		if err == nil {
+			break
+		}
+		var pe *pgconn.PgError
+		if !errors.As(err, &pe) || pe.Code != "53300" || time.Now().After(deadline) {
+			t.Fatalf("LISTEN after the listener disconnected: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	mustExec(t, b, `NOTIFY ch, 'z'`)
+	wantNote(t, waitNote(t, c), "ch", "z")
+}
+
+// heldBackends checks the proxy's count of backends held by listeners on the
+// catalog node n1.
+func heldBackends(t *testing.T, p *proxyProc, want string) {
+	t.Helper()
+	resp, err := http.Get("http://" + p.AdminAddr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	line := `lattice_pool_backends_held{node="n1",tenant="lattice"} ` + want + "\n"
+	if !strings.Contains(string(body), line) {
+		t.Fatalf("/metrics has no %q", line)
+	}
+}

@@ -1,0 +1,489 @@
+package pgshard
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/lattice-db/lattice/shardmap"
+)
+
+// DDLOp is what TreeDDL does to a tree.
+type DDLOp int
+
+const (
+	DDLAlter       DDLOp = iota // ALTER TABLE: template and shards, logged
+	DDLCreateIndex              // CREATE INDEX: template and shards, logged
+	DDLDropIndex                // DROP INDEX: template and shards, logged
+	DDLTruncate                 // TRUNCATE: shards only (the template is empty and fenced), not logged
+	DDLDropTable                // DROP TABLE: template, shards and the registry entry
+)
+
+func (o DDLOp) String() string {
+	switch o {
+	case DDLAlter:
+		return "alter"
+	case DDLCreateIndex:
+		return "create-index"
+	case DDLDropIndex:
+		return "drop-index"
+	case DDLTruncate:
+		return "truncate"
+	case DDLDropTable:
+		return "drop-table"
+	}
+	return fmt.Sprintf("DDLOp(%d)", int(o))
+}
+
+// TreeDDL is one DDL statement on a tree, as the router planned it.
+type TreeDDL struct {
+	Tenant string
+	Tree   string
+	Op     DDLOp
+	// Concurrently runs CREATE/DROP INDEX CONCURRENTLY table by table,
+	// outside a transaction, as PostgreSQL requires.
+	Concurrently bool
+	// Statement renders the statement for the tree's table in schema
+	// ("public" for the template).
+	Statement func(schema string) string
+	// Log is appended to the tree's DDL log ("" for none): "{{table}}"
+	// stands for the shard table and "{{schema}}" for its schema.
+	Log string
+	// Cascade is DROP TABLE ... CASCADE (on the template: views over it).
+	Cascade bool
+}
+
+// ddlTarget is one table a DDL statement runs against.
+type ddlTarget struct {
+	node   string
+	schema string // "public" for the template
+	shard  int    // -1 for the template
+}
+
+// ddlTargets lists the template (first) and every shard that still holds
+// a table (retired shards are tombstones), by node then shard.
+func (c *Cluster) ddlTargets(m *shardmap.Map) []ddlTarget {
+	out := []ddlTarget{{node: c.Catalog().Name, schema: "public", shard: -1}}
+	nodes, byNode := shardsByNode(m)
+	for _, n := range nodes {
+		for _, idx := range byNode[n] {
+			if m.Shards[idx].State == shardmap.ShardRetired {
+				continue
+			}
+			out = append(out, ddlTarget{node: n, schema: shardmap.SchemaName(idx), shard: idx})
+		}
+	}
+	return out
+}
+
+// RunTreeDDL runs d on the template and every shard of the tree and records
+// it in the registry (store): the DDL log for ALTER and the index
+// statements, the column list after ALTER, or the removal of the tree for
+// DROP TABLE. A statement PostgreSQL rejects on any table changes nothing
+// (except CONCURRENTLY, see concurrentDDL).
+func (c *Cluster) RunTreeDDL(ctx context.Context, store shardmap.Store, d TreeDDL) error {
+	if d.Tenant == "" {
+		d.Tenant = c.DefaultTenant()
+	}
+	log := c.log.With("tenant", d.Tenant, "tree", d.Tree)
+	start := time.Now()
+	var err error
+	if d.Concurrently {
+		err = c.concurrentDDL(ctx, store, d)
+	} else {
+		err = c.transactionalDDL(ctx, store, d)
+	}
+	if err != nil {
+		log.Warn("tree DDL failed", "op", d.Op, "err", err)
+		return err
+	}
+	log.Info("tree DDL done", "op", d.Op, "elapsed", time.Since(start).Round(time.Millisecond))
+	return nil
+}
+
+// ddlLockClass is the first key of the advisory lock, on the catalog node,
+// that serialises DDL on one tree across proxies (the second key hashes the
+// tree's name): a statement reads the registry entry only once it holds it.
+const ddlLockClass = 0x4c617432 // "Lat2"
+
+// readTree reads the registry entry and the map of d's tree.
+func readTree(ctx context.Context, store shardmap.Store, d TreeDDL) (*shardmap.Tree, *shardmap.Map, error) {
+	t, err := store.Tree(ctx, d.Tenant, d.Tree)
+	if errors.Is(err, shardmap.ErrNotFound) {
+		return nil, nil, &Error{Code: codeUndefinedTable, Message: fmt.Sprintf("tree %s does not exist", quoted(d.Tree)),
+			Hint: "Another session dropped it; run the statement again."}
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	m, err := store.Map(ctx, d.Tenant, d.Tree)
+	if err != nil {
+		return nil, nil, err
+	}
+	return t, m, nil
+}
+
+// nodeTx is the open DDL transaction on one node.
+type nodeTx struct {
+	node string
+	tx   pgx.Tx
+	conn *pgxpool.Conn
+}
+
+// transactionalDDL runs d in one transaction per node, the catalog node's
+// first (its advisory lock serialises DDL on the tree across proxies, and
+// the template is changed before any shard), records the change in the
+// registry, and then commits the nodes with commitDDL.
+func (c *Cluster) transactionalDDL(ctx context.Context, store shardmap.Store, d TreeDDL) error {
+	var txs []*nodeTx
+	defer func() {
+		for _, n := range txs {
+			_ = n.tx.Rollback(context.WithoutCancel(ctx)) // no-op once committed
+			n.conn.Release()
+		}
+	}()
+	open := func(node string) (*nodeTx, error) {
+		for _, n := range txs {
+			if n.node == node {
+				return n, nil
+			}
+		}
+		p, err := c.Admin(ctx, node, d.Tenant)
+		if err != nil {
+			return nil, err
+		}
+		conn, err := p.Acquire(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("pgshard: node %s: %w", node, err)
+		}
+		tx, err := conn.Begin(ctx)
+		if err != nil {
+			conn.Release()
+			return nil, fmt.Errorf("pgshard: node %s: %w", node, err)
+		}
+		n := &nodeTx{node: node, tx: tx, conn: conn}
+		txs = append(txs, n)
+		return n, nil
+	}
+	cat, err := open(c.Catalog().Name)
+	if err != nil {
+		return err
+	}
+	if _, err := cat.tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1, hashtext($2))`, int32(ddlLockClass), d.Tree); err != nil {
+		return fmt.Errorf("pgshard: lock tree %s for DDL: %w", d.Tree, err)
+	}
+	t, m, err := readTree(ctx, store, d)
+	if err != nil {
+		return err
+	}
+	var columns []string
+	for _, tg := range c.ddlTargets(m) {
+		n, err := open(tg.node)
+		if err != nil {
+			return err
+		}
+		if err := c.ddlOn(ctx, n.tx, t, d, tg); err != nil {
+			return err
+		}
+		if tg.shard < 0 && (d.Op == DDLAlter || d.Op == DDLCreateIndex) {
+			if columns, err = checkTemplate(ctx, n.tx, t); err != nil {
+				return err
+			}
+		}
+	}
+
+	// The registry changes before the nodes commit: with two-phase commit
+	// that is "prepare, record, commit"; a registry failure here still
+	// rolls every node back.
+	switch {
+	case d.Op == DDLDropTable:
+		if err := store.DeleteTree(ctx, t.Tenant, t.Name); err != nil {
+			return fmt.Errorf("pgshard: unregister tree %s: %w", t.Name, err)
+		}
+	case d.Log != "" || columns != nil:
+		next := *t
+		if d.Log != "" {
+			next.DDL = append(slices.Clone(t.DDL), d.Log)
+		}
+		if columns != nil {
+			next.Columns = columns
+		}
+		if err := store.SwapTree(ctx, &next, t); err != nil {
+			if errors.Is(err, shardmap.ErrConflict) {
+				return &Error{Code: "40001", Message: fmt.Sprintf("tree %s was changed by another session during this statement", quoted(t.Name)),
+					Hint: "Run the statement again."}
+			}
+			return fmt.Errorf("pgshard: record DDL of tree %s: %w", t.Name, err)
+		}
+	}
+	nodes := make([]string, len(txs))
+	commits := make([]pgx.Tx, len(txs))
+	for i, n := range txs {
+		nodes[i], commits[i] = n.node, n.tx
+	}
+	return commitDDL(ctx, t.Name, nodes, commits)
+}
+
+// commitDDL commits the per-node transactions of one DDL statement.
+//
+// It is the one place that ends them: once two-phase commit across nodes
+// lands (another change in progress), this becomes PREPARE TRANSACTION on
+// every node followed by COMMIT PREPARED. Until then the nodes commit one
+// after the other; if one fails after others committed, the tree is left
+// changed on the committed nodes only, and the error says which.
+func commitDDL(ctx context.Context, tree string, nodes []string, txs []pgx.Tx) error {
+	for i, tx := range txs {
+		err := tx.Commit(ctx)
+		if err == nil {
+			continue
+		}
+		if i == 0 {
+			return err // nothing committed: as if the statement failed
+		}
+		return &Error{Code: pgCode(err),
+			Message: fmt.Sprintf("DDL on tree %s committed on nodes %s but failed to commit on node %s: %v",
+				quoted(tree), strings.Join(nodes[:i], ", "), nodes[i], err),
+			Detail: fmt.Sprintf("Nodes %s were not committed either. The tree's DDL log already holds the statement.",
+				strings.Join(nodes[i+1:], ", ")),
+			Hint: "Apply the statement by hand to the tables of the nodes that did not commit (public and lattice_sNNNN schemas), then check with \\d on each node."}
+	}
+	return nil
+}
+
+// ddlOn runs d against one table inside tx.
+func (c *Cluster) ddlOn(ctx context.Context, tx pgx.Tx, t *shardmap.Tree, d TreeDDL, tg ddlTarget) error {
+	var stmt string
+	switch {
+	case d.Op == DDLTruncate && tg.shard < 0:
+		return nil // the template is empty, and its fence refuses TRUNCATE
+	case d.Op == DDLDropTable && tg.shard >= 0:
+		return dropShardTx(ctx, tx, t, tg.shard)
+	case d.Op == DDLDropTable:
+		stmt = "DROP TABLE " + pgx.Identifier{"public", t.Name}.Sanitize()
+		if d.Cascade {
+			stmt += " CASCADE"
+		}
+	default:
+		stmt = d.Statement(tg.schema)
+	}
+	if _, err := tx.Exec(ctx, stmt); err != nil {
+		return fmt.Errorf("pgshard: node %s, %s: %w", tg.node, tableName(t, tg), err)
+	}
+	return nil
+}
+
+func tableName(t *shardmap.Tree, tg ddlTarget) string {
+	return pgx.Identifier{tg.schema, t.Name}.Sanitize()
+}
+
+// checkTemplate reads the template as the statement left it (inside tx)
+// and checks it still meets the rules routing relies on, whatever the
+// statement did (the router checks the statement; this catches what only
+// the catalog knows, such as dropping the primary key by its name). It
+// returns the columns in table order.
+func checkTemplate(ctx context.Context, tx pgx.Tx, t *shardmap.Tree) ([]string, error) {
+	ti, err := inspectTable(ctx, tx, t.Name)
+	if err != nil {
+		return nil, fmt.Errorf("pgshard: inspect template %s: %w", t.Name, err)
+	}
+	rel := quoted(t.Name)
+	invalid := func(msg, detail, hint string) error {
+		return &Error{Code: codeInvalidTableDef, Message: msg, Detail: detail, Hint: hint}
+	}
+	ki := slices.IndexFunc(ti.Columns, func(c columnInfo) bool { return c.Name == t.KeyColumn })
+	if ki < 0 {
+		return nil, invalid(fmt.Sprintf("tree %s would lose its shard key column %s", rel, quoted(t.KeyColumn)), "", "")
+	}
+	key := ti.Columns[ki]
+	if kt, err := shardmap.KeyTypeFor(key.Type); err != nil || kt != t.KeyType {
+		return nil, &Error{Code: codeFeatureNotSupported,
+			Message: fmt.Sprintf("shard key column %s of tree %s would change its type to %s", quoted(key.Name), rel, key.Type),
+			Detail:  "Every row's shard is computed from the key's value as its type hashes it."}
+	}
+	pk := slices.IndexFunc(ti.Indexes, func(ix indexInfo) bool { return ix.Primary })
+	if pk < 0 || !slices.Contains(ti.Indexes[pk].Keys, key.Num) {
+		return nil, invalid(fmt.Sprintf("tree %s must keep a primary key that includes %s", rel, quoted(key.Name)),
+			"Shards are moved by logical replication, which identifies rows by the primary key.",
+			"Add the new primary key in the same ALTER TABLE that drops the old one.")
+	}
+	for _, ix := range ti.Indexes {
+		if ix.Unique && !slices.Contains(ix.Keys, key.Num) {
+			return nil, invalid(fmt.Sprintf("unique index %s of tree %s does not include the shard key column %s", quoted(ix.Name), rel, quoted(key.Name)),
+				"Each shard enforces uniqueness only for its own rows.", "Add "+quoted(key.Name)+" to the index.")
+		}
+	}
+	for _, con := range ti.Constraints {
+		if con.Type == "f" {
+			return nil, &Error{Code: codeFeatureNotSupported,
+				Message: fmt.Sprintf("foreign key %s from %s to %s cannot be enforced across shards", quoted(con.Name), quoted(con.From), quoted(con.To))}
+		}
+	}
+	for _, col := range ti.Columns {
+		if col.Identity != "" || col.FromSequence {
+			return nil, &Error{Code: codeFeatureNotSupported,
+				Message: fmt.Sprintf("column %s of tree %s cannot take its values from a sequence or identity", quoted(col.Name), rel),
+				Detail:  "Each shard would draw from its own sequence and hand out the same values twice."}
+		}
+	}
+	cols := make([]string, len(ti.Columns))
+	for i, col := range ti.Columns {
+		cols[i] = col.Name
+	}
+	return cols, nil
+}
+
+// concurrentDDL runs CREATE or DROP INDEX CONCURRENTLY table by table. If
+// CREATE fails on one table, the indexes it made on the tables before, and
+// the invalid one it left where it failed, are dropped again, so the tree
+// is as it was. A DROP that fails leaves the index dropped on the tables
+// before; running DROP INDEX CONCURRENTLY IF EXISTS again finishes it.
+func (c *Cluster) concurrentDDL(ctx context.Context, store shardmap.Store, d TreeDDL) error {
+	t, m, err := readTree(ctx, store, d)
+	if err != nil {
+		return err
+	}
+	targets := c.ddlTargets(m)
+	type made struct {
+		tg    ddlTarget
+		added []string // qualified names of the indexes CREATE INDEX added
+	}
+	var done []made
+	for _, tg := range targets {
+		p, err := c.Admin(ctx, tg.node, t.Tenant)
+		if err != nil {
+			return err
+		}
+		var before []string
+		if d.Op == DDLCreateIndex {
+			if before, err = tableIndexes(ctx, p, t, tg); err != nil {
+				return err
+			}
+		}
+		_, runErr := p.Exec(ctx, d.Statement(tg.schema))
+		m := made{tg: tg}
+		if d.Op == DDLCreateIndex {
+			after, err := tableIndexes(ctx, p, t, tg)
+			if err != nil {
+				return errors.Join(runErr, err)
+			}
+			for _, ix := range after {
+				if !slices.Contains(before, ix) {
+					m.added = append(m.added, ix)
+				}
+			}
+		}
+		if runErr == nil {
+			done = append(done, m)
+			continue
+		}
+		runErr = fmt.Errorf("pgshard: node %s, %s: %w", tg.node, tableName(t, tg), runErr)
+		if d.Op != DDLCreateIndex {
+			if len(done) == 0 {
+				return runErr
+			}
+			return &Error{Code: pgCode(runErr), Message: runErr.Error(),
+				Detail: fmt.Sprintf("The index was already dropped from %d of the tree's %d tables.", len(done), len(targets)),
+				Hint:   "Run DROP INDEX CONCURRENTLY IF EXISTS again once the cause is fixed."}
+		}
+		// Undo on a context that outlives a cancelled statement.
+		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Minute)
+		defer cancel()
+		var undoErrs []error
+		for _, u := range append(done, m) {
+			up, err := c.Admin(uctx, u.tg.node, t.Tenant)
+			if err != nil {
+				undoErrs = append(undoErrs, err)
+				continue
+			}
+			for _, ix := range u.added {
+				if _, err := up.Exec(uctx, "DROP INDEX CONCURRENTLY IF EXISTS "+ix); err != nil {
+					undoErrs = append(undoErrs, fmt.Errorf("node %s: drop %s: %w", u.tg.node, ix, err))
+				}
+			}
+		}
+		if len(undoErrs) > 0 {
+			return &Error{Code: pgCode(runErr), Message: runErr.Error(),
+				Detail: "Dropping the indexes it created on the other tables failed too: " + errors.Join(undoErrs...).Error(),
+				Hint:   "Drop those indexes on the nodes by hand."}
+		}
+		return runErr
+	}
+	if d.Log == "" {
+		return nil
+	}
+	// The index is on every table: the log must get it, so a lost
+	// compare-and-set is retried on the fresh entry.
+	for attempt := 0; ; attempt++ {
+		cur, err := store.Tree(ctx, t.Tenant, t.Name)
+		if err != nil {
+			return fmt.Errorf("pgshard: record DDL of tree %s: %w", t.Name, err)
+		}
+		next := *cur
+		next.DDL = append(slices.Clone(cur.DDL), d.Log)
+		err = store.SwapTree(ctx, &next, cur)
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, shardmap.ErrConflict) || attempt >= 10 {
+			return fmt.Errorf("pgshard: record DDL of tree %s: %w", t.Name, err)
+		}
+	}
+}
+
+// tableIndexes lists the qualified names of the indexes of one table.
+func tableIndexes(ctx context.Context, p *pgxpool.Pool, t *shardmap.Tree, tg ddlTarget) ([]string, error) {
+	rows, err := p.Query(ctx, `SELECT pg_catalog.quote_ident(n.nspname) || '.' || pg_catalog.quote_ident(ic.relname)
+FROM pg_catalog.pg_index i
+JOIN pg_catalog.pg_class ic ON ic.oid = i.indexrelid
+JOIN pg_catalog.pg_namespace n ON n.oid = ic.relnamespace
+WHERE i.indrelid = $1::regclass`, tableName(t, tg))
+	if err != nil {
+		return nil, fmt.Errorf("pgshard: node %s: indexes of %s: %w", tg.node, tableName(t, tg), err)
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("pgshard: node %s: indexes of %s: %w", tg.node, tableName(t, tg), err)
+	}
+	return out, nil
+}
+
+// pgCode is the SQLSTATE of a PostgreSQL error in err's chain, else XX000.
+func pgCode(err error) string {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		return pe.Code
+	}
+	return "XX000"
+}
+
+// IndexTable returns the table that index public.<index> belongs to on the
+// catalog node, or "" when there is no such index.
+func (c *Cluster) IndexTable(ctx context.Context, tenant, index string) (string, error) {
+	if tenant == "" {
+		tenant = c.DefaultTenant()
+	}
+	p, err := c.Admin(ctx, c.Catalog().Name, tenant)
+	if err != nil {
+		return "", err
+	}
+	var table string
+	err = p.QueryRow(ctx, `SELECT c.relname::text FROM pg_catalog.pg_index i
+JOIN pg_catalog.pg_class ic ON ic.oid = i.indexrelid
+JOIN pg_catalog.pg_class c ON c.oid = i.indrelid
+JOIN pg_catalog.pg_namespace n ON n.oid = ic.relnamespace
+WHERE n.nspname = 'public' AND ic.relname = $1`, index).Scan(&table)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("pgshard: table of index %s: %w", index, err)
+	}
+	return table, nil
+}

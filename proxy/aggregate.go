@@ -1,0 +1,524 @@
+package proxy
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgproto3"
+	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/lattice-db/lattice/pgshard"
+	"github.com/lattice-db/lattice/router"
+	"github.com/lattice-db/lattice/shardmap"
+)
+
+// An aggregating fan-out (router.Plan.Agg) runs a partial query on every
+// node holding shards of the tree, then hands the partial rows to
+// PostgreSQL: one final query on a pooled backend of the catalog node,
+// with the partial rows as typed parameters of a VALUES list. HAVING,
+// DISTINCT, ORDER BY, LIMIT and OFFSET run there, so types, grouping
+// equality and order are PostgreSQL's. When one node holds every shard,
+// the statement runs there whole and there is no final step.
+
+// Bounds on the partial rows the proxy holds for a VALUES list in the final
+// query (a protocol message carries at most 65535 parameters); more go
+// through a temporary table.
+const (
+	maxFinalParams = 65535
+	maxFinalBytes  = 16 << 20
+)
+
+// aggState is what the final step needs besides the plan.
+type aggState struct {
+	ctx     context.Context
+	params  [][]byte // the client's Bind parameters (extended protocol)
+	formats []int16  // their format codes, as the client sent them
+	oids    []uint32 // the parameter types the client declared
+	results []int16  // the client's result format codes
+}
+
+// wholeOnOneNode returns the statement to run when one node holds every
+// shard of an aggregating fan-out's tree.
+func wholeOnOneNode(v *shardmap.View, p *router.Plan, bind *pgproto3.Bind, oids []uint32) (sql, node string, ok bool) {
+	if p.Agg == nil {
+		return "", "", false
+	}
+	m := v.Maps[p.Tree.Name]
+	if m == nil {
+		return "", "", false
+	}
+	nodes, schemas := nodeGroups(m, keyShards(m, p, bind, oids))
+	if len(nodes) != 1 {
+		return "", "", false
+	}
+	return p.RenderWhole(schemas[0]), nodes[0], true
+}
+
+// queryOIDs declares the client's parameters for a query that references
+// only the parameters in used: an unreferenced parameter the client did not
+// type is declared text (bytea when sent in binary), which accepts any
+// value, since PostgreSQL cannot infer a type for it.
+func queryOIDs(used []int, oids []uint32, bind *pgproto3.Bind) []uint32 {
+	n := len(bind.Parameters)
+	out := make([]uint32, max(n, len(oids)))
+	copy(out, oids)
+	refs := map[int]bool{}
+	for _, u := range used {
+		refs[u] = true
+	}
+	for i := range out {
+		if out[i] != 0 || refs[i+1] {
+			continue
+		}
+		out[i] = pgtype.TextOID
+		if formatFor(bind.ParameterFormatCodes, i) == 1 {
+			out[i] = pgtype.ByteaOID
+		}
+	}
+	return out
+}
+
+// startAggFanOut sends the partial query to every node.
+func (s *session) startAggFanOut(ctx context.Context, p *router.Plan, nodes []string, schemas [][]string, bind *pgproto3.Bind, portal *clientPortal) *fanOut {
+	extended := bind != nil
+	f := &fanOut{plan: p, limit: -1, simple: !extended, agg: &aggState{ctx: ctx}}
+	var partialBind pgproto3.Bind
+	var queries []string // simple protocol: each node's partial query
+	if extended {
+		f.agg.params, f.agg.formats, f.agg.oids, f.agg.results = bind.Parameters, bind.ParameterFormatCodes, portal.stmt.oids, bind.ResultFormatCodes
+		// Partial rows come back as text: they become text parameters of
+		// the final query.
+		partialBind = *bind
+		partialBind.ResultFormatCodes = nil
+	}
+	for i, node := range nodes {
+		sql := p.RenderPartial(schemas[i])
+		if extended {
+			name := bind.DestinationPortal
+			if i > 0 {
+				name = "lattice_part_" + strconv.Itoa(i) + "_" + bind.DestinationPortal
+			}
+			part := &clientPortal{stmt: &clientStmt{sql: sql, oids: queryOIDs(p.Agg.PartialParams, portal.stmt.oids, bind)}}
+			if !s.bindOn(ctx, part, node, sql, &partialBind, name, i > 0) {
+				return nil
+			}
+			portal.parts = append(portal.parts, part.parts...)
+			f.parts = append(f.parts, &fanPart{be: part.parts[0].be})
+			continue
+		}
+		be, err := s.backend(ctx, node)
+		if err != nil {
+			s.fail(err, false)
+			return nil
+		}
+		queries = append(queries, sql)
+		f.parts = append(f.parts, &fanPart{be: be})
+	}
+	if !extended {
+		// Sent only once every node's backend is at hand: a Query sent
+		// before a later node is refused would have no step to read it.
+		for i, part := range f.parts {
+			part.be.Frontend.Send(&pgproto3.Query{String: queries[i]})
+		}
+		s.x.add(step{kind: stepFanOut, fan: f})
+	}
+	return f
+}
+
+// playAgg reads the partial rows of every node and runs the final query.
+// Up to maxFinalParams values travel as parameters of a VALUES list; past
+// that the rows stream into a temporary table (ON COMMIT DROP, in a short
+// transaction of the final backend) with COPY, so the proxy never holds
+// more than the VALUES bound.
+func (f *fanOut) playAgg(s *session, x *exchange) error {
+	live := f.parts[:0:0]
+	for _, p := range f.parts {
+		if !x.failed[p.be] {
+			live = append(live, p)
+		}
+	}
+	a := f.plan.Agg
+	base := len(f.agg.params)
+	var values [][]byte
+	size := 0
+	var cp *pgshard.Conn // the final backend, once the rows go to a temporary table
+	defer func() {
+		if cp != nil {
+			s.releaseFinal(cp)
+		}
+	}()
+	var copyBuf []byte
+	for _, p := range live {
+		for {
+			row, err := f.next(s, x, p, cp == nil)
+			if err != nil {
+				return err
+			}
+			if row == nil {
+				break
+			}
+			if x.errored {
+				continue
+			}
+			if cp != nil {
+				if copyBuf, err = copyLine(cp, copyBuf, row); err != nil {
+					return err
+				}
+				continue
+			}
+			for _, v := range row {
+				size += len(v)
+			}
+			values = append(values, row...)
+			if base+len(values) > maxFinalParams || size > maxFinalBytes {
+				if cp = s.beginCopy(f, x); cp == nil {
+					values = nil
+					continue
+				}
+				for r := 0; r+a.Columns <= len(values); r += a.Columns {
+					if copyBuf, err = copyLine(cp, copyBuf, values[r:r+a.Columns]); err != nil {
+						return err
+					}
+				}
+				values = nil
+			}
+		}
+	}
+	if f.simple {
+		for _, p := range live {
+			if err := waitReady(x, p.be); err != nil {
+				return err
+			}
+		}
+	}
+	if x.errored {
+		if cp != nil {
+			cp.MarkBroken() // inside its COPY: the pool closes it
+		}
+		return nil
+	}
+	fail := func(err error) error {
+		x.errored = true
+		s.send(AsError(err).Response())
+		return nil
+	}
+	if len(f.fields) != a.Columns {
+		return fail(Errorf("XX000", "the nodes returned %d partial columns, %d expected", len(f.fields), a.Columns))
+	}
+	colOIDs := make([]uint32, len(f.fields))
+	for i, fd := range f.fields {
+		colOIDs[i] = fd.DataTypeOID
+	}
+	clientBind := &pgproto3.Bind{Parameters: f.agg.params, ParameterFormatCodes: f.agg.formats}
+	oids := queryOIDs(a.FinalParams, f.agg.oids, clientBind)[:base]
+	formats := make([]int16, base, base+len(values))
+	for i := range formats {
+		formats[i] = formatFor(f.agg.formats, i)
+	}
+	if cp != nil {
+		if len(copyBuf) > 0 {
+			cp.Frontend.Send(&pgproto3.CopyData{Data: copyBuf})
+		}
+		cp.Frontend.Send(&pgproto3.CopyDone{})
+		sql, rerr := a.RenderFinal(colOIDs, partialTable+" AS lattice_p")
+		if rerr != nil {
+			cp.MarkBroken()
+			return fail(rerr)
+		}
+		return s.runFinal(f, x, cp, 1, &pgproto3.Parse{Query: sql, ParameterOIDs: oids},
+			&pgproto3.Bind{Parameters: f.agg.params, ParameterFormatCodes: formats, ResultFormatCodes: f.agg.results}, true)
+	}
+	var src strings.Builder
+	rows := len(values) / a.Columns
+	param := func(i int) string { return "$" + strconv.Itoa(base+i+1) }
+	if rows == 0 {
+		// No partial rows: one row of NULLs that WHERE false removes keeps
+		// the columns typed.
+		src.WriteString("(SELECT ")
+		for c := range a.Columns {
+			if c > 0 {
+				src.WriteString(", ")
+			}
+			src.WriteString(param(c))
+		}
+		src.WriteString(" WHERE false)")
+		values = make([][]byte, a.Columns)
+		rows = 1
+	} else {
+		src.WriteString("(VALUES ")
+		for r := range rows {
+			if r > 0 {
+				src.WriteString(", ")
+			}
+			src.WriteByte('(')
+			for c := range a.Columns {
+				if c > 0 {
+					src.WriteString(", ")
+				}
+				src.WriteString(param(r*a.Columns + c))
+			}
+			src.WriteByte(')')
+		}
+		src.WriteByte(')')
+	}
+	src.WriteString(" AS " + a.SourceColumns())
+	sql, rerr := a.RenderFinal(colOIDs, src.String())
+	if rerr != nil {
+		return fail(rerr)
+	}
+	for range rows {
+		oids = append(oids, colOIDs...)
+	}
+	formats = append(formats, make([]int16, len(values))...)
+	params := append(append(make([][]byte, 0, base+len(values)), f.agg.params...), values...)
+	be := s.finalBackend(f, x)
+	if be == nil {
+		return nil
+	}
+	defer s.releaseFinal(be)
+	pending := 0
+	if q := s.prologue(be); q != "" {
+		be.Frontend.Send(&pgproto3.Query{String: q})
+		pending++
+	}
+	return s.runFinal(f, x, be, pending, &pgproto3.Parse{Query: sql, ParameterOIDs: oids},
+		&pgproto3.Bind{Parameters: params, ParameterFormatCodes: formats, ResultFormatCodes: f.agg.results}, false)
+}
+
+// partialTable is the temporary table large partial results go to.
+const partialTable = "lattice_partial"
+
+// finalBackend takes a backend of the catalog node for the final query: one
+// of its own, so that the final query never interleaves with the batch the
+// client's other statements are in.
+func (s *session) finalBackend(f *fanOut, x *exchange) *pgshard.Conn {
+	be, err := s.srv.pools.Acquire(f.agg.ctx, s.srv.catalogNode, s.tenant)
+	if err != nil {
+		x.errored = true
+		s.send(Errorf("08006", "cannot reach node %s: %v", s.srv.catalogNode, err).Response())
+		return nil
+	}
+	s.setActive(be, true)
+	return be
+}
+
+// releaseFinal returns the final backend; one left inside its transaction
+// (an error, a broken COPY) is closed, and its temporary table with it.
+func (s *session) releaseFinal(be *pgshard.Conn) {
+	s.setActive(be, false)
+	if be.TxStatus != 'I' {
+		be.MarkBroken()
+	}
+	s.srv.pools.Release(be)
+}
+
+// beginCopy takes the final backend and starts COPY into a temporary table
+// typed like the partial columns. It reports a failure to the client and
+// returns nil.
+func (s *session) beginCopy(f *fanOut, x *exchange) *pgshard.Conn {
+	be := s.finalBackend(f, x)
+	if be == nil {
+		return nil
+	}
+	fail := func(err error) *pgshard.Conn {
+		be.MarkBroken()
+		s.releaseFinal(be)
+		if !x.errored {
+			x.errored = true
+			s.send(AsError(err).Response())
+		}
+		return nil
+	}
+	// The column types, typmods included, by PostgreSQL's own names.
+	var q strings.Builder
+	q.WriteString("SELECT ")
+	for i, fd := range f.fields {
+		if i > 0 {
+			q.WriteString(", ")
+		}
+		fmt.Fprintf(&q, "format_type(%d, %d)", fd.DataTypeOID, fd.TypeModifier)
+	}
+	pending := 1
+	if p := s.prologue(be); p != "" {
+		be.Frontend.Send(&pgproto3.Query{String: p})
+		pending++
+	}
+	be.Frontend.Send(&pgproto3.Query{String: q.String()})
+	if err := be.Frontend.Flush(); err != nil {
+		return fail(err)
+	}
+	var types []string
+	for pending > 0 {
+		msg, err := be.Frontend.Receive()
+		if err != nil {
+			return fail(err)
+		}
+		switch m := msg.(type) {
+		case *pgproto3.DataRow:
+			for _, v := range m.Values {
+				types = append(types, string(v))
+			}
+		case *pgproto3.ErrorResponse:
+			return fail(Errorf(m.Code, "%s", m.Message))
+		case *pgproto3.ReadyForQuery:
+			be.TxStatus = m.TxStatus
+			pending--
+		}
+	}
+	if len(types) != len(f.fields) {
+		return fail(Errorf("XX000", "cannot name the types of the partial columns"))
+	}
+	var ddl strings.Builder
+	ddl.WriteString("BEGIN; CREATE TEMPORARY TABLE " + partialTable + " (")
+	for i, t := range types {
+		if i > 0 {
+			ddl.WriteString(", ")
+		}
+		fmt.Fprintf(&ddl, "lattice_c%d %s", i+1, t)
+	}
+	ddl.WriteString(") ON COMMIT DROP; COPY " + partialTable + " FROM STDIN")
+	be.Frontend.Send(&pgproto3.Query{String: ddl.String()})
+	if err := be.Frontend.Flush(); err != nil {
+		return fail(err)
+	}
+	for {
+		msg, err := be.Frontend.Receive()
+		if err != nil {
+			return fail(err)
+		}
+		switch m := msg.(type) {
+		case *pgproto3.CopyInResponse:
+			return be
+		case *pgproto3.ErrorResponse:
+			return fail(Errorf(m.Code, "%s", m.Message))
+		case *pgproto3.ReadyForQuery:
+			return fail(Errorf("XX000", "COPY of the partial rows did not start"))
+		}
+	}
+}
+
+// copyLine appends one row in COPY text format to buf and sends buf once it
+// is large.
+func copyLine(be *pgshard.Conn, buf []byte, row [][]byte) ([]byte, error) {
+	for i, v := range row {
+		if i > 0 {
+			buf = append(buf, '\t')
+		}
+		if v == nil {
+			buf = append(buf, '\\', 'N')
+			continue
+		}
+		for _, c := range v {
+			switch c {
+			case '\\':
+				buf = append(buf, '\\', '\\')
+			case '\n':
+				buf = append(buf, '\\', 'n')
+			case '\r':
+				buf = append(buf, '\\', 'r')
+			case '\t':
+				buf = append(buf, '\\', 't')
+			default:
+				buf = append(buf, c)
+			}
+		}
+	}
+	buf = append(buf, '\n')
+	if len(buf) < 1<<16 {
+		return buf, nil
+	}
+	be.Frontend.Send(&pgproto3.CopyData{Data: buf})
+	if err := be.Frontend.Flush(); err != nil {
+		be.MarkBroken()
+		return nil, err
+	}
+	return buf[:0], nil
+}
+
+// runFinal sends the final query (and, after COPY, the COMMIT that drops
+// the temporary table) and forwards the final query's rows. pending counts
+// the ReadyForQuery messages of what was sent before.
+func (s *session) runFinal(f *fanOut, x *exchange, be *pgshard.Conn, pending int, parse *pgproto3.Parse, bind *pgproto3.Bind, commit bool) error {
+	be.Frontend.SendParse(parse)
+	be.Frontend.SendBind(bind)
+	if f.simple {
+		be.Frontend.SendDescribe(&pgproto3.Describe{ObjectType: 'P'})
+	}
+	be.Frontend.SendExecute(&pgproto3.Execute{})
+	if commit {
+		be.Frontend.SendParse(&pgproto3.Parse{Query: "COMMIT"})
+		be.Frontend.SendBind(&pgproto3.Bind{})
+		be.Frontend.SendExecute(&pgproto3.Execute{})
+	}
+	be.Frontend.SendSync(&pgproto3.Sync{})
+	pending++
+	if err := be.Frontend.Flush(); err != nil {
+		be.MarkBroken()
+		return err
+	}
+	// Only the final query's own responses reach the client: those after
+	// its BindComplete, up to its CommandComplete.
+	const before, forwarding, after = 0, 1, 2
+	phase := before
+	for {
+		msg, err := be.Frontend.Receive()
+		if err != nil {
+			be.MarkBroken()
+			return err
+		}
+		switch m := msg.(type) {
+		case *pgproto3.ReadyForQuery:
+			be.TxStatus = m.TxStatus
+			if pending--; pending == 0 {
+				return nil
+			}
+		case *pgproto3.ErrorResponse:
+			if !x.errored {
+				x.errored = true
+				s.send(m)
+			}
+		case *pgproto3.BindComplete:
+			if phase == before {
+				phase = forwarding
+			}
+		case *pgproto3.RowDescription, *pgproto3.DataRow:
+			if phase == forwarding && !x.errored {
+				s.send(m)
+			}
+		case *pgproto3.CommandComplete:
+			if phase == forwarding && !x.errored {
+				s.send(m)
+			}
+			if phase == forwarding {
+				phase = after
+			}
+		case *pgproto3.NoticeResponse:
+			s.send(m)
+		case *pgproto3.ParameterStatus:
+			be.Params[m.Name] = m.Value
+		}
+	}
+}
+
+// describeAggPortal describes the portal of an aggregating fan-out: its
+// result is the statement's own, which the tree's template on the catalog
+// node describes exactly.
+func (s *session) describeAggPortal(ctx context.Context, portal *clientPortal) {
+	be, err := s.describeBackend(ctx)
+	if err != nil {
+		s.failExtended(err)
+		return
+	}
+	st := portal.stmt
+	key := preparedKey(st.sql, st.oids)
+	name, ok := be.Prepared(key)
+	if !ok {
+		name = be.AddPrepared(key)
+		be.Frontend.SendParse(&pgproto3.Parse{Name: name, Query: st.sql, ParameterOIDs: st.oids})
+		s.x.add(step{kind: stepParse, be: be, prepKey: key})
+	}
+	be.Frontend.SendDescribe(&pgproto3.Describe{ObjectType: 'S', Name: name})
+	s.x.add(step{kind: stepDescribeStmt, be: be, asPortal: true, formats: portal.resultFmt})
+}

@@ -1,0 +1,131 @@
+package proxy
+
+import (
+	"context"
+
+	"github.com/jackc/pgx/v5/pgproto3"
+
+	"github.com/lattice-db/lattice/pgshard"
+	"github.com/lattice-db/lattice/router"
+	"github.com/lattice-db/lattice/shardmap"
+)
+
+// ddlTree finds the tree a DDL plan changes. A DROP INDEX or ALTER INDEX
+// plan names no tree: the catalog node says which table each index belongs
+// to, and nil (without error) means none is a tree's, so the statement runs
+// on the catalog node like any other. ALTER INDEX, or DROP INDEX of several
+// indexes, on a tree's index is refused.
+func (s *session) ddlTree(ctx context.Context, v *shardmap.View, p *router.Plan) (*shardmap.Tree, error) {
+	if p.Tree != nil {
+		return p.Tree, nil
+	}
+	if s.srv.cfg.IndexTable == nil {
+		return nil, nil
+	}
+	for _, ix := range p.DDL.Indexes {
+		table, err := s.srv.cfg.IndexTable(ctx, s.tenant, ix)
+		if err != nil {
+			return nil, Errorf("58000", "cannot find the table of index %q: %v", ix, err)
+		}
+		t := v.Trees[table]
+		switch {
+		case t == nil:
+			continue
+		case p.DDL.Op == router.DDLIndexCheck && p.Tag == "DROP INDEX":
+			e := Errorf("0A000", "DROP INDEX of index %q of tree %q together with other indexes is not supported", ix, t.Name)
+			e.Hint = "Drop the tree's index in a statement of its own."
+			return nil, e
+		case p.DDL.Op == router.DDLIndexCheck:
+			e := Errorf("0A000", "%s on index %q of tree %q is not supported", p.Tag, ix, t.Name)
+			e.Hint = "Drop the index and create it again with the new name or settings."
+			return nil, e
+		}
+		return t, nil
+	}
+	return nil, nil
+}
+
+// runDDL runs DDL on tree t: the template and every shard change together
+// (pgshard.Cluster.RunTreeDDL), and the proxy's map cache is refreshed so
+// that this session's next statement sees the new columns or the dropped
+// tree. It answers with the command tag.
+func (s *session) runDDL(ctx context.Context, t *shardmap.Tree, p *router.Plan, extended bool) {
+	if s.tx.active || len(s.tx.conns) > 0 {
+		// The DDL runs on every node in transactions of its own: inside the
+		// client's transaction block it could not be rolled back with it.
+		e := Errorf("25001", "%s on tree %q cannot run inside a transaction block", p.Tag, t.Name)
+		e.Hint = "Run DDL on a tree outside BEGIN ... COMMIT; it is atomic on its own."
+		s.fail(e, extended)
+		return
+	}
+	if len(s.backends()) > 0 {
+		// Earlier statements of this batch hold an implicit transaction on
+		// a backend: the DDL would run before them, or wait for their locks
+		// while they wait for the batch to end.
+		e := Errorf("0A000", "%s on tree %q must be sent in a batch of its own", p.Tag, t.Name)
+		e.Hint = "Send Sync before the DDL statement (most drivers do this for each statement outside a pipeline)."
+		s.fail(e, extended)
+		return
+	}
+	if s.srv.cfg.TreeDDL == nil {
+		s.fail(Errorf("0A000", "%s on tree %q is not supported by this proxy", p.Tag, t.Name), extended)
+		return
+	}
+	d := pgshard.TreeDDL{
+		Tenant:       s.tenant,
+		Tree:         t.Name,
+		Op:           ddlOps[p.DDL.Op],
+		Concurrently: p.DDL.Concurrently,
+		Statement:    p.RenderDDL,
+		Log:          p.DDL.Log(),
+		Cascade:      p.DDL.Cascade,
+	}
+	err := s.srv.cfg.TreeDDL(ctx, d)
+	if _, rerr := s.srv.cache.Refresh(ctx, s.tenant); rerr != nil {
+		s.log.Warn("map refresh after tree DDL failed", "err", rerr)
+	}
+	if err != nil {
+		s.fail(err, extended)
+		return
+	}
+	s.x.synthetic(commandComplete(p.Tag))
+}
+
+var ddlOps = map[router.DDLOp]pgshard.DDLOp{
+	router.DDLAlter:       pgshard.DDLAlter,
+	router.DDLCreateIndex: pgshard.DDLCreateIndex,
+	router.DDLDropIndex:   pgshard.DDLDropIndex,
+	router.DDLTruncate:    pgshard.DDLTruncate,
+	router.DDLDropTable:   pgshard.DDLDropTable,
+}
+
+// simpleDDL serves a DDL plan in the simple query protocol.
+func (s *session) simpleDDL(ctx context.Context, v *shardmap.View, p *router.Plan) {
+	t, err := s.ddlTree(ctx, v, p)
+	if err != nil {
+		s.fail(err, false)
+		return
+	}
+	if t == nil {
+		s.forwardQuery(ctx, s.catalogTarget(p), p.SQL, false)
+		return
+	}
+	s.runDDL(ctx, t, p, false)
+}
+
+// bindDDL binds a DDL plan: a tree's DDL runs at Execute; the DROP INDEX of
+// another table's index is bound on the catalog node.
+func (s *session) bindDDL(ctx context.Context, v *shardmap.View, portal *clientPortal, m *pgproto3.Bind) bool {
+	p := portal.stmt.plan
+	t, err := s.ddlTree(ctx, v, p)
+	if err != nil {
+		s.failExtended(err)
+		return false
+	}
+	if t == nil {
+		return s.bindOn(ctx, portal, s.catalogTarget(p), p.SQL, m, m.DestinationPortal, false)
+	}
+	portal.ddl = t
+	s.x.synthetic(&pgproto3.BindComplete{})
+	return true
+}

@@ -1,0 +1,748 @@
+package router
+
+import (
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+
+	pg "github.com/pganalyze/pg_query_go/v6"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+)
+
+// An aggregating fan-out (aggregates, GROUP BY, HAVING or DISTINCT) runs in
+// two steps. Each node computes partial aggregates over its shards in one
+// query: the GROUP BY keys (and the arguments of DISTINCT aggregates),
+// then per aggregate its partial state, as columns lattice_c1, ..., over (SELECT * FROM shard1 UNION ALL ...) under the tree's name
+// or alias. The final step is the statement itself, run by PostgreSQL over
+// the partial rows: FROM and WHERE replaced by the partial rows, each GROUP
+// BY key by its column, each aggregate by the aggregate that combines its
+// partial states. HAVING, DISTINCT, ORDER BY, LIMIT and OFFSET stay as
+// written, so their semantics are PostgreSQL's own. Both queries are built
+// on the parse tree and deparsed; each is parsed again and must give the
+// tree it was made from.
+
+// AggKind is what an aggregate's partial state is.
+type AggKind int
+
+const (
+	AggCount    AggKind = iota // count(*) / count(x): partial count, combined by sum
+	AggSum                     // sum(x): partial sum, combined by sum in the partial's type
+	AggMin                     // min(x)
+	AggMax                     // max(x)
+	AggAvg                     // avg(x): partial sum and count
+	AggDistinct                // agg(DISTINCT x): x is a grouping column, the aggregate runs in the final step
+)
+
+// aggCall is one aggregate of the statement.
+type aggCall struct {
+	kind AggKind
+	col  int    // first partial column (0-based) of its state
+	text string // AggDistinct: the final aggregate call over its column
+}
+
+// AggPlan is the two-step form of an aggregating FanOut plan.
+type AggPlan struct {
+	partial [2]string // text before and after the source of the partial query
+	whole   [2]string // the statement itself around its source: all shards on one node
+	final   []string  // final query text around its holes: source, then one per aggregate in order of appearance
+	holes   []int     // for each hole after final[0]: -1 source, else the aggregate index
+	aggs    []aggCall
+	alias   string // the tree's name or alias, which the partial query's source takes
+	Columns int    // partial result columns
+	// Params are the parameter numbers the partial and the final query
+	// reference: a parameter one of them does not use must still be typed
+	// there.
+	PartialParams, FinalParams []int
+}
+
+const aggSource = "lattice_src"
+
+// RenderPartial is the partial query a node runs over the given shard
+// schemas.
+func (p *Plan) RenderPartial(schemas []string) string { return p.renderAround(p.Agg.partial, schemas) }
+
+// RenderWhole is the statement itself over the given shard schemas, for a
+// node that holds every shard of the tree: no final step is needed.
+func (p *Plan) RenderWhole(schemas []string) string { return p.renderAround(p.Agg.whole, schemas) }
+
+func (p *Plan) renderAround(pieces [2]string, schemas []string) string {
+	a := p.Agg
+	var b strings.Builder
+	b.WriteString(pieces[0])
+	b.WriteByte('(')
+	for i, s := range schemas {
+		if i > 0 {
+			b.WriteString(" UNION ALL ")
+		}
+		b.WriteString("SELECT * FROM " + quoteIdent(s) + "." + quoteIdent(p.Tree.Name))
+	}
+	b.WriteString(") AS ")
+	b.WriteString(quoteIdent(a.alias))
+	b.WriteString(pieces[1])
+	return b.String()
+}
+
+// RenderFinal is the final query over source (a FROM item ending in
+// SourceColumns), given the type OIDs of the partial
+// columns. It fails when a partial state has a type the proxy cannot
+// combine exactly.
+func (a *AggPlan) RenderFinal(oids []uint32, source string) (string, *Error) {
+	var b strings.Builder
+	b.WriteString(a.final[0])
+	for i, h := range a.holes {
+		if h < 0 {
+			b.WriteString(source)
+		} else {
+			t, err := a.combine(h, oids)
+			if err != nil {
+				return "", err
+			}
+			b.WriteString(t)
+		}
+		b.WriteString(a.final[i+1])
+	}
+	return b.String(), nil
+}
+
+const (
+	oidInt8     = 20
+	oidFloat4   = 700
+	oidFloat8   = 701
+	oidMoney    = 790
+	oidInterval = 1186
+	oidNumeric  = 1700
+)
+
+func (a *AggPlan) combine(i int, oids []uint32) (string, *Error) {
+	c := a.aggs[i]
+	col := func(k int) string { return "lattice_c" + strconv.Itoa(k+1) }
+	var oid uint32
+	if c.col < len(oids) {
+		oid = oids[c.col]
+	}
+	switch c.kind {
+	case AggCount:
+		// No partial rows at all (a DISTINCT aggregate beside it groups
+		// the partial query) is a count of 0.
+		return "COALESCE(CAST(sum(" + col(c.col) + ") AS bigint), 0)", nil
+	case AggMin:
+		return "min(" + col(c.col) + ")", nil
+	case AggMax:
+		return "max(" + col(c.col) + ")", nil
+	case AggDistinct:
+		return c.text, nil
+	case AggSum:
+		switch oid {
+		case oidInt8:
+			// sum(int2/int4) is bigint; a sum of bigints would be numeric.
+			return "CAST(sum(" + col(c.col) + ") AS bigint)", nil
+		case oidNumeric, oidFloat4, oidFloat8, oidMoney, oidInterval:
+			return "sum(" + col(c.col) + ")", nil
+		}
+	case AggAvg:
+		s, n := "sum("+col(c.col)+")", "NULLIF(sum("+col(c.col+1)+"), 0)"
+		switch oid {
+		case oidInt8, oidNumeric:
+			// PostgreSQL's avg of integers and numerics is numeric_div(sum, count).
+			return "(CAST(" + s + " AS numeric) / CAST(" + n + " AS numeric))", nil
+		case oidFloat8, oidInterval:
+			return "(" + s + " / CAST(" + n + " AS double precision))", nil
+		}
+	}
+	e := refused("Fix the shard key in WHERE to read one shard, or aggregate in the application.",
+		"this aggregate over several shards is not supported for a value of type oid %d", oid)
+	return "", e
+}
+
+// aggregating reports whether a SELECT needs the two-step form.
+func aggregating(s *pg.SelectStmt, scan []*pg.Node) bool {
+	agg, _ := aggregates(scan)
+	return agg != "" || len(s.GroupClause) > 0 || s.GroupDistinct || s.HavingClause != nil || len(s.DistinctClause) > 0
+}
+
+// aggFanOut plans an aggregating fan-out SELECT.
+func (p *planner) aggFanOut(r route, s *pg.SelectStmt) route {
+	tree := r.tree
+	keyHint := "Add " + tree.KeyColumn + " = <value> (or IN with one value) to the WHERE clause to read one shard"
+	no := func(hint, format string, args ...any) route {
+		return refusedRoute(refused(hint, "SELECT on tree %s does not fix the shard key %s, and %s",
+			qn(tree.Name), qn(tree.KeyColumn), fmt.Sprintf(format, args...)))
+	}
+	switch {
+	case len(s.DistinctClause) > 1 || len(s.DistinctClause) == 1 && s.DistinctClause[0].Node != nil:
+		return no(keyHint+", or remove duplicates in the application.", "DISTINCT ON over several shards is not supported")
+	case s.GroupDistinct:
+		return no(keyHint+", or group in the application.", "GROUP BY DISTINCT over several shards is not supported")
+	case len(s.WindowClause) > 0:
+		return no(keyHint+", or compute it in the application.", "window functions over several shards are not supported")
+	case len(s.LockingClause) > 0:
+		return no("Lock rows by shard key: SELECT ... WHERE "+tree.KeyColumn+" = <value> FOR UPDATE.", "FOR UPDATE/SHARE over several shards is not supported")
+	case s.WithClause != nil:
+		return no(keyHint+", or run the CTE as its own statement.", "WITH with aggregates over several shards is not supported")
+	case len(s.FromClause) != 1 || s.FromClause[0].GetRangeVar() != r.rv:
+		return no(keyHint+".", "aggregates over several shards need the tree as the only FROM item")
+	case len(r.cols) > 0:
+		return no(keyHint+", or name columns without the schema (tree.column).", "schema-qualified column references in an aggregate over several shards are not supported")
+	case r.rv.Alias != nil && len(r.rv.Alias.Colnames) > 0:
+		return no(keyHint+", or leave out the column aliases of the table alias.", "column aliases on the tree in an aggregate over several shards are not supported")
+	}
+	for _, g := range s.GroupClause {
+		if g.GetGroupingSet() != nil {
+			return no(keyHint+", or run one statement per grouping set.", "GROUPING SETS, ROLLUP and CUBE over several shards are not supported")
+		}
+	}
+	var scan []*pg.Node
+	scan = append(scan, s.TargetList...)
+	scan = append(scan, s.SortClause...)
+	scan = append(scan, s.GroupClause...)
+	if s.HavingClause != nil {
+		scan = append(scan, s.HavingClause)
+	}
+	if s.WhereClause != nil {
+		scan = append(scan, s.WhereClause)
+	}
+	if s.LimitCount != nil {
+		scan = append(scan, s.LimitCount)
+	}
+	if s.LimitOffset != nil {
+		scan = append(scan, s.LimitOffset)
+	}
+	if bad := unsupportedNode(scan); bad != "" {
+		return no(keyHint+", or compute it in the application.", "%s over several shards is not supported", bad)
+	}
+
+	// The select list, * expanded from the tree's columns, with every
+	// output name explicit: the final step computes other expressions.
+	var targets []*pg.ResTarget
+	for _, t := range s.TargetList {
+		rt := t.GetResTarget()
+		if rt == nil {
+			return refusedRoute(fanError(tree.Name))
+		}
+		if isStar(rt.Val) {
+			if len(tree.Columns) == 0 || len(rt.Val.GetColumnRef().Fields) > 1 {
+				return no(keyHint+", or list the columns instead of *.", "the proxy does not know the columns of * in an aggregate over several shards")
+			}
+			for _, c := range tree.Columns {
+				targets = append(targets, &pg.ResTarget{Name: c, Val: columnNode(c)})
+			}
+			continue
+		}
+		rt = proto.Clone(rt).(*pg.ResTarget)
+		if rt.Name == "" {
+			name, ok := figureName(rt.Val)
+			if !ok {
+				return no(keyHint+", or give every output column an alias.", "the proxy cannot tell the name of an output column")
+			}
+			rt.Name = name
+		}
+		targets = append(targets, rt)
+	}
+	isOutputName := func(n string) bool {
+		for _, t := range targets {
+			if t.Name == n {
+				return true
+			}
+		}
+		return false
+	}
+
+	// The grouping keys of the partial query.
+	var groups []*pg.Node
+	addGroup := func(e *pg.Node) int {
+		for i, g := range groups {
+			if sameExpr(g, e, r) {
+				return i
+			}
+		}
+		groups = append(groups, e)
+		return len(groups) - 1
+	}
+	finalGroup := make([]int, 0, len(s.GroupClause))
+	for _, g := range s.GroupClause {
+		e := g
+		if c := g.GetAConst(); c != nil && c.GetIval() != nil {
+			k := int(c.GetIval().Ival)
+			if k < 1 || k > len(targets) {
+				return no("Group by a position between 1 and the number of output columns.", "GROUP BY position %d is not in the select list", k)
+			}
+			e = targets[k-1].Val
+		} else if name, ok := bareName(g); ok && !slices.Contains(tree.Columns, name) {
+			// Not an input column: an output column name (SQL92). Without
+			// the tree's columns the proxy cannot tell which it is.
+			for _, t := range targets {
+				if t.Name == name {
+					if len(tree.Columns) == 0 && !sameExpr(t.Val, g, r) {
+						return no("Group by the expression or its position instead of the output name.", "the proxy cannot tell whether GROUP BY %s names an output column", qn(name))
+					}
+					e = t.Val
+					break
+				}
+			}
+		}
+		finalGroup = append(finalGroup, addGroup(e))
+	}
+	distinctOnly := len(s.GroupClause) == 0 && len(s.DistinctClause) > 0
+	if agg, _ := aggregates(scan); agg == "" && distinctOnly {
+		for _, t := range targets {
+			addGroup(t.Val)
+		}
+	}
+
+	// Replace aggregates and grouping keys in the final statement.
+	var aggs []aggCall
+	var partialAggs []*pg.Node
+	type pending struct {
+		fc   *pg.FuncCall
+		call int
+	}
+	var distinctCalls []pending
+	var calls []*pg.FuncCall // each aggregate call once
+	var problem string
+	var rewrite func(n *pg.Node) *pg.Node
+	rewrite = func(n *pg.Node) *pg.Node {
+		if n == nil || problem != "" {
+			return n
+		}
+		for i, g := range groups {
+			if sameExpr(g, n, r) {
+				return columnNode("lattice_c" + strconv.Itoa(i+1))
+			}
+		}
+		if fc := n.GetFuncCall(); fc != nil {
+			if kind, ok := aggKind(fc); ok {
+				for i, seen := range calls {
+					if sameTree(seen, fc) {
+						return columnNode("lattice_agg_" + strconv.Itoa(i+1))
+					}
+				}
+				calls = append(calls, fc)
+				call := len(aggs)
+				switch {
+				case kind == AggDistinct:
+					aggs = append(aggs, aggCall{kind: kind})
+					distinctCalls = append(distinctCalls, pending{fc, call})
+				case kind == AggAvg:
+					aggs = append(aggs, aggCall{kind: kind, col: len(partialAggs)})
+					partialAggs = append(partialAggs, funcNode("sum", fc.Args, false), funcNode("count", fc.Args, false))
+				default:
+					name := map[AggKind]string{AggCount: "count", AggSum: "sum", AggMin: "min", AggMax: "max"}[kind]
+					aggs = append(aggs, aggCall{kind: kind, col: len(partialAggs)})
+					partialAggs = append(partialAggs, funcNode(name, fc.Args, fc.AggStar))
+				}
+				return columnNode("lattice_agg_" + strconv.Itoa(call+1))
+			}
+			if name := funcName(fc); aggregateNames[name] || fc.AggStar || fc.AggDistinct || len(fc.AggOrder) > 0 || fc.AggFilter != nil || fc.AggWithinGroup {
+				problem = name + "()"
+				return n
+			}
+		}
+		rewriteChildren(n.ProtoReflect(), rewrite)
+		return n
+	}
+	final := proto.Clone(s).(*pg.SelectStmt)
+	final.TargetList = nil
+	for _, t := range targets {
+		t = proto.Clone(t).(*pg.ResTarget)
+		t.Val = rewrite(t.Val)
+		final.TargetList = append(final.TargetList, &pg.Node{Node: &pg.Node_ResTarget{ResTarget: t}})
+	}
+	final.HavingClause = rewrite(final.HavingClause)
+	for _, sn := range final.SortClause {
+		sb := sn.GetSortBy()
+		if sb == nil {
+			return refusedRoute(fanError(tree.Name))
+		}
+		if c := sb.Node.GetAConst(); c != nil && c.GetIval() != nil {
+			continue // a position in the final select list
+		}
+		if name, ok := bareName(sb.Node); ok && isOutputName(name) {
+			continue // an output column name takes precedence (SQL92)
+		}
+		sb.Node = rewrite(sb.Node)
+	}
+	if problem != "" {
+		return no(keyHint+", or aggregate in the application.", "aggregate %s over several shards is not supported (count, sum, min, max and avg are, without FILTER or ORDER BY)", problem)
+	}
+	// What is left of a column outside the aggregates must be a grouping
+	// key: PostgreSQL would also accept columns that depend on a grouped
+	// primary key, which the final step cannot see.
+	var outside []*pg.Node
+	for _, t := range final.TargetList {
+		outside = append(outside, t.GetResTarget().Val)
+	}
+	outside = append(outside, final.HavingClause)
+	if col := strayColumn(outside); col != "" {
+		return no("List the column in GROUP BY, or use it inside an aggregate.", "column %s is neither grouped nor aggregated", qn(col))
+	}
+	for _, d := range distinctCalls {
+		g := addGroup(d.fc.Args[0])
+		fc := proto.Clone(d.fc).(*pg.FuncCall)
+		fc.Args = []*pg.Node{columnNode("lattice_c" + strconv.Itoa(g+1))}
+		txt, err := deparseExpr(&pg.Node{Node: &pg.Node_FuncCall{FuncCall: fc}})
+		if err != nil {
+			return refusedRoute(fanError(tree.Name))
+		}
+		aggs[d.call].text = txt
+	}
+	// Partial columns: grouping keys first, then aggregate states.
+	for i := range aggs {
+		if aggs[i].kind != AggDistinct {
+			aggs[i].col += len(groups)
+		}
+	}
+	final.GroupClause = nil
+	for _, g := range finalGroup {
+		final.GroupClause = append(final.GroupClause, columnNode("lattice_c"+strconv.Itoa(g+1)))
+	}
+	final.WhereClause = nil
+	final.FromClause = []*pg.Node{{Node: &pg.Node_RangeVar{RangeVar: &pg.RangeVar{Relname: aggSource, Inh: true, Relpersistence: "p"}}}}
+
+	partial := &pg.SelectStmt{
+		FromClause:  []*pg.Node{{Node: &pg.Node_RangeVar{RangeVar: &pg.RangeVar{Relname: aggSource, Inh: true, Relpersistence: "p"}}}},
+		WhereClause: s.WhereClause,
+		LimitOption: pg.LimitOption_LIMIT_OPTION_DEFAULT,
+		Op:          pg.SetOperation_SETOP_NONE,
+	}
+	for i, g := range groups {
+		partial.TargetList = append(partial.TargetList, resTarget("lattice_c"+strconv.Itoa(i+1), g))
+		partial.GroupClause = append(partial.GroupClause, intConst(i+1))
+	}
+	for i, a := range partialAggs {
+		partial.TargetList = append(partial.TargetList, resTarget("lattice_c"+strconv.Itoa(len(groups)+i+1), a))
+	}
+	if len(partial.TargetList) == 0 {
+		// Nothing to carry (SELECT 1 ... HAVING true): one row per node
+		// still tells the final step there was a group.
+		partial.TargetList = append(partial.TargetList, resTarget("lattice_c1", funcNode("count", nil, true)))
+	}
+
+	alias := tree.Name
+	if r.rv.Alias != nil {
+		alias = r.rv.Alias.Aliasname
+	}
+	ap := &AggPlan{aggs: aggs, Columns: len(partial.TargetList)}
+	ptext, err := deparseStmt(partial)
+	if err != nil {
+		return refusedRoute(fanError(tree.Name))
+	}
+	pre, post, ok := splitSource(ptext)
+	if !ok {
+		return refusedRoute(fanError(tree.Name))
+	}
+	ap.partial, ap.alias = [2]string{pre, post}, alias
+	whole := proto.Clone(s).(*pg.SelectStmt)
+	whole.FromClause = []*pg.Node{{Node: &pg.Node_RangeVar{RangeVar: &pg.RangeVar{Relname: aggSource, Inh: true, Relpersistence: "p"}}}}
+	wtext, err := deparseStmt(whole)
+	if err != nil {
+		return refusedRoute(fanError(tree.Name))
+	}
+	if pre, post, ok = splitSource(wtext); !ok {
+		return refusedRoute(fanError(tree.Name))
+	}
+	ap.whole = [2]string{pre, post}
+	ftext, err := deparseStmt(final)
+	if err != nil {
+		return refusedRoute(fanError(tree.Name))
+	}
+	pieces, holes, ok := finalPieces(ftext, len(aggs))
+	if !ok {
+		return refusedRoute(fanError(tree.Name))
+	}
+	ap.final, ap.holes = pieces, holes
+	ap.PartialParams, ap.FinalParams = paramNumbers(partial), paramNumbers(final)
+	// The catalog check for user-defined aggregates skips the built-in
+	// ones the two-step form combines.
+	var names []string
+	for _, c := range functionNames(scan) {
+		switch c {
+		case "count", "sum", "min", "max", "avg":
+		default:
+			names = append(names, c)
+		}
+	}
+	r.kind, r.sel, r.fan = FanOut, s, &fanPlan{calls: names, agg: ap}
+	return r
+}
+
+func funcName(fc *pg.FuncCall) string {
+	if len(fc.Funcname) == 0 {
+		return ""
+	}
+	return strings.ToLower(fc.Funcname[len(fc.Funcname)-1].GetString_().GetSval())
+}
+
+// SourceColumns is the column list the final query's source must have:
+// lattice_p(lattice_c1, ..., lattice_cN).
+func (a *AggPlan) SourceColumns() string {
+	var b strings.Builder
+	b.WriteString("lattice_p(")
+	for i := range a.Columns {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString("lattice_c" + strconv.Itoa(i+1))
+	}
+	b.WriteByte(')')
+	return b.String()
+}
+
+// strayColumn returns a column reference in nodes that is not a partial
+// column, or "".
+func strayColumn(nodes []*pg.Node) string {
+	stray := ""
+	var visit func(m protoreflect.Message)
+	visit = func(m protoreflect.Message) {
+		if c, ok := m.Interface().(*pg.ColumnRef); ok && stray == "" {
+			if name, ok := bareName(&pg.Node{Node: &pg.Node_ColumnRef{ColumnRef: c}}); ok &&
+				(strings.HasPrefix(name, "lattice_c") || strings.HasPrefix(name, "lattice_agg_")) {
+				return
+			}
+			stray = "*"
+			if last := c.Fields[len(c.Fields)-1].GetString_(); last != nil {
+				stray = last.Sval
+			}
+			return
+		}
+		eachChild(m, visit)
+	}
+	for _, n := range nodes {
+		if n != nil {
+			visit(n.ProtoReflect())
+		}
+	}
+	return stray
+}
+
+// unsupportedNode names the first construct in nodes the two-step form
+// cannot carry: subqueries and window functions.
+func unsupportedNode(nodes []*pg.Node) string {
+	bad := ""
+	var visit func(m protoreflect.Message)
+	visit = func(m protoreflect.Message) {
+		if bad != "" {
+			return
+		}
+		switch v := m.Interface().(type) {
+		case *pg.SubLink:
+			bad = "a subquery in an aggregating SELECT"
+			return
+		case *pg.FuncCall:
+			if v.Over != nil {
+				bad = "a window function"
+				return
+			}
+		case *pg.GroupingFunc:
+			bad = "GROUPING()"
+			return
+		case *pg.JsonArrayAgg:
+			bad = "JSON_ARRAYAGG()"
+			return
+		case *pg.JsonObjectAgg:
+			bad = "JSON_OBJECTAGG()"
+			return
+		}
+		eachChild(m, visit)
+	}
+	for _, n := range nodes {
+		if n != nil {
+			visit(n.ProtoReflect())
+		}
+	}
+	return bad
+}
+
+// aggKind recognizes count, sum, min, max and avg (unqualified or
+// pg_catalog), with DISTINCT or not, without FILTER, ORDER BY or WITHIN
+// GROUP.
+func aggKind(fc *pg.FuncCall) (AggKind, bool) {
+	names := make([]string, len(fc.Funcname))
+	for i, n := range fc.Funcname {
+		names[i] = n.GetString_().GetSval()
+	}
+	if len(names) == 2 && names[0] == "pg_catalog" {
+		names = names[1:]
+	}
+	if len(names) != 1 || fc.Over != nil || fc.AggFilter != nil || len(fc.AggOrder) > 0 || fc.AggWithinGroup || fc.FuncVariadic {
+		return 0, false
+	}
+	if fc.AggStar {
+		return AggCount, names[0] == "count" && len(fc.Args) == 0 && !fc.AggDistinct
+	}
+	if len(fc.Args) != 1 || fc.Args[0].GetNamedArgExpr() != nil {
+		return 0, false
+	}
+	kind, ok := map[string]AggKind{"count": AggCount, "sum": AggSum, "min": AggMin, "max": AggMax, "avg": AggAvg}[names[0]]
+	if !ok {
+		return 0, false
+	}
+	if fc.AggDistinct {
+		return AggDistinct, true
+	}
+	return kind, true
+}
+
+// rewriteChildren replaces every Node directly inside m by f's answer.
+func rewriteChildren(m protoreflect.Message, f func(*pg.Node) *pg.Node) {
+	m.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
+		if fd.Kind() != protoreflect.MessageKind || fd.IsMap() {
+			return true
+		}
+		if fd.IsList() {
+			l := v.List()
+			for i := 0; i < l.Len(); i++ {
+				if n, ok := l.Get(i).Message().Interface().(*pg.Node); ok {
+					l.Set(i, protoreflect.ValueOfMessage(f(n).ProtoReflect()))
+				} else {
+					rewriteChildren(l.Get(i).Message(), f)
+				}
+			}
+			return true
+		}
+		if n, ok := v.Message().Interface().(*pg.Node); ok {
+			m.Set(fd, protoreflect.ValueOfMessage(f(n).ProtoReflect()))
+		} else {
+			rewriteChildren(v.Message(), f)
+		}
+		return true
+	})
+}
+
+func funcNode(name string, args []*pg.Node, star bool) *pg.Node {
+	fc := &pg.FuncCall{Funcname: []*pg.Node{pg.MakeStrNode(name)}, AggStar: star, Funcformat: pg.CoercionForm_COERCE_EXPLICIT_CALL}
+	for _, a := range args {
+		fc.Args = append(fc.Args, proto.Clone(a).(*pg.Node))
+	}
+	return &pg.Node{Node: &pg.Node_FuncCall{FuncCall: fc}}
+}
+
+func resTarget(name string, val *pg.Node) *pg.Node {
+	return &pg.Node{Node: &pg.Node_ResTarget{ResTarget: &pg.ResTarget{Name: name, Val: val}}}
+}
+
+func intConst(i int) *pg.Node {
+	return &pg.Node{Node: &pg.Node_AConst{AConst: &pg.A_Const{Val: &pg.A_Const_Ival{Ival: &pg.Integer{Ival: int32(i)}}}}}
+}
+
+// parseVersion is the parse tree version the deparser expects: the
+// parser's own.
+var parseVersion = func() int32 {
+	res, err := pg.Parse("SELECT")
+	if err != nil {
+		panic(err)
+	}
+	return res.Version
+}()
+
+// deparseStmt deparses a SELECT and checks that parsing the text again
+// gives the same tree.
+func deparseStmt(s *pg.SelectStmt) (string, error) {
+	res := &pg.ParseResult{Version: parseVersion, Stmts: []*pg.RawStmt{{Stmt: &pg.Node{Node: &pg.Node_SelectStmt{SelectStmt: s}}}}}
+	text, err := pg.Deparse(res)
+	if err != nil {
+		return "", err
+	}
+	back, err := pg.Parse(text)
+	if err != nil {
+		return "", err
+	}
+	if len(back.Stmts) != 1 || !sameTree(back.Stmts[0].Stmt.GetSelectStmt(), s) {
+		return "", fmt.Errorf("deparsed statement does not parse back to itself: %s", text)
+	}
+	return text, nil
+}
+
+func deparseExpr(n *pg.Node) (string, error) {
+	text, err := deparseStmt(&pg.SelectStmt{TargetList: []*pg.Node{resTarget("", n)},
+		LimitOption: pg.LimitOption_LIMIT_OPTION_DEFAULT, Op: pg.SetOperation_SETOP_NONE})
+	if err != nil {
+		return "", err
+	}
+	return strings.TrimPrefix(text, "SELECT "), nil
+}
+
+// splitSource cuts a deparsed statement around its lattice_src reference.
+func splitSource(text string) (string, string, bool) {
+	toks, err := pg.Scan(text)
+	if err != nil {
+		return "", "", false
+	}
+	at := -1
+	for _, t := range toks.Tokens {
+		if t.Token == pg.Token_IDENT && text[t.Start:t.End] == aggSource {
+			if at >= 0 {
+				return "", "", false
+			}
+			at = int(t.Start)
+		}
+	}
+	if at < 0 {
+		return "", "", false
+	}
+	return text[:at], text[at+len(aggSource):], true
+}
+
+// finalPieces cuts the deparsed final statement at its source and at each
+// lattice_agg_N placeholder.
+func finalPieces(text string, naggs int) ([]string, []int, bool) {
+	toks, err := pg.Scan(text)
+	if err != nil {
+		return nil, nil, false
+	}
+	var pieces []string
+	var holes []int
+	last, seen, sources := 0, make([]bool, naggs), 0
+	for _, t := range toks.Tokens {
+		if t.Token != pg.Token_IDENT {
+			continue
+		}
+		word := text[t.Start:t.End]
+		h := -2
+		if word == aggSource {
+			h = -1
+			sources++
+		} else if n, ok := strings.CutPrefix(word, "lattice_agg_"); ok {
+			k, err := strconv.Atoi(n)
+			if err != nil || k < 1 || k > naggs {
+				return nil, nil, false
+			}
+			h = k - 1
+			seen[h] = true
+		}
+		if h == -2 {
+			continue
+		}
+		pieces = append(pieces, text[last:t.Start])
+		holes = append(holes, h)
+		last = int(t.End)
+	}
+	pieces = append(pieces, text[last:])
+	for _, s := range seen {
+		if !s {
+			return nil, nil, false
+		}
+	}
+	return pieces, holes, sources == 1
+}
+
+// paramNumbers lists the $n a statement references, in increasing order.
+func paramNumbers(s *pg.SelectStmt) []int {
+	seen := map[int]bool{}
+	var visit func(m protoreflect.Message)
+	visit = func(m protoreflect.Message) {
+		if v, ok := m.Interface().(*pg.ParamRef); ok && v.Number > 0 {
+			seen[int(v.Number)] = true
+		}
+		eachChild(m, visit)
+	}
+	visit(s.ProtoReflect())
+	var out []int
+	for n := 1; len(out) < len(seen); n++ {
+		if seen[n] {
+			out = append(out, n)
+		}
+	}
+	return out
+}
