@@ -121,6 +121,9 @@ func (s *session) bind(ctx context.Context, m *pgproto3.Bind) {
 		s.failExtended(err)
 		return
 	}
+	if v, ok = s.bindHeld(ctx, st, v, m); !ok {
+		return
+	}
 	portal := &clientPortal{stmt: st, resultFmt: append([]int16(nil), m.ResultFormatCodes...)}
 	p := st.plan
 	if p == nil {
@@ -349,6 +352,11 @@ func (s *session) bindWriteAll(ctx context.Context, v *shardmap.View, portal *cl
 	portal.split = &splitState{}
 	i := 0
 	for g, node := range nodes {
+		if writeAllMixed(mp) {
+			if !s.skipMoved(ctx, node) {
+				return false
+			}
+		}
 		for _, schema := range schemas[g] {
 			part := &clientPortal{stmt: &clientStmt{sql: p.Render(schema), oids: portal.stmt.oids}}
 			if !s.bindOn(ctx, part, node, part.stmt.sql, m, partPortal(m.DestinationPortal, i), i > 0) {
@@ -540,7 +548,11 @@ func (s *session) execute(ctx context.Context, m *pgproto3.Execute) {
 			s.failExtended(err)
 			return
 		}
-		s.startCopy(ctx, v, p, true)
+		ok := true
+		if v, ok = s.bindHeld(ctx, portal.stmt, v, nil); !ok {
+			return
+		}
+		s.startCopy(ctx, v, portal.stmt.plan, true)
 	default:
 		s.failExtended(Errorf("XX000", "portal \"%s\" has nothing to run", m.Portal))
 	}
@@ -616,5 +628,6 @@ func (s *session) flushBatch() error {
 	if s.x.errored {
 		s.skipping = true
 	}
+	s.releaseViews()
 	return s.flush()
 }

@@ -269,8 +269,9 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, ready func(pg
 		TreeDDL: func(ctx context.Context, d pgshard.TreeDDL) error {
 			return cluster.RunTreeDDL(ctx, store, d)
 		},
-		IndexTable: cluster.IndexTable,
-		Log:        log,
+		IndexTable:   cluster.IndexTable,
+		Registration: reg,
+		Log:          log,
 	}, cache, router.NewPlanner(10000), pools, migrator.NewFunctions(cluster, store, cache, coord))
 
 	registerProxyMetrics(adm, srv, pools)
