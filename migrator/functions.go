@@ -88,11 +88,36 @@ func (f *Functions) Describe(name string) ([]pgproto3.FieldDescription, error) {
 	return sig, nil
 }
 
+// argNames are the arguments of the functions that take any, in order.
+var argNames = map[string][]string{
+	"lattice_create_tree":      {"tree", "key_column", "shard_count", "slot_count"},
+	"lattice_shards":           {"tree"},
+	"lattice_reshard":          {"tree", "shard_count"},
+	"lattice_reshard_complete": {"tree"},
+	"lattice_reshard_status":   {"tree"},
+}
+
+// ArgType is the type of an argument: integer for the counts, else text.
+func (f *Functions) ArgType(fn string, pos int, name string) uint32 {
+	if name == "" {
+		names := argNames[fn]
+		if pos < 0 || pos >= len(names) {
+			return 0
+		}
+		name = names[pos]
+	}
+	switch name {
+	case "shard_count", "slot_count":
+		return pgtype.Int4OID
+	}
+	return pgtype.TextOID
+}
+
 // Call runs a lattice function for tenant.
 func (f *Functions) Call(ctx context.Context, tenant, name string, args []*string, named map[string]*string) ([][]any, error) {
 	switch name {
 	case "lattice_create_tree":
-		a, err := bindArgs(name, args, named, "tree", "key_column", "shard_count", "slot_count")
+		a, err := bindArgs(name, args, named, argNames[name]...)
 		if err != nil {
 			return nil, err
 		}
@@ -109,7 +134,7 @@ func (f *Functions) Call(ctx context.Context, tenant, name string, args []*strin
 		}
 		return f.shards(ctx, tenant, a)
 	case "lattice_reshard":
-		a, err := bindArgs(name, args, named, "tree", "shard_count")
+		a, err := bindArgs(name, args, named, argNames[name]...)
 		if err != nil {
 			return nil, err
 		}

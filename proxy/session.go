@@ -80,6 +80,9 @@ type session struct {
 	// views are the views this session's statements planned on since the
 	// last ReadyForQuery (or Flush), with the functions that release them.
 	views map[*shardmap.View]func()
+	// extRetry is the statement of the current extended batch that is
+	// routed again after LT001, or nil.
+	extRetry *extRetry
 }
 
 // clientStmt is a prepared statement as the client named it.
@@ -101,6 +104,7 @@ type clientPortal struct {
 	fan       *fanOut
 	parts     []portalPart
 	ddl       *shardmap.Tree // a DDL plan's tree, found at Bind
+	bind      *pgproto3.Bind // a Single plan's Bind, kept to route it again after LT001
 }
 
 // splitState accumulates the parts of a statement split across shards: a
