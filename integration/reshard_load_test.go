@@ -221,7 +221,8 @@ func TestReshardUnderLoad(t *testing.T) {
 // of a retired donor is left.
 func verifyReshardedTree(t *testing.T, ctx context.Context, proxy *pgxpool.Pool, ledger *loadLedger, shards int) {
 	t.Helper()
-	rows, err := proxy.Query(ctx, "SELECT shard, node, state, slot_count FROM lattice_shards('catalogue')")
+	// The proxy serves lattice_shards only whole (SELECT * FROM ...).
+	rows, err := proxy.Query(ctx, "SELECT * FROM lattice_shards('catalogue')")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -234,7 +235,9 @@ func verifyReshardedTree(t *testing.T, ctx context.Context, proxy *pgxpool.Pool,
 	var all []shardRow
 	for rows.Next() {
 		var s shardRow
-		if err := rows.Scan(&s.idx, &s.node, &s.state, &s.slotsOwned); err != nil {
+		var schema, ranges string
+		var estimate *int64
+		if err := rows.Scan(&s.idx, &s.node, &schema, &ranges, &s.slotsOwned, &s.state, &estimate); err != nil {
 			t.Fatal(err)
 		}
 		all = append(all, s)

@@ -328,8 +328,8 @@ func DropShadow(ctx context.Context, spec ShadowSpec) error {
 		return err
 	}
 	defer src.Close(context.Background())
-	if _, err := src.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1`, spec.Name()); err != nil {
-		return fmt.Errorf("migrator: drop replication slot: %w", err)
+	if err := dropSlot(ctx, src, spec.Name()); err != nil {
+		return err
 	}
 	if _, err := src.Exec(ctx, "DROP PUBLICATION IF EXISTS "+pgx.Identifier{spec.Name()}.Sanitize()); err != nil {
 		return fmt.Errorf("migrator: drop publication: %w", err)
@@ -345,6 +345,30 @@ func DropShadow(ctx context.Context, spec ShadowSpec) error {
 	}
 	_, err = tgt.Exec(ctx, "DELETE FROM "+progressTable(spec.Target)+" WHERE migration = $1", spec.ID)
 	return err
+}
+
+// slotReleaseWait bounds how long dropping a slot waits for the walsender
+// of a stream just stopped: the server ends it shortly after the client
+// closed the connection, and until then the slot is active (55006).
+const slotReleaseWait = 10 * time.Second
+
+func dropSlot(ctx context.Context, src *pgx.Conn, name string) error {
+	deadline := time.Now().Add(slotReleaseWait)
+	for {
+		_, err := src.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1`, name)
+		var pe *pgconn.PgError
+		if err == nil || !errors.As(err, &pe) || pe.Code != "55006" || time.Now().After(deadline) {
+			if err != nil {
+				return fmt.Errorf("migrator: drop replication slot: %w", err)
+			}
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }
 
 // tableColumns reads the visible columns of a table in order, and its
