@@ -84,24 +84,7 @@ func TestMixedShardScan(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The proxy acknowledges an epoch once it routes by it.
-	for {
-		acks, err := store.Acks(ctx, "lattice", "mx")
-		if err != nil {
-			t.Fatal(err)
-		}
-		done := len(acks) > 0
-		for _, e := range acks {
-			done = done && e >= next.Epoch
-		}
-		if done {
-			break
-		}
-		select {
-		case <-ctx.Done():
-			t.Fatalf("the proxy did not acknowledge epoch %d: %v", next.Epoch, acks)
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
+	waitAck(t, ctx, store, "mx", next.Epoch)
 
 	simple := pgx.QueryExecModeSimpleProtocol
 	extended := pgx.QueryExecModeCacheStatement
@@ -173,5 +156,104 @@ func TestMixedShardScan(t *testing.T) {
 	var pe *pgconn.PgError
 	if !errors.As(err, &pe) || pe.Code != pgshard.FenceCode {
 		t.Fatalf("a write for one moved key on the source: %v, want %s", err, pgshard.FenceCode)
+	}
+}
+
+// waitAck waits until every proxy acknowledged epoch of tree: from then on
+// it routes by that map or a later one.
+func waitAck(t *testing.T, ctx context.Context, store *shardmap.RedisStore, tree string, epoch uint64) {
+	t.Helper()
+	for {
+		acks, err := store.Acks(ctx, "lattice", tree)
+		if err != nil {
+			t.Fatal(err)
+		}
+		done := len(acks) > 0
+		for _, e := range acks {
+			done = done && e >= epoch
+		}
+		if done {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("the proxy did not acknowledge epoch %d: %v", epoch, acks)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// TestHoldFrozen freezes one slot in the map: statements for its keys and
+// statements over several shards are held, and fail with 55000 when the
+// slot stays frozen past the hold timeout, while a key of another slot is
+// served at once; a held statement runs once the slot thaws.
+func TestHoldFrozen(t *testing.T) {
+	resetNodes(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	p := startProxy(t, 3)
+	c, err := pgx.Connect(ctx, p.DSN("lattice"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close(ctx)
+	for _, q := range []string{
+		"CREATE TABLE hf (k text PRIMARY KEY, v int NOT NULL)",
+		"SELECT lattice_create_tree('hf', 'k', shard_count => 4)",
+	} {
+		if _, err := c.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	store, err := shardmap.OpenRedis(ctx, testRedisURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	frozenKey, otherKey := keyInSlots(t, 100, 100, true), keyInSlots(t, 100, 100, false)
+	swap := func(frozen [][2]int) uint64 {
+		m, err := store.Map(ctx, "lattice", "hf")
+		if err != nil {
+			t.Fatal(err)
+		}
+		next := m.Clone()
+		next.Frozen = frozen
+		if err := store.SwapMap(ctx, next, m.Epoch); err != nil {
+			t.Fatal(err)
+		}
+		return next.Epoch
+	}
+	waitAck(t, ctx, store, "hf", swap([][2]int{{100, 100}}))
+
+	if _, err := c.Exec(ctx, "INSERT INTO hf VALUES ($1, 1)", otherKey); err != nil {
+		t.Fatalf("a key of another slot: %v", err)
+	}
+	for _, q := range []struct {
+		sql  string
+		args []any
+	}{
+		{"INSERT INTO hf VALUES ($1, 1)", []any{frozenKey}},
+		{"INSERT INTO hf VALUES ($1, 1)", []any{pgx.QueryExecModeSimpleProtocol, frozenKey}},
+		{"SELECT count(*) FROM hf", nil},
+	} {
+		_, err := c.Exec(ctx, q.sql, q.args...)
+		var pe *pgconn.PgError
+		if !errors.As(err, &pe) || pe.Code != "55000" {
+			t.Fatalf("%s while its slot stays frozen: %v, want SQLSTATE 55000", q.sql, err)
+		}
+	}
+
+	held := make(chan error, 1)
+	go func() {
+		_, err := c.Exec(ctx, "INSERT INTO hf VALUES ($1, 2)", frozenKey)
+		held <- err
+	}()
+	swap(nil)
+	if err := <-held; err != nil {
+		t.Fatalf("a held statement after the slot thawed: %v", err)
+	}
+	var v int
+	if err := c.QueryRow(ctx, "SELECT v FROM hf WHERE k = $1", frozenKey).Scan(&v); err != nil || v != 2 {
+		t.Fatalf("the held write: v = %d, %v", v, err)
 	}
 }
