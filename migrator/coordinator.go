@@ -310,10 +310,13 @@ func (c *Coordinator) ensureRunning(ctx context.Context, mig *shardmap.Migration
 	c.wg.Add(1)
 	gauge := c.metrics.MigrationsInFlight.WithLabelValues(mig.Tree, mig.Tenant)
 	gauge.Inc()
+	// The runner changes its record's phase as it goes, while the tick that
+	// started it still reads the caller's copy (unflipped): it gets its own.
+	own := *mig
 	go func() {
 		defer c.wg.Done()
 		defer gauge.Dec()
-		err := c.runner.Run(ctx, mig)
+		err := c.runner.Run(ctx, &own)
 		if err != nil && ctx.Err() == nil {
 			c.log.Warn("coordinator: migration failed; the next tick retries it", "migration", mig.ID, "err", err)
 		}
