@@ -67,6 +67,13 @@ func (s *session) acquireView(ctx context.Context) (*shardmap.View, error) {
 // A portal bound before a Flush may still be executed after it: a SELECT
 // took its snapshot at Bind, and a write to a slot that moved since is
 // rejected by the fence (LT001), so neither needs the view any more.
+//
+// Within a statement a session may hold a view while it waits for a pool
+// backend, a node, or the rest of a batch the client is still sending.
+// None of those waits on a freeze, so it delays an acknowledgement only
+// until that wait ends; and a freeze that cannot get its acknowledgements
+// within its budget is rolled back, which releases statements held for
+// it (holdFrozen) and with them anything they occupy.
 func (s *session) releaseViews() {
 	for v, release := range s.views {
 		release()
