@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgproto3"
 	"github.com/jackc/pgx/v5/pgtype"
@@ -17,8 +18,9 @@ import (
 	"github.com/lattice-db/lattice/shardmap"
 )
 
-// Error carries a SQLSTATE to the client.
-type Error struct{ Code, Message, Hint string }
+// Error carries a SQLSTATE to the client; Reason is the telemetry reason of
+// a rejected reshard.
+type Error struct{ Code, Message, Hint, Reason string }
 
 func (e *Error) Error() string { return e.Message }
 
@@ -32,15 +34,16 @@ func errorf(code, format string, args ...any) *Error {
 // Functions serves the lattice_* functions of DESIGN section 7.
 type Functions struct {
 	cluster *pgshard.Cluster
-	store   shardmap.Store
+	store   Store
 	cache   *shardmap.Cache
+	coord   *Coordinator
 }
 
-// NewFunctions wires the functions to the nodes, the map store and the
+// NewFunctions wires the functions to the nodes, the map store, the
 // proxy's map cache (refreshed after a change so that the caller's next
-// statement already routes by it).
-func NewFunctions(cluster *pgshard.Cluster, store shardmap.Store, cache *shardmap.Cache) *Functions {
-	return &Functions{cluster: cluster, store: store, cache: cache}
+// statement already routes by it) and the reshard coordinator.
+func NewFunctions(cluster *pgshard.Cluster, store Store, cache *shardmap.Cache, coord *Coordinator) *Functions {
+	return &Functions{cluster: cluster, store: store, cache: cache, coord: coord}
 }
 
 func field(name string, oid uint32) pgproto3.FieldDescription {
@@ -60,6 +63,13 @@ var signatures = map[string][]pgproto3.FieldDescription{
 		field("tree", pgtype.TextOID), field("key_column", pgtype.TextOID), field("key_type", pgtype.TextOID),
 		field("shard_count", pgtype.Int4OID), field("slot_count", pgtype.Int4OID), field("epoch", pgtype.Int8OID),
 	},
+	"lattice_reshard":          {field("lattice_reshard", pgtype.TextOID)},
+	"lattice_reshard_complete": {field("lattice_reshard_complete", pgtype.BoolOID)},
+	"lattice_reshard_status": {
+		field("phase", pgtype.TextOID), field("target", pgtype.Int4OID), field("distinct_shards", pgtype.Int4OID),
+		field("migrations_in_flight", pgtype.Int4OID), field("rows_copied", pgtype.Int8OID), field("lag_bytes", pgtype.Int8OID),
+		field("eta_seconds", pgtype.Float8OID),
+	},
 	"lattice_shards": {
 		field("shard", pgtype.Int4OID), field("node", pgtype.TextOID), field("schema", pgtype.TextOID),
 		field("slot_ranges", pgtype.TextOID), field("slot_count", pgtype.Int4OID), field("state", pgtype.TextOID),
@@ -72,17 +82,42 @@ func (f *Functions) Describe(name string) ([]pgproto3.FieldDescription, error) {
 	sig, ok := signatures[name]
 	if !ok {
 		e := errorf("42883", "function %s does not exist", name)
-		e.Hint = "Lattice provides lattice_create_tree, lattice_trees and lattice_shards"
+		e.Hint = "Lattice provides lattice_create_tree, lattice_trees, lattice_shards, lattice_reshard, lattice_reshard_complete and lattice_reshard_status"
 		return nil, e
 	}
 	return sig, nil
+}
+
+// argNames are the arguments of the functions that take any, in order.
+var argNames = map[string][]string{
+	"lattice_create_tree":      {"tree", "key_column", "shard_count", "slot_count"},
+	"lattice_shards":           {"tree"},
+	"lattice_reshard":          {"tree", "shard_count"},
+	"lattice_reshard_complete": {"tree"},
+	"lattice_reshard_status":   {"tree"},
+}
+
+// ArgType is the type of an argument: integer for the counts, else text.
+func (f *Functions) ArgType(fn string, pos int, name string) uint32 {
+	if name == "" {
+		names := argNames[fn]
+		if pos < 0 || pos >= len(names) {
+			return 0
+		}
+		name = names[pos]
+	}
+	switch name {
+	case "shard_count", "slot_count":
+		return pgtype.Int4OID
+	}
+	return pgtype.TextOID
 }
 
 // Call runs a lattice function for tenant.
 func (f *Functions) Call(ctx context.Context, tenant, name string, args []*string, named map[string]*string) ([][]any, error) {
 	switch name {
 	case "lattice_create_tree":
-		a, err := bindArgs(name, args, named, "tree", "key_column", "shard_count", "slot_count")
+		a, err := bindArgs(name, args, named, argNames[name]...)
 		if err != nil {
 			return nil, err
 		}
@@ -98,6 +133,29 @@ func (f *Functions) Call(ctx context.Context, tenant, name string, args []*strin
 			return nil, err
 		}
 		return f.shards(ctx, tenant, a)
+	case "lattice_reshard":
+		a, err := bindArgs(name, args, named, argNames[name]...)
+		if err != nil {
+			return nil, err
+		}
+		return f.reshard(ctx, tenant, a)
+	case "lattice_reshard_complete", "lattice_reshard_status":
+		a, err := bindArgs(name, args, named, "tree")
+		if err != nil {
+			return nil, err
+		}
+		tree, err := required(a, "tree")
+		if err != nil {
+			return nil, err
+		}
+		if name == "lattice_reshard_status" {
+			return f.reshardStatus(ctx, tenant, foldName(tree))
+		}
+		done, err := f.coord.ReshardComplete(ctx, tenant, foldName(tree))
+		if err != nil {
+			return nil, err
+		}
+		return [][]any{{done}}, nil
 	}
 	return nil, errorf("42883", "function %s does not exist", name)
 }
@@ -252,4 +310,73 @@ func formatRanges(r [][2]int) string {
 		}
 	}
 	return strings.Join(parts, ",")
+}
+
+func (f *Functions) reshard(ctx context.Context, tenant string, a map[string]*string) ([][]any, error) {
+	tree, err := required(a, "tree")
+	if err != nil {
+		return nil, err
+	}
+	if a["shard_count"] == nil {
+		return nil, errorf("22004", "argument shard_count must not be null")
+	}
+	n, err := optionalInt(a, "shard_count", 0)
+	if err != nil {
+		return nil, err
+	}
+	msg, err := f.coord.Reshard(ctx, tenant, foldName(tree), n)
+	if err != nil {
+		return nil, err
+	}
+	if f.cache != nil {
+		if _, err := f.cache.Refresh(ctx, tenant); err != nil {
+			return nil, fmt.Errorf("%s, but refreshing the map cache failed: %w", msg, err)
+		}
+	}
+	return [][]any{{msg}}, nil
+}
+
+// reshardStatus reports a tree's reshard: phase "idle" when none runs. The
+// time left is extrapolated from the progress in distinct shards so far.
+func (f *Functions) reshardStatus(ctx context.Context, tenant, tree string) ([][]any, error) {
+	if _, err := f.store.Tree(ctx, tenant, tree); errors.Is(err, shardmap.ErrNotFound) {
+		return nil, errorf("42P01", "tree %q does not exist", tree)
+	} else if err != nil {
+		return nil, err
+	}
+	m, err := f.store.Map(ctx, tenant, tree)
+	if err != nil {
+		return nil, err
+	}
+	distinct := m.DistinctShards()
+	r, err := f.store.Reshard(ctx, tenant, tree)
+	if errors.Is(err, shardmap.ErrNotFound) {
+		return [][]any{{"idle", int32(distinct), int32(distinct), int32(0), int64(0), int64(0), float64(0)}}, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	migs, err := f.store.Migrations(ctx, tenant, tree)
+	if err != nil {
+		return nil, err
+	}
+	var copied, lag int64
+	flying := inFlight(migs)
+	for _, m := range flying {
+		copied += m.RowsCopied
+		lag += m.LagBytes
+	}
+	var eta any // NULL until there is progress to extrapolate from
+	if total, done := abs(r.Target-r.From), abs(distinct-r.From); total > 0 && done > 0 {
+		elapsed := time.Since(r.Started).Seconds()
+		eta = elapsed * float64(total-min(done, total)) / float64(done)
+	}
+	return [][]any{{r.Phase, int32(r.Target), int32(distinct), int32(len(flying)), copied, lag, eta}}, nil
+}
+
+func abs(x int) int {
+	if x < 0 {
+		return -x
+	}
+	return x
 }

@@ -802,3 +802,41 @@ func buildDDL(ti *tableInfo) ([]string, error) {
 }
 
 func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
+
+// TreeEmpty reports whether no shard table of t holds a row, one query per
+// node. Shards whose table is gone count as empty.
+func (c *Cluster) TreeEmpty(ctx context.Context, t *shardmap.Tree, m *shardmap.Map) (bool, error) {
+	nodes, byNode := shardsByNode(m)
+	var mu sync.Mutex
+	empty := true
+	err := forEachNode(ctx, nodes, func(ctx context.Context, node string) error {
+		p, err := c.Admin(ctx, node, t.Tenant)
+		if err != nil {
+			return err
+		}
+		var parts []string
+		for _, idx := range byNode[node] {
+			var exists bool
+			if err := p.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, ShardTable(t, idx)).Scan(&exists); err != nil {
+				return err
+			}
+			if exists {
+				parts = append(parts, "SELECT EXISTS (SELECT FROM "+ShardTable(t, idx)+")")
+			}
+		}
+		if len(parts) == 0 {
+			return nil
+		}
+		var any bool
+		if err := p.QueryRow(ctx, "SELECT bool_or(e) FROM ("+strings.Join(parts, " UNION ALL ")+") s(e)").Scan(&any); err != nil {
+			return fmt.Errorf("pgshard: node %s: probe %s: %w", node, t.Name, err)
+		}
+		if any {
+			mu.Lock()
+			empty = false
+			mu.Unlock()
+		}
+		return nil
+	})
+	return empty, err
+}

@@ -49,7 +49,7 @@ func wholeOnOneNode(v *shardmap.View, p *router.Plan, bind *pgproto3.Bind, oids 
 	if m == nil {
 		return "", "", false
 	}
-	nodes, schemas := nodeGroups(m, keyShards(m, p, bind, oids))
+	nodes, schemas := nodeSources(m, keyShards(m, p, bind, oids), p.Tree)
 	if len(nodes) != 1 {
 		return "", "", false
 	}
@@ -81,7 +81,7 @@ func queryOIDs(used []int, oids []uint32, bind *pgproto3.Bind) []uint32 {
 }
 
 // startAggFanOut sends the partial query to every node.
-func (s *session) startAggFanOut(ctx context.Context, p *router.Plan, nodes []string, schemas [][]string, bind *pgproto3.Bind, portal *clientPortal) *fanOut {
+func (s *session) startAggFanOut(ctx context.Context, p *router.Plan, nodes []string, schemas [][]router.Source, bind *pgproto3.Bind, portal *clientPortal) *fanOut {
 	extended := bind != nil
 	f := &fanOut{plan: p, limit: -1, simple: !extended, agg: &aggState{ctx: ctx}}
 	var partialBind pgproto3.Bind

@@ -85,14 +85,14 @@ func (s *session) startCopy(ctx context.Context, v *shardmap.View, p *router.Pla
 		return
 	}
 	var nodes []string
-	var schemas [][]string
+	var schemas [][]router.Source
 	if p.Copy.Query && p.Copy.QueryKind == router.Single {
 		sh, err := s.route(v, p, p.Key, nil, nil)
 		if err != nil {
 			fail(err)
 			return
 		}
-		nodes, schemas = []string{sh.Node}, [][]string{{shardmap.SchemaName(sh.Index)}}
+		nodes, schemas = []string{sh.Node}, [][]router.Source{router.Schemas(shardmap.SchemaName(sh.Index))}
 	} else {
 		if agg, err := s.srv.aggregateIn(ctx, s.tenant, p.Calls); err != nil || agg != "" {
 			if err == nil {
@@ -103,7 +103,7 @@ func (s *session) startCopy(ctx context.Context, v *shardmap.View, p *router.Pla
 			fail(err)
 			return
 		}
-		nodes, schemas = nodeGroups(m, nil)
+		nodes, schemas = nodeSources(m, nil, p.Tree)
 	}
 	co := &copyOut{plan: p}
 	for i, node := range nodes {

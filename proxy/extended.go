@@ -6,7 +6,6 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgproto3"
-	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/lattice-db/lattice/pgshard"
 	"github.com/lattice-db/lattice/router"
@@ -121,6 +120,9 @@ func (s *session) bind(ctx context.Context, m *pgproto3.Bind) {
 		s.failExtended(err)
 		return
 	}
+	if v, ok = s.bindHeld(ctx, st, v, m); !ok {
+		return
+	}
 	portal := &clientPortal{stmt: st, resultFmt: append([]int16(nil), m.ResultFormatCodes...)}
 	p := st.plan
 	if p == nil {
@@ -166,6 +168,9 @@ func (s *session) bind(ctx context.Context, m *pgproto3.Bind) {
 		}
 		if !s.bindOn(ctx, portal, sh.Node, p.Render(shardmap.SchemaName(sh.Index)), m, m.DestinationPortal, false) {
 			return
+		}
+		if !s.tx.active {
+			portal.bind = copyBind(m)
 		}
 	case router.Copy:
 		s.x.synthetic(&pgproto3.BindComplete{})
@@ -349,6 +354,11 @@ func (s *session) bindWriteAll(ctx context.Context, v *shardmap.View, portal *cl
 	portal.split = &splitState{}
 	i := 0
 	for g, node := range nodes {
+		if writeAllMixed(mp) {
+			if !s.skipMoved(ctx, node) {
+				return false
+			}
+		}
 		for _, schema := range schemas[g] {
 			part := &clientPortal{stmt: &clientStmt{sql: p.Render(schema), oids: portal.stmt.oids}}
 			if !s.bindOn(ctx, part, node, part.stmt.sql, m, partPortal(m.DestinationPortal, i), i > 0) {
@@ -384,11 +394,17 @@ func (s *session) describe(ctx context.Context, m *pgproto3.Describe) {
 		}
 		oids := make([]uint32, maxParam(p.Func))
 		for i := range oids {
-			oids[i] = pgtype.TextOID
+			oids[i] = s.funcParamType(p.Func, i+1)
 			if i < len(st.oids) && st.oids[i] != 0 {
 				oids[i] = st.oids[i]
 			}
 		}
+		// As in PostgreSQL, the described types are the statement's: Bind
+		// decodes binary parameters by them.
+		if len(st.oids) < len(oids) {
+			st.oids = append(st.oids, make([]uint32, len(oids)-len(st.oids))...)
+		}
+		copy(st.oids, oids)
 		s.x.synthetic(&pgproto3.ParameterDescription{ParameterOIDs: oids}, &pgproto3.RowDescription{Fields: fields})
 		return
 	}
@@ -489,9 +505,13 @@ func (s *session) execute(ctx context.Context, m *pgproto3.Execute) {
 		if sp != nil {
 			sp.count, sp.rowDescSent = 0, false
 		}
+		retry := s.retryable(portal, m)
+		if retry {
+			s.extRetry = &extRetry{stmt: portal.stmt, bind: portal.bind, step: len(s.x.steps)}
+		}
 		for _, part := range portal.parts {
 			part.be.Frontend.SendExecute(&pgproto3.Execute{Portal: part.name, MaxRows: m.MaxRows})
-			st := step{kind: stepExecute, be: part.be}
+			st := step{kind: stepExecute, be: part.be, staleRetry: retry}
 			if sp != nil {
 				st.rowsOnly, st.split = true, sp
 			}
@@ -540,7 +560,11 @@ func (s *session) execute(ctx context.Context, m *pgproto3.Execute) {
 			s.failExtended(err)
 			return
 		}
-		s.startCopy(ctx, v, p, true)
+		ok := true
+		if v, ok = s.bindHeld(ctx, portal.stmt, v, nil); !ok {
+			return
+		}
+		s.startCopy(ctx, v, portal.stmt.plan, true)
 	default:
 		s.failExtended(Errorf("XX000", "portal \"%s\" has nothing to run", m.Portal))
 	}
@@ -564,8 +588,12 @@ func (s *session) sync(ctx context.Context) error {
 			s.x.add(step{kind: stepSync, be: be})
 		}
 	}
+	s.keepRetry(func(st step) bool { return st.kind == stepSync })
 	s.sendBackends()
 	if err := s.play(&s.x); err != nil {
+		return err
+	}
+	if err := s.retryStale(ctx); err != nil {
 		return err
 	}
 	ok := !s.x.errored
@@ -608,6 +636,8 @@ func (s *session) flushBatch() error {
 			s.x.sentSinceSync[st.be] = true
 		}
 	}
+	// The client may see results before Sync: no retry after a Flush.
+	s.keepRetry(func(step) bool { return false })
 	s.sendBackends()
 	if err := s.play(&s.x); err != nil {
 		return err
@@ -616,5 +646,6 @@ func (s *session) flushBatch() error {
 	if s.x.errored {
 		s.skipping = true
 	}
+	s.releaseViews()
 	return s.flush()
 }

@@ -106,7 +106,7 @@ func (s *session) startFanOut(ctx context.Context, v *shardmap.View, p *router.P
 	if portal != nil {
 		oids = portal.stmt.oids
 	}
-	nodes, schemas := nodeGroups(m, keyShards(m, p, bind, oids))
+	nodes, schemas := nodeSources(m, keyShards(m, p, bind, oids), p.Tree)
 	var queries []string // simple protocol: each node's statement
 	if p.Agg != nil {
 		return s.startAggFanOut(ctx, p, nodes, schemas, bind, portal)

@@ -8,6 +8,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgproto3"
 	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/lattice-db/lattice/router"
 )
 
 // Functions runs the lattice_* SQL functions. cmd/lattice wires it to the
@@ -19,6 +21,36 @@ type Functions interface {
 	// Call runs name for tenant with positional and named arguments (nil is
 	// SQL NULL). Each row holds Go values of the described column types.
 	Call(ctx context.Context, tenant, name string, args []*string, named map[string]*string) ([][]any, error)
+}
+
+// ArgTyper is implemented by Functions that know their arguments' types,
+// so that Describe reports them as PostgreSQL would from the signature.
+type ArgTyper interface {
+	// ArgType is the type OID of argument pos (0-based) of fn, or of the
+	// named argument when name is not empty; 0 when unknown.
+	ArgType(fn string, pos int, name string) uint32
+}
+
+// funcParamType is the type Describe reports for parameter $n of f: its
+// argument's type, text when unknown (text accepts any value).
+func (s *session) funcParamType(f *router.FuncCall, n int) uint32 {
+	if t, ok := s.srv.functions.(ArgTyper); ok {
+		for i, a := range f.Args {
+			if a.Param == n {
+				if oid := t.ArgType(f.Name, i, ""); oid != 0 {
+					return oid
+				}
+			}
+		}
+		for name, a := range f.Named {
+			if a.Param == n {
+				if oid := t.ArgType(f.Name, -1, name); oid != 0 {
+					return oid
+				}
+			}
+		}
+	}
+	return pgtype.TextOID
 }
 
 var typeMap = pgtype.NewMap()

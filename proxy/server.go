@@ -43,7 +43,12 @@ type Config struct {
 	// node ("" when there is none), so that DROP INDEX of a tree's index
 	// reaches its shards.
 	IndexTable func(ctx context.Context, tenant, index string) (string, error)
-	Log        *slog.Logger
+	// Registration, when set, is where statements take the views they
+	// plan on, so that the proxy acknowledges a map epoch only once no
+	// statement planned on an older one runs (the migrator's freeze and
+	// release wait for that); nil plans on the cache directly.
+	Registration *shardmap.Registration
+	Log          *slog.Logger
 }
 
 // Server accepts client connections and runs a session for each.
@@ -284,6 +289,10 @@ func (sess *session) loop(ctx context.Context) {
 		}
 		if err != nil {
 			return
+		}
+		if ready {
+			// The client got ReadyForQuery: its statements are done.
+			sess.releaseViews()
 		}
 	}
 }

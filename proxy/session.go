@@ -76,6 +76,13 @@ type session struct {
 	copyBytes    int
 
 	listener *listener // the session's LISTEN backend, nil until it runs LISTEN
+
+	// views are the views this session's statements planned on since the
+	// last ReadyForQuery (or Flush), with the functions that release them.
+	views map[*shardmap.View]func()
+	// extRetry is the statement of the current extended batch that is
+	// routed again after LT001, or nil.
+	extRetry *extRetry
 }
 
 // clientStmt is a prepared statement as the client named it.
@@ -97,6 +104,7 @@ type clientPortal struct {
 	fan       *fanOut
 	parts     []portalPart
 	ddl       *shardmap.Tree // a DDL plan's tree, found at Bind
+	bind      *pgproto3.Bind // a Single plan's Bind, kept to route it again after LT001
 }
 
 // splitState accumulates the parts of a statement split across shards: a
@@ -129,6 +137,9 @@ func (s *session) flush() error {
 
 // view is the tenant's current trees and maps, from the proxy's cache.
 func (s *session) view(ctx context.Context) (*shardmap.View, error) {
+	if s.srv.cfg.Registration != nil {
+		return s.acquireView(ctx)
+	}
 	v, err := s.srv.cache.View(ctx, s.tenant)
 	if err != nil {
 		return nil, Errorf("58000", "shard map unavailable: %v", err)
@@ -406,6 +417,7 @@ func (s *session) resetTx() {
 // release returns everything at session end; a transaction left open is
 // rolled back by closing its backend.
 func (s *session) release() {
+	s.releaseViews()
 	if s.listener != nil {
 		// The reader may be writing a notification to the client: closing
 		// the socket ends that write.

@@ -43,7 +43,7 @@ func (s *session) simpleQuery(ctx context.Context, sql string) error {
 }
 
 func (s *session) runQuery(ctx context.Context, sql string, allowRetry bool) {
-	plans, v, err := s.plan(ctx, sql)
+	plans, v, err := s.planHeld(ctx, sql)
 	if err != nil {
 		s.fail(err, false)
 		return
@@ -178,6 +178,11 @@ func (s *session) simpleWriteAll(ctx context.Context, v *shardmap.View, p *route
 	nodes, schemas := nodeGroups(m, nil)
 	parts := make(map[string][]string, len(nodes))
 	for i, node := range nodes {
+		if writeAllMixed(m) {
+			// The parts of a node run in one transaction (implicit or the
+			// session's): the fence of a split source skips moved rows.
+			parts[node] = append(parts[node], "SET LOCAL "+pgshard.SkipMovedSetting+" = on")
+		}
 		for _, schema := range schemas[i] {
 			parts[node] = append(parts[node], p.Render(schema))
 		}

@@ -61,13 +61,13 @@ const aggSource = "lattice_src"
 
 // RenderPartial is the partial query a node runs over the given shard
 // schemas.
-func (p *Plan) RenderPartial(schemas []string) string { return p.renderAround(p.Agg.partial, schemas) }
+func (p *Plan) RenderPartial(schemas []Source) string { return p.renderAround(p.Agg.partial, schemas) }
 
 // RenderWhole is the statement itself over the given shard schemas, for a
 // node that holds every shard of the tree: no final step is needed.
-func (p *Plan) RenderWhole(schemas []string) string { return p.renderAround(p.Agg.whole, schemas) }
+func (p *Plan) RenderWhole(schemas []Source) string { return p.renderAround(p.Agg.whole, schemas) }
 
-func (p *Plan) renderAround(pieces [2]string, schemas []string) string {
+func (p *Plan) renderAround(pieces [2]string, schemas []Source) string {
 	a := p.Agg
 	var b strings.Builder
 	b.WriteString(pieces[0])
@@ -76,7 +76,10 @@ func (p *Plan) renderAround(pieces [2]string, schemas []string) string {
 		if i > 0 {
 			b.WriteString(" UNION ALL ")
 		}
-		b.WriteString("SELECT * FROM " + quoteIdent(s) + "." + quoteIdent(p.Tree.Name))
+		b.WriteString("SELECT * FROM " + quoteIdent(s.Schema) + "." + quoteIdent(p.Tree.Name))
+		if s.Filter != "" {
+			b.WriteString(" WHERE " + s.Filter)
+		}
 	}
 	b.WriteString(") AS ")
 	b.WriteString(quoteIdent(a.alias))

@@ -62,10 +62,10 @@ func (p *Plan) RenderCopyFrom(schema string) string {
 // the given shard schemas of that node: the rows of each shard glued with
 // UNION ALL, in the client's format, with a header line only when header.
 // For a Single query it is the whole statement for the one shard.
-func (p *Plan) RenderCopyTo(schemas []string, header bool) string {
+func (p *Plan) RenderCopyTo(schemas []Source, header bool) string {
 	c := p.Copy
 	if c.Query && c.QueryKind == Single {
-		return p.Render(schemas[0])
+		return p.Render(schemas[0].Schema)
 	}
 	var b strings.Builder
 	b.WriteString("COPY (")
@@ -76,7 +76,10 @@ func (p *Plan) RenderCopyTo(schemas []string, header bool) string {
 			if i > 0 {
 				b.WriteString(" UNION ALL ")
 			}
-			b.WriteString("SELECT " + c.qcols + " FROM " + quoteIdent(s) + "." + c.tree)
+			b.WriteString("SELECT " + c.qcols + " FROM " + quoteIdent(s.Schema) + "." + c.tree)
+			if s.Filter != "" {
+				b.WriteString(" WHERE " + s.Filter)
+			}
 		}
 	}
 	b.WriteString(") TO STDOUT")

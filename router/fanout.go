@@ -78,7 +78,7 @@ type fanRender struct {
 // the hidden sort columns appended to the select list. Parameters keep
 // their numbers; a parameter used only in LIMIT or OFFSET no longer
 // appears. It panics if the plan is not FanOut or schemas is empty.
-func (p *Plan) RenderFanOut(schemas []string, limit int64) string {
+func (p *Plan) RenderFanOut(schemas []Source, limit int64) string {
 	if p.fan == nil {
 		panic("router: RenderFanOut on a " + p.Kind.String() + " plan")
 	}
@@ -91,7 +91,7 @@ func (p *Plan) RenderFanOut(schemas []string, limit int64) string {
 			b.WriteString(" UNION ALL ")
 		}
 		b.WriteByte('(')
-		b.WriteString(p.fan.branch.render(s))
+		b.WriteString(p.fan.branch.renderSource(s))
 		b.WriteByte(')')
 	}
 	if p.fan.outer != "" {
@@ -837,10 +837,15 @@ func (p *planner) fanRenderer(r route, start, end int) (*fanRender, *Error) {
 	for _, ins := range inserts {
 		var b strings.Builder
 		var spans []span
+		rel, table := -1, -1
 		copyText := func(from, to int) {
 			at := b.Len()
 			for _, rf := range refs {
 				if rf.start >= from && rf.end <= to {
+					if rf.start == int(r.rv.Location) {
+						rel = len(spans)
+						table = tableKeyword(toks, rf.start, from, to, at)
+					}
 					spans = append(spans, span{rf.start - from + at, rf.end - from + at})
 				}
 			}
@@ -865,6 +870,9 @@ func (p *planner) fanRenderer(r route, start, end int) (*fanRender, *Error) {
 		if err != nil {
 			continue
 		}
+		// TABLE tree has no other reference before the tree's: the
+		// keyword's offset in b is its offset in texts[0].
+		rd.rel, rd.aliased, rd.table = rel, r.rv.Alias != nil, table
 		res, perr := pg.Parse(rd.render(verifySchema))
 		if perr != nil || len(res.Stmts) != 1 {
 			continue
@@ -882,6 +890,25 @@ func (p *planner) fanRenderer(r route, start, end int) (*fanRender, *Error) {
 		return fr, nil
 	}
 	return nil, bad
+}
+
+// tableKeyword returns, for a reference at ref copied from [from, to) to
+// offset at of the branch text, the branch offset of a TABLE keyword right
+// before it (the TABLE name form), or -1.
+func tableKeyword(toks []*pg.ScanToken, ref, from, to, at int) int {
+	prev := -1
+	for i, t := range toks {
+		if int(t.Start) >= ref {
+			break
+		}
+		if !isComment(t) {
+			prev = i
+		}
+	}
+	if prev < 0 || toks[prev].Token != pg.Token_TABLE || int(toks[prev].Start) < from || int(toks[prev].End) > to {
+		return -1
+	}
+	return int(toks[prev].Start) - from + at
 }
 
 // expectedBranch is the parse tree a branch for schema must have: the

@@ -149,7 +149,7 @@ func TestFanOutPlans(t *testing.T) {
 			if len(p.Sort) == 0 && p.Limit == nil {
 				limit = -1
 			}
-			if got := p.RenderFanOut([]string{"lattice_s0001"}, limit); got != c.branch {
+			if got := p.RenderFanOut(Schemas("lattice_s0001"), limit); got != c.branch {
 				t.Errorf("render\n got %s\nwant %s", got, c.branch)
 			}
 			checkFanOutSQL(t, p)
@@ -181,12 +181,17 @@ func TestFanOutRenderParses(t *testing.T) {
 	}
 }
 
+// filtered marks a filter in the sources of the render tests.
+const filtered = "lattice_owned"
+
 // checkFanOutSQL checks that RenderFanOut parses to a UNION ALL of one
-// branch per schema, each reading the tree in its schema, with the outer
-// ORDER BY of the plan's keys and the LIMIT given.
+// branch per schema, each reading the tree in its schema (through a
+// subquery with the filter when there is one), with the outer ORDER BY of
+// the plan's keys and the LIMIT given.
 func checkFanOutSQL(t testing.TB, p *Plan) {
 	t.Helper()
-	for _, schemas := range [][]string{{"lattice_s0001"}, {"lattice_s0001", "Odd Schema"}, {"lattice_s0001", "lattice_s0002", "lattice_s0003"}} {
+	for _, schemas := range [][]Source{Schemas("lattice_s0001"), Schemas("lattice_s0001", "Odd Schema"), Schemas("lattice_s0001", "lattice_s0002", "lattice_s0003"),
+		{{Schema: "lattice_s0001", Filter: filtered}}, {{Schema: "lattice_s0001"}, {Schema: "Odd Schema", Filter: filtered}, {Schema: "lattice_s0003"}}} {
 		for _, limit := range []int64{-1, 0, 25} {
 			sql := p.RenderFanOut(schemas, limit)
 			res, err := pg.Parse(sql)
@@ -219,14 +224,20 @@ func checkFanOutSQL(t testing.TB, p *Plan) {
 				found := 0
 				for _, r := range w.rels {
 					if r.rv.Relname == p.Tree.Name {
-						if r.rv.Schemaname != schemas[i] {
+						if r.rv.Schemaname != schemas[i].Schema {
 							t.Fatalf("%s: branch %d reads %s.%s", sql, i, r.rv.Schemaname, r.rv.Relname)
+						}
+						if r.nested != (schemas[i].Filter != "") {
+							t.Fatalf("%s: branch %d reads the tree nested=%v with filter %q", sql, i, r.nested, schemas[i].Filter)
 						}
 						found++
 					}
 				}
 				if found != 1 {
 					t.Fatalf("%s: branch %d reads the tree %d times", sql, i, found)
+				}
+				if schemas[i].Filter != "" {
+					checkFiltered(t, sql, l, p.Tree.Name)
 				}
 				if len(schemas) > 1 && (len(l.SortClause) > 0 || l.LimitCount != nil || l.LimitOffset != nil) {
 					t.Fatalf("%s: branch %d keeps ORDER BY/LIMIT/OFFSET", sql, i)
@@ -280,7 +291,7 @@ func TestFanOutNotTemplated(t *testing.T) {
 
 func TestRenderFanOutPanics(t *testing.T) {
 	for _, f := range []func(){
-		func() { planOne(t, "SELECT * FROM orders WHERE id = 1").RenderFanOut([]string{"s"}, -1) },
+		func() { planOne(t, "SELECT * FROM orders WHERE id = 1").RenderFanOut(Schemas("s"), -1) },
 		func() { planOne(t, "SELECT * FROM orders").RenderFanOut(nil, -1) },
 	} {
 		func() {
@@ -309,7 +320,8 @@ func TestFanOutCalls(t *testing.T) {
 // the final statement parses over a VALUES source.
 func checkAggSQL(t testing.TB, p *Plan) {
 	t.Helper()
-	for _, schemas := range [][]string{{"lattice_s0001"}, {"lattice_s0001", "Odd Schema", "lattice_s0003"}} {
+	for _, schemas := range [][]Source{Schemas("lattice_s0001"), Schemas("lattice_s0001", "Odd Schema", "lattice_s0003"),
+		{{Schema: "lattice_s0001"}, {Schema: "Odd Schema", Filter: filtered}}} {
 		for _, sql := range []string{p.RenderPartial(schemas), p.RenderWhole(schemas)} {
 			res, err := pg.Parse(sql)
 			if err != nil || len(res.Stmts) != 1 {
@@ -321,8 +333,11 @@ func checkAggSQL(t testing.TB, p *Plan) {
 					seen[r.rv.Schemaname]++
 				}
 			}
+			if want := strings.Count(sql, " WHERE "+filtered); want != 1 && schemas[len(schemas)-1].Filter != "" {
+				t.Fatalf("%s: renders to %s: the filter appears %d times", p.SQL, sql, want)
+			}
 			for _, sc := range schemas {
-				if seen[sc] != 1 || len(seen) != len(schemas) {
+				if seen[sc.Schema] != 1 || len(seen) != len(schemas) {
 					t.Fatalf("%s: renders to %s: reads %v", p.SQL, sql, seen)
 				}
 			}
@@ -342,5 +357,66 @@ func checkAggSQL(t testing.TB, p *Plan) {
 	}
 	if res, err := pg.Parse(final); err != nil || len(res.Stmts) != 1 {
 		t.Fatalf("%s: final %s does not parse as one statement: %v", p.SQL, final, err)
+	}
+}
+
+// checkFiltered checks a filtered branch: its FROM reads the tree through
+// a subquery whose WHERE is the filter, and no column reference still
+// names a schema.
+func checkFiltered(t testing.TB, sql string, branch *pg.SelectStmt, tree string) {
+	t.Helper()
+	found := false
+	from := slices.Clone(branch.FromClause)
+	for len(from) > 0 {
+		f := from[0]
+		from = from[1:]
+		if j := f.GetJoinExpr(); j != nil {
+			from = append(from, j.Larg, j.Rarg)
+			continue
+		}
+		sub := f.GetRangeSubselect()
+		if sub == nil {
+			continue
+		}
+		inner := sub.Subquery.GetSelectStmt()
+		if inner == nil || len(inner.FromClause) != 1 || inner.FromClause[0].GetRangeVar().GetRelname() != tree {
+			continue
+		}
+		if inner.WhereClause.GetColumnRef() == nil || sub.Alias == nil {
+			t.Fatalf("%s: the filtered subquery has no filter or no alias", sql)
+		}
+		found = true
+	}
+	if !found {
+		t.Fatalf("%s: no filtered subquery of %s in FROM", sql, tree)
+	}
+	if w := walkStmt(branch); len(w.cols) > 0 {
+		t.Fatalf("%s: a column reference still names a schema", sql)
+	}
+}
+
+// TestRenderFiltered pins the filtered rendering of a fan-out branch: the
+// alias written after the reference is kept, the tree's name is the alias
+// when there is none, and public.tree.col references follow it.
+func TestRenderFiltered(t *testing.T) {
+	src := []Source{{Schema: "lattice_s0002", Filter: "f"}}
+	for _, c := range []struct{ sql, want string }{
+		{"SELECT * FROM orders WHERE qty > 1",
+			`(SELECT * FROM (SELECT * FROM lattice_s0002.orders WHERE f) AS orders WHERE qty > 1)`},
+		{"SELECT o.id FROM orders o WHERE o.qty > 1",
+			`(SELECT o.id FROM (SELECT * FROM lattice_s0002.orders WHERE f) o WHERE o.qty > 1)`},
+		{"SELECT x.id FROM public.orders AS x",
+			`(SELECT x.id FROM (SELECT * FROM lattice_s0002.orders WHERE f) AS x)`},
+		{"SELECT public.orders.id FROM public.orders WHERE public.orders.qty > 1",
+			`(SELECT orders.id FROM (SELECT * FROM lattice_s0002.orders WHERE f) AS orders WHERE orders.qty > 1)`},
+	} {
+		if got := planOne(t, c.sql).RenderFanOut(src, -1); got != c.want {
+			t.Errorf("%s:\n got %s\nwant %s", c.sql, got, c.want)
+		}
+	}
+	agg := planOne(t, "SELECT count(*) FROM orders")
+	if got, want := agg.RenderPartial([]Source{{Schema: "lattice_s0001"}, {Schema: "lattice_s0002", Filter: "f"}}),
+		"SELECT * FROM lattice_s0001.orders UNION ALL SELECT * FROM lattice_s0002.orders WHERE f"; !strings.Contains(got, want) {
+		t.Errorf("partial %s does not contain %s", got, want)
 	}
 }

@@ -19,6 +19,15 @@ type span struct{ start, end int }
 type renderer struct {
 	texts []string
 	qname string // the tree name, quoted by quote_ident rules
+	// rel is the index of the reference that is the tree's FROM item (the
+	// others are public.tree.col references), -1 when unknown; aliased
+	// says whether an alias follows it. Set for fan-out branches, which
+	// may read a shard through a filter (renderSource).
+	rel     int
+	aliased bool
+	// table is the offset in texts[0] of the TABLE keyword of a branch
+	// written TABLE tree, -1 otherwise: a filtered read needs SELECT.
+	table int
 }
 
 func (r *renderer) qualified(schema string) string {
@@ -159,7 +168,7 @@ func identText(tok string) (string, bool) {
 
 // renderer cuts sql[start:end] at the references to the tree (spans).
 func (p *planner) renderer(tree *shardmap.Tree, spans []span, start, end int) (*renderer, *Error) {
-	rd := &renderer{qname: quoteIdent(tree.Name)}
+	rd := &renderer{qname: quoteIdent(tree.Name), rel: -1, table: -1}
 	at, after := start, ""
 	for _, s := range spans {
 		if s.start < start || s.end > end {

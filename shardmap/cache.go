@@ -41,6 +41,15 @@ type Cache struct {
 	log      *slog.Logger
 	tenants  sync.Map      // tenant name -> *tenantCache
 	versions atomic.Uint64 // source of TreesVersion
+	// onChange, set by NewRegistration before the cache is used, is told
+	// (without blocking) whenever a new view is installed.
+	onChange func()
+}
+
+func (c *Cache) changed() {
+	if c.onChange != nil {
+		c.onChange()
+	}
 }
 
 type tenantCache struct {
@@ -229,6 +238,7 @@ func (c *Cache) load(ctx context.Context, tenant string, tc *tenantCache) (*View
 	}
 	tc.replace(old, v)
 	tc.lastOK = seq
+	c.changed()
 	return v, nil
 }
 
@@ -258,6 +268,7 @@ func (c *Cache) loadMap(ctx context.Context, tenant string, tc *tenantCache, tre
 	v.Maps[tree] = m
 	v.next = make(chan struct{})
 	tc.replace(old, &v)
+	c.changed()
 	return nil
 }
 

@@ -73,6 +73,10 @@ type Shard struct {
 	Index int        `json:"index"`
 	Node  string     `json:"node"`
 	State ShardState `json:"state"`
+	// Mixed marks a shard that may hold rows of slots it does not own (a
+	// fold survivor before the flip, a split source before the release):
+	// scans read it with a predicate on its own slots.
+	Mixed bool `json:"mixed,omitempty"`
 }
 
 // Map is a tree's routing table at one epoch.
@@ -83,6 +87,19 @@ type Map struct {
 	Slots     []int         `json:"slots"` // slot -> shard index
 	Shards    map[int]Shard `json:"shards"`
 	HighWater int           `json:"high_water"` // next shard index to allocate; never goes back
+	// Frozen slots are moving: proxies hold statements for them until a
+	// later map unfreezes them.
+	Frozen [][2]int `json:"frozen,omitempty"`
+}
+
+// IsFrozen reports whether slot is frozen.
+func (m *Map) IsFrozen(slot int) bool {
+	for _, r := range m.Frozen {
+		if slot >= r[0] && slot <= r[1] {
+			return true
+		}
+	}
+	return false
 }
 
 // SchemaName is the schema that holds shard idx on its node.
@@ -159,6 +176,7 @@ func (m *Map) OwningShards() []int {
 func (m *Map) Clone() *Map {
 	c := *m
 	c.Slots = append([]int(nil), m.Slots...)
+	c.Frozen = append([][2]int(nil), m.Frozen...)
 	c.Shards = make(map[int]Shard, len(m.Shards))
 	for k, v := range m.Shards {
 		c.Shards[k] = v

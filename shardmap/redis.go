@@ -209,10 +209,11 @@ redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
 redis.call('PUBLISH', ARGV[4], ARGV[5])
 return 1`)
 
-	// KEYS: trees, map. ARGV: name, channel, event.
+	// KEYS: trees, map, and the tree's coordination keys. ARGV: name,
+	// channel, event.
 	deleteScript = redis.NewScript(`
 if redis.call('HDEL', KEYS[1], ARGV[1]) == 0 then return 0 end
-redis.call('DEL', KEYS[2])
+for i = 2, #KEYS do redis.call('DEL', KEYS[i]) end
 redis.call('PUBLISH', ARGV[2], ARGV[3])
 return 1`)
 
@@ -355,7 +356,8 @@ func (s *RedisStore) SwapTree(ctx context.Context, t, prev *Tree) error {
 // DeleteTree implements Store.
 func (s *RedisStore) DeleteTree(ctx context.Context, tenant, name string) error {
 	n, err := deleteScript.Run(ctx, s.client,
-		[]string{s.treesKey(tenant), s.mapKey(tenant, name)},
+		[]string{s.treesKey(tenant), s.mapKey(tenant, name), s.migsKey(tenant, name),
+			s.reshardKey(tenant, name), s.leaseKey(tenant, name), s.acksKey(tenant, name)},
 		name, s.channel, s.event(EventTree, tenant, name, 0)).Int()
 	if err != nil {
 		return fmt.Errorf("shardmap: delete tree %s/%s: %w", tenant, name, err)

@@ -4,6 +4,7 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"flag"
 	"fmt"
@@ -13,6 +14,7 @@ import (
 	"os"
 	"os/signal"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -91,6 +93,11 @@ type serveConfig struct {
 	MaxClients, PoolSize, MaxListeners        int
 	StartupTimeout                            time.Duration
 	TxRecoverEvery, TxAbortAfter              time.Duration
+
+	Coordinator bool
+	Reshard     migrator.CoordinatorOptions
+	Migration   migrator.Options
+	ProxyLease  time.Duration
 }
 
 func (c *serveConfig) flags(fs *flag.FlagSet) {
@@ -106,6 +113,14 @@ func (c *serveConfig) flags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.StartupTimeout, "startup-timeout", 10*time.Second, "a client must finish startup and authentication within this")
 	fs.DurationVar(&c.TxRecoverEvery, "tx-recover-interval", 10*time.Second, "how often to look for prepared transactions across nodes that a crashed proxy left behind")
 	fs.DurationVar(&c.TxAbortAfter, "tx-abort-after", time.Minute, "roll back a prepared transaction across nodes that has no commit decision after this long; must exceed any prepare phase")
+	fs.BoolVar(&c.Coordinator, "coordinator", true, "run reshard coordinators in this proxy (at least one proxy must)")
+	fs.IntVar(&c.Reshard.MaxConcurrentMigrations, "max-concurrent-migrations", 4, "splits or folds one reshard keeps in flight")
+	fs.DurationVar(&c.Reshard.Tick, "reshard-tick", 2*time.Second, "how often a reshard coordinator plans")
+	fs.DurationVar(&c.Reshard.LeaseTTL, "reshard-lease", time.Minute, "a coordinator's lease; another proxy takes over a reshard this long after its coordinator died")
+	fs.DurationVar(&c.Reshard.EmptyTreeProbeBudget, "empty-probe-budget", 10*time.Second, "ceiling on the emptiness probe of lattice_reshard")
+	fs.DurationVar(&c.Migration.FreezeBudget, "freeze-budget", 2*time.Second, "longest write pause of one freeze; a freeze that does not fit is rolled back and retried")
+	fs.Int64Var(&c.Migration.FreezeLag, "freeze-lag", 256<<10, "replication lag in bytes under which a migration freezes")
+	fs.DurationVar(&c.ProxyLease, "proxy-lease", shardmap.DefaultLeaseTTL, "a proxy that cannot renew its registration for this long stops serving until it has re-read the maps")
 }
 
 // crashHookEnv names the test-only hook that makes the proxy kill itself at
@@ -220,6 +235,30 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, ready func(pg
 	recoverCtx, stopRecover := context.WithCancel(ctx)
 	defer stopRecover()
 	go twoPhase.RunRecoverer(recoverCtx)
+	adm := admin.New(log)
+	proxyID := newProxyID()
+	metrics := migrator.NewMetrics(adm.Registry)
+	runner := migrator.NewRunner(cluster, store, cfg.Migration, metrics, log)
+	coord := migrator.NewCoordinator(proxyID, runner, cfg.Reshard, nil)
+	reg := shardmap.NewRegistration(proxyID, store, cache, cfg.ProxyLease, 0, log)
+	bgCtx, stopBackground := context.WithCancel(ctx)
+	var bg sync.WaitGroup
+	defer func() {
+		stopBackground()
+		bg.Wait()
+	}()
+	bg.Add(1)
+	go func() {
+		defer bg.Done()
+		reg.Run(bgCtx)
+	}()
+	if cfg.Coordinator {
+		bg.Add(1)
+		go func() {
+			defer bg.Done()
+			coord.Run(bgCtx)
+		}()
+	}
 
 	srv := proxy.NewServer(proxy.Config{
 		Startup:     proxy.StartupConfig{Users: users, StartupTimeout: cfg.StartupTimeout},
@@ -230,11 +269,11 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, ready func(pg
 		TreeDDL: func(ctx context.Context, d pgshard.TreeDDL) error {
 			return cluster.RunTreeDDL(ctx, store, d, twoPhase.CommitTxs)
 		},
-		IndexTable: cluster.IndexTable,
-		Log:        log,
-	}, cache, router.NewPlanner(10000), pools, migrator.NewFunctions(cluster, store, cache))
+		IndexTable:   cluster.IndexTable,
+		Registration: reg,
+		Log:          log,
+	}, cache, router.NewPlanner(10000), pools, migrator.NewFunctions(cluster, store, cache, coord))
 
-	adm := admin.New(log)
 	registerProxyMetrics(adm, srv, pools)
 	adm.Ready = func(ctx context.Context) error {
 		_, err := store.Trees(ctx, cluster.DefaultTenant())
@@ -262,6 +301,14 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, ready func(pg
 		err = <-errc
 	}
 	return err
+}
+
+// newProxyID names this process in the proxy registry and in leases.
+func newProxyID() string {
+	host, _ := os.Hostname()
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	return fmt.Sprintf("%s-%d-%x", host, os.Getpid(), b)
 }
 
 func reapIdle(ctx context.Context, pools *pgshard.Pools) {

@@ -1,0 +1,132 @@
+package integration
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/lattice-db/lattice/pgshard"
+	"github.com/lattice-db/lattice/shardmap"
+)
+
+// keyInSlots returns a key whose slot lies in [lo, hi] (inside == true) or
+// outside it.
+func keyInSlots(t *testing.T, lo, hi int, inside bool) string {
+	t.Helper()
+	for i := 0; i < 100000; i++ {
+		k := fmt.Sprintf("key-%d", i)
+		s, err := shardmap.SlotForText(shardmap.KeyText, []byte(k), 4096)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if (s >= lo && s <= hi) == inside {
+			return k
+		}
+	}
+	t.Fatal("no key found")
+	return ""
+}
+
+// TestSlotFence checks the fence of a freeze: writes to the fenced slots get
+// LT001, other slots keep working, the migrator's cleanup passes, and
+// installing it waits for a transaction already writing to a fenced slot.
+func TestSlotFence(t *testing.T) {
+	resetNodes(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cl := ctCluster(t, 1)
+	tree := &shardmap.Tree{Tenant: "lattice", Name: "fenced", KeyColumn: "k", KeyType: shardmap.KeyText, SlotCount: 4096}
+	table := pgshard.ShardTable(tree, 3)
+	conn, err := pgx.Connect(ctx, testNodeDSN(t, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	for _, q := range []string{"CREATE SCHEMA " + shardmap.SchemaName(3), "CREATE TABLE " + table + " (k text PRIMARY KEY, v int)"} {
+		if _, err := conn.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	in1, in2 := keyInSlots(t, 2048, 4095, true), keyInSlots(t, 3000, 4095, true)
+	out := keyInSlots(t, 2048, 4095, false)
+	if _, err := conn.Exec(ctx, "INSERT INTO "+table+" VALUES ($1, 1), ($2, 1)", in1, out); err != nil {
+		t.Fatal(err)
+	}
+
+	// A writer inside the table when the fence is installed: the install
+	// waits for it, and its row is committed before the fence.
+	writer, err := pgx.Connect(ctx, testNodeDSN(t, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer writer.Close(ctx)
+	tx, err := writer.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, "INSERT INTO "+table+" VALUES ($1, 2)", in2); err != nil {
+		t.Fatal(err)
+	}
+	fence := pgshard.SlotFence{Migration: "f1", Tree: tree, Shard: 3, Slots: [][2]int{{2048, 4095}}, Target: 9, Epoch: 7}
+	installed := make(chan error, 1)
+	go func() { installed <- cl.InstallSlotFence(ctx, "n1", fence) }()
+	select {
+	case err := <-installed:
+		t.Fatalf("the fence was installed while a writer was inside the table (err %v)", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-installed; err != nil {
+		t.Fatal(err)
+	}
+
+	cases := []struct {
+		name, sql string
+		args      []any
+		code      string
+	}{
+		{"insert into a fenced slot", "INSERT INTO " + table + " VALUES ($1, 3)", []any{keyInSlots(t, 2048, 2100, true)}, "LT001"},
+		{"update of a fenced row", "UPDATE " + table + " SET v = 4 WHERE k = $1", []any{in1}, "LT001"},
+		{"delete of a fenced row", "DELETE FROM " + table + " WHERE k = $1", []any{in2}, "LT001"},
+		{"truncate", "TRUNCATE " + table, nil, "LT001"},
+		{"update of another slot", "UPDATE " + table + " SET v = 5 WHERE k = $1", []any{out}, ""},
+		{"insert into another slot", "INSERT INTO " + table + " VALUES ($1, 6)", []any{keyInSlots(t, 0, 2047, true) + "x"}, ""},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := conn.Exec(ctx, c.sql, c.args...)
+			var pgErr *pgconn.PgError
+			switch {
+			case c.code == "" && err != nil:
+				t.Fatalf("got %v, want success", err)
+			case c.code != "" && (!errors.As(err, &pgErr) || pgErr.Code != c.code):
+				t.Fatalf("got %v, want SQLSTATE %s", err, c.code)
+			}
+		})
+	}
+
+	// The migrator's release passes the fence.
+	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SET LOCAL "+pgshard.MigratorSetting+" = 'on'"); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, "DELETE FROM "+table+" WHERE "+pgshard.SlotPredicate(tree, "", fence.Slots))
+		return err
+	})
+	if err != nil {
+		t.Fatalf("migrator delete: %v", err)
+	}
+	if err := cl.DropSlotFence(ctx, "n1", fence); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, "INSERT INTO "+table+" VALUES ($1, 7)", in1); err != nil {
+		t.Fatalf("write after the fence was dropped: %v", err)
+	}
+}

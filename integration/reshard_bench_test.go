@@ -1,0 +1,146 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"regexp"
+	"slices"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// pointLoad runs point SELECTs from workers until ctx ends and returns the
+// latencies.
+func pointLoad(ctx context.Context, pool *pgxpool.Pool, workers, keys int) ([]time.Duration, error) {
+	var mu sync.Mutex
+	var all []time.Duration
+	var first error
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(w), 5))
+			var lat []time.Duration
+			for ctx.Err() == nil {
+				k := "c-" + strconv.Itoa(rng.IntN(keys))
+				start := time.Now()
+				var v int64
+				if err := pool.QueryRow(ctx, "SELECT v FROM catalogue WHERE k = $1", k).Scan(&v); err != nil {
+					if ctx.Err() == nil {
+						mu.Lock()
+						first = err
+						mu.Unlock()
+					}
+					break
+				}
+				lat = append(lat, time.Since(start))
+			}
+			mu.Lock()
+			all = append(all, lat...)
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	return all, first
+}
+
+func percentile(d []time.Duration, p float64) time.Duration {
+	if len(d) == 0 {
+		return 0
+	}
+	s := slices.Clone(d)
+	slices.Sort(s)
+	return s[min(len(s)-1, int(float64(len(s))*p))]
+}
+
+var pauseRe = regexp.MustCompile(`msg=flipped .*?pause=([0-9.]+)(ms|s|µs)`)
+
+// BenchmarkReshardPointQueries measures point-query throughput and p99
+// latency through the proxy before and during a reshard of a 200,000-row
+// tree from 64 to 128 shards on 3 nodes, and the freeze-to-flip pause of
+// each migration (p50, p99) from the proxy's log.
+//
+//	LATTICE_TEST_RACE=0 go test -run '^$' -bench BenchmarkReshardPointQueries -benchtime 1x ./integration
+func BenchmarkReshardPointQueries(b *testing.B) {
+	for i := 0; i < b.N; i++ {
+		resetNodes(b)
+		ctx := context.Background()
+		p := startProxy(b, 3)
+		pool, err := pgxpool.New(ctx, p.DSN("lattice")+"&pool_max_conns=8")
+		if err != nil {
+			b.Fatal(err)
+		}
+		const keys = 200_000
+		for _, q := range []string{
+			"CREATE TABLE catalogue (k text PRIMARY KEY, v bigint NOT NULL, pad text)",
+			"INSERT INTO catalogue SELECT 'c-' || g, g, md5(g::text) FROM generate_series(0, " + strconv.Itoa(keys-1) + ") g",
+			"SELECT lattice_create_tree('catalogue', 'k', shard_count => 64)",
+		} {
+			if _, err := pool.Exec(ctx, q); err != nil {
+				b.Fatalf("%s: %v", q, err)
+			}
+		}
+		secs := benchSeconds()
+		before, cancel := context.WithTimeout(ctx, time.Duration(secs)*time.Second)
+		start := time.Now()
+		latBefore, err := pointLoad(before, pool, 8, keys)
+		cancel()
+		if err != nil {
+			b.Fatal(err)
+		}
+		tookBefore := time.Since(start)
+
+		if _, err := pool.Exec(ctx, "SELECT lattice_reshard('catalogue', 128)"); err != nil {
+			b.Fatal(err)
+		}
+		during, stop := context.WithCancel(ctx)
+		done := make(chan struct{})
+		var latDuring []time.Duration
+		var loadErr error
+		start = time.Now()
+		go func() {
+			defer close(done)
+			latDuring, loadErr = pointLoad(during, pool, 8, keys)
+		}()
+		for {
+			var complete bool
+			if err := pool.QueryRow(ctx, "SELECT lattice_reshard_complete('catalogue')").Scan(&complete); err != nil {
+				b.Fatal(err)
+			}
+			if complete {
+				break
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+		stop()
+		<-done
+		tookDuring := time.Since(start)
+		if loadErr != nil {
+			b.Fatal(loadErr)
+		}
+		var pauses []time.Duration
+		for _, m := range pauseRe.FindAllStringSubmatch(p.Log(), -1) {
+			v, _ := strconv.ParseFloat(m[1], 64)
+			unit := map[string]time.Duration{"ms": time.Millisecond, "s": time.Second, "µs": time.Microsecond}[m[2]]
+			pauses = append(pauses, time.Duration(v*float64(unit)))
+		}
+		pool.Close()
+		tpsBefore := float64(len(latBefore)) / tookBefore.Seconds()
+		tpsDuring := float64(len(latDuring)) / tookDuring.Seconds()
+		b.ReportMetric(tpsBefore, "tps_before")
+		b.ReportMetric(tpsDuring, "tps_during")
+		b.ReportMetric(float64(percentile(latBefore, 0.99).Microseconds())/1000, "p99_ms_before")
+		b.ReportMetric(float64(percentile(latDuring, 0.99).Microseconds())/1000, "p99_ms_during")
+		b.ReportMetric(float64(percentile(pauses, 0.5).Microseconds())/1000, "pause_p50_ms")
+		b.ReportMetric(float64(percentile(pauses, 0.99).Microseconds())/1000, "pause_p99_ms")
+		fmt.Printf("reshard 64 -> 128 of %d rows took %s; %d migrations; point queries: before %.0f tps p99 %s, during %.0f tps p99 %s; freeze pause p50 %s p99 %s max %s\n",
+			keys, tookDuring.Round(time.Millisecond), len(pauses), tpsBefore, percentile(latBefore, 0.99), tpsDuring, percentile(latDuring, 0.99),
+			percentile(pauses, 0.5), percentile(pauses, 0.99), percentile(pauses, 1))
+	}
+}

@@ -1,0 +1,562 @@
+package migrator
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/lattice-db/lattice/pgshard"
+	"github.com/lattice-db/lattice/shardmap"
+)
+
+// CoordinatorOptions tune the reshard coordinator (DESIGN section 6). Zero
+// values take the defaults.
+type CoordinatorOptions struct {
+	Tick                    time.Duration // 2 s
+	LeaseTTL                time.Duration // 1 min: the keepalive
+	MaxConcurrentMigrations int           // 4
+	EmptyTreeProbeBudget    time.Duration // 10 s
+}
+
+func (o CoordinatorOptions) withDefaults() CoordinatorOptions {
+	if o.Tick <= 0 {
+		o.Tick = 2 * time.Second
+	}
+	if o.LeaseTTL <= 0 {
+		o.LeaseTTL = time.Minute
+	}
+	if o.MaxConcurrentMigrations <= 0 {
+		o.MaxConcurrentMigrations = 4
+	}
+	if o.EmptyTreeProbeBudget <= 0 {
+		o.EmptyTreeProbeBudget = 10 * time.Second
+	}
+	return o
+}
+
+// Interlocks are the hooks for tree operations Lattice does not have yet
+// (online resize, snapshot, merge). The coordinator asks them the
+// specification's questions; NoInterlocks answers no to all.
+type Interlocks interface {
+	// ResizeInFlight: a resize runs on the tree, so a reshard that needs a
+	// migration is refused.
+	ResizeInFlight(ctx context.Context, tenant, tree string) bool
+	// SnapshotOrMergeRunning: a shrink starts no fold while one runs.
+	SnapshotOrMergeRunning(ctx context.Context, tenant, tree string) bool
+}
+
+// NoInterlocks is the Interlocks of a build without resize, snapshot or merge.
+type NoInterlocks struct{}
+
+func (NoInterlocks) ResizeInFlight(context.Context, string, string) bool         { return false }
+func (NoInterlocks) SnapshotOrMergeRunning(context.Context, string, string) bool { return false }
+
+// Reshard phases as stored in the intent.
+const (
+	ReshardMigrating = "migrating"
+	ReshardRepin     = "repin" // the empty-tree path holds the intent as a lock
+)
+
+// Coordinator runs the reshards whose tree lease this process holds.
+type Coordinator struct {
+	id         string
+	runner     *Runner
+	cluster    *pgshard.Cluster
+	store      Store
+	opts       CoordinatorOptions
+	metrics    *Metrics
+	interlocks Interlocks
+	log        *slog.Logger
+
+	mu      sync.Mutex
+	running map[string]bool // migration ids running in this process
+	wg      sync.WaitGroup
+}
+
+// NewCoordinator returns a coordinator that takes leases as owner id.
+// interlocks, metrics and log may be nil.
+func NewCoordinator(id string, runner *Runner, opts CoordinatorOptions, interlocks Interlocks) *Coordinator {
+	if interlocks == nil {
+		interlocks = NoInterlocks{}
+	}
+	return &Coordinator{id: id, runner: runner, cluster: runner.cluster, store: runner.store, opts: opts.withDefaults(),
+		metrics: runner.metrics, interlocks: interlocks, log: runner.log, running: map[string]bool{}}
+}
+
+// Run ticks until ctx ends, then waits for the migrations it started.
+func (c *Coordinator) Run(ctx context.Context) {
+	t := time.NewTicker(c.opts.Tick)
+	defer t.Stop()
+	for {
+		c.tickAll(ctx)
+		select {
+		case <-ctx.Done():
+			c.wg.Wait()
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (c *Coordinator) tickAll(ctx context.Context) {
+	rs, err := c.store.Reshards(ctx)
+	if err != nil {
+		c.log.Warn("coordinator: list reshards", "err", err)
+		return
+	}
+	for _, r := range rs {
+		if r.Phase == ReshardRepin {
+			if time.Since(r.Started) > c.opts.LeaseTTL+c.opts.EmptyTreeProbeBudget {
+				c.abandonRepin(ctx, r)
+			}
+			continue
+		}
+		ok, err := c.store.AcquireLease(ctx, r.Tenant, r.Tree, c.id, c.opts.LeaseTTL)
+		if err != nil || !ok {
+			continue
+		}
+		if err := c.tick(ctx, r); err != nil && ctx.Err() == nil {
+			c.log.Warn("coordinator: tick", "tree", r.Tree, "tenant", r.Tenant, "err", err)
+		}
+	}
+}
+
+// Tick is one step of one tree's coordinator, for tests that drive it.
+func (c *Coordinator) Tick(ctx context.Context, tenant, tree string) error {
+	r, err := c.store.Reshard(ctx, tenant, tree)
+	if err != nil {
+		return err
+	}
+	ok, err := c.store.AcquireLease(ctx, tenant, tree, c.id, c.opts.LeaseTTL)
+	if err != nil || !ok {
+		return err
+	}
+	return c.tick(ctx, r)
+}
+
+func inFlight(migs []*shardmap.Migration) []*shardmap.Migration {
+	var out []*shardmap.Migration
+	for _, m := range migs {
+		if m.Phase != shardmap.PhaseDone {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// unflipped counts in-flight migrations of kind whose flip is still ahead.
+func unflipped(migs []*shardmap.Migration, kind shardmap.MigrationKind) int {
+	n := 0
+	for _, m := range migs {
+		if m.Kind == kind && m.Phase != shardmap.PhaseRelease && m.Phase != shardmap.PhaseDone {
+			n++
+		}
+	}
+	return n
+}
+
+func (c *Coordinator) tick(ctx context.Context, r *shardmap.Reshard) error {
+	t, err := c.store.Tree(ctx, r.Tenant, r.Tree)
+	if err != nil {
+		return err
+	}
+	m, err := c.store.Map(ctx, r.Tenant, r.Tree)
+	if err != nil {
+		return err
+	}
+	migs, err := c.store.Migrations(ctx, r.Tenant, r.Tree)
+	if err != nil {
+		return err
+	}
+	flying := inFlight(migs)
+	for _, mig := range flying {
+		c.ensureRunning(ctx, mig)
+	}
+	distinct := m.DistinctShards()
+	free := c.opts.MaxConcurrentMigrations - len(flying)
+	if r.Grow {
+		if distinct >= r.Target && len(flying) == 0 {
+			return c.complete(ctx, t, r)
+		}
+		need := min(r.Target-distinct-unflipped(flying, shardmap.Split), free)
+		for _, src := range splitSources(m, flying) {
+			if need <= 0 {
+				break
+			}
+			mig, err := c.runner.StartSplit(ctx, t, src)
+			if err != nil {
+				return err
+			}
+			c.ensureRunning(ctx, mig)
+			need--
+		}
+		return nil
+	}
+	if distinct <= r.Target && len(flying) == 0 {
+		return c.complete(ctx, t, r)
+	}
+	if c.interlocks.SnapshotOrMergeRunning(ctx, r.Tenant, r.Tree) {
+		return nil
+	}
+	need := min(distinct-r.Target-unflipped(flying, shardmap.Fold), free)
+	if need <= 0 {
+		return nil
+	}
+	rows, err := c.cluster.TreeRowCount(ctx, t, m)
+	if err != nil {
+		return err
+	}
+	for _, p := range foldPairs(m, flying, rows) {
+		if need <= 0 {
+			break
+		}
+		mig, err := c.runner.StartFold(ctx, t, p.donor, p.survivor)
+		if errors.Is(err, ErrBusy) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		c.ensureRunning(ctx, mig)
+		need--
+	}
+	return nil
+}
+
+// busy is every shard an in-flight migration touches.
+func busy(flying []*shardmap.Migration) map[int]bool {
+	b := map[int]bool{}
+	for _, m := range flying {
+		b[m.Source], b[m.Target] = true, true
+	}
+	return b
+}
+
+// splitSources lists the shards a grow may split, largest owners first:
+// active, at least two slots, and not part of an in-flight migration.
+func splitSources(m *shardmap.Map, flying []*shardmap.Migration) []int {
+	counts := m.SlotCounts()
+	b := busy(flying)
+	var out []int
+	for idx, n := range counts {
+		if n >= 2 && !b[idx] && m.Shards[idx].State == shardmap.ShardActive {
+			out = append(out, idx)
+		}
+	}
+	slices.SortFunc(out, func(a, b int) int {
+		if c := cmp.Compare(counts[b], counts[a]); c != 0 {
+			return c
+		}
+		return cmp.Compare(a, b)
+	})
+	return out
+}
+
+type foldPair struct {
+	donor, survivor int
+	cost            int64
+}
+
+// foldPairs lists disjoint adjacent pairs of owning shards, cheapest first
+// (fewest rows together), leaving out every shard of an in-flight
+// migration, so that the plan holds against the map the running folds
+// leave. The smaller side of a pair is the donor: it is the one copied.
+func foldPairs(m *shardmap.Map, flying []*shardmap.Migration, rows map[int]int64) []foldPair {
+	type span struct{ idx, lo, hi int }
+	var spans []span
+	for _, idx := range m.OwningShards() {
+		rg := m.SlotRanges(idx)
+		spans = append(spans, span{idx, rg[0][0], rg[len(rg)-1][1]})
+	}
+	slices.SortFunc(spans, func(a, b span) int { return cmp.Compare(a.lo, b.lo) })
+	b := busy(flying)
+	var pairs []foldPair
+	for i := 0; i+1 < len(spans); i++ {
+		x, y := spans[i], spans[i+1]
+		if x.hi+1 != y.lo || b[x.idx] || b[y.idx] {
+			continue
+		}
+		d, s := x.idx, y.idx
+		if rows[d] > rows[s] || rows[d] == rows[s] && d < s {
+			d, s = s, d
+		}
+		pairs = append(pairs, foldPair{donor: d, survivor: s, cost: rows[x.idx] + rows[y.idx]})
+	}
+	slices.SortStableFunc(pairs, func(a, b foldPair) int { return cmp.Compare(a.cost, b.cost) })
+	used := map[int]bool{}
+	out := pairs[:0]
+	for _, p := range pairs {
+		if used[p.donor] || used[p.survivor] {
+			continue
+		}
+		used[p.donor], used[p.survivor] = true, true
+		out = append(out, p)
+	}
+	return out
+}
+
+func (c *Coordinator) ensureRunning(ctx context.Context, mig *shardmap.Migration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.running[mig.ID] {
+		return
+	}
+	c.running[mig.ID] = true
+	c.wg.Add(1)
+	gauge := c.metrics.MigrationsInFlight.WithLabelValues(mig.Tree, mig.Tenant)
+	gauge.Inc()
+	// The runner changes its record's phase as it goes, while the tick that
+	// started it still reads the caller's copy (unflipped): it gets its own.
+	own := *mig
+	go func() {
+		defer c.wg.Done()
+		defer gauge.Dec()
+		err := c.runner.Run(ctx, &own)
+		if err != nil && ctx.Err() == nil {
+			c.log.Warn("coordinator: migration failed; the next tick retries it", "migration", mig.ID, "err", err)
+		}
+		c.mu.Lock()
+		delete(c.running, mig.ID)
+		c.mu.Unlock()
+	}()
+}
+
+// complete re-pins the registry's shard count, clears the intent, counts
+// the completion and gives the lease up.
+func (c *Coordinator) complete(ctx context.Context, t *shardmap.Tree, r *shardmap.Reshard) error {
+	m, err := c.store.Map(ctx, t.Tenant, t.Name)
+	if err != nil {
+		return err
+	}
+	t.ShardCount = m.DistinctShards()
+	if err := c.store.UpdateTree(ctx, t); err != nil {
+		return err
+	}
+	if err := c.store.FinishReshard(ctx, t.Tenant, t.Name, r.OpID); err != nil {
+		return err
+	}
+	c.metrics.ReshardCompleted.WithLabelValues(t.Name, t.Tenant).Inc()
+	c.metrics.CoordinatorCompleted.WithLabelValues(t.Name, t.Tenant, "reshard").Inc()
+	c.log.Info("reshard completed", "tree", t.Name, "tenant", t.Tenant, "shards", t.ShardCount, "took", time.Since(r.Started))
+	return c.store.ReleaseLease(ctx, t.Tenant, t.Name, c.id)
+}
+
+// Reshard is lattice_reshard: it validates n, takes the empty-tree path or
+// persists the intent for a coordinator, and returns what it did.
+func (c *Coordinator) Reshard(ctx context.Context, tenant, tree string, n int) (string, error) {
+	t, err := c.store.Tree(ctx, tenant, tree)
+	if errors.Is(err, shardmap.ErrNotFound) {
+		return "", errorf("42P01", "tree %q does not exist", tree)
+	}
+	if err != nil {
+		return "", err
+	}
+	cur, err := c.store.Reshard(ctx, tenant, tree)
+	if err != nil && !errors.Is(err, shardmap.ErrNotFound) {
+		return "", err
+	}
+	running := cur != nil
+	c.metrics.ReshardInFlight.WithLabelValues(tree, tenant).Observe(map[bool]float64{false: 0, true: 1}[running])
+	reject := func(code, reason, format string, args ...any) (string, error) {
+		c.metrics.ReshardRejected.WithLabelValues(tree, tenant, reason).Inc()
+		e := errorf(code, format, args...)
+		e.Reason = reason
+		return "", e
+	}
+	limit := min(4096, t.SlotCount)
+	switch {
+	case n < 2:
+		return reject("22023", ReasonMin, "shard count %d is out of range: it must be at least 2", n)
+	case n > limit:
+		return reject("22023", ReasonMax, "shard count %d is out of range: tree %s allows at most %d (the smaller of 4096 and its %d slots)", n, tree, limit, t.SlotCount)
+	}
+	if running {
+		if cur.Target == n {
+			return fmt.Sprintf("reshard of %s to %d shards is already running", tree, n), nil
+		}
+		return reject("55000", ReasonInProgress, "a reshard of %s to %d shards is in progress; wait for it before asking for %d", tree, cur.Target, n)
+	}
+	m, err := c.store.Map(ctx, tenant, tree)
+	if err != nil {
+		return "", err
+	}
+	distinct := m.DistinctShards()
+	if distinct == n {
+		return fmt.Sprintf("tree %s already has %d shards", tree, n), nil
+	}
+	op := &shardmap.Reshard{OpID: newID(), Tenant: tenant, Tree: tree, Target: n, From: distinct, Grow: n > distinct, Phase: ReshardRepin, Started: time.Now().UTC()}
+	repinned, err := c.tryRepin(ctx, t, op)
+	if err != nil {
+		return "", err
+	}
+	if repinned {
+		return fmt.Sprintf("tree %s was empty and is re-pinned to %d shards", tree, n), nil
+	}
+	if c.interlocks.ResizeInFlight(ctx, tenant, tree) {
+		return reject("55000", ReasonResizeInFlight, "a resize of %s is in flight; reshard it afterwards", tree)
+	}
+	op.Phase = ReshardMigrating
+	other, err := c.store.StartReshard(ctx, op)
+	if err != nil {
+		return reject("58000", ReasonStateWrite, "could not persist the reshard of %s: %v", tree, err)
+	}
+	if other != nil {
+		if other.Target == n {
+			return fmt.Sprintf("reshard of %s to %d shards is already running", tree, n), nil
+		}
+		return reject("55000", ReasonInProgress, "a reshard of %s to %d shards is in progress; wait for it before asking for %d", tree, other.Target, n)
+	}
+	c.metrics.ReshardInitiated.WithLabelValues(tree, tenant).Inc()
+	verb := "splitting"
+	if !op.Grow {
+		verb = "folding"
+	}
+	return fmt.Sprintf("resharding %s from %d to %d shards (%s)", tree, distinct, n, verb), nil
+}
+
+// ReshardComplete is lattice_reshard_complete: no reshard is running.
+func (c *Coordinator) ReshardComplete(ctx context.Context, tenant, tree string) (bool, error) {
+	if _, err := c.store.Tree(ctx, tenant, tree); errors.Is(err, shardmap.ErrNotFound) {
+		return false, errorf("42P01", "tree %q does not exist", tree)
+	} else if err != nil {
+		return false, err
+	}
+	_, err := c.store.Reshard(ctx, tenant, tree)
+	if errors.Is(err, shardmap.ErrNotFound) {
+		return true, nil
+	}
+	return false, err
+}
+
+// repinFence names the fences of an empty-tree re-pin.
+func repinFence(t *shardmap.Tree, op string, idx int) pgshard.SlotFence {
+	return pgshard.SlotFence{Migration: "repin_" + op, Tree: t, Shard: idx, Slots: [][2]int{{0, t.SlotCount - 1}}, Target: -1}
+}
+
+// tryRepin is the empty-tree path. The intent, stored in phase repin, is
+// the lock against a concurrent reshard. Emptiness is probed within the
+// budget (an inconclusive probe reads as not empty), then every slot is
+// frozen, every shard fenced, and the probe repeated under the fence: only
+// then can no write slip in between. The map becomes an identity map over
+// shards 0..n-1, reviving retired indices as empty shards.
+func (c *Coordinator) tryRepin(ctx context.Context, t *shardmap.Tree, op *shardmap.Reshard) (bool, error) {
+	pctx, cancel := context.WithTimeout(ctx, c.opts.EmptyTreeProbeBudget)
+	defer cancel()
+	m, err := c.store.Map(pctx, t.Tenant, t.Name)
+	if err != nil {
+		return false, err
+	}
+	if empty, err := c.cluster.TreeEmpty(pctx, t, m); err != nil || !empty {
+		return false, nil
+	}
+	other, err := c.store.StartReshard(ctx, op)
+	if err != nil || other != nil {
+		return false, err
+	}
+	done := false
+	defer func() {
+		if !done {
+			c.abandonRepin(context.WithoutCancel(ctx), op)
+		}
+	}()
+	frozen, err := c.runner.updateMap(pctx, t.Tenant, t.Name, func(m *shardmap.Map) (bool, error) {
+		m.Frozen = [][2]int{{0, t.SlotCount - 1}}
+		return true, nil
+	})
+	if err != nil {
+		return false, nil
+	}
+	if err := c.runner.waitAcks(pctx, t, frozen.Epoch); err != nil {
+		return false, nil
+	}
+	for idx, sh := range frozen.Shards {
+		if sh.State == shardmap.ShardRetired {
+			continue
+		}
+		if err := c.cluster.InstallSlotFence(pctx, sh.Node, repinFence(t, op.OpID, idx)); err != nil {
+			return false, nil
+		}
+	}
+	if empty, err := c.cluster.TreeEmpty(pctx, t, frozen); err != nil || !empty {
+		return false, nil
+	}
+	n := op.Target
+	next := shardmap.NewIdentityMap(t.Tenant, t.Name, t.SlotCount, n, c.cluster.NodeNames())
+	for i := 0; i < n; i++ {
+		if old, ok := frozen.Shards[i]; ok {
+			next.Shards[i] = shardmap.Shard{Index: i, Node: old.Node, State: shardmap.ShardActive}
+		}
+	}
+	for idx, sh := range frozen.Shards {
+		if idx >= n {
+			next.Shards[idx] = shardmap.Shard{Index: idx, Node: sh.Node, State: shardmap.ShardRetired}
+		}
+	}
+	next.HighWater = max(frozen.HighWater, n)
+	for i := 0; i < n; i++ {
+		if err := c.cluster.CreateShard(ctx, t, i, next.Shards[i].Node, next.SlotRanges(i), frozen.Epoch+1); err != nil {
+			return false, err
+		}
+	}
+	next.Epoch = frozen.Epoch
+	if err := c.store.SwapMap(ctx, next, frozen.Epoch); err != nil {
+		return false, err
+	}
+	done = true
+	for idx, sh := range frozen.Shards {
+		if sh.State == shardmap.ShardRetired {
+			continue
+		}
+		if idx >= n {
+			if err := c.cluster.DropShard(ctx, t, idx, sh.Node); err != nil {
+				c.log.Warn("re-pin: drop retired shard", "shard", idx, "err", err)
+			}
+		}
+		if err := c.cluster.DropSlotFence(ctx, sh.Node, repinFence(t, op.OpID, idx)); err != nil {
+			c.log.Warn("re-pin: drop fence", "shard", idx, "err", err)
+		}
+	}
+	t.ShardCount = n
+	if err := c.store.UpdateTree(ctx, t); err != nil {
+		return true, err
+	}
+	if err := c.store.FinishReshard(ctx, t.Tenant, t.Name, op.OpID); err != nil {
+		return true, err
+	}
+	c.metrics.ReshardInitiated.WithLabelValues(t.Name, t.Tenant).Inc()
+	c.metrics.ReshardCompleted.WithLabelValues(t.Name, t.Tenant).Inc()
+	c.log.Info("empty tree re-pinned", "tree", t.Name, "tenant", t.Tenant, "shards", n)
+	return true, nil
+}
+
+// abandonRepin undoes a re-pin that did not finish: fences dropped, slots
+// thawed, intent removed.
+func (c *Coordinator) abandonRepin(ctx context.Context, op *shardmap.Reshard) {
+	t, err := c.store.Tree(ctx, op.Tenant, op.Tree)
+	if err == nil {
+		if m, err := c.store.Map(ctx, op.Tenant, op.Tree); err == nil {
+			for idx, sh := range m.Shards {
+				if err := c.cluster.DropSlotFence(ctx, sh.Node, repinFence(t, op.OpID, idx)); err != nil {
+					c.log.Warn("re-pin: drop fence", "shard", idx, "err", err)
+				}
+			}
+		}
+		if _, err := c.runner.updateMap(ctx, op.Tenant, op.Tree, func(m *shardmap.Map) (bool, error) {
+			if len(m.Frozen) != 1 || m.Frozen[0] != [2]int{0, t.SlotCount - 1} {
+				return false, nil
+			}
+			m.Frozen = nil
+			return true, nil
+		}); err != nil {
+			c.log.Warn("re-pin: thaw", "err", err)
+		}
+	}
+	if err := c.store.FinishReshard(ctx, op.Tenant, op.Tree, op.OpID); err != nil {
+		c.log.Warn("re-pin: clear intent", "err", err)
+	}
+}

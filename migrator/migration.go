@@ -1,0 +1,633 @@
+package migrator
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/lattice-db/lattice/pgshard"
+	"github.com/lattice-db/lattice/shardmap"
+)
+
+// Options tune the migration pipeline. Zero values take the defaults.
+type Options struct {
+	// FreezeBudget bounds the write pause of one freeze: acknowledgements,
+	// fence and final drain. A freeze that does not fit is rolled back.
+	FreezeBudget time.Duration
+	// FreezeLag is the replication lag in bytes under which drain freezes.
+	FreezeLag int64
+	// ReleaseBatch is how many moved rows one release transaction deletes.
+	ReleaseBatch int
+	// AckPoll is how often acknowledgements are polled.
+	AckPoll time.Duration
+}
+
+func (o Options) withDefaults() Options {
+	if o.FreezeBudget <= 0 {
+		o.FreezeBudget = 2 * time.Second
+	}
+	if o.FreezeLag <= 0 {
+		o.FreezeLag = 256 << 10
+	}
+	if o.ReleaseBatch <= 0 {
+		o.ReleaseBatch = 10000
+	}
+	if o.AckPoll <= 0 {
+		o.AckPoll = 5 * time.Millisecond
+	}
+	return o
+}
+
+// ErrBusy refuses a fold of a shard that an in-flight migration holds.
+var ErrBusy = errors.New("migrator: shard busy")
+
+// Store is what the migrator keeps in Redis.
+type Store interface {
+	shardmap.Store
+	shardmap.Coordination
+}
+
+// Runner drives migrations through DESIGN section 5's pipeline. Every phase
+// change is recorded before the phase's work, and every step can run again,
+// so a migration resumes from its record after a crash.
+type Runner struct {
+	cluster *pgshard.Cluster
+	store   Store
+	log     *slog.Logger
+	opts    Options
+	metrics *Metrics
+}
+
+// NewRunner returns a runner. metrics and log may be nil.
+func NewRunner(cluster *pgshard.Cluster, store Store, opts Options, metrics *Metrics, log *slog.Logger) *Runner {
+	if log == nil {
+		log = slog.Default()
+	}
+	if metrics == nil {
+		metrics = NewMetrics(nil)
+	}
+	return &Runner{cluster: cluster, store: store, log: log, opts: opts.withDefaults(), metrics: metrics}
+}
+
+func newID() string {
+	b := make([]byte, 6)
+	_, _ = rand.Read(b) // crypto/rand does not fail on supported platforms
+	return hex.EncodeToString(b)
+}
+
+// updateMap applies change to the tree's current map and stores it,
+// retrying when another writer (a concurrent migration) won the race.
+// change returns false when there is nothing to do.
+func (r *Runner) updateMap(ctx context.Context, tenant, tree string, change func(m *shardmap.Map) (bool, error)) (*shardmap.Map, error) {
+	for {
+		cur, err := r.store.Map(ctx, tenant, tree)
+		if err != nil {
+			return nil, err
+		}
+		next := cur.Clone()
+		ok, err := change(next)
+		if err != nil || !ok {
+			return cur, err
+		}
+		err = r.store.SwapMap(ctx, next, cur.Epoch)
+		if errors.Is(err, shardmap.ErrConflict) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		return next, nil
+	}
+}
+
+// targetNode picks the node for a new shard: the one owning the fewest
+// slots of the tree, the first such node in cluster order on a tie.
+func (r *Runner) targetNode(m *shardmap.Map) string {
+	owned := map[string]int{}
+	for _, idx := range m.Slots {
+		owned[m.Shards[idx].Node]++
+	}
+	best, bestN := "", -1
+	for _, n := range r.cluster.NodeNames() {
+		if bestN < 0 || owned[n] < bestN {
+			best, bestN = n, owned[n]
+		}
+	}
+	return best
+}
+
+// StartSplit records a split of the upper half of source's slots into a new
+// shard and returns the record; Run carries it out.
+func (r *Runner) StartSplit(ctx context.Context, t *shardmap.Tree, source int) (*shardmap.Migration, error) {
+	mig := &shardmap.Migration{ID: newID(), Tenant: t.Tenant, Tree: t.Name, Kind: shardmap.Split,
+		Source: source, Phase: shardmap.PhasePrepare, Created: time.Now().UTC()}
+	_, err := r.updateMap(ctx, t.Tenant, t.Name, func(m *shardmap.Map) (bool, error) {
+		src, ok := m.Shards[source]
+		if !ok || src.State != shardmap.ShardActive {
+			return false, fmt.Errorf("migrator: shard %d of %s cannot be split: it is not an active shard", source, t.Name)
+		}
+		var slots []int
+		for s, idx := range m.Slots {
+			if idx == source {
+				slots = append(slots, s)
+			}
+		}
+		if len(slots) < 2 {
+			return false, fmt.Errorf("migrator: shard %d of %s owns %d slots; a split needs at least 2", source, t.Name, len(slots))
+		}
+		mig.Target, mig.TargetNode, mig.SourceNode = m.HighWater, r.targetNode(m), src.Node
+		mig.Slots = ranges(slots[len(slots)/2:])
+		m.HighWater++
+		m.Shards[mig.Target] = shardmap.Shard{Index: mig.Target, Node: mig.TargetNode, State: shardmap.ShardPending}
+		return true, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if err := r.store.PutMigration(ctx, mig); err != nil {
+		return nil, err
+	}
+	return mig, nil
+}
+
+// StartFold records a fold of every slot of donor into survivor.
+func (r *Runner) StartFold(ctx context.Context, t *shardmap.Tree, donor, survivor int) (*shardmap.Migration, error) {
+	m, err := r.store.Map(ctx, t.Tenant, t.Name)
+	if err != nil {
+		return nil, err
+	}
+	d, ok1 := m.Shards[donor]
+	s, ok2 := m.Shards[survivor]
+	if !ok1 || !ok2 || d.State != shardmap.ShardActive || s.State != shardmap.ShardActive || donor == survivor {
+		return nil, fmt.Errorf("migrator: shards %d and %d of %s cannot be folded", donor, survivor, t.Name)
+	}
+	mig := &shardmap.Migration{ID: newID(), Tenant: t.Tenant, Tree: t.Name, Kind: shardmap.Fold,
+		Source: donor, SourceNode: d.Node, Target: survivor, TargetNode: s.Node,
+		Slots: m.SlotRanges(donor), Phase: shardmap.PhasePrepare, Created: time.Now().UTC()}
+	if len(mig.Slots) == 0 {
+		return nil, fmt.Errorf("migrator: shard %d of %s owns no slots", donor, t.Name)
+	}
+	// A shard another migration still owes writes to is not folded.
+	migs, err := r.store.Migrations(ctx, t.Tenant, t.Name)
+	if err != nil {
+		return nil, err
+	}
+	for _, o := range migs {
+		if o.Phase != shardmap.PhaseDone && (o.Target == donor || o.Target == survivor || o.Source == donor || o.Source == survivor) {
+			return nil, fmt.Errorf("%w: shard %d or %d is part of migration %s", ErrBusy, donor, survivor, o.ID)
+		}
+	}
+	if err := r.store.PutMigration(ctx, mig); err != nil {
+		return nil, err
+	}
+	return mig, nil
+}
+
+func ranges(slots []int) [][2]int {
+	var out [][2]int
+	for _, s := range slots {
+		if n := len(out); n > 0 && out[n-1][1] == s-1 {
+			out[n-1][1] = s
+		} else {
+			out = append(out, [2]int{s, s})
+		}
+	}
+	return out
+}
+
+func (r *Runner) setPhase(ctx context.Context, mig *shardmap.Migration, p shardmap.MigrationPhase) error {
+	mig.Phase, mig.Updated = p, time.Now().UTC()
+	return r.store.PutMigration(ctx, mig)
+}
+
+func (r *Runner) shadowSpec(t *shardmap.Tree, mig *shardmap.Migration) (ShadowSpec, error) {
+	src, err := r.cluster.TenantDSN(mig.SourceNode, t.Tenant)
+	if err != nil {
+		return ShadowSpec{}, err
+	}
+	dst, err := r.cluster.TenantDSN(mig.TargetNode, t.Tenant)
+	if err != nil {
+		return ShadowSpec{}, err
+	}
+	return ShadowSpec{ID: mig.ID, Tree: t, SourceDSN: src, TargetDSN: dst, Source: mig.Source, Target: mig.Target, Slots: mig.Slots}, nil
+}
+
+func (r *Runner) fence(t *shardmap.Tree, mig *shardmap.Migration, epoch uint64) pgshard.SlotFence {
+	return pgshard.SlotFence{Migration: mig.ID, Tree: t, Shard: mig.Source, Slots: mig.Slots, Target: mig.Target, Epoch: epoch}
+}
+
+// Run carries a recorded migration from its phase to the end.
+func (r *Runner) Run(ctx context.Context, mig *shardmap.Migration) error {
+	log := r.log.With("migration", mig.ID, "tree", mig.Tree, "kind", mig.Kind, "source", mig.Source, "target", mig.Target)
+	t, err := r.store.Tree(ctx, mig.Tenant, mig.Tree)
+	if err != nil {
+		return err
+	}
+	var sh *Shadow
+	defer func() {
+		if sh != nil {
+			_ = sh.Stop()
+		}
+	}()
+	for {
+		switch mig.Phase {
+		case shardmap.PhasePrepare:
+			if err := r.prepare(ctx, t, mig); err != nil {
+				return err
+			}
+			if err := r.setPhase(ctx, mig, shardmap.PhaseCopy); err != nil {
+				return err
+			}
+		case shardmap.PhaseCopy, shardmap.PhaseDrain:
+			if sh == nil {
+				spec, err := r.shadowSpec(t, mig)
+				if err != nil {
+					return err
+				}
+				if sh, err = StartShadow(ctx, spec, log); err != nil {
+					return err
+				}
+				if mig.Phase == shardmap.PhaseCopy {
+					r.metrics.RowsCopied.WithLabelValues(mig.Tree, mig.Tenant).Add(float64(sh.Stats().RowsCopied))
+				}
+				mig.RowsCopied = sh.Stats().RowsCopied
+			}
+			if mig.Phase == shardmap.PhaseCopy {
+				if err := r.setPhase(ctx, mig, shardmap.PhaseDrain); err != nil {
+					return err
+				}
+			}
+			crashPoint("drain")
+			if err := r.drain(ctx, t, mig, sh); err != nil {
+				return err
+			}
+			if err := r.setPhase(ctx, mig, shardmap.PhaseFreeze); err != nil {
+				return err
+			}
+		case shardmap.PhaseFreeze, shardmap.PhaseFlip:
+			flipped, err := r.flipped(ctx, mig)
+			if err != nil {
+				return err
+			}
+			if flipped {
+				if err := r.setPhase(ctx, mig, shardmap.PhaseRelease); err != nil {
+					return err
+				}
+				continue
+			}
+			if sh == nil {
+				// A crash during a freeze: undo it and drain again.
+				if err := r.unfreeze(ctx, t, mig); err != nil {
+					return err
+				}
+				if err := r.setPhase(ctx, mig, shardmap.PhaseDrain); err != nil {
+					return err
+				}
+				continue
+			}
+			ok, err := r.freezeAndFlip(ctx, t, mig, sh, log)
+			if err != nil {
+				return err
+			}
+			next := shardmap.PhaseRelease
+			if !ok {
+				next = shardmap.PhaseDrain
+			}
+			if err := r.setPhase(ctx, mig, next); err != nil {
+				return err
+			}
+			if !ok {
+				// Let the held statements and the lagging proxies catch up
+				// before the next attempt.
+				select {
+				case <-ctx.Done():
+					return ctx.Err()
+				case <-time.After(r.opts.FreezeBudget):
+				}
+			}
+		case shardmap.PhaseRelease:
+			if sh != nil {
+				_ = sh.Stop()
+				sh = nil
+			}
+			if err := r.release(ctx, t, mig); err != nil {
+				return err
+			}
+			if err := r.setPhase(ctx, mig, shardmap.PhaseDone); err != nil {
+				return err
+			}
+		case shardmap.PhaseDone:
+			r.metrics.ReplicationLagBytes.DeleteLabelValues(mig.Tree, mig.Tenant, mig.ID)
+			log.Info("migration done", "rows_copied", mig.RowsCopied, "freezes", mig.Freezes)
+			return r.store.DeleteMigration(ctx, mig.Tenant, mig.Tree, mig.ID)
+		default:
+			return fmt.Errorf("migrator: migration %s has unknown phase %q", mig.ID, mig.Phase)
+		}
+	}
+}
+
+// prepare creates the target table of a split; for a fold it marks the
+// survivor as mixed and waits until every proxy scans it that way, before a
+// single donor row is copied into it.
+func (r *Runner) prepare(ctx context.Context, t *shardmap.Tree, mig *shardmap.Migration) error {
+	if mig.Kind == shardmap.Split {
+		m, err := r.store.Map(ctx, t.Tenant, t.Name)
+		if err != nil {
+			return err
+		}
+		return r.cluster.CreateShard(ctx, t, mig.Target, mig.TargetNode, nil, m.Epoch)
+	}
+	m, err := r.updateMap(ctx, t.Tenant, t.Name, func(m *shardmap.Map) (bool, error) {
+		s := m.Shards[mig.Target]
+		if s.Mixed {
+			return false, nil
+		}
+		s.Mixed = true
+		m.Shards[mig.Target] = s
+		return true, nil
+	})
+	if err != nil {
+		return err
+	}
+	return r.waitAcks(ctx, t, m.Epoch)
+}
+
+// sourceLSN is the source node's current WAL position.
+func (r *Runner) sourceLSN(ctx context.Context, t *shardmap.Tree, mig *shardmap.Migration) (pglogrepl.LSN, error) {
+	p, err := r.cluster.Admin(ctx, mig.SourceNode, t.Tenant)
+	if err != nil {
+		return 0, err
+	}
+	var s string
+	if err := p.QueryRow(ctx, "SELECT pg_current_wal_lsn()::text").Scan(&s); err != nil {
+		return 0, err
+	}
+	return pglogrepl.ParseLSN(s)
+}
+
+// drain waits until the stream is within FreezeLag of the source.
+func (r *Runner) drain(ctx context.Context, t *shardmap.Tree, mig *shardmap.Migration, sh *Shadow) error {
+	for {
+		cur, err := r.sourceLSN(ctx, t, mig)
+		if err != nil {
+			return err
+		}
+		wctx, cancel := context.WithTimeout(ctx, time.Second)
+		err = sh.WaitApplied(wctx, cur)
+		cancel()
+		applied := sh.Stats().Applied
+		mig.LagBytes = max(int64(cur)-int64(applied), 0)
+		r.metrics.ReplicationLagBytes.WithLabelValues(mig.Tree, mig.Tenant, mig.ID).Set(float64(mig.LagBytes))
+		if err == nil || mig.LagBytes <= r.opts.FreezeLag {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if !errors.Is(err, context.DeadlineExceeded) {
+			return err
+		}
+		if err := r.store.PutMigration(ctx, mig); err != nil {
+			return err
+		}
+	}
+}
+
+// waitAcks waits until every live proxy routes the tree by epoch or later.
+func (r *Runner) waitAcks(ctx context.Context, t *shardmap.Tree, epoch uint64) error {
+	for {
+		live, err := r.store.LiveProxies(ctx)
+		if err != nil {
+			return err
+		}
+		acks, err := r.store.Acks(ctx, t.Tenant, t.Name)
+		if err != nil {
+			return err
+		}
+		if !slices.ContainsFunc(live, func(p string) bool { return acks[p] < epoch }) {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(r.opts.AckPoll):
+		}
+	}
+}
+
+// freezeAndFlip freezes the moving slots, fences the source, waits for the
+// final drain and flips the map, all within the freeze budget. It returns
+// false after rolling back a freeze that did not fit.
+func (r *Runner) freezeAndFlip(ctx context.Context, t *shardmap.Tree, mig *shardmap.Migration, sh *Shadow, log *slog.Logger) (bool, error) {
+	start := time.Now()
+	mig.Freezes++
+	frozen, err := r.updateMap(ctx, t.Tenant, t.Name, func(m *shardmap.Map) (bool, error) {
+		m.Frozen = append(m.Frozen, mig.Slots...)
+		return true, nil
+	})
+	if err != nil {
+		return false, err
+	}
+	bctx, cancel := context.WithTimeout(ctx, r.opts.FreezeBudget)
+	defer cancel()
+	err = r.waitAcks(bctx, t, frozen.Epoch)
+	if err == nil {
+		err = r.cluster.InstallSlotFence(bctx, mig.SourceNode, r.fence(t, mig, frozen.Epoch))
+	}
+	var final pglogrepl.LSN
+	if err == nil {
+		if final, err = r.sourceLSN(bctx, t, mig); err == nil {
+			err = sh.WaitApplied(bctx, final)
+		}
+	}
+	if err == nil {
+		crashPoint("freeze")
+	}
+	if err != nil {
+		if ctx.Err() != nil {
+			return false, ctx.Err()
+		}
+		log.Warn("freeze rolled back", "after", time.Since(start), "err", err)
+		r.metrics.FreezeSeconds.WithLabelValues(mig.Tree, mig.Tenant, "rolled_back").Observe(time.Since(start).Seconds())
+		mig.LastError = err.Error()
+		return false, r.unfreeze(ctx, t, mig)
+	}
+	flipped, err := r.updateMap(ctx, t.Tenant, t.Name, func(m *shardmap.Map) (bool, error) {
+		for _, rg := range mig.Slots {
+			for s := rg[0]; s <= rg[1]; s++ {
+				m.Slots[s] = mig.Target
+			}
+		}
+		m.Frozen = removeRanges(m.Frozen, mig.Slots)
+		tgt := m.Shards[mig.Target]
+		tgt.State = shardmap.ShardActive
+		src := m.Shards[mig.Source]
+		if mig.Kind == shardmap.Split {
+			src.Mixed = true // holds the moved rows until the release
+		} else {
+			tgt.Mixed = false // owns every row it holds now
+			src.State = shardmap.ShardRetired
+			// A retired index is never handed out again.
+			m.HighWater = max(m.HighWater, mig.Source+1)
+		}
+		m.Shards[mig.Target], m.Shards[mig.Source] = tgt, src
+		return true, nil
+	})
+	if err != nil {
+		return false, err
+	}
+	crashPoint("flip")
+	pause := time.Since(start)
+	log.Info("flipped", "pause", pause, "epoch", flipped.Epoch, "final_lsn", final)
+	r.metrics.FreezeSeconds.WithLabelValues(mig.Tree, mig.Tenant, "flipped").Observe(pause.Seconds())
+	if mig.Kind == shardmap.Fold {
+		r.metrics.ConsolidationsCommitted.WithLabelValues(mig.Tree, mig.Tenant, strconv.Itoa(mig.Source)).Inc()
+	}
+	r.recordOwnership(ctx, t, flipped, mig)
+	return true, nil
+}
+
+// recordOwnership updates the ownership records on the nodes after a flip.
+// The map in the store is the truth; the records only help rebuild it, so a
+// failure is logged, not fatal.
+func (r *Runner) recordOwnership(ctx context.Context, t *shardmap.Tree, m *shardmap.Map, mig *shardmap.Migration) {
+	for _, idx := range []int{mig.Source, mig.Target} {
+		if err := r.cluster.WriteOwnership(ctx, t, idx, m.Shards[idx].Node, m.SlotRanges(idx), m.Epoch); err != nil {
+			r.log.Warn("ownership record not updated", "shard", idx, "err", err)
+		}
+	}
+}
+
+// flipped reports whether the map already points the migration's slots at
+// its target (a flip whose phase change was lost in a crash).
+func (r *Runner) flipped(ctx context.Context, mig *shardmap.Migration) (bool, error) {
+	m, err := r.store.Map(ctx, mig.Tenant, mig.Tree)
+	if err != nil {
+		return false, err
+	}
+	return m.Slots[mig.Slots[0][0]] == mig.Target, nil
+}
+
+// unfreeze rolls a freeze back: the fence goes, then the slots thaw, so the
+// statements the proxies held run on the source again.
+func (r *Runner) unfreeze(ctx context.Context, t *shardmap.Tree, mig *shardmap.Migration) error {
+	if err := r.cluster.DropSlotFence(ctx, mig.SourceNode, r.fence(t, mig, 0)); err != nil {
+		return err
+	}
+	_, err := r.updateMap(ctx, t.Tenant, t.Name, func(m *shardmap.Map) (bool, error) {
+		next := removeRanges(m.Frozen, mig.Slots)
+		if len(next) == len(m.Frozen) {
+			return false, nil
+		}
+		m.Frozen = next
+		return true, nil
+	})
+	return err
+}
+
+// removeRanges drops the ranges of rm from frozen (each was added whole).
+func removeRanges(frozen, rm [][2]int) [][2]int {
+	out := make([][2]int, 0, len(frozen))
+	for _, f := range frozen {
+		if !slices.Contains(rm, f) {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// release runs once every live proxy routes by the flipped map (a proxy
+// acknowledges an epoch only after its scans planned on older epochs end):
+// the stream, slot, publication and fence go, and the moved rows are deleted
+// from a split source in batches, or the donor table of a fold is dropped.
+func (r *Runner) release(ctx context.Context, t *shardmap.Tree, mig *shardmap.Migration) error {
+	m, err := r.store.Map(ctx, t.Tenant, t.Name)
+	if err != nil {
+		return err
+	}
+	if err := r.waitAcks(ctx, t, m.Epoch); err != nil {
+		return err
+	}
+	spec, err := r.shadowSpec(t, mig)
+	if err != nil {
+		return err
+	}
+	if err := DropShadow(ctx, spec); err != nil {
+		return err
+	}
+	crashPoint("release")
+	if mig.Kind == shardmap.Fold {
+		if m.SlotCounts()[mig.Source] > 0 {
+			r.log.Warn("fold donor still owns slots; keeping its storage", "migration", mig.ID, "donor", mig.Source)
+		} else if err := r.cluster.DropShard(ctx, t, mig.Source, mig.SourceNode); err != nil {
+			return err
+		}
+		return r.cluster.DropSlotFence(ctx, mig.SourceNode, r.fence(t, mig, 0))
+	}
+	if err := r.deleteMoved(ctx, t, mig); err != nil {
+		return err
+	}
+	if err := r.cluster.DropSlotFence(ctx, mig.SourceNode, r.fence(t, mig, 0)); err != nil {
+		return err
+	}
+	_, err = r.updateMap(ctx, t.Tenant, t.Name, func(m *shardmap.Map) (bool, error) {
+		s := m.Shards[mig.Source]
+		if !s.Mixed || r.otherMigrationOn(ctx, mig) {
+			return false, nil
+		}
+		s.Mixed = false
+		m.Shards[mig.Source] = s
+		return true, nil
+	})
+	return err
+}
+
+// otherMigrationOn reports whether another split of the same source is
+// still under way, which keeps the source mixed.
+func (r *Runner) otherMigrationOn(ctx context.Context, mig *shardmap.Migration) bool {
+	migs, err := r.store.Migrations(ctx, mig.Tenant, mig.Tree)
+	if err != nil {
+		return true
+	}
+	return slices.ContainsFunc(migs, func(o *shardmap.Migration) bool {
+		return o.ID != mig.ID && o.Source == mig.Source && o.Phase != shardmap.PhaseDone
+	})
+}
+
+// deleteMoved deletes a split's moved rows from its source in batches, each
+// its own short transaction that passes the fence.
+func (r *Runner) deleteMoved(ctx context.Context, t *shardmap.Tree, mig *shardmap.Migration) error {
+	p, err := r.cluster.Admin(ctx, mig.SourceNode, t.Tenant)
+	if err != nil {
+		return err
+	}
+	table := pgshard.ShardTable(t, mig.Source)
+	q := fmt.Sprintf("DELETE FROM %s WHERE ctid = ANY (ARRAY(SELECT ctid FROM %s WHERE %s LIMIT %d))",
+		table, table, pgshard.SlotPredicate(t, "", mig.Slots), r.opts.ReleaseBatch)
+	for {
+		var n int64
+		err := pgx.BeginFunc(ctx, p, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, "SET LOCAL "+pgshard.MigratorSetting+" = 'on'"); err != nil {
+				return err
+			}
+			tag, err := tx.Exec(ctx, q)
+			n = tag.RowsAffected()
+			return err
+		})
+		if err != nil {
+			return fmt.Errorf("migrator: release moved rows of shard %d: %w", mig.Source, err)
+		}
+		if n == 0 {
+			return nil
+		}
+	}
+}

@@ -1,0 +1,413 @@
+package migrator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/lattice-db/lattice/pgshard"
+	"github.com/lattice-db/lattice/shardmap"
+)
+
+// ShadowSpec names one shadow copy: the rows of some slots of a tree, from a
+// source shard table to a target shard table, possibly on another node.
+type ShadowSpec struct {
+	ID        string // migration id; names the publication and the replication slot
+	Tree      *shardmap.Tree
+	SourceDSN string // the tenant database on the source node
+	TargetDSN string // the tenant database on the target node
+	Source    int    // shard index of the source table
+	Target    int    // shard index of the target table
+	Slots     [][2]int
+}
+
+// Name is the publication and replication slot name of the shadow copy.
+func (sp ShadowSpec) Name() string { return "lattice_m_" + sp.ID }
+
+func (sp ShadowSpec) validate() error {
+	if sp.ID == "" || strings.ContainsFunc(sp.ID, func(r rune) bool {
+		return !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '_')
+	}) {
+		return fmt.Errorf("migrator: migration id %q must be lower-case letters, digits and _", sp.ID)
+	}
+	if len(sp.Name()) > 63 {
+		return fmt.Errorf("migrator: migration id %q is too long", sp.ID)
+	}
+	if len(sp.Slots) == 0 {
+		return errors.New("migrator: a shadow copy needs at least one slot range")
+	}
+	return nil
+}
+
+// progressTable records, in the target schema, how far a shadow copy has
+// applied: the copy and each applied batch commit it in the same
+// transaction as the rows, which makes a restart resume exactly once.
+func progressTable(target int) string {
+	return pgx.Identifier{shardmap.SchemaName(target), "lattice_progress"}.Sanitize()
+}
+
+// ShadowStats is what a running shadow copy has done so far.
+type ShadowStats struct {
+	RowsCopied  int64
+	RowsApplied int64
+	Applied     pglogrepl.LSN // every source change up to here is in the target
+	Copied      bool
+}
+
+// Shadow is a running shadow copy: the copy under an exported snapshot is
+// done (or was done before a restart) and the stream applies later changes.
+type Shadow struct {
+	spec ShadowSpec
+	log  *slog.Logger
+
+	repl   *pgconn.PgConn
+	target *pgx.Conn
+	cols   []string // table columns in order
+	pkey   []string // primary key columns
+
+	mu      sync.Mutex
+	stats   ShadowStats
+	advance *sync.Cond // signalled when stats.Applied moves or the stream ends
+	err     error      // why the stream ended
+	waiters int        // WaitApplied calls in progress
+	done    bool
+
+	cancel context.CancelFunc
+	exited chan struct{}
+}
+
+// StartShadow creates the publication and slot if needed, copies the moving
+// rows under the slot's snapshot unless an earlier run committed the copy,
+// and starts streaming the changes after it into the target.
+func StartShadow(ctx context.Context, spec ShadowSpec, log *slog.Logger) (*Shadow, error) {
+	if err := spec.validate(); err != nil {
+		return nil, err
+	}
+	sh := &Shadow{spec: spec, log: log.With("migration", spec.ID)}
+	sh.advance = sync.NewCond(&sh.mu)
+	if err := sh.start(ctx); err != nil {
+		sh.closeConns()
+		return nil, err
+	}
+	runCtx, cancel := context.WithCancel(context.Background())
+	sh.cancel, sh.exited = cancel, make(chan struct{})
+	go sh.stream(runCtx)
+	return sh, nil
+}
+
+func (sh *Shadow) start(ctx context.Context) error {
+	sp := sh.spec
+	var err error
+	if sh.target, err = pgx.Connect(ctx, sp.TargetDSN); err != nil {
+		return fmt.Errorf("migrator: connect to target: %w", err)
+	}
+	if sh.cols, sh.pkey, err = tableColumns(ctx, sh.target, pgshard.ShardTable(sp.Tree, sp.Target)); err != nil {
+		return err
+	}
+	if _, err := sh.target.Exec(ctx, "CREATE TABLE IF NOT EXISTS "+progressTable(sp.Target)+
+		` (migration text PRIMARY KEY, applied_lsn pg_lsn NOT NULL, rows_copied bigint NOT NULL)`); err != nil {
+		return fmt.Errorf("migrator: progress table: %w", err)
+	}
+	var applied string
+	var copied int64
+	err = sh.target.QueryRow(ctx, "SELECT applied_lsn::text, rows_copied FROM "+progressTable(sp.Target)+
+		" WHERE migration = $1", sp.ID).Scan(&applied, &copied)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return sh.copyFresh(ctx)
+	case err != nil:
+		return fmt.Errorf("migrator: read progress: %w", err)
+	}
+	lsn, err := pglogrepl.ParseLSN(applied)
+	if err != nil {
+		return err
+	}
+	sh.stats = ShadowStats{RowsCopied: copied, Applied: lsn, Copied: true}
+	if sh.repl, err = connectReplication(ctx, sp.SourceDSN); err != nil {
+		return err
+	}
+	return sh.startReplication(ctx, lsn)
+}
+
+func connectReplication(ctx context.Context, dsn string) (*pgconn.PgConn, error) {
+	cfg, err := pgconn.ParseConfig(dsn)
+	if err != nil {
+		return nil, err
+	}
+	cfg.RuntimeParams["replication"] = "database"
+	cfg.RuntimeParams["application_name"] = "lattice-migrator"
+	c, err := pgconn.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("migrator: replication connection: %w", err)
+	}
+	return c, nil
+}
+
+// copyFresh starts from nothing: whatever an earlier run left of the moving
+// slots in the target is deleted, the slot is made anew, and the rows are
+// copied under its snapshot in one target transaction with the progress row.
+func (sh *Shadow) copyFresh(ctx context.Context) error {
+	sp := sh.spec
+	src, err := pgx.Connect(ctx, sp.SourceDSN)
+	if err != nil {
+		return fmt.Errorf("migrator: connect to source: %w", err)
+	}
+	defer src.Close(context.Background())
+	pub := pgx.Identifier{sp.Name()}.Sanitize()
+	filter := pgshard.SlotPredicate(sp.Tree, "", sp.Slots)
+	var exists bool
+	if err := src.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_publication WHERE pubname = $1)`, sp.Name()).Scan(&exists); err != nil {
+		return err
+	}
+	if !exists {
+		if _, err := src.Exec(ctx, "CREATE PUBLICATION "+pub+" FOR TABLE "+
+			pgshard.ShardTable(sp.Tree, sp.Source)+" WHERE ("+filter+")"); err != nil {
+			return fmt.Errorf("migrator: create publication: %w", err)
+		}
+	}
+	if _, err := src.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots
+		WHERE slot_name = $1 AND NOT active`, sp.Name()); err != nil {
+		return fmt.Errorf("migrator: drop stale slot: %w", err)
+	}
+	if sh.repl, err = connectReplication(ctx, sp.SourceDSN); err != nil {
+		return err
+	}
+	slot, err := pglogrepl.CreateReplicationSlot(ctx, sh.repl, sp.Name(), "pgoutput",
+		pglogrepl.CreateReplicationSlotOptions{Mode: pglogrepl.LogicalReplication, SnapshotAction: "EXPORT_SNAPSHOT"})
+	if err != nil {
+		return fmt.Errorf("migrator: create replication slot: %w", err)
+	}
+	start, err := pglogrepl.ParseLSN(slot.ConsistentPoint)
+	if err != nil {
+		return err
+	}
+	n, err := sh.copyRows(ctx, src, slot.SnapshotName, start)
+	if err != nil {
+		return err
+	}
+	sh.stats = ShadowStats{RowsCopied: n, Applied: start, Copied: true}
+	sh.log.Info("shadow copy done", "rows", n, "consistent_point", start)
+	return sh.startReplication(ctx, start)
+}
+
+// copyRows pipes a binary COPY of the moving rows, read under the slot's
+// exported snapshot, into the target table.
+func (sh *Shadow) copyRows(ctx context.Context, src *pgx.Conn, snapshot string, start pglogrepl.LSN) (int64, error) {
+	sp := sh.spec
+	cols := quoteAll(sh.cols)
+	target := pgshard.ShardTable(sp.Tree, sp.Target)
+	if _, err := src.Exec(ctx, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"); err != nil {
+		return 0, err
+	}
+	defer src.Exec(context.Background(), "ROLLBACK")
+	if _, err := src.Exec(ctx, "SET TRANSACTION SNAPSHOT "+quoteLiteral(snapshot)); err != nil {
+		return 0, fmt.Errorf("migrator: use exported snapshot: %w", err)
+	}
+	tx, err := sh.target.Begin(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer tx.Rollback(context.Background())
+	if _, err := tx.Exec(ctx, "DELETE FROM "+target+" WHERE "+pgshard.SlotPredicate(sp.Tree, "", sp.Slots)); err != nil {
+		return 0, fmt.Errorf("migrator: clear target slots: %w", err)
+	}
+	pr, pw := io.Pipe()
+	copyOut := make(chan error, 1)
+	go func() {
+		_, err := src.PgConn().CopyTo(ctx, pw, "COPY (SELECT "+cols+" FROM "+pgshard.ShardTable(sp.Tree, sp.Source)+
+			" WHERE "+pgshard.SlotPredicate(sp.Tree, "", sp.Slots)+") TO STDOUT (FORMAT binary)")
+		pw.CloseWithError(err)
+		copyOut <- err
+	}()
+	tag, err := tx.Conn().PgConn().CopyFrom(ctx, pr, "COPY "+target+" ("+cols+") FROM STDIN (FORMAT binary)")
+	pr.CloseWithError(errors.New("migrator: target copy ended"))
+	if outErr := <-copyOut; outErr != nil {
+		return 0, fmt.Errorf("migrator: copy from source: %w", outErr)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("migrator: copy into target: %w", err)
+	}
+	if _, err := tx.Exec(ctx, "INSERT INTO "+progressTable(sp.Target)+" (migration, applied_lsn, rows_copied) VALUES ($1, $2::pg_lsn, $3)",
+		sp.ID, start.String(), tag.RowsAffected()); err != nil {
+		return 0, err
+	}
+	crashPoint("copy")
+	if err := tx.Commit(ctx); err != nil {
+		return 0, err
+	}
+	return tag.RowsAffected(), nil
+}
+
+func (sh *Shadow) startReplication(ctx context.Context, from pglogrepl.LSN) error {
+	err := pglogrepl.StartReplication(ctx, sh.repl, sh.spec.Name(), from, pglogrepl.StartReplicationOptions{
+		Mode:       pglogrepl.LogicalReplication,
+		PluginArgs: []string{"proto_version '1'", "publication_names " + quoteLiteral(sh.spec.Name())},
+	})
+	if err != nil {
+		return fmt.Errorf("migrator: start replication: %w", err)
+	}
+	return nil
+}
+
+// Stats is a snapshot of the shadow copy's progress.
+func (sh *Shadow) Stats() ShadowStats {
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	return sh.stats
+}
+
+// WaitApplied waits until every source change before lsn is in the target.
+// The stream asks the source for a keepalive while it waits, so an idle
+// source still reports its position.
+func (sh *Shadow) WaitApplied(ctx context.Context, lsn pglogrepl.LSN) error {
+	stop := context.AfterFunc(ctx, func() {
+		sh.mu.Lock()
+		sh.advance.Broadcast()
+		sh.mu.Unlock()
+	})
+	defer stop()
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	sh.waiters++
+	defer func() { sh.waiters-- }()
+	for sh.stats.Applied < lsn {
+		if sh.done {
+			return fmt.Errorf("migrator: shadow copy %s stopped: %w", sh.spec.ID, sh.err)
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		sh.advance.Wait()
+	}
+	return nil
+}
+
+// Stop ends the stream and closes the connections. The slot, publication and
+// progress row stay, so a later StartShadow resumes.
+func (sh *Shadow) Stop() error {
+	sh.cancel()
+	<-sh.exited
+	sh.closeConns()
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if errors.Is(sh.err, context.Canceled) {
+		return nil
+	}
+	return sh.err
+}
+
+func (sh *Shadow) closeConns() {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if sh.repl != nil {
+		sh.repl.Close(ctx)
+	}
+	if sh.target != nil {
+		sh.target.Close(ctx)
+	}
+}
+
+// DropShadow removes what a shadow copy made: its slot and publication on
+// the source and its progress row on the target. Missing pieces are fine, so
+// a reaper can run it for a migration in any state.
+func DropShadow(ctx context.Context, spec ShadowSpec) error {
+	if err := spec.validate(); err != nil {
+		return err
+	}
+	src, err := pgx.Connect(ctx, spec.SourceDSN)
+	if err != nil {
+		return err
+	}
+	defer src.Close(context.Background())
+	if err := dropSlot(ctx, src, spec.Name()); err != nil {
+		return err
+	}
+	if _, err := src.Exec(ctx, "DROP PUBLICATION IF EXISTS "+pgx.Identifier{spec.Name()}.Sanitize()); err != nil {
+		return fmt.Errorf("migrator: drop publication: %w", err)
+	}
+	tgt, err := pgx.Connect(ctx, spec.TargetDSN)
+	if err != nil {
+		return err
+	}
+	defer tgt.Close(context.Background())
+	var exists bool
+	if err := tgt.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, progressTable(spec.Target)).Scan(&exists); err != nil || !exists {
+		return err
+	}
+	_, err = tgt.Exec(ctx, "DELETE FROM "+progressTable(spec.Target)+" WHERE migration = $1", spec.ID)
+	return err
+}
+
+// slotReleaseWait bounds how long dropping a slot waits for the walsender
+// of a stream just stopped: the server ends it shortly after the client
+// closed the connection, and until then the slot is active (55006).
+const slotReleaseWait = 10 * time.Second
+
+func dropSlot(ctx context.Context, src *pgx.Conn, name string) error {
+	deadline := time.Now().Add(slotReleaseWait)
+	for {
+		_, err := src.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1`, name)
+		var pe *pgconn.PgError
+		if err == nil || !errors.As(err, &pe) || pe.Code != "55006" || time.Now().After(deadline) {
+			if err != nil {
+				return fmt.Errorf("migrator: drop replication slot: %w", err)
+			}
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// tableColumns reads the visible columns of a table in order, and its
+// primary key.
+func tableColumns(ctx context.Context, c *pgx.Conn, table string) (cols, pkey []string, err error) {
+	rows, err := c.Query(ctx, `SELECT a.attname, coalesce(a.attnum = ANY (i.indkey), false)
+		FROM pg_attribute a
+		LEFT JOIN pg_index i ON i.indrelid = a.attrelid AND i.indisprimary
+		WHERE a.attrelid = $1::regclass AND a.attnum > 0 AND NOT a.attisdropped
+		ORDER BY a.attnum`, table)
+	if err != nil {
+		return nil, nil, err
+	}
+	for rows.Next() {
+		var name string
+		var inKey bool
+		if err := rows.Scan(&name, &inKey); err != nil {
+			return nil, nil, err
+		}
+		cols = append(cols, name)
+		if inKey {
+			pkey = append(pkey, name)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, nil, fmt.Errorf("migrator: columns of %s: %w", table, err)
+	}
+	if len(pkey) == 0 {
+		return nil, nil, fmt.Errorf("migrator: %s has no primary key", table)
+	}
+	return cols, pkey, nil
+}
+
+func quoteAll(names []string) string {
+	q := make([]string, len(names))
+	for i, n := range names {
+		q[i] = pgx.Identifier{n}.Sanitize()
+	}
+	return strings.Join(q, ", ")
+}
+
+func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }

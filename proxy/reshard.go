@@ -1,0 +1,251 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgproto3"
+
+	"github.com/lattice-db/lattice/pgshard"
+	"github.com/lattice-db/lattice/router"
+	"github.com/lattice-db/lattice/shardmap"
+)
+
+const (
+	// holdTimeout bounds how long a statement waits for frozen slots to
+	// move (a freeze lasts at most the migrator's budget, 2 s by default).
+	holdTimeout = 10 * time.Second
+	// leaseWait is how long a statement waits for a lapsed registration
+	// to come back before it fails.
+	leaseWait = 3 * time.Second
+	// leasePoll is how often the registration is checked while waiting.
+	leasePoll = 20 * time.Millisecond
+)
+
+// acquireView takes the tenant's current view for the statement being
+// served and records it as in use until releaseViews. While this proxy's
+// registration has lapsed it waits briefly for it to come back: a proxy
+// that is not counted as live must not route by a map that may be stale.
+func (s *session) acquireView(ctx context.Context) (*shardmap.View, error) {
+	reg := s.srv.cfg.Registration
+	deadline := time.Now().Add(leaseWait)
+	for {
+		v, release, err := reg.Acquire(ctx, s.tenant)
+		switch {
+		case err == nil:
+			if s.views == nil {
+				s.views = map[*shardmap.View]func(){}
+			}
+			if _, held := s.views[v]; held {
+				release() // counted once per session is enough
+			} else {
+				s.views[v] = release
+			}
+			return v, nil
+		case !errors.Is(err, shardmap.ErrLeaseExpired):
+			return nil, Errorf("58000", "shard map unavailable: %v", err)
+		case time.Now().After(deadline):
+			e := Errorf("57P03", "this Lattice proxy is not registered as live, so it cannot route statements now")
+			e.Hint = "retry shortly, or connect to another proxy; the proxy serves again once it reaches Redis"
+			return nil, e
+		}
+		select {
+		case <-ctx.Done():
+			return nil, Errorf("57014", "canceling statement: %v", ctx.Err())
+		case <-time.After(leasePoll):
+		}
+	}
+}
+
+// releaseViews ends the session's use of the views its statements planned
+// on. It runs when the work of those statements is finished: at
+// ReadyForQuery, after a Flush played the batch so far, and before a
+// statement is held for frozen slots. Nothing holds a view while the
+// client is idle, so a freeze never waits for a client.
+//
+// A portal bound before a Flush may still be executed after it: a SELECT
+// took its snapshot at Bind, and a write to a slot that moved since is
+// rejected by the fence (LT001), so neither needs the view any more.
+//
+// Within a statement a session may hold a view while it waits for a pool
+// backend, a node, or the rest of a batch the client is still sending.
+// None of those waits on a freeze, so it delays an acknowledgement only
+// until that wait ends; and a freeze that cannot get its acknowledgements
+// within its budget is rolled back, which releases statements held for
+// it (holdFrozen) and with them anything they occupy.
+func (s *session) releaseViews() {
+	for v, release := range s.views {
+		release()
+		delete(s.views, v)
+	}
+}
+
+// frozenTree reports the tree of p, and its map, when p would touch a
+// frozen slot under v: a statement for one key whose slot is frozen, or
+// any statement over several shards of a tree with frozen slots.
+func frozenTree(v *shardmap.View, p *router.Plan, bind *pgproto3.Bind, oids []uint32) (*shardmap.Map, bool) {
+	if p == nil || p.Tree == nil {
+		return nil, false
+	}
+	m := v.Maps[p.Tree.Name]
+	if m == nil || len(m.Frozen) == 0 {
+		return nil, false
+	}
+	frozenKey := func(k router.Value) bool {
+		slot, err := keySlot(p.Tree.KeyType, len(m.Slots), k, bind, oids)
+		return err == nil && m.IsFrozen(slot) // a bad key fails at routing
+	}
+	switch p.Kind {
+	case router.Single:
+		return m, frozenKey(p.Key)
+	case router.InsertSplit:
+		for _, k := range p.Rows {
+			if frozenKey(k) {
+				return m, true
+			}
+		}
+		return m, false
+	case router.Copy:
+		if p.Copy.Query && p.Copy.QueryKind == router.Single {
+			return m, frozenKey(p.Key)
+		}
+		return m, true
+	case router.WriteAll, router.FanOut:
+		return m, true
+	}
+	return m, false
+}
+
+// holdFrozen waits for a map of tree newer than m, whose slots froze: the
+// statement is held, not failed, until the migrator flips or thaws them,
+// and the caller plans it again on a fresh view. Work queued before it in
+// an extended batch is played first (flush), and every view the session
+// holds is released before waiting: a held statement then keeps no view
+// at all, so it delays neither the acknowledgement of the freeze epoch
+// nor that of the flip. It fails with 55000 once the hold passes
+// holdTimeout from start.
+func (s *session) holdFrozen(ctx context.Context, m *shardmap.Map, start time.Time, flush func() error) error {
+	if flush != nil && len(s.x.steps) > 0 {
+		if err := flush(); err != nil {
+			return err
+		}
+	}
+	s.releaseViews()
+	wctx, cancel := context.WithDeadline(ctx, start.Add(holdTimeout))
+	defer cancel()
+	if _, err := s.srv.cache.Wait(wctx, s.tenant, m.Tree, m.Epoch+1); err != nil {
+		if ctx.Err() != nil {
+			return Errorf("57014", "canceling statement: %v", ctx.Err())
+		}
+		e := Errorf("55000", "slots of tree %q are moving to another shard and did not settle within %s", m.Tree, holdTimeout)
+		e.Hint = "retry the statement; a reshard is running"
+		return e
+	}
+	return nil
+}
+
+// nodeSources is nodeGroups with, for every mixed shard, the filter on
+// the slots it owns, so that a read over several shards sees each row on
+// its owner only.
+func nodeSources(m *shardmap.Map, only map[int]bool, tree *shardmap.Tree) (nodes []string, srcs [][]router.Source) {
+	index := map[string]int{}
+	for _, idx := range m.OwningShards() {
+		if only != nil && !only[idx] {
+			continue
+		}
+		sh := m.Shards[idx]
+		g, ok := index[sh.Node]
+		if !ok {
+			g = len(nodes)
+			index[sh.Node] = g
+			nodes = append(nodes, sh.Node)
+			srcs = append(srcs, nil)
+		}
+		src := router.Source{Schema: shardmap.SchemaName(idx)}
+		if sh.Mixed {
+			src.Filter = pgshard.SlotPredicate(tree, "", m.SlotRanges(idx))
+		}
+		srcs[g] = append(srcs[g], src)
+	}
+	return nodes, srcs
+}
+
+// writeAllMixed reports whether an UPDATE or DELETE over every shard of
+// m's tree reaches a mixed shard, whose fence must then skip moved rows.
+func writeAllMixed(m *shardmap.Map) bool {
+	for _, idx := range m.OwningShards() {
+		if m.Shards[idx].Mixed {
+			return true
+		}
+	}
+	return false
+}
+
+// planHeld plans a simple Query, holding it while one of its statements
+// would touch frozen slots, and plans it again on the newer view.
+func (s *session) planHeld(ctx context.Context, sql string) ([]*router.Plan, *shardmap.View, error) {
+	plans, v, err := s.plan(ctx, sql)
+	for start := time.Now(); err == nil; {
+		m := frozenPlans(v, plans)
+		if m == nil {
+			break
+		}
+		if err = s.holdFrozen(ctx, m, start, nil); err == nil {
+			plans, v, err = s.plan(ctx, sql)
+		}
+	}
+	return plans, v, err
+}
+
+func frozenPlans(v *shardmap.View, plans []*router.Plan) *shardmap.Map {
+	for _, p := range plans {
+		if m, frozen := frozenTree(v, p, nil, nil); frozen {
+			return m
+		}
+	}
+	return nil
+}
+
+// bindHeld holds a statement at Bind while it would touch frozen slots
+// under v, and returns the view to bind it on; false when it failed (the
+// error is queued) or the batch is being skipped.
+func (s *session) bindHeld(ctx context.Context, st *clientStmt, v *shardmap.View, m *pgproto3.Bind) (*shardmap.View, bool) {
+	for start := time.Now(); ; {
+		fm, frozen := frozenTree(v, st.plan, m, st.oids)
+		if !frozen {
+			return v, true
+		}
+		if err := s.holdFrozen(ctx, fm, start, s.flushBatch); err != nil {
+			s.failExtended(err)
+			return nil, false
+		}
+		if s.skipping {
+			return nil, false // what ran before it failed: skipped up to Sync
+		}
+		var err error
+		if v, err = s.view(ctx); err == nil {
+			err = s.replan(st, v)
+		}
+		if err != nil {
+			s.failExtended(err)
+			return nil, false
+		}
+	}
+}
+
+// skipMoved makes the fences on node's backend skip the rows of moved
+// slots for the rest of the batch's transaction (extended protocol: it
+// lasts until Sync, or to the end of the session's transaction, whose later
+// statements plan on maps at least as new and so never write to moved
+// slots on their old shard). It runs before the parts are bound, so the
+// unnamed portal it uses is not one of theirs.
+func (s *session) skipMoved(ctx context.Context, node string) bool {
+	be, err := s.backend(ctx, node)
+	if err != nil {
+		s.failExtended(err)
+		return false
+	}
+	s.hiddenSQL(be, "SELECT set_config('"+pgshard.SkipMovedSetting+"', 'on', true)", true)
+	return true
+}

@@ -1,0 +1,134 @@
+package proxy
+
+import (
+	"context"
+	"slices"
+
+	"github.com/jackc/pgx/v5/pgproto3"
+
+	"github.com/lattice-db/lattice/pgshard"
+	"github.com/lattice-db/lattice/router"
+	"github.com/lattice-db/lattice/shardmap"
+)
+
+// extRetry is a statement of an extended batch that may be routed again
+// after LT001 (slot moved), as simpleQuery does: a statement for one key,
+// outside a transaction, the only Execute of its batch, so that running it
+// again after the Sync loses nothing else the batch did.
+type extRetry struct {
+	stmt *clientStmt
+	bind *pgproto3.Bind // the client's Bind, copied out of the read buffer
+	step int            // index of its Execute step in the exchange
+}
+
+// copyBind keeps a client's Bind beyond the next read from the client.
+func copyBind(m *pgproto3.Bind) *pgproto3.Bind {
+	b := *m
+	b.ParameterFormatCodes = slices.Clone(m.ParameterFormatCodes)
+	b.ResultFormatCodes = slices.Clone(m.ResultFormatCodes)
+	b.Parameters = make([][]byte, len(m.Parameters))
+	for i, p := range m.Parameters {
+		if p != nil {
+			b.Parameters[i] = slices.Clone(p)
+		}
+	}
+	return &b
+}
+
+// retryable reports whether the Execute of portal about to be queued may be
+// routed again after LT001.
+func (s *session) retryable(portal *clientPortal, m *pgproto3.Execute) bool {
+	p := portal.stmt.plan
+	if p == nil || p.Kind != router.Single || portal.bind == nil || len(portal.parts) != 1 ||
+		portal.split != nil || portal.fan != nil || m.MaxRows != 0 || s.tx.active ||
+		s.extRetry != nil || len(s.x.sentSinceSync) > 0 {
+		return false
+	}
+	for _, st := range s.x.steps {
+		switch st.kind {
+		case stepExecute, stepQuery, stepFanOut, stepCopy:
+			return false // work that a failure would roll back with it
+		}
+	}
+	return true
+}
+
+// retryStale routes the batch's one retryable statement again while it got
+// LT001: the map is refreshed, the statement is bound on the new owner
+// (its BindComplete already reached the client) and executed, and the
+// backend synced. Run by sync after the batch was played.
+func (s *session) retryStale(ctx context.Context) error {
+	r := s.extRetry
+	s.extRetry = nil
+	if r == nil {
+		return nil
+	}
+	for attempt := 1; s.x.stale != nil; attempt++ {
+		s.x.reset()
+		s.finish()
+		if _, err := s.srv.cache.Refresh(ctx, s.tenant); err != nil {
+			s.log.Warn("map refresh after LT001 failed", "err", err)
+		}
+		s.releaseViews()
+		if be := s.rebindStale(ctx, r); be != nil {
+			be.Frontend.SendExecute(&pgproto3.Execute{Portal: r.bind.DestinationPortal})
+			s.x.add(step{kind: stepExecute, be: be, staleRetry: attempt < maxStaleRetries})
+			be.Frontend.Send(&pgproto3.Sync{})
+			s.x.add(step{kind: stepSync, be: be})
+		}
+		s.sendBackends()
+		if err := s.play(&s.x); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// rebindStale binds r on its shard under a fresh view, holding it while
+// its slot is frozen; nil when that failed (the error is queued).
+func (s *session) rebindStale(ctx context.Context, r *extRetry) *pgshard.Conn {
+	v, err := s.view(ctx)
+	if err == nil {
+		err = s.replan(r.stmt, v)
+	}
+	if err != nil {
+		s.fail(err, true)
+		return nil
+	}
+	var ok bool
+	if v, ok = s.bindHeld(ctx, r.stmt, v, r.bind); !ok {
+		return nil
+	}
+	p := r.stmt.plan
+	if p.Kind != router.Single {
+		s.fail(Errorf("XX000", "a statement routed again after its slot moved changed its plan"), true)
+		return nil
+	}
+	sh, err := s.route(v, p, p.Key, r.bind, r.stmt.oids)
+	if err != nil {
+		s.fail(err, true)
+		return nil
+	}
+	part := &clientPortal{stmt: r.stmt}
+	if !s.bindOn(ctx, part, sh.Node, p.Render(shardmap.SchemaName(sh.Index)), r.bind, r.bind.DestinationPortal, true) {
+		return nil
+	}
+	return part.parts[0].be
+}
+
+// keepRetry keeps the batch's retryable statement only when every step
+// queued after its Execute satisfies after; otherwise its LT001 reaches the
+// client like any error.
+func (s *session) keepRetry(after func(step) bool) {
+	r := s.extRetry
+	if r == nil {
+		return
+	}
+	for _, st := range s.x.steps[r.step+1:] {
+		if !after(st) {
+			s.x.steps[r.step].staleRetry = false
+			s.extRetry = nil
+			return
+		}
+	}
+}

@@ -1,0 +1,63 @@
+package router
+
+import "strings"
+
+// Source is one shard a node reads for a statement over several shards:
+// its schema, and a filter (a boolean SQL expression over the tree's
+// unqualified columns, "" for none) that keeps only the rows of the slots
+// the shard owns. A shard that may hold rows of slots it does not own (a
+// fold survivor before the flip, a split source before the release) is read
+// through its filter, so that no row is read twice or from the wrong shard.
+type Source struct {
+	Schema string
+	Filter string
+}
+
+// Schemas is a Source per schema, with no filter.
+func Schemas(schemas ...string) []Source {
+	out := make([]Source, len(schemas))
+	for i, s := range schemas {
+		out[i] = Source{Schema: s}
+	}
+	return out
+}
+
+// from is the FROM item that reads src as the table tree (quoted): the
+// table itself, or the filtered rows of it under the table's own name.
+func (src Source) from(qtree string) string {
+	t := quoteIdent(src.Schema) + "." + qtree
+	if src.Filter == "" {
+		return t
+	}
+	return "(SELECT * FROM " + t + " WHERE " + src.Filter + ")"
+}
+
+// renderSource renders the fan-out branch for src. Without a filter it is
+// render. With one, the tree's reference in FROM becomes a subquery over
+// the filtered rows that keeps the reference's alias, or takes the tree's
+// name when there is none, and the public.tree part of public.tree.col
+// references becomes that name; such references occur only without an
+// alias, as PostgreSQL requires.
+func (r *renderer) renderSource(src Source) string {
+	if src.Filter == "" || r.rel < 0 {
+		return r.render(src.Schema)
+	}
+	var b strings.Builder
+	for i, t := range r.texts {
+		if i == 0 && r.table >= 0 && r.rel == 0 {
+			t = t[:r.table] + "SELECT * FROM" + t[r.table+len("TABLE"):]
+		}
+		b.WriteString(t)
+		switch {
+		case i == len(r.texts)-1:
+		case i == r.rel:
+			b.WriteString(src.from(r.qname))
+			if !r.aliased {
+				b.WriteString(" AS " + r.qname)
+			}
+		default:
+			b.WriteString(r.qname)
+		}
+	}
+	return b.String()
+}

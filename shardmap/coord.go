@@ -1,0 +1,351 @@
+package shardmap
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// MigrationKind says whether a migration splits a shard or folds one away.
+type MigrationKind string
+
+const (
+	Split MigrationKind = "split" // moves some slots of Source to a new shard Target
+	Fold  MigrationKind = "fold"  // moves every slot of Source (the donor) into Target (the survivor)
+)
+
+// MigrationPhase is where a migration is in DESIGN section 5's pipeline.
+type MigrationPhase string
+
+const (
+	PhasePrepare MigrationPhase = "prepare" // recorded; nothing created yet, or being created
+	PhaseCopy    MigrationPhase = "copy"    // shadow copy under the exported snapshot
+	PhaseDrain   MigrationPhase = "drain"   // streaming until the lag is small
+	PhaseFreeze  MigrationPhase = "freeze"  // slots frozen, fence installed, final drain
+	PhaseFlip    MigrationPhase = "flip"    // map points the slots at the target
+	PhaseRelease MigrationPhase = "release" // moved rows, publication and slot removed
+	PhaseDone    MigrationPhase = "done"
+)
+
+// Migration is one split or fold as recorded in the store before anything
+// is created, so that everything it makes can be found after a crash.
+type Migration struct {
+	ID         string         `json:"id"`
+	Tenant     string         `json:"tenant"`
+	Tree       string         `json:"tree"`
+	Kind       MigrationKind  `json:"kind"`
+	Source     int            `json:"source"`
+	SourceNode string         `json:"source_node"`
+	Target     int            `json:"target"`
+	TargetNode string         `json:"target_node"`
+	Slots      [][2]int       `json:"slots"`
+	Phase      MigrationPhase `json:"phase"`
+	Created    time.Time      `json:"created"`
+	Updated    time.Time      `json:"updated"`
+	RowsCopied int64          `json:"rows_copied"`
+	LagBytes   int64          `json:"lag_bytes"`
+	Freezes    int            `json:"freezes"` // freeze attempts, rolled back ones included
+	LastError  string         `json:"last_error,omitempty"`
+}
+
+// Reshard is a tree's persisted reshard intent.
+type Reshard struct {
+	OpID    string    `json:"op_id"`
+	Tenant  string    `json:"tenant"`
+	Tree    string    `json:"tree"`
+	Target  int       `json:"target"`
+	From    int       `json:"from"` // distinct shards when it started
+	Grow    bool      `json:"grow"`
+	Phase   string    `json:"phase"`
+	Started time.Time `json:"started"`
+}
+
+// Coordination is the store's side for migrations and the proxies that must
+// acknowledge them. RedisStore implements it.
+type Coordination interface {
+	// PutMigration creates or replaces a migration record.
+	PutMigration(ctx context.Context, m *Migration) error
+	// Migrations lists a tree's migration records, oldest first.
+	Migrations(ctx context.Context, tenant, tree string) ([]*Migration, error)
+	// DeleteMigration removes a record; a missing one is fine.
+	DeleteMigration(ctx context.Context, tenant, tree, id string) error
+
+	// StartReshard stores r unless the tree has a reshard already, which it
+	// returns instead (r is stored when it returns nil).
+	StartReshard(ctx context.Context, r *Reshard) (*Reshard, error)
+	// Reshard returns the tree's reshard, or ErrNotFound.
+	Reshard(ctx context.Context, tenant, tree string) (*Reshard, error)
+	// FinishReshard removes the reshard if its operation id is opID.
+	FinishReshard(ctx context.Context, tenant, tree, opID string) error
+	// Reshards lists every running reshard of every tenant.
+	Reshards(ctx context.Context) ([]*Reshard, error)
+
+	// AcquireLease takes or renews the lease of a tree's coordinator for
+	// owner; false if another owner holds it.
+	AcquireLease(ctx context.Context, tenant, tree, owner string, ttl time.Duration) (bool, error)
+	// ReleaseLease gives the lease up if owner holds it.
+	ReleaseLease(ctx context.Context, tenant, tree, owner string) error
+
+	// RegisterProxy (re)registers a proxy as live for ttl: its heartbeat.
+	RegisterProxy(ctx context.Context, id string, ttl time.Duration) error
+	// UnregisterProxy removes a proxy that shuts down cleanly.
+	UnregisterProxy(ctx context.Context, id string) error
+	// LiveProxies lists the proxies whose registration has not expired.
+	LiveProxies(ctx context.Context) ([]string, error)
+	// AckEpoch records that proxy routes tree by a map of epoch or later.
+	AckEpoch(ctx context.Context, tenant, tree, proxy string, epoch uint64) error
+	// Acks returns each proxy's acknowledged epoch of tree.
+	Acks(ctx context.Context, tenant, tree string) (map[string]uint64, error)
+}
+
+var _ Coordination = (*RedisStore)(nil)
+
+// More keys of the RedisStore:
+//
+//	P:{T}:migs:<tree>     hash: migration id -> Migration JSON
+//	P:{T}:reshard:<tree>  string: Reshard JSON
+//	P:{T}:lease:<tree>    string: coordinator owner, with an expiry
+//	P:{T}:acks:<tree>     hash: proxy id -> acknowledged epoch
+//	P:proxies             sorted set: proxy id scored by lease expiry (unix ms)
+//	P:reshards            set: "tenant/tree" of every running reshard, so a
+//	                      coordinator finds them without scanning keys
+func (s *RedisStore) migsKey(tenant, tree string) string {
+	return s.tenantTag(tenant) + ":migs:" + tree
+}
+func (s *RedisStore) reshardKey(tenant, tree string) string {
+	return s.tenantTag(tenant) + ":reshard:" + tree
+}
+func (s *RedisStore) leaseKey(tenant, tree string) string {
+	return s.tenantTag(tenant) + ":lease:" + tree
+}
+func (s *RedisStore) acksKey(tenant, tree string) string {
+	return s.tenantTag(tenant) + ":acks:" + tree
+}
+func (s *RedisStore) proxiesKey() string  { return s.prefix + ":proxies" }
+func (s *RedisStore) reshardsKey() string { return s.prefix + ":reshards" }
+
+// reshardMember names a tree in the reshards set; a tenant name cannot
+// contain '/', a tree name can, so the first '/' separates them.
+func reshardMember(tenant, tree string) string { return tenant + "/" + tree }
+
+var (
+	// KEYS: lease. ARGV: owner, ttl ms. Returns 1 when owner holds the lease.
+	leaseScript = redis.NewScript(`
+local cur = redis.call('GET', KEYS[1])
+if cur and cur ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return 1`)
+
+	// KEYS: lease. ARGV: owner.
+	releaseScript = redis.NewScript(`
+if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
+return 1`)
+
+	// KEYS: reshard. ARGV: op id. Deletes only the operation named.
+	finishReshardScript = redis.NewScript(`
+local cur = redis.call('GET', KEYS[1])
+if not cur then return 0 end
+if cjson.decode(cur)['op_id'] ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[1])
+return 1`)
+
+	// KEYS: acks. ARGV: proxy, epoch. Acknowledgements only move forward.
+	ackScript = redis.NewScript(`
+local cur = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '0')
+if tonumber(ARGV[2]) > cur then redis.call('HSET', KEYS[1], ARGV[1], ARGV[2]) end
+return 1`)
+)
+
+// PutMigration implements Coordination.
+func (s *RedisStore) PutMigration(ctx context.Context, m *Migration) error {
+	b, err := json.Marshal(m)
+	if err != nil {
+		return err
+	}
+	if err := s.client.HSet(ctx, s.migsKey(m.Tenant, m.Tree), m.ID, b).Err(); err != nil {
+		return fmt.Errorf("shardmap: write migration %s: %w", m.ID, err)
+	}
+	return nil
+}
+
+// Migrations implements Coordination.
+func (s *RedisStore) Migrations(ctx context.Context, tenant, tree string) ([]*Migration, error) {
+	vals, err := s.client.HGetAll(ctx, s.migsKey(tenant, tree)).Result()
+	if err != nil {
+		return nil, fmt.Errorf("shardmap: read migrations of %s/%s: %w", tenant, tree, err)
+	}
+	out := make([]*Migration, 0, len(vals))
+	for id, v := range vals {
+		m := new(Migration)
+		if err := json.Unmarshal([]byte(v), m); err != nil {
+			return nil, fmt.Errorf("shardmap: decode migration %s: %w", id, err)
+		}
+		out = append(out, m)
+	}
+	slices.SortFunc(out, func(a, b *Migration) int {
+		if c := a.Created.Compare(b.Created); c != 0 {
+			return c
+		}
+		return strings.Compare(a.ID, b.ID)
+	})
+	return out, nil
+}
+
+// DeleteMigration implements Coordination.
+func (s *RedisStore) DeleteMigration(ctx context.Context, tenant, tree, id string) error {
+	if err := s.client.HDel(ctx, s.migsKey(tenant, tree), id).Err(); err != nil {
+		return fmt.Errorf("shardmap: delete migration %s: %w", id, err)
+	}
+	return nil
+}
+
+// StartReshard implements Coordination.
+func (s *RedisStore) StartReshard(ctx context.Context, r *Reshard) (*Reshard, error) {
+	b, err := json.Marshal(r)
+	if err != nil {
+		return nil, err
+	}
+	// The set entry comes first: an entry without an intent is dropped by
+	// Reshards, an intent without an entry would never be found.
+	if err := s.client.SAdd(ctx, s.reshardsKey(), reshardMember(r.Tenant, r.Tree)).Err(); err != nil {
+		return nil, fmt.Errorf("shardmap: write reshard of %s/%s: %w", r.Tenant, r.Tree, err)
+	}
+	ok, err := s.client.SetNX(ctx, s.reshardKey(r.Tenant, r.Tree), b, 0).Result()
+	if err != nil {
+		return nil, fmt.Errorf("shardmap: write reshard of %s/%s: %w", r.Tenant, r.Tree, err)
+	}
+	if ok {
+		return nil, nil
+	}
+	cur, err := s.Reshard(ctx, r.Tenant, r.Tree)
+	if errors.Is(err, ErrNotFound) {
+		// Finished between the two calls: try once more.
+		return s.StartReshard(ctx, r)
+	}
+	return cur, err
+}
+
+// Reshard implements Coordination.
+func (s *RedisStore) Reshard(ctx context.Context, tenant, tree string) (*Reshard, error) {
+	v, err := s.client.Get(ctx, s.reshardKey(tenant, tree)).Result()
+	if errors.Is(err, redis.Nil) {
+		return nil, fmt.Errorf("shardmap: reshard of %s/%s: %w", tenant, tree, ErrNotFound)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("shardmap: read reshard of %s/%s: %w", tenant, tree, err)
+	}
+	r := new(Reshard)
+	if err := json.Unmarshal([]byte(v), r); err != nil {
+		return nil, fmt.Errorf("shardmap: decode reshard of %s/%s: %w", tenant, tree, err)
+	}
+	return r, nil
+}
+
+// FinishReshard implements Coordination.
+func (s *RedisStore) FinishReshard(ctx context.Context, tenant, tree, opID string) error {
+	n, err := finishReshardScript.Run(ctx, s.client, []string{s.reshardKey(tenant, tree)}, opID).Int()
+	if err != nil {
+		return fmt.Errorf("shardmap: finish reshard of %s/%s: %w", tenant, tree, err)
+	}
+	if n == 1 {
+		return s.client.SRem(ctx, s.reshardsKey(), reshardMember(tenant, tree)).Err()
+	}
+	return nil
+}
+
+// Reshards implements Coordination.
+func (s *RedisStore) Reshards(ctx context.Context) ([]*Reshard, error) {
+	members, err := s.client.SMembers(ctx, s.reshardsKey()).Result()
+	if err != nil {
+		return nil, fmt.Errorf("shardmap: list reshards: %w", err)
+	}
+	slices.Sort(members)
+	var out []*Reshard
+	for _, mem := range members {
+		tenant, tree, ok := strings.Cut(mem, "/")
+		if !ok {
+			continue
+		}
+		r, err := s.Reshard(ctx, tenant, tree)
+		if errors.Is(err, ErrNotFound) {
+			s.client.SRem(ctx, s.reshardsKey(), mem)
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+// AcquireLease implements Coordination.
+func (s *RedisStore) AcquireLease(ctx context.Context, tenant, tree, owner string, ttl time.Duration) (bool, error) {
+	n, err := leaseScript.Run(ctx, s.client, []string{s.leaseKey(tenant, tree)}, owner, ttl.Milliseconds()).Int()
+	if err != nil {
+		return false, fmt.Errorf("shardmap: lease of %s/%s: %w", tenant, tree, err)
+	}
+	return n == 1, nil
+}
+
+// ReleaseLease implements Coordination.
+func (s *RedisStore) ReleaseLease(ctx context.Context, tenant, tree, owner string) error {
+	return releaseScript.Run(ctx, s.client, []string{s.leaseKey(tenant, tree)}, owner).Err()
+}
+
+// RegisterProxy implements Coordination.
+func (s *RedisStore) RegisterProxy(ctx context.Context, id string, ttl time.Duration) error {
+	exp := time.Now().Add(ttl).UnixMilli()
+	if err := s.client.ZAdd(ctx, s.proxiesKey(), redis.Z{Score: float64(exp), Member: id}).Err(); err != nil {
+		return fmt.Errorf("shardmap: register proxy %s: %w", id, err)
+	}
+	return nil
+}
+
+// UnregisterProxy implements Coordination.
+func (s *RedisStore) UnregisterProxy(ctx context.Context, id string) error {
+	return s.client.ZRem(ctx, s.proxiesKey(), id).Err()
+}
+
+// LiveProxies implements Coordination. Expired entries are removed on the
+// way, so the set does not grow with every proxy that ever ran.
+func (s *RedisStore) LiveProxies(ctx context.Context) ([]string, error) {
+	now := strconv.FormatInt(time.Now().UnixMilli(), 10)
+	if err := s.client.ZRemRangeByScore(ctx, s.proxiesKey(), "-inf", "("+now).Err(); err != nil {
+		return nil, fmt.Errorf("shardmap: live proxies: %w", err)
+	}
+	ids, err := s.client.ZRangeByScore(ctx, s.proxiesKey(), &redis.ZRangeBy{Min: now, Max: "+inf"}).Result()
+	if err != nil {
+		return nil, fmt.Errorf("shardmap: live proxies: %w", err)
+	}
+	return ids, nil
+}
+
+// AckEpoch implements Coordination.
+func (s *RedisStore) AckEpoch(ctx context.Context, tenant, tree, proxy string, epoch uint64) error {
+	return ackScript.Run(ctx, s.client, []string{s.acksKey(tenant, tree)}, proxy, strconv.FormatUint(epoch, 10)).Err()
+}
+
+// Acks implements Coordination.
+func (s *RedisStore) Acks(ctx context.Context, tenant, tree string) (map[string]uint64, error) {
+	vals, err := s.client.HGetAll(ctx, s.acksKey(tenant, tree)).Result()
+	if err != nil {
+		return nil, fmt.Errorf("shardmap: acks of %s/%s: %w", tenant, tree, err)
+	}
+	out := make(map[string]uint64, len(vals))
+	for p, v := range vals {
+		e, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("shardmap: ack of %s: %w", p, err)
+		}
+		out[p] = e
+	}
+	return out, nil
+}

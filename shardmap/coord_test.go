@@ -1,0 +1,162 @@
+package shardmap
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"testing"
+	"time"
+)
+
+func TestMigrationRecords(t *testing.T) {
+	s, _ := newTestStore(t)
+	ctx := context.Background()
+	base := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	for i, id := range []string{"b", "a", "c"} {
+		m := &Migration{ID: id, Tenant: "t", Tree: "x", Kind: Split, Source: i, Target: 10 + i,
+			Slots: [][2]int{{0, 7}}, Phase: PhasePrepare, Created: base.Add(time.Duration(i) * time.Second)}
+		if err := s.PutMigration(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m := &Migration{ID: "a", Tenant: "t", Tree: "x", Kind: Split, Source: 1, Target: 11, Phase: PhaseDrain, Created: base.Add(time.Second)}
+	if err := s.PutMigration(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.Migrations(ctx, "t", "x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, g := range got {
+		ids = append(ids, g.ID)
+	}
+	if !slices.Equal(ids, []string{"b", "a", "c"}) || got[1].Phase != PhaseDrain {
+		t.Fatalf("got %v (phase of a %s), want b a c oldest first with a in drain", ids, got[1].Phase)
+	}
+	if other, _ := s.Migrations(ctx, "t", "y"); len(other) != 0 {
+		t.Fatalf("another tree sees %d migrations", len(other))
+	}
+	if err := s.DeleteMigration(ctx, "t", "x", "a"); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := s.Migrations(ctx, "t", "x"); len(got) != 2 {
+		t.Fatalf("after delete: %d records", len(got))
+	}
+}
+
+func TestReshardIntent(t *testing.T) {
+	s, _ := newTestStore(t)
+	ctx := context.Background()
+	if _, err := s.Reshard(ctx, "t", "x"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("no reshard: got %v", err)
+	}
+	r := &Reshard{OpID: "op1", Tenant: "t", Tree: "x", Target: 16}
+	if cur, err := s.StartReshard(ctx, r); err != nil || cur != nil {
+		t.Fatalf("first start: %v %v", cur, err)
+	}
+	cur, err := s.StartReshard(ctx, &Reshard{OpID: "op2", Tenant: "t", Tree: "x", Target: 8})
+	if err != nil || cur == nil || cur.OpID != "op1" || cur.Target != 16 {
+		t.Fatalf("second start: got %+v %v, want the running op1", cur, err)
+	}
+	if all, err := s.Reshards(ctx); err != nil || len(all) != 1 || all[0].OpID != "op1" {
+		t.Fatalf("Reshards: %v %v", all, err)
+	}
+	if err := s.FinishReshard(ctx, "t", "x", "op2"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Reshard(ctx, "t", "x"); err != nil {
+		t.Fatalf("finishing another op removed the reshard: %v", err)
+	}
+	if err := s.FinishReshard(ctx, "t", "x", "op1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Reshard(ctx, "t", "x"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("after finish: %v", err)
+	}
+	if all, err := s.Reshards(ctx); err != nil || len(all) != 0 {
+		t.Fatalf("Reshards after finish: %v %v", all, err)
+	}
+}
+
+func TestLease(t *testing.T) {
+	s, mr := newTestStore(t)
+	ctx := context.Background()
+	steps := []struct {
+		owner string
+		want  bool
+	}{{"p1", true}, {"p2", false}, {"p1", true}}
+	for _, st := range steps {
+		got, err := s.AcquireLease(ctx, "t", "x", st.owner, time.Minute)
+		if err != nil || got != st.want {
+			t.Fatalf("%s: got %v %v, want %v", st.owner, got, err, st.want)
+		}
+	}
+	mr.FastForward(61 * time.Second)
+	if got, _ := s.AcquireLease(ctx, "t", "x", "p2", time.Minute); !got {
+		t.Fatal("an expired lease was not taken over")
+	}
+	if err := s.ReleaseLease(ctx, "t", "x", "p1"); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := s.AcquireLease(ctx, "t", "x", "p1", time.Minute); got {
+		t.Fatal("a release by a former owner freed the lease")
+	}
+	if err := s.ReleaseLease(ctx, "t", "x", "p2"); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := s.AcquireLease(ctx, "t", "x", "p1", time.Minute); !got {
+		t.Fatal("a released lease could not be taken")
+	}
+}
+
+func TestProxyRegistryAndAcks(t *testing.T) {
+	s, _ := newTestStore(t)
+	ctx := context.Background()
+	if err := s.RegisterProxy(ctx, "p1", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.RegisterProxy(ctx, "p2", -time.Second); err != nil { // already expired
+		t.Fatal(err)
+	}
+	live, err := s.LiveProxies(ctx)
+	if err != nil || !slices.Equal(live, []string{"p1"}) {
+		t.Fatalf("live: %v %v", live, err)
+	}
+	for _, e := range []uint64{3, 5, 4} {
+		if err := s.AckEpoch(ctx, "t", "x", "p1", e); err != nil {
+			t.Fatal(err)
+		}
+	}
+	acks, err := s.Acks(ctx, "t", "x")
+	if err != nil || acks["p1"] != 5 || len(acks) != 1 {
+		t.Fatalf("acks: %v %v, want p1 at 5 (never backwards)", acks, err)
+	}
+	if err := s.UnregisterProxy(ctx, "p1"); err != nil {
+		t.Fatal(err)
+	}
+	if live, _ := s.LiveProxies(ctx); len(live) != 0 {
+		t.Fatalf("after unregister: %v", live)
+	}
+}
+
+func TestDeleteTreeClearsCoordination(t *testing.T) {
+	s, _ := newTestStore(t)
+	ctx := context.Background()
+	mustCreate(t, s, "t", "x")
+	if err := s.PutMigration(ctx, &Migration{ID: "m", Tenant: "t", Tree: "x"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.StartReshard(ctx, &Reshard{OpID: "o", Tenant: "t", Tree: "x", Target: 8}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.DeleteTree(ctx, "t", "x"); err != nil {
+		t.Fatal(err)
+	}
+	if m, _ := s.Migrations(ctx, "t", "x"); len(m) != 0 {
+		t.Fatalf("%d migration records outlived the tree", len(m))
+	}
+	if _, err := s.Reshard(ctx, "t", "x"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("the reshard outlived the tree: %v", err)
+	}
+}
