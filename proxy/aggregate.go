@@ -84,45 +84,25 @@ func queryOIDs(used []int, oids []uint32, bind *pgproto3.Bind) []uint32 {
 func (s *session) startAggFanOut(ctx context.Context, p *router.Plan, nodes []string, schemas [][]router.Source, bind *pgproto3.Bind, portal *clientPortal) *fanOut {
 	extended := bind != nil
 	f := &fanOut{plan: p, limit: -1, simple: !extended, agg: &aggState{ctx: ctx}}
-	var partialBind pgproto3.Bind
-	var queries []string // simple protocol: each node's partial query
+	var partial *pgproto3.Bind // nil in the simple protocol
 	if extended {
 		f.agg.params, f.agg.formats, f.agg.oids, f.agg.results = bind.Parameters, bind.ParameterFormatCodes, portal.stmt.oids, bind.ResultFormatCodes
 		// Partial rows come back as text: they become text parameters of
 		// the final query.
-		partialBind = *bind
-		partialBind.ResultFormatCodes = nil
+		b := *bind
+		b.ResultFormatCodes = nil
+		partial = &b
 	}
-	for i, node := range nodes {
-		sql := p.RenderPartial(schemas[i])
-		if extended {
-			name := bind.DestinationPortal
-			if i > 0 {
-				name = "lattice_part_" + strconv.Itoa(i) + "_" + bind.DestinationPortal
-			}
-			part := &clientPortal{stmt: &clientStmt{sql: sql, oids: queryOIDs(p.Agg.PartialParams, portal.stmt.oids, bind)}}
-			if !s.bindOn(ctx, part, node, sql, &partialBind, name, i > 0) {
-				return nil
-			}
-			portal.parts = append(portal.parts, part.parts...)
-			f.parts = append(f.parts, &fanPart{be: part.parts[0].be})
-			continue
-		}
-		be, err := s.backend(ctx, node)
-		if err != nil {
-			s.fail(err, false)
-			return nil
-		}
-		queries = append(queries, sql)
-		f.parts = append(f.parts, &fanPart{be: be})
+	sqls := make([]string, len(nodes))
+	for i := range nodes {
+		sqls[i] = p.RenderPartial(schemas[i])
 	}
-	if !extended {
-		// Sent only once every node's backend is at hand: a Query sent
-		// before a later node is refused would have no step to read it.
-		for i, part := range f.parts {
-			part.be.Frontend.Send(&pgproto3.Query{String: queries[i]})
-		}
-		s.x.add(step{kind: stepFanOut, fan: f})
+	var partOIDs []uint32
+	if extended {
+		partOIDs = queryOIDs(p.Agg.PartialParams, portal.stmt.oids, bind)
+	}
+	if !s.sendParts(ctx, f, nodes, sqls, partial, portal, partOIDs) {
+		return nil
 	}
 	return f
 }

@@ -107,7 +107,6 @@ func (s *session) startFanOut(ctx context.Context, v *shardmap.View, p *router.P
 		oids = portal.stmt.oids
 	}
 	nodes, schemas := nodeSources(m, keyShards(m, p, bind, oids), p.Tree)
-	var queries []string // simple protocol: each node's statement
 	if p.Agg != nil {
 		return s.startAggFanOut(ctx, p, nodes, schemas, bind, portal)
 	}
@@ -124,38 +123,18 @@ func (s *session) startFanOut(ctx context.Context, v *shardmap.View, p *router.P
 		b.ResultFormatCodes = append(append([]int16(nil), bind.ResultFormatCodes...), make([]int16, p.Hidden)...)
 		bind = &b
 	}
-	for i, node := range nodes {
-		sql := p.RenderFanOut(schemas[i], perNode)
-		if extended {
-			name := bind.DestinationPortal
-			if i > 0 {
-				name = "lattice_part_" + strconv.Itoa(i) + "_" + bind.DestinationPortal
-			}
-			// LIMIT and OFFSET are applied by the proxy: their parameters
-			// vanish from the node's statement, which must still take them.
-			part := &clientPortal{stmt: &clientStmt{sql: sql, oids: limitParamOIDs(p, oids, len(bind.Parameters))}}
-			if !s.bindOn(ctx, part, node, sql, bind, name, i > 0) {
-				return nil
-			}
-			portal.parts = append(portal.parts, part.parts...)
-			f.parts = append(f.parts, &fanPart{be: part.parts[0].be})
-			continue
-		}
-		be, err := s.backend(ctx, node)
-		if err != nil {
-			s.fail(err, false)
-			return nil
-		}
-		queries = append(queries, sql)
-		f.parts = append(f.parts, &fanPart{be: be})
+	sqls := make([]string, len(nodes))
+	for i := range nodes {
+		sqls[i] = p.RenderFanOut(schemas[i], perNode)
 	}
-	if !extended {
-		// Sent only once every node's backend is at hand: a Query sent
-		// before a later node is refused would have no step to read it.
-		for i, part := range f.parts {
-			part.be.Frontend.Send(&pgproto3.Query{String: queries[i]})
-		}
-		s.x.add(step{kind: stepFanOut, fan: f})
+	var partOIDs []uint32
+	if extended {
+		// LIMIT and OFFSET are applied by the proxy: their parameters
+		// vanish from the node's statement, which must still take them.
+		partOIDs = limitParamOIDs(p, oids, len(bind.Parameters))
+	}
+	if !s.sendParts(ctx, f, nodes, sqls, bind, portal, partOIDs) {
+		return nil
 	}
 	return f
 }
@@ -623,4 +602,40 @@ func cmpInt(a, b int64) int {
 		return 1
 	}
 	return 0
+}
+
+// sendParts sends each node its part of a fan-out: with bind nil as a simple
+// Query, sent only once every node's backend is at hand (a Query sent before
+// a later node is refused would have no step to read it); otherwise bound
+// with the client's parameters as a portal part, executed at Execute.
+// partOIDs are the parameter types of every part's statement.
+func (s *session) sendParts(ctx context.Context, f *fanOut, nodes, sqls []string, bind *pgproto3.Bind, portal *clientPortal, partOIDs []uint32) bool {
+	for i, node := range nodes {
+		if bind != nil {
+			name := bind.DestinationPortal
+			if i > 0 {
+				name = "lattice_part_" + strconv.Itoa(i) + "_" + bind.DestinationPortal
+			}
+			part := &clientPortal{stmt: &clientStmt{sql: sqls[i], oids: partOIDs}}
+			if !s.bindOn(ctx, part, node, sqls[i], bind, name, i > 0) {
+				return false
+			}
+			portal.parts = append(portal.parts, part.parts...)
+			f.parts = append(f.parts, &fanPart{be: part.parts[0].be})
+			continue
+		}
+		be, err := s.backend(ctx, node)
+		if err != nil {
+			s.fail(err, false)
+			return false
+		}
+		f.parts = append(f.parts, &fanPart{be: be})
+	}
+	if bind == nil {
+		for i, part := range f.parts {
+			part.be.Frontend.Send(&pgproto3.Query{String: sqls[i]})
+		}
+		s.x.add(step{kind: stepFanOut, fan: f})
+	}
+	return true
 }
