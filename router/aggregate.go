@@ -537,14 +537,8 @@ func unsupportedNode(nodes []*pg.Node) string {
 				bad = "a window function"
 				return
 			}
-		case *pg.GroupingFunc:
-			bad = "GROUPING()"
-			return
-		case *pg.JsonArrayAgg:
-			bad = "JSON_ARRAYAGG()"
-			return
-		case *pg.JsonObjectAgg:
-			bad = "JSON_OBJECTAGG()"
+		}
+		if bad = aggregateSyntax(m); bad != "" {
 			return
 		}
 		eachChild(m, visit)

@@ -383,6 +383,20 @@ var aggregateNames = map[string]bool{
 	"percent_rank": true, "cume_dist": true, "grouping": true,
 }
 
+// aggregateSyntax names the node if it is an aggregate written with its
+// own syntax rather than as a function call, else "".
+func aggregateSyntax(m protoreflect.Message) string {
+	switch m.Interface().(type) {
+	case *pg.GroupingFunc:
+		return "GROUPING()"
+	case *pg.JsonArrayAgg:
+		return "JSON_ARRAYAGG()"
+	case *pg.JsonObjectAgg:
+		return "JSON_OBJECTAGG()"
+	}
+	return ""
+}
+
 // aggregates finds, anywhere in nodes (subqueries included), a call of an
 // aggregate (by name or by aggregate-only syntax) and any window function.
 func aggregates(nodes []*pg.Node) (agg string, window bool) {
@@ -404,14 +418,8 @@ func aggregates(nodes []*pg.Node) (agg string, window bool) {
 				agg = name + "()"
 				return
 			}
-		case *pg.GroupingFunc:
-			agg = "GROUPING()"
-			return
-		case *pg.JsonArrayAgg:
-			agg = "JSON_ARRAYAGG()"
-			return
-		case *pg.JsonObjectAgg:
-			agg = "JSON_OBJECTAGG()"
+		}
+		if agg = aggregateSyntax(m); agg != "" {
 			return
 		}
 		eachChild(m, visit)
