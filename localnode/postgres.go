@@ -38,6 +38,8 @@ type PostgresOptions struct {
 	// StartTimeout bounds each wait for the server to accept connections
 	// (default 90s); a context deadline that comes first wins.
 	StartTimeout time.Duration
+	// TLSCert and TLSKey (PEM), when set, turn ssl on with this certificate.
+	TLSCert, TLSKey []byte
 }
 
 // Postgres is a running (or stopped) local PostgreSQL server.
@@ -72,6 +74,11 @@ func (p *Postgres) settings() map[string]string {
 	}
 	if p.opts.Fast {
 		s["fsync"] = "off"
+	}
+	if p.opts.TLSCert != nil {
+		s["ssl"] = "on"
+		s["ssl_cert_file"] = filepath.Join(p.Dir, "lattice-server.crt")
+		s["ssl_key_file"] = filepath.Join(p.Dir, "lattice-server.key")
 	}
 	for k, v := range p.opts.Settings {
 		s[k] = v
@@ -222,6 +229,15 @@ func (p *Postgres) writeConf() error {
 		keys = append(keys, k)
 	}
 	sort.Strings(keys)
+	if p.opts.TLSCert != nil {
+		// PostgreSQL wants the key owned by the server's user, mode 0600.
+		if err := p.writeOwned(s["ssl_cert_file"], string(p.opts.TLSCert)); err != nil {
+			return err
+		}
+		if err := p.writeOwned(s["ssl_key_file"], string(p.opts.TLSKey)); err != nil {
+			return err
+		}
+	}
 	var b strings.Builder
 	b.WriteString("# written by lattice localnode\n")
 	for _, k := range keys {

@@ -138,7 +138,7 @@ func (s *Server) serveConn(ctx context.Context, conn net.Conn) {
 	defer s.clients.Add(-1)
 
 	sess := &session{
-		srv: s, conn: conn, client: st.Backend,
+		srv: s, conn: st.Conn, client: st.Backend,
 		user: st.User, tenant: st.Database,
 		stmts: map[string]*clientStmt{}, portals: map[string]*clientPortal{},
 	}

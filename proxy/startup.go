@@ -3,6 +3,7 @@ package proxy
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -39,6 +40,11 @@ type StartupConfig struct {
 	StartupTimeout time.Duration // to finish startup and authentication; 0: DefaultStartupTimeout
 	MaxMessageSize int           // bound on each client message after startup; 0: DefaultMaxMessageSize
 	ServerVersion  string        // for the caller's ParameterStatus server_version; Handshake does not send it
+	// TLS, when set, is offered to a client that sends SSLRequest; nil
+	// answers it 'N' and the client goes on in plain text or gives up.
+	TLS *tls.Config
+	// TLSRequired refuses a client that starts without TLS (28000).
+	TLSRequired bool
 }
 
 // Startup is a client connection that has completed startup and
@@ -46,7 +52,10 @@ type StartupConfig struct {
 type Startup struct {
 	// Backend reads the client's messages, bounded by MaxMessageSize, and
 	// writes to it.
-	Backend  *pgproto3.Backend
+	Backend *pgproto3.Backend
+	// Conn is the connection Backend uses: a *tls.Conn over the accepted
+	// one when the client asked for TLS.
+	Conn     net.Conn
 	User     string
 	Database string // the tenant; the user name when the client gave none
 	// Params holds every other startup parameter (application_name,
@@ -64,8 +73,9 @@ type CancelKey struct {
 	ProcessID, SecretKey uint32
 }
 
-// Handshake runs the start of a client connection: it answers SSLRequest and
-// GSSENCRequest with 'N' (no encryption), reads the StartupMessage, speaks
+// Handshake runs the start of a client connection: it answers SSLRequest
+// with 'S' and a TLS handshake when cfg.TLS is set, else with 'N', and
+// GSSENCRequest with 'N', reads the StartupMessage, speaks
 // protocol 3.0 (a client asking for a newer 3.x gets NegotiateProtocolVersion
 // and goes on in 3.0), authenticates the user (trust when cfg.Users is nil,
 // else SCRAM-SHA-256), checks the user is granted the database, and sends
@@ -74,7 +84,8 @@ type CancelKey struct {
 //
 // On failure it sends the client an ErrorResponse with PostgreSQL's SQLSTATE
 // (28P01 for a wrong password or unknown user alike, 28000 for a database not
-// granted, 08P01 for a malformed or oversized message, 0A000 for an
+// granted or a plain connection under TLSRequired, 08P01 for a malformed or
+// oversized message, 0A000 for an
 // unsupported protocol or a replication connection) and returns an error
 // holding that *Error (see AsError); the caller closes conn. The error
 // matches io.EOF when the client sent nothing at all (a port probe), and
@@ -92,13 +103,14 @@ func Handshake(ctx context.Context, conn net.Conn, cfg StartupConfig) (*Startup,
 	}
 	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Unix(1, 0)) })
 
-	b := pgproto3.NewBackend(conn, conn)
-	s, err := handshake(conn, b, cfg)
+	c := &startupConn{conn: conn}
+	s, err := handshake(c, cfg)
 	if !stop() {
 		return nil, fmt.Errorf("startup abandoned: %w", context.Cause(ctx))
 	}
 	if err != nil {
 		if e := (*Error)(nil); errors.As(err, &e) {
+			b := c.backend()
 			b.Send(e.Response())
 			b.Flush() // the client may be gone; the error to return is err
 		}
@@ -113,24 +125,61 @@ func Handshake(ctx context.Context, conn net.Conn, cfg StartupConfig) (*Startup,
 	return s, nil
 }
 
-func handshake(conn net.Conn, b *pgproto3.Backend, cfg StartupConfig) (*Startup, error) {
+// startupConn is the client connection during startup: plain, then TLS
+// once the client asked for it; its Backend is made on first use, so that
+// nothing is read ahead of a TLS handshake.
+type startupConn struct {
+	conn    net.Conn
+	b       *pgproto3.Backend
+	secured bool
+}
+
+func (c *startupConn) backend() *pgproto3.Backend {
+	if c.b == nil {
+		c.b = pgproto3.NewBackend(c.conn, c.conn)
+	}
+	return c.b
+}
+
+// startTLS answers an SSLRequest with 'S' and runs the TLS handshake.
+func (c *startupConn) startTLS(cfg *tls.Config) error {
+	if _, err := c.conn.Write([]byte{'S'}); err != nil {
+		return err
+	}
+	tc := tls.Server(c.conn, cfg)
+	// The deadline set on the accepted connection bounds the handshake.
+	if err := tc.Handshake(); err != nil {
+		return fmt.Errorf("TLS handshake: %w", err)
+	}
+	c.conn, c.secured = tc, true
+	return nil
+}
+
+func handshake(c *startupConn, cfg StartupConfig) (*Startup, error) {
 	asked := make(map[uint32]bool) // encryption requests, each allowed once
 	for {
-		// Read from conn, not b: b buffers, and nothing the client sends
-		// before a future TLS handshake may be read ahead of it.
-		pkt, err := readStartupPacket(conn)
+		// Read from the connection, not a Backend: a Backend buffers, and
+		// nothing the client sends after an SSLRequest may be read ahead
+		// of the TLS handshake.
+		pkt, err := readStartupPacket(c.conn)
 		if err != nil {
 			return nil, err
 		}
 		switch code := binary.BigEndian.Uint32(pkt); code {
 		case sslRequestCode, gssEncRequestCode:
-			if asked[code] || len(pkt) != 4 {
+			if asked[code] || len(pkt) != 4 || c.secured {
 				return nil, fatalf("08P01", "invalid encryption request")
 			}
 			asked[code] = true
-			// No TLS or GSSAPI encryption is offered: the client goes on in
-			// plain text or gives up, as its sslmode says.
-			if _, err := conn.Write([]byte{'N'}); err != nil {
+			if code == sslRequestCode && cfg.TLS != nil {
+				if err := c.startTLS(cfg.TLS); err != nil {
+					return nil, err
+				}
+				continue
+			}
+			// No GSSAPI encryption, nor TLS without a certificate: the
+			// client goes on in plain text or gives up, as its sslmode says.
+			if _, err := c.conn.Write([]byte{'N'}); err != nil {
 				return nil, err
 			}
 		case cancelRequestCode:
@@ -143,7 +192,16 @@ func handshake(conn net.Conn, b *pgproto3.Backend, cfg StartupConfig) (*Startup,
 				SecretKey: binary.BigEndian.Uint32(pkt[8:]),
 			}}, nil
 		default:
-			return startupMessage(b, code, pkt[4:], cfg)
+			if cfg.TLSRequired && !c.secured {
+				e := fatalf("28000", "TLS required: this server accepts only encrypted connections")
+				e.Hint = "Connect with sslmode=require (or verify-full)."
+				return nil, e
+			}
+			s, err := startupMessage(c.backend(), code, pkt[4:], cfg)
+			if s != nil {
+				s.Conn = c.conn
+			}
+			return s, err
 		}
 	}
 }

@@ -89,6 +89,8 @@ func (n *nodeFlags) Set(v string) error {
 // serveConfig is everything `serve` takes.
 type serveConfig struct {
 	Listen, Admin, Redis, UsersFile, LogLevel string
+	TLSCert, TLSKey                           string
+	TLSRequired                               bool
 	Nodes                                     nodeFlags
 	MaxClients, PoolSize, MaxListeners        int
 	StartupTimeout                            time.Duration
@@ -106,6 +108,9 @@ func (c *serveConfig) flags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Redis, "redis", "", "Redis URL for the shard map (redis://host:port/db or redis-sentinel://h1:p,h2:p/master); empty runs an embedded in-process server whose state is lost on exit")
 	fs.Var(&c.Nodes, "node", "a PostgreSQL node as NAME=DSN, repeatable; the first is the catalog node")
 	fs.StringVar(&c.UsersFile, "users-file", "", "SCRAM-SHA-256 users file; without it every user is trusted, which is allowed only on a loopback listener")
+	fs.StringVar(&c.TLSCert, "tls-cert", "", "PEM certificate (chain) offered to clients that ask for TLS; without it SSLRequest is declined")
+	fs.StringVar(&c.TLSKey, "tls-key", "", "PEM private key of --tls-cert")
+	fs.BoolVar(&c.TLSRequired, "tls-required", false, "refuse clients that do not use TLS (SQLSTATE 28000); needs --tls-cert")
 	fs.StringVar(&c.LogLevel, "log-level", "info", "debug, info, warn or error")
 	fs.IntVar(&c.MaxClients, "max-clients", 1000, "most client connections at once")
 	fs.IntVar(&c.PoolSize, "pool-size", 32, "most backend connections per node and tenant")
@@ -190,6 +195,11 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, ready func(pg
 		return fmt.Errorf("listening on %s without --users-file would trust every user: give a users file, or listen on a loopback address", cfg.Listen)
 	}
 
+	tlsConfig, err := clientTLS(cfg.TLSCert, cfg.TLSKey, cfg.TLSRequired)
+	if err != nil {
+		return err
+	}
+
 	redisURL := cfg.Redis
 	if redisURL == "" {
 		url, stopRedis, err := shardmap.StartEmbedded()
@@ -261,7 +271,8 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, ready func(pg
 	}
 
 	srv := proxy.NewServer(proxy.Config{
-		Startup:     proxy.StartupConfig{Users: users, StartupTimeout: cfg.StartupTimeout},
+		Startup: proxy.StartupConfig{Users: users, StartupTimeout: cfg.StartupTimeout,
+			TLS: tlsConfig, TLSRequired: cfg.TLSRequired},
 		MaxClients:  cfg.MaxClients,
 		CatalogNode: cluster.Catalog().Name,
 		Aggregates:  cluster.Aggregates,
