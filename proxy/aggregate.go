@@ -23,8 +23,8 @@ import (
 // the statement runs there whole and there is no final step.
 
 // Bounds on the partial rows the proxy holds for a VALUES list in the final
-// query (a protocol message carries at most 65535 parameters); more go
-// through a temporary table.
+// query (a protocol message carries at most 65535 parameters); more, or more
+// than Config.MaxMergeMemory, go through a temporary table.
 const (
 	maxFinalParams = 65535
 	maxFinalBytes  = 16 << 20
@@ -152,7 +152,7 @@ func (f *fanOut) playAgg(s *session, x *exchange) error {
 				size += len(v)
 			}
 			values = append(values, row...)
-			if base+len(values) > maxFinalParams || size > maxFinalBytes {
+			if base+len(values) > maxFinalParams || int64(size) > min(maxFinalBytes, s.srv.cfg.MaxMergeMemory) {
 				if cp = s.beginCopy(f, x); cp == nil {
 					values = nil
 					continue
@@ -457,7 +457,7 @@ func (s *session) runFinal(f *fanOut, x *exchange, be *pgshard.Conn, pending int
 		case *pgproto3.ErrorResponse:
 			if !x.errored {
 				x.errored = true
-				s.send(m)
+				s.send(f.stop.explain(m))
 			}
 		case *pgproto3.BindComplete:
 			if phase == before {

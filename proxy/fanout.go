@@ -29,6 +29,8 @@ type fanOut struct {
 	// needed to decode sort keys.
 	fields []pgproto3.FieldDescription
 	agg    *aggState // an aggregating fan-out: partial rows feed a final query
+	stop   stopper   // statement_timeout and the memory bound
+	held   int64     // bytes of the rows the k-way merge holds, one per part
 }
 
 type fanPart struct {
@@ -216,6 +218,8 @@ func limitValue(v *router.Value, bind *pgproto3.Bind, oids []uint32, what, code 
 
 // play merges the parts' results and forwards them to the client.
 func (f *fanOut) play(s *session, x *exchange) error {
+	s.armTimeout(f)
+	defer f.stop.disarm()
 	if f.agg != nil {
 		return f.playAgg(s, x)
 	}
@@ -292,8 +296,15 @@ func (f *fanOut) advance(s *session, x *exchange, p *fanPart) error {
 	if err != nil || row == nil {
 		return err
 	}
+	f.held += rowSize(row) - rowSize(p.row)
 	p.row = row
 	if x.errored {
+		return nil
+	}
+	if err := s.overMemory(f.held); err != nil {
+		x.errored = true
+		s.send(err.Response())
+		s.stopParts()
 		return nil
 	}
 	if err := f.checkFields(); err != nil {
@@ -350,7 +361,7 @@ func (f *fanOut) next(s *session, x *exchange, p *fanPart, keep bool) ([][]byte,
 			x.failed[p.be] = true
 			if !x.errored {
 				x.errored = true
-				s.send(m)
+				s.send(f.stop.explain(m))
 			}
 			p.done = true
 			return nil, nil

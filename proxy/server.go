@@ -27,6 +27,12 @@ type Config struct {
 	Startup StartupConfig
 	// MaxClients bounds client connections; 0 means 1000.
 	MaxClients int
+	// StatementTimeout is the statement_timeout of sessions that set none
+	// at startup; 0 leaves the nodes' own.
+	StatementTimeout time.Duration
+	// MaxMergeMemory bounds the rows one fan-out statement holds in the
+	// proxy; 0 means DefaultMaxMergeMemory.
+	MaxMergeMemory int64
 	// CatalogNode is the node that holds ordinary tables and tree templates.
 	CatalogNode string
 	// Aggregates tells which of the named functions are aggregates in a
@@ -76,6 +82,9 @@ func NewServer(cfg Config, cache *shardmap.Cache, planner *router.Planner, pools
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
+	}
+	if cfg.MaxMergeMemory <= 0 {
+		cfg.MaxMergeMemory = DefaultMaxMergeMemory
 	}
 	return &Server{
 		cfg: cfg, cache: cache, planner: planner, pools: pools, functions: functions,
@@ -164,6 +173,7 @@ func (s *Server) greet(ctx context.Context, sess *session, st *Startup) error {
 	if err != nil {
 		return err
 	}
+	withStatementTimeout(params, s.cfg.StatementTimeout)
 	be, err := s.pools.Acquire(ctx, s.catalogNode, sess.tenant)
 	if err != nil {
 		return AsError(unwrapPg(err))

@@ -93,7 +93,8 @@ type serveConfig struct {
 	TLSRequired                               bool
 	Nodes                                     nodeFlags
 	MaxClients, PoolSize, MaxListeners        int
-	StartupTimeout                            time.Duration
+	StartupTimeout, StatementTimeout          time.Duration
+	MaxMergeMemory                            byteSize
 	TxRecoverEvery, TxAbortAfter              time.Duration
 
 	Coordinator bool
@@ -116,6 +117,9 @@ func (c *serveConfig) flags(fs *flag.FlagSet) {
 	fs.IntVar(&c.PoolSize, "pool-size", 32, "most backend connections per node and tenant")
 	fs.IntVar(&c.MaxListeners, "max-listeners", 0, "most sessions per tenant that hold a catalog-node backend for LISTEN, counted within --pool-size; 0 means half of --pool-size")
 	fs.DurationVar(&c.StartupTimeout, "startup-timeout", 10*time.Second, "a client must finish startup and authentication within this")
+	fs.DurationVar(&c.StatementTimeout, "statement-timeout", 0, "statement_timeout of sessions that set none at startup; a client's SET overrides it; 0 leaves the nodes' own")
+	c.MaxMergeMemory = proxy.DefaultMaxMergeMemory
+	fs.Var(&c.MaxMergeMemory, "max-merge-memory", "most row data one statement over several shards holds in the proxy while merging (bytes, or with kB, MB, GB); more fails with SQLSTATE 53200")
 	fs.DurationVar(&c.TxRecoverEvery, "tx-recover-interval", 10*time.Second, "how often to look for prepared transactions across nodes that a crashed proxy left behind")
 	fs.DurationVar(&c.TxAbortAfter, "tx-abort-after", time.Minute, "roll back a prepared transaction across nodes that has no commit decision after this long; must exceed any prepare phase")
 	fs.BoolVar(&c.Coordinator, "coordinator", true, "run reshard coordinators in this proxy (at least one proxy must)")
@@ -273,10 +277,12 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, ready func(pg
 	srv := proxy.NewServer(proxy.Config{
 		Startup: proxy.StartupConfig{Users: users, StartupTimeout: cfg.StartupTimeout,
 			TLS: tlsConfig, TLSRequired: cfg.TLSRequired},
-		MaxClients:  cfg.MaxClients,
-		CatalogNode: cluster.Catalog().Name,
-		Aggregates:  cluster.Aggregates,
-		TwoPhase:    twoPhase,
+		MaxClients:       cfg.MaxClients,
+		StatementTimeout: cfg.StatementTimeout,
+		MaxMergeMemory:   int64(cfg.MaxMergeMemory),
+		CatalogNode:      cluster.Catalog().Name,
+		Aggregates:       cluster.Aggregates,
+		TwoPhase:         twoPhase,
 		TreeDDL: func(ctx context.Context, d pgshard.TreeDDL) error {
 			return cluster.RunTreeDDL(ctx, store, d, twoPhase.CommitTxs)
 		},
