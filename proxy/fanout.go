@@ -262,6 +262,18 @@ func (f *fanOut) play(s *session, x *exchange) error {
 			}
 		}
 		for {
+			if x.errored {
+				// Nothing more reaches the client, and a part's sort keys
+				// may be missing: read every part to its end.
+				for _, p := range live {
+					for !p.done {
+						if _, err := f.next(s, x, p, false); err != nil {
+							return err
+						}
+					}
+				}
+				break
+			}
 			var best *fanPart
 			for _, p := range live {
 				if !p.done && (best == nil || f.less(p, best)) {

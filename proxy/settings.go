@@ -67,6 +67,22 @@ func (s *settings) apply(stmt string) {
 	s.refresh()
 }
 
+// resetsStartup reports a RESET of a setting the session took from its
+// startup packet (or the proxy's defaults), which a backend resets to its
+// own startup value instead.
+func (s *settings) resetsStartup(stmt string) bool {
+	verb, name := setTarget(stmt)
+	if verb != "reset" {
+		return false
+	}
+	for _, b := range s.base {
+		if name == "all" || b.name == name {
+			return true
+		}
+	}
+	return false
+}
+
 // restore sets the SETs back to an earlier list (a transaction rolled back).
 func (s *settings) restore(set []setting) {
 	s.set = set

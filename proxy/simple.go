@@ -494,6 +494,11 @@ func (s *session) sessionCommand(ctx context.Context, p *router.Plan, extended b
 			}
 			s.settings.apply(p.SQL)
 			be.Settings = s.settings.fp
+			if s.settings.resetsStartup(p.SQL) {
+				// PostgreSQL reset be to its own startup value, not the
+				// session's: the next use replays the session's settings.
+				be.Settings = unknownSettings
+			}
 		}
 	}})
 }
