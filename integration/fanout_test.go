@@ -104,7 +104,7 @@ func TestFanOut(t *testing.T) {
 		{sql: `SELECT count(DISTINCT qty), count(DISTINCT price), count(DISTINCT n) FROM fan`},
 		{sql: `SELECT ok, count(DISTINCT qty), sum(DISTINCT qty), avg(DISTINCT qty) FROM fan GROUP BY ok ORDER BY ok`, ordered: true},
 		{sql: `SELECT count(*) FROM fan GROUP BY n ORDER BY 1`, ordered: true},
-		{sql: `SELECT n IS NULL, count(*), sum(n) FROM fan GROUP BY n ORDER BY 2`, ordered: true},
+		{sql: `SELECT n IS NULL, count(*), sum(n) FROM fan GROUP BY n ORDER BY 2, 3 NULLS FIRST`, ordered: true},
 		{sql: `SELECT lower(name) AS l, count(*) FROM fan GROUP BY l ORDER BY lower(name) COLLATE "C" LIMIT 10`, ordered: true},
 		{sql: `SELECT qty FROM fan GROUP BY qty ORDER BY sum(price) DESC NULLS LAST, qty LIMIT 7`, ordered: true},
 		{sql: `SELECT sum(qty) / count(*) AS ratio, max(qty) - min(qty) AS spread FROM fan`},
