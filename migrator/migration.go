@@ -402,10 +402,13 @@ func (r *Runner) drain(ctx context.Context, t *shardmap.Tree, mig *shardmap.Migr
 	}
 }
 
-// waitAcks waits until every live proxy routes the tree by epoch or later.
+// waitAcks waits until every live proxy that serves the tree's tenant
+// routes the tree by epoch or later. A proxy that never served the tenant
+// has no map of it to acknowledge, and reads a current one before its
+// first statement (shardmap.Registration).
 func (r *Runner) waitAcks(ctx context.Context, t *shardmap.Tree, epoch uint64) error {
 	for {
-		live, err := r.store.LiveProxies(ctx)
+		live, err := r.store.TenantProxies(ctx, t.Tenant)
 		if err != nil {
 			return err
 		}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -95,10 +96,19 @@ type Coordination interface {
 
 	// RegisterProxy (re)registers a proxy as live for ttl: its heartbeat.
 	RegisterProxy(ctx context.Context, id string, ttl time.Duration) error
-	// UnregisterProxy removes a proxy that shuts down cleanly.
-	UnregisterProxy(ctx context.Context, id string) error
+	// ServeTenants registers proxy id, for ttl, as one that routes the
+	// statements of tenants: the freezes and releases of their trees wait
+	// for its acknowledgements. A proxy calls it before it first reads a
+	// tenant's maps, and renews it with every heartbeat.
+	ServeTenants(ctx context.Context, id string, ttl time.Duration, tenants ...string) error
+	// UnregisterProxy removes a proxy that shuts down cleanly, from the
+	// registry and from the tenants it served.
+	UnregisterProxy(ctx context.Context, id string, tenants ...string) error
 	// LiveProxies lists the proxies whose registration has not expired.
 	LiveProxies(ctx context.Context) ([]string, error)
+	// TenantProxies lists the proxies whose ServeTenants registration for
+	// tenant has not expired: the ones a freeze waits for.
+	TenantProxies(ctx context.Context, tenant string) ([]string, error)
 	// AckEpoch records that proxy routes tree by a map of epoch or later.
 	AckEpoch(ctx context.Context, tenant, tree, proxy string, epoch uint64) error
 	// Acks returns each proxy's acknowledged epoch of tree.
@@ -113,9 +123,12 @@ var _ Coordination = (*RedisStore)(nil)
 //	P:{T}:reshard:<tree>  string: Reshard JSON
 //	P:{T}:lease:<tree>    string: coordinator owner, with an expiry
 //	P:{T}:acks:<tree>     hash: proxy id -> acknowledged epoch
+//	P:{T}:proxies         sorted set: id of a proxy that routes the tenant's
+//	                      statements, scored by lease expiry (unix ms)
 //	P:proxies             sorted set: proxy id scored by lease expiry (unix ms)
-//	P:reshards            set: "tenant/tree" of every running reshard, so a
-//	                      coordinator finds them without scanning keys
+//	P:reshard-index       hash: "tenant/tree" -> "<op id> <unix ms>" of the
+//	                      tree's last StartReshard, so a coordinator finds
+//	                      every running reshard without scanning keys
 func (s *RedisStore) migsKey(tenant, tree string) string {
 	return s.tenantTag(tenant) + ":migs:" + tree
 }
@@ -128,12 +141,21 @@ func (s *RedisStore) leaseKey(tenant, tree string) string {
 func (s *RedisStore) acksKey(tenant, tree string) string {
 	return s.tenantTag(tenant) + ":acks:" + tree
 }
+func (s *RedisStore) tenantProxiesKey(tenant string) string {
+	return s.tenantTag(tenant) + ":proxies"
+}
 func (s *RedisStore) proxiesKey() string  { return s.prefix + ":proxies" }
-func (s *RedisStore) reshardsKey() string { return s.prefix + ":reshards" }
+func (s *RedisStore) reshardsKey() string { return s.prefix + ":reshard-index" }
 
-// reshardMember names a tree in the reshards set; a tenant name cannot
+// reshardMember names a tree in the reshard index; a tenant name cannot
 // contain '/', a tree name can, so the first '/' separates them.
 func reshardMember(tenant, tree string) string { return tenant + "/" + tree }
+
+// reshardIndexGrace is how long an index entry whose intent is missing is
+// kept. StartReshard writes the entry before the intent (the index lives
+// in another hash slot, so the two cannot be written at once), and a
+// coordinator that lists the reshards in between must not drop it.
+const reshardIndexGrace = time.Minute
 
 var (
 	// KEYS: lease. ARGV: owner, ttl ms. Returns 1 when owner holds the lease.
@@ -154,6 +176,19 @@ local cur = redis.call('GET', KEYS[1])
 if not cur then return 0 end
 if cjson.decode(cur)['op_id'] ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1])
+return 1`)
+
+	// KEYS: reshard index. ARGV: member, op id. Removes the member if its
+	// entry names op id: a newer operation's entry stays.
+	unindexOpScript = redis.NewScript(`
+local v = redis.call('HGET', KEYS[1], ARGV[1])
+if v and string.sub(v, 1, #ARGV[2] + 1) == ARGV[2] .. ' ' then redis.call('HDEL', KEYS[1], ARGV[1]) end
+return 1`)
+
+	// KEYS: reshard index. ARGV: member, entry. Removes the member if its
+	// entry is still the one read: a StartReshard since then keeps it.
+	unindexEntryScript = redis.NewScript(`
+if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then redis.call('HDEL', KEYS[1], ARGV[1]) end
 return 1`)
 
 	// KEYS: acks. ARGV: proxy, epoch. Acknowledgements only move forward.
@@ -212,10 +247,11 @@ func (s *RedisStore) StartReshard(ctx context.Context, r *Reshard) (*Reshard, er
 	if err != nil {
 		return nil, err
 	}
-	// The set entry comes first: an entry without an intent is dropped by
-	// Reshards, an intent without an entry would never be found.
-	if err := s.client.SAdd(ctx, s.reshardsKey(), reshardMember(r.Tenant, r.Tree)).Err(); err != nil {
-		return nil, fmt.Errorf("shardmap: write reshard of %s/%s: %w", r.Tenant, r.Tree, err)
+	// The index entry comes first: an intent without an entry would never
+	// be found, and an entry without an intent is dropped by Reshards only
+	// after reshardIndexGrace.
+	if err := s.index(ctx, r.Tenant, r.Tree, r.OpID); err != nil {
+		return nil, err
 	}
 	ok, err := s.client.SetNX(ctx, s.reshardKey(r.Tenant, r.Tree), b, 0).Result()
 	if err != nil {
@@ -229,7 +265,20 @@ func (s *RedisStore) StartReshard(ctx context.Context, r *Reshard) (*Reshard, er
 		// Finished between the two calls: try once more.
 		return s.StartReshard(ctx, r)
 	}
-	return cur, err
+	if err != nil {
+		return nil, err
+	}
+	// The entry names the running operation again, so that its finish
+	// removes it.
+	return cur, s.index(ctx, r.Tenant, r.Tree, cur.OpID)
+}
+
+func (s *RedisStore) index(ctx context.Context, tenant, tree, opID string) error {
+	entry := opID + " " + strconv.FormatInt(time.Now().UnixMilli(), 10)
+	if err := s.client.HSet(ctx, s.reshardsKey(), reshardMember(tenant, tree), entry).Err(); err != nil {
+		return fmt.Errorf("shardmap: write reshard of %s/%s: %w", tenant, tree, err)
+	}
+	return nil
 }
 
 // Reshard implements Coordination.
@@ -250,23 +299,21 @@ func (s *RedisStore) Reshard(ctx context.Context, tenant, tree string) (*Reshard
 
 // FinishReshard implements Coordination.
 func (s *RedisStore) FinishReshard(ctx context.Context, tenant, tree, opID string) error {
-	n, err := finishReshardScript.Run(ctx, s.client, []string{s.reshardKey(tenant, tree)}, opID).Int()
-	if err != nil {
+	if err := finishReshardScript.Run(ctx, s.client, []string{s.reshardKey(tenant, tree)}, opID).Err(); err != nil {
 		return fmt.Errorf("shardmap: finish reshard of %s/%s: %w", tenant, tree, err)
 	}
-	if n == 1 {
-		return s.client.SRem(ctx, s.reshardsKey(), reshardMember(tenant, tree)).Err()
-	}
-	return nil
+	return unindexOpScript.Run(ctx, s.client, []string{s.reshardsKey()}, reshardMember(tenant, tree), opID).Err()
 }
 
-// Reshards implements Coordination.
+// Reshards implements Coordination. An index entry whose intent is gone
+// (a crash between the two writes, a dropped tree) is removed once it is
+// older than reshardIndexGrace.
 func (s *RedisStore) Reshards(ctx context.Context) ([]*Reshard, error) {
-	members, err := s.client.SMembers(ctx, s.reshardsKey()).Result()
+	entries, err := s.client.HGetAll(ctx, s.reshardsKey()).Result()
 	if err != nil {
 		return nil, fmt.Errorf("shardmap: list reshards: %w", err)
 	}
-	slices.Sort(members)
+	members := slices.Sorted(maps.Keys(entries))
 	var out []*Reshard
 	for _, mem := range members {
 		tenant, tree, ok := strings.Cut(mem, "/")
@@ -275,7 +322,9 @@ func (s *RedisStore) Reshards(ctx context.Context) ([]*Reshard, error) {
 		}
 		r, err := s.Reshard(ctx, tenant, tree)
 		if errors.Is(err, ErrNotFound) {
-			s.client.SRem(ctx, s.reshardsKey(), mem)
+			if indexEntryAge(entries[mem]) > reshardIndexGrace {
+				unindexEntryScript.Run(ctx, s.client, []string{s.reshardsKey()}, mem, entries[mem])
+			}
 			continue
 		}
 		if err != nil {
@@ -284,6 +333,17 @@ func (s *RedisStore) Reshards(ctx context.Context) ([]*Reshard, error) {
 		out = append(out, r)
 	}
 	return out, nil
+}
+
+// indexEntryAge is how long ago an index entry was written; an entry it
+// cannot read counts as old.
+func indexEntryAge(entry string) time.Duration {
+	_, ms, _ := strings.Cut(entry, " ")
+	n, err := strconv.ParseInt(ms, 10, 64)
+	if err != nil {
+		return reshardIndexGrace + 1
+	}
+	return time.Since(time.UnixMilli(n))
 }
 
 // AcquireLease implements Coordination.
@@ -309,23 +369,62 @@ func (s *RedisStore) RegisterProxy(ctx context.Context, id string, ttl time.Dura
 	return nil
 }
 
-// UnregisterProxy implements Coordination.
-func (s *RedisStore) UnregisterProxy(ctx context.Context, id string) error {
-	return s.client.ZRem(ctx, s.proxiesKey(), id).Err()
+// ServeTenants implements Coordination.
+func (s *RedisStore) ServeTenants(ctx context.Context, id string, ttl time.Duration, tenants ...string) error {
+	if len(tenants) == 0 {
+		return nil
+	}
+	exp := float64(time.Now().Add(ttl).UnixMilli())
+	_, err := s.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for _, t := range tenants {
+			p.ZAdd(ctx, s.tenantProxiesKey(t), redis.Z{Score: exp, Member: id})
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("shardmap: register proxy %s for its tenants: %w", id, err)
+	}
+	return nil
 }
 
-// LiveProxies implements Coordination. Expired entries are removed on the
-// way, so the set does not grow with every proxy that ever ran.
+// UnregisterProxy implements Coordination.
+func (s *RedisStore) UnregisterProxy(ctx context.Context, id string, tenants ...string) error {
+	_, err := s.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for _, t := range tenants {
+			p.ZRem(ctx, s.tenantProxiesKey(t), id)
+		}
+		p.ZRem(ctx, s.proxiesKey(), id)
+		return nil
+	})
+	return err
+}
+
+// LiveProxies implements Coordination.
 func (s *RedisStore) LiveProxies(ctx context.Context) ([]string, error) {
-	now := strconv.FormatInt(time.Now().UnixMilli(), 10)
-	if err := s.client.ZRemRangeByScore(ctx, s.proxiesKey(), "-inf", "("+now).Err(); err != nil {
-		return nil, fmt.Errorf("shardmap: live proxies: %w", err)
-	}
-	ids, err := s.client.ZRangeByScore(ctx, s.proxiesKey(), &redis.ZRangeBy{Min: now, Max: "+inf"}).Result()
+	ids, err := s.live(ctx, s.proxiesKey())
 	if err != nil {
 		return nil, fmt.Errorf("shardmap: live proxies: %w", err)
 	}
 	return ids, nil
+}
+
+// TenantProxies implements Coordination.
+func (s *RedisStore) TenantProxies(ctx context.Context, tenant string) ([]string, error) {
+	ids, err := s.live(ctx, s.tenantProxiesKey(tenant))
+	if err != nil {
+		return nil, fmt.Errorf("shardmap: proxies of tenant %s: %w", tenant, err)
+	}
+	return ids, nil
+}
+
+// live lists the unexpired members of a registry. Expired entries are
+// removed on the way, so it does not grow with every proxy that ever ran.
+func (s *RedisStore) live(ctx context.Context, key string) ([]string, error) {
+	now := strconv.FormatInt(time.Now().UnixMilli(), 10)
+	if err := s.client.ZRemRangeByScore(ctx, key, "-inf", "("+now).Err(); err != nil {
+		return nil, err
+	}
+	return s.client.ZRangeByScore(ctx, key, &redis.ZRangeBy{Min: now, Max: "+inf"}).Result()
 }
 
 // AckEpoch implements Coordination.

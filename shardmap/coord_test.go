@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strconv"
 	"testing"
 	"time"
 )
@@ -77,6 +78,36 @@ func TestReshardIntent(t *testing.T) {
 	if all, err := s.Reshards(ctx); err != nil || len(all) != 0 {
 		t.Fatalf("Reshards after finish: %v %v", all, err)
 	}
+	if n, _ := s.client.HLen(ctx, s.reshardsKey()).Result(); n != 0 {
+		t.Fatalf("the index keeps %d entries after the finish", n)
+	}
+}
+
+// A coordinator that lists the reshards between StartReshard's two writes
+// (index entry, then intent) must not drop the entry: the intent would then
+// never be found. Only an entry older than the grace without an intent goes.
+func TestReshardIndexKeepsYoungEntries(t *testing.T) {
+	s, _ := newTestStore(t)
+	ctx := context.Background()
+	if err := s.index(ctx, "t", "x", "op1"); err != nil { // the first write alone
+		t.Fatal(err)
+	}
+	if all, err := s.Reshards(ctx); err != nil || len(all) != 0 {
+		t.Fatalf("Reshards before the intent: %v %v", all, err)
+	}
+	if cur, err := s.StartReshard(ctx, &Reshard{OpID: "op1", Tenant: "t", Tree: "x", Target: 16}); err != nil || cur != nil {
+		t.Fatalf("start: %v %v", cur, err)
+	}
+	old := "op9 " + strconv.FormatInt(time.Now().Add(-2*reshardIndexGrace).UnixMilli(), 10)
+	if err := s.client.HSet(ctx, s.reshardsKey(), "t/y", old).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if all, err := s.Reshards(ctx); err != nil || len(all) != 1 || all[0].OpID != "op1" {
+		t.Fatalf("Reshards: %v %v, want op1", all, err)
+	}
+	if left, _ := s.client.HKeys(ctx, s.reshardsKey()).Result(); !slices.Equal(left, []string{"t/x"}) {
+		t.Fatalf("index after listing: %v, want only t/x (the old orphan dropped)", left)
+	}
 }
 
 func TestLease(t *testing.T) {
@@ -132,11 +163,30 @@ func TestProxyRegistryAndAcks(t *testing.T) {
 	if err != nil || acks["p1"] != 5 || len(acks) != 1 {
 		t.Fatalf("acks: %v %v, want p1 at 5 (never backwards)", acks, err)
 	}
-	if err := s.UnregisterProxy(ctx, "p1"); err != nil {
+	if err := s.ServeTenants(ctx, "p1", time.Minute, "t", "u"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.ServeTenants(ctx, "p2", -time.Second, "t"); err != nil { // already expired
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		tenant string
+		want   []string
+	}{{"t", []string{"p1"}}, {"u", []string{"p1"}}, {"v", nil}} {
+		if got, err := s.TenantProxies(ctx, tc.tenant); err != nil || !slices.Equal(got, tc.want) {
+			t.Fatalf("proxies of %s: %v %v, want %v", tc.tenant, got, err, tc.want)
+		}
+	}
+	if err := s.UnregisterProxy(ctx, "p1", "t", "u"); err != nil {
 		t.Fatal(err)
 	}
 	if live, _ := s.LiveProxies(ctx); len(live) != 0 {
 		t.Fatalf("after unregister: %v", live)
+	}
+	for _, tenant := range []string{"t", "u"} {
+		if got, _ := s.TenantProxies(ctx, tenant); len(got) != 0 {
+			t.Fatalf("after unregister, proxies of %s: %v", tenant, got)
+		}
 	}
 }
 

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -25,9 +27,12 @@ const (
 // lapsed: it serves again once it has re-registered and re-read every map.
 var ErrLeaseExpired = errors.New("shardmap: this proxy's registration lapsed; it serves again once it has re-read the shard maps")
 
-// Registration keeps a proxy registered as live and acknowledges each
-// tree's epoch once no statement planned on an older map is still running:
-// the migrator's freeze and release wait on those acknowledgements.
+// Registration keeps a proxy registered as live, and as serving each tenant
+// it has routed a statement for, and acknowledges each tree's epoch once no
+// statement planned on an older map is still running: the migrator's freeze
+// and release wait on the acknowledgements of the proxies that serve the
+// tree's tenant. A proxy that never routed for a tenant is not waited for:
+// it has no map of the tenant that could be stale.
 type Registration struct {
 	id        string
 	coord     Coordination
@@ -41,7 +46,10 @@ type Registration struct {
 	mu    sync.Mutex
 	inUse map[*View]int     // views statements are running on
 	acked map[treeID]uint64 // last epoch acknowledged per tree
-	poke  chan struct{}
+	// served holds the tenants registered as served: false while the
+	// first registration and map read are under way, true once done.
+	served map[string]bool
+	poke   chan struct{}
 }
 
 type treeID struct{ tenant, tree string }
@@ -59,7 +67,7 @@ func NewRegistration(id string, coord Coordination, cache *Cache, ttl, heartbeat
 		log = slog.Default()
 	}
 	r := &Registration{id: id, coord: coord, cache: cache, ttl: ttl, heartbeat: heartbeat, log: log,
-		inUse: map[*View]int{}, acked: map[treeID]uint64{}, poke: make(chan struct{}, 1)}
+		inUse: map[*View]int{}, acked: map[treeID]uint64{}, served: map[string]bool{}, poke: make(chan struct{}, 1)}
 	cache.onChange = r.wake
 	return r
 }
@@ -83,6 +91,9 @@ func (r *Registration) Acquire(ctx context.Context, tenant string) (*View, func(
 	if !r.Live() {
 		return nil, nil, ErrLeaseExpired
 	}
+	if err := r.serve(ctx, tenant); err != nil {
+		return nil, nil, err
+	}
 	if _, err := r.cache.View(ctx, tenant); err != nil {
 		return nil, nil, err
 	}
@@ -94,6 +105,41 @@ func (r *Registration) Acquire(ctx context.Context, tenant string) (*View, func(
 	r.mu.Unlock()
 	var once sync.Once
 	return v, func() { once.Do(func() { r.release(v) }) }, nil
+}
+
+// serve registers the proxy as serving tenant before its first statement
+// for it, then reads the tenant's maps afresh. A freeze stores its map
+// before it reads the registry: if it read the registry before this
+// registration, the read that follows sees its map; if after, it waits for
+// this proxy's acknowledgement. Either way no statement routes by a map
+// older than a freeze without the freeze knowing.
+func (r *Registration) serve(ctx context.Context, tenant string) error {
+	r.mu.Lock()
+	done, known := r.served[tenant]
+	if !known {
+		r.served[tenant] = false // renewed by the heartbeat from now on
+	}
+	r.mu.Unlock()
+	if done {
+		return nil
+	}
+	if err := r.coord.ServeTenants(ctx, r.id, r.ttl, tenant); err != nil {
+		return err
+	}
+	if _, err := r.cache.Refresh(ctx, tenant); err != nil {
+		return err
+	}
+	r.mu.Lock()
+	r.served[tenant] = true
+	r.mu.Unlock()
+	return nil
+}
+
+// tenants lists the tenants registered as served, done or under way.
+func (r *Registration) tenants() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Collect(maps.Keys(r.served))
 }
 
 func (r *Registration) release(v *View) {
@@ -118,7 +164,7 @@ func (r *Registration) Run(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			uctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			_ = r.coord.UnregisterProxy(uctx, r.id)
+			_ = r.coord.UnregisterProxy(uctx, r.id, r.tenants()...)
 			cancel()
 			return
 		case <-hb.C:
@@ -129,12 +175,18 @@ func (r *Registration) Run(ctx context.Context) {
 	}
 }
 
-// beat renews the registration. After a lapse it first re-reads every
-// tenant's maps: a map may have flipped while this proxy was not counted.
+// beat renews the registration, and that for every tenant served: the
+// proxy serves on only if both were renewed. After a lapse it then re-reads
+// every tenant's maps: a map may have flipped while this proxy was not
+// counted.
 func (r *Registration) beat(ctx context.Context) {
 	start := time.Now()
 	lapsed := !r.Live()
-	if err := r.coord.RegisterProxy(ctx, r.id, r.ttl); err != nil {
+	err := r.coord.RegisterProxy(ctx, r.id, r.ttl)
+	if err == nil {
+		err = r.coord.ServeTenants(ctx, r.id, r.ttl, r.tenants()...)
+	}
+	if err != nil {
 		if ctx.Err() == nil {
 			r.log.Warn("shardmap: proxy heartbeat failed", "proxy", r.id, "err", err)
 		}

@@ -22,9 +22,16 @@ func TestRegistrationAcknowledgesAfterOlderStatementsEnd(t *testing.T) {
 	if live, _ := s.LiveProxies(ctx); !slices.Equal(live, []string{"p1"}) {
 		t.Fatalf("registry: %v", live)
 	}
+	// Not serving the tenant yet, the proxy holds up no freeze of it.
+	if got, _ := s.TenantProxies(ctx, "t"); len(got) != 0 {
+		t.Fatalf("proxies of t before a statement: %v", got)
+	}
 	old, release, err := r.Acquire(ctx, "t")
 	if err != nil {
 		t.Fatal(err)
+	}
+	if got, _ := s.TenantProxies(ctx, "t"); !slices.Equal(got, []string{"p1"}) {
+		t.Fatalf("proxies of t after a statement: %v", got)
 	}
 	r.acknowledge(ctx)
 	if acks, _ := s.Acks(ctx, "t", "x"); acks["p1"] != m.Epoch {
@@ -72,4 +79,44 @@ func TestRegistrationAcknowledgesAfterOlderStatementsEnd(t *testing.T) {
 		t.Fatalf("after re-registering: epoch %d (%v), want the re-read %d", v.Maps["x"].Epoch, err, again.Epoch)
 	}
 	rel()
+}
+
+// A proxy that loaded a tenant's view before it served the tenant (here
+// through the cache directly) does not plan its first statement on that
+// view: a freeze that did not wait for it may have moved on since.
+func TestRegistrationReadsMapsAfterServing(t *testing.T) {
+	s, _ := newTestStore(t)
+	ctx := context.Background()
+	_, m := mustCreate(t, s, "t", "x")
+	c := NewCache(s, time.Hour, nil)
+	r := NewRegistration("p1", s, c, time.Minute, time.Hour, nil)
+	r.beat(ctx)
+	if _, err := c.View(ctx, "t"); err != nil {
+		t.Fatal(err)
+	}
+	// A freeze: stored, then the registry read, where p1 is not yet.
+	next := m.Clone()
+	next.Frozen = [][2]int{{0, 10}}
+	if err := s.SwapMap(ctx, next, m.Epoch); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := s.TenantProxies(ctx, "t"); len(got) != 0 {
+		t.Fatalf("proxies of t: %v", got)
+	}
+	v, release, err := r.Acquire(ctx, "t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release()
+	if v.Maps["x"].Epoch != next.Epoch {
+		t.Fatalf("first statement planned on epoch %d, want the frozen map's %d", v.Maps["x"].Epoch, next.Epoch)
+	}
+
+	// A clean shutdown leaves every registry.
+	rctx, cancel := context.WithCancel(ctx)
+	cancel()
+	r.Run(rctx)
+	if got, _ := s.TenantProxies(ctx, "t"); len(got) != 0 {
+		t.Fatalf("proxies of t after shutdown: %v", got)
+	}
 }
