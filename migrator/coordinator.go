@@ -310,13 +310,18 @@ func (c *Coordinator) ensureRunning(ctx context.Context, mig *shardmap.Migration
 	c.wg.Add(1)
 	gauge := c.metrics.MigrationsInFlight.WithLabelValues(mig.Tree, mig.Tenant)
 	gauge.Inc()
-	// The runner changes its record's phase as it goes, while the tick that
-	// started it still reads the caller's copy (unflipped): it gets its own.
-	own := *mig
 	go func() {
 		defer c.wg.Done()
 		defer gauge.Dec()
-		err := c.runner.Run(ctx, &own)
+		// The caller's record may predate a run of this migration that
+		// ended between the tick's read and now; running it from that older
+		// phase would redo (or undo) finished work, so start from the
+		// stored record. It is also the runner's own copy: the tick that
+		// started it still reads the caller's (unflipped).
+		own, err := c.storedMigration(ctx, mig)
+		if err == nil && own != nil && own.Phase != shardmap.PhaseDone {
+			err = c.runner.Run(ctx, own)
+		}
 		if err != nil && ctx.Err() == nil {
 			c.log.Warn("coordinator: migration failed; the next tick retries it", "migration", mig.ID, "err", err)
 		}
@@ -324,6 +329,20 @@ func (c *Coordinator) ensureRunning(ctx context.Context, mig *shardmap.Migration
 		delete(c.running, mig.ID)
 		c.mu.Unlock()
 	}()
+}
+
+// storedMigration is mig as Redis holds it now, or nil once it is gone.
+func (c *Coordinator) storedMigration(ctx context.Context, mig *shardmap.Migration) (*shardmap.Migration, error) {
+	migs, err := c.store.Migrations(ctx, mig.Tenant, mig.Tree)
+	if err != nil {
+		return nil, err
+	}
+	for _, m := range migs {
+		if m.ID == mig.ID {
+			return m, nil
+		}
+	}
+	return nil, nil
 }
 
 // complete re-pins the registry's shard count, clears the intent, counts
