@@ -149,6 +149,7 @@ func (s *session) playCopyIn(x *exchange, ci *copyIn) error {
 		msg, err := s.client.Receive()
 		if err != nil {
 			ci.abandon(s)
+			s.receiveFailed(err)
 			return errClientGone
 		}
 		switch m := msg.(type) {
