@@ -5,7 +5,7 @@
 
 GO ?= go
 
-.PHONY: all build tools demo test vet bench clean
+.PHONY: all build tools demo test vet fuzz bench clean
 
 all: build
 
@@ -24,6 +24,22 @@ vet:
 test: tools
 	$(GO) vet ./...
 	$(GO) test -race -count=1 -timeout 25m ./...
+	$(MAKE) fuzz
+
+# Each fuzz target for FUZZTIME (six targets: about two and a half minutes
+# with the builds). Without -race: the race detector slows the fuzzers down
+# several times, and the plain tests above already run every target's
+# corpus (testdata/fuzz) with -race. A failing input is written to the
+# package's testdata/fuzz/<target>/ and fails the run.
+FUZZTIME ?= 20s
+FUZZ_TARGETS = ./router:FuzzPlan ./router:FuzzRoute ./proxy:FuzzHandshake ./proxy:FuzzSession ./proxy:FuzzCopySplit ./proxy:FuzzCopyParse
+
+fuzz:
+	@set -e; for t in $(FUZZ_TARGETS); do \
+		pkg=$${t%%:*}; name=$${t##*:}; \
+		echo "fuzz $$pkg $$name for $(FUZZTIME)"; \
+		$(GO) test -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) $$pkg; \
+	done
 
 bench: tools
 	bash bench/point-select.sh

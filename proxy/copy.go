@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"context"
-	"errors"
 	"strconv"
 
 	"github.com/jackc/pgx/v5/pgproto3"
@@ -150,6 +149,7 @@ func (s *session) playCopyIn(x *exchange, ci *copyIn) error {
 		msg, err := s.client.Receive()
 		if err != nil {
 			ci.abandon(s)
+			s.receiveFailed(err)
 			return errClientGone
 		}
 		switch m := msg.(type) {
@@ -220,33 +220,13 @@ func (ci *copyIn) setErr(err error) {
 
 // route reads the complete rows the parser holds and buffers each for its shard.
 func (ci *copyIn) route(s *session, rp *rowParser, final bool) {
-	kt, slots := ci.plan.Tree.KeyType, len(ci.m.Slots)
 	for ci.err == nil {
-		row, key, ok, err := rp.next(final)
+		row, slot, ok, err := rp.nextSlot(final, ci.plan.Tree, len(ci.m.Slots))
 		if err != nil {
 			ci.setErr(err)
 			return
 		}
 		if !ok {
-			return
-		}
-		if key.null {
-			e := rp.copyError("23502", "null value in column \"%s\" of relation \"%s\" violates not-null constraint", ci.plan.Tree.KeyColumn, ci.plan.Tree.Name)
-			ci.setErr(e)
-			return
-		}
-		var slot int
-		if ci.plan.Copy.Format == router.CopyBinary {
-			slot, err = shardmap.SlotForBinary(kt, key.val, slots)
-		} else {
-			slot, err = shardmap.SlotForText(kt, key.val, slots)
-		}
-		if err != nil {
-			code := "22P02"
-			if errors.Is(err, shardmap.ErrKeyOutOfRange) {
-				code = "22003"
-			}
-			ci.setErr(rp.copyError(code, "%s", keyMessage(err)))
 			return
 		}
 		sh := ci.shard(s, ci.m.Owner(slot))

@@ -3,11 +3,13 @@ package proxy
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"strconv"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/lattice-db/lattice/router"
+	"github.com/lattice-db/lattice/shardmap"
 )
 
 // maxCopyRow bounds one row of COPY FROM data held by the proxy while it
@@ -116,6 +118,32 @@ func (p *rowParser) next(final bool) (row []byte, key copyKey, ok bool, err erro
 		return row, key, true, nil
 	}
 	return nil, copyKey{}, false, nil
+}
+
+// nextSlot returns the next complete row, as next does, with the slot (of
+// slots) its key hashes to for tree t. A NULL or malformed key is an error
+// with PostgreSQL's SQLSTATE: the row cannot be placed.
+func (p *rowParser) nextSlot(final bool, t *shardmap.Tree, slots int) (row []byte, slot int, ok bool, err error) {
+	row, key, ok, err := p.next(final)
+	if err != nil || !ok {
+		return nil, 0, false, err
+	}
+	if key.null {
+		return nil, 0, false, p.copyError("23502", "null value in column \"%s\" of relation \"%s\" violates not-null constraint", t.KeyColumn, t.Name)
+	}
+	if p.c.Format == router.CopyBinary {
+		slot, err = shardmap.SlotForBinary(t.KeyType, key.val, slots)
+	} else {
+		slot, err = shardmap.SlotForText(t.KeyType, key.val, slots)
+	}
+	if err != nil {
+		code := "22P02"
+		if errors.Is(err, shardmap.ErrKeyOutOfRange) {
+			code = "22003"
+		}
+		return nil, 0, false, p.copyError(code, "%s", keyMessage(err))
+	}
+	return row, slot, true, nil
 }
 
 // nextLine finds the next line of text or CSV data. content is the line

@@ -331,6 +331,7 @@ func (s *session) copyIn(be *pgshard.Conn) error {
 		if err != nil {
 			be.Frontend.Send(&pgproto3.CopyFail{Message: "client connection lost"})
 			_ = be.Frontend.Flush()
+			s.receiveFailed(err)
 			return errClientGone
 		}
 		switch m := msg.(type) {

@@ -146,15 +146,7 @@ func (s *Server) serveConn(ctx context.Context, conn net.Conn) {
 	}
 	defer s.clients.Add(-1)
 
-	sess := &session{
-		srv: s, conn: st.Conn, client: st.Backend,
-		user: st.User, tenant: st.Database,
-		stmts: map[string]*clientStmt{}, portals: map[string]*clientPortal{},
-	}
-	sess.x.failed = map[*pgshard.Conn]bool{}
-	sess.x.sentSinceSync = map[*pgshard.Conn]bool{}
-	sess.log = s.log.With("user", st.User, "tenant", st.Database, "remote", conn.RemoteAddr().String())
-
+	sess := s.newSession(conn, st)
 	if err := s.greet(ctx, sess, st); err != nil {
 		sess.client.Send(AsError(err).Response())
 		_ = sess.client.Flush()
@@ -164,6 +156,19 @@ func (s *Server) serveConn(ctx context.Context, conn net.Conn) {
 	defer s.unregister(sess)
 	defer sess.release()
 	sess.loop(ctx)
+}
+
+// newSession is the session of a client that completed startup.
+func (s *Server) newSession(conn net.Conn, st *Startup) *session {
+	sess := &session{
+		srv: s, conn: st.Conn, client: st.Backend,
+		user: st.User, tenant: st.Database,
+		stmts: map[string]*clientStmt{}, portals: map[string]*clientPortal{},
+	}
+	sess.x.failed = map[*pgshard.Conn]bool{}
+	sess.x.sentSinceSync = map[*pgshard.Conn]bool{}
+	sess.log = s.log.With("user", st.User, "tenant", st.Database, "remote", conn.RemoteAddr().String())
+	return sess
 }
 
 // greet finishes startup: it checks that the tenant's database answers on
@@ -270,14 +275,7 @@ func (sess *session) loop(ctx context.Context) {
 			return
 		}
 		if err != nil {
-			var tooBig *pgproto3.ExceededMaxBodyLenErr
-			if errors.As(err, &tooBig) {
-				// Read the rest of the message (within a deadline) so the
-				// client is not cut off mid-write and can read why.
-				discardInput(sess.conn, int64(tooBig.ActualBodyLen))
-				sess.client.Send(Errorf("08P01", "message of %d bytes exceeds the limit of %d", tooBig.ActualBodyLen, tooBig.MaxExpectedBodyLen).Response())
-				_ = sess.client.Flush()
-			}
+			sess.receiveFailed(err)
 			return
 		}
 		switch m := msg.(type) {
@@ -293,7 +291,7 @@ func (sess *session) loop(ctx context.Context) {
 		case *pgproto3.CopyData, *pgproto3.CopyDone, *pgproto3.CopyFail:
 			// Left over from a COPY that already failed; PostgreSQL ignores them too.
 		default:
-			sess.client.Send(Errorf("08P01", "unexpected message type %T", m).Response())
+			sess.client.Send(fatalf("08P01", "unexpected message type %T", m).Response())
 			_ = sess.client.Flush()
 			return
 		}

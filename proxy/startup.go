@@ -333,7 +333,7 @@ func receiveAuthMessage(b *pgproto3.Backend) (pgproto3.FrontendMessage, error) {
 	if err == nil {
 		return msg, nil
 	}
-	if ne := net.Error(nil); errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.As(err, &ne) {
+	if connLost(err) {
 		return nil, fmt.Errorf("reading authentication response: %w", err)
 	}
 	if tooBig := (*pgproto3.ExceededMaxBodyLenErr)(nil); errors.As(err, &tooBig) {

@@ -380,6 +380,8 @@ func TestHandshakeRaw(t *testing.T) {
 			want: "AuthenticationSASL[SCRAM-SHA-256] FATAL 08P01", code: "08P01"},
 		{name: "oversize SASL message", users: users, client: cat(aliceStartup, []byte{'p', 0, 1, 0, 4}),
 			want: "AuthenticationSASL[SCRAM-SHA-256] FATAL 08P01", code: "08P01"},
+		{name: "SASL message without its mechanism's terminator", users: users, client: cat(aliceStartup, []byte{'p', 0, 0, 0, 7, 'S', 'C', 'R'}),
+			want: "AuthenticationSASL[SCRAM-SHA-256] FATAL 08P01", code: "08P01"},
 		{name: "malformed SCRAM", users: users,
 			client: cat(aliceStartup, encode(&pgproto3.SASLInitialResponse{AuthMechanism: "SCRAM-SHA-256", Data: []byte("n,,r=abc")})),
 			want:   "AuthenticationSASL[SCRAM-SHA-256] FATAL 08P01", code: "08P01"},

@@ -36,8 +36,12 @@ func FuzzPlan(f *testing.F) {
 		}
 		plans, err := NewPlanner(0).Plan(sql, trees, 1)
 		if err != nil {
-			if _, ok := err.(*Error); !ok {
+			e, ok := err.(*Error)
+			if !ok {
 				t.Fatalf("error of type %T", err)
+			}
+			if len(e.Code) != 5 || e.Message == "" {
+				t.Fatalf("%q: error without SQLSTATE or message: %+v", sql, e)
 			}
 			return
 		}

@@ -1,0 +1,39 @@
+package proxy
+
+import (
+	"errors"
+	"io"
+	"net"
+
+	"github.com/jackc/pgx/v5/pgproto3"
+)
+
+// receiveFailed ends a session whose client message could not be read. A
+// message that breaks the protocol (oversized, of an unknown type,
+// malformed) is answered with FATAL 08P01, as PostgreSQL answers it, so the
+// client learns why it is cut off; a lost connection is sent nothing.
+func (s *session) receiveFailed(err error) {
+	var e *Error
+	var tooBig *pgproto3.ExceededMaxBodyLenErr
+	switch {
+	case errors.As(err, &tooBig):
+		// Read the rest of the message (within a deadline) so the client
+		// is not cut off mid-write and can read why.
+		discardInput(s.conn, int64(tooBig.ActualBodyLen))
+		e = fatalf("08P01", "message of %d bytes exceeds the limit of %d", tooBig.ActualBodyLen, tooBig.MaxExpectedBodyLen)
+	case connLost(err):
+		return
+	default:
+		e = fatalf("08P01", "invalid frontend message: %v", err)
+	}
+	s.client.Send(e.Response())
+	_ = s.client.Flush()
+}
+
+// connLost reports whether an error of pgproto3.Backend.Receive is the
+// connection's. Receive turns the connection's EOF into io.ErrUnexpectedEOF;
+// a bare io.EOF comes from decoding a malformed message body.
+func connLost(err error) bool {
+	var ne net.Error
+	return errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) || errors.As(err, &ne)
+}
