@@ -186,6 +186,21 @@ func (l *insertLedger) record(k string, v int64, err error) {
 	l.failures[code]++
 }
 
+// recordCut records an insert the end of the run cut off: it may have
+// committed, and it is not a failure of the system under test.
+func (l *insertLedger) recordCut(k string, v int64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.uncertain[k] = v
+}
+
+// failed returns the number of failures with SQLSTATE code ("io" for none).
+func (l *insertLedger) failed(code string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.failures[code]
+}
+
 func (l *insertLedger) counts() (acked, failed int) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -203,7 +218,7 @@ func insertWriter(ctx context.Context, pool *pgxpool.Pool, tree, prefix string, 
 		_, err := pool.Exec(sctx, "INSERT INTO "+tree+" (k, v) VALUES ($1, $2)", k, v)
 		cancel()
 		if err != nil && ctx.Err() != nil {
-			l.record(k, v, err) // cut off by the end of the run: outcome unknown
+			l.recordCut(k, v) // cut off by the end of the run: outcome unknown
 			return
 		}
 		l.record(k, v, err)

@@ -167,9 +167,7 @@ func TestRedisDown(t *testing.T) {
 		// Down long enough for the proxy's lease to lapse: the writers are
 		// refused, which shows the outage reached the proxy.
 		pollUntil(t, 30*time.Second, "writers to be refused with 57P03", func() (bool, error) {
-			l.mu.Lock()
-			defer l.mu.Unlock()
-			return l.failures["57P03"] > 0, nil
+			return l.failed("57P03") > 0, nil
 		})
 		if err := fc.redis.Restart(ctx); err != nil {
 			t.Fatal(err)
@@ -289,9 +287,7 @@ func TestRedisCrashMidReshard(t *testing.T) {
 			// Down until the proxy's lease lapses, as a crash and restart of
 			// a real redis takes a while.
 			pollUntil(t, 30*time.Second, "writers to be refused with 57P03", func() (bool, error) {
-				l.mu.Lock()
-				defer l.mu.Unlock()
-				return l.failures["57P03"] > 0, nil
+				return l.failed("57P03") > 0, nil
 			})
 			if err := fc.redis.Restart(ctx); err != nil {
 				t.Fatal(err)
