@@ -188,7 +188,7 @@ func TestRedisDown(t *testing.T) {
 		}
 		waitNoShadowLeft(t, ctx, fc)
 		acked, failed := l.counts()
-		t.Logf("%d inserts acknowledged, %d refused or failed (%v)", acked, failed, l.failures)
+		t.Logf("%d inserts acknowledged, %d of unknown outcome (failures by SQLSTATE: %v)", acked, failed, l.failures)
 	})
 }
 
@@ -308,7 +308,7 @@ func TestRedisCrashMidReshard(t *testing.T) {
 			}
 			waitNoShadowLeft(t, ctx, fc)
 			acked, failed := l.counts()
-			t.Logf("%d inserts acknowledged, %d refused or failed (%v)", acked, failed, l.failures)
+			t.Logf("%d inserts acknowledged, %d of unknown outcome (failures by SQLSTATE: %v)", acked, failed, l.failures)
 		})
 	}
 }
