@@ -143,25 +143,35 @@ func removeStaleDirs() {
 }
 
 func startServers(ctx context.Context) error {
-	harness.nodes = make([]*localnode.Postgres, numNodes)
-	errs := make([]error, numNodes+1)
+	var err error
+	harness.nodes, harness.redis, err = startCluster(ctx, harness.dir, numNodes)
+	return err
+}
+
+// startCluster starts n PostgreSQL nodes (n1, n2, ... under dir) and a
+// redis-server (dir/redis) in parallel. On error it returns what did start,
+// for the caller to stop: the nodes slice has a nil for each that did not.
+func startCluster(ctx context.Context, dir string, n int) ([]*localnode.Postgres, *localnode.Redis, error) {
+	nodes := make([]*localnode.Postgres, n)
+	var rd *localnode.Redis
+	errs := make([]error, n+1)
 	var wg sync.WaitGroup
-	for i := 0; i < numNodes; i++ {
+	for i := 0; i < n; i++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			name := fmt.Sprintf("n%d", i+1)
-			harness.nodes[i], errs[i] = localnode.StartPostgres(ctx, filepath.Join(harness.dir, name), name,
+			nodes[i], errs[i] = localnode.StartPostgres(ctx, filepath.Join(dir, name), name,
 				localnode.PostgresOptions{Fast: true})
 		}()
 	}
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		harness.redis, errs[numNodes] = localnode.StartRedis(ctx, filepath.Join(harness.dir, "redis"))
+		rd, errs[n] = localnode.StartRedis(ctx, filepath.Join(dir, "redis"))
 	}()
 	wg.Wait()
-	return errors.Join(errs...)
+	return nodes, rd, errors.Join(errs...)
 }
 
 var teardownOnce sync.Once
@@ -331,6 +341,17 @@ func startProxyEnv(t testing.TB, nodes int, env []string, extraArgs ...string) *
 	if nodes < 1 || nodes > len(harness.nodes) {
 		t.Fatalf("startProxy: %d nodes requested, the harness has %d", nodes, len(harness.nodes))
 	}
+	dsns := make([]string, nodes)
+	for i := range dsns {
+		dsns[i] = testNodeDSN(t, i)
+	}
+	return startProxyOn(t, testRedisURL(t), dsns, env, extraArgs...)
+}
+
+// startProxyOn is startProxyEnv over the given redis and nodes (named n1,
+// n2, ... in order), for tests that run their own servers.
+func startProxyOn(t testing.TB, redisURL string, nodeDSNs []string, env []string, extraArgs ...string) *proxyProc {
+	t.Helper()
 	bin := latticeBinary(t)
 	port, err := localnode.FreePort()
 	if err != nil {
@@ -346,9 +367,9 @@ func startProxyEnv(t testing.TB, nodes int, env []string, extraArgs ...string) *
 		log:       &syncBuffer{},
 		done:      make(chan struct{}),
 	}
-	args := []string{"serve", "--listen", p.Addr, "--admin", p.AdminAddr, "--redis", testRedisURL(t)}
-	for i := 0; i < nodes; i++ {
-		args = append(args, "--node", fmt.Sprintf("n%d=%s", i+1, testNodeDSN(t, i)))
+	args := []string{"serve", "--listen", p.Addr, "--admin", p.AdminAddr, "--redis", redisURL}
+	for i, dsn := range nodeDSNs {
+		args = append(args, "--node", fmt.Sprintf("n%d=%s", i+1, dsn))
 	}
 	p.Args = append(args, extraArgs...)
 

@@ -184,11 +184,18 @@ func (pl *pool) acquire(ctx context.Context) (*Conn, error) {
 		}
 	}
 	pl.mu.Lock()
-	if n := len(pl.idle); n > 0 {
+	for n := len(pl.idle); n > 0; n = len(pl.idle) {
 		c := pl.idle[n-1]
 		pl.idle = pl.idle[:n-1]
 		pl.mu.Unlock()
-		return c, nil
+		if c.alive() {
+			return c, nil
+		}
+		// The server closed it while it sat idle (a restart, a crash,
+		// pg_terminate_backend): it would fail a statement the node can
+		// serve now, so it goes and the next one is tried.
+		c.Close()
+		pl.mu.Lock()
 	}
 	pl.mu.Unlock()
 	c, err := connect(ctx, pl.key.node, pl.key.tenant, pl.dsn, pl.cfg.MaxMessageSize)

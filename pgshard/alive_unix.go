@@ -1,0 +1,40 @@
+//go:build unix
+
+package pgshard
+
+import (
+	"errors"
+	"net"
+	"syscall"
+)
+
+// alive reports whether the backend's socket is open with nothing unread.
+// A backend idle in the pool has nothing to say, so pending bytes (the
+// FATAL a server sends before it closes a connection at shutdown) or the
+// end of the stream mean the server is gone. It peeks without blocking and
+// consumes nothing.
+func (c *Conn) alive() bool {
+	nc := c.net
+	if u, ok := nc.(interface{ NetConn() net.Conn }); ok { // TLS
+		nc = u.NetConn()
+	}
+	sc, ok := nc.(syscall.Conn)
+	if !ok {
+		return true // cannot tell: let the statement find out
+	}
+	raw, err := sc.SyscallConn()
+	if err != nil {
+		return false
+	}
+	var buf [1]byte
+	var peekErr error
+	if err := raw.Read(func(fd uintptr) bool {
+		_, _, peekErr = syscall.Recvfrom(int(fd), buf[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+		return true // one try: never wait for readability
+	}); err != nil {
+		return false
+	}
+	// Nothing to read yet is the only healthy answer; a nil error is data
+	// or, with 0 bytes, the end of the stream.
+	return errors.Is(peekErr, syscall.EAGAIN) || errors.Is(peekErr, syscall.EWOULDBLOCK)
+}
