@@ -170,8 +170,35 @@ func BenchmarkSuitePgbench(b *testing.B) {
 				md("| %s | %s | %s | %s | %s |", w.name, mode, directCells, bt.cells(d), l.cells(d))
 			}
 		}
+		md("\nAfter the runs, TPC-B's invariant (every delta lands once in each of accounts, tellers, branches and history): "+
+			"direct and pgbouncer %s; Lattice %s.", tpcbInvariant(b, ctx, direct), tpcbInvariant(b, ctx, p.DSN("lattice")))
 		md("")
 	}
+}
+
+// tpcbInvariant checks that the sums of the balances of pgbench's four
+// tables agree, as they must after any number of committed TPC-B
+// transactions from a fresh pgbench -i; through Lattice the accounts sum is
+// a fan-out over the shards.
+func tpcbInvariant(b *testing.B, ctx context.Context, dsn string) string {
+	b.Helper()
+	c := connect(b, dsn)
+	defer c.Close(ctx)
+	var sums [4]int64
+	for i, q := range []string{
+		"SELECT coalesce(sum(abalance), 0)::int8 FROM pgbench_accounts",
+		"SELECT coalesce(sum(tbalance), 0)::int8 FROM pgbench_tellers",
+		"SELECT coalesce(sum(bbalance), 0)::int8 FROM pgbench_branches",
+		"SELECT coalesce(sum(delta), 0)::int8 FROM pgbench_history",
+	} {
+		if err := c.QueryRow(ctx, q).Scan(&sums[i]); err != nil {
+			return fmt.Sprintf("not checked (%s: %s)", q, mdEscape(err.Error()))
+		}
+	}
+	if sums[0] == sums[1] && sums[1] == sums[2] && sums[2] == sums[3] {
+		return fmt.Sprintf("holds (every sum %d)", sums[0])
+	}
+	return fmt.Sprintf("**BROKEN**: accounts %d, tellers %d, branches %d, history %d", sums[0], sums[1], sums[2], sums[3])
 }
 
 // BenchmarkSuiteReshardCycle grows a tree of LATTICE_BENCH_RESHARD_ROWS rows
