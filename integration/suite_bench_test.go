@@ -198,7 +198,9 @@ func tpcbInvariant(b *testing.B, ctx context.Context, dsn string) string {
 	if sums[0] == sums[1] && sums[1] == sums[2] && sums[2] == sums[3] {
 		return fmt.Sprintf("holds (every sum %d)", sums[0])
 	}
-	return fmt.Sprintf("**BROKEN**: accounts %d, tellers %d, branches %d, history %d", sums[0], sums[1], sums[2], sums[3])
+	broken := fmt.Sprintf("**BROKEN**: accounts %d, tellers %d, branches %d, history %d", sums[0], sums[1], sums[2], sums[3])
+	b.Errorf("TPC-B invariant on %s: %s", dsn, broken)
+	return broken
 }
 
 // BenchmarkSuiteReshardCycle grows a tree of LATTICE_BENCH_RESHARD_ROWS rows
