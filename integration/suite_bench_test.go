@@ -426,13 +426,20 @@ func fmtMS(ms float64) string {
 	return fmt.Sprintf("%.0f ms", ms)
 }
 
+var suitePauseRe = regexp.MustCompile(`\bpause=(\S+)`)
+
 // pausesFromLog returns the pause of each "flipped" log line.
 func pausesFromLog(log string) []time.Duration {
 	var out []time.Duration
-	for _, m := range pauseRe.FindAllStringSubmatch(log, -1) {
-		v, _ := strconv.ParseFloat(m[1], 64)
-		unit := map[string]time.Duration{"ms": time.Millisecond, "s": time.Second, "µs": time.Microsecond}[m[2]]
-		out = append(out, time.Duration(v*float64(unit)))
+	for _, line := range strings.Split(log, "\n") {
+		if !strings.Contains(line, "msg=flipped ") {
+			continue
+		}
+		if m := suitePauseRe.FindStringSubmatch(line); m != nil {
+			if d, err := time.ParseDuration(m[1]); err == nil {
+				out = append(out, d)
+			}
+		}
 	}
 	return out
 }
