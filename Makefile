@@ -41,8 +41,10 @@ fuzz:
 		$(GO) test -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) $$pkg; \
 	done
 
+# The published benchmark suite; writes bench/results.md. BENCH_SECONDS and
+# the other settings at the top of bench/suite.sh make it shorter or longer.
 bench: tools
-	bash bench/point-select.sh
+	bash bench/suite.sh
 
 clean:
 	rm -rf bin

@@ -139,6 +139,9 @@ func BenchmarkReshardPointQueries(b *testing.B) {
 		b.ReportMetric(float64(percentile(latDuring, 0.99).Microseconds())/1000, "p99_ms_during")
 		b.ReportMetric(float64(percentile(pauses, 0.5).Microseconds())/1000, "pause_p50_ms")
 		b.ReportMetric(float64(percentile(pauses, 0.99).Microseconds())/1000, "pause_p99_ms")
+		b.ReportMetric(float64(percentile(pauses, 1).Microseconds())/1000, "pause_max_ms")
+		b.ReportMetric(float64(len(pauses)), "migrations")
+		b.ReportMetric(tookDuring.Seconds(), "reshard_s")
 		fmt.Printf("reshard 64 -> 128 of %d rows took %s; %d migrations; point queries: before %.0f tps p99 %s, during %.0f tps p99 %s; freeze pause p50 %s p99 %s max %s\n",
 			keys, tookDuring.Round(time.Millisecond), len(pauses), tpsBefore, percentile(latBefore, 0.99), tpsDuring, percentile(latDuring, 0.99),
 			percentile(pauses, 0.5), percentile(pauses, 0.99), percentile(pauses, 1))

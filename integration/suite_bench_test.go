@@ -1,0 +1,458 @@
+package integration
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/lattice-db/lattice/localnode"
+)
+
+// The suite benchmarks below are run by bench/suite.sh, which collects the
+// lines they print with the prefix mdPrefix into bench/results.md.
+const mdPrefix = "BENCHMD "
+
+func envInt(name string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
+		return v
+	}
+	return def
+}
+
+// md prints markdown lines for bench/suite.sh.
+func md(format string, args ...any) {
+	for _, line := range strings.Split(fmt.Sprintf(format, args...), "\n") {
+		fmt.Println(mdPrefix + line)
+	}
+}
+
+// pgbenchResult is one pgbench run: tps and mean latency, or why it failed.
+type pgbenchResult struct {
+	tps, latMS float64
+	err        string
+}
+
+var pgbenchErrRe = regexp.MustCompile(`(?m)^(pgbench: error: .*|.*ERROR: .*)$`)
+
+// runPgbench runs pgbench without vacuum (-n); a run that fails is a result,
+// not a benchmark failure, so that the table shows which modes do not work.
+func runPgbench(ctx context.Context, dsn, mode string, clients, secs int, extra ...string) pgbenchResult {
+	args := append([]string{"-n", "-M", mode, "-c", strconv.Itoa(clients), "-j", "2", "-T", strconv.Itoa(secs)}, extra...)
+	cmd := exec.CommandContext(ctx, filepath.Join(localnode.PGBinDir(), "pgbench"), append(args, dsn)...)
+	out, err := cmd.CombinedOutput()
+	m := tpsRe.FindSubmatch(out)
+	l := latRe.FindSubmatch(out)
+	if err != nil || m == nil || l == nil {
+		msg := "no tps in output"
+		if e := pgbenchErrRe.FindSubmatch(out); e != nil {
+			msg = string(e[1])
+		} else if err != nil {
+			msg = err.Error()
+		}
+		return pgbenchResult{err: msg}
+	}
+	tps, _ := strconv.ParseFloat(string(m[1]), 64)
+	lat, _ := strconv.ParseFloat(string(l[1]), 64)
+	return pgbenchResult{tps: tps, latMS: lat}
+}
+
+// cell renders a result's tps, latency and ratio to direct.
+func (r pgbenchResult) cells(direct pgbenchResult) string {
+	if r.err != "" {
+		return fmt.Sprintf("fails: %s | – | –", mdEscape(r.err))
+	}
+	ratio := "–"
+	if direct.err == "" && direct.tps > 0 {
+		ratio = fmt.Sprintf("%.2f", r.tps/direct.tps)
+	}
+	return fmt.Sprintf("%.0f | %.2f | %s", r.tps, r.latMS, ratio)
+}
+
+func mdEscape(s string) string {
+	s = strings.TrimSpace(s)
+	if len(s) > 160 {
+		s = s[:160] + "…"
+	}
+	return strings.NewReplacer("|", `\|`, "\n", " ").Replace(s)
+}
+
+// pgbenchInit runs pgbench -i directly on a node: PostgreSQL's own loader.
+func pgbenchInit(b *testing.B, ctx context.Context, dsn string, scale int) {
+	b.Helper()
+	cmd := exec.CommandContext(ctx, filepath.Join(localnode.PGBinDir(), "pgbench"), "-i", "-q", "-s", strconv.Itoa(scale), dsn)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		b.Fatalf("pgbench -i %s: %v\n%s", dsn, err, out)
+	}
+}
+
+// BenchmarkSuitePgbench runs pgbench's builtin select-only (-S) and
+// TPC-B-like scripts against one plain PostgreSQL node, against pgbouncer
+// (transaction pooling) in front of it and through Lattice, where
+// pgbench_accounts is a tree of LATTICE_BENCH_SHARDS shards on 2 nodes and
+// the branches, tellers and history are ordinary tables on the catalog
+// node; in each protocol mode, with the same clients and duration.
+// LATTICE_BENCH_SECONDS, LATTICE_BENCH_CLIENTS, LATTICE_BENCH_SCALE.
+func BenchmarkSuitePgbench(b *testing.B) {
+	ctx := context.Background()
+	secs := benchSeconds()
+	clients := envInt("LATTICE_BENCH_CLIENTS", 8)
+	scale := envInt("LATTICE_BENCH_SCALE", 4)
+	shards := envInt("LATTICE_BENCH_SHARDS", 16)
+	for i := 0; i < b.N; i++ {
+		resetNodes(b)
+		// Direct and pgbouncer: node 3 on its own. Lattice: nodes 1 and 2,
+		// node 1 being the catalog node.
+		direct := testNodeDSN(b, 2)
+		pgbenchInit(b, ctx, direct, scale)
+		pgbenchInit(b, ctx, testNodeDSN(b, 0), scale)
+		p := startProxy(b, 2)
+		start := time.Now()
+		c := connect(b, p.DSN("lattice"))
+		mustExec(b, c, fmt.Sprintf(`SELECT lattice_create_tree('pgbench_accounts', 'aid', shard_count => %d)`, shards))
+		c.Close(ctx)
+		converted := time.Since(start)
+		for n := range 3 {
+			vc := connect(b, testNodeDSN(b, n))
+			mustExec(b, vc, "VACUUM ANALYZE")
+			vc.Close(ctx)
+		}
+		bouncer := startPgbouncer(b, testNode(b, 2).Port)
+		if bouncer == "" {
+			b.Log("pgbouncer is not installed: its column shows n/a")
+		}
+
+		// Warm caches and pools on every target before the measured runs.
+		warm := min(secs, 3)
+		for _, dsn := range []string{direct, bouncer, p.DSN("lattice")} {
+			if dsn != "" {
+				runPgbench(ctx, dsn, "simple", clients, warm, "-S")
+			}
+		}
+
+		md("#### pgbench: direct vs pgbouncer vs Lattice\n")
+		md("%d clients, 2 pgbench threads, %d s per run, scale %d (%d accounts). Direct: one PostgreSQL 15 node. "+
+			"pgbouncer: transaction pooling in front of that node. Lattice: pgbench_accounts is a tree of %d shards "+
+			"on 2 nodes (created with lattice_create_tree from a pgbench -i table in %s); pgbench_branches, "+
+			"pgbench_tellers and pgbench_history are ordinary tables on the catalog node. "+
+			"tps excludes connection time; latency is pgbench's average; ratio is tps / direct tps.\n",
+			clients, secs, scale, scale*100000, shards, converted.Round(time.Millisecond))
+		md("| workload | mode | direct tps | direct ms | pgbouncer tps | pgbouncer ms | pgbouncer/direct | lattice tps | lattice ms | lattice/direct |")
+		md("|---|---|---|---|---|---|---|---|---|---|")
+		for _, w := range []struct {
+			name string
+			args []string
+		}{{"select-only (-S)", []string{"-S"}}, {"TPC-B-like (default)", nil}} {
+			for _, mode := range []string{"simple", "extended", "prepared"} {
+				d := runPgbench(ctx, direct, mode, clients, secs, w.args...)
+				bt := pgbenchResult{err: "pgbouncer not installed"}
+				if bouncer != "" {
+					bt = runPgbench(ctx, bouncer, mode, clients, secs, w.args...)
+				}
+				l := runPgbench(ctx, p.DSN("lattice"), mode, clients, secs, w.args...)
+				directCells := fmt.Sprintf("%.0f | %.2f", d.tps, d.latMS)
+				if d.err != "" {
+					directCells = "fails: " + mdEscape(d.err) + " | –"
+				}
+				md("| %s | %s | %s | %s | %s |", w.name, mode, directCells, bt.cells(d), l.cells(d))
+			}
+		}
+		md("\nAfter the runs, TPC-B's invariant (every delta lands once in each of accounts, tellers, branches and history): "+
+			"direct and pgbouncer %s; Lattice %s.", tpcbInvariant(b, ctx, direct), tpcbInvariant(b, ctx, p.DSN("lattice")))
+		md("")
+	}
+}
+
+// tpcbInvariant checks that the sums of the balances of pgbench's four
+// tables agree, as they must after any number of committed TPC-B
+// transactions from a fresh pgbench -i; through Lattice the accounts sum is
+// a fan-out over the shards.
+func tpcbInvariant(b *testing.B, ctx context.Context, dsn string) string {
+	b.Helper()
+	c := connect(b, dsn)
+	defer c.Close(ctx)
+	var sums [4]int64
+	for i, q := range []string{
+		"SELECT coalesce(sum(abalance), 0)::int8 FROM pgbench_accounts",
+		"SELECT coalesce(sum(tbalance), 0)::int8 FROM pgbench_tellers",
+		"SELECT coalesce(sum(bbalance), 0)::int8 FROM pgbench_branches",
+		"SELECT coalesce(sum(delta), 0)::int8 FROM pgbench_history",
+	} {
+		if err := c.QueryRow(ctx, q).Scan(&sums[i]); err != nil {
+			return fmt.Sprintf("not checked (%s: %s)", q, mdEscape(err.Error()))
+		}
+	}
+	if sums[0] == sums[1] && sums[1] == sums[2] && sums[2] == sums[3] {
+		return fmt.Sprintf("holds (every sum %d)", sums[0])
+	}
+	broken := fmt.Sprintf("**BROKEN**: accounts %d, tellers %d, branches %d, history %d", sums[0], sums[1], sums[2], sums[3])
+	b.Errorf("TPC-B invariant on %s: %s", dsn, broken)
+	return broken
+}
+
+// BenchmarkSuiteReshardCycle grows a tree of LATTICE_BENCH_RESHARD_ROWS rows
+// from 8 to 16 shards on 2 nodes (splits), then shrinks it back to 8
+// (folds), each through lattice_reshard with no client load, and compares
+// the rows each copied per second with a raw binary COPY TO | COPY FROM of
+// as many rows of the same table between the same two nodes. It reports
+// the freeze pauses of both from the lattice_migrator_freeze_seconds
+// histogram on /metrics and, exactly, from the per-migration log lines.
+func BenchmarkSuiteReshardCycle(b *testing.B) {
+	ctx := context.Background()
+	rows := envInt("LATTICE_BENCH_RESHARD_ROWS", 500_000)
+	for i := 0; i < b.N; i++ {
+		resetNodes(b)
+		p := startProxy(b, 2)
+		c := connect(b, p.DSN("lattice"))
+		mustExec(b, c, `CREATE TABLE cycle (k bigint PRIMARY KEY, n int8 NOT NULL, pad text NOT NULL)`)
+		mustExec(b, c, fmt.Sprintf(`INSERT INTO cycle SELECT g, g, repeat(md5(g::text), 2) FROM generate_series(1, %d) g`, rows))
+		mustExec(b, c, `SELECT lattice_create_tree('cycle', 'k', shard_count => 8)`)
+		for n := range 2 {
+			vc := connect(b, testNodeDSN(b, n))
+			mustExec(b, vc, "VACUUM ANALYZE")
+			vc.Close(ctx)
+		}
+
+		md("#### Reshard: splits and folds end to end vs raw COPY\n")
+		md("A tree of %d rows (bigint key, about 80 bytes a row) on 2 nodes, resharded through `lattice_reshard` with no client load "+
+			"(default --max-concurrent-migrations 4, --reshard-tick 2s: the time includes planning ticks, catch-up, freeze and flip). "+
+			"rows copied is lattice_migrator_rows_copied_total; raw is one binary `COPY (SELECT … LIMIT n) TO STDOUT | COPY … FROM STDIN` "+
+			"of as many rows of the same shards between the same two nodes.\n", rows)
+		md("| step | migrations | rows copied | wall time s | rows/s | raw COPY rows/s | reshard/raw |")
+		md("|---|---|---|---|---|---|---|")
+		logFrom := 0
+		var pauses []string
+		for _, step := range []struct {
+			name   string
+			shards int
+		}{{"grow 8 → 16 (splits)", 16}, {"shrink 16 → 8 (folds)", 8}} {
+			before := scrapeMetrics(b, p)
+			start := time.Now()
+			mustExec(b, c, fmt.Sprintf(`SELECT lattice_reshard('cycle', %d)`, step.shards))
+			for {
+				var done bool
+				if err := c.QueryRow(ctx, `SELECT lattice_reshard_complete('cycle')`).Scan(&done); err != nil {
+					b.Fatal(err)
+				}
+				if done {
+					break
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+			took := time.Since(start)
+			after := scrapeMetrics(b, p)
+			copied := int64(after.sum("lattice_migrator_rows_copied_total") - before.sum("lattice_migrator_rows_copied_total"))
+			log := p.Log()
+			logged := pausesFromLog(log[logFrom:])
+			logFrom = len(log)
+			raw := rawCopyRate(b, ctx, copied)
+			rate := float64(copied) / took.Seconds()
+			md("| %s | %d | %d | %.1f | %.0f | %.0f | %.2f |", step.name, len(logged), copied, took.Seconds(), rate, raw, rate/raw)
+			pauses = append(pauses, fmt.Sprintf("| %s | %s | %s |", step.name, freezeHistogram(before, after), pauseStats(logged)))
+		}
+		md("\nFreeze pause (write pause of each migration, freeze to flip) of the same reshards:\n")
+		md("| step | /metrics histogram lattice_migrator_freeze_seconds | per-migration log lines (exact) |")
+		md("|---|---|---|")
+		for _, l := range pauses {
+			md("%s", l)
+		}
+		md("")
+		c.Close(ctx)
+	}
+}
+
+// rawCopyRate pipes n rows of the tree's first shard on node 1 into a copy
+// of its table on node 2 and returns rows per second.
+func rawCopyRate(b *testing.B, ctx context.Context, n int64) float64 {
+	b.Helper()
+	if n <= 0 {
+		return math.NaN()
+	}
+	src := connect(b, testNodeDSN(b, 0))
+	defer src.Close(ctx)
+	dst := connect(b, testNodeDSN(b, 1))
+	defer dst.Close(ctx)
+	// The rows of every shard on node 1, in one query, up to n.
+	var shardTables []string
+	rows, err := src.Query(ctx, `SELECT format('%I.%I', schemaname, tablename) FROM pg_tables
+		WHERE schemaname LIKE 'lattice\_s%' AND tablename = 'cycle' ORDER BY 1`)
+	if err != nil {
+		b.Fatal(err)
+	}
+	shardTables, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil || len(shardTables) == 0 {
+		b.Fatalf("shard tables of cycle on node 1: %v (%d)", err, len(shardTables))
+	}
+	var parts []string
+	for _, t := range shardTables {
+		parts = append(parts, "SELECT * FROM "+t)
+	}
+	mustExec(b, dst, `DROP TABLE IF EXISTS public.raw_copy`)
+	mustExec(b, dst, `CREATE TABLE public.raw_copy (k bigint PRIMARY KEY, n int8 NOT NULL, pad text NOT NULL)`)
+	defer mustExec(b, dst, `DROP TABLE public.raw_copy`)
+	start := time.Now()
+	pr, pw := io.Pipe()
+	done := make(chan error, 1)
+	go func() {
+		_, err := src.PgConn().CopyTo(ctx, pw, fmt.Sprintf("COPY (%s LIMIT %d) TO STDOUT (FORMAT binary)", strings.Join(parts, " UNION ALL "), n))
+		pw.CloseWithError(err)
+		done <- err
+	}()
+	tag, err := dst.PgConn().CopyFrom(ctx, pr, "COPY public.raw_copy FROM STDIN (FORMAT binary)")
+	if cerr := <-done; err != nil || cerr != nil {
+		b.Fatalf("raw copy: %v %v", err, cerr)
+	}
+	return float64(tag.RowsAffected()) / time.Since(start).Seconds()
+}
+
+// metricsSample is one scrape of /metrics: series (name{labels}) to value.
+type metricsSample map[string]float64
+
+func scrapeMetrics(b *testing.B, p *proxyProc) metricsSample {
+	b.Helper()
+	resp, err := http.Get("http://" + p.AdminAddr + "/metrics")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer resp.Body.Close()
+	s := metricsSample{}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if line == "" || line[0] == '#' {
+			continue
+		}
+		i := strings.LastIndexByte(line, ' ')
+		if i < 0 {
+			continue
+		}
+		if v, err := strconv.ParseFloat(line[i+1:], 64); err == nil {
+			s[line[:i]] = v
+		}
+	}
+	if err := sc.Err(); err != nil {
+		b.Fatal(err)
+	}
+	return s
+}
+
+// sum adds every series of the metric name whose labels contain all of
+// the given label pairs (`outcome="flipped"`).
+func (s metricsSample) sum(name string, labels ...string) float64 {
+	var t float64
+	for k, v := range s {
+		if k != name && !strings.HasPrefix(k, name+"{") {
+			continue
+		}
+		ok := true
+		for _, l := range labels {
+			ok = ok && strings.Contains(k, l)
+		}
+		if ok {
+			t += v
+		}
+	}
+	return t
+}
+
+var leRe = regexp.MustCompile(`le="([^"]+)"`)
+
+// freezeHistogram renders the freezes between two scrapes: count by
+// outcome, mean, and the bucket bounds that hold p50, p99 and the maximum
+// (nearest rank).
+func freezeHistogram(before, after metricsSample) string {
+	const name = "lattice_migrator_freeze_seconds"
+	flipped := after.sum(name+"_count", `outcome="flipped"`) - before.sum(name+"_count", `outcome="flipped"`)
+	rolled := after.sum(name+"_count", `outcome="rolled_back"`) - before.sum(name+"_count", `outcome="rolled_back"`)
+	total := after.sum(name+"_count") - before.sum(name+"_count")
+	if total == 0 {
+		return "no freezes"
+	}
+	mean := (after.sum(name+"_sum") - before.sum(name+"_sum")) / total
+	// Cumulative bucket counts by upper bound, over all outcomes.
+	bounds := map[float64]float64{}
+	for k, v := range after {
+		if !strings.HasPrefix(k, name+"_bucket{") {
+			continue
+		}
+		m := leRe.FindStringSubmatch(k)
+		if m == nil {
+			continue
+		}
+		le, err := strconv.ParseFloat(m[1], 64)
+		if err != nil {
+			continue
+		}
+		bounds[le] += v - before[k]
+	}
+	les := make([]float64, 0, len(bounds))
+	for le := range bounds {
+		les = append(les, le)
+	}
+	slices.Sort(les)
+	q := func(p float64) string {
+		for _, le := range les {
+			if bounds[le] >= math.Ceil(p*total) {
+				if math.IsInf(le, 1) {
+					return "> 5 s"
+				}
+				return "≤ " + fmtMS(le*1000)
+			}
+		}
+		return "?"
+	}
+	return fmt.Sprintf("%d flipped, %d rolled back; mean %s; p50 %s, p99 %s, max %s",
+		int(flipped), int(rolled), fmtMS(mean*1000), q(0.5), q(0.99), q(1))
+}
+
+func fmtMS(ms float64) string {
+	if ms < 10 {
+		return fmt.Sprintf("%.1f ms", ms)
+	}
+	return fmt.Sprintf("%.0f ms", ms)
+}
+
+var suitePauseRe = regexp.MustCompile(`\bpause=(\S+)`)
+
+// pausesFromLog returns the pause of each "flipped" log line.
+func pausesFromLog(log string) []time.Duration {
+	var out []time.Duration
+	for _, line := range strings.Split(log, "\n") {
+		if !strings.Contains(line, "msg=flipped ") {
+			continue
+		}
+		if m := suitePauseRe.FindStringSubmatch(line); m != nil {
+			if d, err := time.ParseDuration(m[1]); err == nil {
+				out = append(out, d)
+			}
+		}
+	}
+	return out
+}
+
+func pauseStats(d []time.Duration) string {
+	if len(d) == 0 {
+		return "no flips logged"
+	}
+	s := slices.Clone(d)
+	slices.Sort(s)
+	// Nearest rank, as for the histogram's buckets above.
+	q := func(p float64) string {
+		return fmtMS(float64(s[int(math.Ceil(p*float64(len(s))))-1].Microseconds()) / 1000)
+	}
+	return fmt.Sprintf("%d flips; p50 %s, p99 %s, max %s", len(d), q(0.5), q(0.99), q(1))
+}
