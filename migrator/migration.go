@@ -428,6 +428,12 @@ func (r *Runner) waitAcks(ctx context.Context, t *shardmap.Tree, epoch uint64) e
 // final drain and flips the map, all within the freeze budget. It returns
 // false after rolling back a freeze that did not fit.
 func (r *Runner) freezeAndFlip(ctx context.Context, t *shardmap.Tree, mig *shardmap.Migration, sh *Shadow, log *slog.Logger) (bool, error) {
+	// Everything that does not need the slots frozen happens before the
+	// pause starts.
+	fence := r.fence(t, mig, 0)
+	if err := r.cluster.PrepareSlotFence(ctx, mig.SourceNode, fence); err != nil {
+		return false, err
+	}
 	start := time.Now()
 	mig.Freezes++
 	frozen, err := r.updateMap(ctx, t.Tenant, t.Name, func(m *shardmap.Map) (bool, error) {
@@ -437,17 +443,23 @@ func (r *Runner) freezeAndFlip(ctx context.Context, t *shardmap.Tree, mig *shard
 	if err != nil {
 		return false, err
 	}
+	steps := freezeSteps{start: start}
+	steps.mark(&steps.freeze)
 	bctx, cancel := context.WithTimeout(ctx, r.opts.FreezeBudget)
 	defer cancel()
 	err = r.waitAcks(bctx, t, frozen.Epoch)
+	steps.mark(&steps.acks)
 	if err == nil {
-		err = r.cluster.InstallSlotFence(bctx, mig.SourceNode, r.fence(t, mig, frozen.Epoch))
+		fence.Epoch = frozen.Epoch
+		err = r.cluster.ArmSlotFence(bctx, mig.SourceNode, fence)
+		steps.mark(&steps.fence)
 	}
 	var final pglogrepl.LSN
 	if err == nil {
 		if final, err = r.sourceLSN(bctx, t, mig); err == nil {
 			err = sh.WaitApplied(bctx, final)
 		}
+		steps.mark(&steps.drain)
 	}
 	if err == nil {
 		crashPoint("freeze")
@@ -456,7 +468,7 @@ func (r *Runner) freezeAndFlip(ctx context.Context, t *shardmap.Tree, mig *shard
 		if ctx.Err() != nil {
 			return false, ctx.Err()
 		}
-		log.Warn("freeze rolled back", "after", time.Since(start), "err", err)
+		log.Warn("freeze rolled back", append(steps.attrs(), "after", time.Since(start), "err", err)...)
 		r.metrics.FreezeSeconds.WithLabelValues(mig.Tree, mig.Tenant, "rolled_back").Observe(time.Since(start).Seconds())
 		mig.LastError = err.Error()
 		return false, r.unfreeze(ctx, t, mig)
@@ -486,14 +498,36 @@ func (r *Runner) freezeAndFlip(ctx context.Context, t *shardmap.Tree, mig *shard
 		return false, err
 	}
 	crashPoint("flip")
+	steps.mark(&steps.flip)
 	pause := time.Since(start)
-	log.Info("flipped", "pause", pause, "epoch", flipped.Epoch, "final_lsn", final)
+	log.Info("flipped", append(steps.attrs(), "pause", pause, "epoch", flipped.Epoch, "final_lsn", final)...)
 	r.metrics.FreezeSeconds.WithLabelValues(mig.Tree, mig.Tenant, "flipped").Observe(pause.Seconds())
 	if mig.Kind == shardmap.Fold {
 		r.metrics.ConsolidationsCommitted.WithLabelValues(mig.Tree, mig.Tenant, strconv.Itoa(mig.Source)).Inc()
 	}
 	r.recordOwnership(ctx, t, flipped, mig)
 	return true, nil
+}
+
+// freezeSteps times the parts of one freeze for its log line: the map
+// write that freezes the slots, the proxies' acknowledgements, the fence,
+// the final drain and the flip.
+type freezeSteps struct {
+	start, last                      time.Time
+	freeze, acks, fence, drain, flip time.Duration
+}
+
+// mark sets *d to the time since the previous mark.
+func (s *freezeSteps) mark(d *time.Duration) {
+	now := time.Now()
+	if s.last.IsZero() {
+		s.last = s.start
+	}
+	*d, s.last = now.Sub(s.last), now
+}
+
+func (s *freezeSteps) attrs() []any {
+	return []any{"freeze_map", s.freeze, "acks", s.acks, "fence", s.fence, "final_drain", s.drain, "flip", s.flip}
 }
 
 // recordOwnership updates the ownership records on the nodes after a flip.
