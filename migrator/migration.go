@@ -405,15 +405,11 @@ func (r *Runner) drain(ctx context.Context, t *shardmap.Tree, mig *shardmap.Migr
 // waitAcks waits until every live proxy routes the tree by epoch or later.
 func (r *Runner) waitAcks(ctx context.Context, t *shardmap.Tree, epoch uint64) error {
 	for {
-		live, err := r.store.LiveProxies(ctx)
+		lagging, err := r.store.Lagging(ctx, t.Tenant, t.Name, epoch)
 		if err != nil {
 			return err
 		}
-		acks, err := r.store.Acks(ctx, t.Tenant, t.Name)
-		if err != nil {
-			return err
-		}
-		if !slices.ContainsFunc(live, func(p string) bool { return acks[p] < epoch }) {
+		if len(lagging) == 0 {
 			return nil
 		}
 		select {

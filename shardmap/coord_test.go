@@ -132,6 +132,22 @@ func TestProxyRegistryAndAcks(t *testing.T) {
 	if err != nil || acks["p1"] != 5 || len(acks) != 1 {
 		t.Fatalf("acks: %v %v, want p1 at 5 (never backwards)", acks, err)
 	}
+	if err := s.RegisterProxy(ctx, "p3", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		epoch uint64
+		want  []string
+	}{{5, []string{"p3"}}, {6, []string{"p1", "p3"}}} {
+		lagging, err := s.Lagging(ctx, "t", "x", c.epoch)
+		slices.Sort(lagging)
+		if err != nil || !slices.Equal(lagging, c.want) {
+			t.Fatalf("lagging behind epoch %d: %v %v, want %v (p2 expired, p1 acknowledged 5, p3 nothing)", c.epoch, lagging, err, c.want)
+		}
+	}
+	if err := s.UnregisterProxy(ctx, "p3"); err != nil {
+		t.Fatal(err)
+	}
 	if err := s.UnregisterProxy(ctx, "p1"); err != nil {
 		t.Fatal(err)
 	}
