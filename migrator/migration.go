@@ -430,17 +430,21 @@ func (r *Runner) freezeAndFlip(ctx context.Context, t *shardmap.Tree, mig *shard
 	if err := r.cluster.PrepareSlotFence(ctx, mig.SourceNode, fence); err != nil {
 		return false, err
 	}
-	start := time.Now()
+	begin := time.Now()
+	var start time.Time
 	mig.Freezes++
 	frozen, err := r.updateMap(ctx, t.Tenant, t.Name, func(m *shardmap.Map) (bool, error) {
+		// The pause starts with the write of the frozen map that succeeds:
+		// from then on the proxies hold statements for the slots. Earlier
+		// attempts (a concurrent migration changed the map) froze nothing.
+		start = time.Now()
 		m.Frozen = append(m.Frozen, mig.Slots...)
 		return true, nil
 	})
 	if err != nil {
 		return false, err
 	}
-	steps := freezeSteps{start: start}
-	steps.mark(&steps.freeze)
+	steps := freezeSteps{freeze: start.Sub(begin), last: start}
 	bctx, cancel := context.WithTimeout(ctx, r.opts.FreezeBudget)
 	defer cancel()
 	err = r.waitAcks(bctx, t, frozen.Epoch)
@@ -505,25 +509,23 @@ func (r *Runner) freezeAndFlip(ctx context.Context, t *shardmap.Tree, mig *shard
 	return true, nil
 }
 
-// freezeSteps times the parts of one freeze for its log line: the map
-// write that freezes the slots, the proxies' acknowledgements, the fence,
-// the final drain and the flip.
+// freezeSteps times one freeze for its log line: the map reads and writes
+// lost to concurrent migrations before the freeze, then the parts of the
+// pause: the proxies' acknowledgements (the frozen map's write included),
+// the fence, the final drain and the flip.
 type freezeSteps struct {
-	start, last                      time.Time
+	last                             time.Time
 	freeze, acks, fence, drain, flip time.Duration
 }
 
 // mark sets *d to the time since the previous mark.
 func (s *freezeSteps) mark(d *time.Duration) {
 	now := time.Now()
-	if s.last.IsZero() {
-		s.last = s.start
-	}
 	*d, s.last = now.Sub(s.last), now
 }
 
 func (s *freezeSteps) attrs() []any {
-	return []any{"freeze_map", s.freeze, "acks", s.acks, "fence", s.fence, "final_drain", s.drain, "flip", s.flip}
+	return []any{"freeze_wait", s.freeze, "acks", s.acks, "fence", s.fence, "final_drain", s.drain, "flip", s.flip}
 }
 
 // recordOwnership updates the ownership records on the nodes after a flip.
