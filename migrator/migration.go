@@ -449,14 +449,15 @@ func (r *Runner) freezeAndFlip(ctx context.Context, t *shardmap.Tree, mig *shard
 	defer cancel()
 	err = r.waitAcks(bctx, t, frozen.Epoch)
 	steps.mark(&steps.acks)
+	var lsn string
 	if err == nil {
 		fence.Epoch = frozen.Epoch
-		err = r.cluster.ArmSlotFence(bctx, mig.SourceNode, fence)
+		lsn, err = r.cluster.ArmSlotFence(bctx, mig.SourceNode, fence)
 		steps.mark(&steps.fence)
 	}
 	var final pglogrepl.LSN
 	if err == nil {
-		if final, err = r.sourceLSN(bctx, t, mig); err == nil {
+		if final, err = pglogrepl.ParseLSN(lsn); err == nil {
 			err = sh.WaitApplied(bctx, final)
 		}
 		steps.mark(&steps.drain)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/lattice-db/lattice/shardmap"
 )
@@ -57,7 +58,8 @@ func (c *Cluster) InstallSlotFence(ctx context.Context, node string, f SlotFence
 	if err := c.PrepareSlotFence(ctx, node, f); err != nil {
 		return err
 	}
-	return c.ArmSlotFence(ctx, node, f)
+	_, err := c.ArmSlotFence(ctx, node, f)
+	return err
 }
 
 // PrepareSlotFence creates the fence's trigger function on node without
@@ -110,30 +112,55 @@ $fence$`
 // to the table, so when it returns, no write to the fenced slots can commit
 // on this shard any more: it is the barrier of a freeze. It retries short
 // lock waits until ctx ends.
-func (c *Cluster) ArmSlotFence(ctx context.Context, node string, f SlotFence) error {
+//
+// It returns the node's WAL position read under the fence's lock: every
+// write to the fenced slots lies before it, and the fence's own commit
+// (synchronous) has flushed the WAL past it, so a logical decoding stream
+// can reach it at once rather than when the WAL writer next flushes.
+func (c *Cluster) ArmSlotFence(ctx context.Context, node string, f SlotFence) (string, error) {
 	p, err := c.Admin(ctx, node, f.Tree.Tenant)
 	if err != nil {
-		return err
+		return "", err
 	}
 	table := ShardTable(f.Tree, f.Shard)
 	epoch := quoteLiteral(strconv.FormatUint(f.Epoch, 10))
 	sql := strings.Join([]string{
 		fmt.Sprintf("SET LOCAL lock_timeout = '%dms'", fenceLockTimeout.Milliseconds()),
+		"SET LOCAL synchronous_commit = on",
 		"CREATE OR REPLACE TRIGGER " + quoteIdent(f.trigger()) + " BEFORE INSERT OR UPDATE OR DELETE ON " + table +
 			" FOR EACH ROW EXECUTE FUNCTION " + f.funcName() + "(" + epoch + ")",
 		"CREATE OR REPLACE TRIGGER " + quoteIdent(f.trigger()+"_t") + " BEFORE TRUNCATE ON " + table +
 			" FOR EACH STATEMENT EXECUTE FUNCTION " + f.funcName() + "(" + epoch + ")",
+		"SELECT pg_current_wal_lsn()::text",
 	}, ";\n")
 	for {
-		_, err := p.Exec(ctx, sql)
+		lsn, err := armOnce(ctx, p, sql)
 		var pgErr *pgconn.PgError
 		if err == nil || !errors.As(err, &pgErr) || pgErr.Code != "55P03" || ctx.Err() != nil {
 			if err != nil {
-				return fmt.Errorf("pgshard: fence slots of shard %d on %s: %w", f.Shard, node, err)
+				return "", fmt.Errorf("pgshard: fence slots of shard %d on %s: %w", f.Shard, node, err)
 			}
-			return nil
+			return lsn, nil
 		}
 	}
+}
+
+// armOnce runs the statements of ArmSlotFence as one simple query (one
+// implicit transaction) and returns the value of the last one.
+func armOnce(ctx context.Context, p *pgxpool.Pool, sql string) (string, error) {
+	conn, err := p.Acquire(ctx)
+	if err != nil {
+		return "", err
+	}
+	defer conn.Release()
+	res, err := conn.Conn().PgConn().Exec(ctx, sql).ReadAll()
+	if err != nil {
+		return "", err
+	}
+	if last := res[len(res)-1]; len(last.Rows) == 1 && len(last.Rows[0]) == 1 {
+		return string(last.Rows[0][0]), nil
+	}
+	return "", errors.New("no WAL position in the reply")
 }
 
 // DropSlotFence removes a fence; a missing one is fine.
