@@ -108,6 +108,8 @@ func TestSlotFence(t *testing.T) {
 				t.Fatalf("got %v, want success", err)
 			case c.code != "" && (!errors.As(err, &pgErr) || pgErr.Code != c.code):
 				t.Fatalf("got %v, want SQLSTATE %s", err, c.code)
+			case c.code != "" && pgErr.Detail != "moved to shard 9 at epoch 7":
+				t.Fatalf("detail %q, want the target and the epoch of the fence", pgErr.Detail)
 			}
 		})
 	}

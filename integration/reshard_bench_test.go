@@ -7,6 +7,7 @@ import (
 	"regexp"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -59,7 +60,26 @@ func percentile(d []time.Duration, p float64) time.Duration {
 	return s[min(len(s)-1, int(float64(len(s))*p))]
 }
 
-var pauseRe = regexp.MustCompile(`msg=flipped .*?pause=([0-9.]+)(ms|s|µs)`)
+// flipTimes returns, for each "flipped" line of a proxy log, the duration
+// logged under key (the pause, or one of its steps).
+func flipTimes(log, key string) []time.Duration {
+	re := regexp.MustCompile(`\b` + key + `=(\S+)`)
+	var out []time.Duration
+	for _, line := range strings.Split(log, "\n") {
+		if !strings.Contains(line, "msg=flipped ") {
+			continue
+		}
+		if m := re.FindStringSubmatch(line); m != nil {
+			if d, err := time.ParseDuration(m[1]); err == nil {
+				out = append(out, d)
+			}
+		}
+	}
+	return out
+}
+
+// freezeSteps are the parts of a freeze the migrator logs with each flip.
+var freezeSteps = []string{"freeze_wait", "acks", "fence", "final_drain", "flip"}
 
 // BenchmarkReshardPointQueries measures point-query throughput and p99
 // latency through the proxy before and during a reshard of a 200,000-row
@@ -124,11 +144,12 @@ func BenchmarkReshardPointQueries(b *testing.B) {
 		if loadErr != nil {
 			b.Fatal(loadErr)
 		}
-		var pauses []time.Duration
-		for _, m := range pauseRe.FindAllStringSubmatch(p.Log(), -1) {
-			v, _ := strconv.ParseFloat(m[1], 64)
-			unit := map[string]time.Duration{"ms": time.Millisecond, "s": time.Second, "µs": time.Microsecond}[m[2]]
-			pauses = append(pauses, time.Duration(v*float64(unit)))
+		log := p.Log()
+		pauses := flipTimes(log, "pause")
+		var steps []string
+		for _, k := range freezeSteps {
+			d := flipTimes(log, k)
+			steps = append(steps, fmt.Sprintf("%s p50 %s p99 %s", k, percentile(d, 0.5).Round(10*time.Microsecond), percentile(d, 0.99).Round(10*time.Microsecond)))
 		}
 		pool.Close()
 		tpsBefore := float64(len(latBefore)) / tookBefore.Seconds()
@@ -145,5 +166,6 @@ func BenchmarkReshardPointQueries(b *testing.B) {
 		fmt.Printf("reshard 64 -> 128 of %d rows took %s; %d migrations; point queries: before %.0f tps p99 %s, during %.0f tps p99 %s; freeze pause p50 %s p99 %s max %s\n",
 			keys, tookDuring.Round(time.Millisecond), len(pauses), tpsBefore, percentile(latBefore, 0.99), tpsDuring, percentile(latDuring, 0.99),
 			percentile(pauses, 0.5), percentile(pauses, 0.99), percentile(pauses, 1))
+		fmt.Printf("freeze steps: %s\n", strings.Join(steps, "; "))
 	}
 }

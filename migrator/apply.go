@@ -115,13 +115,20 @@ func (sh *Shadow) applyLoop(ctx context.Context) error {
 			deadline = batch.due
 		}
 		rctx, cancel := context.WithDeadline(ctx, deadline)
+		if !sh.startReceive(cancel, waiting) {
+			cancel()
+			continue
+		}
 		msg, err := sh.repl.ReceiveMessage(rctx)
+		sh.startReceive(nil, true)
 		cancel()
 		if err != nil {
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
-			if pgconn.Timeout(err) {
+			// A receive that timed out, or that a new waiter ended
+			// (WaitApplied), leaves the connection usable.
+			if pgconn.Timeout(err) || errors.Is(err, context.Canceled) {
 				continue
 			}
 			return fmt.Errorf("migrator: replication stream: %w", err)
@@ -231,6 +238,19 @@ func minTime(a, b time.Time) time.Time {
 		return a
 	}
 	return b
+}
+
+// startReceive records how to end the coming receive early (nil once it
+// is over). It returns false when a waiter came after the loop read
+// waiting: the loop goes round again to ask the source for a keepalive.
+func (sh *Shadow) startReceive(end context.CancelFunc, waiting bool) bool {
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if end != nil && sh.waiters > 0 && !waiting {
+		return false
+	}
+	sh.endReceive = end
+	return true
 }
 
 func (sh *Shadow) waiting() bool {

@@ -408,15 +408,11 @@ func (r *Runner) drain(ctx context.Context, t *shardmap.Tree, mig *shardmap.Migr
 // first statement (shardmap.Registration).
 func (r *Runner) waitAcks(ctx context.Context, t *shardmap.Tree, epoch uint64) error {
 	for {
-		live, err := r.store.TenantProxies(ctx, t.Tenant)
+		lagging, err := r.store.Lagging(ctx, t.Tenant, t.Name, epoch)
 		if err != nil {
 			return err
 		}
-		acks, err := r.store.Acks(ctx, t.Tenant, t.Name)
-		if err != nil {
-			return err
-		}
-		if !slices.ContainsFunc(live, func(p string) bool { return acks[p] < epoch }) {
+		if len(lagging) == 0 {
 			return nil
 		}
 		select {
@@ -431,26 +427,43 @@ func (r *Runner) waitAcks(ctx context.Context, t *shardmap.Tree, epoch uint64) e
 // final drain and flips the map, all within the freeze budget. It returns
 // false after rolling back a freeze that did not fit.
 func (r *Runner) freezeAndFlip(ctx context.Context, t *shardmap.Tree, mig *shardmap.Migration, sh *Shadow, log *slog.Logger) (bool, error) {
-	start := time.Now()
+	// Everything that does not need the slots frozen happens before the
+	// pause starts.
+	fence := r.fence(t, mig, 0)
+	if err := r.cluster.PrepareSlotFence(ctx, mig.SourceNode, fence); err != nil {
+		return false, err
+	}
+	begin := time.Now()
+	var start time.Time
 	mig.Freezes++
 	frozen, err := r.updateMap(ctx, t.Tenant, t.Name, func(m *shardmap.Map) (bool, error) {
+		// The pause starts with the write of the frozen map that succeeds:
+		// from then on the proxies hold statements for the slots. Earlier
+		// attempts (a concurrent migration changed the map) froze nothing.
+		start = time.Now()
 		m.Frozen = append(m.Frozen, mig.Slots...)
 		return true, nil
 	})
 	if err != nil {
 		return false, err
 	}
+	steps := freezeSteps{freeze: start.Sub(begin), last: start}
 	bctx, cancel := context.WithTimeout(ctx, r.opts.FreezeBudget)
 	defer cancel()
 	err = r.waitAcks(bctx, t, frozen.Epoch)
+	steps.mark(&steps.acks)
+	var lsn string
 	if err == nil {
-		err = r.cluster.InstallSlotFence(bctx, mig.SourceNode, r.fence(t, mig, frozen.Epoch))
+		fence.Epoch = frozen.Epoch
+		lsn, err = r.cluster.ArmSlotFence(bctx, mig.SourceNode, fence)
+		steps.mark(&steps.fence)
 	}
 	var final pglogrepl.LSN
 	if err == nil {
-		if final, err = r.sourceLSN(bctx, t, mig); err == nil {
+		if final, err = pglogrepl.ParseLSN(lsn); err == nil {
 			err = sh.WaitApplied(bctx, final)
 		}
+		steps.mark(&steps.drain)
 	}
 	if err == nil {
 		crashPoint("freeze")
@@ -459,7 +472,7 @@ func (r *Runner) freezeAndFlip(ctx context.Context, t *shardmap.Tree, mig *shard
 		if ctx.Err() != nil {
 			return false, ctx.Err()
 		}
-		log.Warn("freeze rolled back", "after", time.Since(start), "err", err)
+		log.Warn("freeze rolled back", append(steps.attrs(), "after", time.Since(start), "err", err)...)
 		r.metrics.FreezeSeconds.WithLabelValues(mig.Tree, mig.Tenant, "rolled_back").Observe(time.Since(start).Seconds())
 		mig.LastError = err.Error()
 		return false, r.unfreeze(ctx, t, mig)
@@ -489,14 +502,34 @@ func (r *Runner) freezeAndFlip(ctx context.Context, t *shardmap.Tree, mig *shard
 		return false, err
 	}
 	crashPoint("flip")
+	steps.mark(&steps.flip)
 	pause := time.Since(start)
-	log.Info("flipped", "pause", pause, "epoch", flipped.Epoch, "final_lsn", final)
+	log.Info("flipped", append(steps.attrs(), "pause", pause, "epoch", flipped.Epoch, "final_lsn", final)...)
 	r.metrics.FreezeSeconds.WithLabelValues(mig.Tree, mig.Tenant, "flipped").Observe(pause.Seconds())
 	if mig.Kind == shardmap.Fold {
 		r.metrics.ConsolidationsCommitted.WithLabelValues(mig.Tree, mig.Tenant, strconv.Itoa(mig.Source)).Inc()
 	}
 	r.recordOwnership(ctx, t, flipped, mig)
 	return true, nil
+}
+
+// freezeSteps times one freeze for its log line: the map reads and writes
+// lost to concurrent migrations before the freeze, then the parts of the
+// pause: the proxies' acknowledgements (the frozen map's write included),
+// the fence, the final drain and the flip.
+type freezeSteps struct {
+	last                             time.Time
+	freeze, acks, fence, drain, flip time.Duration
+}
+
+// mark sets *d to the time since the previous mark.
+func (s *freezeSteps) mark(d *time.Duration) {
+	now := time.Now()
+	*d, s.last = now.Sub(s.last), now
+}
+
+func (s *freezeSteps) attrs() []any {
+	return []any{"freeze_wait", s.freeze, "acks", s.acks, "fence", s.fence, "final_drain", s.drain, "flip", s.flip}
 }
 
 // recordOwnership updates the ownership records on the nodes after a flip.

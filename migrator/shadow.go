@@ -79,7 +79,10 @@ type Shadow struct {
 	advance *sync.Cond // signalled when stats.Applied moves or the stream ends
 	err     error      // why the stream ended
 	waiters int        // WaitApplied calls in progress
-	done    bool
+	// endReceive ends the stream's current receive, so that a first waiter
+	// gets its keepalive request sent at once; nil between receives.
+	endReceive context.CancelFunc
+	done       bool
 
 	cancel context.CancelFunc
 	exited chan struct{}
@@ -279,6 +282,9 @@ func (sh *Shadow) WaitApplied(ctx context.Context, lsn pglogrepl.LSN) error {
 	defer sh.mu.Unlock()
 	sh.waiters++
 	defer func() { sh.waiters-- }()
+	if sh.waiters == 1 && sh.endReceive != nil && sh.stats.Applied < lsn {
+		sh.endReceive()
+	}
 	for sh.stats.Applied < lsn {
 		if sh.done {
 			return fmt.Errorf("migrator: shadow copy %s stopped: %w", sh.spec.ID, sh.err)

@@ -88,9 +88,12 @@ func (c *Cluster) ddlTargets(m *shardmap.Map) []ddlTarget {
 // statements, the column list after ALTER, or the removal of the tree for
 // DROP TABLE. A statement PostgreSQL rejects on any table changes nothing
 // (except CONCURRENTLY, see concurrentDDL).
-func (c *Cluster) RunTreeDDL(ctx context.Context, store shardmap.Store, d TreeDDL, commit CommitFunc) error {
+func (c *Cluster) RunTreeDDL(ctx context.Context, store DDLStore, d TreeDDL, commit CommitFunc) error {
 	if d.Tenant == "" {
 		d.Tenant = c.DefaultTenant()
+	}
+	if err := refuseDuringReshard(ctx, store, d); err != nil {
+		return err
 	}
 	log := c.log.With("tenant", d.Tenant, "tree", d.Tree)
 	start := time.Now()
@@ -141,7 +144,7 @@ type nodeTx struct {
 // first (its advisory lock serialises DDL on the tree across proxies, and
 // the template is changed before any shard), records the change in the
 // registry, and then commits the nodes with commitDDL.
-func (c *Cluster) transactionalDDL(ctx context.Context, store shardmap.Store, d TreeDDL, commit CommitFunc) error {
+func (c *Cluster) transactionalDDL(ctx context.Context, store DDLStore, d TreeDDL, commit CommitFunc) error {
 	var txs []*nodeTx
 	defer func() {
 		for _, n := range txs {
@@ -199,6 +202,11 @@ func (c *Cluster) transactionalDDL(ctx context.Context, store shardmap.Store, d 
 		}
 	}
 
+	// Checked again just before the commit: a reshard may have started
+	// while the statement ran.
+	if err := refuseDuringReshard(ctx, store, d); err != nil {
+		return err
+	}
 	// The registry changes before the nodes commit: a registry failure
 	// here still rolls every node back.
 	switch {

@@ -4,10 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/lattice-db/lattice/shardmap"
 )
@@ -40,24 +43,38 @@ type SlotFence struct {
 
 func (f SlotFence) trigger() string { return "lattice_fence_m_" + f.Migration }
 
-func (f SlotFence) function() string {
+// funcName is the fence's trigger function, without an argument list.
+func (f SlotFence) funcName() string {
 	// One function per fenced table: several tables of a node may be fenced
 	// under one name (an empty-tree re-pin), and each is dropped alone.
-	return fenceSchema + "." + pgx.Identifier{fmt.Sprintf("fence_m_%s_%d", f.Migration, f.Shard)}.Sanitize() + "()"
+	return fenceSchema + "." + pgx.Identifier{fmt.Sprintf("fence_m_%s_%d", f.Migration, f.Shard)}.Sanitize()
 }
 
-// InstallSlotFence creates the fence on node. Creating the trigger waits for
-// the transactions already writing to the table, so when it returns, no
-// write to the fenced slots can commit on this shard any more: it is the
-// barrier of a freeze. It retries short lock waits until ctx ends.
+func (f SlotFence) function() string { return f.funcName() + "()" }
+
+// InstallSlotFence creates the fence on node: PrepareSlotFence, then
+// ArmSlotFence.
 func (c *Cluster) InstallSlotFence(ctx context.Context, node string, f SlotFence) error {
+	if err := c.PrepareSlotFence(ctx, node, f); err != nil {
+		return err
+	}
+	_, err := c.ArmSlotFence(ctx, node, f)
+	return err
+}
+
+// PrepareSlotFence creates the fence's trigger function on node without
+// attaching it. It takes no lock on the shard table, so the migrator runs it
+// before a freeze and keeps it (and the node-wide advisory lock it takes)
+// out of the write pause. It can run again.
+func (c *Cluster) PrepareSlotFence(ctx context.Context, node string, f SlotFence) error {
 	p, err := c.Admin(ctx, node, f.Tree.Tenant)
 	if err != nil {
 		return err
 	}
-	table := ShardTable(f.Tree, f.Shard)
 	pred := func(rec string) string { return SlotPredicate(f.Tree, rec, f.Slots) }
-	detail := fmt.Sprintf("moved to shard %d at epoch %d", f.Target, f.Epoch)
+	// The epoch comes from the trigger's argument: it is only known once
+	// the slots are frozen.
+	detail := fmt.Sprintf("format('moved to shard %d at epoch %%s', TG_ARGV[0])", f.Target)
 	body := `CREATE OR REPLACE FUNCTION ` + f.function() + ` RETURNS trigger LANGUAGE plpgsql AS $fence$
 BEGIN
     IF current_setting('` + MigratorSetting + `', true) = 'on' THEN
@@ -71,40 +88,79 @@ BEGIN
         OR TG_OP IN ('INSERT', 'UPDATE') AND ` + pred("NEW") + `
         OR TG_OP IN ('UPDATE', 'DELETE') AND ` + pred("OLD") + ` THEN
         RAISE EXCEPTION USING ERRCODE = '` + FenceCode + `',
-            MESSAGE = 'lattice: slot moved', DETAIL = ` + quoteLiteral(detail) + `;
+            MESSAGE = 'lattice: slot moved', DETAIL = ` + detail + `;
     END IF;
     RETURN CASE TG_OP WHEN 'DELETE' THEN OLD ELSE NEW END;
 END
 $fence$`
-	stmts := []string{
-		fmt.Sprintf("SET LOCAL lock_timeout = '%dms'", fenceLockTimeout.Milliseconds()),
+	// One simple-protocol query string runs as one implicit transaction.
+	sql := strings.Join([]string{
+		// CREATE OR REPLACE FUNCTION and CREATE SCHEMA IF NOT EXISTS race
+		// with themselves across sessions.
 		fmt.Sprintf("SELECT pg_advisory_xact_lock(%d, -1)", schemaLockClass),
 		"CREATE SCHEMA IF NOT EXISTS " + fenceSchema,
 		body,
-		"DROP TRIGGER IF EXISTS " + quoteIdent(f.trigger()) + " ON " + table,
-		"CREATE TRIGGER " + quoteIdent(f.trigger()) + " BEFORE INSERT OR UPDATE OR DELETE ON " + table +
-			" FOR EACH ROW EXECUTE FUNCTION " + f.function(),
-		"DROP TRIGGER IF EXISTS " + quoteIdent(f.trigger()+"_t") + " ON " + table,
-		"CREATE TRIGGER " + quoteIdent(f.trigger()+"_t") + " BEFORE TRUNCATE ON " + table +
-			" FOR EACH STATEMENT EXECUTE FUNCTION " + f.function(),
+	}, ";\n")
+	if _, err := p.Exec(ctx, sql); err != nil {
+		return fmt.Errorf("pgshard: prepare fence of shard %d on %s: %w", f.Shard, node, err)
 	}
+	return nil
+}
+
+// ArmSlotFence attaches a prepared fence to its shard table, in one round
+// trip. Creating the triggers waits for the transactions already writing
+// to the table, so when it returns, no write to the fenced slots can commit
+// on this shard any more: it is the barrier of a freeze. It retries short
+// lock waits until ctx ends.
+//
+// It returns the node's WAL position read under the fence's lock: every
+// write to the fenced slots lies before it, and the fence's own commit
+// (synchronous) has flushed the WAL past it, so a logical decoding stream
+// can reach it at once rather than when the WAL writer next flushes.
+func (c *Cluster) ArmSlotFence(ctx context.Context, node string, f SlotFence) (string, error) {
+	p, err := c.Admin(ctx, node, f.Tree.Tenant)
+	if err != nil {
+		return "", err
+	}
+	table := ShardTable(f.Tree, f.Shard)
+	epoch := quoteLiteral(strconv.FormatUint(f.Epoch, 10))
+	sql := strings.Join([]string{
+		fmt.Sprintf("SET LOCAL lock_timeout = '%dms'", fenceLockTimeout.Milliseconds()),
+		"SET LOCAL synchronous_commit = on",
+		"CREATE OR REPLACE TRIGGER " + quoteIdent(f.trigger()) + " BEFORE INSERT OR UPDATE OR DELETE ON " + table +
+			" FOR EACH ROW EXECUTE FUNCTION " + f.funcName() + "(" + epoch + ")",
+		"CREATE OR REPLACE TRIGGER " + quoteIdent(f.trigger()+"_t") + " BEFORE TRUNCATE ON " + table +
+			" FOR EACH STATEMENT EXECUTE FUNCTION " + f.funcName() + "(" + epoch + ")",
+		"SELECT pg_current_wal_lsn()::text",
+	}, ";\n")
 	for {
-		err := pgx.BeginFunc(ctx, p, func(tx pgx.Tx) error {
-			for _, s := range stmts {
-				if _, err := tx.Exec(ctx, s); err != nil {
-					return err
-				}
-			}
-			return nil
-		})
+		lsn, err := armOnce(ctx, p, sql)
 		var pgErr *pgconn.PgError
 		if err == nil || !errors.As(err, &pgErr) || pgErr.Code != "55P03" || ctx.Err() != nil {
 			if err != nil {
-				return fmt.Errorf("pgshard: fence slots of shard %d on %s: %w", f.Shard, node, err)
+				return "", fmt.Errorf("pgshard: fence slots of shard %d on %s: %w", f.Shard, node, err)
 			}
-			return nil
+			return lsn, nil
 		}
 	}
+}
+
+// armOnce runs the statements of ArmSlotFence as one simple query (one
+// implicit transaction) and returns the value of the last one.
+func armOnce(ctx context.Context, p *pgxpool.Pool, sql string) (string, error) {
+	conn, err := p.Acquire(ctx)
+	if err != nil {
+		return "", err
+	}
+	defer conn.Release()
+	res, err := conn.Conn().PgConn().Exec(ctx, sql).ReadAll()
+	if err != nil {
+		return "", err
+	}
+	if last := res[len(res)-1]; len(last.Rows) == 1 && len(last.Rows[0]) == 1 {
+		return string(last.Rows[0][0]), nil
+	}
+	return "", errors.New("no WAL position in the reply")
 }
 
 // DropSlotFence removes a fence; a missing one is fine.

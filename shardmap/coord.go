@@ -113,6 +113,9 @@ type Coordination interface {
 	AckEpoch(ctx context.Context, tenant, tree, proxy string, epoch uint64) error
 	// Acks returns each proxy's acknowledged epoch of tree.
 	Acks(ctx context.Context, tenant, tree string) (map[string]uint64, error)
+	// Lagging lists the live proxies serving tenant that have not acknowledged epoch of
+	// tree, in one round trip: what a freeze polls for.
+	Lagging(ctx context.Context, tenant, tree string, epoch uint64) ([]string, error)
 }
 
 var _ Coordination = (*RedisStore)(nil)
@@ -445,6 +448,31 @@ func (s *RedisStore) Acks(ctx context.Context, tenant, tree string) (map[string]
 			return nil, fmt.Errorf("shardmap: ack of %s: %w", p, err)
 		}
 		out[p] = e
+	}
+	return out, nil
+}
+
+// Lagging implements Coordination over the proxies registered for the
+// tenant (ServeTenants). A pipeline, not a script: in Redis Cluster the
+// registry and the tenant's acknowledgements are in different slots.
+func (s *RedisStore) Lagging(ctx context.Context, tenant, tree string, epoch uint64) ([]string, error) {
+	now := strconv.FormatInt(time.Now().UnixMilli(), 10)
+	var live *redis.StringSliceCmd
+	var acks *redis.MapStringStringCmd
+	_, err := s.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+		p.ZRemRangeByScore(ctx, s.tenantProxiesKey(tenant), "-inf", "("+now)
+		live = p.ZRangeByScore(ctx, s.tenantProxiesKey(tenant), &redis.ZRangeBy{Min: now, Max: "+inf"})
+		acks = p.HGetAll(ctx, s.acksKey(tenant, tree))
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("shardmap: acks of %s/%s: %w", tenant, tree, err)
+	}
+	var out []string
+	for _, id := range live.Val() {
+		if e, err := strconv.ParseUint(acks.Val()[id], 10, 64); err != nil || e < epoch {
+			out = append(out, id)
+		}
 	}
 	return out, nil
 }

@@ -177,6 +177,32 @@ func TestProxyRegistryAndAcks(t *testing.T) {
 			t.Fatalf("proxies of %s: %v %v, want %v", tc.tenant, got, err, tc.want)
 		}
 	}
+	// p4 serves only another tenant: a freeze of t does not wait for it.
+	if err := s.RegisterProxy(ctx, "p3", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.ServeTenants(ctx, "p3", time.Minute, "t"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.ServeTenants(ctx, "p4", time.Minute, "u"); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		epoch uint64
+		want  []string
+	}{{5, []string{"p3"}}, {6, []string{"p1", "p3"}}} {
+		lagging, err := s.Lagging(ctx, "t", "x", c.epoch)
+		slices.Sort(lagging)
+		if err != nil || !slices.Equal(lagging, c.want) {
+			t.Fatalf("lagging behind epoch %d: %v %v, want %v (p2 expired, p1 acknowledged 5, p3 nothing, p4 serves u)", c.epoch, lagging, err, c.want)
+		}
+	}
+	if err := s.UnregisterProxy(ctx, "p3", "t"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.UnregisterProxy(ctx, "p4", "u"); err != nil {
+		t.Fatal(err)
+	}
 	if err := s.UnregisterProxy(ctx, "p1", "t", "u"); err != nil {
 		t.Fatal(err)
 	}

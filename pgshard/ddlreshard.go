@@ -1,0 +1,61 @@
+package pgshard
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/lattice-db/lattice/shardmap"
+)
+
+// DDLStore is the store tree DDL works with: the registry and maps, and the
+// reshard records that keep DDL off a tree whose slots are moving.
+type DDLStore interface {
+	shardmap.Store
+	Reshard(ctx context.Context, tenant, tree string) (*shardmap.Reshard, error)
+	Migrations(ctx context.Context, tenant, tree string) ([]*shardmap.Migration, error)
+}
+
+const codeObjectNotInPrerequisiteState = "55000"
+
+var ddlOpTags = map[DDLOp]string{
+	DDLAlter:       "ALTER TABLE",
+	DDLCreateIndex: "CREATE INDEX",
+	DDLDropIndex:   "DROP INDEX",
+	DDLTruncate:    "TRUNCATE",
+	DDLDropTable:   "DROP TABLE",
+}
+
+// refuseDuringReshard refuses DDL on a tree while a reshard of it runs. A
+// migration's target table replays the tree's DDL log when it is created
+// and its stream carries rows, not DDL, so a change made during the copy
+// would leave the target differing from its source; a TRUNCATE would stop
+// the stream.
+func refuseDuringReshard(ctx context.Context, store DDLStore, d TreeDDL) error {
+	busy := ""
+	r, err := store.Reshard(ctx, d.Tenant, d.Tree)
+	switch {
+	case err == nil:
+		busy = fmt.Sprintf("a reshard to %d shards (operation %s) is running", r.Target, r.OpID)
+	case !errors.Is(err, shardmap.ErrNotFound):
+		return err
+	default:
+		migs, err := store.Migrations(ctx, d.Tenant, d.Tree)
+		if err != nil {
+			return err
+		}
+		for _, m := range migs {
+			if m.Phase != shardmap.PhaseDone {
+				busy = fmt.Sprintf("migration %s (%s of shard %d) is in phase %s", m.ID, m.Kind, m.Source, m.Phase)
+				break
+			}
+		}
+	}
+	if busy == "" {
+		return nil
+	}
+	return &Error{Code: codeObjectNotInPrerequisiteState,
+		Message: fmt.Sprintf("%s on tree %s is not allowed while the tree is being resharded", ddlOpTags[d.Op], quoted(d.Tree)),
+		Detail:  busy + ".",
+		Hint:    fmt.Sprintf("Wait until SELECT lattice_reshard_complete(%s) returns true, then run the statement again.", quoteLiteral(d.Tree))}
+}
