@@ -12,6 +12,7 @@ type Metrics struct {
 	ConsolidationsCommitted *prometheus.CounterVec   // tree, tenant, shard (the retired donor)
 	CoordinatorCompleted    *prometheus.CounterVec   // tree, tenant, kind
 	RowsCopied              *prometheus.CounterVec   // tree, tenant
+	BytesCopied             *prometheus.CounterVec   // tree, tenant: COPY data of shadow copies
 	FreezeSeconds           *prometheus.HistogramVec // tree, tenant, outcome (flipped, rolled_back)
 	MigrationsInFlight      *prometheus.GaugeVec     // tree, tenant
 	ReplicationLagBytes     *prometheus.GaugeVec     // tree, tenant, migration
@@ -53,6 +54,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		RowsCopied: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "lattice_migrator_rows_copied_total", Help: "Rows copied by shadow copies.",
 		}, tt),
+		BytesCopied: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "lattice_migrator_bytes_copied_total", Help: "Bytes of binary COPY data moved by shadow copies.",
+		}, tt),
 		FreezeSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "lattice_migrator_freeze_seconds", Help: "Write pause of each freeze, from freeze to flip or roll-back.",
 			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2, 5},
@@ -66,7 +70,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	if reg != nil {
 		reg.MustRegister(m.ReshardInitiated, m.ReshardCompleted, m.ReshardRejected, m.ReshardInFlight,
-			m.ConsolidationsCommitted, m.CoordinatorCompleted, m.RowsCopied, m.FreezeSeconds,
+			m.ConsolidationsCommitted, m.CoordinatorCompleted, m.RowsCopied, m.BytesCopied, m.FreezeSeconds,
 			m.MigrationsInFlight, m.ReplicationLagBytes)
 	}
 	return m

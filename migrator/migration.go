@@ -258,6 +258,7 @@ func (r *Runner) Run(ctx context.Context, mig *shardmap.Migration) error {
 				}
 				if mig.Phase == shardmap.PhaseCopy {
 					r.metrics.RowsCopied.WithLabelValues(mig.Tree, mig.Tenant).Add(float64(sh.Stats().RowsCopied))
+					r.metrics.BytesCopied.WithLabelValues(mig.Tree, mig.Tenant).Add(float64(sh.Stats().BytesCopied))
 				}
 				mig.RowsCopied = sh.Stats().RowsCopied
 			}
@@ -279,6 +280,9 @@ func (r *Runner) Run(ctx context.Context, mig *shardmap.Migration) error {
 				return err
 			}
 			if flipped {
+				// The flip happened but its phase change was lost (a crash):
+				// its event may have been lost too.
+				r.publish(ctx, migrationEvent(EventMigrationCommitted, mig, r.mapEpoch(ctx, mig.Tenant, mig.Tree)))
 				if err := r.setPhase(ctx, mig, shardmap.PhaseRelease); err != nil {
 					return err
 				}
@@ -322,6 +326,10 @@ func (r *Runner) Run(ctx context.Context, mig *shardmap.Migration) error {
 			if err := r.release(ctx, t, mig); err != nil {
 				return err
 			}
+			// Before the phase change: the coordinator completes the
+			// reshard once no migration is short of done, and its event
+			// must come after this one.
+			r.publish(ctx, migrationEvent(EventMigrationRetired, mig, r.mapEpoch(ctx, mig.Tenant, mig.Tree)))
 			if err := r.setPhase(ctx, mig, shardmap.PhaseDone); err != nil {
 				return err
 			}
@@ -493,6 +501,7 @@ func (r *Runner) freezeAndFlip(ctx context.Context, t *shardmap.Tree, mig *shard
 		r.metrics.ConsolidationsCommitted.WithLabelValues(mig.Tree, mig.Tenant, strconv.Itoa(mig.Source)).Inc()
 	}
 	r.recordOwnership(ctx, t, flipped, mig)
+	r.publish(ctx, migrationEvent(EventMigrationCommitted, mig, flipped.Epoch))
 	return true, nil
 }
 
