@@ -237,6 +237,8 @@ func (r *Runner) Run(ctx context.Context, mig *shardmap.Migration) error {
 		if sh != nil {
 			_ = sh.Stop()
 		}
+		// Done, failed or stopped: it is not streaming here any more.
+		r.metrics.setLag(mig.Tenant, mig.Tree, mig.ID, -1)
 	}()
 	for {
 		switch mig.Phase {
@@ -334,7 +336,6 @@ func (r *Runner) Run(ctx context.Context, mig *shardmap.Migration) error {
 				return err
 			}
 		case shardmap.PhaseDone:
-			r.metrics.ReplicationLagBytes.DeleteLabelValues(mig.Tree, mig.Tenant, mig.ID)
 			log.Info("migration done", "rows_copied", mig.RowsCopied, "freezes", mig.Freezes)
 			return r.store.DeleteMigration(ctx, mig.Tenant, mig.Tree, mig.ID)
 		default:
@@ -394,7 +395,7 @@ func (r *Runner) drain(ctx context.Context, t *shardmap.Tree, mig *shardmap.Migr
 		cancel()
 		applied := sh.Stats().Applied
 		mig.LagBytes = max(int64(cur)-int64(applied), 0)
-		r.metrics.ReplicationLagBytes.WithLabelValues(mig.Tree, mig.Tenant, mig.ID).Set(float64(mig.LagBytes))
+		r.metrics.setLag(mig.Tenant, mig.Tree, mig.ID, mig.LagBytes)
 		if err == nil || mig.LagBytes <= r.opts.FreezeLag {
 			return nil
 		}
