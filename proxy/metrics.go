@@ -132,10 +132,13 @@ type execNote struct {
 // noteExecute starts timing an Execute of portal.
 func (s *session) noteExecute(portal string) {
 	k := kindUnplanned
-	if p := s.portals[portal]; p != nil && p.stmt.plan != nil {
-		k = p.stmt.plan.Kind
+	if p := s.portals[portal]; p != nil {
+		k = kindNone // an empty statement
+		if p.stmt.plan != nil {
+			k = p.stmt.plan.Kind
+		}
 	}
-	if len(s.execs) < maxPendingSteps {
+	if k != kindNone && len(s.execs) < maxPendingSteps {
 		s.execs = append(s.execs, execNote{kind: k, start: time.Now()})
 	}
 }
