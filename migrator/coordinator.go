@@ -361,6 +361,8 @@ func (c *Coordinator) complete(ctx context.Context, t *shardmap.Tree, r *shardma
 	}
 	c.metrics.ReshardCompleted.WithLabelValues(t.Name, t.Tenant).Inc()
 	c.metrics.CoordinatorCompleted.WithLabelValues(t.Name, t.Tenant, "reshard").Inc()
+	c.runner.publish(ctx, Event{Event: EventReshardCompleted, Tenant: t.Tenant, Tree: t.Name, Epoch: m.Epoch,
+		Reshard: r.OpID, From: r.From, To: r.Target, Shards: t.ShardCount})
 	c.log.Info("reshard completed", "tree", t.Name, "tenant", t.Tenant, "shards", t.ShardCount, "took", time.Since(r.Started))
 	return c.store.ReleaseLease(ctx, t.Tenant, t.Name, c.id)
 }
@@ -431,6 +433,8 @@ func (c *Coordinator) Reshard(ctx context.Context, tenant, tree string, n int) (
 		return reject("55000", ReasonInProgress, "a reshard of %s to %d shards is in progress; wait for it before asking for %d", tree, other.Target, n)
 	}
 	c.metrics.ReshardInitiated.WithLabelValues(tree, tenant).Inc()
+	c.runner.publish(ctx, Event{Event: EventReshardStarted, Tenant: tenant, Tree: tree, Epoch: m.Epoch,
+		Reshard: op.OpID, From: distinct, To: n})
 	verb := "splitting"
 	if !op.Grow {
 		verb = "folding"
@@ -549,6 +553,12 @@ func (c *Coordinator) tryRepin(ctx context.Context, t *shardmap.Tree, op *shardm
 	}
 	c.metrics.ReshardInitiated.WithLabelValues(t.Name, t.Tenant).Inc()
 	c.metrics.ReshardCompleted.WithLabelValues(t.Name, t.Tenant).Inc()
+	epoch := c.runner.mapEpoch(ctx, t.Tenant, t.Name)
+	started := Event{Event: EventReshardStarted, Tenant: t.Tenant, Tree: t.Name, Epoch: epoch, Reshard: op.OpID, From: op.From, To: n, Repin: true}
+	c.runner.publish(ctx, started)
+	completed := started
+	completed.Event, completed.Shards = EventReshardCompleted, n
+	c.runner.publish(ctx, completed)
 	c.log.Info("empty tree re-pinned", "tree", t.Name, "tenant", t.Tenant, "shards", n)
 	return true, nil
 }

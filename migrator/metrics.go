@@ -1,6 +1,10 @@
 package migrator
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
 
 // Metrics are the specification's reshard instruments (names with dots as
 // underscores, DESIGN section 8) and the migrator's own.
@@ -12,9 +16,13 @@ type Metrics struct {
 	ConsolidationsCommitted *prometheus.CounterVec   // tree, tenant, shard (the retired donor)
 	CoordinatorCompleted    *prometheus.CounterVec   // tree, tenant, kind
 	RowsCopied              *prometheus.CounterVec   // tree, tenant
+	BytesCopied             *prometheus.CounterVec   // tree, tenant: COPY data of shadow copies
 	FreezeSeconds           *prometheus.HistogramVec // tree, tenant, outcome (flipped, rolled_back)
 	MigrationsInFlight      *prometheus.GaugeVec     // tree, tenant
-	ReplicationLagBytes     *prometheus.GaugeVec     // tree, tenant, migration
+	ReplicationLagBytes     *prometheus.GaugeVec     // tree, tenant: the largest of the tree's migrations here, 0 when none
+
+	lagMu sync.Mutex
+	lags  map[[2]string]map[string]int64 // tenant, tree -> migration id -> lag
 }
 
 // Reasons a reshard is rejected before a coordinator starts.
@@ -53,6 +61,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		RowsCopied: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "lattice_migrator_rows_copied_total", Help: "Rows copied by shadow copies.",
 		}, tt),
+		BytesCopied: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "lattice_migrator_bytes_copied_total", Help: "Bytes of binary COPY data moved by shadow copies.",
+		}, tt),
 		FreezeSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "lattice_migrator_freeze_seconds", Help: "Write pause of each freeze, from freeze to flip or roll-back.",
 			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2, 5},
@@ -61,13 +72,42 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "lattice_migrator_migrations_in_flight", Help: "Migrations this proxy is running.",
 		}, tt),
 		ReplicationLagBytes: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "lattice_migrator_replication_lag_bytes", Help: "Source WAL not yet applied to the target, per migration.",
-		}, []string{"tree", "tenant", "migration"}),
+			Name: "lattice_migrator_replication_lag_bytes", Help: "Source WAL not yet applied to the target: the largest of the tree's migrations this proxy runs, 0 when it runs none.",
+		}, tt),
+		lags: map[[2]string]map[string]int64{},
 	}
 	if reg != nil {
 		reg.MustRegister(m.ReshardInitiated, m.ReshardCompleted, m.ReshardRejected, m.ReshardInFlight,
-			m.ConsolidationsCommitted, m.CoordinatorCompleted, m.RowsCopied, m.FreezeSeconds,
+			m.ConsolidationsCommitted, m.CoordinatorCompleted, m.RowsCopied, m.BytesCopied, m.FreezeSeconds,
 			m.MigrationsInFlight, m.ReplicationLagBytes)
 	}
 	return m
+}
+
+// setLag records the replication lag of migration id of a tree and shows
+// the tree's largest; a negative lag forgets the migration (it is done).
+// Per tree rather than per migration, so that the series outlives the
+// migrations and a dashboard keeps one line per tree.
+func (m *Metrics) setLag(tenant, tree, id string, lag int64) {
+	m.lagMu.Lock()
+	defer m.lagMu.Unlock()
+	k := [2]string{tenant, tree}
+	by := m.lags[k]
+	if by == nil {
+		by = map[string]int64{}
+		m.lags[k] = by
+	}
+	if lag < 0 {
+		delete(by, id)
+	} else {
+		by[id] = lag
+	}
+	var most int64
+	for _, l := range by {
+		most = max(most, l)
+	}
+	if len(by) == 0 {
+		delete(m.lags, k)
+	}
+	m.ReplicationLagBytes.WithLabelValues(tree, tenant).Set(float64(most))
 }

@@ -237,6 +237,8 @@ func (r *Runner) Run(ctx context.Context, mig *shardmap.Migration) error {
 		if sh != nil {
 			_ = sh.Stop()
 		}
+		// Done, failed or stopped: it is not streaming here any more.
+		r.metrics.setLag(mig.Tenant, mig.Tree, mig.ID, -1)
 	}()
 	for {
 		switch mig.Phase {
@@ -258,6 +260,7 @@ func (r *Runner) Run(ctx context.Context, mig *shardmap.Migration) error {
 				}
 				if mig.Phase == shardmap.PhaseCopy {
 					r.metrics.RowsCopied.WithLabelValues(mig.Tree, mig.Tenant).Add(float64(sh.Stats().RowsCopied))
+					r.metrics.BytesCopied.WithLabelValues(mig.Tree, mig.Tenant).Add(float64(sh.Stats().BytesCopied))
 				}
 				mig.RowsCopied = sh.Stats().RowsCopied
 			}
@@ -279,6 +282,9 @@ func (r *Runner) Run(ctx context.Context, mig *shardmap.Migration) error {
 				return err
 			}
 			if flipped {
+				// The flip happened but its phase change was lost (a crash):
+				// its event may have been lost too.
+				r.publish(ctx, migrationEvent(EventMigrationCommitted, mig, r.mapEpoch(ctx, mig.Tenant, mig.Tree)))
 				if err := r.setPhase(ctx, mig, shardmap.PhaseRelease); err != nil {
 					return err
 				}
@@ -322,11 +328,14 @@ func (r *Runner) Run(ctx context.Context, mig *shardmap.Migration) error {
 			if err := r.release(ctx, t, mig); err != nil {
 				return err
 			}
+			// Before the phase change: the coordinator completes the
+			// reshard once no migration is short of done, and its event
+			// must come after this one.
+			r.publish(ctx, migrationEvent(EventMigrationRetired, mig, r.mapEpoch(ctx, mig.Tenant, mig.Tree)))
 			if err := r.setPhase(ctx, mig, shardmap.PhaseDone); err != nil {
 				return err
 			}
 		case shardmap.PhaseDone:
-			r.metrics.ReplicationLagBytes.DeleteLabelValues(mig.Tree, mig.Tenant, mig.ID)
 			log.Info("migration done", "rows_copied", mig.RowsCopied, "freezes", mig.Freezes)
 			return r.store.DeleteMigration(ctx, mig.Tenant, mig.Tree, mig.ID)
 		default:
@@ -386,7 +395,7 @@ func (r *Runner) drain(ctx context.Context, t *shardmap.Tree, mig *shardmap.Migr
 		cancel()
 		applied := sh.Stats().Applied
 		mig.LagBytes = max(int64(cur)-int64(applied), 0)
-		r.metrics.ReplicationLagBytes.WithLabelValues(mig.Tree, mig.Tenant, mig.ID).Set(float64(mig.LagBytes))
+		r.metrics.setLag(mig.Tenant, mig.Tree, mig.ID, mig.LagBytes)
 		if err == nil || mig.LagBytes <= r.opts.FreezeLag {
 			return nil
 		}
@@ -510,6 +519,7 @@ func (r *Runner) freezeAndFlip(ctx context.Context, t *shardmap.Tree, mig *shard
 		r.metrics.ConsolidationsCommitted.WithLabelValues(mig.Tree, mig.Tenant, strconv.Itoa(mig.Source)).Inc()
 	}
 	r.recordOwnership(ctx, t, flipped, mig)
+	r.publish(ctx, migrationEvent(EventMigrationCommitted, mig, flipped.Epoch))
 	return true, nil
 }
 

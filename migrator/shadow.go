@@ -58,6 +58,7 @@ func progressTable(target int) string {
 // ShadowStats is what a running shadow copy has done so far.
 type ShadowStats struct {
 	RowsCopied  int64
+	BytesCopied int64 // COPY data of this run's copy; 0 when an earlier run did the copy
 	RowsApplied int64
 	Applied     pglogrepl.LSN // every source change up to here is in the target
 	Copied      bool
@@ -193,35 +194,36 @@ func (sh *Shadow) copyFresh(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	n, err := sh.copyRows(ctx, src, slot.SnapshotName, start)
+	n, bytes, err := sh.copyRows(ctx, src, slot.SnapshotName, start)
 	if err != nil {
 		return err
 	}
-	sh.stats = ShadowStats{RowsCopied: n, Applied: start, Copied: true}
+	sh.stats = ShadowStats{RowsCopied: n, BytesCopied: bytes, Applied: start, Copied: true}
 	sh.log.Info("shadow copy done", "rows", n, "consistent_point", start)
 	return sh.startReplication(ctx, start)
 }
 
 // copyRows pipes a binary COPY of the moving rows, read under the slot's
-// exported snapshot, into the target table.
-func (sh *Shadow) copyRows(ctx context.Context, src *pgx.Conn, snapshot string, start pglogrepl.LSN) (int64, error) {
+// exported snapshot, into the target table, and returns the rows and bytes
+// of COPY data it moved.
+func (sh *Shadow) copyRows(ctx context.Context, src *pgx.Conn, snapshot string, start pglogrepl.LSN) (int64, int64, error) {
 	sp := sh.spec
 	cols := quoteAll(sh.cols)
 	target := pgshard.ShardTable(sp.Tree, sp.Target)
 	if _, err := src.Exec(ctx, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	defer src.Exec(context.Background(), "ROLLBACK")
 	if _, err := src.Exec(ctx, "SET TRANSACTION SNAPSHOT "+quoteLiteral(snapshot)); err != nil {
-		return 0, fmt.Errorf("migrator: use exported snapshot: %w", err)
+		return 0, 0, fmt.Errorf("migrator: use exported snapshot: %w", err)
 	}
 	tx, err := sh.target.Begin(ctx)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	defer tx.Rollback(context.Background())
 	if _, err := tx.Exec(ctx, "DELETE FROM "+target+" WHERE "+pgshard.SlotPredicate(sp.Tree, "", sp.Slots)); err != nil {
-		return 0, fmt.Errorf("migrator: clear target slots: %w", err)
+		return 0, 0, fmt.Errorf("migrator: clear target slots: %w", err)
 	}
 	pr, pw := io.Pipe()
 	copyOut := make(chan error, 1)
@@ -231,23 +233,36 @@ func (sh *Shadow) copyRows(ctx context.Context, src *pgx.Conn, snapshot string, 
 		pw.CloseWithError(err)
 		copyOut <- err
 	}()
-	tag, err := tx.Conn().PgConn().CopyFrom(ctx, pr, "COPY "+target+" ("+cols+") FROM STDIN (FORMAT binary)")
+	counted := &countingReader{r: pr}
+	tag, err := tx.Conn().PgConn().CopyFrom(ctx, counted, "COPY "+target+" ("+cols+") FROM STDIN (FORMAT binary)")
 	pr.CloseWithError(errors.New("migrator: target copy ended"))
 	if outErr := <-copyOut; outErr != nil {
-		return 0, fmt.Errorf("migrator: copy from source: %w", outErr)
+		return 0, 0, fmt.Errorf("migrator: copy from source: %w", outErr)
 	}
 	if err != nil {
-		return 0, fmt.Errorf("migrator: copy into target: %w", err)
+		return 0, 0, fmt.Errorf("migrator: copy into target: %w", err)
 	}
 	if _, err := tx.Exec(ctx, "INSERT INTO "+progressTable(sp.Target)+" (migration, applied_lsn, rows_copied) VALUES ($1, $2::pg_lsn, $3)",
 		sp.ID, start.String(), tag.RowsAffected()); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	crashPoint("copy")
 	if err := tx.Commit(ctx); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
-	return tag.RowsAffected(), nil
+	return tag.RowsAffected(), counted.n, nil
+}
+
+// countingReader counts the bytes read through it.
+type countingReader struct {
+	r io.Reader
+	n int64
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += int64(n)
+	return n, err
 }
 
 func (sh *Shadow) startReplication(ctx context.Context, from pglogrepl.LSN) error {

@@ -71,6 +71,7 @@ type Stats struct {
 	Node, Tenant  string
 	InUse, Idle   int
 	Held          int
+	Waiting       int // acquires waiting for a free backend now
 	AcquireWaits  int64
 	AcquireErrors int64
 }
@@ -85,6 +86,7 @@ type pool struct {
 	idle []*Conn
 
 	waits, errs atomic.Int64
+	waiting     atomic.Int64 // acquires blocked on a free slot now
 	held        atomic.Int64 // backends in use that a session holds for itself
 }
 
@@ -137,7 +139,7 @@ func (p *Pools) Stats() []Stats {
 		idle := len(pl.idle)
 		pl.mu.Unlock()
 		out = append(out, Stats{Node: k.node, Tenant: k.tenant, InUse: len(pl.slots), Idle: idle, Held: int(pl.held.Load()),
-			AcquireWaits: pl.waits.Load(), AcquireErrors: pl.errs.Load()})
+			Waiting: int(pl.waiting.Load()), AcquireWaits: pl.waits.Load(), AcquireErrors: pl.errs.Load()})
 	}
 	return out
 }
@@ -172,6 +174,8 @@ func (pl *pool) acquire(ctx context.Context) (*Conn, error) {
 	case pl.slots <- struct{}{}:
 	default:
 		pl.waits.Add(1)
+		pl.waiting.Add(1)
+		defer pl.waiting.Add(-1)
 		t := time.NewTimer(pl.cfg.AcquireTimeout)
 		defer t.Stop()
 		select {

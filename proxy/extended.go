@@ -40,6 +40,7 @@ func (s *session) extendedMsg(ctx context.Context, msg pgproto3.FrontendMessage)
 	case *pgproto3.Describe:
 		s.describe(ctx, m)
 	case *pgproto3.Execute:
+		s.noteExecute(m.Portal)
 		s.execute(ctx, m)
 		if p := s.portals[m.Portal]; p != nil && p.stmt.plan != nil && p.stmt.plan.Kind == router.Copy && p.stmt.plan.Copy.From && !s.skipping {
 			// PostgreSQL answers CopyInResponse at once, and clients wait

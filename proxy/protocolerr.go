@@ -26,7 +26,7 @@ func (s *session) receiveFailed(err error) {
 	default:
 		e = fatalf("08P01", "invalid frontend message: %v", err)
 	}
-	s.client.Send(e.Response())
+	s.send(e.Response())
 	_ = s.client.Flush()
 }
 

@@ -54,7 +54,10 @@ type Config struct {
 	// statement planned on an older one runs (the migrator's freeze and
 	// release wait for that); nil plans on the cache directly.
 	Registration *shardmap.Registration
-	Log          *slog.Logger
+	// Metrics are the request-path instruments; nil counts into
+	// unregistered ones.
+	Metrics *Metrics
+	Log     *slog.Logger
 }
 
 // Server accepts client connections and runs a session for each.
@@ -66,6 +69,7 @@ type Server struct {
 	functions   Functions
 	catalogNode string
 	twoPhase    *TwoPhase
+	metrics     *Metrics
 	log         *slog.Logger
 
 	aggs     sync.Map // tenant + "\x00" + function name -> aggCheck
@@ -86,9 +90,12 @@ func NewServer(cfg Config, cache *shardmap.Cache, planner *router.Planner, pools
 	if cfg.MaxMergeMemory <= 0 {
 		cfg.MaxMergeMemory = DefaultMaxMergeMemory
 	}
+	if cfg.Metrics == nil {
+		cfg.Metrics = NewMetrics(nil)
+	}
 	return &Server{
 		cfg: cfg, cache: cache, planner: planner, pools: pools, functions: functions,
-		catalogNode: cfg.CatalogNode, twoPhase: cfg.TwoPhase, log: cfg.Log, sessions: make(map[uint32]*session),
+		catalogNode: cfg.CatalogNode, twoPhase: cfg.TwoPhase, metrics: cfg.Metrics, log: cfg.Log, sessions: make(map[uint32]*session),
 	}
 }
 
@@ -132,14 +139,18 @@ func (s *Server) serveConn(ctx context.Context, conn net.Conn) {
 	st, err := Handshake(ctx, conn, s.cfg.Startup)
 	if err != nil {
 		s.log.Debug("startup failed", "remote", conn.RemoteAddr().String(), "err", err)
+		s.startupFailed(err)
 		return
 	}
 	if st.Cancel != nil {
+		s.metrics.conn(connCancel)
 		s.cancel(ctx, st.Cancel)
 		return
 	}
 	if n := s.clients.Add(1); n > int64(s.cfg.MaxClients) {
 		s.clients.Add(-1)
+		s.metrics.conn(connTooMany)
+		s.metrics.errorSent("53300")
 		st.Backend.Send(Errorf("53300", "sorry, too many clients already").Response())
 		_ = st.Backend.Flush()
 		return
@@ -148,10 +159,12 @@ func (s *Server) serveConn(ctx context.Context, conn net.Conn) {
 
 	sess := s.newSession(conn, st)
 	if err := s.greet(ctx, sess, st); err != nil {
-		sess.client.Send(AsError(err).Response())
+		s.metrics.conn(connRejected)
+		sess.send(AsError(err).Response())
 		_ = sess.client.Flush()
 		return
 	}
+	s.metrics.conn(connAccepted)
 	s.register(sess)
 	defer s.unregister(sess)
 	defer sess.release()
@@ -280,18 +293,23 @@ func (sess *session) loop(ctx context.Context) {
 		}
 		switch m := msg.(type) {
 		case *pgproto3.Query:
+			start := time.Now()
 			err = sess.simpleQuery(ctx, m.String)
+			sess.srv.metrics.query(sess.qkind, start)
 			ready = true
 		case *pgproto3.Parse, *pgproto3.Bind, *pgproto3.Describe, *pgproto3.Execute,
 			*pgproto3.Close, *pgproto3.Sync, *pgproto3.Flush:
 			err = sess.extendedMsg(ctx, m)
 			_, ready = m.(*pgproto3.Sync)
+			if _, flush := m.(*pgproto3.Flush); ready || flush {
+				sess.observeExecs()
+			}
 		case *pgproto3.Terminate:
 			return
 		case *pgproto3.CopyData, *pgproto3.CopyDone, *pgproto3.CopyFail:
 			// Left over from a COPY that already failed; PostgreSQL ignores them too.
 		default:
-			sess.client.Send(fatalf("08P01", "unexpected message type %T", m).Response())
+			sess.send(fatalf("08P01", "unexpected message type %T", m).Response())
 			_ = sess.client.Flush()
 			return
 		}

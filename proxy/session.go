@@ -83,6 +83,11 @@ type session struct {
 	// extRetry is the statement of the current extended batch that is
 	// routed again after LT001, or nil.
 	extRetry *extRetry
+
+	// qkind is the route kind of the current Query message, and execs the
+	// Executes of the current extended batch, for the query metrics.
+	qkind router.Kind
+	execs []execNote
 }
 
 // clientStmt is a prepared statement as the client named it.
@@ -117,13 +122,16 @@ type splitState struct {
 
 func (s *session) send(m pgproto3.BackendMessage) {
 	s.client.Send(m)
-	if d, ok := m.(*pgproto3.DataRow); ok {
-		for _, v := range d.Values {
+	switch m := m.(type) {
+	case *pgproto3.DataRow:
+		for _, v := range m.Values {
 			s.pendingBytes += len(v) + 4
 		}
 		if s.pendingBytes > flushThreshold {
 			_ = s.flush()
 		}
+	case *pgproto3.ErrorResponse:
+		s.srv.metrics.errorSent(m.Code)
 	}
 }
 

@@ -45,15 +45,19 @@ func (s *session) simpleQuery(ctx context.Context, sql string) error {
 func (s *session) runQuery(ctx context.Context, sql string, allowRetry bool) {
 	plans, v, err := s.planHeld(ctx, sql)
 	if err != nil {
+		s.qkind = kindUnplanned
 		s.fail(err, false)
 		return
 	}
 	switch len(plans) {
 	case 0:
+		s.qkind = kindNone
 		s.x.synthetic(&pgproto3.EmptyQueryResponse{})
 	case 1:
+		s.qkind = plans[0].Kind
 		s.simpleOne(ctx, v, plans[0], allowRetry)
 	default:
+		s.qkind = kindMulti
 		s.simpleMulti(ctx, v, plans)
 	}
 }

@@ -288,6 +288,7 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, ready func(pg
 		},
 		IndexTable:   cluster.IndexTable,
 		Registration: reg,
+		Metrics:      proxy.NewMetrics(adm.Registry),
 		Log:          log,
 	}, cache, router.NewPlanner(10000), pools, migrator.NewFunctions(cluster, store, cache, coord))
 

@@ -24,6 +24,7 @@ var (
 	poolInUse = prometheus.NewDesc("lattice_pool_backends_in_use", "Backend connections lent to sessions.", []string{"node", "tenant"}, nil)
 	poolIdle  = prometheus.NewDesc("lattice_pool_backends_idle", "Idle backend connections.", []string{"node", "tenant"}, nil)
 	poolHeld  = prometheus.NewDesc("lattice_pool_backends_held", "Backend connections held by listening sessions (LISTEN), within those in use.", []string{"node", "tenant"}, nil)
+	poolWait  = prometheus.NewDesc("lattice_pool_backends_waiting", "Statements waiting now for a free backend.", []string{"node", "tenant"}, nil)
 	poolWaits = prometheus.NewDesc("lattice_pool_acquire_waits_total", "Acquires that had to wait for a free backend.", []string{"node", "tenant"}, nil)
 	poolErrs  = prometheus.NewDesc("lattice_pool_acquire_errors_total", "Acquires that failed.", []string{"node", "tenant"}, nil)
 )
@@ -32,6 +33,7 @@ func (c poolCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- poolInUse
 	ch <- poolIdle
 	ch <- poolHeld
+	ch <- poolWait
 	ch <- poolWaits
 	ch <- poolErrs
 }
@@ -41,6 +43,7 @@ func (c poolCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(poolInUse, prometheus.GaugeValue, float64(s.InUse), s.Node, s.Tenant)
 		ch <- prometheus.MustNewConstMetric(poolIdle, prometheus.GaugeValue, float64(s.Idle), s.Node, s.Tenant)
 		ch <- prometheus.MustNewConstMetric(poolHeld, prometheus.GaugeValue, float64(s.Held), s.Node, s.Tenant)
+		ch <- prometheus.MustNewConstMetric(poolWait, prometheus.GaugeValue, float64(s.Waiting), s.Node, s.Tenant)
 		ch <- prometheus.MustNewConstMetric(poolWaits, prometheus.CounterValue, float64(s.AcquireWaits), s.Node, s.Tenant)
 		ch <- prometheus.MustNewConstMetric(poolErrs, prometheus.CounterValue, float64(s.AcquireErrors), s.Node, s.Tenant)
 	}

@@ -1,0 +1,88 @@
+package migrator
+
+import (
+	"context"
+	"encoding/json"
+	"time"
+
+	"github.com/lattice-db/lattice/shardmap"
+)
+
+// EventsChannel is the PostgreSQL notification channel of tree events.
+// Events are sent with pg_notify in the tenant's database on the catalog
+// node, so a client of any proxy that runs LISTEN lattice_events (which the
+// proxy routes to the catalog node like any LISTEN) receives them, whichever
+// proxy did the work.
+const EventsChannel = "lattice_events"
+
+// Tree event names.
+const (
+	EventReshardStarted     = "reshard_started"
+	EventReshardCompleted   = "reshard_completed"
+	EventMigrationCommitted = "migration_committed" // a split or fold flipped its slots to the target
+	EventMigrationRetired   = "migration_retired"   // its source released: moved rows deleted, or a fold's donor dropped
+)
+
+// Event is the JSON payload of a notification on EventsChannel.
+type Event struct {
+	Event  string `json:"event"`
+	Tenant string `json:"tenant"`
+	Tree   string `json:"tree"`
+	// Epoch is the shard map epoch the event happened at.
+	Epoch uint64    `json:"epoch"`
+	At    time.Time `json:"at"`
+
+	// Reshard events.
+	Reshard string `json:"reshard,omitempty"`       // operation id
+	From    int    `json:"from_shards,omitempty"`   // distinct shards when it started
+	To      int    `json:"target_shards,omitempty"` // the target count
+	Shards  int    `json:"shards,omitempty"`        // distinct shards at completion
+	Repin   bool   `json:"repin,omitempty"`         // the empty-tree re-pin, no migrations
+
+	// Migration events: the shard indices it moves slots between.
+	Migration string `json:"migration,omitempty"`
+	Kind      string `json:"kind,omitempty"` // split or fold
+	Source    *int   `json:"source,omitempty"`
+	Target    *int   `json:"target,omitempty"`
+}
+
+// eventTimeout bounds one notification: an event is never worth holding a
+// migration up for.
+const eventTimeout = 5 * time.Second
+
+// publish sends ev to the tenant's listeners. Events are notifications, not
+// a log: a failure is logged and the work goes on.
+func (r *Runner) publish(ctx context.Context, ev Event) {
+	ev.At = time.Now().UTC()
+	payload, err := json.Marshal(ev)
+	if err != nil {
+		r.log.Warn("tree event not encoded", "event", ev.Event, "err", err)
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), eventTimeout)
+	defer cancel()
+	p, err := r.cluster.Admin(ctx, r.cluster.Catalog().Name, ev.Tenant)
+	if err == nil {
+		_, err = p.Exec(ctx, "SELECT pg_notify($1, $2)", EventsChannel, string(payload))
+	}
+	if err != nil {
+		r.log.Warn("tree event not published", "event", ev.Event, "tree", ev.Tree, "tenant", ev.Tenant, "err", err)
+	}
+}
+
+// migrationEvent is the event of mig at epoch.
+func migrationEvent(name string, mig *shardmap.Migration, epoch uint64) Event {
+	src, tgt := mig.Source, mig.Target
+	return Event{Event: name, Tenant: mig.Tenant, Tree: mig.Tree, Epoch: epoch,
+		Migration: mig.ID, Kind: string(mig.Kind), Source: &src, Target: &tgt}
+}
+
+// mapEpoch is the tree's current map epoch, 0 when it cannot be read (the
+// event still goes out).
+func (r *Runner) mapEpoch(ctx context.Context, tenant, tree string) uint64 {
+	m, err := r.store.Map(ctx, tenant, tree)
+	if err != nil {
+		return 0
+	}
+	return m.Epoch
+}
