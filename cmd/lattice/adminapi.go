@@ -99,7 +99,9 @@ func (s *adminSelf) DefaultTenant() string { return s.cluster.DefaultTenant() }
 
 func (s *adminSelf) Tenants() []string { return s.cache.Tenants() }
 
-func (s *adminSelf) CachedEpoch(tenant, tree string) (uint64, bool) { return s.cache.CachedEpoch(tenant, tree) }
+func (s *adminSelf) CachedEpoch(tenant, tree string) (uint64, bool) {
+	return s.cache.CachedEpoch(tenant, tree)
+}
 
 func (s *adminSelf) Proxies(ctx context.Context) ([]admin.ProxyLease, error) {
 	ls, err := s.store.ProxyLeases(ctx)
