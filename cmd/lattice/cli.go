@@ -396,7 +396,9 @@ func progressLine(r *admin.ReshardStatus, migs []admin.MigrationInfo) string {
 	for i, k := range keys {
 		parts[i] = fmt.Sprintf("%d %s", phases[k], k)
 	}
-	s := fmt.Sprintf("%d/%d shards, %d migrations in flight", r.Shards, r.Target, r.MigrationsInFlight)
+	// The count comes from the list, read after the status, so that the
+	// line agrees with itself.
+	s := fmt.Sprintf("%d/%d shards, %d migrations in flight", r.Shards, r.Target, len(migs))
 	if len(parts) > 0 {
 		s += " (" + strings.Join(parts, ", ") + ")"
 	}

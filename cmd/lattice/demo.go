@@ -78,9 +78,11 @@ Lattice demo is running.
   connect:  psql "%s"
   try:      SELECT * FROM lattice_shards('catalogue');
             SELECT * FROM catalogue WHERE sku = 'sku-00042';
-  admin:    http://%s/metrics
+  page:     http://%s/   (slot maps, shards and reshards, live)
+  reshard:  lattice reshard catalogue 32 --wait --admin %s
+  metrics:  http://%s/metrics
 Press Ctrl-C to stop; everything started here stops with it.
-`, dsn, adm)
+`, dsn, adm, adm, adm)
 	return <-errc
 }
 
