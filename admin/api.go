@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"mime"
 	"net/http"
+	"net/url"
 	"slices"
 	"strconv"
 	"time"
@@ -219,7 +221,10 @@ func (a *API) errorAnswer(r *http.Request, err error) (int, apiError) {
 		code = coded.SQLState()
 	}
 	status := http.StatusInternalServerError
+	var fb forbidden
 	switch {
+	case errors.As(err, &fb):
+		status = http.StatusForbidden
 	case errors.Is(err, shardmap.ErrNotFound):
 		status, code = http.StatusNotFound, "42P01"
 	case code == "42P01":
@@ -501,7 +506,30 @@ type reshardBody struct {
 	Shards *int `json:"shards"`
 }
 
+// crossSite refuses a request a web page of another origin could have made:
+// a browser sends application/json across origins only after a preflight,
+// which this endpoint does not grant, and it names the page's origin.
+func crossSite(r *http.Request) error {
+	if mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); mt != "application/json" {
+		return badRequest{"the body must be sent as Content-Type: application/json"}
+	}
+	if o := r.Header.Get("Origin"); o != "" {
+		if u, err := url.Parse(o); err != nil || u.Host != r.Host {
+			return forbidden{fmt.Sprintf("origin %q may not start reshards here", o)}
+		}
+	}
+	return nil
+}
+
+// forbidden is a cross-site request: 403.
+type forbidden struct{ msg string }
+
+func (e forbidden) Error() string { return e.msg }
+
 func (a *API) reshard(ctx context.Context, r *http.Request) (int, any, error) {
+	if err := crossSite(r); err != nil {
+		return 0, nil, err
+	}
 	var body reshardBody
 	dec := json.NewDecoder(io.LimitReader(r.Body, maxBody))
 	dec.DisallowUnknownFields()

@@ -57,6 +57,7 @@ func noSizes(context.Context, *shardmap.Tree, *shardmap.Map) (map[int]ShardSize,
 func TestReshardRequest(t *testing.T) {
 	cases := []struct {
 		name, path, body string
+		header           map[string]string // besides Content-Type: application/json
 		err              error
 		status           int
 		answer           string // part of the answer
@@ -72,6 +73,9 @@ func TestReshardRequest(t *testing.T) {
 			answer: `{"error":"shard count 1 is out of range","sqlstate":"22023"}`, asked: "main/t:1"},
 		{name: "in progress", path: "/api/trees/t/reshard", body: `{"shards":9}`, err: sqlErr{"55000", "a reshard is in progress"}, status: 409, asked: "main/t:9"},
 		{name: "unknown tree", path: "/api/trees/t/reshard", body: `{"shards":9}`, err: sqlErr{"42P01", `tree "t" does not exist`}, status: 404, asked: "main/t:9"},
+		{name: "not sent as json", path: "/api/trees/t/reshard", body: `{"shards":8}`, header: map[string]string{"Content-Type": "text/plain"}, status: 400},
+		{name: "from another site", path: "/api/trees/t/reshard", body: `{"shards":8}`, header: map[string]string{"Origin": "http://evil.example"}, status: 403},
+		{name: "from the page", path: "/api/trees/t/reshard", body: `{"shards":8}`, header: map[string]string{"Origin": "http://example.com"}, status: 202, asked: "main/t:8"},
 		{name: "store down", path: "/api/trees/t/reshard", body: `{"shards":9}`, err: errors.New("redis: connection refused"), status: 500, asked: "main/t:9"},
 	}
 	for _, tc := range cases {
@@ -79,7 +83,12 @@ func TestReshardRequest(t *testing.T) {
 			rs := &fakeResharder{err: tc.err}
 			s := &Server{Log: nopLog(), API: &API{Resharder: rs, Self: fakeSelf{}, Sizes: NewSizeCache(noSizes, time.Second, time.Second, nopLog()), Log: nopLog()}}
 			rec := httptest.NewRecorder()
-			s.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodPost, tc.path, strings.NewReader(tc.body)))
+			req := httptest.NewRequest(http.MethodPost, tc.path, strings.NewReader(tc.body))
+			req.Header.Set("Content-Type", "application/json; charset=utf-8")
+			for k, v := range tc.header {
+				req.Header.Set(k, v)
+			}
+			s.Handler().ServeHTTP(rec, req)
 			if rec.Code != tc.status {
 				t.Errorf("status %d, want %d: %s", rec.Code, tc.status, rec.Body)
 			}

@@ -37,6 +37,9 @@ func adminCall(t testing.TB, ctx context.Context, p *proxyProc, method, path, bo
 	if err != nil {
 		t.Fatal(err)
 	}
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatalf("%s %s: %v", method, path, err)
