@@ -123,6 +123,7 @@ func (r *Registration) Run(ctx context.Context) {
 			return
 		case <-hb.C:
 			r.beat(ctx)
+			r.loadResharding(ctx)
 		case <-r.poke:
 		}
 		r.acknowledge(ctx)
@@ -150,6 +151,24 @@ func (r *Registration) beat(ctx context.Context) {
 		r.mu.Unlock()
 	}
 	r.liveUntil.Store(start.Add(r.ttl - leaseMargin).UnixNano())
+}
+
+// loadResharding loads into the cache the tenants of running reshards that
+// this proxy has not served yet, so that it acknowledges their epochs too:
+// every freeze waits for every live proxy, idle ones included.
+func (r *Registration) loadResharding(ctx context.Context) {
+	rs, err := r.coord.Reshards(ctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			r.log.Warn("shardmap: listing running reshards failed", "err", err)
+		}
+		return
+	}
+	for _, x := range rs {
+		if _, err := r.cache.View(ctx, x.Tenant); err != nil && ctx.Err() == nil {
+			r.log.Warn("shardmap: loading a resharding tenant failed", "tenant", x.Tenant, "err", err)
+		}
+	}
 }
 
 // acknowledge sends, for every tree whose cached epoch moved, the epoch

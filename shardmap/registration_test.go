@@ -73,3 +73,31 @@ func TestRegistrationAcknowledgesAfterOlderStatementsEnd(t *testing.T) {
 	}
 	rel()
 }
+
+// TestRegistrationAcknowledgesUnservedTenants: a proxy that has served no
+// statement of a tenant still acknowledges the epochs of its reshards, or
+// every freeze would wait for it in vain.
+func TestRegistrationAcknowledgesUnservedTenants(t *testing.T) {
+	s, _ := newTestStore(t)
+	ctx := context.Background()
+	_, m := mustCreate(t, s, "t", "x")
+	mustCreate(t, s, "quiet", "y")
+	r := NewRegistration("idle", s, NewCache(s, time.Hour, nil), time.Minute, time.Hour, nil)
+	r.beat(ctx)
+	r.loadResharding(ctx)
+	r.acknowledge(ctx)
+	if acks, _ := s.Acks(ctx, "t", "x"); len(acks) != 0 {
+		t.Fatalf("acks %v before any reshard: the tenant was not served", acks)
+	}
+	if _, err := s.StartReshard(ctx, &Reshard{OpID: "op", Tenant: "t", Tree: "x", Target: 8}); err != nil {
+		t.Fatal(err)
+	}
+	r.loadResharding(ctx)
+	r.acknowledge(ctx)
+	if acks, _ := s.Acks(ctx, "t", "x"); acks["idle"] != m.Epoch {
+		t.Fatalf("acks %v, want idle at %d", acks, m.Epoch)
+	}
+	if acks, _ := s.Acks(ctx, "quiet", "y"); len(acks) != 0 {
+		t.Errorf("acks of a tenant without a reshard: %v", acks)
+	}
+}
