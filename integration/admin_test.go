@@ -507,7 +507,7 @@ func TestAdminDashboard(t *testing.T) {
 			node = sh.Node
 		}
 	}
-	box, err := chromedp.Run(browser, chromedp.Evaluate[struct{ X, Y float64 }](`(() => { const r = document.querySelector('section.tree[data-tree="dash"] canvas').getBoundingClientRect(); return {x: r.right - 2, y: r.bottom - 2}; })()`))
+	box, err := chromedp.Run(browser, chromedp.Evaluate[struct{ X, Y float64 }](`(() => { const r = document.querySelector('section.tree[data-tree="dash"] canvas').getBoundingClientRect(); return {x: r.right - 4, y: r.bottom - 4}; })()`))
 	if err != nil {
 		t.Fatal(err)
 	}
