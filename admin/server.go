@@ -1,5 +1,5 @@
-// Package admin serves the operator's HTTP endpoint: health, readiness and
-// Prometheus metrics.
+// Package admin serves the operator's HTTP endpoint: health, readiness,
+// Prometheus metrics, the JSON API and the page that draws the slot maps.
 package admin
 
 import (
@@ -21,7 +21,9 @@ type Server struct {
 	Registry *prometheus.Registry
 	// Ready reports whether the proxy can serve; /readyz answers 503 otherwise.
 	Ready func(ctx context.Context) error
-	Log   *slog.Logger
+	// API, when set, serves /api/... and the page at /.
+	API *API
+	Log *slog.Logger
 }
 
 // New creates an admin server with Go runtime and process metrics registered.
@@ -53,6 +55,9 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /debug/pprof/", pprof.Index)
 	mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
 	mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
+	if s.API != nil {
+		s.API.routes(mux)
+	}
 	return mux
 }
 

@@ -324,54 +324,122 @@ func (f *Functions) reshard(ctx context.Context, tenant string, a map[string]*st
 	if err != nil {
 		return nil, err
 	}
-	msg, err := f.coord.Reshard(ctx, tenant, foldName(tree), n)
+	msg, err := f.Reshard(ctx, tenant, foldName(tree), n)
 	if err != nil {
 		return nil, err
-	}
-	if f.cache != nil {
-		if _, err := f.cache.Refresh(ctx, tenant); err != nil {
-			return nil, fmt.Errorf("%s, but refreshing the map cache failed: %w", msg, err)
-		}
 	}
 	return [][]any{{msg}}, nil
 }
 
-// reshardStatus reports a tree's reshard: phase "idle" when none runs. The
-// time left is extrapolated from the progress in distinct shards so far.
-func (f *Functions) reshardStatus(ctx context.Context, tenant, tree string) ([][]any, error) {
+// Reshard is lattice_reshard for a tree named exactly (not folded): the SQL
+// function and the admin API share it. It returns what it did.
+func (f *Functions) Reshard(ctx context.Context, tenant, tree string, n int) (string, error) {
+	msg, err := f.coord.Reshard(ctx, tenant, tree, n)
+	if err != nil {
+		return "", err
+	}
+	if f.cache != nil {
+		if _, err := f.cache.Refresh(ctx, tenant); err != nil {
+			return "", fmt.Errorf("%s, but refreshing the map cache failed: %w", msg, err)
+		}
+	}
+	return msg, nil
+}
+
+// ReshardStatus is a tree's reshard as lattice_reshard_status and the admin
+// API report it.
+type ReshardStatus struct {
+	Tenant, Tree       string
+	Phase              string // "idle" when no reshard runs
+	From, Target       int    // distinct shards at the start, and asked for
+	Shards             int    // distinct shards now
+	MigrationsInFlight int
+	RowsCopied         int64
+	LagBytes           int64
+	// ETASeconds is extrapolated from the progress in distinct shards so
+	// far; nil until there is progress to extrapolate from.
+	ETASeconds *float64
+	Started    time.Time // zero when idle
+}
+
+// ReshardStatus reports a tree (named exactly) whose reshard may or may not
+// run; 42P01 if the tree does not exist.
+func (f *Functions) ReshardStatus(ctx context.Context, tenant, tree string) (*ReshardStatus, error) {
 	if _, err := f.store.Tree(ctx, tenant, tree); errors.Is(err, shardmap.ErrNotFound) {
 		return nil, errorf("42P01", "tree %q does not exist", tree)
 	} else if err != nil {
 		return nil, err
 	}
+	r, err := f.store.Reshard(ctx, tenant, tree)
+	if errors.Is(err, shardmap.ErrNotFound) {
+		r = nil
+	} else if err != nil {
+		return nil, err
+	}
+	return f.statusOf(ctx, tenant, tree, r)
+}
+
+// Reshards reports every running reshard of every tenant.
+func (f *Functions) Reshards(ctx context.Context) ([]*ReshardStatus, error) {
+	rs, err := f.store.Reshards(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]*ReshardStatus, 0, len(rs))
+	for _, r := range rs {
+		st, err := f.statusOf(ctx, r.Tenant, r.Tree, r)
+		if errors.Is(err, shardmap.ErrNotFound) {
+			continue // the tree was dropped meanwhile
+		}
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, st)
+	}
+	return out, nil
+}
+
+// statusOf computes the status of tree's reshard r, nil meaning idle.
+func (f *Functions) statusOf(ctx context.Context, tenant, tree string, r *shardmap.Reshard) (*ReshardStatus, error) {
 	m, err := f.store.Map(ctx, tenant, tree)
 	if err != nil {
 		return nil, err
 	}
 	distinct := m.DistinctShards()
-	r, err := f.store.Reshard(ctx, tenant, tree)
-	if errors.Is(err, shardmap.ErrNotFound) {
-		return [][]any{{"idle", int32(distinct), int32(distinct), int32(0), int64(0), int64(0), float64(0)}}, nil
-	}
-	if err != nil {
-		return nil, err
+	if r == nil {
+		return &ReshardStatus{Tenant: tenant, Tree: tree, Phase: "idle", From: distinct, Target: distinct, Shards: distinct}, nil
 	}
 	migs, err := f.store.Migrations(ctx, tenant, tree)
 	if err != nil {
 		return nil, err
 	}
-	var copied, lag int64
+	st := &ReshardStatus{Tenant: tenant, Tree: tree, Phase: r.Phase, From: r.From, Target: r.Target, Shards: distinct, Started: r.Started}
 	flying := inFlight(migs)
+	st.MigrationsInFlight = len(flying)
 	for _, m := range flying {
-		copied += m.RowsCopied
-		lag += m.LagBytes
+		st.RowsCopied += m.RowsCopied
+		st.LagBytes += m.LagBytes
+	}
+	if total, done := abs(r.Target-r.From), abs(distinct-r.From); total > 0 && done > 0 {
+		eta := time.Since(r.Started).Seconds() * float64(total-min(done, total)) / float64(done)
+		st.ETASeconds = &eta
+	}
+	return st, nil
+}
+
+// reshardStatus is lattice_reshard_status.
+func (f *Functions) reshardStatus(ctx context.Context, tenant, tree string) ([][]any, error) {
+	st, err := f.ReshardStatus(ctx, tenant, tree)
+	if err != nil {
+		return nil, err
 	}
 	var eta any // NULL until there is progress to extrapolate from
-	if total, done := abs(r.Target-r.From), abs(distinct-r.From); total > 0 && done > 0 {
-		elapsed := time.Since(r.Started).Seconds()
-		eta = elapsed * float64(total-min(done, total)) / float64(done)
+	if st.ETASeconds != nil {
+		eta = *st.ETASeconds
+	} else if st.Phase == "idle" {
+		eta = float64(0)
 	}
-	return [][]any{{r.Phase, int32(r.Target), int32(distinct), int32(len(flying)), copied, lag, eta}}, nil
+	return [][]any{{st.Phase, int32(st.Target), int32(st.Shards), int32(st.MigrationsInFlight), st.RowsCopied, st.LagBytes, eta}}, nil
 }
 
 func abs(x int) int {

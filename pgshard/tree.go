@@ -432,13 +432,34 @@ func (c *Cluster) finishTemplate(ctx context.Context, t *shardmap.Tree) error {
 	})
 }
 
-// TreeRowCount estimates each shard's rows from the planner statistics, one
-// query per node; a table never analysed reports the live-row count of the
-// statistics collector instead. Shards whose table is gone are absent.
+// TreeRowCount estimates each shard's rows (see ShardSizes). Shards whose
+// table is gone are absent.
 func (c *Cluster) TreeRowCount(ctx context.Context, t *shardmap.Tree, m *shardmap.Map) (map[int]int64, error) {
+	sizes, err := c.ShardSizes(ctx, t, m)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[int]int64, len(sizes))
+	for idx, s := range sizes {
+		out[idx] = s.Rows
+	}
+	return out, nil
+}
+
+// ShardSize is one shard's size as the node's statistics estimate it.
+type ShardSize struct {
+	Rows  int64 // planner estimate (pg_class.reltuples)
+	Bytes int64 // table, indexes and TOAST (pg_total_relation_size)
+}
+
+// ShardSizes estimates each shard's rows from the planner statistics and
+// its bytes on disk, one query per node; a table never analysed reports the
+// live-row count of the statistics collector instead. Shards whose table is
+// gone are absent.
+func (c *Cluster) ShardSizes(ctx context.Context, t *shardmap.Tree, m *shardmap.Map) (map[int]ShardSize, error) {
 	nodes, byNode := shardsByNode(m)
 	var mu sync.Mutex
-	out := make(map[int]int64, len(m.Shards))
+	out := make(map[int]ShardSize, len(m.Shards))
 	err := forEachNode(ctx, nodes, func(ctx context.Context, node string) error {
 		schemas := make([]string, len(byNode[node]))
 		for i, idx := range byNode[node] {
@@ -449,26 +470,27 @@ func (c *Cluster) TreeRowCount(ctx context.Context, t *shardmap.Tree, m *shardma
 			return err
 		}
 		rows, err := p.Query(ctx, `SELECT n.nspname,
-    CASE WHEN c.reltuples >= 0 THEN c.reltuples::int8 ELSE coalesce(s.n_live_tup, 0) END
+    CASE WHEN c.reltuples >= 0 THEN c.reltuples::int8 ELSE coalesce(s.n_live_tup, 0) END,
+    pg_catalog.pg_total_relation_size(c.oid)
 FROM pg_catalog.pg_class c
 JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
 LEFT JOIN pg_catalog.pg_stat_user_tables s ON s.relid = c.oid
 WHERE c.relname = $1 AND c.relkind = 'r' AND n.nspname = ANY($2)`, t.Name, schemas)
 		if err != nil {
-			return fmt.Errorf("pgshard: node %s: row estimates of %s: %w", node, t.Name, err)
+			return fmt.Errorf("pgshard: node %s: size estimates of %s: %w", node, t.Name, err)
 		}
 		var (
 			schema string
-			n      int64
+			sz     ShardSize
 		)
-		_, err = pgx.ForEachRow(rows, []any{&schema, &n}, func() error {
+		_, err = pgx.ForEachRow(rows, []any{&schema, &sz.Rows, &sz.Bytes}, func() error {
 			mu.Lock()
-			out[byNode[node][slices.Index(schemas, schema)]] = n
+			out[byNode[node][slices.Index(schemas, schema)]] = sz
 			mu.Unlock()
 			return nil
 		})
 		if err != nil {
-			return fmt.Errorf("pgshard: node %s: row estimates of %s: %w", node, t.Name, err)
+			return fmt.Errorf("pgshard: node %s: size estimates of %s: %w", node, t.Name, err)
 		}
 		return nil
 	})

@@ -4,7 +4,8 @@
 # compiler for cgo (pg_query_go and the race detector), and the clients of the
 # driver tests (integration/drivers_test.go): psycopg 3 and psycopg2 for
 # /usr/bin/python3, pgjdbc, and node-postgres (npm pg, pinned) under
-# integration/testdata/drivers/node. As root it installs what is missing with
+# integration/testdata/drivers/node, and Chromium for the admin page's test
+# (integration/admin_test.go, driven headless over the DevTools protocol). As root it installs what is missing with
 # apt-get; otherwise it prints the exact command and fails. Quick when
 # everything is there: it only looks at files.
 set -euo pipefail
@@ -49,6 +50,10 @@ fi
 if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
 	missing_pkgs+=(nodejs npm)
 	missing_what+=("node and npm")
+fi
+if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1 && ! command -v google-chrome >/dev/null 2>&1; then
+	missing_pkgs+=(chromium)
+	missing_what+=(chromium)
 fi
 if ! command -v go >/dev/null 2>&1; then
 	echo "ensure-tools: go is not on PATH; install Go 1.26 or newer (https://go.dev/doc/install)" >&2

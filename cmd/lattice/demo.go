@@ -51,7 +51,7 @@ func demoCmd(ctx context.Context, args []string) error {
 		nodes = append(nodes, pgshard.Node{Name: name, DSN: pg.DSN("lattice")})
 		log.Info("node up", "name", name, "dsn", pg.DSN("lattice"))
 	}
-	cfg := serveConfig{Listen: *listen, Admin: *adminAddr, Nodes: nodes, MaxClients: 1000, PoolSize: 32, StartupTimeout: 10 * time.Second}
+	cfg := serveConfig{Listen: *listen, Admin: *adminAddr, Nodes: nodes, MaxClients: 1000, PoolSize: 32, StartupTimeout: 10 * time.Second, Coordinator: true}
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -78,9 +78,11 @@ Lattice demo is running.
   connect:  psql "%s"
   try:      SELECT * FROM lattice_shards('catalogue');
             SELECT * FROM catalogue WHERE sku = 'sku-00042';
-  admin:    http://%s/metrics
+  page:     http://%s/   (slot maps, shards and reshards, live)
+  reshard:  lattice reshard catalogue 32 --wait --admin %s
+  metrics:  http://%s/metrics
 Press Ctrl-C to stop; everything started here stops with it.
-`, dsn, adm)
+`, dsn, adm, adm, adm)
 	return <-errc
 }
 

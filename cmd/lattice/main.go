@@ -1,5 +1,6 @@
 // Command lattice is the Lattice proxy: `serve` runs it, `demo` starts a
-// local cluster with it, `passwd` makes a users-file line.
+// local cluster with it, `passwd` makes a users-file line, and `status`,
+// `shards` and `reshard` ask a running proxy's admin API.
 package main
 
 import (
@@ -32,6 +33,11 @@ Usage:
   lattice serve  --node NAME=DSN [--node NAME=DSN ...] [flags]   run the proxy
   lattice demo   [--data DIR]                                    local cluster with sample data
   lattice passwd USER [TENANTS]                                  print a users-file line (reads the password from stdin)
+  lattice status  [--admin URL] [--tenant T]                     proxies, trees and running reshards
+  lattice shards  TREE [--admin URL] [--tenant T]                a tree's shards with size estimates
+  lattice reshard TREE N [--wait] [--admin URL] [--tenant T]     reshard a tree to N shards; --wait shows progress until done
+
+--admin defaults to $LATTICE_ADMIN, else http://127.0.0.1:9090.
 
 Run 'lattice serve -h' for the flags. Every flag can also be set as an
 environment variable: --users-file is LATTICE_USERS_FILE.
@@ -52,6 +58,12 @@ func main() {
 		err = demoCmd(ctx, os.Args[2:])
 	case "passwd":
 		err = passwdCmd(os.Args[2:], os.Stdin, os.Stdout)
+	case "status":
+		err = newCLI().statusCmd(ctx, os.Args[2:])
+	case "shards":
+		err = newCLI().shardsCmd(ctx, os.Args[2:])
+	case "reshard":
+		err = newCLI().reshardCmd(ctx, os.Args[2:])
 	case "-h", "--help", "help":
 		fmt.Print(usage)
 	default:
@@ -105,7 +117,7 @@ type serveConfig struct {
 
 func (c *serveConfig) flags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Listen, "listen", "127.0.0.1:6432", "address for PostgreSQL clients")
-	fs.StringVar(&c.Admin, "admin", "127.0.0.1:9090", "address of the admin HTTP endpoint (/healthz, /readyz, /metrics)")
+	fs.StringVar(&c.Admin, "admin", "127.0.0.1:9090", "address of the admin HTTP endpoint (/healthz, /readyz, /metrics, the JSON API under /api/ and the page at /); the API can start reshards, so keep it on a loopback or private address")
 	fs.StringVar(&c.Redis, "redis", "", "Redis URL for the shard map (redis://host:port/db or redis-sentinel://h1:p,h2:p/master); empty runs an embedded in-process server whose state is lost on exit")
 	fs.Var(&c.Nodes, "node", "a PostgreSQL node as NAME=DSN, repeatable; the first is the catalog node")
 	fs.StringVar(&c.UsersFile, "users-file", "", "SCRAM-SHA-256 users file; without it every user is trusted, which is allowed only on a loopback listener")
@@ -274,6 +286,8 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, ready func(pg
 		}()
 	}
 
+	fns := migrator.NewFunctions(cluster, store, cache, coord)
+	adm.API = newAdminAPI(cfg, proxyID, store, cache, reg, cluster, fns, log)
 	srv := proxy.NewServer(proxy.Config{
 		Startup: proxy.StartupConfig{Users: users, StartupTimeout: cfg.StartupTimeout,
 			TLS: tlsConfig, TLSRequired: cfg.TLSRequired},
@@ -290,7 +304,7 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, ready func(pg
 		Registration: reg,
 		Metrics:      proxy.NewMetrics(adm.Registry),
 		Log:          log,
-	}, cache, router.NewPlanner(10000), pools, migrator.NewFunctions(cluster, store, cache, coord))
+	}, cache, router.NewPlanner(10000), pools, fns)
 
 	registerProxyMetrics(adm, srv, pools)
 	adm.Ready = func(ctx context.Context) error {
