@@ -471,7 +471,7 @@ func (c *Cluster) ShardSizes(ctx context.Context, t *shardmap.Tree, m *shardmap.
 		}
 		rows, err := p.Query(ctx, `SELECT n.nspname,
     CASE WHEN c.reltuples >= 0 THEN c.reltuples::int8 ELSE coalesce(s.n_live_tup, 0) END,
-    pg_catalog.pg_total_relation_size(c.oid)
+    coalesce(pg_catalog.pg_total_relation_size(c.oid), 0) -- NULL once a concurrent fold drops the table
 FROM pg_catalog.pg_class c
 JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
 LEFT JOIN pg_catalog.pg_stat_user_tables s ON s.relid = c.oid
