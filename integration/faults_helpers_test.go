@@ -84,6 +84,46 @@ func startFaultCluster(t *testing.T, n int) *faultCluster {
 
 func (fc *faultCluster) nodeDSN(i int) string { return fc.nodes[i].DSN("lattice") }
 
+// lockShard locks one shard table of tree in mode, on its node, from a
+// transaction that takes no transaction id (so it does not hold back a
+// replication slot's snapshot), until the returned release is called; the
+// test's end releases it too. A migration of that shard waits at the step
+// that needs a conflicting lock: SHARE UPDATE EXCLUSIVE holds CREATE
+// PUBLICATION (the copy), ROW EXCLUSIVE makes the fence's CREATE TRIGGER
+// time out, so freezes roll back to the drain. Reads and writes go through.
+func (fc *faultCluster) lockShard(t *testing.T, ctx context.Context, tree string, shard int, mode string) (release func()) {
+	t.Helper()
+	_, m, err := fc.shardMap(ctx, tree)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pgx.Connect(ctx, fc.nodeDSN(int(m.Shards[shard].Node[1]-'1')))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, fmt.Sprintf("LOCK TABLE %s.%s IN %s MODE", shardmap.SchemaName(shard), tree, mode)); err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	release = func() {
+		once.Do(func() {
+			// Not ctx: it may have ended by the time the test's cleanup runs.
+			rctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if err := tx.Rollback(rctx); err != nil {
+				t.Errorf("release the lock on %s: %v", tree, err)
+			}
+			_ = conn.Close(rctx)
+		})
+	}
+	t.Cleanup(release)
+	return release
+}
+
 func (fc *faultCluster) nodeDSNs() []string {
 	out := make([]string, len(fc.nodes))
 	for i := range fc.nodes {

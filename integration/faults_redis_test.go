@@ -202,12 +202,16 @@ func TestRedisCrashMidReshard(t *testing.T) {
 		name  string
 		tree  string
 		phase shardmap.MigrationPhase
-		// hold keeps the migration in its phase until redis is dead: it
-		// runs on the source node and returns what releases it.
-		hold bool
+		// hold is a lock on the source table, taken by a transaction
+		// without a transaction id, that keeps the migration in its phase
+		// until redis is dead: SHARE UPDATE EXCLUSIVE makes CREATE
+		// PUBLICATION wait (copy); ROW EXCLUSIVE makes the fence's CREATE
+		// TRIGGER time out, so every freeze rolls back to the drain. Reads
+		// and writes go through either.
+		hold string
 	}{
-		{"during the shadow copy", "rc_copy", shardmap.PhaseCopy, true},
-		{"during the drain", "rc_drain", shardmap.PhaseDrain, false},
+		{"during the shadow copy", "rc_copy", shardmap.PhaseCopy, "SHARE UPDATE EXCLUSIVE"},
+		{"during the drain", "rc_drain", shardmap.PhaseDrain, "ROW EXCLUSIVE"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -229,41 +233,11 @@ func TestRedisCrashMidReshard(t *testing.T) {
 			}
 			initial := createFaultTree(t, ctx, conn.Conn(), tc.tree, 20000, 4)
 			conn.Release()
-			_, m, err := fc.shardMap(ctx, tc.tree)
-			if err != nil {
-				t.Fatal(err)
-			}
-
 			// A reshard 4 -> 5 splits shard 0 (the largest owners tie; the
-			// lowest index goes first). A SHARE UPDATE EXCLUSIVE lock on its
-			// table holds the shadow copy (CREATE PUBLICATION waits for it)
-			// until redis is dead, and lets reads and writes through.
-			var release func()
-			if tc.hold {
-				src := m.Shards[0]
-				lock, err := pgx.Connect(ctx, fc.nodeDSN(int(src.Node[1]-'1')))
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer lock.Close(ctx)
-				tx, err := lock.Begin(ctx)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if _, err := tx.Exec(ctx, fmt.Sprintf("LOCK TABLE %s.%s IN SHARE UPDATE EXCLUSIVE MODE", shardmap.SchemaName(0), tc.tree)); err != nil {
-					t.Fatal(err)
-				}
-				release = func() {
-					if err := tx.Rollback(ctx); err != nil {
-						t.Errorf("release the lock: %v", err)
-					}
-				}
-				defer func() {
-					if release != nil {
-						release()
-					}
-				}()
-			}
+			// lowest index goes first); the lock on its table holds the
+			// migration in its phase.
+			release := fc.lockShard(t, ctx, tc.tree, 0, tc.hold)
+			defer release()
 			l := newInsertLedger()
 			stop := startWriters(ctx, pool, tc.tree, 2, l)
 			defer stop()
@@ -280,10 +254,7 @@ func TestRedisCrashMidReshard(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Logf("redis killed with the migration in phase %v", at)
-			if release != nil {
-				release()
-				release = nil
-			}
+			release()
 			// Down until the proxy's lease lapses, as a crash and restart of
 			// a real redis takes a while.
 			pollUntil(t, 30*time.Second, "writers to be refused with 57P03", func() (bool, error) {
@@ -294,7 +265,7 @@ func TestRedisCrashMidReshard(t *testing.T) {
 			}
 			waitReshardComplete(t, ctx, pool, tc.tree, 75*time.Second)
 			stop()
-			_, m, err = fc.shardMap(ctx, tc.tree)
+			_, m, err := fc.shardMap(ctx, tc.tree)
 			if err != nil {
 				t.Fatal(err)
 			}

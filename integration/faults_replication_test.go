@@ -215,6 +215,10 @@ func TestReplicationStall(t *testing.T) {
 			defer stop()
 
 			// 4 -> 5 splits shard 0, whose node n1 sits behind the forwarder.
+			// A lock on its table keeps every freeze from arming the fence,
+			// so the migration stays in its drain until the fault is on.
+			release := fc.lockShard(t, ctx, tc.tree, 0, "ROW EXCLUSIVE")
+			defer release()
 			if _, err := pool.Exec(ctx, "SELECT lattice_reshard($1, 5)", tc.tree); err != nil {
 				t.Fatal(err)
 			}
@@ -227,7 +231,6 @@ func TestReplicationStall(t *testing.T) {
 				t.Fatal("the migrator's replication connection did not go through the forwarder")
 			}
 			end := tc.fault(t, ctx)
-			faulted := time.Now()
 
 			// A bulk load of about 2 MB of WAL on the source, through the
 			// proxy, puts the lag far above the default --freeze-lag.
@@ -241,10 +244,10 @@ func TestReplicationStall(t *testing.T) {
 			for _, r := range bulk {
 				l.record(r[0].(string), r[1].(int64), nil)
 			}
-			// A freeze that began before the lag rose waits for a final
-			// drain that cannot come, and is rolled back within its budget.
-			// After that the drain must hold: no freeze while the lag is
-			// high, for as long as the fault lasts.
+			// Until the lock goes, freezes roll back. Once the drain has
+			// measured the lag above --freeze-lag (256 kB) with nothing
+			// frozen, the lock goes, and the drain must hold: no freeze
+			// while the lag is high, for as long as the fault lasts.
 			frozen := func() (bool, error) {
 				_, m, err := fc.shardMap(ctx, tc.tree)
 				if err != nil {
@@ -252,12 +255,22 @@ func TestReplicationStall(t *testing.T) {
 				}
 				return len(m.Frozen) > 0, nil
 			}
-			pollUntil(t, 15*time.Second, "a freeze begun before the lag rose to be rolled back", func() (bool, error) {
-				f, err := frozen()
-				return !f, err
-			})
 			if tc.name == "stalled stream" {
-				for time.Since(faulted) < 8*time.Second {
+				pollUntil(t, 30*time.Second, "the drain to measure a high lag", func() (bool, error) {
+					migs, err := fc.store.Migrations(ctx, "lattice", tc.tree)
+					if err != nil || len(migs) != 1 {
+						return false, err
+					}
+					if migs[0].Phase != shardmap.PhaseDrain || migs[0].LagBytes <= 256<<10 {
+						return false, nil
+					}
+					f, err := frozen()
+					return !f, err
+				})
+			}
+			release()
+			if tc.name == "stalled stream" {
+				for held := time.Now(); time.Since(held) < 5*time.Second; {
 					if f, err := frozen(); err != nil || f {
 						t.Fatalf("slots froze while the stream was stalled with a high lag (%v)", err)
 					}
