@@ -352,7 +352,7 @@ func DropShadow(ctx context.Context, spec ShadowSpec) error {
 	if err := dropSlot(ctx, src, spec.Name()); err != nil {
 		return err
 	}
-	if _, err := src.Exec(ctx, "DROP PUBLICATION IF EXISTS "+pgx.Identifier{spec.Name()}.Sanitize()); err != nil {
+	if err := dropPublication(ctx, src, spec.Name()); err != nil {
 		return fmt.Errorf("migrator: drop publication: %w", err)
 	}
 	tgt, err := pgx.Connect(ctx, spec.TargetDSN)
@@ -367,6 +367,41 @@ func DropShadow(ctx context.Context, spec ShadowSpec) error {
 	_, err = tgt.Exec(ctx, "DELETE FROM "+progressTable(spec.Target)+" WHERE migration = $1", spec.ID)
 	return err
 }
+
+// dropPublication drops a publication while its tables are locked against
+// writes. A writer builds a table's publication list from the catalog in
+// two steps (the publication ids, then each publication), so a publication
+// dropped between them fails the write with "cache lookup failed for
+// publication" (XX000). Writers wait for the lock instead, and see the
+// publication gone when they get it. The lock is taken with a short
+// lock_timeout and retried, as the fence's is, so that writers queued
+// behind it are not held for long.
+func dropPublication(ctx context.Context, conn *pgx.Conn, name string) error {
+	rows, err := conn.Query(ctx, `SELECT format('%I.%I', schemaname, tablename) FROM pg_catalog.pg_publication_tables WHERE pubname = $1`, name)
+	if err != nil {
+		return err
+	}
+	tables, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return err
+	}
+	sql := "DROP PUBLICATION IF EXISTS " + pgx.Identifier{name}.Sanitize()
+	if len(tables) > 0 {
+		sql = fmt.Sprintf("SET LOCAL lock_timeout = '%dms';\nLOCK TABLE %s IN SHARE ROW EXCLUSIVE MODE;\n%s",
+			publicationLockTimeout.Milliseconds(), strings.Join(tables, ", "), sql)
+	}
+	for {
+		// One simple query: one implicit transaction.
+		_, err := conn.PgConn().Exec(ctx, sql).ReadAll()
+		var pgErr *pgconn.PgError
+		if err == nil || !errors.As(err, &pgErr) || pgErr.Code != "55P03" || ctx.Err() != nil {
+			return err
+		}
+	}
+}
+
+// publicationLockTimeout bounds each attempt to lock a publication's tables.
+const publicationLockTimeout = 50 * time.Millisecond
 
 // slotReleaseWait bounds how long dropping a slot waits for the walsender
 // of a stream just stopped: the server ends it shortly after the client
