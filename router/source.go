@@ -47,6 +47,9 @@ func (r *renderer) renderSource(src Source) string {
 		if i == 0 && r.table >= 0 && r.rel == 0 {
 			t = t[:r.table] + "SELECT * FROM" + t[r.table+len("TABLE"):]
 		}
+		if i == r.rel {
+			t = trimOnly(t)
+		}
 		b.WriteString(t)
 		switch {
 		case i == len(r.texts)-1:
@@ -60,4 +63,21 @@ func (r *renderer) renderSource(src Source) string {
 		}
 	}
 	return b.String()
+}
+
+// trimOnly drops an ONLY keyword that ends text: it cannot stand before the
+// subquery that replaces the table, and a shard table has no children, so
+// it changes nothing there.
+func trimOnly(text string) string {
+	t := strings.TrimRight(text, " \t\r\n\f")
+	n := len(t) - len("ONLY")
+	if n < 0 || !strings.EqualFold(t[n:], "ONLY") {
+		return text
+	}
+	if n > 0 {
+		if c := t[n-1]; c == '_' || c == '$' || c == '"' || c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= 0x80 {
+			return text // the end of a longer name, such as "monly"
+		}
+	}
+	return t[:n] + " "
 }
