@@ -43,12 +43,19 @@ func (r *renderer) renderSource(src Source) string {
 		return r.render(src.Schema)
 	}
 	var b strings.Builder
+	paren := false
 	for i, t := range r.texts {
 		if i == 0 && r.table >= 0 && r.rel == 0 {
 			t = t[:r.table] + "SELECT * FROM" + t[r.table+len("TABLE"):]
 		}
+		// ONLY t, ONLY (t) and t* cannot stand around the subquery that
+		// replaces the table; a shard table has no children, so they mean
+		// nothing there.
 		if i == r.rel {
-			t = trimOnly(t)
+			t, paren = trimOnly(t)
+		}
+		if i == r.rel+1 {
+			t = trimInheritance(t, paren)
 		}
 		b.WriteString(t)
 		switch {
@@ -65,19 +72,37 @@ func (r *renderer) renderSource(src Source) string {
 	return b.String()
 }
 
-// trimOnly drops an ONLY keyword that ends text: it cannot stand before the
-// subquery that replaces the table, and a shard table has no children, so
-// it changes nothing there.
-func trimOnly(text string) string {
-	t := strings.TrimRight(text, " \t\r\n\f")
+// trimOnly drops an ONLY keyword, or "ONLY (", that ends text, and says
+// whether it dropped a parenthesis.
+func trimOnly(text string) (string, bool) {
+	t := strings.TrimRight(text, spaces)
+	paren := strings.HasSuffix(t, "(")
+	if paren {
+		t = strings.TrimRight(t[:len(t)-1], spaces)
+	}
 	n := len(t) - len("ONLY")
 	if n < 0 || !strings.EqualFold(t[n:], "ONLY") {
-		return text
+		return text, false
 	}
 	if n > 0 {
 		if c := t[n-1]; c == '_' || c == '$' || c == '"' || c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= 0x80 {
-			return text // the end of a longer name, such as "monly"
+			return text, false // the end of a longer name, such as "monly"
 		}
 	}
-	return t[:n] + " "
+	return t[:n] + " ", paren
 }
+
+// trimInheritance drops what follows the table of an ONLY (t), or the *
+// of t*, from the start of text.
+func trimInheritance(text string, paren bool) string {
+	t := strings.TrimLeft(text, spaces)
+	if paren && strings.HasPrefix(t, ")") {
+		return " " + t[1:]
+	}
+	if !paren && strings.HasPrefix(t, "*") {
+		return " " + t[1:]
+	}
+	return text
+}
+
+const spaces = " \t\r\n\f"
