@@ -411,6 +411,27 @@ func checkTreeAgainst(t *testing.T, ctx context.Context, fc *faultCluster, tree 
 }
 
 // waitNoShadowLeft waits until no node has a replication slot or a
+// checkResharded is what every fault test checks once its reshard is done:
+// the tree has shards distinct shards, every acknowledged row is stored
+// exactly once (checkTreeAgainst), count(*) through pool agrees, and no
+// migration's slot or publication is left.
+func checkResharded(t *testing.T, ctx context.Context, fc *faultCluster, pool *pgxpool.Pool, tree string, shards int, initial map[string]int64, l *insertLedger) {
+	t.Helper()
+	_, m, err := fc.shardMap(ctx, tree)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := m.DistinctShards(); n != shards {
+		t.Errorf("%d shards after the reshard, want %d", n, shards)
+	}
+	stored := checkTreeAgainst(t, ctx, fc, tree, initial, l)
+	var n int
+	if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+tree).Scan(&n); err != nil || n != stored {
+		t.Errorf("count(*) through the proxy = %d, %v; %d rows stored", n, err, stored)
+	}
+	waitNoShadowLeft(t, ctx, fc)
+}
+
 // publication left by a migration.
 func waitNoShadowLeft(t *testing.T, ctx context.Context, fc *faultCluster) {
 	t.Helper()

@@ -210,18 +210,7 @@ func TestProxyKilledDuringFreeze(t *testing.T) {
 		}
 	}
 	l.mu.Unlock()
-	_, m, err = fc.shardMap(ctx, "pk")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if n := m.DistinctShards(); n != 5 {
-		t.Errorf("%d shards after the reshard, want 5", n)
-	}
-	stored := checkTreeAgainst(t, ctx, fc, "pk", initial, l)
-	var n int
-	if err := poolA.QueryRow(ctx, "SELECT count(*) FROM pk").Scan(&n); err != nil || n != stored {
-		t.Errorf("count(*) through A = %d, %v; %d rows stored", n, err, stored)
-	}
+	checkResharded(t, ctx, fc, poolA, "pk", 5, initial, l)
 	acked, failed := l.counts()
 	t.Logf("%d inserts acknowledged, %d of unknown outcome (failures by SQLSTATE: %v)", acked, failed, l.failures)
 }

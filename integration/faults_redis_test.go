@@ -174,19 +174,7 @@ func TestRedisDown(t *testing.T) {
 		}
 		waitReshardComplete(t, ctx, pool, "rd_reshard", 75*time.Second)
 		stop()
-		_, m, err := fc.shardMap(ctx, "rd_reshard")
-		if err != nil {
-			t.Fatal(err)
-		}
-		if n := m.DistinctShards(); n != 8 {
-			t.Errorf("%d shards after the reshard, want 8", n)
-		}
-		stored := checkTreeAgainst(t, ctx, fc, "rd_reshard", initial, l)
-		var n int
-		if err := pool.QueryRow(ctx, "SELECT count(*) FROM rd_reshard").Scan(&n); err != nil || n != stored {
-			t.Errorf("count(*) through the proxy = %d, %v; %d rows stored", n, err, stored)
-		}
-		waitNoShadowLeft(t, ctx, fc)
+		checkResharded(t, ctx, fc, pool, "rd_reshard", 8, initial, l)
 		acked, failed := l.counts()
 		t.Logf("%d inserts acknowledged, %d of unknown outcome (failures by SQLSTATE: %v)", acked, failed, l.failures)
 	})
@@ -265,19 +253,7 @@ func TestRedisCrashMidReshard(t *testing.T) {
 			}
 			waitReshardComplete(t, ctx, pool, tc.tree, 75*time.Second)
 			stop()
-			_, m, err := fc.shardMap(ctx, tc.tree)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if n := m.DistinctShards(); n != 5 {
-				t.Errorf("%d shards after the reshard, want 5", n)
-			}
-			stored := checkTreeAgainst(t, ctx, fc, tc.tree, initial, l)
-			var n int
-			if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+tc.tree).Scan(&n); err != nil || n != stored {
-				t.Errorf("count(*) through the proxy = %d, %v; %d rows stored", n, err, stored)
-			}
-			waitNoShadowLeft(t, ctx, fc)
+			checkResharded(t, ctx, fc, pool, tc.tree, 5, initial, l)
 			acked, failed := l.counts()
 			t.Logf("%d inserts acknowledged, %d of unknown outcome (failures by SQLSTATE: %v)", acked, failed, l.failures)
 		})

@@ -287,19 +287,7 @@ func TestReplicationStall(t *testing.T) {
 			}(); len(fails) > 0 {
 				t.Errorf("writes failed during the fault: %v", fails)
 			}
-			_, m, err := fc.shardMap(ctx, tc.tree)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if n := m.DistinctShards(); n != 5 {
-				t.Errorf("%d shards after the reshard, want 5", n)
-			}
-			stored := checkTreeAgainst(t, ctx, fc, tc.tree, initial, l)
-			var n int
-			if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+tc.tree).Scan(&n); err != nil || n != stored {
-				t.Errorf("count(*) through the proxy = %d, %v; %d rows stored", n, err, stored)
-			}
-			waitNoShadowLeft(t, ctx, fc)
+			checkResharded(t, ctx, fc, pool, tc.tree, 5, initial, l)
 			acked, _ := l.counts()
 			t.Logf("%d inserts acknowledged; %d replication connections through the forwarder", acked, fwd.repl.Load())
 		})
