@@ -71,6 +71,9 @@ type ProxyInfo struct {
 	Coordinator bool   `json:"coordinator"`
 	// Live: the proxy's registration is current, so it serves.
 	Live bool `json:"live"`
+	// ServingCached: the registration lapsed (Redis is out of reach) and
+	// the proxy serves from its cached maps, holding up reshards.
+	ServingCached bool `json:"serving_cached"`
 	// EpochLag is the most epochs by which this proxy's cached map trails
 	// the store, over the trees of the status.
 	EpochLag uint64 `json:"epoch_lag"`

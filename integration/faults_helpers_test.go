@@ -487,3 +487,21 @@ func waitReshardComplete(t *testing.T, ctx context.Context, pool *pgxpool.Pool, 
 		return done, err
 	})
 }
+
+// endPresence ends, on the node at dsn, the presence sessions of the proxies
+// of deployment cluster (pgshard.Presence), as a node restart or an
+// operator would, and fails the test if there were none.
+func endPresence(t *testing.T, ctx context.Context, dsn, cluster string) {
+	t.Helper()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var n int
+	err = conn.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name LIKE $1`,
+		"lattice proxy "+cluster+"/%").Scan(&n)
+	if err != nil || n == 0 {
+		t.Fatalf("end the presence sessions of deployment %s: %d ended (%v)", cluster, n, err)
+	}
+}

@@ -5,12 +5,15 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/lattice-db/lattice/shardmap"
 )
@@ -43,19 +46,20 @@ func startWriters(ctx context.Context, pool *pgxpool.Pool, tree string, n int, l
 	return func() { cancel(); wg.Wait() }
 }
 
-// TestRedisDown stops redis under a proxy. Within its registration lease
-// the proxy serves reads and writes from its cached map; once the lease
-// lapses it refuses with 57P03 (DESIGN section 5: a proxy whose lease
-// expired stops serving until it has re-read the map), and it serves again
-// by itself when redis is back. A reshard caught by the outage pauses and
-// completes after it, with every acknowledged row in place exactly once.
+// TestRedisDown stops redis under a proxy. The proxy serves reads and
+// writes from its cached map past its registration lease: it holds its
+// presence sessions on the nodes, so no coordinator can move a slot under
+// it (TestProxyCutOffFromRedis). Once a node ends one of those sessions it
+// refuses with 57P03, and it serves again by itself when redis is back. A
+// reshard caught by the outage pauses and completes after it, with every
+// acknowledged row in place exactly once.
 func TestRedisDown(t *testing.T) {
 	fc := startFaultCluster(t, 2)
 
-	t.Run("serves from the cached map within the lease", func(t *testing.T) {
+	t.Run("serves from the cached map through the outage", func(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
-		const lease = 10 * time.Second
+		const lease = 2 * time.Second
 		p := fc.proxy(t, nil, "--proxy-lease", lease.String())
 		conn, err := pgx.Connect(ctx, p.DSN("lattice"))
 		if err != nil {
@@ -63,6 +67,10 @@ func TestRedisDown(t *testing.T) {
 		}
 		defer conn.Close(ctx)
 		initial := createFaultTree(t, ctx, conn, "rd_cache", 1000, 4)
+		cluster, err := fc.store.ClusterID(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
 		l := newInsertLedger()
 		write := func(k string, v int64) error {
 			sctx, cancel := context.WithTimeout(ctx, 20*time.Second)
@@ -75,15 +83,14 @@ func TestRedisDown(t *testing.T) {
 			t.Fatal(err)
 		}
 
-		// The proxy heartbeats every second, so its lease holds until at
-		// least lease - 1 s - its 0.5 s margin after redis stops: statements
-		// in the first 3 s are served from the cached map.
 		down := time.Now()
 		if err := fc.redis.Stop(); err != nil {
 			t.Fatal(err)
 		}
+		// Served throughout, well past the lease, which the proxy's log
+		// shows has lapsed.
 		served := 0
-		for i := 0; time.Since(down) < 3*time.Second; i++ {
+		for i := 0; time.Since(down) < lease+3*time.Second || !strings.Contains(p.Log(), "serving from the cached maps"); i++ {
 			k := "cached-" + strconv.Itoa(i)
 			if err := write(k, int64(i)); err != nil {
 				t.Fatalf("write %d, %s after redis stopped: %v", i, time.Since(down).Round(time.Millisecond), err)
@@ -94,14 +101,14 @@ func TestRedisDown(t *testing.T) {
 			}
 			served++
 		}
-		if served == 0 {
-			t.Fatal("no statement ran while redis was down")
-		}
-		t.Logf("%d writes and reads served from the cached map with redis down", served)
+		t.Logf("%d writes and reads served from the cached map in the %s redis was down", served, time.Since(down).Round(time.Second))
 
-		// The lease lapses: the proxy refuses, it does not guess.
+		// A node ends the proxy's presence: from then on the proxy cannot
+		// tell whether a coordinator moved slots without it. It refuses;
+		// it does not guess.
+		endPresence(t, ctx, fc.nodeDSN(1), cluster)
 		i := 0
-		pollUntil(t, lease+30*time.Second, "the proxy to refuse with 57P03 once its lease lapsed", func() (bool, error) {
+		pollUntil(t, 30*time.Second, "the proxy to refuse with 57P03 once a node ended its presence", func() (bool, error) {
 			i++
 			err := write("lapsed-"+strconv.Itoa(i), int64(i))
 			switch code := sqlState(err); {
@@ -135,7 +142,7 @@ func TestRedisDown(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		p := fc.proxy(t, nil)
+		p := fc.proxy(t, nil, "--proxy-lease", "2s")
 		pool, err := pgxpool.New(ctx, p.DSN("lattice"))
 		if err != nil {
 			t.Fatal(err)
@@ -164,10 +171,14 @@ func TestRedisDown(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Logf("redis stopped with migrations in phases %v", at)
-		// Down long enough for the proxy's lease to lapse: the writers are
-		// refused, which shows the outage reached the proxy.
-		pollUntil(t, 30*time.Second, "writers to be refused with 57P03", func() (bool, error) {
-			return l.failed("57P03") > 0, nil
+		// Down past the proxy's lease: the writers go on from the cached map.
+		pollUntil(t, 30*time.Second, "the proxy to serve from its cached map", func() (bool, error) {
+			return strings.Contains(p.Log(), "serving from the cached maps"), nil
+		})
+		before, _ := l.counts()
+		pollUntil(t, 30*time.Second, "writes acknowledged with redis down", func() (bool, error) {
+			acked, _ := l.counts()
+			return acked >= before+20, nil
 		})
 		if err := fc.redis.Restart(ctx); err != nil {
 			t.Fatal(err)
@@ -177,7 +188,152 @@ func TestRedisDown(t *testing.T) {
 		checkResharded(t, ctx, fc, pool, "rd_reshard", 8, initial, l)
 		acked, failed := l.counts()
 		t.Logf("%d inserts acknowledged, %d of unknown outcome (failures by SQLSTATE: %v)", acked, failed, l.failures)
+		// A statement for slots frozen when redis stopped waits for a flip
+		// that cannot come and fails after the hold (55000); nothing else
+		// may fail, and the proxy never refused.
+		for code, n := range l.failures {
+			if code != "55000" {
+				t.Errorf("%d inserts failed with %s", n, code)
+			}
+		}
 	})
+}
+
+// TestProxyCutOffFromRedis cuts one proxy off from Redis (its Redis user is
+// disabled) while the coordinating proxy keeps Redis, and reshards
+// meanwhile. The cut-off proxy's registration lapses, but it holds its
+// presence sessions on the nodes: it serves from its cached map, and the
+// coordinator counts it as lagging, so no freeze gets past it and no read
+// through it is stale. Once let back in, it re-reads the map, acknowledges,
+// and the reshard completes with every acknowledged value in place.
+func TestProxyCutOffFromRedis(t *testing.T) {
+	fc := startFaultCluster(t, 2)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	admin := redis.NewClient(&redis.Options{Addr: fc.redis.Addr})
+	defer admin.Close()
+	if err := admin.Do(ctx, "ACL", "SETUSER", "cutoff", "on", ">cutoff", "~*", "&*", "+@all").Err(); err != nil {
+		t.Fatal(err)
+	}
+	coord := fc.proxy(t, nil)
+	cut := startProxyOn(t, "redis://cutoff:cutoff@"+fc.redis.Addr+"/0", fc.nodeDSNs(), nil,
+		"--coordinator=false", "--proxy-lease", "2s")
+	poolB, err := pgxpool.New(ctx, coord.DSN("lattice"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer poolB.Close()
+	poolA, err := pgxpool.New(ctx, cut.DSN("lattice"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer poolA.Close()
+	conn, err := poolB.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	initial := createFaultTree(t, ctx, conn.Conn(), "cutoff", 20000, 4)
+	conn.Release()
+	keys := make([]string, 32)
+	for i := range keys {
+		keys[i] = "k-" + strconv.Itoa(i*617)
+	}
+	var v int64
+	if err := poolA.QueryRow(ctx, "SELECT v FROM cutoff WHERE k = $1", keys[0]).Scan(&v); err != nil {
+		t.Fatal(err)
+	}
+
+	for _, cmd := range [][]any{{"ACL", "SETUSER", "cutoff", "off"}, {"CLIENT", "KILL", "USER", "cutoff"}} {
+		if err := admin.Do(ctx, cmd...).Err(); err != nil {
+			t.Fatalf("%v: %v", cmd, err)
+		}
+	}
+	pollUntil(t, 30*time.Second, "the cut-off proxy to serve from its cached map", func() (bool, error) {
+		return strings.Contains(cut.Log(), "serving from the cached maps"), nil
+	})
+	if _, err := poolB.Exec(ctx, "SELECT lattice_reshard('cutoff', 8)"); err != nil {
+		t.Fatal(err)
+	}
+
+	// Updates through the coordinating proxy give each key ever higher
+	// values; reads through the cut-off one must never see a value older
+	// than the last update acknowledged before the read began.
+	l := newInsertLedger()
+	var stale, reads atomic.Int64
+	var readErr atomic.Value
+	wctx, stopWork := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		// Each update runs to its end, so that every outcome is known.
+		for n := int64(1_000_000); wctx.Err() == nil; n++ {
+			k := keys[n%int64(len(keys))]
+			sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			_, err := poolB.Exec(sctx, "UPDATE cutoff SET v = $2 WHERE k = $1", k, n)
+			cancel()
+			l.record(k, n, err)
+		}
+	})
+	wg.Go(func() {
+		for i := 0; wctx.Err() == nil; i++ {
+			k := keys[i%len(keys)]
+			l.mu.Lock()
+			floor, ok := l.acked[k]
+			l.mu.Unlock()
+			if !ok {
+				floor = initial[k]
+			}
+			var got int64
+			if err := poolA.QueryRow(wctx, "SELECT v FROM cutoff WHERE k = $1", k).Scan(&got); err != nil {
+				if wctx.Err() == nil {
+					readErr.CompareAndSwap(nil, err)
+				}
+				return
+			}
+			reads.Add(1)
+			if got < floor {
+				stale.Add(1)
+			}
+		}
+	})
+	stopAll := func() { stopWork(); wg.Wait() }
+	defer stopAll()
+
+	// Freezes are tried and rolled back: the cut-off proxy holds them up.
+	pollUntil(t, 90*time.Second, "freezes to be tried while the proxy is cut off", func() (bool, error) {
+		migs, err := fc.store.Migrations(ctx, "lattice", "cutoff")
+		freezes := 0
+		for _, m := range migs {
+			freezes += m.Freezes
+			if m.Phase == shardmap.PhaseFlip || m.Phase == shardmap.PhaseRelease || m.Phase == shardmap.PhaseDone {
+				return false, fmt.Errorf("migration %s reached %s while a proxy serving from its cached map was cut off", m.ID, m.Phase)
+			}
+		}
+		return freezes >= 4, err
+	})
+	if n := stale.Load(); n > 0 {
+		t.Fatalf("%d stale reads through the cut-off proxy", n)
+	}
+	if !strings.Contains(coord.Log(), "waiting for proxies cut off from Redis") {
+		t.Error("the coordinator never said it waits for the cut-off proxy")
+	}
+	held := reads.Load()
+
+	if err := admin.Do(ctx, "ACL", "SETUSER", "cutoff", "on").Err(); err != nil {
+		t.Fatal(err)
+	}
+	waitReshardComplete(t, ctx, poolB, "cutoff", 90*time.Second)
+	stopAll()
+	if err, _ := readErr.Load().(error); err != nil {
+		t.Fatalf("a read through the cut-off proxy failed: %v", err)
+	}
+	if n := stale.Load(); n > 0 {
+		t.Fatalf("%d stale reads through the proxy", n)
+	}
+	for code, n := range l.failures {
+		t.Errorf("%d updates failed with %s", n, code)
+	}
+	t.Logf("%d reads through the proxy while it was cut off, %d in all, none stale", held, reads.Load())
+	checkResharded(t, ctx, fc, poolB, "cutoff", 8, initial, l)
 }
 
 // TestRedisCrashMidReshard kills redis-server with SIGKILL in the middle of

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -17,11 +18,13 @@ import (
 
 // TestLapsedLease cuts a proxy off its Redis (the proxy's user is disabled
 // and its connections killed) for longer than --proxy-lease. The proxy
-// then refuses statements with 57P03 instead of routing by a map that may
-// be stale. Meanwhile the tree's map changes: the key's shard is folded
-// away, and the copy of the key on its new shard has another value. Once
-// Redis lets the proxy in again, it serves again, by the new map: it read
-// the map again before serving.
+// serves on from its cached map while it holds its presence sessions on the
+// nodes; once a node ends one, it refuses statements with 57P03 instead of
+// routing by a map that may be stale. Meanwhile the tree's map changes
+// behind the migrator's back: the key's shard is folded away, and the copy
+// of the key on its new shard has another value. Once Redis lets the proxy
+// in again, it serves again, by the new map: it read the map again before
+// serving.
 func TestLapsedLease(t *testing.T) {
 	resetNodes(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -64,7 +67,20 @@ func TestLapsedLease(t *testing.T) {
 			t.Fatalf("%v: %v", cmd, err)
 		}
 	}
-	// Served from the cache until the lease lapses, then refused.
+	// Served from the cache past the lease, as long as the proxy holds
+	// its presence on the nodes.
+	lapsed := time.Now().Add(3 * time.Second)
+	for time.Now().Before(lapsed) || !strings.Contains(p.Log(), "serving from the cached maps") {
+		if err := c.QueryRow(ctx, read, f.key).Scan(&v); err != nil || v != 1 {
+			t.Fatalf("with Redis out of reach, before the presence ended: v = %d (%v), want 1 from the cached map", v, err)
+		}
+	}
+	cluster, err := adm.Get(ctx, "lattice:cluster-id").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	endPresence(t, ctx, testNodeDSN(t, 0), cluster)
+	// Refused from then on, though the proxy opens its presence again.
 	for {
 		err := c.QueryRow(ctx, read, f.key).Scan(&v)
 		if err == nil {
@@ -72,7 +88,7 @@ func TestLapsedLease(t *testing.T) {
 		}
 		var pe *pgconn.PgError
 		if !errors.As(err, &pe) || pe.Code != "57P03" {
-			t.Fatalf("with Redis out of reach: %v, want SQLSTATE 57P03", err)
+			t.Fatalf("with Redis out of reach and a presence ended: %v, want SQLSTATE 57P03", err)
 		}
 		break
 	}

@@ -494,7 +494,7 @@ func (c *Coordinator) tryRepin(ctx context.Context, t *shardmap.Tree, op *shardm
 	if err != nil {
 		return false, nil
 	}
-	if err := c.runner.waitAcks(pctx, t, frozen.Epoch); err != nil {
+	if err := c.runner.waitAcks(pctx, t, frozen); err != nil {
 		return false, nil
 	}
 	for idx, sh := range frozen.Shards {

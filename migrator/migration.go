@@ -65,6 +65,8 @@ type Runner struct {
 	log     *slog.Logger
 	opts    Options
 	metrics *Metrics
+	// clusterID names the presence sessions this deployment's proxies hold.
+	clusterID clusterID
 }
 
 // NewRunner returns a runner. metrics and log may be nil.
@@ -367,7 +369,7 @@ func (r *Runner) prepare(ctx context.Context, t *shardmap.Tree, mig *shardmap.Mi
 	if err != nil {
 		return err
 	}
-	return r.waitAcks(ctx, t, m.Epoch)
+	return r.waitAcks(ctx, t, m)
 }
 
 // sourceLSN is the source node's current WAL position.
@@ -412,22 +414,38 @@ func (r *Runner) drain(ctx context.Context, t *shardmap.Tree, mig *shardmap.Migr
 }
 
 // waitAcks waits until every live proxy that serves the tree's tenant
-// routes the tree by epoch or later. A proxy that never served the tenant
-// has no map of it to acknowledge, and reads a current one before its
-// first statement (shardmap.Registration).
-func (r *Runner) waitAcks(ctx context.Context, t *shardmap.Tree, epoch uint64) error {
+// routes the tree by m's epoch or later. A proxy that never served the
+// tenant has no map of it to acknowledge, and reads a current one before its
+// first statement (shardmap.Registration). A proxy cut off from Redis that
+// still holds its sessions on m's nodes may serve from its cached maps, so
+// it is waited for too.
+func (r *Runner) waitAcks(ctx context.Context, t *shardmap.Tree, m *shardmap.Map) error {
+	reported := false
 	for {
-		lagging, err := r.store.Lagging(ctx, t.Tenant, t.Name, epoch)
+		lag, err := r.store.Lagging(ctx, t.Tenant, t.Name, m.Epoch)
 		if err != nil {
 			return err
 		}
-		if len(lagging) == 0 {
-			return nil
+		poll := r.opts.AckPoll
+		if len(lag.Lagging) == 0 {
+			cut, err := r.cutOff(ctx, t, m, lag.Live)
+			if err != nil {
+				return err
+			}
+			if len(cut) == 0 {
+				return nil
+			}
+			if !reported {
+				r.log.Warn("migrator: waiting for proxies cut off from Redis: they hold their sessions on the nodes and may serve from their cached maps",
+					"tree", t.Name, "epoch", m.Epoch, "application_names", cut)
+				reported = true
+			}
+			poll = max(poll, cutOffPoll)
 		}
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-time.After(r.opts.AckPoll):
+		case <-time.After(poll):
 		}
 	}
 }
@@ -459,7 +477,7 @@ func (r *Runner) freezeAndFlip(ctx context.Context, t *shardmap.Tree, mig *shard
 	steps := freezeSteps{freeze: start.Sub(begin), last: start}
 	bctx, cancel := context.WithTimeout(ctx, r.opts.FreezeBudget)
 	defer cancel()
-	err = r.waitAcks(bctx, t, frozen.Epoch)
+	err = r.waitAcks(bctx, t, frozen)
 	steps.mark(&steps.acks)
 	var lsn string
 	if err == nil {
@@ -600,7 +618,7 @@ func (r *Runner) release(ctx context.Context, t *shardmap.Tree, mig *shardmap.Mi
 	if err != nil {
 		return err
 	}
-	if err := r.waitAcks(ctx, t, m.Epoch); err != nil {
+	if err := r.waitAcks(ctx, t, m); err != nil {
 		return err
 	}
 	spec, err := r.shadowSpec(t, mig)

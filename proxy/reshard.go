@@ -25,8 +25,9 @@ const (
 
 // acquireView takes the tenant's current view for the statement being
 // served and records it as in use until releaseViews. While this proxy's
-// registration has lapsed it waits briefly for it to come back: a proxy
-// that is not counted as live must not route by a map that may be stale.
+// registration has lapsed and it cannot serve from its cached maps either
+// (shardmap.Registration.Acquire), it waits briefly for the registration to
+// come back: it must not route by a map that may be stale.
 func (s *session) acquireView(ctx context.Context) (*shardmap.View, error) {
 	reg := s.srv.cfg.Registration
 	deadline := time.Now().Add(leaseWait)
@@ -46,7 +47,7 @@ func (s *session) acquireView(ctx context.Context) (*shardmap.View, error) {
 		case !errors.Is(err, shardmap.ErrLeaseExpired):
 			return nil, Errorf("58000", "shard map unavailable: %v", err)
 		case time.Now().After(deadline):
-			e := Errorf("57P03", "this Lattice proxy is not registered as live, so it cannot route statements now")
+			e := Errorf("57P03", "this Lattice proxy cannot reach Redis, and cannot vouch for its cached shard map (it lost a session on a node, or never served this database)")
 			e.Hint = "retry shortly, or connect to another proxy; the proxy serves again once it reaches Redis"
 			return nil, e
 		}

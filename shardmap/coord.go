@@ -2,6 +2,8 @@ package shardmap
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -94,13 +96,16 @@ type Coordination interface {
 	// ReleaseLease gives the lease up if owner holds it.
 	ReleaseLease(ctx context.Context, tenant, tree, owner string) error
 
-	// RegisterProxy (re)registers a proxy as live for ttl: its heartbeat.
-	RegisterProxy(ctx context.Context, id string, ttl time.Duration) error
-	// ServeTenants registers proxy id, for ttl, as one that routes the
-	// statements of tenants: the freezes and releases of their trees wait
-	// for its acknowledgements. A proxy calls it before it first reads a
-	// tenant's maps, and renews it with every heartbeat.
-	ServeTenants(ctx context.Context, id string, ttl time.Duration, tenants ...string) error
+	// RegisterProxy (re)registers a proxy as live until the given time: its
+	// heartbeat.
+	RegisterProxy(ctx context.Context, id string, until time.Time) error
+	// ServeTenants registers proxy id, until the given time, as one that
+	// routes the statements of tenants: the freezes and releases of their
+	// trees wait for its acknowledgements. A proxy calls it before it first
+	// reads a tenant's maps, and renews it with every heartbeat, before
+	// RegisterProxy and to the same time, so that a proxy counted as live
+	// is always counted for the tenants it serves.
+	ServeTenants(ctx context.Context, id string, until time.Time, tenants ...string) error
 	// UnregisterProxy removes a proxy that shuts down cleanly, from the
 	// registry and from the tenants it served.
 	UnregisterProxy(ctx context.Context, id string, tenants ...string) error
@@ -113,9 +118,19 @@ type Coordination interface {
 	AckEpoch(ctx context.Context, tenant, tree, proxy string, epoch uint64) error
 	// Acks returns each proxy's acknowledged epoch of tree.
 	Acks(ctx context.Context, tenant, tree string) (map[string]uint64, error)
-	// Lagging lists the live proxies serving tenant that have not acknowledged epoch of
-	// tree, in one round trip: what a freeze polls for.
-	Lagging(ctx context.Context, tenant, tree string, epoch uint64) ([]string, error)
+	// Lagging reads what a freeze polls for: the live proxies serving
+	// tenant that have not acknowledged epoch of tree, and every live proxy.
+	Lagging(ctx context.Context, tenant, tree string, epoch uint64) (Lag, error)
+	// ClusterID names the Lattice deployment this store holds, created on
+	// first use: a proxy's sessions on the nodes carry it, so that proxies
+	// of another deployment sharing the nodes are told apart.
+	ClusterID(ctx context.Context) (string, error)
+}
+
+// Lag is what Lagging reads, with every expiry judged at one instant.
+type Lag struct {
+	Lagging []string // live proxies serving the tenant, behind the epoch
+	Live    []string // every live proxy, read before the tenant's
 }
 
 var _ Coordination = (*RedisStore)(nil)
@@ -129,6 +144,7 @@ var _ Coordination = (*RedisStore)(nil)
 //	P:{T}:proxies         sorted set: id of a proxy that routes the tenant's
 //	                      statements, scored by lease expiry (unix ms)
 //	P:proxies             sorted set: proxy id scored by lease expiry (unix ms)
+//	P:cluster-id          string: the deployment's id (ClusterID)
 //	P:reshard-index       hash: "tenant/tree" -> "<op id> <unix ms>" of the
 //	                      tree's last StartReshard, so a coordinator finds
 //	                      every running reshard without scanning keys
@@ -147,8 +163,9 @@ func (s *RedisStore) acksKey(tenant, tree string) string {
 func (s *RedisStore) tenantProxiesKey(tenant string) string {
 	return s.tenantTag(tenant) + ":proxies"
 }
-func (s *RedisStore) proxiesKey() string  { return s.prefix + ":proxies" }
-func (s *RedisStore) reshardsKey() string { return s.prefix + ":reshard-index" }
+func (s *RedisStore) proxiesKey() string   { return s.prefix + ":proxies" }
+func (s *RedisStore) clusterIDKey() string { return s.prefix + ":cluster-id" }
+func (s *RedisStore) reshardsKey() string  { return s.prefix + ":reshard-index" }
 
 // reshardMember names a tree in the reshard index; a tenant name cannot
 // contain '/', a tree name can, so the first '/' separates them.
@@ -364,8 +381,8 @@ func (s *RedisStore) ReleaseLease(ctx context.Context, tenant, tree, owner strin
 }
 
 // RegisterProxy implements Coordination.
-func (s *RedisStore) RegisterProxy(ctx context.Context, id string, ttl time.Duration) error {
-	exp := time.Now().Add(ttl).UnixMilli()
+func (s *RedisStore) RegisterProxy(ctx context.Context, id string, until time.Time) error {
+	exp := until.UnixMilli()
 	if err := s.client.ZAdd(ctx, s.proxiesKey(), redis.Z{Score: float64(exp), Member: id}).Err(); err != nil {
 		return fmt.Errorf("shardmap: register proxy %s: %w", id, err)
 	}
@@ -373,11 +390,11 @@ func (s *RedisStore) RegisterProxy(ctx context.Context, id string, ttl time.Dura
 }
 
 // ServeTenants implements Coordination.
-func (s *RedisStore) ServeTenants(ctx context.Context, id string, ttl time.Duration, tenants ...string) error {
+func (s *RedisStore) ServeTenants(ctx context.Context, id string, until time.Time, tenants ...string) error {
 	if len(tenants) == 0 {
 		return nil
 	}
-	exp := float64(time.Now().Add(ttl).UnixMilli())
+	exp := float64(until.UnixMilli())
 	_, err := s.client.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for _, t := range tenants {
 			p.ZAdd(ctx, s.tenantProxiesKey(t), redis.Z{Score: exp, Member: id})
@@ -423,11 +440,23 @@ func (s *RedisStore) TenantProxies(ctx context.Context, tenant string) ([]string
 // live lists the unexpired members of a registry. Expired entries are
 // removed on the way, so it does not grow with every proxy that ever ran.
 func (s *RedisStore) live(ctx context.Context, key string) ([]string, error) {
-	now := strconv.FormatInt(time.Now().UnixMilli(), 10)
-	if err := s.client.ZRemRangeByScore(ctx, key, "-inf", "("+now).Err(); err != nil {
+	var ids *redis.StringSliceCmd
+	_, err := s.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+		ids = liveAt(ctx, p, key, time.Now())
+		return nil
+	})
+	if err != nil {
 		return nil, err
 	}
-	return s.client.ZRangeByScore(ctx, key, &redis.ZRangeBy{Min: now, Max: "+inf"}).Result()
+	return ids.Val(), nil
+}
+
+// liveAt queues the removal of a registry's members expired at now and the
+// read of the others.
+func liveAt(ctx context.Context, p redis.Pipeliner, key string, now time.Time) *redis.StringSliceCmd {
+	ms := strconv.FormatInt(now.UnixMilli(), 10)
+	p.ZRemRangeByScore(ctx, key, "-inf", "("+ms)
+	return p.ZRangeByScore(ctx, key, &redis.ZRangeBy{Min: ms, Max: "+inf"})
 }
 
 // AckEpoch implements Coordination.
@@ -453,26 +482,52 @@ func (s *RedisStore) Acks(ctx context.Context, tenant, tree string) (map[string]
 }
 
 // Lagging implements Coordination over the proxies registered for the
-// tenant (ServeTenants). A pipeline, not a script: in Redis Cluster the
-// registry and the tenant's acknowledgements are in different slots.
-func (s *RedisStore) Lagging(ctx context.Context, tenant, tree string, epoch uint64) ([]string, error) {
-	now := strconv.FormatInt(time.Now().UnixMilli(), 10)
-	var live *redis.StringSliceCmd
+// tenant (ServeTenants). Pipelines, not a script: in Redis Cluster the
+// registries and the tenant's acknowledgements are in different slots.
+//
+// Every expiry is judged at one instant, and the live proxies are read
+// before the tenant's: a proxy renews its tenants before its liveness, to
+// the same time, so a proxy read here as live and not lagging either
+// acknowledged the epoch or serves no statement of the tenant.
+func (s *RedisStore) Lagging(ctx context.Context, tenant, tree string, epoch uint64) (Lag, error) {
+	now := time.Now()
+	var live, serving *redis.StringSliceCmd
 	var acks *redis.MapStringStringCmd
 	_, err := s.client.Pipelined(ctx, func(p redis.Pipeliner) error {
-		p.ZRemRangeByScore(ctx, s.tenantProxiesKey(tenant), "-inf", "("+now)
-		live = p.ZRangeByScore(ctx, s.tenantProxiesKey(tenant), &redis.ZRangeBy{Min: now, Max: "+inf"})
-		acks = p.HGetAll(ctx, s.acksKey(tenant, tree))
+		live = liveAt(ctx, p, s.proxiesKey(), now)
 		return nil
 	})
-	if err != nil {
-		return nil, fmt.Errorf("shardmap: acks of %s/%s: %w", tenant, tree, err)
+	if err == nil {
+		_, err = s.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+			serving = liveAt(ctx, p, s.tenantProxiesKey(tenant), now)
+			acks = p.HGetAll(ctx, s.acksKey(tenant, tree))
+			return nil
+		})
 	}
-	var out []string
-	for _, id := range live.Val() {
+	if err != nil {
+		return Lag{}, fmt.Errorf("shardmap: acks of %s/%s: %w", tenant, tree, err)
+	}
+	lag := Lag{Live: live.Val()}
+	for _, id := range serving.Val() {
 		if e, err := strconv.ParseUint(acks.Val()[id], 10, 64); err != nil || e < epoch {
-			out = append(out, id)
+			lag.Lagging = append(lag.Lagging, id)
 		}
 	}
-	return out, nil
+	return lag, nil
+}
+
+// ClusterID implements Coordination.
+func (s *RedisStore) ClusterID(ctx context.Context) (string, error) {
+	b := make([]byte, 4)
+	if _, err := rand.Read(b); err != nil {
+		return "", err
+	}
+	if err := s.client.SetNX(ctx, s.clusterIDKey(), hex.EncodeToString(b), 0).Err(); err != nil {
+		return "", fmt.Errorf("shardmap: cluster id: %w", err)
+	}
+	id, err := s.client.Get(ctx, s.clusterIDKey()).Result()
+	if err != nil {
+		return "", fmt.Errorf("shardmap: cluster id: %w", err)
+	}
+	return id, nil
 }

@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 func TestMigrationRecords(t *testing.T) {
@@ -144,10 +146,10 @@ func TestLease(t *testing.T) {
 func TestProxyRegistryAndAcks(t *testing.T) {
 	s, _ := newTestStore(t)
 	ctx := context.Background()
-	if err := s.RegisterProxy(ctx, "p1", time.Minute); err != nil {
+	if err := s.RegisterProxy(ctx, "p1", time.Now().Add(time.Minute)); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.RegisterProxy(ctx, "p2", -time.Second); err != nil { // already expired
+	if err := s.RegisterProxy(ctx, "p2", time.Now().Add(-time.Second)); err != nil { // already expired
 		t.Fatal(err)
 	}
 	live, err := s.LiveProxies(ctx)
@@ -163,10 +165,10 @@ func TestProxyRegistryAndAcks(t *testing.T) {
 	if err != nil || acks["p1"] != 5 || len(acks) != 1 {
 		t.Fatalf("acks: %v %v, want p1 at 5 (never backwards)", acks, err)
 	}
-	if err := s.ServeTenants(ctx, "p1", time.Minute, "t", "u"); err != nil {
+	if err := s.ServeTenants(ctx, "p1", time.Now().Add(time.Minute), "t", "u"); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.ServeTenants(ctx, "p2", -time.Second, "t"); err != nil { // already expired
+	if err := s.ServeTenants(ctx, "p2", time.Now().Add(-time.Second), "t"); err != nil { // already expired
 		t.Fatal(err)
 	}
 	for _, tc := range []struct {
@@ -178,23 +180,27 @@ func TestProxyRegistryAndAcks(t *testing.T) {
 		}
 	}
 	// p4 serves only another tenant: a freeze of t does not wait for it.
-	if err := s.RegisterProxy(ctx, "p3", time.Minute); err != nil {
+	if err := s.RegisterProxy(ctx, "p3", time.Now().Add(time.Minute)); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.ServeTenants(ctx, "p3", time.Minute, "t"); err != nil {
+	if err := s.ServeTenants(ctx, "p3", time.Now().Add(time.Minute), "t"); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.ServeTenants(ctx, "p4", time.Minute, "u"); err != nil {
+	if err := s.ServeTenants(ctx, "p4", time.Now().Add(time.Minute), "u"); err != nil {
 		t.Fatal(err)
 	}
 	for _, c := range []struct {
 		epoch uint64
 		want  []string
 	}{{5, []string{"p3"}}, {6, []string{"p1", "p3"}}} {
-		lagging, err := s.Lagging(ctx, "t", "x", c.epoch)
-		slices.Sort(lagging)
-		if err != nil || !slices.Equal(lagging, c.want) {
-			t.Fatalf("lagging behind epoch %d: %v %v, want %v (p2 expired, p1 acknowledged 5, p3 nothing, p4 serves u)", c.epoch, lagging, err, c.want)
+		lag, err := s.Lagging(ctx, "t", "x", c.epoch)
+		slices.Sort(lag.Lagging)
+		if err != nil || !slices.Equal(lag.Lagging, c.want) {
+			t.Fatalf("lagging behind epoch %d: %v %v, want %v (p2 expired, p1 acknowledged 5, p3 nothing, p4 serves u)", c.epoch, lag.Lagging, err, c.want)
+		}
+		slices.Sort(lag.Live)
+		if !slices.Equal(lag.Live, []string{"p1", "p3"}) {
+			t.Fatalf("live with the lag: %v, want [p1 p3] (p2 expired, p4 never registered as live)", lag.Live)
 		}
 	}
 	if err := s.UnregisterProxy(ctx, "p3", "t"); err != nil {
@@ -234,5 +240,20 @@ func TestDeleteTreeClearsCoordination(t *testing.T) {
 	}
 	if _, err := s.Reshard(ctx, "t", "x"); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("the reshard outlived the tree: %v", err)
+	}
+}
+
+func TestClusterIDIsCreatedOnce(t *testing.T) {
+	s, mr := newTestStore(t)
+	ctx := context.Background()
+	first, err := s.ClusterID(ctx)
+	if err != nil || len(first) != 8 {
+		t.Fatalf("cluster id %q (%v), want 8 hex digits", first, err)
+	}
+	// Another store over the same Redis, as another proxy has, reads it.
+	other := NewRedisStore(redis.NewClient(&redis.Options{Addr: mr.Addr()}), "test")
+	defer other.Close()
+	if again, err := other.ClusterID(ctx); err != nil || again != first {
+		t.Fatalf("second read %q (%v), want %q", again, err, first)
 	}
 }

@@ -24,8 +24,17 @@ const (
 )
 
 // ErrLeaseExpired is returned by Acquire while the proxy's registration has
-// lapsed: it serves again once it has re-registered and re-read every map.
+// lapsed and it cannot serve from its cached maps either: it serves again
+// once it has re-registered and re-read every map.
 var ErrLeaseExpired = errors.New("shardmap: this proxy's registration lapsed; it serves again once it has re-read the shard maps")
+
+// Presence tells whether the proxy has been seen on the nodes without a
+// break since a given time (pgshard.Presence). A coordinator that finds a
+// proxy on the nodes but not live in the store counts it as lagging, so
+// such a proxy may serve from its cached maps through a lapse.
+type Presence interface {
+	HeldSince(t time.Time) bool
+}
 
 // Registration keeps a proxy registered as live, and as serving each tenant
 // it has routed a statement for, and acknowledges each tree's epoch once no
@@ -42,6 +51,8 @@ type Registration struct {
 	log       *slog.Logger
 
 	liveUntil atomic.Int64 // unix nanoseconds; 0 until the first heartbeat
+	presence  Presence     // nil: no serving through a lapse
+	cached    atomic.Bool  // serving from the cached maps through a lapse
 
 	mu    sync.Mutex
 	inUse map[*View]int     // views statements are running on
@@ -72,6 +83,11 @@ func NewRegistration(id string, coord Coordination, cache *Cache, ttl, heartbeat
 	return r
 }
 
+// ServeThroughLapses lets the proxy serve from its cached maps while its
+// registration has lapsed, for as long as p has held it on the nodes since
+// before the lapse. Call it before Run.
+func (r *Registration) ServeThroughLapses(p Presence) { r.presence = p }
+
 // ID is the proxy's name in the registry.
 func (r *Registration) ID() string { return r.id }
 
@@ -85,11 +101,31 @@ func (r *Registration) wake() {
 // Live reports whether the proxy's lease holds.
 func (r *Registration) Live() bool { return time.Now().UnixNano() < r.liveUntil.Load() }
 
+// Cached reports whether the proxy's lease has lapsed and it serves from
+// its cached maps.
+func (r *Registration) Cached() bool { return !r.Live() && r.servesCached() }
+
+// servesCached reports whether the presence on the nodes has held since
+// before the store could count the registration as expired: then every
+// coordinator counts this proxy as lagging behind any newer epoch, and no
+// map it has cached can be overtaken.
+func (r *Registration) servesCached() bool {
+	ok := r.presence != nil && r.presence.HeldSince(time.Unix(0, r.liveUntil.Load()))
+	if r.cached.Swap(ok) != ok {
+		if ok {
+			r.log.Warn("shardmap: registration lapsed; serving from the cached maps, which no reshard can overtake while this proxy holds its sessions on the nodes", "proxy", r.id)
+		} else {
+			r.log.Warn("shardmap: registration lapsed and the sessions on the nodes are not all held; refusing statements until the maps are read again", "proxy", r.id)
+		}
+	}
+	return ok
+}
+
 // Acquire returns the tenant's current view for one statement, and the
 // function to call when the statement is done with it.
 func (r *Registration) Acquire(ctx context.Context, tenant string) (*View, func(), error) {
 	if !r.Live() {
-		return nil, nil, ErrLeaseExpired
+		return r.acquireCached(tenant)
 	}
 	if err := r.serve(ctx, tenant); err != nil {
 		return nil, nil, err
@@ -97,10 +133,31 @@ func (r *Registration) Acquire(ctx context.Context, tenant string) (*View, func(
 	if _, err := r.cache.View(ctx, tenant); err != nil {
 		return nil, nil, err
 	}
+	return r.take(r.cache.tenant(tenant))
+}
+
+// acquireCached is Acquire through a lapse: the cached view of a tenant
+// already served, without touching the store.
+func (r *Registration) acquireCached(tenant string) (*View, func(), error) {
+	r.mu.Lock()
+	served := r.served[tenant]
+	r.mu.Unlock()
+	if !served || !r.servesCached() {
+		return nil, nil, ErrLeaseExpired
+	}
+	return r.take(r.cache.tenant(tenant))
+}
+
+// take counts the tenant's current view as in use by a statement.
+func (r *Registration) take(tc *tenantCache) (*View, func(), error) {
 	r.mu.Lock()
 	// Loaded under the lock that acknowledging takes, so no epoch is
 	// acknowledged between this load and the count below.
-	v := r.cache.tenant(tenant).view.Load()
+	v := tc.view.Load()
+	if v == nil {
+		r.mu.Unlock()
+		return nil, nil, ErrLeaseExpired
+	}
 	r.inUse[v]++
 	r.mu.Unlock()
 	var once sync.Once
@@ -123,7 +180,7 @@ func (r *Registration) serve(ctx context.Context, tenant string) error {
 	if done {
 		return nil
 	}
-	if err := r.coord.ServeTenants(ctx, r.id, r.ttl, tenant); err != nil {
+	if err := r.coord.ServeTenants(ctx, r.id, time.Now().Add(r.ttl), tenant); err != nil {
 		return err
 	}
 	if _, err := r.cache.Refresh(ctx, tenant); err != nil {
@@ -175,20 +232,25 @@ func (r *Registration) Run(ctx context.Context) {
 	}
 }
 
-// beat renews the registration, and that for every tenant served: the
+// beat renews the registration for every tenant served, then the
+// registration as live, to the same time (Coordination.ServeTenants): the
 // proxy serves on only if both were renewed. After a lapse it then re-reads
 // every tenant's maps: a map may have flipped while this proxy was not
 // counted.
 func (r *Registration) beat(ctx context.Context) {
 	start := time.Now()
+	until := start.Add(r.ttl)
 	lapsed := !r.Live()
-	err := r.coord.RegisterProxy(ctx, r.id, r.ttl)
+	err := r.coord.ServeTenants(ctx, r.id, until, r.tenants()...)
 	if err == nil {
-		err = r.coord.ServeTenants(ctx, r.id, r.ttl, r.tenants()...)
+		err = r.coord.RegisterProxy(ctx, r.id, until)
 	}
 	if err != nil {
 		if ctx.Err() == nil {
 			r.log.Warn("shardmap: proxy heartbeat failed", "proxy", r.id, "err", err)
+		}
+		if !r.Live() {
+			r.servesCached() // logs the change to or from serving from the cache
 		}
 		return
 	}
@@ -201,7 +263,8 @@ func (r *Registration) beat(ctx context.Context) {
 		clear(r.acked) // the store may have lost them with the registration
 		r.mu.Unlock()
 	}
-	r.liveUntil.Store(start.Add(r.ttl - leaseMargin).UnixNano())
+	r.liveUntil.Store(until.Add(-leaseMargin).UnixNano())
+	r.cached.Store(false)
 }
 
 // acknowledge sends, for every tree whose cached epoch moved, the epoch

@@ -120,3 +120,63 @@ func TestRegistrationReadsMapsAfterServing(t *testing.T) {
 		t.Fatalf("proxies of t after shutdown: %v", got)
 	}
 }
+
+// fakePresence is held on the nodes from since on; zero means not held.
+type fakePresence struct{ since time.Time }
+
+func (p *fakePresence) HeldSince(t time.Time) bool {
+	return !p.since.IsZero() && !p.since.After(t)
+}
+
+// Through a lapse a proxy serves its cached view of a tenant it served,
+// but only while its presence on the nodes has held since before the lapse;
+// it never reads the store to do so.
+func TestRegistrationServesCachedThroughLapse(t *testing.T) {
+	s, mr := newTestStore(t)
+	ctx := context.Background()
+	_, m := mustCreate(t, s, "t", "x")
+	mustCreate(t, s, "u", "y")
+	c := NewCache(s, time.Hour, nil)
+	r := NewRegistration("p1", s, c, time.Minute, time.Hour, nil)
+	p := &fakePresence{since: time.Now().Add(-time.Minute)}
+	r.ServeThroughLapses(p)
+	r.beat(ctx)
+	_, release, err := r.Acquire(ctx, "t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	release()
+
+	// Redis goes away and the lease lapses.
+	mr.Close()
+	lapsed := time.Now()
+	r.liveUntil.Store(lapsed.Add(-time.Second).UnixNano())
+	cases := []struct {
+		name   string
+		tenant string
+		since  time.Time
+		serve  bool // the statement is served
+		cached bool // the proxy serves from its cache at all
+	}{
+		{"held since before the lapse", "t", p.since, true, true},
+		{"a tenant never served", "u", p.since, false, true},
+		{"held again only after the lapse", "t", lapsed, false, false},
+		{"not held", "t", time.Time{}, false, false},
+	}
+	for _, tc := range cases {
+		p.since = tc.since
+		v, release, err := r.Acquire(ctx, tc.tenant)
+		switch {
+		case tc.serve && (err != nil || v.Maps["x"].Epoch != m.Epoch):
+			t.Fatalf("%s: got %v, want the cached epoch %d", tc.name, err, m.Epoch)
+		case !tc.serve && !errors.Is(err, ErrLeaseExpired):
+			t.Fatalf("%s: got %v, want ErrLeaseExpired", tc.name, err)
+		}
+		if tc.cached != r.Cached() {
+			t.Fatalf("%s: Cached() = %v", tc.name, r.Cached())
+		}
+		if release != nil {
+			release()
+		}
+	}
+}

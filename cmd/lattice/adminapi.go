@@ -92,7 +92,7 @@ type adminSelf struct {
 }
 
 func (s *adminSelf) Info() admin.ProxyInfo {
-	return admin.ProxyInfo{ID: s.id, Version: version, Coordinator: s.coordinator, Live: s.reg.Live()}
+	return admin.ProxyInfo{ID: s.id, Version: version, Coordinator: s.coordinator, Live: s.reg.Live(), ServingCached: s.reg.Cached()}
 }
 
 func (s *adminSelf) DefaultTenant() string { return s.cluster.DefaultTenant() }

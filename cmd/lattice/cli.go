@@ -188,9 +188,12 @@ func (c *cli) printStatus(st admin.Status) {
 	if p.Coordinator {
 		flags = append(flags, "coordinator")
 	}
-	if p.Live {
+	switch {
+	case p.Live:
 		flags = append(flags, "live")
-	} else {
+	case p.ServingCached:
+		flags = append(flags, "NOT LIVE (registration lapsed; serving from the cached maps, reshards wait)")
+	default:
 		flags = append(flags, "NOT LIVE (registration lapsed)")
 	}
 	flags = append(flags, fmt.Sprintf("epoch lag %d", p.EpochLag))

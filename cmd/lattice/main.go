@@ -141,7 +141,7 @@ func (c *serveConfig) flags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.Reshard.EmptyTreeProbeBudget, "empty-probe-budget", 10*time.Second, "ceiling on the emptiness probe of lattice_reshard")
 	fs.DurationVar(&c.Migration.FreezeBudget, "freeze-budget", 2*time.Second, "longest write pause of one freeze; a freeze that does not fit is rolled back and retried")
 	fs.Int64Var(&c.Migration.FreezeLag, "freeze-lag", 256<<10, "replication lag in bytes under which a migration freezes")
-	fs.DurationVar(&c.ProxyLease, "proxy-lease", shardmap.DefaultLeaseTTL, "a proxy that cannot renew its registration for this long stops serving until it has re-read the maps")
+	fs.DurationVar(&c.ProxyLease, "proxy-lease", shardmap.DefaultLeaseTTL, "a proxy that cannot renew its registration in Redis for this long serves on from its cached maps only while it holds its sessions on every node (reshards wait for it), and otherwise refuses until it has re-read the maps")
 }
 
 // crashHookEnv names the test-only hook that makes the proxy kill itself at
@@ -267,12 +267,19 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, ready func(pg
 	runner := migrator.NewRunner(cluster, store, cfg.Migration, metrics, log)
 	coord := migrator.NewCoordinator(proxyID, runner, cfg.Reshard, nil)
 	reg := shardmap.NewRegistration(proxyID, store, cache, cfg.ProxyLease, 0, log)
+	deployment, err := store.ClusterID(ctx)
+	if err != nil {
+		return err
+	}
+	presence := pgshard.NewPresence(cluster, pgshard.PresenceName(deployment, proxyID), log)
+	reg.ServeThroughLapses(presence)
 	bgCtx, stopBackground := context.WithCancel(ctx)
 	var bg sync.WaitGroup
 	defer func() {
 		stopBackground()
 		bg.Wait()
 	}()
+	bg.Go(func() { presence.Run(bgCtx) })
 	bg.Add(1)
 	go func() {
 		defer bg.Done()

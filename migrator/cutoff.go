@@ -1,0 +1,65 @@
+package migrator
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/lattice-db/lattice/pgshard"
+	"github.com/lattice-db/lattice/shardmap"
+)
+
+// cutOffPoll is how often a wait for acknowledgements looks again while a
+// proxy cut off from Redis holds it up: that lasts as long as the outage.
+const cutOffPoll = 100 * time.Millisecond
+
+// clusterID is the deployment's id, read from the store once.
+type clusterID struct {
+	mu sync.Mutex
+	id string
+}
+
+func (c *clusterID) get(ctx context.Context, s Store) (string, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.id == "" {
+		id, err := s.ClusterID(ctx)
+		if err != nil {
+			return "", err
+		}
+		c.id = id
+	}
+	return c.id, nil
+}
+
+// cutOff lists the presence sessions, on the nodes of m, of proxies that
+// are not among live (read before them): proxies cut off from Redis. Their
+// registrations lapsed, but each may serve from its cached maps for as long
+// as it holds its presence (shardmap.Registration), so no newer epoch may
+// count as acknowledged while one is there.
+func (r *Runner) cutOff(ctx context.Context, t *shardmap.Tree, m *shardmap.Map, live []string) ([]string, error) {
+	cluster, err := r.clusterID.get(ctx, r.store)
+	if err != nil {
+		return nil, err
+	}
+	var nodes []string
+	for _, sh := range m.Shards {
+		if sh.State != shardmap.ShardRetired && !slices.Contains(nodes, sh.Node) {
+			nodes = append(nodes, sh.Node)
+		}
+	}
+	present, err := r.cluster.Present(ctx, t.Tenant, cluster, nodes)
+	if err != nil {
+		return nil, err
+	}
+	for _, id := range live {
+		delete(present, pgshard.PresenceName(cluster, id))
+	}
+	cut := make([]string, 0, len(present))
+	for name := range present {
+		cut = append(cut, name)
+	}
+	slices.Sort(cut)
+	return cut, nil
+}

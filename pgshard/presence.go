@@ -1,0 +1,183 @@
+package pgshard
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// A proxy's presence: one idle session per node, named after the proxy,
+// held for as long as the proxy runs. PostgreSQL ends it when the proxy's
+// process dies (its socket closes) or its host goes silent (the keepalives
+// below), so a coordinator that cannot find a proxy live in Redis but finds
+// its presence on the nodes knows the proxy is cut off from Redis, not
+// dead, and may still be serving from its cached maps: it waits for it.
+
+// presenceRetry is the pause between attempts to open a presence session.
+const presenceRetry = time.Second
+
+// presenceParams make the node end a presence session whose proxy host went
+// silent within about ten seconds, rather than the system's two hours.
+var presenceParams = map[string]string{
+	"tcp_keepalives_idle":     "5",
+	"tcp_keepalives_interval": "2",
+	"tcp_keepalives_count":    "3",
+	"tcp_user_timeout":        "10000",
+}
+
+// presencePrefix starts the application_name of every presence session.
+const presencePrefix = "lattice proxy "
+
+// PresenceName is the application_name of the presence sessions of proxy
+// id of the deployment cluster (shardmap.Coordination.ClusterID). The id
+// is hashed: application_name is cut at 63 bytes, and a cut could make two
+// proxies one.
+func PresenceName(cluster, id string) string {
+	sum := sha256.Sum256([]byte(id))
+	return presencePrefix + cluster + "/" + hex.EncodeToString(sum[:8])
+}
+
+// Presence holds a proxy's presence sessions on every node.
+type Presence struct {
+	nodes []Node
+	name  string
+	log   *slog.Logger
+
+	mu    sync.Mutex
+	since map[string]time.Time // node -> when its session was opened; absent while none
+}
+
+// NewPresence returns the presence of the proxy named name (PresenceName)
+// on the nodes of c. It holds nothing until Run.
+func NewPresence(c *Cluster, name string, log *slog.Logger) *Presence {
+	if log == nil {
+		log = slog.Default()
+	}
+	return &Presence{nodes: c.Nodes(), name: name, log: log, since: map[string]time.Time{}}
+}
+
+// Run holds a session on every node until ctx ends, opening it again
+// whenever it ends.
+func (p *Presence) Run(ctx context.Context) {
+	var wg sync.WaitGroup
+	for _, n := range p.nodes {
+		wg.Go(func() { p.hold(ctx, n) })
+	}
+	wg.Wait()
+}
+
+// HeldSince reports whether the session on every node was opened at or
+// before t and has not ended since.
+func (p *Presence) HeldSince(t time.Time) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, n := range p.nodes {
+		since, ok := p.since[n.Name]
+		if !ok || since.After(t) {
+			return false
+		}
+	}
+	return true
+}
+
+func (p *Presence) mark(node string, since time.Time) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if since.IsZero() {
+		delete(p.since, node)
+	} else {
+		p.since[node] = since
+	}
+}
+
+func (p *Presence) hold(ctx context.Context, n Node) {
+	failing := false
+	for ctx.Err() == nil {
+		conn, err := p.open(ctx, n)
+		if err == nil {
+			// Marked once open, a little after the node shows it: early
+			// enough for HeldSince, which must never answer true too soon.
+			p.mark(n.Name, time.Now())
+			if failing {
+				p.log.Info("pgshard: presence session open again", "node", n.Name)
+			}
+			failing = false
+			// Nothing is ever sent to the session: this returns when the
+			// node ends it, the connection breaks, or ctx ends.
+			err = conn.PgConn().WaitForNotification(ctx)
+			p.mark(n.Name, time.Time{})
+			cctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			_ = conn.Close(cctx)
+			cancel()
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		if !failing {
+			p.log.Warn("pgshard: presence session on node lost; a proxy cut off from Redis now refuses statements", "node", n.Name, "err", err)
+			failing = true
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(presenceRetry):
+		}
+	}
+}
+
+func (p *Presence) open(ctx context.Context, n Node) (*pgx.Conn, error) {
+	cfg, err := pgx.ParseConfig(n.DSN)
+	if err != nil {
+		return nil, fmt.Errorf("pgshard: node %s: %w", n.Name, err)
+	}
+	cfg.RuntimeParams["application_name"] = p.name
+	for k, v := range presenceParams {
+		cfg.RuntimeParams[k] = v
+	}
+	// The proxy's side notices a silent node as quickly.
+	d := &net.Dialer{KeepAliveConfig: net.KeepAliveConfig{Enable: true, Idle: 5 * time.Second, Interval: 2 * time.Second, Count: 3}}
+	cfg.DialFunc = d.DialContext
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	conn, err := pgx.ConnectConfig(cctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("pgshard: presence session on node %s: %w", n.Name, err)
+	}
+	return conn, nil
+}
+
+// Present returns the application_names of the presence sessions of the
+// deployment cluster on the nodes named (as tenant sees them: every
+// database's sessions are listed).
+func (c *Cluster) Present(ctx context.Context, tenant, cluster string, nodes []string) (map[string]bool, error) {
+	var mu sync.Mutex
+	out := map[string]bool{}
+	err := forEachNode(ctx, nodes, func(ctx context.Context, node string) error {
+		p, err := c.Admin(ctx, node, tenant)
+		if err != nil {
+			return err
+		}
+		rows, err := p.Query(ctx, `SELECT DISTINCT application_name FROM pg_stat_activity WHERE application_name LIKE $1`,
+			presencePrefix+cluster+"/%")
+		if err != nil {
+			return fmt.Errorf("pgshard: presence on %s: %w", node, err)
+		}
+		names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return fmt.Errorf("pgshard: presence on %s: %w", node, err)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		for _, n := range names {
+			out[n] = true
+		}
+		return nil
+	})
+	return out, err
+}
