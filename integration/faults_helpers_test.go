@@ -481,8 +481,11 @@ func waitReshardComplete(t *testing.T, ctx context.Context, pool *pgxpool.Pool, 
 	pollUntil(t, timeout, "the reshard of "+tree+" to complete", func() (bool, error) {
 		var done bool
 		err := pool.QueryRow(ctx, "SELECT lattice_reshard_complete($1)", tree).Scan(&done)
-		if sqlState(err) == "57P03" {
-			return false, nil // the proxy re-registers after an outage of redis
+		switch sqlState(err) {
+		case "57P03", "58000":
+			// After an outage of redis: the proxy re-registers, and its
+			// client dials redis again after a pause.
+			return false, nil
 		}
 		return done, err
 	})

@@ -9,6 +9,7 @@ import (
 
 	"github.com/lattice-db/lattice/pgshard"
 	"github.com/lattice-db/lattice/router"
+	"github.com/lattice-db/lattice/shardmap"
 )
 
 // Error is an error that reaches a client as an ErrorResponse. Code is a
@@ -95,6 +96,10 @@ func AsError(err error) *Error {
 	var se *pgshard.Error
 	if errors.As(err, &se) {
 		return &Error{Severity: "ERROR", Code: se.Code, Message: se.Message, Detail: se.Detail, Hint: se.Hint}
+	}
+	if shardmap.Unavailable(err) {
+		return &Error{Severity: "ERROR", Code: "58000", Message: err.Error(),
+			Hint: "retry once Redis is back; statements on trees keep being served from the cached maps meanwhile"}
 	}
 	// Errors of packages the proxy does not import (the migrator's) carry
 	// their code behind SQLState.

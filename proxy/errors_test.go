@@ -3,9 +3,12 @@ package proxy
 import (
 	"errors"
 	"fmt"
+	"syscall"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/lattice-db/lattice/shardmap"
 )
 
 func TestErrorf(t *testing.T) {
@@ -56,5 +59,14 @@ func TestAsError(t *testing.T) {
 	other := AsError(errors.New("redis: connection refused"))
 	if other.Severity != "ERROR" || other.Code != "XX000" || other.Message != "redis: connection refused" {
 		t.Errorf("AsError(plain error) = %+v", other)
+	}
+
+	down := AsError(fmt.Errorf("shardmap: read tree: %w", &shardmap.UnavailableError{Err: syscall.ECONNREFUSED}))
+	if down.Code != "58000" || down.Hint == "" {
+		t.Errorf("AsError(store out of reach) = %+v, want 58000 with a hint", down)
+	}
+	// A node's network error is not the store's.
+	if node := AsError(fmt.Errorf("node n1: %w", syscall.ECONNREFUSED)); node.Code == "58000" {
+		t.Errorf("AsError(a node's network error) = %+v, taken for the store's", node)
 	}
 }

@@ -46,6 +46,7 @@ func NewRedisStore(client redis.UniversalClient, prefix string) *RedisStore {
 	if prefix == "" {
 		prefix = DefaultPrefix
 	}
+	client.AddHook(unavailableHook{})
 	return &RedisStore{client: client, prefix: prefix, channel: prefix + ":events"}
 }
 

@@ -355,3 +355,22 @@ func TestOpenRedisURLs(t *testing.T) {
 		t.Errorf("an unknown option was accepted")
 	}
 }
+
+func TestUnavailableMarksOnlyRedisOutOfReach(t *testing.T) {
+	s, mr := newTestStore(t)
+	ctx := context.Background()
+	if err := s.client.Set(ctx, "test:str", "x", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	// A request Redis rejects is not an outage.
+	if err := s.client.HGet(ctx, "test:str", "f").Err(); err == nil || Unavailable(err) {
+		t.Fatalf("WRONGTYPE: %v, Unavailable = %v", err, Unavailable(err))
+	}
+	mr.Close()
+	if _, err := s.Trees(ctx, "t"); !Unavailable(err) {
+		t.Fatalf("with Redis gone, a command: %v, want an UnavailableError", err)
+	}
+	if _, err := s.Lagging(ctx, "t", "x", 1); !Unavailable(err) {
+		t.Fatalf("with Redis gone, a pipeline: %v, want an UnavailableError", err)
+	}
+}
