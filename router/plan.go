@@ -368,6 +368,10 @@ func (p *planner) route(n *pg.Node) route {
 		if isPublicTreeRef(c, tree) {
 			r.cols = append(r.cols, c)
 		}
+		if isDatabaseTreeRef(c, tree) {
+			return refusedRoute(refused("Leave out the database name: "+qn(tree.Name)+".col or public."+qn(tree.Name)+".col.",
+				"%s names a column of tree %s with a database qualifier (%s), which the proxy cannot route", name, qn(tree.Name), c.Fields[0].GetString_().GetSval()))
+		}
 	}
 	switch s := root.(type) {
 	case *pg.SelectStmt:
@@ -468,6 +472,11 @@ func (p *planner) droppedTree(d *pg.DropStmt) *shardmap.Tree {
 // isPublicTreeRef reports whether a column reference starts public.tree.
 func isPublicTreeRef(c *pg.ColumnRef, t *shardmap.Tree) bool {
 	return len(c.Fields) >= 3 && c.Fields[0].GetString_().GetSval() == "public" && c.Fields[1].GetString_().GetSval() == t.Name
+}
+
+// isDatabaseTreeRef reports whether a column reference starts db.public.tree.
+func isDatabaseTreeRef(c *pg.ColumnRef, t *shardmap.Tree) bool {
+	return len(c.Fields) >= 4 && c.Fields[1].GetString_().GetSval() == "public" && c.Fields[2].GetString_().GetSval() == t.Name
 }
 
 // where finds the shard key in the top-level conjunction of a WHERE clause.
