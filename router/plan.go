@@ -474,9 +474,16 @@ func isPublicTreeRef(c *pg.ColumnRef, t *shardmap.Tree) bool {
 	return len(c.Fields) >= 3 && c.Fields[0].GetString_().GetSval() == "public" && c.Fields[1].GetString_().GetSval() == t.Name
 }
 
-// isDatabaseTreeRef reports whether a column reference starts db.public.tree.
+// isDatabaseTreeRef reports whether a column reference names public.tree
+// after one qualifier or more (db.public.tree.col; PostgreSQL rejects more
+// than one, but only once it analyses the statement).
 func isDatabaseTreeRef(c *pg.ColumnRef, t *shardmap.Tree) bool {
-	return len(c.Fields) >= 4 && c.Fields[1].GetString_().GetSval() == "public" && c.Fields[2].GetString_().GetSval() == t.Name
+	for i := 1; i+2 < len(c.Fields); i++ {
+		if c.Fields[i].GetString_().GetSval() == "public" && c.Fields[i+1].GetString_().GetSval() == t.Name {
+			return true
+		}
+	}
+	return false
 }
 
 // where finds the shard key in the top-level conjunction of a WHERE clause.
