@@ -192,7 +192,7 @@ func (pl *pool) acquire(ctx context.Context) (*Conn, error) {
 		c := pl.idle[n-1]
 		pl.idle = pl.idle[:n-1]
 		pl.mu.Unlock()
-		if c.alive() {
+		if time.Since(c.lastUsed) < aliveCheckAfter || c.alive() {
 			return c, nil
 		}
 		// The server closed it while it sat idle (a restart, a crash,
@@ -210,6 +210,13 @@ func (pl *pool) acquire(ctx context.Context) (*Conn, error) {
 	}
 	return c, nil
 }
+
+// aliveCheckAfter is how long a backend must have sat idle before get
+// peeks at its socket (Conn.alive), a system call per statement otherwise.
+// A backend released more recently was fine a moment ago; if its server
+// died in that moment, the statement gets the connection error, as the
+// statements running on it when it died did.
+const aliveCheckAfter = 50 * time.Millisecond
 
 func (pl *pool) release(c *Conn) {
 	if c.broken || c.TxStatus != 'I' {
