@@ -33,12 +33,12 @@ func (c *clusterID) get(ctx context.Context, s Store) (string, error) {
 	return c.id, nil
 }
 
-// cutOff lists the presence sessions, on the nodes of m, of proxies that
+// cutOff lists the presence sessions, on a node of m, of proxies that
 // are not among live (read before them): proxies cut off from Redis. Their
 // registrations lapsed, but each may serve from its cached maps for as long
 // as it holds its presence (shardmap.Registration), so no newer epoch may
 // count as acknowledged while one is there.
-func (r *Runner) cutOff(ctx context.Context, t *shardmap.Tree, m *shardmap.Map, live []string) ([]string, error) {
+func (r *Runner) cutOff(ctx context.Context, m *shardmap.Map, live []string) ([]string, error) {
 	cluster, err := r.clusterID.get(ctx, r.store)
 	if err != nil {
 		return nil, err
@@ -49,7 +49,7 @@ func (r *Runner) cutOff(ctx context.Context, t *shardmap.Tree, m *shardmap.Map, 
 			nodes = append(nodes, sh.Node)
 		}
 	}
-	present, err := r.cluster.Present(ctx, t.Tenant, cluster, nodes)
+	present, err := r.cluster.Present(ctx, cluster, nodes)
 	if err != nil {
 		return nil, err
 	}

@@ -465,35 +465,57 @@ func (r *Runner) bulkWritesOnSource(ctx context.Context, mig *shardmap.Migration
 // routes the tree by m's epoch or later. A proxy that never served the
 // tenant has no map of it to acknowledge, and reads a current one before its
 // first statement (shardmap.Registration). A proxy cut off from Redis that
-// still holds its sessions on m's nodes may serve from its cached maps, so
+// still holds its sessions on the nodes may serve from its cached maps, so
 // it is waited for too.
 func (r *Runner) waitAcks(ctx context.Context, t *shardmap.Tree, m *shardmap.Map) error {
-	reported := false
+	live, err := r.waitLagging(ctx, t, m)
+	if err != nil {
+		return err
+	}
+	return r.waitCutOff(ctx, t, m, live)
+}
+
+// waitLagging waits until no proxy registered for the tree's tenant lags
+// behind m's epoch, and returns the live proxies of the last read.
+func (r *Runner) waitLagging(ctx context.Context, t *shardmap.Tree, m *shardmap.Map) ([]string, error) {
 	for {
 		lag, err := r.store.Lagging(ctx, t.Tenant, t.Name, m.Epoch)
 		if err != nil {
+			return nil, err
+		}
+		if len(lag.Lagging) == 0 {
+			return lag.Live, nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(r.opts.AckPoll):
+		}
+	}
+}
+
+// waitCutOff completes waitAcks once waitLagging found live: it waits while
+// proxies cut off from Redis are present on the nodes, reading the registry
+// and then the nodes again.
+func (r *Runner) waitCutOff(ctx context.Context, t *shardmap.Tree, m *shardmap.Map, live []string) error {
+	reported := false
+	for {
+		cut, err := r.cutOff(ctx, m, live)
+		if err != nil || len(cut) == 0 {
 			return err
 		}
-		poll := r.opts.AckPoll
-		if len(lag.Lagging) == 0 {
-			cut, err := r.cutOff(ctx, t, m, lag.Live)
-			if err != nil {
-				return err
-			}
-			if len(cut) == 0 {
-				return nil
-			}
-			if !reported {
-				r.log.Warn("migrator: waiting for proxies cut off from Redis: they hold their sessions on the nodes and may serve from their cached maps",
-					"tree", t.Name, "epoch", m.Epoch, "application_names", cut)
-				reported = true
-			}
-			poll = max(poll, cutOffPoll)
+		if !reported {
+			r.log.Warn("migrator: waiting for proxies cut off from Redis: they hold their sessions on the nodes and may serve from their cached maps",
+				"tree", t.Name, "epoch", m.Epoch, "application_names", cut)
+			reported = true
 		}
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-time.After(poll):
+		case <-time.After(cutOffPoll):
+		}
+		if live, err = r.waitLagging(ctx, t, m); err != nil {
+			return err
 		}
 	}
 }
@@ -525,12 +547,20 @@ func (r *Runner) freezeAndFlip(ctx context.Context, t *shardmap.Tree, mig *shard
 	steps := freezeSteps{freeze: start.Sub(begin), last: start}
 	bctx, cancel := context.WithTimeout(ctx, r.opts.FreezeBudget)
 	defer cancel()
-	err = r.waitAcks(bctx, t, frozen)
+	live, err := r.waitLagging(bctx, t, frozen)
 	steps.mark(&steps.acks)
 	var lsn string
 	if err == nil {
 		fence.Epoch = frozen.Epoch
+		// The look for proxies cut off from Redis (waitAcks) runs beside
+		// the fence: it must hold up the flip, and the fence only rejects
+		// writes that the freeze holds back anyway.
+		cutOff := make(chan error, 1)
+		go func() { cutOff <- r.waitCutOff(bctx, t, frozen, live) }()
 		lsn, err = r.cluster.ArmSlotFence(bctx, mig.SourceNode, fence)
+		if cerr := <-cutOff; err == nil {
+			err = cerr
+		}
 		steps.mark(&steps.fence)
 	}
 	var final pglogrepl.LSN
@@ -592,7 +622,8 @@ func (r *Runner) freezeAndFlip(ctx context.Context, t *shardmap.Tree, mig *shard
 // freezeSteps times one freeze for its log line: the map reads and writes
 // lost to concurrent migrations before the freeze, then the parts of the
 // pause: the proxies' acknowledgements (the frozen map's write included),
-// the fence, the final drain and the flip.
+// the fence (with, beside it, the look for proxies cut off from Redis), the
+// final drain and the flip.
 type freezeSteps struct {
 	last                             time.Time
 	freeze, acks, fence, drain, flip time.Duration

@@ -199,6 +199,38 @@ func (c *Cluster) Admin(ctx context.Context, node, tenant string) (*pgxpool.Pool
 	return p, nil
 }
 
+// probePool is a pool of two connections to node's own database for the
+// quick reads of a freeze (Present), apart from the control pools, whose
+// connections a shadow copy or a release can hold for long.
+func (c *Cluster) probePool(ctx context.Context, node string) (*pgxpool.Pool, error) {
+	i, ok := c.byName[node]
+	if !ok {
+		return nil, fmt.Errorf("pgshard: unknown node %q", node)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil, ErrClusterClosed
+	}
+	k := adminKey{node: node} // no tenant: apart from every control pool
+	if p := c.admin[k]; p != nil {
+		return p, nil
+	}
+	cfg, err := pgxpool.ParseConfig(c.nodes[i].DSN)
+	if err != nil {
+		return nil, fmt.Errorf("pgshard: node %s: %w", node, err)
+	}
+	nameApplication(cfg.ConnConfig)
+	cfg.MaxConns = 2
+	cfg.MaxConnIdleTime = time.Minute
+	p, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("pgshard: node %s: %w", node, err)
+	}
+	c.admin[k] = p
+	return p, nil
+}
+
 // connect opens a dedicated connection, outside the control pools, for a
 // transaction that holds locks for a long time.
 func (c *Cluster) connect(ctx context.Context, node, tenant string) (*pgx.Conn, error) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -153,31 +154,39 @@ func (p *Presence) open(ctx context.Context, n Node) (*pgx.Conn, error) {
 }
 
 // Present returns the application_names of the presence sessions of the
-// deployment cluster on the nodes named (as tenant sees them: every
-// database's sessions are listed).
-func (c *Cluster) Present(ctx context.Context, tenant, cluster string, nodes []string) (map[string]bool, error) {
-	var mu sync.Mutex
-	out := map[string]bool{}
-	err := forEachNode(ctx, nodes, func(ctx context.Context, node string) error {
-		p, err := c.Admin(ctx, node, tenant)
-		if err != nil {
-			return err
+// deployment cluster, as the first of nodes that answers lists them (every
+// database's sessions): a proxy serves from its cached maps only while it
+// is present on every node, so any one node shows all such proxies. It
+// uses a pool of its own, so that it never queues behind control work.
+func (c *Cluster) Present(ctx context.Context, cluster string, nodes []string) (map[string]bool, error) {
+	var errs []error
+	for _, node := range nodes {
+		names, err := c.present(ctx, cluster, node)
+		if err == nil {
+			return names, nil
 		}
-		rows, err := p.Query(ctx, `SELECT DISTINCT application_name FROM pg_stat_activity WHERE application_name LIKE $1`,
-			presencePrefix+cluster+"/%")
-		if err != nil {
-			return fmt.Errorf("pgshard: presence on %s: %w", node, err)
-		}
-		names, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil {
-			return fmt.Errorf("pgshard: presence on %s: %w", node, err)
-		}
-		mu.Lock()
-		defer mu.Unlock()
-		for _, n := range names {
-			out[n] = true
-		}
-		return nil
-	})
-	return out, err
+		errs = append(errs, err)
+	}
+	return nil, fmt.Errorf("pgshard: presence sessions: %w", errors.Join(errs...))
+}
+
+func (c *Cluster) present(ctx context.Context, cluster, node string) (map[string]bool, error) {
+	p, err := c.probePool(ctx, node)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := p.Query(ctx, `SELECT DISTINCT application_name FROM pg_stat_activity WHERE application_name LIKE $1`,
+		presencePrefix+cluster+"/%")
+	if err != nil {
+		return nil, fmt.Errorf("node %s: %w", node, err)
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("node %s: %w", node, err)
+	}
+	out := make(map[string]bool, len(names))
+	for _, n := range names {
+		out[n] = true
+	}
+	return out, nil
 }
