@@ -13,8 +13,12 @@ import (
 // FATAL a server sends before it closes a connection at shutdown) or the
 // end of the stream mean the server is gone. It peeks without blocking and
 // consumes nothing.
-func (c *Conn) alive() bool {
-	nc := c.net
+func (c *Conn) alive() bool { return quiet(c.net) }
+
+// quiet reports whether nc is open with nothing to read, without blocking
+// and consuming nothing: for a session the peer has nothing to say on, the
+// only healthy answer.
+func quiet(nc net.Conn) bool {
 	if u, ok := nc.(interface{ NetConn() net.Conn }); ok { // TLS
 		nc = u.NetConn()
 	}

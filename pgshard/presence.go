@@ -51,9 +51,18 @@ type Presence struct {
 	name  string
 	log   *slog.Logger
 
-	mu    sync.Mutex
-	since map[string]time.Time // node -> when its session was opened; absent while none
+	mu   sync.Mutex
+	held map[string]heldSession // by node; absent while none is open
 }
+
+type heldSession struct {
+	since time.Time // when it was opened
+	net   net.Conn
+}
+
+// presenceCheck is how often an idle presence session is looked at, to open
+// it again once it ended. HeldSince looks for itself.
+const presenceCheck = 500 * time.Millisecond
 
 // NewPresence returns the presence of the proxy named name (PresenceName)
 // on the nodes of c. It holds nothing until Run.
@@ -61,7 +70,7 @@ func NewPresence(c *Cluster, name string, log *slog.Logger) *Presence {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Presence{nodes: c.Nodes(), name: name, log: log, since: map[string]time.Time{}}
+	return &Presence{nodes: c.Nodes(), name: name, log: log, held: map[string]heldSession{}}
 }
 
 // Run holds a session on every node until ctx ends, opening it again
@@ -75,48 +84,67 @@ func (p *Presence) Run(ctx context.Context) {
 }
 
 // HeldSince reports whether the session on every node was opened at or
-// before t and has not ended since.
+// before t and is still open. It looks at each session's socket itself
+// rather than trusting what a watching goroutine last saw: a node ends a
+// session by writing to it (the FATAL before it closes), so a session with
+// anything to read has ended, even if this process was stopped meanwhile
+// and its goroutines have not run since.
 func (p *Presence) HeldSince(t time.Time) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for _, n := range p.nodes {
-		since, ok := p.since[n.Name]
-		if !ok || since.After(t) {
+		h, ok := p.held[n.Name]
+		if !ok || h.since.After(t) || (h.net != nil && !quiet(h.net)) {
 			return false
 		}
 	}
 	return true
 }
 
-func (p *Presence) mark(node string, since time.Time) {
+// mark records node's session as opened at since over nc, or, with a zero
+// since, as ended.
+func (p *Presence) mark(node string, since time.Time, nc net.Conn) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if since.IsZero() {
-		delete(p.since, node)
+		delete(p.held, node)
 	} else {
-		p.since[node] = since
+		p.held[node] = heldSession{since: since, net: nc}
 	}
+}
+
+// open reports whether node's session is still open, under the lock that
+// HeldSince takes, so that no two peeks at one socket run at once.
+func (p *Presence) open(node string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	h, ok := p.held[node]
+	return ok && (h.net == nil || quiet(h.net))
 }
 
 func (p *Presence) hold(ctx context.Context, n Node) {
 	failing := false
 	for ctx.Err() == nil {
-		conn, err := p.open(ctx, n)
+		conn, err := p.connect(ctx, n)
 		if err == nil {
 			// Marked once open, a little after the node shows it: early
 			// enough for HeldSince, which must never answer true too soon.
-			p.mark(n.Name, time.Now())
+			p.mark(n.Name, time.Now(), conn.PgConn().Conn())
 			if failing {
 				p.log.Info("pgshard: presence session open again", "node", n.Name)
 			}
 			failing = false
-			// Nothing is ever sent to the session: this returns when the
-			// node ends it, the connection breaks, or ctx ends.
-			err = conn.PgConn().WaitForNotification(ctx)
-			p.mark(n.Name, time.Time{})
+			for ctx.Err() == nil && p.open(n.Name) {
+				select {
+				case <-ctx.Done():
+				case <-time.After(presenceCheck):
+				}
+			}
+			p.mark(n.Name, time.Time{}, nil)
 			cctx, cancel := context.WithTimeout(context.Background(), time.Second)
 			_ = conn.Close(cctx)
 			cancel()
+			err = errors.New("the node ended the session")
 		}
 		if ctx.Err() != nil {
 			return
@@ -132,7 +160,7 @@ func (p *Presence) hold(ctx context.Context, n Node) {
 	}
 }
 
-func (p *Presence) open(ctx context.Context, n Node) (*pgx.Conn, error) {
+func (p *Presence) connect(ctx context.Context, n Node) (*pgx.Conn, error) {
 	cfg, err := pgx.ParseConfig(n.DSN)
 	if err != nil {
 		return nil, fmt.Errorf("pgshard: node %s: %w", n.Name, err)

@@ -40,7 +40,7 @@ func TestPresenceHeldSince(t *testing.T) {
 		{"one ended", map[string]time.Time{"n2": {}}, t0.Add(2 * time.Second), false},
 	} {
 		for node, since := range tc.marks {
-			p.mark(node, since)
+			p.mark(node, since, nil)
 		}
 		if got := p.HeldSince(tc.at); got != tc.want {
 			t.Fatalf("%s: HeldSince = %v, want %v", tc.name, got, tc.want)
