@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"slices"
 	"strconv"
 	"strings"
@@ -117,6 +118,13 @@ func TestRedisDown(t *testing.T) {
 			served++
 		}
 		t.Logf("%d writes and reads served from the cached map in the %s redis was down", served, time.Since(down).Round(time.Second))
+		// It says so, and stays ready for a balancer: it serves.
+		if r := adminCall(t, ctx, p, "GET", "/readyz", ""); r.status != http.StatusOK {
+			t.Errorf("/readyz while serving from the cache: %d %s", r.status, r.body)
+		}
+		if r := adminCall(t, ctx, p, "GET", "/metrics", ""); !strings.Contains(string(r.body), "\nlattice_proxy_serving_cached 1\n") {
+			t.Error("/metrics does not show lattice_proxy_serving_cached 1 while serving from the cache")
+		}
 
 		// A node ends the proxy's presence: from then on the proxy cannot
 		// tell whether a coordinator moved slots without it. It refuses;

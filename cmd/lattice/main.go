@@ -313,8 +313,13 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, ready func(pg
 		Log:          log,
 	}, cache, router.NewPlanner(10000), pools, fns)
 
-	registerProxyMetrics(adm, srv, pools)
+	registerProxyMetrics(adm, srv, pools, reg)
 	adm.Ready = func(ctx context.Context) error {
+		// Ready while it serves, from its cache too: a balancer must not
+		// drop every proxy at once when Redis goes away.
+		if reg.Live() || reg.Cached() {
+			return nil
+		}
 		_, err := store.Trees(ctx, cluster.DefaultTenant())
 		return err
 	}

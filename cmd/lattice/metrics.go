@@ -6,15 +6,25 @@ import (
 	"github.com/lattice-db/lattice/admin"
 	"github.com/lattice-db/lattice/pgshard"
 	"github.com/lattice-db/lattice/proxy"
+	"github.com/lattice-db/lattice/shardmap"
 )
 
 // registerProxyMetrics exports the proxy's client count and pool use; they
 // are read at scrape time, so the request path does no metric work for them.
-func registerProxyMetrics(adm *admin.Server, srv *proxy.Server, pools *pgshard.Pools) {
+func registerProxyMetrics(adm *admin.Server, srv *proxy.Server, pools *pgshard.Pools, reg *shardmap.Registration) {
 	adm.Registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "lattice_proxy_client_connections",
 		Help: "Client connections open now.",
 	}, func() float64 { return float64(srv.Clients()) }))
+	adm.Registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "lattice_proxy_serving_cached",
+		Help: "1 while the proxy's registration in Redis has lapsed and it serves from its cached maps (reshards wait for it).",
+	}, func() float64 {
+		if reg.Cached() {
+			return 1
+		}
+		return 0
+	}))
 	adm.Registry.MustRegister(poolCollector{pools})
 }
 
