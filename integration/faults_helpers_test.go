@@ -508,3 +508,25 @@ func endPresence(t *testing.T, ctx context.Context, dsn, cluster string) {
 		t.Fatalf("end the presence sessions of deployment %s: %d ended (%v)", cluster, n, err)
 	}
 }
+
+// proxyPool is a pgx pool on p's lattice database, closed when the test ends.
+func proxyPool(t *testing.T, ctx context.Context, p *proxyProc) *pgxpool.Pool {
+	t.Helper()
+	pool, err := pgxpool.New(ctx, p.DSN("lattice"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// createFaultTreeIn is createFaultTree on a connection of pool.
+func createFaultTreeIn(t *testing.T, ctx context.Context, pool *pgxpool.Pool, tree string, rows, shards int) map[string]int64 {
+	t.Helper()
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	return createFaultTree(t, ctx, conn.Conn(), tree, rows, shards)
+}

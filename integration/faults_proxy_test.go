@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/lattice-db/lattice/shardmap"
 )
@@ -29,11 +28,7 @@ func TestProxyKilledDuringFreeze(t *testing.T) {
 	fc := startFaultCluster(t, 2)
 	a := fc.proxy(t, nil, "--freeze-budget", "60s")
 	b := fc.proxy(t, nil, "--coordinator=false")
-	poolA, err := pgxpool.New(ctx, a.DSN("lattice"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer poolA.Close()
+	poolA := proxyPool(t, ctx, a)
 	connA, err := pgx.Connect(ctx, a.DSN("lattice"))
 	if err != nil {
 		t.Fatal(err)

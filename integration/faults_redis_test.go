@@ -166,17 +166,8 @@ func TestRedisDown(t *testing.T) {
 			}
 		}
 		p := fc.proxy(t, nil, "--proxy-lease", "2s")
-		pool, err := pgxpool.New(ctx, p.DSN("lattice"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer pool.Close()
-		conn, err := pool.Acquire(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		initial := createFaultTree(t, ctx, conn.Conn(), "rd_reshard", 20000, 4)
-		conn.Release()
+		pool := proxyPool(t, ctx, p)
+		initial := createFaultTreeIn(t, ctx, pool, "rd_reshard", 20000, 4)
 		l := newInsertLedger()
 		stop := startWriters(ctx, pool, "rd_reshard", 2, l)
 		defer stop()
@@ -234,22 +225,9 @@ func TestProxyCutOffFromRedis(t *testing.T) {
 	coord := fc.proxy(t, nil)
 	cut := startProxyOn(t, "redis://cutoff:cutoff@"+fc.redis.Addr+"/0", fc.nodeDSNs(), nil,
 		"--coordinator=false", "--proxy-lease", "2s")
-	poolB, err := pgxpool.New(ctx, coord.DSN("lattice"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer poolB.Close()
-	poolA, err := pgxpool.New(ctx, cut.DSN("lattice"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer poolA.Close()
-	conn, err := poolB.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	initial := createFaultTree(t, ctx, conn.Conn(), "cutoff", 20000, 4)
-	conn.Release()
+	poolB := proxyPool(t, ctx, coord)
+	poolA := proxyPool(t, ctx, cut)
+	initial := createFaultTreeIn(t, ctx, poolB, "cutoff", 20000, 4)
 	keys := make([]string, 32)
 	for i := range keys {
 		keys[i] = "k-" + strconv.Itoa(i*617)
@@ -382,17 +360,8 @@ func TestRedisCrashMidReshard(t *testing.T) {
 				}
 			}
 			p := fc.proxy(t, nil)
-			pool, err := pgxpool.New(ctx, p.DSN("lattice"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer pool.Close()
-			conn, err := pool.Acquire(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			initial := createFaultTree(t, ctx, conn.Conn(), tc.tree, 20000, 4)
-			conn.Release()
+			pool := proxyPool(t, ctx, p)
+			initial := createFaultTreeIn(t, ctx, pool, tc.tree, 20000, 4)
 			// A reshard 4 -> 5 splits shard 0 (the largest owners tie; the
 			// lowest index goes first); the lock on its table holds the
 			// migration in its phase.

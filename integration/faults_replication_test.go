@@ -17,7 +17,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/lattice-db/lattice/shardmap"
 )
@@ -199,11 +198,7 @@ func TestReplicationStall(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 			defer cancel()
 			p := startProxyOn(t, fc.redis.URL(), dsns, nil)
-			pool, err := pgxpool.New(ctx, p.DSN("lattice"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer pool.Close()
+			pool := proxyPool(t, ctx, p)
 			conn, err := pool.Acquire(ctx)
 			if err != nil {
 				t.Fatal(err)

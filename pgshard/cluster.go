@@ -170,62 +170,49 @@ func nameApplication(cfg *pgx.ConnConfig) {
 // Admin returns a small lazily created pgxpool for control work (DDL, COPY)
 // on node for tenant. Pools are cached and closed by Close.
 func (c *Cluster) Admin(ctx context.Context, node, tenant string) (*pgxpool.Pool, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.closed {
-		return nil, ErrClusterClosed
-	}
-	k := adminKey{node, tenant}
-	if p := c.admin[k]; p != nil {
-		return p, nil
-	}
-	dsn, err := c.TenantDSN(node, tenant)
-	if err != nil {
-		return nil, err
-	}
-	cfg, err := pgxpool.ParseConfig(dsn)
-	if err != nil {
-		return nil, fmt.Errorf("pgshard: node %s: %w", node, err)
-	}
-	nameApplication(cfg.ConnConfig)
-	cfg.MaxConns = adminMaxConns
-	cfg.MaxConnIdleTime = time.Minute
-	// NewWithConfig does not connect (MinConns is 0), so holding c.mu is cheap.
-	p, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		return nil, fmt.Errorf("pgshard: node %s: %w", node, err)
-	}
-	c.admin[k] = p
-	return p, nil
+	return c.pool(ctx, adminKey{node, tenant}, adminMaxConns, func() (string, error) { return c.TenantDSN(node, tenant) })
 }
 
 // probePool is a pool of two connections to node's own database for the
 // quick reads of a freeze (Present), apart from the control pools, whose
 // connections a shadow copy or a release can hold for long.
 func (c *Cluster) probePool(ctx context.Context, node string) (*pgxpool.Pool, error) {
-	i, ok := c.byName[node]
-	if !ok {
-		return nil, fmt.Errorf("pgshard: unknown node %q", node)
-	}
+	// No tenant in the key: apart from every control pool.
+	return c.pool(ctx, adminKey{node: node}, 2, func() (string, error) {
+		i, ok := c.byName[node]
+		if !ok {
+			return "", fmt.Errorf("pgshard: unknown node %q", node)
+		}
+		return c.nodes[i].DSN, nil
+	})
+}
+
+// pool returns the cached pool under k, creating it over dsn() with at
+// most maxConns connections.
+func (c *Cluster) pool(ctx context.Context, k adminKey, maxConns int32, dsn func() (string, error)) (*pgxpool.Pool, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
 		return nil, ErrClusterClosed
 	}
-	k := adminKey{node: node} // no tenant: apart from every control pool
 	if p := c.admin[k]; p != nil {
 		return p, nil
 	}
-	cfg, err := pgxpool.ParseConfig(c.nodes[i].DSN)
+	d, err := dsn()
 	if err != nil {
-		return nil, fmt.Errorf("pgshard: node %s: %w", node, err)
+		return nil, err
+	}
+	cfg, err := pgxpool.ParseConfig(d)
+	if err != nil {
+		return nil, fmt.Errorf("pgshard: node %s: %w", k.node, err)
 	}
 	nameApplication(cfg.ConnConfig)
-	cfg.MaxConns = 2
+	cfg.MaxConns = maxConns
 	cfg.MaxConnIdleTime = time.Minute
+	// NewWithConfig does not connect (MinConns is 0), so holding c.mu is cheap.
 	p, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
-		return nil, fmt.Errorf("pgshard: node %s: %w", node, err)
+		return nil, fmt.Errorf("pgshard: node %s: %w", k.node, err)
 	}
 	c.admin[k] = p
 	return p, nil
