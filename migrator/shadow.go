@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/lattice-db/lattice/btreeindex"
 	"github.com/lattice-db/lattice/pgshard"
 	"github.com/lattice-db/lattice/shardmap"
 )
@@ -167,7 +168,7 @@ func (sh *Shadow) copyFresh(ctx context.Context) error {
 	}
 	defer src.Close(context.Background())
 	pub := pgx.Identifier{sp.Name()}.Sanitize()
-	filter := pgshard.SlotPredicate(sp.Tree, "", sp.Slots)
+	filter := btreeindex.SlotPredicate(sp.Tree, "", sp.Slots)
 	var exists bool
 	if err := src.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_publication WHERE pubname = $1)`, sp.Name()).Scan(&exists); err != nil {
 		return err
@@ -222,14 +223,14 @@ func (sh *Shadow) copyRows(ctx context.Context, src *pgx.Conn, snapshot string, 
 		return 0, 0, err
 	}
 	defer tx.Rollback(context.Background())
-	if _, err := tx.Exec(ctx, "DELETE FROM "+target+" WHERE "+pgshard.SlotPredicate(sp.Tree, "", sp.Slots)); err != nil {
+	if _, err := tx.Exec(ctx, "DELETE FROM "+target+" WHERE "+btreeindex.SlotPredicate(sp.Tree, "", sp.Slots)); err != nil {
 		return 0, 0, fmt.Errorf("migrator: clear target slots: %w", err)
 	}
 	pr, pw := io.Pipe()
 	copyOut := make(chan error, 1)
 	go func() {
 		_, err := src.PgConn().CopyTo(ctx, pw, "COPY (SELECT "+cols+" FROM "+pgshard.ShardTable(sp.Tree, sp.Source)+
-			" WHERE "+pgshard.SlotPredicate(sp.Tree, "", sp.Slots)+") TO STDOUT (FORMAT binary)")
+			" WHERE "+btreeindex.SlotPredicate(sp.Tree, "", sp.Slots)+") TO STDOUT (FORMAT binary)")
 		pw.CloseWithError(err)
 		copyOut <- err
 	}()

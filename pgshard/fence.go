@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/lattice-db/lattice/btreeindex"
 	"github.com/lattice-db/lattice/shardmap"
 )
 
@@ -71,7 +72,7 @@ func (c *Cluster) PrepareSlotFence(ctx context.Context, node string, f SlotFence
 	if err != nil {
 		return err
 	}
-	pred := func(rec string) string { return SlotPredicate(f.Tree, rec, f.Slots) }
+	pred := func(rec string) string { return btreeindex.SlotPredicate(f.Tree, rec, f.Slots) }
 	// The epoch comes from the trigger's argument: it is only known once
 	// the slots are frozen.
 	detail := fmt.Sprintf("format('moved to shard %d at epoch %%s', TG_ARGV[0])", f.Target)

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgproto3"
 	"github.com/jackc/pgx/v5/pgtype"
 
+	"github.com/lattice-db/lattice/btreeindex"
 	"github.com/lattice-db/lattice/pgshard"
 	"github.com/lattice-db/lattice/router"
 	"github.com/lattice-db/lattice/shardmap"
@@ -49,7 +50,7 @@ func wholeOnOneNode(v *shardmap.View, p *router.Plan, bind *pgproto3.Bind, oids 
 	if m == nil {
 		return "", "", false
 	}
-	nodes, schemas := nodeSources(m, keyShards(m, p, bind, oids), p.Tree)
+	nodes, schemas := btreeindex.NodeSources(m, keyShards(m, p, bind, oids), p.Tree)
 	if len(nodes) != 1 {
 		return "", "", false
 	}
@@ -81,7 +82,7 @@ func queryOIDs(used []int, oids []uint32, bind *pgproto3.Bind) []uint32 {
 }
 
 // startAggFanOut sends the partial query to every node.
-func (s *session) startAggFanOut(ctx context.Context, p *router.Plan, nodes []string, schemas [][]router.Source, bind *pgproto3.Bind, portal *clientPortal) *fanOut {
+func (s *session) startAggFanOut(ctx context.Context, p *router.Plan, nodes []string, schemas [][]btreeindex.Source, bind *pgproto3.Bind, portal *clientPortal) *fanOut {
 	extended := bind != nil
 	f := &fanOut{plan: p, limit: -1, simple: !extended, agg: &aggState{ctx: ctx}}
 	var partial *pgproto3.Bind // nil in the simple protocol

@@ -6,6 +6,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgproto3"
 
+	"github.com/lattice-db/lattice/btreeindex"
 	"github.com/lattice-db/lattice/pgshard"
 	"github.com/lattice-db/lattice/router"
 	"github.com/lattice-db/lattice/shardmap"
@@ -84,14 +85,14 @@ func (s *session) startCopy(ctx context.Context, v *shardmap.View, p *router.Pla
 		return
 	}
 	var nodes []string
-	var schemas [][]router.Source
+	var schemas [][]btreeindex.Source
 	if p.Copy.Query && p.Copy.QueryKind == router.Single {
 		sh, err := s.route(v, p, p.Key, nil, nil)
 		if err != nil {
 			fail(err)
 			return
 		}
-		nodes, schemas = []string{sh.Node}, [][]router.Source{router.Schemas(shardmap.SchemaName(sh.Index))}
+		nodes, schemas = []string{sh.Node}, [][]btreeindex.Source{btreeindex.Schemas(shardmap.SchemaName(sh.Index))}
 	} else {
 		if agg, err := s.srv.aggregateIn(ctx, s.tenant, p.Calls); err != nil || agg != "" {
 			if err == nil {
@@ -102,7 +103,7 @@ func (s *session) startCopy(ctx context.Context, v *shardmap.View, p *router.Pla
 			fail(err)
 			return
 		}
-		nodes, schemas = nodeSources(m, nil, p.Tree)
+		nodes, schemas = btreeindex.NodeSources(m, nil, p.Tree)
 	}
 	co := &copyOut{plan: p}
 	for i, node := range nodes {

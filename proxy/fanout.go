@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgproto3"
 	"github.com/jackc/pgx/v5/pgtype"
 
+	"github.com/lattice-db/lattice/btreeindex"
 	"github.com/lattice-db/lattice/pgshard"
 	"github.com/lattice-db/lattice/router"
 	"github.com/lattice-db/lattice/shardmap"
@@ -108,7 +109,7 @@ func (s *session) startFanOut(ctx context.Context, v *shardmap.View, p *router.P
 	if portal != nil {
 		oids = portal.stmt.oids
 	}
-	nodes, schemas := nodeSources(m, keyShards(m, p, bind, oids), p.Tree)
+	nodes, schemas := btreeindex.NodeSources(m, keyShards(m, p, bind, oids), p.Tree)
 	if p.Agg != nil {
 		return s.startAggFanOut(ctx, p, nodes, schemas, bind, portal)
 	}

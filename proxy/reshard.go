@@ -146,32 +146,6 @@ func (s *session) holdFrozen(ctx context.Context, m *shardmap.Map, start time.Ti
 	return nil
 }
 
-// nodeSources is nodeGroups with, for every mixed shard, the filter on
-// the slots it owns, so that a read over several shards sees each row on
-// its owner only.
-func nodeSources(m *shardmap.Map, only map[int]bool, tree *shardmap.Tree) (nodes []string, srcs [][]router.Source) {
-	index := map[string]int{}
-	for _, idx := range m.OwningShards() {
-		if only != nil && !only[idx] {
-			continue
-		}
-		sh := m.Shards[idx]
-		g, ok := index[sh.Node]
-		if !ok {
-			g = len(nodes)
-			index[sh.Node] = g
-			nodes = append(nodes, sh.Node)
-			srcs = append(srcs, nil)
-		}
-		src := router.Source{Schema: shardmap.SchemaName(idx)}
-		if sh.Mixed {
-			src.Filter = pgshard.SlotPredicate(tree, "", m.SlotRanges(idx))
-		}
-		srcs[g] = append(srcs[g], src)
-	}
-	return nodes, srcs
-}
-
 // writeAllMixed reports whether an UPDATE or DELETE over every shard of
 // m's tree reaches a mixed shard, whose fence must then skip moved rows.
 func writeAllMixed(m *shardmap.Map) bool {

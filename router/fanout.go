@@ -9,6 +9,8 @@ import (
 	pg "github.com/pganalyze/pg_query_go/v6"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
+
+	"github.com/lattice-db/lattice/btreeindex"
 )
 
 // A SELECT of one tree that does not fix the shard key runs on every node:
@@ -78,7 +80,7 @@ type fanRender struct {
 // the hidden sort columns appended to the select list. Parameters keep
 // their numbers; a parameter used only in LIMIT or OFFSET no longer
 // appears. It panics if the plan is not FanOut or schemas is empty.
-func (p *Plan) RenderFanOut(schemas []Source, limit int64) string {
+func (p *Plan) RenderFanOut(schemas []btreeindex.Source, limit int64) string {
 	if p.fan == nil {
 		panic("router: RenderFanOut on a " + p.Kind.String() + " plan")
 	}

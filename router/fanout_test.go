@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	pg "github.com/pganalyze/pg_query_go/v6"
+
+	"github.com/lattice-db/lattice/btreeindex"
 )
 
 func TestFanOutRefusals(t *testing.T) {
@@ -149,7 +151,7 @@ func TestFanOutPlans(t *testing.T) {
 			if len(p.Sort) == 0 && p.Limit == nil {
 				limit = -1
 			}
-			if got := p.RenderFanOut(Schemas("lattice_s0001"), limit); got != c.branch {
+			if got := p.RenderFanOut(btreeindex.Schemas("lattice_s0001"), limit); got != c.branch {
 				t.Errorf("render\n got %s\nwant %s", got, c.branch)
 			}
 			checkFanOutSQL(t, p)
@@ -190,7 +192,7 @@ const filtered = "lattice_owned"
 // the plan's keys and the LIMIT given.
 func checkFanOutSQL(t testing.TB, p *Plan) {
 	t.Helper()
-	for _, schemas := range [][]Source{Schemas("lattice_s0001"), Schemas("lattice_s0001", "Odd Schema"), Schemas("lattice_s0001", "lattice_s0002", "lattice_s0003"),
+	for _, schemas := range [][]btreeindex.Source{btreeindex.Schemas("lattice_s0001"), btreeindex.Schemas("lattice_s0001", "Odd Schema"), btreeindex.Schemas("lattice_s0001", "lattice_s0002", "lattice_s0003"),
 		{{Schema: "lattice_s0001", Filter: filtered}}, {{Schema: "lattice_s0001"}, {Schema: "Odd Schema", Filter: filtered}, {Schema: "lattice_s0003"}}} {
 		for _, limit := range []int64{-1, 0, 25} {
 			sql := p.RenderFanOut(schemas, limit)
@@ -291,7 +293,7 @@ func TestFanOutNotTemplated(t *testing.T) {
 
 func TestRenderFanOutPanics(t *testing.T) {
 	for _, f := range []func(){
-		func() { planOne(t, "SELECT * FROM orders WHERE id = 1").RenderFanOut(Schemas("s"), -1) },
+		func() { planOne(t, "SELECT * FROM orders WHERE id = 1").RenderFanOut(btreeindex.Schemas("s"), -1) },
 		func() { planOne(t, "SELECT * FROM orders").RenderFanOut(nil, -1) },
 	} {
 		func() {
@@ -320,7 +322,7 @@ func TestFanOutCalls(t *testing.T) {
 // the final statement parses over a VALUES source.
 func checkAggSQL(t testing.TB, p *Plan) {
 	t.Helper()
-	for _, schemas := range [][]Source{Schemas("lattice_s0001"), Schemas("lattice_s0001", "Odd Schema", "lattice_s0003"),
+	for _, schemas := range [][]btreeindex.Source{btreeindex.Schemas("lattice_s0001"), btreeindex.Schemas("lattice_s0001", "Odd Schema", "lattice_s0003"),
 		{{Schema: "lattice_s0001"}, {Schema: "Odd Schema", Filter: filtered}}} {
 		for _, sql := range []string{p.RenderPartial(schemas), p.RenderWhole(schemas)} {
 			res, err := pg.Parse(sql)
@@ -405,7 +407,7 @@ func checkFiltered(t testing.TB, sql string, branch *pg.SelectStmt, tree string)
 // alias written after the reference is kept, the tree's name is the alias
 // when there is none, and public.tree.col references follow it.
 func TestRenderFiltered(t *testing.T) {
-	src := []Source{{Schema: "lattice_s0002", Filter: "f"}}
+	src := []btreeindex.Source{{Schema: "lattice_s0002", Filter: "f"}}
 	for _, c := range []struct{ sql, want string }{
 		{"SELECT * FROM orders WHERE qty > 1",
 			`(SELECT * FROM (SELECT * FROM lattice_s0002.orders WHERE f) AS orders WHERE qty > 1)`},
@@ -421,7 +423,7 @@ func TestRenderFiltered(t *testing.T) {
 		}
 	}
 	agg := planOne(t, "SELECT count(*) FROM orders")
-	if got, want := agg.RenderPartial([]Source{{Schema: "lattice_s0001"}, {Schema: "lattice_s0002", Filter: "f"}}),
+	if got, want := agg.RenderPartial([]btreeindex.Source{{Schema: "lattice_s0001"}, {Schema: "lattice_s0002", Filter: "f"}}),
 		"SELECT * FROM lattice_s0001.orders UNION ALL SELECT * FROM lattice_s0002.orders WHERE f"; !strings.Contains(got, want) {
 		t.Errorf("partial %s does not contain %s", got, want)
 	}
