@@ -87,7 +87,7 @@ func TestFanOutRefusals(t *testing.T) {
 func TestFanOutPlans(t *testing.T) {
 	cases := []struct {
 		sql           string
-		sort          []SortKey
+		sort          []btreeindex.SortKey
 		hidden        int
 		limit, offset string // Value.String(), "" for nil
 		branch        string // RenderFanOut of lattice_s0001 alone
@@ -95,29 +95,29 @@ func TestFanOutPlans(t *testing.T) {
 		{sql: `SELECT * FROM catalogue`,
 			branch: `(SELECT * FROM lattice_s0001.catalogue)`},
 		{sql: `SELECT name, price FROM catalogue ORDER BY price DESC LIMIT $1 OFFSET $2`,
-			sort: []SortKey{{Column: 1, Desc: true, NullsFirst: true}}, limit: "$1", offset: "$2",
+			sort: []btreeindex.SortKey{{Column: 1, Desc: true, NullsFirst: true}}, limit: "$1", offset: "$2",
 			branch: `(SELECT name, price FROM lattice_s0001.catalogue) ORDER BY 2 DESC NULLS FIRST LIMIT 7`},
 		{sql: `SELECT name FROM catalogue ORDER BY price NULLS FIRST, qty DESC NULLS LAST, name`,
-			sort:   []SortKey{{Column: 1, NullsFirst: true}, {Column: 2, Desc: true}, {Column: 0}},
+			sort:   []btreeindex.SortKey{{Column: 1, NullsFirst: true}, {Column: 2, Desc: true}, {Column: 0}},
 			hidden: 2,
 			branch: `(SELECT name, price AS lattice_sort_1, qty AS lattice_sort_2 FROM lattice_s0001.catalogue) ORDER BY 2 ASC NULLS FIRST, 3 DESC NULLS LAST, 1 ASC NULLS LAST LIMIT 7`},
 		{sql: `SELECT name AS n FROM catalogue ORDER BY n COLLATE "C"`,
-			sort: []SortKey{{Column: 1, ByteOrder: true}}, hidden: 1,
+			sort: []btreeindex.SortKey{{Column: 1, ByteOrder: true}}, hidden: 1,
 			branch: `(SELECT name AS n, n COLLATE "C" AS lattice_sort_1 FROM lattice_s0001.catalogue) ORDER BY 2 ASC NULLS LAST LIMIT 7`},
 		{sql: `SELECT name COLLATE pg_catalog."C" AS n FROM catalogue ORDER BY 1 DESC`,
-			sort:   []SortKey{{Column: 0, Desc: true, NullsFirst: true, ByteOrder: true}},
+			sort:   []btreeindex.SortKey{{Column: 0, Desc: true, NullsFirst: true, ByteOrder: true}},
 			branch: `(SELECT name COLLATE pg_catalog."C" AS n FROM lattice_s0001.catalogue) ORDER BY 1 DESC NULLS FIRST LIMIT 7`},
 		{sql: `SELECT price AS qty, qty AS price FROM catalogue ORDER BY qty, price`,
-			sort:   []SortKey{{Column: 0}, {Column: 1}},
+			sort:   []btreeindex.SortKey{{Column: 0}, {Column: 1}},
 			branch: `(SELECT price AS qty, qty AS price FROM lattice_s0001.catalogue) ORDER BY 1 ASC NULLS LAST, 2 ASC NULLS LAST LIMIT 7`},
 		{sql: `SELECT c.name, c.price::int FROM catalogue c ORDER BY price, name`,
-			sort:   []SortKey{{Column: 1}, {Column: 0}},
+			sort:   []btreeindex.SortKey{{Column: 1}, {Column: 0}},
 			branch: `(SELECT c.name, c.price::int FROM lattice_s0001.catalogue c) ORDER BY 2 ASC NULLS LAST, 1 ASC NULLS LAST LIMIT 7`},
 		{sql: `SELECT * FROM "user" ORDER BY name DESC LIMIT ALL`,
-			sort: []SortKey{{Column: 2, Desc: true, NullsFirst: true}}, hidden: 1,
+			sort: []btreeindex.SortKey{{Column: 2, Desc: true, NullsFirst: true}}, hidden: 1,
 			branch: `(SELECT *, name AS lattice_sort_1 FROM lattice_s0001."user") ORDER BY 3 DESC NULLS FIRST LIMIT 7`},
 		{sql: `SELECT "Key" FROM "Upper" WHERE "Key" > $1 ORDER BY "Key" FETCH FIRST $2 ROWS ONLY`,
-			sort: []SortKey{{Column: 0}}, limit: "$2",
+			sort: []btreeindex.SortKey{{Column: 0}}, limit: "$2",
 			branch: `(SELECT "Key" FROM lattice_s0001."Upper" WHERE "Key" > $1) ORDER BY 1 ASC NULLS LAST LIMIT 7`},
 		{sql: `SELECT sku FROM items OFFSET 10000000000 LIMIT 3::int8`, limit: "'3'", offset: "'10000000000'",
 			branch: `(SELECT sku FROM lattice_s0001.items) LIMIT 7`},
