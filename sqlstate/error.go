@@ -72,6 +72,10 @@ func (e *Error) Error() string {
 	return e.Severity + ": " + e.Message + " (SQLSTATE " + e.Code + ")"
 }
 
+// SQLState returns e's code, as pgconn.PgError's method does, for code that
+// asks an error for its SQLSTATE through an interface.
+func (e *Error) SQLState() string { return e.Code }
+
 // Unwrap returns the backend error e was relayed from, if any, so that
 // errors.As still finds a *pgconn.PgError behind it.
 func (e *Error) Unwrap() error {

@@ -57,6 +57,9 @@ func TestConstructors(t *testing.T) {
 			if got := tc.e.Error(); got != tc.str {
 				t.Errorf("Error() = %q, want %q", got, tc.str)
 			}
+			if got := tc.e.SQLState(); got != tc.want.Code {
+				t.Errorf("SQLState() = %q, want %q", got, tc.want.Code)
+			}
 		})
 	}
 }
