@@ -23,6 +23,7 @@ type Error struct {
 	Message  string
 	Detail   string
 	Hint     string
+	Where    string // context, PostgreSQL's CONTEXT line: "COPY t, line 3"
 	// Position is the 1-based character position of a syntax error in the
 	// statement the router parsed; 0 when unknown. It is not sent: the
 	// router parses one statement of the client's query string at a time.
@@ -93,7 +94,6 @@ func (e *Error) Response() *pgproto3.ErrorResponse {
 		// to the node, which after rewriting is not the client's text.
 		r.InternalPosition = pg.InternalPosition
 		r.InternalQuery = pg.InternalQuery
-		r.Where = pg.Where
 		r.SchemaName = pg.SchemaName
 		r.TableName = pg.TableName
 		r.ColumnName = pg.ColumnName
@@ -109,6 +109,7 @@ func (e *Error) Response() *pgproto3.ErrorResponse {
 	r.Message = e.Message
 	r.Detail = e.Detail
 	r.Hint = e.Hint
+	r.Where = e.Where
 	return r
 }
 

@@ -80,7 +80,7 @@ func TestAs(t *testing.T) {
 	pg := &pgconn.PgError{
 		Severity: "ERREUR", SeverityUnlocalized: "ERROR", Code: "23505",
 		Message: "duplicate key value violates unique constraint \"t_pkey\"", Detail: "Key (id)=(1) already exists.",
-		Hint: "h", Position: 17, SchemaName: "lattice_s0005", TableName: "t", ConstraintName: "t_pkey", Routine: "_bt_check_unique",
+		Hint: "h", Where: "SQL function f", Position: 17, SchemaName: "lattice_s0005", TableName: "t", ConstraintName: "t_pkey", Routine: "_bt_check_unique",
 	}
 	for _, tc := range []struct {
 		name string
@@ -92,7 +92,7 @@ func TestAs(t *testing.T) {
 		{name: "own wrapped twice", err: fmt.Errorf("routing: %w", fmt.Errorf("plan: %w", own)), same: own},
 		{name: "own joined", err: errors.Join(errors.New("first"), own), same: own},
 		{name: "backend", err: fmt.Errorf("node n1: %w", pg),
-			want: Error{Severity: "ERROR", Code: "23505", Message: pg.Message, Detail: pg.Detail, Hint: "h"}},
+			want: Error{Severity: "ERROR", Code: "23505", Message: pg.Message, Detail: pg.Detail, Hint: "h", Where: "SQL function f"}},
 		{name: "backend without unlocalized severity", err: &pgconn.PgError{Severity: "FATAL", Code: "57P01", Message: "terminating connection"},
 			want: Error{Severity: "FATAL", Code: "57P01", Message: "terminating connection"}},
 		{name: "coded with hint", err: fmt.Errorf("shardmap: read tree: %w", &unavailable{syscall.ECONNREFUSED}),
@@ -207,12 +207,13 @@ func TestResponse(t *testing.T) {
 	}{
 		{"error", New(FeatureNotSupported, "cannot join").WithHint("add the shard key").WithDetail("tree t")},
 		{"fatal", Fatal(InvalidPassword, "password authentication failed for user %q", "u")},
+		{"context", &Error{Severity: SeverityError, Code: BadCopyFileFormat, Message: "unterminated CSV quoted field", Where: "COPY t, line 3"}},
 		{"syntax error with a position", &Error{Severity: SeverityError, Code: SyntaxError, Message: "syntax error at end of input", Position: 15}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := tc.e.Response()
 			if r.Severity != tc.e.Severity || r.SeverityUnlocalized != tc.e.Severity || r.Code != tc.e.Code ||
-				r.Message != tc.e.Message || r.Detail != tc.e.Detail || r.Hint != tc.e.Hint {
+				r.Message != tc.e.Message || r.Detail != tc.e.Detail || r.Hint != tc.e.Hint || r.Where != tc.e.Where {
 				t.Errorf("Response() = %+v, want the fields of %+v", r, tc.e)
 			}
 			if r.Position != 0 || r.ConstraintName != "" || r.Routine != "" {
