@@ -16,7 +16,8 @@ const (
 
 // Error is an error that reaches a client as an ErrorResponse (or, at
 // severity WARNING, a NoticeResponse). Code is a SQLSTATE of this package so
-// that every driver surfaces it naturally; Hint names the fix.
+// that every driver surfaces it naturally; Hint names the fix. A zero
+// Severity is ERROR, so that &Error{Code: ..., Message: ...} needs no more.
 type Error struct {
 	Severity string
 	Code     string
@@ -70,7 +71,14 @@ func (e *Error) WithDetail(format string, args ...any) *Error {
 
 // Error formats e the way pgconn.PgError does.
 func (e *Error) Error() string {
-	return e.Severity + ": " + e.Message + " (SQLSTATE " + e.Code + ")"
+	return e.severity() + ": " + e.Message + " (SQLSTATE " + e.Code + ")"
+}
+
+func (e *Error) severity() string {
+	if e.Severity == "" {
+		return SeverityError
+	}
+	return e.Severity
 }
 
 // SQLState returns e's code, as pgconn.PgError's method does, for code that
@@ -103,8 +111,8 @@ func (e *Error) Response() *pgproto3.ErrorResponse {
 		r.Line = pg.Line
 		r.Routine = pg.Routine
 	}
-	r.Severity = e.Severity
-	r.SeverityUnlocalized = e.Severity
+	r.Severity = e.severity()
+	r.SeverityUnlocalized = r.Severity
 	r.Code = e.Code
 	r.Message = e.Message
 	r.Detail = e.Detail

@@ -46,6 +46,9 @@ func TestConstructors(t *testing.T) {
 		{"WithDetail", New(SlotMoved, "slot moved").WithDetail("epoch %d", 7),
 			Error{Severity: "ERROR", Code: "LT001", Message: "slot moved", Detail: "epoch 7"},
 			"ERROR: slot moved (SQLSTATE LT001)"},
+		{"composite literal", &Error{Code: UndefinedTable, Message: "tree \"t\" does not exist"},
+			Error{Code: "42P01", Message: "tree \"t\" does not exist"},
+			"ERROR: tree \"t\" does not exist (SQLSTATE 42P01)"},
 		{"literal percent", New(InternalError, "%s", "100% done"),
 			Error{Severity: "ERROR", Code: "XX000", Message: "100% done"},
 			"ERROR: 100% done (SQLSTATE XX000)"},
@@ -220,6 +223,9 @@ func TestResponse(t *testing.T) {
 				t.Errorf("Response() = %+v: fields set that Lattice's own errors do not have", r)
 			}
 		})
+	}
+	if r := (&Error{Code: UndefinedTable, Message: "m"}).Response(); r.Severity != "ERROR" || r.SeverityUnlocalized != "ERROR" {
+		t.Errorf("Response() of an Error without a severity = %+v, want ERROR", r)
 	}
 	n := Warning(NoActiveSQLTransaction, "there is no transaction in progress").Notice()
 	if n.Severity != "WARNING" || n.SeverityUnlocalized != "WARNING" || n.Code != "25P01" || n.Message != "there is no transaction in progress" {
