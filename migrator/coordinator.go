@@ -14,7 +14,7 @@ import (
 	"github.com/lattice-db/lattice/shardmap"
 )
 
-// CoordinatorOptions tune the reshard coordinator (DESIGN section 6). Zero
+// CoordinatorOptions tune the reshard coordinator (docs/DESIGN.md section 6). Zero
 // values take the defaults.
 type CoordinatorOptions struct {
 	Tick                    time.Duration // 2 s

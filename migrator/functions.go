@@ -31,7 +31,7 @@ func errorf(code, format string, args ...any) *Error {
 	return &Error{Code: code, Message: fmt.Sprintf(format, args...)}
 }
 
-// Functions serves the lattice_* functions of DESIGN section 7.
+// Functions serves the lattice_* functions of docs/DESIGN.md section 7.
 type Functions struct {
 	cluster *pgshard.Cluster
 	store   Store
