@@ -22,30 +22,17 @@ func Schemas(schemas ...string) []Source {
 	return out
 }
 
-// NodeSources groups the shards of m that own slots by node, in shard order
-// (nodes in the order of their first shard), as the Sources a read over
-// several shards sends each node: a mixed shard gets the slot predicate of
-// the slots it owns under m, so the read sees each row on its owner only.
-// With only not nil, only the shards in it are read. t is m's tree.
-func NodeSources(m *shardmap.Map, only map[int]bool, t *shardmap.Tree) (nodes []string, srcs [][]Source) {
-	index := map[string]int{}
-	for _, idx := range m.OwningShards() {
-		if only != nil && !only[idx] {
-			continue
+// Sources are the given shards of m's tree t as the Sources a read over
+// several shards sends their node: a mixed shard is read through the slot
+// predicate of the slots it owns under m, so that the read sees each row on
+// its owner only.
+func Sources(m *shardmap.Map, t *shardmap.Tree, shards []int) []Source {
+	out := make([]Source, len(shards))
+	for i, idx := range shards {
+		out[i] = Source{Schema: shardmap.SchemaName(idx)}
+		if m.Shards[idx].Mixed {
+			out[i].Filter = SlotPredicate(t, "", m.SlotRanges(idx))
 		}
-		sh := m.Shards[idx]
-		g, ok := index[sh.Node]
-		if !ok {
-			g = len(nodes)
-			index[sh.Node] = g
-			nodes = append(nodes, sh.Node)
-			srcs = append(srcs, nil)
-		}
-		src := Source{Schema: shardmap.SchemaName(idx)}
-		if sh.Mixed {
-			src.Filter = SlotPredicate(t, "", m.SlotRanges(idx))
-		}
-		srcs[g] = append(srcs[g], src)
 	}
-	return nodes, srcs
+	return out
 }

@@ -93,29 +93,8 @@ func frozenTree(v *shardmap.View, p *router.Plan, bind *pgproto3.Bind, oids []ui
 	if m == nil || len(m.Frozen) == 0 {
 		return nil, false
 	}
-	frozenKey := func(k router.Value) bool {
-		slot, err := keySlot(p.Tree.KeyType, len(m.Slots), k, bind, oids)
-		return err == nil && m.IsFrozen(slot) // a bad key fails at routing
-	}
-	switch p.Kind {
-	case router.Single:
-		return m, frozenKey(p.Key)
-	case router.InsertSplit:
-		for _, k := range p.Rows {
-			if frozenKey(k) {
-				return m, true
-			}
-		}
-		return m, false
-	case router.Copy:
-		if p.Copy.Query && p.Copy.QueryKind == router.Single {
-			return m, frozenKey(p.Key)
-		}
-		return m, true
-	case router.WriteAll, router.FanOut:
-		return m, true
-	}
-	return m, false
+	r, err := router.Resolve(v, p, routerBind(bind, oids))
+	return m, err == nil && r.Frozen // a bad key fails at routing
 }
 
 // holdFrozen waits for a map of tree newer than m, whose slots froze: the
@@ -144,17 +123,6 @@ func (s *session) holdFrozen(ctx context.Context, m *shardmap.Map, start time.Ti
 		return e
 	}
 	return nil
-}
-
-// writeAllMixed reports whether an UPDATE or DELETE over every shard of
-// m's tree reaches a mixed shard, whose fence must then skip moved rows.
-func writeAllMixed(m *shardmap.Map) bool {
-	for _, idx := range m.OwningShards() {
-		if m.Shards[idx].Mixed {
-			return true
-		}
-	}
-	return false
 }
 
 // planHeld plans a simple Query, holding it while one of its statements

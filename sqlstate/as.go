@@ -60,6 +60,7 @@ func FromPgError(pg *pgconn.PgError) *Error {
 		Message:  pg.Message,
 		Detail:   pg.Detail,
 		Hint:     pg.Hint,
+		Where:    pg.Where,
 		pg:       pg,
 	}
 }

@@ -105,6 +105,9 @@ const (
 
 // Class 42, syntax error or access rule violation.
 const (
+	// InsufficientPrivilege: an admin API reshard asked from another site
+	// (HTTP 403).
+	InsufficientPrivilege = "42501"
 	// SyntaxError: a statement pg_query cannot parse, or several commands in
 	// one prepared statement.
 	SyntaxError = "42601"

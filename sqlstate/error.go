@@ -16,13 +16,15 @@ const (
 
 // Error is an error that reaches a client as an ErrorResponse (or, at
 // severity WARNING, a NoticeResponse). Code is a SQLSTATE of this package so
-// that every driver surfaces it naturally; Hint names the fix.
+// that every driver surfaces it naturally; Hint names the fix. A zero
+// Severity is ERROR, so that &Error{Code: ..., Message: ...} needs no more.
 type Error struct {
 	Severity string
 	Code     string
 	Message  string
 	Detail   string
 	Hint     string
+	Where    string // context, PostgreSQL's CONTEXT line: "COPY t, line 3"
 	// Position is the 1-based character position of a syntax error in the
 	// statement the router parsed; 0 when unknown. It is not sent: the
 	// router parses one statement of the client's query string at a time.
@@ -69,8 +71,19 @@ func (e *Error) WithDetail(format string, args ...any) *Error {
 
 // Error formats e the way pgconn.PgError does.
 func (e *Error) Error() string {
-	return e.Severity + ": " + e.Message + " (SQLSTATE " + e.Code + ")"
+	return e.severity() + ": " + e.Message + " (SQLSTATE " + e.Code + ")"
 }
+
+func (e *Error) severity() string {
+	if e.Severity == "" {
+		return SeverityError
+	}
+	return e.Severity
+}
+
+// SQLState returns e's code, as pgconn.PgError's method does, for code that
+// asks an error for its SQLSTATE through an interface.
+func (e *Error) SQLState() string { return e.Code }
 
 // Unwrap returns the backend error e was relayed from, if any, so that
 // errors.As still finds a *pgconn.PgError behind it.
@@ -89,7 +102,6 @@ func (e *Error) Response() *pgproto3.ErrorResponse {
 		// to the node, which after rewriting is not the client's text.
 		r.InternalPosition = pg.InternalPosition
 		r.InternalQuery = pg.InternalQuery
-		r.Where = pg.Where
 		r.SchemaName = pg.SchemaName
 		r.TableName = pg.TableName
 		r.ColumnName = pg.ColumnName
@@ -99,12 +111,13 @@ func (e *Error) Response() *pgproto3.ErrorResponse {
 		r.Line = pg.Line
 		r.Routine = pg.Routine
 	}
-	r.Severity = e.Severity
-	r.SeverityUnlocalized = e.Severity
+	r.Severity = e.severity()
+	r.SeverityUnlocalized = r.Severity
 	r.Code = e.Code
 	r.Message = e.Message
 	r.Detail = e.Detail
 	r.Hint = e.Hint
+	r.Where = e.Where
 	return r
 }
 

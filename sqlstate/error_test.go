@@ -46,6 +46,9 @@ func TestConstructors(t *testing.T) {
 		{"WithDetail", New(SlotMoved, "slot moved").WithDetail("epoch %d", 7),
 			Error{Severity: "ERROR", Code: "LT001", Message: "slot moved", Detail: "epoch 7"},
 			"ERROR: slot moved (SQLSTATE LT001)"},
+		{"composite literal", &Error{Code: UndefinedTable, Message: "tree \"t\" does not exist"},
+			Error{Code: "42P01", Message: "tree \"t\" does not exist"},
+			"ERROR: tree \"t\" does not exist (SQLSTATE 42P01)"},
 		{"literal percent", New(InternalError, "%s", "100% done"),
 			Error{Severity: "ERROR", Code: "XX000", Message: "100% done"},
 			"ERROR: 100% done (SQLSTATE XX000)"},
@@ -56,6 +59,9 @@ func TestConstructors(t *testing.T) {
 			}
 			if got := tc.e.Error(); got != tc.str {
 				t.Errorf("Error() = %q, want %q", got, tc.str)
+			}
+			if got := tc.e.SQLState(); got != tc.want.Code {
+				t.Errorf("SQLState() = %q, want %q", got, tc.want.Code)
 			}
 		})
 	}
@@ -77,7 +83,7 @@ func TestAs(t *testing.T) {
 	pg := &pgconn.PgError{
 		Severity: "ERREUR", SeverityUnlocalized: "ERROR", Code: "23505",
 		Message: "duplicate key value violates unique constraint \"t_pkey\"", Detail: "Key (id)=(1) already exists.",
-		Hint: "h", Position: 17, SchemaName: "lattice_s0005", TableName: "t", ConstraintName: "t_pkey", Routine: "_bt_check_unique",
+		Hint: "h", Where: "SQL function f", Position: 17, SchemaName: "lattice_s0005", TableName: "t", ConstraintName: "t_pkey", Routine: "_bt_check_unique",
 	}
 	for _, tc := range []struct {
 		name string
@@ -89,7 +95,7 @@ func TestAs(t *testing.T) {
 		{name: "own wrapped twice", err: fmt.Errorf("routing: %w", fmt.Errorf("plan: %w", own)), same: own},
 		{name: "own joined", err: errors.Join(errors.New("first"), own), same: own},
 		{name: "backend", err: fmt.Errorf("node n1: %w", pg),
-			want: Error{Severity: "ERROR", Code: "23505", Message: pg.Message, Detail: pg.Detail, Hint: "h"}},
+			want: Error{Severity: "ERROR", Code: "23505", Message: pg.Message, Detail: pg.Detail, Hint: "h", Where: "SQL function f"}},
 		{name: "backend without unlocalized severity", err: &pgconn.PgError{Severity: "FATAL", Code: "57P01", Message: "terminating connection"},
 			want: Error{Severity: "FATAL", Code: "57P01", Message: "terminating connection"}},
 		{name: "coded with hint", err: fmt.Errorf("shardmap: read tree: %w", &unavailable{syscall.ECONNREFUSED}),
@@ -204,18 +210,22 @@ func TestResponse(t *testing.T) {
 	}{
 		{"error", New(FeatureNotSupported, "cannot join").WithHint("add the shard key").WithDetail("tree t")},
 		{"fatal", Fatal(InvalidPassword, "password authentication failed for user %q", "u")},
+		{"context", &Error{Severity: SeverityError, Code: BadCopyFileFormat, Message: "unterminated CSV quoted field", Where: "COPY t, line 3"}},
 		{"syntax error with a position", &Error{Severity: SeverityError, Code: SyntaxError, Message: "syntax error at end of input", Position: 15}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := tc.e.Response()
 			if r.Severity != tc.e.Severity || r.SeverityUnlocalized != tc.e.Severity || r.Code != tc.e.Code ||
-				r.Message != tc.e.Message || r.Detail != tc.e.Detail || r.Hint != tc.e.Hint {
+				r.Message != tc.e.Message || r.Detail != tc.e.Detail || r.Hint != tc.e.Hint || r.Where != tc.e.Where {
 				t.Errorf("Response() = %+v, want the fields of %+v", r, tc.e)
 			}
 			if r.Position != 0 || r.ConstraintName != "" || r.Routine != "" {
 				t.Errorf("Response() = %+v: fields set that Lattice's own errors do not have", r)
 			}
 		})
+	}
+	if r := (&Error{Code: UndefinedTable, Message: "m"}).Response(); r.Severity != "ERROR" || r.SeverityUnlocalized != "ERROR" {
+		t.Errorf("Response() of an Error without a severity = %+v, want ERROR", r)
 	}
 	n := Warning(NoActiveSQLTransaction, "there is no transaction in progress").Notice()
 	if n.Severity != "WARNING" || n.SeverityUnlocalized != "WARNING" || n.Code != "25P01" || n.Message != "there is no transaction in progress" {
