@@ -2,6 +2,8 @@ package btreeindex
 
 import (
 	"bytes"
+	"encoding/binary"
+	"fmt"
 	"math"
 	"math/big"
 
@@ -34,8 +36,9 @@ type value struct {
 	kind byte // 'i' integer, 'f' float, 'n' numeric, 't' time; anything else compares b bytewise (bool, uuid, C-collated text)
 	i    int64
 	f    float64
-	n    *big.Rat
-	inf  int // numeric and time infinity: -1, +1; numeric NaN is 2 (greater than all, as PostgreSQL orders it)
+	n    *big.Int // numeric digits that do not fit i
+	exp  int32    // numeric: the value is (n or i) * 10^exp
+	inf  int      // numeric and time infinity: -1, +1; numeric NaN is 2 (greater than all, as PostgreSQL orders it)
 	b    []byte
 }
 
@@ -65,19 +68,12 @@ func decode(cols []Column, k SortKey, row [][]byte) (value, error) {
 		return nil
 	}
 	switch c.OID {
-	case pgtype.Int2OID, pgtype.Int4OID, pgtype.Int8OID:
-		var v int64
-		if err := scan(&v); err != nil {
-			return value{}, err
+	case pgtype.Int2OID, pgtype.Int4OID, pgtype.Int8OID, pgtype.OIDOID:
+		v, err := decodeInt(c, raw)
+		if err != nil {
+			return value{}, sqlstate.New(sqlstate.InternalError, "decode sort key: %v", err)
 		}
 		return value{kind: 'i', i: v}, nil
-	case pgtype.OIDOID:
-		// pgtype scans an oid into unsigned integers only.
-		var v uint32
-		if err := scan(&v); err != nil {
-			return value{}, err
-		}
-		return value{kind: 'i', i: int64(v)}, nil
 	case pgtype.Float4OID, pgtype.Float8OID:
 		var v float64
 		if err := scan(&v); err != nil {
@@ -134,6 +130,57 @@ func decode(cols []Column, k SortKey, row [][]byte) (value, error) {
 	return value{}, unsupported()
 }
 
+// decodeInt decodes an integer or an oid as PostgreSQL sends it: decimal
+// text, or big-endian binary of the type's width. It does what pgtype's
+// scans do, without the allocation of scanning through an interface, for
+// the commonest sort key.
+func decodeInt(c Column, raw []byte) (int64, error) {
+	if c.Format == 1 {
+		switch {
+		case c.OID == pgtype.Int2OID && len(raw) == 2:
+			return int64(int16(binary.BigEndian.Uint16(raw))), nil
+		case c.OID == pgtype.Int4OID && len(raw) == 4:
+			return int64(int32(binary.BigEndian.Uint32(raw))), nil
+		case c.OID == pgtype.OIDOID && len(raw) == 4:
+			return int64(binary.BigEndian.Uint32(raw)), nil
+		case c.OID == pgtype.Int8OID && len(raw) == 8:
+			return int64(binary.BigEndian.Uint64(raw)), nil
+		}
+		return 0, fmt.Errorf("%d bytes for a binary value of type oid %d", len(raw), c.OID)
+	}
+	neg, digits := false, raw
+	if len(digits) > 0 && (digits[0] == '-' || digits[0] == '+') && c.OID != pgtype.OIDOID {
+		neg, digits = digits[0] == '-', digits[1:]
+	}
+	if len(digits) == 0 {
+		return 0, fmt.Errorf("invalid integer %q", raw)
+	}
+	limit := uint64(math.MaxInt64) // the magnitude allowed
+	switch {
+	case c.OID == pgtype.OIDOID:
+		limit = math.MaxUint32
+	case neg:
+		limit = uint64(math.MaxInt64) + 1
+	}
+	var n uint64
+	for _, d := range digits {
+		if d < '0' || d > '9' {
+			return 0, fmt.Errorf("invalid integer %q", raw)
+		}
+		if n > (limit-uint64(d-'0'))/10 {
+			return 0, fmt.Errorf("integer %q out of range", raw)
+		}
+		n = n*10 + uint64(d-'0')
+	}
+	if neg {
+		return int64(-n), nil // wraps to math.MinInt64 for its magnitude
+	}
+	return int64(n), nil
+}
+
+// numericValue keeps a finite numeric as its digits and exponent
+// (v.Int * 10^v.Exp): in an int64 when they fit, which is the common case
+// and compares without big arithmetic.
 func numericValue(v pgtype.Numeric) value {
 	switch {
 	case v.NaN:
@@ -141,13 +188,66 @@ func numericValue(v pgtype.Numeric) value {
 	case v.InfinityModifier != pgtype.Finite:
 		return value{kind: 'n', inf: int(v.InfinityModifier)}
 	}
-	r := new(big.Rat).SetInt(v.Int)
-	if v.Exp > 0 {
-		r.Mul(r, new(big.Rat).SetInt(new(big.Int).Exp(big.NewInt(10), big.NewInt(int64(v.Exp)), nil)))
-	} else if v.Exp < 0 {
-		r.Quo(r, new(big.Rat).SetInt(new(big.Int).Exp(big.NewInt(10), big.NewInt(int64(-v.Exp)), nil)))
+	if v.Int.IsInt64() {
+		return value{kind: 'n', i: v.Int.Int64(), exp: v.Exp}
 	}
-	return value{kind: 'n', n: r}
+	return value{kind: 'n', n: v.Int, exp: v.Exp}
+}
+
+// compareNumeric orders two finite numerics: by sign, then by their digits
+// brought to the smaller of the two exponents.
+func compareNumeric(a, b *value) int {
+	if sa, sb := a.sign(), b.sign(); sa != sb || sa == 0 {
+		return cmpInt(int64(sa), int64(sb))
+	}
+	e := min(a.exp, b.exp)
+	if a.n == nil && b.n == nil {
+		x, okx := scaleInt(a.i, a.exp-e)
+		y, oky := scaleInt(b.i, b.exp-e)
+		if okx && oky {
+			return cmpInt(x, y)
+		}
+	}
+	return a.scaledBig(a.exp - e).Cmp(b.scaledBig(b.exp - e))
+}
+
+func (v *value) sign() int {
+	if v.n != nil {
+		return v.n.Sign()
+	}
+	return cmpInt(v.i, 0)
+}
+
+// scaledBig is v's digits times 10^k.
+func (v *value) scaledBig(k int32) *big.Int {
+	m := v.n
+	if m == nil {
+		m = big.NewInt(v.i)
+	}
+	if k == 0 {
+		return m
+	}
+	p := new(big.Int).Exp(big.NewInt(10), big.NewInt(int64(k)), nil)
+	return p.Mul(p, m)
+}
+
+// pow10 are the powers of ten an int64 holds.
+var pow10 = func() (p [19]int64) {
+	p[0] = 1
+	for i := 1; i < len(p); i++ {
+		p[i] = p[i-1] * 10
+	}
+	return p
+}()
+
+// scaleInt is x times 10^k, and whether it fits an int64.
+func scaleInt(x int64, k int32) (int64, bool) {
+	if k < 0 || int(k) >= len(pow10) {
+		return 0, false
+	}
+	p := pow10[k]
+	r := x * p
+	return r, r/p == x
 }
 
 // compareKey orders a and b, two values of key k, as PostgreSQL's ORDER BY
@@ -200,7 +300,7 @@ func compareValues(a, b *value) int {
 		if a.inf != 0 || b.inf != 0 {
 			return cmpInt(int64(a.inf), int64(b.inf))
 		}
-		return a.n.Cmp(b.n)
+		return compareNumeric(a, b)
 	case 't':
 		if a.inf != 0 || b.inf != 0 {
 			if c := cmpInt(int64(a.inf), int64(b.inf)); c != 0 {

@@ -2,6 +2,9 @@ package btreeindex
 
 import (
 	"errors"
+	"math"
+	"math/big"
+	"math/rand/v2"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgtype"
@@ -177,6 +180,75 @@ func TestDecodeNull(t *testing.T) {
 		}
 		if got := compareKey(&v, &v, c.k); got != 0 {
 			t.Errorf("%s: compare(NULL, NULL) = %d, want 0", c.k.Order(), got)
+		}
+	}
+}
+
+func TestDecodeInt(t *testing.T) {
+	for _, c := range []struct {
+		col  Column
+		raw  []byte
+		want int64
+		bad  bool
+	}{
+		{Column{OID: pgtype.Int8OID}, []byte("-9223372036854775808"), math.MinInt64, false},
+		{Column{OID: pgtype.Int8OID}, []byte("9223372036854775807"), math.MaxInt64, false},
+		{Column{OID: pgtype.Int8OID}, []byte("9223372036854775808"), 0, true},
+		{Column{OID: pgtype.Int8OID}, []byte("-9223372036854775809"), 0, true},
+		{Column{OID: pgtype.Int4OID}, []byte("+12"), 12, false},
+		{Column{OID: pgtype.Int4OID}, []byte("-0"), 0, false},
+		{Column{OID: pgtype.Int4OID}, []byte("-"), 0, true},
+		{Column{OID: pgtype.Int4OID}, []byte(""), 0, true},
+		{Column{OID: pgtype.Int4OID}, []byte("1 "), 0, true},
+		{Column{OID: pgtype.OIDOID}, []byte("4294967295"), math.MaxUint32, false},
+		{Column{OID: pgtype.OIDOID}, []byte("4294967296"), 0, true},
+		{Column{OID: pgtype.OIDOID}, []byte("-1"), 0, true},
+		{Column{OID: pgtype.Int2OID, Format: 1}, []byte{0xff, 0xfe}, -2, false},
+		{Column{OID: pgtype.Int4OID, Format: 1}, []byte{0x80, 0, 0, 0}, math.MinInt32, false},
+		{Column{OID: pgtype.OIDOID, Format: 1}, []byte{0xff, 0xff, 0xff, 0xff}, math.MaxUint32, false},
+		{Column{OID: pgtype.Int8OID, Format: 1}, []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, -1, false},
+		{Column{OID: pgtype.Int8OID, Format: 1}, []byte{0, 0, 0, 1}, 0, true},
+		{Column{OID: pgtype.Int2OID, Format: 1}, []byte{0, 0, 0, 1}, 0, true},
+	} {
+		got, err := decodeInt(c.col, c.raw)
+		if c.bad != (err != nil) || !c.bad && got != c.want {
+			t.Errorf("decodeInt(oid %d format %d, %q) = %d, %v; want %d, error %v", c.col.OID, c.col.Format, c.raw, got, err, c.want, c.bad)
+		}
+	}
+}
+
+// TestCompareNumeric compares random numerics, small and large, against
+// exact rational arithmetic.
+func TestCompareNumeric(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	random := func() (value, *big.Rat) {
+		var digits *big.Int
+		switch rng.IntN(4) {
+		case 0: // digits beyond an int64
+			digits = new(big.Int).Mul(big.NewInt(rng.Int64()), big.NewInt(rng.Int64()))
+		case 1: // the extremes of an int64
+			digits = big.NewInt([]int64{math.MaxInt64, math.MinInt64, 0, 1, -1}[rng.IntN(5)])
+		default:
+			digits = big.NewInt(rng.Int64N(2000000) - 1000000)
+		}
+		if rng.IntN(2) == 0 {
+			digits.Neg(digits)
+		}
+		exp := int32(rng.IntN(50) - 25)
+		r := new(big.Rat).SetInt(digits)
+		p := new(big.Rat).SetInt(new(big.Int).Exp(big.NewInt(10), big.NewInt(int64(max(exp, -exp))), nil))
+		if exp >= 0 {
+			r.Mul(r, p)
+		} else {
+			r.Quo(r, p)
+		}
+		return numericValue(pgtype.Numeric{Int: digits, Exp: exp, Valid: true}), r
+	}
+	for range 20000 {
+		a, ra := random()
+		b, rb := random()
+		if got, want := compareValues(&a, &b), ra.Cmp(rb); got != want {
+			t.Fatalf("compare(%s, %s) = %d, want %d", ra.FloatString(30), rb.FloatString(30), got, want)
 		}
 	}
 }
