@@ -15,7 +15,7 @@ import (
 	"github.com/lattice-db/lattice/sqlstate"
 )
 
-// CoordinatorOptions tune the reshard coordinator (DESIGN section 6). Zero
+// CoordinatorOptions tune the reshard coordinator (docs/DESIGN.md section 6). Zero
 // values take the defaults.
 type CoordinatorOptions struct {
 	Tick                    time.Duration // 2 s

@@ -19,7 +19,7 @@ import (
 	"github.com/lattice-db/lattice/sqlstate"
 )
 
-// Functions serves the lattice_* functions of DESIGN section 7.
+// Functions serves the lattice_* functions of docs/DESIGN.md section 7.
 type Functions struct {
 	cluster *pgshard.Cluster
 	store   Store
