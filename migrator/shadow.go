@@ -395,8 +395,7 @@ func dropPublication(ctx context.Context, conn *pgx.Conn, name string) error {
 	for {
 		// One simple query: one implicit transaction.
 		_, err := conn.PgConn().Exec(ctx, sql).ReadAll()
-		var pgErr *pgconn.PgError
-		if err == nil || !errors.As(err, &pgErr) || pgErr.Code != sqlstate.LockNotAvailable || ctx.Err() != nil {
+		if !sqlstate.Is(err, sqlstate.LockNotAvailable) || ctx.Err() != nil {
 			return err
 		}
 	}
@@ -414,8 +413,7 @@ func dropSlot(ctx context.Context, src *pgx.Conn, name string) error {
 	deadline := time.Now().Add(slotReleaseWait)
 	for {
 		_, err := src.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1`, name)
-		var pe *pgconn.PgError
-		if err == nil || !errors.As(err, &pe) || pe.Code != sqlstate.ObjectInUse || time.Now().After(deadline) {
+		if !sqlstate.Is(err, sqlstate.ObjectInUse) || time.Now().After(deadline) {
 			if err != nil {
 				return fmt.Errorf("migrator: drop replication slot: %w", err)
 			}

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/lattice-db/lattice/btreeindex"
@@ -137,8 +136,7 @@ func (c *Cluster) ArmSlotFence(ctx context.Context, node string, f SlotFence) (s
 	}, ";\n")
 	for {
 		lsn, err := armOnce(ctx, p, sql)
-		var pgErr *pgconn.PgError
-		if err == nil || !errors.As(err, &pgErr) || pgErr.Code != sqlstate.LockNotAvailable || ctx.Err() != nil {
+		if !sqlstate.Is(err, sqlstate.LockNotAvailable) || ctx.Err() != nil {
 			if err != nil {
 				return "", fmt.Errorf("pgshard: fence slots of shard %d on %s: %w", f.Shard, node, err)
 			}

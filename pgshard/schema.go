@@ -2,7 +2,6 @@ package pgshard
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math"
 	"regexp"
@@ -10,7 +9,6 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/lattice-db/lattice/shardmap"
 	"github.com/lattice-db/lattice/sqlstate"
 )
@@ -249,8 +247,7 @@ func (c *Cluster) readNodeOwnership(ctx context.Context, node, tenant string) ([
 JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
 WHERE c.relname = $1 AND c.relkind = 'r' AND n.nspname LIKE 'lattice\_s%'
 ORDER BY 1`, OwnerTable)
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == sqlstate.InvalidCatalogName { // no such database
+	if sqlstate.Is(err, sqlstate.InvalidCatalogName) { // no such database
 		return nil, nil
 	}
 	if err != nil {
