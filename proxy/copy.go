@@ -385,6 +385,7 @@ func commitCopy(ctx context.Context, s *session, nodes []*copyNode) *pgproto3.Er
 	conns := make([]*pgshard.Conn, len(nodes))
 	for i, cn := range nodes {
 		conns[i] = cn.be
+		cn.be.Wrote = true // a node joins a COPY with its first row
 	}
 	var err error
 	switch {
