@@ -130,7 +130,7 @@ func BenchmarkSuitePgbench(b *testing.B) {
 			mustExec(b, vc, "VACUUM ANALYZE")
 			vc.Close(ctx)
 		}
-		bouncer := startPgbouncer(b, testNode(b, 2).Port)
+		bouncer, _ := startPgbouncer(b, testNode(b, 2).Port)
 		if bouncer == "" {
 			b.Log("pgbouncer is not installed: its column shows n/a")
 		}
