@@ -53,8 +53,14 @@ func textRows(rows [][][]byte) [][]string {
 // harness node i, bypassing the proxy.
 func nodeRows(t *testing.T, i int, tree string) map[int64]int64 {
 	t.Helper()
+	return tenantRows(t, i, "lattice", tree)
+}
+
+// tenantRows is nodeRows in the tenant database db.
+func tenantRows(t *testing.T, i int, db, tree string) map[int64]int64 {
+	t.Helper()
 	ctx := context.Background()
-	c := connect(t, testNodeDSN(t, i))
+	c := connect(t, testNode(t, i).DSN(db))
 	defer c.Close(ctx)
 	schemas, err := queryStrings(t, c, `SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 		WHERE c.relname = $1 AND n.nspname LIKE 'lattice\_s%' ORDER BY 1`, tree)
@@ -111,6 +117,12 @@ func latticePrepared(t *testing.T, n int) []string {
 // returns, per harness node, the ids 1..60 that live there.
 func placeKeys(t *testing.T, c *pgx.Conn, tree string) [3][]int64 {
 	t.Helper()
+	return placeKeysIn(t, c, "lattice", tree)
+}
+
+// placeKeysIn is placeKeys for c connected to tenant database db.
+func placeKeysIn(t *testing.T, c *pgx.Conn, db, tree string) [3][]int64 {
+	t.Helper()
 	mustExec(t, c, `CREATE TABLE `+tree+` (id bigint PRIMARY KEY, bal bigint NOT NULL CHECK (bal >= 0), note text)`)
 	mustExec(t, c, `SELECT lattice_create_tree('`+tree+`', 'id', shard_count => 6)`)
 	for id := 1; id <= 60; id++ {
@@ -118,7 +130,7 @@ func placeKeys(t *testing.T, c *pgx.Conn, tree string) [3][]int64 {
 	}
 	var by [3][]int64
 	for i := range by {
-		by[i] = slices.Sorted(maps.Keys(nodeRows(t, i, tree)))
+		by[i] = slices.Sorted(maps.Keys(tenantRows(t, i, db, tree)))
 		if len(by[i]) < 4 {
 			t.Fatalf("node %d holds ids %v of %s: the test needs at least 4 on every node", i, by[i], tree)
 		}
@@ -578,4 +590,74 @@ func TestTransactionDecisionClaimed(t *testing.T) {
 	}
 	// The session goes on.
 	mustExec(t, c, `INSERT INTO acct (id, bal) VALUES ($1, 3)`, a)
+}
+
+// TestTransactionTenantDecision commits across nodes in a tenant's own
+// database and crashes after the decision: the decision must be in that
+// database's log on the catalog node (written by the transaction itself),
+// and a new proxy must find it there and commit the rest.
+func TestTransactionTenantDecision(t *testing.T) {
+	resetNodes(t)
+	const db = "lattice_tx_tenant"
+	for i := 0; i < 3; i++ {
+		admin := connect(t, testNodeDSN(t, i))
+		mustExec(t, admin, "DROP DATABASE IF EXISTS "+db+" WITH (FORCE)")
+		mustExec(t, admin, "CREATE DATABASE "+db)
+	}
+	t.Cleanup(func() {
+		for i := 0; i < 3; i++ {
+			if c, err := pgx.Connect(context.Background(), testNodeDSN(t, i)); err == nil {
+				c.Exec(context.Background(), "DROP DATABASE IF EXISTS "+db+" WITH (FORCE)")
+				c.Close(context.Background())
+			}
+		}
+	})
+	recovery := []string{"--tx-recover-interval", "200ms", "--tx-abort-after", "3s"}
+	p1 := startProxyEnv(t, 3, []string{"LATTICE_TEST_CRASH_2PC=after-decision"}, recovery...)
+	c := connect(t, p1.DSN(db))
+	by := placeKeysIn(t, c, db, "acct")
+	a, b := by[0][0], by[1][0]
+	mustExec(t, c, `BEGIN`)
+	mustExec(t, c, `INSERT INTO acct (id, bal) VALUES ($1, 1)`, a)
+	mustExec(t, c, `INSERT INTO acct (id, bal) VALUES ($1, 2)`, b)
+	if _, err := c.Exec(context.Background(), `COMMIT`); err == nil {
+		t.Fatal("COMMIT succeeded through a proxy that should have crashed")
+	}
+	if !p1.WaitExit(30 * time.Second) {
+		t.Fatal("the proxy did not crash at the hook")
+	}
+	// The catalog node's part committed with the decision, in the tenant's
+	// database; the other node's part waits prepared.
+	if got := tenantRows(t, 0, db, "acct"); !maps.Equal(got, map[int64]int64{a: 1}) {
+		t.Fatalf("catalog node rows %v after the decision", got)
+	}
+	logc := connect(t, testNode(t, 0).DSN(db))
+	n, err := queryStrings(t, logc, `SELECT count(*) FROM lattice_meta.commit_decisions WHERE state = 'committed'`)
+	if err != nil || n[0] != "1" {
+		t.Fatalf("decision rows in the tenant's log: %v %v", n, err)
+	}
+
+	p2 := startProxy(t, 3, recovery...)
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		n, err := queryStrings(t, logc, `SELECT count(*) FROM lattice_meta.commit_decisions`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n[0] == "0" && len(latticePrepared(t, 3)) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not recovered after 60s: %s decision rows, prepared %v\n%s", n[0], latticePrepared(t, 3), p2.Log())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	want := map[int64]int64{a: 1, b: 2}
+	got := map[int64]int64{}
+	for i := 0; i < 3; i++ {
+		maps.Copy(got, tenantRows(t, i, db, "acct"))
+	}
+	if !maps.Equal(got, want) {
+		t.Fatalf("rows on the nodes %v, want %v", got, want)
+	}
 }
