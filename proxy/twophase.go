@@ -665,7 +665,11 @@ func (t *TwoPhase) recoverOnce(ctx context.Context) error {
 				unseen = append(unseen, x.gid)
 			}
 		}
-		fresh, err := t.readLog(ctx, db, unseen)
+		fresh := map[string]decision{}
+		var err error
+		if len(unseen) > 0 {
+			fresh, err = t.readLog(ctx, db, unseen)
+		}
 		if err != nil {
 			firstErr = cmp.Or(firstErr, fmt.Errorf("read the decision log of database %s: %w", db, err))
 			continue
@@ -794,9 +798,6 @@ func (t *TwoPhase) writerGone(ctx context.Context, gid string, since time.Time) 
 // is nil. A database without a log has no decisions.
 func (t *TwoPhase) readLog(ctx context.Context, database string, gids []string) (map[string]decision, error) {
 	out := map[string]decision{}
-	if gids != nil && len(gids) == 0 {
-		return out, nil
-	}
 	pool, err := t.logPool(ctx, database)
 	if err != nil {
 		return nil, err
