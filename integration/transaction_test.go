@@ -661,3 +661,48 @@ func TestTransactionTenantDecision(t *testing.T) {
 		t.Fatalf("rows on the nodes %v, want %v", got, want)
 	}
 }
+
+// TestTransactionRecoversLegacyDecisions: prepared transactions that a
+// proxy of the previous version left behind, with their decisions in its
+// log (lattice_meta.transactions of the default database), are finished by
+// the current recoverer: committed where that log says committed, rolled
+// back otherwise.
+func TestTransactionRecoversLegacyDecisions(t *testing.T) {
+	resetNodes(t)
+	cat := connect(t, testNodeDSN(t, 0))
+	mustExec(t, cat, `CREATE SCHEMA IF NOT EXISTS lattice_meta`)
+	mustExec(t, cat, `DROP TABLE IF EXISTS lattice_meta.transactions`)
+	mustExec(t, cat, `CREATE TABLE lattice_meta.transactions (gid text PRIMARY KEY, database text NOT NULL,
+		participants text[] NOT NULL, state text NOT NULL, created timestamptz NOT NULL DEFAULT now(), owner text NOT NULL)`)
+	t.Cleanup(func() { cat.Exec(context.Background(), `DROP TABLE IF EXISTS lattice_meta.transactions`) })
+	const committed, undecided = "lattice_0123456789ab_1", "lattice_0123456789ab_2"
+	mustExec(t, cat, `INSERT INTO lattice_meta.transactions (gid, database, participants, state, owner) VALUES
+		($1, 'lattice', '{n2,n3}', 'committed', '0123456789ab'), ($2, 'lattice', '{n2,n3}', 'preparing', '0123456789ab')`, committed, undecided)
+	for i := 1; i <= 2; i++ {
+		c := connect(t, testNodeDSN(t, i))
+		mustExec(t, c, `CREATE TABLE legacy (gid text)`)
+		for _, gid := range []string{committed, undecided} {
+			mustExec(t, c, `BEGIN`)
+			mustExec(t, c, `INSERT INTO legacy VALUES ($1)`, gid)
+			mustExec(t, c, `PREPARE TRANSACTION '`+gid+`'`)
+		}
+	}
+	p := startProxy(t, 3, "--tx-recover-interval", "200ms", "--tx-abort-after", "1s")
+	deadline := time.Now().Add(60 * time.Second)
+	for len(latticePrepared(t, 3)) > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("prepared transactions still there after 60s: %v\n%s", latticePrepared(t, 3), p.Log())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	for i := 1; i <= 2; i++ {
+		c := connect(t, testNodeDSN(t, i))
+		got, err := queryStrings(t, c, `SELECT gid FROM legacy`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(got, []string{committed}) {
+			t.Fatalf("node %d holds %v, want only the committed transaction's row", i, got)
+		}
+	}
+}

@@ -720,6 +720,9 @@ func (t *TwoPhase) resolve(ctx context.Context, x preparedXact, d decision, deci
 	if _, live := t.live.Load(x.gid); live {
 		return
 	}
+	if !decided && t.legacyCommitted(ctx, x.gid) {
+		d, decided = decision{state: "committed"}, true
+	}
 	if !decided {
 		if x.age < t.cfg.AbortAfter && !t.writerGone(ctx, x.gid, time.Time{}) {
 			return // the coordinator may be about to decide
@@ -768,6 +771,27 @@ func (t *TwoPhase) claim(ctx context.Context, database, gid string) (string, err
 	var state string
 	err = pool.QueryRow(ctx, `SELECT state FROM `+decisionTable+` WHERE gid = $1`, gid).Scan(&state)
 	return state, err
+}
+
+// legacyLog is the decision log of Lattice before the decision moved into
+// the catalog node's own transaction: one table in the default tenant's
+// database, rows 'preparing', 'committed' or 'aborted', gids without a pid.
+const legacyLog = "lattice_meta.transactions"
+
+// legacyCommitted reports whether gid, in the old format, has a commit
+// decision in the old log, so that a transaction an old proxy left
+// prepared after deciding it is still committed after an upgrade.
+func (t *TwoPhase) legacyCommitted(ctx context.Context, gid string) bool {
+	if strings.Count(gid, "_") != 2 {
+		return false
+	}
+	pool, err := t.logPool(ctx, t.cfg.Cluster.DefaultTenant())
+	if err != nil {
+		return false
+	}
+	var n int
+	err = pool.QueryRow(ctx, `SELECT count(*) FROM `+legacyLog+` WHERE gid = $1 AND state = 'committed'`, gid).Scan(&n)
+	return err == nil && n > 0
 }
 
 // writerGone reports whether the catalog node's backend named in gid,
