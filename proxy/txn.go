@@ -11,6 +11,7 @@ import (
 
 	"github.com/lattice-db/lattice/pgshard"
 	"github.com/lattice-db/lattice/router"
+	"github.com/lattice-db/lattice/sqlstate"
 )
 
 // Transactions over several nodes.
@@ -187,7 +188,7 @@ func (s *session) commitConns(ctx context.Context) error {
 		return execAll(ctx, conns, "COMMIT")[0]
 	case s.srv.twoPhase == nil:
 		execAll(ctx, conns, "ROLLBACK")
-		return Errorf("0A000", "this transaction spans %s, and this proxy has no two-phase commit coordinator", nodeList(conns))
+		return Errorf(sqlstate.FeatureNotSupported, "this transaction spans %s, and this proxy has no two-phase commit coordinator", nodeList(conns))
 	}
 	return s.srv.twoPhase.commit(ctx, s.tenant, conns)
 }
@@ -259,7 +260,7 @@ func execEach(ctx context.Context, conns []*pgshard.Conn, sqls []string) (tags [
 		be.Frontend.Send(&pgproto3.Query{String: sqls[i]})
 		if err := be.Frontend.Flush(); err != nil {
 			be.MarkBroken()
-			errs[i] = Errorf("08006", "lost connection to node %s: %v", be.Node, err)
+			errs[i] = Errorf(sqlstate.ConnectionFailure, "lost connection to node %s: %v", be.Node, err)
 		}
 	}
 	for i, be := range conns {
@@ -279,7 +280,7 @@ func readResult(be *pgshard.Conn, tag *string) error {
 		msg, err := be.Frontend.Receive()
 		if err != nil {
 			be.MarkBroken()
-			return Errorf("08006", "lost connection to node %s: %v", be.Node, err)
+			return Errorf(sqlstate.ConnectionFailure, "lost connection to node %s: %v", be.Node, err)
 		}
 		switch m := msg.(type) {
 		case *pgproto3.CommandComplete:
