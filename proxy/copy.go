@@ -338,6 +338,7 @@ func (ci *copyIn) readResult(s *session, cn *copyNode) {
 		switch m := msg.(type) {
 		case *pgproto3.CommandComplete:
 			cn.count += rowsAffected(m.CommandTag)
+			cn.be.NoteCommand(m.CommandTag)
 		case *pgproto3.ErrorResponse:
 			if ci.err == nil {
 				cp := *m // the message is reused by the next Receive
@@ -380,7 +381,6 @@ func commitCopy(ctx context.Context, s *session, nodes []*copyNode) *pgproto3.Er
 	conns := make([]*pgshard.Conn, len(nodes))
 	for i, cn := range nodes {
 		conns[i] = cn.be
-		cn.be.Wrote = true // a node joins a COPY with its first row
 	}
 	var err error
 	switch {
