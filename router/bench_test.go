@@ -106,3 +106,29 @@ func BenchmarkPlanShape(b *testing.B) {
 		_ = plans[0].Render("lattice_s0005")
 	}
 }
+
+// BenchmarkShapeScan is the scan under every plan-cache lookup of the
+// simple protocol: pg_query's Scan (cgo and a protobuf decode), which the
+// router used before, against the pure-Go lexer that replaces it; both
+// give the token list and the shape key.
+func BenchmarkShapeScan(b *testing.B) {
+	for _, c := range []struct{ name, sql string }{
+		{"point", "SELECT sku, name, price, qty FROM catalogue WHERE sku = 'k12345'"},
+		{"pgbench-update", "UPDATE pgbench_accounts SET abalance = abalance + -4123 WHERE aid = 81234;"},
+	} {
+		for _, s := range []struct {
+			name string
+			fn   func(string) ([]token, string, bool)
+		}{{"pg_query", pgScan}, {"lexer", lex}} {
+			b.Run(c.name+"/"+s.name, func(b *testing.B) {
+				if _, _, ok := s.fn(c.sql); !ok {
+					b.Fatal("no scan")
+				}
+				b.ReportAllocs()
+				for i := 0; i < b.N; i++ {
+					s.fn(c.sql)
+				}
+			})
+		}
+	}
+}
