@@ -3,6 +3,8 @@ package router
 import (
 	"fmt"
 	"testing"
+
+	"github.com/lattice-db/lattice/shardmap"
 )
 
 const benchPoint = "SELECT sku, name, price, qty FROM catalogue WHERE sku = $1"
@@ -129,6 +131,24 @@ func BenchmarkShapeScan(b *testing.B) {
 					s.fn(c.sql)
 				}
 			})
+		}
+	}
+}
+
+// BenchmarkResolveSingle resolves a point select's plan against a map and
+// a binary Bind: hash the key, find its shard, render the statement.
+func BenchmarkResolveSingle(b *testing.B) {
+	plans, err := NewPlanner(0).Plan("SELECT id, customer, total FROM orders WHERE id = $1", testTrees(), 1)
+	if err != nil {
+		b.Fatal(err)
+	}
+	v := &shardmap.View{Maps: map[string]*shardmap.Map{"orders": shardmap.NewIdentityMap("t", "orders", 4096, 16, []string{"n1"})}}
+	bind := &Bind{Params: [][]byte{be8(42)}, Formats: []int16{1}, OIDs: []uint32{20}}
+	b.ReportAllocs()
+	for i := 0; i < b.N; i++ {
+		r, err := Resolve(v, plans[0], bind)
+		if err != nil || len(r.Targets) != 1 {
+			b.Fatal(err)
 		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"math"
 	"slices"
 	"strconv"
+	"sync"
 
 	"github.com/jackc/pgx/v5/pgtype"
 
@@ -109,7 +110,20 @@ func Resolve(v *shardmap.View, p *Plan, b *Bind) (*Routing, error) {
 	if m == nil {
 		return nil, &Error{Code: "58000", Message: "tree " + strconv.Quote(p.Tree.Name) + " has no shard map"}
 	}
-	r := &Routing{Limit: -1, PerNode: -1}
+	var r *Routing
+	if p.Kind == Single {
+		// The routing of one statement and its target in one allocation:
+		// this is every point query's path.
+		one := &struct {
+			r Routing
+			t [1]Target
+		}{}
+		r = &one.r
+		r.Targets = one.t[:0]
+	} else {
+		r = &Routing{}
+	}
+	r.Limit, r.PerNode = -1, -1
 	var err *Error
 	switch p.Kind {
 	case Single:
@@ -147,7 +161,7 @@ func (r *Routing) single(m *shardmap.Map, p *Plan, b *Bind) *Error {
 	}
 	sh := m.Owner(slot)
 	r.Frozen = m.IsFrozen(slot)
-	r.Targets = []Target{{Node: sh.Node, Shard: sh.Index, SQL: p.Render(shardmap.SchemaName(sh.Index))}}
+	r.Targets = append(r.Targets, Target{Node: sh.Node, Shard: sh.Index, SQL: p.Render(schemaName(sh.Index))})
 	return nil
 }
 
@@ -174,7 +188,7 @@ func (r *Routing) insertSplit(m *shardmap.Map, p *Plan, b *Bind) *Error {
 	}
 	for i := range r.Targets {
 		t := &r.Targets[i]
-		t.SQL, t.Params = p.RenderRows(shardmap.SchemaName(t.Shard), t.Rows)
+		t.SQL, t.Params = p.RenderRows(schemaName(t.Shard), t.Rows)
 	}
 	return nil
 }
@@ -184,7 +198,7 @@ func (r *Routing) writeAll(m *shardmap.Map, p *Plan) {
 	for _, g := range nodeGroups(m, nil) {
 		for _, idx := range g.shards {
 			r.Mixed = r.Mixed || m.Shards[idx].Mixed
-			r.Targets = append(r.Targets, Target{Node: g.node, Shard: idx, SQL: p.Render(shardmap.SchemaName(idx))})
+			r.Targets = append(r.Targets, Target{Node: g.node, Shard: idx, SQL: p.Render(schemaName(idx))})
 		}
 	}
 }
@@ -227,7 +241,7 @@ func (r *Routing) copyPlan(m *shardmap.Map, p *Plan) *Error {
 		}
 		sh := m.Owner(slot)
 		r.Frozen = m.IsFrozen(slot)
-		srcs := Schemas(shardmap.SchemaName(sh.Index))
+		srcs := Schemas(schemaName(sh.Index))
 		r.Targets = []Target{{Node: sh.Node, Shard: sh.Index, Sources: srcs, SQL: p.RenderCopyTo(srcs, true)}}
 		return nil
 	}
@@ -240,6 +254,23 @@ func (r *Routing) copyPlan(m *shardmap.Map, p *Plan) *Error {
 		r.Targets = append(r.Targets, Target{Node: g.node, Shard: -1, Sources: srcs, SQL: p.RenderCopyTo(srcs, i == 0)})
 	}
 	return nil
+}
+
+// schemaNames are the schemas of the first shards, named once: naming the
+// shard is on every statement's path, and fmt is slow.
+var schemaNames = sync.OnceValue(func() []string {
+	out := make([]string, 1024)
+	for i := range out {
+		out[i] = shardmap.SchemaName(i)
+	}
+	return out
+})
+
+func schemaName(idx int) string {
+	if idx >= 0 && idx < 1024 {
+		return schemaNames()[idx]
+	}
+	return shardmap.SchemaName(idx)
 }
 
 // nodeGroup is the owning shards of a tree on one node, in shard order.
@@ -274,7 +305,7 @@ func nodeGroups(m *shardmap.Map, only map[int]bool) []nodeGroup {
 func sources(m *shardmap.Map, t *shardmap.Tree, shards []int) []Source {
 	out := make([]Source, len(shards))
 	for i, idx := range shards {
-		out[i] = Source{Schema: shardmap.SchemaName(idx)}
+		out[i] = Source{Schema: schemaName(idx)}
 		if m.Shards[idx].Mixed {
 			out[i].Filter = pgshard.SlotPredicate(t, "", m.SlotRanges(idx))
 		}
