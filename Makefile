@@ -37,7 +37,7 @@ test: tools
 # already run every target's corpus (testdata/fuzz) with -race. A failing
 # input is written to the package's testdata/fuzz/<target>/ and fails the run.
 FUZZX ?= 1
-FUZZ_TARGETS = ./router:FuzzPlan:80000 ./router:FuzzRoute:65000 ./router:FuzzLexer:75000 \
+FUZZ_TARGETS = ./router:FuzzPlan:80000 ./router:FuzzRoute:65000 ./router:FuzzLexer:100000 \
 	./proxy:FuzzHandshake:70000 ./proxy:FuzzSession:75000 ./proxy:FuzzCopySplit:35000 ./proxy:FuzzCopyParse:60000
 
 fuzz:
