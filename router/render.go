@@ -4,7 +4,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
 
 	pg "github.com/pganalyze/pg_query_go/v6"
 
@@ -407,19 +406,9 @@ func safeIdent(s string) bool {
 	return true
 }
 
-var keywordCache sync.Map // string -> bool
-
 // isKeyword reports whether s is a keyword that quote_ident would quote
-// (any keyword but an unreserved one), asking PostgreSQL's own scanner.
+// (any keyword but an unreserved one), by PostgreSQL's own keyword table.
 func isKeyword(s string) bool {
-	if v, ok := keywordCache.Load(s); ok {
-		return v.(bool)
-	}
-	kw := false
-	if res, err := pg.Scan(s); err == nil && len(res.Tokens) == 1 {
-		k := res.Tokens[0].KeywordKind
-		kw = k != pg.KeywordKind_NO_KEYWORD && k != pg.KeywordKind_UNRESERVED_KEYWORD
-	}
-	keywordCache.Store(s, kw)
-	return kw
+	k, ok := keywords()[s]
+	return ok && k.kw != pg.KeywordKind_UNRESERVED_KEYWORD
 }
