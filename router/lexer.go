@@ -124,12 +124,10 @@ func lex(sql string) ([]token, string, bool) {
 			emit(pg.Token_SQL_COMMENT, 0, i, j)
 			i = j
 		case c == '/' && i+1 < n && sql[i+1] == '*':
-			body := sql[i+2:]
-			stop := strings.Index(body, "*/")
-			if stop < 0 || strings.Contains(body[:stop], "/*") {
+			j, ok := comment(sql, i)
+			if !ok {
 				return nil, "", false // unterminated, or nested
 			}
-			j := i + 2 + stop + 2
 			emit(pg.Token_C_COMMENT, 0, i, j)
 			i = j
 		case c == '\'':
@@ -236,6 +234,21 @@ func quoted(sql string, i int, q byte) (int, bool) {
 			continue
 		}
 		return j + 1, true
+	}
+	return 0, false
+}
+
+// comment returns the end of the /* comment starting at sql[i], read from
+// left to right as the scanner reads it: a "/*" before the first "*/",
+// even one sharing its star ("/*/*/"), opens a nested comment.
+func comment(sql string, i int) (int, bool) {
+	for k := i + 2; k+1 < len(sql); k++ {
+		switch {
+		case sql[k] == '/' && sql[k+1] == '*':
+			return 0, false
+		case sql[k] == '*' && sql[k+1] == '/':
+			return k + 2, true
+		}
 	}
 	return 0, false
 }
