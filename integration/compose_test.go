@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -160,6 +161,8 @@ func TestComposedFunctions(t *testing.T) {
 		{sql: `SELECT lattice_reshard_complete('cf') AND true`, head: "?column?:16", want: []string{"true"}},
 		{sql: `SELECT lattice_reshard_complete('cf'), 1 AS one`, head: "lattice_reshard_complete:16,one:23", want: []string{"true|1"}},
 		{sql: `SELECT * FROM lattice_reshard_complete('cf') AS done`, head: "done:16", want: []string{"true"}},
+		{sql: `SELECT (SELECT lattice_reshard_complete('cf')), (SELECT count(*) FROM lattice_shards('cf'))`,
+			head: "lattice_reshard_complete:16,count:20", want: []string{"true|8"}},
 		{sql: `SELECT shard, ordinality FROM lattice_shards('cf') WITH ORDINALITY ORDER BY ordinality`, head: "shard:23,ordinality:20", want: ordinal, ordered: true},
 		{sql: `SELECT * FROM lattice_shards($1)`, args: []any{"cf"}, head: shardHead, want: all},
 		{sql: `SELECT shard, rows_estimate FROM lattice_shards($1) WHERE node = $2 ORDER BY shard`, args: []any{"cf", node},
@@ -252,4 +255,48 @@ func hintOf(pe *pgconn.PgError) string {
 		return ""
 	}
 	return pe.Hint
+}
+
+// TestFunctionsInTransaction: lattice_create_tree is refused inside a
+// transaction block (25001), and lattice_reshard acts at once there and is
+// not undone by ROLLBACK (DESIGN section 7).
+func TestFunctionsInTransaction(t *testing.T) {
+	resetNodes(t)
+	p := startProxy(t, 2)
+	ctx := context.Background()
+	c := connect(t, p.DSN("lattice"))
+	mustExec(t, c, `CREATE TABLE cf_tx (id bigint PRIMARY KEY)`)
+	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeSimpleProtocol, pgx.QueryExecModeCacheStatement} {
+		mustExec(t, c, `BEGIN`)
+		mustExec(t, c, `INSERT INTO cf_tx VALUES (1)`)
+		// Without the refusal it would wait for the transaction's own lock.
+		cctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		_, err := c.Exec(cctx, `SELECT lattice_create_tree('cf_tx', 'id', shard_count => 2)`, mode)
+		cancel()
+		var pe *pgconn.PgError
+		if !errors.As(err, &pe) || pe.Code != "25001" || pe.Hint == "" {
+			t.Fatalf("lattice_create_tree in a transaction block: %v, want 25001 with a hint", err)
+		}
+		mustExec(t, c, `ROLLBACK`)
+	}
+	mustExec(t, c, `SELECT lattice_create_tree('cf_tx', 'id', shard_count => 2)`)
+	mustExec(t, c, `BEGIN`)
+	mustExec(t, c, `SELECT lattice_reshard('cf_tx', 4)`)
+	mustExec(t, c, `ROLLBACK`)
+	var phase string
+	var owning int64
+	const status = `SELECT s.phase, (SELECT count(*) FROM lattice_shards('cf_tx') WHERE slot_count > 0) FROM lattice_reshard_status('cf_tx') s`
+	if err := c.QueryRow(ctx, status).Scan(&phase, &owning); err != nil || phase == "idle" && owning != 4 {
+		t.Fatalf("after ROLLBACK: phase %q, %d shards own slots (%v): lattice_reshard was undone", phase, owning, err)
+	}
+	deadline := time.Now().Add(90 * time.Second)
+	for phase != "idle" || owning != 4 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the reshard did not finish: phase %q, %d shards own slots", phase, owning)
+		}
+		time.Sleep(200 * time.Millisecond)
+		if err := c.QueryRow(ctx, status).Scan(&phase, &owning); err != nil {
+			t.Fatal(err)
+		}
+	}
 }

@@ -555,6 +555,9 @@ func (s *session) callFunction(ctx context.Context, f *router.FuncCall, args []*
 		return
 	}
 	fields, err := s.srv.functions.Describe(f.Name)
+	if err == nil {
+		err = s.functionGuard(f.Name)
+	}
 	if err != nil {
 		s.fail(err, !withDesc)
 		return

@@ -7,6 +7,7 @@ import (
 
 	pg "github.com/pganalyze/pg_query_go/v6"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 )
 
 // A SELECT that uses lattice_* functions as PostgreSQL uses table
@@ -300,17 +301,37 @@ func nameTargets(list []*pg.Node) *Error {
 		if rt == nil || rt.Name != "" || rt.Val == nil {
 			continue
 		}
-		w := walkStmt(rt.Val)
-		if len(w.lattice) == 0 {
+		fc := valueCall(rt.Val.ProtoReflect())
+		if fc == nil {
 			continue
 		}
 		name, ok := figureName(rt.Val)
 		if !ok {
-			return refused("Name the column: ... AS name.", "cannot tell the column name PostgreSQL would give this expression around %s", latticeName(w.lattice[0]))
+			return refused("Name the column: ... AS name.", "cannot tell the column name PostgreSQL would give this expression around %s", latticeName(fc))
 		}
 		rt.Name = name
 	}
 	return nil
+}
+
+// valueCall finds a lattice call that is a value in this expression, not
+// in a subquery (whose own select list is named in its turn).
+func valueCall(m protoreflect.Message) *pg.FuncCall {
+	switch v := m.Interface().(type) {
+	case *pg.FuncCall:
+		if isLatticeName(v.Funcname) {
+			return v
+		}
+	case *pg.SelectStmt:
+		return nil
+	}
+	var found *pg.FuncCall
+	eachChild(m, func(c protoreflect.Message) {
+		if found == nil {
+			found = valueCall(c)
+		}
+	})
+	return found
 }
 
 // callPieces cuts the deparsed statement at each call placeholder; every
