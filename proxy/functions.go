@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/lattice-db/lattice/router"
+	"github.com/lattice-db/lattice/sqlstate"
 )
 
 // Functions runs the lattice_* SQL functions. cmd/lattice wires it to the
@@ -60,7 +61,7 @@ func (s *session) funcParamType(f *router.FuncCall, n int) uint32 {
 // not undo it.
 func (s *session) functionGuard(name string) error {
 	if name == "lattice_create_tree" && s.tx.active && !s.tx.implicit {
-		e := Errorf("25001", "lattice_create_tree cannot run inside a transaction block")
+		e := Errorf(sqlstate.ActiveSQLTransaction, "lattice_create_tree cannot run inside a transaction block")
 		e.Hint = "commit the transaction (the table must be committed too), then call lattice_create_tree on its own"
 		return e
 	}

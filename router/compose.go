@@ -8,6 +8,8 @@ import (
 	pg "github.com/pganalyze/pg_query_go/v6"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
+
+	"github.com/lattice-db/lattice/sqlstate"
 )
 
 // A SELECT that uses lattice_* functions as PostgreSQL uses table
@@ -149,7 +151,7 @@ func (p *planner) composeRoute(root proto.Message, w *walker, stmt string) route
 			return refusedRoute(refused("Call it in a statement of its own: SELECT "+name+"(...) or SELECT * FROM "+name+"(...); then read lattice_reshard_status or lattice_shards, which compose.",
 				"%s changes the cluster and runs only in a statement of its own, not as part of a larger SELECT", name))
 		}
-		return refusedRoute(&Error{Code: "42883", Message: fmt.Sprintf("function %s does not exist", name),
+		return refusedRoute(&Error{Code: sqlstate.UndefinedFunction, Message: fmt.Sprintf("function %s does not exist", name),
 			Hint: "Lattice provides lattice_create_tree, lattice_trees, lattice_shards, lattice_reshard, lattice_reshard_complete and lattice_reshard_status"})
 	}
 	if len(w.lattice) > maxComposedCalls {

@@ -28,6 +28,13 @@ const (
 	FeatureNotSupported = "0A000"
 )
 
+// Class 21, cardinality violation.
+const (
+	// CardinalityViolation: a lattice_* function used as a value in a
+	// composed statement returned other than one row.
+	CardinalityViolation = "21000"
+)
+
 // Class 22, data exception.
 const (
 	// NumericValueOutOfRange: a COPY row's integer shard key overflows its
