@@ -1,12 +1,15 @@
 package proxy
 
 import (
+	"context"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgproto3"
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/lattice-db/lattice/router"
+	"github.com/lattice-db/lattice/sqlstate"
 )
 
 func TestRenderComposed(t *testing.T) {
@@ -56,5 +59,65 @@ func TestArrayLiterals(t *testing.T) {
 	}
 	if got, want := escapeLiteral([]byte(`it's \ok`)), `E'it''s \\ok'`; got != want {
 		t.Errorf("escapeLiteral: %s, want %s", got, want)
+	}
+}
+
+// fakeFunctions returns rows rows of one text column of size bytes.
+type fakeFunctions struct {
+	cols       int
+	rows, size int
+}
+
+func (f fakeFunctions) Describe(name string) ([]pgproto3.FieldDescription, error) {
+	out := make([]pgproto3.FieldDescription, f.cols)
+	for i := range out {
+		out[i] = pgproto3.FieldDescription{Name: []byte("c"), DataTypeOID: pgtype.TextOID}
+	}
+	return out, nil
+}
+
+func (f fakeFunctions) Call(context.Context, string, string, []*string, map[string]*string) ([][]any, error) {
+	rows := make([][]any, f.rows)
+	for i := range rows {
+		rows[i] = make([]any, f.cols)
+		for j := range rows[i] {
+			rows[i][j] = strings.Repeat("x", f.size)
+		}
+	}
+	return rows, nil
+}
+
+// TestEvalComposedRefuses checks the bounds of evaluating a composed
+// statement's calls: a value call of several columns or other than one
+// row, and rows past maxComposedBytes.
+func TestEvalComposedRefuses(t *testing.T) {
+	cases := []struct {
+		sql  string
+		fn   fakeFunctions
+		code string
+	}{
+		{`SELECT NOT lattice_reshard_complete('t')`, fakeFunctions{cols: 2, rows: 1, size: 1}, sqlstate.FeatureNotSupported},
+		{`SELECT NOT lattice_reshard_complete('t')`, fakeFunctions{cols: 1, rows: 2, size: 1}, sqlstate.CardinalityViolation},
+		{`SELECT NOT lattice_reshard_complete('t')`, fakeFunctions{cols: 1, rows: 0, size: 1}, sqlstate.CardinalityViolation},
+		{`SELECT count(*) FROM lattice_shards('t')`, fakeFunctions{cols: 1, rows: 17, size: 1 << 20}, sqlstate.ProgramLimitExceeded},
+		{`SELECT count(*) FROM lattice_shards('t')`, fakeFunctions{cols: 1, rows: 15, size: 1 << 20}, ""},
+	}
+	planner := router.NewPlanner(0)
+	for _, c := range cases {
+		plans, err := planner.Plan(c.sql, nil, 0)
+		if err != nil || plans[0].Compose == nil {
+			t.Fatalf("%s: not composed (%v)", c.sql, err)
+		}
+		s := &session{srv: &Server{functions: c.fn}}
+		_, err = s.evalComposed(context.Background(), plans[0].Compose, func(*router.FuncCall) ([]*string, map[string]*string, error) {
+			return nil, nil, nil
+		})
+		got := ""
+		if err != nil {
+			got = AsError(err).Code
+		}
+		if got != c.code {
+			t.Errorf("%s with %+v: %v, want code %q", c.sql, c.fn, err, c.code)
+		}
 	}
 }

@@ -42,8 +42,15 @@ func TestComposeGolden(t *testing.T) {
 	if got != string(want) {
 		wl, gl := strings.Split(string(want), "\n"), strings.Split(got, "\n")
 		for i := range max(len(wl), len(gl)) {
-			if i >= len(wl) || i >= len(gl) || wl[i] != gl[i] {
-				t.Fatalf("golden mismatch at line %d:\n%s\n(run with -update to accept)", i+1, got)
+			var w, g string
+			if i < len(wl) {
+				w = wl[i]
+			}
+			if i < len(gl) {
+				g = gl[i]
+			}
+			if w != g {
+				t.Fatalf("golden mismatch at line %d:\nwant: %s\ngot:  %s\n(run with -update to accept)", i+1, w, g)
 			}
 		}
 	}
