@@ -199,6 +199,12 @@ func (s *session) bind(ctx context.Context, m *pgproto3.Bind) {
 			return
 		}
 	case router.Function:
+		if p.Compose != nil {
+			if !s.bindComposed(ctx, portal, m) {
+				return
+			}
+			break
+		}
 		for i := range p.Func.Args {
 			a, err := s.funcArg(p.Func.Args[i], m, st.oids)
 			if err != nil {
@@ -381,6 +387,10 @@ func (s *session) describe(ctx context.Context, m *pgproto3.Describe) {
 	p := st.plan
 	if p == nil || p.Kind == router.Transaction || p.Kind == router.SessionSet || p.Kind == router.Discard || p.Kind == router.DDL || isListenPlan(p) {
 		s.x.synthetic(&pgproto3.ParameterDescription{ParameterOIDs: st.oids}, &pgproto3.NoData{})
+		return
+	}
+	if p.Kind == router.Function && p.Compose != nil {
+		s.describeComposed(ctx, st)
 		return
 	}
 	if p.Kind == router.Function {

@@ -89,6 +89,10 @@ func (s *session) simpleOne(ctx context.Context, v *shardmap.View, p *router.Pla
 	case router.SessionSet, router.Discard:
 		s.sessionCommand(ctx, p, false)
 	case router.Function:
+		if p.Compose != nil {
+			s.simpleComposed(ctx, p)
+			return
+		}
 		args, named := literalArgs(p.Func)
 		s.callFunction(ctx, p.Func, args, named, nil, true)
 	case router.LocalSet:
@@ -549,6 +553,9 @@ func (s *session) callFunction(ctx context.Context, f *router.FuncCall, args []*
 		return
 	}
 	fields, err := s.srv.functions.Describe(f.Name)
+	if err == nil {
+		err = s.functionGuard(f.Name)
+	}
 	if err != nil {
 		s.fail(err, !withDesc)
 		return

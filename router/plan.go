@@ -125,8 +125,12 @@ func (p *planner) plan(n *pg.Node, start, end int) *Plan {
 			pl.Kind, pl.Err = Refused, refused("EXPLAIN a single-row INSERT instead.",
 				"EXPLAIN of a multi-row INSERT into tree %s is not supported: its rows may go to several shards", qn(r.tree.Name))
 		case Function:
+			fn := r.fn
+			if r.comp != nil {
+				fn = r.comp.Calls[0].Call
+			}
 			pl.Kind, pl.Err = Refused, refused("Call the function without EXPLAIN.",
-				"EXPLAIN of %s is not supported: lattice functions run in the proxy", r.fn.Name)
+				"EXPLAIN of %s is not supported: lattice functions run in the proxy", fn.Name)
 		case FanOut:
 			pl.Kind, pl.Err = Refused, refused("EXPLAIN it with "+r.tree.KeyColumn+" = <value> in WHERE to see the plan on one shard.",
 				"EXPLAIN of a SELECT over several shards of tree %s is not supported", qn(r.tree.Name))
@@ -150,7 +154,7 @@ func (p *planner) apply(pl *Plan, r route, start, end int) {
 	case Refused:
 		pl.Err = r.err
 	case Function:
-		pl.Func, pl.Tag = r.fn, "SELECT"
+		pl.Func, pl.Compose, pl.Tag = r.fn, r.comp, "SELECT"
 	case FanOut:
 		pl.Keys, pl.KeyArray = r.keys, r.keyArray
 		if r.fan.agg != nil {
@@ -215,6 +219,7 @@ type route struct {
 	key      Value
 	rows     []Value
 	fn       *FuncCall
+	comp     *ComposePlan // Function: a composed statement (fn is nil)
 	err      *Error
 
 	rv       *pg.RangeVar    // the tree reference
@@ -257,18 +262,15 @@ func (p *planner) route(n *pg.Node) route {
 	name := stmtName(n)
 	w := walkStmt(root)
 
-	// lattice_* functions: only SELECT f(...) or SELECT * FROM f(...).
+	// lattice_* functions: SELECT f(...) and SELECT * FROM f(...) are
+	// answered by the proxy alone; other SELECTs compose (compose.go).
 	if len(w.lattice) > 0 {
 		if sel, ok := root.(*pg.SelectStmt); ok && len(w.lattice) == 1 {
 			if fc, ok := functionCall(sel); ok {
 				return route{kind: Function, fn: fc}
 			}
 		}
-		f := w.lattice[0]
-		fname := f.Funcname[len(f.Funcname)-1].GetString_().GetSval()
-		return refusedRoute(refused("Call it in a statement of its own: SELECT "+fname+"(...) or SELECT * FROM "+fname+"(...), with constant or $n arguments, and no alias, WHERE or other clause.",
-			"%s can only be called on its own, as SELECT %s(...) or SELECT * FROM %s(...) with constant or $n arguments, not as part of a larger %s",
-			fname, fname, fname, name))
+		return p.composeRoute(root, w, name)
 	}
 
 	// Which relations are trees?
@@ -718,6 +720,16 @@ func functionCall(s *pg.SelectStmt) (*FuncCall, bool) {
 	default:
 		return nil, false
 	}
+	out, ok := latticeCall(fc)
+	if ok {
+		out.Star = star
+	}
+	return out, ok
+}
+
+// latticeCall reads a call of a lattice_x function whose arguments are
+// constants or $n, unqualified or public-qualified.
+func latticeCall(fc *pg.FuncCall) (*FuncCall, bool) {
 	if fc == nil || len(fc.AggOrder) > 0 || fc.AggFilter != nil || fc.Over != nil || fc.AggWithinGroup ||
 		fc.AggStar || fc.AggDistinct || fc.FuncVariadic {
 		return nil, false
@@ -737,7 +749,7 @@ func functionCall(s *pg.SelectStmt) (*FuncCall, bool) {
 	if !strings.HasPrefix(name, "lattice_") {
 		return nil, false
 	}
-	out := &FuncCall{Name: name, Star: star}
+	out := &FuncCall{Name: name}
 	for _, a := range fc.Args {
 		if na := a.GetNamedArgExpr(); na != nil {
 			c, ok := asConstant(na.Arg)
