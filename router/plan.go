@@ -143,6 +143,7 @@ func (p *planner) plan(n *pg.Node, start, end int) *Plan {
 			p.apply(pl, p.route(n), start, end)
 		}
 	}
+	applyPins(pl, n)
 	return pl
 }
 

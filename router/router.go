@@ -201,6 +201,8 @@ type Plan struct {
 	Err       *Error         // Refused
 	Anywhere  bool           // Catalog: a read naming no relation, which any node can answer
 	Notify    bool           // Catalog: sends a notification (NOTIFY, pg_notify)
+	Pin       Pin            // Catalog: session state the statement leaves on its backend (pin.go)
+	Unpin     Pin            // Catalog: session state the statement ends
 	Tag       string         // command tag for statements the proxy answers itself ("BEGIN", "SET", "SELECT" for Function: append the row count)
 	Sort      []SortKey      // FanOut: ORDER BY keys, in order
 	Hidden    int            // FanOut: trailing result columns the proxy added for sort keys; the proxy drops them before rows reach the client
@@ -300,6 +302,12 @@ func (p *Plan) String() string {
 		if p.Copy.Query && p.Copy.QueryKind == Single {
 			b.WriteString(" key=" + p.Key.String())
 		}
+	}
+	if p.Pin != 0 {
+		b.WriteString(" pin=" + p.Pin.String())
+	}
+	if p.Unpin != 0 {
+		b.WriteString(" unpin=" + p.Unpin.String())
 	}
 	if p.Tag != "" {
 		b.WriteString(" tag=" + p.Tag)
