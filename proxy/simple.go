@@ -106,7 +106,12 @@ func (s *session) simpleOne(ctx context.Context, v *shardmap.View, p *router.Pla
 			s.fail(err, false)
 			return
 		}
+		if err := s.pinFor(ctx, p.Pin); err != nil {
+			s.fail(err, false)
+			return
+		}
 		s.forwardQuery(ctx, s.catalogTarget(p), p.SQL, false)
+		s.pinEnds(p.Unpin, false)
 	case router.Single:
 		sh, err := s.route(v, p, p.Key, nil, nil)
 		if err != nil {
@@ -225,8 +230,10 @@ func (s *session) simpleMulti(ctx context.Context, v *shardmap.View, plans []*ro
 	// txStmts are the statements that act on the whole transaction; they
 	// reach only the node this query string runs on.
 	var txStmts []*router.Plan
+	var pin, unpin router.Pin
 	for _, p := range plans {
 		var n, sql string
+		pin, unpin = pin|p.Pin, unpin|p.Unpin
 		if p.Kind == router.LocalSet || p.Kind == router.Transaction && p.Tx != router.Begin {
 			txStmts = append(txStmts, p)
 		}
@@ -293,7 +300,12 @@ func (s *session) simpleMulti(ctx context.Context, v *shardmap.View, plans []*ro
 			}
 		}
 	}
+	if err := s.pinFor(ctx, pin); err != nil {
+		s.fail(err, false)
+		return
+	}
 	s.forwardQuery(ctx, node, strings.Join(parts, ";\n"), false)
+	s.pinEnds(unpin&^pin, false)
 }
 
 // localSet runs SET LOCAL, SET TRANSACTION or SET CONSTRAINTS inside a
@@ -319,20 +331,13 @@ func (s *session) localSet(ctx context.Context, p *router.Plan, extended bool) {
 	s.tx.local = append(s.tx.local, p.SQL)
 }
 
-// catalogGuard refuses statements whose effect would be stranded on one
-// pooled backend: SQL-level prepared statements and the like.
+// catalogGuard refuses a notification the transaction could not commit.
 func (s *session) catalogGuard(p *router.Plan) error {
 	if p.Notify && slices.ContainsFunc(s.tx.conns, func(be *pgshard.Conn) bool { return be.Node != s.srv.catalogNode }) {
 		// It would join the catalog node to a transaction over several
 		// nodes, and PostgreSQL cannot prepare a transaction that notified.
 		e := Errorf("0A000", "cannot notify inside a transaction that already uses %s: notifications are sent from the catalog node, and a transaction over several nodes commits with PREPARE TRANSACTION, which PostgreSQL refuses after NOTIFY", nodeList(s.tx.conns))
 		e.Hint = "notify outside this transaction, or in a transaction that touches only the catalog node"
-		return e
-	}
-	switch firstWord(p.SQL) {
-	case "PREPARE", "EXECUTE":
-		e := Errorf("0A000", "SQL-level PREPARE and EXECUTE are not supported through the Lattice proxy")
-		e.Hint = "use the extended query protocol (your driver's prepared statements), which works across pooled backends"
 		return e
 	}
 	return nil
@@ -468,6 +473,7 @@ func (s *session) sessionCommand(ctx context.Context, p *router.Plan, extended b
 			return
 		}
 		s.settings.reset()
+		s.discardPin()
 		s.stmts = map[string]*clientStmt{}
 		s.portals = map[string]*clientPortal{}
 		// DISCARD ALL includes UNLISTEN *.
