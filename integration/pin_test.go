@@ -224,7 +224,10 @@ func TestPinAdvisoryLock(t *testing.T) {
 				t.Fatalf("round %d: another session took the advisory lock held by the pinned session", i)
 			}
 		}
-		mustExec(t, a, `SELECT 1`)
+		var held int
+		if err := a.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()`).Scan(&held); err != nil || held != 1 {
+			t.Fatalf("round %d: the session's own backend holds %d advisory locks (%v), want 1", i, held, err)
+		}
 	}
 	mustExec(t, a, `SELECT pg_advisory_unlock(4242)`)
 	wantPinned(t, p, 1) // one unlock cannot tell whether it was the last
