@@ -347,6 +347,10 @@ func (s *session) catalogGuard(p *router.Plan) error {
 // backend: each node the transaction touches gets BEGIN replayed before its
 // first statement. COMMIT over several nodes is a two-phase commit.
 func (s *session) txControl(ctx context.Context, p *router.Plan, extended bool) {
+	if p.Chain {
+		s.txChain(ctx, p, extended)
+		return
+	}
 	if p.Tx == router.Begin && s.tx.implicit {
 		// As in PostgreSQL, BEGIN inside an implicit transaction makes it
 		// a transaction block that includes what ran before.

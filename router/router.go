@@ -198,6 +198,7 @@ type Plan struct {
 	Tx        TxKind         // Transaction (and PrepareTx for a refused PREPARE TRANSACTION family statement)
 	TxOptions string         // BEGIN / START TRANSACTION options, e.g. "ISOLATION LEVEL SERIALIZABLE READ ONLY"
 	Savepoint string         // Savepoint, Release, RollbackTo: the savepoint name (case-folded)
+	Chain     bool           // Commit, Rollback: AND CHAIN, a new transaction like the one ended starts at once
 	Err       *Error         // Refused
 	Anywhere  bool           // Catalog: a read naming no relation, which any node can answer
 	Notify    bool           // Catalog: sends a notification (NOTIFY, pg_notify)
@@ -248,6 +249,9 @@ func (p *Plan) String() string {
 		}
 		if p.Savepoint != "" {
 			fmt.Fprintf(&b, " savepoint=%q", p.Savepoint)
+		}
+		if p.Chain {
+			b.WriteString(" chain")
 		}
 	case Refused:
 		fmt.Fprintf(&b, " %s %q", p.Err.Code, p.Err.Message)
