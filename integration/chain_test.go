@@ -171,3 +171,76 @@ func TestTransactionChain(t *testing.T) {
 		}
 	}
 }
+
+// TestMixedSetQuery: a query string that mixes SET or RESET with other
+// statements runs as PostgreSQL runs it, implicit transaction included: a
+// SET is kept only when the whole string succeeded, and one inside a
+// transaction block is undone by its rollback. The settings then follow
+// the session across pooled backends (two clients share two backends).
+func TestMixedSetQuery(t *testing.T) {
+	resetNodes(t)
+	p := startProxy(t, 2, "--pool-size", "2")
+	script := []string{
+		`SET statement_timeout = '5s'; SELECT 1`,
+		`SHOW statement_timeout`,
+		`SELECT 1; SET statement_timeout = '6s'`,
+		`SHOW statement_timeout`,
+		`SET statement_timeout = '7s'; SELECT 1/0`,
+		`SHOW statement_timeout`,
+		`SELECT 1/0; SET statement_timeout = '7s'`,
+		`SHOW statement_timeout`,
+		`BEGIN; SET statement_timeout = '8s'; SELECT 1`,
+		`SHOW statement_timeout`,
+		`ROLLBACK`,
+		`SHOW statement_timeout`,
+		`SET statement_timeout = '9s'; BEGIN; SELECT 2`,
+		`SHOW statement_timeout`,
+		`COMMIT`,
+		`SHOW statement_timeout`,
+		`SET search_path TO pg_catalog, public; SELECT current_schemas(false)`,
+		`SHOW search_path`,
+		`SET application_name = 'mixed'; SET lock_timeout = '3s'; SHOW lock_timeout`,
+		`SHOW application_name`,
+		`RESET ALL; SELECT 2`,
+		`SHOW statement_timeout`,
+		`SHOW application_name`,
+	}
+	direct := connect(t, testNodeDSN(t, 0)).PgConn()
+	a := connect(t, p.DSN("lattice")).PgConn()
+	b := connect(t, p.DSN("lattice")).PgConn()
+	for _, sql := range script {
+		want := step(t, direct, sql, false)
+		got := step(t, a, sql, false)
+		if got != want {
+			t.Fatalf("%s:\nproxy:      %s\nPostgreSQL: %s", sql, got, want)
+		}
+		// The other client, on whichever backend is free, keeps its own.
+		if got := step(t, b, `SHOW statement_timeout`, false); got != "SHOW 0 [I]" {
+			t.Fatalf("after %s the other client sees statement_timeout %s", sql, got)
+		}
+	}
+	for _, sql := range []string{
+		`SET statement_timeout = '4s'; SELECT 1`,
+		`SELECT 1; SET statement_timeout = '5s'`,
+	} {
+		step(t, a, sql, false)
+		step(t, direct, sql, false)
+	}
+	for i := 0; i < 6; i++ {
+		for _, c := range []*pgconn.PgConn{a, b} {
+			step(t, c, `SELECT pg_sleep(0)`, i%2 == 0)
+		}
+		if got := step(t, a, `SHOW statement_timeout`, i%2 == 1); got != "SHOW 5s [I]" {
+			t.Fatalf("round %d: the session's SET did not follow it: %s", i, got)
+		}
+	}
+
+	// Which SETs survive a string with COMMIT or ROLLBACK depends on where
+	// an error stops it: refused rather than followed wrongly.
+	if got := step(t, a, `SET statement_timeout = '1s'; COMMIT`, false); got != "ERROR 0A000 [I]" {
+		t.Fatalf("SET with COMMIT in one string: %s, want 0A000", got)
+	}
+	if got := step(t, a, `SHOW statement_timeout`, false); got != "SHOW 5s [I]" {
+		t.Fatalf("after the refused string: %s", got)
+	}
+}

@@ -231,6 +231,7 @@ func (s *session) simpleMulti(ctx context.Context, v *shardmap.View, plans []*ro
 	// reach only the node this query string runs on.
 	var txStmts []*router.Plan
 	var pin, unpin router.Pin
+	var sets []string // SET and RESET, recorded once the string committed
 	for _, p := range plans {
 		var n, sql string
 		pin, unpin = pin|p.Pin, unpin|p.Unpin
@@ -241,8 +242,11 @@ func (s *session) simpleMulti(ctx context.Context, v *shardmap.View, plans []*ro
 			// Replayed on the other nodes the transaction will touch.
 			s.tx.begin = strings.TrimSpace("BEGIN " + p.TxOptions)
 		}
+		if p.Kind == router.SessionSet {
+			sets = append(sets, p.SQL)
+		}
 		switch p.Kind {
-		case router.Catalog, router.LocalSet, router.Transaction:
+		case router.Catalog, router.LocalSet, router.Transaction, router.SessionSet:
 			if isListenPlan(p) {
 				e := Errorf("0A000", "%s cannot be combined with other statements in one query string through the Lattice proxy", firstWord(p.SQL))
 				e.Hint = "send it as a query of its own"
@@ -300,12 +304,17 @@ func (s *session) simpleMulti(ctx context.Context, v *shardmap.View, plans []*ro
 			}
 		}
 	}
+	if err := s.multiSets(sets, txStmts); err != nil {
+		s.fail(err, false)
+		return
+	}
 	if err := s.pinFor(ctx, pin); err != nil {
 		s.fail(err, false)
 		return
 	}
 	s.forwardQuery(ctx, node, strings.Join(parts, ";\n"), false)
 	s.pinEnds(unpin&^pin, false)
+	s.recordSets(ctx, node, sets)
 }
 
 // localSet runs SET LOCAL, SET TRANSACTION or SET CONSTRAINTS inside a
@@ -503,16 +512,7 @@ func (s *session) sessionCommand(ctx context.Context, p *router.Plan, extended b
 	// Recorded only once PostgreSQL accepted it.
 	s.x.add(step{kind: stepSynthetic, then: func(x *exchange) {
 		if !x.failed[be] {
-			if s.tx.active && !s.tx.setInTx {
-				s.tx.setInTx, s.tx.setsBefore = true, slices.Clone(s.settings.set)
-			}
-			s.settings.apply(p.SQL)
-			be.Settings = s.settings.fp
-			if s.settings.resetsStartup(p.SQL) {
-				// PostgreSQL reset be to its own startup value, not the
-				// session's: the next use replays the session's settings.
-				be.Settings = unknownSettings
-			}
+			s.recordSet(be, p.SQL, s.tx.active)
 		}
 	}})
 }
