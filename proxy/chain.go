@@ -7,6 +7,7 @@ import (
 	"github.com/jackc/pgx/v5/pgproto3"
 
 	"github.com/lattice-db/lattice/router"
+	"github.com/lattice-db/lattice/sqlstate"
 )
 
 // txChain serves COMMIT AND CHAIN and ROLLBACK AND CHAIN: the transaction
@@ -20,7 +21,7 @@ func (s *session) txChain(ctx context.Context, p *router.Plan, extended bool) {
 		what = "ROLLBACK"
 	}
 	if !s.tx.active || s.tx.implicit {
-		s.fail(Errorf("25P01", "%s AND CHAIN can only be used in transaction blocks", what), extended)
+		s.fail(Errorf(sqlstate.NoActiveSQLTransaction, "%s AND CHAIN can only be used in transaction blocks", what), extended)
 		if extended {
 			s.skipping = true
 		}

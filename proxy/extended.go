@@ -166,12 +166,12 @@ func (s *session) bind(ctx context.Context, m *pgproto3.Bind) {
 			return
 		}
 	case router.Single:
-		sh, err := s.route(v, p, p.Key, m, st.oids)
+		sh, err := s.route(v, p, m, st.oids)
 		if err != nil {
 			s.failExtended(err)
 			return
 		}
-		if !s.bindOn(ctx, portal, sh.Node, p.Render(shardmap.SchemaName(sh.Index)), m, m.DestinationPortal, false) {
+		if !s.bindOn(ctx, portal, sh.Node, sh.SQL, m, m.DestinationPortal, false) {
 			return
 		}
 		if !s.tx.active {
@@ -349,29 +349,25 @@ func partPortal(name string, i int) string {
 // (spanNodes).
 func (s *session) bindWriteAll(ctx context.Context, v *shardmap.View, portal *clientPortal, m *pgproto3.Bind) bool {
 	p := portal.stmt.plan
-	mp := v.Maps[p.Tree.Name]
-	if mp == nil {
-		s.failExtended(Errorf("58000", "tree %q has no shard map", p.Tree.Name))
+	r, err := router.Resolve(v, p, routerBind(m, portal.stmt.oids))
+	if err != nil {
+		s.failExtended(err)
 		return false
 	}
-	nodes, schemas := nodeGroups(mp, nil)
-	s.spanNodes(len(nodes), true)
+	s.spanNodes(len(r.Nodes()), true)
 	portal.split = &splitState{}
-	i := 0
-	for g, node := range nodes {
-		if writeAllMixed(mp) {
-			if !s.skipMoved(ctx, node) {
+	for i, t := range r.Targets {
+		// The targets of a node are consecutive.
+		if r.Mixed && (i == 0 || r.Targets[i-1].Node != t.Node) {
+			if !s.skipMoved(ctx, t.Node) {
 				return false
 			}
 		}
-		for _, schema := range schemas[g] {
-			part := &clientPortal{stmt: &clientStmt{sql: p.Render(schema), oids: portal.stmt.oids}}
-			if !s.bindOn(ctx, part, node, part.stmt.sql, m, partPortal(m.DestinationPortal, i), i > 0) {
-				return false
-			}
-			portal.parts = append(portal.parts, part.parts...)
-			i++
+		part := &clientPortal{stmt: &clientStmt{sql: t.SQL, oids: portal.stmt.oids}}
+		if !s.bindOn(ctx, part, t.Node, part.stmt.sql, m, partPortal(m.DestinationPortal, i), i > 0) {
+			return false
 		}
+		portal.parts = append(portal.parts, part.parts...)
 	}
 	return true
 }
