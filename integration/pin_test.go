@@ -392,3 +392,29 @@ func hintOf(err error) string {
 	}
 	return ""
 }
+
+// TestPinBackendLost: when the pinned backend dies, the statement on it
+// fails and the pin is gone: the gauge says so before the client hears of
+// it. (The backend's FATAL error reaches the client as it is, so drivers
+// close their connection, as they would with PostgreSQL.)
+func TestPinBackendLost(t *testing.T) {
+	resetNodes(t)
+	p := startProxy(t, 1, "--pool-size", "2")
+	ctx := context.Background()
+	a := connect(t, p.DSN("lattice"))
+	mustExec(t, a, `CREATE TEMP TABLE gone (v int)`)
+	wantPinned(t, p, 1)
+	pid := oneString(t, a, `SELECT pg_backend_pid()::text`, pgx.QueryExecModeSimpleProtocol)
+	var ok bool
+	if err := connect(t, testNodeDSN(t, 0)).QueryRow(ctx, `SELECT pg_terminate_backend($1::int)`, pid).Scan(&ok); err != nil || !ok {
+		t.Fatalf("pg_terminate_backend(%s): %v %v", pid, ok, err)
+	}
+	if _, err := a.Exec(ctx, `INSERT INTO gone VALUES (1)`, pgx.QueryExecModeSimpleProtocol); err == nil {
+		t.Fatal("a statement on the terminated pinned backend succeeded")
+	}
+	wantPinned(t, p, 0)
+	b := connect(t, p.DSN("lattice"))
+	if got := oneString(t, b, `SELECT to_regclass('pg_temp.gone')::text`, pgx.QueryExecModeSimpleProtocol); got != "<null>" {
+		t.Fatalf("after the pinned backend died another session sees %s", got)
+	}
+}
