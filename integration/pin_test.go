@@ -358,11 +358,16 @@ func TestPinLimit(t *testing.T) {
 
 	mustExec(t, a, `CREATE TEMP TABLE foo (v int)`)
 	for _, sql := range []string{`CREATE TEMP TABLE foo (v int)`, `SELECT pg_advisory_lock(1)`, `PREPARE x AS SELECT 1`} {
-		for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeSimpleProtocol, pgx.QueryExecModeExec} {
-			_, err := b.Exec(ctx, sql, mode)
+		for _, extended := range []bool{false, true} {
+			var err error
+			if extended {
+				err = b.PgConn().ExecParams(ctx, sql, nil, nil, nil, nil).Read().Err
+			} else {
+				_, err = b.Exec(ctx, sql)
+			}
 			var pe *pgconn.PgError
 			if !errors.As(err, &pe) || pe.Code != "53300" || !strings.Contains(pe.Hint, "--max-pinned") || !strings.Contains(pe.Hint, "ON COMMIT DROP") {
-				t.Fatalf("%s (%v) past --max-pinned: %v (hint %q), want 53300 naming the fix", sql, mode, err, hintOf(err))
+				t.Fatalf("%s (extended %v) past --max-pinned: %v (hint %q), want 53300 naming the fix", sql, extended, err, hintOf(err))
 			}
 		}
 	}
@@ -417,4 +422,57 @@ func TestPinBackendLost(t *testing.T) {
 	if got := oneString(t, b, `SELECT to_regclass('pg_temp.gone')::text`, pgx.QueryExecModeSimpleProtocol); got != "<null>" {
 		t.Fatalf("after the pinned backend died another session sees %s", got)
 	}
+}
+
+// TestPinExtended: the extended protocol pins and unpins as the simple one
+// does. A state-ending statement counts only once its batch commits at
+// Sync: DISCARD TEMP followed by an error in the same pipeline is rolled
+// back with it, in PostgreSQL and through the proxy alike, and the session
+// stays pinned.
+func TestPinExtended(t *testing.T) {
+	resetNodes(t)
+	p := startProxy(t, 1, "--pool-size", "2", "--max-pinned", "1")
+	ctx := context.Background()
+	pc := connect(t, p.DSN("lattice")).PgConn()
+	other := connect(t, p.DSN("lattice")).PgConn()
+	direct := connect(t, testNodeDSN(t, 0)).PgConn()
+	want := func(c *pgconn.PgConn, sql, want string) {
+		t.Helper()
+		if got := step(t, c, sql, true); got != want {
+			t.Fatalf("%s: %s, want %s", sql, got, want)
+		}
+	}
+	want(pc, `CREATE TEMP TABLE ext (v int)`, "CREATE TABLE [I]")
+	wantPinned(t, p, 1)
+	want(other, `CREATE TEMP TABLE ext (v int)`, "ERROR 53300 [I]")
+	want(pc, `INSERT INTO ext VALUES (1)`, "INSERT 0 1 [I]")
+	want(pc, `SELECT count(*) FROM ext`, "SELECT 1 1 [I]")
+	want(pc, `PREPARE e AS SELECT 7`, "PREPARE [I]")
+	want(pc, `EXECUTE e`, "SELECT 1 7 [I]")
+	want(pc, `DEALLOCATE ALL`, "DEALLOCATE ALL [I]")
+	wantPinned(t, p, 1) // the temp table is still there
+
+	pipeline := func(c *pgconn.PgConn) {
+		t.Helper()
+		pl := c.StartPipeline(ctx)
+		pl.SendQueryParams(`DISCARD TEMP`, nil, nil, nil, nil)
+		pl.SendQueryParams(`SELECT 1/0`, nil, nil, nil, nil)
+		if err := pl.Sync(); err != nil {
+			t.Fatal(err)
+		}
+		if err := pl.Close(); sqlStateOf(err) != "22012" {
+			t.Fatalf("pipeline: %v, want 22012", err)
+		}
+	}
+	want(direct, `CREATE TEMP TABLE ext (v int)`, "CREATE TABLE [I]")
+	pipeline(direct)
+	want(direct, `SELECT to_regclass('pg_temp.ext')::text`, "SELECT 1 ext [I]")
+	pipeline(pc)
+	want(pc, `SELECT to_regclass('pg_temp.ext')::text`, "SELECT 1 ext [I]")
+	wantPinned(t, p, 1)
+
+	want(pc, `DISCARD TEMP`, "DISCARD TEMP [I]")
+	wantPinned(t, p, 0)
+	want(other, `CREATE TEMP TABLE ext (v int)`, "CREATE TABLE [I]")
+	wantPinned(t, p, 1)
 }
