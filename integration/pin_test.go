@@ -240,6 +240,15 @@ func TestPinAdvisoryLock(t *testing.T) {
 	if got := metricSum(t, p, "lattice_proxy_pins_total", map[string]string{"reason": "advisory_lock"}); got != 1 {
 		t.Fatalf("lattice_proxy_pins_total{reason=advisory_lock} = %v, want 1", got)
 	}
+
+	// In a query string of several statements too.
+	mustExec(t, a, `SELECT 1; SELECT pg_advisory_lock(4243)`)
+	wantPinned(t, p, 1)
+	if err := b.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock(4243)`).Scan(&got); err != nil || got {
+		t.Fatalf("another session took the lock of a query string: %v %v", got, err)
+	}
+	mustExec(t, a, `SELECT pg_advisory_unlock_all(); SELECT 2`)
+	wantPinned(t, p, 0)
 }
 
 // TestPinPrepare: SQL-level PREPARE, EXECUTE and DEALLOCATE work across
