@@ -132,6 +132,7 @@ func (p *Pools) Release(c *Conn) {
 		c.Close()
 		return
 	}
+	c.Wrote = false
 	pl.release(c)
 }
 
