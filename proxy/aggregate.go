@@ -12,6 +12,7 @@ import (
 	"github.com/lattice-db/lattice/pgshard"
 	"github.com/lattice-db/lattice/router"
 	"github.com/lattice-db/lattice/shardmap"
+	"github.com/lattice-db/lattice/sqlstate"
 )
 
 // An aggregating fan-out (router.Plan.Agg) runs a partial query on every
@@ -173,11 +174,11 @@ func (f *fanOut) playAgg(s *session, x *exchange) error {
 	}
 	fail := func(err error) error {
 		x.errored = true
-		s.send(AsError(err).Response())
+		s.send(sqlstate.As(err).Response())
 		return nil
 	}
 	if len(f.fields) != a.Columns {
-		return fail(Errorf("XX000", "the nodes returned %d partial columns, %d expected", len(f.fields), a.Columns))
+		return fail(sqlstate.New(sqlstate.InternalError, "the nodes returned %d partial columns, %d expected", len(f.fields), a.Columns))
 	}
 	colOIDs := make([]uint32, len(f.fields))
 	for i, fd := range f.fields {
@@ -269,7 +270,7 @@ func (s *session) finalBackend(f *fanOut, x *exchange) *pgshard.Conn {
 	be, err := s.srv.pools.Acquire(f.agg.ctx, s.srv.catalogNode, s.tenant)
 	if err != nil {
 		x.errored = true
-		s.send(Errorf("08006", "cannot reach node %s: %v", s.srv.catalogNode, err).Response())
+		s.send(sqlstate.New(sqlstate.ConnectionFailure, "cannot reach node %s: %v", s.srv.catalogNode, err).Response())
 		return nil
 	}
 	s.setActive(be, true)
@@ -299,7 +300,7 @@ func (s *session) beginCopy(f *fanOut, x *exchange) *pgshard.Conn {
 		s.releaseFinal(be)
 		if !x.errored {
 			x.errored = true
-			s.send(AsError(err).Response())
+			s.send(sqlstate.As(err).Response())
 		}
 		return nil
 	}
@@ -333,14 +334,14 @@ func (s *session) beginCopy(f *fanOut, x *exchange) *pgshard.Conn {
 				types = append(types, string(v))
 			}
 		case *pgproto3.ErrorResponse:
-			return fail(Errorf(m.Code, "%s", m.Message))
+			return fail(sqlstate.New(m.Code, "%s", m.Message))
 		case *pgproto3.ReadyForQuery:
 			be.TxStatus = m.TxStatus
 			pending--
 		}
 	}
 	if len(types) != len(f.fields) {
-		return fail(Errorf("XX000", "cannot name the types of the partial columns"))
+		return fail(sqlstate.New(sqlstate.InternalError, "cannot name the types of the partial columns"))
 	}
 	var ddl strings.Builder
 	ddl.WriteString("BEGIN; CREATE TEMPORARY TABLE " + partialTable + " (")
@@ -364,9 +365,9 @@ func (s *session) beginCopy(f *fanOut, x *exchange) *pgshard.Conn {
 		case *pgproto3.CopyInResponse:
 			return be
 		case *pgproto3.ErrorResponse:
-			return fail(Errorf(m.Code, "%s", m.Message))
+			return fail(sqlstate.New(m.Code, "%s", m.Message))
 		case *pgproto3.ReadyForQuery:
-			return fail(Errorf("XX000", "COPY of the partial rows did not start"))
+			return fail(sqlstate.New(sqlstate.InternalError, "COPY of the partial rows did not start"))
 		}
 	}
 }

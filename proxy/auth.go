@@ -11,6 +11,8 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgproto3"
+
+	"github.com/lattice-db/lattice/sqlstate"
 )
 
 // Server side of SCRAM-SHA-256 (RFC 5802, RFC 7677) as PostgreSQL runs it:
@@ -68,14 +70,14 @@ func scramAuth(b *pgproto3.Backend, users *Users, user string) error {
 	}
 	initial, ok := msg.(*pgproto3.SASLInitialResponse)
 	if !ok {
-		return fatalf("08P01", "expected SASL response, got %T", msg)
+		return sqlstate.Fatal(sqlstate.ProtocolViolation, "expected SASL response, got %T", msg)
 	}
 	switch initial.AuthMechanism {
 	case scramMechanism:
 	case scramMechanism + "-PLUS":
 		return channelBindingError()
 	default:
-		return fatalf("08P01", "client selected an invalid SASL authentication mechanism")
+		return sqlstate.Fatal(sqlstate.ProtocolViolation, "client selected an invalid SASL authentication mechanism")
 	}
 	nonce := make([]byte, scramNonceLen)
 	rand.Read(nonce)
@@ -96,7 +98,7 @@ func scramAuth(b *pgproto3.Backend, users *Users, user string) error {
 	}
 	resp, ok := msg.(*pgproto3.SASLResponse)
 	if !ok {
-		return fatalf("08P01", "expected SASL response, got %T", msg)
+		return sqlstate.Fatal(sqlstate.ProtocolViolation, "expected SASL response, got %T", msg)
 	}
 	serverFinal, proved, err := x.final(string(resp.Data))
 	if err != nil {
@@ -108,15 +110,15 @@ func scramAuth(b *pgproto3.Backend, users *Users, user string) error {
 			reason = "no such user in the users file"
 		}
 		// The client sees only the message, the same for both reasons.
-		return fmt.Errorf("%w: %s", fatalf("28P01", "password authentication failed for user %q", user), reason)
+		return fmt.Errorf("%w: %s", sqlstate.Fatal(sqlstate.InvalidPassword, "password authentication failed for user %q", user), reason)
 	}
 
 	b.Send(&pgproto3.AuthenticationSASLFinal{Data: []byte(serverFinal)})
 	return nil
 }
 
-func channelBindingError() *Error {
-	e := fatalf("0A000", "channel binding is not supported")
+func channelBindingError() *sqlstate.Error {
+	e := sqlstate.Fatal(sqlstate.FeatureNotSupported, "channel binding is not supported")
 	e.Hint = "Connect with channel_binding=prefer or disable."
 	return e
 }
@@ -142,7 +144,7 @@ func (x *scramExchange) first(msg, serverNonce string) (string, error) {
 		return "", malformedSCRAM("unexpected channel-binding flag")
 	}
 	if strings.HasPrefix(msg[2:], "a=") {
-		return "", fatalf("0A000", "client uses authorization identity, but it is not supported")
+		return "", sqlstate.Fatal(sqlstate.FeatureNotSupported, "client uses authorization identity, but it is not supported")
 	}
 	if !strings.HasPrefix(msg[2:], ",") {
 		return "", malformedSCRAM("unexpected attribute in client-first-message")
@@ -152,7 +154,7 @@ func (x *scramExchange) first(msg, serverNonce string) (string, error) {
 
 	attrs := strings.Split(x.clientFirstBare, ",")
 	if strings.HasPrefix(attrs[0], "m=") {
-		return "", fatalf("0A000", "client requires an unsupported SCRAM extension")
+		return "", sqlstate.Fatal(sqlstate.FeatureNotSupported, "client requires an unsupported SCRAM extension")
 	}
 	if len(attrs) < 2 || !strings.HasPrefix(attrs[0], "n=") || !strings.HasPrefix(attrs[1], "r=") {
 		return "", malformedSCRAM("client-first-message must start with n= and r=")
@@ -240,8 +242,8 @@ func checkExtensions(attrs []string) error {
 	return nil
 }
 
-func malformedSCRAM(detail string) *Error {
-	e := fatalf("08P01", "malformed SCRAM message")
+func malformedSCRAM(detail string) *sqlstate.Error {
+	e := sqlstate.Fatal(sqlstate.ProtocolViolation, "malformed SCRAM message")
 	e.Detail = detail
 	return e
 }

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"strings"
 	"testing"
+
+	"github.com/lattice-db/lattice/sqlstate"
 )
 
 // TestSCRAMRFC7677 runs the example exchange of RFC 7677 section 3.
@@ -103,7 +105,7 @@ func TestSCRAMMalformed(t *testing.T) {
 	}
 }
 
-// checkCode checks err carries an *Error with SQLSTATE code, or is nil when
+// checkCode checks err carries an *sqlstate.Error with SQLSTATE code, or is nil when
 // code is empty.
 func checkCode(t *testing.T, what string, err error, code string) {
 	t.Helper()
@@ -113,7 +115,7 @@ func checkCode(t *testing.T, what string, err error, code string) {
 		}
 		return
 	}
-	var e *Error
+	var e *sqlstate.Error
 	if !errors.As(err, &e) || e.Code != code || e.Severity != "FATAL" {
 		t.Errorf("%s: %v, want FATAL %s", what, err, code)
 	}

@@ -21,7 +21,7 @@ func (s *session) txChain(ctx context.Context, p *router.Plan, extended bool) {
 		what = "ROLLBACK"
 	}
 	if !s.tx.active || s.tx.implicit {
-		s.fail(Errorf(sqlstate.NoActiveSQLTransaction, "%s AND CHAIN can only be used in transaction blocks", what), extended)
+		s.fail(sqlstate.New(sqlstate.NoActiveSQLTransaction, "%s AND CHAIN can only be used in transaction blocks", what), extended)
 		if extended {
 			s.skipping = true
 		}

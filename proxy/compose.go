@@ -43,7 +43,7 @@ func (s *session) composedFields(c *router.ComposePlan) ([][]pgproto3.FieldDescr
 			return nil, err
 		}
 		if !cc.From && len(fields) != 1 {
-			return nil, Errorf(sqlstate.FeatureNotSupported, "%s returns %d columns: it composes as a FROM item, not as a value", cc.Call.Name, len(fields))
+			return nil, sqlstate.New(sqlstate.FeatureNotSupported, "%s returns %d columns: it composes as a FROM item, not as a value", cc.Call.Name, len(fields))
 		}
 		out[i] = fields
 	}
@@ -68,11 +68,11 @@ func (s *session) evalComposed(ctx context.Context, c *router.ComposePlan, args 
 			return nil, err
 		}
 		if !cc.From && len(rows) != 1 {
-			return nil, Errorf(sqlstate.CardinalityViolation, "%s returned %d rows where one value is needed", cc.Call.Name, len(rows))
+			return nil, sqlstate.New(sqlstate.CardinalityViolation, "%s returned %d rows where one value is needed", cc.Call.Name, len(rows))
 		}
 		enc, err := encodeRows(resultFields(fields[i], nil), rows)
 		if err != nil {
-			return nil, Errorf(sqlstate.InternalError, "%v", err)
+			return nil, sqlstate.New(sqlstate.InternalError, "%v", err)
 		}
 		cols := make([][][]byte, len(fields[i]))
 		for j := range cols {
@@ -83,7 +83,7 @@ func (s *session) evalComposed(ctx context.Context, c *router.ComposePlan, args 
 			}
 		}
 		if size > maxComposedBytes {
-			return nil, Errorf(sqlstate.ProgramLimitExceeded, "the lattice functions of this statement returned more than %d bytes", maxComposedBytes)
+			return nil, sqlstate.New(sqlstate.ProgramLimitExceeded, "the lattice functions of this statement returned more than %d bytes", maxComposedBytes)
 		}
 		out[i] = composedCall{fields: fields[i], cols: cols}
 	}
@@ -154,7 +154,7 @@ func renderComposed(c *router.ComposePlan, fields [][]pgproto3.FieldDescription,
 func typeName(oid uint32) (string, error) {
 	t, ok := typeMap.TypeForOID(oid)
 	if !ok {
-		return "", Errorf(sqlstate.InternalError, "a lattice function column has type oid %d, which the proxy cannot name", oid)
+		return "", sqlstate.New(sqlstate.InternalError, "a lattice function column has type oid %d, which the proxy cannot name", oid)
 	}
 	return t.Name, nil
 }
@@ -167,7 +167,7 @@ func arrayOID(oid uint32) (uint32, error) {
 	}
 	t, ok := typeMap.TypeForName("_" + name)
 	if !ok {
-		return 0, Errorf(sqlstate.InternalError, "no array type of %s", name)
+		return 0, sqlstate.New(sqlstate.InternalError, "no array type of %s", name)
 	}
 	return t.OID, nil
 }
@@ -350,7 +350,7 @@ func (s *session) bindComposed(ctx context.Context, portal *clientPortal, m *pgp
 		return false
 	}
 	if len(m.Parameters) != cs.client {
-		s.failExtended(Errorf(sqlstate.ProtocolViolation, "bind message supplies %d parameters, but prepared statement \"%s\" requires %d", len(m.Parameters), m.PreparedStatement, cs.client))
+		s.failExtended(sqlstate.New(sqlstate.ProtocolViolation, "bind message supplies %d parameters, but prepared statement \"%s\" requires %d", len(m.Parameters), m.PreparedStatement, cs.client))
 		return false
 	}
 	res, err := s.evalComposed(ctx, c, func(f *router.FuncCall) ([]*string, map[string]*string, error) {

@@ -114,7 +114,7 @@ func TestEvalComposedRefuses(t *testing.T) {
 		})
 		got := ""
 		if err != nil {
-			got = AsError(err).Code
+			got = sqlstate.As(err).Code
 		}
 		if got != c.code {
 			t.Errorf("%s with %+v: %v, want code %q", c.sql, c.fn, err, c.code)

@@ -9,6 +9,7 @@ import (
 	"github.com/lattice-db/lattice/pgshard"
 	"github.com/lattice-db/lattice/router"
 	"github.com/lattice-db/lattice/shardmap"
+	"github.com/lattice-db/lattice/sqlstate"
 )
 
 // COPY FROM STDIN into a tree: the proxy reads the client's rows, finds each
@@ -69,7 +70,7 @@ func (s *session) startCopy(ctx context.Context, v *shardmap.View, p *router.Pla
 	}
 	m := v.Maps[p.Tree.Name]
 	if m == nil {
-		fail(Errorf("58000", "tree %q has no shard map", p.Tree.Name))
+		fail(sqlstate.New(sqlstate.SystemError, "tree %q has no shard map", p.Tree.Name))
 		return
 	}
 	if s.txStatus() == 'E' {
@@ -86,7 +87,7 @@ func (s *session) startCopy(ctx context.Context, v *shardmap.View, p *router.Pla
 	if !p.Copy.Query || p.Copy.QueryKind != router.Single {
 		if agg, err := s.srv.aggregateIn(ctx, s.tenant, p.Calls); err != nil || agg != "" {
 			if err == nil {
-				e := Errorf("0A000", "COPY (SELECT ...) on tree %q calls aggregate %s, and aggregates over several shards are not supported yet", p.Tree.Name, agg)
+				e := sqlstate.New(sqlstate.FeatureNotSupported, "COPY (SELECT ...) on tree %q calls aggregate %s, and aggregates over several shards are not supported yet", p.Tree.Name, agg)
 				e.Hint = "fix the shard key in WHERE to read one shard, or aggregate in the application"
 				err = e
 			}
@@ -163,11 +164,11 @@ func (s *session) playCopyIn(x *exchange, ci *copyIn) error {
 				ci.route(s, rp, true)
 			}
 		case *pgproto3.CopyFail:
-			ci.setErr(Errorf("57014", "COPY from stdin failed: %s", m.Message))
+			ci.setErr(sqlstate.New(sqlstate.QueryCanceled, "COPY from stdin failed: %s", m.Message))
 		case *pgproto3.Flush, *pgproto3.Sync:
 			continue // ignored during COPY, as PostgreSQL does
 		default:
-			ci.setErr(Errorf("08P01", "unexpected message type 0x%02X during COPY from stdin", messageType(m)))
+			ci.setErr(sqlstate.New(sqlstate.ProtocolViolation, "unexpected message type 0x%02X during COPY from stdin", messageType(m)))
 		}
 		break
 	}
@@ -209,7 +210,7 @@ func messageType(m pgproto3.FrontendMessage) byte {
 
 func (ci *copyIn) setErr(err error) {
 	if ci.err == nil {
-		ci.err = AsError(err).Response()
+		ci.err = sqlstate.As(err).Response()
 	}
 }
 
@@ -359,7 +360,7 @@ func (ci *copyIn) readResult(s *session, cn *copyNode) {
 func (ci *copyIn) lost(s *session, cn *copyNode, err error) {
 	cn.be.MarkBroken()
 	cn.pending = 0
-	ci.setErr(Errorf("08006", "lost connection to node %s: %v", cn.be.Node, err))
+	ci.setErr(sqlstate.New(sqlstate.ConnectionFailure, "lost connection to node %s: %v", cn.be.Node, err))
 }
 
 // drain reads every pending result.
@@ -376,7 +377,7 @@ func (ci *copyIn) drain(s *session) {
 // node become visible together or not at all.
 func commitCopy(ctx context.Context, s *session, nodes []*copyNode) *pgproto3.ErrorResponse {
 	if err := ctx.Err(); err != nil {
-		return Errorf("57014", "canceling COPY: %v", err).Response()
+		return sqlstate.New(sqlstate.QueryCanceled, "canceling COPY: %v", err).Response()
 	}
 	conns := make([]*pgshard.Conn, len(nodes))
 	for i, cn := range nodes {
@@ -389,12 +390,12 @@ func commitCopy(ctx context.Context, s *session, nodes []*copyNode) *pgproto3.Er
 		err = execAll(ctx, conns, "COMMIT")[0]
 	case s.srv.twoPhase == nil:
 		execAll(ctx, conns, "ROLLBACK")
-		err = Errorf("0A000", "this COPY writes on %s, and this proxy has no two-phase commit coordinator", nodeList(conns))
+		err = sqlstate.New(sqlstate.FeatureNotSupported, "this COPY writes on %s, and this proxy has no two-phase commit coordinator", nodeList(conns))
 	default:
 		err = s.srv.twoPhase.commit(ctx, s.tenant, conns)
 	}
 	if err != nil {
-		return AsError(err).Response()
+		return sqlstate.As(err).Response()
 	}
 	return nil
 }
@@ -479,7 +480,7 @@ func (s *session) playCopyOut(x *exchange, co *copyOut) error {
 				s.dropBackend(be)
 				if !x.errored {
 					x.errored = true
-					s.send(Errorf("08006", "lost connection to node %s: %v", be.Node, err).Response())
+					s.send(sqlstate.New(sqlstate.ConnectionFailure, "lost connection to node %s: %v", be.Node, err).Response())
 				}
 				break
 			}

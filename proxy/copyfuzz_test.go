@@ -11,6 +11,7 @@ import (
 
 	"github.com/lattice-db/lattice/router"
 	"github.com/lattice-db/lattice/shardmap"
+	"github.com/lattice-db/lattice/sqlstate"
 )
 
 // copyTrees holds one tree per key type, each with columns k (the key), a, b.
@@ -36,7 +37,7 @@ func copySplit(p *router.Plan, m *shardmap.Map, chunks [][]byte) (rows [][]byte,
 		for {
 			row, slot, ok, err := rp.nextSlot(final, p.Tree, len(m.Slots))
 			if err != nil {
-				e := AsError(err)
+				e := sqlstate.As(err)
 				if len(e.Code) != 5 {
 					panic(fmt.Sprintf("error without SQLSTATE: %v", err))
 				}
@@ -56,7 +57,7 @@ func copySplit(p *router.Plan, m *shardmap.Map, chunks [][]byte) (rows [][]byte,
 	}
 	for _, c := range chunks {
 		if err := rp.feed(c); err != nil {
-			return rows, slots, perShard, AsError(err).Code
+			return rows, slots, perShard, sqlstate.As(err).Code
 		}
 		if code := drain(false); code != "" {
 			return rows, slots, perShard, code

@@ -6,9 +6,9 @@ import (
 	"errors"
 	"strconv"
 
-
 	"github.com/lattice-db/lattice/router"
 	"github.com/lattice-db/lattice/shardmap"
+	"github.com/lattice-db/lattice/sqlstate"
 )
 
 // maxCopyRow bounds one row of COPY FROM data held by the proxy while it
@@ -57,7 +57,7 @@ func newRowParser(c *router.CopySpec, keyCol string) *rowParser {
 // feed adds client data, first dropping the rows already returned.
 func (p *rowParser) feed(data []byte) error {
 	if p.done && p.c.Format == router.CopyBinary && len(data) > 0 {
-		return p.copyError("22P04", "received copy data after EOF marker")
+		return p.copyError(sqlstate.BadCopyFileFormat, "received copy data after EOF marker")
 	}
 	if p.start > 0 {
 		n := copy(p.buf, p.buf[p.start:])
@@ -66,7 +66,7 @@ func (p *rowParser) feed(data []byte) error {
 		p.start = 0
 	}
 	if len(p.buf) > maxCopyRow {
-		return Errorf("54000", "a row of COPY data is longer than the %d MB the Lattice proxy accepts", maxCopyRow>>20)
+		return sqlstate.New(sqlstate.ProgramLimitExceeded, "a row of COPY data is longer than the %d MB the Lattice proxy accepts", maxCopyRow>>20)
 	}
 	p.buf = append(p.buf, data...)
 	return nil
@@ -128,7 +128,7 @@ func (p *rowParser) nextSlot(final bool, t *shardmap.Tree, slots int) (row []byt
 		return nil, 0, false, err
 	}
 	if key.null {
-		return nil, 0, false, p.copyError("23502", "null value in column \"%s\" of relation \"%s\" violates not-null constraint", t.KeyColumn, t.Name)
+		return nil, 0, false, p.copyError(sqlstate.NotNullViolation, "null value in column \"%s\" of relation \"%s\" violates not-null constraint", t.KeyColumn, t.Name)
 	}
 	if p.c.Format == router.CopyBinary {
 		slot, err = shardmap.SlotForBinary(t.KeyType, key.val, slots)
@@ -136,9 +136,9 @@ func (p *rowParser) nextSlot(final bool, t *shardmap.Tree, slots int) (row []byt
 		slot, err = shardmap.SlotForText(t.KeyType, key.val, slots)
 	}
 	if err != nil {
-		code := "22P02"
+		code := sqlstate.InvalidTextRepresentation
 		if errors.Is(err, shardmap.ErrKeyOutOfRange) {
-			code = "22003"
+			code = sqlstate.NumericValueOutOfRange
 		}
 		return nil, 0, false, p.copyError(code, "%s", keyMessage(err))
 	}
@@ -184,7 +184,7 @@ func (p *rowParser) nextLine(final bool) (row, content []byte, ok bool, err erro
 					return p.lastRow(content), content, true, nil
 				}
 				if !csv {
-					return nil, nil, false, p.copyError("22P04", "end-of-copy marker corrupt")
+					return nil, nil, false, p.copyError(sqlstate.BadCopyFileFormat, "end-of-copy marker corrupt")
 				}
 			}
 			if !csv {
@@ -228,7 +228,7 @@ func (p *rowParser) nextLine(final bool) (row, content []byte, ok bool, err erro
 		return nil, nil, false, nil
 	}
 	if csv && p.inQuote {
-		return nil, nil, false, p.copyError("22P04", "unterminated CSV quoted field")
+		return nil, nil, false, p.copyError(sqlstate.BadCopyFileFormat, "unterminated CSV quoted field")
 	}
 	content = buf[p.start:]
 	p.start, p.pos = len(buf), len(buf)
@@ -246,7 +246,7 @@ func (p *rowParser) lastRow(content []byte) []byte {
 func (p *rowParser) textKey(line []byte) (copyKey, error) {
 	raw, ok := nthField(line, p.c.Delimiter, '\\', p.c.KeyIndex)
 	if !ok {
-		return copyKey{}, p.copyError("22P04", "missing data for column \"%s\"", p.col)
+		return copyKey{}, p.copyError(sqlstate.BadCopyFileFormat, "missing data for column \"%s\"", p.col)
 	}
 	if string(raw) == p.c.Null {
 		return copyKey{null: true}, nil
@@ -347,7 +347,7 @@ func (p *rowParser) csvKey(line []byte) (copyKey, error) {
 	i := 0
 	for f := 0; ; f++ {
 		if i > len(line) {
-			return copyKey{}, p.copyError("22P04", "missing data for column \"%s\"", p.col)
+			return copyKey{}, p.copyError(sqlstate.BadCopyFileFormat, "missing data for column \"%s\"", p.col)
 		}
 		start := i
 		out := p.field[:0]
@@ -374,7 +374,7 @@ func (p *rowParser) csvKey(line []byte) (copyKey, error) {
 			// Quoted part.
 			for {
 				if i >= len(line) {
-					return copyKey{}, p.copyError("22P04", "unterminated CSV quoted field")
+					return copyKey{}, p.copyError(sqlstate.BadCopyFileFormat, "unterminated CSV quoted field")
 				}
 				c := line[i]
 				i++
@@ -407,7 +407,7 @@ func (p *rowParser) csvKey(line []byte) (copyKey, error) {
 			return copyKey{val: out}, nil
 		}
 		if !foundDelim {
-			return copyKey{}, p.copyError("22P04", "missing data for column \"%s\"", p.col)
+			return copyKey{}, p.copyError(sqlstate.BadCopyFileFormat, "missing data for column \"%s\"", p.col)
 		}
 	}
 }
@@ -418,34 +418,34 @@ func (p *rowParser) nextBinary(final bool) (row []byte, key copyKey, ok bool, er
 	buf := p.buf[p.start:]
 	need := func() (bool, error) {
 		if final {
-			return false, p.copyError("22P04", "unexpected EOF in COPY data")
+			return false, p.copyError(sqlstate.BadCopyFileFormat, "unexpected EOF in COPY data")
 		}
 		return false, nil
 	}
 	if p.header {
 		if len(buf) < 19 {
 			if final || len(buf) >= 11 && !bytes.Equal(buf[:11], binarySignature) {
-				return nil, copyKey{}, false, p.copyError("22P04", "COPY file signature not recognized")
+				return nil, copyKey{}, false, p.copyError(sqlstate.BadCopyFileFormat, "COPY file signature not recognized")
 			}
 			return nil, copyKey{}, false, nil
 		}
 		if !bytes.Equal(buf[:11], binarySignature) {
-			return nil, copyKey{}, false, p.copyError("22P04", "COPY file signature not recognized")
+			return nil, copyKey{}, false, p.copyError(sqlstate.BadCopyFileFormat, "COPY file signature not recognized")
 		}
 		flags := binary.BigEndian.Uint32(buf[11:])
 		if flags&(1<<16) != 0 {
-			return nil, copyKey{}, false, p.copyError("22P04", "invalid COPY file header (WITH OIDS)")
+			return nil, copyKey{}, false, p.copyError(sqlstate.BadCopyFileFormat, "invalid COPY file header (WITH OIDS)")
 		}
 		if flags>>16 != 0 {
-			return nil, copyKey{}, false, p.copyError("22P04", "unrecognized critical flags in COPY file header")
+			return nil, copyKey{}, false, p.copyError(sqlstate.BadCopyFileFormat, "unrecognized critical flags in COPY file header")
 		}
 		ext := int(int32(binary.BigEndian.Uint32(buf[15:])))
 		if ext < 0 {
-			return nil, copyKey{}, false, p.copyError("22P04", "invalid COPY file header (wrong length)")
+			return nil, copyKey{}, false, p.copyError(sqlstate.BadCopyFileFormat, "invalid COPY file header (wrong length)")
 		}
 		if len(buf) < 19+ext {
 			if final {
-				return nil, copyKey{}, false, p.copyError("22P04", "invalid COPY file header (wrong length)")
+				return nil, copyKey{}, false, p.copyError(sqlstate.BadCopyFileFormat, "invalid COPY file header (wrong length)")
 			}
 			return nil, copyKey{}, false, nil
 		}
@@ -464,14 +464,14 @@ func (p *rowParser) nextBinary(final bool) (row []byte, key copyKey, ok bool, er
 	if n == -1 {
 		p.done = true
 		if len(buf) > 2 {
-			return nil, copyKey{}, false, p.copyError("22P04", "received copy data after EOF marker")
+			return nil, copyKey{}, false, p.copyError(sqlstate.BadCopyFileFormat, "received copy data after EOF marker")
 		}
 		p.start += 2
 		return nil, copyKey{}, false, nil
 	}
 	p.line++
 	if want := len(p.c.Columns); n != want {
-		return nil, copyKey{}, false, p.copyError("22P04", "row field count is %d, expected %d", n, want)
+		return nil, copyKey{}, false, p.copyError(sqlstate.BadCopyFileFormat, "row field count is %d, expected %d", n, want)
 	}
 	at := 2
 	for f := 0; f < n; f++ {
@@ -483,7 +483,7 @@ func (p *rowParser) nextBinary(final bool) (row []byte, key copyKey, ok bool, er
 		l := int(int32(binary.BigEndian.Uint32(buf[at:])))
 		at += 4
 		if l < -1 {
-			return nil, copyKey{}, false, p.copyError("22P04", "invalid field size")
+			return nil, copyKey{}, false, p.copyError(sqlstate.BadCopyFileFormat, "invalid field size")
 		}
 		if l == -1 {
 			if f == p.c.KeyIndex {
@@ -506,8 +506,8 @@ func (p *rowParser) nextBinary(final bool) (row []byte, key copyKey, ok bool, er
 }
 
 // copyError is an error about the data, with PostgreSQL's COPY context.
-func (p *rowParser) copyError(code, format string, args ...any) *Error {
-	e := Errorf(code, format, args...)
+func (p *rowParser) copyError(code, format string, args ...any) *sqlstate.Error {
+	e := sqlstate.New(code, format, args...)
 	e.Where = "COPY, line " + strconv.FormatInt(p.line+1, 10)
 	return e
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/lattice-db/lattice/router"
 	"github.com/lattice-db/lattice/shardmap"
+	"github.com/lattice-db/lattice/sqlstate"
 )
 
 // copySpec plans a COPY statement on a tree t(a text key, b, c) and returns its spec.
@@ -42,7 +43,7 @@ func parseAll(c *router.CopySpec, data string, step int) ([]parsed, string) {
 		for {
 			row, key, ok, err := rp.next(final)
 			if err != nil {
-				return AsError(err).Code
+				return sqlstate.As(err).Code
 			}
 			if !ok {
 				return ""
@@ -55,7 +56,7 @@ func parseAll(c *router.CopySpec, data string, step int) ([]parsed, string) {
 	}
 	for i := 0; i < len(data); i += step {
 		if err := rp.feed([]byte(data[i:min(i+step, len(data))])); err != nil {
-			return out, AsError(err).Code
+			return out, sqlstate.As(err).Code
 		}
 		if code := drain(false); code != "" {
 			return out, code
@@ -202,7 +203,7 @@ func TestRowParserBound(t *testing.T) {
 	chunk := []byte(strings.Repeat("x", 1<<20))
 	for i := 0; i <= maxCopyRow>>20+1; i++ {
 		if err := rp.feed(chunk); err != nil {
-			if AsError(err).Code != "54000" {
+			if sqlstate.As(err).Code != "54000" {
 				t.Fatalf("error %v, want 54000", err)
 			}
 			return

@@ -8,6 +8,7 @@ import (
 	"github.com/lattice-db/lattice/pgshard"
 	"github.com/lattice-db/lattice/router"
 	"github.com/lattice-db/lattice/shardmap"
+	"github.com/lattice-db/lattice/sqlstate"
 )
 
 // ddlTree finds the tree a DDL plan changes. A DROP INDEX or ALTER INDEX
@@ -25,18 +26,18 @@ func (s *session) ddlTree(ctx context.Context, v *shardmap.View, p *router.Plan)
 	for _, ix := range p.DDL.Indexes {
 		table, err := s.srv.cfg.IndexTable(ctx, s.tenant, ix)
 		if err != nil {
-			return nil, Errorf("58000", "cannot find the table of index %q: %v", ix, err)
+			return nil, sqlstate.New(sqlstate.SystemError, "cannot find the table of index %q: %v", ix, err)
 		}
 		t := v.Trees[table]
 		switch {
 		case t == nil:
 			continue
 		case p.DDL.Op == router.DDLIndexCheck && p.Tag == "DROP INDEX":
-			e := Errorf("0A000", "DROP INDEX of index %q of tree %q together with other indexes is not supported", ix, t.Name)
+			e := sqlstate.New(sqlstate.FeatureNotSupported, "DROP INDEX of index %q of tree %q together with other indexes is not supported", ix, t.Name)
 			e.Hint = "Drop the tree's index in a statement of its own."
 			return nil, e
 		case p.DDL.Op == router.DDLIndexCheck:
-			e := Errorf("0A000", "%s on index %q of tree %q is not supported", p.Tag, ix, t.Name)
+			e := sqlstate.New(sqlstate.FeatureNotSupported, "%s on index %q of tree %q is not supported", p.Tag, ix, t.Name)
 			e.Hint = "Drop the index and create it again with the new name or settings."
 			return nil, e
 		}
@@ -53,7 +54,7 @@ func (s *session) runDDL(ctx context.Context, t *shardmap.Tree, p *router.Plan, 
 	if s.tx.active || len(s.tx.conns) > 0 {
 		// The DDL runs on every node in transactions of its own: inside the
 		// client's transaction block it could not be rolled back with it.
-		e := Errorf("25001", "%s on tree %q cannot run inside a transaction block", p.Tag, t.Name)
+		e := sqlstate.New(sqlstate.ActiveSQLTransaction, "%s on tree %q cannot run inside a transaction block", p.Tag, t.Name)
 		e.Hint = "Run DDL on a tree outside BEGIN ... COMMIT; it is atomic on its own."
 		s.fail(e, extended)
 		return
@@ -62,13 +63,13 @@ func (s *session) runDDL(ctx context.Context, t *shardmap.Tree, p *router.Plan, 
 		// Earlier statements of this batch hold an implicit transaction on
 		// a backend: the DDL would run before them, or wait for their locks
 		// while they wait for the batch to end.
-		e := Errorf("0A000", "%s on tree %q must be sent in a batch of its own", p.Tag, t.Name)
+		e := sqlstate.New(sqlstate.FeatureNotSupported, "%s on tree %q must be sent in a batch of its own", p.Tag, t.Name)
 		e.Hint = "Send Sync before the DDL statement (most drivers do this for each statement outside a pipeline)."
 		s.fail(e, extended)
 		return
 	}
 	if s.srv.cfg.TreeDDL == nil {
-		s.fail(Errorf("0A000", "%s on tree %q is not supported by this proxy", p.Tag, t.Name), extended)
+		s.fail(sqlstate.New(sqlstate.FeatureNotSupported, "%s on tree %q is not supported by this proxy", p.Tag, t.Name), extended)
 		return
 	}
 	d := pgshard.TreeDDL{

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgproto3"
 
 	"github.com/lattice-db/lattice/pgshard"
+	"github.com/lattice-db/lattice/sqlstate"
 )
 
 // stepKind says which responses a step expects from its backend.
@@ -129,7 +130,7 @@ func (s *session) play(x *exchange) error {
 			if err := st.fan.play(s, x); err != nil {
 				if !x.errored {
 					x.errored = true
-					s.send(Errorf("08006", "lost connection to a node: %v", err).Response())
+					s.send(sqlstate.New(sqlstate.ConnectionFailure, "lost connection to a node: %v", err).Response())
 				}
 				for _, p := range st.fan.parts {
 					if p.be.Broken() {
@@ -157,7 +158,7 @@ func (s *session) play(x *exchange) error {
 			}
 			if !x.errored {
 				x.errored = true
-				s.send(Errorf("08006", "lost connection to node %s: %v", st.be.Node, err).Response())
+				s.send(sqlstate.New(sqlstate.ConnectionFailure, "lost connection to node %s: %v", st.be.Node, err).Response())
 			}
 			// The other steps of this backend cannot complete.
 			x.failed[st.be] = true
@@ -184,7 +185,7 @@ func (s *session) playStep(x *exchange, st *step) error {
 			}
 			switch {
 			case st.kind == stepAbort:
-			case st.staleRetry && m.Code == "LT001":
+			case st.staleRetry && m.Code == sqlstate.SlotMoved:
 				cp := *m
 				x.stale = &cp
 			case !x.errored:

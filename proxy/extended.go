@@ -10,6 +10,7 @@ import (
 	"github.com/lattice-db/lattice/pgshard"
 	"github.com/lattice-db/lattice/router"
 	"github.com/lattice-db/lattice/shardmap"
+	"github.com/lattice-db/lattice/sqlstate"
 )
 
 // portalPart is one backend portal behind a client portal; a split INSERT
@@ -65,7 +66,7 @@ func (s *session) failExtended(err error) {
 
 func (s *session) parse(ctx context.Context, m *pgproto3.Parse) {
 	if _, exists := s.stmts[m.Name]; exists && m.Name != "" {
-		s.failExtended(Errorf("42P05", "prepared statement \"%s\" already exists", m.Name))
+		s.failExtended(sqlstate.New(sqlstate.DuplicatePreparedStatement, "prepared statement \"%s\" already exists", m.Name))
 		return
 	}
 	plans, v, err := s.plan(ctx, m.Query)
@@ -74,7 +75,7 @@ func (s *session) parse(ctx context.Context, m *pgproto3.Parse) {
 		return
 	}
 	if len(plans) > 1 {
-		s.failExtended(Errorf("42601", "cannot insert multiple commands into a prepared statement"))
+		s.failExtended(sqlstate.New(sqlstate.SyntaxError, "cannot insert multiple commands into a prepared statement"))
 		return
 	}
 	st := &clientStmt{sql: m.Query, oids: append([]uint32(nil), m.ParameterOIDs...), trees: v.TreesVersion}
@@ -100,7 +101,7 @@ func (s *session) replan(st *clientStmt, v *shardmap.View) error {
 		return err
 	}
 	if len(plans) != 1 {
-		return Errorf("42601", "cannot insert multiple commands into a prepared statement")
+		return sqlstate.New(sqlstate.SyntaxError, "cannot insert multiple commands into a prepared statement")
 	}
 	st.plan, st.trees = plans[0], v.TreesVersion
 	return nil
@@ -109,7 +110,7 @@ func (s *session) replan(st *clientStmt, v *shardmap.View) error {
 func (s *session) bind(ctx context.Context, m *pgproto3.Bind) {
 	st, ok := s.stmts[m.PreparedStatement]
 	if !ok {
-		s.failExtended(Errorf("26000", "prepared statement \"%s\" does not exist", m.PreparedStatement))
+		s.failExtended(sqlstate.New(sqlstate.InvalidSQLStatementName, "prepared statement \"%s\" does not exist", m.PreparedStatement))
 		return
 	}
 	v, err := s.view(ctx)
@@ -240,7 +241,7 @@ func (s *session) funcArg(v router.Value, m *pgproto3.Bind, oids []uint32) (*str
 		return literalPtr(v), nil
 	}
 	if v.Param > len(m.Parameters) {
-		return nil, Errorf("08P01", "bind message supplies %d parameters, but the statement uses $%d", len(m.Parameters), v.Param)
+		return nil, sqlstate.New(sqlstate.ProtocolViolation, "bind message supplies %d parameters, but the statement uses $%d", len(m.Parameters), v.Param)
 	}
 	var oid uint32
 	if v.Param <= len(oids) {
@@ -385,7 +386,7 @@ func (s *session) describe(ctx context.Context, m *pgproto3.Describe) {
 	}
 	st, ok := s.stmts[m.Name]
 	if !ok {
-		s.failExtended(Errorf("26000", "prepared statement \"%s\" does not exist", m.Name))
+		s.failExtended(sqlstate.New(sqlstate.InvalidSQLStatementName, "prepared statement \"%s\" does not exist", m.Name))
 		return
 	}
 	p := st.plan
@@ -449,7 +450,7 @@ func maxParam(f *router.FuncCall) int {
 
 func (s *session) describeFunction(name string) ([]pgproto3.FieldDescription, error) {
 	if s.srv.functions == nil {
-		return nil, Errorf("42883", "function %s does not exist", name)
+		return nil, sqlstate.New(sqlstate.UndefinedFunction, "function %s does not exist", name)
 	}
 	return s.srv.functions.Describe(name)
 }
@@ -457,7 +458,7 @@ func (s *session) describeFunction(name string) ([]pgproto3.FieldDescription, er
 func (s *session) describePortal(ctx context.Context, name string) {
 	portal, ok := s.portals[name]
 	if !ok {
-		s.failExtended(Errorf("34000", "portal \"%s\" does not exist", name))
+		s.failExtended(sqlstate.New(sqlstate.InvalidCursorName, "portal \"%s\" does not exist", name))
 		return
 	}
 	if portal.fan != nil && portal.fan.agg != nil {
@@ -490,12 +491,12 @@ func (s *session) describePortal(ctx context.Context, name string) {
 func (s *session) execute(ctx context.Context, m *pgproto3.Execute) {
 	portal, ok := s.portals[m.Portal]
 	if !ok {
-		s.failExtended(Errorf("34000", "portal \"%s\" does not exist", m.Portal))
+		s.failExtended(sqlstate.New(sqlstate.InvalidCursorName, "portal \"%s\" does not exist", m.Portal))
 		return
 	}
 	if f := portal.fan; f != nil {
 		if m.MaxRows > 0 {
-			s.failExtended(Errorf("0A000", "fetching a SELECT over several shards in batches (Execute with a row limit) is not supported"))
+			s.failExtended(sqlstate.New(sqlstate.FeatureNotSupported, "fetching a SELECT over several shards in batches (Execute with a row limit) is not supported"))
 			return
 		}
 		if (len(f.plan.Sort) > 0 || f.agg != nil) && f.fields == nil {
@@ -557,7 +558,7 @@ func (s *session) execute(ctx context.Context, m *pgproto3.Execute) {
 		s.sessionCommand(ctx, p, true)
 	case router.Catalog:
 		if !isListenPlan(p) {
-			s.failExtended(Errorf("XX000", "portal \"%s\" has nothing to run", m.Portal))
+			s.failExtended(sqlstate.New(sqlstate.InternalError, "portal \"%s\" has nothing to run", m.Portal))
 			return
 		}
 		s.listenCommand(ctx, p, true)
@@ -578,7 +579,7 @@ func (s *session) execute(ctx context.Context, m *pgproto3.Execute) {
 		}
 		s.startCopy(ctx, v, portal.stmt.plan, true)
 	default:
-		s.failExtended(Errorf("XX000", "portal \"%s\" has nothing to run", m.Portal))
+		s.failExtended(sqlstate.New(sqlstate.InternalError, "portal \"%s\" has nothing to run", m.Portal))
 	}
 }
 

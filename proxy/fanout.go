@@ -14,6 +14,7 @@ import (
 	"github.com/lattice-db/lattice/pgshard"
 	"github.com/lattice-db/lattice/router"
 	"github.com/lattice-db/lattice/shardmap"
+	"github.com/lattice-db/lattice/sqlstate"
 )
 
 // fanOut is one SELECT sent to every node that holds shards of its tree,
@@ -51,14 +52,14 @@ type fanPart struct {
 func (f *fanOut) checkFields() error {
 	visible := len(f.fields) - f.plan.Hidden
 	if visible < 0 {
-		return Errorf("XX000", "the nodes returned %d columns, fewer than the %d sort columns added", len(f.fields), f.plan.Hidden)
+		return sqlstate.New(sqlstate.InternalError, "the nodes returned %d columns, fewer than the %d sort columns added", len(f.fields), f.plan.Hidden)
 	}
 	for _, k := range f.plan.Sort {
 		switch {
 		case k.Column >= len(f.fields):
-			return Errorf("42P10", "ORDER BY position %d is not in select list", k.Column+1)
+			return sqlstate.New(sqlstate.InvalidColumnReference, "ORDER BY position %d is not in select list", k.Column+1)
 		case k.Column >= visible && !bytes.HasPrefix(f.fields[k.Column].Name, []byte("lattice_sort_")):
-			e := Errorf("XX000", "the columns of tree %q differ from the ones Lattice recorded", f.plan.Tree.Name)
+			e := sqlstate.New(sqlstate.InternalError, "the columns of tree %q differ from the ones Lattice recorded", f.plan.Tree.Name)
 			e.Hint = "change a tree's columns through the proxy"
 			return e
 		}
@@ -74,12 +75,12 @@ func (s *session) startFanOut(ctx context.Context, v *shardmap.View, p *router.P
 	extended := bind != nil
 	m := v.Maps[p.Tree.Name]
 	if m == nil {
-		s.fail(Errorf("58000", "tree %q has no shard map", p.Tree.Name), extended)
+		s.fail(sqlstate.New(sqlstate.SystemError, "tree %q has no shard map", p.Tree.Name), extended)
 		return nil
 	}
 	if agg, err := s.srv.aggregateIn(ctx, s.tenant, p.Calls); err != nil || agg != "" {
 		if err == nil {
-			e := Errorf("0A000", "SELECT on tree %q calls aggregate %s, which the proxy cannot combine over several shards", p.Tree.Name, agg)
+			e := sqlstate.New(sqlstate.FeatureNotSupported, "SELECT on tree %q calls aggregate %s, which the proxy cannot combine over several shards", p.Tree.Name, agg)
 			e.Hint = "fix the shard key in WHERE to read one shard, or aggregate in the application; count, sum, min, max and avg are combined"
 			err = e
 		}
@@ -175,7 +176,7 @@ func (f *fanOut) play(s *session, x *exchange) error {
 			}
 			if !x.errored {
 				x.errored = true
-				s.send(AsError(err).Response())
+				s.send(sqlstate.As(err).Response())
 			}
 			break
 		}
@@ -247,7 +248,7 @@ func (ps *partSource) Next(context.Context) ([][]byte, error) {
 	if !f.checked {
 		if err := f.checkFields(); err != nil {
 			x.errored = true
-			s.send(AsError(err).Response())
+			s.send(sqlstate.As(err).Response())
 			return nil, errReported
 		}
 		f.checked = true

@@ -61,7 +61,7 @@ func (s *session) funcParamType(f *router.FuncCall, n int) uint32 {
 // not undo it.
 func (s *session) functionGuard(name string) error {
 	if name == "lattice_create_tree" && s.tx.active && !s.tx.implicit {
-		e := Errorf(sqlstate.ActiveSQLTransaction, "lattice_create_tree cannot run inside a transaction block")
+		e := sqlstate.New(sqlstate.ActiveSQLTransaction, "lattice_create_tree cannot run inside a transaction block")
 		e.Hint = "commit the transaction (the table must be committed too), then call lattice_create_tree on its own"
 		return e
 	}
@@ -156,9 +156,9 @@ func paramText(value []byte, format int16, oid uint32) (*string, error) {
 		}
 		s = strconv.FormatBool(value[0] != 0)
 	default:
-		return nil, Errorf("22P03", "lattice functions take text or integer arguments; got binary type oid %d", oid)
+		return nil, sqlstate.New(sqlstate.InvalidBinaryRepresentation, "lattice functions take text or integer arguments; got binary type oid %d", oid)
 	}
 	return &s, nil
 }
 
-var errBadBinary = Errorf("22P03", "incorrect binary data format in bind parameter")
+var errBadBinary = sqlstate.New(sqlstate.InvalidBinaryRepresentation, "incorrect binary data format in bind parameter")

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgproto3"
+
+	"github.com/lattice-db/lattice/sqlstate"
 )
 
 // DefaultMaxMergeMemory bounds the rows one fan-out statement holds in the
@@ -134,12 +136,12 @@ func (st *stopper) timedOut() bool {
 }
 
 // overMemory reports a merge that holds more than the server allows.
-func (s *session) overMemory(held int64) *Error {
+func (s *session) overMemory(held int64) *sqlstate.Error {
 	limit := s.srv.cfg.MaxMergeMemory
 	if held <= limit {
 		return nil
 	}
-	e := Errorf("53200", "out of memory: merging the results of several shards needs more than %d bytes", limit)
+	e := sqlstate.New(sqlstate.OutOfMemory, "out of memory: merging the results of several shards needs more than %d bytes", limit)
 	e.Detail = "The rows the proxy holds at once to merge the nodes' results exceed --max-merge-memory."
 	e.Hint = "Select fewer or narrower columns, fix the shard key in WHERE to read one shard, or raise --max-merge-memory."
 	return e
@@ -148,7 +150,7 @@ func (s *session) overMemory(held int64) *Error {
 // explain reports a node's cancel (57014) that the statement_timeout caused
 // as a timeout, as PostgreSQL words it.
 func (st *stopper) explain(m *pgproto3.ErrorResponse) *pgproto3.ErrorResponse {
-	if m.Code != "57014" || !st.timedOut() {
+	if m.Code != sqlstate.QueryCanceled || !st.timedOut() {
 		return m
 	}
 	e := *m

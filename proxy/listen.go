@@ -12,6 +12,7 @@ import (
 
 	"github.com/lattice-db/lattice/pgshard"
 	"github.com/lattice-db/lattice/router"
+	"github.com/lattice-db/lattice/sqlstate"
 )
 
 // maxListenQueue bounds what the listen backend sent and the session has not
@@ -64,11 +65,11 @@ func (s *session) startListener(ctx context.Context) error {
 	be, err := s.srv.pools.AcquireHeld(ctx, s.srv.catalogNode, s.tenant)
 	if err != nil {
 		if errors.Is(err, pgshard.ErrTooManyHeld) || errors.Is(err, pgshard.ErrPoolExhausted) {
-			e := Errorf("53300", "cannot LISTEN: %v", err)
+			e := sqlstate.New(sqlstate.TooManyConnections, "cannot LISTEN: %v", err)
 			e.Hint = "each listening session holds a backend of the catalog node; UNLISTEN * or disconnect idle listeners"
 			return e
 		}
-		return Errorf("08006", "cannot reach node %s: %v", s.srv.catalogNode, err)
+		return sqlstate.New(sqlstate.ConnectionFailure, "cannot reach node %s: %v", s.srv.catalogNode, err)
 	}
 	l := &listener{be: be, conn: s.conn, done: make(chan struct{})}
 	l.cond = sync.NewCond(&l.mu)
@@ -261,7 +262,7 @@ func (s *session) listenLost(x *exchange, err error) {
 	s.dropListener()
 	if !x.errored {
 		x.errored = true
-		s.send(Errorf("08006", "lost the LISTEN connection to node %s: %v", s.srv.catalogNode, err).Response())
+		s.send(sqlstate.New(sqlstate.ConnectionFailure, "lost the LISTEN connection to node %s: %v", s.srv.catalogNode, err).Response())
 	}
 }
 
@@ -269,7 +270,7 @@ func (s *session) listenLost(x *exchange, err error) {
 // taking one on the first LISTEN and giving it back on UNLISTEN *.
 func (s *session) listenCommand(ctx context.Context, p *router.Plan, extended bool) {
 	if s.tx.active || len(s.tx.conns) > 0 {
-		e := Errorf("0A000", "%s inside a transaction block is not supported through the Lattice proxy", firstWord(p.SQL))
+		e := sqlstate.New(sqlstate.FeatureNotSupported, "%s inside a transaction block is not supported through the Lattice proxy", firstWord(p.SQL))
 		e.Hint = "run LISTEN and UNLISTEN outside a transaction block"
 		s.fail(e, extended)
 		if extended {
@@ -296,7 +297,7 @@ func (s *session) listenCommand(ctx context.Context, p *router.Plan, extended bo
 			}
 			if err := s.startListener(ctx); err != nil {
 				x.errored = true
-				s.send(AsError(err).Response())
+				s.send(sqlstate.As(err).Response())
 				return
 			}
 		}
@@ -351,8 +352,7 @@ func (s *session) syncListener() {
 func (s *session) listenGone(err error) {
 	s.log.Warn("LISTEN backend lost", "node", s.srv.catalogNode, "err", err)
 	s.dropListener()
-	s.send(&pgproto3.NoticeResponse{Severity: "WARNING", Code: "08006",
-		Message: fmt.Sprintf("lost the LISTEN connection to node %s: %v; the session listens to nothing now", s.srv.catalogNode, err)})
+	s.send(sqlstate.Warning(sqlstate.ConnectionFailure, "lost the LISTEN connection to node %s: %v; the session listens to nothing now", s.srv.catalogNode, err).Notice())
 }
 
 // returnListener gives the listen backend back to the pool after UNLISTEN *:

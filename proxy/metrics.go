@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/lattice-db/lattice/router"
+	"github.com/lattice-db/lattice/sqlstate"
 )
 
 // Metrics are the proxy's request-path instruments. Every labelled child a
@@ -119,7 +120,7 @@ func (m *Metrics) pinnedFor(reason string) { m.pins[reason].Inc() }
 // startupFailed counts a connection whose startup failed with err, and the
 // error Handshake sent it, if any.
 func (s *Server) startupFailed(err error) {
-	var e *Error
+	var e *sqlstate.Error
 	if !errors.As(err, &e) {
 		s.metrics.conn(connStartupFailed)
 		return

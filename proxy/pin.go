@@ -59,7 +59,7 @@ func (s *session) pinFor(ctx context.Context, pin router.Pin) error {
 	if s.pin.be == nil {
 		if n := s.srv.pinned.Add(1); n > int64(s.srv.cfg.MaxPinned) {
 			s.srv.pinned.Add(-1)
-			e := Errorf(sqlstate.TooManyConnections, "too many sessions pinned to a backend (%d, the --max-pinned limit): this statement creates session state (%s) that would pin this one too", s.srv.cfg.MaxPinned, pin)
+			e := sqlstate.New(sqlstate.TooManyConnections, "too many sessions pinned to a backend (%d, the --max-pinned limit): this statement creates session state (%s) that would pin this one too", s.srv.cfg.MaxPinned, pin)
 			e.Hint = "raise --max-pinned, or avoid state that lives on one backend: temp tables with ON COMMIT DROP inside a transaction, pg_advisory_xact_lock, set_config(..., true), your driver's prepared statements instead of PREPARE; DISCARD ALL ends a pin"
 			return e
 		}

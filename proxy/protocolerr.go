@@ -6,6 +6,8 @@ import (
 	"net"
 
 	"github.com/jackc/pgx/v5/pgproto3"
+
+	"github.com/lattice-db/lattice/sqlstate"
 )
 
 // receiveFailed ends a session whose client message could not be read. A
@@ -13,18 +15,18 @@ import (
 // malformed) is answered with FATAL 08P01, as PostgreSQL answers it, so the
 // client learns why it is cut off; a lost connection is sent nothing.
 func (s *session) receiveFailed(err error) {
-	var e *Error
+	var e *sqlstate.Error
 	var tooBig *pgproto3.ExceededMaxBodyLenErr
 	switch {
 	case errors.As(err, &tooBig):
 		// Read the rest of the message (within a deadline) so the client
 		// is not cut off mid-write and can read why.
 		discardInput(s.conn, int64(tooBig.ActualBodyLen))
-		e = fatalf("08P01", "message of %d bytes exceeds the limit of %d", tooBig.ActualBodyLen, tooBig.MaxExpectedBodyLen)
+		e = sqlstate.Fatal(sqlstate.ProtocolViolation, "message of %d bytes exceeds the limit of %d", tooBig.ActualBodyLen, tooBig.MaxExpectedBodyLen)
 	case connLost(err):
 		return
 	default:
-		e = fatalf("08P01", "invalid frontend message: %v", err)
+		e = sqlstate.Fatal(sqlstate.ProtocolViolation, "invalid frontend message: %v", err)
 	}
 	s.send(e.Response())
 	_ = s.client.Flush()

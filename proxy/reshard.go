@@ -10,6 +10,7 @@ import (
 	"github.com/lattice-db/lattice/pgshard"
 	"github.com/lattice-db/lattice/router"
 	"github.com/lattice-db/lattice/shardmap"
+	"github.com/lattice-db/lattice/sqlstate"
 )
 
 const (
@@ -45,15 +46,15 @@ func (s *session) acquireView(ctx context.Context) (*shardmap.View, error) {
 			}
 			return v, nil
 		case !errors.Is(err, shardmap.ErrLeaseExpired):
-			return nil, Errorf("58000", "shard map unavailable: %v", err)
+			return nil, sqlstate.New(sqlstate.SystemError, "shard map unavailable: %v", err)
 		case time.Now().After(deadline):
-			e := Errorf("57P03", "this Lattice proxy cannot reach Redis, and cannot vouch for its cached shard map (it lost a session on a node, or never served this database)")
+			e := sqlstate.New(sqlstate.CannotConnectNow, "this Lattice proxy cannot reach Redis, and cannot vouch for its cached shard map (it lost a session on a node, or never served this database)")
 			e.Hint = "retry shortly, or connect to another proxy; the proxy serves again once it reaches Redis"
 			return nil, e
 		}
 		select {
 		case <-ctx.Done():
-			return nil, Errorf("57014", "canceling statement: %v", ctx.Err())
+			return nil, sqlstate.New(sqlstate.QueryCanceled, "canceling statement: %v", ctx.Err())
 		case <-time.After(leasePoll):
 		}
 	}
@@ -116,9 +117,9 @@ func (s *session) holdFrozen(ctx context.Context, m *shardmap.Map, start time.Ti
 	defer cancel()
 	if _, err := s.srv.cache.Wait(wctx, s.tenant, m.Tree, m.Epoch+1); err != nil {
 		if ctx.Err() != nil {
-			return Errorf("57014", "canceling statement: %v", ctx.Err())
+			return sqlstate.New(sqlstate.QueryCanceled, "canceling statement: %v", ctx.Err())
 		}
-		e := Errorf("55000", "slots of tree %q are moving to another shard and did not settle within %s", m.Tree, holdTimeout)
+		e := sqlstate.New(sqlstate.ObjectNotInPrerequisiteState, "slots of tree %q are moving to another shard and did not settle within %s", m.Tree, holdTimeout)
 		e.Hint = "retry the statement; a reshard is running"
 		return e
 	}

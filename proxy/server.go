@@ -20,6 +20,7 @@ import (
 	"github.com/lattice-db/lattice/pgshard"
 	"github.com/lattice-db/lattice/router"
 	"github.com/lattice-db/lattice/shardmap"
+	"github.com/lattice-db/lattice/sqlstate"
 )
 
 // Config is what a Server needs besides its collaborators.
@@ -157,8 +158,8 @@ func (s *Server) serveConn(ctx context.Context, conn net.Conn) {
 	if n := s.clients.Add(1); n > int64(s.cfg.MaxClients) {
 		s.clients.Add(-1)
 		s.metrics.conn(connTooMany)
-		s.metrics.errorSent("53300")
-		st.Backend.Send(Errorf("53300", "sorry, too many clients already").Response())
+		s.metrics.errorSent(sqlstate.TooManyConnections)
+		st.Backend.Send(sqlstate.New(sqlstate.TooManyConnections, "sorry, too many clients already").Response())
 		_ = st.Backend.Flush()
 		return
 	}
@@ -167,7 +168,7 @@ func (s *Server) serveConn(ctx context.Context, conn net.Conn) {
 	sess := s.newSession(conn, st)
 	if err := s.greet(ctx, sess, st); err != nil {
 		s.metrics.conn(connRejected)
-		sess.send(AsError(err).Response())
+		sess.send(sqlstate.As(err).Response())
 		_ = sess.client.Flush()
 		return
 	}
@@ -201,7 +202,7 @@ func (s *Server) greet(ctx context.Context, sess *session, st *Startup) error {
 	withStatementTimeout(params, s.cfg.StatementTimeout)
 	be, err := s.pools.Acquire(ctx, s.catalogNode, sess.tenant)
 	if err != nil {
-		return AsError(unwrapPg(err))
+		return sqlstate.As(unwrapPg(err))
 	}
 	defaults := make(map[string]string, len(be.Params))
 	for k, v := range be.Params {
@@ -230,7 +231,7 @@ func (s *Server) greet(ctx context.Context, sess *session, st *Startup) error {
 // unwrapPg keeps a PostgreSQL error (e.g. 3D000 for a missing database)
 // found inside a connection error.
 func unwrapPg(err error) error {
-	var pe *Error
+	var pe *sqlstate.Error
 	if errors.As(err, &pe) {
 		return pe
 	}
@@ -316,7 +317,7 @@ func (sess *session) loop(ctx context.Context) {
 		case *pgproto3.CopyData, *pgproto3.CopyDone, *pgproto3.CopyFail:
 			// Left over from a COPY that already failed; PostgreSQL ignores them too.
 		default:
-			sess.send(fatalf("08P01", "unexpected message type %T", m).Response())
+			sess.send(sqlstate.Fatal(sqlstate.ProtocolViolation, "unexpected message type %T", m).Response())
 			_ = sess.client.Flush()
 			return
 		}

@@ -13,6 +13,7 @@ import (
 	"github.com/lattice-db/lattice/pgshard"
 	"github.com/lattice-db/lattice/router"
 	"github.com/lattice-db/lattice/shardmap"
+	"github.com/lattice-db/lattice/sqlstate"
 )
 
 // maxStaleRetries bounds how often one statement is routed again after a
@@ -150,7 +151,7 @@ func (s *session) view(ctx context.Context) (*shardmap.View, error) {
 	}
 	v, err := s.srv.cache.View(ctx, s.tenant)
 	if err != nil {
-		return nil, Errorf("58000", "shard map unavailable: %v", err)
+		return nil, sqlstate.New(sqlstate.SystemError, "shard map unavailable: %v", err)
 	}
 	return v, nil
 }
@@ -246,9 +247,9 @@ func (s *session) acquire(ctx context.Context, node string) (*pgshard.Conn, erro
 		var err error
 		if be, err = s.srv.pools.Acquire(ctx, node, s.tenant); err != nil {
 			if errors.Is(err, pgshard.ErrPoolExhausted) {
-				return nil, Errorf("53300", "%v", err)
+				return nil, sqlstate.New(sqlstate.TooManyConnections, "%v", err)
 			}
-			return nil, Errorf("08006", "cannot reach node %s: %v", node, err)
+			return nil, sqlstate.New(sqlstate.ConnectionFailure, "cannot reach node %s: %v", node, err)
 		}
 	}
 	s.setActive(be, true)
@@ -455,7 +456,7 @@ func (s *session) release() {
 // backend holding it is made to fail too, so its later statements get 25P02
 // from PostgreSQL itself and COMMIT rolls back.
 func (s *session) fail(err error, extended bool) {
-	s.x.synthetic(AsError(err).Response())
+	s.x.synthetic(sqlstate.As(err).Response())
 	for _, be := range s.backends() {
 		if extended {
 			be.Frontend.Send(&pgproto3.Parse{Query: "lattice aborts this transaction"})

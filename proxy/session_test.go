@@ -1,6 +1,10 @@
 package proxy
 
-import "testing"
+import (
+	"testing"
+
+	"github.com/lattice-db/lattice/sqlstate"
+)
 
 func TestSettingsReplay(t *testing.T) {
 	s := newSettings(map[string]string{"application_name": "psql", "client_encoding": "UTF8"}, map[string]string{"client_encoding": "UTF8"})
@@ -64,7 +68,7 @@ func TestStartupSettings(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := startupSettings(tc.params)
 			if tc.wantCode != "" {
-				if err == nil || AsError(err).Code != tc.wantCode {
+				if err == nil || sqlstate.As(err).Code != tc.wantCode {
 					t.Fatalf("got %v, %v; want SQLSTATE %s", got, err, tc.wantCode)
 				}
 				return

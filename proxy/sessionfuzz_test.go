@@ -20,6 +20,7 @@ import (
 	"github.com/lattice-db/lattice/pgshard"
 	"github.com/lattice-db/lattice/router"
 	"github.com/lattice-db/lattice/shardmap"
+	"github.com/lattice-db/lattice/sqlstate"
 )
 
 // sessionMaxMessage is the message size limit of fuzzed sessions: small, so
@@ -30,11 +31,11 @@ const sessionMaxMessage = 4096
 type noFunctions struct{}
 
 func (noFunctions) Describe(name string) ([]pgproto3.FieldDescription, error) {
-	return nil, Errorf("42883", "function %s does not exist", name)
+	return nil, sqlstate.New("42883", "function %s does not exist", name)
 }
 
 func (noFunctions) Call(context.Context, string, string, []*string, map[string]*string) ([][]any, error) {
-	return nil, Errorf("42883", "function does not exist")
+	return nil, sqlstate.New("42883", "function does not exist")
 }
 
 // nodelessServer is a Server whose shard map (an in-process Redis) holds a
@@ -121,7 +122,7 @@ func runSession(t *testing.T, srv *Server, client []byte) *dribbleConn {
 		sess := srv.newSession(conn, st)
 		params, err := startupSettings(st.Params)
 		if err != nil {
-			sess.client.Send(AsError(err).Response())
+			sess.client.Send(sqlstate.As(err).Response())
 			_ = sess.client.Flush()
 			return
 		}

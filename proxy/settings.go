@@ -124,7 +124,7 @@ func (s *session) multiSets(sets []string, txStmts []*router.Plan) error {
 	}
 	for _, p := range txStmts {
 		if p.Kind == router.Transaction {
-			e := Errorf(sqlstate.FeatureNotSupported, "SET or RESET cannot be combined with %s in one query string through the Lattice proxy", strings.ToUpper(firstWord(p.SQL)))
+			e := sqlstate.New(sqlstate.FeatureNotSupported, "SET or RESET cannot be combined with %s in one query string through the Lattice proxy", strings.ToUpper(firstWord(p.SQL)))
 			e.Hint = "send the SET in a query of its own, or use SET LOCAL inside the transaction"
 			return e
 		}

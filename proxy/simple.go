@@ -11,6 +11,7 @@ import (
 	"github.com/lattice-db/lattice/pgshard"
 	"github.com/lattice-db/lattice/router"
 	"github.com/lattice-db/lattice/shardmap"
+	"github.com/lattice-db/lattice/sqlstate"
 )
 
 // simpleQuery serves one Query message. A statement rejected by a shard with
@@ -74,7 +75,7 @@ func (s *session) abortedTx(p *router.Plan) bool {
 	return true
 }
 
-var errAbortedTx = Errorf("25P02", "current transaction is aborted, commands ignored until end of transaction block")
+var errAbortedTx = sqlstate.New(sqlstate.InFailedSQLTransaction, "current transaction is aborted, commands ignored until end of transaction block")
 
 func (s *session) simpleOne(ctx context.Context, v *shardmap.View, p *router.Plan, allowRetry bool) {
 	if s.abortedTx(p) {
@@ -138,7 +139,7 @@ func (s *session) simpleOne(ctx context.Context, v *shardmap.View, p *router.Pla
 	case router.Copy:
 		s.startCopy(ctx, v, p, false)
 	default:
-		s.fail(Errorf("XX000", "unhandled plan kind %v", p.Kind), false)
+		s.fail(sqlstate.New(sqlstate.InternalError, "unhandled plan kind %v", p.Kind), false)
 	}
 }
 
@@ -250,7 +251,7 @@ func (s *session) simpleMulti(ctx context.Context, v *shardmap.View, plans []*ro
 		switch p.Kind {
 		case router.Catalog, router.LocalSet, router.Transaction, router.SessionSet:
 			if isListenPlan(p) {
-				e := Errorf("0A000", "%s cannot be combined with other statements in one query string through the Lattice proxy", firstWord(p.SQL))
+				e := sqlstate.New(sqlstate.FeatureNotSupported, "%s cannot be combined with other statements in one query string through the Lattice proxy", firstWord(p.SQL))
 				e.Hint = "send it as a query of its own"
 				s.fail(e, false)
 				return
@@ -274,14 +275,14 @@ func (s *session) simpleMulti(ctx context.Context, v *shardmap.View, plans []*ro
 			s.fail(p.Err, false)
 			return
 		default:
-			e := Errorf("0A000", "%s cannot be combined with other statements in one query string", p.Kind)
+			e := sqlstate.New(sqlstate.FeatureNotSupported, "%s cannot be combined with other statements in one query string", p.Kind)
 			e.Hint = "send it as a query of its own"
 			s.fail(e, false)
 			return
 		}
 		if n != "" {
 			if node != "" && node != n {
-				e := Errorf("0A000", "the statements of this query string need more than one node")
+				e := sqlstate.New(sqlstate.FeatureNotSupported, "the statements of this query string need more than one node")
 				e.Hint = "send them as separate queries"
 				s.fail(e, false)
 				return
@@ -294,7 +295,7 @@ func (s *session) simpleMulti(ctx context.Context, v *shardmap.View, plans []*ro
 		node = s.catalogTarget(&router.Plan{Anywhere: true})
 	}
 	if len(txStmts) > 0 && (len(s.tx.conns) > 1 || len(s.tx.conns) == 1 && s.tx.conns[0].Node != node) {
-		e := Errorf("0A000", "%s inside a multi-statement query is not supported in a transaction that spans several nodes", firstWord(txStmts[0].SQL))
+		e := sqlstate.New(sqlstate.FeatureNotSupported, "%s inside a multi-statement query is not supported in a transaction that spans several nodes", firstWord(txStmts[0].SQL))
 		e.Hint = "send COMMIT, ROLLBACK, savepoint and SET LOCAL commands as queries of their own"
 		s.fail(e, false)
 		return
@@ -347,7 +348,7 @@ func (s *session) catalogGuard(p *router.Plan) error {
 	if p.Notify && slices.ContainsFunc(s.tx.conns, func(be *pgshard.Conn) bool { return be.Node != s.srv.catalogNode }) {
 		// It would join the catalog node to a transaction over several
 		// nodes, and PostgreSQL cannot prepare a transaction that notified.
-		e := Errorf("0A000", "cannot notify inside a transaction that already uses %s: notifications are sent from the catalog node, and a transaction over several nodes commits with PREPARE TRANSACTION, which PostgreSQL refuses after NOTIFY", nodeList(s.tx.conns))
+		e := sqlstate.New(sqlstate.FeatureNotSupported, "cannot notify inside a transaction that already uses %s: notifications are sent from the catalog node, and a transaction over several nodes commits with PREPARE TRANSACTION, which PostgreSQL refuses after NOTIFY", nodeList(s.tx.conns))
 		e.Hint = "notify outside this transaction, or in a transaction that touches only the catalog node"
 		return e
 	}
@@ -376,7 +377,7 @@ func (s *session) txControl(ctx context.Context, p *router.Plan, extended bool) 
 	switch p.Tx {
 	case router.Begin:
 		if s.tx.active {
-			s.x.synthetic(&pgproto3.NoticeResponse{Severity: "WARNING", Code: "25001", Message: "there is already a transaction in progress"}, commandComplete("BEGIN"))
+			s.x.synthetic(sqlstate.Warning(sqlstate.ActiveSQLTransaction, "there is already a transaction in progress").Notice(), commandComplete("BEGIN"))
 			return
 		}
 		s.tx.active, s.tx.failed, s.tx.deferred = true, false, nil
@@ -391,7 +392,7 @@ func (s *session) txControl(ctx context.Context, p *router.Plan, extended bool) 
 			tag = "ROLLBACK"
 		}
 		if !s.tx.active {
-			s.x.synthetic(&pgproto3.NoticeResponse{Severity: "WARNING", Code: "25P01", Message: "there is no transaction in progress"}, commandComplete(tag))
+			s.x.synthetic(sqlstate.Warning(sqlstate.NoActiveSQLTransaction, "there is no transaction in progress").Notice(), commandComplete(tag))
 			return
 		}
 		s.tx.active, s.tx.failed, s.tx.deferred = false, false, nil
@@ -403,7 +404,7 @@ func (s *session) txControl(ctx context.Context, p *router.Plan, extended bool) 
 		s.x.synthetic(commandComplete(tag))
 	case router.Savepoint, router.Release, router.RollbackTo:
 		if !s.tx.active {
-			s.fail(Errorf("25P01", "%s can only be used in transaction blocks", strings.ToUpper(firstWord(p.SQL))), extended)
+			s.fail(sqlstate.New(sqlstate.NoActiveSQLTransaction, "%s can only be used in transaction blocks", strings.ToUpper(firstWord(p.SQL))), extended)
 			return
 		}
 		if p.Tx == router.RollbackTo && s.tx.failed {
@@ -412,7 +413,7 @@ func (s *session) txControl(ctx context.Context, p *router.Plan, extended bool) 
 		s.tx.deferred = append(s.tx.deferred, p.SQL)
 		s.x.synthetic(commandComplete(savepointTag(p.Tx)))
 	default:
-		s.fail(Errorf("0A000", "%s is not supported through the Lattice proxy", firstWord(p.SQL)), extended)
+		s.fail(sqlstate.New(sqlstate.FeatureNotSupported, "%s is not supported through the Lattice proxy", firstWord(p.SQL)), extended)
 	}
 }
 
@@ -484,7 +485,7 @@ func (s *session) forwardTx(be *pgshard.Conn, sql string, extended, hide bool) {
 func (s *session) sessionCommand(ctx context.Context, p *router.Plan, extended bool) {
 	if p.Kind == router.Discard {
 		if s.tx.active {
-			s.fail(Errorf("25001", "DISCARD ALL cannot run inside a transaction block"), extended)
+			s.fail(sqlstate.New(sqlstate.ActiveSQLTransaction, "DISCARD ALL cannot run inside a transaction block"), extended)
 			return
 		}
 		s.settings.reset()
@@ -559,7 +560,7 @@ func literalPtr(v router.Value) *string {
 // withDesc the RowDescription is sent first (simple protocol).
 func (s *session) callFunction(ctx context.Context, f *router.FuncCall, args []*string, named map[string]*string, resultFmt []int16, withDesc bool) {
 	if s.srv.functions == nil {
-		s.fail(Errorf("42883", "function %s does not exist", f.Name), !withDesc)
+		s.fail(sqlstate.New(sqlstate.UndefinedFunction, "function %s does not exist", f.Name), !withDesc)
 		return
 	}
 	fields, err := s.srv.functions.Describe(f.Name)
@@ -578,7 +579,7 @@ func (s *session) callFunction(ctx context.Context, f *router.FuncCall, args []*
 	fields = resultFields(fields, resultFmt)
 	enc, err := encodeRows(fields, rows)
 	if err != nil {
-		s.fail(Errorf("XX000", "%v", err), !withDesc)
+		s.fail(sqlstate.New(sqlstate.InternalError, "%v", err), !withDesc)
 		return
 	}
 	var msgs []pgproto3.BackendMessage

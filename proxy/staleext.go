@@ -8,6 +8,7 @@ import (
 
 	"github.com/lattice-db/lattice/pgshard"
 	"github.com/lattice-db/lattice/router"
+	"github.com/lattice-db/lattice/sqlstate"
 )
 
 // extRetry is a statement of an extended batch that may be routed again
@@ -100,7 +101,7 @@ func (s *session) rebindStale(ctx context.Context, r *extRetry) *pgshard.Conn {
 	}
 	p := r.stmt.plan
 	if p.Kind != router.Single {
-		s.fail(Errorf("XX000", "a statement routed again after its slot moved changed its plan"), true)
+		s.fail(sqlstate.New(sqlstate.InternalError, "a statement routed again after its slot moved changed its plan"), true)
 		return nil
 	}
 	sh, err := s.route(v, p, r.bind, r.stmt.oids)

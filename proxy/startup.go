@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgproto3"
+
+	"github.com/lattice-db/lattice/sqlstate"
 )
 
 const (
@@ -87,7 +89,7 @@ type CancelKey struct {
 // granted or a plain connection under TLSRequired, 08P01 for a malformed or
 // oversized message, 0A000 for an
 // unsupported protocol or a replication connection) and returns an error
-// holding that *Error (see AsError); the caller closes conn. The error
+// holding that *sqlstate.Error (see sqlstate.As); the caller closes conn. The error
 // matches io.EOF when the client sent nothing at all (a port probe), and
 // os.ErrDeadlineExceeded when it did not finish within cfg.StartupTimeout;
 // such clients are sent nothing. Cancelling ctx abandons the handshake.
@@ -109,7 +111,7 @@ func Handshake(ctx context.Context, conn net.Conn, cfg StartupConfig) (*Startup,
 		return nil, fmt.Errorf("startup abandoned: %w", context.Cause(ctx))
 	}
 	if err != nil {
-		if e := (*Error)(nil); errors.As(err, &e) {
+		if e := (*sqlstate.Error)(nil); errors.As(err, &e) {
 			b := c.backend()
 			b.Send(e.Response())
 			b.Flush() // the client may be gone; the error to return is err
@@ -168,7 +170,7 @@ func handshake(c *startupConn, cfg StartupConfig) (*Startup, error) {
 		switch code := binary.BigEndian.Uint32(pkt); code {
 		case sslRequestCode, gssEncRequestCode:
 			if asked[code] || len(pkt) != 4 || c.secured {
-				return nil, fatalf("08P01", "invalid encryption request")
+				return nil, sqlstate.Fatal(sqlstate.ProtocolViolation, "invalid encryption request")
 			}
 			asked[code] = true
 			if code == sslRequestCode && cfg.TLS != nil {
@@ -193,7 +195,7 @@ func handshake(c *startupConn, cfg StartupConfig) (*Startup, error) {
 			}}, nil
 		default:
 			if cfg.TLSRequired && !c.secured {
-				e := fatalf("28000", "TLS required: this server accepts only encrypted connections")
+				e := sqlstate.Fatal(sqlstate.InvalidAuthorizationSpecification, "TLS required: this server accepts only encrypted connections")
 				e.Hint = "Connect with sslmode=require (or verify-full)."
 				return nil, e
 			}
@@ -219,7 +221,7 @@ func readStartupPacket(r io.Reader) ([]byte, error) {
 	}
 	n := int(int32(binary.BigEndian.Uint32(hdr[:]))) - 4
 	if n < 4 || n > maxStartupPacket {
-		return nil, fatalf("08P01", "invalid length of startup packet")
+		return nil, sqlstate.Fatal(sqlstate.ProtocolViolation, "invalid length of startup packet")
 	}
 	pkt := make([]byte, n)
 	if _, err := io.ReadFull(r, pkt); err != nil {
@@ -232,7 +234,7 @@ func readStartupPacket(r io.Reader) ([]byte, error) {
 // parameters are params.
 func startupMessage(b *pgproto3.Backend, version uint32, params []byte, cfg StartupConfig) (*Startup, error) {
 	if major, minor := version>>16, version&0xffff; major != 3 {
-		return nil, fatalf("0A000", "unsupported frontend protocol %d.%d: server supports 3.0", major, minor)
+		return nil, sqlstate.Fatal(sqlstate.FeatureNotSupported, "unsupported frontend protocol %d.%d: server supports 3.0", major, minor)
 	}
 	p, err := parseStartupParams(params)
 	if err != nil {
@@ -257,13 +259,13 @@ func startupMessage(b *pgproto3.Backend, version uint32, params []byte, cfg Star
 
 	user, database := p["user"], p["database"]
 	if user == "" {
-		return nil, fatalf("28000", "no PostgreSQL user name specified in startup packet")
+		return nil, sqlstate.Fatal(sqlstate.InvalidAuthorizationSpecification, "no PostgreSQL user name specified in startup packet")
 	}
 	if database == "" {
 		database = user
 	}
 	if r, ok := p["replication"]; ok && !isFalse(r) {
-		e := fatalf("0A000", "replication connections are not supported")
+		e := sqlstate.Fatal(sqlstate.FeatureNotSupported, "replication connections are not supported")
 		e.Hint = "Connect to a node directly for replication."
 		return nil, e
 	}
@@ -279,7 +281,7 @@ func startupMessage(b *pgproto3.Backend, version uint32, params []byte, cfg Star
 		// Checked only once the user has proved who it is, so grants are
 		// not revealed to anyone else.
 		if u, _ := cfg.Users.Lookup(user); !u.Allows(database) {
-			return nil, fatalf("28000", "user %q is not allowed to connect to database %q", user, database)
+			return nil, sqlstate.Fatal(sqlstate.InvalidAuthorizationSpecification, "user %q is not allowed to connect to database %q", user, database)
 		}
 	}
 	b.Send(&pgproto3.AuthenticationOk{})
@@ -312,7 +314,7 @@ func parseStartupParams(buf []byte) (map[string]string, error) {
 		p[string(name)] = string(value)
 		buf = rest
 	}
-	return nil, fatalf("08P01", "invalid startup packet layout: expected terminator as last byte")
+	return nil, sqlstate.Fatal(sqlstate.ProtocolViolation, "invalid startup packet layout: expected terminator as last byte")
 }
 
 // isFalse reports whether v is a PostgreSQL boolean false, the only value of
@@ -337,15 +339,7 @@ func receiveAuthMessage(b *pgproto3.Backend) (pgproto3.FrontendMessage, error) {
 		return nil, fmt.Errorf("reading authentication response: %w", err)
 	}
 	if tooBig := (*pgproto3.ExceededMaxBodyLenErr)(nil); errors.As(err, &tooBig) {
-		return nil, fatalf("08P01", "invalid message length")
+		return nil, sqlstate.Fatal(sqlstate.ProtocolViolation, "invalid message length")
 	}
-	return nil, fmt.Errorf("%w: %v", fatalf("08P01", "invalid message from client"), err)
-}
-
-// fatalf returns a FATAL error: PostgreSQL's severity for one that ends the
-// connection, as every startup error does.
-func fatalf(code, format string, args ...any) *Error {
-	e := Errorf(code, format, args...)
-	e.Severity = "FATAL"
-	return e
+	return nil, fmt.Errorf("%w: %v", sqlstate.Fatal(sqlstate.ProtocolViolation, "invalid message from client"), err)
 }

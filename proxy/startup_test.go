@@ -18,6 +18,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
+
+	"github.com/lattice-db/lattice/sqlstate"
 )
 
 const (
@@ -137,7 +139,7 @@ func TestHandshakePgconn(t *testing.T) {
 				if pgErr.Code != tt.code || pgErr.Message != tt.message || pgErr.Severity != "FATAL" || pgErr.Detail != "" || pgErr.Hint != tt.hint {
 					t.Errorf("client got %+v, want FATAL %s %q", pgErr, tt.code, tt.message)
 				}
-				if e := AsError(r.err); r.err == nil || e.Code != tt.code {
+				if e := sqlstate.As(r.err); r.err == nil || e.Code != tt.code {
 					t.Errorf("Handshake: %v, want an error with %s", r.err, tt.code)
 				}
 				return
@@ -419,7 +421,7 @@ func TestHandshakeRaw(t *testing.T) {
 					tt.check(t, r.s)
 				}
 			case "error", "eof":
-				var e *Error
+				var e *sqlstate.Error
 				if r.err == nil || errors.As(r.err, &e) {
 					t.Errorf("Handshake: %v, want an error not sent to the client", r.err)
 				}

@@ -4,6 +4,7 @@ import (
 	"strings"
 
 	"github.com/lattice-db/lattice/router"
+	"github.com/lattice-db/lattice/sqlstate"
 )
 
 // startupSettings turns a client's startup parameters into the settings the
@@ -31,13 +32,13 @@ func startupSettings(params map[string]string) (map[string]string, error) {
 		case strings.HasPrefix(w, "--"):
 			item = strings.ReplaceAll(w[2:], "-", "_")
 		default:
-			e := Errorf("0A000", "startup option %q is not supported through the Lattice proxy", w)
+			e := sqlstate.New(sqlstate.FeatureNotSupported, "startup option %q is not supported through the Lattice proxy", w)
 			e.Hint = "use -c name=value settings in options, or SET after connecting"
 			return nil, e
 		}
 		name, value, ok := strings.Cut(item, "=")
 		if !ok || name == "" {
-			return nil, Errorf("22023", "invalid startup option %q: want name=value", item)
+			return nil, sqlstate.New(sqlstate.InvalidParameterValue, "invalid startup option %q: want name=value", item)
 		}
 		out[name] = value
 	}

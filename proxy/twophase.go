@@ -75,13 +75,6 @@ var decisionDDL = []string{
 	)`,
 }
 
-// Codes that PostgreSQL sends and the coordinator reads (Lattice sends
-// neither, so they are not in package sqlstate's catalogue).
-const (
-	codeUniqueViolation   = "23505" // the decision row's gid was claimed first
-	codeInvalidSchemaName = "3F000" // no lattice_meta schema yet: no decisions
-)
-
 // askWrote asks a participant whether its transaction wrote: a transaction
 // id is assigned by its first write or row lock. Its tag is "SELECT 1" when
 // it did.
@@ -346,13 +339,13 @@ func (t *TwoPhase) commitParts(ctx context.Context, database string, parts []par
 		if holder == nil {
 			h, err := t.openHolder(ctx, database)
 			if err != nil {
-				return Errorf(sqlstate.SystemError, "cannot commit across nodes: cannot open a transaction on the catalog node to record the decision: %v", err)
+				return sqlstate.New(sqlstate.SystemError, "cannot commit across nodes: cannot open a transaction on the catalog node to record the decision: %v", err)
 			}
 			holder, ownHolder = &h, true
 			everyone = append(slices.Clone(parts), h)
 		}
 		if err := t.ensureLog(ctx, database); err != nil {
-			return Errorf(sqlstate.SystemError, "cannot commit across nodes: %v", err)
+			return sqlstate.New(sqlstate.SystemError, "cannot commit across nodes: %v", err)
 		}
 		gid = fmt.Sprintf("%s%s_%d_%d", gidPrefix, t.owner, t.seq.Add(1), holder.pid())
 		t.live.Store(gid, struct{}{})
@@ -424,7 +417,7 @@ func (t *TwoPhase) commitParts(ctx context.Context, database string, parts []par
 		if errors.Is(err, errOutcomeUnknown) {
 			t.cfg.Log.Error("two-phase commit: the outcome of the decision is unknown; the recoverer finishes the transaction", "gid", gid, "err", err)
 			execSame(ctx, readers, "ROLLBACK")
-			return Errorf(sqlstate.TransactionResolutionUnknown, "the outcome of this transaction is unknown: the connection to the catalog node was lost while it committed: %v", err)
+			return sqlstate.New(sqlstate.TransactionResolutionUnknown, "the outcome of this transaction is unknown: the connection to the catalog node was lost while it committed: %v", err)
 		}
 		return fail(err)
 	}
@@ -516,7 +509,7 @@ func (t *TwoPhase) decide(ctx context.Context, h participant, gid string, prepar
 			}
 			return decisionError(errs[0])
 		case tags[0] != "COMMIT":
-			return Errorf(sqlstate.TransactionRollback, "the transaction was rolled back on the catalog node")
+			return sqlstate.New(sqlstate.TransactionRollback, "the transaction was rolled back on the catalog node")
 		}
 		return nil
 	}
@@ -547,8 +540,8 @@ func quoteIdentArray(s string) string {
 // recoverer that gave up on the transaction claimed its gid first.
 func decisionError(err error) error {
 	var pg *pgconn.PgError
-	if errors.As(err, &pg) && pg.Code == codeUniqueViolation && pg.TableName == "commit_decisions" {
-		e := Errorf(sqlstate.TransactionRollback, "the transaction was rolled back: its prepare phase outlasted the recovery bound, and a recoverer rolled it back")
+	if errors.As(err, &pg) && pg.Code == sqlstate.UniqueViolation && pg.TableName == "commit_decisions" {
+		e := sqlstate.New(sqlstate.TransactionRollback, "the transaction was rolled back: its prepare phase outlasted the recovery bound, and a recoverer rolled it back")
 		e.Hint = "retry the transaction; if this recurs, raise --tx-abort-after"
 		return e
 	}
@@ -573,7 +566,7 @@ func (t *TwoPhase) abort(ctx context.Context, gid string, prepared []participant
 func prepareError(node string, err error) error {
 	var pg *pgconn.PgError
 	if errors.As(err, &pg) && pg.Code == sqlstate.ObjectNotInPrerequisiteState && strings.Contains(pg.Message, "prepared transactions are disabled") {
-		e := Errorf(sqlstate.ObjectNotInPrerequisiteState, "node %s has max_prepared_transactions = 0, and a transaction across nodes needs two-phase commit; the transaction was rolled back", node)
+		e := sqlstate.New(sqlstate.ObjectNotInPrerequisiteState, "node %s has max_prepared_transactions = 0, and a transaction across nodes needs two-phase commit; the transaction was rolled back", node)
 		e.Hint = "set max_prepared_transactions above 0 on every node (for example to max_connections) and restart it"
 		return e
 	}
@@ -843,7 +836,7 @@ func (t *TwoPhase) readLog(ctx context.Context, database string, gids []string) 
 	rows, err := pool.Query(ctx, sql, args...)
 	if err != nil {
 		var pg *pgconn.PgError
-		if errors.As(err, &pg) && (pg.Code == sqlstate.UndefinedTable || pg.Code == codeInvalidSchemaName) {
+		if errors.As(err, &pg) && (pg.Code == sqlstate.UndefinedTable || pg.Code == sqlstate.InvalidSchemaName) {
 			return out, nil // no log yet
 		}
 		return nil, err

@@ -57,7 +57,7 @@ func (s *session) spanNodes(n int, extended bool) {
 // endImplicit ends the implicit transaction, if one is open: it commits
 // when ok and no participant failed, and rolls back otherwise. The error is
 // the commit's, for the client.
-func (s *session) endImplicit(ctx context.Context, ok bool) *Error {
+func (s *session) endImplicit(ctx context.Context, ok bool) *sqlstate.Error {
 	if !s.tx.implicit {
 		return nil
 	}
@@ -65,7 +65,7 @@ func (s *session) endImplicit(ctx context.Context, ok bool) *Error {
 		s.rollbackConns(ctx)
 		return nil
 	}
-	return AsError(s.commitConns(ctx))
+	return sqlstate.As(s.commitConns(ctx))
 }
 
 // txOnBackends serves COMMIT, ROLLBACK and savepoints once backends hold
@@ -90,7 +90,7 @@ func (s *session) txOnBackends(ctx context.Context, p *router.Plan, extended boo
 		s.leaveTx()
 	default:
 		if len(conns) > 1 {
-			e := Errorf("0A000", "%s is not supported in a transaction that spans several nodes (%s)", firstWord(p.SQL), nodeList(conns))
+			e := sqlstate.New(sqlstate.FeatureNotSupported, "%s is not supported in a transaction that spans several nodes (%s)", firstWord(p.SQL), nodeList(conns))
 			e.Hint = "use savepoints in transactions that stay on one node, or roll back the whole transaction"
 			s.fail(e, extended)
 			if extended {
@@ -141,7 +141,7 @@ func (s *session) commitMulti(ctx context.Context, extended bool) {
 	conns := slices.Clone(s.tx.conns)
 	if err := s.commitConns(ctx); err != nil {
 		s.undoTxSets(conns)
-		s.x.synthetic(AsError(err).Response())
+		s.x.synthetic(sqlstate.As(err).Response())
 		s.skipping = extended
 		return
 	}
@@ -188,7 +188,7 @@ func (s *session) commitConns(ctx context.Context) error {
 		return execAll(ctx, conns, "COMMIT")[0]
 	case s.srv.twoPhase == nil:
 		execAll(ctx, conns, "ROLLBACK")
-		return Errorf(sqlstate.FeatureNotSupported, "this transaction spans %s, and this proxy has no two-phase commit coordinator", nodeList(conns))
+		return sqlstate.New(sqlstate.FeatureNotSupported, "this transaction spans %s, and this proxy has no two-phase commit coordinator", nodeList(conns))
 	}
 	return s.srv.twoPhase.commit(ctx, s.tenant, conns)
 }
@@ -260,7 +260,7 @@ func execEach(ctx context.Context, conns []*pgshard.Conn, sqls []string) (tags [
 		be.Frontend.Send(&pgproto3.Query{String: sqls[i]})
 		if err := be.Frontend.Flush(); err != nil {
 			be.MarkBroken()
-			errs[i] = Errorf(sqlstate.ConnectionFailure, "lost connection to node %s: %v", be.Node, err)
+			errs[i] = sqlstate.New(sqlstate.ConnectionFailure, "lost connection to node %s: %v", be.Node, err)
 		}
 	}
 	for i, be := range conns {
@@ -280,7 +280,7 @@ func readResult(be *pgshard.Conn, tag *string) error {
 		msg, err := be.Frontend.Receive()
 		if err != nil {
 			be.MarkBroken()
-			return Errorf(sqlstate.ConnectionFailure, "lost connection to node %s: %v", be.Node, err)
+			return sqlstate.New(sqlstate.ConnectionFailure, "lost connection to node %s: %v", be.Node, err)
 		}
 		switch m := msg.(type) {
 		case *pgproto3.CommandComplete:

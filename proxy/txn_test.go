@@ -8,6 +8,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
+
+	"github.com/lattice-db/lattice/sqlstate"
 )
 
 // TestSplitTag checks how the parts of a statement split across shards are
@@ -46,7 +48,7 @@ func TestSplitTag(t *testing.T) {
 // named in a clear error, and that other PREPARE errors pass unchanged.
 func TestPrepareError(t *testing.T) {
 	disabled := fmt.Errorf("node n2: %w", &pgconn.PgError{Severity: "ERROR", Code: "55000", Message: "prepared transactions are disabled"})
-	e := AsError(prepareError("n2", disabled))
+	e := sqlstate.As(prepareError("n2", disabled))
 	if e.Code != "55000" || e.Hint == "" || !strings.Contains(e.Message, "n2") || !strings.Contains(e.Message, "max_prepared_transactions") {
 		t.Errorf("disabled: %+v", e)
 	}

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 
 	"github.com/lattice-db/lattice/btreeindex"
+	"github.com/lattice-db/lattice/sqlstate"
 )
 
 // An aggregating fan-out (aggregates, GROUP BY, HAVING or DISTINCT) runs in
@@ -97,7 +98,7 @@ func (p *Plan) renderAround(pieces [2]string, schemas []btreeindex.Source) strin
 // SourceColumns), given the type OIDs of the partial
 // columns. It fails when a partial state has a type the proxy cannot
 // combine exactly.
-func (a *AggPlan) RenderFinal(oids []uint32, source string) (string, *Error) {
+func (a *AggPlan) RenderFinal(oids []uint32, source string) (string, *sqlstate.Error) {
 	var b strings.Builder
 	b.WriteString(a.final[0])
 	for i, h := range a.holes {
@@ -124,7 +125,7 @@ const (
 	oidNumeric  = 1700
 )
 
-func (a *AggPlan) combine(i int, oids []uint32) (string, *Error) {
+func (a *AggPlan) combine(i int, oids []uint32) (string, *sqlstate.Error) {
 	c := a.aggs[i]
 	col := func(k int) string { return "lattice_c" + strconv.Itoa(k+1) }
 	var oid uint32

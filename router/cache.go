@@ -8,6 +8,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/lattice-db/lattice/shardmap"
+	"github.com/lattice-db/lattice/sqlstate"
 )
 
 // Planner plans statements and caches the plans. It is safe for concurrent
@@ -35,7 +36,7 @@ type Planner struct {
 
 type planned struct {
 	plans []*Plan
-	err   *Error
+	err   *sqlstate.Error
 }
 
 // NewPlanner returns a Planner whose caches hold about maxEntries statement
@@ -51,7 +52,7 @@ func NewPlanner(maxEntries int) *Planner {
 // Plan returns one plan per statement of sql: a simple Query message may
 // hold several; an empty string (or only semicolons and comments) gives no
 // plan. version is the tenant's trees version: a cached plan made under
-// another version is planned again. Errors (syntax errors) are *Error with
+// another version is planned again. Errors (syntax errors) are *sqlstate.Error with
 // SQLSTATE 42601; statements that cannot be routed are not errors but plans
 // of Kind Refused. The plans are shared: do not modify them.
 func (p *Planner) Plan(sql string, trees Trees, version uint64) ([]*Plan, error) {

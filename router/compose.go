@@ -151,7 +151,7 @@ func (p *planner) composeRoute(root proto.Message, w *walker, stmt string) route
 			return refusedRoute(refused("Call it in a statement of its own: SELECT "+name+"(...) or SELECT * FROM "+name+"(...); then read lattice_reshard_status or lattice_shards, which compose.",
 				"%s changes the cluster and runs only in a statement of its own, not as part of a larger SELECT", name))
 		}
-		return refusedRoute(&Error{Code: sqlstate.UndefinedFunction, Message: fmt.Sprintf("function %s does not exist", name),
+		return refusedRoute(&sqlstate.Error{Code: sqlstate.UndefinedFunction, Message: fmt.Sprintf("function %s does not exist", name),
 			Hint: "Lattice provides lattice_create_tree, lattice_trees, lattice_shards, lattice_reshard, lattice_reshard_complete and lattice_reshard_status"})
 	}
 	if len(w.lattice) > maxComposedCalls {
@@ -171,7 +171,7 @@ func (p *planner) composeRoute(root proto.Message, w *walker, stmt string) route
 
 	s := proto.Clone(sel).(*pg.SelectStmt)
 	var calls []ComposedCall
-	var bad *Error
+	var bad *sqlstate.Error
 	var rw func(n *pg.Node) *pg.Node
 	rw = func(n *pg.Node) *pg.Node {
 		if bad != nil || n == nil {
@@ -236,7 +236,7 @@ func (p *planner) composeRoute(root proto.Message, w *walker, stmt string) route
 
 // argsRefusal is the error of a lattice call whose arguments the proxy
 // cannot evaluate.
-func argsRefusal(name string) *Error {
+func argsRefusal(name string) *sqlstate.Error {
 	return refused("Call it by name (or public."+name+") with constants or $n parameters, e.g. "+name+"('catalogue') or "+name+"($1); read other values in a statement of their own.",
 		"%s must be called by name with constant or $n arguments: the proxy evaluates the call before PostgreSQL runs the rest of the statement", name)
 }
@@ -244,7 +244,7 @@ func argsRefusal(name string) *Error {
 // fromCall reads a FROM item that is a call of a lattice function; ok is
 // false when the item calls none (a lattice call in its arguments is then
 // a value).
-func fromCall(rf *pg.RangeFunction) (ComposedCall, bool, *Error) {
+func fromCall(rf *pg.RangeFunction) (ComposedCall, bool, *sqlstate.Error) {
 	var fc *pg.FuncCall
 	for _, item := range rf.Functions {
 		if l := item.GetList(); l != nil && len(l.Items) > 0 {
@@ -281,7 +281,7 @@ func fromCall(rf *pg.RangeFunction) (ComposedCall, bool, *Error) {
 
 // nameSelect names the columns of a SELECT (of its arms: the first names
 // a set operation's columns, the others may be a CTE's recursive term).
-func nameSelect(s *pg.SelectStmt) *Error {
+func nameSelect(s *pg.SelectStmt) *sqlstate.Error {
 	if s == nil {
 		return nil
 	}
@@ -297,7 +297,7 @@ func nameSelect(s *pg.SelectStmt) *Error {
 // nameTargets names each unnamed select-list entry that calls a lattice
 // function as PostgreSQL would have named it, since the value that takes
 // the call's place would give it another name.
-func nameTargets(list []*pg.Node) *Error {
+func nameTargets(list []*pg.Node) *sqlstate.Error {
 	for _, n := range list {
 		rt := n.GetResTarget()
 		if rt == nil || rt.Name != "" || rt.Val == nil {

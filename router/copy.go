@@ -7,6 +7,7 @@ import (
 	pg "github.com/pganalyze/pg_query_go/v6"
 
 	"github.com/lattice-db/lattice/btreeindex"
+	"github.com/lattice-db/lattice/sqlstate"
 )
 
 // CopyFormat is the data format of a COPY.
@@ -156,10 +157,10 @@ func (p *planner) copyRoute(s *pg.CopyStmt) route {
 	for _, n := range s.Attlist {
 		col := n.GetString_().GetSval()
 		if len(tree.Columns) > 0 && !contains(tree.Columns, col) {
-			return refusedRoute(&Error{Code: "42703", Message: fmt.Sprintf("column %s of relation %s does not exist", qn(col), qn(tree.Name))})
+			return refusedRoute(&sqlstate.Error{Code: sqlstate.UndefinedColumn, Message: fmt.Sprintf("column %s of relation %s does not exist", qn(col), qn(tree.Name))})
 		}
 		if contains(c.Columns, col) {
-			return refusedRoute(&Error{Code: "42701", Message: fmt.Sprintf("column %s specified more than once", qn(col))})
+			return refusedRoute(&sqlstate.Error{Code: sqlstate.DuplicateColumn, Message: fmt.Sprintf("column %s specified more than once", qn(col))})
 		}
 		c.Columns = append(c.Columns, col)
 	}
@@ -194,7 +195,7 @@ func (p *planner) copyRoute(s *pg.CopyStmt) route {
 			}
 			for _, col := range forceCols[i] {
 				if !contains(c.Columns, col) {
-					return refusedRoute(&Error{Code: "42P10", Message: fmt.Sprintf("%s column %s not referenced by COPY", f.name, qn(col))})
+					return refusedRoute(&sqlstate.Error{Code: sqlstate.InvalidColumnReference, Message: fmt.Sprintf("%s column %s not referenced by COPY", f.name, qn(col))})
 				}
 				if col == tree.KeyColumn {
 					*f.flag = true
@@ -274,7 +275,7 @@ func (p *planner) parenSpan(start, end int) (int, int, bool) {
 // does, far enough to read rows; the nodes check the rest. forceCols maps
 // the index in c.opts of a FORCE_NULL or FORCE_NOT_NULL option to its
 // column names.
-func (c *CopySpec) parseOptions(opts []*pg.Node) (forceCols map[int][]string, _ *Error) {
+func (c *CopySpec) parseOptions(opts []*pg.Node) (forceCols map[int][]string, _ *sqlstate.Error) {
 	forceCols = map[int][]string{}
 	seen := map[string]bool{}
 	var delim, null, quote, escape *string
@@ -284,7 +285,7 @@ func (c *CopySpec) parseOptions(opts []*pg.Node) (forceCols map[int][]string, _ 
 			continue
 		}
 		if seen[d.Defname] {
-			return nil, &Error{Code: CodeSyntaxError, Message: "conflicting or redundant options"}
+			return nil, &sqlstate.Error{Code: sqlstate.SyntaxError, Message: "conflicting or redundant options"}
 		}
 		seen[d.Defname] = true
 		str, isStr := defString(d.Arg)
@@ -298,11 +299,11 @@ func (c *CopySpec) parseOptions(opts []*pg.Node) (forceCols map[int][]string, _ 
 			case "binary":
 				c.Format = CopyBinary
 			default:
-				return nil, &Error{Code: "22023", Message: fmt.Sprintf("COPY format \"%s\" not recognized", str)}
+				return nil, &sqlstate.Error{Code: sqlstate.InvalidParameterValue, Message: fmt.Sprintf("COPY format \"%s\" not recognized", str)}
 			}
 		case "delimiter", "null", "quote", "escape":
 			if !isStr {
-				return nil, &Error{Code: CodeSyntaxError, Message: fmt.Sprintf("%s requires a parameter", d.Defname)}
+				return nil, &sqlstate.Error{Code: sqlstate.SyntaxError, Message: fmt.Sprintf("%s requires a parameter", d.Defname)}
 			}
 			v := str
 			switch d.Defname {
@@ -322,7 +323,7 @@ func (c *CopySpec) parseOptions(opts []*pg.Node) (forceCols map[int][]string, _ 
 			}
 			b, ok := defBool(d.Arg)
 			if !ok {
-				return nil, &Error{Code: "22023", Message: "header requires a Boolean value or \"match\""}
+				return nil, &sqlstate.Error{Code: sqlstate.InvalidParameterValue, Message: "header requires a Boolean value or \"match\""}
 			}
 			c.Header = b
 		case "freeze":
@@ -334,14 +335,14 @@ func (c *CopySpec) parseOptions(opts []*pg.Node) (forceCols map[int][]string, _ 
 		case "force_quote", "force_not_null", "force_null":
 			if d.Arg != nil && d.Arg.GetAStar() != nil {
 				if d.Defname != "force_quote" {
-					return nil, &Error{Code: CodeSyntaxError, Message: fmt.Sprintf("argument to option \"%s\" must be a list of column names", d.Defname)}
+					return nil, &sqlstate.Error{Code: sqlstate.SyntaxError, Message: fmt.Sprintf("argument to option \"%s\" must be a list of column names", d.Defname)}
 				}
 				c.opts = append(c.opts, "FORCE_QUOTE *")
 				continue
 			}
 			l := d.Arg.GetList()
 			if l == nil {
-				return nil, &Error{Code: CodeSyntaxError, Message: fmt.Sprintf("argument to option \"%s\" must be a list of column names", d.Defname)}
+				return nil, &sqlstate.Error{Code: sqlstate.SyntaxError, Message: fmt.Sprintf("argument to option \"%s\" must be a list of column names", d.Defname)}
 			}
 			var cols, quoted []string
 			for _, it := range l.Items {
@@ -362,7 +363,7 @@ func (c *CopySpec) parseOptions(opts []*pg.Node) (forceCols map[int][]string, _ 
 			name string
 		}{{delim != nil, "DELIMITER"}, {null != nil, "NULL"}, {seen["header"], "HEADER"}} {
 			if o.set {
-				return nil, &Error{Code: CodeFeatureNotSupported, Message: "cannot specify " + o.name + " in BINARY mode"}
+				return nil, &sqlstate.Error{Code: sqlstate.FeatureNotSupported, Message: "cannot specify " + o.name + " in BINARY mode"}
 			}
 		}
 	}
@@ -372,27 +373,27 @@ func (c *CopySpec) parseOptions(opts []*pg.Node) (forceCols map[int][]string, _ 
 			name string
 		}{{quote != nil, "quote"}, {escape != nil, "escape"}, {seen["force_quote"], "force quote"}, {seen["force_not_null"], "force not null"}, {seen["force_null"], "force null"}} {
 			if o.set {
-				return nil, &Error{Code: CodeFeatureNotSupported, Message: "COPY " + o.name + " available only in CSV mode"}
+				return nil, &sqlstate.Error{Code: sqlstate.FeatureNotSupported, Message: "COPY " + o.name + " available only in CSV mode"}
 			}
 		}
 	}
 	if seen["force_quote"] && c.From {
-		return nil, &Error{Code: CodeFeatureNotSupported, Message: "COPY force quote only available using COPY TO"}
+		return nil, &sqlstate.Error{Code: sqlstate.FeatureNotSupported, Message: "COPY force quote only available using COPY TO"}
 	}
 	if (seen["force_not_null"] || seen["force_null"]) && !c.From {
-		return nil, &Error{Code: CodeFeatureNotSupported, Message: "COPY force not null only available using COPY FROM"}
+		return nil, &sqlstate.Error{Code: sqlstate.FeatureNotSupported, Message: "COPY force not null only available using COPY FROM"}
 	}
 	// Defaults, as PostgreSQL sets them.
 	c.Delimiter, c.Null = '\t', `\N`
 	if c.Format == CopyCSV {
 		c.Delimiter, c.Null, c.Quote = ',', "", '"'
 	}
-	one := func(v *string, what string, dst *byte) *Error {
+	one := func(v *string, what string, dst *byte) *sqlstate.Error {
 		if v == nil {
 			return nil
 		}
 		if len(*v) != 1 {
-			return &Error{Code: CodeFeatureNotSupported, Message: "COPY " + what + " must be a single one-byte character"}
+			return &sqlstate.Error{Code: sqlstate.FeatureNotSupported, Message: "COPY " + what + " must be a single one-byte character"}
 		}
 		*dst = (*v)[0]
 		return nil
@@ -471,7 +472,7 @@ func (p *planner) applyCopy(pl *Plan, r route, start, end int) {
 	if !r.cp.Query {
 		return
 	}
-	fail := func(e *Error) {
+	fail := func(e *sqlstate.Error) {
 		pl.Kind, pl.Tree, pl.Copy, pl.Key, pl.render, pl.fan, pl.Err = Refused, nil, nil, Value{}, nil, nil, e
 	}
 	if r.cp.QueryKind == Single {

@@ -8,6 +8,7 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 
 	"github.com/lattice-db/lattice/shardmap"
+	"github.com/lattice-db/lattice/sqlstate"
 )
 
 // DDLOp is what a DDL plan does to a tree.
@@ -77,12 +78,8 @@ func (p *Plan) RenderDDL(schema string) string {
 	return p.Render(schema)
 }
 
-// ddlCode is the SQLSTATE of DDL that would break routing or the tree's
-// rules (invalid_table_definition).
-const ddlCode = "42P16"
-
-func ddlInvalid(hint, format string, args ...any) *Error {
-	return &Error{Code: ddlCode, Message: fmt.Sprintf(format, args...), Hint: hint}
+func ddlInvalid(hint, format string, args ...any) *sqlstate.Error {
+	return &sqlstate.Error{Code: sqlstate.InvalidTableDefinition, Message: fmt.Sprintf(format, args...), Hint: hint}
 }
 
 // ddl plans DDL naming a tree. It reports false when the statement names no
@@ -162,7 +159,7 @@ func (p *planner) ddl(pl *Plan, n *pg.Node, start, end int) bool {
 			"%s on tree %s also names %s", name, qn(tree.Name), relText(other)))
 	}
 	d := &DDLPlan{Op: op}
-	var err *Error
+	var err *sqlstate.Error
 	switch s := n.Node.(type) {
 	case *pg.Node_AlterTableStmt:
 		err = checkAlter(tree, s.AlterTableStmt)
@@ -206,7 +203,7 @@ func (p *planner) ddl(pl *Plan, n *pg.Node, start, end int) bool {
 	return true
 }
 
-func (p *planner) refuse(pl *Plan, e *Error) bool {
+func (p *planner) refuse(pl *Plan, e *sqlstate.Error) bool {
 	pl.Kind, pl.Err = Refused, e
 	return true
 }
@@ -238,7 +235,7 @@ func ddlTag(n *pg.Node) string {
 
 // checkAlter refuses ALTER TABLE subcommands that would break routing or
 // the rules of a tree (docs/DESIGN.md section 2), and those not supported on trees.
-func checkAlter(t *shardmap.Tree, s *pg.AlterTableStmt) *Error {
+func checkAlter(t *shardmap.Tree, s *pg.AlterTableStmt) *sqlstate.Error {
 	for _, c := range s.Cmds {
 		cmd := c.GetAlterTableCmd()
 		if cmd == nil {
@@ -284,22 +281,22 @@ func checkAlter(t *shardmap.Tree, s *pg.AlterTableStmt) *Error {
 	return nil
 }
 
-func keyChange(t *shardmap.Tree, what string) *Error {
-	return &Error{Code: CodeFeatureNotSupported,
+func keyChange(t *shardmap.Tree, what string) *sqlstate.Error {
+	return &sqlstate.Error{Code: sqlstate.FeatureNotSupported,
 		Message: fmt.Sprintf("cannot %s shard key column %s of tree %s", what, qn(t.KeyColumn), qn(t.Name)),
 		Detail:  "Every row's shard is computed from the key column's value and type.",
 		Hint:    "Create a new table with the key you want, make it a tree with lattice_create_tree, and copy the rows."}
 }
 
-func sequenceDefault(t *shardmap.Tree, col string) *Error {
-	return &Error{Code: CodeFeatureNotSupported,
+func sequenceDefault(t *shardmap.Tree, col string) *sqlstate.Error {
+	return &sqlstate.Error{Code: sqlstate.FeatureNotSupported,
 		Message: fmt.Sprintf("column %s of tree %s cannot take its values from a sequence or identity", qn(col), qn(t.Name)),
 		Detail:  "Each shard would draw from its own sequence and hand out the same values twice.",
 		Hint:    "Supply the values from the application, or use uuid with DEFAULT gen_random_uuid()."}
 }
 
 // checkColumnDef checks a column added to a tree.
-func checkColumnDef(t *shardmap.Tree, cd *pg.ColumnDef) *Error {
+func checkColumnDef(t *shardmap.Tree, cd *pg.ColumnDef) *sqlstate.Error {
 	if cd == nil {
 		return nil
 	}
@@ -330,20 +327,20 @@ func checkColumnDef(t *shardmap.Tree, cd *pg.ColumnDef) *Error {
 	return nil
 }
 
-func uniqueWithoutKey(t *shardmap.Tree, what string) *Error {
-	return &Error{Code: ddlCode,
+func uniqueWithoutKey(t *shardmap.Tree, what string) *sqlstate.Error {
+	return &sqlstate.Error{Code: sqlstate.InvalidTableDefinition,
 		Message: fmt.Sprintf("%s of tree %s does not include the shard key column %s", what, qn(t.Name), qn(t.KeyColumn)),
 		Detail:  "Each shard enforces uniqueness only for its own rows.",
 		Hint:    "Add " + qn(t.KeyColumn) + " to the key columns."}
 }
 
-func foreignKey(t *shardmap.Tree) *Error {
+func foreignKey(t *shardmap.Tree) *sqlstate.Error {
 	return refused("Keep the relationship in the application: rows of a tree live on many nodes.",
 		"foreign keys from or to tree %s are not supported: they cannot be enforced across shards", qn(t.Name))
 }
 
 // checkConstraint checks a constraint added to a tree.
-func checkConstraint(t *shardmap.Tree, c *pg.Constraint) *Error {
+func checkConstraint(t *shardmap.Tree, c *pg.Constraint) *sqlstate.Error {
 	if c == nil {
 		return nil
 	}
@@ -379,7 +376,7 @@ func checkConstraint(t *shardmap.Tree, c *pg.Constraint) *Error {
 				return nil
 			}
 		}
-		return &Error{Code: ddlCode,
+		return &sqlstate.Error{Code: sqlstate.InvalidTableDefinition,
 			Message: fmt.Sprintf("exclusion constraint %s of tree %s does not compare the shard key column %s with =", qn(c.Conname), qn(t.Name), qn(t.KeyColumn)),
 			Detail:  "Each shard enforces an exclusion constraint only among its own rows.",
 			Hint:    "Add " + qn(t.KeyColumn) + " WITH = to the constraint."}
@@ -394,7 +391,7 @@ func checkConstraint(t *shardmap.Tree, c *pg.Constraint) *Error {
 }
 
 // checkIndex checks CREATE INDEX on a tree.
-func checkIndex(t *shardmap.Tree, s *pg.IndexStmt) *Error {
+func checkIndex(t *shardmap.Tree, s *pg.IndexStmt) *sqlstate.Error {
 	if !s.Unique && !s.Primary {
 		return nil
 	}
@@ -411,7 +408,7 @@ func checkIndex(t *shardmap.Tree, s *pg.IndexStmt) *Error {
 }
 
 // checkRename allows renaming a column other than the key, and a constraint.
-func checkRename(t *shardmap.Tree, s *pg.RenameStmt) *Error {
+func checkRename(t *shardmap.Tree, s *pg.RenameStmt) *sqlstate.Error {
 	switch s.RenameType {
 	case pg.ObjectType_OBJECT_COLUMN:
 		if s.Subname == t.KeyColumn {

@@ -6,27 +6,22 @@ import (
 	"strings"
 
 	"github.com/pganalyze/pg_query_go/v6/parser"
-)
 
-// SQLSTATEs the router produces.
-const (
-	CodeFeatureNotSupported = "0A000"
-	CodeSyntaxError         = "42601"
-	CodeInternalError       = "XX000"
+	"github.com/lattice-db/lattice/sqlstate"
 )
 
 // refused builds the 0A000 error of a statement that cannot be routed.
 // The message names the statement and says what to do instead.
-func refused(hint, format string, args ...any) *Error {
-	return &Error{Code: CodeFeatureNotSupported, Message: fmt.Sprintf(format, args...), Hint: hint}
+func refused(hint, format string, args ...any) *sqlstate.Error {
+	return &sqlstate.Error{Code: sqlstate.FeatureNotSupported, Message: fmt.Sprintf(format, args...), Hint: hint}
 }
 
-func syntaxError(err error) *Error {
+func syntaxError(err error) *sqlstate.Error {
 	var pe *parser.Error
 	if errors.As(err, &pe) {
-		return &Error{Code: CodeSyntaxError, Message: pe.Message, Position: pe.Cursorpos}
+		return &sqlstate.Error{Code: sqlstate.SyntaxError, Message: pe.Message, Position: pe.Cursorpos}
 	}
-	return &Error{Code: CodeSyntaxError, Message: err.Error()}
+	return &sqlstate.Error{Code: sqlstate.SyntaxError, Message: err.Error()}
 }
 
 // quoteIdentText quotes a name for a message the way PostgreSQL does in its

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 
 	"github.com/lattice-db/lattice/btreeindex"
+	"github.com/lattice-db/lattice/sqlstate"
 )
 
 // A SELECT of one tree that does not fix the shard key runs on every node:
@@ -273,8 +274,8 @@ func (p *planner) fanOut(r route, s *pg.SelectStmt) route {
 	return r
 }
 
-func fanError(tree string) *Error {
-	return &Error{Code: CodeFeatureNotSupported,
+func fanError(tree string) *sqlstate.Error {
+	return &sqlstate.Error{Code: sqlstate.FeatureNotSupported,
 		Message: "the proxy could not rewrite this SELECT on tree " + qn(tree) + " to run on several shards",
 		Hint:    "Write ORDER BY, LIMIT and OFFSET at the end of the statement, outside parentheses, and SELECT ... FROM rather than TABLE; or fix the shard key in WHERE."}
 }
@@ -657,7 +658,7 @@ func figure(n *pg.Node) (string, int, bool) {
 
 // fanRenderer cuts the statement sql[start:end] into its per-shard branch
 // and checks the branch by parsing it.
-func (p *planner) fanRenderer(r route, start, end int) (*fanRender, *Error) {
+func (p *planner) fanRenderer(r route, start, end int) (*fanRender, *sqlstate.Error) {
 	s, f, tree := r.sel, r.fan, r.tree
 	bad := fanError(tree.Name)
 	refs, err := p.refSpans(r)

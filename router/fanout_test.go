@@ -9,6 +9,7 @@ import (
 	pg "github.com/pganalyze/pg_query_go/v6"
 
 	"github.com/lattice-db/lattice/btreeindex"
+	"github.com/lattice-db/lattice/sqlstate"
 )
 
 func TestFanOutRefusals(t *testing.T) {
@@ -74,7 +75,7 @@ func TestFanOutRefusals(t *testing.T) {
 			if p.Kind != Refused {
 				t.Fatalf("kind %v, want Refused (%s)", p.Kind, p)
 			}
-			if p.Err.Code != CodeFeatureNotSupported || p.Err.Hint == "" {
+			if p.Err.Code != sqlstate.FeatureNotSupported || p.Err.Hint == "" {
 				t.Errorf("error %+v: want 0A000 with a hint", p.Err)
 			}
 			if !strings.Contains(p.Err.Message, c.errHas) {

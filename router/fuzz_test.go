@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	pg "github.com/pganalyze/pg_query_go/v6"
+
+	"github.com/lattice-db/lattice/sqlstate"
 )
 
 // FuzzPlan plans arbitrary text and checks the invariants of routed plans:
@@ -36,7 +38,7 @@ func FuzzPlan(f *testing.F) {
 		}
 		plans, err := NewPlanner(0).Plan(sql, trees, 1)
 		if err != nil {
-			e, ok := err.(*Error)
+			e, ok := err.(*sqlstate.Error)
 			if !ok {
 				t.Fatalf("error of type %T", err)
 			}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/lattice-db/lattice/btreeindex"
 	"github.com/lattice-db/lattice/shardmap"
+	"github.com/lattice-db/lattice/sqlstate"
 )
 
 var update = flag.Bool("update", false, "rewrite testdata/plans.golden")
@@ -72,9 +73,9 @@ func describe(p *Planner, sql string) string {
 	b.WriteString(sql + "\n")
 	plans, err := p.Plan(sql, testTrees(), 1)
 	if err != nil {
-		var e *Error
+		var e *sqlstate.Error
 		if !errors.As(err, &e) {
-			return b.String() + "=> NOT AN *Error: " + err.Error() + "\n"
+			return b.String() + "=> NOT AN *sqlstate.Error: " + err.Error() + "\n"
 		}
 		fmt.Fprintf(&b, "=> ERROR %s %q position=%d\n", e.Code, e.Message, e.Position)
 		return b.String()

@@ -9,6 +9,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/lattice-db/lattice/shardmap"
+	"github.com/lattice-db/lattice/sqlstate"
 )
 
 // planner plans the statements of one SQL string.
@@ -23,7 +24,7 @@ type planner struct {
 // is the scan of sql. With wantTemplate it also returns the shape template
 // of a single-statement string whose plan can be derived from its tokens
 // (nil when there is none).
-func planFull(sql string, trees Trees, toks []token, wantTemplate bool) ([]*Plan, *shapeTemplate, *Error) {
+func planFull(sql string, trees Trees, toks []token, wantTemplate bool) ([]*Plan, *shapeTemplate, *sqlstate.Error) {
 	res, err := pg.Parse(sql)
 	if err != nil {
 		return nil, nil, syntaxError(err)
@@ -221,7 +222,7 @@ type route struct {
 	rows     []Value
 	fn       *FuncCall
 	comp     *ComposePlan // Function: a composed statement (fn is nil)
-	err      *Error
+	err      *sqlstate.Error
 
 	rv       *pg.RangeVar    // the tree reference
 	cols     []*pg.ColumnRef // public.tree.col references to requalify
@@ -236,7 +237,7 @@ type route struct {
 	cp       *CopySpec      // Copy
 }
 
-func refusedRoute(e *Error) route { return route{kind: Refused, err: e} }
+func refusedRoute(e *sqlstate.Error) route { return route{kind: Refused, err: e} }
 
 // lookup resolves a RangeVar to a tree: unqualified or public-qualified
 // names only. It reports whether the name is a tree named with a database
@@ -409,7 +410,7 @@ func everyShard(w, r route, where *pg.Node) route {
 	return r
 }
 
-func ddlRefusal(name string, t *shardmap.Tree) *Error {
+func ddlRefusal(name string, t *shardmap.Tree) *sqlstate.Error {
 	shards := "lattice_sNNNN." + quoteIdent(t.Name)
 	hint := "Change the table before making it a tree (lattice_create_tree), or apply the change to every shard table (" + shards + ") on the nodes directly."
 	switch name {
@@ -869,7 +870,7 @@ func (p *planner) variableSet(pl *Plan, s *pg.VariableSetStmt) {
 // CheckSetting refuses a session setting under which the proxy would read
 // or hash shard keys differently from PostgreSQL. It serves SET statements
 // and the settings a client sends at startup.
-func CheckSetting(name, value string) *Error {
+func CheckSetting(name, value string) *sqlstate.Error {
 	switch strings.ToLower(name) {
 	case "standard_conforming_strings":
 		// The proxy parses every statement with standard_conforming_strings

@@ -8,6 +8,7 @@ import (
 	pg "github.com/pganalyze/pg_query_go/v6"
 
 	"github.com/lattice-db/lattice/shardmap"
+	"github.com/lattice-db/lattice/sqlstate"
 )
 
 // span is a byte range [start, end) of the SQL string.
@@ -56,7 +57,7 @@ func (r *renderer) render(schema string) string {
 // routed statement: the RangeVar's (possibly schema-qualified) name, and
 // the public.tree part of public.tree.column references. Each span is
 // checked token by token against the parse tree.
-func (p *planner) refSpans(r route) ([]span, *Error) {
+func (p *planner) refSpans(r route) ([]span, *sqlstate.Error) {
 	want := []string{r.rv.Relname}
 	if r.rv.Schemaname != "" {
 		want = []string{r.rv.Schemaname, r.rv.Relname}
@@ -82,8 +83,8 @@ func (p *planner) refSpans(r route) ([]span, *Error) {
 	return spans, nil
 }
 
-func internalError(tree string) *Error {
-	return &Error{Code: CodeFeatureNotSupported,
+func internalError(tree string) *sqlstate.Error {
+	return &sqlstate.Error{Code: sqlstate.FeatureNotSupported,
 		Message: "the proxy could not locate the references to tree " + qn(tree) + " in this statement",
 		Hint:    "Write the statement more plainly (one row per INSERT, no comments inside names) and report it as a bug."}
 }
@@ -166,7 +167,7 @@ func identText(tok string) (string, bool) {
 }
 
 // renderer cuts sql[start:end] at the references to the tree (spans).
-func (p *planner) renderer(tree *shardmap.Tree, spans []span, start, end int) (*renderer, *Error) {
+func (p *planner) renderer(tree *shardmap.Tree, spans []span, start, end int) (*renderer, *sqlstate.Error) {
 	rd := &renderer{qname: quoteIdent(tree.Name), rel: -1, table: -1}
 	at, after := start, ""
 	for _, s := range spans {
@@ -213,8 +214,8 @@ type splitter struct {
 	maxParam   int
 }
 
-func splitError(tree string) *Error {
-	return &Error{Code: CodeFeatureNotSupported,
+func splitError(tree string) *sqlstate.Error {
+	return &sqlstate.Error{Code: sqlstate.FeatureNotSupported,
 		Message: "the proxy could not split the VALUES rows of this INSERT into tree " + qn(tree),
 		Hint:    "Send one row per INSERT, or a plain INSERT INTO t (...) VALUES (...), (...)."}
 }
@@ -223,7 +224,7 @@ func splitError(tree string) *Error {
 // keyword before the first row's key, then parenthesised rows separated by
 // commas. Each row found must contain its own key constant, so a row can
 // never be cut wrongly without the plan being refused.
-func (p *planner) valuesRows(r route) ([]span, *Error) {
+func (p *planner) valuesRows(r route) ([]span, *sqlstate.Error) {
 	bad := splitError(r.tree.Name)
 	toks := p.tokens()
 	first := int(r.keyLocs[0])
@@ -279,7 +280,7 @@ func (p *planner) valuesRows(r route) ([]span, *Error) {
 
 // splitter cuts the INSERT sql[start:end] into head, rows and tail, each
 // cut again at the tree references (refs) and at the parameters.
-func (p *planner) splitter(tree *shardmap.Tree, rows, refs []span, start, end int) (*splitter, *Error) {
+func (p *planner) splitter(tree *shardmap.Tree, rows, refs []span, start, end int) (*splitter, *sqlstate.Error) {
 	bad := splitError(tree.Name)
 	if len(rows) == 0 || rows[0].start < start || rows[len(rows)-1].end > end {
 		return nil, bad

@@ -109,7 +109,7 @@ func Resolve(v *shardmap.View, p *Plan, b *Bind) (*Routing, error) {
 	}
 	m := v.Maps[p.Tree.Name]
 	if m == nil {
-		return nil, &Error{Code: sqlstate.SystemError, Message: "tree " + strconv.Quote(p.Tree.Name) + " has no shard map"}
+		return nil, &sqlstate.Error{Code: sqlstate.SystemError, Message: "tree " + strconv.Quote(p.Tree.Name) + " has no shard map"}
 	}
 	var r *Routing
 	if p.Kind == Single {
@@ -125,7 +125,7 @@ func Resolve(v *shardmap.View, p *Plan, b *Bind) (*Routing, error) {
 		r = &Routing{}
 	}
 	r.Limit, r.PerNode = -1, -1
-	var err *Error
+	var err *sqlstate.Error
 	switch p.Kind {
 	case Single:
 		err = r.single(m, p, b)
@@ -155,7 +155,7 @@ func (r *Routing) Nodes() []string {
 	return out
 }
 
-func (r *Routing) single(m *shardmap.Map, p *Plan, b *Bind) *Error {
+func (r *Routing) single(m *shardmap.Map, p *Plan, b *Bind) *sqlstate.Error {
 	slot, err := KeySlot(p.Tree.KeyType, len(m.Slots), p.Key, b)
 	if err != nil {
 		return err
@@ -170,7 +170,7 @@ func (r *Routing) single(m *shardmap.Map, p *Plan, b *Bind) *Error {
 // appearance, and renders each shard's INSERT with only its rows. When
 // every row goes to one shard, the statement runs there unchanged but for
 // the tree's name.
-func (r *Routing) insertSplit(m *shardmap.Map, p *Plan, b *Bind) *Error {
+func (r *Routing) insertSplit(m *shardmap.Map, p *Plan, b *Bind) *sqlstate.Error {
 	index := map[int]int{}
 	for i, key := range p.Rows {
 		slot, err := KeySlot(p.Tree.KeyType, len(m.Slots), key, b)
@@ -204,7 +204,7 @@ func (r *Routing) writeAll(m *shardmap.Map, p *Plan) {
 	}
 }
 
-func (r *Routing) fanOut(m *shardmap.Map, p *Plan, b *Bind) *Error {
+func (r *Routing) fanOut(m *shardmap.Map, p *Plan, b *Bind) *sqlstate.Error {
 	r.Frozen = len(m.Frozen) > 0
 	groups := nodeGroups(m, keyShards(m, p, b))
 	if p.Agg != nil {
@@ -233,7 +233,7 @@ func (r *Routing) fanOut(m *shardmap.Map, p *Plan, b *Bind) *Error {
 // copyPlan resolves COPY: FROM STDIN routes its rows as they arrive; TO
 // STDOUT reads the key's shard, or every shard grouped by node, the first
 // node's part writing the header line.
-func (r *Routing) copyPlan(m *shardmap.Map, p *Plan) *Error {
+func (r *Routing) copyPlan(m *shardmap.Map, p *Plan) *sqlstate.Error {
 	if p.Copy.Query && p.Copy.QueryKind == Single {
 		// The key of a COPY (SELECT ...) is a literal: there is no Bind.
 		slot, err := KeySlot(p.Tree.KeyType, len(m.Slots), p.Key, nil)
@@ -304,19 +304,19 @@ func nodeGroups(m *shardmap.Map, only map[int]bool) []nodeGroup {
 // KeySlot hashes a key value: a literal, or a Bind parameter in text or
 // binary form. A NULL key matches no row and cannot be inserted, so any
 // shard answers it correctly: it gets slot 0.
-func KeySlot(kt shardmap.KeyType, slots int, key Value, b *Bind) (int, *Error) {
+func KeySlot(kt shardmap.KeyType, slots int, key Value, b *Bind) (int, *sqlstate.Error) {
 	if key.Null {
 		return 0, nil
 	}
 	if key.Param == 0 {
 		slot, err := shardmap.SlotForText(kt, []byte(key.Text), slots)
 		if err != nil {
-			return 0, &Error{Code: sqlstate.InvalidTextRepresentation, Message: err.Error()}
+			return 0, &sqlstate.Error{Code: sqlstate.InvalidTextRepresentation, Message: err.Error()}
 		}
 		return slot, nil
 	}
 	if key.Param > b.count() {
-		return 0, &Error{Code: sqlstate.ProtocolViolation, Message: "bind message supplies " + strconv.Itoa(b.count()) +
+		return 0, &sqlstate.Error{Code: sqlstate.ProtocolViolation, Message: "bind message supplies " + strconv.Itoa(b.count()) +
 			" parameters, but the shard key is $" + strconv.Itoa(key.Param)}
 	}
 	val, format, oid := b.param(key.Param)
@@ -327,7 +327,7 @@ func KeySlot(kt shardmap.KeyType, slots int, key Value, b *Bind) (int, *Error) {
 	var err error
 	if format == 1 {
 		if !binaryKeyOID(kt, oid) {
-			return 0, &Error{Code: sqlstate.FeatureNotSupported,
+			return 0, &sqlstate.Error{Code: sqlstate.FeatureNotSupported,
 				Message: "shard key $" + strconv.Itoa(key.Param) + " is sent in binary as type oid " + strconv.FormatUint(uint64(oid), 10) + ", which Lattice cannot hash as the key's type",
 				Hint:    "send the key as text, or with the key column's own type"}
 		}
@@ -336,7 +336,7 @@ func KeySlot(kt shardmap.KeyType, slots int, key Value, b *Bind) (int, *Error) {
 		slot, err = shardmap.SlotForText(kt, val, slots)
 	}
 	if err != nil {
-		return 0, &Error{Code: sqlstate.InvalidTextRepresentation, Message: "shard key $" + strconv.Itoa(key.Param) + ": " + err.Error()}
+		return 0, &sqlstate.Error{Code: sqlstate.InvalidTextRepresentation, Message: "shard key $" + strconv.Itoa(key.Param) + ": " + err.Error()}
 	}
 	return slot, nil
 }
@@ -469,8 +469,8 @@ func arraySlots(kt shardmap.KeyType, slots int, raw []byte, format int16, oid ui
 }
 
 // limits evaluates LIMIT and OFFSET from literals or Bind parameters.
-func (r *Routing) limits(p *Plan, b *Bind) *Error {
-	var err *Error
+func (r *Routing) limits(p *Plan, b *Bind) *sqlstate.Error {
+	var err *sqlstate.Error
 	if r.Limit, err = countValue(p.Limit, b, "LIMIT", sqlstate.InvalidRowCountInLimitClause); err != nil {
 		return err
 	}
@@ -492,14 +492,14 @@ func (r *Routing) limits(p *Plan, b *Bind) *Error {
 
 // countValue reads a LIMIT or OFFSET count; -1 when there is none (absent,
 // NULL, ALL).
-func countValue(v *Value, b *Bind, what, code string) (int64, *Error) {
+func countValue(v *Value, b *Bind, what, code string) (int64, *sqlstate.Error) {
 	if v == nil || v.Null {
 		return -1, nil
 	}
 	text := v.Text
 	if v.Param > 0 {
 		if v.Param > b.count() {
-			return 0, &Error{Code: sqlstate.ProtocolViolation, Message: "bind message supplies " + strconv.Itoa(b.count()) +
+			return 0, &sqlstate.Error{Code: sqlstate.ProtocolViolation, Message: "bind message supplies " + strconv.Itoa(b.count()) +
 				" parameters, but " + what + " uses $" + strconv.Itoa(v.Param)}
 		}
 		raw, format, oid := b.param(v.Param)
@@ -518,10 +518,10 @@ func countValue(v *Value, b *Bind, what, code string) (int64, *Error) {
 	}
 	n, err := strconv.ParseInt(text, 10, 64)
 	if err != nil {
-		return 0, &Error{Code: sqlstate.InvalidTextRepresentation, Message: "invalid input syntax for type bigint: " + strconv.Quote(text)}
+		return 0, &sqlstate.Error{Code: sqlstate.InvalidTextRepresentation, Message: "invalid input syntax for type bigint: " + strconv.Quote(text)}
 	}
 	if n < 0 {
-		return 0, &Error{Code: code, Message: what + " must not be negative"}
+		return 0, &sqlstate.Error{Code: code, Message: what + " must not be negative"}
 	}
 	return n, nil
 }
@@ -529,11 +529,11 @@ func countValue(v *Value, b *Bind, what, code string) (int64, *Error) {
 // binaryCount is the text of a count sent in binary. PostgreSQL types a
 // LIMIT parameter as bigint; a driver that learnt that from Describe sends
 // it without naming the type, so an undeclared one is read by its length.
-func binaryCount(raw []byte, oid uint32, what string, param int) (string, *Error) {
+func binaryCount(raw []byte, oid uint32, what string, param int) (string, *sqlstate.Error) {
 	if oid == 0 {
 		oid = map[int]uint32{2: pgtype.Int2OID, 4: pgtype.Int4OID, 8: pgtype.Int8OID}[len(raw)]
 	}
-	bad := &Error{Code: sqlstate.InvalidBinaryRepresentation, Message: "incorrect binary data format in bind parameter"}
+	bad := &sqlstate.Error{Code: sqlstate.InvalidBinaryRepresentation, Message: "incorrect binary data format in bind parameter"}
 	switch oid {
 	case pgtype.Int2OID:
 		if len(raw) != 2 {
@@ -553,6 +553,6 @@ func binaryCount(raw []byte, oid uint32, what string, param int) (string, *Error
 	case pgtype.TextOID, pgtype.VarcharOID, pgtype.NameOID, 0:
 		return string(raw), nil
 	}
-	return "", &Error{Code: sqlstate.InvalidBinaryRepresentation, Message: what + " $" + strconv.Itoa(param) + " is sent in binary as type oid " +
+	return "", &sqlstate.Error{Code: sqlstate.InvalidBinaryRepresentation, Message: what + " $" + strconv.Itoa(param) + " is sent in binary as type oid " +
 		strconv.FormatUint(uint64(oid), 10) + "; send it as an integer", Hint: "bind " + what + " as bigint, or send it as text"}
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/lattice-db/lattice/shardmap"
+	"github.com/lattice-db/lattice/sqlstate"
 )
 
 // Resolution golden cases live in testdata/resolve/TOPIC.txt, one block per
@@ -209,9 +210,9 @@ func describeResolution(t *testing.T, c resolveCase) string {
 	b.WriteString("plan: " + p.String() + "\n")
 	r, rerr := Resolve(resolveView(t, c.mapKind), p, c.bind)
 	if rerr != nil {
-		var e *Error
+		var e *sqlstate.Error
 		if !errors.As(rerr, &e) {
-			t.Fatalf("%s: not an *Error: %v", c.name, rerr)
+			t.Fatalf("%s: not an *sqlstate.Error: %v", c.name, rerr)
 		}
 		fmt.Fprintf(&b, "error: %s %s\n", e.Code, e.Message)
 		if e.Hint != "" {

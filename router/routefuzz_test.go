@@ -11,6 +11,7 @@ import (
 	pg "github.com/pganalyze/pg_query_go/v6"
 
 	"github.com/lattice-db/lattice/shardmap"
+	"github.com/lattice-db/lattice/sqlstate"
 )
 
 // draws takes the decisions of a generated statement from fuzz input; once
@@ -360,7 +361,7 @@ func checkUnpinned(t *testing.T, d *draws, trees treeMap) {
 	sql += " WHERE " + where
 	plans, err := NewPlanner(0).Plan(sql, trees, 1)
 	if err != nil {
-		if e, ok := err.(*Error); !ok || len(e.Code) != 5 {
+		if e, ok := err.(*sqlstate.Error); !ok || len(e.Code) != 5 {
 			t.Fatalf("%s: error without SQLSTATE: %v", sql, err)
 		}
 		return

@@ -26,6 +26,7 @@ import (
 
 	"github.com/lattice-db/lattice/btreeindex"
 	"github.com/lattice-db/lattice/shardmap"
+	"github.com/lattice-db/lattice/sqlstate"
 )
 
 // Trees looks up the distributed tables of one tenant. Names are passed
@@ -172,22 +173,6 @@ func (f *FuncCall) String() string {
 	return b.String()
 }
 
-// Error is a PostgreSQL error the proxy sends as an ErrorResponse.
-type Error struct {
-	Code     string // SQLSTATE
-	Message  string
-	Detail   string
-	Hint     string
-	Position int // 1-based character position in the query string for syntax errors; 0 when unknown
-}
-
-func (e *Error) Error() string {
-	if e.Code == "" {
-		return e.Message
-	}
-	return e.Message + " (SQLSTATE " + e.Code + ")"
-}
-
 // Plan is the routing of one statement. Plans are shared between sessions
 // through the cache: treat every field as read-only.
 type Plan struct {
@@ -202,7 +187,7 @@ type Plan struct {
 	TxOptions string               // BEGIN / START TRANSACTION options, e.g. "ISOLATION LEVEL SERIALIZABLE READ ONLY"
 	Savepoint string               // Savepoint, Release, RollbackTo: the savepoint name (case-folded)
 	Chain     bool                 // Commit, Rollback: AND CHAIN, a new transaction like the one ended starts at once
-	Err       *Error               // Refused
+	Err       *sqlstate.Error      // Refused
 	Anywhere  bool                 // Catalog: a read naming no relation, which any node can answer
 	Notify    bool                 // Catalog: sends a notification (NOTIFY, pg_notify)
 	Pin       Pin                  // Catalog: session state the statement leaves on its backend (pin.go)

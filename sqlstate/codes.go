@@ -65,6 +65,9 @@ const (
 const (
 	// NotNullViolation: a COPY row whose shard key is null.
 	NotNullViolation = "23502"
+	// UniqueViolation: another coordinator claimed a commit decision's gid
+	// first (looked for in the catalog node's errors, never sent).
+	UniqueViolation = "23505"
 )
 
 // Classes 25 and 26, invalid transaction state and statement name.
@@ -98,6 +101,13 @@ const (
 	// InvalidCatalogName: a node has no database of a tenant's name yet
 	// (looked for in the node's errors, never sent).
 	InvalidCatalogName = "3D000"
+)
+
+// Class 3F, invalid schema name.
+const (
+	// InvalidSchemaName: no lattice_meta schema yet, so no commit decisions
+	// to recover (looked for in the catalog node's errors, never sent).
+	InvalidSchemaName = "3F000"
 )
 
 // Class 40, transaction rollback.
