@@ -4,6 +4,9 @@ import (
 	"go/ast"
 	"go/parser"
 	"go/token"
+	"io/fs"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -31,6 +34,77 @@ func looksLikeCode(s string) bool {
 		}
 	}
 	return true
+}
+
+// codeLiterals returns, as file:line: "code", every string literal in the
+// Go file at path that looks like a SQLSTATE.
+func codeLiterals(fset *token.FileSet, path string) ([]string, error) {
+	f, err := parser.ParseFile(fset, path, nil, parser.SkipObjectResolution)
+	if err != nil {
+		return nil, err
+	}
+	var found []string
+	ast.Inspect(f, func(n ast.Node) bool {
+		lit, ok := n.(*ast.BasicLit)
+		if !ok || lit.Kind != token.STRING {
+			return true
+		}
+		if s, err := strconv.Unquote(lit.Value); err == nil && looksLikeCode(s) {
+			found = append(found, fset.Position(lit.Pos()).String()+": "+lit.Value)
+		}
+		return true
+	})
+	return found, nil
+}
+
+// TestNoLiteralCodes keeps this package the one catalogue: a SQLSTATE written
+// as a literal in any other non-test Go file of the module fails it. Tests
+// may compare with literals, which checks that the constants are right.
+func TestNoLiteralCodes(t *testing.T) {
+	root, err := filepath.Abs("..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(root, "go.mod")); err != nil {
+		t.Fatalf("module root not found above the sqlstate package: %v", err)
+	}
+	self, err := filepath.Abs(".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fset := token.NewFileSet()
+	files := 0
+	err = filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			name := d.Name()
+			if path == self || name == "testdata" || name == "vendor" || (strings.HasPrefix(name, ".") && path != root) {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+			return nil
+		}
+		files++
+		found, err := codeLiterals(fset, path)
+		if err != nil {
+			return err
+		}
+		for _, f := range found {
+			rel, _ := filepath.Rel(root, f)
+			t.Errorf("%s: a literal SQLSTATE; use a constant of package sqlstate (add one to sqlstate/codes.go if it is new)", rel)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if files < 50 {
+		t.Fatalf("scanned only %d Go files under %s: the walk missed the module", files, root)
+	}
 }
 
 // TestCatalogue checks every constant of codes.go is a well-formed SQLSTATE
