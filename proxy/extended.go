@@ -289,7 +289,7 @@ func preparedKey(sql string, oids []uint32) string {
 // the INSERT atomic; over several, spanNodes does.
 func (s *session) bindSplit(ctx context.Context, v *shardmap.View, portal *clientPortal, m *pgproto3.Bind) bool {
 	p := portal.stmt.plan
-	shards, rows, err := s.splitRows(v, p, m, portal.stmt.oids)
+	shards, err := s.splitRows(v, p, m, portal.stmt.oids)
 	if err != nil {
 		s.failExtended(err)
 		return false
@@ -303,7 +303,7 @@ func (s *session) bindSplit(ctx context.Context, v *shardmap.View, portal *clien
 		portal.split = &splitState{}
 	}
 	for i, sh := range shards {
-		sql, params := p.RenderRows(shardmap.SchemaName(sh.Index), rows[i])
+		sql, params := sh.SQL, sh.Params
 		b := *m
 		b.Parameters = make([][]byte, len(params))
 		var formats []int16

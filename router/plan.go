@@ -15,7 +15,7 @@ import (
 type planner struct {
 	sql     string
 	trees   Trees
-	toks    []*pg.ScanToken
+	toks    []token
 	scanned bool
 }
 
@@ -23,7 +23,7 @@ type planner struct {
 // is the scan of sql. With wantTemplate it also returns the shape template
 // of a single-statement string whose plan can be derived from its tokens
 // (nil when there is none).
-func planFull(sql string, trees Trees, toks []*pg.ScanToken, wantTemplate bool) ([]*Plan, *shapeTemplate, *Error) {
+func planFull(sql string, trees Trees, toks []token, wantTemplate bool) ([]*Plan, *shapeTemplate, *Error) {
 	res, err := pg.Parse(sql)
 	if err != nil {
 		return nil, nil, syntaxError(err)
@@ -53,12 +53,10 @@ func planFull(sql string, trees Trees, toks []*pg.ScanToken, wantTemplate bool) 
 }
 
 // tokens scans the whole string once, on first need.
-func (p *planner) tokens() []*pg.ScanToken {
+func (p *planner) tokens() []token {
 	if !p.scanned {
 		p.scanned = true
-		if res, err := pg.Scan(p.sql); err == nil {
-			p.toks = res.Tokens
-		}
+		p.toks, _, _ = scan(p.sql)
 	}
 	return p.toks
 }
@@ -66,15 +64,15 @@ func (p *planner) tokens() []*pg.ScanToken {
 // tokenAt returns the index of the token that starts at byte offset loc, or -1.
 func (p *planner) tokenAt(loc int) int {
 	toks := p.tokens()
-	i := sort.Search(len(toks), func(i int) bool { return int(toks[i].Start) >= loc })
-	if i < len(toks) && int(toks[i].Start) == loc {
+	i := sort.Search(len(toks), func(i int) bool { return int(toks[i].start) >= loc })
+	if i < len(toks) && int(toks[i].start) == loc {
 		return i
 	}
 	return -1
 }
 
-func isComment(t *pg.ScanToken) bool {
-	return t.Token == pg.Token_SQL_COMMENT || t.Token == pg.Token_C_COMMENT
+func isComment(t token) bool {
+	return t.kind == pg.Token_SQL_COMMENT || t.kind == pg.Token_C_COMMENT
 }
 
 // trim drops the white space around a statement, and a trailing -- comment
@@ -89,8 +87,8 @@ func (p *planner) trim(start, end int) (int, int) {
 	if strings.Contains(p.sql[start:end], "--") {
 		last := -1
 		for _, t := range p.tokens() {
-			if int(t.Start) >= start && int(t.End) <= end && !isComment(t) {
-				last = int(t.End)
+			if int(t.start) >= start && int(t.end) <= end && !isComment(t) {
+				last = int(t.end)
 			}
 		}
 		if last > start {

@@ -137,6 +137,8 @@ const (
 	// DuplicateDatabase: a tenant's database already exists on a node
 	// (looked for in the node's errors, never sent).
 	DuplicateDatabase = "42P04"
+	// DuplicateCursor: a Bind to a named portal that exists.
+	DuplicateCursor = "42P03"
 	// DuplicatePreparedStatement: a Parse of a named statement that exists.
 	DuplicatePreparedStatement = "42P05"
 	// DuplicateTable: lattice_create_tree of a table that already is a tree.
