@@ -230,7 +230,7 @@ func TestComposedFunctions(t *testing.T) {
 			_, _, err := composeQuery(ctx, c, r.sql, m.mode)
 			var pe *pgconn.PgError
 			if !errors.As(err, &pe) || pe.Code != r.code || !strings.Contains(pe.Hint, r.hint) {
-				t.Fatalf("%s %s: %v (hint %q), want %s with a hint naming %q", m.name, r.sql, err, hintOf(pe), r.code, r.hint)
+				t.Fatalf("%s %s: %v (hint %q), want %s with a hint naming %q", m.name, r.sql, err, composeHint(pe), r.code, r.hint)
 			}
 		}
 	}
@@ -250,7 +250,7 @@ func TestComposedFunctions(t *testing.T) {
 	check(t, pgx.QueryExecModeCacheStatement, "composed", []any{"cf"}, "count:20", []string{"8"}, false)
 }
 
-func hintOf(pe *pgconn.PgError) string {
+func composeHint(pe *pgconn.PgError) string {
 	if pe == nil {
 		return ""
 	}

@@ -158,6 +158,10 @@ func (s *session) bind(ctx context.Context, m *pgproto3.Bind) {
 			s.failExtended(err)
 			return
 		}
+		if err := s.pinFor(ctx, p.Pin); err != nil {
+			s.failExtended(err)
+			return
+		}
 		if !s.bindOn(ctx, portal, s.catalogTarget(p), p.SQL, m, m.DestinationPortal, false) {
 			return
 		}
@@ -531,6 +535,7 @@ func (s *session) execute(ctx context.Context, m *pgproto3.Execute) {
 				}
 			}})
 		}
+		s.pinEnds(portal.stmt.plan.Unpin, true)
 		return
 	}
 	p := portal.stmt.plan
@@ -606,6 +611,7 @@ func (s *session) sync(ctx context.Context) error {
 	ok := !s.x.errored
 	s.x.reset()
 	s.skipping = false
+	s.pinSynced(ok)
 	s.finish()
 	if err := s.endImplicit(ctx, ok); err != nil {
 		s.send(err.Response())

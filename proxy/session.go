@@ -75,6 +75,7 @@ type session struct {
 	copyBytes    int
 
 	listener *listener // the session's LISTEN backend, nil until it runs LISTEN
+	pin      pinState  // the catalog-node backend kept for session state (pin.go)
 
 	// views are the views this session's statements planned on since the
 	// last ReadyForQuery (or Flush), with the functions that release them.
@@ -240,12 +241,15 @@ func (s *session) inTx(be *pgshard.Conn) bool {
 // acquire takes a backend from the pool and queues what brings it to the
 // session's settings.
 func (s *session) acquire(ctx context.Context, node string) (*pgshard.Conn, error) {
-	be, err := s.srv.pools.Acquire(ctx, node, s.tenant)
-	if err != nil {
-		if errors.Is(err, pgshard.ErrPoolExhausted) {
-			return nil, Errorf("53300", "%v", err)
+	be := s.pinnedBackend(node)
+	if be == nil {
+		var err error
+		if be, err = s.srv.pools.Acquire(ctx, node, s.tenant); err != nil {
+			if errors.Is(err, pgshard.ErrPoolExhausted) {
+				return nil, Errorf("53300", "%v", err)
+			}
+			return nil, Errorf("08006", "cannot reach node %s: %v", node, err)
 		}
-		return nil, Errorf("08006", "cannot reach node %s: %v", node, err)
 	}
 	s.setActive(be, true)
 	if q := s.prologue(be); q != "" {
@@ -371,6 +375,7 @@ func (s *session) dropBackend(be *pgshard.Conn) {
 // holds the session's transaction from now on. A transaction whose backends
 // all ended it (COMMIT or ROLLBACK forwarded) is over.
 func (s *session) finish() {
+	defer s.settlePin()
 	for _, be := range s.used {
 		if be.TxStatus != 'I' && !be.Broken() && len(s.tx.conns) == 0 {
 			s.tx.conns = append(s.tx.conns, be)
@@ -442,6 +447,7 @@ func (s *session) release() {
 		s.srv.pools.Release(be)
 	}
 	s.tx.conns, s.used, s.aux = nil, nil, nil
+	s.releasePin()
 }
 
 // fail reports err (ours, not a backend's) to the client and applies

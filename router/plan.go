@@ -145,6 +145,7 @@ func (p *planner) plan(n *pg.Node, start, end int) *Plan {
 			p.apply(pl, p.route(n), start, end)
 		}
 	}
+	applyPins(pl, n)
 	return pl
 }
 
@@ -780,12 +781,6 @@ func latticeCall(fc *pg.FuncCall) (*FuncCall, bool) {
 // transaction plans transaction control.
 func (p *planner) transaction(pl *Plan, t *pg.TransactionStmt) {
 	pl.Kind = Transaction
-	chain := func(what string) {
-		if t.Chain {
-			pl.Kind, pl.Tag = Refused, ""
-			pl.Err = refused("Send "+what+" and then BEGIN.", "%s AND CHAIN is not supported", what)
-		}
-	}
 	switch t.Kind {
 	case pg.TransactionStmtKind_TRANS_STMT_BEGIN, pg.TransactionStmtKind_TRANS_STMT_START:
 		pl.Tx, pl.Tag = Begin, "BEGIN"
@@ -794,11 +789,9 @@ func (p *planner) transaction(pl *Plan, t *pg.TransactionStmt) {
 		}
 		pl.TxOptions = txOptions(t.Options)
 	case pg.TransactionStmtKind_TRANS_STMT_COMMIT:
-		pl.Tx, pl.Tag = Commit, "COMMIT"
-		chain("COMMIT")
+		pl.Tx, pl.Tag, pl.Chain = Commit, "COMMIT", t.Chain
 	case pg.TransactionStmtKind_TRANS_STMT_ROLLBACK:
-		pl.Tx, pl.Tag = Rollback, "ROLLBACK"
-		chain("ROLLBACK")
+		pl.Tx, pl.Tag, pl.Chain = Rollback, "ROLLBACK", t.Chain
 	case pg.TransactionStmtKind_TRANS_STMT_SAVEPOINT:
 		pl.Tx, pl.Tag, pl.Savepoint = Savepoint, "SAVEPOINT", t.SavepointName
 	case pg.TransactionStmtKind_TRANS_STMT_RELEASE:

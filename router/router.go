@@ -201,9 +201,12 @@ type Plan struct {
 	Tx        TxKind               // Transaction (and PrepareTx for a refused PREPARE TRANSACTION family statement)
 	TxOptions string               // BEGIN / START TRANSACTION options, e.g. "ISOLATION LEVEL SERIALIZABLE READ ONLY"
 	Savepoint string               // Savepoint, Release, RollbackTo: the savepoint name (case-folded)
+	Chain     bool                 // Commit, Rollback: AND CHAIN, a new transaction like the one ended starts at once
 	Err       *Error               // Refused
 	Anywhere  bool                 // Catalog: a read naming no relation, which any node can answer
 	Notify    bool                 // Catalog: sends a notification (NOTIFY, pg_notify)
+	Pin       Pin                  // Catalog: session state the statement leaves on its backend (pin.go)
+	Unpin     Pin                  // Catalog: session state the statement ends
 	Tag       string               // command tag for statements the proxy answers itself ("BEGIN", "SET", "SELECT" for Function: append the row count)
 	Sort      []btreeindex.SortKey // FanOut: ORDER BY keys, in order
 	Hidden    int                  // FanOut: trailing result columns the proxy added for sort keys; the proxy drops them before rows reach the client
@@ -253,6 +256,9 @@ func (p *Plan) String() string {
 		}
 		if p.Savepoint != "" {
 			fmt.Fprintf(&b, " savepoint=%q", p.Savepoint)
+		}
+		if p.Chain {
+			b.WriteString(" chain")
 		}
 	case Refused:
 		fmt.Fprintf(&b, " %s %q", p.Err.Code, p.Err.Message)
@@ -307,6 +313,12 @@ func (p *Plan) String() string {
 		if p.Copy.Query && p.Copy.QueryKind == Single {
 			b.WriteString(" key=" + p.Key.String())
 		}
+	}
+	if p.Pin != 0 {
+		b.WriteString(" pin=" + p.Pin.String())
+	}
+	if p.Unpin != 0 {
+		b.WriteString(" unpin=" + p.Unpin.String())
 	}
 	if p.Tag != "" {
 		b.WriteString(" tag=" + p.Tag)

@@ -104,7 +104,9 @@ func shapeKey(sql string, toks []token) string {
 // template makes the shape template of a single-statement string planned
 // as pl (nil when the plan cannot be derived from tokens).
 func (p *planner) template(stmt *pg.Node, pl *Plan) *shapeTemplate {
-	if pl.Kind != Catalog && pl.Kind != Single && pl.Kind != InsertSplit {
+	if pl.Kind != Catalog && pl.Kind != Single && pl.Kind != InsertSplit || pl.Pin|pl.Unpin != 0 {
+		// Session state can depend on a constant (set_config's is_local
+		// 'on' or 'off'): such plans are never derived from a shape.
 		return nil
 	}
 	toks := p.tokens()

@@ -157,7 +157,7 @@ const (
 const (
 	// OutOfMemory: a fan-out merge that would buffer more than its limit.
 	OutOfMemory = "53200"
-	// TooManyConnections: past --max-clients or --max-listeners, or a node
+	// TooManyConnections: past --max-clients, --max-listeners or --max-pinned, or a node
 	// pool that cannot hand out a backend.
 	TooManyConnections = "53300"
 	// ProgramLimitExceeded: a COPY row longer than the proxy accepts.
