@@ -480,6 +480,22 @@ func TestPinExtended(t *testing.T) {
 	want(pc, `SELECT to_regclass('pg_temp.ext')::text`, "SELECT 1 ext [I]")
 	wantPinned(t, p, 1)
 
+	// Parse, Describe, Bind and Execute in one batch of a transaction: the
+	// pinned backend describes the statement, then joins the transaction.
+	want(pc, `BEGIN`, "BEGIN [T]")
+	pl := pc.StartPipeline(ctx)
+	pl.SendPrepare("ins", `INSERT INTO ext VALUES ($1)`, nil)
+	pl.SendQueryPrepared("ins", [][]byte{[]byte("5")}, nil, nil)
+	if err := pl.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	if err := pl.Close(); err != nil {
+		t.Fatalf("prepare and insert in one batch: %v", err)
+	}
+	want(pc, `COMMIT`, "COMMIT [I]")
+	wantPinned(t, p, 1)
+	want(pc, `SELECT count(*) FROM ext WHERE v = 5`, "SELECT 1 1 [I]")
+
 	want(pc, `DISCARD TEMP`, "DISCARD TEMP [I]")
 	wantPinned(t, p, 0)
 	want(other, `CREATE TEMP TABLE ext (v int)`, "CREATE TABLE [I]")
