@@ -489,19 +489,13 @@ func routerBind(bind *pgproto3.Bind, oids []uint32) *router.Bind {
 }
 
 // splitRows groups the VALUES rows of an InsertSplit plan by owning shard, in
-// order of first appearance.
-func (s *session) splitRows(v *shardmap.View, p *router.Plan, bind *pgproto3.Bind, oids []uint32) ([]shardmap.Shard, [][]int, error) {
+// order of first appearance: one INSERT per shard, with its rows only.
+func (s *session) splitRows(v *shardmap.View, p *router.Plan, bind *pgproto3.Bind, oids []uint32) ([]router.Target, error) {
 	r, err := router.Resolve(v, p, routerBind(bind, oids))
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	m := v.Maps[p.Tree.Name]
-	shards := make([]shardmap.Shard, len(r.Targets))
-	rows := make([][]int, len(r.Targets))
-	for i, t := range r.Targets {
-		shards[i], rows[i] = m.Shards[t.Shard], t.Rows
-	}
-	return shards, rows, nil
+	return r.Targets, nil
 }
 
 func commandComplete(tag string) *pgproto3.CommandComplete {

@@ -89,6 +89,10 @@ func (s *session) simpleOne(ctx context.Context, v *shardmap.View, p *router.Pla
 	case router.SessionSet, router.Discard:
 		s.sessionCommand(ctx, p, false)
 	case router.Function:
+		if p.Compose != nil {
+			s.simpleComposed(ctx, p)
+			return
+		}
 		args, named := literalArgs(p.Func)
 		s.callFunction(ctx, p.Func, args, named, nil, true)
 	case router.LocalSet:
@@ -154,26 +158,24 @@ func (s *session) forwardQuery(ctx context.Context, node, sql string, staleRetry
 // runs in the session's transaction, or in an implicit one committed with
 // two-phase commit.
 func (s *session) simpleInsertSplit(ctx context.Context, v *shardmap.View, p *router.Plan, allowRetry bool) {
-	shards, rows, err := s.splitRows(v, p, nil, nil)
+	parts, err := s.splitRows(v, p, nil, nil)
 	if err != nil {
 		s.fail(err, false)
 		return
 	}
-	if len(shards) == 1 {
-		sql, _ := p.RenderRows(shardmap.SchemaName(shards[0].Index), rows[0])
-		s.forwardQuery(ctx, shards[0].Node, sql, allowRetry && !s.tx.active)
+	if len(parts) == 1 {
+		s.forwardQuery(ctx, parts[0].Node, parts[0].SQL, allowRetry && !s.tx.active)
 		return
 	}
 	var nodes []string
-	parts := map[string][]string{}
-	for i, sh := range shards {
-		if _, ok := parts[sh.Node]; !ok {
-			nodes = append(nodes, sh.Node)
+	sqls := map[string][]string{}
+	for _, t := range parts {
+		if _, ok := sqls[t.Node]; !ok {
+			nodes = append(nodes, t.Node)
 		}
-		sql, _ := p.RenderRows(shardmap.SchemaName(sh.Index), rows[i])
-		parts[sh.Node] = append(parts[sh.Node], sql)
+		sqls[t.Node] = append(sqls[t.Node], t.SQL)
 	}
-	s.simpleEveryNode(ctx, nodes, parts)
+	s.simpleEveryNode(ctx, nodes, sqls)
 }
 
 // simpleWriteAll runs an UPDATE or DELETE without the shard key on every
@@ -561,6 +563,9 @@ func (s *session) callFunction(ctx context.Context, f *router.FuncCall, args []*
 		return
 	}
 	fields, err := s.srv.functions.Describe(f.Name)
+	if err == nil {
+		err = s.functionGuard(f.Name)
+	}
 	if err != nil {
 		s.fail(err, !withDesc)
 		return

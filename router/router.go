@@ -47,7 +47,8 @@ const (
 	// InsertSplit is a multi-row INSERT ... VALUES into a tree: Plan.Rows
 	// holds each row's key; Plan.RenderRows builds one INSERT per shard.
 	InsertSplit
-	// Function is a call of a lattice_* function, answered by the proxy.
+	// Function is a call of a lattice_* function, answered by the proxy
+	// (Plan.Func), or a SELECT composed around such calls (Plan.Compose).
 	Function
 	// Transaction is transaction control (BEGIN, COMMIT, SAVEPOINT ...).
 	Transaction
@@ -195,7 +196,8 @@ type Plan struct {
 	Tree      *shardmap.Tree       // Single, InsertSplit, FanOut, WriteAll
 	Key       Value                // Single: the shard key value
 	Rows      []Value              // InsertSplit: key value of each VALUES row in order
-	Func      *FuncCall            // Function
+	Func      *FuncCall            // Function: SELECT f(...) or SELECT * FROM f(...), answered by the proxy alone
+	Compose   *ComposePlan         // Function: instead of Func, a SELECT composed around lattice calls, run on the catalog node over their rows
 	Tx        TxKind               // Transaction (and PrepareTx for a refused PREPARE TRANSACTION family statement)
 	TxOptions string               // BEGIN / START TRANSACTION options, e.g. "ISOLATION LEVEL SERIALIZABLE READ ONLY"
 	Savepoint string               // Savepoint, Release, RollbackTo: the savepoint name (case-folded)
@@ -240,6 +242,10 @@ func (p *Plan) String() string {
 		}
 		b.WriteByte(']')
 	case Function:
+		if p.Compose != nil {
+			b.WriteString(" compose " + p.Compose.String())
+			break
+		}
 		b.WriteString(" " + p.Func.String())
 	case WriteAll:
 		fmt.Fprintf(&b, " tree=%s", p.Tree.Name)

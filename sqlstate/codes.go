@@ -30,8 +30,8 @@ const (
 
 // Class 21, cardinality violation.
 const (
-	// CardinalityViolation: a lattice_* function used as a value returned
-	// more than one row.
+	// CardinalityViolation: a lattice_* function used as a value in a
+	// composed statement returned other than one row.
 	CardinalityViolation = "21000"
 )
 
