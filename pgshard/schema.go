@@ -136,6 +136,11 @@ func (c *Cluster) CreateShard(ctx context.Context, t *shardmap.Tree, idx int, no
 	if err != nil {
 		return err
 	}
+	// A node gets its first shard of a tenant at tree creation, or as a
+	// split's target (the node owning the fewest slots may own none).
+	if err := c.EnsureTenant(ctx, node, t.Tenant); err != nil {
+		return err
+	}
 	p, err := c.Admin(ctx, node, t.Tenant)
 	if err != nil {
 		return err
@@ -194,6 +199,11 @@ WHERE o.epoch <= excluded.epoch`, tree, epoch, multirange(slots))
 func (c *Cluster) WriteOwnership(ctx context.Context, t *shardmap.Tree, idx int, node string, slots [][2]int, epoch uint64) error {
 	ep, err := epochParam(epoch)
 	if err != nil {
+		return err
+	}
+	// A node gets its first shard of a tenant at tree creation, or as a
+	// split's target (the node owning the fewest slots may own none).
+	if err := c.EnsureTenant(ctx, node, t.Tenant); err != nil {
 		return err
 	}
 	p, err := c.Admin(ctx, node, t.Tenant)
