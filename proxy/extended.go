@@ -350,18 +350,13 @@ func (s *session) bindWriteAll(ctx context.Context, v *shardmap.View, portal *cl
 		s.failExtended(Errorf("58000", "tree %q has no shard map", p.Tree.Name))
 		return false
 	}
-	nodes, schemas := nodeGroups(mp, nil)
+	nodes, sqls := writeAllParts(mp, p)
 	s.spanNodes(len(nodes), true)
 	portal.split = &splitState{}
 	i := 0
 	for g, node := range nodes {
-		if writeAllMixed(mp) {
-			if !s.skipMoved(ctx, node) {
-				return false
-			}
-		}
-		for _, schema := range schemas[g] {
-			part := &clientPortal{stmt: &clientStmt{sql: p.Render(schema), oids: portal.stmt.oids}}
+		for _, sql := range sqls[g] {
+			part := &clientPortal{stmt: &clientStmt{sql: sql, oids: portal.stmt.oids}}
 			if !s.bindOn(ctx, part, node, part.stmt.sql, m, partPortal(m.DestinationPortal, i), i > 0) {
 				return false
 			}

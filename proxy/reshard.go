@@ -172,15 +172,35 @@ func nodeSources(m *shardmap.Map, only map[int]bool, tree *shardmap.Tree) (nodes
 	return nodes, srcs
 }
 
-// writeAllMixed reports whether an UPDATE or DELETE over every shard of
-// m's tree reaches a mixed shard, whose fence must then skip moved rows.
-func writeAllMixed(m *shardmap.Map) bool {
+// writeAllParts renders an UPDATE or DELETE over every shard of m's tree,
+// one statement per owning shard, grouped by node as nodeGroups groups
+// them. A mixed shard's statement is restricted to the slots the shard
+// owns under m, by the same predicate its reads go through: a fold
+// survivor holds copies of the donor's rows until the flip, a split source
+// the moved rows until the release, and a write that reached those would
+// count them in its command tag and return them in RETURNING a second
+// time (the donor's rows are written on the donor, and reach the survivor
+// through the migration's stream).
+func writeAllParts(m *shardmap.Map, p *router.Plan) (nodes []string, parts [][]string) {
+	index := map[string]int{}
 	for _, idx := range m.OwningShards() {
-		if m.Shards[idx].Mixed {
-			return true
+		sh := m.Shards[idx]
+		g, ok := index[sh.Node]
+		if !ok {
+			g = len(nodes)
+			index[sh.Node] = g
+			nodes = append(nodes, sh.Node)
+			parts = append(parts, nil)
 		}
+		schema := shardmap.SchemaName(idx)
+		sql := p.Render(schema)
+		if sh.Mixed {
+			owned := m.SlotRanges(idx)
+			sql = p.RenderFiltered(schema, func(q string) string { return pgshard.SlotPredicate(p.Tree, q, owned) })
+		}
+		parts[g] = append(parts[g], sql)
 	}
-	return false
+	return nodes, parts
 }
 
 // planHeld plans a simple Query, holding it while one of its statements
@@ -233,20 +253,4 @@ func (s *session) bindHeld(ctx context.Context, st *clientStmt, v *shardmap.View
 			return nil, false
 		}
 	}
-}
-
-// skipMoved makes the fences on node's backend skip the rows of moved
-// slots for the rest of the batch's transaction (extended protocol: it
-// lasts until Sync, or to the end of the session's transaction, whose later
-// statements plan on maps at least as new and so never write to moved
-// slots on their old shard). It runs before the parts are bound, so the
-// unnamed portal it uses is not one of theirs.
-func (s *session) skipMoved(ctx context.Context, node string) bool {
-	be, err := s.backend(ctx, node)
-	if err != nil {
-		s.failExtended(err)
-		return false
-	}
-	s.hiddenSQL(be, "SELECT set_config('"+pgshard.SkipMovedSetting+"', 'on', true)", true)
-	return true
 }

@@ -179,17 +179,10 @@ func (s *session) simpleWriteAll(ctx context.Context, v *shardmap.View, p *route
 		s.fail(Errorf("58000", "tree %q has no shard map", p.Tree.Name), false)
 		return
 	}
-	nodes, schemas := nodeGroups(m, nil)
+	nodes, sqls := writeAllParts(m, p)
 	parts := make(map[string][]string, len(nodes))
 	for i, node := range nodes {
-		if writeAllMixed(m) {
-			// The parts of a node run in one transaction (implicit or the
-			// session's): the fence of a split source skips moved rows.
-			parts[node] = append(parts[node], "SET LOCAL "+pgshard.SkipMovedSetting+" = on")
-		}
-		for _, schema := range schemas[i] {
-			parts[node] = append(parts[node], p.Render(schema))
-		}
+		parts[node] = sqls[i]
 	}
 	s.simpleEveryNode(ctx, nodes, parts)
 }
