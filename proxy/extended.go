@@ -162,12 +162,12 @@ func (s *session) bind(ctx context.Context, m *pgproto3.Bind) {
 			return
 		}
 	case router.Single:
-		sh, err := s.route(v, p, p.Key, m, st.oids)
+		sh, err := s.route(v, p, m, st.oids)
 		if err != nil {
 			s.failExtended(err)
 			return
 		}
-		if !s.bindOn(ctx, portal, sh.Node, p.Render(shardmap.SchemaName(sh.Index)), m, m.DestinationPortal, false) {
+		if !s.bindOn(ctx, portal, sh.Node, sh.SQL, m, m.DestinationPortal, false) {
 			return
 		}
 		if !s.tx.active {
@@ -345,24 +345,19 @@ func partPortal(name string, i int) string {
 // (spanNodes).
 func (s *session) bindWriteAll(ctx context.Context, v *shardmap.View, portal *clientPortal, m *pgproto3.Bind) bool {
 	p := portal.stmt.plan
-	mp := v.Maps[p.Tree.Name]
-	if mp == nil {
-		s.failExtended(Errorf("58000", "tree %q has no shard map", p.Tree.Name))
+	r, err := router.Resolve(v, p, routerBind(m, portal.stmt.oids))
+	if err != nil {
+		s.failExtended(err)
 		return false
 	}
-	nodes, sqls := writeAllParts(mp, p)
-	s.spanNodes(len(nodes), true)
+	s.spanNodes(len(r.Nodes()), true)
 	portal.split = &splitState{}
-	i := 0
-	for g, node := range nodes {
-		for _, sql := range sqls[g] {
-			part := &clientPortal{stmt: &clientStmt{sql: sql, oids: portal.stmt.oids}}
-			if !s.bindOn(ctx, part, node, part.stmt.sql, m, partPortal(m.DestinationPortal, i), i > 0) {
-				return false
-			}
-			portal.parts = append(portal.parts, part.parts...)
-			i++
+	for i, t := range r.Targets {
+		part := &clientPortal{stmt: &clientStmt{sql: t.SQL, oids: portal.stmt.oids}}
+		if !s.bindOn(ctx, part, t.Node, part.stmt.sql, m, partPortal(m.DestinationPortal, i), i > 0) {
+			return false
 		}
+		portal.parts = append(portal.parts, part.parts...)
 	}
 	return true
 }

@@ -7,7 +7,6 @@ import (
 
 	"github.com/jackc/pgx/v5/pgproto3"
 
-	"github.com/lattice-db/lattice/pgshard"
 	"github.com/lattice-db/lattice/router"
 	"github.com/lattice-db/lattice/shardmap"
 )
@@ -93,29 +92,8 @@ func frozenTree(v *shardmap.View, p *router.Plan, bind *pgproto3.Bind, oids []ui
 	if m == nil || len(m.Frozen) == 0 {
 		return nil, false
 	}
-	frozenKey := func(k router.Value) bool {
-		slot, err := keySlot(p.Tree.KeyType, len(m.Slots), k, bind, oids)
-		return err == nil && m.IsFrozen(slot) // a bad key fails at routing
-	}
-	switch p.Kind {
-	case router.Single:
-		return m, frozenKey(p.Key)
-	case router.InsertSplit:
-		for _, k := range p.Rows {
-			if frozenKey(k) {
-				return m, true
-			}
-		}
-		return m, false
-	case router.Copy:
-		if p.Copy.Query && p.Copy.QueryKind == router.Single {
-			return m, frozenKey(p.Key)
-		}
-		return m, true
-	case router.WriteAll, router.FanOut:
-		return m, true
-	}
-	return m, false
+	r, err := router.Resolve(v, p, routerBind(bind, oids))
+	return m, err == nil && r.Frozen // a bad key fails at routing
 }
 
 // holdFrozen waits for a map of tree newer than m, whose slots froze: the
@@ -144,63 +122,6 @@ func (s *session) holdFrozen(ctx context.Context, m *shardmap.Map, start time.Ti
 		return e
 	}
 	return nil
-}
-
-// nodeSources is nodeGroups with, for every mixed shard, the filter on
-// the slots it owns, so that a read over several shards sees each row on
-// its owner only.
-func nodeSources(m *shardmap.Map, only map[int]bool, tree *shardmap.Tree) (nodes []string, srcs [][]router.Source) {
-	index := map[string]int{}
-	for _, idx := range m.OwningShards() {
-		if only != nil && !only[idx] {
-			continue
-		}
-		sh := m.Shards[idx]
-		g, ok := index[sh.Node]
-		if !ok {
-			g = len(nodes)
-			index[sh.Node] = g
-			nodes = append(nodes, sh.Node)
-			srcs = append(srcs, nil)
-		}
-		src := router.Source{Schema: shardmap.SchemaName(idx)}
-		if sh.Mixed {
-			src.Filter = pgshard.SlotPredicate(tree, "", m.SlotRanges(idx))
-		}
-		srcs[g] = append(srcs[g], src)
-	}
-	return nodes, srcs
-}
-
-// writeAllParts renders an UPDATE or DELETE over every shard of m's tree,
-// one statement per owning shard, grouped by node as nodeGroups groups
-// them. A mixed shard's statement is restricted to the slots the shard
-// owns under m, by the same predicate its reads go through: a fold
-// survivor holds copies of the donor's rows until the flip, a split source
-// the moved rows until the release, and a write that reached those would
-// count them in its command tag and return them in RETURNING a second
-// time (the donor's rows are written on the donor, and reach the survivor
-// through the migration's stream).
-func writeAllParts(m *shardmap.Map, p *router.Plan) (nodes []string, parts [][]string) {
-	index := map[string]int{}
-	for _, idx := range m.OwningShards() {
-		sh := m.Shards[idx]
-		g, ok := index[sh.Node]
-		if !ok {
-			g = len(nodes)
-			index[sh.Node] = g
-			nodes = append(nodes, sh.Node)
-			parts = append(parts, nil)
-		}
-		schema := shardmap.SchemaName(idx)
-		sql := p.Render(schema)
-		if sh.Mixed {
-			owned := m.SlotRanges(idx)
-			sql = p.RenderFiltered(schema, func(q string) string { return pgshard.SlotPredicate(p.Tree, q, owned) })
-		}
-		parts[g] = append(parts[g], sql)
-	}
-	return nodes, parts
 }
 
 // planHeld plans a simple Query, holding it while one of its statements

@@ -108,12 +108,12 @@ func (s *session) simpleOne(ctx context.Context, v *shardmap.View, p *router.Pla
 		}
 		s.forwardQuery(ctx, s.catalogTarget(p), p.SQL, false)
 	case router.Single:
-		sh, err := s.route(v, p, p.Key, nil, nil)
+		sh, err := s.route(v, p, nil, nil)
 		if err != nil {
 			s.fail(err, false)
 			return
 		}
-		s.forwardQuery(ctx, sh.Node, p.Render(shardmap.SchemaName(sh.Index)), allowRetry && !s.tx.active)
+		s.forwardQuery(ctx, sh.Node, sh.SQL, allowRetry && !s.tx.active)
 	case router.InsertSplit:
 		s.simpleInsertSplit(ctx, v, p, allowRetry)
 	case router.WriteAll:
@@ -174,15 +174,15 @@ func (s *session) simpleInsertSplit(ctx context.Context, v *shardmap.View, p *ro
 // simpleWriteAll runs an UPDATE or DELETE without the shard key on every
 // shard of its tree: one multi-statement Query per node.
 func (s *session) simpleWriteAll(ctx context.Context, v *shardmap.View, p *router.Plan) {
-	m := v.Maps[p.Tree.Name]
-	if m == nil {
-		s.fail(Errorf("58000", "tree %q has no shard map", p.Tree.Name), false)
+	r, err := router.Resolve(v, p, nil)
+	if err != nil {
+		s.fail(err, false)
 		return
 	}
-	nodes, sqls := writeAllParts(m, p)
+	nodes := r.Nodes()
 	parts := make(map[string][]string, len(nodes))
-	for i, node := range nodes {
-		parts[node] = sqls[i]
+	for _, t := range r.Targets {
+		parts[t.Node] = append(parts[t.Node], t.SQL)
 	}
 	s.simpleEveryNode(ctx, nodes, parts)
 }
@@ -244,12 +244,12 @@ func (s *session) simpleMulti(ctx context.Context, v *shardmap.View, plans []*ro
 				n = s.srv.catalogNode
 			}
 		case router.Single:
-			sh, err := s.route(v, p, p.Key, nil, nil)
+			sh, err := s.route(v, p, nil, nil)
 			if err != nil {
 				s.fail(err, false)
 				return
 			}
-			n, sql = sh.Node, p.Render(shardmap.SchemaName(sh.Index))
+			n, sql = sh.Node, sh.SQL
 		case router.Refused:
 			s.fail(p.Err, false)
 			return
