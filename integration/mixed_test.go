@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/lattice-db/lattice/btreeindex"
 	"github.com/lattice-db/lattice/pgshard"
 	"github.com/lattice-db/lattice/shardmap"
 	"github.com/lattice-db/lattice/sqlstate"
@@ -149,7 +150,7 @@ func TestMixedShardScan(t *testing.T) {
 	var k string
 	var v int
 	if err := srcConn.QueryRow(ctx, "SELECT k, v FROM "+pgshard.ShardTable(tree, 0)+" WHERE "+
-		pgshard.SlotPredicate(tree, "", m.SlotRanges(1))+" LIMIT 1").Scan(&k, &v); err != nil {
+		btreeindex.SlotPredicate(tree, "", m.SlotRanges(1))+" LIMIT 1").Scan(&k, &v); err != nil {
 		t.Fatal(err)
 	}
 	if want, _ := strconv.Atoi(strings.TrimPrefix(k, "m")); v != want {
@@ -315,7 +316,7 @@ func TestFoldSurvivorKeylessWrites(t *testing.T) {
 	})
 	donorRows := func(conn *pgx.Conn, shard int) map[string]int {
 		t.Helper()
-		rs, err := conn.Query(ctx, "SELECT k, v FROM "+pgshard.ShardTable(tree, shard)+" WHERE "+pgshard.SlotPredicate(tree, "", fold.Slots))
+		rs, err := conn.Query(ctx, "SELECT k, v FROM "+pgshard.ShardTable(tree, shard)+" WHERE "+btreeindex.SlotPredicate(tree, "", fold.Slots))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -277,8 +277,7 @@ func (c *Cluster) EnsureTenant(ctx context.Context, node, tenant string) error {
 		return nil
 	}
 	_, err = p.Exec(ctx, "CREATE DATABASE "+quoteIdent(tenant))
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && (pgErr.Code == sqlstate.DuplicateDatabase || pgErr.Code == sqlstate.UniqueViolation) {
+	if sqlstate.Is(err, sqlstate.DuplicateDatabase) || sqlstate.Is(err, sqlstate.UniqueViolation) {
 		// Another proxy created it first: CREATE DATABASE looks for the
 		// name before it inserts it, so a concurrent one can also fail on
 		// pg_database's unique index.

@@ -1,6 +1,7 @@
 package pgshard
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"net"
@@ -28,6 +29,12 @@ type Conn struct {
 	Settings string
 	// Params are the ParameterStatus values the server reported.
 	Params map[string]string
+	// Wrote is set once a statement of the backend's current transaction
+	// reported a command tag that changes data (NoteCommand). A commit
+	// across nodes prepares such a participant at once and asks the others
+	// whether they wrote; it is cleared when the backend joins a
+	// transaction or goes back to the pool.
+	Wrote bool
 
 	net       net.Conn
 	pid       uint32
@@ -80,6 +87,32 @@ func connect(ctx context.Context, node, tenant, dsn string, maxMessage int) (*Co
 		c.cancelTo = net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port)))
 	}
 	return c, nil
+}
+
+// NoteCommand records a statement's command tag (Wrote). Tags of
+// statements that read are let through: a SELECT may still have written
+// through a function, which the commit asks the server about.
+func (c *Conn) NoteCommand(tag []byte) {
+	if !c.Wrote && !readTag(tag) {
+		c.Wrote = true
+	}
+}
+
+// readTags are the command tags of statements that change no rows.
+var readTags = [][]byte{
+	[]byte("SELECT"), []byte("SHOW"), []byte("FETCH"), []byte("MOVE"), []byte("BEGIN"), []byte("SET"),
+	[]byte("RESET"), []byte("DECLARE CURSOR"), []byte("CLOSE CURSOR"), []byte("SAVEPOINT"),
+	[]byte("RELEASE"), []byte("ROLLBACK"), []byte("EXPLAIN"), []byte("DEALLOCATE"), []byte("DISCARD"),
+	[]byte("PREPARE"), []byte("LISTEN"), []byte("UNLISTEN"),
+}
+
+func readTag(tag []byte) bool {
+	for _, r := range readTags {
+		if bytes.HasPrefix(tag, r) && (len(tag) == len(r) || tag[len(r)] == ' ') {
+			return true
+		}
+	}
+	return false
 }
 
 // PID is the backend process id, for logs.

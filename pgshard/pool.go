@@ -126,6 +126,7 @@ func (p *Pools) Release(c *Conn) {
 		c.Close()
 		return
 	}
+	c.Wrote = false
 	pl.release(c)
 }
 

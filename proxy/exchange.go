@@ -172,6 +172,8 @@ func (s *session) playStep(x *exchange, st *step) error {
 			return err
 		}
 		switch m := msg.(type) {
+		case *pgproto3.CommandComplete:
+			be.NoteCommand(m.CommandTag) // and on below
 		case *pgproto3.ErrorResponse:
 			x.failed[be] = true
 			if st.kind == stepParse {

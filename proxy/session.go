@@ -219,6 +219,7 @@ func (s *session) backend(ctx context.Context, node string) (*pgshard.Conn, erro
 		return be, nil
 	}
 	s.tx.conns = append(s.tx.conns, be)
+	be.Wrote = false
 	prologue := append(append([]string{s.tx.begin}, s.tx.local...), s.tx.deferred...)
 	s.tx.deferred = nil
 	be.Frontend.Send(&pgproto3.Query{String: strings.Join(prologue, "; ")})

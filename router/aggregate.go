@@ -9,6 +9,8 @@ import (
 	pg "github.com/pganalyze/pg_query_go/v6"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
+
+	"github.com/lattice-db/lattice/btreeindex"
 )
 
 // An aggregating fan-out (aggregates, GROUP BY, HAVING or DISTINCT) runs in
@@ -61,13 +63,17 @@ const aggSource = "lattice_src"
 
 // RenderPartial is the partial query a node runs over the given shard
 // schemas.
-func (p *Plan) RenderPartial(schemas []Source) string { return p.renderAround(p.Agg.partial, schemas) }
+func (p *Plan) RenderPartial(schemas []btreeindex.Source) string {
+	return p.renderAround(p.Agg.partial, schemas)
+}
 
 // RenderWhole is the statement itself over the given shard schemas, for a
 // node that holds every shard of the tree: no final step is needed.
-func (p *Plan) RenderWhole(schemas []Source) string { return p.renderAround(p.Agg.whole, schemas) }
+func (p *Plan) RenderWhole(schemas []btreeindex.Source) string {
+	return p.renderAround(p.Agg.whole, schemas)
+}
 
-func (p *Plan) renderAround(pieces [2]string, schemas []Source) string {
+func (p *Plan) renderAround(pieces [2]string, schemas []btreeindex.Source) string {
 	a := p.Agg
 	var b strings.Builder
 	b.WriteString(pieces[0])

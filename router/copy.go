@@ -5,6 +5,8 @@ import (
 	"strings"
 
 	pg "github.com/pganalyze/pg_query_go/v6"
+
+	"github.com/lattice-db/lattice/btreeindex"
 )
 
 // CopyFormat is the data format of a COPY.
@@ -62,7 +64,7 @@ func (p *Plan) RenderCopyFrom(schema string) string {
 // the given shard schemas of that node: the rows of each shard glued with
 // UNION ALL, in the client's format, with a header line only when header.
 // For a Single query it is the whole statement for the one shard.
-func (p *Plan) RenderCopyTo(schemas []Source, header bool) string {
+func (p *Plan) RenderCopyTo(schemas []btreeindex.Source, header bool) string {
 	c := p.Copy
 	if c.Query && c.QueryKind == Single {
 		return p.Render(schemas[0].Schema)

@@ -9,6 +9,8 @@ import (
 	pg "github.com/pganalyze/pg_query_go/v6"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
+
+	"github.com/lattice-db/lattice/btreeindex"
 )
 
 // A SELECT of one tree that does not fix the shard key runs on every node:
@@ -24,37 +26,9 @@ import (
 // branch is re-parsed when it is made and must give exactly the statement's
 // parse tree with those changes, or the statement is refused.
 
-// SortKey is one ORDER BY key of a FanOut plan.
-type SortKey struct {
-	Column     int  // 0-based index of the sort value in the per-node result row (hidden columns included)
-	Desc       bool // DESC
-	NullsFirst bool // the effective null order: PostgreSQL's default is NULLS LAST for ASC, NULLS FIRST for DESC
-	ByteOrder  bool // COLLATE "C" / "POSIX" on the key: text compares bytewise
-}
-
-// String is "#col ASC|DESC NULLS FIRST|LAST", with " BYTES" for ByteOrder.
-func (k SortKey) String() string {
-	s := "#" + strconv.Itoa(k.Column) + " " + k.order()
-	if k.ByteOrder {
-		s += " BYTES"
-	}
-	return s
-}
-
-func (k SortKey) order() string {
-	s := "ASC"
-	if k.Desc {
-		s = "DESC"
-	}
-	if k.NullsFirst {
-		return s + " NULLS FIRST"
-	}
-	return s + " NULLS LAST"
-}
-
 // fanPlan is the analysis of a fan-out SELECT.
 type fanPlan struct {
-	sort          []SortKey
+	sort          []btreeindex.SortKey
 	hidden        int
 	limit, offset *Value
 	calls         []string
@@ -78,7 +52,7 @@ type fanRender struct {
 // the hidden sort columns appended to the select list. Parameters keep
 // their numbers; a parameter used only in LIMIT or OFFSET no longer
 // appears. It panics if the plan is not FanOut or schemas is empty.
-func (p *Plan) RenderFanOut(schemas []Source, limit int64) string {
+func (p *Plan) RenderFanOut(schemas []btreeindex.Source, limit int64) string {
 	if p.fan == nil {
 		panic("router: RenderFanOut on a " + p.Kind.String() + " plan")
 	}
@@ -209,7 +183,7 @@ func (p *planner) fanOut(r route, s *pg.SelectStmt) route {
 		if sb == nil {
 			return refusedRoute(fanError(tree.Name))
 		}
-		k := SortKey{Column: -1, Desc: sb.SortbyDir == pg.SortByDir_SORTBY_DESC}
+		k := btreeindex.SortKey{Column: -1, Desc: sb.SortbyDir == pg.SortByDir_SORTBY_DESC}
 		switch sb.SortbyDir {
 		case pg.SortByDir_SORTBY_DEFAULT, pg.SortByDir_SORTBY_ASC, pg.SortByDir_SORTBY_DESC:
 		default:
@@ -892,7 +866,7 @@ func (p *planner) fanRenderer(r route, start, end int) (*fanRender, *Error) {
 		fr := &fanRender{branch: rd}
 		var outer []string
 		for _, k := range f.sort {
-			outer = append(outer, strconv.Itoa(k.Column+1)+" "+k.order())
+			outer = append(outer, strconv.Itoa(k.Column+1)+" "+k.Order())
 		}
 		fr.outer = strings.Join(outer, ", ")
 		return fr, nil

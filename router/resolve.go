@@ -8,7 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgtype"
 
-	"github.com/lattice-db/lattice/pgshard"
+	"github.com/lattice-db/lattice/btreeindex"
 	"github.com/lattice-db/lattice/shardmap"
 )
 
@@ -61,7 +61,7 @@ type Target struct {
 	Shard int
 	// Sources are the shards the statement reads, a mixed one with the
 	// filter that keeps only the rows of its own slots (FanOut, Copy TO).
-	Sources []Source
+	Sources []btreeindex.Source
 	// Rows are the VALUES rows (0-based, in order) an InsertSplit part
 	// inserts, and Params the original parameter numbers of its $1, $2...
 	Rows   []int
@@ -191,7 +191,7 @@ func (r *Routing) writeAll(m *shardmap.Map, p *Plan) {
 			sql := p.Render(schema)
 			if m.Shards[idx].Mixed {
 				owned := m.SlotRanges(idx)
-				sql = p.RenderFiltered(schema, func(q string) string { return pgshard.SlotPredicate(p.Tree, q, owned) })
+				sql = p.RenderFiltered(schema, func(q string) string { return btreeindex.SlotPredicate(p.Tree, q, owned) })
 			}
 			r.Targets = append(r.Targets, Target{Node: g.node, Shard: idx, SQL: sql})
 		}
@@ -204,12 +204,12 @@ func (r *Routing) fanOut(m *shardmap.Map, p *Plan, b *Bind) *Error {
 	if p.Agg != nil {
 		if len(groups) == 1 {
 			r.Whole = true
-			srcs := sources(m, p.Tree, groups[0].shards)
+			srcs := btreeindex.Sources(m, p.Tree, groups[0].shards)
 			r.Targets = []Target{{Node: groups[0].node, Shard: -1, Sources: srcs, SQL: p.RenderWhole(srcs)}}
 			return nil
 		}
 		for _, g := range groups {
-			srcs := sources(m, p.Tree, g.shards)
+			srcs := btreeindex.Sources(m, p.Tree, g.shards)
 			r.Targets = append(r.Targets, Target{Node: g.node, Shard: -1, Sources: srcs, SQL: p.RenderPartial(srcs)})
 		}
 		return nil
@@ -218,7 +218,7 @@ func (r *Routing) fanOut(m *shardmap.Map, p *Plan, b *Bind) *Error {
 		return err
 	}
 	for _, g := range groups {
-		srcs := sources(m, p.Tree, g.shards)
+		srcs := btreeindex.Sources(m, p.Tree, g.shards)
 		r.Targets = append(r.Targets, Target{Node: g.node, Shard: -1, Sources: srcs, SQL: p.RenderFanOut(srcs, r.PerNode)})
 	}
 	return nil
@@ -236,7 +236,7 @@ func (r *Routing) copyPlan(m *shardmap.Map, p *Plan) *Error {
 		}
 		sh := m.Owner(slot)
 		r.Frozen = m.IsFrozen(slot)
-		srcs := Schemas(shardmap.SchemaName(sh.Index))
+		srcs := btreeindex.Schemas(shardmap.SchemaName(sh.Index))
 		r.Targets = []Target{{Node: sh.Node, Shard: sh.Index, Sources: srcs, SQL: p.RenderCopyTo(srcs, true)}}
 		return nil
 	}
@@ -245,7 +245,7 @@ func (r *Routing) copyPlan(m *shardmap.Map, p *Plan) *Error {
 		return nil
 	}
 	for i, g := range nodeGroups(m, nil) {
-		srcs := sources(m, p.Tree, g.shards)
+		srcs := btreeindex.Sources(m, p.Tree, g.shards)
 		r.Targets = append(r.Targets, Target{Node: g.node, Shard: -1, Sources: srcs, SQL: p.RenderCopyTo(srcs, i == 0)})
 	}
 	return nil
@@ -274,19 +274,6 @@ func nodeGroups(m *shardmap.Map, only map[int]bool) []nodeGroup {
 			out = append(out, nodeGroup{node: node})
 		}
 		out[g].shards = append(out[g].shards, idx)
-	}
-	return out
-}
-
-// sources are the shards as Sources: a mixed shard is read through the
-// predicate on the slots it owns, so that no row is read twice.
-func sources(m *shardmap.Map, t *shardmap.Tree, shards []int) []Source {
-	out := make([]Source, len(shards))
-	for i, idx := range shards {
-		out[i] = Source{Schema: shardmap.SchemaName(idx)}
-		if m.Shards[idx].Mixed {
-			out[i].Filter = pgshard.SlotPredicate(t, "", m.SlotRanges(idx))
-		}
 	}
 	return out
 }

@@ -133,7 +133,7 @@ func (c *serveConfig) flags(fs *flag.FlagSet) {
 	c.MaxMergeMemory = proxy.DefaultMaxMergeMemory
 	fs.Var(&c.MaxMergeMemory, "max-merge-memory", "most row data one statement over several shards holds in the proxy while merging (bytes, or with kB, MB, GB); more fails with SQLSTATE 53200")
 	fs.DurationVar(&c.TxRecoverEvery, "tx-recover-interval", 10*time.Second, "how often to look for prepared transactions across nodes that a crashed proxy left behind")
-	fs.DurationVar(&c.TxAbortAfter, "tx-abort-after", time.Minute, "roll back a prepared transaction across nodes that has no commit decision after this long; must exceed any prepare phase")
+	fs.DurationVar(&c.TxAbortAfter, "tx-abort-after", time.Minute, "roll back a prepared transaction across nodes that has no commit decision after this long, even if the transaction that would decide it is still open; should exceed any prepare phase")
 	fs.BoolVar(&c.Coordinator, "coordinator", true, "run reshard coordinators in this proxy (at least one proxy must)")
 	fs.IntVar(&c.Reshard.MaxConcurrentMigrations, "max-concurrent-migrations", 4, "splits or folds one reshard keeps in flight")
 	fs.DurationVar(&c.Reshard.Tick, "reshard-tick", 2*time.Second, "how often a reshard coordinator plans")
@@ -145,8 +145,9 @@ func (c *serveConfig) flags(fs *flag.FlagSet) {
 }
 
 // crashHookEnv names the test-only hook that makes the proxy kill itself at
-// a point of every two-phase commit (after-prepare, after-decision); the
-// crash-recovery integration tests set it. Read once at start.
+// a point of every two-phase commit (after-prepare, after-decision), or
+// stall there (stall-after-prepare); the crash-recovery integration tests
+// set it. Read once at start.
 const crashHookEnv = "LATTICE_TEST_CRASH_2PC"
 
 // parseFlags parses args, then fills every flag not given on the command line
