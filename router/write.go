@@ -76,7 +76,7 @@ func (p *Plan) RenderFiltered(schema string, filter func(qualifier string) strin
 // CTEs) are inside parentheses.
 func (p *planner) writeRenderer(r route, refs []span, start, end int) (*writeRenderer, *Error) {
 	toks := p.tokens()
-	var where, condStart, last int = -1, -1, -1
+	where, condStart, last := -1, -1, -1
 	depth := 0
 	for i, t := range toks {
 		if int(t.Start) < start || isComment(t) {
