@@ -668,17 +668,17 @@ func deparseExpr(n *pg.Node) (string, error) {
 
 // splitSource cuts a deparsed statement around its lattice_src reference.
 func splitSource(text string) (string, string, bool) {
-	toks, err := pg.Scan(text)
-	if err != nil {
+	toks, _, ok := scan(text)
+	if !ok {
 		return "", "", false
 	}
 	at := -1
-	for _, t := range toks.Tokens {
-		if t.Token == pg.Token_IDENT && text[t.Start:t.End] == aggSource {
+	for _, t := range toks {
+		if t.kind == pg.Token_IDENT && t.text(text) == aggSource {
 			if at >= 0 {
 				return "", "", false
 			}
-			at = int(t.Start)
+			at = int(t.start)
 		}
 	}
 	if at < 0 {
@@ -690,18 +690,18 @@ func splitSource(text string) (string, string, bool) {
 // finalPieces cuts the deparsed final statement at its source and at each
 // lattice_agg_N placeholder.
 func finalPieces(text string, naggs int) ([]string, []int, bool) {
-	toks, err := pg.Scan(text)
-	if err != nil {
+	toks, _, ok := scan(text)
+	if !ok {
 		return nil, nil, false
 	}
 	var pieces []string
 	var holes []int
 	last, seen, sources := 0, make([]bool, naggs), 0
-	for _, t := range toks.Tokens {
-		if t.Token != pg.Token_IDENT {
+	for _, t := range toks {
+		if t.kind != pg.Token_IDENT {
 			continue
 		}
-		word := text[t.Start:t.End]
+		word := t.text(text)
 		h := -2
 		if word == aggSource {
 			h = -1
@@ -717,9 +717,9 @@ func finalPieces(text string, naggs int) ([]string, []int, bool) {
 		if h == -2 {
 			continue
 		}
-		pieces = append(pieces, text[last:t.Start])
+		pieces = append(pieces, text[last:t.start])
 		holes = append(holes, h)
-		last = int(t.End)
+		last = int(t.end)
 	}
 	pieces = append(pieces, text[last:])
 	for _, s := range seen {

@@ -250,19 +250,19 @@ func (p *planner) copyQuery(c *CopySpec, s *pg.CopyStmt) route {
 func (p *planner) parenSpan(start, end int) (int, int, bool) {
 	depth, open := 0, -1
 	for _, t := range p.tokens() {
-		if int(t.Start) < start || int(t.End) > end {
+		if int(t.start) < start || int(t.end) > end {
 			continue
 		}
-		switch t.Token {
+		switch t.kind {
 		case pg.Token_ASCII_40:
 			if depth == 0 && open < 0 {
-				open = int(t.End)
+				open = int(t.end)
 			}
 			depth++
 		case pg.Token_ASCII_41:
 			depth--
 			if depth == 0 && open >= 0 {
-				qs, qe := p.trim(open, int(t.Start))
+				qs, qe := p.trim(open, int(t.start))
 				return qs, qe, true
 			}
 		}

@@ -665,9 +665,9 @@ func (p *planner) fanRenderer(r route, start, end int) (*fanRender, *Error) {
 		return nil, err
 	}
 	all := p.tokens()
-	lo := sort.Search(len(all), func(i int) bool { return int(all[i].Start) >= start })
+	lo := sort.Search(len(all), func(i int) bool { return int(all[i].start) >= start })
 	hi := lo
-	for hi < len(all) && int(all[hi].End) <= end {
+	for hi < len(all) && int(all[hi].end) <= end {
 		hi++
 	}
 	toks := all[lo:hi]
@@ -683,7 +683,7 @@ func (p *planner) fanRenderer(r route, start, end int) (*fanRender, *Error) {
 	// The tail: ORDER BY, LIMIT, OFFSET, FETCH at the top level.
 	tail, depth := -1, 0
 	for i, t := range toks {
-		switch t.Token {
+		switch t.kind {
 		case pg.Token_ASCII_40, pg.Token_ASCII_91:
 			depth++
 		case pg.Token_ASCII_41, pg.Token_ASCII_93:
@@ -709,7 +709,7 @@ func (p *planner) fanRenderer(r route, start, end int) (*fanRender, *Error) {
 	{
 		for i := stop - 1; i >= 0; i-- {
 			if !isComment(toks[i]) {
-				branchEnd = int(toks[i].End)
+				branchEnd = int(toks[i].end)
 				break
 			}
 		}
@@ -718,11 +718,11 @@ func (p *planner) fanRenderer(r route, start, end int) (*fanRender, *Error) {
 	// The ORDER BY items' expressions.
 	var items []span
 	if len(s.SortClause) > 0 {
-		if toks[tail].Token != pg.Token_ORDER {
+		if toks[tail].kind != pg.Token_ORDER {
 			return nil, bad
 		}
 		i := next(tail)
-		if i < 0 || toks[i].Token != pg.Token_BY {
+		if i < 0 || toks[i].kind != pg.Token_BY {
 			return nil, bad
 		}
 		var cur []int
@@ -738,7 +738,7 @@ func (p *planner) fanRenderer(r route, start, end int) (*fanRender, *Error) {
 			sb := s.SortClause[k].GetSortBy()
 			word := func(j int, words ...string) bool {
 				t := toks[cur[j]]
-				text := p.sql[t.Start:t.End]
+				text := p.sql[t.start:t.end]
 				for _, w := range words {
 					if strings.EqualFold(text, w) {
 						return true
@@ -759,22 +759,22 @@ func (p *planner) fanRenderer(r route, start, end int) (*fanRender, *Error) {
 				}
 				n--
 			}
-			items = append(items, span{int(toks[cur[0]].Start), int(toks[cur[n-1]].End)})
+			items = append(items, span{int(toks[cur[0]].start), int(toks[cur[n-1]].end)})
 			cur = nil
 			return true
 		}
 		for i = next(i); i >= 0; i = next(i) {
 			t := toks[i]
-			switch t.Token {
+			switch t.kind {
 			case pg.Token_ASCII_40, pg.Token_ASCII_91:
 				depth++
 			case pg.Token_ASCII_41, pg.Token_ASCII_93:
 				depth--
 			}
-			if depth == 0 && (t.Token == pg.Token_LIMIT || t.Token == pg.Token_OFFSET || t.Token == pg.Token_FETCH) {
+			if depth == 0 && (t.kind == pg.Token_LIMIT || t.kind == pg.Token_OFFSET || t.kind == pg.Token_FETCH) {
 				break
 			}
-			if depth == 0 && t.Token == pg.Token_ASCII_44 {
+			if depth == 0 && t.kind == pg.Token_ASCII_44 {
 				if !flush() {
 					return nil, bad
 				}
@@ -798,13 +798,13 @@ func (p *planner) fanRenderer(r route, start, end int) (*fanRender, *Error) {
 		}
 		lastTarget := int(s.TargetList[len(s.TargetList)-1].GetResTarget().GetLocation())
 		for i, t := range toks {
-			if t.Token != pg.Token_FROM || int(t.Start) <= lastTarget || int(t.Start) >= int(r.rv.Location) || lastTarget < start {
+			if t.kind != pg.Token_FROM || int(t.start) <= lastTarget || int(t.start) >= int(r.rv.Location) || lastTarget < start {
 				continue
 			}
 			for j := i - 1; j >= 0; j-- {
 				if !isComment(toks[j]) {
-					if int(toks[j].End) > lastTarget {
-						inserts = append(inserts, int(toks[j].End))
+					if int(toks[j].end) > lastTarget {
+						inserts = append(inserts, int(toks[j].end))
 					}
 					break
 				}
@@ -877,20 +877,20 @@ func (p *planner) fanRenderer(r route, start, end int) (*fanRender, *Error) {
 // tableKeyword returns, for a reference at ref copied from [from, to) to
 // offset at of the branch text, the branch offset of a TABLE keyword right
 // before it (the TABLE name form), or -1.
-func tableKeyword(toks []*pg.ScanToken, ref, from, to, at int) int {
+func tableKeyword(toks []token, ref, from, to, at int) int {
 	prev := -1
 	for i, t := range toks {
-		if int(t.Start) >= ref {
+		if int(t.start) >= ref {
 			break
 		}
 		if !isComment(t) {
 			prev = i
 		}
 	}
-	if prev < 0 || toks[prev].Token != pg.Token_TABLE || int(toks[prev].Start) < from || int(toks[prev].End) > to {
+	if prev < 0 || toks[prev].kind != pg.Token_TABLE || int(toks[prev].start) < from || int(toks[prev].end) > to {
 		return -1
 	}
-	return int(toks[prev].Start) - from + at
+	return int(toks[prev].start) - from + at
 }
 
 // expectedBranch is the parse tree a branch for schema must have: the

@@ -5,11 +5,13 @@ import (
 	"math"
 	"slices"
 	"strconv"
+	"sync"
 
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/lattice-db/lattice/btreeindex"
 	"github.com/lattice-db/lattice/shardmap"
+	"github.com/lattice-db/lattice/sqlstate"
 )
 
 // A plan says what a statement does; resolving it against a tenant's shard
@@ -104,9 +106,22 @@ func Resolve(v *shardmap.View, p *Plan, b *Bind) (*Routing, error) {
 	}
 	m := v.Maps[p.Tree.Name]
 	if m == nil {
-		return nil, &Error{Code: "58000", Message: "tree " + strconv.Quote(p.Tree.Name) + " has no shard map"}
+		return nil, &Error{Code: sqlstate.SystemError, Message: "tree " + strconv.Quote(p.Tree.Name) + " has no shard map"}
 	}
-	r := &Routing{Limit: -1, PerNode: -1}
+	var r *Routing
+	if p.Kind == Single {
+		// The routing of one statement and its target in one allocation:
+		// this is every point query's path.
+		one := &struct {
+			r Routing
+			t [1]Target
+		}{}
+		r = &one.r
+		r.Targets = one.t[:0]
+	} else {
+		r = &Routing{}
+	}
+	r.Limit, r.PerNode = -1, -1
 	var err *Error
 	switch p.Kind {
 	case Single:
@@ -144,7 +159,7 @@ func (r *Routing) single(m *shardmap.Map, p *Plan, b *Bind) *Error {
 	}
 	sh := m.Owner(slot)
 	r.Frozen = m.IsFrozen(slot)
-	r.Targets = []Target{{Node: sh.Node, Shard: sh.Index, SQL: p.Render(shardmap.SchemaName(sh.Index))}}
+	r.Targets = append(r.Targets, Target{Node: sh.Node, Shard: sh.Index, SQL: p.Render(schemaName(sh.Index))})
 	return nil
 }
 
@@ -171,7 +186,7 @@ func (r *Routing) insertSplit(m *shardmap.Map, p *Plan, b *Bind) *Error {
 	}
 	for i := range r.Targets {
 		t := &r.Targets[i]
-		t.SQL, t.Params = p.RenderRows(shardmap.SchemaName(t.Shard), t.Rows)
+		t.SQL, t.Params = p.RenderRows(schemaName(t.Shard), t.Rows)
 	}
 	return nil
 }
@@ -187,7 +202,7 @@ func (r *Routing) writeAll(m *shardmap.Map, p *Plan) {
 	r.Frozen = len(m.Frozen) > 0
 	for _, g := range nodeGroups(m, nil) {
 		for _, idx := range g.shards {
-			schema := shardmap.SchemaName(idx)
+			schema := schemaName(idx)
 			sql := p.Render(schema)
 			if m.Shards[idx].Mixed {
 				owned := m.SlotRanges(idx)
@@ -251,6 +266,23 @@ func (r *Routing) copyPlan(m *shardmap.Map, p *Plan) *Error {
 	return nil
 }
 
+// schemaNames are the schemas of the first shards, named once: naming the
+// shard is on every statement's path, and fmt is slow.
+var schemaNames = sync.OnceValue(func() []string {
+	out := make([]string, 1024)
+	for i := range out {
+		out[i] = shardmap.SchemaName(i)
+	}
+	return out
+})
+
+func schemaName(idx int) string {
+	if idx >= 0 && idx < 1024 {
+		return schemaNames()[idx]
+	}
+	return shardmap.SchemaName(idx)
+}
+
 // nodeGroup is the owning shards of a tree on one node, in shard order.
 type nodeGroup struct {
 	node   string
@@ -288,12 +320,12 @@ func KeySlot(kt shardmap.KeyType, slots int, key Value, b *Bind) (int, *Error) {
 	if key.Param == 0 {
 		slot, err := shardmap.SlotForText(kt, []byte(key.Text), slots)
 		if err != nil {
-			return 0, &Error{Code: "22P02", Message: err.Error()}
+			return 0, &Error{Code: sqlstate.InvalidTextRepresentation, Message: err.Error()}
 		}
 		return slot, nil
 	}
 	if key.Param > b.count() {
-		return 0, &Error{Code: "08P01", Message: "bind message supplies " + strconv.Itoa(b.count()) +
+		return 0, &Error{Code: sqlstate.ProtocolViolation, Message: "bind message supplies " + strconv.Itoa(b.count()) +
 			" parameters, but the shard key is $" + strconv.Itoa(key.Param)}
 	}
 	val, format, oid := b.param(key.Param)
@@ -304,7 +336,7 @@ func KeySlot(kt shardmap.KeyType, slots int, key Value, b *Bind) (int, *Error) {
 	var err error
 	if format == 1 {
 		if !binaryKeyOID(kt, oid) {
-			return 0, &Error{Code: CodeFeatureNotSupported,
+			return 0, &Error{Code: sqlstate.FeatureNotSupported,
 				Message: "shard key $" + strconv.Itoa(key.Param) + " is sent in binary as type oid " + strconv.FormatUint(uint64(oid), 10) + ", which Lattice cannot hash as the key's type",
 				Hint:    "send the key as text, or with the key column's own type"}
 		}
@@ -313,7 +345,7 @@ func KeySlot(kt shardmap.KeyType, slots int, key Value, b *Bind) (int, *Error) {
 		slot, err = shardmap.SlotForText(kt, val, slots)
 	}
 	if err != nil {
-		return 0, &Error{Code: "22P02", Message: "shard key $" + strconv.Itoa(key.Param) + ": " + err.Error()}
+		return 0, &Error{Code: sqlstate.InvalidTextRepresentation, Message: "shard key $" + strconv.Itoa(key.Param) + ": " + err.Error()}
 	}
 	return slot, nil
 }
@@ -448,10 +480,10 @@ func arraySlots(kt shardmap.KeyType, slots int, raw []byte, format int16, oid ui
 // limits evaluates LIMIT and OFFSET from literals or Bind parameters.
 func (r *Routing) limits(p *Plan, b *Bind) *Error {
 	var err *Error
-	if r.Limit, err = countValue(p.Limit, b, "LIMIT", "2201W"); err != nil {
+	if r.Limit, err = countValue(p.Limit, b, "LIMIT", sqlstate.InvalidRowCountInLimitClause); err != nil {
 		return err
 	}
-	if r.Offset, err = countValue(p.Offset, b, "OFFSET", "2201X"); err != nil {
+	if r.Offset, err = countValue(p.Offset, b, "OFFSET", sqlstate.InvalidRowCountInResultOffsetClause); err != nil {
 		return err
 	}
 	if r.Offset < 0 {
@@ -476,7 +508,7 @@ func countValue(v *Value, b *Bind, what, code string) (int64, *Error) {
 	text := v.Text
 	if v.Param > 0 {
 		if v.Param > b.count() {
-			return 0, &Error{Code: "08P01", Message: "bind message supplies " + strconv.Itoa(b.count()) +
+			return 0, &Error{Code: sqlstate.ProtocolViolation, Message: "bind message supplies " + strconv.Itoa(b.count()) +
 				" parameters, but " + what + " uses $" + strconv.Itoa(v.Param)}
 		}
 		raw, format, oid := b.param(v.Param)
@@ -495,7 +527,7 @@ func countValue(v *Value, b *Bind, what, code string) (int64, *Error) {
 	}
 	n, err := strconv.ParseInt(text, 10, 64)
 	if err != nil {
-		return 0, &Error{Code: "22P02", Message: "invalid input syntax for type bigint: " + strconv.Quote(text)}
+		return 0, &Error{Code: sqlstate.InvalidTextRepresentation, Message: "invalid input syntax for type bigint: " + strconv.Quote(text)}
 	}
 	if n < 0 {
 		return 0, &Error{Code: code, Message: what + " must not be negative"}
@@ -510,7 +542,7 @@ func binaryCount(raw []byte, oid uint32, what string, param int) (string, *Error
 	if oid == 0 {
 		oid = map[int]uint32{2: pgtype.Int2OID, 4: pgtype.Int4OID, 8: pgtype.Int8OID}[len(raw)]
 	}
-	bad := &Error{Code: "22P03", Message: "incorrect binary data format in bind parameter"}
+	bad := &Error{Code: sqlstate.InvalidBinaryRepresentation, Message: "incorrect binary data format in bind parameter"}
 	switch oid {
 	case pgtype.Int2OID:
 		if len(raw) != 2 {
@@ -530,6 +562,6 @@ func binaryCount(raw []byte, oid uint32, what string, param int) (string, *Error
 	case pgtype.TextOID, pgtype.VarcharOID, pgtype.NameOID, 0:
 		return string(raw), nil
 	}
-	return "", &Error{Code: "22P03", Message: what + " $" + strconv.Itoa(param) + " is sent in binary as type oid " +
+	return "", &Error{Code: sqlstate.InvalidBinaryRepresentation, Message: what + " $" + strconv.Itoa(param) + " is sent in binary as type oid " +
 		strconv.FormatUint(uint64(oid), 10) + "; send it as an integer", Hint: "bind " + what + " as bigint, or send it as text"}
 }

@@ -79,32 +79,32 @@ func (p *planner) writeRenderer(r route, refs []span, start, end int) (*writeRen
 	where, condStart, last := -1, -1, -1
 	depth := 0
 	for i, t := range toks {
-		if int(t.Start) < start || isComment(t) {
+		if int(t.start) < start || isComment(t) {
 			continue
 		}
-		if int(t.End) > end {
+		if int(t.end) > end {
 			break
 		}
-		if depth == 0 && t.Token == pg.Token_RETURNING {
+		if depth == 0 && t.kind == pg.Token_RETURNING {
 			break
 		}
-		switch t.Token {
+		switch t.kind {
 		case pg.Token_ASCII_40:
 			depth++
 		case pg.Token_ASCII_41:
 			depth--
 		}
-		if depth == 0 && t.Token == pg.Token_WHERE && where < 0 {
+		if depth == 0 && t.kind == pg.Token_WHERE && where < 0 {
 			where = i
 		} else if where >= 0 && condStart < 0 {
-			condStart = int(t.Start)
+			condStart = int(t.start)
 		}
 		last = i
 	}
 	if last < 0 || where >= 0 && condStart < 0 {
 		return nil, internalError(r.tree.Name)
 	}
-	condEnd := int(toks[last].End)
+	condEnd := int(toks[last].end)
 
 	type cut struct {
 		at, end int // the span replaced: at == end for an insertion

@@ -30,8 +30,8 @@ const (
 
 // Class 21, cardinality violation.
 const (
-	// CardinalityViolation: a lattice_* function used as a value returned
-	// more than one row.
+	// CardinalityViolation: a lattice_* function used as a value in a
+	// composed statement returned other than one row.
 	CardinalityViolation = "21000"
 )
 
@@ -160,7 +160,7 @@ const (
 const (
 	// OutOfMemory: a fan-out merge that would buffer more than its limit.
 	OutOfMemory = "53200"
-	// TooManyConnections: past --max-clients or --max-listeners, or a node
+	// TooManyConnections: past --max-clients, --max-listeners or --max-pinned, or a node
 	// pool that cannot hand out a backend.
 	TooManyConnections = "53300"
 	// ProgramLimitExceeded: a COPY row longer than the proxy accepts.
