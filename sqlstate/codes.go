@@ -66,7 +66,8 @@ const (
 	// NotNullViolation: a COPY row whose shard key is null.
 	NotNullViolation = "23502"
 	// UniqueViolation: another coordinator claimed a commit decision's gid
-	// first (looked for in the catalog node's errors, never sent).
+	// first, or two CREATE DATABASE of one tenant's database raced on a node
+	// (looked for in the nodes' errors, never sent).
 	UniqueViolation = "23505"
 )
 
