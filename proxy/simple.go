@@ -37,6 +37,10 @@ func (s *session) simpleQuery(ctx context.Context, sql string) error {
 	if err := s.endImplicit(ctx, ok); err != nil {
 		s.send(err.Response())
 	}
+	if len(s.portals) > 0 && s.txStatus() == 'I' {
+		// Portals live until their transaction ends.
+		clear(s.portals)
+	}
 	s.syncListener()
 	s.send(&pgproto3.ReadyForQuery{TxStatus: s.txStatus()})
 	return s.flush()
@@ -139,7 +143,7 @@ func (s *session) forwardQuery(ctx context.Context, node, sql string, staleRetry
 		s.fail(err, false)
 		return
 	}
-	be.Frontend.Send(&pgproto3.Query{String: sql})
+	be.Send(&pgproto3.Query{String: sql})
 	s.x.add(step{kind: stepQuery, be: be, staleRetry: staleRetry})
 }
 
@@ -205,7 +209,7 @@ func (s *session) simpleEveryNode(ctx context.Context, nodes []string, parts map
 			s.fail(err, false)
 			return
 		}
-		be.Frontend.Send(&pgproto3.Query{String: strings.Join(parts[node], ";\n")})
+		be.Send(&pgproto3.Query{String: strings.Join(parts[node], ";\n")})
 		s.x.add(step{kind: stepQuery, be: be, rowsOnly: true, split: sp})
 	}
 	// The summed tag is known only once the parts ran.
@@ -451,7 +455,7 @@ func (s *session) forwardTx(be *pgshard.Conn, sql string, extended, hide bool) {
 		return
 	}
 	if !extended {
-		be.Frontend.Send(&pgproto3.Query{String: sql})
+		be.Send(&pgproto3.Query{String: sql})
 		s.x.add(step{kind: stepQuery, be: be})
 		return
 	}
@@ -462,6 +466,10 @@ func (s *session) forwardTx(be *pgshard.Conn, sql string, extended, hide bool) {
 // that PostgreSQL validates it, then becomes part of the session's settings
 // replayed on every backend the session uses.
 func (s *session) sessionCommand(ctx context.Context, p *router.Plan, extended bool) {
+	if p.Kind == router.Discard && p.Tag == "DEALLOCATE ALL" {
+		s.deallocateAll(ctx, p, extended)
+		return
+	}
 	if p.Kind == router.Discard {
 		if s.tx.active {
 			s.fail(Errorf("25001", "DISCARD ALL cannot run inside a transaction block"), extended)
@@ -487,7 +495,7 @@ func (s *session) sessionCommand(ctx context.Context, p *router.Plan, extended b
 	if extended {
 		s.forwardExtendedSQL(be, p.SQL)
 	} else {
-		be.Frontend.Send(&pgproto3.Query{String: p.SQL})
+		be.Send(&pgproto3.Query{String: p.SQL})
 		s.x.add(step{kind: stepQuery, be: be})
 	}
 	// Recorded only once PostgreSQL accepted it.
@@ -507,13 +515,39 @@ func (s *session) sessionCommand(ctx context.Context, p *router.Plan, extended b
 	}})
 }
 
+// deallocateAll drops the client's named statements, as PostgreSQL drops
+// every prepared statement but the unnamed one, and runs the statement on a
+// backend too, for statements prepared in SQL there.
+func (s *session) deallocateAll(ctx context.Context, p *router.Plan, extended bool) {
+	for name := range s.stmts {
+		if name != "" {
+			delete(s.stmts, name)
+		}
+	}
+	node := s.srv.catalogNode
+	if len(s.tx.conns) > 0 {
+		node = s.tx.conns[0].Node
+	}
+	be, err := s.backend(ctx, node)
+	if err != nil {
+		s.fail(err, extended)
+		return
+	}
+	if extended {
+		s.forwardExtendedSQL(be, p.SQL)
+		return
+	}
+	be.Send(&pgproto3.Query{String: p.SQL})
+	s.x.add(step{kind: stepQuery, be: be})
+}
+
 // forwardExtendedSQL runs a parameterless statement on be with the extended
 // protocol inside an extended batch. The client's Bind was answered when it
 // arrived, so the backend's BindComplete stays in the proxy.
 func (s *session) forwardExtendedSQL(be *pgshard.Conn, sql string) {
-	be.Frontend.Send(&pgproto3.Parse{Query: sql})
-	be.Frontend.Send(&pgproto3.Bind{})
-	be.Frontend.Send(&pgproto3.Execute{})
+	be.Send(&pgproto3.Parse{Query: sql})
+	be.Send(&pgproto3.Bind{})
+	be.Send(&pgproto3.Execute{})
 	s.x.add(step{kind: stepParse, be: be})
 	// The client's own Bind was answered when it came.
 	s.x.add(step{kind: stepBind, be: be, hide: true})

@@ -155,7 +155,7 @@ func (s *session) settle(extended bool) bool {
 	if extended {
 		for _, be := range s.backends() {
 			if s.inBatch(be) {
-				be.Frontend.Send(&pgproto3.Sync{})
+				be.Send(&pgproto3.Sync{})
 				s.x.add(step{kind: stepSync, be: be})
 			}
 		}
@@ -217,13 +217,13 @@ func (s *session) releaseTx() {
 // than errors stay in the proxy.
 func (s *session) hiddenSQL(be *pgshard.Conn, sql string, extended bool) {
 	if !extended {
-		be.Frontend.Send(&pgproto3.Query{String: sql})
+		be.Send(&pgproto3.Query{String: sql})
 		s.x.add(step{kind: stepHiddenQuery, be: be})
 		return
 	}
-	be.Frontend.Send(&pgproto3.Parse{Query: sql})
-	be.Frontend.Send(&pgproto3.Bind{})
-	be.Frontend.Send(&pgproto3.Execute{})
+	be.Send(&pgproto3.Parse{Query: sql})
+	be.Send(&pgproto3.Bind{})
+	be.Send(&pgproto3.Execute{})
 	s.x.add(step{kind: stepParse, be: be})
 	s.x.add(step{kind: stepBind, be: be, hide: true})
 	s.x.add(step{kind: stepExecute, be: be, hide: true})
@@ -245,8 +245,8 @@ func execAll(ctx context.Context, conns []*pgshard.Conn, sql string) (errs []err
 		}()
 	}
 	for i, be := range conns {
-		be.Frontend.Send(&pgproto3.Query{String: sql})
-		if err := be.Frontend.Flush(); err != nil {
+		be.Send(&pgproto3.Query{String: sql})
+		if err := be.Flush(); err != nil {
 			be.MarkBroken()
 			errs[i] = Errorf("08006", "lost connection to node %s: %v", be.Node, err)
 		}
@@ -264,7 +264,7 @@ func execAll(ctx context.Context, conns []*pgshard.Conn, sql string) (errs []err
 func readResult(be *pgshard.Conn) error {
 	var first error
 	for {
-		msg, err := be.Frontend.Receive()
+		msg, err := be.Receive()
 		if err != nil {
 			be.MarkBroken()
 			return Errorf("08006", "lost connection to node %s: %v", be.Node, err)
@@ -275,9 +275,7 @@ func readResult(be *pgshard.Conn) error {
 				first = fmt.Errorf("node %s: %w", be.Node, pgconn.ErrorResponseToPgError(m))
 			}
 		case *pgproto3.ParameterStatus:
-			be.Params[m.Name] = m.Value
 		case *pgproto3.ReadyForQuery:
-			be.TxStatus = m.TxStatus
 			return first
 		}
 	}

@@ -118,6 +118,13 @@ func (p *planner) plan(n *pg.Node, start, end int) *Plan {
 		if s.DiscardStmt.Target == pg.DiscardMode_DISCARD_ALL {
 			pl.Kind, pl.Tag = Discard, "DISCARD ALL"
 		}
+	case *pg.Node_DeallocateStmt:
+		if s.DeallocateStmt.Name == "" {
+			// The proxy drops the client's statements; the backend's run.
+			pl.Kind, pl.Tag = Discard, "DEALLOCATE ALL"
+		} else {
+			p.apply(pl, p.route(n), start, end)
+		}
 	case *pg.Node_ExplainStmt:
 		r := p.route(s.ExplainStmt.Query)
 		switch r.kind {

@@ -57,7 +57,8 @@ const (
 	// to the current transaction and goes to whatever backend(s) the
 	// transaction uses.
 	LocalSet
-	// Discard is DISCARD ALL: the proxy drops the session state it tracks.
+	// Discard is DISCARD ALL or DEALLOCATE ALL (Tag says which): the proxy
+	// drops the session state it tracks.
 	Discard
 	// Refused statements cannot be routed correctly; Plan.Err says why and
 	// what to do instead.
