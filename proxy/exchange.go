@@ -33,9 +33,9 @@ const (
 // step is one unit of expected responses, kept in client order so that
 // responses of several backends and the proxy's own interleave correctly.
 type step struct {
-	kind    stepKind
-	be      *pgshard.Conn
-	msgs    []pgproto3.BackendMessage // stepSynthetic
+	kind stepKind
+	be   *pgshard.Conn
+	msgs []pgproto3.BackendMessage // stepSynthetic
 	// staleRetry marks a step whose LT001 (slot moved) error is kept from the
 	// client so that the statement can be routed again.
 	staleRetry bool
