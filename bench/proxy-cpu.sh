@@ -5,6 +5,8 @@
 # protocols. One PostgreSQL node, a 16-shard tree kv of 100,000 rows.
 #   bench/proxy-cpu.sh [path/to/lattice]   (default: builds bin/lattice)
 # LATTICE_CPU_TX sets the transactions per client (default 20000).
+# LATTICE_CPU_PROFILE=DIR saves a 10 s CPU profile of each mode's run there
+# (go tool pprof -top DIR/extended.pprof).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin=${1:-}
@@ -50,9 +52,14 @@ echo "| mode | transactions | proxy CPU µs/query | tps |"
 echo "|---|---|---|---|"
 for mode in simple extended prepared; do
   pgbench -n -c 8 -j 2 -t 200 -M "$mode" -f "$work/f.sql" "$px" >/dev/null 2>&1 # warm the pools
+  if [ -n "${LATTICE_CPU_PROFILE:-}" ]; then
+    mkdir -p "$LATTICE_CPU_PROFILE"
+    curl -s -o "$LATTICE_CPU_PROFILE/$mode.pprof" "http://127.0.0.1:$aport/debug/pprof/profile?seconds=10" &
+  fi
   t0=$(ticks)
   out=$(pgbench -n -c 8 -j 2 -t "$tx" -M "$mode" -f "$work/f.sql" "$px" 2>&1)
   t1=$(ticks)
+  wait
   n=$(echo "$out" | awk '/number of transactions actually processed/ {split($NF,a,"/"); print a[1]}')
   tps=$(echo "$out" | awk '/^tps/ {printf "%.0f", $3}')
   us=$(awk -v d=$((t1 - t0)) -v hz="$hz" -v n="$n" 'BEGIN {printf "%.1f", d * 1e6 / hz / n}')
