@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"io"
 	"log/slog"
 	"mime"
@@ -12,9 +11,11 @@ import (
 	"net/url"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/lattice-db/lattice/shardmap"
+	"github.com/lattice-db/lattice/sqlstate"
 )
 
 // Catalog is the shard-map store as the API reads it; shardmap.RedisStore
@@ -28,7 +29,7 @@ type Catalog interface {
 
 // Resharder starts and reports reshards with the code behind the SQL
 // functions lattice_reshard and lattice_reshard_status, so that both give
-// the same answers. Its errors carry a SQLSTATE (SQLState() string).
+// the same answers. Its errors carry a SQLSTATE (a sqlstate.Error).
 type Resharder interface {
 	Reshard(ctx context.Context, tenant, tree string, n int) (string, error)
 	// Status reports a tree's reshard; Phase "idle" when none runs.
@@ -167,9 +168,10 @@ type MigrationInfo struct {
 	LastError  string    `json:"last_error,omitempty"`
 }
 
-// apiError is an error answer; SQLState is the code the SQL function would
-// have raised.
-type apiError struct {
+// ErrorAnswer is the JSON of an error answer: a sqlstate.Error's message and
+// code, the ones the SQL function would have raised (no code for an error
+// that has none).
+type ErrorAnswer struct {
 	Error    string `json:"error"`
 	SQLState string `json:"sqlstate,omitempty"`
 }
@@ -211,43 +213,41 @@ func (a *API) handle(h func(ctx context.Context, r *http.Request) (int, any, err
 	}
 }
 
-// badRequest is a malformed request: 400 with SQLSTATE 22023.
-type badRequest struct{ msg string }
+// badRequest is a malformed request: 400.
+func badRequest(format string, args ...any) error {
+	return sqlstate.New(sqlstate.InvalidParameterValue, format, args...)
+}
 
-func (e badRequest) Error() string    { return e.msg }
-func (e badRequest) SQLState() string { return "22023" }
-
-func (a *API) errorAnswer(r *http.Request, err error) (int, apiError) {
-	var coded interface{ SQLState() string }
-	code := ""
-	if errors.As(err, &coded) {
-		code = coded.SQLState()
+// errorAnswer maps an error to its HTTP status by its SQLSTATE.
+func (a *API) errorAnswer(r *http.Request, err error) (int, ErrorAnswer) {
+	ans := ErrorAnswer{Error: err.Error()}
+	if errors.As(err, new(sqlstate.Coded)) {
+		e := sqlstate.As(err)
+		ans = ErrorAnswer{Error: e.Message, SQLState: e.Code}
 	}
 	status := http.StatusInternalServerError
-	var fb forbidden
-	switch {
-	case errors.As(err, &fb):
+	switch code := ans.SQLState; {
+	case code == sqlstate.InsufficientPrivilege:
 		status = http.StatusForbidden
 	case errors.Is(err, shardmap.ErrNotFound):
-		status, code = http.StatusNotFound, "42P01"
-	case code == "42P01":
+		status, ans.SQLState = http.StatusNotFound, sqlstate.UndefinedTable
+	case code == sqlstate.UndefinedTable:
 		status = http.StatusNotFound
-	case code == "55000":
+	case code == sqlstate.ObjectNotInPrerequisiteState:
 		status = http.StatusConflict
-	case len(code) == 5 && code[:2] == "22":
+	case strings.HasPrefix(code, "22"): // class 22, data exception
 		status = http.StatusBadRequest
 	}
 	if status == http.StatusInternalServerError {
 		a.Log.Warn("admin api", "path", r.URL.Path, "err", err)
 	}
-	return status, apiError{Error: err.Error(), SQLState: code}
+	return status, ans
 }
 
 // treeNotFound is the 404 of an unknown tree, worded as the SQL functions do.
-type treeNotFound struct{ tree string }
-
-func (e treeNotFound) Error() string    { return fmt.Sprintf("tree %q does not exist", e.tree) }
-func (e treeNotFound) SQLState() string { return "42P01" }
+func treeNotFound(tree string) error {
+	return sqlstate.New(sqlstate.UndefinedTable, "tree %q does not exist", tree)
+}
 
 func (a *API) tenantOf(r *http.Request) string {
 	if t := r.URL.Query().Get("tenant"); t != "" {
@@ -339,7 +339,7 @@ func (a *API) load(ctx context.Context, r *http.Request) (*shardmap.Tree, *shard
 		}
 	}
 	if errors.Is(err, shardmap.ErrNotFound) {
-		return nil, nil, treeNotFound{name}
+		return nil, nil, treeNotFound(name)
 	}
 	return nil, nil, err
 }
@@ -514,20 +514,15 @@ type reshardBody struct {
 // which this endpoint does not grant, and it names the page's origin.
 func crossSite(r *http.Request) error {
 	if mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); mt != "application/json" {
-		return badRequest{"the body must be sent as Content-Type: application/json"}
+		return badRequest("the body must be sent as Content-Type: application/json")
 	}
 	if o := r.Header.Get("Origin"); o != "" {
 		if u, err := url.Parse(o); err != nil || u.Host != r.Host {
-			return forbidden{fmt.Sprintf("origin %q may not start reshards here", o)}
+			return sqlstate.New(sqlstate.InsufficientPrivilege, "origin %q may not start reshards here", o)
 		}
 	}
 	return nil
 }
-
-// forbidden is a cross-site request: 403.
-type forbidden struct{ msg string }
-
-func (e forbidden) Error() string { return e.msg }
 
 func (a *API) reshard(ctx context.Context, r *http.Request) (int, any, error) {
 	if err := crossSite(r); err != nil {
@@ -537,10 +532,10 @@ func (a *API) reshard(ctx context.Context, r *http.Request) (int, any, error) {
 	dec := json.NewDecoder(io.LimitReader(r.Body, maxBody))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&body); err != nil {
-		return 0, nil, badRequest{fmt.Sprintf(`body must be {"shards": N}: %v`, err)}
+		return 0, nil, badRequest(`body must be {"shards": N}: %v`, err)
 	}
 	if body.Shards == nil {
-		return 0, nil, badRequest{`body must be {"shards": N}`}
+		return 0, nil, badRequest(`body must be {"shards": N}`)
 	}
 	tenant, name := a.tenantOf(r), r.PathValue("tree")
 	msg, err := a.Resharder.Reshard(ctx, tenant, name, *body.Shards)

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/lattice-db/lattice/shardmap"
+	"github.com/lattice-db/lattice/sqlstate"
 )
 
 type sqlErr struct{ code, msg string }
@@ -74,9 +75,15 @@ func TestReshardRequest(t *testing.T) {
 		{name: "in progress", path: "/api/trees/t/reshard", body: `{"shards":9}`, err: sqlErr{"55000", "a reshard is in progress"}, status: 409, asked: "main/t:9"},
 		{name: "unknown tree", path: "/api/trees/t/reshard", body: `{"shards":9}`, err: sqlErr{"42P01", `tree "t" does not exist`}, status: 404, asked: "main/t:9"},
 		{name: "not sent as json", path: "/api/trees/t/reshard", body: `{"shards":8}`, header: map[string]string{"Content-Type": "text/plain"}, status: 400},
-		{name: "from another site", path: "/api/trees/t/reshard", body: `{"shards":8}`, header: map[string]string{"Origin": "http://evil.example"}, status: 403},
+		{name: "from another site", path: "/api/trees/t/reshard", body: `{"shards":8}`, header: map[string]string{"Origin": "http://evil.example"}, status: 403, answer: `"sqlstate":"42501"`},
 		{name: "from the page", path: "/api/trees/t/reshard", body: `{"shards":8}`, header: map[string]string{"Origin": "http://example.com"}, status: 202, asked: "main/t:8"},
-		{name: "store down", path: "/api/trees/t/reshard", body: `{"shards":9}`, err: errors.New("redis: connection refused"), status: 500, asked: "main/t:9"},
+		{name: "store down", path: "/api/trees/t/reshard", body: `{"shards":9}`, err: errors.New("redis: connection refused"), status: 500,
+			answer: `{"error":"redis: connection refused"}`, asked: "main/t:9"},
+		{name: "rejected", path: "/api/trees/t/reshard", body: `{"shards":9}`, status: 409, asked: "main/t:9",
+			err:    fmt.Errorf("coordinator: %w", sqlstate.New(sqlstate.ObjectNotInPrerequisiteState, "a reshard is in progress")),
+			answer: `{"error":"a reshard is in progress","sqlstate":"55000"}`},
+		{name: "store out of reach", path: "/api/trees/t/reshard", body: `{"shards":9}`, status: 500, asked: "main/t:9",
+			err: &shardmap.UnavailableError{Err: errors.New("connection refused")}, answer: `"sqlstate":"58000"`},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -55,11 +55,12 @@ for mode in simple extended prepared; do
   if [ -n "${LATTICE_CPU_PROFILE:-}" ]; then
     mkdir -p "$LATTICE_CPU_PROFILE"
     curl -s -o "$LATTICE_CPU_PROFILE/$mode.pprof" "http://127.0.0.1:$aport/debug/pprof/profile?seconds=10" &
+    cpid=$!
   fi
   t0=$(ticks)
   out=$(pgbench -n -c 8 -j 2 -t "$tx" -M "$mode" -f "$work/f.sql" "$px" 2>&1)
   t1=$(ticks)
-  wait
+  [ -n "${cpid:-}" ] && wait "$cpid"
   n=$(echo "$out" | awk '/number of transactions actually processed/ {split($NF,a,"/"); print a[1]}')
   tps=$(echo "$out" | awk '/^tps/ {printf "%.0f", $3}')
   us=$(awk -v d=$((t1 - t0)) -v hz="$hz" -v n="$n" 'BEGIN {printf "%.1f", d * 1e6 / hz / n}')

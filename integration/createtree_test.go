@@ -18,6 +18,7 @@ import (
 
 	"github.com/lattice-db/lattice/pgshard"
 	"github.com/lattice-db/lattice/shardmap"
+	"github.com/lattice-db/lattice/sqlstate"
 )
 
 // ctCluster is a pgshard cluster over the first n harness nodes.
@@ -231,8 +232,8 @@ func TestCreateTreeDistributesRows(t *testing.T) {
 				_, err := cat.Exec(ctx, w)
 				var pgErr *pgconn.PgError
 				want := fmt.Sprintf(`lattice: relation "%s" is a tree now`, tc.table)
-				if !errors.As(err, &pgErr) || pgErr.Code != pgshard.FenceCode || pgErr.Message != want {
-					t.Errorf("%s: %v, want %s %q", w, err, pgshard.FenceCode, want)
+				if !errors.As(err, &pgErr) || pgErr.Code != sqlstate.SlotMoved || pgErr.Message != want {
+					t.Errorf("%s: %v, want %s %q", w, err, sqlstate.SlotMoved, want)
 				}
 			}
 
@@ -270,7 +271,7 @@ func TestCreateTreeDistributesRows(t *testing.T) {
 }
 
 func ctCode(err error) string {
-	var e *pgshard.Error
+	var e *sqlstate.Error
 	if errors.As(err, &e) {
 		return e.Code
 	}
@@ -352,7 +353,7 @@ func TestCreateTreeRules(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			ctExec(t, ctx, cat, tc.setup...)
 			_, _, err := c.CreateTree(ctx, store, tc.spec)
-			var e *pgshard.Error
+			var e *sqlstate.Error
 			if !errors.As(err, &e) || e.Code != tc.code {
 				t.Fatalf("CreateTree: %v, want SQLSTATE %s", err, tc.code)
 			}
@@ -480,8 +481,8 @@ func TestCreateTreeCommitLost(t *testing.T) {
 		t.Errorf("template holds %d rows, %v", left, err)
 	}
 	var pgErr *pgconn.PgError
-	if _, err := cat.Exec(ctx, "INSERT INTO parts VALUES ('x', 1)"); !errors.As(err, &pgErr) || pgErr.Code != pgshard.FenceCode {
-		t.Errorf("write to the template: %v, want %s", err, pgshard.FenceCode)
+	if _, err := cat.Exec(ctx, "INSERT INTO parts VALUES ('x', 1)"); !errors.As(err, &pgErr) || pgErr.Code != sqlstate.SlotMoved {
+		t.Errorf("write to the template: %v, want %s", err, sqlstate.SlotMoved)
 	}
 	est := 0
 	for i := 0; i < 2; i++ {
@@ -537,8 +538,8 @@ func TestCreateTreeWaitsForWriters(t *testing.T) {
 		t.Fatalf("CreateTree: %v", err)
 	}
 	var pgErr *pgconn.PgError
-	if err := <-lateErr; !errors.As(err, &pgErr) || pgErr.Code != pgshard.FenceCode {
-		t.Errorf("late write: %v, want %s", err, pgshard.FenceCode)
+	if err := <-lateErr; !errors.As(err, &pgErr) || pgErr.Code != sqlstate.SlotMoved {
+		t.Errorf("late write: %v, want %s", err, sqlstate.SlotMoved)
 	}
 	var found int
 	for i := 0; i < 2; i++ {

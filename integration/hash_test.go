@@ -62,7 +62,7 @@ func TestHashMatchesPostgres(t *testing.T) {
 type pgHash struct{ hash, slot int64 }
 
 // pgHashes evaluates expr (over the text key k) for every key, in batches of
-// one query each, together with the slot expression the DESIGN prescribes.
+// one query each, together with the slot expression docs/DESIGN.md section 2 prescribes.
 func pgHashes(ctx context.Context, t *testing.T, conn *pgx.Conn, expr string, keys []string) []pgHash {
 	t.Helper()
 	query := fmt.Sprintf(`SELECT h, h & %d FROM (

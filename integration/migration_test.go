@@ -18,6 +18,7 @@ import (
 	"github.com/lattice-db/lattice/migrator"
 	"github.com/lattice-db/lattice/pgshard"
 	"github.com/lattice-db/lattice/shardmap"
+	"github.com/lattice-db/lattice/sqlstate"
 )
 
 // mapWriter writes keys the way a proxy routes them: by the current map
@@ -53,7 +54,7 @@ func (w *mapWriter) write(ctx context.Context, key string, v int) error {
 		_, err = w.pools[sh.Node].Exec(ctx, "INSERT INTO "+pgshard.ShardTable(w.tree, sh.Index)+
 			" (k, v) VALUES ($1, $2) ON CONFLICT (k) DO UPDATE SET v = EXCLUDED.v", key, v)
 		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && pgErr.Code == pgshard.FenceCode {
+		if errors.As(err, &pgErr) && pgErr.Code == sqlstate.SlotMoved {
 			continue
 		}
 		if err != nil {

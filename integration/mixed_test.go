@@ -13,6 +13,7 @@ import (
 
 	"github.com/lattice-db/lattice/pgshard"
 	"github.com/lattice-db/lattice/shardmap"
+	"github.com/lattice-db/lattice/sqlstate"
 )
 
 // TestMixedShardScan puts a split source in the state it has between the
@@ -154,8 +155,8 @@ func TestMixedShardScan(t *testing.T) {
 	}
 	_, err = srcConn.Exec(ctx, "UPDATE "+pgshard.ShardTable(tree, 0)+" SET v = 0 WHERE k = $1", k)
 	var pe *pgconn.PgError
-	if !errors.As(err, &pe) || pe.Code != pgshard.FenceCode {
-		t.Fatalf("a write for one moved key on the source: %v, want %s", err, pgshard.FenceCode)
+	if !errors.As(err, &pe) || pe.Code != sqlstate.SlotMoved {
+		t.Fatalf("a write for one moved key on the source: %v, want %s", err, sqlstate.SlotMoved)
 	}
 }
 

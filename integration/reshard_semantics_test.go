@@ -16,6 +16,7 @@ import (
 	"github.com/lattice-db/lattice/migrator"
 	"github.com/lattice-db/lattice/pgshard"
 	"github.com/lattice-db/lattice/shardmap"
+	"github.com/lattice-db/lattice/sqlstate"
 )
 
 type fakeInterlocks struct{ resize, snapshot bool }
@@ -68,9 +69,9 @@ func (e *reshardEnv) tree(name string, rows, shards int) *shardmap.Tree {
 }
 
 func (e *reshardEnv) sqlState(err error) string {
-	var me *migrator.Error
-	if errors.As(err, &me) {
-		return me.Code
+	var se *sqlstate.Error
+	if errors.As(err, &se) {
+		return se.Code
 	}
 	return ""
 }
@@ -122,6 +123,9 @@ func TestReshardSemantics(t *testing.T) {
 			_, err := e.coord.Reshard(ctx, "lattice", c.tree, c.n)
 			if e.sqlState(err) != "22023" {
 				t.Errorf("n=%d: got %v, want SQLSTATE 22023", c.n, err)
+			}
+			if r := (*migrator.Rejected)(nil); !errors.As(err, &r) || r.Reason != c.reason {
+				t.Errorf("n=%d: got %v, want a rejection with reason %s", c.n, err, c.reason)
 			}
 			if got := testutil.ToFloat64(e.metrics.ReshardRejected.WithLabelValues(c.tree, "lattice", c.reason)); got == 0 {
 				t.Errorf("n=%d: rejection not counted with reason %s", c.n, c.reason)

@@ -18,6 +18,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/lattice-db/lattice/sqlstate"
 )
 
 // Superuser is the superuser role initdb creates; DefaultDatabase is the
@@ -353,7 +355,7 @@ func (p *Postgres) CreateDatabase(ctx context.Context, name string) error {
 	defer conn.Close(context.Background())
 	_, err = conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize())
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "42P04" { // duplicate_database
+	if errors.As(err, &pgErr) && pgErr.Code == sqlstate.DuplicateDatabase {
 		return nil
 	}
 	if err != nil {

@@ -200,6 +200,21 @@ func chownTree(dir string, cred *syscall.Credential) error {
 	})
 }
 
+// ServerCanEnter returns an error when the user PostgreSQL would run as
+// cannot reach dir: some ancestor of it is closed to that user (a root-owned
+// 0700 home such as /root, typically).
+func ServerCanEnter(dir string) error {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return err
+	}
+	cred, name, err := serverCredential()
+	if err != nil {
+		return err
+	}
+	return checkSearchable(abs, cred, name)
+}
+
 // checkSearchable returns an error when some ancestor of dir cannot be
 // traversed by cred's user (a root-owned 0700 temp dir or /root, typically).
 func checkSearchable(dir string, cred *syscall.Credential, userName string) error {

@@ -12,9 +12,10 @@ import (
 
 	"github.com/lattice-db/lattice/pgshard"
 	"github.com/lattice-db/lattice/shardmap"
+	"github.com/lattice-db/lattice/sqlstate"
 )
 
-// CoordinatorOptions tune the reshard coordinator (DESIGN section 6). Zero
+// CoordinatorOptions tune the reshard coordinator (docs/DESIGN.md section 6). Zero
 // values take the defaults.
 type CoordinatorOptions struct {
 	Tick                    time.Duration // 2 s
@@ -367,12 +368,22 @@ func (c *Coordinator) complete(ctx context.Context, t *shardmap.Tree, r *shardma
 	return c.store.ReleaseLease(ctx, t.Tenant, t.Name, c.id)
 }
 
+// Rejected is a reshard refused before a coordinator starts: the client
+// gets Err, and Reason labels the rejected counter.
+type Rejected struct {
+	Reason string
+	Err    *sqlstate.Error
+}
+
+func (r *Rejected) Error() string { return r.Err.Error() }
+func (r *Rejected) Unwrap() error { return r.Err }
+
 // Reshard is lattice_reshard: it validates n, takes the empty-tree path or
 // persists the intent for a coordinator, and returns what it did.
 func (c *Coordinator) Reshard(ctx context.Context, tenant, tree string, n int) (string, error) {
 	t, err := c.store.Tree(ctx, tenant, tree)
 	if errors.Is(err, shardmap.ErrNotFound) {
-		return "", errorf("42P01", "tree %q does not exist", tree)
+		return "", sqlstate.New(sqlstate.UndefinedTable, "tree %q does not exist", tree)
 	}
 	if err != nil {
 		return "", err
@@ -385,22 +396,20 @@ func (c *Coordinator) Reshard(ctx context.Context, tenant, tree string, n int) (
 	c.metrics.ReshardInFlight.WithLabelValues(tree, tenant).Observe(map[bool]float64{false: 0, true: 1}[running])
 	reject := func(code, reason, format string, args ...any) (string, error) {
 		c.metrics.ReshardRejected.WithLabelValues(tree, tenant, reason).Inc()
-		e := errorf(code, format, args...)
-		e.Reason = reason
-		return "", e
+		return "", &Rejected{Reason: reason, Err: sqlstate.New(code, format, args...)}
 	}
 	limit := min(4096, t.SlotCount)
 	switch {
 	case n < 2:
-		return reject("22023", ReasonMin, "shard count %d is out of range: it must be at least 2", n)
+		return reject(sqlstate.InvalidParameterValue, ReasonMin, "shard count %d is out of range: it must be at least 2", n)
 	case n > limit:
-		return reject("22023", ReasonMax, "shard count %d is out of range: tree %s allows at most %d (the smaller of 4096 and its %d slots)", n, tree, limit, t.SlotCount)
+		return reject(sqlstate.InvalidParameterValue, ReasonMax, "shard count %d is out of range: tree %s allows at most %d (the smaller of 4096 and its %d slots)", n, tree, limit, t.SlotCount)
 	}
 	if running {
 		if cur.Target == n {
 			return fmt.Sprintf("reshard of %s to %d shards is already running", tree, n), nil
 		}
-		return reject("55000", ReasonInProgress, "a reshard of %s to %d shards is in progress; wait for it before asking for %d", tree, cur.Target, n)
+		return reject(sqlstate.ObjectNotInPrerequisiteState, ReasonInProgress, "a reshard of %s to %d shards is in progress; wait for it before asking for %d", tree, cur.Target, n)
 	}
 	m, err := c.store.Map(ctx, tenant, tree)
 	if err != nil {
@@ -419,18 +428,18 @@ func (c *Coordinator) Reshard(ctx context.Context, tenant, tree string, n int) (
 		return fmt.Sprintf("tree %s was empty and is re-pinned to %d shards", tree, n), nil
 	}
 	if c.interlocks.ResizeInFlight(ctx, tenant, tree) {
-		return reject("55000", ReasonResizeInFlight, "a resize of %s is in flight; reshard it afterwards", tree)
+		return reject(sqlstate.ObjectNotInPrerequisiteState, ReasonResizeInFlight, "a resize of %s is in flight; reshard it afterwards", tree)
 	}
 	op.Phase = ReshardMigrating
 	other, err := c.store.StartReshard(ctx, op)
 	if err != nil {
-		return reject("58000", ReasonStateWrite, "could not persist the reshard of %s: %v", tree, err)
+		return reject(sqlstate.SystemError, ReasonStateWrite, "could not persist the reshard of %s: %v", tree, err)
 	}
 	if other != nil {
 		if other.Target == n {
 			return fmt.Sprintf("reshard of %s to %d shards is already running", tree, n), nil
 		}
-		return reject("55000", ReasonInProgress, "a reshard of %s to %d shards is in progress; wait for it before asking for %d", tree, other.Target, n)
+		return reject(sqlstate.ObjectNotInPrerequisiteState, ReasonInProgress, "a reshard of %s to %d shards is in progress; wait for it before asking for %d", tree, other.Target, n)
 	}
 	c.metrics.ReshardInitiated.WithLabelValues(tree, tenant).Inc()
 	c.runner.publish(ctx, Event{Event: EventReshardStarted, Tenant: tenant, Tree: tree, Epoch: m.Epoch,
@@ -445,7 +454,7 @@ func (c *Coordinator) Reshard(ctx context.Context, tenant, tree string, n int) (
 // ReshardComplete is lattice_reshard_complete: no reshard is running.
 func (c *Coordinator) ReshardComplete(ctx context.Context, tenant, tree string) (bool, error) {
 	if _, err := c.store.Tree(ctx, tenant, tree); errors.Is(err, shardmap.ErrNotFound) {
-		return false, errorf("42P01", "tree %q does not exist", tree)
+		return false, sqlstate.New(sqlstate.UndefinedTable, "tree %q does not exist", tree)
 	} else if err != nil {
 		return false, err
 	}

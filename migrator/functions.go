@@ -16,22 +16,10 @@ import (
 
 	"github.com/lattice-db/lattice/pgshard"
 	"github.com/lattice-db/lattice/shardmap"
+	"github.com/lattice-db/lattice/sqlstate"
 )
 
-// Error carries a SQLSTATE to the client; Reason is the telemetry reason of
-// a rejected reshard.
-type Error struct{ Code, Message, Hint, Reason string }
-
-func (e *Error) Error() string { return e.Message }
-
-// SQLState is the code the proxy sends in its ErrorResponse.
-func (e *Error) SQLState() string { return e.Code }
-
-func errorf(code, format string, args ...any) *Error {
-	return &Error{Code: code, Message: fmt.Sprintf(format, args...)}
-}
-
-// Functions serves the lattice_* functions of DESIGN section 7.
+// Functions serves the lattice_* functions of docs/DESIGN.md section 7.
 type Functions struct {
 	cluster *pgshard.Cluster
 	store   Store
@@ -81,7 +69,7 @@ var signatures = map[string][]pgproto3.FieldDescription{
 func (f *Functions) Describe(name string) ([]pgproto3.FieldDescription, error) {
 	sig, ok := signatures[name]
 	if !ok {
-		e := errorf("42883", "function %s does not exist", name)
+		e := sqlstate.New(sqlstate.UndefinedFunction, "function %s does not exist", name)
 		e.Hint = "Lattice provides lattice_create_tree, lattice_trees, lattice_shards, lattice_reshard, lattice_reshard_complete and lattice_reshard_status"
 		return nil, e
 	}
@@ -157,13 +145,13 @@ func (f *Functions) Call(ctx context.Context, tenant, name string, args []*strin
 		}
 		return [][]any{{done}}, nil
 	}
-	return nil, errorf("42883", "function %s does not exist", name)
+	return nil, sqlstate.New(sqlstate.UndefinedFunction, "function %s does not exist", name)
 }
 
 // bindArgs matches positional and named arguments to parameter names.
 func bindArgs(fn string, args []*string, named map[string]*string, params ...string) (map[string]*string, error) {
 	if len(args) > len(params) {
-		return nil, errorf("42883", "function %s takes at most %d arguments", fn, len(params))
+		return nil, sqlstate.New(sqlstate.UndefinedFunction, "function %s takes at most %d arguments", fn, len(params))
 	}
 	out := make(map[string]*string, len(params))
 	for i, a := range args {
@@ -175,10 +163,10 @@ func bindArgs(fn string, args []*string, named map[string]*string, params ...str
 			known = known || p == k
 		}
 		if !known {
-			return nil, errorf("42883", "function %s has no parameter named %q (it takes %s)", fn, k, strings.Join(params, ", "))
+			return nil, sqlstate.New(sqlstate.UndefinedFunction, "function %s has no parameter named %q (it takes %s)", fn, k, strings.Join(params, ", "))
 		}
 		if _, dup := out[k]; dup {
-			return nil, errorf("42P13", "argument %q of %s given twice", k, fn)
+			return nil, sqlstate.New(sqlstate.InvalidFunctionDefinition, "argument %q of %s given twice", k, fn)
 		}
 		out[k] = v
 	}
@@ -188,7 +176,7 @@ func bindArgs(fn string, args []*string, named map[string]*string, params ...str
 func required(a map[string]*string, name string) (string, error) {
 	v := a[name]
 	if v == nil || *v == "" {
-		return "", errorf("22004", "argument %s must not be null or empty", name)
+		return "", sqlstate.New(sqlstate.NullValueNotAllowed, "argument %s must not be null or empty", name)
 	}
 	return *v, nil
 }
@@ -200,7 +188,7 @@ func optionalInt(a map[string]*string, name string, def int) (int, error) {
 	}
 	n, err := strconv.Atoi(strings.TrimSpace(*v))
 	if err != nil {
-		return 0, errorf("22023", "argument %s must be an integer, got %q", name, *v)
+		return 0, sqlstate.New(sqlstate.InvalidParameterValue, "argument %s must be an integer, got %q", name, *v)
 	}
 	return n, nil
 }
@@ -272,7 +260,7 @@ func (f *Functions) shards(ctx context.Context, tenant string, a map[string]*str
 	name = foldName(name)
 	t, err := f.store.Tree(ctx, tenant, name)
 	if errors.Is(err, shardmap.ErrNotFound) {
-		return nil, errorf("42P01", "tree %q does not exist", name)
+		return nil, sqlstate.New(sqlstate.UndefinedTable, "tree %q does not exist", name)
 	}
 	if err != nil {
 		return nil, err
@@ -318,7 +306,7 @@ func (f *Functions) reshard(ctx context.Context, tenant string, a map[string]*st
 		return nil, err
 	}
 	if a["shard_count"] == nil {
-		return nil, errorf("22004", "argument shard_count must not be null")
+		return nil, sqlstate.New(sqlstate.NullValueNotAllowed, "argument shard_count must not be null")
 	}
 	n, err := optionalInt(a, "shard_count", 0)
 	if err != nil {
@@ -366,7 +354,7 @@ type ReshardStatus struct {
 // run; 42P01 if the tree does not exist.
 func (f *Functions) ReshardStatus(ctx context.Context, tenant, tree string) (*ReshardStatus, error) {
 	if _, err := f.store.Tree(ctx, tenant, tree); errors.Is(err, shardmap.ErrNotFound) {
-		return nil, errorf("42P01", "tree %q does not exist", tree)
+		return nil, sqlstate.New(sqlstate.UndefinedTable, "tree %q does not exist", tree)
 	} else if err != nil {
 		return nil, err
 	}

@@ -7,7 +7,7 @@ import (
 )
 
 // Metrics are the specification's reshard instruments (names with dots as
-// underscores, DESIGN section 8) and the migrator's own.
+// underscores, docs/DESIGN.md section 8) and the migrator's own.
 type Metrics struct {
 	ReshardInitiated        *prometheus.CounterVec   // tree, tenant
 	ReshardCompleted        *prometheus.CounterVec   // tree, tenant

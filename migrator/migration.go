@@ -56,7 +56,7 @@ type Store interface {
 	shardmap.Coordination
 }
 
-// Runner drives migrations through DESIGN section 5's pipeline. Every phase
+// Runner drives migrations through docs/DESIGN.md section 5's pipeline. Every phase
 // change is recorded before the phase's work, and every step can run again,
 // so a migration resumes from its record after a crash.
 type Runner struct {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/lattice-db/lattice/pgshard"
 	"github.com/lattice-db/lattice/shardmap"
+	"github.com/lattice-db/lattice/sqlstate"
 )
 
 // ShadowSpec names one shadow copy: the rows of some slots of a tree, from a
@@ -394,7 +395,7 @@ func dropPublication(ctx context.Context, conn *pgx.Conn, name string) error {
 		// One simple query: one implicit transaction.
 		_, err := conn.PgConn().Exec(ctx, sql).ReadAll()
 		var pgErr *pgconn.PgError
-		if err == nil || !errors.As(err, &pgErr) || pgErr.Code != "55P03" || ctx.Err() != nil {
+		if err == nil || !errors.As(err, &pgErr) || pgErr.Code != sqlstate.LockNotAvailable || ctx.Err() != nil {
 			return err
 		}
 	}
@@ -413,7 +414,7 @@ func dropSlot(ctx context.Context, src *pgx.Conn, name string) error {
 	for {
 		_, err := src.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1`, name)
 		var pe *pgconn.PgError
-		if err == nil || !errors.As(err, &pe) || pe.Code != "55006" || time.Now().After(deadline) {
+		if err == nil || !errors.As(err, &pe) || pe.Code != sqlstate.ObjectInUse || time.Now().After(deadline) {
 			if err != nil {
 				return fmt.Errorf("migrator: drop replication slot: %w", err)
 			}

@@ -16,6 +16,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/lattice-db/lattice/sqlstate"
 )
 
 // Node is one PostgreSQL server of the cluster.
@@ -272,7 +274,7 @@ func (c *Cluster) EnsureTenant(ctx context.Context, node, tenant string) error {
 	}
 	_, err = p.Exec(ctx, "CREATE DATABASE "+quoteIdent(tenant))
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "42P04" {
+	if errors.As(err, &pgErr) && pgErr.Code == sqlstate.DuplicateDatabase {
 		// Another proxy created it first.
 		err = nil
 	}

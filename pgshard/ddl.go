@@ -9,10 +9,10 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/lattice-db/lattice/shardmap"
+	"github.com/lattice-db/lattice/sqlstate"
 )
 
 // DDLOp is what TreeDDL does to a tree.
@@ -120,7 +120,7 @@ const ddlLockClass = 0x4c617432 // "Lat2"
 func readTree(ctx context.Context, store shardmap.Store, d TreeDDL) (*shardmap.Tree, *shardmap.Map, error) {
 	t, err := store.Tree(ctx, d.Tenant, d.Tree)
 	if errors.Is(err, shardmap.ErrNotFound) {
-		return nil, nil, &Error{Code: codeUndefinedTable, Message: fmt.Sprintf("tree %s does not exist", quoted(d.Tree)),
+		return nil, nil, &sqlstate.Error{Code: sqlstate.UndefinedTable, Message: fmt.Sprintf("tree %s does not exist", quoted(d.Tree)),
 			Hint: "Another session dropped it; run the statement again."}
 	}
 	if err != nil {
@@ -224,7 +224,7 @@ func (c *Cluster) transactionalDDL(ctx context.Context, store DDLStore, d TreeDD
 		}
 		if err := store.SwapTree(ctx, &next, t); err != nil {
 			if errors.Is(err, shardmap.ErrConflict) {
-				return &Error{Code: "40001", Message: fmt.Sprintf("tree %s was changed by another session during this statement", quoted(t.Name)),
+				return &sqlstate.Error{Code: sqlstate.SerializationFailure, Message: fmt.Sprintf("tree %s was changed by another session during this statement", quoted(t.Name)),
 					Hint: "Run the statement again."}
 			}
 			return fmt.Errorf("pgshard: record DDL of tree %s: %w", t.Name, err)
@@ -250,7 +250,7 @@ func commitDDL(ctx context.Context, database, tree string, nodes []string, txs [
 	case len(txs) == 1:
 		return txs[0].Commit(ctx)
 	case commit == nil:
-		return &Error{Code: codeFeatureNotSupported,
+		return &sqlstate.Error{Code: sqlstate.FeatureNotSupported,
 			Message: fmt.Sprintf("DDL on tree %s runs on nodes %s and needs two-phase commit, which this process lacks", quoted(tree), strings.Join(nodes, ", "))}
 	}
 	return commit(ctx, database, nodes, txs)
@@ -294,7 +294,7 @@ func checkTemplate(ctx context.Context, tx pgx.Tx, t *shardmap.Tree) ([]string, 
 	}
 	rel := quoted(t.Name)
 	invalid := func(msg, detail, hint string) error {
-		return &Error{Code: codeInvalidTableDef, Message: msg, Detail: detail, Hint: hint}
+		return &sqlstate.Error{Code: sqlstate.InvalidTableDefinition, Message: msg, Detail: detail, Hint: hint}
 	}
 	ki := slices.IndexFunc(ti.Columns, func(c columnInfo) bool { return c.Name == t.KeyColumn })
 	if ki < 0 {
@@ -302,7 +302,7 @@ func checkTemplate(ctx context.Context, tx pgx.Tx, t *shardmap.Tree) ([]string, 
 	}
 	key := ti.Columns[ki]
 	if kt, err := shardmap.KeyTypeFor(key.Type); err != nil || kt != t.KeyType {
-		return nil, &Error{Code: codeFeatureNotSupported,
+		return nil, &sqlstate.Error{Code: sqlstate.FeatureNotSupported,
 			Message: fmt.Sprintf("shard key column %s of tree %s would change its type to %s", quoted(key.Name), rel, key.Type),
 			Detail:  "Every row's shard is computed from the key's value as its type hashes it."}
 	}
@@ -320,13 +320,13 @@ func checkTemplate(ctx context.Context, tx pgx.Tx, t *shardmap.Tree) ([]string, 
 	}
 	for _, con := range ti.Constraints {
 		if con.Type == "f" {
-			return nil, &Error{Code: codeFeatureNotSupported,
+			return nil, &sqlstate.Error{Code: sqlstate.FeatureNotSupported,
 				Message: fmt.Sprintf("foreign key %s from %s to %s cannot be enforced across shards", quoted(con.Name), quoted(con.From), quoted(con.To))}
 		}
 	}
 	for _, col := range ti.Columns {
 		if col.Identity != "" || col.FromSequence {
-			return nil, &Error{Code: codeFeatureNotSupported,
+			return nil, &sqlstate.Error{Code: sqlstate.FeatureNotSupported,
 				Message: fmt.Sprintf("column %s of tree %s cannot take its values from a sequence or identity", quoted(col.Name), rel),
 				Detail:  "Each shard would draw from its own sequence and hand out the same values twice."}
 		}
@@ -387,7 +387,7 @@ func (c *Cluster) concurrentDDL(ctx context.Context, store shardmap.Store, d Tre
 			if len(done) == 0 {
 				return runErr
 			}
-			return &Error{Code: pgCode(runErr), Message: runErr.Error(),
+			return &sqlstate.Error{Code: sqlstate.As(runErr).Code, Message: runErr.Error(),
 				Detail: fmt.Sprintf("The index was already dropped from %d of the tree's %d tables.", len(done), len(targets)),
 				Hint:   "Run DROP INDEX CONCURRENTLY IF EXISTS again once the cause is fixed."}
 		}
@@ -408,7 +408,7 @@ func (c *Cluster) concurrentDDL(ctx context.Context, store shardmap.Store, d Tre
 			}
 		}
 		if len(undoErrs) > 0 {
-			return &Error{Code: pgCode(runErr), Message: runErr.Error(),
+			return &sqlstate.Error{Code: sqlstate.As(runErr).Code, Message: runErr.Error(),
 				Detail: "Dropping the indexes it created on the other tables failed too: " + errors.Join(undoErrs...).Error(),
 				Hint:   "Drop those indexes on the nodes by hand."}
 		}
@@ -451,15 +451,6 @@ WHERE i.indrelid = $1::regclass`, tableName(t, tg))
 		return nil, fmt.Errorf("pgshard: node %s: indexes of %s: %w", tg.node, tableName(t, tg), err)
 	}
 	return out, nil
-}
-
-// pgCode is the SQLSTATE of a PostgreSQL error in err's chain, else XX000.
-func pgCode(err error) string {
-	var pe *pgconn.PgError
-	if errors.As(err, &pe) {
-		return pe.Code
-	}
-	return "XX000"
 }
 
 // IndexTable returns the table that index public.<index> belongs to on the

@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/lattice-db/lattice/sqlstate"
 )
 
 // commitTx is a pgx.Tx whose Commit fails with err (nil: succeeds).
@@ -40,7 +42,7 @@ func TestCommitDDL(t *testing.T) {
 	}{
 		{name: "one node commits plainly", txs: 1, twoPhase: true, committed: 1},
 		{name: "several nodes use two-phase commit", txs: 3, twoPhase: true, calls: 1},
-		{name: "its error is returned", txs: 2, twoPhase: true, commitErr: &Error{Code: "40000", Message: "rolled back"}, code: "40000", calls: 1},
+		{name: "its error is returned", txs: 2, twoPhase: true, commitErr: &sqlstate.Error{Code: "40000", Message: "rolled back"}, code: "40000", calls: 1},
 		{name: "several nodes without two-phase commit", txs: 2, code: "0A000"},
 	}
 	for _, tc := range cases {
@@ -76,7 +78,7 @@ func TestCommitDDL(t *testing.T) {
 				}
 			}
 			code := ""
-			var se *Error
+			var se *sqlstate.Error
 			if errors.As(err, &se) {
 				code = se.Code
 			} else if err != nil {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/lattice-db/lattice/shardmap"
+	"github.com/lattice-db/lattice/sqlstate"
 )
 
 // DDLStore is the store tree DDL works with: the registry and maps, and the
@@ -15,8 +16,6 @@ type DDLStore interface {
 	Reshard(ctx context.Context, tenant, tree string) (*shardmap.Reshard, error)
 	Migrations(ctx context.Context, tenant, tree string) ([]*shardmap.Migration, error)
 }
-
-const codeObjectNotInPrerequisiteState = "55000"
 
 var ddlOpTags = map[DDLOp]string{
 	DDLAlter:       "ALTER TABLE",
@@ -54,7 +53,7 @@ func refuseDuringReshard(ctx context.Context, store DDLStore, d TreeDDL) error {
 	if busy == "" {
 		return nil
 	}
-	return &Error{Code: codeObjectNotInPrerequisiteState,
+	return &sqlstate.Error{Code: sqlstate.ObjectNotInPrerequisiteState,
 		Message: fmt.Sprintf("%s on tree %s is not allowed while the tree is being resharded", ddlOpTags[d.Op], quoted(d.Tree)),
 		Detail:  busy + ".",
 		Hint:    fmt.Sprintf("Wait until SELECT lattice_reshard_complete(%s) returns true, then run the statement again.", quoteLiteral(d.Tree))}

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/lattice-db/lattice/shardmap"
+	"github.com/lattice-db/lattice/sqlstate"
 )
 
 // MigratorSetting, set to "on" in a transaction, lets the migrator's own
@@ -22,7 +23,7 @@ const MigratorSetting = "lattice.migrator"
 // SkipMovedSetting, set to "on" in a transaction by the proxy for an UPDATE
 // or DELETE over every shard of a tree, makes a fence skip the rows of the
 // fenced slots silently: the statement reaches them on their new owner. A
-// write for one key still gets FenceCode.
+// write for one key still gets sqlstate.SlotMoved.
 const SkipMovedSetting = "lattice.skip_moved"
 
 // fenceLockTimeout is how long one attempt to install a fence waits for the
@@ -30,7 +31,7 @@ const SkipMovedSetting = "lattice.skip_moved"
 // behind the attempt, so it is kept short and retried instead.
 const fenceLockTimeout = 50 * time.Millisecond
 
-// SlotFence rejects writes to some slots of a shard table with FenceCode:
+// SlotFence rejects writes to some slots of a shard table with sqlstate.SlotMoved:
 // the slots moved (or are moving) to another shard.
 type SlotFence struct {
 	Migration string // names the trigger and its function
@@ -87,7 +88,7 @@ BEGIN
     IF TG_OP = 'TRUNCATE'
         OR TG_OP IN ('INSERT', 'UPDATE') AND ` + pred("NEW") + `
         OR TG_OP IN ('UPDATE', 'DELETE') AND ` + pred("OLD") + ` THEN
-        RAISE EXCEPTION USING ERRCODE = '` + FenceCode + `',
+        RAISE EXCEPTION USING ERRCODE = '` + sqlstate.SlotMoved + `',
             MESSAGE = 'lattice: slot moved', DETAIL = ` + detail + `;
     END IF;
     RETURN CASE TG_OP WHEN 'DELETE' THEN OLD ELSE NEW END;
@@ -136,7 +137,7 @@ func (c *Cluster) ArmSlotFence(ctx context.Context, node string, f SlotFence) (s
 	for {
 		lsn, err := armOnce(ctx, p, sql)
 		var pgErr *pgconn.PgError
-		if err == nil || !errors.As(err, &pgErr) || pgErr.Code != "55P03" || ctx.Err() != nil {
+		if err == nil || !errors.As(err, &pgErr) || pgErr.Code != sqlstate.LockNotAvailable || ctx.Err() != nil {
 			if err != nil {
 				return "", fmt.Errorf("pgshard: fence slots of shard %d on %s: %w", f.Shard, node, err)
 			}

@@ -6,6 +6,8 @@ import (
 	"sync/atomic"
 
 	"github.com/jackc/pgx/v5/pgproto3"
+
+	"github.com/lattice-db/lattice/sqlstate"
 )
 
 // requestKind is a request whose answer the backend's state depends on.
@@ -128,7 +130,7 @@ func (c *Conn) failed(e *pgproto3.ErrorResponse) {
 	if e.Severity == "FATAL" || e.Severity == "PANIC" {
 		c.broken = true
 	}
-	if e.Code == "0A000" && strings.HasPrefix(e.Message, "cached plan must not change result type") {
+	if e.Code == sqlstate.FeatureNotSupported && strings.HasPrefix(e.Message, "cached plan must not change result type") {
 		// The statement's columns changed under it: PostgreSQL will fail
 		// every Bind of it from now on, so it is prepared anew next time.
 		if len(c.pending) > 0 && c.pending[0].kind == reqBind {

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/lattice-db/lattice/shardmap"
+	"github.com/lattice-db/lattice/sqlstate"
 )
 
 // OwnerTable is the table in every shard schema that records, per tree, the
@@ -292,7 +293,7 @@ JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
 WHERE c.relname = $1 AND c.relkind = 'r' AND n.nspname LIKE 'lattice\_s%'
 ORDER BY 1`, OwnerTable)
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "3D000" { // invalid_catalog_name: no such database
+	if errors.As(err, &pgErr) && pgErr.Code == sqlstate.InvalidCatalogName { // no such database
 		return nil, nil
 	}
 	if err != nil {

@@ -15,33 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/lattice-db/lattice/shardmap"
-)
-
-// Error is a failure with a PostgreSQL SQLSTATE, for the proxy to send to
-// the client as an ErrorResponse.
-type Error struct {
-	Code    string // SQLSTATE
-	Message string
-	Detail  string
-	Hint    string
-}
-
-func (e *Error) Error() string { return e.Message + " (SQLSTATE " + e.Code + ")" }
-
-// FenceCode is the SQLSTATE a fenced relation raises for a write that must
-// go elsewhere: the proxy refreshes its map and retries on the shards.
-const FenceCode = "LT001"
-
-const (
-	codeFeatureNotSupported    = "0A000"
-	codeInvalidParameter       = "22023"
-	codeUndefinedColumn        = "42703"
-	codeUndefinedTable         = "42P01"
-	codeDuplicateTable         = "42P07"
-	codeInvalidTableDef        = "42P16"
-	codeWrongObjectType        = "42809"
-	codeReservedName           = "42939"
-	codeNotInPrerequisiteState = "55000"
+	"github.com/lattice-db/lattice/sqlstate"
 )
 
 // DefaultShardCount is the shard count of a tree created without one.
@@ -80,19 +54,19 @@ func (c *Cluster) normalizeSpec(spec TreeSpec) (TreeSpec, error) {
 	}
 	switch {
 	case spec.Table == "":
-		return spec, &Error{Code: codeInvalidParameter, Message: "table name is empty"}
+		return spec, &sqlstate.Error{Code: sqlstate.InvalidParameterValue, Message: "table name is empty"}
 	case spec.KeyColumn == "":
-		return spec, &Error{Code: codeInvalidParameter, Message: "shard key column name is empty"}
+		return spec, &sqlstate.Error{Code: sqlstate.InvalidParameterValue, Message: "shard key column name is empty"}
 	case strings.HasPrefix(spec.Table, "lattice_"):
-		return spec, &Error{Code: codeReservedName,
+		return spec, &sqlstate.Error{Code: sqlstate.ReservedName,
 			Message: fmt.Sprintf("relation name %s is reserved", quoted(spec.Table)),
 			Detail:  `Names beginning with "lattice_" belong to Lattice's own objects in shard schemas.`}
 	case spec.SlotCount < 2 || spec.SlotCount > maxSlotCount || spec.SlotCount&(spec.SlotCount-1) != 0:
-		return spec, &Error{Code: codeInvalidParameter,
+		return spec, &sqlstate.Error{Code: sqlstate.InvalidParameterValue,
 			Message: fmt.Sprintf("slot count %d is invalid", spec.SlotCount),
 			Detail:  fmt.Sprintf("The slot count must be a power of two between 2 and %d.", maxSlotCount)}
 	case spec.ShardCount < 1 || spec.ShardCount > spec.SlotCount:
-		return spec, &Error{Code: codeInvalidParameter,
+		return spec, &sqlstate.Error{Code: sqlstate.InvalidParameterValue,
 			Message: fmt.Sprintf("shard count %d is out of range", spec.ShardCount),
 			Detail:  fmt.Sprintf("The shard count must be between 1 and the slot count (%d).", spec.SlotCount)}
 	}
@@ -103,11 +77,11 @@ func (c *Cluster) normalizeSpec(spec TreeSpec) (TreeSpec, error) {
 // a tree: it checks the table meets the rules, records its DDL, creates the
 // shards on the nodes, moves the rows into them, and registers the tree and
 // its first map in store. The table stays as an empty template whose fence
-// rejects writes with FenceCode, so catalog queries keep working.
+// rejects writes with sqlstate.SlotMoved, so catalog queries keep working.
 //
 // The template is write-locked (reads go on) from the start to the end, so no
-// write is lost: one that waited for the lock gets FenceCode afterwards and
-// the proxy retries it on the shards. Rule violations are *Error.
+// write is lost: one that waited for the lock gets sqlstate.SlotMoved afterwards and
+// the proxy retries it on the shards. Rule violations are *sqlstate.Error.
 func (c *Cluster) CreateTree(ctx context.Context, store shardmap.Store, spec TreeSpec) (*shardmap.Tree, *shardmap.Map, error) {
 	spec, err := c.normalizeSpec(spec)
 	if err != nil {
@@ -193,7 +167,7 @@ func prepareTree(ctx context.Context, tx pgx.Tx, spec TreeSpec) (*shardmap.Tree,
 		return nil, nil, fmt.Errorf("pgshard: create tree %s: %w", spec.Table, err)
 	}
 	if !exists {
-		return nil, nil, &Error{Code: codeUndefinedTable, Message: fmt.Sprintf("relation %s does not exist", quoted(spec.Table)),
+		return nil, nil, &sqlstate.Error{Code: sqlstate.UndefinedTable, Message: fmt.Sprintf("relation %s does not exist", quoted(spec.Table)),
 			Hint: "Create the table in the public schema first, through the proxy."}
 	}
 	if _, err := tx.Exec(ctx, "LOCK TABLE "+template+" IN EXCLUSIVE MODE"); err != nil {
@@ -228,8 +202,8 @@ func prepareTree(ctx context.Context, tx pgx.Tx, spec TreeSpec) (*shardmap.Tree,
 	}, ti, nil
 }
 
-func alreadyTree(name string) *Error {
-	return &Error{Code: codeDuplicateTable, Message: fmt.Sprintf("relation %s is already a tree", quoted(name))}
+func alreadyTree(name string) *sqlstate.Error {
+	return &sqlstate.Error{Code: sqlstate.DuplicateTable, Message: fmt.Sprintf("relation %s is already a tree", quoted(name))}
 }
 
 func closeConn(conn *pgx.Conn) {
@@ -390,7 +364,7 @@ func fenceTemplate(ctx context.Context, tx pgx.Tx, table string) error {
 		`CREATE OR REPLACE FUNCTION ` + fenceFunction + ` RETURNS trigger LANGUAGE plpgsql AS $fence$
 BEGIN
     RAISE EXCEPTION USING
-        ERRCODE = '` + FenceCode + `',
+        ERRCODE = '` + sqlstate.SlotMoved + `',
         MESSAGE = format('lattice: relation "%s" is a tree now', TG_TABLE_NAME),
         HINT = 'Write through the Lattice proxy, which routes rows to the shards.';
 END
@@ -655,14 +629,14 @@ func quoted(name string) string { return `"` + name + `"` }
 func checkTable(ti *tableInfo, keyColumn string) (shardmap.KeyType, error) {
 	rel := quoted(ti.Name)
 	unsupported := func(msg, detail, hint string) error {
-		return &Error{Code: codeFeatureNotSupported, Message: msg, Detail: detail, Hint: hint}
+		return &sqlstate.Error{Code: sqlstate.FeatureNotSupported, Message: msg, Detail: detail, Hint: hint}
 	}
 	switch ti.Kind {
 	case "r":
 	case "p":
 		return "", unsupported("cannot make partitioned table "+rel+" a tree", "", "")
 	default:
-		return "", &Error{Code: codeWrongObjectType, Message: rel + " is not a table"}
+		return "", &sqlstate.Error{Code: sqlstate.WrongObjectType, Message: rel + " is not a table"}
 	}
 	if slices.Contains(ti.Triggers, fenceTrigger) {
 		return "", alreadyTree(ti.Name)
@@ -678,7 +652,7 @@ func checkTable(ti *tableInfo, keyColumn string) (shardmap.KeyType, error) {
 
 	ki := slices.IndexFunc(ti.Columns, func(c columnInfo) bool { return c.Name == keyColumn })
 	if ki < 0 {
-		return "", &Error{Code: codeUndefinedColumn, Message: fmt.Sprintf("column %s of relation %s does not exist", quoted(keyColumn), rel)}
+		return "", &sqlstate.Error{Code: sqlstate.UndefinedColumn, Message: fmt.Sprintf("column %s of relation %s does not exist", quoted(keyColumn), rel)}
 	}
 	key := ti.Columns[ki]
 	kt, err := shardmap.KeyTypeFor(key.Type)
@@ -726,7 +700,7 @@ func checkTable(ti *tableInfo, keyColumn string) (shardmap.KeyType, error) {
 		case con.Type == "x":
 			return "", unsupported(fmt.Sprintf("exclusion constraint %s of %s cannot be enforced across shards", quoted(con.Name), rel), "", "")
 		case !con.Validated:
-			return "", &Error{Code: codeNotInPrerequisiteState,
+			return "", &sqlstate.Error{Code: sqlstate.ObjectNotInPrerequisiteState,
 				Message: fmt.Sprintf("constraint %s of %s is not validated", quoted(con.Name), rel),
 				Detail:  "A shard enforces it on every row it receives.",
 				Hint:    "ALTER TABLE " + quoteIdent(ti.Name) + " VALIDATE CONSTRAINT " + quoteIdent(con.Name)}
@@ -736,22 +710,22 @@ func checkTable(ti *tableInfo, keyColumn string) (shardmap.KeyType, error) {
 	pk := slices.IndexFunc(ti.Indexes, func(ix indexInfo) bool { return ix.Primary })
 	switch {
 	case pk < 0:
-		return "", &Error{Code: codeInvalidTableDef, Message: fmt.Sprintf("relation %s has no primary key", rel),
+		return "", &sqlstate.Error{Code: sqlstate.InvalidTableDefinition, Message: fmt.Sprintf("relation %s has no primary key", rel),
 			Detail: "Shards are moved by logical replication, which identifies rows by the primary key.",
 			Hint:   "Add a primary key that includes " + quoted(key.Name) + "."}
 	case !slices.Contains(ti.Indexes[pk].Keys, key.Num):
-		return "", &Error{Code: codeInvalidTableDef,
+		return "", &sqlstate.Error{Code: sqlstate.InvalidTableDefinition,
 			Message: fmt.Sprintf("shard key column %s is not part of the primary key of %s", quoted(key.Name), rel),
 			Detail:  "Each shard enforces the primary key only for its own rows.",
 			Hint:    "Make the primary key include " + quoted(key.Name) + "."}
 	}
 	for _, ix := range ti.Indexes {
 		if !ix.Valid {
-			return "", &Error{Code: codeNotInPrerequisiteState, Message: fmt.Sprintf("index %s of %s is invalid", quoted(ix.Name), rel),
+			return "", &sqlstate.Error{Code: sqlstate.ObjectNotInPrerequisiteState, Message: fmt.Sprintf("index %s of %s is invalid", quoted(ix.Name), rel),
 				Hint: "REINDEX INDEX " + quoteIdent(ix.Name) + ", or drop it."}
 		}
 		if ix.Unique && !slices.Contains(ix.Keys, key.Num) {
-			return "", &Error{Code: codeInvalidTableDef,
+			return "", &sqlstate.Error{Code: sqlstate.InvalidTableDefinition,
 				Message: fmt.Sprintf("unique index %s of %s does not include the shard key column %s", quoted(ix.Name), rel, quoted(key.Name)),
 				Detail:  "Each shard enforces uniqueness only for its own rows.",
 				Hint:    "Add " + quoted(key.Name) + " to the index, or drop it."}

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/lattice-db/lattice/shardmap"
+	"github.com/lattice-db/lattice/sqlstate"
 )
 
 func TestNormalizeSpec(t *testing.T) {
@@ -45,12 +46,12 @@ func TestNormalizeSpec(t *testing.T) {
 }
 
 func errCode(err error) string {
-	var e *Error
+	var e *sqlstate.Error
 	if errors.As(err, &e) {
 		return e.Code
 	}
 	if err != nil {
-		return "not *Error: " + err.Error()
+		return "not *sqlstate.Error: " + err.Error()
 	}
 	return ""
 }
@@ -186,12 +187,5 @@ func TestBuildDDLUniqueIndex(t *testing.T) {
 func TestCopyColumns(t *testing.T) {
 	if got := copyColumns(catalogue()); got != `"sku", "name", "qty"` {
 		t.Errorf("copyColumns = %s", got)
-	}
-}
-
-func TestErrorText(t *testing.T) {
-	e := &Error{Code: "42P01", Message: `relation "t" does not exist`}
-	if got := e.Error(); got != `relation "t" does not exist (SQLSTATE 42P01)` {
-		t.Errorf("Error() = %s", got)
 	}
 }

@@ -45,15 +45,11 @@ func wholeOnOneNode(v *shardmap.View, p *router.Plan, bind *pgproto3.Bind, oids 
 	if p.Agg == nil {
 		return "", "", false
 	}
-	m := v.Maps[p.Tree.Name]
-	if m == nil {
-		return "", "", false
+	r, err := router.Resolve(v, p, routerBind(bind, oids))
+	if err != nil || !r.Whole {
+		return "", "", false // the fan-out reports the error
 	}
-	nodes, schemas := nodeSources(m, keyShards(m, p, bind, oids), p.Tree)
-	if len(nodes) != 1 {
-		return "", "", false
-	}
-	return p.RenderWhole(schemas[0]), nodes[0], true
+	return r.Targets[0].SQL, r.Targets[0].Node, true
 }
 
 // queryOIDs declares the client's parameters for a query that references
@@ -81,7 +77,7 @@ func queryOIDs(used []int, oids []uint32, bind *pgproto3.Bind) []uint32 {
 }
 
 // startAggFanOut sends the partial query to every node.
-func (s *session) startAggFanOut(ctx context.Context, p *router.Plan, nodes []string, schemas [][]router.Source, bind *pgproto3.Bind, portal *clientPortal) *fanOut {
+func (s *session) startAggFanOut(ctx context.Context, p *router.Plan, nodes, sqls []string, bind *pgproto3.Bind, portal *clientPortal) *fanOut {
 	extended := bind != nil
 	f := &fanOut{plan: p, limit: -1, simple: !extended, agg: &aggState{ctx: ctx}}
 	var partial *pgproto3.Bind // nil in the simple protocol
@@ -92,10 +88,6 @@ func (s *session) startAggFanOut(ctx context.Context, p *router.Plan, nodes []st
 		b := *bind
 		b.ResultFormatCodes = nil
 		partial = &b
-	}
-	sqls := make([]string, len(nodes))
-	for i := range nodes {
-		sqls[i] = p.RenderPartial(schemas[i])
 	}
 	var partOIDs []uint32
 	if extended {

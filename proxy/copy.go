@@ -83,16 +83,7 @@ func (s *session) startCopy(ctx context.Context, v *shardmap.View, p *router.Pla
 		}})
 		return
 	}
-	var nodes []string
-	var schemas [][]router.Source
-	if p.Copy.Query && p.Copy.QueryKind == router.Single {
-		sh, err := s.route(v, p, p.Key, nil, nil)
-		if err != nil {
-			fail(err)
-			return
-		}
-		nodes, schemas = []string{sh.Node}, [][]router.Source{router.Schemas(shardmap.SchemaName(sh.Index))}
-	} else {
+	if !p.Copy.Query || p.Copy.QueryKind != router.Single {
 		if agg, err := s.srv.aggregateIn(ctx, s.tenant, p.Calls); err != nil || agg != "" {
 			if err == nil {
 				e := Errorf("0A000", "COPY (SELECT ...) on tree %q calls aggregate %s, and aggregates over several shards are not supported yet", p.Tree.Name, agg)
@@ -102,16 +93,20 @@ func (s *session) startCopy(ctx context.Context, v *shardmap.View, p *router.Pla
 			fail(err)
 			return
 		}
-		nodes, schemas = nodeSources(m, nil, p.Tree)
+	}
+	r, err := router.Resolve(v, p, nil)
+	if err != nil {
+		fail(err)
+		return
 	}
 	co := &copyOut{plan: p}
-	for i, node := range nodes {
-		be, err := s.backend(ctx, node)
+	for _, t := range r.Targets {
+		be, err := s.backend(ctx, t.Node)
 		if err != nil {
 			fail(err)
 			return
 		}
-		be.Send(&pgproto3.Query{String: p.RenderCopyTo(schemas[i], i == 0)})
+		be.Send(&pgproto3.Query{String: t.SQL})
 		co.parts = append(co.parts, be)
 	}
 	s.x.add(step{kind: stepCopy, copyOut: co})

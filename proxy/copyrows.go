@@ -6,7 +6,6 @@ import (
 	"errors"
 	"strconv"
 
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/lattice-db/lattice/router"
 	"github.com/lattice-db/lattice/shardmap"
@@ -509,6 +508,6 @@ func (p *rowParser) nextBinary(final bool) (row []byte, key copyKey, ok bool, er
 // copyError is an error about the data, with PostgreSQL's COPY context.
 func (p *rowParser) copyError(code, format string, args ...any) *Error {
 	e := Errorf(code, format, args...)
-	e.pg = &pgconn.PgError{Where: "COPY, line " + strconv.FormatInt(p.line+1, 10)}
+	e.Where = "COPY, line " + strconv.FormatInt(p.line+1, 10)
 	return e
 }

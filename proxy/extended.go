@@ -10,6 +10,7 @@ import (
 	"github.com/lattice-db/lattice/pgshard"
 	"github.com/lattice-db/lattice/router"
 	"github.com/lattice-db/lattice/shardmap"
+	"github.com/lattice-db/lattice/sqlstate"
 )
 
 // portalPart is one backend portal behind a client portal; a split INSERT
@@ -113,7 +114,7 @@ func (s *session) bind(ctx context.Context, m *pgproto3.Bind) {
 		return
 	}
 	if _, open := s.portals[m.DestinationPortal]; open && m.DestinationPortal != "" {
-		s.failExtended(Errorf("42P03", "cursor \"%s\" already exists", m.DestinationPortal))
+		s.failExtended(Errorf(sqlstate.DuplicateCursor, "cursor \"%s\" already exists", m.DestinationPortal))
 		return
 	}
 	v, err := s.view(ctx)
@@ -166,12 +167,12 @@ func (s *session) bind(ctx context.Context, m *pgproto3.Bind) {
 			return
 		}
 	case router.Single:
-		sh, err := s.route(v, p, p.Key, m, st.oids)
+		sh, err := s.route(v, p, m, st.oids)
 		if err != nil {
 			s.failExtended(err)
 			return
 		}
-		if !s.bindOn(ctx, portal, sh.Node, p.Render(shardmap.SchemaName(sh.Index)), m, m.DestinationPortal, false) {
+		if !s.bindOn(ctx, portal, sh.Node, sh.SQL, m, m.DestinationPortal, false) {
 			return
 		}
 		if !s.tx.active {
@@ -359,29 +360,25 @@ func partPortal(name string, i int) string {
 // (spanNodes).
 func (s *session) bindWriteAll(ctx context.Context, v *shardmap.View, portal *clientPortal, m *pgproto3.Bind) bool {
 	p := portal.stmt.plan
-	mp := v.Maps[p.Tree.Name]
-	if mp == nil {
-		s.failExtended(Errorf("58000", "tree %q has no shard map", p.Tree.Name))
+	r, err := router.Resolve(v, p, routerBind(m, portal.stmt.oids))
+	if err != nil {
+		s.failExtended(err)
 		return false
 	}
-	nodes, schemas := nodeGroups(mp, nil)
-	s.spanNodes(len(nodes), true)
+	s.spanNodes(len(r.Nodes()), true)
 	portal.split = &splitState{}
-	i := 0
-	for g, node := range nodes {
-		if writeAllMixed(mp) {
-			if !s.skipMoved(ctx, node) {
+	for i, t := range r.Targets {
+		// The targets of a node are consecutive.
+		if r.Mixed && (i == 0 || r.Targets[i-1].Node != t.Node) {
+			if !s.skipMoved(ctx, t.Node) {
 				return false
 			}
 		}
-		for _, schema := range schemas[g] {
-			part := &clientPortal{stmt: &clientStmt{sql: p.Render(schema), oids: portal.stmt.oids, epoch: portal.stmt.epoch}}
-			if !s.bindOn(ctx, part, node, part.stmt.sql, m, partPortal(m.DestinationPortal, i), i > 0) {
-				return false
-			}
-			portal.parts = append(portal.parts, part.parts...)
-			i++
+		part := &clientPortal{stmt: &clientStmt{sql: t.SQL, oids: portal.stmt.oids, epoch: portal.stmt.epoch}}
+		if !s.bindOn(ctx, part, t.Node, part.stmt.sql, m, partPortal(m.DestinationPortal, i), i > 0) {
+			return false
 		}
+		portal.parts = append(portal.parts, part.parts...)
 	}
 	return true
 }

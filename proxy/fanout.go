@@ -62,28 +62,6 @@ func (f *fanOut) checkFields() error {
 	return nil
 }
 
-// nodeGroups lists the nodes holding shards of the plan's tree with the
-// schemas of those shards, in shard order; only the shards in only when it
-// is not nil.
-func nodeGroups(m *shardmap.Map, only map[int]bool) (nodes []string, schemas [][]string) {
-	index := map[string]int{}
-	for _, idx := range m.OwningShards() {
-		if only != nil && !only[idx] {
-			continue
-		}
-		node := m.Shards[idx].Node
-		g, ok := index[node]
-		if !ok {
-			g = len(nodes)
-			index[node] = g
-			nodes = append(nodes, node)
-			schemas = append(schemas, nil)
-		}
-		schemas[g] = append(schemas[g], shardmap.SchemaName(idx))
-	}
-	return nodes, schemas
-}
-
 // startFanOut sends a FanOut plan to every node holding shards of its tree.
 // With bind nil it runs as simple Queries; otherwise each node's statement is
 // prepared and bound with the client's parameters, and the returned fanOut
@@ -108,26 +86,26 @@ func (s *session) startFanOut(ctx context.Context, v *shardmap.View, p *router.P
 	if portal != nil {
 		oids = portal.stmt.oids
 	}
-	nodes, schemas := nodeSources(m, keyShards(m, p, bind, oids), p.Tree)
-	if p.Agg != nil {
-		return s.startAggFanOut(ctx, p, nodes, schemas, bind, portal)
-	}
-	limit, offset, perNode, err := limits(p, bind, oids)
+	r, err := router.Resolve(v, p, routerBind(bind, oids))
 	if err != nil {
 		s.fail(err, extended)
 		return nil
 	}
-	f := &fanOut{plan: p, limit: limit, offset: offset, simple: !extended}
+	nodes := make([]string, len(r.Targets))
+	sqls := make([]string, len(r.Targets))
+	for i, t := range r.Targets {
+		nodes[i], sqls[i] = t.Node, t.SQL
+	}
+	if p.Agg != nil {
+		return s.startAggFanOut(ctx, p, nodes, sqls, bind, portal)
+	}
+	f := &fanOut{plan: p, limit: r.Limit, offset: r.Offset, simple: !extended}
 	if extended && len(bind.ResultFormatCodes) > 1 {
 		// The client names a format per visible column; the hidden sort
 		// columns come back as text.
 		b := *bind
 		b.ResultFormatCodes = append(append([]int16(nil), bind.ResultFormatCodes...), make([]int16, p.Hidden)...)
 		bind = &b
-	}
-	sqls := make([]string, len(nodes))
-	for i := range nodes {
-		sqls[i] = p.RenderFanOut(schemas[i], perNode)
 	}
 	var partOIDs []uint32
 	if extended {
@@ -152,68 +130,6 @@ func limitParamOIDs(p *router.Plan, oids []uint32, n int) []uint32 {
 		}
 	}
 	return out
-}
-
-// limits evaluates LIMIT and OFFSET from literals or Bind parameters and
-// returns what each node must return (LIMIT + OFFSET, or -1).
-func limits(p *router.Plan, bind *pgproto3.Bind, oids []uint32) (limit, offset, perNode int64, err error) {
-	limit, err = limitValue(p.Limit, bind, oids, "LIMIT", "2201W")
-	if err != nil {
-		return 0, 0, 0, err
-	}
-	offset, err = limitValue(p.Offset, bind, oids, "OFFSET", "2201X")
-	if err != nil {
-		return 0, 0, 0, err
-	}
-	if offset < 0 {
-		offset = 0
-	}
-	perNode = -1
-	if limit >= 0 {
-		perNode = limit + offset
-		if perNode < limit { // overflow
-			perNode = math.MaxInt64
-		}
-	}
-	return limit, offset, perNode, nil
-}
-
-func limitValue(v *router.Value, bind *pgproto3.Bind, oids []uint32, what, code string) (int64, error) {
-	if v == nil || v.Null {
-		return -1, nil
-	}
-	text := &v.Text
-	if v.Param > 0 {
-		if bind == nil || v.Param > len(bind.Parameters) {
-			return 0, Errorf("08P01", "bind message supplies %d parameters, but %s uses $%d", paramCount(bind), what, v.Param)
-		}
-		var oid uint32
-		if v.Param <= len(oids) {
-			oid = oids[v.Param-1]
-		}
-		raw, format := bind.Parameters[v.Param-1], formatFor(bind.ParameterFormatCodes, v.Param-1)
-		if format == 1 && oid == 0 {
-			// PostgreSQL types a LIMIT parameter as bigint; a driver that
-			// learnt that from Describe sends it without naming the type.
-			oid = map[int]uint32{2: pgtype.Int2OID, 4: pgtype.Int4OID, 8: pgtype.Int8OID}[len(raw)]
-		}
-		t, err := paramText(raw, format, oid)
-		if err != nil {
-			return 0, err
-		}
-		if t == nil {
-			return -1, nil
-		}
-		text = t
-	}
-	n, err := strconv.ParseInt(*text, 10, 64)
-	if err != nil {
-		return 0, Errorf("22P02", "invalid input syntax for type bigint: %q", *text)
-	}
-	if n < 0 {
-		return 0, Errorf(code, "%s must not be negative", what)
-	}
-	return n, nil
 }
 
 // play merges the parts' results and forwards them to the client.

@@ -93,29 +93,8 @@ func frozenTree(v *shardmap.View, p *router.Plan, bind *pgproto3.Bind, oids []ui
 	if m == nil || len(m.Frozen) == 0 {
 		return nil, false
 	}
-	frozenKey := func(k router.Value) bool {
-		slot, err := keySlot(p.Tree.KeyType, len(m.Slots), k, bind, oids)
-		return err == nil && m.IsFrozen(slot) // a bad key fails at routing
-	}
-	switch p.Kind {
-	case router.Single:
-		return m, frozenKey(p.Key)
-	case router.InsertSplit:
-		for _, k := range p.Rows {
-			if frozenKey(k) {
-				return m, true
-			}
-		}
-		return m, false
-	case router.Copy:
-		if p.Copy.Query && p.Copy.QueryKind == router.Single {
-			return m, frozenKey(p.Key)
-		}
-		return m, true
-	case router.WriteAll, router.FanOut:
-		return m, true
-	}
-	return m, false
+	r, err := router.Resolve(v, p, routerBind(bind, oids))
+	return m, err == nil && r.Frozen // a bad key fails at routing
 }
 
 // holdFrozen waits for a map of tree newer than m, whose slots froze: the
@@ -144,43 +123,6 @@ func (s *session) holdFrozen(ctx context.Context, m *shardmap.Map, start time.Ti
 		return e
 	}
 	return nil
-}
-
-// nodeSources is nodeGroups with, for every mixed shard, the filter on
-// the slots it owns, so that a read over several shards sees each row on
-// its owner only.
-func nodeSources(m *shardmap.Map, only map[int]bool, tree *shardmap.Tree) (nodes []string, srcs [][]router.Source) {
-	index := map[string]int{}
-	for _, idx := range m.OwningShards() {
-		if only != nil && !only[idx] {
-			continue
-		}
-		sh := m.Shards[idx]
-		g, ok := index[sh.Node]
-		if !ok {
-			g = len(nodes)
-			index[sh.Node] = g
-			nodes = append(nodes, sh.Node)
-			srcs = append(srcs, nil)
-		}
-		src := router.Source{Schema: shardmap.SchemaName(idx)}
-		if sh.Mixed {
-			src.Filter = pgshard.SlotPredicate(tree, "", m.SlotRanges(idx))
-		}
-		srcs[g] = append(srcs[g], src)
-	}
-	return nodes, srcs
-}
-
-// writeAllMixed reports whether an UPDATE or DELETE over every shard of
-// m's tree reaches a mixed shard, whose fence must then skip moved rows.
-func writeAllMixed(m *shardmap.Map) bool {
-	for _, idx := range m.OwningShards() {
-		if m.Shards[idx].Mixed {
-			return true
-		}
-	}
-	return false
 }
 
 // planHeld plans a simple Query, holding it while one of its statements

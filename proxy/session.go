@@ -9,7 +9,6 @@ import (
 	"sync"
 
 	"github.com/jackc/pgx/v5/pgproto3"
-	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/lattice-db/lattice/pgshard"
 	"github.com/lattice-db/lattice/router"
@@ -468,88 +467,36 @@ func (s *session) fail(err error, extended bool) {
 	}
 }
 
-// route finds the shard, node and rendered SQL for a Single plan, reading
-// the key from the plan's literal or from Bind parameters.
-func (s *session) route(v *shardmap.View, p *router.Plan, key router.Value, bind *pgproto3.Bind, oids []uint32) (shardmap.Shard, error) {
-	m := v.Maps[p.Tree.Name]
-	if m == nil {
-		return shardmap.Shard{}, Errorf("58000", "tree %q has no shard map", p.Tree.Name)
-	}
-	slot, err := keySlot(p.Tree.KeyType, len(m.Slots), key, bind, oids)
+// route finds the node and the rendered statement of a Single plan,
+// reading the key from the plan's literal or from Bind parameters.
+func (s *session) route(v *shardmap.View, p *router.Plan, bind *pgproto3.Bind, oids []uint32) (router.Target, error) {
+	r, err := router.Resolve(v, p, routerBind(bind, oids))
 	if err != nil {
-		return shardmap.Shard{}, err
+		return router.Target{}, err
 	}
-	return m.Owner(slot), nil
+	return r.Targets[0], nil
 }
 
-// keySlot hashes a key value. A NULL key matches no row and cannot be
-// inserted, so any shard answers it correctly; slot 0's owner is used.
-func keySlot(kt shardmap.KeyType, slots int, key router.Value, bind *pgproto3.Bind, oids []uint32) (int, error) {
-	if key.Null {
-		return 0, nil
+// routerBind is what the router reads of a Bind; nil in the simple protocol.
+func routerBind(bind *pgproto3.Bind, oids []uint32) *router.Bind {
+	if bind == nil {
+		return nil
 	}
-	if key.Param == 0 {
-		slot, err := shardmap.SlotForText(kt, []byte(key.Text), slots)
-		if err != nil {
-			return 0, Errorf("22P02", "%v", err)
-		}
-		return slot, nil
-	}
-	if bind == nil || key.Param > len(bind.Parameters) {
-		return 0, Errorf("08P01", "bind message supplies %d parameters, but the shard key is $%d", paramCount(bind), key.Param)
-	}
-	val := bind.Parameters[key.Param-1]
-	if val == nil {
-		return 0, nil
-	}
-	var slot int
-	var err error
-	if formatFor(bind.ParameterFormatCodes, key.Param-1) == 1 {
-		var oid uint32
-		if key.Param <= len(oids) {
-			oid = oids[key.Param-1]
-		}
-		if !binaryKeyOID(kt, oid) {
-			e := Errorf("0A000", "shard key $%d is sent in binary as type oid %d, which Lattice cannot hash as the key's type", key.Param, oid)
-			e.Hint = "send the key as text, or with the key column's own type"
-			return 0, e
-		}
-		slot, err = shardmap.SlotForBinary(kt, val, slots)
-	} else {
-		slot, err = shardmap.SlotForText(kt, val, slots)
-	}
-	if err != nil {
-		return 0, Errorf("22P02", "shard key $%d: %v", key.Param, err)
-	}
-	return slot, nil
-}
-
-func paramCount(b *pgproto3.Bind) int {
-	if b == nil {
-		return 0
-	}
-	return len(b.Parameters)
+	return &router.Bind{Params: bind.Parameters, Formats: bind.ParameterFormatCodes, OIDs: oids}
 }
 
 // splitRows groups the VALUES rows of an InsertSplit plan by owning shard, in
 // order of first appearance.
 func (s *session) splitRows(v *shardmap.View, p *router.Plan, bind *pgproto3.Bind, oids []uint32) ([]shardmap.Shard, [][]int, error) {
-	var shards []shardmap.Shard
-	var rows [][]int
-	index := map[int]int{}
-	for i, key := range p.Rows {
-		sh, err := s.route(v, p, key, bind, oids)
-		if err != nil {
-			return nil, nil, err
-		}
-		g, ok := index[sh.Index]
-		if !ok {
-			g = len(shards)
-			index[sh.Index] = g
-			shards = append(shards, sh)
-			rows = append(rows, nil)
-		}
-		rows[g] = append(rows[g], i)
+	r, err := router.Resolve(v, p, routerBind(bind, oids))
+	if err != nil {
+		return nil, nil, err
+	}
+	m := v.Maps[p.Tree.Name]
+	shards := make([]shardmap.Shard, len(r.Targets))
+	rows := make([][]int, len(r.Targets))
+	for i, t := range r.Targets {
+		shards[i], rows[i] = m.Shards[t.Shard], t.Rows
 	}
 	return shards, rows, nil
 }
@@ -565,19 +512,4 @@ func firstWord(sql string) string {
 		return ""
 	}
 	return strings.ToUpper(w[0])
-}
-
-// binaryKeyOID reports whether a binary parameter of type oid hashes like
-// the key: a float8 sent for an int key has 8 bytes too, but another value.
-func binaryKeyOID(kt shardmap.KeyType, oid uint32) bool {
-	if oid == 0 {
-		return true // the server infers the key column's own type
-	}
-	switch kt {
-	case shardmap.KeyInt:
-		return oid == pgtype.Int2OID || oid == pgtype.Int4OID || oid == pgtype.Int8OID
-	case shardmap.KeyUUID:
-		return oid == pgtype.UUIDOID
-	}
-	return oid == pgtype.TextOID || oid == pgtype.VarcharOID
 }

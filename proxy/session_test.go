@@ -1,58 +1,6 @@
 package proxy
 
-import (
-	"encoding/binary"
-	"testing"
-
-	"github.com/jackc/pgx/v5/pgproto3"
-	"github.com/jackc/pgx/v5/pgtype"
-
-	"github.com/lattice-db/lattice/router"
-	"github.com/lattice-db/lattice/shardmap"
-)
-
-func be8(v int64) []byte {
-	b := make([]byte, 8)
-	binary.BigEndian.PutUint64(b, uint64(v))
-	return b
-}
-
-func TestKeySlot(t *testing.T) {
-	want42 := shardmap.SlotOf(shardmap.HashInt8(42), 4096)
-	cases := []struct {
-		name     string
-		key      router.Value
-		bind     *pgproto3.Bind
-		oids     []uint32
-		wantSlot int
-		wantCode string
-	}{
-		{name: "literal", key: router.Value{Text: "42"}, wantSlot: want42},
-		{name: "null literal", key: router.Value{Null: true}, wantSlot: 0},
-		{name: "text param", key: router.Value{Param: 1}, bind: &pgproto3.Bind{Parameters: [][]byte{[]byte("42")}}, wantSlot: want42},
-		{name: "binary int8 param", key: router.Value{Param: 1}, oids: []uint32{pgtype.Int8OID},
-			bind: &pgproto3.Bind{ParameterFormatCodes: []int16{1}, Parameters: [][]byte{be8(42)}}, wantSlot: want42},
-		{name: "binary float8 param refused", key: router.Value{Param: 1}, oids: []uint32{pgtype.Float8OID},
-			bind: &pgproto3.Bind{ParameterFormatCodes: []int16{1}, Parameters: [][]byte{be8(42)}}, wantCode: "0A000"},
-		{name: "null param", key: router.Value{Param: 1}, bind: &pgproto3.Bind{Parameters: [][]byte{nil}}, wantSlot: 0},
-		{name: "missing param", key: router.Value{Param: 2}, bind: &pgproto3.Bind{Parameters: [][]byte{[]byte("1")}}, wantCode: "08P01"},
-		{name: "bad literal", key: router.Value{Text: "4x2"}, wantCode: "22P02"},
-	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			slot, err := keySlot(shardmap.KeyInt, 4096, tc.key, tc.bind, tc.oids)
-			if tc.wantCode != "" {
-				if got := AsError(err); err == nil || got.Code != tc.wantCode {
-					t.Fatalf("got %v, want SQLSTATE %s", err, tc.wantCode)
-				}
-				return
-			}
-			if err != nil || slot != tc.wantSlot {
-				t.Fatalf("got slot %d, %v; want %d", slot, err, tc.wantSlot)
-			}
-		})
-	}
-}
+import "testing"
 
 func TestSettingsReplay(t *testing.T) {
 	s := newSettings(map[string]string{"application_name": "psql", "client_encoding": "UTF8"}, map[string]string{"client_encoding": "UTF8"})

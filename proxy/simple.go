@@ -112,12 +112,12 @@ func (s *session) simpleOne(ctx context.Context, v *shardmap.View, p *router.Pla
 		}
 		s.forwardQuery(ctx, s.catalogTarget(p), p.SQL, false)
 	case router.Single:
-		sh, err := s.route(v, p, p.Key, nil, nil)
+		sh, err := s.route(v, p, nil, nil)
 		if err != nil {
 			s.fail(err, false)
 			return
 		}
-		s.forwardQuery(ctx, sh.Node, p.Render(shardmap.SchemaName(sh.Index)), allowRetry && !s.tx.active)
+		s.forwardQuery(ctx, sh.Node, sh.SQL, allowRetry && !s.tx.active)
 	case router.InsertSplit:
 		s.simpleInsertSplit(ctx, v, p, allowRetry)
 	case router.WriteAll:
@@ -178,22 +178,22 @@ func (s *session) simpleInsertSplit(ctx context.Context, v *shardmap.View, p *ro
 // simpleWriteAll runs an UPDATE or DELETE without the shard key on every
 // shard of its tree: one multi-statement Query per node.
 func (s *session) simpleWriteAll(ctx context.Context, v *shardmap.View, p *router.Plan) {
-	m := v.Maps[p.Tree.Name]
-	if m == nil {
-		s.fail(Errorf("58000", "tree %q has no shard map", p.Tree.Name), false)
+	r, err := router.Resolve(v, p, nil)
+	if err != nil {
+		s.fail(err, false)
 		return
 	}
-	nodes, schemas := nodeGroups(m, nil)
+	nodes := r.Nodes()
 	parts := make(map[string][]string, len(nodes))
-	for i, node := range nodes {
-		if writeAllMixed(m) {
-			// The parts of a node run in one transaction (implicit or the
-			// session's): the fence of a split source skips moved rows.
-			parts[node] = append(parts[node], "SET LOCAL "+pgshard.SkipMovedSetting+" = on")
+	if r.Mixed {
+		// The parts of a node run in one transaction (implicit or the
+		// session's): the fence of a split source skips moved rows.
+		for _, node := range nodes {
+			parts[node] = []string{"SET LOCAL " + pgshard.SkipMovedSetting + " = on"}
 		}
-		for _, schema := range schemas[i] {
-			parts[node] = append(parts[node], p.Render(schema))
-		}
+	}
+	for _, t := range r.Targets {
+		parts[t.Node] = append(parts[t.Node], t.SQL)
 	}
 	s.simpleEveryNode(ctx, nodes, parts)
 }
@@ -255,12 +255,12 @@ func (s *session) simpleMulti(ctx context.Context, v *shardmap.View, plans []*ro
 				n = s.srv.catalogNode
 			}
 		case router.Single:
-			sh, err := s.route(v, p, p.Key, nil, nil)
+			sh, err := s.route(v, p, nil, nil)
 			if err != nil {
 				s.fail(err, false)
 				return
 			}
-			n, sql = sh.Node, p.Render(shardmap.SchemaName(sh.Index))
+			n, sql = sh.Node, sh.SQL
 		case router.Refused:
 			s.fail(p.Err, false)
 			return

@@ -8,7 +8,6 @@ import (
 
 	"github.com/lattice-db/lattice/pgshard"
 	"github.com/lattice-db/lattice/router"
-	"github.com/lattice-db/lattice/shardmap"
 )
 
 // extRetry is a statement of an extended batch that may be routed again
@@ -104,13 +103,13 @@ func (s *session) rebindStale(ctx context.Context, r *extRetry) *pgshard.Conn {
 		s.fail(Errorf("XX000", "a statement routed again after its slot moved changed its plan"), true)
 		return nil
 	}
-	sh, err := s.route(v, p, p.Key, r.bind, r.stmt.oids)
+	sh, err := s.route(v, p, r.bind, r.stmt.oids)
 	if err != nil {
 		s.fail(err, true)
 		return nil
 	}
 	part := &clientPortal{stmt: r.stmt}
-	if !s.bindOn(ctx, part, sh.Node, p.Render(shardmap.SchemaName(sh.Index)), r.bind, r.bind.DestinationPortal, true) {
+	if !s.bindOn(ctx, part, sh.Node, sh.SQL, r.bind, r.bind.DestinationPortal, true) {
 		return nil
 	}
 	return part.parts[0].be

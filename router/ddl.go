@@ -237,7 +237,7 @@ func ddlTag(n *pg.Node) string {
 }
 
 // checkAlter refuses ALTER TABLE subcommands that would break routing or
-// the rules of a tree (DESIGN section 2), and those not supported on trees.
+// the rules of a tree (docs/DESIGN.md section 2), and those not supported on trees.
 func checkAlter(t *shardmap.Tree, s *pg.AlterTableStmt) *Error {
 	for _, c := range s.Cmds {
 		cmd := c.GetAlterTableCmd()

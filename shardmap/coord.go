@@ -24,7 +24,7 @@ const (
 	Fold  MigrationKind = "fold"  // moves every slot of Source (the donor) into Target (the survivor)
 )
 
-// MigrationPhase is where a migration is in DESIGN section 5's pipeline.
+// MigrationPhase is where a migration is in docs/DESIGN.md section 5's pipeline.
 type MigrationPhase string
 
 const (

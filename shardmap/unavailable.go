@@ -8,6 +8,8 @@ import (
 	"syscall"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/lattice-db/lattice/sqlstate"
 )
 
 // UnavailableError is a store command that failed because Redis is out of
@@ -18,6 +20,13 @@ type UnavailableError struct{ Err error }
 
 func (e *UnavailableError) Error() string { return "redis out of reach: " + e.Err.Error() }
 func (e *UnavailableError) Unwrap() error { return e.Err }
+
+// SQLState and Hint make e a sqlstate.Hinted error: a client gets 58000,
+// told that trees are served from the cached maps meanwhile.
+func (e *UnavailableError) SQLState() string { return sqlstate.SystemError }
+func (e *UnavailableError) Hint() string {
+	return "retry once Redis is back; statements on trees keep being served from the cached maps meanwhile"
+}
 
 // Unavailable reports whether err comes from a store command that found
 // Redis out of reach.

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/lattice-db/lattice/admin"
+	"github.com/lattice-db/lattice/sqlstate"
 )
 
 // The operator's commands (status, shards, reshard) talk to a proxy's admin
@@ -73,19 +74,23 @@ func newAPIClient(adminURL, tenant string) (*apiClient, error) {
 	return &apiClient{base: strings.TrimRight(u.String(), "/"), tenant: tenant, http: &http.Client{Timeout: 15 * time.Second}}, nil
 }
 
-// apiError is an error answer of the API.
+// apiError is an error answer of the API: its HTTP status and the error
+// the SQL function would have raised (Err.Code is empty for an error that
+// has no SQLSTATE).
 type apiError struct {
-	Status   int
-	Message  string `json:"error"`
-	SQLState string `json:"sqlstate"`
+	Status int
+	Err    *sqlstate.Error
 }
 
+// Error leaves out the severity: an operator reads it after "lattice: ".
 func (e *apiError) Error() string {
-	if e.SQLState != "" {
-		return fmt.Sprintf("%s (SQLSTATE %s)", e.Message, e.SQLState)
+	if e.Err.Code != "" {
+		return fmt.Sprintf("%s (SQLSTATE %s)", e.Err.Message, e.Err.Code)
 	}
-	return e.Message
+	return e.Err.Message
 }
+
+func (e *apiError) Unwrap() error { return e.Err }
 
 // maxAnswer bounds an API answer: a map of 4096 slots is about 20 kB, a
 // list of many trees or shards stays well under this.
@@ -127,11 +132,11 @@ func (c *apiClient) do(ctx context.Context, method, path string, q url.Values, b
 		return fmt.Errorf("%s %s: %w", method, path, err)
 	}
 	if resp.StatusCode >= 300 {
-		e := &apiError{Status: resp.StatusCode}
-		if json.Unmarshal(raw, e) != nil || e.Message == "" {
-			e.Message = fmt.Sprintf("%s %s: %s", method, path, resp.Status)
+		var ans admin.ErrorAnswer
+		if json.Unmarshal(raw, &ans) != nil || ans.Error == "" {
+			ans = admin.ErrorAnswer{Error: fmt.Sprintf("%s %s: %s", method, path, resp.Status)}
 		}
-		return e
+		return &apiError{Status: resp.StatusCode, Err: &sqlstate.Error{Code: ans.SQLState, Message: ans.Error}}
 	}
 	if err := json.Unmarshal(raw, out); err != nil {
 		return fmt.Errorf("%s %s: decode answer: %w", method, path, err)

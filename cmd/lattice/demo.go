@@ -2,11 +2,14 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"flag"
 	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -19,7 +22,7 @@ import (
 // proxy, creates the sample tree, and runs until interrupted.
 func demoCmd(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
-	data := fs.String("data", "lattice-demo", "folder for the demo's PostgreSQL data; created if missing")
+	data := fs.String("data", "", "folder for the demo's PostgreSQL data; created if missing (default ./lattice-demo, or a folder under the system temp dir when PostgreSQL's user cannot enter this one)")
 	listen := fs.String("listen", "127.0.0.1:6432", "address for PostgreSQL clients")
 	adminAddr := fs.String("admin", "127.0.0.1:9090", "address of the admin endpoint")
 	rows := fs.Int("rows", 10000, "sample rows in tree catalogue")
@@ -33,11 +36,15 @@ func demoCmd(ctx context.Context, args []string) error {
 	if err := localnode.EnsureTools(ctx); err != nil {
 		return err
 	}
-	dir, err := filepath.Abs(*data)
+	dir, err := demoDataDir(*data)
 	if err != nil {
 		return err
 	}
+	log.Info("demo data", "dir", dir)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	if err := ownedByUs(dir); err != nil {
 		return err
 	}
 	var nodes nodeFlags
@@ -126,5 +133,39 @@ func loadSample(ctx context.Context, dsn string, rows int, log *slog.Logger) err
 		}
 	}
 	log.Info("tree catalogue created", "rows", rows)
+	return nil
+}
+
+// demoDataDir is where the demo keeps its PostgreSQL data: the --data folder
+// when given, else ./lattice-demo. Run as root from a folder that PostgreSQL's
+// unprivileged user cannot enter (a clone in /root), the default moves to a
+// folder of its own under the system temp dir, named after the clone's path
+// so that a second run finds the same data.
+func demoDataDir(flagValue string) (string, error) {
+	if flagValue != "" {
+		return filepath.Abs(flagValue)
+	}
+	dir, err := filepath.Abs("lattice-demo")
+	if err != nil {
+		return "", err
+	}
+	if localnode.ServerCanEnter(dir) == nil {
+		return dir, nil
+	}
+	sum := sha256.Sum256([]byte(dir))
+	return filepath.Join(os.TempDir(), "lattice-demo-"+hex.EncodeToString(sum[:4])), nil
+}
+
+// ownedByUs refuses a data folder that another user made or that is a
+// symbolic link: under a shared temp dir, its name can be guessed.
+func ownedByUs(dir string) error {
+	st, err := os.Lstat(dir)
+	if err != nil {
+		return err
+	}
+	sys, ok := st.Sys().(*syscall.Stat_t)
+	if !st.IsDir() || (ok && int(sys.Uid) != os.Geteuid()) {
+		return fmt.Errorf("demo: %s is not a folder of this user's; remove it or pass --data", dir)
+	}
 	return nil
 }

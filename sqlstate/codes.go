@@ -1,0 +1,199 @@
+// Package sqlstate is Lattice's one error catalogue: the SQLSTATE codes it
+// sends or looks for, named after PostgreSQL's condition names (Appendix A of
+// the PostgreSQL manual), and the one error type that carries a code to a
+// client. It imports nothing of Lattice's, so that every package can use it.
+//
+// A literal five-character SQLSTATE anywhere else in the repository's
+// non-test code fails TestNoLiteralCodes: add the code here instead.
+package sqlstate
+
+// Class 08, connection exception.
+const (
+	// ConnectionFailure: a node's connection could not be made or was lost
+	// mid-statement.
+	ConnectionFailure = "08006"
+	// TransactionResolutionUnknown: recording a cross-node commit decision
+	// failed, so the transaction may or may not have committed.
+	TransactionResolutionUnknown = "08007"
+	// ProtocolViolation: a malformed or unexpected frontend message, or a Bind
+	// that does not match its statement.
+	ProtocolViolation = "08P01"
+)
+
+// Class 0A, feature not supported.
+const (
+	// FeatureNotSupported: a statement the proxy cannot route or run
+	// correctly (joins across shards, key updates, ...); the hint says what
+	// to do instead.
+	FeatureNotSupported = "0A000"
+)
+
+// Class 22, data exception.
+const (
+	// NumericValueOutOfRange: a COPY row's integer shard key overflows its
+	// type.
+	NumericValueOutOfRange = "22003"
+	// NullValueNotAllowed: a lattice_* function argument that must be given
+	// is null or empty.
+	NullValueNotAllowed = "22004"
+	// InvalidRowCountInLimitClause: a fan-out's LIMIT is negative.
+	InvalidRowCountInLimitClause = "2201W"
+	// InvalidRowCountInResultOffsetClause: a fan-out's OFFSET is negative.
+	InvalidRowCountInResultOffsetClause = "2201X"
+	// InvalidParameterValue: an argument out of range (a shard count, a
+	// table name, a startup option, a COPY option, an admin API request).
+	InvalidParameterValue = "22023"
+	// InvalidTextRepresentation: a shard key, LIMIT or OFFSET value that does
+	// not parse as its type.
+	InvalidTextRepresentation = "22P02"
+	// InvalidBinaryRepresentation: a binary Bind parameter of the wrong size
+	// or type for a lattice_* function.
+	InvalidBinaryRepresentation = "22P03"
+	// BadCopyFileFormat: COPY FROM STDIN data the proxy cannot split by shard
+	// key.
+	BadCopyFileFormat = "22P04"
+)
+
+// Class 23, integrity constraint violation.
+const (
+	// NotNullViolation: a COPY row whose shard key is null.
+	NotNullViolation = "23502"
+)
+
+// Classes 25 and 26, invalid transaction state and statement name.
+const (
+	// ActiveSQLTransaction: a statement that cannot run inside a transaction
+	// block (tree DDL, DISCARD ALL), or a BEGIN inside one (a warning).
+	ActiveSQLTransaction = "25001"
+	// NoActiveSQLTransaction: a transaction-block statement outside one.
+	NoActiveSQLTransaction = "25P01"
+	// InFailedSQLTransaction: a statement in a transaction already aborted.
+	InFailedSQLTransaction = "25P02"
+	// InvalidSQLStatementName: a Bind or Describe of a prepared statement
+	// the session does not have.
+	InvalidSQLStatementName = "26000"
+)
+
+// Class 28, invalid authorization specification.
+const (
+	// InvalidAuthorizationSpecification: no user name, a tenant the user may
+	// not use, or TLS required and not offered.
+	InvalidAuthorizationSpecification = "28000"
+	// InvalidPassword: SCRAM authentication failed.
+	InvalidPassword = "28P01"
+)
+
+// Classes 34 and 3D, invalid cursor and catalog name.
+const (
+	// InvalidCursorName: an Execute or Describe of a portal the session does
+	// not have.
+	InvalidCursorName = "34000"
+	// InvalidCatalogName: a node has no database of a tenant's name yet
+	// (looked for in the node's errors, never sent).
+	InvalidCatalogName = "3D000"
+)
+
+// Class 40, transaction rollback.
+const (
+	// TransactionRollback: a cross-node transaction rolled back because its
+	// prepare phase outlasted the recovery bound.
+	TransactionRollback = "40000"
+	// SerializationFailure: a tree changed under a DDL statement; the client
+	// may retry.
+	SerializationFailure = "40001"
+)
+
+// Class 42, syntax error or access rule violation.
+const (
+	// InsufficientPrivilege: an admin API reshard asked from another site
+	// (HTTP 403).
+	InsufficientPrivilege = "42501"
+	// SyntaxError: a statement pg_query cannot parse, or several commands in
+	// one prepared statement.
+	SyntaxError = "42601"
+	// DuplicateColumn: a column named twice in a COPY column list.
+	DuplicateColumn = "42701"
+	// UndefinedColumn: a shard key or COPY column the table does not have.
+	UndefinedColumn = "42703"
+	// UndefinedObject: a prepared transaction that no longer exists (looked
+	// for in a node's errors during two-phase commit recovery, never sent).
+	UndefinedObject = "42704"
+	// WrongObjectType: lattice_create_tree of something that is not a table.
+	WrongObjectType = "42809"
+	// UndefinedFunction: a lattice_* function that does not exist, or called
+	// with arguments it does not take.
+	UndefinedFunction = "42883"
+	// ReservedName: a table name in Lattice's own lattice_ namespace.
+	ReservedName = "42939"
+	// UndefinedTable: a tree or table that does not exist.
+	UndefinedTable = "42P01"
+	// DuplicateCursor: a Bind to a named portal that is open.
+	DuplicateCursor = "42P03"
+	// DuplicateDatabase: a tenant's database already exists on a node
+	// (looked for in the node's errors, never sent).
+	DuplicateDatabase = "42P04"
+	// DuplicatePreparedStatement: a Parse of a named statement that exists.
+	DuplicatePreparedStatement = "42P05"
+	// DuplicateTable: lattice_create_tree of a table that already is a tree.
+	DuplicateTable = "42P07"
+	// InvalidColumnReference: an ORDER BY position or a COPY FORCE column
+	// that the statement does not have.
+	InvalidColumnReference = "42P10"
+	// InvalidFunctionDefinition: a lattice_* function argument given twice.
+	InvalidFunctionDefinition = "42P13"
+	// InvalidTableDefinition: a table that breaks a tree rule (key not in the
+	// primary key or a unique index, a sequence key, a foreign key).
+	InvalidTableDefinition = "42P16"
+)
+
+// Classes 53 and 54, insufficient resources and program limit exceeded.
+const (
+	// OutOfMemory: a fan-out merge that would buffer more than its limit.
+	OutOfMemory = "53200"
+	// TooManyConnections: past --max-clients or --max-listeners, or a node
+	// pool that cannot hand out a backend.
+	TooManyConnections = "53300"
+	// ProgramLimitExceeded: a COPY row longer than the proxy accepts.
+	ProgramLimitExceeded = "54000"
+)
+
+// Class 55, object not in prerequisite state.
+const (
+	// ObjectNotInPrerequisiteState: a reshard already running to another
+	// count, slots that stayed frozen past the hold timeout, a node without
+	// prepared transactions.
+	ObjectNotInPrerequisiteState = "55000"
+	// ObjectInUse: a replication slot still active (looked for in a node's
+	// errors, never sent).
+	ObjectInUse = "55006"
+	// LockNotAvailable: a lock_timeout while installing a fence (looked for
+	// in a node's errors, never sent).
+	LockNotAvailable = "55P03"
+)
+
+// Classes 57 and 58, operator intervention and system error.
+const (
+	// QueryCanceled: a statement or COPY canceled by the client, or a
+	// statement_timeout.
+	QueryCanceled = "57014"
+	// CannotConnectNow: the proxy cannot reach Redis and cannot vouch for
+	// its cached shard map.
+	CannotConnectNow = "57P03"
+	// SystemError: the shard map store is out of reach, or a tree has no map.
+	SystemError = "58000"
+)
+
+// Class XX, internal error.
+const (
+	// InternalError: an error with no code of its own, and states the proxy
+	// should never reach.
+	InternalError = "XX000"
+)
+
+// Class LT, Lattice's own.
+const (
+	// SlotMoved: a fence trigger rejected a write whose slot moved to another
+	// shard (DETAIL names the new owner and epoch); the proxy refreshes its
+	// map and retries, so clients do not see it.
+	SlotMoved = "LT001"
+)
