@@ -169,7 +169,7 @@ func TestProtocolState(t *testing.T) {
 		)
 	})
 	t.Run("DEALLOCATE ALL and DISCARD ALL", func(t *testing.T) {
-		for _, reset := range []string{"DEALLOCATE ALL", "DISCARD ALL"} {
+		for _, reset := range []string{"DEALLOCATE ALL", "DISCARD ALL", "DEALLOCATE s2", "DEALLOCATE PREPARE s2"} {
 			bothWires(t, direct, proxied,
 				seq(execOne("s2", "select v from plain where k = $1", "5"), syncMsg),
 				[]pgproto3.FrontendMessage{&pgproto3.Query{String: reset}},
@@ -370,6 +370,39 @@ func TestProtocolStateBackendReplaced(t *testing.T) {
 	for i := 0; i < 3; i++ {
 		if err := use(); err != nil {
 			t.Fatalf("after the backends were replaced, use %d: %v", i, err)
+		}
+	}
+}
+
+// TestProtocolStateTypeRolledBack creates a type in a transaction, uses it
+// in a statement and rolls back, twice: the backend statement of the first
+// round names a type that is gone, and must not serve the second.
+func TestProtocolStateTypeRolledBack(t *testing.T) {
+	resetNodes(t)
+	p := startProxy(t, 2)
+	direct, proxied := dialWire(t, testNodeDSN(t, 0)), dialWire(t, p.DSN("lattice"))
+	rounds := [][]pgproto3.FrontendMessage{
+		{&pgproto3.Query{String: "BEGIN"}},
+		{&pgproto3.Query{String: "CREATE TYPE fruit AS ENUM ('orange', 'pear')"}},
+		seq(execOne("", "select $1::fruit", "pear"), syncMsg),
+		{&pgproto3.Query{String: "ROLLBACK"}},
+	}
+	// One wire at a time: the uncommitted type of one would block the
+	// other's CREATE TYPE on the same node.
+	var want, got []string
+	for i := 0; i < 2; i++ {
+		for _, r := range rounds {
+			want = append(want, direct.round(r...))
+		}
+	}
+	for i := 0; i < 2; i++ {
+		for _, r := range rounds {
+			got = append(got, proxied.round(r...))
+		}
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("round %d:\n got  %s\n want %s (PostgreSQL)", i, got[i], want[i])
 		}
 	}
 }

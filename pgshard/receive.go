@@ -106,11 +106,12 @@ func (c *Conn) Receive() (pgproto3.BackendMessage, error) {
 	return msg, nil
 }
 
-// changesResults reports whether a command with this tag may change the
-// result columns of statements prepared before it (ALTER TABLE, DROP VIEW,
-// CREATE OR REPLACE VIEW...).
+// changesResults reports whether a command with this tag may change what a
+// statement prepared before it means: its result columns (ALTER TABLE, DROP
+// VIEW, CREATE OR REPLACE VIEW) or the types it resolved (a CREATE TYPE in a
+// transaction that is rolled back leaves statements naming a type gone).
 func changesResults(tag []byte) bool {
-	return bytes.HasPrefix(tag, []byte("ALTER ")) || bytes.HasPrefix(tag, []byte("DROP ")) || string(tag) == "CREATE VIEW"
+	return bytes.HasPrefix(tag, []byte("ALTER ")) || bytes.HasPrefix(tag, []byte("DROP ")) || bytes.HasPrefix(tag, []byte("CREATE "))
 }
 
 // answered pops the oldest pending request, which must be of kind k.

@@ -124,6 +124,9 @@ type splitState struct {
 }
 
 func (s *session) send(m pgproto3.BackendMessage) {
+	if pd, ok := m.(*pgproto3.ParameterDescription); ok && len(pd.ParameterOIDs) > maxWireCount {
+		m = (*wideParameterDescription)(pd)
+	}
 	s.client.Send(m)
 	switch m := m.(type) {
 	case *pgproto3.DataRow:

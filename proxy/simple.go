@@ -466,8 +466,8 @@ func (s *session) forwardTx(be *pgshard.Conn, sql string, extended, hide bool) {
 // that PostgreSQL validates it, then becomes part of the session's settings
 // replayed on every backend the session uses.
 func (s *session) sessionCommand(ctx context.Context, p *router.Plan, extended bool) {
-	if p.Kind == router.Discard && p.Tag == "DEALLOCATE ALL" {
-		s.deallocateAll(ctx, p, extended)
+	if p.Kind == router.Discard && p.Tag != "DISCARD ALL" {
+		s.deallocate(ctx, p, extended)
 		return
 	}
 	if p.Kind == router.Discard {
@@ -515,13 +515,22 @@ func (s *session) sessionCommand(ctx context.Context, p *router.Plan, extended b
 	}})
 }
 
-// deallocateAll drops the client's named statements, as PostgreSQL drops
-// every prepared statement but the unnamed one, and runs the statement on a
-// backend too, for statements prepared in SQL there.
-func (s *session) deallocateAll(ctx context.Context, p *router.Plan, extended bool) {
-	for name := range s.stmts {
-		if name != "" {
-			delete(s.stmts, name)
+// deallocate serves DEALLOCATE. The client's statements prepared in the
+// protocol are the proxy's: ALL drops every one but the unnamed, as
+// PostgreSQL does, and runs on a backend too, for statements prepared in SQL
+// there; a name the client prepared in the protocol is dropped here alone.
+func (s *session) deallocate(ctx context.Context, p *router.Plan, extended bool) {
+	if p.Tag == "DEALLOCATE" {
+		if _, ok := s.stmts[p.Statement]; ok && p.Statement != "" {
+			delete(s.stmts, p.Statement)
+			s.x.synthetic(commandComplete("DEALLOCATE"))
+			return
+		}
+	} else {
+		for name := range s.stmts {
+			if name != "" {
+				delete(s.stmts, name)
+			}
 		}
 	}
 	node := s.srv.catalogNode

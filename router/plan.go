@@ -123,7 +123,9 @@ func (p *planner) plan(n *pg.Node, start, end int) *Plan {
 			// The proxy drops the client's statements; the backend's run.
 			pl.Kind, pl.Tag = Discard, "DEALLOCATE ALL"
 		} else {
-			p.apply(pl, p.route(n), start, end)
+			// A statement the client prepared in the protocol is the
+			// proxy's to drop; one prepared in SQL is the backend's.
+			pl.Kind, pl.Tag, pl.Statement = Discard, "DEALLOCATE", s.DeallocateStmt.Name
 		}
 	case *pg.Node_ExplainStmt:
 		r := p.route(s.ExplainStmt.Query)

@@ -57,8 +57,8 @@ const (
 	// to the current transaction and goes to whatever backend(s) the
 	// transaction uses.
 	LocalSet
-	// Discard is DISCARD ALL or DEALLOCATE ALL (Tag says which): the proxy
-	// drops the session state it tracks.
+	// Discard is DISCARD ALL, DEALLOCATE ALL or DEALLOCATE name (Tag says
+	// which): the proxy drops the session state it tracks.
 	Discard
 	// Refused statements cannot be routed correctly; Plan.Err says why and
 	// what to do instead.
@@ -203,6 +203,7 @@ type Plan struct {
 	Anywhere  bool           // Catalog: a read naming no relation, which any node can answer
 	Notify    bool           // Catalog: sends a notification (NOTIFY, pg_notify)
 	Tag       string         // command tag for statements the proxy answers itself ("BEGIN", "SET", "SELECT" for Function: append the row count)
+	Statement string         // DEALLOCATE name: the statement named
 	Sort      []SortKey      // FanOut: ORDER BY keys, in order
 	Hidden    int            // FanOut: trailing result columns the proxy added for sort keys; the proxy drops them before rows reach the client
 	Limit     *Value         // FanOut: LIMIT / FETCH FIRST count; nil when absent (or LIMIT ALL / NULL)

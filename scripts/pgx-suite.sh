@@ -52,13 +52,16 @@ suite() { # label dsn
   (cd "$work/pgx" && PGX_TEST_DATABASE="$2" go test -count=1 -p 1 -timeout 20m ${PGX_SUITE_RUN:+-run "$PGX_SUITE_RUN"} $pkgs -json 2>&1 || true) \
     | python3 -c '
 import json, sys
-fails, passes = set(), 0
+fails, passes, out = set(), 0, {}
 for line in sys.stdin:
     try: e = json.loads(line)
     except ValueError: continue
-    if e.get("Test") and e.get("Action") == "fail": fails.add(e["Package"].split("/v5")[-1] + " " + e["Test"])
+    name = e.get("Package", "").split("/v5")[-1] + " " + e.get("Test", "")
+    if e.get("Test") and e.get("Action") == "output": out.setdefault(name, []).append(e["Output"])
+    if e.get("Test") and e.get("Action") == "fail": fails.add(name)
     if e.get("Test") and e.get("Action") == "pass": passes += 1
 open(sys.argv[1], "w").write("\n".join(sorted(fails)) + "\n")
+open(sys.argv[1] + ".log", "w").write("".join("".join(out.get(n, [])) for n in sorted(fails)))
 print(f"{sys.argv[2]}: {passes} passed, {len(fails)} failed")
 ' "$work/$1.fail" "$1"
 }
@@ -66,4 +69,4 @@ suite postgres "$node"
 suite lattice "$proxied"
 echo "failing only through Lattice:"
 comm -13 "$work/postgres.fail" "$work/lattice.fail" | grep -v '^$' | sed 's/^/  /' || true
-cp "$work/postgres.fail" "$work/lattice.fail" "${PGX_SUITE_OUT:-/tmp}/" 2>/dev/null || true
+cp "$work"/*.fail "$work"/*.fail.log "${PGX_SUITE_OUT:-/tmp}/" 2>/dev/null || true
