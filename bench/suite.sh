@@ -2,6 +2,8 @@
 # The published benchmark suite (`make bench`). In one run it starts its own
 # servers (3 PostgreSQL 15 nodes and redis-server, through the integration
 # harness), builds lattice without -race, runs pgbouncer, and measures:
+#   - point selects, direct vs pgbouncer vs Lattice, with each proxy's own
+#     CPU per query, in the simple, extended and prepared protocols;
 #   - pgbench select-only and TPC-B-like, direct vs pgbouncer vs Lattice, in
 #     the simple, extended and prepared protocols;
 #   - split and fold throughput against a raw COPY TO | COPY FROM;
@@ -14,6 +16,8 @@
 #   BENCH_CLIENTS=8          pgbench clients
 #   BENCH_SCALE=4            pgbench scale (100,000 accounts each)
 #   BENCH_SHARDS=16          shards of the pgbench_accounts tree
+#   BENCH_CPU_TX=20000       transactions per client of each point-select
+#                            run that measures proxy CPU per query
 #   BENCH_RESHARD_ROWS=500000  rows of the grow/shrink cycle
 #   BENCH_SPLIT_ROWS=1000000   rows of the shard the split benchmark copies half of
 #   BENCH_OUT=bench/results.md
@@ -30,11 +34,12 @@ secs=${BENCH_SECONDS:-10}
 clients=${BENCH_CLIENTS:-8}
 scale=${BENCH_SCALE:-4}
 shards=${BENCH_SHARDS:-16}
+cpu_tx=${BENCH_CPU_TX:-20000}
 reshard_rows=${BENCH_RESHARD_ROWS:-500000}
 split_rows=${BENCH_SPLIT_ROWS:-1000000}
 pgbin=/usr/lib/postgresql/15/bin
 
-rerun="BENCH_SECONDS=$secs BENCH_CLIENTS=$clients BENCH_SCALE=$scale BENCH_SHARDS=$shards BENCH_RESHARD_ROWS=$reshard_rows BENCH_SPLIT_ROWS=$split_rows make bench"
+rerun="BENCH_SECONDS=$secs BENCH_CLIENTS=$clients BENCH_SCALE=$scale BENCH_SHARDS=$shards BENCH_CPU_TX=$cpu_tx BENCH_RESHARD_ROWS=$reshard_rows BENCH_SPLIT_ROWS=$split_rows make bench"
 cpu=$(awk -F': ' '/^model name/ {print $2; exit}' /proc/cpuinfo)
 cores=$(nproc)
 mem=$(awk '/^MemTotal/ {printf "%.1f GiB", $2/1048576}' /proc/meminfo)
@@ -53,9 +58,9 @@ t0=$(date +%s)
 # BenchmarkFold* is picked up when it exists on this branch.
 status=0
 LATTICE_TEST_RACE=0 LATTICE_BENCH_SECONDS=$secs LATTICE_BENCH_CLIENTS=$clients LATTICE_BENCH_SCALE=$scale \
-  LATTICE_BENCH_SHARDS=$shards LATTICE_BENCH_RESHARD_ROWS=$reshard_rows LATTICE_SPLIT_ROWS=$split_rows \
+  LATTICE_BENCH_SHARDS=$shards LATTICE_BENCH_CPU_TX=$cpu_tx LATTICE_BENCH_RESHARD_ROWS=$reshard_rows LATTICE_SPLIT_ROWS=$split_rows \
   go test -count=1 -run '^$' -benchtime 1x -timeout 60m \
-  -bench '^(BenchmarkSuitePgbench|BenchmarkSplitCopy|BenchmarkFold.*|BenchmarkSuiteReshardCycle|BenchmarkReshardPointQueries)$' \
+  -bench '^(BenchmarkPointSelect|BenchmarkSuitePgbench|BenchmarkSplitCopy|BenchmarkFold.*|BenchmarkSuiteReshardCycle|BenchmarkReshardPointQueries)$' \
   ./integration >"$log" 2>&1 || status=$?
 took=$(( $(date +%s) - t0 ))
 load_end=$(cut -d' ' -f1-3 /proc/loadavg)

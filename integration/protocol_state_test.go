@@ -169,7 +169,7 @@ func TestProtocolState(t *testing.T) {
 		)
 	})
 	t.Run("DEALLOCATE ALL and DISCARD ALL", func(t *testing.T) {
-		for _, reset := range []string{"DEALLOCATE ALL", "DISCARD ALL", "DEALLOCATE s2", "DEALLOCATE PREPARE s2"} {
+		for _, reset := range []string{"DEALLOCATE ALL", "DISCARD ALL"} {
 			bothWires(t, direct, proxied,
 				seq(execOne("s2", "select v from plain where k = $1", "5"), syncMsg),
 				[]pgproto3.FrontendMessage{&pgproto3.Query{String: reset}},

@@ -40,9 +40,12 @@ func md(format string, args ...any) {
 	}
 }
 
-// pgbenchResult is one pgbench run: tps and mean latency, or why it failed.
+// pgbenchResult is one pgbench run: tps, mean latency and transactions
+// processed, or why it failed; for a proxy, its own CPU per transaction.
 type pgbenchResult struct {
 	tps, latMS float64
+	done       int
+	cpuUS      float64
 	err        string
 }
 
@@ -67,19 +70,34 @@ func runPgbench(ctx context.Context, dsn, mode string, clients, secs int, extra 
 	}
 	tps, _ := strconv.ParseFloat(string(m[1]), 64)
 	lat, _ := strconv.ParseFloat(string(l[1]), 64)
-	return pgbenchResult{tps: tps, latMS: lat}
+	r := pgbenchResult{tps: tps, latMS: lat}
+	if n := processedRe.FindSubmatch(out); n != nil {
+		r.done, _ = strconv.Atoi(string(n[1]))
+	}
+	return r
+}
+
+// runProxied is runPgbench through a proxy, process pid, charging the CPU
+// it used meanwhile to each transaction.
+func runProxied(b *testing.B, ctx context.Context, pid int, dsn, mode string, clients, secs int, extra ...string) pgbenchResult {
+	before := cpuSeconds(b, pid)
+	r := runPgbench(ctx, dsn, mode, clients, secs, extra...)
+	if r.err == "" && r.done > 0 {
+		r.cpuUS = (cpuSeconds(b, pid) - before) * 1e6 / float64(r.done)
+	}
+	return r
 }
 
 // cell renders a result's tps, latency and ratio to direct.
 func (r pgbenchResult) cells(direct pgbenchResult) string {
 	if r.err != "" {
-		return fmt.Sprintf("fails: %s | – | –", mdEscape(r.err))
+		return fmt.Sprintf("fails: %s | – | – | –", mdEscape(r.err))
 	}
 	ratio := "–"
 	if direct.err == "" && direct.tps > 0 {
 		ratio = fmt.Sprintf("%.2f", r.tps/direct.tps)
 	}
-	return fmt.Sprintf("%.0f | %.2f | %s", r.tps, r.latMS, ratio)
+	return fmt.Sprintf("%.0f | %.2f | %s | %.0f", r.tps, r.latMS, ratio, r.cpuUS)
 }
 
 func mdEscape(s string) string {
@@ -130,7 +148,7 @@ func BenchmarkSuitePgbench(b *testing.B) {
 			mustExec(b, vc, "VACUUM ANALYZE")
 			vc.Close(ctx)
 		}
-		bouncer := startPgbouncer(b, testNode(b, 2).Port)
+		bouncer, bouncerPID := startPgbouncer(b, testNode(b, 2).Port)
 		if bouncer == "" {
 			b.Log("pgbouncer is not installed: its column shows n/a")
 		}
@@ -148,10 +166,11 @@ func BenchmarkSuitePgbench(b *testing.B) {
 			"pgbouncer: transaction pooling in front of that node. Lattice: pgbench_accounts is a tree of %d shards "+
 			"on 2 nodes (created with lattice_create_tree from a pgbench -i table in %s); pgbench_branches, "+
 			"pgbench_tellers and pgbench_history are ordinary tables on the catalog node. "+
-			"tps excludes connection time; latency is pgbench's average; ratio is tps / direct tps.\n",
+			"tps excludes connection time; latency is pgbench's average; ratio is tps / direct tps; "+
+			"CPU µs/tx is the proxy process's own CPU time (utime+stime from /proc/PID/stat) over the run divided by the transactions it processed.\n",
 			clients, secs, scale, scale*100000, shards, converted.Round(time.Millisecond))
-		md("| workload | mode | direct tps | direct ms | pgbouncer tps | pgbouncer ms | pgbouncer/direct | lattice tps | lattice ms | lattice/direct |")
-		md("|---|---|---|---|---|---|---|---|---|---|")
+		md("| workload | mode | direct tps | direct ms | pgbouncer tps | pgbouncer ms | pgbouncer/direct | pgbouncer CPU µs/tx | lattice tps | lattice ms | lattice/direct | lattice CPU µs/tx |")
+		md("|---|---|---|---|---|---|---|---|---|---|---|---|")
 		for _, w := range []struct {
 			name string
 			args []string
@@ -160,9 +179,9 @@ func BenchmarkSuitePgbench(b *testing.B) {
 				d := runPgbench(ctx, direct, mode, clients, secs, w.args...)
 				bt := pgbenchResult{err: "pgbouncer not installed"}
 				if bouncer != "" {
-					bt = runPgbench(ctx, bouncer, mode, clients, secs, w.args...)
+					bt = runProxied(b, ctx, bouncerPID, bouncer, mode, clients, secs, w.args...)
 				}
-				l := runPgbench(ctx, p.DSN("lattice"), mode, clients, secs, w.args...)
+				l := runProxied(b, ctx, p.cmd.Process.Pid, p.DSN("lattice"), mode, clients, secs, w.args...)
 				directCells := fmt.Sprintf("%.0f | %.2f", d.tps, d.latMS)
 				if d.err != "" {
 					directCells = "fails: " + mdEscape(d.err) + " | –"

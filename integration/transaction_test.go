@@ -53,8 +53,14 @@ func textRows(rows [][][]byte) [][]string {
 // harness node i, bypassing the proxy.
 func nodeRows(t *testing.T, i int, tree string) map[int64]int64 {
 	t.Helper()
+	return tenantRows(t, i, "lattice", tree)
+}
+
+// tenantRows is nodeRows in the tenant database db.
+func tenantRows(t *testing.T, i int, db, tree string) map[int64]int64 {
+	t.Helper()
 	ctx := context.Background()
-	c := connect(t, testNodeDSN(t, i))
+	c := connect(t, testNode(t, i).DSN(db))
 	defer c.Close(ctx)
 	schemas, err := queryStrings(t, c, `SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 		WHERE c.relname = $1 AND n.nspname LIKE 'lattice\_s%' ORDER BY 1`, tree)
@@ -111,6 +117,12 @@ func latticePrepared(t *testing.T, n int) []string {
 // returns, per harness node, the ids 1..60 that live there.
 func placeKeys(t *testing.T, c *pgx.Conn, tree string) [3][]int64 {
 	t.Helper()
+	return placeKeysIn(t, c, "lattice", tree)
+}
+
+// placeKeysIn is placeKeys for c connected to tenant database db.
+func placeKeysIn(t *testing.T, c *pgx.Conn, db, tree string) [3][]int64 {
+	t.Helper()
 	mustExec(t, c, `CREATE TABLE `+tree+` (id bigint PRIMARY KEY, bal bigint NOT NULL CHECK (bal >= 0), note text)`)
 	mustExec(t, c, `SELECT lattice_create_tree('`+tree+`', 'id', shard_count => 6)`)
 	for id := 1; id <= 60; id++ {
@@ -118,7 +130,7 @@ func placeKeys(t *testing.T, c *pgx.Conn, tree string) [3][]int64 {
 	}
 	var by [3][]int64
 	for i := range by {
-		by[i] = slices.Sorted(maps.Keys(nodeRows(t, i, tree)))
+		by[i] = slices.Sorted(maps.Keys(tenantRows(t, i, db, tree)))
 		if len(by[i]) < 4 {
 			t.Fatalf("node %d holds ids %v of %s: the test needs at least 4 on every node", i, by[i], tree)
 		}
@@ -405,27 +417,75 @@ func TestTransaction(t *testing.T) {
 	})
 }
 
+// preparedOn lists the prepared transactions with a Lattice gid on harness
+// node i.
+func preparedOn(t *testing.T, i int) []string {
+	t.Helper()
+	c := connect(t, testNodeDSN(t, i))
+	defer c.Close(context.Background())
+	gids, err := queryStrings(t, c, `SELECT gid FROM pg_prepared_xacts WHERE gid LIKE 'lattice\_%'`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return gids
+}
+
+// waitRecovered waits until no node holds a Lattice prepared transaction
+// and the catalog node's decision log is empty.
+func waitRecovered(t *testing.T, p *proxyProc) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for len(latticePrepared(t, 3)) > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("prepared transactions still there after 60s: %v\n%s", latticePrepared(t, 3), p.Log())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	// The decision log forgets a finished transaction.
+	log := connect(t, testNodeDSN(t, 0))
+	defer log.Close(context.Background())
+	for {
+		n, err := queryStrings(t, log, `SELECT count(*) FROM lattice_meta.commit_decisions`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n[0] == "0" {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("decision log still holds %s rows", n[0])
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
 // TestTransactionCrashRecovery kills the proxy (SIGKILL, through the
-// test-only LATTICE_TEST_CRASH_2PC hook) in the middle of a two-phase
-// commit and checks that a new proxy finishes the transaction from the
-// decision log: committed when the decision was recorded, rolled back when
-// it was not.
+// test-only LATTICE_TEST_CRASH_2PC hook) in the middle of a commit across
+// nodes and checks that a new proxy finishes the transaction atomically:
+// committed when the catalog node had committed the decision, rolled back
+// when it had not. With the catalog node among the participants its part
+// is never prepared (it commits the decision in one phase); without it, a
+// transaction of the proxy's own there holds the decision.
 func TestTransactionCrashRecovery(t *testing.T) {
 	cases := []struct {
+		name      string
 		hook      string
+		nodes     [2]int // harness nodes of the two rows
 		committed bool
 	}{
-		{hook: "after-decision", committed: true},
-		{hook: "after-prepare", committed: false},
+		{"catalog participant/after-decision", "after-decision", [2]int{0, 1}, true},
+		{"catalog participant/after-prepare", "after-prepare", [2]int{0, 1}, false},
+		{"catalog not a participant/after-decision", "after-decision", [2]int{1, 2}, true},
+		{"catalog not a participant/after-prepare", "after-prepare", [2]int{1, 2}, false},
 	}
 	recovery := []string{"--tx-recover-interval", "200ms", "--tx-abort-after", "3s"}
 	for _, tc := range cases {
-		t.Run(tc.hook, func(t *testing.T) {
+		t.Run(tc.name, func(t *testing.T) {
 			resetNodes(t)
 			p1 := startProxyEnv(t, 3, []string{"LATTICE_TEST_CRASH_2PC=" + tc.hook}, recovery...)
 			c := connect(t, p1.DSN("lattice"))
 			by := placeKeys(t, c, "acct")
-			a, b := by[0][0], by[1][0]
+			a, b := by[tc.nodes[0]][0], by[tc.nodes[1]][0]
 			mustExec(t, c, `BEGIN`)
 			mustExec(t, c, `INSERT INTO acct (id, bal) VALUES ($1, 1)`, a)
 			mustExec(t, c, `INSERT INTO acct (id, bal) VALUES ($1, 2)`, b)
@@ -438,15 +498,12 @@ func TestTransactionCrashRecovery(t *testing.T) {
 			if gids := latticePrepared(t, 3); len(gids) == 0 {
 				t.Fatal("the crash left no prepared transaction: the hook fired at the wrong point")
 			}
+			if gids := preparedOn(t, 0); len(gids) > 0 {
+				t.Fatalf("the catalog node holds prepared transactions %v: its part must commit in one phase", gids)
+			}
 
 			p2 := startProxy(t, 3, recovery...)
-			deadline := time.Now().Add(60 * time.Second)
-			for len(latticePrepared(t, 3)) > 0 {
-				if time.Now().After(deadline) {
-					t.Fatalf("prepared transactions still there after 60s: %v\n%s", latticePrepared(t, 3), p2.Log())
-				}
-				time.Sleep(100 * time.Millisecond)
-			}
+			waitRecovered(t, p2)
 			want := map[int64]int64{}
 			if tc.committed {
 				want = map[int64]int64{a: 1, b: 2}
@@ -457,21 +514,195 @@ func TestTransactionCrashRecovery(t *testing.T) {
 			if !strings.Contains(p2.Log(), "two-phase recovery finished a prepared transaction") {
 				t.Fatalf("the new proxy did not report finishing the transaction:\n%s", p2.Log())
 			}
-			// The decision log forgets a finished transaction.
-			log := connect(t, testNodeDSN(t, 0))
-			for {
-				n, err := queryStrings(t, log, `SELECT count(*) FROM lattice_meta.transactions`)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if n[0] == "0" {
-					break
-				}
-				if time.Now().After(deadline) {
-					t.Fatalf("decision log still holds %s rows", n[0])
-				}
-				time.Sleep(100 * time.Millisecond)
+		})
+	}
+}
+
+// TestTransactionReadOnlyParticipant checks that a participant that wrote
+// nothing is not prepared, and that one whose SELECT took row locks (as a
+// function that writes would) is: the proxy crashes after the PREPAREs so
+// that they can be counted.
+func TestTransactionReadOnlyParticipant(t *testing.T) {
+	cases := []struct {
+		name     string
+		read     string
+		prepared bool
+	}{
+		{"plain select", `SELECT bal FROM acct WHERE id = $1`, false},
+		{"select for update", `SELECT bal FROM acct WHERE id = $1 FOR UPDATE`, true},
+	}
+	recovery := []string{"--tx-recover-interval", "200ms", "--tx-abort-after", "3s"}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			resetNodes(t)
+			p1 := startProxyEnv(t, 3, []string{"LATTICE_TEST_CRASH_2PC=after-prepare"}, recovery...)
+			c := connect(t, p1.DSN("lattice"))
+			by := placeKeys(t, c, "acct")
+			mustExec(t, c, `INSERT INTO acct (id, bal) VALUES ($1, 7)`, by[1][1]) // one node: no two-phase commit
+			mustExec(t, c, `BEGIN`)
+			mustExec(t, c, tc.read, by[1][1])
+			mustExec(t, c, `INSERT INTO acct (id, bal) VALUES ($1, 1)`, by[0][0])
+			mustExec(t, c, `INSERT INTO acct (id, bal) VALUES ($1, 2)`, by[2][0])
+			if _, err := c.Exec(context.Background(), `COMMIT`); err == nil {
+				t.Fatal("COMMIT succeeded through a proxy that should have crashed")
+			}
+			if !p1.WaitExit(30 * time.Second) {
+				t.Fatal("the proxy did not crash at the hook")
+			}
+			if gids := preparedOn(t, 2); len(gids) != 1 {
+				t.Fatalf("the writing node holds prepared transactions %v, want one", gids)
+			}
+			if gids := preparedOn(t, 1); (len(gids) == 1) != tc.prepared {
+				t.Fatalf("the reading node holds prepared transactions %v; want prepared = %v", gids, tc.prepared)
+			}
+			p2 := startProxy(t, 3, recovery...)
+			waitRecovered(t, p2)
+			if got := allRows(t, 3, "acct"); !maps.Equal(got, map[int64]int64{by[1][1]: 7}) {
+				t.Fatalf("rows on the nodes %v after recovery", got)
 			}
 		})
+	}
+}
+
+// TestTransactionDecisionClaimed stalls a coordinator after its PREPAREs
+// until a second proxy's recoverer, past --tx-abort-after, has rolled the
+// prepared part back: the coordinator's decision must then fail, so the
+// client learns that nothing committed, on any node.
+func TestTransactionDecisionClaimed(t *testing.T) {
+	resetNodes(t)
+	p1 := startProxyEnv(t, 3, []string{"LATTICE_TEST_CRASH_2PC=stall-after-prepare"})
+	c := connect(t, p1.DSN("lattice"))
+	by := placeKeys(t, c, "acct")
+	startProxy(t, 3, "--tx-recover-interval", "200ms", "--tx-abort-after", "1s")
+	a, b := by[0][0], by[1][0]
+	mustExec(t, c, `BEGIN`)
+	mustExec(t, c, `INSERT INTO acct (id, bal) VALUES ($1, 1)`, a)
+	mustExec(t, c, `INSERT INTO acct (id, bal) VALUES ($1, 2)`, b)
+	_, err := c.Exec(context.Background(), `COMMIT`)
+	if pgCode(err) != "40000" {
+		t.Fatalf("COMMIT after the recoverer rolled the transaction back: error %v, want 40000", err)
+	}
+	if got := allRows(t, 3, "acct"); len(got) != 0 {
+		t.Fatalf("rows on the nodes %v, want none", got)
+	}
+	if gids := latticePrepared(t, 3); len(gids) > 0 {
+		t.Fatalf("prepared transactions left: %v", gids)
+	}
+	// The session goes on.
+	mustExec(t, c, `INSERT INTO acct (id, bal) VALUES ($1, 3)`, a)
+}
+
+// TestTransactionTenantDecision commits across nodes in a tenant's own
+// database and crashes after the decision: the decision must be in that
+// database's log on the catalog node (written by the transaction itself),
+// and a new proxy must find it there and commit the rest.
+func TestTransactionTenantDecision(t *testing.T) {
+	resetNodes(t)
+	const db = "lattice_tx_tenant"
+	for i := 0; i < 3; i++ {
+		admin := connect(t, testNodeDSN(t, i))
+		mustExec(t, admin, "DROP DATABASE IF EXISTS "+db+" WITH (FORCE)")
+		mustExec(t, admin, "CREATE DATABASE "+db)
+	}
+	t.Cleanup(func() {
+		for i := 0; i < 3; i++ {
+			if c, err := pgx.Connect(context.Background(), testNodeDSN(t, i)); err == nil {
+				c.Exec(context.Background(), "DROP DATABASE IF EXISTS "+db+" WITH (FORCE)")
+				c.Close(context.Background())
+			}
+		}
+	})
+	recovery := []string{"--tx-recover-interval", "200ms", "--tx-abort-after", "3s"}
+	p1 := startProxyEnv(t, 3, []string{"LATTICE_TEST_CRASH_2PC=after-decision"}, recovery...)
+	c := connect(t, p1.DSN(db))
+	by := placeKeysIn(t, c, db, "acct")
+	a, b := by[0][0], by[1][0]
+	mustExec(t, c, `BEGIN`)
+	mustExec(t, c, `INSERT INTO acct (id, bal) VALUES ($1, 1)`, a)
+	mustExec(t, c, `INSERT INTO acct (id, bal) VALUES ($1, 2)`, b)
+	if _, err := c.Exec(context.Background(), `COMMIT`); err == nil {
+		t.Fatal("COMMIT succeeded through a proxy that should have crashed")
+	}
+	if !p1.WaitExit(30 * time.Second) {
+		t.Fatal("the proxy did not crash at the hook")
+	}
+	// The catalog node's part committed with the decision, in the tenant's
+	// database; the other node's part waits prepared.
+	if got := tenantRows(t, 0, db, "acct"); !maps.Equal(got, map[int64]int64{a: 1}) {
+		t.Fatalf("catalog node rows %v after the decision", got)
+	}
+	logc := connect(t, testNode(t, 0).DSN(db))
+	n, err := queryStrings(t, logc, `SELECT count(*) FROM lattice_meta.commit_decisions WHERE state = 'committed'`)
+	if err != nil || n[0] != "1" {
+		t.Fatalf("decision rows in the tenant's log: %v %v", n, err)
+	}
+
+	p2 := startProxy(t, 3, recovery...)
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		n, err := queryStrings(t, logc, `SELECT count(*) FROM lattice_meta.commit_decisions`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n[0] == "0" && len(latticePrepared(t, 3)) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not recovered after 60s: %s decision rows, prepared %v\n%s", n[0], latticePrepared(t, 3), p2.Log())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	want := map[int64]int64{a: 1, b: 2}
+	got := map[int64]int64{}
+	for i := 0; i < 3; i++ {
+		maps.Copy(got, tenantRows(t, i, db, "acct"))
+	}
+	if !maps.Equal(got, want) {
+		t.Fatalf("rows on the nodes %v, want %v", got, want)
+	}
+}
+
+// TestTransactionRecoversLegacyDecisions: prepared transactions that a
+// proxy of the previous version left behind, with their decisions in its
+// log (lattice_meta.transactions of the default database), are finished by
+// the current recoverer: committed where that log says committed, rolled
+// back otherwise.
+func TestTransactionRecoversLegacyDecisions(t *testing.T) {
+	resetNodes(t)
+	cat := connect(t, testNodeDSN(t, 0))
+	mustExec(t, cat, `CREATE SCHEMA IF NOT EXISTS lattice_meta`)
+	mustExec(t, cat, `DROP TABLE IF EXISTS lattice_meta.transactions`)
+	mustExec(t, cat, `CREATE TABLE lattice_meta.transactions (gid text PRIMARY KEY, database text NOT NULL,
+		participants text[] NOT NULL, state text NOT NULL, created timestamptz NOT NULL DEFAULT now(), owner text NOT NULL)`)
+	t.Cleanup(func() { cat.Exec(context.Background(), `DROP TABLE IF EXISTS lattice_meta.transactions`) })
+	const committed, undecided = "lattice_0123456789ab_1", "lattice_0123456789ab_2"
+	mustExec(t, cat, `INSERT INTO lattice_meta.transactions (gid, database, participants, state, owner) VALUES
+		($1, 'lattice', '{n2,n3}', 'committed', '0123456789ab'), ($2, 'lattice', '{n2,n3}', 'preparing', '0123456789ab')`, committed, undecided)
+	for i := 1; i <= 2; i++ {
+		c := connect(t, testNodeDSN(t, i))
+		mustExec(t, c, `CREATE TABLE legacy (gid text)`)
+		for _, gid := range []string{committed, undecided} {
+			mustExec(t, c, `BEGIN`)
+			mustExec(t, c, `INSERT INTO legacy VALUES ($1)`, gid)
+			mustExec(t, c, `PREPARE TRANSACTION '`+gid+`'`)
+		}
+	}
+	p := startProxy(t, 3, "--tx-recover-interval", "200ms", "--tx-abort-after", "1s")
+	deadline := time.Now().Add(60 * time.Second)
+	for len(latticePrepared(t, 3)) > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("prepared transactions still there after 60s: %v\n%s", latticePrepared(t, 3), p.Log())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	for i := 1; i <= 2; i++ {
+		c := connect(t, testNodeDSN(t, i))
+		got, err := queryStrings(t, c, `SELECT gid FROM legacy`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(got, []string{committed}) {
+			t.Fatalf("node %d holds %v, want only the committed transaction's row", i, got)
+		}
 	}
 }

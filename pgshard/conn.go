@@ -1,6 +1,7 @@
 package pgshard
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"net"
@@ -32,6 +33,12 @@ type Conn struct {
 	Settings string
 	// Params are the ParameterStatus values the server reported.
 	Params map[string]string
+	// Wrote is set once a statement of the backend's current transaction
+	// reported a command tag that changes data (NoteCommand). A commit
+	// across nodes prepares such a participant at once and asks the others
+	// whether they wrote; it is cleared when the backend joins a
+	// transaction or goes back to the pool.
+	Wrote bool
 
 	net       net.Conn
 	pid       uint32
@@ -39,6 +46,7 @@ type Conn struct {
 	cancelTo  string
 	broken    bool
 	held      bool // taken with AcquireHeld
+	pinned    bool // kept by its session across transactions (pin.go)
 	lastUsed  time.Time
 
 	prepared map[string]string // statement key -> server-side name
@@ -94,6 +102,32 @@ func connect(ctx context.Context, node, tenant, dsn string, maxMessage int) (*Co
 		c.cancelTo = net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port)))
 	}
 	return c, nil
+}
+
+// NoteCommand records a statement's command tag (Wrote). Tags of
+// statements that read are let through: a SELECT may still have written
+// through a function, which the commit asks the server about.
+func (c *Conn) NoteCommand(tag []byte) {
+	if !c.Wrote && !readTag(tag) {
+		c.Wrote = true
+	}
+}
+
+// readTags are the command tags of statements that change no rows.
+var readTags = [][]byte{
+	[]byte("SELECT"), []byte("SHOW"), []byte("FETCH"), []byte("MOVE"), []byte("BEGIN"), []byte("SET"),
+	[]byte("RESET"), []byte("DECLARE CURSOR"), []byte("CLOSE CURSOR"), []byte("SAVEPOINT"),
+	[]byte("RELEASE"), []byte("ROLLBACK"), []byte("EXPLAIN"), []byte("DEALLOCATE"), []byte("DISCARD"),
+	[]byte("PREPARE"), []byte("LISTEN"), []byte("UNLISTEN"),
+}
+
+func readTag(tag []byte) bool {
+	for _, r := range readTags {
+		if bytes.HasPrefix(tag, r) && (len(tag) == len(r) || tag[len(r)] == ' ') {
+			return true
+		}
+	}
+	return false
 }
 
 // PID is the backend process id, for logs.
@@ -153,8 +187,8 @@ func (c *Conn) forgetName(name string) {
 	}
 }
 
-// forgetAllPrepared follows DISCARD ALL or DEALLOCATE ALL run on the backend.
-func (c *Conn) forgetAllPrepared() {
+// ForgetAllPrepared follows DISCARD ALL or DEALLOCATE ALL run on the backend.
+func (c *Conn) ForgetAllPrepared() {
 	c.prepared = make(map[string]string)
 	c.names = make(map[string]string)
 	c.toClose = nil

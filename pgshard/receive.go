@@ -95,10 +95,10 @@ func (c *Conn) Receive() (pgproto3.BackendMessage, error) {
 	case *pgproto3.CommandComplete:
 		switch tag := m.CommandTag; {
 		case string(tag) == "DISCARD ALL":
-			c.forgetAllPrepared()
+			c.ForgetAllPrepared()
 			clear(c.portals)
 		case string(tag) == "DEALLOCATE ALL":
-			c.forgetAllPrepared()
+			c.ForgetAllPrepared()
 		case changesResults(tag):
 			ResultsChanged()
 		}

@@ -338,6 +338,7 @@ func (ci *copyIn) readResult(s *session, cn *copyNode) {
 		switch m := msg.(type) {
 		case *pgproto3.CommandComplete:
 			cn.count += rowsAffected(m.CommandTag)
+			cn.be.NoteCommand(m.CommandTag)
 		case *pgproto3.ErrorResponse:
 			if ci.err == nil {
 				cp := *m // the message is reused by the next Receive

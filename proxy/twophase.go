@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -8,6 +9,8 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -18,35 +21,71 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/lattice-db/lattice/pgshard"
+	"github.com/lattice-db/lattice/sqlstate"
 )
 
+// Commit across nodes (docs/DESIGN.md, "Transactions across nodes").
+//
+// The decision is a row in lattice_meta.commit_decisions of the
+// transaction's own database on the catalog node, written inside the
+// catalog node's part of the transaction, as Citus writes its transaction
+// records: the other participants that wrote are PREPAREd, then the catalog
+// node inserts the row and COMMITs in one phase (that commit is the
+// decision), then the others are COMMIT PREPARED. A participant that wrote
+// nothing is not prepared: it commits with the rest. When the catalog node
+// is not a participant, a transaction of its own on the catalog node holds
+// the decision the same way.
+
 // gidPrefix marks the prepared transactions of Lattice in pg_prepared_xacts.
+// A gid is lattice_<proxy>_<sequence>_<pid>, where pid is the catalog
+// node's backend that holds the decision: the recoverer looks it up to
+// know whether that transaction can still commit.
 const gidPrefix = "lattice_"
 
 // Crash points of the test-only hook TwoPhaseConfig.CrashAt.
 const (
-	CrashAfterPrepare  = "after-prepare"  // after the first PREPARE TRANSACTION succeeded, before the decision
-	CrashAfterDecision = "after-decision" // after the commit decision is durable, before COMMIT PREPARED
+	// CrashAfterPrepare: the other writers are prepared, the catalog node
+	// has not committed (no decision).
+	CrashAfterPrepare = "after-prepare"
+	// CrashAfterDecision: the catalog node committed the decision, COMMIT
+	// PREPARED was not sent.
+	CrashAfterDecision = "after-decision"
+	// StallAfterPrepare does not crash: after the PREPAREs it waits until
+	// another proxy's recoverer has rolled them back, then records the
+	// decision, which must then fail.
+	StallAfterPrepare = "stall-after-prepare"
 )
 
-// logTable is the decision log, in the catalog node's own database. A row
-// lives from before the first PREPARE TRANSACTION until every participant
-// finished; state is 'preparing', then 'committed' (the decision) or
-// 'aborted'. Rows change state only with a conditional UPDATE, so that a
-// coordinator's commit decision and a recoverer's abort exclude each other.
-const logTable = "lattice_meta.transactions"
+// decisionTable is the decision log, one per tenant database on the
+// catalog node. A row with state 'committed' is the commit decision, made
+// by the transaction that inserts it; a row with state 'aborted' is a
+// recoverer's claim on a transaction that had no decision, so that its
+// decision can no longer be inserted (the gid is the key). Committed rows
+// are removed by the recoverer once no participant is prepared; aborted
+// ones once the transaction that would have decided has ended.
+const decisionTable = "lattice_meta.commit_decisions"
 
-var logDDL = []string{
+var decisionDDL = []string{
 	`CREATE SCHEMA IF NOT EXISTS lattice_meta`,
-	`CREATE TABLE IF NOT EXISTS ` + logTable + ` (
+	`CREATE TABLE IF NOT EXISTS ` + decisionTable + ` (
 		gid          text PRIMARY KEY,
-		database     text NOT NULL,
+		state        text NOT NULL CHECK (state IN ('committed', 'aborted')),
 		participants text[] NOT NULL,
-		state        text NOT NULL CHECK (state IN ('preparing', 'committed', 'aborted')),
-		created      timestamptz NOT NULL DEFAULT now(),
-		owner        text NOT NULL
+		created      timestamptz NOT NULL DEFAULT now()
 	)`,
 }
+
+// Codes that PostgreSQL sends and the coordinator reads (Lattice sends
+// neither, so they are not in package sqlstate's catalogue).
+const (
+	codeUniqueViolation   = "23505" // the decision row's gid was claimed first
+	codeInvalidSchemaName = "3F000" // no lattice_meta schema yet: no decisions
+)
+
+// askWrote asks a participant whether its transaction wrote: a transaction
+// id is assigned by its first write or row lock. Its tag is "SELECT 1" when
+// it did.
+const askWrote = `SELECT 1 WHERE pg_current_xact_id_if_assigned() IS NOT NULL`
 
 // TwoPhaseConfig configures the two-phase commit coordinator.
 type TwoPhaseConfig struct {
@@ -55,28 +94,29 @@ type TwoPhaseConfig struct {
 	// transactions left behind; 0 means 10 s.
 	RecoverEvery time.Duration
 	// AbortAfter is how old a prepared transaction without a commit
-	// decision must be before the recoverer rolls it back; it must exceed
-	// any prepare phase. 0 means 1 min.
+	// decision must be before the recoverer rolls it back while the
+	// transaction that would decide it may still be running; it should
+	// exceed any prepare phase. 0 means 1 min.
 	AbortAfter time.Duration
 	// CrashAt is a test-only hook (cmd/lattice reads it from the
 	// LATTICE_TEST_CRASH_2PC environment variable at start): at that point
 	// of every two-phase commit (CrashAfterPrepare, CrashAfterDecision) the
 	// proxy kills itself with SIGKILL, so that crash recovery can be tested
-	// for real. Never set it in production.
+	// for real; StallAfterPrepare waits instead. Never set it in production.
 	CrashAt string
 	Log     *slog.Logger
 }
 
-// TwoPhase commits transactions that span several nodes with PostgreSQL's
-// two-phase commit, recording the decision durably on the catalog node, and
-// finishes what a crashed coordinator left prepared (RunRecoverer).
+// TwoPhase commits transactions that span several nodes, and finishes what
+// a crashed coordinator left prepared (RunRecoverer).
 type TwoPhase struct {
-	cfg   TwoPhaseConfig
-	owner string // this proxy, in gids and log rows
-	seq   atomic.Uint64
-	live  sync.Map // gid -> struct{}: this proxy's commits in progress
-	ready atomic.Bool
-	mu    sync.Mutex // serializes creating the log
+	cfg     TwoPhaseConfig
+	owner   string // this proxy, in gids
+	seq     atomic.Uint64
+	live    sync.Map // gid -> struct{}: this proxy's commits in progress
+	ready   sync.Map // tenant database -> struct{}: its decision log exists
+	tenants sync.Map // tenant database -> struct{}: databases the recoverer reads
+	mu      sync.Mutex
 }
 
 // NewTwoPhase returns a coordinator with a fresh identity for this proxy.
@@ -92,82 +132,100 @@ func NewTwoPhase(cfg TwoPhaseConfig) *TwoPhase {
 	}
 	var b [6]byte
 	_, _ = rand.Read(b[:])
-	return &TwoPhase{cfg: cfg, owner: hex.EncodeToString(b[:])}
+	t := &TwoPhase{cfg: cfg, owner: hex.EncodeToString(b[:])}
+	if cfg.Cluster != nil {
+		t.tenants.Store(cfg.Cluster.DefaultTenant(), struct{}{})
+	}
+	return t
 }
 
-// logPool is the control pool of the catalog node's own database.
-func (t *TwoPhase) logPool(ctx context.Context) (*pgxpool.Pool, error) {
+// logPool is the control pool of database on the catalog node.
+func (t *TwoPhase) logPool(ctx context.Context, database string) (*pgxpool.Pool, error) {
 	c := t.cfg.Cluster
-	return c.Admin(ctx, c.Catalog().Name, c.DefaultTenant())
+	return c.Admin(ctx, c.Catalog().Name, database)
 }
 
-// ensureLog creates the decision log once. Proxies starting together may
-// race on CREATE ... IF NOT EXISTS; the loser finds the table there.
-func (t *TwoPhase) ensureLog(ctx context.Context) error {
-	if t.ready.Load() {
+// ensureLog creates database's decision log once. Proxies starting
+// together may race on CREATE ... IF NOT EXISTS; the loser finds the table
+// there.
+func (t *TwoPhase) ensureLog(ctx context.Context, database string) error {
+	if _, ok := t.ready.Load(database); ok {
 		return nil
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.ready.Load() {
+	if _, ok := t.ready.Load(database); ok {
 		return nil
 	}
-	pool, err := t.logPool(ctx)
+	pool, err := t.logPool(ctx, database)
 	if err != nil {
 		return err
 	}
-	for _, ddl := range logDDL {
+	for _, ddl := range decisionDDL {
 		if _, err = pool.Exec(ctx, ddl); err != nil {
 			break
 		}
 	}
 	if err != nil {
 		var exists bool
-		if e := pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, logTable).Scan(&exists); e != nil || !exists {
-			return fmt.Errorf("create the transaction log %s: %w", logTable, err)
+		if e := pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, decisionTable).Scan(&exists); e != nil || !exists {
+			return fmt.Errorf("create the decision log %s in database %s: %w", decisionTable, database, err)
 		}
 	}
-	t.ready.Store(true)
+	t.tenants.Store(database, struct{}{})
+	t.ready.Store(database, struct{}{})
 	return nil
 }
 
-// logWrite changes the decision log with synchronous commit, so that a
-// decision is on disk before the proxy acts on it. It returns the rows
-// affected.
-func (t *TwoPhase) logWrite(ctx context.Context, sql string, args ...any) (int64, error) {
-	pool, err := t.logPool(ctx)
-	if err != nil {
-		return 0, err
-	}
-	var n int64
-	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, "SET LOCAL synchronous_commit TO on"); err != nil {
-			return err
+func (t *TwoPhase) crash(ctx context.Context, point, gid string) {
+	switch {
+	case t.cfg.CrashAt != point:
+	case point == StallAfterPrepare:
+		t.stall(ctx, gid)
+	default:
+		t.cfg.Log.Error("test hook LATTICE_TEST_CRASH_2PC: killing the proxy", "point", point)
+		if p, err := os.FindProcess(os.Getpid()); err == nil {
+			_ = p.Kill()
 		}
-		tag, err := tx.Exec(ctx, sql, args...)
-		n = tag.RowsAffected()
-		return err
-	})
-	return n, err
+		select {} // SIGKILL cannot be caught: nothing runs after it
+	}
 }
 
-func (t *TwoPhase) crash(point string) {
-	if t.cfg.CrashAt != point {
-		return
+// stall waits until no node holds gid prepared, for at most a minute.
+func (t *TwoPhase) stall(ctx context.Context, gid string) {
+	t.cfg.Log.Warn("test hook LATTICE_TEST_CRASH_2PC: stalling until another proxy rolls the transaction back", "gid", gid)
+	deadline := time.Now().Add(time.Minute)
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		left := false
+		for _, node := range t.cfg.Cluster.NodeNames() {
+			xs, err := t.preparedOn(ctx, node)
+			for _, x := range xs {
+				left = left || x.gid == gid
+			}
+			left = left || err != nil
+		}
+		if !left {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
-	t.cfg.Log.Error("test hook LATTICE_TEST_CRASH_2PC: killing the proxy", "point", point)
-	if p, err := os.FindProcess(os.Getpid()); err == nil {
-		_ = p.Kill()
-	}
-	select {} // SIGKILL cannot be caught: nothing runs after it
 }
 
-// participant is one node's part of a transaction that commits in two
-// phases: a pooled backend of a session, or a control transaction (DDL).
+// participant is one node's part of a transaction: a pooled backend of a
+// session, or a control transaction (DDL, or the catalog node's decision
+// when no statement ran there).
 type participant struct {
 	node string
 	be   *pgshard.Conn
 	tx   pgx.Tx
+}
+
+// pid is the participant's backend process on its node.
+func (p participant) pid() uint32 {
+	if p.be != nil {
+		return p.be.PID()
+	}
+	return p.tx.Conn().PgConn().PID()
 }
 
 // mayBeOpen reports whether the participant may still be inside its
@@ -179,22 +237,36 @@ func (p participant) mayBeOpen() bool {
 	return true
 }
 
-// execParts runs sql on each participant: backends pipelined in one round
-// trip, control transactions one after the other.
-func execParts(ctx context.Context, parts []participant, sql string) []error {
-	errs := make([]error, len(parts))
+// execParts runs sqls[i] on participant i: backends at once in one round
+// trip, control transactions one after the other. It returns each one's
+// command tag and error.
+func execParts(ctx context.Context, parts []participant, sqls []string) ([]string, []error) {
+	tags, errs := make([]string, len(parts)), make([]error, len(parts))
 	var conns []*pgshard.Conn
+	var connSQL []string
 	var at []int
 	for i, p := range parts {
 		if p.be != nil {
-			conns, at = append(conns, p.be), append(at, i)
+			conns, connSQL, at = append(conns, p.be), append(connSQL, sqls[i]), append(at, i)
 			continue
 		}
-		_, errs[i] = p.tx.Exec(ctx, sql)
+		tag, err := p.tx.Exec(ctx, sqls[i])
+		tags[i], errs[i] = tag.String(), err
 	}
-	for j, err := range execAll(ctx, conns, sql) {
-		errs[at[j]] = err
+	ctags, cerrs := execEach(ctx, conns, connSQL)
+	for j, i := range at {
+		tags[i], errs[i] = ctags[j], cerrs[j]
 	}
+	return tags, errs
+}
+
+// execSame runs sql on every participant (execParts).
+func execSame(ctx context.Context, parts []participant, sql string) []error {
+	sqls := make([]string, len(parts))
+	for i := range sqls {
+		sqls[i] = sql
+	}
+	_, errs := execParts(ctx, parts, sqls)
 	return errs
 }
 
@@ -219,99 +291,280 @@ func (t *TwoPhase) CommitTxs(ctx context.Context, database string, nodes []strin
 	return t.commitParts(ctx, database, parts)
 }
 
-// commitParts is the two-phase commit: the decision log row, PREPARE
-// TRANSACTION everywhere, the commit decision, COMMIT PREPARED everywhere.
+// commitParts commits parts together. Participants known to have written
+// (a data-changing command tag, or a control transaction) are prepared at
+// once; the others are asked whether they wrote, in the same round trip.
+// When no decision is needed (one writer or none) nothing is prepared and
+// every participant commits in one phase; otherwise the catalog node's
+// part records the decision and commits in one phase (decide).
 func (t *TwoPhase) commitParts(ctx context.Context, database string, parts []participant) error {
-	gid := fmt.Sprintf("%s%s_%d", gidPrefix, t.owner, t.seq.Add(1))
-	t.live.Store(gid, struct{}{})
-	defer t.live.Delete(gid)
-	nodes := make([]string, len(parts))
-	for i, p := range parts {
-		nodes[i] = p.node
-	}
-	if err := t.ensureLog(ctx); err != nil {
-		execParts(ctx, parts, "ROLLBACK")
-		return Errorf("58000", "cannot commit across nodes: %v", err)
-	}
-	if _, err := t.logWrite(ctx, `INSERT INTO `+logTable+` (gid, database, participants, state, owner)
-		VALUES ($1, $2, $3, 'preparing', $4)`, gid, database, nodes, t.owner); err != nil {
-		execParts(ctx, parts, "ROLLBACK")
-		return Errorf("58000", "cannot record the transaction in %s on the catalog node: %v", logTable, err)
-	}
-
-	errs := execParts(ctx, parts, "PREPARE TRANSACTION "+quoteLiteral(gid))
-	var prepared, aborted []participant
-	var first error
+	catalog := t.cfg.Cluster.Catalog().Name
+	var holder *participant
+	var writers, unsure []participant
 	for i, p := range parts {
 		switch {
-		case errs[i] == nil:
-			prepared = append(prepared, p)
-		case first == nil:
-			first = prepareError(p.node, errs[i])
+		case p.node == catalog && holder == nil:
+			holder = &parts[i]
+		case p.tx != nil || p.be.Wrote:
+			writers = append(writers, p)
+		default:
+			unsure = append(unsure, p)
 		}
-		if errs[i] != nil && p.mayBeOpen() {
-			aborted = append(aborted, p)
+	}
+	// needed reports whether n writers other than the catalog node's part
+	// need a recorded decision.
+	needed := func(n int) bool { return n >= 2 || (holder != nil && n >= 1) }
+
+	everyone := parts
+	var gid string
+	var prepared []participant
+	ownHolder := false
+	defer func() {
+		if gid != "" {
+			t.live.Delete(gid)
+		}
+		if ownHolder {
+			// No-op once committed; either way the connection goes back.
+			_ = holder.tx.Rollback(context.WithoutCancel(ctx))
+		}
+	}()
+	// fail rolls back everything prepared or still open.
+	fail := func(err error) error {
+		t.abort(ctx, gid, prepared)
+		var open []participant
+		for _, p := range everyone {
+			if !contains(prepared, p) && p.mayBeOpen() && !(ownHolder && p == *holder) {
+				open = append(open, p)
+			}
+		}
+		execSame(ctx, open, "ROLLBACK")
+		return err
+	}
+	// start names the transaction, first opening a transaction on the
+	// catalog node to hold the decision if none of the client's ran there.
+	start := func() error {
+		if holder == nil {
+			h, err := t.openHolder(ctx, database)
+			if err != nil {
+				return Errorf(sqlstate.SystemError, "cannot commit across nodes: cannot open a transaction on the catalog node to record the decision: %v", err)
+			}
+			holder, ownHolder = &h, true
+			everyone = append(slices.Clone(parts), h)
+		}
+		if err := t.ensureLog(ctx, database); err != nil {
+			return Errorf(sqlstate.SystemError, "cannot commit across nodes: %v", err)
+		}
+		gid = fmt.Sprintf("%s%s_%d_%d", gidPrefix, t.owner, t.seq.Add(1), holder.pid())
+		t.live.Store(gid, struct{}{})
+		return nil
+	}
+
+	// Round 1: PREPARE the writers if a decision is needed already, and
+	// ask the others whether they wrote.
+	if needed(len(writers)) {
+		if err := start(); err != nil {
+			return fail(err)
+		}
+	}
+	var round []participant
+	var sqls []string
+	if gid != "" {
+		for _, p := range writers {
+			round, sqls = append(round, p), append(sqls, "PREPARE TRANSACTION "+quoteLiteral(gid))
+		}
+		writers = nil
+	}
+	for _, p := range unsure {
+		round, sqls = append(round, p), append(sqls, askWrote)
+	}
+	var readers []participant
+	var first error
+	tags, errs := execParts(ctx, round, sqls)
+	for i, p := range round {
+		switch {
+		case errs[i] != nil:
+			first = cmp.Or(first, prepareError(p.node, errs[i]))
+		case sqls[i] != askWrote:
+			prepared = append(prepared, p)
+		case tags[i] == "SELECT 1":
+			writers = append(writers, p)
+		default:
+			readers = append(readers, p)
+		}
+	}
+	if first != nil {
+		return fail(first)
+	}
+	if gid == "" {
+		if !needed(len(writers)) {
+			return commitOnePhase(ctx, holder, writers, readers)
+		}
+		if err := start(); err != nil {
+			return fail(err)
+		}
+	}
+	// Round 2: PREPARE the writers found by asking.
+	for i, err := range execSame(ctx, writers, "PREPARE TRANSACTION "+quoteLiteral(gid)) {
+		if err == nil {
+			prepared = append(prepared, writers[i])
+		} else {
+			first = cmp.Or(first, prepareError(writers[i].node, err))
 		}
 	}
 	if len(prepared) > 0 {
-		t.crash(CrashAfterPrepare)
+		t.crash(ctx, CrashAfterPrepare, gid)
+		t.crash(ctx, StallAfterPrepare, gid)
 	}
 	if first != nil {
-		execParts(ctx, aborted, "ROLLBACK")
-		t.abort(ctx, gid, prepared)
-		return first
+		return fail(first)
 	}
 
-	n, err := t.logWrite(ctx, `UPDATE `+logTable+` SET state = 'committed' WHERE gid = $1 AND state = 'preparing'`, gid)
-	if err != nil {
-		// The decision may or may not be on disk: the recoverer reads it
-		// and finishes the transaction either way.
-		t.cfg.Log.Error("two-phase commit: recording the decision failed", "gid", gid, "err", err)
-		return Errorf("08007", "the outcome of this transaction is unknown: recording the commit decision failed: %v", err)
+	// The decision: the catalog node's part commits with its row.
+	if err := t.decide(ctx, *holder, gid, prepared); err != nil {
+		if errors.Is(err, errOutcomeUnknown) {
+			t.cfg.Log.Error("two-phase commit: the outcome of the decision is unknown; the recoverer finishes the transaction", "gid", gid, "err", err)
+			execSame(ctx, readers, "ROLLBACK")
+			return Errorf(sqlstate.TransactionResolutionUnknown, "the outcome of this transaction is unknown: the connection to the catalog node was lost while it committed: %v", err)
+		}
+		return fail(err)
 	}
-	if n == 0 {
-		// A recoverer judged the prepare phase too long and aborted it.
-		t.abort(ctx, gid, prepared)
-		return Errorf("40000", "the transaction was rolled back: its prepare phase outlasted the recovery bound")
-	}
-	t.crash(CrashAfterDecision)
+	t.crash(ctx, CrashAfterDecision, gid)
 
-	done := true
-	for i, err := range execParts(ctx, parts, "COMMIT PREPARED "+quoteLiteral(gid)) {
-		if err != nil {
-			done = false
-			t.cfg.Log.Warn("two-phase commit: COMMIT PREPARED failed; the recoverer finishes it", "gid", gid, "node", parts[i].node, "err", err)
+	finish := append(slices.Clone(prepared), readers...)
+	sqls = sqls[:0]
+	for i := range finish {
+		if i < len(prepared) {
+			sqls = append(sqls, "COMMIT PREPARED "+quoteLiteral(gid))
+		} else {
+			sqls = append(sqls, "COMMIT")
 		}
 	}
-	if done {
-		t.forget(ctx, gid)
+	_, errs = execParts(ctx, finish, sqls)
+	for i, err := range errs[:len(prepared)] {
+		if err != nil {
+			t.cfg.Log.Warn("two-phase commit: COMMIT PREPARED failed; the recoverer finishes it", "gid", gid, "node", finish[i].node, "err", err)
+		}
 	}
 	return nil
 }
 
-// abort rolls back the participants that prepared and ends the log row; a
-// row whose rollback did not finish is marked aborted for the recoverer.
-func (t *TwoPhase) abort(ctx context.Context, gid string, prepared []participant) {
-	for _, err := range execParts(ctx, prepared, "ROLLBACK PREPARED "+quoteLiteral(gid)) {
-		if err != nil && !noSuchGID(err) {
-			if _, err := t.logWrite(ctx, `UPDATE `+logTable+` SET state = 'aborted' WHERE gid = $1 AND state = 'preparing'`, gid); err != nil {
-				t.cfg.Log.Warn("two-phase commit: marking an aborted transaction failed", "gid", gid, "err", err)
-			}
-			return
+// commitOnePhase commits a transaction with at most one participant that
+// wrote: every part commits at once, and only the writer's (or the catalog
+// node's) failure is the transaction's.
+func commitOnePhase(ctx context.Context, holder *participant, writers, readers []participant) error {
+	all := slices.Clone(writers)
+	if holder != nil {
+		all = append(all, *holder)
+	}
+	n := len(all)
+	all = append(all, readers...)
+	var first error
+	for i, err := range execSame(ctx, all, "COMMIT") {
+		if i < n {
+			first = cmp.Or(first, err)
 		}
 	}
-	t.forget(ctx, gid)
+	return first
 }
 
-// forget removes a finished transaction's log row. A row left behind is
-// removed by the recoverer, so this needs no synchronous commit.
-func (t *TwoPhase) forget(ctx context.Context, gid string) {
-	pool, err := t.logPool(ctx)
+func contains(parts []participant, p participant) bool {
+	return slices.ContainsFunc(parts, func(q participant) bool { return q == p })
+}
+
+// openHolder opens a transaction on the catalog node to hold the decision
+// of a transaction that did not run there. BEGIN is acknowledged before any
+// participant prepares: the recoverer relies on the holder's transaction
+// having started by then.
+func (t *TwoPhase) openHolder(ctx context.Context, database string) (participant, error) {
+	pool, err := t.logPool(ctx, database)
+	if err != nil {
+		return participant{}, err
+	}
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		return participant{}, err
+	}
+	return participant{node: t.cfg.Cluster.Catalog().Name, tx: tx}, nil
+}
+
+// errOutcomeUnknown marks a decision whose commit was sent but whose answer
+// was lost: the decision row tells.
+var errOutcomeUnknown = errors.New("outcome unknown")
+
+// decisionLocal makes the decision durable before the commit returns and
+// keeps a client's statement_timeout from cancelling it.
+const decisionLocal = "SET LOCAL synchronous_commit TO on; SET LOCAL statement_timeout TO 0"
+
+// decide inserts the decision row into h's transaction and commits it; on
+// success the transaction is committed. Any other error means h rolled
+// back (the transaction is aborted), except errOutcomeUnknown.
+func (t *TwoPhase) decide(ctx context.Context, h participant, gid string, prepared []participant) error {
+	nodes := make([]string, len(prepared))
+	for i, p := range prepared {
+		nodes[i] = quoteIdentArray(p.node)
+	}
+	insert := `INSERT INTO ` + decisionTable + ` (gid, state, participants) VALUES (` +
+		quoteLiteral(gid) + `, 'committed', ` + quoteLiteral("{"+strings.Join(nodes, ",")+"}") + `)`
+	if h.be != nil {
+		tags, errs := execEach(ctx, []*pgshard.Conn{h.be}, []string{decisionLocal + "; " + insert + "; COMMIT"})
+		switch {
+		case h.be.Broken():
+			return fmt.Errorf("%w: %v", errOutcomeUnknown, errs[0])
+		case errs[0] != nil:
+			if h.be.TxStatus != 'I' {
+				execAll(ctx, []*pgshard.Conn{h.be}, "ROLLBACK")
+			}
+			return decisionError(errs[0])
+		case tags[0] != "COMMIT":
+			return Errorf(sqlstate.TransactionRollback, "the transaction was rolled back on the catalog node")
+		}
+		return nil
+	}
+	_, err := h.tx.Exec(ctx, "SET LOCAL synchronous_commit TO on")
 	if err == nil {
-		_, err = pool.Exec(ctx, `DELETE FROM `+logTable+` WHERE gid = $1`, gid)
+		_, err = h.tx.Exec(ctx, insert)
 	}
 	if err != nil {
-		t.cfg.Log.Warn("two-phase commit: removing a finished transaction from the log failed", "gid", gid, "err", err)
+		_ = h.tx.Rollback(ctx)
+		return decisionError(err)
+	}
+	if err := h.tx.Commit(ctx); err != nil {
+		var pg *pgconn.PgError
+		if errors.As(err, &pg) || errors.Is(err, pgx.ErrTxCommitRollback) {
+			return decisionError(err)
+		}
+		return fmt.Errorf("%w: %v", errOutcomeUnknown, err)
+	}
+	return nil
+}
+
+// quoteIdentArray quotes one element of a text array literal.
+func quoteIdentArray(s string) string {
+	return `"` + strings.NewReplacer(`\`, `\\`, `"`, `\"`).Replace(s) + `"`
+}
+
+// decisionError explains a decision that could not be recorded: a
+// recoverer that gave up on the transaction claimed its gid first.
+func decisionError(err error) error {
+	var pg *pgconn.PgError
+	if errors.As(err, &pg) && pg.Code == codeUniqueViolation && pg.TableName == "commit_decisions" {
+		e := Errorf(sqlstate.TransactionRollback, "the transaction was rolled back: its prepare phase outlasted the recovery bound, and a recoverer rolled it back")
+		e.Hint = "retry the transaction; if this recurs, raise --tx-abort-after"
+		return e
+	}
+	return err
+}
+
+// abort rolls back the participants that prepared. One that cannot be
+// reached is left to the recoverer: its gid has no decision.
+func (t *TwoPhase) abort(ctx context.Context, gid string, prepared []participant) {
+	if len(prepared) == 0 {
+		return
+	}
+	for i, err := range execSame(ctx, prepared, "ROLLBACK PREPARED "+quoteLiteral(gid)) {
+		if err != nil && !noSuchGID(err) {
+			t.cfg.Log.Warn("two-phase commit: ROLLBACK PREPARED failed; the recoverer finishes it", "gid", gid, "node", prepared[i].node, "err", err)
+		}
 	}
 }
 
@@ -319,8 +572,8 @@ func (t *TwoPhase) forget(ctx context.Context, gid string) {
 // is a node configured without prepared transactions.
 func prepareError(node string, err error) error {
 	var pg *pgconn.PgError
-	if errors.As(err, &pg) && pg.Code == "55000" && strings.Contains(pg.Message, "prepared transactions are disabled") {
-		e := Errorf("55000", "node %s has max_prepared_transactions = 0, and a transaction across nodes needs two-phase commit; the transaction was rolled back", node)
+	if errors.As(err, &pg) && pg.Code == sqlstate.ObjectNotInPrerequisiteState && strings.Contains(pg.Message, "prepared transactions are disabled") {
+		e := Errorf(sqlstate.ObjectNotInPrerequisiteState, "node %s has max_prepared_transactions = 0, and a transaction across nodes needs two-phase commit; the transaction was rolled back", node)
 		e.Hint = "set max_prepared_transactions above 0 on every node (for example to max_connections) and restart it"
 		return e
 	}
@@ -331,7 +584,7 @@ func prepareError(node string, err error) error {
 // already finished.
 func noSuchGID(err error) bool {
 	var pg *pgconn.PgError
-	return errors.As(err, &pg) && pg.Code == "42704"
+	return errors.As(err, &pg) && pg.Code == sqlstate.UndefinedObject
 }
 
 // RunRecoverer finishes the prepared transactions with a Lattice gid on
@@ -366,9 +619,10 @@ func (t *TwoPhase) checkNodes(ctx context.Context) {
 	}
 }
 
-type logRow struct {
-	state string
-	age   time.Duration
+// decision is one row of a decision log.
+type decision struct {
+	state   string
+	created time.Time
 }
 
 type preparedXact struct {
@@ -376,38 +630,27 @@ type preparedXact struct {
 	age                 time.Duration
 }
 
-// recoverOnce is one pass of the recoverer. The log is read before the
-// nodes: a commit decision is recorded only after every PREPARE succeeded,
-// so a prepared transaction seen afterwards whose row was not 'committed'
-// at the read either gets its decision later (and is young) or never.
+// recoverOnce is one pass of the recoverer. The decision logs are read
+// before the nodes are listed: a committed decision row means every
+// participant had prepared, so a row whose gid no node lists afterwards is
+// finished and can go.
 func (t *TwoPhase) recoverOnce(ctx context.Context) error {
-	if err := t.ensureLog(ctx); err != nil {
-		return err
-	}
-	pool, err := t.logPool(ctx)
-	if err != nil {
-		return err
-	}
-	rows, err := pool.Query(ctx, `SELECT gid, state, extract(epoch FROM now() - created)::float8 FROM `+logTable)
-	if err != nil {
-		return err
-	}
-	log := map[string]logRow{}
-	for rows.Next() {
-		var gid, state string
-		var age float64
-		if err := rows.Scan(&gid, &state, &age); err != nil {
-			rows.Close()
-			return err
+	logs := map[string]map[string]decision{}
+	var firstErr error
+	t.tenants.Range(func(k, _ any) bool {
+		db := k.(string)
+		rows, err := t.readLog(ctx, db, nil)
+		if err != nil {
+			firstErr = cmp.Or(firstErr, fmt.Errorf("read the decision log of database %s: %w", db, err))
+			return true
 		}
-		log[gid] = logRow{state: state, age: time.Duration(age * float64(time.Second))}
-	}
-	if err := rows.Err(); err != nil {
-		return err
-	}
+		logs[db] = rows
+		return true
+	})
 
 	c := t.cfg.Cluster
-	var xacts []preparedXact
+	byDB := map[string][]preparedXact{}
+	listed := map[string]bool{}
 	complete := true
 	for _, node := range c.NodeNames() {
 		px, err := t.preparedOn(ctx, node)
@@ -416,61 +659,205 @@ func (t *TwoPhase) recoverOnce(ctx context.Context) error {
 			t.cfg.Log.Warn("two-phase recovery: cannot list prepared transactions", "node", node, "err", err)
 			continue
 		}
-		xacts = append(xacts, px...)
+		for _, x := range px {
+			byDB[x.database] = append(byDB[x.database], x)
+			listed[x.gid] = true
+		}
 	}
 
-	pending := map[string]bool{}
-	for _, x := range xacts {
-		if _, live := t.live.Load(x.gid); live {
-			pending[x.gid] = true
-			continue
-		}
-		row, logged := log[x.gid]
-		var action string
-		switch {
-		case logged && row.state == "committed":
-			action = "COMMIT PREPARED"
-		case logged && row.state == "aborted":
-			action = "ROLLBACK PREPARED"
-		case x.age < t.cfg.AbortAfter:
-			pending[x.gid] = true
-			continue
-		case logged:
-			// No decision yet and too old: abort, unless the coordinator
-			// records its decision first.
-			n, err := t.logWrite(ctx, `UPDATE `+logTable+` SET state = 'aborted' WHERE gid = $1 AND state = 'preparing'`, x.gid)
-			if err != nil || n == 0 {
-				pending[x.gid] = true
-				continue
+	for db, xs := range byDB {
+		t.tenants.Store(db, struct{}{})
+		var unseen []string
+		for _, x := range xs {
+			if _, ok := logs[db][x.gid]; !ok {
+				unseen = append(unseen, x.gid)
 			}
-			log[x.gid] = logRow{state: "aborted", age: row.age}
-			action = "ROLLBACK PREPARED"
-		default:
-			// No log row: no commit decision was ever recorded.
-			action = "ROLLBACK PREPARED"
 		}
-		if err := t.finishPrepared(ctx, x, action); err != nil {
-			pending[x.gid] = true
-			t.cfg.Log.Warn("two-phase recovery: cannot finish a prepared transaction", "gid", x.gid, "node", x.node, "action", action, "err", err)
+		fresh := map[string]decision{}
+		var err error
+		if len(unseen) > 0 {
+			fresh, err = t.readLog(ctx, db, unseen)
+		}
+		if err != nil {
+			firstErr = cmp.Or(firstErr, fmt.Errorf("read the decision log of database %s: %w", db, err))
 			continue
 		}
-		t.cfg.Log.Info("two-phase recovery finished a prepared transaction", "gid", x.gid, "node", x.node, "database", x.database, "action", action)
+		for _, x := range xs {
+			d, ok := logs[db][x.gid]
+			if !ok {
+				d, ok = fresh[x.gid]
+			}
+			t.resolve(ctx, x, d, ok)
+		}
 	}
 	if !complete {
-		return nil
+		return firstErr
 	}
-	for gid, row := range log {
-		if _, live := t.live.Load(gid); live || pending[gid] {
+	for db, rows := range logs {
+		var done []string
+		for gid, d := range rows {
+			if _, live := t.live.Load(gid); live || listed[gid] {
+				continue
+			}
+			// A claim stays while the transaction it stopped may still try
+			// to record its decision.
+			if d.state == "aborted" && !t.writerGone(ctx, gid, d.created) {
+				continue
+			}
+			done = append(done, gid)
+		}
+		if len(done) == 0 {
 			continue
 		}
-		if row.state == "preparing" && row.age < t.cfg.AbortAfter {
-			continue // a coordinator may be about to prepare
+		pool, err := t.logPool(ctx, db)
+		if err == nil {
+			_, err = pool.Exec(ctx, `DELETE FROM `+decisionTable+` WHERE gid = ANY($1)`, done)
 		}
-		if _, err := pool.Exec(ctx, `DELETE FROM `+logTable+` WHERE gid = $1 AND state = $2`, gid, row.state); err != nil {
-			return err
+		if err != nil {
+			firstErr = cmp.Or(firstErr, fmt.Errorf("clean the decision log of database %s: %w", db, err))
 		}
 	}
-	return nil
+	return firstErr
+}
+
+// resolve finishes one prepared transaction left behind: committed when
+// its gid has a decision row, rolled back when it has none and the
+// transaction that would have recorded it is gone (or, past AbortAfter,
+// can no longer record it: the recoverer claims the gid first).
+func (t *TwoPhase) resolve(ctx context.Context, x preparedXact, d decision, decided bool) {
+	if _, live := t.live.Load(x.gid); live {
+		return
+	}
+	if !decided && t.legacyCommitted(ctx, x.gid) {
+		d, decided = decision{state: "committed"}, true
+	}
+	if !decided {
+		if x.age < t.cfg.AbortAfter && !t.writerGone(ctx, x.gid, time.Time{}) {
+			return // the coordinator may be about to decide
+		}
+		state, err := t.claim(ctx, x.database, x.gid)
+		if err != nil {
+			t.cfg.Log.Warn("two-phase recovery: cannot claim a prepared transaction without a decision", "gid", x.gid, "database", x.database, "err", err)
+			return
+		}
+		d.state = state
+	}
+	action := "ROLLBACK PREPARED"
+	if d.state == "committed" {
+		action = "COMMIT PREPARED"
+	}
+	if err := t.finishPrepared(ctx, x, action); err != nil {
+		t.cfg.Log.Warn("two-phase recovery: cannot finish a prepared transaction", "gid", x.gid, "node", x.node, "action", action, "err", err)
+		return
+	}
+	t.cfg.Log.Info("two-phase recovery finished a prepared transaction", "gid", x.gid, "node", x.node, "database", x.database, "action", action)
+}
+
+// claim inserts an 'aborted' row for gid unless a decision is there, and
+// returns the gid's state. A coordinator's decision that is being inserted
+// makes the claim wait for its outcome; one that comes later fails on the
+// key.
+func (t *TwoPhase) claim(ctx context.Context, database, gid string) (string, error) {
+	if err := t.ensureLog(ctx, database); err != nil {
+		return "", err
+	}
+	pool, err := t.logPool(ctx, database)
+	if err != nil {
+		return "", err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	tag, err := pool.Exec(ctx, `INSERT INTO `+decisionTable+` (gid, state, participants) VALUES ($1, 'aborted', '{}')
+		ON CONFLICT (gid) DO NOTHING`, gid)
+	if err != nil {
+		return "", err
+	}
+	if tag.RowsAffected() == 1 {
+		return "aborted", nil
+	}
+	// A new statement: its snapshot sees the row the INSERT waited for.
+	var state string
+	err = pool.QueryRow(ctx, `SELECT state FROM `+decisionTable+` WHERE gid = $1`, gid).Scan(&state)
+	return state, err
+}
+
+// legacyLog is the decision log of Lattice before the decision moved into
+// the catalog node's own transaction: one table in the default tenant's
+// database, rows 'preparing', 'committed' or 'aborted', gids without a pid.
+const legacyLog = "lattice_meta.transactions"
+
+// legacyCommitted reports whether gid, in the old format, has a commit
+// decision in the old log, so that a transaction an old proxy left
+// prepared after deciding it is still committed after an upgrade.
+func (t *TwoPhase) legacyCommitted(ctx context.Context, gid string) bool {
+	if strings.Count(gid, "_") != 2 {
+		return false
+	}
+	pool, err := t.logPool(ctx, t.cfg.Cluster.DefaultTenant())
+	if err != nil {
+		return false
+	}
+	var n int
+	err = pool.QueryRow(ctx, `SELECT count(*) FROM `+legacyLog+` WHERE gid = $1 AND state = 'committed'`, gid).Scan(&n)
+	return err == nil && n > 0
+}
+
+// writerGone reports whether the catalog node's backend named in gid,
+// which holds the transaction that records the decision, has no
+// transaction begun at or before since (any transaction if since is
+// zero): then that transaction has ended.
+func (t *TwoPhase) writerGone(ctx context.Context, gid string, since time.Time) bool {
+	i := strings.LastIndexByte(gid, '_')
+	pid, err := strconv.ParseUint(gid[i+1:], 10, 32)
+	if err != nil {
+		return false
+	}
+	pool, err := t.logPool(ctx, t.cfg.Cluster.DefaultTenant())
+	if err != nil {
+		return false
+	}
+	var busy bool
+	var at *time.Time
+	if !since.IsZero() {
+		at = &since
+	}
+	err = pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+		WHERE pid = $1 AND ($2::timestamptz IS NULL OR xact_start <= $2))`, int64(pid), at).Scan(&busy)
+	return err == nil && !busy
+}
+
+// readLog reads database's decision log, only the given gids unless gids
+// is nil. A database without a log has no decisions.
+func (t *TwoPhase) readLog(ctx context.Context, database string, gids []string) (map[string]decision, error) {
+	out := map[string]decision{}
+	pool, err := t.logPool(ctx, database)
+	if err != nil {
+		return nil, err
+	}
+	sql := `SELECT gid, state, created FROM ` + decisionTable
+	var args []any
+	if gids != nil {
+		sql += ` WHERE gid = ANY($1)`
+		args = append(args, gids)
+	}
+	rows, err := pool.Query(ctx, sql, args...)
+	if err != nil {
+		var pg *pgconn.PgError
+		if errors.As(err, &pg) && (pg.Code == sqlstate.UndefinedTable || pg.Code == codeInvalidSchemaName) {
+			return out, nil // no log yet
+		}
+		return nil, err
+	}
+	for rows.Next() {
+		var gid string
+		var d decision
+		if err := rows.Scan(&gid, &d.state, &d.created); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		out[gid] = d
+	}
+	return out, rows.Err()
 }
 
 // preparedOn lists node's prepared transactions with a Lattice gid, in

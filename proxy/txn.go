@@ -11,6 +11,7 @@ import (
 
 	"github.com/lattice-db/lattice/pgshard"
 	"github.com/lattice-db/lattice/router"
+	"github.com/lattice-db/lattice/sqlstate"
 )
 
 // Transactions over several nodes.
@@ -187,7 +188,7 @@ func (s *session) commitConns(ctx context.Context) error {
 		return execAll(ctx, conns, "COMMIT")[0]
 	case s.srv.twoPhase == nil:
 		execAll(ctx, conns, "ROLLBACK")
-		return Errorf("0A000", "this transaction spans %s, and this proxy has no two-phase commit coordinator", nodeList(conns))
+		return Errorf(sqlstate.FeatureNotSupported, "this transaction spans %s, and this proxy has no two-phase commit coordinator", nodeList(conns))
 	}
 	return s.srv.twoPhase.commit(ctx, s.tenant, conns)
 }
@@ -234,7 +235,18 @@ func (s *session) hiddenSQL(be *pgshard.Conn, sql string, extended bool) {
 // backend that failed at the I/O level is marked broken. The backends must
 // be idle: nothing else may be queued or unread on them.
 func execAll(ctx context.Context, conns []*pgshard.Conn, sql string) (errs []error) {
-	errs = make([]error, len(conns))
+	sqls := make([]string, len(conns))
+	for i := range sqls {
+		sqls[i] = sql
+	}
+	_, errs = execEach(ctx, conns, sqls)
+	return errs
+}
+
+// execEach is execAll with a statement of its own for each backend; it
+// also returns each backend's last command tag.
+func execEach(ctx context.Context, conns []*pgshard.Conn, sqls []string) (tags []string, errs []error) {
+	tags, errs = make([]string, len(conns)), make([]error, len(conns))
 	for _, be := range conns {
 		// Cancelling ctx interrupts reads and writes through the deadline.
 		stop := context.AfterFunc(ctx, func() { _ = be.SetDeadline(time.Now()) })
@@ -245,31 +257,34 @@ func execAll(ctx context.Context, conns []*pgshard.Conn, sql string) (errs []err
 		}()
 	}
 	for i, be := range conns {
-		be.Send(&pgproto3.Query{String: sql})
+		be.Send(&pgproto3.Query{String: sqls[i]})
 		if err := be.Flush(); err != nil {
 			be.MarkBroken()
-			errs[i] = Errorf("08006", "lost connection to node %s: %v", be.Node, err)
+			errs[i] = Errorf(sqlstate.ConnectionFailure, "lost connection to node %s: %v", be.Node, err)
 		}
 	}
 	for i, be := range conns {
 		if errs[i] == nil {
-			errs[i] = readResult(be)
+			errs[i] = readResult(be, &tags[i])
 		}
 	}
-	return errs
+	return tags, errs
 }
 
-// readResult reads a simple Query's responses up to ReadyForQuery and
-// returns the first error the backend reported.
-func readResult(be *pgshard.Conn) error {
+// readResult reads a simple Query's responses up to ReadyForQuery, keeps
+// the last command tag in tag, and returns the first error the backend
+// reported.
+func readResult(be *pgshard.Conn, tag *string) error {
 	var first error
 	for {
 		msg, err := be.Receive()
 		if err != nil {
 			be.MarkBroken()
-			return Errorf("08006", "lost connection to node %s: %v", be.Node, err)
+			return Errorf(sqlstate.ConnectionFailure, "lost connection to node %s: %v", be.Node, err)
 		}
 		switch m := msg.(type) {
+		case *pgproto3.CommandComplete:
+			*tag = string(m.CommandTag)
 		case *pgproto3.ErrorResponse:
 			if first == nil {
 				first = fmt.Errorf("node %s: %w", be.Node, pgconn.ErrorResponseToPgError(m))

@@ -105,6 +105,7 @@ type serveConfig struct {
 	TLSRequired                               bool
 	Nodes                                     nodeFlags
 	MaxClients, PoolSize, MaxListeners        int
+	MaxPinned                                 int
 	StartupTimeout, StatementTimeout          time.Duration
 	MaxMergeMemory                            byteSize
 	TxRecoverEvery, TxAbortAfter              time.Duration
@@ -128,12 +129,13 @@ func (c *serveConfig) flags(fs *flag.FlagSet) {
 	fs.IntVar(&c.MaxClients, "max-clients", 1000, "most client connections at once")
 	fs.IntVar(&c.PoolSize, "pool-size", 32, "most backend connections per node and tenant")
 	fs.IntVar(&c.MaxListeners, "max-listeners", 0, "most sessions per tenant that hold a catalog-node backend for LISTEN, counted within --pool-size; 0 means half of --pool-size")
+	fs.IntVar(&c.MaxPinned, "max-pinned", proxy.DefaultMaxPinned, "most sessions at once that keep a catalog-node backend for session state the proxy cannot replay (temp tables, session advisory locks, PREPARE, WITH HOLD cursors, set_config(..., false)), counted within --pool-size; more are refused with SQLSTATE 53300")
 	fs.DurationVar(&c.StartupTimeout, "startup-timeout", 10*time.Second, "a client must finish startup and authentication within this")
 	fs.DurationVar(&c.StatementTimeout, "statement-timeout", 0, "statement_timeout of sessions that set none at startup; a client's SET overrides it; 0 leaves the nodes' own")
 	c.MaxMergeMemory = proxy.DefaultMaxMergeMemory
 	fs.Var(&c.MaxMergeMemory, "max-merge-memory", "most row data one statement over several shards holds in the proxy while merging (bytes, or with kB, MB, GB); more fails with SQLSTATE 53200")
 	fs.DurationVar(&c.TxRecoverEvery, "tx-recover-interval", 10*time.Second, "how often to look for prepared transactions across nodes that a crashed proxy left behind")
-	fs.DurationVar(&c.TxAbortAfter, "tx-abort-after", time.Minute, "roll back a prepared transaction across nodes that has no commit decision after this long; must exceed any prepare phase")
+	fs.DurationVar(&c.TxAbortAfter, "tx-abort-after", time.Minute, "roll back a prepared transaction across nodes that has no commit decision after this long, even if the transaction that would decide it is still open; should exceed any prepare phase")
 	fs.BoolVar(&c.Coordinator, "coordinator", true, "run reshard coordinators in this proxy (at least one proxy must)")
 	fs.IntVar(&c.Reshard.MaxConcurrentMigrations, "max-concurrent-migrations", 4, "splits or folds one reshard keeps in flight")
 	fs.DurationVar(&c.Reshard.Tick, "reshard-tick", 2*time.Second, "how often a reshard coordinator plans")
@@ -145,8 +147,9 @@ func (c *serveConfig) flags(fs *flag.FlagSet) {
 }
 
 // crashHookEnv names the test-only hook that makes the proxy kill itself at
-// a point of every two-phase commit (after-prepare, after-decision); the
-// crash-recovery integration tests set it. Read once at start.
+// a point of every two-phase commit (after-prepare, after-decision), or
+// stall there (stall-after-prepare); the crash-recovery integration tests
+// set it. Read once at start.
 const crashHookEnv = "LATTICE_TEST_CRASH_2PC"
 
 // parseFlags parses args, then fills every flag not given on the command line
@@ -299,6 +302,7 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, ready func(pg
 		Startup: proxy.StartupConfig{Users: users, StartupTimeout: cfg.StartupTimeout,
 			TLS: tlsConfig, TLSRequired: cfg.TLSRequired},
 		MaxClients:       cfg.MaxClients,
+		MaxPinned:        cfg.MaxPinned,
 		StatementTimeout: cfg.StatementTimeout,
 		MaxMergeMemory:   int64(cfg.MaxMergeMemory),
 		CatalogNode:      cluster.Catalog().Name,
