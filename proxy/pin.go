@@ -90,13 +90,6 @@ func (s *session) pinFor(ctx context.Context, pin router.Pin) error {
 // known once it ran, in the extended protocol at the batch's Sync.
 func (s *session) pinEnds(unpin router.Pin, extended bool) {
 	if unpin&router.PinPrepare != 0 {
-		// DEALLOCATE ALL drops the client's statements prepared in the
-		// protocol too, all but the unnamed one, as PostgreSQL does.
-		for name := range s.stmts {
-			if name != "" {
-				delete(s.stmts, name)
-			}
-		}
 		// DEALLOCATE ALL drops the proxy's own statements on that backend
 		// too, whether or not it commits: what follows prepares again.
 		for _, be := range s.backends() {
