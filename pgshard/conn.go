@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -19,9 +20,12 @@ const maxPreparedPerConn = 512
 
 // Conn is one backend connection taken over from pgconn after startup and
 // authentication, so that the proxy can forward protocol messages as they are.
+// Every message to and from the backend goes through Send and Receive, which
+// keep what the proxy knows of the backend (transaction status, parameters,
+// prepared statements, open portals) in step with what the backend did.
 type Conn struct {
 	Node, Tenant string
-	Frontend     *pgproto3.Frontend
+	fe           *pgproto3.Frontend
 	// TxStatus is the status of the last ReadyForQuery the backend sent.
 	TxStatus byte
 	// Settings is the fingerprint of the session settings last replayed on
@@ -46,8 +50,16 @@ type Conn struct {
 	lastUsed  time.Time
 
 	prepared map[string]string // statement key -> server-side name
+	names    map[string]string // server-side name -> statement key
 	prepSeq  uint64
-	toClose  []string // evicted statement names to close with the next batch
+	toClose  []string        // evicted statement names to close with the next batch
+	portals  map[string]bool // named portals open on the backend
+	// mu guards pending: a LISTEN backend is read by its own goroutine
+	// while the session sends to it.
+	mu sync.Mutex
+	// pending are the requests sent whose answers change the state above,
+	// in the order the backend answers them.
+	pending []request
 }
 
 func connect(ctx context.Context, node, tenant, dsn string, maxMessage int) (*Conn, error) {
@@ -72,7 +84,7 @@ func connect(ctx context.Context, node, tenant, dsn string, maxMessage int) (*Co
 	c := &Conn{
 		Node:      node,
 		Tenant:    tenant,
-		Frontend:  fe,
+		fe:        fe,
 		TxStatus:  hj.TxStatus,
 		Params:    hj.ParameterStatuses,
 		net:       hj.Conn,
@@ -80,6 +92,8 @@ func connect(ctx context.Context, node, tenant, dsn string, maxMessage int) (*Co
 		secretKey: hj.SecretKey,
 		cancelTo:  hj.Conn.RemoteAddr().String(),
 		prepared:  make(map[string]string),
+		names:     make(map[string]string),
+		portals:   make(map[string]bool),
 		lastUsed:  time.Now(),
 	}
 	if cfg.Host != "" && cfg.Host[0] == '/' {
@@ -131,9 +145,9 @@ func (c *Conn) Broken() bool { return c.broken }
 
 // Close closes the socket after a polite Terminate.
 func (c *Conn) Close() {
-	c.Frontend.Send(&pgproto3.Terminate{})
+	c.fe.Send(&pgproto3.Terminate{})
 	_ = c.net.SetWriteDeadline(time.Now().Add(time.Second))
-	_ = c.Frontend.Flush()
+	_ = c.fe.Flush()
 	_ = c.net.Close()
 }
 
@@ -144,13 +158,14 @@ func (c *Conn) Prepared(key string) (string, bool) {
 	return name, ok
 }
 
-// AddPrepared allocates a server-side name for key. The caller sends the Parse.
+// AddPrepared allocates a server-side name for key. The caller sends the Parse
+// (Send), and Receive forgets the name again if the backend did not run it.
 // When the backend holds too many statements, one is evicted and closed with
 // the next batch (TakeEvicted).
 func (c *Conn) AddPrepared(key string) string {
 	if len(c.prepared) >= maxPreparedPerConn {
-		for k, name := range c.prepared {
-			delete(c.prepared, k)
+		for _, name := range c.prepared {
+			c.forgetName(name)
 			c.toClose = append(c.toClose, name)
 			break
 		}
@@ -158,15 +173,24 @@ func (c *Conn) AddPrepared(key string) string {
 	c.prepSeq++
 	name := "lattice_" + strconv.FormatUint(c.prepSeq, 36)
 	c.prepared[key] = name
+	c.names[name] = key
 	return name
 }
 
-// ForgetPrepared drops key after its Parse failed on the backend.
-func (c *Conn) ForgetPrepared(key string) { delete(c.prepared, key) }
+// forgetName drops the statement the proxy prepared under name.
+func (c *Conn) forgetName(name string) {
+	if key, ok := c.names[name]; ok {
+		delete(c.names, name)
+		if c.prepared[key] == name {
+			delete(c.prepared, key)
+		}
+	}
+}
 
-// ForgetAllPrepared is for DISCARD ALL / DEALLOCATE ALL run on the backend.
+// ForgetAllPrepared follows DISCARD ALL or DEALLOCATE ALL run on the backend.
 func (c *Conn) ForgetAllPrepared() {
 	c.prepared = make(map[string]string)
+	c.names = make(map[string]string)
 	c.toClose = nil
 }
 
@@ -175,6 +199,21 @@ func (c *Conn) TakeEvicted() []string {
 	out := c.toClose
 	c.toClose = nil
 	return out
+}
+
+// PortalOpen reports whether the named portal exists on the backend, or will
+// once the requests sent so far are answered: binding that name again needs
+// a Close first.
+func (c *Conn) PortalOpen(name string) bool {
+	if c.portals[name] {
+		return true
+	}
+	for _, r := range c.pending {
+		if r.kind == reqBind && r.name == name {
+			return true
+		}
+	}
+	return false
 }
 
 // Cancel asks the node to cancel whatever this backend is running, over a new

@@ -226,7 +226,7 @@ func (pl *pool) acquire(ctx context.Context) (*Conn, error) {
 const aliveCheckAfter = 50 * time.Millisecond
 
 func (pl *pool) release(c *Conn) {
-	if c.broken || c.TxStatus != 'I' {
+	if c.broken || c.TxStatus != 'I' || !c.Idle() {
 		c.Close()
 		<-pl.slots
 		return

@@ -192,9 +192,9 @@ func (f *fanOut) playAgg(s *session, x *exchange) error {
 	}
 	if cp != nil {
 		if len(copyBuf) > 0 {
-			cp.Frontend.Send(&pgproto3.CopyData{Data: copyBuf})
+			cp.Send(&pgproto3.CopyData{Data: copyBuf})
 		}
-		cp.Frontend.Send(&pgproto3.CopyDone{})
+		cp.Send(&pgproto3.CopyDone{})
 		sql, rerr := a.RenderFinal(colOIDs, partialTable+" AS lattice_p")
 		if rerr != nil {
 			cp.MarkBroken()
@@ -253,7 +253,7 @@ func (f *fanOut) playAgg(s *session, x *exchange) error {
 	defer s.releaseFinal(be)
 	pending := 0
 	if q := s.prologue(be); q != "" {
-		be.Frontend.Send(&pgproto3.Query{String: q})
+		be.Send(&pgproto3.Query{String: q})
 		pending++
 	}
 	return s.runFinal(f, x, be, pending, &pgproto3.Parse{Query: sql, ParameterOIDs: oids},
@@ -315,16 +315,16 @@ func (s *session) beginCopy(f *fanOut, x *exchange) *pgshard.Conn {
 	}
 	pending := 1
 	if p := s.prologue(be); p != "" {
-		be.Frontend.Send(&pgproto3.Query{String: p})
+		be.Send(&pgproto3.Query{String: p})
 		pending++
 	}
-	be.Frontend.Send(&pgproto3.Query{String: q.String()})
-	if err := be.Frontend.Flush(); err != nil {
+	be.Send(&pgproto3.Query{String: q.String()})
+	if err := be.Flush(); err != nil {
 		return fail(err)
 	}
 	var types []string
 	for pending > 0 {
-		msg, err := be.Frontend.Receive()
+		msg, err := be.Receive()
 		if err != nil {
 			return fail(err)
 		}
@@ -336,7 +336,6 @@ func (s *session) beginCopy(f *fanOut, x *exchange) *pgshard.Conn {
 		case *pgproto3.ErrorResponse:
 			return fail(sqlstate.New(m.Code, "%s", m.Message))
 		case *pgproto3.ReadyForQuery:
-			be.TxStatus = m.TxStatus
 			pending--
 		}
 	}
@@ -352,12 +351,12 @@ func (s *session) beginCopy(f *fanOut, x *exchange) *pgshard.Conn {
 		fmt.Fprintf(&ddl, "lattice_c%d %s", i+1, t)
 	}
 	ddl.WriteString(") ON COMMIT DROP; COPY " + partialTable + " FROM STDIN")
-	be.Frontend.Send(&pgproto3.Query{String: ddl.String()})
-	if err := be.Frontend.Flush(); err != nil {
+	be.Send(&pgproto3.Query{String: ddl.String()})
+	if err := be.Flush(); err != nil {
 		return fail(err)
 	}
 	for {
-		msg, err := be.Frontend.Receive()
+		msg, err := be.Receive()
 		if err != nil {
 			return fail(err)
 		}
@@ -402,8 +401,8 @@ func copyLine(be *pgshard.Conn, buf []byte, row [][]byte) ([]byte, error) {
 	if len(buf) < 1<<16 {
 		return buf, nil
 	}
-	be.Frontend.Send(&pgproto3.CopyData{Data: buf})
-	if err := be.Frontend.Flush(); err != nil {
+	be.Send(&pgproto3.CopyData{Data: buf})
+	if err := be.Flush(); err != nil {
 		be.MarkBroken()
 		return nil, err
 	}
@@ -414,20 +413,20 @@ func copyLine(be *pgshard.Conn, buf []byte, row [][]byte) ([]byte, error) {
 // the temporary table) and forwards the final query's rows. pending counts
 // the ReadyForQuery messages of what was sent before.
 func (s *session) runFinal(f *fanOut, x *exchange, be *pgshard.Conn, pending int, parse *pgproto3.Parse, bind *pgproto3.Bind, commit bool) error {
-	be.Frontend.SendParse(parse)
-	be.Frontend.SendBind(bind)
+	be.Send(parse)
+	be.Send(bind)
 	if f.simple {
-		be.Frontend.SendDescribe(&pgproto3.Describe{ObjectType: 'P'})
+		be.Send(&pgproto3.Describe{ObjectType: 'P'})
 	}
-	be.Frontend.SendExecute(&pgproto3.Execute{})
+	be.Send(&pgproto3.Execute{})
 	if commit {
-		be.Frontend.SendParse(&pgproto3.Parse{Query: "COMMIT"})
-		be.Frontend.SendBind(&pgproto3.Bind{})
-		be.Frontend.SendExecute(&pgproto3.Execute{})
+		be.Send(&pgproto3.Parse{Query: "COMMIT"})
+		be.Send(&pgproto3.Bind{})
+		be.Send(&pgproto3.Execute{})
 	}
-	be.Frontend.SendSync(&pgproto3.Sync{})
+	be.Send(&pgproto3.Sync{})
 	pending++
-	if err := be.Frontend.Flush(); err != nil {
+	if err := be.Flush(); err != nil {
 		be.MarkBroken()
 		return err
 	}
@@ -436,14 +435,13 @@ func (s *session) runFinal(f *fanOut, x *exchange, be *pgshard.Conn, pending int
 	const before, forwarding, after = 0, 1, 2
 	phase := before
 	for {
-		msg, err := be.Frontend.Receive()
+		msg, err := be.Receive()
 		if err != nil {
 			be.MarkBroken()
 			return err
 		}
 		switch m := msg.(type) {
 		case *pgproto3.ReadyForQuery:
-			be.TxStatus = m.TxStatus
 			if pending--; pending == 0 {
 				return nil
 			}
@@ -470,7 +468,6 @@ func (s *session) runFinal(f *fanOut, x *exchange, be *pgshard.Conn, pending int
 		case *pgproto3.NoticeResponse:
 			s.send(m)
 		case *pgproto3.ParameterStatus:
-			be.Params[m.Name] = m.Value
 		}
 	}
 }
@@ -485,13 +482,13 @@ func (s *session) describeAggPortal(ctx context.Context, portal *clientPortal) {
 		return
 	}
 	st := portal.stmt
-	key := preparedKey(st.sql, st.oids)
+	key := preparedKey(st.sql, st.oids, st.epoch)
 	name, ok := be.Prepared(key)
 	if !ok {
 		name = be.AddPrepared(key)
-		be.Frontend.SendParse(&pgproto3.Parse{Name: name, Query: st.sql, ParameterOIDs: st.oids})
-		s.x.add(step{kind: stepParse, be: be, prepKey: key})
+		be.Send(&pgproto3.Parse{Name: name, Query: st.sql, ParameterOIDs: st.oids})
+		s.x.add(step{kind: stepParse, be: be})
 	}
-	be.Frontend.SendDescribe(&pgproto3.Describe{ObjectType: 'S', Name: name})
+	be.Send(&pgproto3.Describe{ObjectType: 'S', Name: name})
 	s.x.add(step{kind: stepDescribeStmt, be: be, asPortal: true, formats: portal.resultFmt})
 }

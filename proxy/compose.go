@@ -327,14 +327,14 @@ func (s *session) describeComposed(ctx context.Context, st *clientStmt) {
 		s.failExtended(err)
 		return
 	}
-	key := preparedKey(cs.sql, cs.oids)
+	key := preparedKey(cs.sql, cs.oids, st.epoch)
 	name, ok := be.Prepared(key)
 	if !ok {
 		name = be.AddPrepared(key)
-		be.Frontend.SendParse(&pgproto3.Parse{Name: name, Query: cs.sql, ParameterOIDs: cs.oids})
-		s.x.add(step{kind: stepParse, be: be, prepKey: key})
+		be.Send(&pgproto3.Parse{Name: name, Query: cs.sql, ParameterOIDs: cs.oids})
+		s.x.add(step{kind: stepParse, be: be})
 	}
-	be.Frontend.SendDescribe(&pgproto3.Describe{ObjectType: 'S', Name: name})
+	be.Send(&pgproto3.Describe{ObjectType: 'S', Name: name})
 	s.x.add(step{kind: stepDescribeStmt, be: be, trimParams: len(cs.oids) - cs.client})
 }
 
@@ -395,7 +395,7 @@ func (s *session) bindComposed(ctx context.Context, portal *clientPortal, m *pgp
 			b.ParameterFormatCodes = append(b.ParameterFormatCodes, 0)
 		}
 	}
-	part := &clientPortal{stmt: &clientStmt{sql: cs.sql, oids: cs.oids}}
+	part := &clientPortal{stmt: &clientStmt{sql: cs.sql, oids: cs.oids, epoch: st.epoch}}
 	if !s.bindOn(ctx, part, s.catalogTarget(st.plan), cs.sql, &b, m.DestinationPortal, false) {
 		return false
 	}

@@ -107,7 +107,7 @@ func (s *session) startCopy(ctx context.Context, v *shardmap.View, p *router.Pla
 			fail(err)
 			return
 		}
-		be.Frontend.Send(&pgproto3.Query{String: t.SQL})
+		be.Send(&pgproto3.Query{String: t.SQL})
 		co.parts = append(co.parts, be)
 	}
 	s.x.add(step{kind: stepCopy, copyOut: co})
@@ -285,7 +285,7 @@ func (ci *copyIn) shard(s *session, owner shardmap.Shard) *copyShard {
 		}
 		cn = &copyNode{be: be, pending: queued}
 		if !ci.inTx {
-			be.Frontend.Send(&pgproto3.Query{String: "BEGIN"})
+			be.Send(&pgproto3.Query{String: "BEGIN"})
 			cn.pending++
 		}
 		ci.nodes[owner.Node] = cn
@@ -303,7 +303,7 @@ func (ci *copyIn) flushShard(s *session, sh *copyShard) {
 	if ci.plan.Copy.Format == router.CopyBinary {
 		sh.data = append(sh.data, 0xff, 0xff)
 	}
-	fe := cn.be.Frontend
+	fe := cn.be
 	fe.Send(&pgproto3.Query{String: ci.plan.RenderCopyFrom(sh.schema)})
 	fe.Send(&pgproto3.CopyData{Data: sh.data})
 	fe.Send(&pgproto3.CopyDone{})
@@ -326,12 +326,12 @@ func (ci *copyIn) flushShard(s *session, sh *copyShard) {
 func (ci *copyIn) readResult(s *session, cn *copyNode) {
 	// Commands may still sit in the buffer: the BEGIN of a node whose rows
 	// were never sent.
-	if err := cn.be.Frontend.Flush(); err != nil {
+	if err := cn.be.Flush(); err != nil {
 		ci.lost(s, cn, err)
 		return
 	}
 	for {
-		msg, err := cn.be.Frontend.Receive()
+		msg, err := cn.be.Receive()
 		if err != nil {
 			ci.lost(s, cn, err)
 			return
@@ -348,9 +348,7 @@ func (ci *copyIn) readResult(s *session, cn *copyNode) {
 		case *pgproto3.NoticeResponse:
 			s.send(m)
 		case *pgproto3.ParameterStatus:
-			cn.be.Params[m.Name] = m.Value
 		case *pgproto3.ReadyForQuery:
-			cn.be.TxStatus = m.TxStatus
 			cn.pending--
 			return
 		}
@@ -425,8 +423,8 @@ func (ci *copyIn) rollback(s *session) {
 			}
 			sql = "lattice aborts this transaction"
 		}
-		cn.be.Frontend.Send(&pgproto3.Query{String: sql})
-		if err := cn.be.Frontend.Flush(); err != nil {
+		cn.be.Send(&pgproto3.Query{String: sql})
+		if err := cn.be.Flush(); err != nil {
 			cn.be.MarkBroken()
 			continue
 		}
@@ -473,7 +471,7 @@ func (s *session) playCopyOut(x *exchange, co *copyOut) error {
 		}
 		var held []byte // binary: the last message, which ends with the trailer
 		for done := false; !done; {
-			msg, err := be.Frontend.Receive()
+			msg, err := be.Receive()
 			if err != nil {
 				be.MarkBroken()
 				x.failed[be] = true
@@ -531,9 +529,7 @@ func (s *session) playCopyOut(x *exchange, co *copyOut) error {
 			case *pgproto3.NoticeResponse:
 				s.send(m)
 			case *pgproto3.ParameterStatus:
-				be.Params[m.Name] = m.Value
 			case *pgproto3.ReadyForQuery:
-				be.TxStatus = m.TxStatus
 				done = true
 			}
 		}

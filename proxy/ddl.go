@@ -82,6 +82,9 @@ func (s *session) runDDL(ctx context.Context, t *shardmap.Tree, p *router.Plan, 
 		Cascade:      p.DDL.Cascade,
 	}
 	err := s.srv.cfg.TreeDDL(ctx, d)
+	// Statements parsed from now on get backend statements of their own,
+	// with the tree's new columns (even if the DDL failed part-way).
+	pgshard.ResultsChanged()
 	if _, rerr := s.srv.cache.Refresh(ctx, s.tenant); rerr != nil {
 		s.log.Warn("map refresh after tree DDL failed", "err", rerr)
 	}

@@ -34,10 +34,9 @@ const (
 // step is one unit of expected responses, kept in client order so that
 // responses of several backends and the proxy's own interleave correctly.
 type step struct {
-	kind    stepKind
-	be      *pgshard.Conn
-	msgs    []pgproto3.BackendMessage // stepSynthetic
-	prepKey string                    // stepParse: forgotten if the Parse fails
+	kind stepKind
+	be   *pgshard.Conn
+	msgs []pgproto3.BackendMessage // stepSynthetic
 	// staleRetry marks a step whose LT001 (slot moved) error is kept from the
 	// client so that the statement can be routed again.
 	staleRetry bool
@@ -171,7 +170,7 @@ func (s *session) playStep(x *exchange, st *step) error {
 	be := st.be
 	hidden := st.hide || st.kind == stepHiddenQuery || st.kind == stepParse || st.kind == stepAbort || st.kind == stepSync
 	for {
-		msg, err := be.Frontend.Receive()
+		msg, err := be.Receive()
 		if err != nil {
 			return err
 		}
@@ -180,9 +179,6 @@ func (s *session) playStep(x *exchange, st *step) error {
 			be.NoteCommand(m.CommandTag) // and on below
 		case *pgproto3.ErrorResponse:
 			x.failed[be] = true
-			if st.kind == stepParse {
-				be.ForgetPrepared(st.prepKey)
-			}
 			switch {
 			case st.kind == stepAbort:
 			case st.staleRetry && m.Code == sqlstate.SlotMoved:
@@ -205,7 +201,6 @@ func (s *session) playStep(x *exchange, st *step) error {
 			}
 			continue
 		case *pgproto3.ParameterStatus:
-			be.Params[m.Name] = m.Value
 			if !hidden {
 				s.send(m)
 			}
@@ -217,7 +212,6 @@ func (s *session) playStep(x *exchange, st *step) error {
 			s.send(m)
 			continue
 		case *pgproto3.ReadyForQuery:
-			be.TxStatus = m.TxStatus
 			if st.kind == stepQuery || st.kind == stepHiddenQuery || st.kind == stepSync || st.query {
 				return nil
 			}
@@ -335,29 +329,29 @@ func (s *session) copyIn(be *pgshard.Conn) error {
 	for {
 		msg, err := s.client.Receive()
 		if err != nil {
-			be.Frontend.Send(&pgproto3.CopyFail{Message: "client connection lost"})
-			_ = be.Frontend.Flush()
+			be.Send(&pgproto3.CopyFail{Message: "client connection lost"})
+			_ = be.Flush()
 			s.receiveFailed(err)
 			return errClientGone
 		}
 		switch m := msg.(type) {
 		case *pgproto3.CopyData:
-			be.Frontend.Send(m)
+			be.Send(m)
 			s.copyBytes += len(m.Data)
 			if s.copyBytes > 1<<18 {
 				s.copyBytes = 0
-				if err := be.Frontend.Flush(); err != nil {
+				if err := be.Flush(); err != nil {
 					return err
 				}
 			}
 		case *pgproto3.CopyDone, *pgproto3.CopyFail:
-			be.Frontend.Send(m)
-			return be.Frontend.Flush()
+			be.Send(m)
+			return be.Flush()
 		case *pgproto3.Flush, *pgproto3.Sync:
 			// Ignored during COPY, as PostgreSQL does.
 		default:
-			be.Frontend.Send(&pgproto3.CopyFail{Message: fmt.Sprintf("unexpected message %T during COPY", m)})
-			return be.Frontend.Flush()
+			be.Send(&pgproto3.CopyFail{Message: fmt.Sprintf("unexpected message %T during COPY", m)})
+			return be.Flush()
 		}
 	}
 }

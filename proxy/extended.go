@@ -78,7 +78,7 @@ func (s *session) parse(ctx context.Context, m *pgproto3.Parse) {
 		s.failExtended(sqlstate.New(sqlstate.SyntaxError, "cannot insert multiple commands into a prepared statement"))
 		return
 	}
-	st := &clientStmt{sql: m.Query, oids: append([]uint32(nil), m.ParameterOIDs...), trees: v.TreesVersion}
+	st := &clientStmt{sql: m.Query, oids: append([]uint32(nil), m.ParameterOIDs...), trees: v.TreesVersion, epoch: pgshard.ResultEpoch()}
 	if len(plans) == 1 {
 		st.plan = plans[0]
 		if st.plan.Kind == router.Refused {
@@ -111,6 +111,10 @@ func (s *session) bind(ctx context.Context, m *pgproto3.Bind) {
 	st, ok := s.stmts[m.PreparedStatement]
 	if !ok {
 		s.failExtended(sqlstate.New(sqlstate.InvalidSQLStatementName, "prepared statement \"%s\" does not exist", m.PreparedStatement))
+		return
+	}
+	if _, open := s.portals[m.DestinationPortal]; open && m.DestinationPortal != "" {
+		s.failExtended(Errorf(sqlstate.DuplicateCursor, "cursor \"%s\" already exists", m.DestinationPortal))
 		return
 	}
 	v, err := s.view(ctx)
@@ -260,28 +264,38 @@ func (s *session) bindOn(ctx context.Context, portal *clientPortal, node, sql st
 		return false
 	}
 	oids := portal.stmt.oids
-	key := preparedKey(sql, oids)
+	key := preparedKey(sql, oids, portal.stmt.epoch)
 	name, ok := be.Prepared(key)
 	if !ok {
 		name = be.AddPrepared(key)
-		be.Frontend.SendParse(&pgproto3.Parse{Name: name, Query: sql, ParameterOIDs: oids})
-		s.x.add(step{kind: stepParse, be: be, prepKey: key})
+		be.Send(&pgproto3.Parse{Name: name, Query: sql, ParameterOIDs: oids})
+		s.x.add(step{kind: stepParse, be: be})
+	}
+	if portalName != "" && be.PortalOpen(portalName) {
+		// A portal of an earlier statement of this transaction (a part of
+		// a fan-out, or one the client closed) still holds the name.
+		be.Send(&pgproto3.Close{ObjectType: 'P', Name: portalName})
+		s.x.add(step{kind: stepClose, be: be, hide: true})
 	}
 	b := *m
 	b.DestinationPortal = portalName
 	b.PreparedStatement = name
-	be.Frontend.SendBind(&b)
+	be.Send(&b)
 	s.x.add(step{kind: stepBind, be: be, hide: hide})
 	portal.parts = append(portal.parts, portalPart{be: be, name: portalName})
 	return true
 }
 
-func preparedKey(sql string, oids []uint32) string {
-	if len(oids) == 0 {
+// preparedKey names a backend statement: its text, parameter types and the
+// result epoch of the client statement it serves.
+func preparedKey(sql string, oids []uint32, epoch uint64) string {
+	if len(oids) == 0 && epoch == 0 {
 		return sql
 	}
 	var b strings.Builder
 	b.WriteString(sql)
+	b.WriteByte(0)
+	b.WriteString(strconv.FormatUint(epoch, 36))
 	for _, o := range oids {
 		b.WriteByte(0)
 		b.WriteString(strconv.FormatUint(uint64(o), 10))
@@ -334,7 +348,7 @@ func (s *session) bindSplit(ctx context.Context, v *shardmap.View, portal *clien
 			}
 		}
 		name := partPortal(m.DestinationPortal, i)
-		part := &clientPortal{stmt: &clientStmt{sql: sql, oids: partOIDs}}
+		part := &clientPortal{stmt: &clientStmt{sql: sql, oids: partOIDs, epoch: portal.stmt.epoch}}
 		if !s.bindOn(ctx, part, sh.Node, sql, &b, name, i > 0) {
 			return false
 		}
@@ -364,7 +378,7 @@ func (s *session) bindWriteAll(ctx context.Context, v *shardmap.View, portal *cl
 	s.spanNodes(len(r.Nodes()), true)
 	portal.split = &splitState{}
 	for i, t := range r.Targets {
-		part := &clientPortal{stmt: &clientStmt{sql: t.SQL, oids: portal.stmt.oids}}
+		part := &clientPortal{stmt: &clientStmt{sql: t.SQL, oids: portal.stmt.oids, epoch: portal.stmt.epoch}}
 		if !s.bindOn(ctx, part, t.Node, part.stmt.sql, m, partPortal(m.DestinationPortal, i), i > 0) {
 			return false
 		}
@@ -420,14 +434,14 @@ func (s *session) describe(ctx context.Context, m *pgproto3.Describe) {
 		return
 	}
 	sql := st.sql
-	key := preparedKey(sql, st.oids)
+	key := preparedKey(sql, st.oids, st.epoch)
 	name, ok := be.Prepared(key)
 	if !ok {
 		name = be.AddPrepared(key)
-		be.Frontend.SendParse(&pgproto3.Parse{Name: name, Query: sql, ParameterOIDs: st.oids})
-		s.x.add(step{kind: stepParse, be: be, prepKey: key})
+		be.Send(&pgproto3.Parse{Name: name, Query: sql, ParameterOIDs: st.oids})
+		s.x.add(step{kind: stepParse, be: be})
 	}
-	be.Frontend.SendDescribe(&pgproto3.Describe{ObjectType: 'S', Name: name})
+	be.Send(&pgproto3.Describe{ObjectType: 'S', Name: name})
 	s.x.add(step{kind: stepDescribeStmt, be: be})
 }
 
@@ -461,7 +475,7 @@ func (s *session) describePortal(ctx context.Context, name string) {
 	}
 	if len(portal.parts) > 0 {
 		part := portal.parts[0]
-		part.be.Frontend.SendDescribe(&pgproto3.Describe{ObjectType: 'P', Name: part.name})
+		part.be.Send(&pgproto3.Describe{ObjectType: 'P', Name: part.name})
 		st := step{kind: stepDescribePortal, be: part.be}
 		if portal.fan != nil {
 			st.trim, st.capture = portal.fan.plan.Hidden, portal.fan
@@ -497,11 +511,11 @@ func (s *session) execute(ctx context.Context, m *pgproto3.Execute) {
 			// The merge needs the column types: describe the first part
 			// for the proxy alone.
 			part := portal.parts[0]
-			part.be.Frontend.SendDescribe(&pgproto3.Describe{ObjectType: 'P', Name: part.name})
+			part.be.Send(&pgproto3.Describe{ObjectType: 'P', Name: part.name})
 			s.x.add(step{kind: stepDescribePortal, be: part.be, hide: true, capture: f})
 		}
 		for _, part := range portal.parts {
-			part.be.Frontend.SendExecute(&pgproto3.Execute{Portal: part.name})
+			part.be.Send(&pgproto3.Execute{Portal: part.name})
 		}
 		s.x.add(step{kind: stepFanOut, fan: f})
 		return
@@ -516,7 +530,7 @@ func (s *session) execute(ctx context.Context, m *pgproto3.Execute) {
 			s.extRetry = &extRetry{stmt: portal.stmt, bind: portal.bind, step: len(s.x.steps)}
 		}
 		for _, part := range portal.parts {
-			part.be.Frontend.SendExecute(&pgproto3.Execute{Portal: part.name, MaxRows: m.MaxRows})
+			part.be.Send(&pgproto3.Execute{Portal: part.name, MaxRows: m.MaxRows})
 			st := step{kind: stepExecute, be: part.be, staleRetry: retry}
 			if sp != nil {
 				st.rowsOnly, st.split = true, sp
@@ -580,8 +594,16 @@ func (s *session) execute(ctx context.Context, m *pgproto3.Execute) {
 func (s *session) closeMsg(m *pgproto3.Close) {
 	if m.ObjectType == 'S' {
 		delete(s.stmts, m.Name)
-	} else {
+	} else if p := s.portals[m.Name]; p != nil {
 		delete(s.portals, m.Name)
+		// The backend portals go too, so that the name can be bound again
+		// in this transaction, and their resources are freed.
+		for _, part := range p.parts {
+			if part.name != "" && part.be.PortalOpen(part.name) {
+				part.be.Send(&pgproto3.Close{ObjectType: 'P', Name: part.name})
+				s.x.add(step{kind: stepClose, be: part.be, hide: true})
+			}
+		}
 	}
 	s.x.synthetic(&pgproto3.CloseComplete{})
 }
@@ -591,7 +613,7 @@ func (s *session) closeMsg(m *pgproto3.Close) {
 func (s *session) sync(ctx context.Context) error {
 	for _, be := range s.backends() {
 		if s.inBatch(be) {
-			be.Frontend.Send(&pgproto3.Sync{})
+			be.Send(&pgproto3.Sync{})
 			s.x.add(step{kind: stepSync, be: be})
 		}
 	}
@@ -636,7 +658,7 @@ func (s *session) inBatch(be *pgshard.Conn) bool {
 func (s *session) flushBatch() error {
 	for _, be := range s.backends() {
 		if s.inBatch(be) {
-			be.Frontend.Send(&pgproto3.Flush{})
+			be.Send(&pgproto3.Flush{})
 		}
 	}
 	for _, st := range s.x.steps {

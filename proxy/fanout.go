@@ -279,7 +279,7 @@ func (f *fanOut) next(s *session, x *exchange, p *fanPart, keep bool) ([][]byte,
 		return nil, nil
 	}
 	for {
-		msg, err := p.be.Frontend.Receive()
+		msg, err := p.be.Receive()
 		if err != nil {
 			p.be.MarkBroken()
 			p.done = true
@@ -315,7 +315,6 @@ func (f *fanOut) next(s *session, x *exchange, p *fanPart, keep bool) ([][]byte,
 		case *pgproto3.NoticeResponse:
 			s.send(m)
 		case *pgproto3.ParameterStatus:
-			p.be.Params[m.Name] = m.Value
 		case *pgproto3.NotificationResponse:
 			s.send(m)
 		default:
@@ -328,14 +327,13 @@ func (f *fanOut) next(s *session, x *exchange, p *fanPart, keep bool) ([][]byte,
 
 func waitReady(x *exchange, be *pgshard.Conn) error {
 	for {
-		msg, err := be.Frontend.Receive()
+		msg, err := be.Receive()
 		if err != nil {
 			be.MarkBroken()
 			return err
 		}
-		switch m := msg.(type) {
+		switch msg.(type) {
 		case *pgproto3.ReadyForQuery:
-			be.TxStatus = m.TxStatus
 			return nil
 		case *pgproto3.ErrorResponse:
 			x.failed[be] = true
@@ -383,7 +381,7 @@ func (s *session) sendParts(ctx context.Context, f *fanOut, nodes, sqls []string
 			if i > 0 {
 				name = "lattice_part_" + strconv.Itoa(i) + "_" + bind.DestinationPortal
 			}
-			part := &clientPortal{stmt: &clientStmt{sql: sqls[i], oids: partOIDs}}
+			part := &clientPortal{stmt: &clientStmt{sql: sqls[i], oids: partOIDs, epoch: portal.stmt.epoch}}
 			if !s.bindOn(ctx, part, node, sqls[i], bind, name, i > 0) {
 				return false
 			}
@@ -400,7 +398,7 @@ func (s *session) sendParts(ctx context.Context, f *fanOut, nodes, sqls []string
 	}
 	if bind == nil {
 		for i, part := range f.parts {
-			part.be.Frontend.Send(&pgproto3.Query{String: sqls[i]})
+			part.be.Send(&pgproto3.Query{String: sqls[i]})
 		}
 		s.x.add(step{kind: stepFanOut, fan: f})
 	}

@@ -82,7 +82,7 @@ func (s *session) startListener(ctx context.Context) error {
 func (l *listener) read() {
 	defer close(l.done)
 	for {
-		msg, err := l.be.Frontend.Receive()
+		msg, err := l.be.Receive()
 		l.mu.Lock()
 		if err != nil {
 			l.closed, l.err = true, err
@@ -225,8 +225,8 @@ func (s *session) leaveIdle() error {
 // It reports whether the statement succeeded.
 func (s *session) listenRun(x *exchange, sql string, hide bool) bool {
 	l := s.listener
-	l.be.Frontend.Send(&pgproto3.Query{String: sql})
-	if err := l.be.Frontend.Flush(); err != nil {
+	l.be.Send(&pgproto3.Query{String: sql})
+	if err := l.be.Flush(); err != nil {
 		s.listenLost(x, err)
 		return false
 	}
@@ -239,7 +239,6 @@ func (s *session) listenRun(x *exchange, sql string, hide bool) bool {
 		}
 		switch m := msg.(type) {
 		case *pgproto3.ReadyForQuery:
-			l.be.TxStatus = m.TxStatus
 			return ok
 		case *pgproto3.NotificationResponse:
 			s.send(m)
@@ -324,8 +323,8 @@ func (s *session) syncListener() {
 	if l == nil || s.txStatus() != 'I' {
 		return
 	}
-	l.be.Frontend.Send(&pgproto3.Sync{})
-	if err := l.be.Frontend.Flush(); err != nil {
+	l.be.Send(&pgproto3.Sync{})
+	if err := l.be.Flush(); err != nil {
 		s.listenGone(err)
 		return
 	}
@@ -337,7 +336,6 @@ func (s *session) syncListener() {
 		}
 		switch m := msg.(type) {
 		case *pgproto3.ReadyForQuery:
-			l.be.TxStatus = m.TxStatus
 			return
 		case *pgproto3.NotificationResponse:
 			s.send(m)

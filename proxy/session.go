@@ -97,6 +97,10 @@ type clientStmt struct {
 	oids  []uint32
 	plan  *router.Plan // nil for an empty statement
 	trees uint64       // trees version the plan was made under
+	// epoch is the result epoch at Parse (pgshard.ResultEpoch): parsed
+	// after DDL, the statement gets backend statements of its own, whose
+	// result columns are the new ones.
+	epoch uint64
 }
 
 // clientPortal is a bound statement: on a backend, or answered by the proxy.
@@ -122,6 +126,9 @@ type splitState struct {
 }
 
 func (s *session) send(m pgproto3.BackendMessage) {
+	if pd, ok := m.(*pgproto3.ParameterDescription); ok && len(pd.ParameterOIDs) > maxWireCount {
+		m = (*wideParameterDescription)(pd)
+	}
 	s.client.Send(m)
 	switch m := m.(type) {
 	case *pgproto3.DataRow:
@@ -224,7 +231,7 @@ func (s *session) backend(ctx context.Context, node string) (*pgshard.Conn, erro
 	be.Wrote = false
 	prologue := append(append([]string{s.tx.begin}, s.tx.local...), s.tx.deferred...)
 	s.tx.deferred = nil
-	be.Frontend.Send(&pgproto3.Query{String: strings.Join(prologue, "; ")})
+	be.Send(&pgproto3.Query{String: strings.Join(prologue, "; ")})
 	s.x.add(step{kind: stepHiddenQuery, be: be})
 	return be, nil
 }
@@ -254,7 +261,7 @@ func (s *session) acquire(ctx context.Context, node string) (*pgshard.Conn, erro
 	}
 	s.setActive(be, true)
 	if q := s.prologue(be); q != "" {
-		be.Frontend.Send(&pgproto3.Query{String: q})
+		be.Send(&pgproto3.Query{String: q})
 		s.x.add(step{kind: stepHiddenQuery, be: be})
 	}
 	return be, nil
@@ -342,7 +349,7 @@ func (s *session) cancel(ctx context.Context) {
 // sendBackends writes out what was queued for each backend of the exchange.
 func (s *session) sendBackends() {
 	for _, be := range s.backends() {
-		if err := be.Frontend.Flush(); err != nil {
+		if err := be.Flush(); err != nil {
 			be.MarkBroken()
 		}
 	}
@@ -459,10 +466,10 @@ func (s *session) fail(err error, extended bool) {
 	s.x.synthetic(sqlstate.As(err).Response())
 	for _, be := range s.backends() {
 		if extended {
-			be.Frontend.Send(&pgproto3.Parse{Query: "lattice aborts this transaction"})
+			be.Send(&pgproto3.Parse{Query: "lattice aborts this transaction"})
 			s.x.add(step{kind: stepAbort, be: be})
 		} else if be.TxStatus != 'I' || s.inTx(be) {
-			be.Frontend.Send(&pgproto3.Query{String: "lattice aborts this transaction"})
+			be.Send(&pgproto3.Query{String: "lattice aborts this transaction"})
 			s.x.add(step{kind: stepAbort, be: be, query: true})
 		}
 	}

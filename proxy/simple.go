@@ -38,6 +38,10 @@ func (s *session) simpleQuery(ctx context.Context, sql string) error {
 	if err := s.endImplicit(ctx, ok); err != nil {
 		s.send(err.Response())
 	}
+	if len(s.portals) > 0 && s.txStatus() == 'I' {
+		// Portals live until their transaction ends.
+		clear(s.portals)
+	}
 	s.syncListener()
 	s.send(&pgproto3.ReadyForQuery{TxStatus: s.txStatus()})
 	return s.flush()
@@ -149,7 +153,7 @@ func (s *session) forwardQuery(ctx context.Context, node, sql string, staleRetry
 		s.fail(err, false)
 		return
 	}
-	be.Frontend.Send(&pgproto3.Query{String: sql})
+	be.Send(&pgproto3.Query{String: sql})
 	s.x.add(step{kind: stepQuery, be: be, staleRetry: staleRetry})
 }
 
@@ -206,7 +210,7 @@ func (s *session) simpleEveryNode(ctx context.Context, nodes []string, parts map
 			s.fail(err, false)
 			return
 		}
-		be.Frontend.Send(&pgproto3.Query{String: strings.Join(parts[node], ";\n")})
+		be.Send(&pgproto3.Query{String: strings.Join(parts[node], ";\n")})
 		s.x.add(step{kind: stepQuery, be: be, rowsOnly: true, split: sp})
 	}
 	// The summed tag is known only once the parts ran.
@@ -465,7 +469,7 @@ func (s *session) forwardTx(be *pgshard.Conn, sql string, extended, hide bool) {
 		return
 	}
 	if !extended {
-		be.Frontend.Send(&pgproto3.Query{String: sql})
+		be.Send(&pgproto3.Query{String: sql})
 		s.x.add(step{kind: stepQuery, be: be})
 		return
 	}
@@ -502,7 +506,7 @@ func (s *session) sessionCommand(ctx context.Context, p *router.Plan, extended b
 	if extended {
 		s.forwardExtendedSQL(be, p.SQL)
 	} else {
-		be.Frontend.Send(&pgproto3.Query{String: p.SQL})
+		be.Send(&pgproto3.Query{String: p.SQL})
 		s.x.add(step{kind: stepQuery, be: be})
 	}
 	// Recorded only once PostgreSQL accepted it.
@@ -517,9 +521,9 @@ func (s *session) sessionCommand(ctx context.Context, p *router.Plan, extended b
 // protocol inside an extended batch. The client's Bind was answered when it
 // arrived, so the backend's BindComplete stays in the proxy.
 func (s *session) forwardExtendedSQL(be *pgshard.Conn, sql string) {
-	be.Frontend.Send(&pgproto3.Parse{Query: sql})
-	be.Frontend.Send(&pgproto3.Bind{})
-	be.Frontend.Send(&pgproto3.Execute{})
+	be.Send(&pgproto3.Parse{Query: sql})
+	be.Send(&pgproto3.Bind{})
+	be.Send(&pgproto3.Execute{})
 	s.x.add(step{kind: stepParse, be: be})
 	// The client's own Bind was answered when it came.
 	s.x.add(step{kind: stepBind, be: be, hide: true})

@@ -71,9 +71,9 @@ func (s *session) retryStale(ctx context.Context) error {
 		}
 		s.releaseViews()
 		if be := s.rebindStale(ctx, r); be != nil {
-			be.Frontend.SendExecute(&pgproto3.Execute{Portal: r.bind.DestinationPortal})
+			be.Send(&pgproto3.Execute{Portal: r.bind.DestinationPortal})
 			s.x.add(step{kind: stepExecute, be: be, staleRetry: attempt < maxStaleRetries})
-			be.Frontend.Send(&pgproto3.Sync{})
+			be.Send(&pgproto3.Sync{})
 			s.x.add(step{kind: stepSync, be: be})
 		}
 		s.sendBackends()

@@ -156,7 +156,7 @@ func (s *session) settle(extended bool) bool {
 	if extended {
 		for _, be := range s.backends() {
 			if s.inBatch(be) {
-				be.Frontend.Send(&pgproto3.Sync{})
+				be.Send(&pgproto3.Sync{})
 				s.x.add(step{kind: stepSync, be: be})
 			}
 		}
@@ -218,13 +218,13 @@ func (s *session) releaseTx() {
 // than errors stay in the proxy.
 func (s *session) hiddenSQL(be *pgshard.Conn, sql string, extended bool) {
 	if !extended {
-		be.Frontend.Send(&pgproto3.Query{String: sql})
+		be.Send(&pgproto3.Query{String: sql})
 		s.x.add(step{kind: stepHiddenQuery, be: be})
 		return
 	}
-	be.Frontend.Send(&pgproto3.Parse{Query: sql})
-	be.Frontend.Send(&pgproto3.Bind{})
-	be.Frontend.Send(&pgproto3.Execute{})
+	be.Send(&pgproto3.Parse{Query: sql})
+	be.Send(&pgproto3.Bind{})
+	be.Send(&pgproto3.Execute{})
 	s.x.add(step{kind: stepParse, be: be})
 	s.x.add(step{kind: stepBind, be: be, hide: true})
 	s.x.add(step{kind: stepExecute, be: be, hide: true})
@@ -257,8 +257,8 @@ func execEach(ctx context.Context, conns []*pgshard.Conn, sqls []string) (tags [
 		}()
 	}
 	for i, be := range conns {
-		be.Frontend.Send(&pgproto3.Query{String: sqls[i]})
-		if err := be.Frontend.Flush(); err != nil {
+		be.Send(&pgproto3.Query{String: sqls[i]})
+		if err := be.Flush(); err != nil {
 			be.MarkBroken()
 			errs[i] = sqlstate.New(sqlstate.ConnectionFailure, "lost connection to node %s: %v", be.Node, err)
 		}
@@ -277,7 +277,7 @@ func execEach(ctx context.Context, conns []*pgshard.Conn, sqls []string) (tags [
 func readResult(be *pgshard.Conn, tag *string) error {
 	var first error
 	for {
-		msg, err := be.Frontend.Receive()
+		msg, err := be.Receive()
 		if err != nil {
 			be.MarkBroken()
 			return sqlstate.New(sqlstate.ConnectionFailure, "lost connection to node %s: %v", be.Node, err)
@@ -290,9 +290,7 @@ func readResult(be *pgshard.Conn, tag *string) error {
 				first = fmt.Errorf("node %s: %w", be.Node, pgconn.ErrorResponseToPgError(m))
 			}
 		case *pgproto3.ParameterStatus:
-			be.Params[m.Name] = m.Value
 		case *pgproto3.ReadyForQuery:
-			be.TxStatus = m.TxStatus
 			return first
 		}
 	}

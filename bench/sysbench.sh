@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# sysbench oltp_read_write through Lattice (two trees of 16 shards over two
+# nodes) and on plain PostgreSQL, one after the other on the same machine.
+#   bench/sysbench.sh [path/to/lattice]   (default: builds bin/lattice)
+# SYSBENCH_TIME sets each run's seconds (default 60), SYSBENCH_THREADS the
+# client threads (default 4).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bin=${1:-}
+if [ -z "$bin" ]; then go build -o bin/lattice ./cmd/lattice; bin=bin/lattice; fi
+bin=$(readlink -f "$bin")
+pgbin=/usr/lib/postgresql/15/bin
+secs=${SYSBENCH_TIME:-60}
+threads=${SYSBENCH_THREADS:-4}
+work=$(mktemp -d /tmp/lattice-sysbench.XXXXXX)
+chmod 755 "$work"
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+as_pg() { if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
+ports=()
+cleanup() {
+  [ -n "${lpid:-}" ] && kill "$lpid" 2>/dev/null && wait "$lpid" 2>/dev/null
+  for n in n1 n2 plain; do as_pg "$pgbin/pg_ctl" -D "$work/$n" -m fast stop >/dev/null 2>&1 || true; done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+start_pg() { # name port
+  mkdir "$work/$1"; [ "$(id -u)" = 0 ] && chown postgres "$work/$1"
+  as_pg "$pgbin/initdb" -D "$work/$1" -U lattice -A trust >/dev/null
+  cat >>"$work/$1/postgresql.conf" <<CONF
+port = $2
+listen_addresses = '127.0.0.1'
+unix_socket_directories = ''
+max_connections = 200
+wal_level = logical
+max_prepared_transactions = 100
+fsync = off
+CONF
+  as_pg "$pgbin/pg_ctl" -D "$work/$1" -l "$work/$1/log" -w start >/dev/null
+}
+p1=$(free_port); p2=$(free_port); pp=$(free_port); lport=$(free_port); aport=$(free_port)
+start_pg n1 "$p1"; start_pg n2 "$p2"; start_pg plain "$pp"
+"$bin" serve --listen 127.0.0.1:$lport --admin 127.0.0.1:$aport \
+  --node "n1=postgres://lattice@127.0.0.1:$p1/postgres?sslmode=disable" \
+  --node "n2=postgres://lattice@127.0.0.1:$p2/postgres?sslmode=disable" --log-level warn 2>"$work/lattice.log" &
+lpid=$!
+for _ in $(seq 100); do psql -qAt "postgres://lattice@127.0.0.1:$lport/postgres" -c 'select 1' >/dev/null 2>&1 && break; sleep 0.2; done
+sb() { # port command...
+  local port=$1; shift
+  sysbench oltp_read_write --db-driver=pgsql --pgsql-host=127.0.0.1 --pgsql-port="$port" --pgsql-user=lattice \
+    --pgsql-db=postgres --tables=2 --table-size=20000 --auto_inc=off --threads="$threads" --time="$secs" --report-interval=0 ${SYSBENCH_ARGS:-} "$@"
+}
+run() { # label port
+  local out
+  out=$(sb "$2" run 2>&1) || { echo "$out" | tail -30; echo "$1: sysbench failed" >&2; return 1; }
+  echo "$out" | grep -E 'transactions:|queries:|ignored errors:|reconnects:' | sed "s/^/$1 /"
+}
+sb "$lport" prepare >/dev/null
+psql -q "postgres://lattice@127.0.0.1:$lport/postgres" -c "SELECT lattice_create_tree('sbtest1','id',16)" -c "SELECT lattice_create_tree('sbtest2','id',16)" >/dev/null
+run lattice "$lport"
+sb "$pp" prepare >/dev/null
+run postgres "$pp"

@@ -1,0 +1,161 @@
+package pgshard
+
+import (
+	"bytes"
+	"io"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgproto3"
+)
+
+// scripted is a Conn whose backend answers with the given messages.
+func scripted(t *testing.T, answers ...pgproto3.BackendMessage) *Conn {
+	t.Helper()
+	var buf []byte
+	for _, m := range answers {
+		var err error
+		if buf, err = m.Encode(buf); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return &Conn{
+		fe:       pgproto3.NewFrontend(bytes.NewReader(buf), io.Discard),
+		Params:   map[string]string{},
+		prepared: map[string]string{},
+		names:    map[string]string{},
+		portals:  map[string]bool{},
+	}
+}
+
+func TestReceiveTracksState(t *testing.T) {
+	errResp := &pgproto3.ErrorResponse{Severity: "ERROR", Code: "22012", Message: "division by zero"}
+	for _, tc := range []struct {
+		name     string
+		answers  []pgproto3.BackendMessage
+		send     func(c *Conn)
+		prepared []string // keys still prepared
+		gone     []string // keys forgotten
+		portals  []string
+		closed   []string // portals not open
+		evicted  int
+		broken   bool
+	}{
+		{
+			name: "parses skipped after an error are forgotten",
+			send: func(c *Conn) {
+				for _, k := range []string{"a", "b", "c"} {
+					c.Send(&pgproto3.Parse{Name: c.AddPrepared(k)})
+					c.Send(&pgproto3.Bind{PreparedStatement: c.prepared[k]})
+					c.Send(&pgproto3.Execute{})
+				}
+				c.Send(&pgproto3.Sync{})
+			},
+			answers: []pgproto3.BackendMessage{
+				&pgproto3.ParseComplete{}, &pgproto3.BindComplete{}, &pgproto3.CommandComplete{CommandTag: []byte("SELECT 1")},
+				&pgproto3.ParseComplete{}, &pgproto3.BindComplete{}, errResp,
+				&pgproto3.ReadyForQuery{TxStatus: 'I'},
+			},
+			prepared: []string{"a", "b"},
+			gone:     []string{"c"},
+		},
+		{
+			name: "a failed parse is forgotten",
+			send: func(c *Conn) {
+				c.Send(&pgproto3.Parse{Name: c.AddPrepared("a")})
+				c.Send(&pgproto3.Sync{})
+			},
+			answers: []pgproto3.BackendMessage{errResp, &pgproto3.ReadyForQuery{TxStatus: 'I'}},
+			gone:    []string{"a"},
+		},
+		{
+			name: "a named portal lives until its transaction ends",
+			send: func(c *Conn) {
+				c.Send(&pgproto3.Bind{DestinationPortal: "p"})
+				c.Send(&pgproto3.Bind{DestinationPortal: "q"})
+				c.Send(&pgproto3.Close{ObjectType: 'P', Name: "q"})
+				c.Send(&pgproto3.Sync{})
+			},
+			answers: []pgproto3.BackendMessage{&pgproto3.BindComplete{}, &pgproto3.BindComplete{}, &pgproto3.CloseComplete{}, &pgproto3.ReadyForQuery{TxStatus: 'T'}},
+			portals: []string{"p"},
+			closed:  []string{"q"},
+		},
+		{
+			name: "portals end with the transaction",
+			send: func(c *Conn) {
+				c.Send(&pgproto3.Bind{DestinationPortal: "p"})
+				c.Send(&pgproto3.Sync{})
+			},
+			answers: []pgproto3.BackendMessage{&pgproto3.BindComplete{}, &pgproto3.ReadyForQuery{TxStatus: 'I'}},
+			closed:  []string{"p"},
+		},
+		{
+			name: "a statement whose result type changed is prepared anew",
+			send: func(c *Conn) {
+				c.AddPrepared("a")
+				c.Send(&pgproto3.Bind{PreparedStatement: c.prepared["a"]})
+				c.Send(&pgproto3.Sync{})
+			},
+			answers: []pgproto3.BackendMessage{
+				&pgproto3.ErrorResponse{Severity: "ERROR", Code: "0A000", Message: "cached plan must not change result type"},
+				&pgproto3.ReadyForQuery{TxStatus: 'I'},
+			},
+			gone:    []string{"a"},
+			evicted: 1,
+		},
+		{
+			name: "DISCARD ALL and DEALLOCATE ALL forget every statement",
+			send: func(c *Conn) {
+				c.AddPrepared("a")
+				c.AddPrepared("b")
+				c.Send(&pgproto3.Query{String: "DEALLOCATE ALL"})
+			},
+			answers: []pgproto3.BackendMessage{&pgproto3.CommandComplete{CommandTag: []byte("DEALLOCATE ALL")}, &pgproto3.ReadyForQuery{TxStatus: 'I'}},
+			gone:    []string{"a", "b"},
+		},
+		{
+			name:    "an answer to no request breaks the connection",
+			send:    func(c *Conn) { c.Send(&pgproto3.Sync{}) },
+			answers: []pgproto3.BackendMessage{&pgproto3.BindComplete{}, &pgproto3.ReadyForQuery{TxStatus: 'I'}},
+			broken:  true,
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := scripted(t, tc.answers...)
+			tc.send(c)
+			for range tc.answers {
+				if _, err := c.Receive(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for _, k := range tc.prepared {
+				if _, ok := c.Prepared(k); !ok {
+					t.Errorf("%q: not prepared, want prepared", k)
+				}
+			}
+			for _, k := range tc.gone {
+				if _, ok := c.Prepared(k); ok {
+					t.Errorf("%q: prepared, want forgotten", k)
+				}
+			}
+			for _, p := range tc.portals {
+				if !c.PortalOpen(p) {
+					t.Errorf("portal %q: closed, want open", p)
+				}
+			}
+			for _, p := range tc.closed {
+				if c.PortalOpen(p) {
+					t.Errorf("portal %q: open, want closed", p)
+				}
+			}
+			if n := len(c.TakeEvicted()); n != tc.evicted {
+				t.Errorf("%d statements to close, want %d", n, tc.evicted)
+			}
+			if c.Broken() != tc.broken {
+				t.Errorf("broken %v, want %v", c.Broken(), tc.broken)
+			}
+			if !c.Idle() && !tc.broken {
+				t.Errorf("requests left unanswered: %v", c.pending)
+			}
+		})
+	}
+}
