@@ -114,7 +114,7 @@ func (s *session) bind(ctx context.Context, m *pgproto3.Bind) {
 		return
 	}
 	if _, open := s.portals[m.DestinationPortal]; open && m.DestinationPortal != "" {
-		s.failExtended(Errorf(sqlstate.DuplicateCursor, "cursor \"%s\" already exists", m.DestinationPortal))
+		s.failExtended(sqlstate.New(sqlstate.DuplicateCursor, "cursor \"%s\" already exists", m.DestinationPortal))
 		return
 	}
 	v, err := s.view(ctx)
