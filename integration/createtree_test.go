@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/lattice-db/lattice/btreeindex"
 	"github.com/lattice-db/lattice/pgshard"
 	"github.com/lattice-db/lattice/shardmap"
 	"github.com/lattice-db/lattice/sqlstate"
@@ -187,7 +188,7 @@ func TestCreateTreeDistributesRows(t *testing.T) {
 					}
 				}
 				var misplaced int64
-				q := "SELECT count(*) FROM " + shard + " WHERE NOT " + pgshard.SlotPredicate(tree, "", m.SlotRanges(idx))
+				q := "SELECT count(*) FROM " + shard + " WHERE NOT " + btreeindex.SlotPredicate(tree, "", m.SlotRanges(idx))
 				if err := conn.QueryRow(ctx, q).Scan(&misplaced); err != nil || misplaced != 0 {
 					t.Errorf("shard %d: %d rows outside its slots by SQL, %v", idx, misplaced, err)
 				}

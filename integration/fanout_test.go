@@ -88,6 +88,12 @@ func TestFanOut(t *testing.T) {
 		{sql: `SELECT id, qty + 1 AS q FROM fan ORDER BY q DESC, id LIMIT 10`, ordered: true},
 		{sql: `SELECT id FROM fan ORDER BY price * 2 NULLS FIRST, id LIMIT 15`, ordered: true},
 		{sql: `SELECT id, name FROM fan ORDER BY created DESC LIMIT 5 OFFSET 10`, ordered: true},
+		// Every type the merge decodes, in text (simple) and binary (extended).
+		{sql: `SELECT id, qty::oid AS o FROM fan ORDER BY o DESC, id LIMIT 20`, ordered: true},
+		{sql: `SELECT id, price::float8 AS f, price::float4 AS g FROM fan ORDER BY f NULLS FIRST, g, id LIMIT 25`, ordered: true},
+		{sql: `SELECT id, qty::int2 AS s FROM fan ORDER BY s, id DESC LIMIT 15`, ordered: true},
+		{sql: `SELECT id, created::date AS d, created::timestamp AS ts FROM fan ORDER BY d DESC, ts, id LIMIT 15`, ordered: true},
+		{sql: `SELECT id, md5(id::text)::uuid AS u FROM fan ORDER BY u LIMIT 15`, ordered: true},
 		// Aggregates, GROUP BY, HAVING, DISTINCT.
 		{sql: `SELECT count(*) FROM fan`},
 		{sql: `SELECT count(price), count(*), count(n) FROM fan`},

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/lattice-db/lattice/btreeindex"
 	"github.com/lattice-db/lattice/pgshard"
 	"github.com/lattice-db/lattice/shardmap"
 )
@@ -119,7 +120,7 @@ func TestSlotFence(t *testing.T) {
 		if _, err := tx.Exec(ctx, "SET LOCAL "+pgshard.MigratorSetting+" = 'on'"); err != nil {
 			return err
 		}
-		_, err := tx.Exec(ctx, "DELETE FROM "+table+" WHERE "+pgshard.SlotPredicate(tree, "", fence.Slots))
+		_, err := tx.Exec(ctx, "DELETE FROM "+table+" WHERE "+btreeindex.SlotPredicate(tree, "", fence.Slots))
 		return err
 	})
 	if err != nil {

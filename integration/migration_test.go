@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/lattice-db/lattice/btreeindex"
 	"github.com/lattice-db/lattice/migrator"
 	"github.com/lattice-db/lattice/pgshard"
 	"github.com/lattice-db/lattice/shardmap"
@@ -163,7 +164,7 @@ func TestSplitAndFold(t *testing.T) {
 		sh := m.Shards[idx]
 		p := w.pools[sh.Node]
 		var own, all int
-		if err := p.QueryRow(ctx, "SELECT count(*) FILTER (WHERE "+pgshard.SlotPredicate(tree, "", m.SlotRanges(idx))+"), count(*) FROM "+
+		if err := p.QueryRow(ctx, "SELECT count(*) FILTER (WHERE "+btreeindex.SlotPredicate(tree, "", m.SlotRanges(idx))+"), count(*) FROM "+
 			pgshard.ShardTable(tree, idx)).Scan(&own, &all); err != nil {
 			t.Fatal(err)
 		}

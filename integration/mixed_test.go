@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/lattice-db/lattice/btreeindex"
 	"github.com/lattice-db/lattice/pgshard"
 	"github.com/lattice-db/lattice/shardmap"
 	"github.com/lattice-db/lattice/sqlstate"
@@ -147,7 +148,7 @@ func TestMixedShardScan(t *testing.T) {
 	var k string
 	var v int
 	if err := srcConn.QueryRow(ctx, "SELECT k, v FROM "+pgshard.ShardTable(tree, 0)+" WHERE "+
-		pgshard.SlotPredicate(tree, "", m.SlotRanges(1))+" LIMIT 1").Scan(&k, &v); err != nil {
+		btreeindex.SlotPredicate(tree, "", m.SlotRanges(1))+" LIMIT 1").Scan(&k, &v); err != nil {
 		t.Fatal(err)
 	}
 	if want, _ := strconv.Atoi(strings.TrimPrefix(k, "m")); v != want {

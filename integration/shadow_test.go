@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/lattice-db/lattice/btreeindex"
 	"github.com/lattice-db/lattice/migrator"
 	"github.com/lattice-db/lattice/pgshard"
 	"github.com/lattice-db/lattice/shardmap"
@@ -181,7 +182,7 @@ func TestShadowCopy(t *testing.T) {
 		t.Error("the stream applied no change while writers ran")
 	}
 
-	pred := pgshard.SlotPredicate(tree, "", spec.Slots)
+	pred := btreeindex.SlotPredicate(tree, "", spec.Slots)
 	checksum := func(dsn, table string) (int64, string) {
 		c, err := pgx.Connect(ctx, dsn)
 		if err != nil {

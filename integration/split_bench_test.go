@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/lattice-db/lattice/btreeindex"
 	"github.com/lattice-db/lattice/migrator"
 	"github.com/lattice-db/lattice/pgshard"
 	"github.com/lattice-db/lattice/shardmap"
@@ -66,7 +67,7 @@ func benchShadowCopy(b *testing.B, kind shardmap.MigrationKind) {
 			b.Fatal(err)
 		}
 	}
-	pred := pgshard.SlotPredicate(tree, "", slots)
+	pred := btreeindex.SlotPredicate(tree, "", slots)
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	for i := 0; i < b.N; i++ {
 		setup := []string{"DROP SCHEMA IF EXISTS lattice_s0001, raw CASCADE", "CREATE SCHEMA lattice_s0001", "CREATE SCHEMA raw",

@@ -17,7 +17,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/lattice-db/lattice/sqlstate"
 )
@@ -354,8 +353,7 @@ func (p *Postgres) CreateDatabase(ctx context.Context, name string) error {
 	}
 	defer conn.Close(context.Background())
 	_, err = conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize())
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == sqlstate.DuplicateDatabase {
+	if sqlstate.Is(err, sqlstate.DuplicateDatabase) {
 		return nil
 	}
 	if err != nil {

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/lattice-db/lattice/btreeindex"
 	"github.com/lattice-db/lattice/pgshard"
 	"github.com/lattice-db/lattice/shardmap"
 )
@@ -755,7 +756,7 @@ func (r *Runner) deleteMoved(ctx context.Context, t *shardmap.Tree, mig *shardma
 	}
 	table := pgshard.ShardTable(t, mig.Source)
 	q := fmt.Sprintf("DELETE FROM %s WHERE ctid = ANY (ARRAY(SELECT ctid FROM %s WHERE %s LIMIT %d))",
-		table, table, pgshard.SlotPredicate(t, "", mig.Slots), r.opts.ReleaseBatch)
+		table, table, btreeindex.SlotPredicate(t, "", mig.Slots), r.opts.ReleaseBatch)
 	for {
 		var n int64
 		err := pgx.BeginFunc(ctx, p, func(tx pgx.Tx) error {

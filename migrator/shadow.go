@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/lattice-db/lattice/btreeindex"
 	"github.com/lattice-db/lattice/pgshard"
 	"github.com/lattice-db/lattice/shardmap"
 	"github.com/lattice-db/lattice/sqlstate"
@@ -168,7 +169,7 @@ func (sh *Shadow) copyFresh(ctx context.Context) error {
 	}
 	defer src.Close(context.Background())
 	pub := pgx.Identifier{sp.Name()}.Sanitize()
-	filter := pgshard.SlotPredicate(sp.Tree, "", sp.Slots)
+	filter := btreeindex.SlotPredicate(sp.Tree, "", sp.Slots)
 	var exists bool
 	if err := src.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_publication WHERE pubname = $1)`, sp.Name()).Scan(&exists); err != nil {
 		return err
@@ -223,14 +224,14 @@ func (sh *Shadow) copyRows(ctx context.Context, src *pgx.Conn, snapshot string, 
 		return 0, 0, err
 	}
 	defer tx.Rollback(context.Background())
-	if _, err := tx.Exec(ctx, "DELETE FROM "+target+" WHERE "+pgshard.SlotPredicate(sp.Tree, "", sp.Slots)); err != nil {
+	if _, err := tx.Exec(ctx, "DELETE FROM "+target+" WHERE "+btreeindex.SlotPredicate(sp.Tree, "", sp.Slots)); err != nil {
 		return 0, 0, fmt.Errorf("migrator: clear target slots: %w", err)
 	}
 	pr, pw := io.Pipe()
 	copyOut := make(chan error, 1)
 	go func() {
 		_, err := src.PgConn().CopyTo(ctx, pw, "COPY (SELECT "+cols+" FROM "+pgshard.ShardTable(sp.Tree, sp.Source)+
-			" WHERE "+pgshard.SlotPredicate(sp.Tree, "", sp.Slots)+") TO STDOUT (FORMAT binary)")
+			" WHERE "+btreeindex.SlotPredicate(sp.Tree, "", sp.Slots)+") TO STDOUT (FORMAT binary)")
 		pw.CloseWithError(err)
 		copyOut <- err
 	}()
@@ -394,8 +395,7 @@ func dropPublication(ctx context.Context, conn *pgx.Conn, name string) error {
 	for {
 		// One simple query: one implicit transaction.
 		_, err := conn.PgConn().Exec(ctx, sql).ReadAll()
-		var pgErr *pgconn.PgError
-		if err == nil || !errors.As(err, &pgErr) || pgErr.Code != sqlstate.LockNotAvailable || ctx.Err() != nil {
+		if !sqlstate.Is(err, sqlstate.LockNotAvailable) || ctx.Err() != nil {
 			return err
 		}
 	}
@@ -413,8 +413,7 @@ func dropSlot(ctx context.Context, src *pgx.Conn, name string) error {
 	deadline := time.Now().Add(slotReleaseWait)
 	for {
 		_, err := src.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1`, name)
-		var pe *pgconn.PgError
-		if err == nil || !errors.As(err, &pe) || pe.Code != sqlstate.ObjectInUse || time.Now().After(deadline) {
+		if !sqlstate.Is(err, sqlstate.ObjectInUse) || time.Now().After(deadline) {
 			if err != nil {
 				return fmt.Errorf("migrator: drop replication slot: %w", err)
 			}

@@ -273,8 +273,7 @@ func (c *Cluster) EnsureTenant(ctx context.Context, node, tenant string) error {
 		return nil
 	}
 	_, err = p.Exec(ctx, "CREATE DATABASE "+quoteIdent(tenant))
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == sqlstate.DuplicateDatabase {
+	if sqlstate.Is(err, sqlstate.DuplicateDatabase) {
 		// Another proxy created it first.
 		err = nil
 	}

@@ -42,6 +42,7 @@ type Conn struct {
 	cancelTo  string
 	broken    bool
 	held      bool // taken with AcquireHeld
+	pinned    bool // kept by its session across transactions (pin.go)
 	lastUsed  time.Time
 
 	prepared map[string]string // statement key -> server-side name

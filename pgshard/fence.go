@@ -9,9 +9,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/lattice-db/lattice/btreeindex"
 	"github.com/lattice-db/lattice/shardmap"
 	"github.com/lattice-db/lattice/sqlstate"
 )
@@ -72,7 +72,7 @@ func (c *Cluster) PrepareSlotFence(ctx context.Context, node string, f SlotFence
 	if err != nil {
 		return err
 	}
-	pred := func(rec string) string { return SlotPredicate(f.Tree, rec, f.Slots) }
+	pred := func(rec string) string { return btreeindex.SlotPredicate(f.Tree, rec, f.Slots) }
 	// The epoch comes from the trigger's argument: it is only known once
 	// the slots are frozen.
 	detail := fmt.Sprintf("format('moved to shard %d at epoch %%s', TG_ARGV[0])", f.Target)
@@ -136,8 +136,7 @@ func (c *Cluster) ArmSlotFence(ctx context.Context, node string, f SlotFence) (s
 	}, ";\n")
 	for {
 		lsn, err := armOnce(ctx, p, sql)
-		var pgErr *pgconn.PgError
-		if err == nil || !errors.As(err, &pgErr) || pgErr.Code != sqlstate.LockNotAvailable || ctx.Err() != nil {
+		if !sqlstate.Is(err, sqlstate.LockNotAvailable) || ctx.Err() != nil {
 			if err != nil {
 				return "", fmt.Errorf("pgshard: fence slots of shard %d on %s: %w", f.Shard, node, err)
 			}

@@ -119,6 +119,12 @@ func (p *Pools) Acquire(ctx context.Context, node, tenant string) (*Conn, error)
 // Release returns c to its pool. A backend that is inside a transaction or
 // whose state is unknown is closed instead: the next user must get a clean one.
 func (p *Pools) Release(c *Conn) {
+	if c.pinned {
+		if !c.broken {
+			return
+		}
+		c.pinned = false
+	}
 	p.mu.Lock()
 	pl := p.pools[poolKey{c.Node, c.Tenant}]
 	p.mu.Unlock()

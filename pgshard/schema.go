@@ -2,16 +2,13 @@ package pgshard
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math"
 	"regexp"
 	"sort"
-	"strconv"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/lattice-db/lattice/shardmap"
 	"github.com/lattice-db/lattice/sqlstate"
 )
@@ -38,48 +35,6 @@ const schemaLockClass = 0x4c617431 // "Lat1"
 
 // schemaRE matches shard schema names and captures the index.
 var schemaRE = regexp.MustCompile(`^lattice_s([0-9]{4,})$`)
-
-// SlotExpr is the SQL expression of a row's virtual slot in tree t, computed
-// by PostgreSQL's own extended hash functions exactly as the proxy does in
-// Go. qualifier, if not empty, is SQL prefixed to the key column with a dot:
-// an alias or an already quoted relation name. t.KeyType must be valid.
-func SlotExpr(t *shardmap.Tree, qualifier string) string {
-	col := quoteIdent(t.KeyColumn)
-	if qualifier != "" {
-		col = qualifier + "." + col
-	}
-	mask := strconv.Itoa(t.SlotCount - 1)
-	switch t.KeyType {
-	case shardmap.KeyText:
-		return "(hashtextextended(" + col + ", 0) & " + mask + ")"
-	case shardmap.KeyInt:
-		return "(hashint8extended(" + col + "::int8, 0) & " + mask + ")"
-	case shardmap.KeyUUID:
-		return "(uuid_hash_extended(" + col + ", 0) & " + mask + ")"
-	}
-	panic(fmt.Sprintf("pgshard: tree %q has unsupported key type %q", t.Name, t.KeyType))
-}
-
-// SlotPredicate is a SQL condition true for rows of t whose slot lies in one
-// of the inclusive ranges; "false" when there are none.
-func SlotPredicate(t *shardmap.Tree, qualifier string, ranges [][2]int) string {
-	if len(ranges) == 0 {
-		return "false"
-	}
-	expr := SlotExpr(t, qualifier)
-	parts := make([]string, len(ranges))
-	for i, r := range ranges {
-		if r[0] == r[1] {
-			parts[i] = expr + " = " + strconv.Itoa(r[0])
-		} else {
-			parts[i] = expr + " BETWEEN " + strconv.Itoa(r[0]) + " AND " + strconv.Itoa(r[1])
-		}
-	}
-	if len(parts) == 1 {
-		return parts[0]
-	}
-	return "(" + strings.Join(parts, " OR ") + ")"
-}
 
 // ShardTable is the quoted, qualified name of shard idx of t.
 func ShardTable(t *shardmap.Tree, idx int) string {
@@ -292,8 +247,7 @@ func (c *Cluster) readNodeOwnership(ctx context.Context, node, tenant string) ([
 JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
 WHERE c.relname = $1 AND c.relkind = 'r' AND n.nspname LIKE 'lattice\_s%'
 ORDER BY 1`, OwnerTable)
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == sqlstate.InvalidCatalogName { // no such database
+	if sqlstate.Is(err, sqlstate.InvalidCatalogName) { // no such database
 		return nil, nil
 	}
 	if err != nil {

@@ -8,44 +8,6 @@ import (
 	"github.com/lattice-db/lattice/shardmap"
 )
 
-func TestSlotExpr(t *testing.T) {
-	for _, tc := range []struct {
-		kt        shardmap.KeyType
-		key, qual string
-		slots     int
-		want      string
-	}{
-		{shardmap.KeyText, "sku", "", 4096, `(hashtextextended("sku", 0) & 4095)`},
-		{shardmap.KeyInt, "id", "", 4096, `(hashint8extended("id"::int8, 0) & 4095)`},
-		{shardmap.KeyUUID, "id", "", 4096, `(uuid_hash_extended("id", 0) & 4095)`},
-		{shardmap.KeyText, `Odd "Key"`, `"lattice_s0005"."t"`, 1024, `(hashtextextended("lattice_s0005"."t"."Odd ""Key""", 0) & 1023)`},
-		{shardmap.KeyInt, "id", "x", 2, `(hashint8extended(x."id"::int8, 0) & 1)`},
-	} {
-		tr := &shardmap.Tree{Name: "t", KeyColumn: tc.key, KeyType: tc.kt, SlotCount: tc.slots}
-		if got := SlotExpr(tr, tc.qual); got != tc.want {
-			t.Errorf("SlotExpr(%s %s) = %s, want %s", tc.kt, tc.key, got, tc.want)
-		}
-	}
-}
-
-func TestSlotPredicate(t *testing.T) {
-	tr := &shardmap.Tree{Name: "t", KeyColumn: "k", KeyType: shardmap.KeyText, SlotCount: 4096}
-	e := `(hashtextextended("k", 0) & 4095)`
-	for _, tc := range []struct {
-		ranges [][2]int
-		want   string
-	}{
-		{nil, "false"},
-		{[][2]int{{0, 511}}, e + " BETWEEN 0 AND 511"},
-		{[][2]int{{7, 7}}, e + " = 7"},
-		{[][2]int{{0, 1}, {9, 9}}, "(" + e + " BETWEEN 0 AND 1 OR " + e + " = 9)"},
-	} {
-		if got := SlotPredicate(tr, "", tc.ranges); got != tc.want {
-			t.Errorf("SlotPredicate(%v) = %s, want %s", tc.ranges, got, tc.want)
-		}
-	}
-}
-
 func TestShardDDL(t *testing.T) {
 	tr := &shardmap.Tree{Name: "Cat", DDL: []string{
 		"CREATE TABLE {{table}} (k text)",

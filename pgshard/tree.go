@@ -14,6 +14,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/lattice-db/lattice/btreeindex"
 	"github.com/lattice-db/lattice/shardmap"
 	"github.com/lattice-db/lattice/sqlstate"
 )
@@ -295,7 +297,7 @@ func (c *Cluster) copyRows(ctx context.Context, src *pgconn.PgConn, t *shardmap.
 	var total int64
 	for _, idx := range idxs {
 		node := m.Shards[idx].Node
-		out := "COPY (SELECT " + cols + " FROM " + template + " WHERE " + SlotPredicate(t, "", m.SlotRanges(idx)) +
+		out := "COPY (SELECT " + cols + " FROM " + template + " WHERE " + btreeindex.SlotPredicate(t, "", m.SlotRanges(idx)) +
 			") TO STDOUT (FORMAT binary)"
 		in := "COPY " + ShardTable(t, idx) + " (" + cols + ") FROM STDIN (FORMAT binary)"
 		n, err := c.pipeCopy(ctx, src, node, t.Tenant, out, in)

@@ -57,6 +57,9 @@ type step struct {
 	// hidden sort columns of a fan-out. capture keeps the full description.
 	trim    int
 	capture *fanOut
+	// trimParams drops this many trailing types from a ParameterDescription:
+	// the proxy's own parameters of a composed lattice function statement.
+	trimParams int
 	// tag receives the step's command tag.
 	tag *string
 	// asPortal answers a client's portal Describe with a statement
@@ -241,6 +244,9 @@ func (s *session) playStep(x *exchange, st *step) error {
 				st.capture.fields = copyFields(rd.Fields)
 			}
 			msg = &pgproto3.RowDescription{Fields: rd.Fields[:len(rd.Fields)-st.trim]}
+		}
+		if pd, ok := msg.(*pgproto3.ParameterDescription); ok && st.trimParams > 0 && st.trimParams <= len(pd.ParameterOIDs) {
+			msg = &pgproto3.ParameterDescription{ParameterOIDs: pd.ParameterOIDs[:len(pd.ParameterOIDs)-st.trimParams]}
 		}
 		if cc, ok := msg.(*pgproto3.CommandComplete); ok && st.tag != nil {
 			*st.tag = string(cc.CommandTag)

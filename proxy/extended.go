@@ -158,6 +158,10 @@ func (s *session) bind(ctx context.Context, m *pgproto3.Bind) {
 			s.failExtended(err)
 			return
 		}
+		if err := s.pinFor(ctx, p.Pin); err != nil {
+			s.failExtended(err)
+			return
+		}
 		if !s.bindOn(ctx, portal, s.catalogTarget(p), p.SQL, m, m.DestinationPortal, false) {
 			return
 		}
@@ -199,6 +203,12 @@ func (s *session) bind(ctx context.Context, m *pgproto3.Bind) {
 			return
 		}
 	case router.Function:
+		if p.Compose != nil {
+			if !s.bindComposed(ctx, portal, m) {
+				return
+			}
+			break
+		}
 		for i := range p.Func.Args {
 			a, err := s.funcArg(p.Func.Args[i], m, st.oids)
 			if err != nil {
@@ -283,7 +293,7 @@ func preparedKey(sql string, oids []uint32) string {
 // the INSERT atomic; over several, spanNodes does.
 func (s *session) bindSplit(ctx context.Context, v *shardmap.View, portal *clientPortal, m *pgproto3.Bind) bool {
 	p := portal.stmt.plan
-	shards, rows, err := s.splitRows(v, p, m, portal.stmt.oids)
+	shards, err := s.splitRows(v, p, m, portal.stmt.oids)
 	if err != nil {
 		s.failExtended(err)
 		return false
@@ -297,7 +307,7 @@ func (s *session) bindSplit(ctx context.Context, v *shardmap.View, portal *clien
 		portal.split = &splitState{}
 	}
 	for i, sh := range shards {
-		sql, params := p.RenderRows(shardmap.SchemaName(sh.Index), rows[i])
+		sql, params := sh.SQL, sh.Params
 		b := *m
 		b.Parameters = make([][]byte, len(params))
 		var formats []int16
@@ -381,6 +391,10 @@ func (s *session) describe(ctx context.Context, m *pgproto3.Describe) {
 	p := st.plan
 	if p == nil || p.Kind == router.Transaction || p.Kind == router.SessionSet || p.Kind == router.Discard || p.Kind == router.DDL || isListenPlan(p) {
 		s.x.synthetic(&pgproto3.ParameterDescription{ParameterOIDs: st.oids}, &pgproto3.NoData{})
+		return
+	}
+	if p.Kind == router.Function && p.Compose != nil {
+		s.describeComposed(ctx, st)
 		return
 	}
 	if p.Kind == router.Function {
@@ -521,6 +535,7 @@ func (s *session) execute(ctx context.Context, m *pgproto3.Execute) {
 				}
 			}})
 		}
+		s.pinEnds(portal.stmt.plan.Unpin, true)
 		return
 	}
 	p := portal.stmt.plan
@@ -596,6 +611,7 @@ func (s *session) sync(ctx context.Context) error {
 	ok := !s.x.errored
 	s.x.reset()
 	s.skipping = false
+	s.pinSynced(ok)
 	s.finish()
 	if err := s.endImplicit(ctx, ok); err != nil {
 		s.send(err.Response())

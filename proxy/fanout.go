@@ -3,14 +3,14 @@ package proxy
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
-	"math"
-	"math/big"
 	"strconv"
 
 	"github.com/jackc/pgx/v5/pgproto3"
 	"github.com/jackc/pgx/v5/pgtype"
 
+	"github.com/lattice-db/lattice/btreeindex"
 	"github.com/lattice-db/lattice/pgshard"
 	"github.com/lattice-db/lattice/router"
 	"github.com/lattice-db/lattice/shardmap"
@@ -31,12 +31,16 @@ type fanOut struct {
 	agg    *aggState // an aggregating fan-out: partial rows feed a final query
 	stop   stopper   // statement_timeout and the memory bound
 	held   int64     // bytes of the rows the k-way merge holds, one per part
+
+	ctx     context.Context     // the statement's, for reading the parts
+	cols    []btreeindex.Column // fields as the merge reads them, made at its first row
+	checked bool                // checkFields passed
+	lost    error               // a part's connection failed: the fan-out ends at once
 }
 
 type fanPart struct {
 	be   *pgshard.Conn
 	row  [][]byte // the part's current row, copied out of the read buffer
-	keys []sortValue
 	done bool
 }
 
@@ -99,7 +103,7 @@ func (s *session) startFanOut(ctx context.Context, v *shardmap.View, p *router.P
 	if p.Agg != nil {
 		return s.startAggFanOut(ctx, p, nodes, sqls, bind, portal)
 	}
-	f := &fanOut{plan: p, limit: r.Limit, offset: r.Offset, simple: !extended}
+	f := &fanOut{plan: p, limit: r.Limit, offset: r.Offset, simple: !extended, ctx: ctx}
 	if extended && len(bind.ResultFormatCodes) > 1 {
 		// The client names a format per visible column; the hidden sort
 		// columns come back as text.
@@ -158,49 +162,34 @@ func (f *fanOut) play(s *session, x *exchange) error {
 		s.send(&pgproto3.DataRow{Values: visible})
 		sent++
 	}
-	if len(f.plan.Sort) == 0 {
-		for _, p := range live {
-			for {
-				row, err := f.next(s, x, p, false)
-				if err != nil {
-					return err
-				}
-				if row == nil {
-					break
-				}
-				emit(row)
+	srcs := make([]btreeindex.RowSource, len(live))
+	for i, p := range live {
+		srcs[i] = &partSource{f: f, s: s, x: x, p: p}
+	}
+	merge := btreeindex.NewMerge(f.plan.Sort, srcs)
+	for {
+		row, err := merge.Next(f.ctx)
+		if err != nil {
+			if f.lost != nil {
+				return f.lost
 			}
+			if !x.errored {
+				x.errored = true
+				s.send(AsError(err).Response())
+			}
+			break
 		}
-	} else {
-		for _, p := range live {
-			if err := f.advance(s, x, p); err != nil {
-				return err
-			}
+		if row == nil {
+			break
 		}
-		for {
-			if x.errored {
-				// Nothing more reaches the client, and a part's sort keys
-				// may be missing: read every part to its end.
-				for _, p := range live {
-					for !p.done {
-						if _, err := f.next(s, x, p, false); err != nil {
-							return err
-						}
-					}
-				}
-				break
-			}
-			var best *fanPart
-			for _, p := range live {
-				if !p.done && (best == nil || f.less(p, best)) {
-					best = p
-				}
-			}
-			if best == nil {
-				break
-			}
-			emit(best.row)
-			if err := f.advance(s, x, best); err != nil {
+		emit(row)
+	}
+	// The parts the merge stopped reading, on an error, are read to their
+	// end, after the error reached the client, so that their backends can
+	// serve again.
+	for _, p := range live {
+		for !p.done {
+			if _, err := f.next(s, x, p, false); err != nil {
 				return err
 			}
 		}
@@ -218,40 +207,69 @@ func (f *fanOut) play(s *session, x *exchange) error {
 	return nil
 }
 
-// advance reads p's next row and decodes its sort keys.
-func (f *fanOut) advance(s *session, x *exchange, p *fanPart) error {
-	row, err := f.next(s, x, p, true)
-	if err != nil || row == nil {
-		return err
+// partSource is a fan-out part as the merge reads it. A part's
+// ErrorResponse ends its rows (next reports it, and skips every later row
+// of every part); an error the proxy finds in a row is reported here and
+// stops the merge.
+type partSource struct {
+	f *fanOut
+	s *session
+	x *exchange
+	p *fanPart
+}
+
+// errReported stops a merge whose error already reached the client.
+var errReported = errors.New("fan-out error already reported")
+
+// Next reads the part's next row. With sort keys the merge holds the row
+// while it reads the other parts: it is copied out of the read buffer and
+// counted against the memory bound. The backend's receive takes no
+// context: statement_timeout and cancels stop a part (stopper).
+func (ps *partSource) Next(context.Context) ([][]byte, error) {
+	f, s, x, p := ps.f, ps.s, ps.x, ps.p
+	sorted := len(f.plan.Sort) > 0
+	row, err := f.next(s, x, p, sorted)
+	if err != nil {
+		f.lost = err
+		return nil, err
+	}
+	if row == nil || !sorted {
+		return row, nil
 	}
 	f.held += rowSize(row) - rowSize(p.row)
 	p.row = row
-	if x.errored {
-		return nil
-	}
 	if err := s.overMemory(f.held); err != nil {
 		x.errored = true
 		s.send(err.Response())
 		s.stopParts()
-		return nil
+		return nil, errReported
 	}
-	if err := f.checkFields(); err != nil {
-		x.errored = true
-		s.send(AsError(err).Response())
-		return nil
-	}
-	p.keys = p.keys[:0]
-	for _, k := range f.plan.Sort {
-		v, err := decodeSortValue(f.fields, k, row)
-		if err != nil {
+	if !f.checked {
+		if err := f.checkFields(); err != nil {
 			x.errored = true
 			s.send(AsError(err).Response())
-			return nil
+			return nil, errReported
 		}
-		p.keys = append(p.keys, v)
+		f.checked = true
 	}
-	return nil
+	return row, nil
 }
+
+// Columns are the types and formats of the parts' columns.
+func (ps *partSource) Columns() []btreeindex.Column {
+	f := ps.f
+	if f.cols == nil {
+		f.cols = make([]btreeindex.Column, len(f.fields))
+		for i, fd := range f.fields {
+			f.cols[i] = btreeindex.Column{OID: fd.DataTypeOID, Format: fd.Format}
+		}
+	}
+	return f.cols
+}
+
+// Close leaves the part to play, which reads what is left of it once the
+// merge's error has reached the client.
+func (ps *partSource) Close(context.Context) error { return nil }
 
 // next returns p's next row, or nil when p has no more. A row that must
 // outlive the next read is copied out of the read buffer.
@@ -350,197 +368,6 @@ func copyRow(values [][]byte) [][]byte {
 		out[i] = buf[start:len(buf):len(buf)]
 	}
 	return out
-}
-
-// sortValue is a decoded sort key: nil for NULL, else one of int64, float64,
-// *big.Rat (numeric, with nan/inf flags), bool, []byte (bytewise), or an
-// ordered time instant.
-type sortValue struct {
-	null bool
-	kind byte // 'i' int, 'f' float, 'n' numeric, 'b' bool, 'B' bytes, 't' time
-	i    int64
-	f    float64
-	n    *big.Rat
-	inf  int // numeric and time infinity: -1, +1; numeric NaN is 2 (greater than all)
-	b    []byte
-}
-
-// decodeSortValue decodes the sort column of row with the result type the
-// node reported. Only types whose order the proxy reproduces exactly are
-// accepted; text only with a byte-order collation.
-func decodeSortValue(fields []pgproto3.FieldDescription, k router.SortKey, row [][]byte) (sortValue, error) {
-	if k.Column >= len(fields) || k.Column >= len(row) {
-		return sortValue{}, Errorf("XX000", "sort column %d out of range", k.Column)
-	}
-	fd := fields[k.Column]
-	raw := row[k.Column]
-	if raw == nil {
-		return sortValue{null: true}, nil
-	}
-	unsupported := func() error {
-		e := Errorf("0A000", "ORDER BY on a column of type oid %d across several shards is not supported", fd.DataTypeOID)
-		e.Hint = "order by integers, numerics, floats, booleans, dates, timestamps or uuids; for text add COLLATE \"C\" to the ORDER BY item"
-		return e
-	}
-	switch fd.DataTypeOID {
-	case pgtype.Int2OID, pgtype.Int4OID, pgtype.Int8OID, pgtype.OIDOID:
-		var v int64
-		if err := typeMap.Scan(fd.DataTypeOID, fd.Format, raw, &v); err != nil {
-			return sortValue{}, Errorf("XX000", "decode sort key: %v", err)
-		}
-		return sortValue{kind: 'i', i: v}, nil
-	case pgtype.Float4OID, pgtype.Float8OID:
-		var v float64
-		if err := typeMap.Scan(fd.DataTypeOID, fd.Format, raw, &v); err != nil {
-			return sortValue{}, Errorf("XX000", "decode sort key: %v", err)
-		}
-		return sortValue{kind: 'f', f: v}, nil
-	case pgtype.NumericOID:
-		var v pgtype.Numeric
-		if err := typeMap.Scan(fd.DataTypeOID, fd.Format, raw, &v); err != nil {
-			return sortValue{}, Errorf("XX000", "decode sort key: %v", err)
-		}
-		return numericSortValue(v), nil
-	case pgtype.BoolOID:
-		var v bool
-		if err := typeMap.Scan(fd.DataTypeOID, fd.Format, raw, &v); err != nil {
-			return sortValue{}, Errorf("XX000", "decode sort key: %v", err)
-		}
-		return sortValue{kind: 'b', b: []byte{boolByte(v)}}, nil
-	case pgtype.UUIDOID:
-		var v pgtype.UUID
-		if err := typeMap.Scan(fd.DataTypeOID, fd.Format, raw, &v); err != nil {
-			return sortValue{}, Errorf("XX000", "decode sort key: %v", err)
-		}
-		return sortValue{kind: 'B', b: v.Bytes[:]}, nil
-	case pgtype.DateOID:
-		var v pgtype.Date
-		if err := typeMap.Scan(fd.DataTypeOID, fd.Format, raw, &v); err != nil {
-			return sortValue{}, unsupported()
-		}
-		return sortValue{kind: 't', i: v.Time.Unix(), inf: int(v.InfinityModifier)}, nil
-	case pgtype.TimestampOID:
-		var v pgtype.Timestamp
-		if err := typeMap.Scan(fd.DataTypeOID, fd.Format, raw, &v); err != nil {
-			return sortValue{}, unsupported()
-		}
-		return sortValue{kind: 't', i: v.Time.UnixMicro(), inf: int(v.InfinityModifier)}, nil
-	case pgtype.TimestamptzOID:
-		var v pgtype.Timestamptz
-		if err := typeMap.Scan(fd.DataTypeOID, fd.Format, raw, &v); err != nil {
-			return sortValue{}, unsupported()
-		}
-		return sortValue{kind: 't', i: v.Time.UnixMicro(), inf: int(v.InfinityModifier)}, nil
-	case pgtype.TextOID, pgtype.VarcharOID, pgtype.NameOID:
-		if k.ByteOrder && fd.Format == 0 {
-			return sortValue{kind: 'B', b: raw}, nil
-		}
-	}
-	return sortValue{}, unsupported()
-}
-
-func boolByte(b bool) byte {
-	if b {
-		return 1
-	}
-	return 0
-}
-
-func numericSortValue(v pgtype.Numeric) sortValue {
-	switch {
-	case v.NaN:
-		return sortValue{kind: 'n', inf: 2}
-	case v.InfinityModifier != pgtype.Finite:
-		return sortValue{kind: 'n', inf: int(v.InfinityModifier)}
-	}
-	r := new(big.Rat).SetInt(v.Int)
-	if v.Exp > 0 {
-		r.Mul(r, new(big.Rat).SetInt(new(big.Int).Exp(big.NewInt(10), big.NewInt(int64(v.Exp)), nil)))
-	} else if v.Exp < 0 {
-		r.Quo(r, new(big.Rat).SetInt(new(big.Int).Exp(big.NewInt(10), big.NewInt(int64(-v.Exp)), nil)))
-	}
-	return sortValue{kind: 'n', n: r}
-}
-
-// less orders two parts' current rows as PostgreSQL's ORDER BY would.
-func (f *fanOut) less(a, b *fanPart) bool {
-	for i, k := range f.plan.Sort {
-		c := compareSort(a.keys[i], b.keys[i], k.NullsFirst)
-		if k.Desc {
-			c = -c
-			// NULLS FIRST/LAST is about position, not value: undo the flip.
-			if a.keys[i].null != b.keys[i].null {
-				c = -c
-			}
-		}
-		if c != 0 {
-			return c < 0
-		}
-	}
-	return false
-}
-
-func compareSort(a, b sortValue, nullsFirst bool) int {
-	switch {
-	case a.null && b.null:
-		return 0
-	case a.null:
-		if nullsFirst {
-			return -1
-		}
-		return 1
-	case b.null:
-		if nullsFirst {
-			return 1
-		}
-		return -1
-	}
-	switch a.kind {
-	case 'i':
-		return cmpInt(a.i, b.i)
-	case 'f':
-		// PostgreSQL orders NaN above every other value, equal to itself.
-		an, bn := math.IsNaN(a.f), math.IsNaN(b.f)
-		switch {
-		case an && bn:
-			return 0
-		case an:
-			return 1
-		case bn:
-			return -1
-		case a.f < b.f:
-			return -1
-		case a.f > b.f:
-			return 1
-		}
-		return 0
-	case 'n':
-		if a.inf != 0 || b.inf != 0 {
-			return cmpInt(int64(a.inf), int64(b.inf))
-		}
-		return a.n.Cmp(b.n)
-	case 't':
-		if a.inf != 0 || b.inf != 0 {
-			if c := cmpInt(int64(a.inf), int64(b.inf)); c != 0 {
-				return c
-			}
-			if a.inf != 0 {
-				return 0
-			}
-		}
-		return cmpInt(a.i, b.i)
-	}
-	return bytes.Compare(a.b, b.b)
-}
-
-func cmpInt(a, b int64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // sendParts sends each node its part of a fan-out: with bind nil as a simple

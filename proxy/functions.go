@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/lattice-db/lattice/router"
+	"github.com/lattice-db/lattice/sqlstate"
 )
 
 // Functions runs the lattice_* SQL functions. cmd/lattice wires it to the
@@ -51,6 +52,20 @@ func (s *session) funcParamType(f *router.FuncCall, n int) uint32 {
 		}
 	}
 	return pgtype.TextOID
+}
+
+// functionGuard refuses lattice_create_tree inside a transaction block,
+// as PostgreSQL refuses CREATE DATABASE (25001): it commits on connections
+// of its own, so it would not see a table the transaction created, would
+// wait forever for the transaction's own locks on it, and a ROLLBACK would
+// not undo it.
+func (s *session) functionGuard(name string) error {
+	if name == "lattice_create_tree" && s.tx.active && !s.tx.implicit {
+		e := Errorf(sqlstate.ActiveSQLTransaction, "lattice_create_tree cannot run inside a transaction block")
+		e.Hint = "commit the transaction (the table must be committed too), then call lattice_create_tree on its own"
+		return e
+	}
+	return nil
 }
 
 var typeMap = pgtype.NewMap()

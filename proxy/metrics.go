@@ -17,6 +17,7 @@ type Metrics struct {
 	queries [len(queryKindNames)]prometheus.Observer
 	conns   [len(connOutcomeNames)]prometheus.Counter
 	errors  *prometheus.CounterVec
+	pins    map[string]prometheus.Counter // by router.Pin name
 }
 
 // queryKindNames label lattice_proxy_query_duration_seconds: the router's
@@ -83,7 +84,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Name: "lattice_proxy_errors_sent_total",
 		Help: "ErrorResponses sent to clients, by SQLSTATE.",
 	}, []string{"sqlstate"})
-	m := &Metrics{errors: errs}
+	pins := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "lattice_proxy_pins_total",
+		Help: "Sessions pinned to a catalog-node backend, by the session state that pinned them (a session counts once per kind of state it takes while pinned).",
+	}, []string{"reason"})
+	m := &Metrics{errors: errs, pins: map[string]prometheus.Counter{}}
+	for _, r := range router.PinAll.Names() {
+		m.pins[r] = pins.WithLabelValues(r)
+	}
 	for i, name := range queryKindNames {
 		m.queries[i] = queries.WithLabelValues(name)
 	}
@@ -91,7 +99,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		m.conns[i] = conns.WithLabelValues(name)
 	}
 	if reg != nil {
-		reg.MustRegister(queries, conns, errs)
+		reg.MustRegister(queries, conns, errs, pins)
 	}
 	return m
 }
@@ -105,6 +113,8 @@ func (m *Metrics) query(k router.Kind, start time.Time) {
 func (m *Metrics) conn(outcome int) { m.conns[outcome].Inc() }
 
 func (m *Metrics) errorSent(code string) { m.errors.WithLabelValues(code).Inc() }
+
+func (m *Metrics) pinnedFor(reason string) { m.pins[reason].Inc() }
 
 // startupFailed counts a connection whose startup failed with err, and the
 // error Handshake sent it, if any.

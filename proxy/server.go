@@ -27,6 +27,9 @@ type Config struct {
 	Startup StartupConfig
 	// MaxClients bounds client connections; 0 means 1000.
 	MaxClients int
+	// MaxPinned bounds the sessions pinned to a catalog-node backend by
+	// session state (pin.go); 0 means DefaultMaxPinned.
+	MaxPinned int
 	// StatementTimeout is the statement_timeout of sessions that set none
 	// at startup; 0 leaves the nodes' own.
 	StatementTimeout time.Duration
@@ -74,6 +77,7 @@ type Server struct {
 
 	aggs     sync.Map // tenant + "\x00" + function name -> aggCheck
 	clients  atomic.Int64
+	pinned   atomic.Int64 // sessions pinned to a backend (pin.go)
 	mu       sync.Mutex
 	sessions map[uint32]*session // by the process id handed to the client, for CancelRequest
 	wg       sync.WaitGroup
@@ -83,6 +87,9 @@ type Server struct {
 func NewServer(cfg Config, cache *shardmap.Cache, planner *router.Planner, pools *pgshard.Pools, functions Functions) *Server {
 	if cfg.MaxClients <= 0 {
 		cfg.MaxClients = 1000
+	}
+	if cfg.MaxPinned <= 0 {
+		cfg.MaxPinned = DefaultMaxPinned
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()

@@ -75,6 +75,7 @@ type session struct {
 	copyBytes    int
 
 	listener *listener // the session's LISTEN backend, nil until it runs LISTEN
+	pin      pinState  // the catalog-node backend kept for session state (pin.go)
 
 	// views are the views this session's statements planned on since the
 	// last ReadyForQuery (or Flush), with the functions that release them.
@@ -240,12 +241,15 @@ func (s *session) inTx(be *pgshard.Conn) bool {
 // acquire takes a backend from the pool and queues what brings it to the
 // session's settings.
 func (s *session) acquire(ctx context.Context, node string) (*pgshard.Conn, error) {
-	be, err := s.srv.pools.Acquire(ctx, node, s.tenant)
-	if err != nil {
-		if errors.Is(err, pgshard.ErrPoolExhausted) {
-			return nil, Errorf("53300", "%v", err)
+	be := s.pinnedBackend(node)
+	if be == nil {
+		var err error
+		if be, err = s.srv.pools.Acquire(ctx, node, s.tenant); err != nil {
+			if errors.Is(err, pgshard.ErrPoolExhausted) {
+				return nil, Errorf("53300", "%v", err)
+			}
+			return nil, Errorf("08006", "cannot reach node %s: %v", node, err)
 		}
-		return nil, Errorf("08006", "cannot reach node %s: %v", node, err)
 	}
 	s.setActive(be, true)
 	if q := s.prologue(be); q != "" {
@@ -371,6 +375,7 @@ func (s *session) dropBackend(be *pgshard.Conn) {
 // holds the session's transaction from now on. A transaction whose backends
 // all ended it (COMMIT or ROLLBACK forwarded) is over.
 func (s *session) finish() {
+	defer s.settlePin()
 	for _, be := range s.used {
 		if be.TxStatus != 'I' && !be.Broken() && len(s.tx.conns) == 0 {
 			s.tx.conns = append(s.tx.conns, be)
@@ -442,6 +447,7 @@ func (s *session) release() {
 		s.srv.pools.Release(be)
 	}
 	s.tx.conns, s.used, s.aux = nil, nil, nil
+	s.releasePin()
 }
 
 // fail reports err (ours, not a backend's) to the client and applies
@@ -483,19 +489,13 @@ func routerBind(bind *pgproto3.Bind, oids []uint32) *router.Bind {
 }
 
 // splitRows groups the VALUES rows of an InsertSplit plan by owning shard, in
-// order of first appearance.
-func (s *session) splitRows(v *shardmap.View, p *router.Plan, bind *pgproto3.Bind, oids []uint32) ([]shardmap.Shard, [][]int, error) {
+// order of first appearance: one INSERT per shard, with its rows only.
+func (s *session) splitRows(v *shardmap.View, p *router.Plan, bind *pgproto3.Bind, oids []uint32) ([]router.Target, error) {
 	r, err := router.Resolve(v, p, routerBind(bind, oids))
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	m := v.Maps[p.Tree.Name]
-	shards := make([]shardmap.Shard, len(r.Targets))
-	rows := make([][]int, len(r.Targets))
-	for i, t := range r.Targets {
-		shards[i], rows[i] = m.Shards[t.Shard], t.Rows
-	}
-	return shards, rows, nil
+	return r.Targets, nil
 }
 
 func commandComplete(tag string) *pgproto3.CommandComplete {

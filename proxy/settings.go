@@ -1,9 +1,14 @@
 package proxy
 
 import (
+	"context"
 	"slices"
 	"strings"
 	"unicode"
+
+	"github.com/lattice-db/lattice/pgshard"
+	"github.com/lattice-db/lattice/router"
+	"github.com/lattice-db/lattice/sqlstate"
 )
 
 // settings is a client's session state that must follow it across pooled
@@ -93,6 +98,62 @@ func (s *settings) restore(set []setting) {
 func (s *settings) reset() {
 	s.set = nil
 	s.refresh()
+}
+
+// recordSet records a SET or RESET that PostgreSQL accepted on be; inTx
+// says it ran inside a transaction block, whose rollback undoes it.
+func (s *session) recordSet(be *pgshard.Conn, stmt string, inTx bool) {
+	if inTx && !s.tx.setInTx {
+		s.tx.setInTx, s.tx.setsBefore = true, slices.Clone(s.settings.set)
+	}
+	s.settings.apply(stmt)
+	be.Settings = s.settings.fp
+	if s.settings.resetsStartup(stmt) {
+		// PostgreSQL reset be to its own startup value, not the session's:
+		// the next use replays the session's settings.
+		be.Settings = unknownSettings
+	}
+}
+
+// multiSets refuses a query string whose SETs the proxy could not follow:
+// with COMMIT, ROLLBACK or savepoints among its statements, which of its
+// SETs last depends on where an error stops it.
+func (s *session) multiSets(sets []string, txStmts []*router.Plan) error {
+	if len(sets) == 0 {
+		return nil
+	}
+	for _, p := range txStmts {
+		if p.Kind == router.Transaction {
+			e := Errorf(sqlstate.FeatureNotSupported, "SET or RESET cannot be combined with %s in one query string through the Lattice proxy", strings.ToUpper(firstWord(p.SQL)))
+			e.Hint = "send the SET in a query of its own, or use SET LOCAL inside the transaction"
+			return e
+		}
+	}
+	return nil
+}
+
+// recordSets follows the SETs of a query string of several statements
+// that ran on node. PostgreSQL runs such a string as one implicit
+// transaction: when any statement fails, its SETs are undone with the
+// rest, so they are recorded only when the whole string succeeded. One
+// that opened a transaction block (BEGIN) leaves them to that block.
+func (s *session) recordSets(ctx context.Context, node string, sets []string) {
+	if len(sets) == 0 {
+		return
+	}
+	be, err := s.backend(ctx, node)
+	if err != nil {
+		return // forwardQuery took it already; it cannot fail now
+	}
+	wasInTx := s.tx.active
+	s.x.add(step{kind: stepSynthetic, then: func(x *exchange) {
+		if x.errored || x.failed[be] {
+			return
+		}
+		for _, stmt := range sets {
+			s.recordSet(be, stmt, wasInTx || be.TxStatus != 'I')
+		}
+	}})
 }
 
 func removeSetting(v []setting, name string) []setting {

@@ -89,6 +89,10 @@ func (s *session) simpleOne(ctx context.Context, v *shardmap.View, p *router.Pla
 	case router.SessionSet, router.Discard:
 		s.sessionCommand(ctx, p, false)
 	case router.Function:
+		if p.Compose != nil {
+			s.simpleComposed(ctx, p)
+			return
+		}
 		args, named := literalArgs(p.Func)
 		s.callFunction(ctx, p.Func, args, named, nil, true)
 	case router.LocalSet:
@@ -106,7 +110,12 @@ func (s *session) simpleOne(ctx context.Context, v *shardmap.View, p *router.Pla
 			s.fail(err, false)
 			return
 		}
+		if err := s.pinFor(ctx, p.Pin); err != nil {
+			s.fail(err, false)
+			return
+		}
 		s.forwardQuery(ctx, s.catalogTarget(p), p.SQL, false)
+		s.pinEnds(p.Unpin, false)
 	case router.Single:
 		sh, err := s.route(v, p, nil, nil)
 		if err != nil {
@@ -149,26 +158,24 @@ func (s *session) forwardQuery(ctx context.Context, node, sql string, staleRetry
 // runs in the session's transaction, or in an implicit one committed with
 // two-phase commit.
 func (s *session) simpleInsertSplit(ctx context.Context, v *shardmap.View, p *router.Plan, allowRetry bool) {
-	shards, rows, err := s.splitRows(v, p, nil, nil)
+	parts, err := s.splitRows(v, p, nil, nil)
 	if err != nil {
 		s.fail(err, false)
 		return
 	}
-	if len(shards) == 1 {
-		sql, _ := p.RenderRows(shardmap.SchemaName(shards[0].Index), rows[0])
-		s.forwardQuery(ctx, shards[0].Node, sql, allowRetry && !s.tx.active)
+	if len(parts) == 1 {
+		s.forwardQuery(ctx, parts[0].Node, parts[0].SQL, allowRetry && !s.tx.active)
 		return
 	}
 	var nodes []string
-	parts := map[string][]string{}
-	for i, sh := range shards {
-		if _, ok := parts[sh.Node]; !ok {
-			nodes = append(nodes, sh.Node)
+	sqls := map[string][]string{}
+	for _, t := range parts {
+		if _, ok := sqls[t.Node]; !ok {
+			nodes = append(nodes, t.Node)
 		}
-		sql, _ := p.RenderRows(shardmap.SchemaName(sh.Index), rows[i])
-		parts[sh.Node] = append(parts[sh.Node], sql)
+		sqls[t.Node] = append(sqls[t.Node], t.SQL)
 	}
-	s.simpleEveryNode(ctx, nodes, parts)
+	s.simpleEveryNode(ctx, nodes, sqls)
 }
 
 // simpleWriteAll runs an UPDATE or DELETE without the shard key on every
@@ -225,8 +232,11 @@ func (s *session) simpleMulti(ctx context.Context, v *shardmap.View, plans []*ro
 	// txStmts are the statements that act on the whole transaction; they
 	// reach only the node this query string runs on.
 	var txStmts []*router.Plan
+	var pin, unpin router.Pin
+	var sets []string // SET and RESET, recorded once the string committed
 	for _, p := range plans {
 		var n, sql string
+		pin, unpin = pin|p.Pin, unpin|p.Unpin
 		if p.Kind == router.LocalSet || p.Kind == router.Transaction && p.Tx != router.Begin {
 			txStmts = append(txStmts, p)
 		}
@@ -234,8 +244,11 @@ func (s *session) simpleMulti(ctx context.Context, v *shardmap.View, plans []*ro
 			// Replayed on the other nodes the transaction will touch.
 			s.tx.begin = strings.TrimSpace("BEGIN " + p.TxOptions)
 		}
+		if p.Kind == router.SessionSet {
+			sets = append(sets, p.SQL)
+		}
 		switch p.Kind {
-		case router.Catalog, router.LocalSet, router.Transaction:
+		case router.Catalog, router.LocalSet, router.Transaction, router.SessionSet:
 			if isListenPlan(p) {
 				e := Errorf("0A000", "%s cannot be combined with other statements in one query string through the Lattice proxy", firstWord(p.SQL))
 				e.Hint = "send it as a query of its own"
@@ -293,7 +306,17 @@ func (s *session) simpleMulti(ctx context.Context, v *shardmap.View, plans []*ro
 			}
 		}
 	}
+	if err := s.multiSets(sets, txStmts); err != nil {
+		s.fail(err, false)
+		return
+	}
+	if err := s.pinFor(ctx, pin); err != nil {
+		s.fail(err, false)
+		return
+	}
 	s.forwardQuery(ctx, node, strings.Join(parts, ";\n"), false)
+	s.pinEnds(unpin&^pin, false)
+	s.recordSets(ctx, node, sets)
 }
 
 // localSet runs SET LOCAL, SET TRANSACTION or SET CONSTRAINTS inside a
@@ -319,20 +342,13 @@ func (s *session) localSet(ctx context.Context, p *router.Plan, extended bool) {
 	s.tx.local = append(s.tx.local, p.SQL)
 }
 
-// catalogGuard refuses statements whose effect would be stranded on one
-// pooled backend: SQL-level prepared statements and the like.
+// catalogGuard refuses a notification the transaction could not commit.
 func (s *session) catalogGuard(p *router.Plan) error {
 	if p.Notify && slices.ContainsFunc(s.tx.conns, func(be *pgshard.Conn) bool { return be.Node != s.srv.catalogNode }) {
 		// It would join the catalog node to a transaction over several
 		// nodes, and PostgreSQL cannot prepare a transaction that notified.
 		e := Errorf("0A000", "cannot notify inside a transaction that already uses %s: notifications are sent from the catalog node, and a transaction over several nodes commits with PREPARE TRANSACTION, which PostgreSQL refuses after NOTIFY", nodeList(s.tx.conns))
 		e.Hint = "notify outside this transaction, or in a transaction that touches only the catalog node"
-		return e
-	}
-	switch firstWord(p.SQL) {
-	case "PREPARE", "EXECUTE":
-		e := Errorf("0A000", "SQL-level PREPARE and EXECUTE are not supported through the Lattice proxy")
-		e.Hint = "use the extended query protocol (your driver's prepared statements), which works across pooled backends"
 		return e
 	}
 	return nil
@@ -342,6 +358,10 @@ func (s *session) catalogGuard(p *router.Plan) error {
 // backend: each node the transaction touches gets BEGIN replayed before its
 // first statement. COMMIT over several nodes is a two-phase commit.
 func (s *session) txControl(ctx context.Context, p *router.Plan, extended bool) {
+	if p.Chain {
+		s.txChain(ctx, p, extended)
+		return
+	}
 	if p.Tx == router.Begin && s.tx.implicit {
 		// As in PostgreSQL, BEGIN inside an implicit transaction makes it
 		// a transaction block that includes what ran before.
@@ -468,6 +488,7 @@ func (s *session) sessionCommand(ctx context.Context, p *router.Plan, extended b
 			return
 		}
 		s.settings.reset()
+		s.discardPin()
 		s.stmts = map[string]*clientStmt{}
 		s.portals = map[string]*clientPortal{}
 		// DISCARD ALL includes UNLISTEN *.
@@ -493,16 +514,7 @@ func (s *session) sessionCommand(ctx context.Context, p *router.Plan, extended b
 	// Recorded only once PostgreSQL accepted it.
 	s.x.add(step{kind: stepSynthetic, then: func(x *exchange) {
 		if !x.failed[be] {
-			if s.tx.active && !s.tx.setInTx {
-				s.tx.setInTx, s.tx.setsBefore = true, slices.Clone(s.settings.set)
-			}
-			s.settings.apply(p.SQL)
-			be.Settings = s.settings.fp
-			if s.settings.resetsStartup(p.SQL) {
-				// PostgreSQL reset be to its own startup value, not the
-				// session's: the next use replays the session's settings.
-				be.Settings = unknownSettings
-			}
+			s.recordSet(be, p.SQL, s.tx.active)
 		}
 	}})
 }
@@ -551,6 +563,9 @@ func (s *session) callFunction(ctx context.Context, f *router.FuncCall, args []*
 		return
 	}
 	fields, err := s.srv.functions.Describe(f.Name)
+	if err == nil {
+		err = s.functionGuard(f.Name)
+	}
 	if err != nil {
 		s.fail(err, !withDesc)
 		return

@@ -9,6 +9,8 @@ import (
 	pg "github.com/pganalyze/pg_query_go/v6"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
+
+	"github.com/lattice-db/lattice/btreeindex"
 )
 
 // An aggregating fan-out (aggregates, GROUP BY, HAVING or DISTINCT) runs in
@@ -61,13 +63,17 @@ const aggSource = "lattice_src"
 
 // RenderPartial is the partial query a node runs over the given shard
 // schemas.
-func (p *Plan) RenderPartial(schemas []Source) string { return p.renderAround(p.Agg.partial, schemas) }
+func (p *Plan) RenderPartial(schemas []btreeindex.Source) string {
+	return p.renderAround(p.Agg.partial, schemas)
+}
 
 // RenderWhole is the statement itself over the given shard schemas, for a
 // node that holds every shard of the tree: no final step is needed.
-func (p *Plan) RenderWhole(schemas []Source) string { return p.renderAround(p.Agg.whole, schemas) }
+func (p *Plan) RenderWhole(schemas []btreeindex.Source) string {
+	return p.renderAround(p.Agg.whole, schemas)
+}
 
-func (p *Plan) renderAround(pieces [2]string, schemas []Source) string {
+func (p *Plan) renderAround(pieces [2]string, schemas []btreeindex.Source) string {
 	a := p.Agg
 	var b strings.Builder
 	b.WriteString(pieces[0])
@@ -662,17 +668,17 @@ func deparseExpr(n *pg.Node) (string, error) {
 
 // splitSource cuts a deparsed statement around its lattice_src reference.
 func splitSource(text string) (string, string, bool) {
-	toks, err := pg.Scan(text)
-	if err != nil {
+	toks, _, ok := scan(text)
+	if !ok {
 		return "", "", false
 	}
 	at := -1
-	for _, t := range toks.Tokens {
-		if t.Token == pg.Token_IDENT && text[t.Start:t.End] == aggSource {
+	for _, t := range toks {
+		if t.kind == pg.Token_IDENT && t.text(text) == aggSource {
 			if at >= 0 {
 				return "", "", false
 			}
-			at = int(t.Start)
+			at = int(t.start)
 		}
 	}
 	if at < 0 {
@@ -684,18 +690,18 @@ func splitSource(text string) (string, string, bool) {
 // finalPieces cuts the deparsed final statement at its source and at each
 // lattice_agg_N placeholder.
 func finalPieces(text string, naggs int) ([]string, []int, bool) {
-	toks, err := pg.Scan(text)
-	if err != nil {
+	toks, _, ok := scan(text)
+	if !ok {
 		return nil, nil, false
 	}
 	var pieces []string
 	var holes []int
 	last, seen, sources := 0, make([]bool, naggs), 0
-	for _, t := range toks.Tokens {
-		if t.Token != pg.Token_IDENT {
+	for _, t := range toks {
+		if t.kind != pg.Token_IDENT {
 			continue
 		}
-		word := text[t.Start:t.End]
+		word := t.text(text)
 		h := -2
 		if word == aggSource {
 			h = -1
@@ -711,9 +717,9 @@ func finalPieces(text string, naggs int) ([]string, []int, bool) {
 		if h == -2 {
 			continue
 		}
-		pieces = append(pieces, text[last:t.Start])
+		pieces = append(pieces, text[last:t.start])
 		holes = append(holes, h)
-		last = int(t.End)
+		last = int(t.end)
 	}
 	pieces = append(pieces, text[last:])
 	for _, s := range seen {

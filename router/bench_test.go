@@ -3,6 +3,8 @@ package router
 import (
 	"fmt"
 	"testing"
+
+	"github.com/lattice-db/lattice/shardmap"
 )
 
 const benchPoint = "SELECT sku, name, price, qty FROM catalogue WHERE sku = $1"
@@ -104,5 +106,49 @@ func BenchmarkPlanShape(b *testing.B) {
 			b.Fatal(err)
 		}
 		_ = plans[0].Render("lattice_s0005")
+	}
+}
+
+// BenchmarkShapeScan is the scan under every plan-cache lookup of the
+// simple protocol: pg_query's Scan (cgo and a protobuf decode), which the
+// router used before, against the pure-Go lexer that replaces it; both
+// give the token list and the shape key.
+func BenchmarkShapeScan(b *testing.B) {
+	for _, c := range []struct{ name, sql string }{
+		{"point", "SELECT sku, name, price, qty FROM catalogue WHERE sku = 'k12345'"},
+		{"pgbench-update", "UPDATE pgbench_accounts SET abalance = abalance + -4123 WHERE aid = 81234;"},
+	} {
+		for _, s := range []struct {
+			name string
+			fn   func(string) ([]token, string, bool)
+		}{{"pg_query", pgScan}, {"lexer", lex}} {
+			b.Run(c.name+"/"+s.name, func(b *testing.B) {
+				if _, _, ok := s.fn(c.sql); !ok {
+					b.Fatal("no scan")
+				}
+				b.ReportAllocs()
+				for i := 0; i < b.N; i++ {
+					s.fn(c.sql)
+				}
+			})
+		}
+	}
+}
+
+// BenchmarkResolveSingle resolves a point select's plan against a map and
+// a binary Bind: hash the key, find its shard, render the statement.
+func BenchmarkResolveSingle(b *testing.B) {
+	plans, err := NewPlanner(0).Plan("SELECT id, customer, total FROM orders WHERE id = $1", testTrees(), 1)
+	if err != nil {
+		b.Fatal(err)
+	}
+	v := &shardmap.View{Maps: map[string]*shardmap.Map{"orders": shardmap.NewIdentityMap("t", "orders", 4096, 16, []string{"n1"})}}
+	bind := &Bind{Params: [][]byte{be8(42)}, Formats: []int16{1}, OIDs: []uint32{20}}
+	b.ReportAllocs()
+	for i := 0; i < b.N; i++ {
+		r, err := Resolve(v, plans[0], bind)
+		if err != nil || len(r.Targets) != 1 {
+			b.Fatal(err)
+		}
 	}
 }

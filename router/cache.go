@@ -7,8 +7,6 @@ import (
 	"sync/atomic"
 	"unicode/utf8"
 
-	pg "github.com/pganalyze/pg_query_go/v6"
-
 	"github.com/lattice-db/lattice/shardmap"
 )
 
@@ -73,12 +71,11 @@ func (p *Planner) Plan(sql string, trees Trees, version uint64) ([]*Plan, error)
 	}
 
 	// A statement of a known shape: scan it and derive the plan.
-	var toks []*pg.ScanToken
+	var toks []token
 	var key string
 	if utf8.ValidString(sql) && strings.IndexByte(sql, 0) < 0 {
-		if res, err := pg.Scan(sql); err == nil {
-			toks = res.Tokens
-			key = shapeKey(sql, toks)
+		var ok bool
+		if toks, key, ok = scan(sql); ok {
 			if t, ok := p.shapes.get(key, version); ok {
 				if plans, ok := t.derive(sql, toks); ok {
 					p.shapeHits.Add(1)

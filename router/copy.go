@@ -5,6 +5,8 @@ import (
 	"strings"
 
 	pg "github.com/pganalyze/pg_query_go/v6"
+
+	"github.com/lattice-db/lattice/btreeindex"
 )
 
 // CopyFormat is the data format of a COPY.
@@ -62,7 +64,7 @@ func (p *Plan) RenderCopyFrom(schema string) string {
 // the given shard schemas of that node: the rows of each shard glued with
 // UNION ALL, in the client's format, with a header line only when header.
 // For a Single query it is the whole statement for the one shard.
-func (p *Plan) RenderCopyTo(schemas []Source, header bool) string {
+func (p *Plan) RenderCopyTo(schemas []btreeindex.Source, header bool) string {
 	c := p.Copy
 	if c.Query && c.QueryKind == Single {
 		return p.Render(schemas[0].Schema)
@@ -248,19 +250,19 @@ func (p *planner) copyQuery(c *CopySpec, s *pg.CopyStmt) route {
 func (p *planner) parenSpan(start, end int) (int, int, bool) {
 	depth, open := 0, -1
 	for _, t := range p.tokens() {
-		if int(t.Start) < start || int(t.End) > end {
+		if int(t.start) < start || int(t.end) > end {
 			continue
 		}
-		switch t.Token {
+		switch t.kind {
 		case pg.Token_ASCII_40:
 			if depth == 0 && open < 0 {
-				open = int(t.End)
+				open = int(t.end)
 			}
 			depth++
 		case pg.Token_ASCII_41:
 			depth--
 			if depth == 0 && open >= 0 {
-				qs, qe := p.trim(open, int(t.Start))
+				qs, qe := p.trim(open, int(t.start))
 				return qs, qe, true
 			}
 		}

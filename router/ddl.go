@@ -214,13 +214,13 @@ func (p *planner) refuse(pl *Plan, e *Error) bool {
 // withoutConcurrently drops the CONCURRENTLY keyword from a statement for
 // the DDL log, which CreateShard replays inside a transaction.
 func (p *planner) withoutConcurrently(sql string) string {
-	res, err := pg.Scan(sql)
-	if err != nil {
+	toks, _, ok := scan(sql)
+	if !ok {
 		return sql
 	}
-	for _, t := range res.Tokens {
-		if t.Token == pg.Token_CONCURRENTLY {
-			return sql[:t.Start] + strings.TrimLeft(sql[t.End:], " \t\n")
+	for _, t := range toks {
+		if t.kind == pg.Token_CONCURRENTLY {
+			return sql[:t.start] + strings.TrimLeft(sql[t.end:], " \t\n")
 		}
 	}
 	return sql

@@ -9,6 +9,8 @@ import (
 	pg "github.com/pganalyze/pg_query_go/v6"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
+
+	"github.com/lattice-db/lattice/btreeindex"
 )
 
 // A SELECT of one tree that does not fix the shard key runs on every node:
@@ -24,37 +26,9 @@ import (
 // branch is re-parsed when it is made and must give exactly the statement's
 // parse tree with those changes, or the statement is refused.
 
-// SortKey is one ORDER BY key of a FanOut plan.
-type SortKey struct {
-	Column     int  // 0-based index of the sort value in the per-node result row (hidden columns included)
-	Desc       bool // DESC
-	NullsFirst bool // the effective null order: PostgreSQL's default is NULLS LAST for ASC, NULLS FIRST for DESC
-	ByteOrder  bool // COLLATE "C" / "POSIX" on the key: text compares bytewise
-}
-
-// String is "#col ASC|DESC NULLS FIRST|LAST", with " BYTES" for ByteOrder.
-func (k SortKey) String() string {
-	s := "#" + strconv.Itoa(k.Column) + " " + k.order()
-	if k.ByteOrder {
-		s += " BYTES"
-	}
-	return s
-}
-
-func (k SortKey) order() string {
-	s := "ASC"
-	if k.Desc {
-		s = "DESC"
-	}
-	if k.NullsFirst {
-		return s + " NULLS FIRST"
-	}
-	return s + " NULLS LAST"
-}
-
 // fanPlan is the analysis of a fan-out SELECT.
 type fanPlan struct {
-	sort          []SortKey
+	sort          []btreeindex.SortKey
 	hidden        int
 	limit, offset *Value
 	calls         []string
@@ -78,7 +52,7 @@ type fanRender struct {
 // the hidden sort columns appended to the select list. Parameters keep
 // their numbers; a parameter used only in LIMIT or OFFSET no longer
 // appears. It panics if the plan is not FanOut or schemas is empty.
-func (p *Plan) RenderFanOut(schemas []Source, limit int64) string {
+func (p *Plan) RenderFanOut(schemas []btreeindex.Source, limit int64) string {
 	if p.fan == nil {
 		panic("router: RenderFanOut on a " + p.Kind.String() + " plan")
 	}
@@ -209,7 +183,7 @@ func (p *planner) fanOut(r route, s *pg.SelectStmt) route {
 		if sb == nil {
 			return refusedRoute(fanError(tree.Name))
 		}
-		k := SortKey{Column: -1, Desc: sb.SortbyDir == pg.SortByDir_SORTBY_DESC}
+		k := btreeindex.SortKey{Column: -1, Desc: sb.SortbyDir == pg.SortByDir_SORTBY_DESC}
 		switch sb.SortbyDir {
 		case pg.SortByDir_SORTBY_DEFAULT, pg.SortByDir_SORTBY_ASC, pg.SortByDir_SORTBY_DESC:
 		default:
@@ -691,9 +665,9 @@ func (p *planner) fanRenderer(r route, start, end int) (*fanRender, *Error) {
 		return nil, err
 	}
 	all := p.tokens()
-	lo := sort.Search(len(all), func(i int) bool { return int(all[i].Start) >= start })
+	lo := sort.Search(len(all), func(i int) bool { return int(all[i].start) >= start })
 	hi := lo
-	for hi < len(all) && int(all[hi].End) <= end {
+	for hi < len(all) && int(all[hi].end) <= end {
 		hi++
 	}
 	toks := all[lo:hi]
@@ -709,7 +683,7 @@ func (p *planner) fanRenderer(r route, start, end int) (*fanRender, *Error) {
 	// The tail: ORDER BY, LIMIT, OFFSET, FETCH at the top level.
 	tail, depth := -1, 0
 	for i, t := range toks {
-		switch t.Token {
+		switch t.kind {
 		case pg.Token_ASCII_40, pg.Token_ASCII_91:
 			depth++
 		case pg.Token_ASCII_41, pg.Token_ASCII_93:
@@ -735,7 +709,7 @@ func (p *planner) fanRenderer(r route, start, end int) (*fanRender, *Error) {
 	{
 		for i := stop - 1; i >= 0; i-- {
 			if !isComment(toks[i]) {
-				branchEnd = int(toks[i].End)
+				branchEnd = int(toks[i].end)
 				break
 			}
 		}
@@ -744,11 +718,11 @@ func (p *planner) fanRenderer(r route, start, end int) (*fanRender, *Error) {
 	// The ORDER BY items' expressions.
 	var items []span
 	if len(s.SortClause) > 0 {
-		if toks[tail].Token != pg.Token_ORDER {
+		if toks[tail].kind != pg.Token_ORDER {
 			return nil, bad
 		}
 		i := next(tail)
-		if i < 0 || toks[i].Token != pg.Token_BY {
+		if i < 0 || toks[i].kind != pg.Token_BY {
 			return nil, bad
 		}
 		var cur []int
@@ -764,7 +738,7 @@ func (p *planner) fanRenderer(r route, start, end int) (*fanRender, *Error) {
 			sb := s.SortClause[k].GetSortBy()
 			word := func(j int, words ...string) bool {
 				t := toks[cur[j]]
-				text := p.sql[t.Start:t.End]
+				text := p.sql[t.start:t.end]
 				for _, w := range words {
 					if strings.EqualFold(text, w) {
 						return true
@@ -785,22 +759,22 @@ func (p *planner) fanRenderer(r route, start, end int) (*fanRender, *Error) {
 				}
 				n--
 			}
-			items = append(items, span{int(toks[cur[0]].Start), int(toks[cur[n-1]].End)})
+			items = append(items, span{int(toks[cur[0]].start), int(toks[cur[n-1]].end)})
 			cur = nil
 			return true
 		}
 		for i = next(i); i >= 0; i = next(i) {
 			t := toks[i]
-			switch t.Token {
+			switch t.kind {
 			case pg.Token_ASCII_40, pg.Token_ASCII_91:
 				depth++
 			case pg.Token_ASCII_41, pg.Token_ASCII_93:
 				depth--
 			}
-			if depth == 0 && (t.Token == pg.Token_LIMIT || t.Token == pg.Token_OFFSET || t.Token == pg.Token_FETCH) {
+			if depth == 0 && (t.kind == pg.Token_LIMIT || t.kind == pg.Token_OFFSET || t.kind == pg.Token_FETCH) {
 				break
 			}
-			if depth == 0 && t.Token == pg.Token_ASCII_44 {
+			if depth == 0 && t.kind == pg.Token_ASCII_44 {
 				if !flush() {
 					return nil, bad
 				}
@@ -824,13 +798,13 @@ func (p *planner) fanRenderer(r route, start, end int) (*fanRender, *Error) {
 		}
 		lastTarget := int(s.TargetList[len(s.TargetList)-1].GetResTarget().GetLocation())
 		for i, t := range toks {
-			if t.Token != pg.Token_FROM || int(t.Start) <= lastTarget || int(t.Start) >= int(r.rv.Location) || lastTarget < start {
+			if t.kind != pg.Token_FROM || int(t.start) <= lastTarget || int(t.start) >= int(r.rv.Location) || lastTarget < start {
 				continue
 			}
 			for j := i - 1; j >= 0; j-- {
 				if !isComment(toks[j]) {
-					if int(toks[j].End) > lastTarget {
-						inserts = append(inserts, int(toks[j].End))
+					if int(toks[j].end) > lastTarget {
+						inserts = append(inserts, int(toks[j].end))
 					}
 					break
 				}
@@ -892,7 +866,7 @@ func (p *planner) fanRenderer(r route, start, end int) (*fanRender, *Error) {
 		fr := &fanRender{branch: rd}
 		var outer []string
 		for _, k := range f.sort {
-			outer = append(outer, strconv.Itoa(k.Column+1)+" "+k.order())
+			outer = append(outer, strconv.Itoa(k.Column+1)+" "+k.Order())
 		}
 		fr.outer = strings.Join(outer, ", ")
 		return fr, nil
@@ -903,20 +877,20 @@ func (p *planner) fanRenderer(r route, start, end int) (*fanRender, *Error) {
 // tableKeyword returns, for a reference at ref copied from [from, to) to
 // offset at of the branch text, the branch offset of a TABLE keyword right
 // before it (the TABLE name form), or -1.
-func tableKeyword(toks []*pg.ScanToken, ref, from, to, at int) int {
+func tableKeyword(toks []token, ref, from, to, at int) int {
 	prev := -1
 	for i, t := range toks {
-		if int(t.Start) >= ref {
+		if int(t.start) >= ref {
 			break
 		}
 		if !isComment(t) {
 			prev = i
 		}
 	}
-	if prev < 0 || toks[prev].Token != pg.Token_TABLE || int(toks[prev].Start) < from || int(toks[prev].End) > to {
+	if prev < 0 || toks[prev].kind != pg.Token_TABLE || int(toks[prev].start) < from || int(toks[prev].end) > to {
 		return -1
 	}
-	return int(toks[prev].Start) - from + at
+	return int(toks[prev].start) - from + at
 }
 
 // expectedBranch is the parse tree a branch for schema must have: the

@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	pg "github.com/pganalyze/pg_query_go/v6"
+
+	"github.com/lattice-db/lattice/btreeindex"
 )
 
 func TestFanOutRefusals(t *testing.T) {
@@ -85,7 +87,7 @@ func TestFanOutRefusals(t *testing.T) {
 func TestFanOutPlans(t *testing.T) {
 	cases := []struct {
 		sql           string
-		sort          []SortKey
+		sort          []btreeindex.SortKey
 		hidden        int
 		limit, offset string // Value.String(), "" for nil
 		branch        string // RenderFanOut of lattice_s0001 alone
@@ -93,29 +95,29 @@ func TestFanOutPlans(t *testing.T) {
 		{sql: `SELECT * FROM catalogue`,
 			branch: `(SELECT * FROM lattice_s0001.catalogue)`},
 		{sql: `SELECT name, price FROM catalogue ORDER BY price DESC LIMIT $1 OFFSET $2`,
-			sort: []SortKey{{Column: 1, Desc: true, NullsFirst: true}}, limit: "$1", offset: "$2",
+			sort: []btreeindex.SortKey{{Column: 1, Desc: true, NullsFirst: true}}, limit: "$1", offset: "$2",
 			branch: `(SELECT name, price FROM lattice_s0001.catalogue) ORDER BY 2 DESC NULLS FIRST LIMIT 7`},
 		{sql: `SELECT name FROM catalogue ORDER BY price NULLS FIRST, qty DESC NULLS LAST, name`,
-			sort:   []SortKey{{Column: 1, NullsFirst: true}, {Column: 2, Desc: true}, {Column: 0}},
+			sort:   []btreeindex.SortKey{{Column: 1, NullsFirst: true}, {Column: 2, Desc: true}, {Column: 0}},
 			hidden: 2,
 			branch: `(SELECT name, price AS lattice_sort_1, qty AS lattice_sort_2 FROM lattice_s0001.catalogue) ORDER BY 2 ASC NULLS FIRST, 3 DESC NULLS LAST, 1 ASC NULLS LAST LIMIT 7`},
 		{sql: `SELECT name AS n FROM catalogue ORDER BY n COLLATE "C"`,
-			sort: []SortKey{{Column: 1, ByteOrder: true}}, hidden: 1,
+			sort: []btreeindex.SortKey{{Column: 1, ByteOrder: true}}, hidden: 1,
 			branch: `(SELECT name AS n, n COLLATE "C" AS lattice_sort_1 FROM lattice_s0001.catalogue) ORDER BY 2 ASC NULLS LAST LIMIT 7`},
 		{sql: `SELECT name COLLATE pg_catalog."C" AS n FROM catalogue ORDER BY 1 DESC`,
-			sort:   []SortKey{{Column: 0, Desc: true, NullsFirst: true, ByteOrder: true}},
+			sort:   []btreeindex.SortKey{{Column: 0, Desc: true, NullsFirst: true, ByteOrder: true}},
 			branch: `(SELECT name COLLATE pg_catalog."C" AS n FROM lattice_s0001.catalogue) ORDER BY 1 DESC NULLS FIRST LIMIT 7`},
 		{sql: `SELECT price AS qty, qty AS price FROM catalogue ORDER BY qty, price`,
-			sort:   []SortKey{{Column: 0}, {Column: 1}},
+			sort:   []btreeindex.SortKey{{Column: 0}, {Column: 1}},
 			branch: `(SELECT price AS qty, qty AS price FROM lattice_s0001.catalogue) ORDER BY 1 ASC NULLS LAST, 2 ASC NULLS LAST LIMIT 7`},
 		{sql: `SELECT c.name, c.price::int FROM catalogue c ORDER BY price, name`,
-			sort:   []SortKey{{Column: 1}, {Column: 0}},
+			sort:   []btreeindex.SortKey{{Column: 1}, {Column: 0}},
 			branch: `(SELECT c.name, c.price::int FROM lattice_s0001.catalogue c) ORDER BY 2 ASC NULLS LAST, 1 ASC NULLS LAST LIMIT 7`},
 		{sql: `SELECT * FROM "user" ORDER BY name DESC LIMIT ALL`,
-			sort: []SortKey{{Column: 2, Desc: true, NullsFirst: true}}, hidden: 1,
+			sort: []btreeindex.SortKey{{Column: 2, Desc: true, NullsFirst: true}}, hidden: 1,
 			branch: `(SELECT *, name AS lattice_sort_1 FROM lattice_s0001."user") ORDER BY 3 DESC NULLS FIRST LIMIT 7`},
 		{sql: `SELECT "Key" FROM "Upper" WHERE "Key" > $1 ORDER BY "Key" FETCH FIRST $2 ROWS ONLY`,
-			sort: []SortKey{{Column: 0}}, limit: "$2",
+			sort: []btreeindex.SortKey{{Column: 0}}, limit: "$2",
 			branch: `(SELECT "Key" FROM lattice_s0001."Upper" WHERE "Key" > $1) ORDER BY 1 ASC NULLS LAST LIMIT 7`},
 		{sql: `SELECT sku FROM items OFFSET 10000000000 LIMIT 3::int8`, limit: "'3'", offset: "'10000000000'",
 			branch: `(SELECT sku FROM lattice_s0001.items) LIMIT 7`},
@@ -149,7 +151,7 @@ func TestFanOutPlans(t *testing.T) {
 			if len(p.Sort) == 0 && p.Limit == nil {
 				limit = -1
 			}
-			if got := p.RenderFanOut(Schemas("lattice_s0001"), limit); got != c.branch {
+			if got := p.RenderFanOut(btreeindex.Schemas("lattice_s0001"), limit); got != c.branch {
 				t.Errorf("render\n got %s\nwant %s", got, c.branch)
 			}
 			checkFanOutSQL(t, p)
@@ -190,7 +192,7 @@ const filtered = "lattice_owned"
 // the plan's keys and the LIMIT given.
 func checkFanOutSQL(t testing.TB, p *Plan) {
 	t.Helper()
-	for _, schemas := range [][]Source{Schemas("lattice_s0001"), Schemas("lattice_s0001", "Odd Schema"), Schemas("lattice_s0001", "lattice_s0002", "lattice_s0003"),
+	for _, schemas := range [][]btreeindex.Source{btreeindex.Schemas("lattice_s0001"), btreeindex.Schemas("lattice_s0001", "Odd Schema"), btreeindex.Schemas("lattice_s0001", "lattice_s0002", "lattice_s0003"),
 		{{Schema: "lattice_s0001", Filter: filtered}}, {{Schema: "lattice_s0001"}, {Schema: "Odd Schema", Filter: filtered}, {Schema: "lattice_s0003"}}} {
 		for _, limit := range []int64{-1, 0, 25} {
 			sql := p.RenderFanOut(schemas, limit)
@@ -291,7 +293,7 @@ func TestFanOutNotTemplated(t *testing.T) {
 
 func TestRenderFanOutPanics(t *testing.T) {
 	for _, f := range []func(){
-		func() { planOne(t, "SELECT * FROM orders WHERE id = 1").RenderFanOut(Schemas("s"), -1) },
+		func() { planOne(t, "SELECT * FROM orders WHERE id = 1").RenderFanOut(btreeindex.Schemas("s"), -1) },
 		func() { planOne(t, "SELECT * FROM orders").RenderFanOut(nil, -1) },
 	} {
 		func() {
@@ -320,7 +322,7 @@ func TestFanOutCalls(t *testing.T) {
 // the final statement parses over a VALUES source.
 func checkAggSQL(t testing.TB, p *Plan) {
 	t.Helper()
-	for _, schemas := range [][]Source{Schemas("lattice_s0001"), Schemas("lattice_s0001", "Odd Schema", "lattice_s0003"),
+	for _, schemas := range [][]btreeindex.Source{btreeindex.Schemas("lattice_s0001"), btreeindex.Schemas("lattice_s0001", "Odd Schema", "lattice_s0003"),
 		{{Schema: "lattice_s0001"}, {Schema: "Odd Schema", Filter: filtered}}} {
 		for _, sql := range []string{p.RenderPartial(schemas), p.RenderWhole(schemas)} {
 			res, err := pg.Parse(sql)
@@ -405,7 +407,7 @@ func checkFiltered(t testing.TB, sql string, branch *pg.SelectStmt, tree string)
 // alias written after the reference is kept, the tree's name is the alias
 // when there is none, and public.tree.col references follow it.
 func TestRenderFiltered(t *testing.T) {
-	src := []Source{{Schema: "lattice_s0002", Filter: "f"}}
+	src := []btreeindex.Source{{Schema: "lattice_s0002", Filter: "f"}}
 	for _, c := range []struct{ sql, want string }{
 		{"SELECT * FROM orders WHERE qty > 1",
 			`(SELECT * FROM (SELECT * FROM lattice_s0002.orders WHERE f) AS orders WHERE qty > 1)`},
@@ -421,7 +423,7 @@ func TestRenderFiltered(t *testing.T) {
 		}
 	}
 	agg := planOne(t, "SELECT count(*) FROM orders")
-	if got, want := agg.RenderPartial([]Source{{Schema: "lattice_s0001"}, {Schema: "lattice_s0002", Filter: "f"}}),
+	if got, want := agg.RenderPartial([]btreeindex.Source{{Schema: "lattice_s0001"}, {Schema: "lattice_s0002", Filter: "f"}}),
 		"SELECT * FROM lattice_s0001.orders UNION ALL SELECT * FROM lattice_s0002.orders WHERE f"; !strings.Contains(got, want) {
 		t.Errorf("partial %s does not contain %s", got, want)
 	}

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/lattice-db/lattice/btreeindex"
 	"github.com/lattice-db/lattice/shardmap"
 )
 
@@ -63,7 +64,7 @@ const goldenSchema = "lattice_s0005"
 
 // goldenSources are the shards of a fan-out in the golden file: the
 // second is read through a filter, as a mixed shard is.
-var goldenSources = []Source{{Schema: "lattice_s0001"}, {Schema: "lattice_s0003", Filter: "lattice_owned"}}
+var goldenSources = []btreeindex.Source{{Schema: "lattice_s0001"}, {Schema: "lattice_s0003", Filter: "lattice_owned"}}
 
 // describe is the golden text of one statement string.
 func describe(p *Planner, sql string) string {

@@ -15,7 +15,7 @@ import (
 type planner struct {
 	sql     string
 	trees   Trees
-	toks    []*pg.ScanToken
+	toks    []token
 	scanned bool
 }
 
@@ -23,7 +23,7 @@ type planner struct {
 // is the scan of sql. With wantTemplate it also returns the shape template
 // of a single-statement string whose plan can be derived from its tokens
 // (nil when there is none).
-func planFull(sql string, trees Trees, toks []*pg.ScanToken, wantTemplate bool) ([]*Plan, *shapeTemplate, *Error) {
+func planFull(sql string, trees Trees, toks []token, wantTemplate bool) ([]*Plan, *shapeTemplate, *Error) {
 	res, err := pg.Parse(sql)
 	if err != nil {
 		return nil, nil, syntaxError(err)
@@ -53,12 +53,10 @@ func planFull(sql string, trees Trees, toks []*pg.ScanToken, wantTemplate bool) 
 }
 
 // tokens scans the whole string once, on first need.
-func (p *planner) tokens() []*pg.ScanToken {
+func (p *planner) tokens() []token {
 	if !p.scanned {
 		p.scanned = true
-		if res, err := pg.Scan(p.sql); err == nil {
-			p.toks = res.Tokens
-		}
+		p.toks, _, _ = scan(p.sql)
 	}
 	return p.toks
 }
@@ -66,15 +64,15 @@ func (p *planner) tokens() []*pg.ScanToken {
 // tokenAt returns the index of the token that starts at byte offset loc, or -1.
 func (p *planner) tokenAt(loc int) int {
 	toks := p.tokens()
-	i := sort.Search(len(toks), func(i int) bool { return int(toks[i].Start) >= loc })
-	if i < len(toks) && int(toks[i].Start) == loc {
+	i := sort.Search(len(toks), func(i int) bool { return int(toks[i].start) >= loc })
+	if i < len(toks) && int(toks[i].start) == loc {
 		return i
 	}
 	return -1
 }
 
-func isComment(t *pg.ScanToken) bool {
-	return t.Token == pg.Token_SQL_COMMENT || t.Token == pg.Token_C_COMMENT
+func isComment(t token) bool {
+	return t.kind == pg.Token_SQL_COMMENT || t.kind == pg.Token_C_COMMENT
 }
 
 // trim drops the white space around a statement, and a trailing -- comment
@@ -89,8 +87,8 @@ func (p *planner) trim(start, end int) (int, int) {
 	if strings.Contains(p.sql[start:end], "--") {
 		last := -1
 		for _, t := range p.tokens() {
-			if int(t.Start) >= start && int(t.End) <= end && !isComment(t) {
-				last = int(t.End)
+			if int(t.start) >= start && int(t.end) <= end && !isComment(t) {
+				last = int(t.end)
 			}
 		}
 		if last > start {
@@ -127,8 +125,12 @@ func (p *planner) plan(n *pg.Node, start, end int) *Plan {
 			pl.Kind, pl.Err = Refused, refused("EXPLAIN a single-row INSERT instead.",
 				"EXPLAIN of a multi-row INSERT into tree %s is not supported: its rows may go to several shards", qn(r.tree.Name))
 		case Function:
+			fn := r.fn
+			if r.comp != nil {
+				fn = r.comp.Calls[0].Call
+			}
 			pl.Kind, pl.Err = Refused, refused("Call the function without EXPLAIN.",
-				"EXPLAIN of %s is not supported: lattice functions run in the proxy", r.fn.Name)
+				"EXPLAIN of %s is not supported: lattice functions run in the proxy", fn.Name)
 		case FanOut:
 			pl.Kind, pl.Err = Refused, refused("EXPLAIN it with "+r.tree.KeyColumn+" = <value> in WHERE to see the plan on one shard.",
 				"EXPLAIN of a SELECT over several shards of tree %s is not supported", qn(r.tree.Name))
@@ -143,6 +145,7 @@ func (p *planner) plan(n *pg.Node, start, end int) *Plan {
 			p.apply(pl, p.route(n), start, end)
 		}
 	}
+	applyPins(pl, n)
 	return pl
 }
 
@@ -152,7 +155,7 @@ func (p *planner) apply(pl *Plan, r route, start, end int) {
 	case Refused:
 		pl.Err = r.err
 	case Function:
-		pl.Func, pl.Tag = r.fn, "SELECT"
+		pl.Func, pl.Compose, pl.Tag = r.fn, r.comp, "SELECT"
 	case FanOut:
 		pl.Keys, pl.KeyArray = r.keys, r.keyArray
 		if r.fan.agg != nil {
@@ -217,6 +220,7 @@ type route struct {
 	key      Value
 	rows     []Value
 	fn       *FuncCall
+	comp     *ComposePlan // Function: a composed statement (fn is nil)
 	err      *Error
 
 	rv       *pg.RangeVar    // the tree reference
@@ -259,18 +263,15 @@ func (p *planner) route(n *pg.Node) route {
 	name := stmtName(n)
 	w := walkStmt(root)
 
-	// lattice_* functions: only SELECT f(...) or SELECT * FROM f(...).
+	// lattice_* functions: SELECT f(...) and SELECT * FROM f(...) are
+	// answered by the proxy alone; other SELECTs compose (compose.go).
 	if len(w.lattice) > 0 {
 		if sel, ok := root.(*pg.SelectStmt); ok && len(w.lattice) == 1 {
 			if fc, ok := functionCall(sel); ok {
 				return route{kind: Function, fn: fc}
 			}
 		}
-		f := w.lattice[0]
-		fname := f.Funcname[len(f.Funcname)-1].GetString_().GetSval()
-		return refusedRoute(refused("Call it in a statement of its own: SELECT "+fname+"(...) or SELECT * FROM "+fname+"(...), with constant or $n arguments, and no alias, WHERE or other clause.",
-			"%s can only be called on its own, as SELECT %s(...) or SELECT * FROM %s(...) with constant or $n arguments, not as part of a larger %s",
-			fname, fname, fname, name))
+		return p.composeRoute(root, w, name)
 	}
 
 	// Which relations are trees?
@@ -720,6 +721,16 @@ func functionCall(s *pg.SelectStmt) (*FuncCall, bool) {
 	default:
 		return nil, false
 	}
+	out, ok := latticeCall(fc)
+	if ok {
+		out.Star = star
+	}
+	return out, ok
+}
+
+// latticeCall reads a call of a lattice_x function whose arguments are
+// constants or $n, unqualified or public-qualified.
+func latticeCall(fc *pg.FuncCall) (*FuncCall, bool) {
 	if fc == nil || len(fc.AggOrder) > 0 || fc.AggFilter != nil || fc.Over != nil || fc.AggWithinGroup ||
 		fc.AggStar || fc.AggDistinct || fc.FuncVariadic {
 		return nil, false
@@ -739,7 +750,7 @@ func functionCall(s *pg.SelectStmt) (*FuncCall, bool) {
 	if !strings.HasPrefix(name, "lattice_") {
 		return nil, false
 	}
-	out := &FuncCall{Name: name, Star: star}
+	out := &FuncCall{Name: name}
 	for _, a := range fc.Args {
 		if na := a.GetNamedArgExpr(); na != nil {
 			c, ok := asConstant(na.Arg)
@@ -770,12 +781,6 @@ func functionCall(s *pg.SelectStmt) (*FuncCall, bool) {
 // transaction plans transaction control.
 func (p *planner) transaction(pl *Plan, t *pg.TransactionStmt) {
 	pl.Kind = Transaction
-	chain := func(what string) {
-		if t.Chain {
-			pl.Kind, pl.Tag = Refused, ""
-			pl.Err = refused("Send "+what+" and then BEGIN.", "%s AND CHAIN is not supported", what)
-		}
-	}
 	switch t.Kind {
 	case pg.TransactionStmtKind_TRANS_STMT_BEGIN, pg.TransactionStmtKind_TRANS_STMT_START:
 		pl.Tx, pl.Tag = Begin, "BEGIN"
@@ -784,11 +789,9 @@ func (p *planner) transaction(pl *Plan, t *pg.TransactionStmt) {
 		}
 		pl.TxOptions = txOptions(t.Options)
 	case pg.TransactionStmtKind_TRANS_STMT_COMMIT:
-		pl.Tx, pl.Tag = Commit, "COMMIT"
-		chain("COMMIT")
+		pl.Tx, pl.Tag, pl.Chain = Commit, "COMMIT", t.Chain
 	case pg.TransactionStmtKind_TRANS_STMT_ROLLBACK:
-		pl.Tx, pl.Tag = Rollback, "ROLLBACK"
-		chain("ROLLBACK")
+		pl.Tx, pl.Tag, pl.Chain = Rollback, "ROLLBACK", t.Chain
 	case pg.TransactionStmtKind_TRANS_STMT_SAVEPOINT:
 		pl.Tx, pl.Tag, pl.Savepoint = Savepoint, "SAVEPOINT", t.SavepointName
 	case pg.TransactionStmtKind_TRANS_STMT_RELEASE:

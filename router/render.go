@@ -4,7 +4,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
 
 	pg "github.com/pganalyze/pg_query_go/v6"
 
@@ -102,7 +101,7 @@ func (p *planner) nameSpan(loc int, want []string) (span, bool) {
 	for k, w := range want {
 		if k > 0 {
 			i = nextToken(toks, i)
-			if i < 0 || toks[i].Token != pg.Token_ASCII_46 {
+			if i < 0 || toks[i].kind != pg.Token_ASCII_46 {
 				return span{}, false
 			}
 			i = nextToken(toks, i)
@@ -111,16 +110,16 @@ func (p *planner) nameSpan(loc int, want []string) (span, bool) {
 			}
 		}
 		t := toks[i]
-		id, ok := identText(p.sql[t.Start:t.End])
+		id, ok := identText(p.sql[t.start:t.end])
 		if !ok || id != w {
 			return span{}, false
 		}
-		s.end = int(t.End)
+		s.end = int(t.end)
 	}
 	return s, true
 }
 
-func nextToken(toks []*pg.ScanToken, i int) int {
+func nextToken(toks []token, i int) int {
 	for i++; i < len(toks); i++ {
 		if !isComment(toks[i]) {
 			return i
@@ -230,10 +229,10 @@ func (p *planner) valuesRows(r route) ([]span, *Error) {
 	first := int(r.keyLocs[0])
 	v := -1
 	for i, t := range toks {
-		if int(t.Start) >= first {
+		if int(t.start) >= first {
 			break
 		}
-		if t.Token == pg.Token_VALUES && int(t.Start) > int(r.rv.Location) {
+		if t.kind == pg.Token_VALUES && int(t.start) > int(r.rv.Location) {
 			v = i
 		}
 	}
@@ -242,11 +241,11 @@ func (p *planner) valuesRows(r route) ([]span, *Error) {
 	}
 	var rows []span
 	i := nextToken(toks, v)
-	for i >= 0 && toks[i].Token == pg.Token_ASCII_40 {
-		s := span{start: int(toks[i].Start)}
+	for i >= 0 && toks[i].kind == pg.Token_ASCII_40 {
+		s := span{start: int(toks[i].start)}
 		depth := 0
 		for ; i >= 0; i = nextToken(toks, i) {
-			switch toks[i].Token {
+			switch toks[i].kind {
 			case pg.Token_ASCII_40:
 				depth++
 			case pg.Token_ASCII_41:
@@ -259,10 +258,10 @@ func (p *planner) valuesRows(r route) ([]span, *Error) {
 		if i < 0 {
 			return nil, bad
 		}
-		s.end = int(toks[i].End)
+		s.end = int(toks[i].end)
 		rows = append(rows, s)
 		i = nextToken(toks, i)
-		if i < 0 || toks[i].Token != pg.Token_ASCII_44 {
+		if i < 0 || toks[i].kind != pg.Token_ASCII_44 {
 			break
 		}
 		i = nextToken(toks, i)
@@ -296,15 +295,15 @@ func (p *planner) splitter(tree *shardmap.Tree, rows, refs []span, start, end in
 	}
 	sp := &splitter{}
 	for _, t := range toks {
-		if int(t.Start) >= start && int(t.End) <= end && t.Token == pg.Token_PARAM {
-			n, err := strconv.Atoi(p.sql[t.Start+1 : t.End])
+		if int(t.start) >= start && int(t.end) <= end && t.kind == pg.Token_PARAM {
+			n, err := strconv.Atoi(p.sql[t.start+1 : t.end])
 			if err != nil || n <= 0 {
 				return nil, bad
 			}
 			if n > sp.maxParam {
 				sp.maxParam = n
 			}
-			holes = append(holes, hole{span{int(t.Start), int(t.End)}, n})
+			holes = append(holes, hole{span{int(t.start), int(t.end)}, n})
 		}
 	}
 	sort.Slice(holes, func(i, j int) bool { return holes[i].start < holes[j].start })
@@ -407,19 +406,9 @@ func safeIdent(s string) bool {
 	return true
 }
 
-var keywordCache sync.Map // string -> bool
-
 // isKeyword reports whether s is a keyword that quote_ident would quote
-// (any keyword but an unreserved one), asking PostgreSQL's own scanner.
+// (any keyword but an unreserved one), by PostgreSQL's own keyword table.
 func isKeyword(s string) bool {
-	if v, ok := keywordCache.Load(s); ok {
-		return v.(bool)
-	}
-	kw := false
-	if res, err := pg.Scan(s); err == nil && len(res.Tokens) == 1 {
-		k := res.Tokens[0].KeywordKind
-		kw = k != pg.KeywordKind_NO_KEYWORD && k != pg.KeywordKind_UNRESERVED_KEYWORD
-	}
-	keywordCache.Store(s, kw)
-	return kw
+	k, ok := keywords()[s]
+	return ok && k.kw != pg.KeywordKind_UNRESERVED_KEYWORD
 }

@@ -5,11 +5,13 @@ import (
 	"math"
 	"slices"
 	"strconv"
+	"sync"
 
 	"github.com/jackc/pgx/v5/pgtype"
 
-	"github.com/lattice-db/lattice/pgshard"
+	"github.com/lattice-db/lattice/btreeindex"
 	"github.com/lattice-db/lattice/shardmap"
+	"github.com/lattice-db/lattice/sqlstate"
 )
 
 // A plan says what a statement does; resolving it against a tenant's shard
@@ -61,7 +63,7 @@ type Target struct {
 	Shard int
 	// Sources are the shards the statement reads, a mixed one with the
 	// filter that keeps only the rows of its own slots (FanOut, Copy TO).
-	Sources []Source
+	Sources []btreeindex.Source
 	// Rows are the VALUES rows (0-based, in order) an InsertSplit part
 	// inserts, and Params the original parameter numbers of its $1, $2...
 	Rows   []int
@@ -107,9 +109,22 @@ func Resolve(v *shardmap.View, p *Plan, b *Bind) (*Routing, error) {
 	}
 	m := v.Maps[p.Tree.Name]
 	if m == nil {
-		return nil, &Error{Code: "58000", Message: "tree " + strconv.Quote(p.Tree.Name) + " has no shard map"}
+		return nil, &Error{Code: sqlstate.SystemError, Message: "tree " + strconv.Quote(p.Tree.Name) + " has no shard map"}
 	}
-	r := &Routing{Limit: -1, PerNode: -1}
+	var r *Routing
+	if p.Kind == Single {
+		// The routing of one statement and its target in one allocation:
+		// this is every point query's path.
+		one := &struct {
+			r Routing
+			t [1]Target
+		}{}
+		r = &one.r
+		r.Targets = one.t[:0]
+	} else {
+		r = &Routing{}
+	}
+	r.Limit, r.PerNode = -1, -1
 	var err *Error
 	switch p.Kind {
 	case Single:
@@ -147,7 +162,7 @@ func (r *Routing) single(m *shardmap.Map, p *Plan, b *Bind) *Error {
 	}
 	sh := m.Owner(slot)
 	r.Frozen = m.IsFrozen(slot)
-	r.Targets = []Target{{Node: sh.Node, Shard: sh.Index, SQL: p.Render(shardmap.SchemaName(sh.Index))}}
+	r.Targets = append(r.Targets, Target{Node: sh.Node, Shard: sh.Index, SQL: p.Render(schemaName(sh.Index))})
 	return nil
 }
 
@@ -174,7 +189,7 @@ func (r *Routing) insertSplit(m *shardmap.Map, p *Plan, b *Bind) *Error {
 	}
 	for i := range r.Targets {
 		t := &r.Targets[i]
-		t.SQL, t.Params = p.RenderRows(shardmap.SchemaName(t.Shard), t.Rows)
+		t.SQL, t.Params = p.RenderRows(schemaName(t.Shard), t.Rows)
 	}
 	return nil
 }
@@ -184,7 +199,7 @@ func (r *Routing) writeAll(m *shardmap.Map, p *Plan) {
 	for _, g := range nodeGroups(m, nil) {
 		for _, idx := range g.shards {
 			r.Mixed = r.Mixed || m.Shards[idx].Mixed
-			r.Targets = append(r.Targets, Target{Node: g.node, Shard: idx, SQL: p.Render(shardmap.SchemaName(idx))})
+			r.Targets = append(r.Targets, Target{Node: g.node, Shard: idx, SQL: p.Render(schemaName(idx))})
 		}
 	}
 }
@@ -195,12 +210,12 @@ func (r *Routing) fanOut(m *shardmap.Map, p *Plan, b *Bind) *Error {
 	if p.Agg != nil {
 		if len(groups) == 1 {
 			r.Whole = true
-			srcs := sources(m, p.Tree, groups[0].shards)
+			srcs := btreeindex.Sources(m, p.Tree, groups[0].shards)
 			r.Targets = []Target{{Node: groups[0].node, Shard: -1, Sources: srcs, SQL: p.RenderWhole(srcs)}}
 			return nil
 		}
 		for _, g := range groups {
-			srcs := sources(m, p.Tree, g.shards)
+			srcs := btreeindex.Sources(m, p.Tree, g.shards)
 			r.Targets = append(r.Targets, Target{Node: g.node, Shard: -1, Sources: srcs, SQL: p.RenderPartial(srcs)})
 		}
 		return nil
@@ -209,7 +224,7 @@ func (r *Routing) fanOut(m *shardmap.Map, p *Plan, b *Bind) *Error {
 		return err
 	}
 	for _, g := range groups {
-		srcs := sources(m, p.Tree, g.shards)
+		srcs := btreeindex.Sources(m, p.Tree, g.shards)
 		r.Targets = append(r.Targets, Target{Node: g.node, Shard: -1, Sources: srcs, SQL: p.RenderFanOut(srcs, r.PerNode)})
 	}
 	return nil
@@ -227,7 +242,7 @@ func (r *Routing) copyPlan(m *shardmap.Map, p *Plan) *Error {
 		}
 		sh := m.Owner(slot)
 		r.Frozen = m.IsFrozen(slot)
-		srcs := Schemas(shardmap.SchemaName(sh.Index))
+		srcs := btreeindex.Schemas(shardmap.SchemaName(sh.Index))
 		r.Targets = []Target{{Node: sh.Node, Shard: sh.Index, Sources: srcs, SQL: p.RenderCopyTo(srcs, true)}}
 		return nil
 	}
@@ -236,10 +251,27 @@ func (r *Routing) copyPlan(m *shardmap.Map, p *Plan) *Error {
 		return nil
 	}
 	for i, g := range nodeGroups(m, nil) {
-		srcs := sources(m, p.Tree, g.shards)
+		srcs := btreeindex.Sources(m, p.Tree, g.shards)
 		r.Targets = append(r.Targets, Target{Node: g.node, Shard: -1, Sources: srcs, SQL: p.RenderCopyTo(srcs, i == 0)})
 	}
 	return nil
+}
+
+// schemaNames are the schemas of the first shards, named once: naming the
+// shard is on every statement's path, and fmt is slow.
+var schemaNames = sync.OnceValue(func() []string {
+	out := make([]string, 1024)
+	for i := range out {
+		out[i] = shardmap.SchemaName(i)
+	}
+	return out
+})
+
+func schemaName(idx int) string {
+	if idx >= 0 && idx < 1024 {
+		return schemaNames()[idx]
+	}
+	return shardmap.SchemaName(idx)
 }
 
 // nodeGroup is the owning shards of a tree on one node, in shard order.
@@ -269,19 +301,6 @@ func nodeGroups(m *shardmap.Map, only map[int]bool) []nodeGroup {
 	return out
 }
 
-// sources are the shards as Sources: a mixed shard is read through the
-// predicate on the slots it owns, so that no row is read twice.
-func sources(m *shardmap.Map, t *shardmap.Tree, shards []int) []Source {
-	out := make([]Source, len(shards))
-	for i, idx := range shards {
-		out[i] = Source{Schema: shardmap.SchemaName(idx)}
-		if m.Shards[idx].Mixed {
-			out[i].Filter = pgshard.SlotPredicate(t, "", m.SlotRanges(idx))
-		}
-	}
-	return out
-}
-
 // KeySlot hashes a key value: a literal, or a Bind parameter in text or
 // binary form. A NULL key matches no row and cannot be inserted, so any
 // shard answers it correctly: it gets slot 0.
@@ -292,12 +311,12 @@ func KeySlot(kt shardmap.KeyType, slots int, key Value, b *Bind) (int, *Error) {
 	if key.Param == 0 {
 		slot, err := shardmap.SlotForText(kt, []byte(key.Text), slots)
 		if err != nil {
-			return 0, &Error{Code: "22P02", Message: err.Error()}
+			return 0, &Error{Code: sqlstate.InvalidTextRepresentation, Message: err.Error()}
 		}
 		return slot, nil
 	}
 	if key.Param > b.count() {
-		return 0, &Error{Code: "08P01", Message: "bind message supplies " + strconv.Itoa(b.count()) +
+		return 0, &Error{Code: sqlstate.ProtocolViolation, Message: "bind message supplies " + strconv.Itoa(b.count()) +
 			" parameters, but the shard key is $" + strconv.Itoa(key.Param)}
 	}
 	val, format, oid := b.param(key.Param)
@@ -308,7 +327,7 @@ func KeySlot(kt shardmap.KeyType, slots int, key Value, b *Bind) (int, *Error) {
 	var err error
 	if format == 1 {
 		if !binaryKeyOID(kt, oid) {
-			return 0, &Error{Code: CodeFeatureNotSupported,
+			return 0, &Error{Code: sqlstate.FeatureNotSupported,
 				Message: "shard key $" + strconv.Itoa(key.Param) + " is sent in binary as type oid " + strconv.FormatUint(uint64(oid), 10) + ", which Lattice cannot hash as the key's type",
 				Hint:    "send the key as text, or with the key column's own type"}
 		}
@@ -317,7 +336,7 @@ func KeySlot(kt shardmap.KeyType, slots int, key Value, b *Bind) (int, *Error) {
 		slot, err = shardmap.SlotForText(kt, val, slots)
 	}
 	if err != nil {
-		return 0, &Error{Code: "22P02", Message: "shard key $" + strconv.Itoa(key.Param) + ": " + err.Error()}
+		return 0, &Error{Code: sqlstate.InvalidTextRepresentation, Message: "shard key $" + strconv.Itoa(key.Param) + ": " + err.Error()}
 	}
 	return slot, nil
 }
@@ -452,10 +471,10 @@ func arraySlots(kt shardmap.KeyType, slots int, raw []byte, format int16, oid ui
 // limits evaluates LIMIT and OFFSET from literals or Bind parameters.
 func (r *Routing) limits(p *Plan, b *Bind) *Error {
 	var err *Error
-	if r.Limit, err = countValue(p.Limit, b, "LIMIT", "2201W"); err != nil {
+	if r.Limit, err = countValue(p.Limit, b, "LIMIT", sqlstate.InvalidRowCountInLimitClause); err != nil {
 		return err
 	}
-	if r.Offset, err = countValue(p.Offset, b, "OFFSET", "2201X"); err != nil {
+	if r.Offset, err = countValue(p.Offset, b, "OFFSET", sqlstate.InvalidRowCountInResultOffsetClause); err != nil {
 		return err
 	}
 	if r.Offset < 0 {
@@ -480,7 +499,7 @@ func countValue(v *Value, b *Bind, what, code string) (int64, *Error) {
 	text := v.Text
 	if v.Param > 0 {
 		if v.Param > b.count() {
-			return 0, &Error{Code: "08P01", Message: "bind message supplies " + strconv.Itoa(b.count()) +
+			return 0, &Error{Code: sqlstate.ProtocolViolation, Message: "bind message supplies " + strconv.Itoa(b.count()) +
 				" parameters, but " + what + " uses $" + strconv.Itoa(v.Param)}
 		}
 		raw, format, oid := b.param(v.Param)
@@ -499,7 +518,7 @@ func countValue(v *Value, b *Bind, what, code string) (int64, *Error) {
 	}
 	n, err := strconv.ParseInt(text, 10, 64)
 	if err != nil {
-		return 0, &Error{Code: "22P02", Message: "invalid input syntax for type bigint: " + strconv.Quote(text)}
+		return 0, &Error{Code: sqlstate.InvalidTextRepresentation, Message: "invalid input syntax for type bigint: " + strconv.Quote(text)}
 	}
 	if n < 0 {
 		return 0, &Error{Code: code, Message: what + " must not be negative"}
@@ -514,7 +533,7 @@ func binaryCount(raw []byte, oid uint32, what string, param int) (string, *Error
 	if oid == 0 {
 		oid = map[int]uint32{2: pgtype.Int2OID, 4: pgtype.Int4OID, 8: pgtype.Int8OID}[len(raw)]
 	}
-	bad := &Error{Code: "22P03", Message: "incorrect binary data format in bind parameter"}
+	bad := &Error{Code: sqlstate.InvalidBinaryRepresentation, Message: "incorrect binary data format in bind parameter"}
 	switch oid {
 	case pgtype.Int2OID:
 		if len(raw) != 2 {
@@ -534,6 +553,6 @@ func binaryCount(raw []byte, oid uint32, what string, param int) (string, *Error
 	case pgtype.TextOID, pgtype.VarcharOID, pgtype.NameOID, 0:
 		return string(raw), nil
 	}
-	return "", &Error{Code: "22P03", Message: what + " $" + strconv.Itoa(param) + " is sent in binary as type oid " +
+	return "", &Error{Code: sqlstate.InvalidBinaryRepresentation, Message: what + " $" + strconv.Itoa(param) + " is sent in binary as type oid " +
 		strconv.FormatUint(uint64(oid), 10) + "; send it as an integer", Hint: "bind " + what + " as bigint, or send it as text"}
 }

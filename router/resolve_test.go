@@ -351,3 +351,11 @@ func TestResolveGoldenComplete(t *testing.T) {
 		}
 	}
 }
+
+func TestSchemaName(t *testing.T) {
+	for _, idx := range []int{0, 7, 1023, 1024, 4095, 123456} {
+		if got, want := schemaName(idx), shardmap.SchemaName(idx); got != want {
+			t.Errorf("schemaName(%d) = %q, want %q", idx, got, want)
+		}
+	}
+}

@@ -24,6 +24,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/lattice-db/lattice/btreeindex"
 	"github.com/lattice-db/lattice/shardmap"
 )
 
@@ -46,7 +47,8 @@ const (
 	// InsertSplit is a multi-row INSERT ... VALUES into a tree: Plan.Rows
 	// holds each row's key; Plan.RenderRows builds one INSERT per shard.
 	InsertSplit
-	// Function is a call of a lattice_* function, answered by the proxy.
+	// Function is a call of a lattice_* function, answered by the proxy
+	// (Plan.Func), or a SELECT composed around such calls (Plan.Compose).
 	Function
 	// Transaction is transaction control (BEGIN, COMMIT, SAVEPOINT ...).
 	Transaction
@@ -190,28 +192,32 @@ func (e *Error) Error() string {
 // through the cache: treat every field as read-only.
 type Plan struct {
 	Kind      Kind
-	SQL       string         // this statement's text (trimmed, without the trailing semicolon)
-	Tree      *shardmap.Tree // Single, InsertSplit, FanOut, WriteAll
-	Key       Value          // Single: the shard key value
-	Rows      []Value        // InsertSplit: key value of each VALUES row in order
-	Func      *FuncCall      // Function
-	Tx        TxKind         // Transaction (and PrepareTx for a refused PREPARE TRANSACTION family statement)
-	TxOptions string         // BEGIN / START TRANSACTION options, e.g. "ISOLATION LEVEL SERIALIZABLE READ ONLY"
-	Savepoint string         // Savepoint, Release, RollbackTo: the savepoint name (case-folded)
-	Err       *Error         // Refused
-	Anywhere  bool           // Catalog: a read naming no relation, which any node can answer
-	Notify    bool           // Catalog: sends a notification (NOTIFY, pg_notify)
-	Tag       string         // command tag for statements the proxy answers itself ("BEGIN", "SET", "SELECT" for Function: append the row count)
-	Sort      []SortKey      // FanOut: ORDER BY keys, in order
-	Hidden    int            // FanOut: trailing result columns the proxy added for sort keys; the proxy drops them before rows reach the client
-	Limit     *Value         // FanOut: LIMIT / FETCH FIRST count; nil when absent (or LIMIT ALL / NULL)
-	Offset    *Value         // FanOut: OFFSET; nil when absent
-	Calls     []string       // FanOut (and Copy of a fan-out query): the functions the statement calls, for the proxy's user-defined aggregate check
-	DDL       *DDLPlan       // DDL
-	Keys      []Value        // FanOut: when non-nil, only the shards owning these key values (key IN (...), = ANY(ARRAY[...])) hold matching rows
-	KeyArray  *Value         // FanOut: when non-nil, only the shards owning the elements of this array value (= ANY($1), = ANY('{...}')) hold matching rows
-	Agg       *AggPlan       // FanOut that aggregates, groups or removes duplicates: partial query per node, final query over the partial rows (Sort, Hidden, Limit and Offset are then unused: the final query applies them)
-	Copy      *CopySpec      // Copy
+	SQL       string               // this statement's text (trimmed, without the trailing semicolon)
+	Tree      *shardmap.Tree       // Single, InsertSplit, FanOut, WriteAll
+	Key       Value                // Single: the shard key value
+	Rows      []Value              // InsertSplit: key value of each VALUES row in order
+	Func      *FuncCall            // Function: SELECT f(...) or SELECT * FROM f(...), answered by the proxy alone
+	Compose   *ComposePlan         // Function: instead of Func, a SELECT composed around lattice calls, run on the catalog node over their rows
+	Tx        TxKind               // Transaction (and PrepareTx for a refused PREPARE TRANSACTION family statement)
+	TxOptions string               // BEGIN / START TRANSACTION options, e.g. "ISOLATION LEVEL SERIALIZABLE READ ONLY"
+	Savepoint string               // Savepoint, Release, RollbackTo: the savepoint name (case-folded)
+	Chain     bool                 // Commit, Rollback: AND CHAIN, a new transaction like the one ended starts at once
+	Err       *Error               // Refused
+	Anywhere  bool                 // Catalog: a read naming no relation, which any node can answer
+	Notify    bool                 // Catalog: sends a notification (NOTIFY, pg_notify)
+	Pin       Pin                  // Catalog: session state the statement leaves on its backend (pin.go)
+	Unpin     Pin                  // Catalog: session state the statement ends
+	Tag       string               // command tag for statements the proxy answers itself ("BEGIN", "SET", "SELECT" for Function: append the row count)
+	Sort      []btreeindex.SortKey // FanOut: ORDER BY keys, in order
+	Hidden    int                  // FanOut: trailing result columns the proxy added for sort keys; the proxy drops them before rows reach the client
+	Limit     *Value               // FanOut: LIMIT / FETCH FIRST count; nil when absent (or LIMIT ALL / NULL)
+	Offset    *Value               // FanOut: OFFSET; nil when absent
+	Calls     []string             // FanOut (and Copy of a fan-out query): the functions the statement calls, for the proxy's user-defined aggregate check
+	DDL       *DDLPlan             // DDL
+	Keys      []Value              // FanOut: when non-nil, only the shards owning these key values (key IN (...), = ANY(ARRAY[...])) hold matching rows
+	KeyArray  *Value               // FanOut: when non-nil, only the shards owning the elements of this array value (= ANY($1), = ANY('{...}')) hold matching rows
+	Agg       *AggPlan             // FanOut that aggregates, groups or removes duplicates: partial query per node, final query over the partial rows (Sort, Hidden, Limit and Offset are then unused: the final query applies them)
+	Copy      *CopySpec            // Copy
 
 	render *renderer   // Single, InsertSplit, WriteAll: the statement in pieces around each reference to the tree
 	fan    *fanRender  // FanOut: the per-shard branch and the outer ORDER BY
@@ -236,6 +242,10 @@ func (p *Plan) String() string {
 		}
 		b.WriteByte(']')
 	case Function:
+		if p.Compose != nil {
+			b.WriteString(" compose " + p.Compose.String())
+			break
+		}
 		b.WriteString(" " + p.Func.String())
 	case WriteAll:
 		fmt.Fprintf(&b, " tree=%s", p.Tree.Name)
@@ -246,6 +256,9 @@ func (p *Plan) String() string {
 		}
 		if p.Savepoint != "" {
 			fmt.Fprintf(&b, " savepoint=%q", p.Savepoint)
+		}
+		if p.Chain {
+			b.WriteString(" chain")
 		}
 	case Refused:
 		fmt.Fprintf(&b, " %s %q", p.Err.Code, p.Err.Message)
@@ -300,6 +313,12 @@ func (p *Plan) String() string {
 		if p.Copy.Query && p.Copy.QueryKind == Single {
 			b.WriteString(" key=" + p.Key.String())
 		}
+	}
+	if p.Pin != 0 {
+		b.WriteString(" pin=" + p.Pin.String())
+	}
+	if p.Unpin != 0 {
+		b.WriteString(" unpin=" + p.Unpin.String())
 	}
 	if p.Tag != "" {
 		b.WriteString(" tag=" + p.Tag)

@@ -147,14 +147,15 @@ UNION ALL SELECT 'y'`, kind: Refused, errHas: "inside a subquery, CTE or set ope
 
 		// lattice functions.
 		{sql: `SELECT public.lattice_trees()`, kind: Function},
-		{sql: `SELECT other.lattice_trees()`, kind: Refused, errHas: "on its own"},
-		{sql: `SELECT lattice_trees() FROM customers`, kind: Refused, errHas: "on its own"},
-		{sql: `SELECT * FROM lattice_shards('c') AS s`, kind: Refused, errHas: "on its own"},
-		{sql: `SELECT * FROM lattice_shards('c') WITH ORDINALITY`, kind: Refused, errHas: "on its own"},
-		{sql: `SELECT lattice_reshard(VARIADIC ARRAY['a'])`, kind: Refused, errHas: "on its own"},
-		{sql: `SELECT count(lattice_trees())`, kind: Refused, errHas: "on its own"},
-		{sql: `CALL lattice_reshard('c', 2)`, kind: Refused, errHas: "larger CALL"},
-		{sql: `CREATE VIEW v AS SELECT * FROM lattice_trees()`, kind: Refused, errHas: "larger CREATE VIEW"},
+		{sql: `SELECT other.lattice_trees()`, kind: Refused, errHas: "called by name"},
+		{sql: `SELECT lattice_trees() FROM customers`, kind: Refused, errHas: "composes as a FROM item"},
+		{sql: `SELECT lattice_reshard_complete('c') FROM customers`, kind: Function},
+		{sql: `SELECT * FROM lattice_shards('c') AS s`, kind: Function},
+		{sql: `SELECT * FROM lattice_shards('c') WITH ORDINALITY`, kind: Function},
+		{sql: `SELECT lattice_reshard(VARIADIC ARRAY['a'])`, kind: Refused, errHas: "called by name"},
+		{sql: `SELECT count(lattice_trees())`, kind: Refused, errHas: "composes as a FROM item"},
+		{sql: `CALL lattice_reshard('c', 2)`, kind: Refused, errHas: "CALL cannot call lattice_reshard"},
+		{sql: `CREATE VIEW v AS SELECT * FROM lattice_trees()`, kind: Refused, errHas: "CREATE VIEW cannot call lattice_trees"},
 		{sql: `SELECT lattice_reshard(tree => 'c', n => $1)`, kind: Function},
 
 		// Settings and others.
@@ -169,7 +170,7 @@ UNION ALL SELECT 'y'`, kind: Refused, errHas: "inside a subquery, CTE or set ope
 		{sql: `DO $$ BEGIN PERFORM 1; END $$`, kind: Catalog},
 		{sql: `DISCARD TEMP`, kind: Catalog},
 		{sql: `COPY customers FROM STDIN`, kind: Catalog},
-		{sql: `ROLLBACK AND CHAIN`, kind: Refused, errHas: "AND CHAIN"},
+		{sql: `ROLLBACK AND CHAIN`, kind: Transaction},
 		{sql: `DROP TRIGGER trg ON catalogue`, kind: Refused, errHas: "DROP TRIGGER"},
 		{sql: `DROP TABLE other.catalogue`, kind: Catalog},
 		{sql: `ALTER TABLE customers ADD FOREIGN KEY (id) REFERENCES orders (id)`, kind: Refused, errHas: "ALTER TABLE"},

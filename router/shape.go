@@ -16,10 +16,11 @@ import (
 // values. Why a derived plan is the plan a full parse would give:
 //
 //  1. The shape key is the statement's whole token sequence, as
-//     PostgreSQL's own scanner (pg_query's Scan) cuts it: the kind of every
-//     token, and the exact text of every token except the constants
-//     (string, integer, numeric and bit-string literals; keywords are known
-//     by their kind). The grammar decides on token kinds, and identifiers,
+//     PostgreSQL's own scanner (pg_query's Scan) cuts it; lexer.go cuts it
+//     the same way in Go and leaves what it is unsure of to Scan. The key
+//     holds the kind of every token, and the exact text of every token
+//     except the constants (string, integer, numeric and bit-string
+//     literals; keywords are known by their kind). The grammar decides on token kinds, and identifiers,
 //     operators, parameters and comments are compared by text, so two
 //     statements of one shape have the same parse tree except for the
 //     values of constants. Lexical errors in the new text make Scan fail,
@@ -85,15 +86,15 @@ func isConstToken(t pg.Token) bool {
 // shapeKey is the token sequence of sql without the text of constants and
 // keywords: for each token its kind, then, unless it is a constant or a
 // keyword, its text and a NUL (which a query string cannot contain).
-func shapeKey(sql string, toks []*pg.ScanToken) string {
+func shapeKey(sql string, toks []token) string {
 	var b strings.Builder
 	b.Grow(len(sql) + 2*len(toks))
 	for _, t := range toks {
-		k := int(t.Token)
+		k := int(t.kind)
 		b.WriteByte(byte(k >> 8))
 		b.WriteByte(byte(k))
-		if !isConstToken(t.Token) && t.KeywordKind == pg.KeywordKind_NO_KEYWORD {
-			b.WriteString(sql[t.Start:t.End])
+		if !isConstToken(t.kind) && t.kw == pg.KeywordKind_NO_KEYWORD {
+			b.WriteString(sql[t.start:t.end])
 			b.WriteByte(0)
 		}
 	}
@@ -103,7 +104,9 @@ func shapeKey(sql string, toks []*pg.ScanToken) string {
 // template makes the shape template of a single-statement string planned
 // as pl (nil when the plan cannot be derived from tokens).
 func (p *planner) template(stmt *pg.Node, pl *Plan) *shapeTemplate {
-	if pl.Kind != Catalog && pl.Kind != Single && pl.Kind != InsertSplit {
+	if pl.Kind != Catalog && pl.Kind != Single && pl.Kind != InsertSplit || pl.Pin|pl.Unpin != 0 {
+		// Session state can depend on a constant (set_config's is_local
+		// 'on' or 'off'): such plans are never derived from a shape.
 		return nil
 	}
 	toks := p.tokens()
@@ -116,7 +119,7 @@ func (p *planner) template(stmt *pg.Node, pl *Plan) *shapeTemplate {
 		if !isComment(tk) {
 			last = i
 		}
-		if tk.Token == pg.Token_ASCII_59 {
+		if tk.kind == pg.Token_ASCII_59 {
 			if t.semi >= 0 {
 				return nil
 			}
@@ -133,10 +136,10 @@ func (p *planner) template(stmt *pg.Node, pl *Plan) *shapeTemplate {
 	visit = func(m protoreflect.Message) {
 		if c, ok := m.Interface().(*pg.A_Const); ok {
 			if i := p.tokenAt(int(c.Location)); i >= 0 {
-				if isConstToken(toks[i].Token) {
+				if isConstToken(toks[i].kind) {
 					free[i] = true
-				} else if toks[i].Token == pg.Token_ASCII_45 {
-					if j := nextToken(toks, i); j >= 0 && isConstToken(toks[j].Token) {
+				} else if toks[i].kind == pg.Token_ASCII_45 {
+					if j := nextToken(toks, i); j >= 0 && isConstToken(toks[j].kind) {
 						free[j] = true
 					}
 				}
@@ -147,8 +150,8 @@ func (p *planner) template(stmt *pg.Node, pl *Plan) *shapeTemplate {
 	}
 	visit(stmt.ProtoReflect())
 	for i, tk := range toks {
-		if isConstToken(tk.Token) && !free[i] {
-			t.fixed = append(t.fixed, fixedTok{i, p.sql[tk.Start:tk.End]})
+		if isConstToken(tk.kind) && !free[i] {
+			t.fixed = append(t.fixed, fixedTok{i, p.sql[tk.start:tk.end]})
 		}
 	}
 
@@ -172,7 +175,7 @@ func (p *planner) template(stmt *pg.Node, pl *Plan) *shapeTemplate {
 				return nil
 			}
 			ks := keySource{cast: src.keyCasts[k]}
-			if toks[i].Token == pg.Token_ASCII_45 {
+			if toks[i].kind == pg.Token_ASCII_45 {
 				ks.neg = true
 				if i = nextToken(toks, i); i < 0 {
 					return nil
@@ -215,10 +218,10 @@ func (p *planner) tokenRange(s span) ([2]int, bool) {
 		return [2]int{}, false
 	}
 	for b := a; b < len(toks); b++ {
-		if int(toks[b].End) == s.end {
+		if int(toks[b].end) == s.end {
 			return [2]int{a, b}, true
 		}
-		if int(toks[b].End) > s.end {
+		if int(toks[b].end) > s.end {
 			break
 		}
 	}
@@ -227,16 +230,16 @@ func (p *planner) tokenRange(s span) ([2]int, bool) {
 
 // derive builds the plan of sql, a statement of this shape scanned as toks.
 // It reports false when the statement must be parsed instead.
-func (t *shapeTemplate) derive(sql string, toks []*pg.ScanToken) ([]*Plan, bool) {
+func (t *shapeTemplate) derive(sql string, toks []token) ([]*Plan, bool) {
 	for _, f := range t.fixed {
-		if f.i >= len(toks) || sql[toks[f.i].Start:toks[f.i].End] != f.text {
+		if f.i >= len(toks) || sql[toks[f.i].start:toks[f.i].end] != f.text {
 			return nil, false
 		}
 	}
 	p := &planner{sql: sql, toks: toks, scanned: true}
 	start, end := 0, len(sql)
 	if t.semi >= 0 {
-		end = int(toks[t.semi].Start)
+		end = int(toks[t.semi].start)
 	}
 	start, end = p.trim(start, end)
 	pl := &Plan{Kind: t.kind, SQL: sql[start:end], Anywhere: t.anywhere, Notify: t.notify}
@@ -262,7 +265,7 @@ func (t *shapeTemplate) derive(sql string, toks []*pg.ScanToken) ([]*Plan, bool)
 	}
 	spans := make([]span, len(t.refs))
 	for i, r := range t.refs {
-		spans[i] = span{int(toks[r[0]].Start), int(toks[r[1]].End)}
+		spans[i] = span{int(toks[r[0]].start), int(toks[r[1]].end)}
 	}
 	rd, err := p.renderer(t.tree, spans, start, end)
 	if err != nil {
@@ -275,7 +278,7 @@ func (t *shapeTemplate) derive(sql string, toks []*pg.ScanToken) ([]*Plan, bool)
 	}
 	rows := make([]span, len(t.rows))
 	for i, r := range t.rows {
-		rows[i] = span{int(toks[r[0]].Start), int(toks[r[1]].End)}
+		rows[i] = span{int(toks[r[0]].start), int(toks[r[1]].end)}
 	}
 	sp, err := p.splitter(t.tree, rows, spans, start, end)
 	if err != nil {
@@ -288,9 +291,9 @@ func (t *shapeTemplate) derive(sql string, toks []*pg.ScanToken) ([]*Plan, bool)
 // tokenConstant reads a constant token whose text is its value: a string
 // in single quotes with ” for a quote, or decimal digits. neg applies a
 // folded unary minus.
-func tokenConstant(sql string, tk *pg.ScanToken, neg bool) (constant, bool) {
-	text := sql[tk.Start:tk.End]
-	switch tk.Token {
+func tokenConstant(sql string, tk token, neg bool) (constant, bool) {
+	text := sql[tk.start:tk.end]
+	switch tk.kind {
 	case pg.Token_SCONST:
 		if neg || len(text) < 2 || text[0] != '\'' || text[len(text)-1] != '\'' {
 			return constant{}, false

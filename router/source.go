@@ -1,30 +1,14 @@
 package router
 
-import "strings"
+import (
+	"strings"
 
-// Source is one shard a node reads for a statement over several shards:
-// its schema, and a filter (a boolean SQL expression over the tree's
-// unqualified columns, "" for none) that keeps only the rows of the slots
-// the shard owns. A shard that may hold rows of slots it does not own (a
-// fold survivor before the flip, a split source before the release) is read
-// through its filter, so that no row is read twice or from the wrong shard.
-type Source struct {
-	Schema string
-	Filter string
-}
+	"github.com/lattice-db/lattice/btreeindex"
+)
 
-// Schemas is a Source per schema, with no filter.
-func Schemas(schemas ...string) []Source {
-	out := make([]Source, len(schemas))
-	for i, s := range schemas {
-		out[i] = Source{Schema: s}
-	}
-	return out
-}
-
-// from is the FROM item that reads src as the table tree (quoted): the
-// table itself, or the filtered rows of it under the table's own name.
-func (src Source) from(qtree string) string {
+// sourceFrom is the FROM item that reads src as the table tree (quoted):
+// the table itself, or the filtered rows of it under the table's own name.
+func sourceFrom(src btreeindex.Source, qtree string) string {
 	t := quoteIdent(src.Schema) + "." + qtree
 	if src.Filter == "" {
 		return t
@@ -38,7 +22,7 @@ func (src Source) from(qtree string) string {
 // name when there is none, and the public.tree part of public.tree.col
 // references becomes that name; such references occur only without an
 // alias, as PostgreSQL requires.
-func (r *renderer) renderSource(src Source) string {
+func (r *renderer) renderSource(src btreeindex.Source) string {
 	if src.Filter == "" || r.rel < 0 {
 		return r.render(src.Schema)
 	}
@@ -61,7 +45,7 @@ func (r *renderer) renderSource(src Source) string {
 		switch {
 		case i == len(r.texts)-1:
 		case i == r.rel:
-			b.WriteString(src.from(r.qname))
+			b.WriteString(sourceFrom(src, r.qname))
 			if !r.aliased {
 				b.WriteString(" AS " + r.qname)
 			}

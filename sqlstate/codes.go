@@ -28,6 +28,13 @@ const (
 	FeatureNotSupported = "0A000"
 )
 
+// Class 21, cardinality violation.
+const (
+	// CardinalityViolation: a lattice_* function used as a value in a
+	// composed statement returned other than one row.
+	CardinalityViolation = "21000"
+)
+
 // Class 22, data exception.
 const (
 	// NumericValueOutOfRange: a COPY row's integer shard key overflows its
@@ -130,6 +137,8 @@ const (
 	// DuplicateDatabase: a tenant's database already exists on a node
 	// (looked for in the node's errors, never sent).
 	DuplicateDatabase = "42P04"
+	// DuplicateCursor: a Bind to a named portal that exists.
+	DuplicateCursor = "42P03"
 	// DuplicatePreparedStatement: a Parse of a named statement that exists.
 	DuplicatePreparedStatement = "42P05"
 	// DuplicateTable: lattice_create_tree of a table that already is a tree.
@@ -148,7 +157,7 @@ const (
 const (
 	// OutOfMemory: a fan-out merge that would buffer more than its limit.
 	OutOfMemory = "53200"
-	// TooManyConnections: past --max-clients or --max-listeners, or a node
+	// TooManyConnections: past --max-clients, --max-listeners or --max-pinned, or a node
 	// pool that cannot hand out a backend.
 	TooManyConnections = "53300"
 	// ProgramLimitExceeded: a COPY row longer than the proxy accepts.

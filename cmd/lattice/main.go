@@ -105,6 +105,7 @@ type serveConfig struct {
 	TLSRequired                               bool
 	Nodes                                     nodeFlags
 	MaxClients, PoolSize, MaxListeners        int
+	MaxPinned                                 int
 	StartupTimeout, StatementTimeout          time.Duration
 	MaxMergeMemory                            byteSize
 	TxRecoverEvery, TxAbortAfter              time.Duration
@@ -128,6 +129,7 @@ func (c *serveConfig) flags(fs *flag.FlagSet) {
 	fs.IntVar(&c.MaxClients, "max-clients", 1000, "most client connections at once")
 	fs.IntVar(&c.PoolSize, "pool-size", 32, "most backend connections per node and tenant")
 	fs.IntVar(&c.MaxListeners, "max-listeners", 0, "most sessions per tenant that hold a catalog-node backend for LISTEN, counted within --pool-size; 0 means half of --pool-size")
+	fs.IntVar(&c.MaxPinned, "max-pinned", proxy.DefaultMaxPinned, "most sessions at once that keep a catalog-node backend for session state the proxy cannot replay (temp tables, session advisory locks, PREPARE, WITH HOLD cursors, set_config(..., false)), counted within --pool-size; more are refused with SQLSTATE 53300")
 	fs.DurationVar(&c.StartupTimeout, "startup-timeout", 10*time.Second, "a client must finish startup and authentication within this")
 	fs.DurationVar(&c.StatementTimeout, "statement-timeout", 0, "statement_timeout of sessions that set none at startup; a client's SET overrides it; 0 leaves the nodes' own")
 	c.MaxMergeMemory = proxy.DefaultMaxMergeMemory
@@ -300,6 +302,7 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, ready func(pg
 		Startup: proxy.StartupConfig{Users: users, StartupTimeout: cfg.StartupTimeout,
 			TLS: tlsConfig, TLSRequired: cfg.TLSRequired},
 		MaxClients:       cfg.MaxClients,
+		MaxPinned:        cfg.MaxPinned,
 		StatementTimeout: cfg.StatementTimeout,
 		MaxMergeMemory:   int64(cfg.MaxMergeMemory),
 		CatalogNode:      cluster.Catalog().Name,

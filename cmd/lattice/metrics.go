@@ -17,6 +17,10 @@ func registerProxyMetrics(adm *admin.Server, srv *proxy.Server, pools *pgshard.P
 		Help: "Client connections open now.",
 	}, func() float64 { return float64(srv.Clients()) }))
 	adm.Registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "lattice_proxy_pinned_sessions",
+		Help: "Sessions pinned now to a catalog-node backend by session state the proxy cannot replay (--max-pinned bounds them).",
+	}, func() float64 { return float64(srv.Pinned()) }))
+	adm.Registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "lattice_proxy_serving_cached",
 		Help: "1 while the proxy's registration in Redis has lapsed and it serves from its cached maps (reshards wait for it).",
 	}, func() float64 {
