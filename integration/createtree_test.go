@@ -8,6 +8,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -728,4 +729,38 @@ func TestShardLifecycle(t *testing.T) {
 	if err := c.DropShard(ctx, b, 9, "n1"); err != nil {
 		t.Errorf("DropShard of a shard never created: %v", err)
 	}
+}
+
+// TestEnsureTenantConcurrent creates one tenant's database on a node from
+// several clusters at once, as proxies placing shards at the same moment
+// would: each call succeeds, whichever CREATE DATABASE wins, and a second
+// round finds the database there.
+func TestEnsureTenantConcurrent(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	const tenant = "lattice_ensure_tenant"
+	admin := ctConnect(t, ctx, testNodeDSN(t, 1))
+	drop := func() { ctExec(t, ctx, admin, "DROP DATABASE IF EXISTS "+tenant+" WITH (FORCE)") }
+	for round := 0; round < 5; round++ {
+		drop()
+		clusters := make([]*pgshard.Cluster, 8)
+		for i := range clusters {
+			clusters[i] = ctCluster(t, 2)
+		}
+		errs := make([]error, len(clusters))
+		var wg sync.WaitGroup
+		for i, c := range clusters {
+			wg.Go(func() { errs[i] = c.EnsureTenant(ctx, "n2", tenant) })
+		}
+		wg.Wait()
+		for i, err := range errs {
+			if err != nil {
+				t.Fatalf("round %d, cluster %d: %v", round, i, err)
+			}
+		}
+		if err := clusters[0].EnsureTenant(ctx, "n2", tenant); err != nil {
+			t.Fatalf("round %d, again: %v", round, err)
+		}
+	}
+	drop()
 }

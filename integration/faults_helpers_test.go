@@ -97,7 +97,14 @@ func (fc *faultCluster) lockShard(t *testing.T, ctx context.Context, tree string
 	if err != nil {
 		t.Fatal(err)
 	}
-	conn, err := pgx.Connect(ctx, fc.nodeDSN(int(m.Shards[shard].Node[1]-'1')))
+	return lockTable(t, ctx, fc.nodeDSN(int(m.Shards[shard].Node[1]-'1')), shardmap.SchemaName(shard)+"."+tree, mode)
+}
+
+// lockTable locks table on the node at dsn in mode, as lockShard does,
+// until the returned release is called or the test ends.
+func lockTable(t *testing.T, ctx context.Context, dsn, table, mode string) (release func()) {
+	t.Helper()
+	conn, err := pgx.Connect(ctx, dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -105,7 +112,7 @@ func (fc *faultCluster) lockShard(t *testing.T, ctx context.Context, tree string
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := tx.Exec(ctx, fmt.Sprintf("LOCK TABLE %s.%s IN %s MODE", shardmap.SchemaName(shard), tree, mode)); err != nil {
+	if _, err := tx.Exec(ctx, fmt.Sprintf("LOCK TABLE %s IN %s MODE", table, mode)); err != nil {
 		t.Fatal(err)
 	}
 	var once sync.Once
@@ -115,7 +122,7 @@ func (fc *faultCluster) lockShard(t *testing.T, ctx context.Context, tree string
 			rctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
 			if err := tx.Rollback(rctx); err != nil {
-				t.Errorf("release the lock on %s: %v", tree, err)
+				t.Errorf("release the lock on %s: %v", table, err)
 			}
 			_ = conn.Close(rctx)
 		})

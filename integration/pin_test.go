@@ -163,14 +163,14 @@ func TestPinTempTable(t *testing.T) {
 			if _, err := tx.Exec(ctx, `INSERT INTO foo VALUES ($1)`, mode, i); err != nil {
 				t.Fatalf("statement %d in a transaction: %v", i, err)
 			}
+			// The same transaction writes the tree: the catalog node, where
+			// the temp table is, commits in one phase (PostgreSQL cannot
+			// PREPARE a transaction that used temp objects).
+			if _, err := tx.Exec(ctx, `INSERT INTO pt VALUES ($1, $1)`, mode, i); err != nil {
+				t.Fatalf("statement %d on the tree in a transaction: %v", i, err)
+			}
 			if err := tx.Commit(ctx); err != nil {
 				t.Fatal(err)
-			}
-			// Not in that transaction: PostgreSQL cannot PREPARE a
-			// transaction that used temp objects, which a transaction
-			// over two nodes needs.
-			if _, err := a.Exec(ctx, `INSERT INTO pt VALUES ($1, $1)`, mode, i); err != nil {
-				t.Fatalf("statement %d on the tree: %v", i, err)
 			}
 		default:
 			if _, err := a.Exec(ctx, `INSERT INTO foo VALUES ($1)`, mode, i); err != nil {
@@ -479,6 +479,22 @@ func TestPinExtended(t *testing.T) {
 	pipeline(pc)
 	want(pc, `SELECT to_regclass('pg_temp.ext')::text`, "SELECT 1 ext [I]")
 	wantPinned(t, p, 1)
+
+	// Parse, Describe, Bind and Execute in one batch of a transaction: the
+	// pinned backend describes the statement, then joins the transaction.
+	want(pc, `BEGIN`, "BEGIN [T]")
+	pl := pc.StartPipeline(ctx)
+	pl.SendPrepare("ins", `INSERT INTO ext VALUES ($1)`, nil)
+	pl.SendQueryPrepared("ins", [][]byte{[]byte("5")}, nil, nil)
+	if err := pl.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	if err := pl.Close(); err != nil {
+		t.Fatalf("prepare and insert in one batch: %v", err)
+	}
+	want(pc, `COMMIT`, "COMMIT [I]")
+	wantPinned(t, p, 1)
+	want(pc, `SELECT count(*) FROM ext WHERE v = 5`, "SELECT 1 1 [I]")
 
 	want(pc, `DISCARD TEMP`, "DISCARD TEMP [I]")
 	wantPinned(t, p, 0)

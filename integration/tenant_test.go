@@ -160,3 +160,59 @@ func column(ctx context.Context, c *pgx.Conn, sql string, i int) ([]string, erro
 	}
 	return out, rows.Err()
 }
+
+// TestSplitToNodeWithoutTenantDatabase reshards a one-shard tree of a new
+// tenant on two nodes: the tree's only shard is on n1, so the split's
+// target goes to n2, where the tenant has no database yet. The split must
+// create it (as lattice_create_tree does) and the reshard complete, with
+// every row on its owner.
+func TestSplitToNodeWithoutTenantDatabase(t *testing.T) {
+	resetNodes(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	const tenant = "lattice_split_tenant"
+	drop := func() {
+		for i := 0; i < 2; i++ {
+			c, err := pgx.Connect(context.Background(), testNodeDSN(t, i))
+			if err != nil {
+				t.Fatal(err)
+			}
+			mustExec(t, c, "DROP DATABASE IF EXISTS "+tenant+" WITH (FORCE)")
+			c.Close(context.Background())
+		}
+	}
+	drop()
+	t.Cleanup(drop) // after the proxy's cleanup, which is registered later
+	mustExec(t, connect(t, testNodeDSN(t, 0)), "CREATE DATABASE "+tenant)
+
+	p := startProxy(t, 2)
+	c := connect(t, p.DSN(tenant))
+	mustExec(t, c, `CREATE TABLE acc (id int PRIMARY KEY, v int NOT NULL)`)
+	mustExec(t, c, `INSERT INTO acc SELECT i, i FROM generate_series(1, 300) i`)
+	mustExec(t, c, `SELECT lattice_create_tree('acc', 'id', shard_count => 1)`)
+	if nodes, err := column(ctx, c, `SELECT * FROM lattice_shards('acc')`, 1); err != nil || strings.Join(nodes, ",") != "n1" {
+		t.Fatalf("shards before the split on nodes %v (%v), want n1 only", nodes, err)
+	}
+	mustExec(t, c, `SELECT lattice_reshard('acc', 2)`)
+	pollUntil(t, 90*time.Second, "the split of acc onto n2 to complete", func() (bool, error) {
+		var done bool
+		err := c.QueryRow(ctx, "SELECT lattice_reshard_complete('acc')").Scan(&done)
+		return done, err
+	})
+	nodes, err := column(ctx, c, `SELECT * FROM lattice_shards('acc')`, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(nodes, ",") != "n1,n2" {
+		t.Fatalf("shards after the split on nodes %v, want n1,n2", nodes)
+	}
+	var n, sum int64
+	if err := c.QueryRow(ctx, `SELECT count(*), sum(v) FROM acc`).Scan(&n, &sum); err != nil || n != 300 || sum != 45150 {
+		t.Fatalf("after the split: %d rows, sum %d (%v), want 300 rows, sum 45150", n, sum, err)
+	}
+	// The target's rows are on n2, in the tenant's database there.
+	var onN2 int64
+	if err := connect(t, testNode(t, 1).DSN(tenant)).QueryRow(ctx, `SELECT count(*) FROM lattice_s0001.acc`).Scan(&onN2); err != nil || onN2 == 0 || onN2 == 300 {
+		t.Fatalf("the split's target on n2 holds %d rows (%v), want some but not all", onN2, err)
+	}
+}

@@ -252,7 +252,11 @@ func (c *Cluster) Close() {
 }
 
 // EnsureTenant creates the tenant's database on node if it is missing,
-// connected to the node's own database.
+// connected to the node's own database, with the server's defaults (owned
+// by the node DSN's user, copied from template1). Only the catalog node
+// holds a tenant's ordinary tables and tree templates; another node's
+// tenant database holds shard schemas only, which CreateShard makes. It
+// can run again, and from several proxies at once.
 func (c *Cluster) EnsureTenant(ctx context.Context, node, tenant string) error {
 	i, ok := c.byName[node]
 	if !ok {
@@ -273,8 +277,10 @@ func (c *Cluster) EnsureTenant(ctx context.Context, node, tenant string) error {
 		return nil
 	}
 	_, err = p.Exec(ctx, "CREATE DATABASE "+quoteIdent(tenant))
-	if sqlstate.Is(err, sqlstate.DuplicateDatabase) {
-		// Another proxy created it first.
+	if sqlstate.Is(err, sqlstate.DuplicateDatabase) || sqlstate.Is(err, sqlstate.UniqueViolation) {
+		// Another proxy created it first: CREATE DATABASE looks for the
+		// name before it inserts it, so a concurrent one can also fail on
+		// pg_database's unique index.
 		err = nil
 	}
 	if err != nil {

@@ -20,12 +20,6 @@ import (
 // cleanup of moved rows pass the slot fences.
 const MigratorSetting = "lattice.migrator"
 
-// SkipMovedSetting, set to "on" in a transaction by the proxy for an UPDATE
-// or DELETE over every shard of a tree, makes a fence skip the rows of the
-// fenced slots silently: the statement reaches them on their new owner. A
-// write for one key still gets sqlstate.SlotMoved.
-const SkipMovedSetting = "lattice.skip_moved"
-
 // fenceLockTimeout is how long one attempt to install a fence waits for the
 // writers already inside the table. Writers of the table's other slots queue
 // behind the attempt, so it is kept short and retried instead.
@@ -80,10 +74,6 @@ func (c *Cluster) PrepareSlotFence(ctx context.Context, node string, f SlotFence
 BEGIN
     IF current_setting('` + MigratorSetting + `', true) = 'on' THEN
         RETURN CASE TG_OP WHEN 'DELETE' THEN OLD ELSE NEW END;
-    END IF;
-    IF current_setting('` + SkipMovedSetting + `', true) = 'on'
-        AND TG_OP IN ('UPDATE', 'DELETE') AND ` + pred("OLD") + ` THEN
-        RETURN NULL;
     END IF;
     IF TG_OP = 'TRUNCATE'
         OR TG_OP IN ('INSERT', 'UPDATE') AND ` + pred("NEW") + `

@@ -91,6 +91,11 @@ func (c *Cluster) CreateShard(ctx context.Context, t *shardmap.Tree, idx int, no
 	if err != nil {
 		return err
 	}
+	// A node gets its first shard of a tenant at tree creation, or as a
+	// split's target (the node owning the fewest slots may own none).
+	if err := c.EnsureTenant(ctx, node, t.Tenant); err != nil {
+		return err
+	}
 	p, err := c.Admin(ctx, node, t.Tenant)
 	if err != nil {
 		return err

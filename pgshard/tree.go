@@ -237,10 +237,9 @@ func shardsByNode(m *shardmap.Map) (nodes []string, byNode map[string][]int) {
 func (c *Cluster) createShards(ctx context.Context, t *shardmap.Tree, m *shardmap.Map) error {
 	nodes, byNode := shardsByNode(m)
 	return forEachNode(ctx, nodes, func(ctx context.Context, node string) error {
-		if node != c.Catalog().Name {
-			if err := c.EnsureTenant(ctx, node, t.Tenant); err != nil {
-				return err
-			}
+		// Before DropShard, which connects to the tenant's database too.
+		if err := c.EnsureTenant(ctx, node, t.Tenant); err != nil {
+			return err
 		}
 		for _, idx := range byNode[node] {
 			if err := c.DropShard(ctx, t, idx, node); err != nil {

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"strconv"
 
-
 	"github.com/lattice-db/lattice/router"
 	"github.com/lattice-db/lattice/shardmap"
 )

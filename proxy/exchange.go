@@ -299,9 +299,6 @@ func (sp *splitState) suppressed(msg pgproto3.BackendMessage) bool {
 		sp.rowDescSent = true
 		return false
 	case *pgproto3.CommandComplete:
-		if string(m.CommandTag) == "SET" {
-			return true // the proxy's SET LOCAL before the parts (skipMoved)
-		}
 		sp.count += rowsAffected(m.CommandTag)
 		if sp.prefix == "" {
 			sp.prefix = strings.TrimRight(string(m.CommandTag), "0123456789")

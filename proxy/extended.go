@@ -363,12 +363,6 @@ func (s *session) bindWriteAll(ctx context.Context, v *shardmap.View, portal *cl
 	s.spanNodes(len(r.Nodes()), true)
 	portal.split = &splitState{}
 	for i, t := range r.Targets {
-		// The targets of a node are consecutive.
-		if r.Mixed && (i == 0 || r.Targets[i-1].Node != t.Node) {
-			if !s.skipMoved(ctx, t.Node) {
-				return false
-			}
-		}
 		part := &clientPortal{stmt: &clientStmt{sql: t.SQL, oids: portal.stmt.oids}}
 		if !s.bindOn(ctx, part, t.Node, part.stmt.sql, m, partPortal(m.DestinationPortal, i), i > 0) {
 			return false

@@ -156,9 +156,9 @@ func paramText(value []byte, format int16, oid uint32) (*string, error) {
 		}
 		s = strconv.FormatBool(value[0] != 0)
 	default:
-		return nil, Errorf("22P03", "lattice functions take text or integer arguments; got binary type oid %d", oid)
+		return nil, Errorf(sqlstate.InvalidBinaryRepresentation, "lattice functions take text or integer arguments; got binary type oid %d", oid)
 	}
 	return &s, nil
 }
 
-var errBadBinary = Errorf("22P03", "incorrect binary data format in bind parameter")
+var errBadBinary = Errorf(sqlstate.InvalidBinaryRepresentation, "incorrect binary data format in bind parameter")

@@ -33,8 +33,9 @@ import (
 // backend of its own (listen.go), bounded by --max-listeners.
 
 // DefaultMaxPinned is how many sessions may be pinned at once when the
-// configuration says nothing.
-const DefaultMaxPinned = 100
+// configuration says nothing (the command line defaults to half of the
+// pool instead).
+const DefaultMaxPinned = 16
 
 // pinResetTimeout bounds the DISCARD ALL that cleans a backend at unpin.
 const pinResetTimeout = 10 * time.Second

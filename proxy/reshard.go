@@ -7,7 +7,6 @@ import (
 
 	"github.com/jackc/pgx/v5/pgproto3"
 
-	"github.com/lattice-db/lattice/pgshard"
 	"github.com/lattice-db/lattice/router"
 	"github.com/lattice-db/lattice/shardmap"
 )
@@ -175,20 +174,4 @@ func (s *session) bindHeld(ctx context.Context, st *clientStmt, v *shardmap.View
 			return nil, false
 		}
 	}
-}
-
-// skipMoved makes the fences on node's backend skip the rows of moved
-// slots for the rest of the batch's transaction (extended protocol: it
-// lasts until Sync, or to the end of the session's transaction, whose later
-// statements plan on maps at least as new and so never write to moved
-// slots on their old shard). It runs before the parts are bound, so the
-// unnamed portal it uses is not one of theirs.
-func (s *session) skipMoved(ctx context.Context, node string) bool {
-	be, err := s.backend(ctx, node)
-	if err != nil {
-		s.failExtended(err)
-		return false
-	}
-	s.hiddenSQL(be, "SELECT set_config('"+pgshard.SkipMovedSetting+"', 'on', true)", true)
-	return true
 }

@@ -188,13 +188,6 @@ func (s *session) simpleWriteAll(ctx context.Context, v *shardmap.View, p *route
 	}
 	nodes := r.Nodes()
 	parts := make(map[string][]string, len(nodes))
-	if r.Mixed {
-		// The parts of a node run in one transaction (implicit or the
-		// session's): the fence of a split source skips moved rows.
-		for _, node := range nodes {
-			parts[node] = []string{"SET LOCAL " + pgshard.SkipMovedSetting + " = on"}
-		}
-	}
 	for _, t := range r.Targets {
 		parts[t.Node] = append(parts[t.Node], t.SQL)
 	}

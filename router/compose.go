@@ -339,19 +339,19 @@ func valueCall(m protoreflect.Message) *pg.FuncCall {
 // callPieces cuts the deparsed statement at each call placeholder; every
 // call must appear exactly once.
 func callPieces(text string, ncalls int) ([]string, []int, bool) {
-	toks, err := pg.Scan(text)
-	if err != nil {
+	toks, _, ok := scan(text)
+	if !ok {
 		return nil, nil, false
 	}
 	var pieces []string
 	var holes []int
 	seen := make([]bool, ncalls)
 	last := 0
-	for _, t := range toks.Tokens {
-		if t.Token != pg.Token_IDENT {
+	for _, t := range toks {
+		if t.kind != pg.Token_IDENT {
 			continue
 		}
-		n, ok := strings.CutPrefix(text[t.Start:t.End], "lattice_call_")
+		n, ok := strings.CutPrefix(t.text(text), "lattice_call_")
 		if !ok {
 			continue
 		}
@@ -360,9 +360,9 @@ func callPieces(text string, ncalls int) ([]string, []int, bool) {
 			return nil, nil, false
 		}
 		seen[k-1] = true
-		pieces = append(pieces, text[last:t.Start])
+		pieces = append(pieces, text[last:t.start])
 		holes = append(holes, k-1)
-		last = int(t.End)
+		last = int(t.end)
 	}
 	pieces = append(pieces, text[last:])
 	return pieces, holes, len(holes) == ncalls

@@ -12,7 +12,8 @@ import (
 // no panic; a Single or InsertSplit plan renders to SQL that parses to the
 // original tree with the relation moved to the shard schema; every single
 // row of an InsertSplit renders to a Single INSERT with that row's key; a
-// FanOut plan renders to a UNION ALL of one branch per schema.
+// FanOut plan renders to a UNION ALL of one branch per schema; a WriteAll
+// plan renders with a filter in its own WHERE.
 func FuzzPlan(f *testing.F) {
 	data, err := os.ReadFile("testdata/plans.txt")
 	if err != nil {
@@ -58,6 +59,8 @@ func FuzzPlan(f *testing.F) {
 					break
 				}
 				checkFanOutSQL(t, p)
+			case WriteAll:
+				checkWriteSQL(t, p)
 			case Single, InsertSplit:
 				rendered := p.Render("lattice_s0042")
 				res, err := pg.Parse(rendered)

@@ -183,6 +183,12 @@ func (p *planner) apply(pl *Plan, r route, start, end int) {
 			return
 		}
 		pl.render = rd
+		if r.kind == WriteAll {
+			if pl.write, err = p.writeRenderer(r, refs, start, end); err != nil {
+				pl.Kind, pl.Tree, pl.render, pl.Err = Refused, nil, nil, err
+				return
+			}
+		}
 		pl.src = &planSource{refs: refs, keyLocs: r.keyLocs, keyCasts: r.keyCasts}
 		if r.kind == InsertSplit {
 			rows, err := p.valuesRows(r)

@@ -87,9 +87,6 @@ type Routing struct {
 	// for none), applied by the proxy after the merge; every node returns
 	// at most PerNode rows (LIMIT + OFFSET, or -1).
 	Limit, Offset, PerNode int64
-	// Mixed marks a WriteAll that reaches a mixed shard: the fence of such
-	// a shard must skip the rows that moved out of it.
-	Mixed bool
 	// Frozen marks a statement that touches frozen slots, which the proxy
 	// holds until the migrator flips or thaws them: the slot of its key
 	// (Single, InsertSplit), or any slot of the tree for a statement over
@@ -194,12 +191,24 @@ func (r *Routing) insertSplit(m *shardmap.Map, p *Plan, b *Bind) *Error {
 	return nil
 }
 
+// writeAll runs the statement on every owning shard. A mixed shard's part
+// is restricted to the slots the shard owns, by the same predicate its
+// reads go through: a fold survivor holds copies of the donor's rows until
+// the flip, a split source the moved rows until the release, and a write
+// that reached those would count them in its command tag and return them
+// in RETURNING a second time. The donor's rows are written on the donor
+// only, and reach the survivor through the migration's stream.
 func (r *Routing) writeAll(m *shardmap.Map, p *Plan) {
 	r.Frozen = len(m.Frozen) > 0
 	for _, g := range nodeGroups(m, nil) {
 		for _, idx := range g.shards {
-			r.Mixed = r.Mixed || m.Shards[idx].Mixed
-			r.Targets = append(r.Targets, Target{Node: g.node, Shard: idx, SQL: p.Render(schemaName(idx))})
+			schema := schemaName(idx)
+			sql := p.Render(schema)
+			if m.Shards[idx].Mixed {
+				owned := m.SlotRanges(idx)
+				sql = p.RenderFiltered(schema, func(q string) string { return btreeindex.SlotPredicate(p.Tree, q, owned) })
+			}
+			r.Targets = append(r.Targets, Target{Node: g.node, Shard: idx, SQL: sql})
 		}
 	}
 }

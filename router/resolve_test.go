@@ -223,9 +223,6 @@ func describeResolution(t *testing.T, c resolveCase) string {
 	if r.Whole {
 		flags = append(flags, "whole")
 	}
-	if r.Mixed {
-		flags = append(flags, "mixed")
-	}
 	if r.Frozen {
 		flags = append(flags, "frozen")
 	}

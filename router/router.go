@@ -219,10 +219,11 @@ type Plan struct {
 	Agg       *AggPlan             // FanOut that aggregates, groups or removes duplicates: partial query per node, final query over the partial rows (Sort, Hidden, Limit and Offset are then unused: the final query applies them)
 	Copy      *CopySpec            // Copy
 
-	render *renderer   // Single, InsertSplit, WriteAll: the statement in pieces around each reference to the tree
-	fan    *fanRender  // FanOut: the per-shard branch and the outer ORDER BY
-	split  *splitter   // InsertSplit: head, rows and tail for RenderRows
-	src    *planSource // while planning only: what a shape template is made from
+	render *renderer      // Single, InsertSplit, WriteAll: the statement in pieces around each reference to the tree
+	fan    *fanRender     // FanOut: the per-shard branch and the outer ORDER BY
+	split  *splitter      // InsertSplit: head, rows and tail for RenderRows
+	write  *writeRenderer // WriteAll: the statement cut for RenderFiltered
+	src    *planSource    // while planning only: what a shape template is made from
 }
 
 // String is a stable one-line description for golden files and logs.

@@ -65,6 +65,9 @@ const (
 const (
 	// NotNullViolation: a COPY row whose shard key is null.
 	NotNullViolation = "23502"
+	// UniqueViolation: two CREATE DATABASE of one tenant's database racing
+	// on a node (looked for in the node's errors, never sent).
+	UniqueViolation = "23505"
 )
 
 // Classes 25 and 26, invalid transaction state and statement name.

@@ -129,7 +129,7 @@ func (c *serveConfig) flags(fs *flag.FlagSet) {
 	fs.IntVar(&c.MaxClients, "max-clients", 1000, "most client connections at once")
 	fs.IntVar(&c.PoolSize, "pool-size", 32, "most backend connections per node and tenant")
 	fs.IntVar(&c.MaxListeners, "max-listeners", 0, "most sessions per tenant that hold a catalog-node backend for LISTEN, counted within --pool-size; 0 means half of --pool-size")
-	fs.IntVar(&c.MaxPinned, "max-pinned", proxy.DefaultMaxPinned, "most sessions at once that keep a catalog-node backend for session state the proxy cannot replay (temp tables, session advisory locks, PREPARE, WITH HOLD cursors, set_config(..., false)), counted within --pool-size; more are refused with SQLSTATE 53300")
+	fs.IntVar(&c.MaxPinned, "max-pinned", 0, "most sessions at once that keep a catalog-node backend for session state the proxy cannot replay (temp tables, session advisory locks, PREPARE, WITH HOLD cursors, set_config(..., false)), counted within --pool-size; more are refused with SQLSTATE 53300 (default: half of --pool-size, so pinned sessions never take every catalog-node backend)")
 	fs.DurationVar(&c.StartupTimeout, "startup-timeout", 10*time.Second, "a client must finish startup and authentication within this")
 	fs.DurationVar(&c.StatementTimeout, "statement-timeout", 0, "statement_timeout of sessions that set none at startup; a client's SET overrides it; 0 leaves the nodes' own")
 	c.MaxMergeMemory = proxy.DefaultMaxMergeMemory
@@ -302,7 +302,7 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, ready func(pg
 		Startup: proxy.StartupConfig{Users: users, StartupTimeout: cfg.StartupTimeout,
 			TLS: tlsConfig, TLSRequired: cfg.TLSRequired},
 		MaxClients:       cfg.MaxClients,
-		MaxPinned:        cfg.MaxPinned,
+		MaxPinned:        maxPinned(cfg.MaxPinned, cfg.PoolSize),
 		StatementTimeout: cfg.StatementTimeout,
 		MaxMergeMemory:   int64(cfg.MaxMergeMemory),
 		CatalogNode:      cluster.Catalog().Name,
@@ -406,4 +406,14 @@ func passwdCmd(args []string, in io.Reader, out io.Writer) error {
 	}
 	_, err = fmt.Fprintf(out, "%s %s %s\n", args[0], v, tenants)
 	return err
+}
+
+// maxPinned is --max-pinned, or half of --pool-size when it is not given:
+// each pinned session holds one of the catalog node's pooled backends, and
+// the unpinned sessions must keep some.
+func maxPinned(flagValue, poolSize int) int {
+	if flagValue > 0 {
+		return flagValue
+	}
+	return max(1, poolSize/2)
 }

@@ -1,0 +1,148 @@
+package router
+
+import (
+	"sort"
+	"strings"
+
+	pg "github.com/pganalyze/pg_query_go/v6"
+)
+
+// writeRenderer holds an UPDATE or DELETE over every shard cut at each
+// reference to the tree and at the places where a filter on the target's
+// rows goes: around the WHERE condition, or where a WHERE clause would
+// stand. A mixed shard holds rows of slots it does not own (a fold
+// survivor's copies of the donor's rows, a split source's moved rows); a
+// write there must reach only the rows of its own slots, or its command tag
+// and RETURNING count the others too.
+type writeRenderer struct {
+	texts []string // texts[0] holes[0] texts[1] ... texts[n]
+	holes []hole
+	qname string // the tree name, quoted
+	alias string // the target's alias, quoted; "" when it has none
+}
+
+type hole uint8
+
+const (
+	holeRef   hole = iota // schema.tree
+	holeOpen              // "(" before the WHERE condition
+	holeClose             // ") AND (filter)" after it
+	holeWhere             // " WHERE filter", for a statement without WHERE
+)
+
+// RenderFiltered returns, for a WriteAll plan, the statement on the shard
+// of schema restricted to the rows for which filter holds: the WHERE
+// condition c becomes (c) AND (filter), and a statement without WHERE gets
+// WHERE filter. filter receives the qualifier that names the target table
+// in the statement (its alias, or schema.tree), for its column references.
+// It panics on a plan of another kind.
+func (p *Plan) RenderFiltered(schema string, filter func(qualifier string) string) string {
+	if p.write == nil {
+		panic("router: RenderFiltered on a " + p.Kind.String() + " plan")
+	}
+	w := p.write
+	q := quoteIdent(schema) + "." + w.qname
+	qual := w.alias
+	if qual == "" {
+		qual = q
+	}
+	f := filter(qual)
+	var b strings.Builder
+	for i, t := range w.texts {
+		b.WriteString(t)
+		if i == len(w.holes) {
+			break
+		}
+		switch w.holes[i] {
+		case holeRef:
+			b.WriteString(q)
+		case holeOpen:
+			b.WriteString("(")
+		case holeClose:
+			b.WriteString(") AND (" + f + ")")
+		case holeWhere:
+			b.WriteString(" WHERE " + f)
+		}
+	}
+	return b.String()
+}
+
+// writeRenderer cuts the UPDATE or DELETE in sql[start:end] at the
+// references to the tree (refs) and at its WHERE condition: the condition
+// runs from the first token after the top-level WHERE to the last token
+// before the top-level RETURNING, or to the statement's last token. Cuts
+// are at token boundaries, so a comment at the end of the statement never
+// swallows the filter. Nested WHERE and RETURNING keywords (subqueries,
+// CTEs) are inside parentheses.
+func (p *planner) writeRenderer(r route, refs []span, start, end int) (*writeRenderer, *Error) {
+	toks := p.tokens()
+	where, condStart, last := -1, -1, -1
+	depth := 0
+	for i, t := range toks {
+		if int(t.start) < start || isComment(t) {
+			continue
+		}
+		if int(t.end) > end {
+			break
+		}
+		if depth == 0 && t.kind == pg.Token_RETURNING {
+			break
+		}
+		switch t.kind {
+		case pg.Token_ASCII_40:
+			depth++
+		case pg.Token_ASCII_41:
+			depth--
+		}
+		if depth == 0 && t.kind == pg.Token_WHERE && where < 0 {
+			where = i
+		} else if where >= 0 && condStart < 0 {
+			condStart = int(t.start)
+		}
+		last = i
+	}
+	if last < 0 || where >= 0 && condStart < 0 {
+		return nil, internalError(r.tree.Name)
+	}
+	condEnd := int(toks[last].end)
+
+	type cut struct {
+		at, end int // the span replaced: at == end for an insertion
+		h       hole
+	}
+	var cuts []cut
+	for _, s := range refs {
+		cuts = append(cuts, cut{s.start, s.end, holeRef})
+	}
+	if where >= 0 {
+		cuts = append(cuts, cut{condStart, condStart, holeOpen}, cut{condEnd, condEnd, holeClose})
+	} else {
+		cuts = append(cuts, cut{condEnd, condEnd, holeWhere})
+	}
+	// An insertion at the start of a reference goes before it.
+	sort.SliceStable(cuts, func(i, j int) bool {
+		if cuts[i].at != cuts[j].at {
+			return cuts[i].at < cuts[j].at
+		}
+		return cuts[i].h != holeRef && cuts[j].h == holeRef
+	})
+	w := &writeRenderer{qname: quoteIdent(r.tree.Name)}
+	if r.rv.Alias != nil {
+		w.alias = quoteIdent(r.rv.Alias.Aliasname)
+	}
+	at, after := start, ""
+	for _, c := range cuts {
+		if c.at < at || c.end > end {
+			return nil, internalError(r.tree.Name)
+		}
+		before, a := "", ""
+		if c.h == holeRef {
+			before, a = p.pad(span{c.at, c.end})
+		}
+		w.texts = append(w.texts, after+p.sql[at:c.at]+before)
+		w.holes = append(w.holes, c.h)
+		at, after = c.end, a
+	}
+	w.texts = append(w.texts, after+p.sql[at:end])
+	return w, nil
+}
