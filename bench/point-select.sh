@@ -3,7 +3,7 @@
 # Lattice, with each proxy's own CPU per query, side by side in one run, in
 # all three pgbench protocol modes (make bench runs the same benchmark).
 # Prints a markdown table. LATTICE_BENCH_CPU_TX sets the transactions per
-# client of each run (default 20000).
+# client of each run (default 10000).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/ensure-tools.sh

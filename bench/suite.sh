@@ -16,7 +16,7 @@
 #   BENCH_CLIENTS=8          pgbench clients
 #   BENCH_SCALE=4            pgbench scale (100,000 accounts each)
 #   BENCH_SHARDS=16          shards of the pgbench_accounts tree
-#   BENCH_CPU_TX=20000       transactions per client of each point-select
+#   BENCH_CPU_TX=10000       transactions per client of each point-select
 #                            run that measures proxy CPU per query
 #   BENCH_RESHARD_ROWS=500000  rows of the grow/shrink cycle
 #   BENCH_SPLIT_ROWS=1000000   rows of the shard the split benchmark copies half of
@@ -34,7 +34,7 @@ secs=${BENCH_SECONDS:-10}
 clients=${BENCH_CLIENTS:-8}
 scale=${BENCH_SCALE:-4}
 shards=${BENCH_SHARDS:-16}
-cpu_tx=${BENCH_CPU_TX:-20000}
+cpu_tx=${BENCH_CPU_TX:-10000}
 reshard_rows=${BENCH_RESHARD_ROWS:-500000}
 split_rows=${BENCH_SPLIT_ROWS:-1000000}
 pgbin=/usr/lib/postgresql/15/bin

@@ -164,11 +164,11 @@ func runCounted(b *testing.B, pid int, dsn, mode, script string, clients, perCli
 // on it, side by side in one run, in each protocol mode: tps, the ratios
 // to direct, and each proxy's own CPU per query (utime+stime of its process
 // over a run of a fixed transaction count, divided by that count).
-// LATTICE_BENCH_CPU_TX sets the transactions per client (default 20000).
+// LATTICE_BENCH_CPU_TX sets the transactions per client (default 10000).
 // It prints a markdown table (with the BENCHMD prefix of bench/suite.sh).
 func BenchmarkPointSelect(b *testing.B) {
 	const clients, rows = 8, 100000
-	perClient := envInt("LATTICE_BENCH_CPU_TX", 20000)
+	perClient := envInt("LATTICE_BENCH_CPU_TX", 10000)
 	resetNodes(b)
 	p := startProxy(b, 1)
 	c := connect(b, p.DSN("lattice"))
