@@ -9,34 +9,20 @@
 # (go tool pprof -top DIR/extended.pprof).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bin=${1:-}
-if [ -z "$bin" ]; then go build -o bin/lattice ./cmd/lattice; bin=bin/lattice; fi
-bin=$(readlink -f "$bin")
+. bench/pglocal.sh
+bin=$(lattice_bin "${1:-}")
 pgbin=/usr/lib/postgresql/15/bin
 tx=${LATTICE_CPU_TX:-20000}
 work=$(mktemp -d /tmp/lattice-cpu.XXXXXX)
 chmod 755 "$work"
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 pgport=$(free_port); lport=$(free_port); aport=$(free_port)
-as_pg() { if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
-mkdir "$work/pg"; [ "$(id -u)" = 0 ] && chown postgres "$work/pg"
 cleanup() {
   [ -n "${lpid:-}" ] && kill "$lpid" 2>/dev/null && wait "$lpid" 2>/dev/null
-  as_pg "$pgbin/pg_ctl" -D "$work/pg" -m fast stop >/dev/null 2>&1 || true
+  stop_pg pg
   rm -rf "$work"
 }
 trap cleanup EXIT
-as_pg "$pgbin/initdb" -D "$work/pg" -U lattice -A trust >/dev/null
-cat >>"$work/pg/postgresql.conf" <<CONF
-port = $pgport
-listen_addresses = '127.0.0.1'
-unix_socket_directories = ''
-max_connections = 200
-wal_level = logical
-max_prepared_transactions = 100
-fsync = off
-CONF
-as_pg "$pgbin/pg_ctl" -D "$work/pg" -l "$work/pg/log" -w start >/dev/null
+start_pg pg "$pgport"
 node="postgres://lattice@127.0.0.1:$pgport/postgres?sslmode=disable"
 "$bin" serve --listen 127.0.0.1:$lport --admin 127.0.0.1:$aport --node "n1=$node" --log-level warn 2>"$work/lattice.log" &
 lpid=$!

@@ -6,37 +6,20 @@
 # client threads (default 4).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bin=${1:-}
-if [ -z "$bin" ]; then go build -o bin/lattice ./cmd/lattice; bin=bin/lattice; fi
-bin=$(readlink -f "$bin")
+. bench/pglocal.sh
+bin=$(lattice_bin "${1:-}")
 pgbin=/usr/lib/postgresql/15/bin
 secs=${SYSBENCH_TIME:-60}
 threads=${SYSBENCH_THREADS:-4}
 work=$(mktemp -d /tmp/lattice-sysbench.XXXXXX)
 chmod 755 "$work"
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-as_pg() { if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
 ports=()
 cleanup() {
   [ -n "${lpid:-}" ] && kill "$lpid" 2>/dev/null && wait "$lpid" 2>/dev/null
-  for n in n1 n2 plain; do as_pg "$pgbin/pg_ctl" -D "$work/$n" -m fast stop >/dev/null 2>&1 || true; done
+  stop_pg n1 n2 plain
   rm -rf "$work"
 }
 trap cleanup EXIT
-start_pg() { # name port
-  mkdir "$work/$1"; [ "$(id -u)" = 0 ] && chown postgres "$work/$1"
-  as_pg "$pgbin/initdb" -D "$work/$1" -U lattice -A trust >/dev/null
-  cat >>"$work/$1/postgresql.conf" <<CONF
-port = $2
-listen_addresses = '127.0.0.1'
-unix_socket_directories = ''
-max_connections = 200
-wal_level = logical
-max_prepared_transactions = 100
-fsync = off
-CONF
-  as_pg "$pgbin/pg_ctl" -D "$work/$1" -l "$work/$1/log" -w start >/dev/null
-}
 p1=$(free_port); p2=$(free_port); pp=$(free_port); lport=$(free_port); aport=$(free_port)
 start_pg n1 "$p1"; start_pg n2 "$p2"; start_pg plain "$pp"
 "$bin" serve --listen 127.0.0.1:$lport --admin 127.0.0.1:$aport \

@@ -8,37 +8,23 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
-bin=${1:-}
-if [ -z "$bin" ]; then go build -o bin/lattice ./cmd/lattice; bin=bin/lattice; fi
-bin=$(readlink -f "$bin")
+. bench/pglocal.sh
+bin=$(lattice_bin "${1:-}")
 pgbin=/usr/lib/postgresql/15/bin
 pkgs=${PGX_SUITE_PKGS:-". ./pgconn ./pgtype ./pgxpool"}
 ver=$(go list -m -f '{{.Version}}' github.com/jackc/pgx/v5)
 work=$(mktemp -d /tmp/lattice-pgx.XXXXXX)
 chmod 755 "$work"
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-as_pg() { if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
 cleanup() {
   [ -n "${lpid:-}" ] && kill "$lpid" 2>/dev/null && wait "$lpid" 2>/dev/null
-  as_pg "$pgbin/pg_ctl" -D "$work/pg" -m fast stop >/dev/null 2>&1 || true
+  stop_pg pg
   rm -rf "$work"
 }
 trap cleanup EXIT
 cp -r "$(go env GOMODCACHE)/github.com/jackc/pgx/v5@$ver" "$work/pgx"
 chmod -R u+w "$work/pgx"
 pgport=$(free_port); lport=$(free_port); aport=$(free_port)
-mkdir "$work/pg"; [ "$(id -u)" = 0 ] && chown postgres "$work/pg"
-as_pg "$pgbin/initdb" -D "$work/pg" -U lattice -A trust >/dev/null
-cat >>"$work/pg/postgresql.conf" <<CONF
-port = $pgport
-listen_addresses = '127.0.0.1'
-unix_socket_directories = ''
-max_connections = 300
-wal_level = logical
-max_prepared_transactions = 100
-fsync = off
-CONF
-as_pg "$pgbin/pg_ctl" -D "$work/pg" -l "$work/pg/log" -w start >/dev/null
+start_pg pg "$pgport" 300
 node="postgres://lattice@127.0.0.1:$pgport/pgx_test?sslmode=disable"
 psql -q "postgres://lattice@127.0.0.1:$pgport/postgres" -c 'CREATE DATABASE pgx_test'
 psql -q "$node" -c 'create extension hstore' -c 'create extension ltree' -c 'create domain uint64 as numeric(20,0)' \
