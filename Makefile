@@ -27,7 +27,7 @@ test: tools
 	$(MAKE) fuzz
 
 # Each fuzz target for a fixed number of executions (pkg:Target:count), sized
-# to about 20 s each on a loaded 2-core machine (measured with -fuzztime 12s
+# to about 20 s each on a loaded 2-core machine (measured over 12-second runs
 # while other builds ran: 1,800 to 4,200 execs/s), so about three minutes
 # with the builds (seven targets). Counts, not durations: with go1.26 a duration
 # budget can end a fuzzer with "context deadline exceeded" and no failing
