@@ -482,13 +482,7 @@ func (s *session) describeAggPortal(ctx context.Context, portal *clientPortal) {
 		return
 	}
 	st := portal.stmt
-	key := preparedKey(st.sql, st.oids, st.epoch)
-	name, ok := be.Prepared(key)
-	if !ok {
-		name = be.AddPrepared(key)
-		be.Send(&pgproto3.Parse{Name: name, Query: st.sql, ParameterOIDs: st.oids})
-		s.x.add(step{kind: stepParse, be: be})
-	}
+	name := s.prepareOn(be, st.sql, st.oids, st.epoch)
 	be.Send(&pgproto3.Describe{ObjectType: 'S', Name: name})
 	s.x.add(step{kind: stepDescribeStmt, be: be, asPortal: true, formats: portal.resultFmt})
 }

@@ -327,13 +327,7 @@ func (s *session) describeComposed(ctx context.Context, st *clientStmt) {
 		s.failExtended(err)
 		return
 	}
-	key := preparedKey(cs.sql, cs.oids, st.epoch)
-	name, ok := be.Prepared(key)
-	if !ok {
-		name = be.AddPrepared(key)
-		be.Send(&pgproto3.Parse{Name: name, Query: cs.sql, ParameterOIDs: cs.oids})
-		s.x.add(step{kind: stepParse, be: be})
-	}
+	name := s.prepareOn(be, cs.sql, cs.oids, st.epoch)
 	be.Send(&pgproto3.Describe{ObjectType: 'S', Name: name})
 	s.x.add(step{kind: stepDescribeStmt, be: be, trimParams: len(cs.oids) - cs.client})
 }

@@ -264,13 +264,7 @@ func (s *session) bindOn(ctx context.Context, portal *clientPortal, node, sql st
 		return false
 	}
 	oids := portal.stmt.oids
-	key := preparedKey(sql, oids, portal.stmt.epoch)
-	name, ok := be.Prepared(key)
-	if !ok {
-		name = be.AddPrepared(key)
-		be.Send(&pgproto3.Parse{Name: name, Query: sql, ParameterOIDs: oids})
-		s.x.add(step{kind: stepParse, be: be})
-	}
+	name := s.prepareOn(be, sql, oids, portal.stmt.epoch)
 	if portalName != "" && be.PortalOpen(portalName) {
 		// A portal of an earlier statement of this transaction (a part of
 		// a fan-out, or one the client closed) still holds the name.
@@ -288,6 +282,19 @@ func (s *session) bindOn(ctx context.Context, portal *clientPortal, node, sql st
 
 // preparedKey names a backend statement: its text, parameter types and the
 // result epoch of the client statement it serves.
+// prepareOn names the backend statement for sql with these parameter types,
+// queueing its Parse on be the first time this backend sees it.
+func (s *session) prepareOn(be *pgshard.Conn, sql string, oids []uint32, epoch uint64) string {
+	key := preparedKey(sql, oids, epoch)
+	name, ok := be.Prepared(key)
+	if !ok {
+		name = be.AddPrepared(key)
+		be.Send(&pgproto3.Parse{Name: name, Query: sql, ParameterOIDs: oids})
+		s.x.add(step{kind: stepParse, be: be})
+	}
+	return name
+}
+
 func preparedKey(sql string, oids []uint32, epoch uint64) string {
 	if len(oids) == 0 && epoch == 0 {
 		return sql
@@ -433,14 +440,7 @@ func (s *session) describe(ctx context.Context, m *pgproto3.Describe) {
 		s.failExtended(err)
 		return
 	}
-	sql := st.sql
-	key := preparedKey(sql, st.oids, st.epoch)
-	name, ok := be.Prepared(key)
-	if !ok {
-		name = be.AddPrepared(key)
-		be.Send(&pgproto3.Parse{Name: name, Query: sql, ParameterOIDs: st.oids})
-		s.x.add(step{kind: stepParse, be: be})
-	}
+	name := s.prepareOn(be, st.sql, st.oids, st.epoch)
 	be.Send(&pgproto3.Describe{ObjectType: 'S', Name: name})
 	s.x.add(step{kind: stepDescribeStmt, be: be})
 }
