@@ -590,7 +590,7 @@ func aggKind(fc *pg.FuncCall) (AggKind, bool) {
 
 // rewriteChildren replaces every Node directly inside m by f's answer.
 func rewriteChildren(m protoreflect.Message, f func(*pg.Node) *pg.Node) {
-	m.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
+	rangeFields(m, func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
 		if fd.Kind() != protoreflect.MessageKind || fd.IsMap() {
 			return true
 		}

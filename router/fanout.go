@@ -409,7 +409,7 @@ func aggregates(nodes []*pg.Node) (agg string, window bool) {
 
 // eachChild calls f on every message directly inside m.
 func eachChild(m protoreflect.Message, f func(protoreflect.Message)) {
-	m.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
+	rangeFields(m, func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
 		if fd.Kind() != protoreflect.MessageKind || fd.IsMap() {
 			return true
 		}

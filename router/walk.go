@@ -139,7 +139,7 @@ func (w *walker) withStmt(m protoreflect.Message, with *pg.WithClause, target *p
 }
 
 func (w *walker) children(m protoreflect.Message, nested bool, skip1, skip2 protoreflect.Name) {
-	m.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
+	rangeFields(m, func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
 		if fd.Kind() != protoreflect.MessageKind || fd.IsMap() {
 			return true
 		}
