@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"strings"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/lattice-db/lattice/localnode"
 )
@@ -110,6 +112,10 @@ func TestNodeRegistryAcrossProxies(t *testing.T) {
 		t.Fatalf("nodes on the adding proxy right after = %s", got)
 	}
 	waitNodes(t, cb, "n1,n2,n4")
+	// A proxy started now with other --node flags follows the registry: the
+	// flags seed it only when it is empty.
+	late := startProxy(t, 3)
+	waitNodes(t, connect(t, late.DSN("lattice")), "n1,n2,n4")
 
 	// A tree created through b after the change: a third of its shards on n4.
 	mustExec(t, cb, `CREATE TABLE grown (k int8 PRIMARY KEY, v text)`)
@@ -177,5 +183,142 @@ func TestNodeRegistryAcrossProxies(t *testing.T) {
 	var nodes string
 	if err := cb.QueryRow(ctx, `SELECT string_agg(DISTINCT node, ',' ORDER BY node) FROM lattice_shards('after')`).Scan(&nodes); err != nil || nodes != "n1,n2" {
 		t.Fatalf("shards of a tree created after the removal on %q, %v", nodes, err)
+	}
+}
+
+// TestAddNodeBadInput: each bad lattice_add_node or lattice_remove_node
+// gets its own SQLSTATE and a hint, and the registry does not change.
+func TestAddNodeBadInput(t *testing.T) {
+	resetNodes(t)
+	ctx := context.Background()
+	replica := startExtraNode(t, "replica", map[string]string{"wal_level": "replica", "max_wal_senders": "10"})
+	p := startProxy(t, 2)
+	c := connect(t, p.DSN("lattice"))
+	mustExec(t, c, `CREATE TABLE held (k int8 PRIMARY KEY)`)
+	mustExec(t, c, `SELECT lattice_create_tree('held', 'k', shard_count => 2)`)
+
+	free, err := localnode.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n2 := testNode(t, 1)
+	withPassword := strings.Replace(replica.DSN("lattice"), "lattice@", "lattice:s3cret@", 1)
+	for _, tc := range []struct {
+		name, sql string
+		args      []any
+		code      string
+		message   string // part of the message
+		hint      string // part of the hint
+	}{
+		{"password in the DSN", `SELECT lattice_add_node('n9', $1)`, []any{withPassword},
+			"22023", "carries a password", "--pgpass"},
+		{"password keyword", `SELECT lattice_add_node('n9', $1)`, []any{fmt.Sprintf("host=127.0.0.1 port=%d user=lattice password=x dbname=lattice", replica.Port)},
+			"22023", "carries a password", "--pgpass"},
+		{"unreachable", `SELECT lattice_add_node('n9', $1)`, []any{fmt.Sprintf("postgres://lattice@127.0.0.1:%d/lattice?sslmode=disable", free)},
+			"08001", "cannot connect to node n9", "server runs"},
+		{"wal_level=replica", `SELECT lattice_add_node('n9', $1)`, []any{replica.DSN("lattice")},
+			"55000", "wal_level=replica", "wal_level = logical"},
+		{"duplicate name", `SELECT lattice_add_node('n2', $1)`, []any{replica.DSN("lattice")},
+			"42710", "node n2 already exists", "another name"},
+		{"server already a node", `SELECT lattice_add_node('n9', $1)`, []any{n2.DSN("lattice")},
+			"42710", "is node n2 already", "separate PostgreSQL server"},
+		{"bad name", `SELECT lattice_add_node('N 9', $1)`, []any{replica.DSN("lattice")},
+			"22023", "invalid node name", "lower-case"},
+		{"remove a node with shards", `SELECT lattice_remove_node('n2')`, nil,
+			"55000", "holds 1 shards", "lattice_drain_node"},
+		{"remove the catalog node", `SELECT lattice_remove_node('n1')`, nil,
+			"55000", "catalog node", "physical replica"},
+		{"remove an unknown node", `SELECT lattice_remove_node('n9')`, nil,
+			"42704", "does not exist", "lattice_nodes"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := c.Exec(ctx, tc.sql, tc.args...)
+			var pgErr *pgconn.PgError
+			if !errors.As(err, &pgErr) {
+				t.Fatalf("err = %v, want SQLSTATE %s", err, tc.code)
+			}
+			if pgErr.Code != tc.code || !strings.Contains(pgErr.Message, tc.message) || !strings.Contains(pgErr.Hint, tc.hint) {
+				t.Fatalf("got %s %q (hint %q), want %s with %q and a hint with %q", pgErr.Code, pgErr.Message, pgErr.Hint, tc.code, tc.message, tc.hint)
+			}
+			if strings.Contains(pgErr.Message+pgErr.Hint, "s3cret") {
+				t.Fatalf("the error repeats the password: %q / %q", pgErr.Message, pgErr.Hint)
+			}
+			if got := nodeNames(listNodes(t, c)); got != "n1,n2" {
+				t.Fatalf("nodes after a refused call = %s, want n1,n2", got)
+			}
+		})
+	}
+	// Nothing reached Redis with a password, either.
+	rc, err := redisClient(testRedisURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rc.Close()
+	raw, err := rc.HGet(ctx, "lattice:nodes", "nodes").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(raw, "s3cret") || strings.Contains(raw, "password") {
+		t.Fatalf("the registry holds a password: %s", raw)
+	}
+}
+
+// TestNodePoolsFollowRegistry: a session's open transaction spans a node's
+// addition and removal undisturbed and commits across nodes, and once the
+// node is removed the proxies hold no session on it (request pools,
+// control pools and presence sessions all closed), without a restart.
+func TestNodePoolsFollowRegistry(t *testing.T) {
+	resetNodes(t)
+	ctx := context.Background()
+	n4 := startExtraNode(t, "n4", nil)
+	a := startProxy(t, 2)
+	b := startProxy(t, 2)
+	ca := connect(t, a.DSN("lattice"))
+	cb := connect(t, b.DSN("lattice"))
+	mustExec(t, ca, `CREATE TABLE spans (k int8 PRIMARY KEY, v text)`)
+	mustExec(t, ca, `SELECT lattice_create_tree('spans', 'k', shard_count => 4)`)
+
+	// The session in flight: a transaction with backends on n1 and n2.
+	inflight := connect(t, b.DSN("lattice"))
+	mustExec(t, inflight, `BEGIN`)
+	for i := 0; i < 20; i++ {
+		mustExec(t, inflight, `INSERT INTO spans VALUES ($1, 'in flight')`, i)
+	}
+
+	mustExec(t, ca, `SELECT lattice_add_node('n4', $1)`, n4.DSN("lattice"))
+	waitNodes(t, cb, "n1,n2,n4")
+	// Both proxies use n4: a tree on it, read and written through each.
+	mustExec(t, cb, `CREATE TABLE onfour (k int8 PRIMARY KEY)`)
+	mustExec(t, cb, `SELECT lattice_create_tree('onfour', 'k', shard_count => 3)`)
+	for i := 0; i < 30; i++ {
+		mustExec(t, []*pgx.Conn{ca, cb}[i%2], `INSERT INTO onfour VALUES ($1)`, i)
+	}
+	direct := connect(t, n4.DSN("lattice"))
+	sessions := func() (int, error) {
+		var n int
+		err := direct.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()`).Scan(&n)
+		return n, err
+	}
+	if n, err := sessions(); err != nil || n == 0 {
+		t.Fatalf("sessions on n4 while it serves = %d, %v; want some", n, err)
+	}
+
+	mustExec(t, inflight, `INSERT INTO spans VALUES (100, 'after the add')`)
+	mustExec(t, ca, `DROP TABLE onfour`)
+	mustExec(t, ca, `SELECT lattice_remove_node('n4')`)
+	waitNodes(t, cb, "n1,n2")
+	pollUntil(t, 60*time.Second, "the proxies to close every session on the removed node", func() (bool, error) {
+		n, err := sessions()
+		return n == 0, err
+	})
+
+	mustExec(t, inflight, `INSERT INTO spans VALUES (101, 'after the removal')`)
+	mustExec(t, inflight, `COMMIT`)
+	for _, c := range []*pgx.Conn{ca, cb} {
+		var n int
+		if err := c.QueryRow(ctx, `SELECT count(*) FROM spans`).Scan(&n); err != nil || n != 22 {
+			t.Fatalf("rows of the transaction in flight = %d, %v; want 22", n, err)
+		}
 	}
 }
