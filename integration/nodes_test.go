@@ -1,9 +1,11 @@
 package integration
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -320,5 +322,84 @@ func TestNodePoolsFollowRegistry(t *testing.T) {
 		if err := c.QueryRow(ctx, `SELECT count(*) FROM spans`).Scan(&n); err != nil || n != 22 {
 			t.Fatalf("rows of the transaction in flight = %d, %v; want 22", n, err)
 		}
+	}
+}
+
+// TestNodesAdminAPIAndCLI: the node functions through the admin API and
+// the CLI, which run the SQL functions' code: the same checks, with the
+// SQLSTATE, hint and HTTP status of each refusal.
+func TestNodesAdminAPIAndCLI(t *testing.T) {
+	resetNodes(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	n4 := startExtraNode(t, "n4", nil)
+	p := startProxy(t, 2)
+	adminURL := "http://" + p.AdminAddr
+	run := func(args ...string) (stdout, stderr string, code int) {
+		cmd := exec.CommandContext(ctx, latticeBinary(t), append(args, "--admin", adminURL)...)
+		var o, e bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &o, &e
+		err := cmd.Run()
+		if ee, ok := err.(*exec.ExitError); ok {
+			code = ee.ExitCode()
+		} else if err != nil {
+			t.Fatalf("lattice %q: %v", args, err)
+		}
+		return o.String(), e.String(), code
+	}
+
+	withPassword := strings.Replace(n4.DSN("lattice"), "lattice@", "lattice:s3cret@", 1)
+	for _, tc := range []struct {
+		name, method, path, body string
+		status                   int
+		answer                   string
+	}{
+		{"password", "POST", "/api/nodes", fmt.Sprintf(`{"name":"n4","dsn":%q}`, withPassword), 400, `"sqlstate":"22023"`},
+		{"duplicate", "POST", "/api/nodes", fmt.Sprintf(`{"name":"n2","dsn":%q}`, n4.DSN("lattice")), 409, `"sqlstate":"42710"`},
+		{"no dsn", "POST", "/api/nodes", `{"name":"n4"}`, 400, `"sqlstate":"22023"`},
+		{"remove with shards", "DELETE", "/api/nodes/n1", "", 409, `"sqlstate":"55000"`},
+		{"remove unknown", "DELETE", "/api/nodes/n9", "", 404, `"sqlstate":"42704"`},
+	} {
+		a := adminCall(t, ctx, p, tc.method, tc.path, tc.body)
+		if a.status != tc.status || !strings.Contains(string(a.body), tc.answer) || !strings.Contains(string(a.body), `"hint":`) {
+			t.Errorf("%s: %s %s = %d %s; want %d with %s and a hint", tc.name, tc.method, tc.path, a.status, a.body, tc.status, tc.answer)
+		}
+		if strings.Contains(string(a.body), "s3cret") {
+			t.Errorf("%s: the answer repeats the password: %s", tc.name, a.body)
+		}
+	}
+
+	out, errOut, code := run("node", "add", "n4", n4.DSN("lattice"))
+	if code != 0 || !strings.Contains(out, "node n4 added") {
+		t.Fatalf("lattice node add: exit %d\n%s%s", code, out, errOut)
+	}
+	out, errOut, code = run("nodes")
+	if code != 0 {
+		t.Fatalf("lattice nodes: exit %d\n%s", code, errOut)
+	}
+	t.Logf("lattice nodes:\n%s", out)
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) != 4 || !strings.HasPrefix(lines[1], "n1 ") || !strings.Contains(lines[1], "catalog") || !strings.HasPrefix(lines[3], "n4 ") || !strings.Contains(lines[3], " yes ") {
+		t.Fatalf("lattice nodes printed:\n%s", out)
+	}
+	var nodes []struct {
+		Name      string `json:"name"`
+		Reachable bool   `json:"reachable"`
+	}
+	adminGet(t, ctx, p, "/api/nodes", &nodes)
+	if len(nodes) != 3 || nodes[2].Name != "n4" || !nodes[2].Reachable {
+		t.Fatalf("GET /api/nodes = %+v", nodes)
+	}
+	_, errOut, code = run("node", "add", "n5", withPassword)
+	if code == 0 || !strings.Contains(errOut, "SQLSTATE 22023") || !strings.Contains(errOut, "hint: ") {
+		t.Fatalf("lattice node add with a password: exit %d, %s", code, errOut)
+	}
+	out, errOut, code = run("node", "remove", "n4")
+	if code != 0 || !strings.Contains(out, "node n4 removed") {
+		t.Fatalf("lattice node remove: exit %d\n%s%s", code, out, errOut)
+	}
+	_, errOut, code = run("node", "remove", "n1")
+	if code == 0 || !strings.Contains(errOut, "SQLSTATE 55000") {
+		t.Fatalf("lattice node remove n1: exit %d, %s", code, errOut)
 	}
 }

@@ -1,6 +1,6 @@
 // Command lattice is the Lattice proxy: `serve` runs it, `demo` starts a
 // local cluster with it, `passwd` makes a users-file line, and `status`,
-// `shards` and `reshard` ask a running proxy's admin API.
+// `shards`, `reshard`, `nodes` and `node` ask a running proxy's admin API.
 package main
 
 import (
@@ -36,6 +36,9 @@ Usage:
   lattice status  [--admin URL] [--tenant T]                     proxies, trees and running reshards
   lattice shards  TREE [--admin URL] [--tenant T]                a tree's shards with size estimates
   lattice reshard TREE N [--wait] [--admin URL] [--tenant T]     reshard a tree to N shards; --wait shows progress until done
+  lattice nodes  [--admin URL] [--tenant T]                      the registered nodes, with the tenant's shards, slots and size on each
+  lattice node add NAME DSN [--admin URL]                        check a PostgreSQL server and add it (the DSN without password)
+  lattice node remove NAME [--admin URL]                         remove a node that holds no shard
 
 --admin defaults to $LATTICE_ADMIN, else http://127.0.0.1:9090.
 
@@ -64,6 +67,10 @@ func main() {
 		err = newCLI().shardsCmd(ctx, os.Args[2:])
 	case "reshard":
 		err = newCLI().reshardCmd(ctx, os.Args[2:])
+	case "nodes":
+		err = newCLI().nodesCmd(ctx, os.Args[2:])
+	case "node":
+		err = newCLI().nodeCmd(ctx, os.Args[2:])
 	case "-h", "--help", "help":
 		fmt.Print(usage)
 	default:
@@ -319,6 +326,7 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, ready func(pg
 		PreparedTransactions: 1,
 	}})
 	adm.API = newAdminAPI(cfg, proxyID, store, cache, reg, cluster, fns, log)
+	adm.API.Nodes = adminNoder{fns}
 	srv := proxy.NewServer(proxy.Config{
 		Startup: proxy.StartupConfig{Users: users, StartupTimeout: cfg.StartupTimeout,
 			TLS: tlsConfig, TLSRequired: cfg.TLSRequired},
