@@ -77,6 +77,7 @@ type Server struct {
 	log         *slog.Logger
 
 	aggs     sync.Map // tenant + "\x00" + function name -> aggCheck
+	colls    collationCache
 	clients  atomic.Int64
 	pinned   atomic.Int64 // sessions pinned to a backend (pin.go)
 	mu       sync.Mutex
