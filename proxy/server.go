@@ -9,6 +9,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"log/slog"
+	"maps"
 	"net"
 	"slices"
 	"sync"
@@ -205,10 +206,7 @@ func (s *Server) greet(ctx context.Context, sess *session, st *Startup) error {
 	if err != nil {
 		return sqlstate.As(unwrapPg(err))
 	}
-	defaults := make(map[string]string, len(be.Params))
-	for k, v := range be.Params {
-		defaults[k] = v
-	}
+	defaults := maps.Clone(be.StartupParams)
 	s.pools.Release(be)
 	sess.settings = newSettings(params, defaults)
 	for k, v := range params {
