@@ -63,9 +63,10 @@ type Conn struct {
 	// mu guards pending: a LISTEN backend is read by its own goroutine
 	// while the session sends to it.
 	mu sync.Mutex
-	// pending are the requests sent whose answers change the state above,
-	// in the order the backend answers them.
+	// pending[head:] are the requests sent whose answers change the state
+	// above, in the order the backend answers them (push, pop).
 	pending []request
+	head    int
 }
 
 func connect(ctx context.Context, node, tenant, dsn string, maxMessage int) (*Conn, error) {
@@ -215,7 +216,7 @@ func (c *Conn) PortalOpen(name string) bool {
 	if c.portals[name] {
 		return true
 	}
-	for _, r := range c.pending {
+	for _, r := range c.queued() {
 		if r.kind == reqBind && r.name == name {
 			return true
 		}

@@ -80,8 +80,8 @@ type session struct {
 	pin      pinState  // the catalog-node backend kept for session state (pin.go)
 
 	// views are the views this session's statements planned on since the
-	// last ReadyForQuery (or Flush), with the functions that release them.
-	views map[*shardmap.View]func()
+	// last ReadyForQuery (or Flush), each held once from the registration.
+	views []*shardmap.View
 	// extRetry is the statement of the current extended batch that is
 	// routed again after LT001, or nil.
 	extRetry *extRetry
