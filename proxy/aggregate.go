@@ -185,7 +185,7 @@ func (f *fanOut) playAgg(s *session, x *exchange) error {
 		colOIDs[i] = fd.DataTypeOID
 	}
 	var colls []string // the partial columns' collations, so that the final step groups and sorts text as the nodes do
-	if a.CollationProbe != "" {
+	if a.CollationProbe != "" && mayCollate(colOIDs) {
 		c, err := s.collationsOf(f.agg.ctx, a.CollationProbe, a.Columns)
 		if err != nil {
 			if cp != nil {

@@ -64,6 +64,21 @@ func (f *fanOut) sortKeys(s *session, x *exchange, parts []*partSource) (keys []
 	return keys, c.names, nil
 }
 
+// mayCollate reports whether a column of one of oids may have a
+// collation: any type but the built-in ones known to have none.
+func mayCollate(oids []uint32) bool {
+	for _, oid := range oids {
+		switch oid {
+		case pgtype.Int2OID, pgtype.Int4OID, pgtype.Int8OID, pgtype.OIDOID, pgtype.Float4OID, pgtype.Float8OID,
+			pgtype.NumericOID, pgtype.BoolOID, pgtype.UUIDOID, pgtype.DateOID, pgtype.TimestampOID,
+			pgtype.TimestamptzOID, pgtype.IntervalOID, pgtype.ByteaOID, pgtype.JSONOID, pgtype.JSONBOID:
+		default:
+			return true
+		}
+	}
+	return false
+}
+
 func textType(oid uint32) bool {
 	switch oid {
 	case pgtype.TextOID, pgtype.VarcharOID, pgtype.BPCharOID, pgtype.NameOID:
