@@ -1,0 +1,101 @@
+package shardmap
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// IntentKind says what a tree's intent (a Reshard record) is for. One key
+// holds it whatever its kind, so a reshard, a rebalance, a drain and a move
+// of the same tree exclude each other.
+type IntentKind string
+
+const (
+	IntentReshard   IntentKind = ""          // lattice_reshard
+	IntentRebalance IntentKind = "rebalance" // lattice_rebalance
+	IntentDrain     IntentKind = "drain"     // lattice_drain_node, one intent per tree
+	IntentMove      IntentKind = "move"      // lattice_move_shard
+)
+
+// Rebalance is the part of an intent that moves shards between nodes.
+type Rebalance struct {
+	Kind IntentKind `json:"kind,omitempty"`
+	By   string     `json:"by,omitempty"`   // "bytes" or "slots"
+	Node string     `json:"node,omitempty"` // a drain's node, a move's target node
+	// Shard is a move's shard.
+	Shard int `json:"shard,omitempty"`
+	// Moved lists the shards this intent has started moving, so that none
+	// moves twice in one rebalance and the plan ends.
+	Moved []int `json:"moved,omitempty"`
+}
+
+// Intents is the store's side for intents beyond StartReshard and
+// FinishReshard. RedisStore implements it.
+type Intents interface {
+	// UpdateReshard replaces the tree's intent with r if the stored one has
+	// r's operation id; ErrNotFound otherwise.
+	UpdateReshard(ctx context.Context, r *Reshard) error
+}
+
+var _ Intents = (*RedisStore)(nil)
+
+// KEYS: reshard. ARGV: op id, JSON. Replaces only the operation named.
+var updateReshardScript = redis.NewScript(`
+local cur = redis.call('GET', KEYS[1])
+if not cur then return 0 end
+if cjson.decode(cur)['op_id'] ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], ARGV[2])
+return 1`)
+
+// UpdateReshard implements Intents.
+func (s *RedisStore) UpdateReshard(ctx context.Context, r *Reshard) error {
+	b, err := json.Marshal(r)
+	if err != nil {
+		return err
+	}
+	n, err := updateReshardScript.Run(ctx, s.client, []string{s.reshardKey(r.Tenant, r.Tree)}, r.OpID, b).Int()
+	if err != nil {
+		return fmt.Errorf("shardmap: update intent of %s/%s: %w", r.Tenant, r.Tree, err)
+	}
+	if n == 0 {
+		return fmt.Errorf("shardmap: intent %s of %s/%s: %w", r.OpID, r.Tenant, r.Tree, ErrNotFound)
+	}
+	return nil
+}
+
+// Draining keeps, per tenant, the nodes lattice_drain_node is emptying:
+// no shard of the tenant is placed or moved onto them.
+type Draining interface {
+	// MarkDraining adds node to the tenant's draining nodes.
+	MarkDraining(ctx context.Context, tenant, node string) error
+	// DrainingNodes lists the tenant's draining nodes, sorted.
+	DrainingNodes(ctx context.Context, tenant string) ([]string, error)
+}
+
+var _ Draining = (*RedisStore)(nil)
+
+// P:{T}:draining  set: names of the tenant's draining nodes
+func (s *RedisStore) drainingKey(tenant string) string { return s.tenantTag(tenant) + ":draining" }
+
+// MarkDraining implements Draining.
+func (s *RedisStore) MarkDraining(ctx context.Context, tenant, node string) error {
+	if err := s.client.SAdd(ctx, s.drainingKey(tenant), node).Err(); err != nil {
+		return fmt.Errorf("shardmap: mark node %s draining: %w", node, err)
+	}
+	return nil
+}
+
+// DrainingNodes implements Draining.
+func (s *RedisStore) DrainingNodes(ctx context.Context, tenant string) ([]string, error) {
+	v, err := s.client.SMembers(ctx, s.drainingKey(tenant)).Result()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return nil, fmt.Errorf("shardmap: draining nodes of %s: %w", tenant, err)
+	}
+	slices.Sort(v)
+	return v, nil
+}
