@@ -240,6 +240,15 @@ func TestMoveShard(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("lattice_move_shard: %s", msg)
+	var phase, node string
+	var done, left int32
+	if err := pool.QueryRow(ctx, "SELECT phase, node, moves_done, moves_left FROM lattice_rebalance_status('catalogue')").Scan(&phase, &node, &done, &left); err != nil {
+		finish()
+		t.Fatal(err)
+	}
+	if phase != "move" || node != "n2" || done+left != 1 {
+		t.Errorf("lattice_rebalance_status during the move: %s, %s, %d done, %d left", phase, node, done, left)
+	}
 	// While the move runs, a reshard of the tree is refused.
 	if _, err := pool.Exec(ctx, "SELECT lattice_reshard('catalogue', 12)"); sqlStateOf(err) != "55000" {
 		finish()
@@ -279,6 +288,9 @@ func TestMoveShard(t *testing.T) {
 		t.Fatalf("lattice_move_shard during a rebalance: %v, want 55000", err)
 	}
 	waitFor(t, ctx, pool, "SELECT lattice_rebalance_complete('catalogue')", failed, finish)
+	if err := pool.QueryRow(ctx, "SELECT phase FROM lattice_rebalance_status('catalogue')").Scan(&phase); err != nil || phase != "idle" {
+		t.Errorf("lattice_rebalance_status after the rebalance: %q, %v", phase, err)
+	}
 	perNode := map[string]int{}
 	for _, ns := range shardNodes(t, ctx, pool, "catalogue") {
 		perNode[ns]++

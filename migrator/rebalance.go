@@ -3,10 +3,12 @@ package migrator
 import (
 	"cmp"
 	"context"
+	"errors"
 	"slices"
 	"time"
 
 	"github.com/lattice-db/lattice/shardmap"
+	"github.com/lattice-db/lattice/sqlstate"
 )
 
 // Rebalance measures, for lattice_rebalance's by argument.
@@ -166,7 +168,7 @@ func (c *Coordinator) rebalancePlan(ctx context.Context, r *shardmap.Reshard, t 
 	for _, idx := range m.OwningShards() {
 		sh := m.Shards[idx]
 		p := placedShard{Index: idx, Node: sh.Node, Weight: weights[idx],
-			Movable: sh.State == shardmap.ShardActive && !sh.Mixed && !b[idx] && !slices.Contains(r.Moved, idx)}
+			Movable: sh.State == shardmap.ShardActive && !sh.Mixed && !b[idx] && !slices.Contains(r.Moved, idx) && !slices.Contains(r.Skipped, idx)}
 		if to, ok := moving[idx]; ok {
 			p.Node = to
 		}
@@ -221,6 +223,16 @@ func (c *Coordinator) tickRebalance(ctx context.Context, r *shardmap.Reshard) er
 	}
 	for _, mv := range plan[:min(len(plan), max(c.opts.MaxConcurrentMigrations-len(flying), 0))] {
 		mig, err := c.runner.StartMove(ctx, t, mv.Shard, mv.To)
+		var refused *sqlstate.Error
+		if errors.As(err, &refused) {
+			// StartMove's own checks: the tree changed since the plan.
+			c.log.Warn("rebalance: planned move refused; skipping the shard", "tree", t.Name, "shard", mv.Shard, "node", mv.To, "err", err)
+			r.Skipped = append(r.Skipped, mv.Shard)
+			if err := c.store.UpdateReshard(ctx, r); err != nil {
+				return err
+			}
+			continue
+		}
 		if err != nil {
 			return err
 		}

@@ -332,7 +332,7 @@ func (f *Functions) drainNode(ctx context.Context, tenant string, a map[string]*
 			f.started(ctx, r)
 		}
 	}
-	return fmt.Sprintf("draining node %s: %d shards of %d trees to move", node, shards, len(todo)), nil
+	return fmt.Sprintf("draining node %s: %d shards to move, of %d trees", node, shards, len(todo)), nil
 }
 
 // shardsOn counts the shards of m on node that own slots or are pending.

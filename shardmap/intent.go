@@ -32,6 +32,9 @@ type Rebalance struct {
 	// Moved lists the shards this intent has started moving, so that none
 	// moves twice in one rebalance and the plan ends.
 	Moved []int `json:"moved,omitempty"`
+	// Skipped lists the shards a planned move was refused for (the tree
+	// changed since the plan), so that the plan does not retry them.
+	Skipped []int `json:"skipped,omitempty"`
 }
 
 // Intents is the store's side for intents beyond StartReshard and
