@@ -23,7 +23,7 @@ import (
 // client should hear it: nil when it can. draining lists the nodes being
 // drained, flying the tree's migrations in flight.
 func (r *Runner) checkMove(t *shardmap.Tree, m *shardmap.Map, idx int, node string, draining []string, flying []*shardmap.Migration) error {
-	if _, ok := r.cluster.Node(node); !ok {
+	if !slices.Contains(r.cluster.NodeNames(), node) {
 		e := sqlstate.New(sqlstate.UndefinedObject, "node %q does not exist", node)
 		e.Hint = "The nodes are " + strings.Join(r.cluster.NodeNames(), ", ") + "."
 		return e
@@ -104,7 +104,7 @@ func (r *Runner) prepareMove(ctx context.Context, t *shardmap.Tree, mig *shardma
 	if err := r.cluster.CreateShard(ctx, t, mig.Target, mig.TargetNode, nil, m.Epoch); err != nil {
 		return err
 	}
-	crashPoint("prepare")
+	r.crash("prepare")
 	return nil
 }
 
