@@ -157,23 +157,7 @@ func (c *Coordinator) rebalancePlan(ctx context.Context, r *shardmap.Reshard, t 
 	if r.Kind == shardmap.IntentDrain {
 		active = slices.DeleteFunc(active, func(n string) bool { return n == r.Node })
 	}
-	b := busy(flying)
-	moving := map[int]string{}
-	for _, o := range flying {
-		if o.Kind == shardmap.Move {
-			moving[o.Source] = o.TargetNode
-		}
-	}
-	var shards []placedShard
-	for _, idx := range m.OwningShards() {
-		sh := m.Shards[idx]
-		p := placedShard{Index: idx, Node: sh.Node, Weight: weights[idx],
-			Movable: sh.State == shardmap.ShardActive && !sh.Mixed && !b[idx] && !slices.Contains(r.Moved, idx) && !slices.Contains(r.Skipped, idx)}
-		if to, ok := moving[idx]; ok {
-			p.Node = to
-		}
-		shards = append(shards, p)
-	}
+	shards := placeShards(m, weights, flying, r)
 	switch r.Kind {
 	case shardmap.IntentMove:
 		for _, s := range shards {
@@ -192,6 +176,32 @@ func (c *Coordinator) rebalancePlan(ctx context.Context, r *shardmap.Reshard, t 
 		return planRebalance(shards, active, true), nil
 	}
 	return planRebalance(shards, active, false), nil
+}
+
+// placeShards lists m's owning shards for a plan of intent r: a shard
+// with a move in flight is on its target node already, and a shard that
+// is not active, is mixed, is in a migration, or that r moved or skipped
+// before does not move (each shard moves at most once per intent, which is
+// what ends a plan whose sizes change under load).
+func placeShards(m *shardmap.Map, weights map[int]int64, flying []*shardmap.Migration, r *shardmap.Reshard) []placedShard {
+	b := busy(flying)
+	moving := map[int]string{}
+	for _, o := range flying {
+		if o.Kind == shardmap.Move {
+			moving[o.Source] = o.TargetNode
+		}
+	}
+	var shards []placedShard
+	for _, idx := range m.OwningShards() {
+		sh := m.Shards[idx]
+		p := placedShard{Index: idx, Node: sh.Node, Weight: weights[idx],
+			Movable: sh.State == shardmap.ShardActive && !sh.Mixed && !b[idx] && !slices.Contains(r.Moved, idx) && !slices.Contains(r.Skipped, idx)}
+		if to, ok := moving[idx]; ok {
+			p.Node = to
+		}
+		shards = append(shards, p)
+	}
+	return shards
 }
 
 // tickRebalance is one tick of a rebalance, a drain or a move: it starts

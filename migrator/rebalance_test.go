@@ -129,3 +129,35 @@ func TestFewestBytes(t *testing.T) {
 		})
 	}
 }
+
+// TestPlaceShards holds what a tick's re-plan may move: not a shard the
+// intent moved or skipped before (so a plan ends while sizes change), not
+// one in a migration or mixed; and a move in flight counts on its target.
+func TestPlaceShards(t *testing.T) {
+	m := shardmap.NewIdentityMap("t", "x", 16, 4, []string{"n1", "n2"}) // n1: 0, 2; n2: 1, 3
+	mixed := m.Shards[3]
+	mixed.Mixed = true
+	m.Shards[3] = mixed
+	flying := []*shardmap.Migration{{Kind: shardmap.Move, Source: 2, Target: 2, SourceNode: "n1", TargetNode: "n3", Phase: shardmap.PhaseCopy}}
+	r := &shardmap.Reshard{Rebalance: shardmap.Rebalance{Kind: shardmap.IntentRebalance, Moved: []int{0}, Skipped: []int{1}}}
+	got := map[int]placedShard{}
+	for _, s := range placeShards(m, map[int]int64{0: 1, 1: 1, 2: 1, 3: 1}, flying, r) {
+		got[s.Index] = s
+	}
+	for idx, want := range map[int]placedShard{
+		0: {Index: 0, Node: "n1", Weight: 1},
+		1: {Index: 1, Node: "n2", Weight: 1},
+		2: {Index: 2, Node: "n3", Weight: 1},
+		3: {Index: 3, Node: "n2", Weight: 1},
+	} {
+		if got[idx] != want {
+			t.Errorf("shard %d: %+v, want %+v", idx, got[idx], want)
+		}
+	}
+	r.Moved, r.Skipped, flying = nil, nil, nil
+	for _, s := range placeShards(m, nil, flying, r) {
+		if want := s.Index != 3; s.Movable != want {
+			t.Errorf("shard %d movable %v, want %v", s.Index, s.Movable, want)
+		}
+	}
+}
