@@ -58,17 +58,13 @@ func withinTenPercent(bytes map[string]int64) bool {
 }
 
 // TestScaleOut is the elastic-nodes proof: a tree of 64 shards and 200,000
-// rows on 2 nodes, the ledger workload through two proxies; a third node
-// gets an even share of the bytes by lattice_rebalance, then
-// lattice_drain_node empties node 2. Every acknowledged write is present
+// rows on 2 nodes, the ledger workload through two proxies; lattice_add_node
+// adds a third node (no proxy restarts), lattice_rebalance gives it an even
+// share of the bytes, lattice_drain_node empties node 2 and
+// lattice_remove_node removes it. Every acknowledged write is present
 // exactly once, no read is stale, no client sees an error, the bytes of the
 // active nodes are within 10% of their mean after the rebalance, and node 2
 // keeps no shard schema, publication or replication slot.
-//
-// The node registry (lattice_add_node, lattice_remove_node) is not in this
-// branch: the tree is created through a proxy that knows n1 and n2 only,
-// and the two load proxies know n3 from the start, holding nothing, in
-// place of adding it; node 2 is not removed at the end.
 func TestScaleOut(t *testing.T) {
 	if testing.Short() {
 		t.Skip("long: rebalances and drains a 200,000-row tree under load")
@@ -76,33 +72,42 @@ func TestScaleOut(t *testing.T) {
 	resetNodes(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	setup := startProxy(t, 2)
-	setupPool, err := pgxpool.New(ctx, setup.DSN("lattice"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	load := newLoad(t, ctx, []*pgxpool.Pool{setupPool}, 200_000, 64)
-	setupPool.Close()
-	setup.cleanup(t)
-
-	load.pools = nil
+	var conns []*pgx.Conn // one plain session per proxy, for lattice_nodes
+	var pools []*pgxpool.Pool
 	for range 2 {
-		p := startProxy(t, 3, "--reshard-tick", "500ms")
+		p := startProxy(t, 2, "--reshard-tick", "500ms") // the first seeds the registry with n1 and n2
 		pool, err := pgxpool.New(ctx, p.DSN("lattice"))
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer pool.Close()
-		load.pools = append(load.pools, pool)
+		pools = append(pools, pool)
+		c, err := pgx.Connect(ctx, p.DSN("lattice"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close(ctx)
+		conns = append(conns, c)
 	}
-	admin := load.pools[0]
-	if b := nodeBytes(t, ctx, admin, "catalogue"); len(b) != 2 || b["n3"] != 0 {
-		t.Fatalf("before the rebalance the tree is on %v, want n1 and n2 only", b)
+	load := newLoad(t, ctx, pools, 200_000, 64)
+	admin := pools[0]
+	if b := nodeBytes(t, ctx, admin, "catalogue"); len(b) != 2 {
+		t.Fatalf("the tree is on %v, want n1 and n2", b)
 	}
 	failed, finish := load.run(ctx)
 
-	start := time.Now()
 	var msg string
+	if err := admin.QueryRow(ctx, "SELECT lattice_add_node('n3', $1)", testNodeDSN(t, 2)).Scan(&msg); err != nil {
+		finish()
+		t.Fatalf("lattice_add_node: %v", err)
+	}
+	t.Logf("lattice_add_node: %s", msg)
+	// Either proxy may hold the tree's lease: both must have the node.
+	for _, c := range conns {
+		waitNodes(t, c, "n1,n2,n3")
+	}
+
+	start := time.Now()
 	if err := admin.QueryRow(ctx, "SELECT lattice_rebalance('catalogue')").Scan(&msg); err != nil {
 		finish()
 		t.Fatal(err)
@@ -126,6 +131,14 @@ func TestScaleOut(t *testing.T) {
 	t.Logf("drained n2 in %s: bytes per node %v", time.Since(start).Round(time.Millisecond), drained)
 	if _, ok := drained["n2"]; ok {
 		t.Errorf("n2 still holds shards after the drain: %v", drained)
+	}
+	if err := admin.QueryRow(ctx, "SELECT lattice_remove_node('n2')").Scan(&msg); err != nil {
+		finish()
+		t.Fatalf("lattice_remove_node: %v", err)
+	}
+	t.Logf("lattice_remove_node: %s", msg)
+	for _, c := range conns {
+		waitNodes(t, c, "n1,n3")
 	}
 	if err := finish(); err != nil {
 		t.Fatal(err)

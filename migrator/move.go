@@ -78,7 +78,7 @@ func (r *Runner) StartMove(ctx context.Context, t *shardmap.Tree, idx int, node 
 	if err != nil {
 		return nil, err
 	}
-	draining, err := r.store.DrainingNodes(ctx, t.Tenant)
+	draining, err := r.store.DrainingNodes(ctx)
 	if err != nil {
 		return nil, err
 	}

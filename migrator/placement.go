@@ -23,7 +23,7 @@ func (r *Runner) placement(ctx context.Context, t *shardmap.Tree) (func(m *shard
 	for idx, sz := range sizes {
 		bytes[idx] = sz.Bytes
 	}
-	nodes, err := r.activeNodes(ctx, t.Tenant)
+	nodes, err := r.activeNodes(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -32,8 +32,8 @@ func (r *Runner) placement(ctx context.Context, t *shardmap.Tree) (func(m *shard
 
 // activeNodes are the nodes shards may be placed on: every node but those
 // being drained (all of them if every node is).
-func (r *Runner) activeNodes(ctx context.Context, tenant string) ([]string, error) {
-	draining, err := r.store.DrainingNodes(ctx, tenant)
+func (r *Runner) activeNodes(ctx context.Context) ([]string, error) {
+	draining, err := r.store.DrainingNodes(ctx)
 	if err != nil {
 		return nil, err
 	}

@@ -18,8 +18,14 @@ const (
 )
 
 // balanceTolerance is how far from the mean a node's load may be once a
-// rebalance is done: every active node within 10%.
-const balanceTolerance = 0.10
+// rebalance is done: every active node within 10%. A tree within it is
+// left alone; a rebalance that runs aims at planTolerance, so that the
+// bytes the nodes report after it (a moved shard's copy is compact, its
+// source was not, and writes go on) still fall within balanceTolerance.
+const (
+	balanceTolerance = 0.10
+	planTolerance    = 0.05
+)
 
 // plannedMove is one move of a plan.
 type plannedMove struct {
@@ -40,9 +46,9 @@ type placedShard struct {
 // in active (heaviest first, each to the lightest active node) and then,
 // unless drainOnly, even the active nodes' loads: each step is the move
 // that most lowers the sum of squared loads, until every active node is
-// within balanceTolerance of the mean or no move helps. Each shard moves
+// within tol of the mean or no move helps. Each shard moves
 // at most once, so the plan ends.
-func planRebalance(shards []placedShard, active []string, drainOnly bool) []plannedMove {
+func planRebalance(shards []placedShard, active []string, drainOnly bool, tol float64) []plannedMove {
 	if len(active) == 0 {
 		return nil
 	}
@@ -85,7 +91,7 @@ func planRebalance(shards []placedShard, active []string, drainOnly bool) []plan
 		return plan
 	}
 	for {
-		if balanced(load, active) {
+		if balanced(load, active, tol) {
 			return plan
 		}
 		// The move of weight w from a to b lowers the sum of squares by
@@ -114,16 +120,16 @@ func planRebalance(shards []placedShard, active []string, drainOnly bool) []plan
 	}
 }
 
-// balanced reports whether every active node's load is within the
-// tolerance of the mean.
-func balanced(loads map[string]int64, active []string) bool {
+// balanced reports whether every active node's load is within tol of the
+// mean.
+func balanced(loads map[string]int64, active []string, tol float64) bool {
 	var total int64
 	for _, n := range active {
 		total += loads[n]
 	}
 	mean := float64(total) / float64(len(active))
 	for _, n := range active {
-		if d := float64(loads[n]) - mean; d > balanceTolerance*mean || -d > balanceTolerance*mean {
+		if d := float64(loads[n]) - mean; d > tol*mean || -d > tol*mean {
 			return false
 		}
 	}
@@ -133,7 +139,7 @@ func balanced(loads map[string]int64, active []string) bool {
 // rebalancePlan is the plan of intent r against the tree's state now.
 // Moves in flight count as done (their shards weigh on their target
 // nodes), so that a tick starts only what they leave to do.
-func (c *Coordinator) rebalancePlan(ctx context.Context, r *shardmap.Reshard, t *shardmap.Tree, m *shardmap.Map, flying []*shardmap.Migration) ([]plannedMove, error) {
+func (c *Coordinator) rebalancePlan(ctx context.Context, r *shardmap.Reshard, t *shardmap.Tree, m *shardmap.Map, flying []*shardmap.Migration, tol float64) ([]plannedMove, error) {
 	var weights map[int]int64
 	if r.By == BySlots {
 		weights = map[int]int64{}
@@ -150,7 +156,7 @@ func (c *Coordinator) rebalancePlan(ctx context.Context, r *shardmap.Reshard, t 
 			weights[idx] = sz.Bytes
 		}
 	}
-	active, err := c.runner.activeNodes(ctx, r.Tenant)
+	active, err := c.runner.activeNodes(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -173,9 +179,9 @@ func (c *Coordinator) rebalancePlan(ctx context.Context, r *shardmap.Reshard, t 
 				shards[i].Movable = false
 			}
 		}
-		return planRebalance(shards, active, true), nil
+		return planRebalance(shards, active, true, tol), nil
 	}
-	return planRebalance(shards, active, false), nil
+	return planRebalance(shards, active, false, tol), nil
 }
 
 // placeShards lists m's owning shards for a plan of intent r: a shard
@@ -224,7 +230,7 @@ func (c *Coordinator) tickRebalance(ctx context.Context, r *shardmap.Reshard) er
 	for _, mig := range flying {
 		c.ensureRunning(ctx, mig)
 	}
-	plan, err := c.rebalancePlan(ctx, r, t, m, flying)
+	plan, err := c.rebalancePlan(ctx, r, t, m, flying, planTolerance)
 	if err != nil {
 		return err
 	}

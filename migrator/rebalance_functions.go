@@ -200,7 +200,7 @@ func (f *Functions) moveShard(ctx context.Context, tenant string, a map[string]*
 	if err != nil {
 		return "", err
 	}
-	draining, err := f.store.DrainingNodes(ctx, tenant)
+	draining, err := f.store.DrainingNodes(ctx)
 	if err != nil {
 		return "", err
 	}
@@ -249,12 +249,12 @@ func (f *Functions) rebalance(ctx context.Context, tenant string, a map[string]*
 		return "", err
 	}
 	if cur == nil {
-		plan, err := f.coord.rebalancePlan(ctx, r, t, m, nil)
+		plan, err := f.coord.rebalancePlan(ctx, r, t, m, nil, balanceTolerance)
 		if err != nil {
 			return "", err
 		}
 		if len(plan) == 0 {
-			return fmt.Sprintf("tree %s is balanced by %s: nothing to move", t.Name, by), nil
+			return fmt.Sprintf("tree %s is as even by %s as moves can make it: nothing to move", t.Name, by), nil
 		}
 		if cur, err = f.startIntent(ctx, r); err != nil {
 			return "", err
@@ -270,16 +270,32 @@ func (f *Functions) rebalance(ctx context.Context, tenant string, a map[string]*
 	return "", f.refuseIntent(cur, "rebalance it")
 }
 
-// drainNode is lattice_drain_node(node): it marks the node draining, so
-// that no shard of the tenant is placed on it any more, and stores a drain
-// intent for every tree with a shard there. Every tree is checked before
-// anything is stored.
+// drainTenants are the tenants a drain covers: every tenant with trees
+// (the node registry is the deployment's), the caller's at least.
+func (f *Functions) drainTenants(ctx context.Context, tenant string) ([]string, error) {
+	if f.nodes == nil {
+		return []string{tenant}, nil
+	}
+	tenants, err := f.nodes.Registry.TenantsWithTrees(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if !slices.Contains(tenants, tenant) {
+		tenants = append(tenants, tenant)
+	}
+	return tenants, nil
+}
+
+// drainNode is lattice_drain_node(node): it sets the node's registry state
+// to draining, so that no shard is placed on it any more, and stores a
+// drain intent for every tree of every tenant with a shard there. Every
+// tree is checked before anything is stored.
 func (f *Functions) drainNode(ctx context.Context, tenant string, a map[string]*string) (string, error) {
 	node, err := f.lookupNode(a)
 	if err != nil {
 		return "", err
 	}
-	active, err := f.coord.runner.activeNodes(ctx, tenant)
+	active, err := f.coord.runner.activeNodes(ctx)
 	if err != nil {
 		return "", err
 	}
@@ -288,19 +304,19 @@ func (f *Functions) drainNode(ctx context.Context, tenant string, a map[string]*
 		e.Hint = "Add a node first."
 		return "", e
 	}
-	trees, err := f.store.Trees(ctx, tenant)
+	trees, err := f.allTrees(ctx, tenant)
 	if err != nil {
 		return "", err
 	}
 	var todo []*shardmap.Tree
 	shards := 0
 	for _, t := range trees {
-		m, err := f.store.Map(ctx, tenant, t.Name)
+		m, err := f.store.Map(ctx, t.Tenant, t.Name)
 		if err != nil {
 			return "", err
 		}
 		n := shardsOn(m, node)
-		cur, err := f.store.Reshard(ctx, tenant, t.Name)
+		cur, err := f.store.Reshard(ctx, t.Tenant, t.Name)
 		if err != nil && !errors.Is(err, shardmap.ErrNotFound) {
 			return "", err
 		}
@@ -315,8 +331,15 @@ func (f *Functions) drainNode(ctx context.Context, tenant string, a map[string]*
 		}
 		shards += n
 	}
-	if err := f.store.MarkDraining(ctx, tenant, node); err != nil {
+	if err := f.store.MarkDraining(ctx, node); err != nil {
 		return "", err
+	}
+	if f.nodes != nil {
+		// This proxy places no shard there from its next statement on; the
+		// others within a second (the registry's watch).
+		if err := f.nodes.Watch.Reload(ctx); err != nil {
+			return "", fmt.Errorf("node %s is draining, but this proxy did not apply it yet: %w", node, err)
+		}
 	}
 	for _, t := range todo {
 		r := newIntent(t, shardmap.IntentDrain)
@@ -333,6 +356,23 @@ func (f *Functions) drainNode(ctx context.Context, tenant string, a map[string]*
 		}
 	}
 	return fmt.Sprintf("draining node %s: %d shards to move, of %d trees", node, shards, len(todo)), nil
+}
+
+// allTrees lists the trees of drainTenants.
+func (f *Functions) allTrees(ctx context.Context, tenant string) ([]*shardmap.Tree, error) {
+	tenants, err := f.drainTenants(ctx, tenant)
+	if err != nil {
+		return nil, err
+	}
+	var out []*shardmap.Tree
+	for _, tn := range tenants {
+		trees, err := f.store.Trees(ctx, tn)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, trees...)
+	}
+	return out, nil
 }
 
 // shardsOn counts the shards of m on node that own slots or are pending.
@@ -362,25 +402,25 @@ func (f *Functions) rebalanceComplete(ctx context.Context, tenant string, a map[
 }
 
 // drainComplete is lattice_drain_complete(node): no drain of the node runs
-// and no shard of the tenant's trees is on it, so it can be removed.
+// and no shard of any tenant's trees is on it, so it can be removed.
 func (f *Functions) drainComplete(ctx context.Context, tenant string, a map[string]*string) (bool, error) {
 	node, err := f.lookupNode(a)
 	if err != nil {
 		return false, err
 	}
-	trees, err := f.store.Trees(ctx, tenant)
+	trees, err := f.allTrees(ctx, tenant)
 	if err != nil {
 		return false, err
 	}
 	for _, t := range trees {
-		r, err := f.store.Reshard(ctx, tenant, t.Name)
+		r, err := f.store.Reshard(ctx, t.Tenant, t.Name)
 		if err == nil && r.Kind == shardmap.IntentDrain && r.Node == node {
 			return false, nil
 		}
 		if err != nil && !errors.Is(err, shardmap.ErrNotFound) {
 			return false, err
 		}
-		m, err := f.store.Map(ctx, tenant, t.Name)
+		m, err := f.store.Map(ctx, t.Tenant, t.Name)
 		if err != nil {
 			return false, err
 		}
@@ -414,7 +454,7 @@ func (f *Functions) rebalanceStatus(ctx context.Context, tenant string, a map[st
 		return nil, err
 	}
 	flying := inFlight(migs)
-	plan, err := f.coord.rebalancePlan(ctx, r, t, m, flying)
+	plan, err := f.coord.rebalancePlan(ctx, r, t, m, flying, planTolerance)
 	if err != nil {
 		return nil, err
 	}

@@ -65,7 +65,7 @@ func TestPlanRebalance(t *testing.T) {
 			{4, "n1", 100, true}, {5, "n2", 100, true}}, active: []string{"n1", "n2"}, moves: -1, balanced: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			plan := planRebalance(append([]placedShard(nil), tc.shards...), tc.active, tc.drainOnly)
+			plan := planRebalance(append([]placedShard(nil), tc.shards...), tc.active, tc.drainOnly, planTolerance)
 			if tc.moves >= 0 && len(plan) != tc.moves {
 				t.Errorf("%d moves, want %d: %+v", len(plan), tc.moves, plan)
 			}
@@ -80,7 +80,7 @@ func TestPlanRebalance(t *testing.T) {
 				}
 			}
 			loads := loadsAfter(tc.shards, plan)
-			if tc.balanced && !balanced(loads, tc.active) {
+			if tc.balanced && !balanced(loads, tc.active, balanceTolerance) {
 				t.Errorf("not balanced afterwards: %v", loads)
 			}
 			if tc.off != "" && loads[tc.off] != 0 {

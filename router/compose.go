@@ -32,6 +32,7 @@ var composable = map[string]bool{
 	"lattice_trees":            false,
 	"lattice_shards":           false,
 	"lattice_reshard_status":   false,
+	"lattice_nodes":            false,
 	"lattice_reshard_complete": true,
 	// Rebalancing's read-only functions.
 	"lattice_rebalance_status":   false,
@@ -42,7 +43,7 @@ var composable = map[string]bool{
 // changing are the functions that change the cluster: they run only in a
 // statement of their own.
 var changing = map[string]bool{
-	"lattice_create_tree": true, "lattice_reshard": true,
+	"lattice_create_tree": true, "lattice_reshard": true, "lattice_add_node": true, "lattice_remove_node": true,
 	"lattice_move_shard": true, "lattice_rebalance": true, "lattice_drain_node": true,
 }
 

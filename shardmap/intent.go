@@ -3,7 +3,6 @@ package shardmap
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"slices"
 
@@ -71,34 +70,42 @@ func (s *RedisStore) UpdateReshard(ctx context.Context, r *Reshard) error {
 	return nil
 }
 
-// Draining keeps, per tenant, the nodes lattice_drain_node is emptying:
-// no shard of the tenant is placed or moved onto them.
+// Draining is the draining state of the node registry's entries
+// (lattice_drain_node): no shard is placed or moved onto a draining node.
 type Draining interface {
-	// MarkDraining adds node to the tenant's draining nodes.
-	MarkDraining(ctx context.Context, tenant, node string) error
-	// DrainingNodes lists the tenant's draining nodes, sorted.
-	DrainingNodes(ctx context.Context, tenant string) ([]string, error)
+	// MarkDraining sets node's registry state to draining; ErrNotFound if
+	// the registry has no such node.
+	MarkDraining(ctx context.Context, node string) error
+	// DrainingNodes lists the registry's draining nodes, in registry order.
+	DrainingNodes(ctx context.Context) ([]string, error)
 }
 
 var _ Draining = (*RedisStore)(nil)
 
-// P:{T}:draining  set: names of the tenant's draining nodes
-func (s *RedisStore) drainingKey(tenant string) string { return s.tenantTag(tenant) + ":draining" }
-
 // MarkDraining implements Draining.
-func (s *RedisStore) MarkDraining(ctx context.Context, tenant, node string) error {
-	if err := s.client.SAdd(ctx, s.drainingKey(tenant), node).Err(); err != nil {
-		return fmt.Errorf("shardmap: mark node %s draining: %w", node, err)
-	}
-	return nil
+func (s *RedisStore) MarkDraining(ctx context.Context, node string) error {
+	_, err := UpdateNodes(ctx, s, func(n *Nodes) error {
+		i := slices.IndexFunc(n.Nodes, func(e NodeEntry) bool { return e.Name == node })
+		if i < 0 {
+			return fmt.Errorf("shardmap: node %s: %w", node, ErrNotFound)
+		}
+		n.Nodes[i].State = NodeDraining
+		return nil
+	})
+	return err
 }
 
 // DrainingNodes implements Draining.
-func (s *RedisStore) DrainingNodes(ctx context.Context, tenant string) ([]string, error) {
-	v, err := s.client.SMembers(ctx, s.drainingKey(tenant)).Result()
-	if err != nil && !errors.Is(err, redis.Nil) {
-		return nil, fmt.Errorf("shardmap: draining nodes of %s: %w", tenant, err)
+func (s *RedisStore) DrainingNodes(ctx context.Context) ([]string, error) {
+	n, err := s.Nodes(ctx)
+	if err != nil {
+		return nil, err
 	}
-	slices.Sort(v)
-	return v, nil
+	var out []string
+	for _, e := range n.Nodes {
+		if e.State == NodeDraining {
+			out = append(out, e.Name)
+		}
+	}
+	return out, nil
 }
