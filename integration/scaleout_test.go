@@ -132,6 +132,11 @@ func TestScaleOut(t *testing.T) {
 	if _, ok := drained["n2"]; ok {
 		t.Errorf("n2 still holds shards after the drain: %v", drained)
 	}
+	for _, r := range listNodes(t, conns[1]) {
+		if want := map[bool]string{true: "draining", false: "active"}[r.Node == "n2"]; r.State != want || r.Node == "n2" && r.Shards != 0 {
+			t.Errorf("lattice_nodes after the drain: %s is %s with %d shards", r.Node, r.State, r.Shards)
+		}
+	}
 	if err := admin.QueryRow(ctx, "SELECT lattice_remove_node('n2')").Scan(&msg); err != nil {
 		finish()
 		t.Fatalf("lattice_remove_node: %v", err)
