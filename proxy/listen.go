@@ -47,8 +47,8 @@ func isListenPlan(p *router.Plan) bool {
 	if p == nil || p.Kind != router.Catalog {
 		return false
 	}
-	w := firstWord(p.SQL)
-	return w == "LISTEN" || w == "UNLISTEN"
+	w := leadingWord(p.SQL)
+	return strings.EqualFold(w, "LISTEN") || strings.EqualFold(w, "UNLISTEN")
 }
 
 // unlistenAll reports whether sql is UNLISTEN *.

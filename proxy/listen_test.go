@@ -34,3 +34,16 @@ func TestListenStatements(t *testing.T) {
 		t.Error("a refused plan is not a LISTEN to run")
 	}
 }
+
+// TestLeadingWordAllocatesNothing: isListenPlan reads the first word of
+// every catalog statement.
+func TestLeadingWordAllocatesNothing(t *testing.T) {
+	for _, sql := range []string{"SELECT v FROM kv WHERE k = 1", "listen chan", `"quoted" x`, ""} {
+		if n := testing.AllocsPerRun(100, func() { _ = leadingWord(sql) }); n != 0 {
+			t.Errorf("leadingWord(%q): %v allocations", sql, n)
+		}
+	}
+	if w := firstWord("  listen chan"); w != "LISTEN" {
+		t.Errorf("firstWord = %q", w)
+	}
+}

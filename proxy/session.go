@@ -521,10 +521,14 @@ func commandComplete(tag string) *pgproto3.CommandComplete {
 }
 
 // firstWord is the upper-cased leading keyword of a statement.
-func firstWord(sql string) string {
-	w := sqlWords(sql, 1)
-	if len(w) == 0 {
-		return ""
+func firstWord(sql string) string { return strings.ToUpper(leadingWord(sql)) }
+
+// leadingWord is the first of sqlWords, found without allocating: it is
+// read of every catalog statement (isListenPlan).
+func leadingWord(sql string) string {
+	var buf [1]string
+	if w := appendSQLWords(buf[:0], sql, 1); len(w) > 0 {
+		return w[0]
 	}
-	return strings.ToUpper(w[0])
+	return ""
 }

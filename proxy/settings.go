@@ -221,8 +221,12 @@ func setTarget(stmt string) (verb, name string) {
 
 // sqlWords splits the start of a statement into at most n words: identifiers
 // (dotted names kept whole) and quoted identifiers.
-func sqlWords(s string, n int) []string {
-	var out []string
+func sqlWords(s string, n int) []string { return appendSQLWords(nil, s, n) }
+
+// appendSQLWords is sqlWords appending to out, which may be a caller's
+// array on its stack: firstWord runs on every catalog statement.
+func appendSQLWords(out []string, s string, n int) []string {
+	n += len(out)
 	i := 0
 	for i < len(s) && len(out) < n {
 		c := rune(s[i])
