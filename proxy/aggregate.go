@@ -478,7 +478,7 @@ func (s *session) runFinal(f *fanOut, x *exchange, be *pgshard.Conn, pending int
 func (s *session) describeAggPortal(ctx context.Context, portal *clientPortal) {
 	be, err := s.describeBackend(ctx)
 	if err != nil {
-		s.failExtended(err)
+		s.fail(err)
 		return
 	}
 	st := portal.stmt

@@ -234,7 +234,7 @@ func (s *session) simpleComposed(ctx context.Context, p *router.Plan) {
 		return pos, named, nil
 	})
 	if err != nil {
-		s.fail(err, false)
+		s.fail(err)
 		return
 	}
 	fields := make([][]pgproto3.FieldDescription, len(res))
@@ -243,7 +243,7 @@ func (s *session) simpleComposed(ctx context.Context, p *router.Plan) {
 	}
 	sql, err := renderComposed(c, fields, func(call, col int) string { return composedLiteral(c.Calls[call], res[call], col) })
 	if err != nil {
-		s.fail(err, false)
+		s.fail(err)
 		return
 	}
 	s.forwardQuery(ctx, s.catalogTarget(p), sql, false)
@@ -319,12 +319,12 @@ func callUses(f *router.FuncCall, n int) bool {
 func (s *session) describeComposed(ctx context.Context, st *clientStmt) {
 	cs, err := s.composedStatement(st)
 	if err != nil {
-		s.failExtended(err)
+		s.fail(err)
 		return
 	}
 	be, err := s.describeBackend(ctx)
 	if err != nil {
-		s.failExtended(err)
+		s.fail(err)
 		return
 	}
 	name := s.prepareOn(be, cs.sql, cs.oids, st.epoch)
@@ -340,11 +340,11 @@ func (s *session) bindComposed(ctx context.Context, portal *clientPortal, m *pgp
 	c := st.plan.Compose
 	cs, err := s.composedStatement(st)
 	if err != nil {
-		s.failExtended(err)
+		s.fail(err)
 		return false
 	}
 	if len(m.Parameters) != cs.client {
-		s.failExtended(sqlstate.New(sqlstate.ProtocolViolation, "bind message supplies %d parameters, but prepared statement \"%s\" requires %d", len(m.Parameters), m.PreparedStatement, cs.client))
+		s.fail(sqlstate.New(sqlstate.ProtocolViolation, "bind message supplies %d parameters, but prepared statement \"%s\" requires %d", len(m.Parameters), m.PreparedStatement, cs.client))
 		return false
 	}
 	res, err := s.evalComposed(ctx, c, func(f *router.FuncCall) ([]*string, map[string]*string, error) {
@@ -370,7 +370,7 @@ func (s *session) bindComposed(ctx context.Context, portal *clientPortal, m *pgp
 		return pos, named, nil
 	})
 	if err != nil {
-		s.failExtended(err)
+		s.fail(err)
 		return false
 	}
 	b := *m

@@ -58,31 +58,25 @@ func (s *session) extendedMsg(ctx context.Context, msg pgproto3.FrontendMessage)
 	return nil
 }
 
-// failExtended reports an error and skips the rest of the batch.
-func (s *session) failExtended(err error) {
-	s.fail(err, true)
-	s.skipping = true
-}
-
 func (s *session) parse(ctx context.Context, m *pgproto3.Parse) {
 	if _, exists := s.stmts[m.Name]; exists && m.Name != "" {
-		s.failExtended(sqlstate.New(sqlstate.DuplicatePreparedStatement, "prepared statement \"%s\" already exists", m.Name))
+		s.fail(sqlstate.New(sqlstate.DuplicatePreparedStatement, "prepared statement \"%s\" already exists", m.Name))
 		return
 	}
 	plans, v, err := s.plan(ctx, m.Query)
 	if err != nil {
-		s.failExtended(err)
+		s.fail(err)
 		return
 	}
 	if len(plans) > 1 {
-		s.failExtended(sqlstate.New(sqlstate.SyntaxError, "cannot insert multiple commands into a prepared statement"))
+		s.fail(sqlstate.New(sqlstate.SyntaxError, "cannot insert multiple commands into a prepared statement"))
 		return
 	}
 	st := &clientStmt{sql: m.Query, oids: append([]uint32(nil), m.ParameterOIDs...), trees: v.TreesVersion, epoch: pgshard.ResultEpoch()}
 	if len(plans) == 1 {
 		st.plan = plans[0]
 		if st.plan.Kind == router.Refused {
-			s.failExtended(st.plan.Err)
+			s.fail(st.plan.Err)
 			return
 		}
 	}
@@ -110,20 +104,20 @@ func (s *session) replan(st *clientStmt, v *shardmap.View) error {
 func (s *session) bind(ctx context.Context, m *pgproto3.Bind) {
 	st, ok := s.stmts[m.PreparedStatement]
 	if !ok {
-		s.failExtended(sqlstate.New(sqlstate.InvalidSQLStatementName, "prepared statement \"%s\" does not exist", m.PreparedStatement))
+		s.fail(sqlstate.New(sqlstate.InvalidSQLStatementName, "prepared statement \"%s\" does not exist", m.PreparedStatement))
 		return
 	}
 	if _, open := s.portals[m.DestinationPortal]; open && m.DestinationPortal != "" {
-		s.failExtended(sqlstate.New(sqlstate.DuplicateCursor, "cursor \"%s\" already exists", m.DestinationPortal))
+		s.fail(sqlstate.New(sqlstate.DuplicateCursor, "cursor \"%s\" already exists", m.DestinationPortal))
 		return
 	}
 	v, err := s.view(ctx)
 	if err != nil {
-		s.failExtended(err)
+		s.fail(err)
 		return
 	}
 	if err := s.replan(st, v); err != nil {
-		s.failExtended(err)
+		s.fail(err)
 		return
 	}
 	if v, ok = s.bindHeld(ctx, st, v, m); !ok {
@@ -137,12 +131,12 @@ func (s *session) bind(ctx context.Context, m *pgproto3.Bind) {
 		return
 	}
 	if s.abortedTx(p) {
-		s.failExtended(errAbortedTx)
+		s.fail(errAbortedTx)
 		return
 	}
 	switch p.Kind {
 	case router.Refused:
-		s.failExtended(p.Err)
+		s.fail(p.Err)
 		return
 	case router.LocalSet:
 		if s.tx.active {
@@ -160,11 +154,11 @@ func (s *session) bind(ctx context.Context, m *pgproto3.Bind) {
 			break
 		}
 		if err := s.catalogGuard(p); err != nil {
-			s.failExtended(err)
+			s.fail(err)
 			return
 		}
 		if err := s.pinFor(ctx, p.Pin); err != nil {
-			s.failExtended(err)
+			s.fail(err)
 			return
 		}
 		if !s.bindOn(ctx, portal, s.catalogTarget(p), p.SQL, m, m.DestinationPortal, false) {
@@ -173,7 +167,7 @@ func (s *session) bind(ctx context.Context, m *pgproto3.Bind) {
 	case router.Single:
 		sh, err := s.route(v, p, m, st.oids)
 		if err != nil {
-			s.failExtended(err)
+			s.fail(err)
 			return
 		}
 		if !s.bindOn(ctx, portal, sh.Node, sh.SQL, m, m.DestinationPortal, false) {
@@ -217,7 +211,7 @@ func (s *session) bind(ctx context.Context, m *pgproto3.Bind) {
 		for i := range p.Func.Args {
 			a, err := s.funcArg(p.Func.Args[i], m, st.oids)
 			if err != nil {
-				s.failExtended(err)
+				s.fail(err)
 				return
 			}
 			portal.fnArgs = append(portal.fnArgs, a)
@@ -225,7 +219,7 @@ func (s *session) bind(ctx context.Context, m *pgproto3.Bind) {
 		for name, val := range p.Func.Named {
 			a, err := s.funcArg(val, m, st.oids)
 			if err != nil {
-				s.failExtended(err)
+				s.fail(err)
 				return
 			}
 			if portal.fnNamed == nil {
@@ -260,7 +254,7 @@ func (s *session) funcArg(v router.Value, m *pgproto3.Bind, oids []uint32) (*str
 func (s *session) bindOn(ctx context.Context, portal *clientPortal, node, sql string, m *pgproto3.Bind, portalName string, hide bool) bool {
 	be, err := s.backend(ctx, node)
 	if err != nil {
-		s.failExtended(err)
+		s.fail(err)
 		return false
 	}
 	oids := portal.stmt.oids
@@ -317,14 +311,14 @@ func (s *session) bindSplit(ctx context.Context, v *shardmap.View, portal *clien
 	p := portal.stmt.plan
 	shards, err := s.splitRows(v, p, m, portal.stmt.oids)
 	if err != nil {
-		s.failExtended(err)
+		s.fail(err)
 		return false
 	}
 	nodes := map[string]bool{}
 	for _, sh := range shards {
 		nodes[sh.Node] = true
 	}
-	s.spanNodes(len(nodes), true)
+	s.spanNodes(len(nodes))
 	if len(shards) > 1 {
 		portal.split = &splitState{}
 	}
@@ -379,10 +373,10 @@ func (s *session) bindWriteAll(ctx context.Context, v *shardmap.View, portal *cl
 	p := portal.stmt.plan
 	r, err := router.Resolve(v, p, routerBind(m, portal.stmt.oids))
 	if err != nil {
-		s.failExtended(err)
+		s.fail(err)
 		return false
 	}
-	s.spanNodes(len(r.Nodes()), true)
+	s.spanNodes(len(r.Nodes()))
 	portal.split = &splitState{}
 	for i, t := range r.Targets {
 		part := &clientPortal{stmt: &clientStmt{sql: t.SQL, oids: portal.stmt.oids, epoch: portal.stmt.epoch}}
@@ -401,7 +395,7 @@ func (s *session) describe(ctx context.Context, m *pgproto3.Describe) {
 	}
 	st, ok := s.stmts[m.Name]
 	if !ok {
-		s.failExtended(sqlstate.New(sqlstate.InvalidSQLStatementName, "prepared statement \"%s\" does not exist", m.Name))
+		s.fail(sqlstate.New(sqlstate.InvalidSQLStatementName, "prepared statement \"%s\" does not exist", m.Name))
 		return
 	}
 	p := st.plan
@@ -416,7 +410,7 @@ func (s *session) describe(ctx context.Context, m *pgproto3.Describe) {
 	if p.Kind == router.Function {
 		fields, err := s.describeFunction(p.Func.Name)
 		if err != nil {
-			s.failExtended(err)
+			s.fail(err)
 			return
 		}
 		oids := make([]uint32, maxParam(p.Func))
@@ -437,7 +431,7 @@ func (s *session) describe(ctx context.Context, m *pgproto3.Describe) {
 	}
 	be, err := s.describeBackend(ctx)
 	if err != nil {
-		s.failExtended(err)
+		s.fail(err)
 		return
 	}
 	name := s.prepareOn(be, st.sql, st.oids, st.epoch)
@@ -466,7 +460,7 @@ func (s *session) describeFunction(name string) ([]pgproto3.FieldDescription, er
 func (s *session) describePortal(ctx context.Context, name string) {
 	portal, ok := s.portals[name]
 	if !ok {
-		s.failExtended(sqlstate.New(sqlstate.InvalidCursorName, "portal \"%s\" does not exist", name))
+		s.fail(sqlstate.New(sqlstate.InvalidCursorName, "portal \"%s\" does not exist", name))
 		return
 	}
 	if portal.fan != nil && portal.fan.agg != nil {
@@ -487,7 +481,7 @@ func (s *session) describePortal(ctx context.Context, name string) {
 	if p != nil && p.Kind == router.Function {
 		fields, err := s.describeFunction(p.Func.Name)
 		if err != nil {
-			s.failExtended(err)
+			s.fail(err)
 			return
 		}
 		s.x.synthetic(&pgproto3.RowDescription{Fields: resultFields(fields, portal.resultFmt)})
@@ -499,12 +493,12 @@ func (s *session) describePortal(ctx context.Context, name string) {
 func (s *session) execute(ctx context.Context, m *pgproto3.Execute) {
 	portal, ok := s.portals[m.Portal]
 	if !ok {
-		s.failExtended(sqlstate.New(sqlstate.InvalidCursorName, "portal \"%s\" does not exist", m.Portal))
+		s.fail(sqlstate.New(sqlstate.InvalidCursorName, "portal \"%s\" does not exist", m.Portal))
 		return
 	}
 	if f := portal.fan; f != nil {
 		if m.MaxRows > 0 {
-			s.failExtended(sqlstate.New(sqlstate.FeatureNotSupported, "fetching a SELECT over several shards in batches (Execute with a row limit) is not supported"))
+			s.fail(sqlstate.New(sqlstate.FeatureNotSupported, "fetching a SELECT over several shards in batches (Execute with a row limit) is not supported"))
 			return
 		}
 		if (len(f.plan.Sort) > 0 || f.agg != nil) && f.fields == nil {
@@ -544,7 +538,7 @@ func (s *session) execute(ctx context.Context, m *pgproto3.Execute) {
 				}
 			}})
 		}
-		s.pinEnds(portal.stmt.plan.Unpin, true)
+		s.pinEnds(portal.stmt.plan.Unpin)
 		return
 	}
 	p := portal.stmt.plan
@@ -554,40 +548,40 @@ func (s *session) execute(ctx context.Context, m *pgproto3.Execute) {
 	}
 	switch p.Kind {
 	case router.Function:
-		s.callFunction(ctx, p.Func, portal.fnArgs, portal.fnNamed, portal.resultFmt, false)
+		s.callFunction(ctx, p.Func, portal.fnArgs, portal.fnNamed, portal.resultFmt)
 		if s.x.errored {
 			s.skipping = true
 		}
 	case router.Transaction:
-		s.txControl(ctx, p, true)
+		s.txControl(ctx, p)
 	case router.LocalSet:
-		s.localSet(ctx, p, true)
+		s.localSet(ctx, p)
 	case router.SessionSet, router.Discard:
-		s.sessionCommand(ctx, p, true)
+		s.sessionCommand(ctx, p)
 	case router.Catalog:
 		if !isListenPlan(p) {
-			s.failExtended(sqlstate.New(sqlstate.InternalError, "portal \"%s\" has nothing to run", m.Portal))
+			s.fail(sqlstate.New(sqlstate.InternalError, "portal \"%s\" has nothing to run", m.Portal))
 			return
 		}
-		s.listenCommand(ctx, p, true)
+		s.listenCommand(ctx, p)
 	case router.DDL:
-		s.runDDL(ctx, portal.ddl, p, true)
+		s.runDDL(ctx, portal.ddl, p)
 		if s.x.errored {
 			s.skipping = true
 		}
 	case router.Copy:
 		v, err := s.view(ctx)
 		if err != nil {
-			s.failExtended(err)
+			s.fail(err)
 			return
 		}
 		ok := true
 		if v, ok = s.bindHeld(ctx, portal.stmt, v, nil); !ok {
 			return
 		}
-		s.startCopy(ctx, v, portal.stmt.plan, true)
+		s.startCopy(ctx, v, portal.stmt.plan)
 	default:
-		s.failExtended(sqlstate.New(sqlstate.InternalError, "portal \"%s\" has nothing to run", m.Portal))
+		s.fail(sqlstate.New(sqlstate.InternalError, "portal \"%s\" has nothing to run", m.Portal))
 	}
 }
 

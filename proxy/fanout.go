@@ -75,7 +75,7 @@ func (s *session) startFanOut(ctx context.Context, v *shardmap.View, p *router.P
 	extended := bind != nil
 	m := v.Maps[p.Tree.Name]
 	if m == nil {
-		s.fail(sqlstate.New(sqlstate.SystemError, "tree %q has no shard map", p.Tree.Name), extended)
+		s.fail(sqlstate.New(sqlstate.SystemError, "tree %q has no shard map", p.Tree.Name))
 		return nil
 	}
 	if agg, err := s.srv.aggregateIn(ctx, s.tenant, p.Calls); err != nil || agg != "" {
@@ -84,7 +84,7 @@ func (s *session) startFanOut(ctx context.Context, v *shardmap.View, p *router.P
 			e.Hint = "fix the shard key in WHERE to read one shard, or aggregate in the application; count, sum, min, max and avg are combined"
 			err = e
 		}
-		s.fail(err, extended)
+		s.fail(err)
 		return nil
 	}
 	var oids []uint32
@@ -93,7 +93,7 @@ func (s *session) startFanOut(ctx context.Context, v *shardmap.View, p *router.P
 	}
 	r, err := router.Resolve(v, p, routerBind(bind, oids))
 	if err != nil {
-		s.fail(err, extended)
+		s.fail(err)
 		return nil
 	}
 	nodes := make([]string, len(r.Targets))
@@ -391,7 +391,7 @@ func (s *session) sendParts(ctx context.Context, f *fanOut, nodes, sqls []string
 		}
 		be, err := s.backend(ctx, node)
 		if err != nil {
-			s.fail(err, false)
+			s.fail(err)
 			return false
 		}
 		f.parts = append(f.parts, &fanPart{be: be})

@@ -68,6 +68,10 @@ type session struct {
 	// skipping is set after an error in an extended batch: messages are
 	// ignored until Sync, as PostgreSQL does.
 	skipping bool
+	// simple is set while a Query message is served: the one execute path
+	// frames backend work as simple Queries (RowDescription before the
+	// rows, ReadyForQuery at the end) instead of Parse/Bind/Execute.
+	simple bool
 
 	activeMu sync.Mutex
 	active   []*pgshard.Conn // backends running this session's work, for CancelRequest
@@ -461,11 +465,15 @@ func (s *session) release() {
 // fail reports err (ours, not a backend's) to the client and applies
 // PostgreSQL's rule that an error aborts the transaction it happens in: the
 // backend holding it is made to fail too, so its later statements get 25P02
-// from PostgreSQL itself and COMMIT rolls back.
-func (s *session) fail(err error, extended bool) {
+// from PostgreSQL itself and COMMIT rolls back. In the extended protocol the
+// rest of the batch is skipped up to Sync, as PostgreSQL skips it.
+func (s *session) fail(err error) {
 	s.x.synthetic(sqlstate.As(err).Response())
+	if !s.simple {
+		s.skipping = true
+	}
 	for _, be := range s.backends() {
-		if extended {
+		if !s.simple {
 			be.Send(&pgproto3.Parse{Query: "lattice aborts this transaction"})
 			s.x.add(step{kind: stepAbort, be: be})
 		} else if be.TxStatus != 'I' || s.inTx(be) {

@@ -17,6 +17,8 @@ import (
 // simpleQuery serves one Query message. A statement rejected by a shard with
 // LT001 (its slot moved) is routed again on a fresh map, invisibly to the client.
 func (s *session) simpleQuery(ctx context.Context, sql string) error {
+	s.simple = true
+	defer func() { s.simple = false }()
 	for attempt := 0; ; attempt++ {
 		s.x.reset()
 		s.runQuery(ctx, sql, attempt < maxStaleRetries)
@@ -51,7 +53,7 @@ func (s *session) runQuery(ctx context.Context, sql string, allowRetry bool) {
 	plans, v, err := s.planHeld(ctx, sql)
 	if err != nil {
 		s.qkind = kindUnplanned
-		s.fail(err, false)
+		s.fail(err)
 		return
 	}
 	switch len(plans) {
@@ -88,43 +90,43 @@ func (s *session) simpleOne(ctx context.Context, v *shardmap.View, p *router.Pla
 	}
 	switch p.Kind {
 	case router.Refused:
-		s.fail(p.Err, false)
+		s.fail(p.Err)
 	case router.Transaction:
-		s.txControl(ctx, p, false)
+		s.txControl(ctx, p)
 	case router.SessionSet, router.Discard:
-		s.sessionCommand(ctx, p, false)
+		s.sessionCommand(ctx, p)
 	case router.Function:
 		if p.Compose != nil {
 			s.simpleComposed(ctx, p)
 			return
 		}
 		args, named := literalArgs(p.Func)
-		s.callFunction(ctx, p.Func, args, named, nil, true)
+		s.callFunction(ctx, p.Func, args, named, nil)
 	case router.LocalSet:
 		if s.tx.active {
-			s.localSet(ctx, p, false)
+			s.localSet(ctx, p)
 		} else {
 			s.forwardQuery(ctx, s.catalogTarget(p), p.SQL, false)
 		}
 	case router.Catalog:
 		if isListenPlan(p) {
-			s.listenCommand(ctx, p, false)
+			s.listenCommand(ctx, p)
 			return
 		}
 		if err := s.catalogGuard(p); err != nil {
-			s.fail(err, false)
+			s.fail(err)
 			return
 		}
 		if err := s.pinFor(ctx, p.Pin); err != nil {
-			s.fail(err, false)
+			s.fail(err)
 			return
 		}
 		s.forwardQuery(ctx, s.catalogTarget(p), p.SQL, false)
-		s.pinEnds(p.Unpin, false)
+		s.pinEnds(p.Unpin)
 	case router.Single:
 		sh, err := s.route(v, p, nil, nil)
 		if err != nil {
-			s.fail(err, false)
+			s.fail(err)
 			return
 		}
 		s.forwardQuery(ctx, sh.Node, sh.SQL, allowRetry && !s.tx.active)
@@ -141,16 +143,16 @@ func (s *session) simpleOne(ctx context.Context, v *shardmap.View, p *router.Pla
 	case router.DDL:
 		s.simpleDDL(ctx, v, p)
 	case router.Copy:
-		s.startCopy(ctx, v, p, false)
+		s.startCopy(ctx, v, p)
 	default:
-		s.fail(sqlstate.New(sqlstate.InternalError, "unhandled plan kind %v", p.Kind), false)
+		s.fail(sqlstate.New(sqlstate.InternalError, "unhandled plan kind %v", p.Kind))
 	}
 }
 
 func (s *session) forwardQuery(ctx context.Context, node, sql string, staleRetry bool) {
 	be, err := s.backend(ctx, node)
 	if err != nil {
-		s.fail(err, false)
+		s.fail(err)
 		return
 	}
 	be.Send(&pgproto3.Query{String: sql})
@@ -165,7 +167,7 @@ func (s *session) forwardQuery(ctx context.Context, node, sql string, staleRetry
 func (s *session) simpleInsertSplit(ctx context.Context, v *shardmap.View, p *router.Plan, allowRetry bool) {
 	parts, err := s.splitRows(v, p, nil, nil)
 	if err != nil {
-		s.fail(err, false)
+		s.fail(err)
 		return
 	}
 	if len(parts) == 1 {
@@ -188,7 +190,7 @@ func (s *session) simpleInsertSplit(ctx context.Context, v *shardmap.View, p *ro
 func (s *session) simpleWriteAll(ctx context.Context, v *shardmap.View, p *router.Plan) {
 	r, err := router.Resolve(v, p, nil)
 	if err != nil {
-		s.fail(err, false)
+		s.fail(err)
 		return
 	}
 	nodes := r.Nodes()
@@ -202,12 +204,12 @@ func (s *session) simpleWriteAll(ctx context.Context, v *shardmap.View, p *route
 // simpleEveryNode sends each node its statements as one Query, atomically
 // (spanNodes), and reports one command tag with the counts added up.
 func (s *session) simpleEveryNode(ctx context.Context, nodes []string, parts map[string][]string) {
-	s.spanNodes(len(nodes), false)
+	s.spanNodes(len(nodes))
 	sp := &splitState{}
 	for _, node := range nodes {
 		be, err := s.backend(ctx, node)
 		if err != nil {
-			s.fail(err, false)
+			s.fail(err)
 			return
 		}
 		be.Send(&pgproto3.Query{String: strings.Join(parts[node], ";\n")})
@@ -250,11 +252,11 @@ func (s *session) simpleMulti(ctx context.Context, v *shardmap.View, plans []*ro
 			if isListenPlan(p) {
 				e := sqlstate.New(sqlstate.FeatureNotSupported, "%s cannot be combined with other statements in one query string through the Lattice proxy", firstWord(p.SQL))
 				e.Hint = "send it as a query of its own"
-				s.fail(e, false)
+				s.fail(e)
 				return
 			}
 			if err := s.catalogGuard(p); err != nil {
-				s.fail(err, false)
+				s.fail(err)
 				return
 			}
 			sql = p.SQL
@@ -264,24 +266,24 @@ func (s *session) simpleMulti(ctx context.Context, v *shardmap.View, plans []*ro
 		case router.Single:
 			sh, err := s.route(v, p, nil, nil)
 			if err != nil {
-				s.fail(err, false)
+				s.fail(err)
 				return
 			}
 			n, sql = sh.Node, sh.SQL
 		case router.Refused:
-			s.fail(p.Err, false)
+			s.fail(p.Err)
 			return
 		default:
 			e := sqlstate.New(sqlstate.FeatureNotSupported, "%s cannot be combined with other statements in one query string", p.Kind)
 			e.Hint = "send it as a query of its own"
-			s.fail(e, false)
+			s.fail(e)
 			return
 		}
 		if n != "" {
 			if node != "" && node != n {
 				e := sqlstate.New(sqlstate.FeatureNotSupported, "the statements of this query string need more than one node")
 				e.Hint = "send them as separate queries"
-				s.fail(e, false)
+				s.fail(e)
 				return
 			}
 			node = n
@@ -294,7 +296,7 @@ func (s *session) simpleMulti(ctx context.Context, v *shardmap.View, plans []*ro
 	if len(txStmts) > 0 && (len(s.tx.conns) > 1 || len(s.tx.conns) == 1 && s.tx.conns[0].Node != node) {
 		e := sqlstate.New(sqlstate.FeatureNotSupported, "%s inside a multi-statement query is not supported in a transaction that spans several nodes", firstWord(txStmts[0].SQL))
 		e.Hint = "send COMMIT, ROLLBACK, savepoint and SET LOCAL commands as queries of their own"
-		s.fail(e, false)
+		s.fail(e)
 		return
 	}
 	if s.tx.active {
@@ -305,15 +307,15 @@ func (s *session) simpleMulti(ctx context.Context, v *shardmap.View, plans []*ro
 		}
 	}
 	if err := s.multiSets(sets, txStmts); err != nil {
-		s.fail(err, false)
+		s.fail(err)
 		return
 	}
 	if err := s.pinFor(ctx, pin); err != nil {
-		s.fail(err, false)
+		s.fail(err)
 		return
 	}
 	s.forwardQuery(ctx, node, strings.Join(parts, ";\n"), false)
-	s.pinEnds(unpin&^pin, false)
+	s.pinEnds(unpin &^ pin)
 	s.recordSets(ctx, node, sets)
 }
 
@@ -321,21 +323,18 @@ func (s *session) simpleMulti(ctx context.Context, v *shardmap.View, plans []*ro
 // transaction on every node it holds, and keeps it to replay on the nodes
 // it touches later. With no node yet, the catalog node joins so that
 // PostgreSQL validates the statement.
-func (s *session) localSet(ctx context.Context, p *router.Plan, extended bool) {
+func (s *session) localSet(ctx context.Context, p *router.Plan) {
 	conns := s.tx.conns
 	if len(conns) == 0 {
 		be, err := s.backend(ctx, s.srv.catalogNode)
 		if err != nil {
-			s.fail(err, extended)
-			if extended {
-				s.skipping = true
-			}
+			s.fail(err)
 			return
 		}
 		conns = []*pgshard.Conn{be}
 	}
 	for i, be := range conns {
-		s.forwardTx(be, p.SQL, extended, i > 0)
+		s.forwardTx(be, p.SQL, i > 0)
 	}
 	s.tx.local = append(s.tx.local, p.SQL)
 }
@@ -355,9 +354,9 @@ func (s *session) catalogGuard(p *router.Plan) error {
 // txControl serves BEGIN, COMMIT, ROLLBACK and savepoints. BEGIN takes no
 // backend: each node the transaction touches gets BEGIN replayed before its
 // first statement. COMMIT over several nodes is a two-phase commit.
-func (s *session) txControl(ctx context.Context, p *router.Plan, extended bool) {
+func (s *session) txControl(ctx context.Context, p *router.Plan) {
 	if p.Chain {
-		s.txChain(ctx, p, extended)
+		s.txChain(ctx, p)
 		return
 	}
 	if p.Tx == router.Begin && s.tx.implicit {
@@ -368,7 +367,7 @@ func (s *session) txControl(ctx context.Context, p *router.Plan, extended bool) 
 		return
 	}
 	if len(s.tx.conns) > 0 && p.Tx != router.Begin {
-		s.txOnBackends(ctx, p, extended)
+		s.txOnBackends(ctx, p)
 		return
 	}
 	switch p.Tx {
@@ -401,7 +400,7 @@ func (s *session) txControl(ctx context.Context, p *router.Plan, extended bool) 
 		s.x.synthetic(commandComplete(tag))
 	case router.Savepoint, router.Release, router.RollbackTo:
 		if !s.tx.active {
-			s.fail(sqlstate.New(sqlstate.NoActiveSQLTransaction, "%s can only be used in transaction blocks", strings.ToUpper(firstWord(p.SQL))), extended)
+			s.fail(sqlstate.New(sqlstate.NoActiveSQLTransaction, "%s can only be used in transaction blocks", strings.ToUpper(firstWord(p.SQL))))
 			return
 		}
 		if p.Tx == router.RollbackTo && s.tx.failed {
@@ -410,7 +409,7 @@ func (s *session) txControl(ctx context.Context, p *router.Plan, extended bool) 
 		s.tx.deferred = append(s.tx.deferred, p.SQL)
 		s.x.synthetic(commandComplete(savepointTag(p.Tx)))
 	default:
-		s.fail(sqlstate.New(sqlstate.FeatureNotSupported, "%s is not supported through the Lattice proxy", firstWord(p.SQL)), extended)
+		s.fail(sqlstate.New(sqlstate.FeatureNotSupported, "%s is not supported through the Lattice proxy", firstWord(p.SQL)))
 	}
 }
 
@@ -463,12 +462,12 @@ func (s *session) undoTxSets(conns []*pgshard.Conn) {
 // forwardTx sends a transaction statement to be, which holds (part of) the
 // transaction; the status in its ReadyForQuery tells finish whether the
 // transaction ended. hide keeps its responses from the client.
-func (s *session) forwardTx(be *pgshard.Conn, sql string, extended, hide bool) {
+func (s *session) forwardTx(be *pgshard.Conn, sql string, hide bool) {
 	if hide {
-		s.hiddenSQL(be, sql, extended)
+		s.hiddenSQL(be, sql)
 		return
 	}
-	if !extended {
+	if s.simple {
 		be.Send(&pgproto3.Query{String: sql})
 		s.x.add(step{kind: stepQuery, be: be})
 		return
@@ -479,10 +478,10 @@ func (s *session) forwardTx(be *pgshard.Conn, sql string, extended, hide bool) {
 // sessionCommand serves SET, RESET and DISCARD ALL. SET runs on a backend so
 // that PostgreSQL validates it, then becomes part of the session's settings
 // replayed on every backend the session uses.
-func (s *session) sessionCommand(ctx context.Context, p *router.Plan, extended bool) {
+func (s *session) sessionCommand(ctx context.Context, p *router.Plan) {
 	if p.Kind == router.Discard {
 		if s.tx.active {
-			s.fail(sqlstate.New(sqlstate.ActiveSQLTransaction, "DISCARD ALL cannot run inside a transaction block"), extended)
+			s.fail(sqlstate.New(sqlstate.ActiveSQLTransaction, "DISCARD ALL cannot run inside a transaction block"))
 			return
 		}
 		s.settings.reset()
@@ -500,15 +499,10 @@ func (s *session) sessionCommand(ctx context.Context, p *router.Plan, extended b
 	}
 	be, err := s.backend(ctx, node)
 	if err != nil {
-		s.fail(err, extended)
+		s.fail(err)
 		return
 	}
-	if extended {
-		s.forwardExtendedSQL(be, p.SQL)
-	} else {
-		be.Send(&pgproto3.Query{String: p.SQL})
-		s.x.add(step{kind: stepQuery, be: be})
-	}
+	s.forwardTx(be, p.SQL, false)
 	// Recorded only once PostgreSQL accepted it.
 	s.x.add(step{kind: stepSynthetic, then: func(x *exchange) {
 		if !x.failed[be] {
@@ -553,11 +547,11 @@ func literalPtr(v router.Value) *string {
 	return &t
 }
 
-// callFunction runs a lattice_* function and queues its result. With
-// withDesc the RowDescription is sent first (simple protocol).
-func (s *session) callFunction(ctx context.Context, f *router.FuncCall, args []*string, named map[string]*string, resultFmt []int16, withDesc bool) {
+// callFunction runs a lattice_* function and queues its result; in the
+// simple protocol its RowDescription comes first.
+func (s *session) callFunction(ctx context.Context, f *router.FuncCall, args []*string, named map[string]*string, resultFmt []int16) {
 	if s.srv.functions == nil {
-		s.fail(sqlstate.New(sqlstate.UndefinedFunction, "function %s does not exist", f.Name), !withDesc)
+		s.fail(sqlstate.New(sqlstate.UndefinedFunction, "function %s does not exist", f.Name))
 		return
 	}
 	fields, err := s.srv.functions.Describe(f.Name)
@@ -565,22 +559,22 @@ func (s *session) callFunction(ctx context.Context, f *router.FuncCall, args []*
 		err = s.functionGuard(f.Name)
 	}
 	if err != nil {
-		s.fail(err, !withDesc)
+		s.fail(err)
 		return
 	}
 	rows, err := s.srv.functions.Call(ctx, s.tenant, f.Name, args, named)
 	if err != nil {
-		s.fail(err, !withDesc)
+		s.fail(err)
 		return
 	}
 	fields = resultFields(fields, resultFmt)
 	enc, err := encodeRows(fields, rows)
 	if err != nil {
-		s.fail(sqlstate.New(sqlstate.InternalError, "%v", err), !withDesc)
+		s.fail(sqlstate.New(sqlstate.InternalError, "%v", err))
 		return
 	}
 	var msgs []pgproto3.BackendMessage
-	if withDesc {
+	if s.simple {
 		msgs = append(msgs, &pgproto3.RowDescription{Fields: fields})
 	}
 	for _, r := range enc {

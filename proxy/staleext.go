@@ -92,7 +92,7 @@ func (s *session) rebindStale(ctx context.Context, r *extRetry) *pgshard.Conn {
 		err = s.replan(r.stmt, v)
 	}
 	if err != nil {
-		s.fail(err, true)
+		s.fail(err)
 		return nil
 	}
 	var ok bool
@@ -101,12 +101,12 @@ func (s *session) rebindStale(ctx context.Context, r *extRetry) *pgshard.Conn {
 	}
 	p := r.stmt.plan
 	if p.Kind != router.Single {
-		s.fail(sqlstate.New(sqlstate.InternalError, "a statement routed again after its slot moved changed its plan"), true)
+		s.fail(sqlstate.New(sqlstate.InternalError, "a statement routed again after its slot moved changed its plan"))
 		return nil
 	}
 	sh, err := s.route(v, p, r.bind, r.stmt.oids)
 	if err != nil {
-		s.fail(err, true)
+		s.fail(err)
 		return nil
 	}
 	part := &clientPortal{stmt: r.stmt}
