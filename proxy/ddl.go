@@ -103,20 +103,6 @@ var ddlOps = map[router.DDLOp]pgshard.DDLOp{
 	router.DDLDropTable:   pgshard.DDLDropTable,
 }
 
-// simpleDDL serves a DDL plan in the simple query protocol.
-func (s *session) simpleDDL(ctx context.Context, v *shardmap.View, p *router.Plan) {
-	t, err := s.ddlTree(ctx, v, p)
-	if err != nil {
-		s.fail(err)
-		return
-	}
-	if t == nil {
-		s.forwardQuery(ctx, s.catalogTarget(p), p.SQL, false)
-		return
-	}
-	s.runDDL(ctx, t, p)
-}
-
 // bindDDL binds a DDL plan: a tree's DDL runs at Execute; the DROP INDEX of
 // another table's index is bound on the catalog node.
 func (s *session) bindDDL(ctx context.Context, v *shardmap.View, portal *clientPortal, m *pgproto3.Bind) bool {
@@ -129,7 +115,7 @@ func (s *session) bindDDL(ctx context.Context, v *shardmap.View, portal *clientP
 	if t == nil {
 		return s.bindOn(ctx, portal, s.catalogTarget(p), p.SQL, m, m.DestinationPortal, false)
 	}
-	portal.ddl = t
-	s.x.synthetic(&pgproto3.BindComplete{})
+	portal.run = func(ctx context.Context) { s.runDDL(ctx, t, p) }
+	s.bindComplete()
 	return true
 }

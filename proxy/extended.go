@@ -18,6 +18,7 @@ import (
 type portalPart struct {
 	be   *pgshard.Conn
 	name string
+	sql  string // the simple protocol's statement, sent at run
 }
 
 // extendedMsg serves one extended-protocol message. Responses are queued in
@@ -42,7 +43,7 @@ func (s *session) extendedMsg(ctx context.Context, msg pgproto3.FrontendMessage)
 		s.describe(ctx, m)
 	case *pgproto3.Execute:
 		s.noteExecute(m.Portal)
-		s.execute(ctx, m)
+		s.executeMsg(ctx, m)
 		if p := s.portals[m.Portal]; p != nil && p.stmt.plan != nil && p.stmt.plan.Kind == router.Copy && p.stmt.plan.Copy.From && !s.skipping {
 			// PostgreSQL answers CopyInResponse at once, and clients wait
 			// for it before they send the data (a Sync sent in between
@@ -124,114 +125,34 @@ func (s *session) bind(ctx context.Context, m *pgproto3.Bind) {
 		return
 	}
 	portal := &clientPortal{stmt: st, resultFmt: append([]int16(nil), m.ResultFormatCodes...)}
-	p := st.plan
-	if p == nil {
+	if s.execute(ctx, v, portal, m) {
 		s.portals[m.DestinationPortal] = portal
-		s.x.synthetic(&pgproto3.BindComplete{})
-		return
 	}
-	if s.abortedTx(p) {
-		s.fail(errAbortedTx)
-		return
-	}
-	switch p.Kind {
-	case router.Refused:
-		s.fail(p.Err)
-		return
-	case router.LocalSet:
-		if s.tx.active {
-			// Run at Execute on every node of the transaction.
-			s.x.synthetic(&pgproto3.BindComplete{})
-			break
-		}
-		if !s.bindOn(ctx, portal, s.catalogTarget(p), p.SQL, m, m.DestinationPortal, false) {
-			return
-		}
-	case router.Catalog:
-		if isListenPlan(p) {
-			// Runs at Execute on the session's listen backend.
-			s.x.synthetic(&pgproto3.BindComplete{})
-			break
-		}
-		if err := s.catalogGuard(p); err != nil {
-			s.fail(err)
-			return
-		}
-		if err := s.pinFor(ctx, p.Pin); err != nil {
-			s.fail(err)
-			return
-		}
-		if !s.bindOn(ctx, portal, s.catalogTarget(p), p.SQL, m, m.DestinationPortal, false) {
-			return
-		}
-	case router.Single:
-		sh, err := s.route(v, p, m, st.oids)
+}
+
+// funcArgs reads the arguments of a lattice function call: its literals and
+// the Bind's parameters.
+func (s *session) funcArgs(f *router.FuncCall, m *pgproto3.Bind, oids []uint32) ([]*string, map[string]*string, error) {
+	args := make([]*string, len(f.Args))
+	for i, v := range f.Args {
+		a, err := s.funcArg(v, m, oids)
 		if err != nil {
-			s.fail(err)
-			return
+			return nil, nil, err
 		}
-		if !s.bindOn(ctx, portal, sh.Node, sh.SQL, m, m.DestinationPortal, false) {
-			return
-		}
-		if !s.tx.active {
-			portal.bind = copyBind(m)
-		}
-	case router.Copy:
-		s.x.synthetic(&pgproto3.BindComplete{})
-	case router.InsertSplit:
-		if !s.bindSplit(ctx, v, portal, m) {
-			return
-		}
-	case router.WriteAll:
-		if !s.bindWriteAll(ctx, v, portal, m) {
-			return
-		}
-	case router.FanOut:
-		if sql, node, ok := wholeOnOneNode(v, p, m, st.oids); ok {
-			if !s.bindOn(ctx, portal, node, sql, m, m.DestinationPortal, false) {
-				return
-			}
-			break
-		}
-		if portal.fan = s.startFanOut(ctx, v, p, m, portal); portal.fan == nil {
-			s.skipping = true
-			return
-		}
-	case router.DDL:
-		if !s.bindDDL(ctx, v, portal, m) {
-			return
-		}
-	case router.Function:
-		if p.Compose != nil {
-			if !s.bindComposed(ctx, portal, m) {
-				return
-			}
-			break
-		}
-		for i := range p.Func.Args {
-			a, err := s.funcArg(p.Func.Args[i], m, st.oids)
-			if err != nil {
-				s.fail(err)
-				return
-			}
-			portal.fnArgs = append(portal.fnArgs, a)
-		}
-		for name, val := range p.Func.Named {
-			a, err := s.funcArg(val, m, st.oids)
-			if err != nil {
-				s.fail(err)
-				return
-			}
-			if portal.fnNamed == nil {
-				portal.fnNamed = map[string]*string{}
-			}
-			portal.fnNamed[name] = a
-		}
-		s.x.synthetic(&pgproto3.BindComplete{})
-	default:
-		s.x.synthetic(&pgproto3.BindComplete{})
+		args[i] = a
 	}
-	s.portals[m.DestinationPortal] = portal
+	var named map[string]*string
+	if len(f.Named) > 0 {
+		named = make(map[string]*string, len(f.Named))
+		for k, v := range f.Named {
+			a, err := s.funcArg(v, m, oids)
+			if err != nil {
+				return nil, nil, err
+			}
+			named[k] = a
+		}
+	}
+	return args, named, nil
 }
 
 func (s *session) funcArg(v router.Value, m *pgproto3.Bind, oids []uint32) (*string, error) {
@@ -246,32 +167,6 @@ func (s *session) funcArg(v router.Value, m *pgproto3.Bind, oids []uint32) (*str
 		oid = oids[v.Param-1]
 	}
 	return paramText(m.Parameters[v.Param-1], formatFor(m.ParameterFormatCodes, v.Param-1), oid)
-}
-
-// bindOn prepares sql on node's backend (once per backend) and binds the
-// client's parameters to it under portalName. hide keeps BindComplete from
-// the client (the extra parts of a split INSERT).
-func (s *session) bindOn(ctx context.Context, portal *clientPortal, node, sql string, m *pgproto3.Bind, portalName string, hide bool) bool {
-	be, err := s.backend(ctx, node)
-	if err != nil {
-		s.fail(err)
-		return false
-	}
-	oids := portal.stmt.oids
-	name := s.prepareOn(be, sql, oids, portal.stmt.epoch)
-	if portalName != "" && be.PortalOpen(portalName) {
-		// A portal of an earlier statement of this transaction (a part of
-		// a fan-out, or one the client closed) still holds the name.
-		be.Send(&pgproto3.Close{ObjectType: 'P', Name: portalName})
-		s.x.add(step{kind: stepClose, be: be, hide: true})
-	}
-	b := *m
-	b.DestinationPortal = portalName
-	b.PreparedStatement = name
-	be.Send(&b)
-	s.x.add(step{kind: stepBind, be: be, hide: hide})
-	portal.parts = append(portal.parts, portalPart{be: be, name: portalName})
-	return true
 }
 
 // preparedKey names a backend statement: its text, parameter types and the
@@ -490,99 +385,13 @@ func (s *session) describePortal(ctx context.Context, name string) {
 	s.x.synthetic(&pgproto3.NoData{})
 }
 
-func (s *session) execute(ctx context.Context, m *pgproto3.Execute) {
+func (s *session) executeMsg(ctx context.Context, m *pgproto3.Execute) {
 	portal, ok := s.portals[m.Portal]
 	if !ok {
 		s.fail(sqlstate.New(sqlstate.InvalidCursorName, "portal \"%s\" does not exist", m.Portal))
 		return
 	}
-	if f := portal.fan; f != nil {
-		if m.MaxRows > 0 {
-			s.fail(sqlstate.New(sqlstate.FeatureNotSupported, "fetching a SELECT over several shards in batches (Execute with a row limit) is not supported"))
-			return
-		}
-		if (len(f.plan.Sort) > 0 || f.agg != nil) && f.fields == nil {
-			// The merge needs the column types: describe the first part
-			// for the proxy alone.
-			part := portal.parts[0]
-			part.be.Send(&pgproto3.Describe{ObjectType: 'P', Name: part.name})
-			s.x.add(step{kind: stepDescribePortal, be: part.be, hide: true, capture: f})
-		}
-		for _, part := range portal.parts {
-			part.be.Send(&pgproto3.Execute{Portal: part.name})
-		}
-		s.x.add(step{kind: stepFanOut, fan: f})
-		return
-	}
-	if len(portal.parts) > 0 {
-		sp := portal.split
-		if sp != nil {
-			sp.count, sp.rowDescSent = 0, false
-		}
-		retry := s.retryable(portal, m)
-		if retry {
-			s.extRetry = &extRetry{stmt: portal.stmt, bind: portal.bind, step: len(s.x.steps)}
-		}
-		for _, part := range portal.parts {
-			part.be.Send(&pgproto3.Execute{Portal: part.name, MaxRows: m.MaxRows})
-			st := step{kind: stepExecute, be: part.be, staleRetry: retry}
-			if sp != nil {
-				st.rowsOnly, st.split = true, sp
-			}
-			s.x.add(st)
-		}
-		if sp != nil {
-			s.x.add(step{kind: stepSynthetic, then: func(x *exchange) {
-				if !x.errored {
-					s.send(sp.tag())
-				}
-			}})
-		}
-		s.pinEnds(portal.stmt.plan.Unpin)
-		return
-	}
-	p := portal.stmt.plan
-	if p == nil {
-		s.x.synthetic(&pgproto3.EmptyQueryResponse{})
-		return
-	}
-	switch p.Kind {
-	case router.Function:
-		s.callFunction(ctx, p.Func, portal.fnArgs, portal.fnNamed, portal.resultFmt)
-		if s.x.errored {
-			s.skipping = true
-		}
-	case router.Transaction:
-		s.txControl(ctx, p)
-	case router.LocalSet:
-		s.localSet(ctx, p)
-	case router.SessionSet, router.Discard:
-		s.sessionCommand(ctx, p)
-	case router.Catalog:
-		if !isListenPlan(p) {
-			s.fail(sqlstate.New(sqlstate.InternalError, "portal \"%s\" has nothing to run", m.Portal))
-			return
-		}
-		s.listenCommand(ctx, p)
-	case router.DDL:
-		s.runDDL(ctx, portal.ddl, p)
-		if s.x.errored {
-			s.skipping = true
-		}
-	case router.Copy:
-		v, err := s.view(ctx)
-		if err != nil {
-			s.fail(err)
-			return
-		}
-		ok := true
-		if v, ok = s.bindHeld(ctx, portal.stmt, v, nil); !ok {
-			return
-		}
-		s.startCopy(ctx, v, portal.stmt.plan)
-	default:
-		s.fail(sqlstate.New(sqlstate.InternalError, "portal \"%s\" has nothing to run", m.Portal))
-	}
+	s.run(ctx, portal, m.MaxRows)
 }
 
 func (s *session) closeMsg(m *pgproto3.Close) {

@@ -72,6 +72,15 @@ type session struct {
 	// frames backend work as simple Queries (RowDescription before the
 	// rows, ReadyForQuery at the end) instead of Parse/Bind/Execute.
 	simple bool
+	// simpleRetry allows the current Query's statement to be routed again
+	// after LT001 (simpleQuery).
+	simpleRetry bool
+	// q is the statement of the current Query and its portal, reused from
+	// Query to Query.
+	q struct {
+		stmt   clientStmt
+		portal clientPortal
+	}
 
 	activeMu sync.Mutex
 	active   []*pgshard.Conn // backends running this session's work, for CancelRequest
@@ -107,18 +116,17 @@ type clientStmt struct {
 	epoch uint64
 }
 
-// clientPortal is a bound statement: on a backend, or answered by the proxy.
+// clientPortal is a bound statement: on backends, or answered by the proxy.
 type clientPortal struct {
-	stmt *clientStmt
-	// For statements the proxy answers itself:
-	fnArgs    []*string
-	fnNamed   map[string]*string
+	stmt      *clientStmt
 	resultFmt []int16
-	split     *splitState
-	fan       *fanOut
-	parts     []portalPart
-	ddl       *shardmap.Tree // a DDL plan's tree, found at Bind
-	bind      *pgproto3.Bind // a Single plan's Bind, kept to route it again after LT001
+	// run is what the proxy does itself at Execute, for statements it
+	// answers or runs on several backends its own way.
+	run   func(context.Context)
+	split *splitState
+	fan   *fanOut
+	parts []portalPart
+	bind  *pgproto3.Bind // a Single plan's Bind, kept to route it again after LT001
 }
 
 // splitState accumulates the parts of a statement split across shards: a

@@ -62,7 +62,8 @@ func (s *session) runQuery(ctx context.Context, sql string, allowRetry bool) {
 		s.x.synthetic(&pgproto3.EmptyQueryResponse{})
 	case 1:
 		s.qkind = plans[0].Kind
-		s.simpleOne(ctx, v, plans[0], allowRetry)
+		s.simpleRetry = allowRetry
+		s.simpleOne(ctx, v, plans[0])
 	default:
 		s.qkind = kindMulti
 		s.simpleMulti(ctx, v, plans)
@@ -83,144 +84,24 @@ func (s *session) abortedTx(p *router.Plan) bool {
 
 var errAbortedTx = sqlstate.New(sqlstate.InFailedSQLTransaction, "current transaction is aborted, commands ignored until end of transaction block")
 
-func (s *session) simpleOne(ctx context.Context, v *shardmap.View, p *router.Plan, allowRetry bool) {
-	if s.abortedTx(p) {
-		s.x.synthetic(errAbortedTx.Response())
-		return
-	}
-	switch p.Kind {
-	case router.Refused:
-		s.fail(p.Err)
-	case router.Transaction:
-		s.txControl(ctx, p)
-	case router.SessionSet, router.Discard:
-		s.sessionCommand(ctx, p)
-	case router.Function:
-		if p.Compose != nil {
-			s.simpleComposed(ctx, p)
-			return
-		}
-		args, named := literalArgs(p.Func)
-		s.callFunction(ctx, p.Func, args, named, nil)
-	case router.LocalSet:
-		if s.tx.active {
-			s.localSet(ctx, p)
-		} else {
-			s.forwardQuery(ctx, s.catalogTarget(p), p.SQL, false)
-		}
-	case router.Catalog:
-		if isListenPlan(p) {
-			s.listenCommand(ctx, p)
-			return
-		}
-		if err := s.catalogGuard(p); err != nil {
-			s.fail(err)
-			return
-		}
-		if err := s.pinFor(ctx, p.Pin); err != nil {
-			s.fail(err)
-			return
-		}
-		s.forwardQuery(ctx, s.catalogTarget(p), p.SQL, false)
-		s.pinEnds(p.Unpin)
-	case router.Single:
-		sh, err := s.route(v, p, nil, nil)
-		if err != nil {
-			s.fail(err)
-			return
-		}
-		s.forwardQuery(ctx, sh.Node, sh.SQL, allowRetry && !s.tx.active)
-	case router.InsertSplit:
-		s.simpleInsertSplit(ctx, v, p, allowRetry)
-	case router.WriteAll:
-		s.simpleWriteAll(ctx, v, p)
-	case router.FanOut:
-		if sql, node, ok := wholeOnOneNode(v, p, nil, nil); ok {
-			s.forwardQuery(ctx, node, sql, false)
-			return
-		}
-		s.startFanOut(ctx, v, p, nil, nil)
-	case router.DDL:
-		s.simpleDDL(ctx, v, p)
-	case router.Copy:
-		s.startCopy(ctx, v, p)
-	default:
-		s.fail(sqlstate.New(sqlstate.InternalError, "unhandled plan kind %v", p.Kind))
+// simpleOne runs the one statement of a Query on the one execute path, with
+// no parameters and text results.
+func (s *session) simpleOne(ctx context.Context, v *shardmap.View, p *router.Plan) {
+	s.q.stmt = clientStmt{sql: p.SQL, plan: p, trees: v.TreesVersion}
+	s.q.portal = clientPortal{stmt: &s.q.stmt, parts: s.q.portal.parts[:0]}
+	if s.execute(ctx, v, &s.q.portal, &noParams) {
+		s.run(ctx, &s.q.portal, 0)
 	}
 }
 
-func (s *session) forwardQuery(ctx context.Context, node, sql string, staleRetry bool) {
+func (s *session) forwardQuery(ctx context.Context, node, sql string) {
 	be, err := s.backend(ctx, node)
 	if err != nil {
 		s.fail(err)
 		return
 	}
 	be.Send(&pgproto3.Query{String: sql})
-	s.x.add(step{kind: stepQuery, be: be, staleRetry: staleRetry})
-}
-
-// simpleInsertSplit runs a multi-row INSERT as one statement per shard,
-// the parts of one node in one multi-statement Query. On one node
-// PostgreSQL's implicit transaction keeps it atomic; over several nodes it
-// runs in the session's transaction, or in an implicit one committed with
-// two-phase commit.
-func (s *session) simpleInsertSplit(ctx context.Context, v *shardmap.View, p *router.Plan, allowRetry bool) {
-	parts, err := s.splitRows(v, p, nil, nil)
-	if err != nil {
-		s.fail(err)
-		return
-	}
-	if len(parts) == 1 {
-		s.forwardQuery(ctx, parts[0].Node, parts[0].SQL, allowRetry && !s.tx.active)
-		return
-	}
-	var nodes []string
-	sqls := map[string][]string{}
-	for _, t := range parts {
-		if _, ok := sqls[t.Node]; !ok {
-			nodes = append(nodes, t.Node)
-		}
-		sqls[t.Node] = append(sqls[t.Node], t.SQL)
-	}
-	s.simpleEveryNode(ctx, nodes, sqls)
-}
-
-// simpleWriteAll runs an UPDATE or DELETE without the shard key on every
-// shard of its tree: one multi-statement Query per node.
-func (s *session) simpleWriteAll(ctx context.Context, v *shardmap.View, p *router.Plan) {
-	r, err := router.Resolve(v, p, nil)
-	if err != nil {
-		s.fail(err)
-		return
-	}
-	nodes := r.Nodes()
-	parts := make(map[string][]string, len(nodes))
-	for _, t := range r.Targets {
-		parts[t.Node] = append(parts[t.Node], t.SQL)
-	}
-	s.simpleEveryNode(ctx, nodes, parts)
-}
-
-// simpleEveryNode sends each node its statements as one Query, atomically
-// (spanNodes), and reports one command tag with the counts added up.
-func (s *session) simpleEveryNode(ctx context.Context, nodes []string, parts map[string][]string) {
-	s.spanNodes(len(nodes))
-	sp := &splitState{}
-	for _, node := range nodes {
-		be, err := s.backend(ctx, node)
-		if err != nil {
-			s.fail(err)
-			return
-		}
-		be.Send(&pgproto3.Query{String: strings.Join(parts[node], ";\n")})
-		s.x.add(step{kind: stepQuery, be: be, rowsOnly: true, split: sp})
-	}
-	// The summed tag is known only once the parts ran.
-	s.x.add(step{kind: stepSynthetic, then: func(x *exchange) {
-		if !x.errored {
-			s.send(sp.tag())
-		}
-	}})
+	s.x.add(step{kind: stepQuery, be: be})
 }
 
 // simpleMulti runs a Query holding several statements. It is forwarded as one
@@ -314,7 +195,7 @@ func (s *session) simpleMulti(ctx context.Context, v *shardmap.View, plans []*ro
 		s.fail(err)
 		return
 	}
-	s.forwardQuery(ctx, node, strings.Join(parts, ";\n"), false)
+	s.forwardQuery(ctx, node, strings.Join(parts, ";\n"))
 	s.pinEnds(unpin &^ pin)
 	s.recordSets(ctx, node, sets)
 }
@@ -472,7 +353,13 @@ func (s *session) forwardTx(be *pgshard.Conn, sql string, hide bool) {
 		s.x.add(step{kind: stepQuery, be: be})
 		return
 	}
-	s.forwardExtendedSQL(be, sql)
+	be.Send(&pgproto3.Parse{Query: sql})
+	be.Send(&pgproto3.Bind{})
+	be.Send(&pgproto3.Execute{})
+	s.x.add(step{kind: stepParse, be: be})
+	// The client's own Bind was answered when it came.
+	s.x.add(step{kind: stepBind, be: be, hide: true})
+	s.x.add(step{kind: stepExecute, be: be})
 }
 
 // sessionCommand serves SET, RESET and DISCARD ALL. SET runs on a backend so
@@ -509,34 +396,6 @@ func (s *session) sessionCommand(ctx context.Context, p *router.Plan) {
 			s.recordSet(be, p.SQL, s.tx.active)
 		}
 	}})
-}
-
-// forwardExtendedSQL runs a parameterless statement on be with the extended
-// protocol inside an extended batch. The client's Bind was answered when it
-// arrived, so the backend's BindComplete stays in the proxy.
-func (s *session) forwardExtendedSQL(be *pgshard.Conn, sql string) {
-	be.Send(&pgproto3.Parse{Query: sql})
-	be.Send(&pgproto3.Bind{})
-	be.Send(&pgproto3.Execute{})
-	s.x.add(step{kind: stepParse, be: be})
-	// The client's own Bind was answered when it came.
-	s.x.add(step{kind: stepBind, be: be, hide: true})
-	s.x.add(step{kind: stepExecute, be: be})
-}
-
-func literalArgs(f *router.FuncCall) ([]*string, map[string]*string) {
-	args := make([]*string, len(f.Args))
-	for i, a := range f.Args {
-		args[i] = literalPtr(a)
-	}
-	var named map[string]*string
-	if len(f.Named) > 0 {
-		named = make(map[string]*string, len(f.Named))
-		for k, a := range f.Named {
-			named[k] = literalPtr(a)
-		}
-	}
-	return args, named
 }
 
 func literalPtr(v router.Value) *string {

@@ -37,10 +37,10 @@ func copyBind(m *pgproto3.Bind) *pgproto3.Bind {
 
 // retryable reports whether the Execute of portal about to be queued may be
 // routed again after LT001.
-func (s *session) retryable(portal *clientPortal, m *pgproto3.Execute) bool {
+func (s *session) retryable(portal *clientPortal, maxRows uint32) bool {
 	p := portal.stmt.plan
 	if p == nil || p.Kind != router.Single || portal.bind == nil || len(portal.parts) != 1 ||
-		portal.split != nil || portal.fan != nil || m.MaxRows != 0 || s.tx.active ||
+		portal.split != nil || portal.fan != nil || maxRows != 0 || s.tx.active ||
 		s.extRetry != nil || len(s.x.sentSinceSync) > 0 {
 		return false
 	}
