@@ -64,6 +64,16 @@ func (s *session) execute(ctx context.Context, v *shardmap.View, portal *clientP
 			portal.run = func(ctx context.Context) { s.listenCommand(ctx, p) }
 			break
 		}
+		if err := s.sharedNames(p); err != nil {
+			s.fail(err)
+			return false
+		}
+		if s.protocolDealloc(p) {
+			// Only the proxy holds a statement the client prepared with
+			// the protocol.
+			portal.run = func(context.Context) { s.deallocate(p.Dealloc) }
+			break
+		}
 		if err := s.catalogGuard(p); err != nil {
 			s.fail(err)
 			return false
@@ -72,7 +82,17 @@ func (s *session) execute(ctx context.Context, v *shardmap.View, portal *clientP
 			s.fail(err)
 			return false
 		}
-		return s.bindOn(ctx, portal, s.catalogTarget(p), p.SQL, m, m.DestinationPortal, false)
+		if !s.bindOn(ctx, portal, s.catalogTarget(p), p.SQL, m, m.DestinationPortal, false) {
+			return false
+		}
+		if p.Unpin&router.PinPrepare != 0 && s.txStatus() != 'E' {
+			// DEALLOCATE ALL: the SQL-level statements go on the backend.
+			portal.run = func(context.Context) {
+				s.deallocateAll()
+				s.runParts(portal, 0)
+			}
+		}
+		return true
 	case router.Single:
 		sh, err := s.route(v, p, m, st.oids)
 		if err != nil {

@@ -411,6 +411,49 @@ func (s *session) closeMsg(m *pgproto3.Close) {
 	s.x.synthetic(&pgproto3.CloseComplete{})
 }
 
+// Protocol-level prepared statements share one namespace per session with
+// SQL PREPARE, as in PostgreSQL. The proxy keeps the first (s.stmts); the
+// second live on the session's pinned backend. A statement in a failed
+// transaction is left to the backend, which answers 25P02 and changes
+// nothing.
+
+// sharedNames refuses SQL PREPARE of a name the client prepared with the
+// protocol.
+func (s *session) sharedNames(p *router.Plan) error {
+	if _, ok := s.stmts[p.Prepare]; ok && p.Prepare != "" && s.txStatus() != 'E' {
+		return sqlstate.New(sqlstate.DuplicatePreparedStatement, "prepared statement \"%s\" already exists", p.Prepare)
+	}
+	return nil
+}
+
+// protocolDealloc reports SQL DEALLOCATE of a statement prepared with the
+// protocol, which the proxy answers itself.
+func (s *session) protocolDealloc(p *router.Plan) bool {
+	_, ok := s.stmts[p.Dealloc]
+	return ok && p.Dealloc != "" && s.txStatus() != 'E'
+}
+
+// deallocate runs SQL DEALLOCATE name of a protocol statement.
+func (s *session) deallocate(name string) {
+	if _, ok := s.stmts[name]; !ok {
+		// Closed since the DEALLOCATE was bound.
+		s.fail(sqlstate.New(sqlstate.InvalidSQLStatementName, "prepared statement \"%s\" does not exist", name))
+		return
+	}
+	delete(s.stmts, name)
+	s.x.synthetic(commandComplete("DEALLOCATE"))
+}
+
+// deallocateAll is SQL DEALLOCATE ALL on the protocol statements: every
+// named one goes; PostgreSQL keeps the unnamed statement.
+func (s *session) deallocateAll() {
+	for name := range s.stmts {
+		if name != "" {
+			delete(s.stmts, name)
+		}
+	}
+}
+
 // sync ends a batch: every backend used gets its Sync, all responses are
 // played back, and the client gets one ReadyForQuery.
 func (s *session) sync(ctx context.Context) error {

@@ -136,9 +136,22 @@ func (s *session) simpleMulti(ctx context.Context, v *shardmap.View, plans []*ro
 				s.fail(e)
 				return
 			}
-			if err := s.catalogGuard(p); err != nil {
+			err := s.catalogGuard(p)
+			if err == nil {
+				err = s.sharedNames(p)
+			}
+			if err != nil {
 				s.fail(err)
 				return
+			}
+			if s.protocolDealloc(p) {
+				e := sqlstate.New(sqlstate.FeatureNotSupported, "DEALLOCATE of protocol-level prepared statement \"%s\" cannot be combined with other statements in one query string through the Lattice proxy", p.Dealloc)
+				e.Hint = "send it as a query of its own"
+				s.fail(e)
+				return
+			}
+			if p.Unpin&router.PinPrepare != 0 && s.txStatus() != 'E' {
+				s.deallocateAll()
 			}
 			sql = p.SQL
 			if p.Kind == router.Catalog && !p.Anywhere {
