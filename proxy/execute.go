@@ -49,8 +49,10 @@ func (s *session) execute(ctx context.Context, v *shardmap.View, portal *clientP
 		return false
 	case router.Transaction:
 		portal.run = func(ctx context.Context) { s.txControl(ctx, p) }
-	case router.SessionSet, router.Discard:
-		portal.run = func(ctx context.Context) { s.sessionCommand(ctx, p) }
+	case router.SessionSet:
+		portal.run = func(ctx context.Context) { s.sessionSet(ctx, p) }
+	case router.Discard:
+		portal.run = func(context.Context) { s.discardAll() }
 	case router.LocalSet:
 		if s.tx.active {
 			// Runs on every node of the transaction.

@@ -375,24 +375,26 @@ func (s *session) forwardTx(be *pgshard.Conn, sql string, hide bool) {
 	s.x.add(step{kind: stepExecute, be: be})
 }
 
-// sessionCommand serves SET, RESET and DISCARD ALL. SET runs on a backend so
-// that PostgreSQL validates it, then becomes part of the session's settings
-// replayed on every backend the session uses.
-func (s *session) sessionCommand(ctx context.Context, p *router.Plan) {
-	if p.Kind == router.Discard {
-		if s.tx.active {
-			s.fail(sqlstate.New(sqlstate.ActiveSQLTransaction, "DISCARD ALL cannot run inside a transaction block"))
-			return
-		}
-		s.settings.reset()
-		s.discardPin()
-		s.stmts = map[string]*clientStmt{}
-		s.portals = map[string]*clientPortal{}
-		// DISCARD ALL includes UNLISTEN *.
-		s.x.add(step{kind: stepSynthetic, then: func(*exchange) { s.dropListener() }})
-		s.x.synthetic(commandComplete("DISCARD ALL"))
+// discardAll serves DISCARD ALL: the session's settings, pin, statements,
+// portals and LISTENs end.
+func (s *session) discardAll() {
+	if s.tx.active {
+		s.fail(sqlstate.New(sqlstate.ActiveSQLTransaction, "DISCARD ALL cannot run inside a transaction block"))
 		return
 	}
+	s.settings.reset()
+	s.discardPin()
+	s.stmts = map[string]*clientStmt{}
+	s.portals = map[string]*clientPortal{}
+	// DISCARD ALL includes UNLISTEN *.
+	s.x.add(step{kind: stepSynthetic, then: func(*exchange) { s.dropListener() }})
+	s.x.synthetic(commandComplete("DISCARD ALL"))
+}
+
+// sessionSet serves SET and RESET. It runs on a backend so that PostgreSQL
+// validates it, then becomes part of the session's settings replayed on
+// every backend the session uses.
+func (s *session) sessionSet(ctx context.Context, p *router.Plan) {
 	node := s.srv.catalogNode
 	if len(s.tx.conns) > 0 {
 		node = s.tx.conns[0].Node
