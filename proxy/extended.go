@@ -102,6 +102,8 @@ func (s *session) replan(st *clientStmt, v *shardmap.View) error {
 	return nil
 }
 
+// bind serves a client's Bind: the statement, replanned on a current map
+// and held while its slots are frozen, goes through execute.
 func (s *session) bind(ctx context.Context, m *pgproto3.Bind) {
 	st, ok := s.stmts[m.PreparedStatement]
 	if !ok {
@@ -169,8 +171,6 @@ func (s *session) funcArg(v router.Value, m *pgproto3.Bind, oids []uint32) (*str
 	return paramText(m.Parameters[v.Param-1], formatFor(m.ParameterFormatCodes, v.Param-1), oid)
 }
 
-// preparedKey names a backend statement: its text, parameter types and the
-// result epoch of the client statement it serves.
 // prepareOn names the backend statement for sql with these parameter types,
 // queueing its Parse on be the first time this backend sees it.
 func (s *session) prepareOn(be *pgshard.Conn, sql string, oids []uint32, epoch uint64) string {
@@ -184,6 +184,8 @@ func (s *session) prepareOn(be *pgshard.Conn, sql string, oids []uint32, epoch u
 	return name
 }
 
+// preparedKey names a backend statement: its text, parameter types and the
+// result epoch of the client statement it serves.
 func preparedKey(sql string, oids []uint32, epoch uint64) string {
 	if len(oids) == 0 && epoch == 0 {
 		return sql

@@ -504,7 +504,8 @@ func (s *session) route(v *shardmap.View, p *router.Plan, bind *pgproto3.Bind, o
 	return r.Targets[0], nil
 }
 
-// routerBind is what the router reads of a Bind; nil in the simple protocol.
+// routerBind is what the router reads of a Bind; nil when there is none (a
+// Query of several statements), which the router reads as no parameters.
 func routerBind(bind *pgproto3.Bind, oids []uint32) *router.Bind {
 	if bind == nil {
 		return nil
