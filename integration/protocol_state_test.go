@@ -170,19 +170,57 @@ func TestProtocolState(t *testing.T) {
 	})
 	t.Run("DEALLOCATE ALL and DISCARD ALL", func(t *testing.T) {
 		// Both drop the proxy's statements on the backend, which must be
-		// prepared again. DISCARD ALL drops the client's named statements
-		// too; after DEALLOCATE ALL the proxy keeps them for now (see
-		// TestPinPrepare), so only unnamed statements are compared there.
+		// prepared again, and the client's named statements, which share
+		// one namespace with SQL PREPARE.
 		bothWires(t, direct, proxied,
+			seq(execOne("s2", "select v from plain where k = $1", "4"), syncMsg),
 			seq(execOne("", "select v from plain where k = $1", "5"), syncMsg),
 			[]pgproto3.FrontendMessage{&pgproto3.Query{String: "DEALLOCATE ALL"}},
+			[]pgproto3.FrontendMessage{&pgproto3.Bind{PreparedStatement: "s2", Parameters: [][]byte{text("5")}}, &pgproto3.Sync{}},
 			seq(execOne("", "select v from plain where k = $1", "6"), syncMsg),
+			seq(execOne("s2", "select v from plain where k = $1", "5"), syncMsg),
+			// DEALLOCATE ALL in the extended protocol keeps the unnamed
+			// statement, which is itself.
+			seq(execOne("", "DEALLOCATE ALL"), syncMsg),
+			[]pgproto3.FrontendMessage{&pgproto3.Bind{PreparedStatement: "s2", Parameters: [][]byte{text("5")}}, &pgproto3.Sync{}},
 			seq(execOne("s2", "select v from plain where k = $1", "5"), syncMsg),
 			[]pgproto3.FrontendMessage{&pgproto3.Query{String: "DISCARD ALL"}},
 			[]pgproto3.FrontendMessage{&pgproto3.Bind{PreparedStatement: "s2", Parameters: [][]byte{text("5")}}, &pgproto3.Sync{}},
 			seq(execOne("s2", "select v from plain where k = $1", "6"), syncMsg),
 			seq(execOne("", "select v from plain where k = $1", "7"), syncMsg),
 			[]pgproto3.FrontendMessage{&pgproto3.Close{ObjectType: 'S', Name: "s2"}, &pgproto3.Sync{}},
+		)
+	})
+	t.Run("SQL DEALLOCATE of a protocol statement", func(t *testing.T) {
+		query := func(sql string) []pgproto3.FrontendMessage {
+			return []pgproto3.FrontendMessage{&pgproto3.Query{String: sql}}
+		}
+		bindS3 := []pgproto3.FrontendMessage{&pgproto3.Bind{PreparedStatement: "s3", Parameters: [][]byte{text("1")}}, &pgproto3.Execute{}, &pgproto3.Sync{}}
+		bothWires(t, direct, proxied,
+			seq(execOne("s3", "select $1::int + 10", "1"), syncMsg),
+			query("DEALLOCATE s3"),
+			bindS3,
+			query("DEALLOCATE s3"),
+			// In the extended protocol, and under a name taken again.
+			seq(execOne("s3", "select $1::int + 20", "1"), syncMsg),
+			seq(execOne("", "DEALLOCATE PREPARE s3"), syncMsg),
+			bindS3,
+			// SQL PREPARE of a protocol statement's name.
+			seq(execOne("s3", "select $1::int + 30", "1"), syncMsg),
+			query("PREPARE s3 AS SELECT 1"),
+			bindS3,
+			// Not transactional, and refused in a failed transaction.
+			query("BEGIN"),
+			query("DEALLOCATE s3"),
+			query("ROLLBACK"),
+			bindS3,
+			seq(execOne("s3", "select $1::int + 40", "1"), syncMsg),
+			query("BEGIN"),
+			query("SELECT 1/0"),
+			query("DEALLOCATE s3"),
+			query("ROLLBACK"),
+			bindS3,
+			query("DEALLOCATE s3"),
 		)
 	})
 }

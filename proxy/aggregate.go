@@ -79,9 +79,9 @@ func queryOIDs(used []int, oids []uint32, bind *pgproto3.Bind) []uint32 {
 
 // startAggFanOut sends the partial query to every node.
 func (s *session) startAggFanOut(ctx context.Context, p *router.Plan, nodes, sqls []string, bind *pgproto3.Bind, portal *clientPortal) *fanOut {
-	extended := bind != nil
+	extended := !s.simple
 	f := &fanOut{plan: p, limit: -1, simple: !extended, agg: &aggState{ctx: ctx}}
-	var partial *pgproto3.Bind // nil in the simple protocol
+	partial := bind
 	if extended {
 		f.agg.params, f.agg.formats, f.agg.oids, f.agg.results = bind.Parameters, bind.ParameterFormatCodes, portal.stmt.oids, bind.ResultFormatCodes
 		// Partial rows come back as text: they become text parameters of
@@ -517,7 +517,7 @@ func (s *session) runFinal(f *fanOut, x *exchange, be *pgshard.Conn, pending int
 func (s *session) describeAggPortal(ctx context.Context, portal *clientPortal) {
 	be, err := s.describeBackend(ctx)
 	if err != nil {
-		s.failExtended(err)
+		s.fail(err)
 		return
 	}
 	st := portal.stmt

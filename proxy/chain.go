@@ -15,16 +15,13 @@ import (
 // characteristics (BEGIN's options, then SET TRANSACTION) starts at once on
 // every node that held the old one, as PostgreSQL starts it on its one
 // backend. Nodes the new transaction touches later join it as usual.
-func (s *session) txChain(ctx context.Context, p *router.Plan, extended bool) {
+func (s *session) txChain(ctx context.Context, p *router.Plan) {
 	what := "COMMIT"
 	if p.Tx == router.Rollback {
 		what = "ROLLBACK"
 	}
 	if !s.tx.active || s.tx.implicit {
-		s.fail(sqlstate.New(sqlstate.NoActiveSQLTransaction, "%s AND CHAIN can only be used in transaction blocks", what), extended)
-		if extended {
-			s.skipping = true
-		}
+		s.fail(sqlstate.New(sqlstate.NoActiveSQLTransaction, "%s AND CHAIN can only be used in transaction blocks", what))
 		return
 	}
 	begin, local := s.tx.begin, chainedLocal(s.tx.local)
@@ -47,7 +44,7 @@ func (s *session) txChain(ctx context.Context, p *router.Plan, extended bool) {
 	case rollback || len(conns) == 1 && !s.tx.failed:
 		// Each backend chains by itself; they stay with the session.
 		for i, be := range conns {
-			s.forwardTx(be, what+" AND CHAIN", extended, i > 0)
+			s.forwardTx(be, what+" AND CHAIN", i > 0)
 		}
 		if rollback {
 			s.undoTxSets(conns)
@@ -60,14 +57,14 @@ func (s *session) txChain(ctx context.Context, p *router.Plan, extended bool) {
 		for i, be := range conns {
 			nodes[i] = be.Node
 		}
-		s.commitMulti(ctx, extended)
+		s.commitMulti(ctx)
 		if !s.endedTx() {
 			return // an error: PostgreSQL starts no new transaction either
 		}
 		s.chained(begin, local)
 		for _, node := range nodes {
 			if _, err := s.backend(ctx, node); err != nil {
-				s.fail(err, extended)
+				s.fail(err)
 				return
 			}
 		}

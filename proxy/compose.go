@@ -226,16 +226,17 @@ func composedLiteral(cc router.ComposedCall, r composedCall, col int) string {
 	return "NULL"
 }
 
-// simpleComposed runs a composed statement of a simple Query.
-func (s *session) simpleComposed(ctx context.Context, p *router.Plan) {
+// simpleComposed binds a composed statement of a simple Query: the rows of
+// its calls go into the final statement as literals.
+func (s *session) simpleComposed(ctx context.Context, portal *clientPortal) bool {
+	p := portal.stmt.plan
 	c := p.Compose
 	res, err := s.evalComposed(ctx, c, func(f *router.FuncCall) ([]*string, map[string]*string, error) {
-		pos, named := literalArgs(f)
-		return pos, named, nil
+		return s.funcArgs(f, &noParams, nil)
 	})
 	if err != nil {
-		s.fail(err, false)
-		return
+		s.fail(err)
+		return false
 	}
 	fields := make([][]pgproto3.FieldDescription, len(res))
 	for i := range res {
@@ -243,10 +244,10 @@ func (s *session) simpleComposed(ctx context.Context, p *router.Plan) {
 	}
 	sql, err := renderComposed(c, fields, func(call, col int) string { return composedLiteral(c.Calls[call], res[call], col) })
 	if err != nil {
-		s.fail(err, false)
-		return
+		s.fail(err)
+		return false
 	}
-	s.forwardQuery(ctx, s.catalogTarget(p), sql, false)
+	return s.bindOn(ctx, portal, s.catalogTarget(p), sql, &noParams, "", false)
 }
 
 // composedStmt is the final statement of a composed plan in the extended
@@ -319,12 +320,12 @@ func callUses(f *router.FuncCall, n int) bool {
 func (s *session) describeComposed(ctx context.Context, st *clientStmt) {
 	cs, err := s.composedStatement(st)
 	if err != nil {
-		s.failExtended(err)
+		s.fail(err)
 		return
 	}
 	be, err := s.describeBackend(ctx)
 	if err != nil {
-		s.failExtended(err)
+		s.fail(err)
 		return
 	}
 	name := s.prepareOn(be, cs.sql, cs.oids, st.epoch)
@@ -336,41 +337,25 @@ func (s *session) describeComposed(ctx context.Context, st *clientStmt) {
 // arguments and binds the final statement on the catalog node (or the
 // transaction's node), the client's parameters first, then the rows.
 func (s *session) bindComposed(ctx context.Context, portal *clientPortal, m *pgproto3.Bind) bool {
+	if s.simple {
+		return s.simpleComposed(ctx, portal)
+	}
 	st := portal.stmt
 	c := st.plan.Compose
 	cs, err := s.composedStatement(st)
 	if err != nil {
-		s.failExtended(err)
+		s.fail(err)
 		return false
 	}
 	if len(m.Parameters) != cs.client {
-		s.failExtended(sqlstate.New(sqlstate.ProtocolViolation, "bind message supplies %d parameters, but prepared statement \"%s\" requires %d", len(m.Parameters), m.PreparedStatement, cs.client))
+		s.fail(sqlstate.New(sqlstate.ProtocolViolation, "bind message supplies %d parameters, but prepared statement \"%s\" requires %d", len(m.Parameters), m.PreparedStatement, cs.client))
 		return false
 	}
 	res, err := s.evalComposed(ctx, c, func(f *router.FuncCall) ([]*string, map[string]*string, error) {
-		var pos []*string
-		var named map[string]*string
-		for _, v := range f.Args {
-			a, err := s.funcArg(v, m, st.oids)
-			if err != nil {
-				return nil, nil, err
-			}
-			pos = append(pos, a)
-		}
-		for k, v := range f.Named {
-			a, err := s.funcArg(v, m, st.oids)
-			if err != nil {
-				return nil, nil, err
-			}
-			if named == nil {
-				named = map[string]*string{}
-			}
-			named[k] = a
-		}
-		return pos, named, nil
+		return s.funcArgs(f, m, st.oids)
 	})
 	if err != nil {
-		s.failExtended(err)
+		s.fail(err)
 		return false
 	}
 	b := *m

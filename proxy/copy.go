@@ -63,10 +63,9 @@ type copyOut struct {
 
 // startCopy queues a COPY of a tree. With the extended protocol the nodes
 // still get simple Queries: a COPY takes no parameters.
-func (s *session) startCopy(ctx context.Context, v *shardmap.View, p *router.Plan, extended bool) {
+func (s *session) startCopy(ctx context.Context, v *shardmap.View, p *router.Plan) {
 	fail := func(err error) {
-		s.fail(err, extended)
-		s.skipping = extended
+		s.fail(err)
 	}
 	m := v.Maps[p.Tree.Name]
 	if m == nil {

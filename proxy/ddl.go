@@ -50,13 +50,13 @@ func (s *session) ddlTree(ctx context.Context, v *shardmap.View, p *router.Plan)
 // (pgshard.Cluster.RunTreeDDL), and the proxy's map cache is refreshed so
 // that this session's next statement sees the new columns or the dropped
 // tree. It answers with the command tag.
-func (s *session) runDDL(ctx context.Context, t *shardmap.Tree, p *router.Plan, extended bool) {
+func (s *session) runDDL(ctx context.Context, t *shardmap.Tree, p *router.Plan) {
 	if s.tx.active || len(s.tx.conns) > 0 {
 		// The DDL runs on every node in transactions of its own: inside the
 		// client's transaction block it could not be rolled back with it.
 		e := sqlstate.New(sqlstate.ActiveSQLTransaction, "%s on tree %q cannot run inside a transaction block", p.Tag, t.Name)
 		e.Hint = "Run DDL on a tree outside BEGIN ... COMMIT; it is atomic on its own."
-		s.fail(e, extended)
+		s.fail(e)
 		return
 	}
 	if len(s.backends()) > 0 {
@@ -65,11 +65,11 @@ func (s *session) runDDL(ctx context.Context, t *shardmap.Tree, p *router.Plan, 
 		// while they wait for the batch to end.
 		e := sqlstate.New(sqlstate.FeatureNotSupported, "%s on tree %q must be sent in a batch of its own", p.Tag, t.Name)
 		e.Hint = "Send Sync before the DDL statement (most drivers do this for each statement outside a pipeline)."
-		s.fail(e, extended)
+		s.fail(e)
 		return
 	}
 	if s.srv.cfg.TreeDDL == nil {
-		s.fail(sqlstate.New(sqlstate.FeatureNotSupported, "%s on tree %q is not supported by this proxy", p.Tag, t.Name), extended)
+		s.fail(sqlstate.New(sqlstate.FeatureNotSupported, "%s on tree %q is not supported by this proxy", p.Tag, t.Name))
 		return
 	}
 	d := pgshard.TreeDDL{
@@ -89,7 +89,7 @@ func (s *session) runDDL(ctx context.Context, t *shardmap.Tree, p *router.Plan, 
 		s.log.Warn("map refresh after tree DDL failed", "err", rerr)
 	}
 	if err != nil {
-		s.fail(err, extended)
+		s.fail(err)
 		return
 	}
 	s.x.synthetic(commandComplete(p.Tag))
@@ -103,33 +103,19 @@ var ddlOps = map[router.DDLOp]pgshard.DDLOp{
 	router.DDLDropTable:   pgshard.DDLDropTable,
 }
 
-// simpleDDL serves a DDL plan in the simple query protocol.
-func (s *session) simpleDDL(ctx context.Context, v *shardmap.View, p *router.Plan) {
-	t, err := s.ddlTree(ctx, v, p)
-	if err != nil {
-		s.fail(err, false)
-		return
-	}
-	if t == nil {
-		s.forwardQuery(ctx, s.catalogTarget(p), p.SQL, false)
-		return
-	}
-	s.runDDL(ctx, t, p, false)
-}
-
 // bindDDL binds a DDL plan: a tree's DDL runs at Execute; the DROP INDEX of
 // another table's index is bound on the catalog node.
 func (s *session) bindDDL(ctx context.Context, v *shardmap.View, portal *clientPortal, m *pgproto3.Bind) bool {
 	p := portal.stmt.plan
 	t, err := s.ddlTree(ctx, v, p)
 	if err != nil {
-		s.failExtended(err)
+		s.fail(err)
 		return false
 	}
 	if t == nil {
 		return s.bindOn(ctx, portal, s.catalogTarget(p), p.SQL, m, m.DestinationPortal, false)
 	}
-	portal.ddl = t
-	s.x.synthetic(&pgproto3.BindComplete{})
+	portal.run = func(ctx context.Context) { s.runDDL(ctx, t, p) }
+	s.bindComplete()
 	return true
 }

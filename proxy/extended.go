@@ -18,6 +18,7 @@ import (
 type portalPart struct {
 	be   *pgshard.Conn
 	name string
+	sql  string // the simple protocol's statement, sent at run
 }
 
 // extendedMsg serves one extended-protocol message. Responses are queued in
@@ -42,7 +43,7 @@ func (s *session) extendedMsg(ctx context.Context, msg pgproto3.FrontendMessage)
 		s.describe(ctx, m)
 	case *pgproto3.Execute:
 		s.noteExecute(m.Portal)
-		s.execute(ctx, m)
+		s.executeMsg(ctx, m)
 		if p := s.portals[m.Portal]; p != nil && p.stmt.plan != nil && p.stmt.plan.Kind == router.Copy && p.stmt.plan.Copy.From && !s.skipping {
 			// PostgreSQL answers CopyInResponse at once, and clients wait
 			// for it before they send the data (a Sync sent in between
@@ -58,31 +59,25 @@ func (s *session) extendedMsg(ctx context.Context, msg pgproto3.FrontendMessage)
 	return nil
 }
 
-// failExtended reports an error and skips the rest of the batch.
-func (s *session) failExtended(err error) {
-	s.fail(err, true)
-	s.skipping = true
-}
-
 func (s *session) parse(ctx context.Context, m *pgproto3.Parse) {
 	if _, exists := s.stmts[m.Name]; exists && m.Name != "" {
-		s.failExtended(sqlstate.New(sqlstate.DuplicatePreparedStatement, "prepared statement \"%s\" already exists", m.Name))
+		s.fail(sqlstate.New(sqlstate.DuplicatePreparedStatement, "prepared statement \"%s\" already exists", m.Name))
 		return
 	}
 	plans, v, err := s.plan(ctx, m.Query)
 	if err != nil {
-		s.failExtended(err)
+		s.fail(err)
 		return
 	}
 	if len(plans) > 1 {
-		s.failExtended(sqlstate.New(sqlstate.SyntaxError, "cannot insert multiple commands into a prepared statement"))
+		s.fail(sqlstate.New(sqlstate.SyntaxError, "cannot insert multiple commands into a prepared statement"))
 		return
 	}
 	st := &clientStmt{sql: m.Query, oids: append([]uint32(nil), m.ParameterOIDs...), trees: v.TreesVersion, epoch: pgshard.ResultEpoch()}
 	if len(plans) == 1 {
 		st.plan = plans[0]
 		if st.plan.Kind == router.Refused {
-			s.failExtended(st.plan.Err)
+			s.fail(st.plan.Err)
 			return
 		}
 	}
@@ -107,137 +102,59 @@ func (s *session) replan(st *clientStmt, v *shardmap.View) error {
 	return nil
 }
 
+// bind serves a client's Bind: the statement, replanned on a current map
+// and held while its slots are frozen, goes through execute.
 func (s *session) bind(ctx context.Context, m *pgproto3.Bind) {
 	st, ok := s.stmts[m.PreparedStatement]
 	if !ok {
-		s.failExtended(sqlstate.New(sqlstate.InvalidSQLStatementName, "prepared statement \"%s\" does not exist", m.PreparedStatement))
+		s.fail(sqlstate.New(sqlstate.InvalidSQLStatementName, "prepared statement \"%s\" does not exist", m.PreparedStatement))
 		return
 	}
 	if _, open := s.portals[m.DestinationPortal]; open && m.DestinationPortal != "" {
-		s.failExtended(sqlstate.New(sqlstate.DuplicateCursor, "cursor \"%s\" already exists", m.DestinationPortal))
+		s.fail(sqlstate.New(sqlstate.DuplicateCursor, "cursor \"%s\" already exists", m.DestinationPortal))
 		return
 	}
 	v, err := s.view(ctx)
 	if err != nil {
-		s.failExtended(err)
+		s.fail(err)
 		return
 	}
 	if err := s.replan(st, v); err != nil {
-		s.failExtended(err)
+		s.fail(err)
 		return
 	}
 	if v, ok = s.bindHeld(ctx, st, v, m); !ok {
 		return
 	}
 	portal := &clientPortal{stmt: st, resultFmt: append([]int16(nil), m.ResultFormatCodes...)}
-	p := st.plan
-	if p == nil {
+	if s.execute(ctx, v, portal, m) {
 		s.portals[m.DestinationPortal] = portal
-		s.x.synthetic(&pgproto3.BindComplete{})
-		return
 	}
-	if s.abortedTx(p) {
-		s.failExtended(errAbortedTx)
-		return
-	}
-	switch p.Kind {
-	case router.Refused:
-		s.failExtended(p.Err)
-		return
-	case router.LocalSet:
-		if s.tx.active {
-			// Run at Execute on every node of the transaction.
-			s.x.synthetic(&pgproto3.BindComplete{})
-			break
-		}
-		if !s.bindOn(ctx, portal, s.catalogTarget(p), p.SQL, m, m.DestinationPortal, false) {
-			return
-		}
-	case router.Catalog:
-		if isListenPlan(p) {
-			// Runs at Execute on the session's listen backend.
-			s.x.synthetic(&pgproto3.BindComplete{})
-			break
-		}
-		if err := s.catalogGuard(p); err != nil {
-			s.failExtended(err)
-			return
-		}
-		if err := s.pinFor(ctx, p.Pin); err != nil {
-			s.failExtended(err)
-			return
-		}
-		if !s.bindOn(ctx, portal, s.catalogTarget(p), p.SQL, m, m.DestinationPortal, false) {
-			return
-		}
-	case router.Single:
-		sh, err := s.route(v, p, m, st.oids)
+}
+
+// funcArgs reads the arguments of a lattice function call: its literals and
+// the Bind's parameters.
+func (s *session) funcArgs(f *router.FuncCall, m *pgproto3.Bind, oids []uint32) ([]*string, map[string]*string, error) {
+	args := make([]*string, len(f.Args))
+	for i, v := range f.Args {
+		a, err := s.funcArg(v, m, oids)
 		if err != nil {
-			s.failExtended(err)
-			return
+			return nil, nil, err
 		}
-		if !s.bindOn(ctx, portal, sh.Node, sh.SQL, m, m.DestinationPortal, false) {
-			return
-		}
-		if !s.tx.active {
-			portal.bind = copyBind(m)
-		}
-	case router.Copy:
-		s.x.synthetic(&pgproto3.BindComplete{})
-	case router.InsertSplit:
-		if !s.bindSplit(ctx, v, portal, m) {
-			return
-		}
-	case router.WriteAll:
-		if !s.bindWriteAll(ctx, v, portal, m) {
-			return
-		}
-	case router.FanOut:
-		if sql, node, ok := wholeOnOneNode(v, p, m, st.oids); ok {
-			if !s.bindOn(ctx, portal, node, sql, m, m.DestinationPortal, false) {
-				return
-			}
-			break
-		}
-		if portal.fan = s.startFanOut(ctx, v, p, m, portal); portal.fan == nil {
-			s.skipping = true
-			return
-		}
-	case router.DDL:
-		if !s.bindDDL(ctx, v, portal, m) {
-			return
-		}
-	case router.Function:
-		if p.Compose != nil {
-			if !s.bindComposed(ctx, portal, m) {
-				return
-			}
-			break
-		}
-		for i := range p.Func.Args {
-			a, err := s.funcArg(p.Func.Args[i], m, st.oids)
-			if err != nil {
-				s.failExtended(err)
-				return
-			}
-			portal.fnArgs = append(portal.fnArgs, a)
-		}
-		for name, val := range p.Func.Named {
-			a, err := s.funcArg(val, m, st.oids)
-			if err != nil {
-				s.failExtended(err)
-				return
-			}
-			if portal.fnNamed == nil {
-				portal.fnNamed = map[string]*string{}
-			}
-			portal.fnNamed[name] = a
-		}
-		s.x.synthetic(&pgproto3.BindComplete{})
-	default:
-		s.x.synthetic(&pgproto3.BindComplete{})
+		args[i] = a
 	}
-	s.portals[m.DestinationPortal] = portal
+	var named map[string]*string
+	if len(f.Named) > 0 {
+		named = make(map[string]*string, len(f.Named))
+		for k, v := range f.Named {
+			a, err := s.funcArg(v, m, oids)
+			if err != nil {
+				return nil, nil, err
+			}
+			named[k] = a
+		}
+	}
+	return args, named, nil
 }
 
 func (s *session) funcArg(v router.Value, m *pgproto3.Bind, oids []uint32) (*string, error) {
@@ -254,34 +171,6 @@ func (s *session) funcArg(v router.Value, m *pgproto3.Bind, oids []uint32) (*str
 	return paramText(m.Parameters[v.Param-1], formatFor(m.ParameterFormatCodes, v.Param-1), oid)
 }
 
-// bindOn prepares sql on node's backend (once per backend) and binds the
-// client's parameters to it under portalName. hide keeps BindComplete from
-// the client (the extra parts of a split INSERT).
-func (s *session) bindOn(ctx context.Context, portal *clientPortal, node, sql string, m *pgproto3.Bind, portalName string, hide bool) bool {
-	be, err := s.backend(ctx, node)
-	if err != nil {
-		s.failExtended(err)
-		return false
-	}
-	oids := portal.stmt.oids
-	name := s.prepareOn(be, sql, oids, portal.stmt.epoch)
-	if portalName != "" && be.PortalOpen(portalName) {
-		// A portal of an earlier statement of this transaction (a part of
-		// a fan-out, or one the client closed) still holds the name.
-		be.Send(&pgproto3.Close{ObjectType: 'P', Name: portalName})
-		s.x.add(step{kind: stepClose, be: be, hide: true})
-	}
-	b := *m
-	b.DestinationPortal = portalName
-	b.PreparedStatement = name
-	be.Send(&b)
-	s.x.add(step{kind: stepBind, be: be, hide: hide})
-	portal.parts = append(portal.parts, portalPart{be: be, name: portalName})
-	return true
-}
-
-// preparedKey names a backend statement: its text, parameter types and the
-// result epoch of the client statement it serves.
 // prepareOn names the backend statement for sql with these parameter types,
 // queueing its Parse on be the first time this backend sees it.
 func (s *session) prepareOn(be *pgshard.Conn, sql string, oids []uint32, epoch uint64) string {
@@ -295,6 +184,8 @@ func (s *session) prepareOn(be *pgshard.Conn, sql string, oids []uint32, epoch u
 	return name
 }
 
+// preparedKey names a backend statement: its text, parameter types and the
+// result epoch of the client statement it serves.
 func preparedKey(sql string, oids []uint32, epoch uint64) string {
 	if len(oids) == 0 && epoch == 0 {
 		return sql
@@ -317,14 +208,14 @@ func (s *session) bindSplit(ctx context.Context, v *shardmap.View, portal *clien
 	p := portal.stmt.plan
 	shards, err := s.splitRows(v, p, m, portal.stmt.oids)
 	if err != nil {
-		s.failExtended(err)
+		s.fail(err)
 		return false
 	}
 	nodes := map[string]bool{}
 	for _, sh := range shards {
 		nodes[sh.Node] = true
 	}
-	s.spanNodes(len(nodes), true)
+	s.spanNodes(len(nodes))
 	if len(shards) > 1 {
 		portal.split = &splitState{}
 	}
@@ -379,10 +270,10 @@ func (s *session) bindWriteAll(ctx context.Context, v *shardmap.View, portal *cl
 	p := portal.stmt.plan
 	r, err := router.Resolve(v, p, routerBind(m, portal.stmt.oids))
 	if err != nil {
-		s.failExtended(err)
+		s.fail(err)
 		return false
 	}
-	s.spanNodes(len(r.Nodes()), true)
+	s.spanNodes(len(r.Nodes()))
 	portal.split = &splitState{}
 	for i, t := range r.Targets {
 		part := &clientPortal{stmt: &clientStmt{sql: t.SQL, oids: portal.stmt.oids, epoch: portal.stmt.epoch}}
@@ -401,7 +292,7 @@ func (s *session) describe(ctx context.Context, m *pgproto3.Describe) {
 	}
 	st, ok := s.stmts[m.Name]
 	if !ok {
-		s.failExtended(sqlstate.New(sqlstate.InvalidSQLStatementName, "prepared statement \"%s\" does not exist", m.Name))
+		s.fail(sqlstate.New(sqlstate.InvalidSQLStatementName, "prepared statement \"%s\" does not exist", m.Name))
 		return
 	}
 	p := st.plan
@@ -416,7 +307,7 @@ func (s *session) describe(ctx context.Context, m *pgproto3.Describe) {
 	if p.Kind == router.Function {
 		fields, err := s.describeFunction(p.Func.Name)
 		if err != nil {
-			s.failExtended(err)
+			s.fail(err)
 			return
 		}
 		oids := make([]uint32, maxParam(p.Func))
@@ -437,7 +328,7 @@ func (s *session) describe(ctx context.Context, m *pgproto3.Describe) {
 	}
 	be, err := s.describeBackend(ctx)
 	if err != nil {
-		s.failExtended(err)
+		s.fail(err)
 		return
 	}
 	name := s.prepareOn(be, st.sql, st.oids, st.epoch)
@@ -466,7 +357,7 @@ func (s *session) describeFunction(name string) ([]pgproto3.FieldDescription, er
 func (s *session) describePortal(ctx context.Context, name string) {
 	portal, ok := s.portals[name]
 	if !ok {
-		s.failExtended(sqlstate.New(sqlstate.InvalidCursorName, "portal \"%s\" does not exist", name))
+		s.fail(sqlstate.New(sqlstate.InvalidCursorName, "portal \"%s\" does not exist", name))
 		return
 	}
 	if portal.fan != nil && portal.fan.agg != nil {
@@ -487,7 +378,7 @@ func (s *session) describePortal(ctx context.Context, name string) {
 	if p != nil && p.Kind == router.Function {
 		fields, err := s.describeFunction(p.Func.Name)
 		if err != nil {
-			s.failExtended(err)
+			s.fail(err)
 			return
 		}
 		s.x.synthetic(&pgproto3.RowDescription{Fields: resultFields(fields, portal.resultFmt)})
@@ -496,99 +387,13 @@ func (s *session) describePortal(ctx context.Context, name string) {
 	s.x.synthetic(&pgproto3.NoData{})
 }
 
-func (s *session) execute(ctx context.Context, m *pgproto3.Execute) {
+func (s *session) executeMsg(ctx context.Context, m *pgproto3.Execute) {
 	portal, ok := s.portals[m.Portal]
 	if !ok {
-		s.failExtended(sqlstate.New(sqlstate.InvalidCursorName, "portal \"%s\" does not exist", m.Portal))
+		s.fail(sqlstate.New(sqlstate.InvalidCursorName, "portal \"%s\" does not exist", m.Portal))
 		return
 	}
-	if f := portal.fan; f != nil {
-		if m.MaxRows > 0 {
-			s.failExtended(sqlstate.New(sqlstate.FeatureNotSupported, "fetching a SELECT over several shards in batches (Execute with a row limit) is not supported"))
-			return
-		}
-		if (len(f.plan.Sort) > 0 || f.agg != nil) && f.fields == nil {
-			// The merge needs the column types: describe the first part
-			// for the proxy alone.
-			part := portal.parts[0]
-			part.be.Send(&pgproto3.Describe{ObjectType: 'P', Name: part.name})
-			s.x.add(step{kind: stepDescribePortal, be: part.be, hide: true, capture: f})
-		}
-		for _, part := range portal.parts {
-			part.be.Send(&pgproto3.Execute{Portal: part.name})
-		}
-		s.x.add(step{kind: stepFanOut, fan: f})
-		return
-	}
-	if len(portal.parts) > 0 {
-		sp := portal.split
-		if sp != nil {
-			sp.count, sp.rowDescSent = 0, false
-		}
-		retry := s.retryable(portal, m)
-		if retry {
-			s.extRetry = &extRetry{stmt: portal.stmt, bind: portal.bind, step: len(s.x.steps)}
-		}
-		for _, part := range portal.parts {
-			part.be.Send(&pgproto3.Execute{Portal: part.name, MaxRows: m.MaxRows})
-			st := step{kind: stepExecute, be: part.be, staleRetry: retry}
-			if sp != nil {
-				st.rowsOnly, st.split = true, sp
-			}
-			s.x.add(st)
-		}
-		if sp != nil {
-			s.x.add(step{kind: stepSynthetic, then: func(x *exchange) {
-				if !x.errored {
-					s.send(sp.tag())
-				}
-			}})
-		}
-		s.pinEnds(portal.stmt.plan.Unpin, true)
-		return
-	}
-	p := portal.stmt.plan
-	if p == nil {
-		s.x.synthetic(&pgproto3.EmptyQueryResponse{})
-		return
-	}
-	switch p.Kind {
-	case router.Function:
-		s.callFunction(ctx, p.Func, portal.fnArgs, portal.fnNamed, portal.resultFmt, false)
-		if s.x.errored {
-			s.skipping = true
-		}
-	case router.Transaction:
-		s.txControl(ctx, p, true)
-	case router.LocalSet:
-		s.localSet(ctx, p, true)
-	case router.SessionSet, router.Discard:
-		s.sessionCommand(ctx, p, true)
-	case router.Catalog:
-		if !isListenPlan(p) {
-			s.failExtended(sqlstate.New(sqlstate.InternalError, "portal \"%s\" has nothing to run", m.Portal))
-			return
-		}
-		s.listenCommand(ctx, p, true)
-	case router.DDL:
-		s.runDDL(ctx, portal.ddl, p, true)
-		if s.x.errored {
-			s.skipping = true
-		}
-	case router.Copy:
-		v, err := s.view(ctx)
-		if err != nil {
-			s.failExtended(err)
-			return
-		}
-		ok := true
-		if v, ok = s.bindHeld(ctx, portal.stmt, v, nil); !ok {
-			return
-		}
-		s.startCopy(ctx, v, portal.stmt.plan, true)
-	default:
-		s.failExtended(sqlstate.New(sqlstate.InternalError, "portal \"%s\" has nothing to run", m.Portal))
-	}
+	s.run(ctx, portal, m.MaxRows)
 }
 
 func (s *session) closeMsg(m *pgproto3.Close) {
@@ -606,6 +411,49 @@ func (s *session) closeMsg(m *pgproto3.Close) {
 		}
 	}
 	s.x.synthetic(&pgproto3.CloseComplete{})
+}
+
+// Protocol-level prepared statements share one namespace per session with
+// SQL PREPARE, as in PostgreSQL. The proxy keeps the first (s.stmts); the
+// second live on the session's pinned backend. A statement in a failed
+// transaction is left to the backend, which answers 25P02 and changes
+// nothing.
+
+// sharedNames refuses SQL PREPARE of a name the client prepared with the
+// protocol.
+func (s *session) sharedNames(p *router.Plan) error {
+	if _, ok := s.stmts[p.Prepare]; ok && p.Prepare != "" && s.txStatus() != 'E' {
+		return sqlstate.New(sqlstate.DuplicatePreparedStatement, "prepared statement \"%s\" already exists", p.Prepare)
+	}
+	return nil
+}
+
+// protocolDealloc reports SQL DEALLOCATE of a statement prepared with the
+// protocol, which the proxy answers itself.
+func (s *session) protocolDealloc(p *router.Plan) bool {
+	_, ok := s.stmts[p.Dealloc]
+	return ok && p.Dealloc != "" && s.txStatus() != 'E'
+}
+
+// deallocate runs SQL DEALLOCATE name of a protocol statement.
+func (s *session) deallocate(name string) {
+	if _, ok := s.stmts[name]; !ok {
+		// Closed since the DEALLOCATE was bound.
+		s.fail(sqlstate.New(sqlstate.InvalidSQLStatementName, "prepared statement \"%s\" does not exist", name))
+		return
+	}
+	delete(s.stmts, name)
+	s.x.synthetic(commandComplete("DEALLOCATE"))
+}
+
+// deallocateAll is SQL DEALLOCATE ALL on the protocol statements: every
+// named one goes; PostgreSQL keeps the unnamed statement.
+func (s *session) deallocateAll() {
+	for name := range s.stmts {
+		if name != "" {
+			delete(s.stmts, name)
+		}
+	}
 }
 
 // sync ends a batch: every backend used gets its Sync, all responses are

@@ -67,15 +67,13 @@ func (f *fanOut) checkFields() error {
 	return nil
 }
 
-// startFanOut sends a FanOut plan to every node holding shards of its tree.
-// With bind nil it runs as simple Queries; otherwise each node's statement is
-// prepared and bound with the client's parameters, and the returned fanOut
-// is executed when the client sends Execute.
+// startFanOut binds a FanOut plan on every node holding shards of its tree
+// (bindOn); the returned fanOut merges their results when the portal runs.
 func (s *session) startFanOut(ctx context.Context, v *shardmap.View, p *router.Plan, bind *pgproto3.Bind, portal *clientPortal) *fanOut {
-	extended := bind != nil
+	extended := !s.simple
 	m := v.Maps[p.Tree.Name]
 	if m == nil {
-		s.fail(sqlstate.New(sqlstate.SystemError, "tree %q has no shard map", p.Tree.Name), extended)
+		s.fail(sqlstate.New(sqlstate.SystemError, "tree %q has no shard map", p.Tree.Name))
 		return nil
 	}
 	if agg, err := s.srv.aggregateIn(ctx, s.tenant, p.Calls); err != nil || agg != "" {
@@ -84,16 +82,13 @@ func (s *session) startFanOut(ctx context.Context, v *shardmap.View, p *router.P
 			e.Hint = "fix the shard key in WHERE to read one shard, or aggregate in the application; count, sum, min, max and avg are combined"
 			err = e
 		}
-		s.fail(err, extended)
+		s.fail(err)
 		return nil
 	}
-	var oids []uint32
-	if portal != nil {
-		oids = portal.stmt.oids
-	}
+	oids := portal.stmt.oids
 	r, err := router.Resolve(v, p, routerBind(bind, oids))
 	if err != nil {
-		s.fail(err, extended)
+		s.fail(err)
 		return nil
 	}
 	nodes := make([]string, len(r.Targets))
@@ -395,38 +390,17 @@ func copyRow(values [][]byte) [][]byte {
 	return out
 }
 
-// sendParts sends each node its part of a fan-out: with bind nil as a simple
-// Query, sent only once every node's backend is at hand (a Query sent before
-// a later node is refused would have no step to read it); otherwise bound
-// with the client's parameters as a portal part, executed at Execute.
-// partOIDs are the parameter types of every part's statement.
+// sendParts binds each node its part of a fan-out as a part of portal
+// (bindOn); run executes them. partOIDs are the parameter types of every
+// part's statement.
 func (s *session) sendParts(ctx context.Context, f *fanOut, nodes, sqls []string, bind *pgproto3.Bind, portal *clientPortal, partOIDs []uint32) bool {
 	for i, node := range nodes {
-		if bind != nil {
-			name := bind.DestinationPortal
-			if i > 0 {
-				name = "lattice_part_" + strconv.Itoa(i) + "_" + bind.DestinationPortal
-			}
-			part := &clientPortal{stmt: &clientStmt{sql: sqls[i], oids: partOIDs, epoch: portal.stmt.epoch}}
-			if !s.bindOn(ctx, part, node, sqls[i], bind, name, i > 0) {
-				return false
-			}
-			portal.parts = append(portal.parts, part.parts...)
-			f.parts = append(f.parts, &fanPart{be: part.parts[0].be})
-			continue
-		}
-		be, err := s.backend(ctx, node)
-		if err != nil {
-			s.fail(err, false)
+		part := &clientPortal{stmt: &clientStmt{sql: sqls[i], oids: partOIDs, epoch: portal.stmt.epoch}}
+		if !s.bindOn(ctx, part, node, sqls[i], bind, partPortal(bind.DestinationPortal, i), i > 0) {
 			return false
 		}
-		f.parts = append(f.parts, &fanPart{be: be})
-	}
-	if bind == nil {
-		for i, part := range f.parts {
-			part.be.Send(&pgproto3.Query{String: sqls[i]})
-		}
-		s.x.add(step{kind: stepFanOut, fan: f})
+		portal.parts = append(portal.parts, part.parts...)
+		f.parts = append(f.parts, &fanPart{be: part.parts[0].be})
 	}
 	return true
 }

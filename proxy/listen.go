@@ -267,17 +267,15 @@ func (s *session) listenLost(x *exchange, err error) {
 
 // listenCommand serves LISTEN and UNLISTEN on the session's listen backend,
 // taking one on the first LISTEN and giving it back on UNLISTEN *.
-func (s *session) listenCommand(ctx context.Context, p *router.Plan, extended bool) {
+func (s *session) listenCommand(ctx context.Context, p *router.Plan) {
 	if s.tx.active || len(s.tx.conns) > 0 {
 		e := sqlstate.New(sqlstate.FeatureNotSupported, "%s inside a transaction block is not supported through the Lattice proxy", firstWord(p.SQL))
 		e.Hint = "run LISTEN and UNLISTEN outside a transaction block"
-		s.fail(e, extended)
-		if extended {
-			s.skipping = true
-		}
+		s.fail(e)
 		return
 	}
 	all := unlistenAll(p.SQL)
+	extended := !s.simple
 	// Runs when the exchange plays, in order with the statements before it.
 	s.x.add(step{kind: stepSynthetic, then: func(x *exchange) {
 		if x.errored {

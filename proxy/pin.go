@@ -89,7 +89,7 @@ func (s *session) pinFor(ctx context.Context, pin router.Pin) error {
 // statement that commits outside a transaction block ends state (DISCARD
 // TEMP rolls back with its transaction): in the simple protocol that is
 // known once it ran, in the extended protocol at the batch's Sync.
-func (s *session) pinEnds(unpin router.Pin, extended bool) {
+func (s *session) pinEnds(unpin router.Pin) {
 	if unpin&router.PinPrepare != 0 {
 		// DEALLOCATE ALL drops the proxy's own statements on that backend
 		// too, whether or not it commits: what follows prepares again.
@@ -102,7 +102,7 @@ func (s *session) pinEnds(unpin router.Pin, extended bool) {
 	if unpin == 0 || s.pin.be == nil || s.tx.active || len(s.tx.conns) > 0 {
 		return
 	}
-	be := s.pin.be
+	be, extended := s.pin.be, !s.simple
 	s.x.add(step{kind: stepSynthetic, then: func(x *exchange) {
 		switch {
 		case x.errored || x.failed[be]:

@@ -161,7 +161,7 @@ func (s *session) bindHeld(ctx context.Context, st *clientStmt, v *shardmap.View
 			return v, true
 		}
 		if err := s.holdFrozen(ctx, fm, start, s.flushBatch); err != nil {
-			s.failExtended(err)
+			s.fail(err)
 			return nil, false
 		}
 		if s.skipping {
@@ -172,7 +172,7 @@ func (s *session) bindHeld(ctx context.Context, st *clientStmt, v *shardmap.View
 			err = s.replan(st, v)
 		}
 		if err != nil {
-			s.failExtended(err)
+			s.fail(err)
 			return nil, false
 		}
 	}

@@ -69,6 +69,19 @@ type session struct {
 	// skipping is set after an error in an extended batch: messages are
 	// ignored until Sync, as PostgreSQL does.
 	skipping bool
+	// simple is set while a Query message is served: the one execute path
+	// frames backend work as simple Queries (RowDescription before the
+	// rows, ReadyForQuery at the end) instead of Parse/Bind/Execute.
+	simple bool
+	// simpleRetry allows the current Query's statement to be routed again
+	// after LT001 (simpleQuery).
+	simpleRetry bool
+	// q is the statement of the current Query and its portal, reused from
+	// Query to Query.
+	q struct {
+		stmt   clientStmt
+		portal clientPortal
+	}
 
 	activeMu sync.Mutex
 	active   []*pgshard.Conn // backends running this session's work, for CancelRequest
@@ -104,18 +117,17 @@ type clientStmt struct {
 	epoch uint64
 }
 
-// clientPortal is a bound statement: on a backend, or answered by the proxy.
+// clientPortal is a bound statement: on backends, or answered by the proxy.
 type clientPortal struct {
-	stmt *clientStmt
-	// For statements the proxy answers itself:
-	fnArgs    []*string
-	fnNamed   map[string]*string
+	stmt      *clientStmt
 	resultFmt []int16
-	split     *splitState
-	fan       *fanOut
-	parts     []portalPart
-	ddl       *shardmap.Tree // a DDL plan's tree, found at Bind
-	bind      *pgproto3.Bind // a Single plan's Bind, kept to route it again after LT001
+	// run is what the proxy does itself at Execute, for statements it
+	// answers or runs on several backends its own way.
+	run   func(context.Context)
+	split *splitState
+	fan   *fanOut
+	parts []portalPart
+	bind  *pgproto3.Bind // a Single plan's Bind, kept to route it again after LT001
 }
 
 // splitState accumulates the parts of a statement split across shards: a
@@ -471,11 +483,15 @@ func (s *session) release() {
 // fail reports err (ours, not a backend's) to the client and applies
 // PostgreSQL's rule that an error aborts the transaction it happens in: the
 // backend holding it is made to fail too, so its later statements get 25P02
-// from PostgreSQL itself and COMMIT rolls back.
-func (s *session) fail(err error, extended bool) {
+// from PostgreSQL itself and COMMIT rolls back. In the extended protocol the
+// rest of the batch is skipped up to Sync, as PostgreSQL skips it.
+func (s *session) fail(err error) {
 	s.x.synthetic(sqlstate.As(err).Response())
+	if !s.simple {
+		s.skipping = true
+	}
 	for _, be := range s.backends() {
-		if extended {
+		if !s.simple {
 			be.Send(&pgproto3.Parse{Query: "lattice aborts this transaction"})
 			s.x.add(step{kind: stepAbort, be: be})
 		} else if be.TxStatus != 'I' || s.inTx(be) {
@@ -498,7 +514,8 @@ func (s *session) route(v *shardmap.View, p *router.Plan, bind *pgproto3.Bind, o
 	return r.Targets[0], nil
 }
 
-// routerBind is what the router reads of a Bind; nil in the simple protocol.
+// routerBind is what the router reads of a Bind; nil when there is none (a
+// Query of several statements), which the router reads as no parameters.
 func routerBind(bind *pgproto3.Bind, oids []uint32) *router.Bind {
 	if bind == nil {
 		return nil

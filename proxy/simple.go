@@ -17,6 +17,8 @@ import (
 // simpleQuery serves one Query message. A statement rejected by a shard with
 // LT001 (its slot moved) is routed again on a fresh map, invisibly to the client.
 func (s *session) simpleQuery(ctx context.Context, sql string) error {
+	s.simple = true
+	defer func() { s.simple = false }()
 	for attempt := 0; ; attempt++ {
 		s.x.reset()
 		s.runQuery(ctx, sql, attempt < maxStaleRetries)
@@ -51,7 +53,7 @@ func (s *session) runQuery(ctx context.Context, sql string, allowRetry bool) {
 	plans, v, err := s.planHeld(ctx, sql)
 	if err != nil {
 		s.qkind = kindUnplanned
-		s.fail(err, false)
+		s.fail(err)
 		return
 	}
 	switch len(plans) {
@@ -60,7 +62,8 @@ func (s *session) runQuery(ctx context.Context, sql string, allowRetry bool) {
 		s.x.synthetic(&pgproto3.EmptyQueryResponse{})
 	case 1:
 		s.qkind = plans[0].Kind
-		s.simpleOne(ctx, v, plans[0], allowRetry)
+		s.simpleRetry = allowRetry
+		s.simpleOne(ctx, v, plans[0])
 	default:
 		s.qkind = kindMulti
 		s.simpleMulti(ctx, v, plans)
@@ -81,144 +84,24 @@ func (s *session) abortedTx(p *router.Plan) bool {
 
 var errAbortedTx = sqlstate.New(sqlstate.InFailedSQLTransaction, "current transaction is aborted, commands ignored until end of transaction block")
 
-func (s *session) simpleOne(ctx context.Context, v *shardmap.View, p *router.Plan, allowRetry bool) {
-	if s.abortedTx(p) {
-		s.x.synthetic(errAbortedTx.Response())
-		return
-	}
-	switch p.Kind {
-	case router.Refused:
-		s.fail(p.Err, false)
-	case router.Transaction:
-		s.txControl(ctx, p, false)
-	case router.SessionSet, router.Discard:
-		s.sessionCommand(ctx, p, false)
-	case router.Function:
-		if p.Compose != nil {
-			s.simpleComposed(ctx, p)
-			return
-		}
-		args, named := literalArgs(p.Func)
-		s.callFunction(ctx, p.Func, args, named, nil, true)
-	case router.LocalSet:
-		if s.tx.active {
-			s.localSet(ctx, p, false)
-		} else {
-			s.forwardQuery(ctx, s.catalogTarget(p), p.SQL, false)
-		}
-	case router.Catalog:
-		if isListenPlan(p) {
-			s.listenCommand(ctx, p, false)
-			return
-		}
-		if err := s.catalogGuard(p); err != nil {
-			s.fail(err, false)
-			return
-		}
-		if err := s.pinFor(ctx, p.Pin); err != nil {
-			s.fail(err, false)
-			return
-		}
-		s.forwardQuery(ctx, s.catalogTarget(p), p.SQL, false)
-		s.pinEnds(p.Unpin, false)
-	case router.Single:
-		sh, err := s.route(v, p, nil, nil)
-		if err != nil {
-			s.fail(err, false)
-			return
-		}
-		s.forwardQuery(ctx, sh.Node, sh.SQL, allowRetry && !s.tx.active)
-	case router.InsertSplit:
-		s.simpleInsertSplit(ctx, v, p, allowRetry)
-	case router.WriteAll:
-		s.simpleWriteAll(ctx, v, p)
-	case router.FanOut:
-		if sql, node, ok := wholeOnOneNode(v, p, nil, nil); ok {
-			s.forwardQuery(ctx, node, sql, false)
-			return
-		}
-		s.startFanOut(ctx, v, p, nil, nil)
-	case router.DDL:
-		s.simpleDDL(ctx, v, p)
-	case router.Copy:
-		s.startCopy(ctx, v, p, false)
-	default:
-		s.fail(sqlstate.New(sqlstate.InternalError, "unhandled plan kind %v", p.Kind), false)
+// simpleOne runs the one statement of a Query on the one execute path, with
+// no parameters and text results.
+func (s *session) simpleOne(ctx context.Context, v *shardmap.View, p *router.Plan) {
+	s.q.stmt = clientStmt{sql: p.SQL, plan: p, trees: v.TreesVersion}
+	s.q.portal = clientPortal{stmt: &s.q.stmt, parts: s.q.portal.parts[:0]}
+	if s.execute(ctx, v, &s.q.portal, &noParams) {
+		s.run(ctx, &s.q.portal, 0)
 	}
 }
 
-func (s *session) forwardQuery(ctx context.Context, node, sql string, staleRetry bool) {
+func (s *session) forwardQuery(ctx context.Context, node, sql string) {
 	be, err := s.backend(ctx, node)
 	if err != nil {
-		s.fail(err, false)
+		s.fail(err)
 		return
 	}
 	be.Send(&pgproto3.Query{String: sql})
-	s.x.add(step{kind: stepQuery, be: be, staleRetry: staleRetry})
-}
-
-// simpleInsertSplit runs a multi-row INSERT as one statement per shard,
-// the parts of one node in one multi-statement Query. On one node
-// PostgreSQL's implicit transaction keeps it atomic; over several nodes it
-// runs in the session's transaction, or in an implicit one committed with
-// two-phase commit.
-func (s *session) simpleInsertSplit(ctx context.Context, v *shardmap.View, p *router.Plan, allowRetry bool) {
-	parts, err := s.splitRows(v, p, nil, nil)
-	if err != nil {
-		s.fail(err, false)
-		return
-	}
-	if len(parts) == 1 {
-		s.forwardQuery(ctx, parts[0].Node, parts[0].SQL, allowRetry && !s.tx.active)
-		return
-	}
-	var nodes []string
-	sqls := map[string][]string{}
-	for _, t := range parts {
-		if _, ok := sqls[t.Node]; !ok {
-			nodes = append(nodes, t.Node)
-		}
-		sqls[t.Node] = append(sqls[t.Node], t.SQL)
-	}
-	s.simpleEveryNode(ctx, nodes, sqls)
-}
-
-// simpleWriteAll runs an UPDATE or DELETE without the shard key on every
-// shard of its tree: one multi-statement Query per node.
-func (s *session) simpleWriteAll(ctx context.Context, v *shardmap.View, p *router.Plan) {
-	r, err := router.Resolve(v, p, nil)
-	if err != nil {
-		s.fail(err, false)
-		return
-	}
-	nodes := r.Nodes()
-	parts := make(map[string][]string, len(nodes))
-	for _, t := range r.Targets {
-		parts[t.Node] = append(parts[t.Node], t.SQL)
-	}
-	s.simpleEveryNode(ctx, nodes, parts)
-}
-
-// simpleEveryNode sends each node its statements as one Query, atomically
-// (spanNodes), and reports one command tag with the counts added up.
-func (s *session) simpleEveryNode(ctx context.Context, nodes []string, parts map[string][]string) {
-	s.spanNodes(len(nodes), false)
-	sp := &splitState{}
-	for _, node := range nodes {
-		be, err := s.backend(ctx, node)
-		if err != nil {
-			s.fail(err, false)
-			return
-		}
-		be.Send(&pgproto3.Query{String: strings.Join(parts[node], ";\n")})
-		s.x.add(step{kind: stepQuery, be: be, rowsOnly: true, split: sp})
-	}
-	// The summed tag is known only once the parts ran.
-	s.x.add(step{kind: stepSynthetic, then: func(x *exchange) {
-		if !x.errored {
-			s.send(sp.tag())
-		}
-	}})
+	s.x.add(step{kind: stepQuery, be: be})
 }
 
 // simpleMulti runs a Query holding several statements. It is forwarded as one
@@ -250,12 +133,25 @@ func (s *session) simpleMulti(ctx context.Context, v *shardmap.View, plans []*ro
 			if isListenPlan(p) {
 				e := sqlstate.New(sqlstate.FeatureNotSupported, "%s cannot be combined with other statements in one query string through the Lattice proxy", firstWord(p.SQL))
 				e.Hint = "send it as a query of its own"
-				s.fail(e, false)
+				s.fail(e)
 				return
 			}
-			if err := s.catalogGuard(p); err != nil {
-				s.fail(err, false)
+			err := s.catalogGuard(p)
+			if err == nil {
+				err = s.sharedNames(p)
+			}
+			if err != nil {
+				s.fail(err)
 				return
+			}
+			if s.protocolDealloc(p) {
+				e := sqlstate.New(sqlstate.FeatureNotSupported, "DEALLOCATE of protocol-level prepared statement \"%s\" cannot be combined with other statements in one query string through the Lattice proxy", p.Dealloc)
+				e.Hint = "send it as a query of its own"
+				s.fail(e)
+				return
+			}
+			if p.Unpin&router.PinPrepare != 0 && s.txStatus() != 'E' {
+				s.deallocateAll()
 			}
 			sql = p.SQL
 			if p.Kind == router.Catalog && !p.Anywhere {
@@ -264,24 +160,24 @@ func (s *session) simpleMulti(ctx context.Context, v *shardmap.View, plans []*ro
 		case router.Single:
 			sh, err := s.route(v, p, nil, nil)
 			if err != nil {
-				s.fail(err, false)
+				s.fail(err)
 				return
 			}
 			n, sql = sh.Node, sh.SQL
 		case router.Refused:
-			s.fail(p.Err, false)
+			s.fail(p.Err)
 			return
 		default:
 			e := sqlstate.New(sqlstate.FeatureNotSupported, "%s cannot be combined with other statements in one query string", p.Kind)
 			e.Hint = "send it as a query of its own"
-			s.fail(e, false)
+			s.fail(e)
 			return
 		}
 		if n != "" {
 			if node != "" && node != n {
 				e := sqlstate.New(sqlstate.FeatureNotSupported, "the statements of this query string need more than one node")
 				e.Hint = "send them as separate queries"
-				s.fail(e, false)
+				s.fail(e)
 				return
 			}
 			node = n
@@ -294,7 +190,7 @@ func (s *session) simpleMulti(ctx context.Context, v *shardmap.View, plans []*ro
 	if len(txStmts) > 0 && (len(s.tx.conns) > 1 || len(s.tx.conns) == 1 && s.tx.conns[0].Node != node) {
 		e := sqlstate.New(sqlstate.FeatureNotSupported, "%s inside a multi-statement query is not supported in a transaction that spans several nodes", firstWord(txStmts[0].SQL))
 		e.Hint = "send COMMIT, ROLLBACK, savepoint and SET LOCAL commands as queries of their own"
-		s.fail(e, false)
+		s.fail(e)
 		return
 	}
 	if s.tx.active {
@@ -305,15 +201,15 @@ func (s *session) simpleMulti(ctx context.Context, v *shardmap.View, plans []*ro
 		}
 	}
 	if err := s.multiSets(sets, txStmts); err != nil {
-		s.fail(err, false)
+		s.fail(err)
 		return
 	}
 	if err := s.pinFor(ctx, pin); err != nil {
-		s.fail(err, false)
+		s.fail(err)
 		return
 	}
-	s.forwardQuery(ctx, node, strings.Join(parts, ";\n"), false)
-	s.pinEnds(unpin&^pin, false)
+	s.forwardQuery(ctx, node, strings.Join(parts, ";\n"))
+	s.pinEnds(unpin &^ pin)
 	s.recordSets(ctx, node, sets)
 }
 
@@ -321,21 +217,18 @@ func (s *session) simpleMulti(ctx context.Context, v *shardmap.View, plans []*ro
 // transaction on every node it holds, and keeps it to replay on the nodes
 // it touches later. With no node yet, the catalog node joins so that
 // PostgreSQL validates the statement.
-func (s *session) localSet(ctx context.Context, p *router.Plan, extended bool) {
+func (s *session) localSet(ctx context.Context, p *router.Plan) {
 	conns := s.tx.conns
 	if len(conns) == 0 {
 		be, err := s.backend(ctx, s.srv.catalogNode)
 		if err != nil {
-			s.fail(err, extended)
-			if extended {
-				s.skipping = true
-			}
+			s.fail(err)
 			return
 		}
 		conns = []*pgshard.Conn{be}
 	}
 	for i, be := range conns {
-		s.forwardTx(be, p.SQL, extended, i > 0)
+		s.forwardTx(be, p.SQL, i > 0)
 	}
 	s.tx.local = append(s.tx.local, p.SQL)
 }
@@ -355,9 +248,9 @@ func (s *session) catalogGuard(p *router.Plan) error {
 // txControl serves BEGIN, COMMIT, ROLLBACK and savepoints. BEGIN takes no
 // backend: each node the transaction touches gets BEGIN replayed before its
 // first statement. COMMIT over several nodes is a two-phase commit.
-func (s *session) txControl(ctx context.Context, p *router.Plan, extended bool) {
+func (s *session) txControl(ctx context.Context, p *router.Plan) {
 	if p.Chain {
-		s.txChain(ctx, p, extended)
+		s.txChain(ctx, p)
 		return
 	}
 	if p.Tx == router.Begin && s.tx.implicit {
@@ -368,7 +261,7 @@ func (s *session) txControl(ctx context.Context, p *router.Plan, extended bool) 
 		return
 	}
 	if len(s.tx.conns) > 0 && p.Tx != router.Begin {
-		s.txOnBackends(ctx, p, extended)
+		s.txOnBackends(ctx, p)
 		return
 	}
 	switch p.Tx {
@@ -401,7 +294,7 @@ func (s *session) txControl(ctx context.Context, p *router.Plan, extended bool) 
 		s.x.synthetic(commandComplete(tag))
 	case router.Savepoint, router.Release, router.RollbackTo:
 		if !s.tx.active {
-			s.fail(sqlstate.New(sqlstate.NoActiveSQLTransaction, "%s can only be used in transaction blocks", strings.ToUpper(firstWord(p.SQL))), extended)
+			s.fail(sqlstate.New(sqlstate.NoActiveSQLTransaction, "%s can only be used in transaction blocks", strings.ToUpper(firstWord(p.SQL))))
 			return
 		}
 		if p.Tx == router.RollbackTo && s.tx.failed {
@@ -410,7 +303,7 @@ func (s *session) txControl(ctx context.Context, p *router.Plan, extended bool) 
 		s.tx.deferred = append(s.tx.deferred, p.SQL)
 		s.x.synthetic(commandComplete(savepointTag(p.Tx)))
 	default:
-		s.fail(sqlstate.New(sqlstate.FeatureNotSupported, "%s is not supported through the Lattice proxy", firstWord(p.SQL)), extended)
+		s.fail(sqlstate.New(sqlstate.FeatureNotSupported, "%s is not supported through the Lattice proxy", firstWord(p.SQL)))
 	}
 }
 
@@ -463,64 +356,16 @@ func (s *session) undoTxSets(conns []*pgshard.Conn) {
 // forwardTx sends a transaction statement to be, which holds (part of) the
 // transaction; the status in its ReadyForQuery tells finish whether the
 // transaction ended. hide keeps its responses from the client.
-func (s *session) forwardTx(be *pgshard.Conn, sql string, extended, hide bool) {
+func (s *session) forwardTx(be *pgshard.Conn, sql string, hide bool) {
 	if hide {
-		s.hiddenSQL(be, sql, extended)
+		s.hiddenSQL(be, sql)
 		return
 	}
-	if !extended {
+	if s.simple {
 		be.Send(&pgproto3.Query{String: sql})
 		s.x.add(step{kind: stepQuery, be: be})
 		return
 	}
-	s.forwardExtendedSQL(be, sql)
-}
-
-// sessionCommand serves SET, RESET and DISCARD ALL. SET runs on a backend so
-// that PostgreSQL validates it, then becomes part of the session's settings
-// replayed on every backend the session uses.
-func (s *session) sessionCommand(ctx context.Context, p *router.Plan, extended bool) {
-	if p.Kind == router.Discard {
-		if s.tx.active {
-			s.fail(sqlstate.New(sqlstate.ActiveSQLTransaction, "DISCARD ALL cannot run inside a transaction block"), extended)
-			return
-		}
-		s.settings.reset()
-		s.discardPin()
-		s.stmts = map[string]*clientStmt{}
-		s.portals = map[string]*clientPortal{}
-		// DISCARD ALL includes UNLISTEN *.
-		s.x.add(step{kind: stepSynthetic, then: func(*exchange) { s.dropListener() }})
-		s.x.synthetic(commandComplete("DISCARD ALL"))
-		return
-	}
-	node := s.srv.catalogNode
-	if len(s.tx.conns) > 0 {
-		node = s.tx.conns[0].Node
-	}
-	be, err := s.backend(ctx, node)
-	if err != nil {
-		s.fail(err, extended)
-		return
-	}
-	if extended {
-		s.forwardExtendedSQL(be, p.SQL)
-	} else {
-		be.Send(&pgproto3.Query{String: p.SQL})
-		s.x.add(step{kind: stepQuery, be: be})
-	}
-	// Recorded only once PostgreSQL accepted it.
-	s.x.add(step{kind: stepSynthetic, then: func(x *exchange) {
-		if !x.failed[be] {
-			s.recordSet(be, p.SQL, s.tx.active)
-		}
-	}})
-}
-
-// forwardExtendedSQL runs a parameterless statement on be with the extended
-// protocol inside an extended batch. The client's Bind was answered when it
-// arrived, so the backend's BindComplete stays in the proxy.
-func (s *session) forwardExtendedSQL(be *pgshard.Conn, sql string) {
 	be.Send(&pgproto3.Parse{Query: sql})
 	be.Send(&pgproto3.Bind{})
 	be.Send(&pgproto3.Execute{})
@@ -530,19 +375,42 @@ func (s *session) forwardExtendedSQL(be *pgshard.Conn, sql string) {
 	s.x.add(step{kind: stepExecute, be: be})
 }
 
-func literalArgs(f *router.FuncCall) ([]*string, map[string]*string) {
-	args := make([]*string, len(f.Args))
-	for i, a := range f.Args {
-		args[i] = literalPtr(a)
+// discardAll serves DISCARD ALL: the session's settings, pin, statements,
+// portals and LISTENs end.
+func (s *session) discardAll() {
+	if s.tx.active {
+		s.fail(sqlstate.New(sqlstate.ActiveSQLTransaction, "DISCARD ALL cannot run inside a transaction block"))
+		return
 	}
-	var named map[string]*string
-	if len(f.Named) > 0 {
-		named = make(map[string]*string, len(f.Named))
-		for k, a := range f.Named {
-			named[k] = literalPtr(a)
+	s.settings.reset()
+	s.discardPin()
+	s.stmts = map[string]*clientStmt{}
+	s.portals = map[string]*clientPortal{}
+	// DISCARD ALL includes UNLISTEN *.
+	s.x.add(step{kind: stepSynthetic, then: func(*exchange) { s.dropListener() }})
+	s.x.synthetic(commandComplete("DISCARD ALL"))
+}
+
+// sessionSet serves SET and RESET. It runs on a backend so that PostgreSQL
+// validates it, then becomes part of the session's settings replayed on
+// every backend the session uses.
+func (s *session) sessionSet(ctx context.Context, p *router.Plan) {
+	node := s.srv.catalogNode
+	if len(s.tx.conns) > 0 {
+		node = s.tx.conns[0].Node
+	}
+	be, err := s.backend(ctx, node)
+	if err != nil {
+		s.fail(err)
+		return
+	}
+	s.forwardTx(be, p.SQL, false)
+	// Recorded only once PostgreSQL accepted it.
+	s.x.add(step{kind: stepSynthetic, then: func(x *exchange) {
+		if !x.failed[be] {
+			s.recordSet(be, p.SQL, s.tx.active)
 		}
-	}
-	return args, named
+	}})
 }
 
 func literalPtr(v router.Value) *string {
@@ -553,11 +421,11 @@ func literalPtr(v router.Value) *string {
 	return &t
 }
 
-// callFunction runs a lattice_* function and queues its result. With
-// withDesc the RowDescription is sent first (simple protocol).
-func (s *session) callFunction(ctx context.Context, f *router.FuncCall, args []*string, named map[string]*string, resultFmt []int16, withDesc bool) {
+// callFunction runs a lattice_* function and queues its result; in the
+// simple protocol its RowDescription comes first.
+func (s *session) callFunction(ctx context.Context, f *router.FuncCall, args []*string, named map[string]*string, resultFmt []int16) {
 	if s.srv.functions == nil {
-		s.fail(sqlstate.New(sqlstate.UndefinedFunction, "function %s does not exist", f.Name), !withDesc)
+		s.fail(sqlstate.New(sqlstate.UndefinedFunction, "function %s does not exist", f.Name))
 		return
 	}
 	fields, err := s.srv.functions.Describe(f.Name)
@@ -565,22 +433,22 @@ func (s *session) callFunction(ctx context.Context, f *router.FuncCall, args []*
 		err = s.functionGuard(f.Name)
 	}
 	if err != nil {
-		s.fail(err, !withDesc)
+		s.fail(err)
 		return
 	}
 	rows, err := s.srv.functions.Call(ctx, s.tenant, f.Name, args, named)
 	if err != nil {
-		s.fail(err, !withDesc)
+		s.fail(err)
 		return
 	}
 	fields = resultFields(fields, resultFmt)
 	enc, err := encodeRows(fields, rows)
 	if err != nil {
-		s.fail(sqlstate.New(sqlstate.InternalError, "%v", err), !withDesc)
+		s.fail(sqlstate.New(sqlstate.InternalError, "%v", err))
 		return
 	}
 	var msgs []pgproto3.BackendMessage
-	if withDesc {
+	if s.simple {
 		msgs = append(msgs, &pgproto3.RowDescription{Fields: fields})
 	}
 	for _, r := range enc {

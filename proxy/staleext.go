@@ -37,10 +37,10 @@ func copyBind(m *pgproto3.Bind) *pgproto3.Bind {
 
 // retryable reports whether the Execute of portal about to be queued may be
 // routed again after LT001.
-func (s *session) retryable(portal *clientPortal, m *pgproto3.Execute) bool {
+func (s *session) retryable(portal *clientPortal, maxRows uint32) bool {
 	p := portal.stmt.plan
 	if p == nil || p.Kind != router.Single || portal.bind == nil || len(portal.parts) != 1 ||
-		portal.split != nil || portal.fan != nil || m.MaxRows != 0 || s.tx.active ||
+		portal.split != nil || portal.fan != nil || maxRows != 0 || s.tx.active ||
 		s.extRetry != nil || len(s.x.sentSinceSync) > 0 {
 		return false
 	}
@@ -92,7 +92,7 @@ func (s *session) rebindStale(ctx context.Context, r *extRetry) *pgshard.Conn {
 		err = s.replan(r.stmt, v)
 	}
 	if err != nil {
-		s.fail(err, true)
+		s.fail(err)
 		return nil
 	}
 	var ok bool
@@ -101,12 +101,12 @@ func (s *session) rebindStale(ctx context.Context, r *extRetry) *pgshard.Conn {
 	}
 	p := r.stmt.plan
 	if p.Kind != router.Single {
-		s.fail(sqlstate.New(sqlstate.InternalError, "a statement routed again after its slot moved changed its plan"), true)
+		s.fail(sqlstate.New(sqlstate.InternalError, "a statement routed again after its slot moved changed its plan"))
 		return nil
 	}
 	sh, err := s.route(v, p, r.bind, r.stmt.oids)
 	if err != nil {
-		s.fail(err, true)
+		s.fail(err)
 		return nil
 	}
 	part := &clientPortal{stmt: r.stmt}

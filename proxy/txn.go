@@ -22,7 +22,7 @@ import (
 // without the shard key, a multi-row INSERT whose rows span nodes, and
 // likewise COPY or DDL split by shard) use this API:
 //
-//   - spanNodes(n, extended) before taking backends for a statement over n
+//   - spanNodes(n) before taking backends for a statement over n
 //     nodes: outside a transaction block and with n > 1 it starts an
 //     implicit transaction, so that the statement is atomic.
 //   - backend(ctx, node) then returns the node's participant, joining the
@@ -38,7 +38,7 @@ import (
 
 // spanNodes starts an implicit transaction for a statement over n nodes
 // when no transaction is open.
-func (s *session) spanNodes(n int, extended bool) {
+func (s *session) spanNodes(n int) {
 	if n < 2 || s.tx.active {
 		return
 	}
@@ -48,7 +48,7 @@ func (s *session) spanNodes(n int, extended bool) {
 	// implicit transaction: BEGIN turns it into a block that keeps what
 	// they ran, so it commits or rolls back with the rest.
 	for _, be := range s.used {
-		s.hiddenSQL(be, "BEGIN", extended)
+		s.hiddenSQL(be, "BEGIN")
 		s.tx.conns = append(s.tx.conns, be)
 	}
 	s.used = s.used[:0]
@@ -70,21 +70,21 @@ func (s *session) endImplicit(ctx context.Context, ok bool) *sqlstate.Error {
 
 // txOnBackends serves COMMIT, ROLLBACK and savepoints once backends hold
 // the transaction.
-func (s *session) txOnBackends(ctx context.Context, p *router.Plan, extended bool) {
+func (s *session) txOnBackends(ctx context.Context, p *router.Plan) {
 	conns := s.tx.conns
 	switch p.Tx {
 	case router.Commit:
 		s.tx.implicit = false
 		if len(conns) == 1 && !s.tx.failed {
-			s.forwardTx(conns[0], p.SQL, extended, false)
+			s.forwardTx(conns[0], p.SQL, false)
 			s.afterTxEnd(conns[0])
 			s.leaveTx()
 			return
 		}
-		s.commitMulti(ctx, extended)
+		s.commitMulti(ctx)
 	case router.Rollback:
 		for i, be := range conns {
-			s.forwardTx(be, "ROLLBACK", extended, i > 0)
+			s.forwardTx(be, "ROLLBACK", i > 0)
 		}
 		s.undoTxSets(conns)
 		s.leaveTx()
@@ -92,13 +92,10 @@ func (s *session) txOnBackends(ctx context.Context, p *router.Plan, extended boo
 		if len(conns) > 1 {
 			e := sqlstate.New(sqlstate.FeatureNotSupported, "%s is not supported in a transaction that spans several nodes (%s)", firstWord(p.SQL), nodeList(conns))
 			e.Hint = "use savepoints in transactions that stay on one node, or roll back the whole transaction"
-			s.fail(e, extended)
-			if extended {
-				s.skipping = true
-			}
+			s.fail(e)
 			return
 		}
-		s.forwardTx(conns[0], p.SQL, extended, false)
+		s.forwardTx(conns[0], p.SQL, false)
 	}
 }
 
@@ -127,10 +124,10 @@ func nodeList(conns []*pgshard.Conn) string {
 // commitMulti serves COMMIT of a transaction over several nodes (or one
 // that lost a participant). It first plays what the batch queued so far,
 // so that it talks to idle backends.
-func (s *session) commitMulti(ctx context.Context, extended bool) {
-	if !s.settle(extended) {
+func (s *session) commitMulti(ctx context.Context) {
+	if !s.settle() {
 		// An error earlier in the batch: PostgreSQL skips COMMIT until Sync.
-		s.skipping = extended
+		s.skipping = !s.simple
 		return
 	}
 	if s.txStatus() == 'E' {
@@ -142,7 +139,7 @@ func (s *session) commitMulti(ctx context.Context, extended bool) {
 	if err := s.commitConns(ctx); err != nil {
 		s.undoTxSets(conns)
 		s.x.synthetic(sqlstate.As(err).Response())
-		s.skipping = extended
+		s.skipping = !s.simple
 		return
 	}
 	s.tx.setInTx, s.tx.setsBefore = false, nil
@@ -152,8 +149,8 @@ func (s *session) commitMulti(ctx context.Context, extended bool) {
 // settle plays the steps queued so far (with a Sync for every backend of an
 // extended batch), leaving each backend idle. It reports false when an error
 // reached the client or the client is gone.
-func (s *session) settle(extended bool) bool {
-	if extended {
+func (s *session) settle() bool {
+	if !s.simple {
 		for _, be := range s.backends() {
 			if s.inBatch(be) {
 				be.Send(&pgproto3.Sync{})
@@ -216,8 +213,8 @@ func (s *session) releaseTx() {
 
 // hiddenSQL queues a parameterless statement on be whose responses other
 // than errors stay in the proxy.
-func (s *session) hiddenSQL(be *pgshard.Conn, sql string, extended bool) {
-	if !extended {
+func (s *session) hiddenSQL(be *pgshard.Conn, sql string) {
+	if s.simple {
 		be.Send(&pgproto3.Query{String: sql})
 		s.x.add(step{kind: stepHiddenQuery, be: be})
 		return

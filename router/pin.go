@@ -135,6 +135,17 @@ func localSetConfig(f *pg.FuncCall) bool {
 // one a session keeps. The same state left on a shard's backend would stay
 // behind in the pool, so such a statement is refused.
 func applyPins(pl *Plan, n *pg.Node) {
+	if pl.Kind == Catalog {
+		// PREPARE and DEALLOCATE name statements the client may also have
+		// prepared with the protocol, which the proxy keeps (one namespace
+		// per session, as in PostgreSQL).
+		switch s := n.Node.(type) {
+		case *pg.Node_PrepareStmt:
+			pl.Prepare = s.PrepareStmt.Name
+		case *pg.Node_DeallocateStmt:
+			pl.Dealloc, pl.Anywhere = s.DeallocateStmt.Name, false
+		}
+	}
 	pin, unpin := pins(n)
 	if pin == 0 && unpin == 0 {
 		return

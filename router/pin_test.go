@@ -7,9 +7,10 @@ import (
 
 func TestPins(t *testing.T) {
 	cases := []struct {
-		sql        string
-		kind       Kind
-		pin, unpin Pin
+		sql              string
+		kind             Kind
+		pin, unpin       Pin
+		prepare, dealloc string
 	}{
 		{sql: `CREATE TEMP TABLE foo (a int)`, pin: PinTempTable},
 		{sql: `CREATE TEMPORARY TABLE foo (a int) ON COMMIT DELETE ROWS`, pin: PinTempTable},
@@ -39,10 +40,11 @@ func TestPins(t *testing.T) {
 		{sql: `SELECT pg_advisory_unlock_all(), pg_advisory_lock(1)`, pin: PinAdvisoryLock},
 		{sql: `EXPLAIN ANALYZE SELECT pg_advisory_lock(1)`, pin: PinAdvisoryLock},
 
-		{sql: `PREPARE q AS SELECT 1`, pin: PinPrepare},
-		{sql: `PREPARE q (int) AS SELECT $1`, pin: PinPrepare},
+		{sql: `PREPARE q AS SELECT 1`, pin: PinPrepare, prepare: "q"},
+		{sql: `PREPARE "Q" (int) AS SELECT $1`, pin: PinPrepare, prepare: "Q"},
 		{sql: `EXECUTE q`},
-		{sql: `DEALLOCATE q`},
+		{sql: `DEALLOCATE q`, dealloc: "q"},
+		{sql: `DEALLOCATE PREPARE "Q"`, dealloc: "Q"},
 		{sql: `DEALLOCATE ALL`, unpin: PinPrepare},
 		{sql: `DEALLOCATE PREPARE ALL`, unpin: PinPrepare},
 
@@ -72,6 +74,9 @@ func TestPins(t *testing.T) {
 		p := planOne(t, c.sql)
 		if p.Kind != c.kind || p.Pin != c.pin || p.Unpin != c.unpin {
 			t.Errorf("%s: %v pin=%v unpin=%v, want %v pin=%v unpin=%v", c.sql, p.Kind, p.Pin, p.Unpin, c.kind, c.pin, c.unpin)
+		}
+		if p.Prepare != c.prepare || p.Dealloc != c.dealloc || c.dealloc != "" && p.Anywhere {
+			t.Errorf("%s: prepare %q dealloc %q anywhere %v, want %q and %q on the catalog node", c.sql, p.Prepare, p.Dealloc, p.Anywhere, c.prepare, c.dealloc)
 		}
 		if p.Pin|p.Unpin != 0 && p.Anywhere {
 			t.Errorf("%s: a statement on session state must reach the catalog node, not follow a transaction elsewhere", c.sql)

@@ -192,6 +192,8 @@ type Plan struct {
 	Notify    bool                 // Catalog: sends a notification (NOTIFY, pg_notify)
 	Pin       Pin                  // Catalog: session state the statement leaves on its backend (pin.go)
 	Unpin     Pin                  // Catalog: session state the statement ends
+	Prepare   string               // Catalog: the statement SQL PREPARE creates, in the namespace it shares with protocol statements
+	Dealloc   string               // Catalog: the statement DEALLOCATE name drops ("" for DEALLOCATE ALL, whose Unpin has PinPrepare)
 	Tag       string               // command tag for statements the proxy answers itself ("BEGIN", "SET", "SELECT" for Function: append the row count)
 	Sort      []btreeindex.SortKey // FanOut: ORDER BY keys, in order
 	Hidden    int                  // FanOut: trailing result columns the proxy added for sort keys; the proxy drops them before rows reach the client

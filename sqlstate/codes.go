@@ -83,8 +83,8 @@ const (
 	NoActiveSQLTransaction = "25P01"
 	// InFailedSQLTransaction: a statement in a transaction already aborted.
 	InFailedSQLTransaction = "25P02"
-	// InvalidSQLStatementName: a Bind or Describe of a prepared statement
-	// the session does not have.
+	// InvalidSQLStatementName: a Bind, Describe or DEALLOCATE of a prepared
+	// statement the session does not have.
 	InvalidSQLStatementName = "26000"
 )
 
@@ -157,7 +157,8 @@ const (
 	DuplicateDatabase = "42P04"
 	// DuplicateCursor: a Bind to a named portal that exists.
 	DuplicateCursor = "42P03"
-	// DuplicatePreparedStatement: a Parse of a named statement that exists.
+	// DuplicatePreparedStatement: a Parse or SQL PREPARE of a named
+	// statement that exists.
 	DuplicatePreparedStatement = "42P05"
 	// DuplicateTable: lattice_create_tree of a table that already is a tree.
 	DuplicateTable = "42P07"

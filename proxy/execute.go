@@ -1,0 +1,302 @@
+package proxy
+
+import (
+	"context"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgproto3"
+
+	"github.com/lattice-db/lattice/pgshard"
+	"github.com/lattice-db/lattice/router"
+	"github.com/lattice-db/lattice/shardmap"
+	"github.com/lattice-db/lattice/sqlstate"
+)
+
+// The one execution path.
+//
+// Every statement runs as a plan and a Bind. In the extended protocol the
+// Bind is the client's; a statement of a simple Query gets an empty one (its
+// literals stay in the SQL) with text results, and the Query ends as if a
+// Sync followed. execute chooses, once per plan kind, how the statement runs:
+// bound on the backends router.Resolve names (portal.parts), merged from
+// several (portal.fan), or done by the proxy itself at Execute (portal.run).
+// run then executes the portal. The protocols differ only in how backend
+// work is framed (session.simple): the simple protocol sends each backend
+// its statements as one Query at run, whose RowDescription comes before the
+// rows and whose ReadyForQuery ends it; the extended protocol sends Parse
+// and Bind at execute and Execute at run, answers Describe separately, and
+// ends nothing before Sync.
+
+// noParams is the Bind of a simple-protocol statement. It is only read.
+var noParams pgproto3.Bind
+
+// execute binds portal's statement with the client's Bind m. It reports
+// false when the statement failed; the error is queued.
+func (s *session) execute(ctx context.Context, v *shardmap.View, portal *clientPortal, m *pgproto3.Bind) bool {
+	st := portal.stmt
+	p := st.plan
+	if p == nil {
+		s.bindComplete()
+		return true
+	}
+	if s.abortedTx(p) {
+		s.fail(errAbortedTx)
+		return false
+	}
+	switch p.Kind {
+	case router.Refused:
+		s.fail(p.Err)
+		return false
+	case router.Transaction:
+		portal.run = func(ctx context.Context) { s.txControl(ctx, p) }
+	case router.SessionSet:
+		portal.run = func(ctx context.Context) { s.sessionSet(ctx, p) }
+	case router.Discard:
+		portal.run = func(context.Context) { s.discardAll() }
+	case router.LocalSet:
+		if s.tx.active {
+			// Runs on every node of the transaction.
+			portal.run = func(ctx context.Context) { s.localSet(ctx, p) }
+			break
+		}
+		return s.bindOn(ctx, portal, s.catalogTarget(p), p.SQL, m, m.DestinationPortal, false)
+	case router.Catalog:
+		if isListenPlan(p) {
+			// Runs on the session's listen backend.
+			portal.run = func(ctx context.Context) { s.listenCommand(ctx, p) }
+			break
+		}
+		if err := s.sharedNames(p); err != nil {
+			s.fail(err)
+			return false
+		}
+		if s.protocolDealloc(p) {
+			// Only the proxy holds a statement the client prepared with
+			// the protocol.
+			portal.run = func(context.Context) { s.deallocate(p.Dealloc) }
+			break
+		}
+		if err := s.catalogGuard(p); err != nil {
+			s.fail(err)
+			return false
+		}
+		if err := s.pinFor(ctx, p.Pin); err != nil {
+			s.fail(err)
+			return false
+		}
+		if !s.bindOn(ctx, portal, s.catalogTarget(p), p.SQL, m, m.DestinationPortal, false) {
+			return false
+		}
+		if p.Unpin&router.PinPrepare != 0 && s.txStatus() != 'E' {
+			// DEALLOCATE ALL: the SQL-level statements go on the backend.
+			portal.run = func(context.Context) {
+				s.deallocateAll()
+				s.runParts(portal, 0)
+			}
+		}
+		return true
+	case router.Single:
+		sh, err := s.route(v, p, m, st.oids)
+		if err != nil {
+			s.fail(err)
+			return false
+		}
+		if !s.bindOn(ctx, portal, sh.Node, sh.SQL, m, m.DestinationPortal, false) {
+			return false
+		}
+		if !s.simple && !s.tx.active {
+			portal.bind = copyBind(m)
+		}
+		return true
+	case router.InsertSplit:
+		return s.bindSplit(ctx, v, portal, m)
+	case router.WriteAll:
+		return s.bindWriteAll(ctx, v, portal, m)
+	case router.FanOut:
+		if sql, node, ok := wholeOnOneNode(v, p, m, st.oids); ok {
+			return s.bindOn(ctx, portal, node, sql, m, m.DestinationPortal, false)
+		}
+		portal.fan = s.startFanOut(ctx, v, p, m, portal)
+		return portal.fan != nil
+	case router.DDL:
+		return s.bindDDL(ctx, v, portal, m)
+	case router.Copy:
+		portal.run = func(ctx context.Context) { s.runCopy(ctx, portal, v) }
+	case router.Function:
+		if p.Compose != nil {
+			return s.bindComposed(ctx, portal, m)
+		}
+		args, named, err := s.funcArgs(p.Func, m, st.oids)
+		if err != nil {
+			s.fail(err)
+			return false
+		}
+		portal.run = func(ctx context.Context) { s.callFunction(ctx, p.Func, args, named, portal.resultFmt) }
+	default:
+		s.fail(sqlstate.New(sqlstate.InternalError, "unhandled plan kind %v", p.Kind))
+		return false
+	}
+	s.bindComplete()
+	return true
+}
+
+// bindComplete answers a Bind the proxy handles itself; a simple Query has
+// no Bind to answer.
+func (s *session) bindComplete() {
+	if !s.simple {
+		s.x.synthetic(&pgproto3.BindComplete{})
+	}
+}
+
+// bindOn binds sql on node's backend for portal under portalName. In the
+// extended protocol the statement is prepared there (once per backend) and
+// the client's parameters bound to it; hide keeps BindComplete from the
+// client (the extra parts of a split INSERT). In the simple protocol
+// nothing is sent yet: run sends sql as a Query.
+func (s *session) bindOn(ctx context.Context, portal *clientPortal, node, sql string, m *pgproto3.Bind, portalName string, hide bool) bool {
+	be, err := s.backend(ctx, node)
+	if err != nil {
+		s.fail(err)
+		return false
+	}
+	if s.simple {
+		portal.parts = append(portal.parts, portalPart{be: be, sql: sql})
+		return true
+	}
+	name := s.prepareOn(be, sql, portal.stmt.oids, portal.stmt.epoch)
+	if portalName != "" && be.PortalOpen(portalName) {
+		// A portal of an earlier statement of this transaction (a part of
+		// a fan-out, or one the client closed) still holds the name.
+		be.Send(&pgproto3.Close{ObjectType: 'P', Name: portalName})
+		s.x.add(step{kind: stepClose, be: be, hide: true})
+	}
+	b := *m
+	b.DestinationPortal = portalName
+	b.PreparedStatement = name
+	be.Send(&b)
+	s.x.add(step{kind: stepBind, be: be, hide: hide})
+	portal.parts = append(portal.parts, portalPart{be: be, name: portalName})
+	return true
+}
+
+// run executes a bound portal. maxRows is the Execute's row limit (0 for
+// none; always 0 in the simple protocol).
+func (s *session) run(ctx context.Context, portal *clientPortal, maxRows uint32) {
+	switch {
+	case portal.run != nil:
+		portal.run(ctx)
+	case portal.fan != nil:
+		s.runFanOut(portal, maxRows)
+	case len(portal.parts) > 0:
+		s.runParts(portal, maxRows)
+	default:
+		s.x.synthetic(&pgproto3.EmptyQueryResponse{})
+	}
+}
+
+// runFanOut executes every part of a fan-out; the merge reads them when the
+// exchange plays.
+func (s *session) runFanOut(portal *clientPortal, maxRows uint32) {
+	f := portal.fan
+	if s.simple {
+		for _, part := range portal.parts {
+			part.be.Send(&pgproto3.Query{String: part.sql})
+		}
+		s.x.add(step{kind: stepFanOut, fan: f})
+		return
+	}
+	if maxRows > 0 {
+		s.fail(sqlstate.New(sqlstate.FeatureNotSupported, "fetching a SELECT over several shards in batches (Execute with a row limit) is not supported"))
+		return
+	}
+	if (len(f.plan.Sort) > 0 || f.agg != nil) && f.fields == nil {
+		// The merge needs the column types: describe the first part for
+		// the proxy alone.
+		part := portal.parts[0]
+		part.be.Send(&pgproto3.Describe{ObjectType: 'P', Name: part.name})
+		s.x.add(step{kind: stepDescribePortal, be: part.be, hide: true, capture: f})
+	}
+	for _, part := range portal.parts {
+		part.be.Send(&pgproto3.Execute{Portal: part.name})
+	}
+	s.x.add(step{kind: stepFanOut, fan: f})
+}
+
+// runParts executes a statement bound on one or more backends. The parts
+// of a split statement report their rows only; one tag with the counts
+// added up follows them.
+func (s *session) runParts(portal *clientPortal, maxRows uint32) {
+	sp := portal.split
+	if sp != nil {
+		sp.count, sp.rowDescSent = 0, false
+	}
+	if s.simple {
+		s.queryParts(portal)
+	} else {
+		retry := s.retryable(portal, maxRows)
+		if retry {
+			s.extRetry = &extRetry{stmt: portal.stmt, bind: portal.bind, step: len(s.x.steps)}
+		}
+		for _, part := range portal.parts {
+			part.be.Send(&pgproto3.Execute{Portal: part.name, MaxRows: maxRows})
+			st := step{kind: stepExecute, be: part.be, staleRetry: retry}
+			if sp != nil {
+				st.rowsOnly, st.split = true, sp
+			}
+			s.x.add(st)
+		}
+	}
+	if sp != nil {
+		s.x.add(step{kind: stepSynthetic, then: func(x *exchange) {
+			if !x.errored {
+				s.send(sp.tag())
+			}
+		}})
+	}
+	s.pinEnds(portal.stmt.plan.Unpin)
+}
+
+// queryParts sends each backend of a simple-protocol statement its parts as
+// one Query, in order of their first part: on one node PostgreSQL's
+// implicit transaction keeps them atomic, over several the session's
+// transaction (spanNodes) does. A statement on one shard outside a
+// transaction is routed again after LT001 (simpleQuery).
+func (s *session) queryParts(portal *clientPortal) {
+	parts, sp := portal.parts, portal.split
+	if len(parts) == 1 {
+		k := portal.stmt.plan.Kind
+		retry := s.simpleRetry && !s.tx.active && sp == nil && (k == router.Single || k == router.InsertSplit)
+		parts[0].be.Send(&pgproto3.Query{String: parts[0].sql})
+		s.x.add(step{kind: stepQuery, be: parts[0].be, staleRetry: retry, rowsOnly: sp != nil, split: sp})
+		return
+	}
+	var order []*pgshard.Conn
+	sqls := map[*pgshard.Conn][]string{}
+	for _, part := range parts {
+		if _, ok := sqls[part.be]; !ok {
+			order = append(order, part.be)
+		}
+		sqls[part.be] = append(sqls[part.be], part.sql)
+	}
+	for _, be := range order {
+		be.Send(&pgproto3.Query{String: strings.Join(sqls[be], ";\n")})
+		s.x.add(step{kind: stepQuery, be: be, rowsOnly: sp != nil, split: sp})
+	}
+}
+
+// runCopy starts the COPY of portal. A portal of the extended protocol may
+// run in a later batch than its Bind: it is held again on a current map.
+func (s *session) runCopy(ctx context.Context, portal *clientPortal, v *shardmap.View) {
+	if !s.simple {
+		var err error
+		if v, err = s.view(ctx); err != nil {
+			s.fail(err)
+			return
+		}
+		var ok bool
+		if v, ok = s.bindHeld(ctx, portal.stmt, v, nil); !ok {
+			return
+		}
+	}
+	s.startCopy(ctx, v, portal.stmt.plan)
+}
