@@ -162,6 +162,9 @@ func unflipped(migs []*shardmap.Migration, kind shardmap.MigrationKind) int {
 }
 
 func (c *Coordinator) tick(ctx context.Context, r *shardmap.Reshard) error {
+	if r.Kind != shardmap.IntentReshard {
+		return c.tickRebalance(ctx, r)
+	}
 	t, err := c.store.Tree(ctx, r.Tenant, r.Tree)
 	if err != nil {
 		return err
@@ -405,6 +408,9 @@ func (c *Coordinator) Reshard(ctx context.Context, tenant, tree string, n int) (
 	case n > limit:
 		return reject(sqlstate.InvalidParameterValue, ReasonMax, "shard count %d is out of range: tree %s allows at most %d (the smaller of 4096 and its %d slots)", n, tree, limit, t.SlotCount)
 	}
+	if running && cur.Kind != shardmap.IntentReshard {
+		return reject(sqlstate.ObjectNotInPrerequisiteState, ReasonRebalanceInFlight, "%s; reshard it afterwards", intentRunning(cur))
+	}
 	if running {
 		if cur.Target == n {
 			return fmt.Sprintf("reshard of %s to %d shards is already running", tree, n), nil
@@ -435,6 +441,9 @@ func (c *Coordinator) Reshard(ctx context.Context, tenant, tree string, n int) (
 	if err != nil {
 		return reject(sqlstate.SystemError, ReasonStateWrite, "could not persist the reshard of %s: %v", tree, err)
 	}
+	if other != nil && other.Kind != shardmap.IntentReshard {
+		return reject(sqlstate.ObjectNotInPrerequisiteState, ReasonRebalanceInFlight, "%s; reshard it afterwards", intentRunning(other))
+	}
 	if other != nil {
 		if other.Target == n {
 			return fmt.Sprintf("reshard of %s to %d shards is already running", tree, n), nil
@@ -458,11 +467,11 @@ func (c *Coordinator) ReshardComplete(ctx context.Context, tenant, tree string) 
 	} else if err != nil {
 		return false, err
 	}
-	_, err := c.store.Reshard(ctx, tenant, tree)
+	r, err := c.store.Reshard(ctx, tenant, tree)
 	if errors.Is(err, shardmap.ErrNotFound) {
 		return true, nil
 	}
-	return false, err
+	return err == nil && r.Kind != shardmap.IntentReshard, err
 }
 
 // repinFence names the fences of an empty-tree re-pin.

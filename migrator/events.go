@@ -21,6 +21,8 @@ const (
 	EventReshardCompleted   = "reshard_completed"
 	EventMigrationCommitted = "migration_committed" // a split or fold flipped its slots to the target
 	EventMigrationRetired   = "migration_retired"   // its source released: moved rows deleted, or a fold's donor dropped
+	EventRebalanceStarted   = "rebalance_started"   // lattice_rebalance, lattice_drain_node (per tree) or lattice_move_shard stored its intent
+	EventRebalanceCompleted = "rebalance_completed" // every move of that intent is done
 )
 
 // Event is the JSON payload of a notification on EventsChannel.
@@ -41,9 +43,18 @@ type Event struct {
 
 	// Migration events: the shard indices it moves slots between.
 	Migration string `json:"migration,omitempty"`
-	Kind      string `json:"kind,omitempty"` // split or fold
+	Kind      string `json:"kind,omitempty"` // split, fold or move; a rebalance event's: rebalance, drain or move
 	Source    *int   `json:"source,omitempty"`
 	Target    *int   `json:"target,omitempty"`
+	// A move's nodes (its shard index stays).
+	SourceNode string `json:"source_node,omitempty"`
+	TargetNode string `json:"target_node,omitempty"`
+
+	// Rebalance events.
+	Rebalance string `json:"rebalance,omitempty"` // operation id
+	By        string `json:"by,omitempty"`        // bytes or slots
+	Node      string `json:"node,omitempty"`      // a drain's node, a move's target node
+	Moves     *int   `json:"moves,omitempty"`     // moves made, at completion
 }
 
 // eventTimeout bounds one notification: an event is never worth holding a
@@ -69,8 +80,12 @@ func (r *Runner) publish(ctx context.Context, ev Event) {
 // migrationEvent is the event of mig at epoch.
 func migrationEvent(name string, mig *shardmap.Migration, epoch uint64) Event {
 	src, tgt := mig.Source, mig.Target
-	return Event{Event: name, Tenant: mig.Tenant, Tree: mig.Tree, Epoch: epoch,
+	ev := Event{Event: name, Tenant: mig.Tenant, Tree: mig.Tree, Epoch: epoch,
 		Migration: mig.ID, Kind: string(mig.Kind), Source: &src, Target: &tgt}
+	if mig.Kind == shardmap.Move {
+		ev.SourceNode, ev.TargetNode = mig.SourceNode, mig.TargetNode
+	}
+	return ev
 }
 
 // mapEpoch is the tree's current map epoch, 0 when it cannot be read (the

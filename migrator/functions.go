@@ -71,7 +71,7 @@ func (f *Functions) Describe(name string) ([]pgproto3.FieldDescription, error) {
 	sig, ok := signatures[name]
 	if !ok {
 		e := sqlstate.New(sqlstate.UndefinedFunction, "function %s does not exist", name)
-		e.Hint = "Lattice provides lattice_create_tree, lattice_trees, lattice_shards, lattice_reshard, lattice_reshard_complete and lattice_reshard_status"
+		e.Hint = "Lattice provides lattice_create_tree, lattice_trees, lattice_shards, lattice_reshard, lattice_reshard_complete, lattice_reshard_status, " + rebalanceFunctionList
 		return nil, e
 	}
 	return sig, nil
@@ -96,7 +96,7 @@ func (f *Functions) ArgType(fn string, pos int, name string) uint32 {
 		name = names[pos]
 	}
 	switch name {
-	case "shard_count", "slot_count":
+	case "shard_count", "slot_count", "shard":
 		return pgtype.Int4OID
 	}
 	return pgtype.TextOID
@@ -148,6 +148,9 @@ func (f *Functions) Call(ctx context.Context, tenant, name string, args []*strin
 			return nil, err
 		}
 		return [][]any{{done}}, nil
+	}
+	if rows, ok, err := f.callRebalance(ctx, tenant, name, args, named); ok {
+		return rows, err
 	}
 	return nil, sqlstate.New(sqlstate.UndefinedFunction, "function %s does not exist", name)
 }
@@ -363,7 +366,7 @@ func (f *Functions) ReshardStatus(ctx context.Context, tenant, tree string) (*Re
 		return nil, err
 	}
 	r, err := f.store.Reshard(ctx, tenant, tree)
-	if errors.Is(err, shardmap.ErrNotFound) {
+	if errors.Is(err, shardmap.ErrNotFound) || err == nil && r.Kind != shardmap.IntentReshard {
 		r = nil
 	} else if err != nil {
 		return nil, err
@@ -379,6 +382,9 @@ func (f *Functions) Reshards(ctx context.Context) ([]*ReshardStatus, error) {
 	}
 	out := make([]*ReshardStatus, 0, len(rs))
 	for _, r := range rs {
+		if r.Kind != shardmap.IntentReshard {
+			continue // a rebalance: lattice_rebalance_status reports it
+		}
 		st, err := f.statusOf(ctx, r.Tenant, r.Tree, r)
 		if errors.Is(err, shardmap.ErrNotFound) {
 			continue // the tree was dropped meanwhile

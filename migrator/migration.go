@@ -53,6 +53,8 @@ var ErrBusy = errors.New("migrator: shard busy")
 type Store interface {
 	shardmap.Store
 	shardmap.Coordination
+	shardmap.Intents
+	shardmap.Draining
 }
 
 // Runner drives migrations through docs/DESIGN.md section 5's pipeline. Every phase
@@ -118,28 +120,16 @@ func (r *Runner) updateMap(ctx context.Context, tenant, tree string, change func
 	}
 }
 
-// targetNode picks the node for a new shard: the one owning the fewest
-// slots of the tree, the first such node in cluster order on a tie.
-func (r *Runner) targetNode(m *shardmap.Map) string {
-	owned := map[string]int{}
-	for _, idx := range m.Slots {
-		owned[m.Shards[idx].Node]++
-	}
-	best, bestN := "", -1
-	for _, n := range r.cluster.NodeNames() {
-		if bestN < 0 || owned[n] < bestN {
-			best, bestN = n, owned[n]
-		}
-	}
-	return best
-}
-
 // StartSplit records a split of the upper half of source's slots into a new
 // shard and returns the record; Run carries it out.
 func (r *Runner) StartSplit(ctx context.Context, t *shardmap.Tree, source int) (*shardmap.Migration, error) {
 	mig := &shardmap.Migration{ID: newID(), Tenant: t.Tenant, Tree: t.Name, Kind: shardmap.Split,
 		Source: source, Phase: shardmap.PhasePrepare, Created: time.Now().UTC()}
-	_, err := r.updateMap(ctx, t.Tenant, t.Name, func(m *shardmap.Map) (bool, error) {
+	place, err := r.placement(ctx, t)
+	if err != nil {
+		return nil, err
+	}
+	_, err = r.updateMap(ctx, t.Tenant, t.Name, func(m *shardmap.Map) (bool, error) {
 		src, ok := m.Shards[source]
 		if !ok || src.State != shardmap.ShardActive {
 			return false, fmt.Errorf("migrator: shard %d of %s cannot be split: it is not an active shard", source, t.Name)
@@ -153,7 +143,7 @@ func (r *Runner) StartSplit(ctx context.Context, t *shardmap.Tree, source int) (
 		if len(slots) < 2 {
 			return false, fmt.Errorf("migrator: shard %d of %s owns %d slots; a split needs at least 2", source, t.Name, len(slots))
 		}
-		mig.Target, mig.TargetNode, mig.SourceNode = m.HighWater, r.targetNode(m), src.Node
+		mig.Target, mig.TargetNode, mig.SourceNode = m.HighWater, place(m), src.Node
 		mig.Slots = ranges(slots[len(slots)/2:])
 		m.HighWater++
 		m.Shards[mig.Target] = shardmap.Shard{Index: mig.Target, Node: mig.TargetNode, State: shardmap.ShardPending}
@@ -341,6 +331,9 @@ func (r *Runner) Run(ctx context.Context, mig *shardmap.Migration) error {
 // survivor as mixed and waits until every proxy scans it that way, before a
 // single donor row is copied into it.
 func (r *Runner) prepare(ctx context.Context, t *shardmap.Tree, mig *shardmap.Migration) error {
+	if mig.Kind == shardmap.Move {
+		return r.prepareMove(ctx, t, mig)
+	}
 	if mig.Kind == shardmap.Split {
 		m, err := r.store.Map(ctx, t.Tenant, t.Name)
 		if err != nil {
@@ -572,6 +565,10 @@ func (r *Runner) freezeAndFlip(ctx context.Context, t *shardmap.Tree, mig *shard
 			}
 		}
 		m.Frozen = removeRanges(m.Frozen, mig.Slots)
+		if mig.Kind == shardmap.Move {
+			flipMove(m, mig)
+			return true, nil
+		}
 		tgt := m.Shards[mig.Target]
 		tgt.State = shardmap.ShardActive
 		src := m.Shards[mig.Source]
@@ -640,6 +637,9 @@ func (r *Runner) flipped(ctx context.Context, mig *shardmap.Migration) (bool, er
 	if err != nil {
 		return false, err
 	}
+	if mig.Kind == shardmap.Move {
+		return movedFlipped(m, mig), nil
+	}
 	return m.Slots[mig.Slots[0][0]] == mig.Target, nil
 }
 
@@ -687,6 +687,9 @@ func (r *Runner) release(ctx context.Context, t *shardmap.Tree, mig *shardmap.Mi
 		return err
 	}
 	r.crash("release")
+	if mig.Kind == shardmap.Move {
+		return r.releaseMove(ctx, t, m, mig)
+	}
 	if mig.Kind == shardmap.Fold {
 		if m.SlotCounts()[mig.Source] > 0 {
 			r.log.Warn("fold donor still owns slots; keeping its storage", "migration", mig.ID, "donor", mig.Source)

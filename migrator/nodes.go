@@ -33,6 +33,9 @@ type Nodes interface {
 	// for rows (the coordinator's fold plan and re-pin).
 	TreeRowCount(ctx context.Context, t *shardmap.Tree, m *shardmap.Map) (map[int]int64, error)
 	TreeEmpty(ctx context.Context, t *shardmap.Tree, m *shardmap.Map) (bool, error)
+	// ShardSizes estimates each shard's rows and bytes (a grow's placement
+	// and a rebalance's plan).
+	ShardSizes(ctx context.Context, t *shardmap.Tree, m *shardmap.Map) (map[int]pgshard.ShardSize, error)
 
 	// Present lists the presence sessions of cluster's proxies on one of
 	// nodes (section 12).

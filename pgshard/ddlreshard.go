@@ -31,9 +31,11 @@ var ddlOpTags = map[DDLOp]string{
 // would leave the target differing from its source; a TRUNCATE would stop
 // the stream.
 func refuseDuringReshard(ctx context.Context, store DDLStore, d TreeDDL) error {
-	busy := ""
+	busy, until := "", "lattice_reshard_complete"
 	r, err := store.Reshard(ctx, d.Tenant, d.Tree)
 	switch {
+	case err == nil && r.Kind != shardmap.IntentReshard:
+		busy, until = fmt.Sprintf("a %s (operation %s) is running", r.Kind, r.OpID), "lattice_rebalance_complete"
 	case err == nil:
 		busy = fmt.Sprintf("a reshard to %d shards (operation %s) is running", r.Target, r.OpID)
 	case !errors.Is(err, shardmap.ErrNotFound):
@@ -56,5 +58,5 @@ func refuseDuringReshard(ctx context.Context, store DDLStore, d TreeDDL) error {
 	return &sqlstate.Error{Code: sqlstate.ObjectNotInPrerequisiteState,
 		Message: fmt.Sprintf("%s on tree %s is not allowed while the tree is being resharded", ddlOpTags[d.Op], quoted(d.Tree)),
 		Detail:  busy + ".",
-		Hint:    fmt.Sprintf("Wait until SELECT lattice_reshard_complete(%s) returns true, then run the statement again.", quoteLiteral(d.Tree))}
+		Hint:    fmt.Sprintf("Wait until SELECT %s(%s) returns true, then run the statement again.", until, quoteLiteral(d.Tree))}
 }

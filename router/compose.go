@@ -34,6 +34,17 @@ var composable = map[string]bool{
 	"lattice_reshard_status":   false,
 	"lattice_nodes":            false,
 	"lattice_reshard_complete": true,
+	// Rebalancing's read-only functions.
+	"lattice_rebalance_status":   false,
+	"lattice_rebalance_complete": true,
+	"lattice_drain_complete":     true,
+}
+
+// changing are the functions that change the cluster: they run only in a
+// statement of their own.
+var changing = map[string]bool{
+	"lattice_create_tree": true, "lattice_reshard": true, "lattice_add_node": true, "lattice_remove_node": true,
+	"lattice_move_shard": true, "lattice_rebalance": true, "lattice_drain_node": true,
 }
 
 // Composable reports whether the lattice function name may be composed
@@ -145,7 +156,7 @@ func (p *planner) composeRoute(root proto.Message, w *walker, stmt string) route
 		if _, ok := composable[name]; ok {
 			continue
 		}
-		if name == "lattice_create_tree" || name == "lattice_reshard" || name == "lattice_add_node" || name == "lattice_remove_node" {
+		if changing[name] {
 			if _, ok := latticeCall(fc); !ok {
 				return refusedRoute(argsRefusal(name))
 			}
@@ -153,7 +164,7 @@ func (p *planner) composeRoute(root proto.Message, w *walker, stmt string) route
 				"%s changes the cluster and runs only in a statement of its own, not as part of a larger SELECT", name))
 		}
 		return refusedRoute(&sqlstate.Error{Code: sqlstate.UndefinedFunction, Message: fmt.Sprintf("function %s does not exist", name),
-			Hint: "Lattice provides lattice_create_tree, lattice_trees, lattice_shards, lattice_reshard, lattice_reshard_complete and lattice_reshard_status"})
+			Hint: "Lattice provides lattice_create_tree, lattice_trees, lattice_shards, lattice_reshard, lattice_reshard_complete, lattice_reshard_status, lattice_move_shard, lattice_rebalance, lattice_rebalance_status, lattice_rebalance_complete, lattice_drain_node and lattice_drain_complete"})
 	}
 	if len(w.lattice) > maxComposedCalls {
 		return refusedRoute(refused("Split the statement.", "a statement may call lattice functions at most %d times", maxComposedCalls))

@@ -22,6 +22,7 @@ type MigrationKind string
 const (
 	Split MigrationKind = "split" // moves some slots of Source to a new shard Target
 	Fold  MigrationKind = "fold"  // moves every slot of Source (the donor) into Target (the survivor)
+	Move  MigrationKind = "move"  // moves shard Source, slots and index unchanged, to TargetNode; Target == Source
 )
 
 // MigrationPhase is where a migration is in docs/DESIGN.md section 5's pipeline.
@@ -68,6 +69,9 @@ type Reshard struct {
 	Grow    bool      `json:"grow"`
 	Phase   string    `json:"phase"`
 	Started time.Time `json:"started"`
+	// Rebalance says what the intent is for; the fields below are a
+	// rebalance's, a drain's or a move's (intent.go).
+	Rebalance
 }
 
 // Coordination is the store's side for migrations and the proxies that must
