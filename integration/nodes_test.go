@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -401,5 +402,61 @@ func TestNodesAdminAPIAndCLI(t *testing.T) {
 	_, errOut, code = run("node", "remove", "n1")
 	if code == 0 || !strings.Contains(errOut, "SQLSTATE 55000") {
 		t.Fatalf("lattice node remove n1: exit %d, %s", code, errOut)
+	}
+}
+
+// TestNodePasswordFromPgpass: a node that wants a password is added with a
+// DSN that has none; the proxy given --pgpass logs in with the file's
+// password and serves shards there, a proxy without it is refused (28P01,
+// with a hint naming --pgpass) and lists the node as unreachable.
+func TestNodePasswordFromPgpass(t *testing.T) {
+	resetNodes(t)
+	ctx := context.Background()
+	n4 := startExtraNode(t, "n4", nil)
+	direct := connect(t, n4.DSN("lattice"))
+	mustExec(t, direct, `ALTER ROLE lattice PASSWORD 'n4-secret'`)
+	hba := "local all all trust\nhost all all 127.0.0.1/32 scram-sha-256\n"
+	if err := os.WriteFile(filepath.Join(n4.Dir, "pg_hba.conf"), []byte(hba), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	mustExec(t, direct, `SELECT pg_reload_conf()`)
+	pollUntil(t, 30*time.Second, "n4 to ask for a password", func() (bool, error) {
+		c, err := pgx.Connect(ctx, n4.DSN("lattice"))
+		if err == nil {
+			c.Close(ctx)
+			return false, nil
+		}
+		return sqlState(err) == "28P01", nil
+	})
+
+	pgpass := filepath.Join(t.TempDir(), "pgpass")
+	line := fmt.Sprintf("127.0.0.1:%d:*:lattice:n4-secret\n", n4.Port)
+	if err := os.WriteFile(pgpass, []byte(line), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	with := startProxy(t, 2, "--pgpass", pgpass)
+	without := startProxy(t, 2)
+	cw := connect(t, with.DSN("lattice"))
+	co := connect(t, without.DSN("lattice"))
+
+	_, err := co.Exec(ctx, `SELECT lattice_add_node('n4', $1)`, n4.DSN("lattice"))
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "28P01" || !strings.Contains(pgErr.Hint, "--pgpass") {
+		t.Fatalf("add through the proxy without the password: %v, want 28P01 with a hint naming --pgpass", err)
+	}
+	mustExec(t, cw, `SELECT lattice_add_node('n4', $1)`, n4.DSN("lattice"))
+	mustExec(t, cw, `CREATE TABLE guarded (k int8 PRIMARY KEY)`)
+	mustExec(t, cw, `SELECT lattice_create_tree('guarded', 'k', shard_count => 3)`)
+	for i := 0; i < 30; i++ {
+		mustExec(t, cw, `INSERT INTO guarded VALUES ($1)`, i)
+	}
+	var n int
+	if err := cw.QueryRow(ctx, `SELECT count(*) FROM guarded`).Scan(&n); err != nil || n != 30 {
+		t.Fatalf("count through the proxy with --pgpass = %d, %v", n, err)
+	}
+	for _, r := range listNodes(t, co) {
+		if r.Node == "n4" && r.Reachable {
+			t.Fatal("the proxy without the password reaches n4")
+		}
 	}
 }

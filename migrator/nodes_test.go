@@ -60,7 +60,7 @@ func TestRemoveNodeRefusals(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := store.PutMigration(ctx, &shardmap.Migration{ID: "m1", Tenant: "app", Tree: "t", Kind: shardmap.Split,
-		SourceNode: "n2", TargetNode: "n3", Phase: shardmap.PhaseCopy}); err != nil {
+		SourceNode: "n1", TargetNode: "n3", Phase: shardmap.PhaseCopy}); err != nil {
 		t.Fatal(err)
 	}
 	for _, tc := range []struct{ node, code string }{

@@ -91,3 +91,37 @@ func TestSetNodes(t *testing.T) {
 	default:
 	}
 }
+
+// TestSeedHasNoPassword: a --node flag's password stays in the proxy: the
+// seed for the registry has none, and applying the registry back keeps it
+// for the node of the same name and DSN only.
+func TestSeedHasNoPassword(t *testing.T) {
+	nodes, err := SplitNodes([]Node{
+		{Name: "n1", DSN: "postgres://lattice:s3cret@h1:5432/shop"},
+		{Name: "n2", DSN: "host=h2 user=lattice password=other dbname=shop"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := NewCluster(nodes, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	seed := c.Seed()
+	for _, e := range seed.Nodes {
+		if strings.Contains(e.DSN, "s3cret") || strings.Contains(e.DSN, "other") || strings.Contains(e.DSN, "password") {
+			t.Fatalf("seed entry %s carries a password: %q", e.Name, e.DSN)
+		}
+	}
+	seed.Nodes[1].DSN = "host=h2b user=lattice dbname=shop" // n2 moved in the registry
+	if _, err := c.ApplyRegistry(seed); err != nil {
+		t.Fatal(err)
+	}
+	if dsn, _ := c.TenantDSN("n1", "shop"); !strings.Contains(dsn, "s3cret") {
+		t.Errorf("n1's flag password is not used: %q", dsn)
+	}
+	if dsn, _ := c.TenantDSN("n2", "shop"); strings.Contains(dsn, "other") {
+		t.Errorf("n2's flag password is used for another DSN: %q", dsn)
+	}
+}

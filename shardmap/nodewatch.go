@@ -19,9 +19,10 @@ type NodeStore interface {
 // NodeWatch keeps a proxy's set of nodes equal to the registry: it reads
 // the registry at Reload, on every EventNodes and every refresh interval
 // (events can be lost), and hands each version it has not applied yet to
-// apply. When it finds the registry empty (never written, or Redis lost
-// it), it writes seed() there first, so the registry is seeded from the
-// first proxy's --node flags and restored by any proxy after a loss.
+// apply. When it finds the registry empty, it writes it first: seed() when
+// it was never written, so the registry is seeded from the first proxy's
+// --node flags, and the nodes it last applied when Redis lost it, so any
+// proxy restores it.
 type NodeWatch struct {
 	store   NodeStore
 	refresh time.Duration
@@ -65,8 +66,16 @@ func (w *NodeWatch) Reload(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if len(n.Nodes) == 0 && w.seed != nil {
-		if s := w.seed(); s != nil && len(s.Nodes) > 0 {
+	if len(n.Nodes) == 0 {
+		// After a loss, what this proxy last applied is the best record
+		// of the nodes (it may hold nodes added since the flags).
+		var s *Nodes
+		if w.applied != nil {
+			s = w.applied.Clone()
+		} else if w.seed != nil {
+			s = w.seed()
+		}
+		if s != nil && len(s.Nodes) > 0 {
 			err := w.store.SwapNodes(ctx, s, n.Version)
 			switch {
 			case err == nil:
