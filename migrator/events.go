@@ -44,6 +44,7 @@ type Event struct {
 	Kind      string `json:"kind,omitempty"` // split or fold
 	Source    *int   `json:"source,omitempty"`
 	Target    *int   `json:"target,omitempty"`
+	Slots     []int  `json:"slots,omitempty"` // migration_verify_failed: the slots that differ
 }
 
 // eventTimeout bounds one notification: an event is never worth holding a
