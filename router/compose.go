@@ -33,6 +33,18 @@ var composable = map[string]bool{
 	"lattice_shards":           false,
 	"lattice_reshard_status":   false,
 	"lattice_reshard_complete": true,
+	// Only without repair => true, which deletes rows (repairs).
+	"lattice_verify": false,
+}
+
+// repairs reports a lattice_verify call that asks to repair: it changes
+// the cluster, so it does not compose.
+func repairs(fc *FuncCall) bool {
+	if fc.Name != "lattice_verify" {
+		return false
+	}
+	_, named := fc.Named["repair"]
+	return len(fc.Args) > 1 || named
 }
 
 // Composable reports whether the lattice function name may be composed
@@ -141,11 +153,12 @@ func (p *planner) composeRoute(root proto.Message, w *walker, stmt string) route
 	}
 	for _, fc := range w.lattice {
 		name := latticeName(fc)
-		if _, ok := composable[name]; ok {
+		call, callOK := latticeCall(fc)
+		if _, ok := composable[name]; ok && !(callOK && repairs(call)) {
 			continue
 		}
-		if name == "lattice_create_tree" || name == "lattice_reshard" {
-			if _, ok := latticeCall(fc); !ok {
+		if name == "lattice_create_tree" || name == "lattice_reshard" || name == "lattice_repair_migration" || name == "lattice_verify" {
+			if !callOK {
 				return refusedRoute(argsRefusal(name))
 			}
 			return refusedRoute(refused("Call it in a statement of its own: SELECT "+name+"(...) or SELECT * FROM "+name+"(...); then read lattice_reshard_status or lattice_shards, which compose.",
