@@ -98,10 +98,6 @@ func (f *fakeNodes) rows(shard int, slots [][2]int) int {
 	return n
 }
 
-func inRanges(slot int, rg [][2]int) bool {
-	return slices.ContainsFunc(rg, func(r [2]int) bool { return slot >= r[0] && slot <= r[1] })
-}
-
 func (f *fakeNodes) NodeNames() []string { return f.nodes }
 
 func (f *fakeNodes) CreateShard(ctx context.Context, t *shardmap.Tree, idx int, node string, slots [][2]int, epoch uint64) error {
