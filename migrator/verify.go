@@ -98,7 +98,7 @@ func (r *Runner) verifyMove(ctx context.Context, t *shardmap.Tree, mig *shardmap
 	mig.Verify = v
 	if len(v.Differ) == 0 {
 		r.metrics.Verifications.WithLabelValues(mig.Tree, mig.Tenant, VerifyPassed).Inc()
-		log.Info("move verified", "rows", v.Rows, "took", time.Duration(v.Seconds*float64(time.Second)))
+		log.Info("move verified", "rows", v.Rows, "bytes_scanned", v.BytesScanned, "took", time.Duration(v.Seconds*float64(time.Second)))
 		return r.setPhase(ctx, mig, shardmap.PhaseRelease)
 	}
 	// The differing slots stop serving until the repair: their rows on the

@@ -20,12 +20,12 @@ import (
 const verifySettings = `SET LOCAL TimeZone = 'UTC'; SET LOCAL DateStyle = 'ISO, YMD'; SET LOCAL IntervalStyle = 'postgres';
 SET LOCAL extra_float_digits = 3; SET LOCAL bytea_output = 'hex'`
 
-// verifyChunk is how many slots one checksum statement reads, so each
-// statement (and its statement_timeout) covers a bounded part of a move.
-const verifyChunk = 256
-
-// maxDiffRows bounds the differing rows a verification keeps for a repair.
-const maxDiffRows = 1000
+// maxDiffRows bounds the differing rows a verification keeps for a repair,
+// and maxDiffSlots the slots it looks for them in.
+const (
+	maxDiffRows  = 1000
+	maxDiffSlots = 64
+)
 
 // pgSnapshots are the exported snapshots of one move: a REPEATABLE READ
 // transaction on each side, held open from the freeze until the comparison
@@ -248,23 +248,24 @@ func readSums(ctx context.Context, sd side, t *shardmap.Tree, chunk [2]int) (map
 	return out, rows.Err()
 }
 
-// chunks cuts ranges into pieces of at most verifyChunk slots.
-func chunks(ranges [][2]int) [][2]int {
-	var out [][2]int
-	for _, r := range ranges {
-		for lo := r[0]; lo <= r[1]; lo += verifyChunk {
-			out = append(out, [2]int{lo, min(lo+verifyChunk-1, r[1])})
-		}
-	}
-	return out
-}
-
-// compareSlots compares the slots chunk by chunk, the two sides of a chunk
-// in parallel, and then, for each differing slot, finds the differing rows.
+// compareSlots compares the slots one range at a time, in one statement a
+// side (the two sides in parallel), each scanning its table once under
+// the statement timeout; then, for each differing slot, it finds the
+// differing rows.
 func compareSlots(ctx context.Context, t *shardmap.Tree, mig *shardmap.Migration, src, tgt side, slots [][2]int) (*shardmap.Verification, error) {
 	start := time.Now()
 	v := &shardmap.Verification{At: start.UTC()}
-	for _, ch := range chunks(slots) {
+	// Each range's statement reads both tables whole.
+	var size int64
+	for _, sd := range []side{src, tgt} {
+		var n int64
+		if err := sd.conn.QueryRow(ctx, "SELECT pg_table_size($1::regclass)", sd.table).Scan(&n); err != nil {
+			return nil, err
+		}
+		size += n
+	}
+	v.BytesScanned = size * int64(len(slots))
+	for _, ch := range slots {
 		var a, b map[int]slotSum
 		err := both(func() (err error) { a, err = readSums(ctx, src, t, ch); return },
 			func() (err error) { b, err = readSums(ctx, tgt, t, ch); return })
@@ -278,8 +279,9 @@ func compareSlots(ctx context.Context, t *shardmap.Tree, mig *shardmap.Migration
 			}
 		}
 	}
-	for _, d := range v.Differ {
-		if len(v.DiffRows) >= maxDiffRows {
+	for i, d := range v.Differ {
+		// Each differing slot costs a scan of both tables.
+		if len(v.DiffRows) >= maxDiffRows || i >= maxDiffSlots {
 			v.DiffRowsCut = true
 			break
 		}

@@ -68,10 +68,12 @@ type Migration struct {
 type Verification struct {
 	// Exact: compared under snapshots taken inside the freeze. False when
 	// they were lost (a crash after the flip): the move went on unverified.
-	Exact   bool       `json:"exact"`
-	Rows    int64      `json:"rows"` // rows compared on the source
-	Seconds float64    `json:"seconds"`
-	Differ  []SlotDiff `json:"differ,omitempty"`
+	Exact bool  `json:"exact"`
+	Rows  int64 `json:"rows"` // rows compared on the source
+	// BytesScanned is the size of the tables the comparison read.
+	BytesScanned int64      `json:"bytes_scanned,omitempty"`
+	Seconds      float64    `json:"seconds"`
+	Differ       []SlotDiff `json:"differ,omitempty"`
 	// Rows differing under the snapshots, at most a bound, for the repair.
 	DiffRows []RowDiff `json:"diff_rows,omitempty"`
 	// DiffRowsCut: more rows differed than were kept.
