@@ -35,6 +35,8 @@ type fakeNodes struct {
 	stall   bool // the final drain never reaches the fence's position
 	noSnaps bool // OpenSnapshots fails
 	target  int  // the shard a test corrupts
+	// compareErr fails comparisons, as a statement timeout would.
+	compareErr error
 
 	// afterCompare runs after a comparison, before the differing slots'
 	// rows written since the flip are read: a client's write.
@@ -317,6 +319,9 @@ func (s *fakeSnapshots) Take(ctx context.Context) error {
 }
 
 func (s *fakeSnapshots) Compare(ctx context.Context) (*shardmap.Verification, error) {
+	if s.f.compareErr != nil {
+		return nil, s.f.compareErr
+	}
 	v := &shardmap.Verification{Exact: true}
 	for _, rg := range s.mig.Slots {
 		for slot := rg[0]; slot <= rg[1]; slot++ {

@@ -91,7 +91,12 @@ func (r *Runner) verifyMove(ctx context.Context, t *shardmap.Tree, mig *shardmap
 	defer snaps.Close()
 	v, err := snaps.Compare(ctx)
 	if err != nil {
-		return err
+		if ctx.Err() != nil {
+			return err
+		}
+		// The snapshots cannot be taken again: a move that could not be
+		// compared waits for an operator like one that differs.
+		return r.failVerify(ctx, mig, &shardmap.Verification{At: time.Now().UTC()}, "verification could not run: "+err.Error(), log)
 	}
 	r.metrics.VerifySeconds.WithLabelValues(mig.Tree, mig.Tenant).Observe(v.Seconds)
 	r.metrics.VerifyRows.WithLabelValues(mig.Tree, mig.Tenant).Add(float64(v.Rows))
@@ -101,9 +106,13 @@ func (r *Runner) verifyMove(ctx context.Context, t *shardmap.Tree, mig *shardmap
 		log.Info("move verified", "rows", v.Rows, "bytes_scanned", v.BytesScanned, "took", time.Duration(v.Seconds*float64(time.Second)))
 		return r.setPhase(ctx, mig, shardmap.PhaseRelease)
 	}
-	// The differing slots stop serving until the repair: their rows on the
-	// target cannot be vouched for. Freezing them first fixes which rows
-	// clients wrote since the flip, which a repair must keep.
+	// Recorded first, so that no later run releases the move. Then the
+	// differing slots stop serving until the repair (their rows on the
+	// target cannot be vouched for), which fixes the rows clients wrote
+	// since the flip: the repair must keep those.
+	if err := r.failVerify(ctx, mig, v, fmt.Sprintf("verification failed: slots %s differ", formatSlots(v.Differ)), log); err != nil {
+		return err
+	}
 	slots := diffSlots(v)
 	if err := r.freezeSlots(ctx, t, slotRanges(slots)); err != nil {
 		return err
@@ -111,15 +120,22 @@ func (r *Runner) verifyMove(ctx context.Context, t *shardmap.Tree, mig *shardmap
 	if v.Written, err = snaps.WrittenSince(ctx, slots); err != nil {
 		return err
 	}
-	r.metrics.Verifications.WithLabelValues(mig.Tree, mig.Tenant, VerifyFailed).Inc()
-	log.Error("move verification failed: the target's rows differ from the source's; the source keeps its rows until lattice_repair_migration",
-		"slots", formatSlots(v.Differ), "differing_rows", len(v.DiffRows), "written_since_flip", len(v.Written))
-	mig.LastError = fmt.Sprintf("verification failed: slots %s differ", formatSlots(v.Differ))
+	v.WrittenRead = true
+	return r.store.PutMigration(ctx, mig)
+}
+
+// failVerify records mig in verify_failed with v, counts it, logs it and
+// sends its event.
+func (r *Runner) failVerify(ctx context.Context, mig *shardmap.Migration, v *shardmap.Verification, why string, log *slog.Logger) error {
+	mig.Verify, mig.LastError = v, why
 	if err := r.setPhase(ctx, mig, shardmap.PhaseVerifyFailed); err != nil {
 		return err
 	}
+	r.metrics.Verifications.WithLabelValues(mig.Tree, mig.Tenant, VerifyFailed).Inc()
+	log.Error("move verification failed; the source keeps its rows until lattice_repair_migration",
+		"why", why, "differing_rows", len(v.DiffRows))
 	ev := migrationEvent(EventMigrationVerifyFailed, mig, r.mapEpoch(ctx, mig.Tenant, mig.Tree))
-	ev.Slots = slots
+	ev.Slots = diffSlots(v)
 	r.publish(ctx, ev)
 	return nil
 }
@@ -183,6 +199,11 @@ func (r *Runner) Repair(ctx context.Context, mig *shardmap.Migration) (string, e
 		return "", sqlstate.New(sqlstate.ObjectNotInPrerequisiteState, "migration %s is in phase %s, not verify_failed", mig.ID, mig.Phase)
 	}
 	v := mig.Verify
+	if len(v.Differ) > 0 && !v.WrittenRead {
+		e := sqlstate.New(sqlstate.DataCorrupted, "migration %s: the rows clients wrote since the flip were not recorded (the verifying run ended early), so a copy from the source could overwrite them", mig.ID)
+		e.Hint = "Compare the slots by hand (lattice_verify shows their counts); the source still holds its rows."
+		return "", e
+	}
 	if v.DiffRowsCut {
 		e := sqlstate.New(sqlstate.DataCorrupted, "migration %s: more than %d rows differ; lattice_repair_migration repairs at most that many", mig.ID, maxDiffRows)
 		e.Hint = "Compare the slots by hand (lattice_verify shows their counts); the source still holds its rows."

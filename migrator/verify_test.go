@@ -1,6 +1,7 @@
 package migrator
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"testing"
@@ -168,4 +169,30 @@ func TestReshardHoldsAtVerifyFailed(t *testing.T) {
 	if hw := r.mapNow().HighWater; hw != mig.Target+1 {
 		t.Fatalf("the tick allocated shards up to %d: it started splits", hw-1)
 	}
+}
+
+// TestVerifyErrorHolds: a comparison that cannot run (a statement timeout)
+// holds the move in verify_failed like a mismatch, since its snapshots
+// cannot be taken again; the operator's repair lets it go on.
+func TestVerifyErrorHolds(t *testing.T) {
+	r := newRig(t)
+	mig := r.start(shardmap.Split)
+	r.nodes.compareErr = errors.New("canceling statement due to statement timeout")
+	if _, err := r.run(r.runner(""), mig); err != nil {
+		t.Fatal(err)
+	}
+	rec := r.stored(mig)
+	if rec == nil || rec.Phase != shardmap.PhaseVerifyFailed || rec.LastError == "" {
+		t.Fatalf("after a comparison that failed: %+v", rec)
+	}
+	if r.nodes.called("delete") {
+		t.Fatal("the release ran")
+	}
+	if _, err := r.runner("").Repair(r.ctx, rec); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.run(r.runner(""), r.stored(mig)); err != nil {
+		t.Fatal(err)
+	}
+	r.checkMoved(mig)
 }

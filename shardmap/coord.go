@@ -82,6 +82,8 @@ type Verification struct {
 	// the target between the flip and the freeze of those slots: their
 	// rows are newer than the source's, and a repair keeps them.
 	Written []RowDiff `json:"written,omitempty"`
+	// WrittenRead: Written was read (the differing slots were frozen first).
+	WrittenRead bool `json:"written_read,omitempty"`
 	// Repaired are the slots lattice_repair_migration made agree.
 	Repaired []int     `json:"repaired,omitempty"`
 	At       time.Time `json:"at"`
