@@ -71,7 +71,7 @@ func (f *Functions) Describe(name string) ([]pgproto3.FieldDescription, error) {
 	sig, ok := signatures[name]
 	if !ok {
 		e := sqlstate.New(sqlstate.UndefinedFunction, "function %s does not exist", name)
-		e.Hint = "Lattice provides lattice_create_tree, lattice_trees, lattice_shards, lattice_reshard, lattice_reshard_complete and lattice_reshard_status"
+		e.Hint = "Lattice provides lattice_create_tree, lattice_trees, lattice_shards, lattice_reshard, lattice_reshard_complete, lattice_reshard_status, lattice_verify and lattice_repair_migration"
 		return nil, e
 	}
 	return sig, nil
