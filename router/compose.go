@@ -32,6 +32,7 @@ var composable = map[string]bool{
 	"lattice_trees":            false,
 	"lattice_shards":           false,
 	"lattice_reshard_status":   false,
+	"lattice_nodes":            false,
 	"lattice_reshard_complete": true,
 	// Only without repair => true, which deletes rows (repairs).
 	"lattice_verify": false,
@@ -157,7 +158,8 @@ func (p *planner) composeRoute(root proto.Message, w *walker, stmt string) route
 		if _, ok := composable[name]; ok && !(callOK && repairs(call)) {
 			continue
 		}
-		if name == "lattice_create_tree" || name == "lattice_reshard" || name == "lattice_repair_migration" || name == "lattice_verify" {
+		if name == "lattice_create_tree" || name == "lattice_reshard" || name == "lattice_add_node" || name == "lattice_remove_node" ||
+			name == "lattice_repair_migration" || name == "lattice_verify" {
 			if !callOK {
 				return refusedRoute(argsRefusal(name))
 			}
