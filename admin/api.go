@@ -122,6 +122,10 @@ type ReshardStatus struct {
 	LagBytes           int64      `json:"lag_bytes"`
 	ETASeconds         *float64   `json:"eta_seconds"`
 	StartedAt          *time.Time `json:"started_at"`
+	// VerifyFailed names a migration whose verification failed (phase
+	// verify_failed), VerifyFailedSlots the slots that differ.
+	VerifyFailed      string `json:"verify_failed,omitempty"`
+	VerifyFailedSlots string `json:"verify_failed_slots,omitempty"`
 	// Message is what POST /api/trees/{tree}/reshard did, as the SQL
 	// function lattice_reshard says it.
 	Message string `json:"message,omitempty"`

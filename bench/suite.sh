@@ -60,7 +60,7 @@ status=0
 LATTICE_TEST_RACE=0 LATTICE_BENCH_SECONDS=$secs LATTICE_BENCH_CLIENTS=$clients LATTICE_BENCH_SCALE=$scale \
   LATTICE_BENCH_SHARDS=$shards LATTICE_BENCH_CPU_TX=$cpu_tx LATTICE_BENCH_RESHARD_ROWS=$reshard_rows LATTICE_SPLIT_ROWS=$split_rows \
   go test -count=1 -run '^$' -benchtime 1x -timeout 60m \
-  -bench '^(BenchmarkPointSelect|BenchmarkSuitePgbench|BenchmarkSplitCopy|BenchmarkFold.*|BenchmarkSuiteReshardCycle|BenchmarkReshardPointQueries)$' \
+  -bench '^(BenchmarkPointSelect|BenchmarkSuitePgbench|BenchmarkSplitCopy|BenchmarkFold.*|BenchmarkSuiteReshardCycle|BenchmarkReshardPointQueries|BenchmarkVerifyMoves)$' \
   ./integration >"$log" 2>&1 || status=$?
 took=$(( $(date +%s) - t0 ))
 load_end=$(cut -d' ' -f1-3 /proc/loadavg)
@@ -130,6 +130,21 @@ has() { grep -qE "^$1(-[0-9]+)?[[:space:]]" "$log"; }
     echo "Reshard took $(metric BenchmarkReshardPointQueries reshard_s) s, $(metric BenchmarkReshardPointQueries migrations | awk '{printf "%.0f", $1}') migrations; freeze pause p50 $(metric BenchmarkReshardPointQueries pause_p50_ms) ms, p99 $(metric BenchmarkReshardPointQueries pause_p99_ms) ms, max $(metric BenchmarkReshardPointQueries pause_max_ms) ms."
   else
     echo "BenchmarkReshardPointQueries did not report (see the failures below)."
+  fi
+  echo
+  echo "#### Verification of moves"
+  echo
+  if has BenchmarkVerifyMoves; then
+    echo "BenchmarkVerifyMoves: four reshards of 200,000-row trees from 8 to 16 shards on 3 nodes under point reads and updates, alternately with \`--verify-moves\` on and off, in one run."
+    echo
+    echo "| | verification on | off |"
+    echo "|---|---|---|"
+    echo "| freeze pause p50 ms | $(metric BenchmarkVerifyMoves pause_p50_ms_verify) | $(metric BenchmarkVerifyMoves pause_p50_ms_noverify) |"
+    echo "| freeze pause max ms | $(metric BenchmarkVerifyMoves pause_max_ms_verify) | $(metric BenchmarkVerifyMoves pause_max_ms_noverify) |"
+    echo
+    echo "Snapshots inside the pause: p50 $(metric BenchmarkVerifyMoves snapshots_p50_ms) ms. The comparison after the flip: $(metric BenchmarkVerifyMoves verify_s_per_Mrow) s and $(metric BenchmarkVerifyMoves verify_bytes_per_row | awk '{printf "%.0f", $1}') MB of table scanned per million rows compared."
+  else
+    echo "BenchmarkVerifyMoves did not report (see the failures below)."
   fi
   echo
   if [ "$status" != 0 ] || grep -qE '^(--- FAIL|FAIL|panic:)' "$log"; then

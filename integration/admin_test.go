@@ -274,7 +274,7 @@ func TestAdminAPI(t *testing.T) {
 		copied, lag                int64
 		eta                        *float64
 	)
-	if err := conn.QueryRow(ctx, "SELECT * FROM lattice_reshard_status('dash')").Scan(&phase, &target, &distinct, &inFlight, &copied, &lag, &eta); err != nil {
+	if err := conn.QueryRow(ctx, "SELECT phase, target, distinct_shards, migrations_in_flight, rows_copied, lag_bytes, eta_seconds FROM lattice_reshard_status('dash')").Scan(&phase, &target, &distinct, &inFlight, &copied, &lag, &eta); err != nil {
 		t.Fatal(err)
 	}
 	if phase != running[0].Phase || target != running[0].Target || distinct != running[0].Shards || inFlight != running[0].MigrationsInFlight ||

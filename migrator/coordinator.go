@@ -154,7 +154,7 @@ func inFlight(migs []*shardmap.Migration) []*shardmap.Migration {
 func unflipped(migs []*shardmap.Migration, kind shardmap.MigrationKind) int {
 	n := 0
 	for _, m := range migs {
-		if m.Kind == kind && m.Phase != shardmap.PhaseRelease && m.Phase != shardmap.PhaseDone {
+		if m.Kind == kind && !phaseFlipped(m.Phase) {
 			n++
 		}
 	}
@@ -178,8 +178,18 @@ func (c *Coordinator) tick(ctx context.Context, r *shardmap.Reshard) error {
 		return err
 	}
 	flying := inFlight(migs)
+	held := false
 	for _, mig := range flying {
+		if phaseOperator(mig.Phase) {
+			held = true // lattice_repair_migration moves it on
+			continue
+		}
 		c.ensureRunning(ctx, mig)
+	}
+	if held {
+		// The reshard does not go on past a move that failed its
+		// verification until an operator repairs it.
+		return nil
 	}
 	distinct := m.DistinctShards()
 	free := c.opts.MaxConcurrentMigrations - len(flying)

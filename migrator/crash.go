@@ -3,7 +3,9 @@ package migrator
 import (
 	"log/slog"
 	"os"
+	"strings"
 	"syscall"
+	"time"
 )
 
 // crashAt names a point of the pipeline at which the process kills itself
@@ -14,10 +16,28 @@ import (
 // dropped, rows not yet deleted). Never set it in production.
 var crashAt = os.Getenv("LATTICE_TEST_CRASH_AT")
 
+// holdAt, "point:path" (LATTICE_TEST_HOLD_AT, tests only), holds every run
+// that reaches point while path exists, after creating path.reached: a
+// test acts on the nodes there (the verification test corrupts a copied
+// row in the drain) and removes path to let the run go on.
+var holdAt = os.Getenv("LATTICE_TEST_HOLD_AT")
+
 func crashPoint(point string) {
 	if crashAt != "" && crashAt == point {
 		slog.Error("LATTICE_TEST_CRASH_AT: killing this process", "point", point)
 		_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
 		select {} // the signal ends the process
+	}
+	if p, path, ok := strings.Cut(holdAt, ":"); ok && p == point {
+		if _, err := os.Stat(path); err == nil {
+			slog.Warn("LATTICE_TEST_HOLD_AT: holding the run", "point", point, "while", path)
+			_ = os.WriteFile(path+".reached", nil, 0o644)
+			for {
+				if _, err := os.Stat(path); err != nil {
+					return
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+		}
 	}
 }

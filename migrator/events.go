@@ -55,6 +55,7 @@ type Event struct {
 	By        string `json:"by,omitempty"`        // bytes or slots
 	Node      string `json:"node,omitempty"`      // a drain's node, a move's target node
 	Moves     *int   `json:"moves,omitempty"`     // moves made, at completion
+	Slots     []int  `json:"slots,omitempty"`     // migration_verify_failed: the slots that differ
 }
 
 // eventTimeout bounds one notification: an event is never worth holding a

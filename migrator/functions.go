@@ -58,6 +58,7 @@ var signatures = map[string][]pgproto3.FieldDescription{
 		field("phase", pgtype.TextOID), field("target", pgtype.Int4OID), field("distinct_shards", pgtype.Int4OID),
 		field("migrations_in_flight", pgtype.Int4OID), field("rows_copied", pgtype.Int8OID), field("lag_bytes", pgtype.Int8OID),
 		field("eta_seconds", pgtype.Float8OID),
+		field("verify_failed_migration", pgtype.TextOID), field("verify_failed_slots", pgtype.TextOID),
 	},
 	"lattice_shards": {
 		field("shard", pgtype.Int4OID), field("node", pgtype.TextOID), field("schema", pgtype.TextOID),
@@ -71,7 +72,7 @@ func (f *Functions) Describe(name string) ([]pgproto3.FieldDescription, error) {
 	sig, ok := signatures[name]
 	if !ok {
 		e := sqlstate.New(sqlstate.UndefinedFunction, "function %s does not exist", name)
-		e.Hint = "Lattice provides lattice_create_tree, lattice_trees, lattice_shards, lattice_reshard, lattice_reshard_complete, lattice_reshard_status, " + rebalanceFunctionList
+		e.Hint = "Lattice provides lattice_create_tree, lattice_trees, lattice_shards, lattice_reshard, lattice_reshard_complete, lattice_reshard_status, " + rebalanceFunctionList + ", lattice_verify, lattice_repair_migration"
 		return nil, e
 	}
 	return sig, nil
@@ -98,6 +99,8 @@ func (f *Functions) ArgType(fn string, pos int, name string) uint32 {
 	switch name {
 	case "shard_count", "slot_count", "shard":
 		return pgtype.Int4OID
+	case "repair":
+		return pgtype.BoolOID
 	}
 	return pgtype.TextOID
 }
@@ -150,6 +153,9 @@ func (f *Functions) Call(ctx context.Context, tenant, name string, args []*strin
 		return [][]any{{done}}, nil
 	}
 	if rows, ok, err := f.callRebalance(ctx, tenant, name, args, named); ok {
+		return rows, err
+	}
+	if rows, ok, err := f.callVerify(ctx, tenant, name, args, named); ok {
 		return rows, err
 	}
 	return nil, sqlstate.New(sqlstate.UndefinedFunction, "function %s does not exist", name)
@@ -355,6 +361,10 @@ type ReshardStatus struct {
 	// far; nil until there is progress to extrapolate from.
 	ETASeconds *float64
 	Started    time.Time // zero when idle
+	// VerifyFailed names a migration whose verification failed (the phase
+	// is then verify_failed), and VerifyFailedSlots its differing slots.
+	VerifyFailed      string
+	VerifyFailedSlots string
 }
 
 // ReshardStatus reports a tree (named exactly) whose reshard may or may not
@@ -417,6 +427,9 @@ func (f *Functions) statusOf(ctx context.Context, tenant, tree string, r *shardm
 	for _, m := range flying {
 		st.RowsCopied += m.RowsCopied
 		st.LagBytes += m.LagBytes
+		if m.Phase == shardmap.PhaseVerifyFailed && st.VerifyFailed == "" && m.Verify != nil {
+			st.Phase, st.VerifyFailed, st.VerifyFailedSlots = string(shardmap.PhaseVerifyFailed), m.ID, formatSlots(m.Verify.Differ)
+		}
 	}
 	if total, done := abs(r.Target-r.From), abs(distinct-r.From); total > 0 && done > 0 {
 		eta := time.Since(r.Started).Seconds() * float64(total-min(done, total)) / float64(done)
@@ -437,7 +450,11 @@ func (f *Functions) reshardStatus(ctx context.Context, tenant, tree string) ([][
 	} else if st.Phase == "idle" {
 		eta = float64(0)
 	}
-	return [][]any{{st.Phase, int32(st.Target), int32(st.Shards), int32(st.MigrationsInFlight), st.RowsCopied, st.LagBytes, eta}}, nil
+	var failed, slots any // NULL unless a move failed its verification
+	if st.VerifyFailed != "" {
+		failed, slots = st.VerifyFailed, st.VerifyFailedSlots
+	}
+	return [][]any{{st.Phase, int32(st.Target), int32(st.Shards), int32(st.MigrationsInFlight), st.RowsCopied, st.LagBytes, eta, failed, slots}}, nil
 }
 
 func abs(x int) int {

@@ -20,6 +20,9 @@ type Metrics struct {
 	FreezeSeconds           *prometheus.HistogramVec // tree, tenant, outcome (flipped, rolled_back)
 	MigrationsInFlight      *prometheus.GaugeVec     // tree, tenant
 	ReplicationLagBytes     *prometheus.GaugeVec     // tree, tenant: the largest of the tree's migrations here, 0 when none
+	Verifications           *prometheus.CounterVec   // tree, tenant, outcome (passed, failed, unverified, repaired)
+	VerifySeconds           *prometheus.HistogramVec // tree, tenant: time of each move's comparison
+	VerifyRows              *prometheus.CounterVec   // tree, tenant: rows compared
 
 	lagMu sync.Mutex
 	lags  map[[2]string]map[string]int64 // tenant, tree -> migration id -> lag
@@ -74,12 +77,22 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		ReplicationLagBytes: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "lattice_migrator_replication_lag_bytes", Help: "Source WAL not yet applied to the target: the largest of the tree's migrations this proxy runs, 0 when it runs none.",
 		}, tt),
+		Verifications: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "lattice_migrator_verifications_total", Help: "Verifications of moves before their release, by outcome: passed, failed (verify_failed), unverified (snapshots lost in a crash), repaired.",
+		}, []string{"tree", "tenant", "outcome"}),
+		VerifySeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "lattice_migrator_verify_seconds", Help: "Time of each move's comparison of source and target, after the flip.",
+			Buckets: []float64{.01, .05, .1, .5, 1, 5, 10, 30, 60, 300},
+		}, tt),
+		VerifyRows: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "lattice_migrator_verify_rows_total", Help: "Rows compared by the verifications of moves.",
+		}, tt),
 		lags: map[[2]string]map[string]int64{},
 	}
 	if reg != nil {
 		reg.MustRegister(m.ReshardInitiated, m.ReshardCompleted, m.ReshardRejected, m.ReshardInFlight,
 			m.ConsolidationsCommitted, m.CoordinatorCompleted, m.RowsCopied, m.BytesCopied, m.FreezeSeconds,
-			m.MigrationsInFlight, m.ReplicationLagBytes)
+			m.MigrationsInFlight, m.ReplicationLagBytes, m.Verifications, m.VerifySeconds, m.VerifyRows)
 	}
 	return m
 }

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"slices"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -28,6 +29,10 @@ type Options struct {
 	ReleaseBatch int
 	// AckPoll is how often acknowledgements are polled.
 	AckPoll time.Duration
+	// SkipVerify turns off the verification of each move (verify.go).
+	SkipVerify bool
+	// VerifyTimeout bounds each statement of a verification.
+	VerifyTimeout time.Duration
 }
 
 func (o Options) withDefaults() Options {
@@ -42,6 +47,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.AckPoll <= 0 {
 		o.AckPoll = 5 * time.Millisecond
+	}
+	if o.VerifyTimeout <= 0 {
+		o.VerifyTimeout = time.Minute
 	}
 	return o
 }
@@ -71,6 +79,11 @@ type Runner struct {
 	// crash is called at each LATTICE_TEST_CRASH_AT point (crashPoint);
 	// the unit tests stop a run there instead of killing the process.
 	crash func(point string)
+
+	// snaps are the snapshots of the moves this process flipped, from
+	// the freeze until their comparison (verify.go).
+	snapMu sync.Mutex
+	snaps  map[string]Snapshots
 }
 
 // NewRunner returns a runner. metrics and log may be nil.
@@ -204,6 +217,9 @@ func ranges(slots []int) [][2]int {
 }
 
 func (r *Runner) setPhase(ctx context.Context, mig *shardmap.Migration, p shardmap.MigrationPhase) error {
+	if err := checkTransition(mig, p); err != nil {
+		return err
+	}
 	mig.Phase, mig.Updated = p, time.Now().UTC()
 	return r.store.PutMigration(ctx, mig)
 }
@@ -259,7 +275,7 @@ func (r *Runner) Run(ctx context.Context, mig *shardmap.Migration) error {
 			if err := r.setPhase(ctx, mig, shardmap.PhaseFreeze); err != nil {
 				return err
 			}
-		case shardmap.PhaseFreeze, shardmap.PhaseFlip:
+		case shardmap.PhaseFreeze:
 			flipped, err := r.flipped(ctx, mig)
 			if err != nil {
 				return err
@@ -268,7 +284,7 @@ func (r *Runner) Run(ctx context.Context, mig *shardmap.Migration) error {
 				// The flip happened but its phase change was lost (a crash):
 				// its event may have been lost too.
 				r.publish(ctx, migrationEvent(EventMigrationCommitted, mig, r.mapEpoch(ctx, mig.Tenant, mig.Tree)))
-				if err := r.setPhase(ctx, mig, shardmap.PhaseRelease); err != nil {
+				if err := r.setPhase(ctx, mig, shardmap.PhaseFlip); err != nil {
 					return err
 				}
 				continue
@@ -287,7 +303,7 @@ func (r *Runner) Run(ctx context.Context, mig *shardmap.Migration) error {
 			if err != nil {
 				return err
 			}
-			next := shardmap.PhaseRelease
+			next := shardmap.PhaseFlip
 			if !ok {
 				next = shardmap.PhaseDrain
 			}
@@ -303,7 +319,18 @@ func (r *Runner) Run(ctx context.Context, mig *shardmap.Migration) error {
 				case <-time.After(r.opts.FreezeBudget):
 				}
 			}
+		case shardmap.PhaseFlip:
+			// Recorded, so that a crash from here on resumes after the flip.
+			if err := r.verifyMove(ctx, t, mig, log); err != nil {
+				return err
+			}
+		case shardmap.PhaseVerifyFailed:
+			log.Warn("migration waits for lattice_repair_migration: its verification failed", "error", mig.LastError)
+			return nil
 		case shardmap.PhaseRelease:
+			if err := r.thawSlots(ctx, t, repairedSlots(mig)); err != nil {
+				return err
+			}
 			if sh != nil {
 				_ = sh.Stop()
 				sh = nil
@@ -506,6 +533,18 @@ func (r *Runner) freezeAndFlip(ctx context.Context, t *shardmap.Tree, mig *shard
 	if err := r.cluster.PrepareSlotFence(ctx, mig.SourceNode, fence); err != nil {
 		return false, err
 	}
+	var snaps Snapshots
+	if !r.opts.SkipVerify {
+		var err error
+		if snaps, err = r.cluster.OpenSnapshots(ctx, t, mig, r.opts.VerifyTimeout); err != nil {
+			return false, err
+		}
+		defer func() {
+			if snaps != nil {
+				snaps.Close()
+			}
+		}()
+	}
 	begin := time.Now()
 	var start time.Time
 	mig.Freezes++
@@ -545,6 +584,12 @@ func (r *Runner) freezeAndFlip(ctx context.Context, t *shardmap.Tree, mig *shard
 			err = sh.WaitApplied(bctx, final)
 		}
 		steps.mark(&steps.drain)
+	}
+	if err == nil && snaps != nil {
+		// The source's moving slots are fenced and the target has applied
+		// past the fence: both sides hold the same rows of them now.
+		err = snaps.Take(bctx)
+		steps.mark(&steps.snapshots)
 	}
 	if err == nil {
 		r.crash("freeze")
@@ -594,6 +639,10 @@ func (r *Runner) freezeAndFlip(ctx context.Context, t *shardmap.Tree, mig *shard
 	if mig.Kind == shardmap.Fold {
 		r.metrics.ConsolidationsCommitted.WithLabelValues(mig.Tree, mig.Tenant, strconv.Itoa(mig.Source)).Inc()
 	}
+	if snaps != nil {
+		r.holdSnapshots(mig.ID, snaps)
+		snaps = nil
+	}
 	r.recordOwnership(ctx, t, flipped, mig)
 	r.publish(ctx, migrationEvent(EventMigrationCommitted, mig, flipped.Epoch))
 	return true, nil
@@ -605,8 +654,8 @@ func (r *Runner) freezeAndFlip(ctx context.Context, t *shardmap.Tree, mig *shard
 // the fence (with, beside it, the look for proxies cut off from Redis), the
 // final drain and the flip.
 type freezeSteps struct {
-	last                             time.Time
-	freeze, acks, fence, drain, flip time.Duration
+	last                                        time.Time
+	freeze, acks, fence, drain, snapshots, flip time.Duration
 }
 
 // mark sets *d to the time since the previous mark.
@@ -616,7 +665,7 @@ func (s *freezeSteps) mark(d *time.Duration) {
 }
 
 func (s *freezeSteps) attrs() []any {
-	return []any{"freeze_wait", s.freeze, "acks", s.acks, "fence", s.fence, "final_drain", s.drain, "flip", s.flip}
+	return []any{"freeze_wait", s.freeze, "acks", s.acks, "fence", s.fence, "final_drain", s.drain, "snapshots", s.snapshots, "flip", s.flip}
 }
 
 // recordOwnership updates the ownership records on the nodes after a flip.

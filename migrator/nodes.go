@@ -15,6 +15,9 @@ import (
 // so they are unit-tested with a fake (runner_test.go); clusterNodes is
 // the real one.
 type Nodes interface {
+	// The verification of each move (verify.go).
+	VerifyNodes
+
 	// NodeNames lists the nodes in cluster order.
 	NodeNames() []string
 	CreateShard(ctx context.Context, t *shardmap.Tree, idx int, node string, slots [][2]int, epoch uint64) error

@@ -38,6 +38,8 @@ var composable = map[string]bool{
 	"lattice_rebalance_status":   false,
 	"lattice_rebalance_complete": true,
 	"lattice_drain_complete":     true,
+	// Only without repair => true, which deletes rows (repairs).
+	"lattice_verify": false,
 }
 
 // changing are the functions that change the cluster: they run only in a
@@ -45,6 +47,19 @@ var composable = map[string]bool{
 var changing = map[string]bool{
 	"lattice_create_tree": true, "lattice_reshard": true, "lattice_add_node": true, "lattice_remove_node": true,
 	"lattice_move_shard": true, "lattice_rebalance": true, "lattice_drain_node": true,
+	"lattice_repair_migration": true,
+	// lattice_verify gets here only when it repairs.
+	"lattice_verify": true,
+}
+
+// repairs reports a lattice_verify call that asks to repair: it changes
+// the cluster, so it does not compose.
+func repairs(fc *FuncCall) bool {
+	if fc.Name != "lattice_verify" {
+		return false
+	}
+	_, named := fc.Named["repair"]
+	return len(fc.Args) > 1 || named
 }
 
 // Composable reports whether the lattice function name may be composed
@@ -153,11 +168,12 @@ func (p *planner) composeRoute(root proto.Message, w *walker, stmt string) route
 	}
 	for _, fc := range w.lattice {
 		name := latticeName(fc)
-		if _, ok := composable[name]; ok {
+		call, callOK := latticeCall(fc)
+		if _, ok := composable[name]; ok && !(callOK && repairs(call)) {
 			continue
 		}
 		if changing[name] {
-			if _, ok := latticeCall(fc); !ok {
+			if !callOK {
 				return refusedRoute(argsRefusal(name))
 			}
 			return refusedRoute(refused("Call it in a statement of its own: SELECT "+name+"(...) or SELECT * FROM "+name+"(...); then read lattice_reshard_status or lattice_shards, which compose.",

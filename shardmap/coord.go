@@ -33,9 +33,12 @@ const (
 	PhaseCopy    MigrationPhase = "copy"    // shadow copy under the exported snapshot
 	PhaseDrain   MigrationPhase = "drain"   // streaming until the lag is small
 	PhaseFreeze  MigrationPhase = "freeze"  // slots frozen, fence installed, final drain
-	PhaseFlip    MigrationPhase = "flip"    // map points the slots at the target
-	PhaseRelease MigrationPhase = "release" // moved rows, publication and slot removed
-	PhaseDone    MigrationPhase = "done"
+	PhaseFlip    MigrationPhase = "flip"    // map points the slots at the target; the move is being verified
+	// PhaseVerifyFailed: the target did not hold what the source held at the
+	// flip; the source keeps its rows until an operator repairs it.
+	PhaseVerifyFailed MigrationPhase = "verify_failed"
+	PhaseRelease      MigrationPhase = "release" // moved rows, publication and slot removed
+	PhaseDone         MigrationPhase = "done"
 )
 
 // Migration is one split or fold as recorded in the store before anything
@@ -57,6 +60,48 @@ type Migration struct {
 	LagBytes   int64          `json:"lag_bytes"`
 	Freezes    int            `json:"freezes"` // freeze attempts, rolled back ones included
 	LastError  string         `json:"last_error,omitempty"`
+	// Verify is the last verification of the move, nil before one.
+	Verify *Verification `json:"verify,omitempty"`
+}
+
+// Verification is the comparison of a move's slots on its source and its
+// target as of the flip (migrator/verify.go).
+type Verification struct {
+	// Exact: compared under snapshots taken inside the freeze. False when
+	// they were lost (a crash after the flip): the move went on unverified.
+	Exact bool  `json:"exact"`
+	Rows  int64 `json:"rows"` // rows compared on the source
+	// BytesScanned is the size of the tables the comparison read.
+	BytesScanned int64      `json:"bytes_scanned,omitempty"`
+	Seconds      float64    `json:"seconds"`
+	Differ       []SlotDiff `json:"differ,omitempty"`
+	// Rows differing under the snapshots, at most a bound, for the repair.
+	DiffRows []RowDiff `json:"diff_rows,omitempty"`
+	// DiffRowsCut: more rows differed than were kept.
+	DiffRowsCut bool `json:"diff_rows_cut,omitempty"`
+	// Written are the keys of the differing slots that clients wrote on
+	// the target between the flip and the freeze of those slots: their
+	// rows are newer than the source's, and a repair keeps them.
+	Written []RowDiff `json:"written,omitempty"`
+	// WrittenRead: Written was read (the differing slots were frozen first).
+	WrittenRead bool `json:"written_read,omitempty"`
+	// Repaired are the slots lattice_repair_migration made agree.
+	Repaired []int     `json:"repaired,omitempty"`
+	At       time.Time `json:"at"`
+}
+
+// SlotDiff is one slot whose rows differ between source and target.
+type SlotDiff struct {
+	Slot       int   `json:"slot"`
+	SourceRows int64 `json:"source_rows"`
+	TargetRows int64 `json:"target_rows"`
+}
+
+// RowDiff is one primary key whose row differs: Key is the key columns
+// as a row literal.
+type RowDiff struct {
+	Slot int    `json:"slot"`
+	Key  string `json:"key"`
 }
 
 // Reshard is a tree's persisted reshard intent.

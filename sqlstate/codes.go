@@ -214,6 +214,9 @@ const (
 	// InternalError: an error with no code of its own, and states the proxy
 	// should never reach.
 	InternalError = "XX000"
+	// DataCorrupted: a move's verification found the target's rows differ
+	// from the source's (lattice_repair_migration could not make them agree).
+	DataCorrupted = "XX001"
 )
 
 // Class LT, Lattice's own.

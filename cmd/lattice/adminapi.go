@@ -74,7 +74,7 @@ func (r adminResharder) Running(ctx context.Context) ([]admin.ReshardStatus, err
 func toAdminStatus(st *migrator.ReshardStatus) admin.ReshardStatus {
 	out := admin.ReshardStatus{Tenant: st.Tenant, Tree: st.Tree, Phase: st.Phase, From: st.From, Target: st.Target,
 		Shards: st.Shards, MigrationsInFlight: st.MigrationsInFlight, RowsCopied: st.RowsCopied, LagBytes: st.LagBytes,
-		ETASeconds: st.ETASeconds}
+		ETASeconds: st.ETASeconds, VerifyFailed: st.VerifyFailed, VerifyFailedSlots: st.VerifyFailedSlots}
 	if !st.Started.IsZero() {
 		out.StartedAt = &st.Started
 	}

@@ -14,6 +14,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -152,6 +153,12 @@ func (c *serveConfig) flags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.Reshard.EmptyTreeProbeBudget, "empty-probe-budget", 10*time.Second, "ceiling on the emptiness probe of lattice_reshard")
 	fs.DurationVar(&c.Migration.FreezeBudget, "freeze-budget", 2*time.Second, "longest write pause of one freeze; a freeze that does not fit is rolled back and retried")
 	fs.Int64Var(&c.Migration.FreezeLag, "freeze-lag", 256<<10, "replication lag in bytes under which a migration freezes")
+	fs.BoolFunc("verify-moves", "compare each move's slots on source and target, under snapshots taken in the freeze, before its source is released (true or false; default true)", func(v string) error {
+		on, err := strconv.ParseBool(v)
+		c.Migration.SkipVerify = !on
+		return err
+	})
+	fs.DurationVar(&c.Migration.VerifyTimeout, "verify-timeout", time.Minute, "statement_timeout of each statement of a move's verification")
 	fs.DurationVar(&c.ProxyLease, "proxy-lease", shardmap.DefaultLeaseTTL, "a proxy that cannot renew its registration in Redis for this long serves on from its cached maps only while it holds its sessions on every node (reshards wait for it), and otherwise refuses until it has re-read the maps")
 }
 

@@ -1,0 +1,527 @@
+package migrator
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"hash/fnv"
+	"log/slog"
+	"maps"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/jackc/pglogrepl"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/lattice-db/lattice/pgshard"
+	"github.com/lattice-db/lattice/shardmap"
+)
+
+// fakeNodes is Nodes in memory: each shard table is slot -> key -> value.
+// Its shadow copy copies at StartShadow and has nothing to stream after;
+// hooks let a test corrupt a row, stall the final drain or write as a
+// client would.
+type fakeNodes struct {
+	mu      sync.Mutex
+	nodes   []string
+	tables  map[int]map[int]map[string]string // shard -> slot -> key -> value
+	copied  map[string]bool                   // migration ids whose copy committed
+	fences  map[string]bool                   // "migration/shard"
+	events  []Event
+	calls   []string
+	stall   bool // the final drain never reaches the fence's position
+	noSnaps bool // OpenSnapshots fails
+	target  int  // the shard a test corrupts
+	// compareErr fails comparisons, as a statement timeout would.
+	compareErr error
+
+	// afterCompare runs after a comparison, before the differing slots'
+	// rows written since the flip are read: a client's write.
+	afterCompare func(f *fakeNodes)
+	crash        func(point string) // called at the copy's crash point
+}
+
+var _ Nodes = (*fakeNodes)(nil)
+
+func newFakeNodes() *fakeNodes {
+	return &fakeNodes{nodes: []string{"n1", "n2"}, tables: map[int]map[int]map[string]string{},
+		copied: map[string]bool{}, fences: map[string]bool{}}
+}
+
+func (f *fakeNodes) call(format string, args ...any) {
+	f.calls = append(f.calls, fmt.Sprintf(format, args...))
+}
+
+// called reports whether a call starting with prefix was made.
+func (f *fakeNodes) called(prefix string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.ContainsFunc(f.calls, func(c string) bool { return len(c) >= len(prefix) && c[:len(prefix)] == prefix })
+}
+
+func (f *fakeNodes) table(shard int) map[int]map[string]string {
+	if f.tables[shard] == nil {
+		f.tables[shard] = map[int]map[string]string{}
+	}
+	return f.tables[shard]
+}
+
+// put writes a row, as a client or a test would.
+func (f *fakeNodes) put(shard, slot int, key, value string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	tb := f.table(shard)
+	if tb[slot] == nil {
+		tb[slot] = map[string]string{}
+	}
+	tb[slot][key] = value
+}
+
+func (f *fakeNodes) get(shard, slot int, key string) (string, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	v, ok := f.tables[shard][slot][key]
+	return v, ok
+}
+
+// rows counts a shard's rows in slots.
+func (f *fakeNodes) rows(shard int, slots [][2]int) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	n := 0
+	for slot, rows := range f.tables[shard] {
+		if inRanges(slot, slots) {
+			n += len(rows)
+		}
+	}
+	return n
+}
+
+func (f *fakeNodes) NodeNames() []string { return f.nodes }
+
+func (f *fakeNodes) CreateShard(ctx context.Context, t *shardmap.Tree, idx int, node string, slots [][2]int, epoch uint64) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.call("create %d", idx)
+	f.table(idx)
+	return nil
+}
+
+func (f *fakeNodes) DropShard(ctx context.Context, t *shardmap.Tree, idx int, node string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.call("drop %d", idx)
+	delete(f.tables, idx)
+	return nil
+}
+
+func (f *fakeNodes) WriteOwnership(ctx context.Context, t *shardmap.Tree, idx int, node string, slots [][2]int, epoch uint64) error {
+	return nil
+}
+
+func (f *fakeNodes) PrepareSlotFence(ctx context.Context, node string, fc pgshard.SlotFence) error {
+	return nil
+}
+
+func (f *fakeNodes) ArmSlotFence(ctx context.Context, node string, fc pgshard.SlotFence) (string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.call("fence %s", fc.Migration)
+	f.fences[fmt.Sprintf("%s/%d", fc.Migration, fc.Shard)] = true
+	return "0/100", nil
+}
+
+func (f *fakeNodes) DropSlotFence(ctx context.Context, node string, fc pgshard.SlotFence) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.fences, fmt.Sprintf("%s/%d", fc.Migration, fc.Shard))
+	return nil
+}
+
+func (f *fakeNodes) InstallSlotFence(ctx context.Context, node string, fc pgshard.SlotFence) error {
+	_, err := f.ArmSlotFence(ctx, node, fc)
+	return err
+}
+
+func (f *fakeNodes) TreeRowCount(ctx context.Context, t *shardmap.Tree, m *shardmap.Map) (map[int]int64, error) {
+	out := map[int]int64{}
+	for idx := range m.Shards {
+		out[idx] = int64(f.rows(idx, [][2]int{{0, t.SlotCount - 1}}))
+	}
+	return out, nil
+}
+
+// ShardSizes weighs each row as 100 bytes.
+func (f *fakeNodes) ShardSizes(ctx context.Context, t *shardmap.Tree, m *shardmap.Map) (map[int]pgshard.ShardSize, error) {
+	rows, _ := f.TreeRowCount(ctx, t, m)
+	out := map[int]pgshard.ShardSize{}
+	for idx, n := range rows {
+		out[idx] = pgshard.ShardSize{Rows: n, Bytes: 100 * n}
+	}
+	return out, nil
+}
+
+func (f *fakeNodes) TreeEmpty(ctx context.Context, t *shardmap.Tree, m *shardmap.Map) (bool, error) {
+	n, _ := f.TreeRowCount(ctx, t, m)
+	for _, c := range n {
+		if c > 0 {
+			return false, nil
+		}
+	}
+	return true, nil
+}
+
+func (f *fakeNodes) Present(ctx context.Context, cluster string, nodes []string) (map[string]bool, error) {
+	return map[string]bool{}, nil
+}
+
+func (f *fakeNodes) WALPosition(ctx context.Context, node, tenant string) (pglogrepl.LSN, error) {
+	return 0x100, nil
+}
+
+func (f *fakeNodes) DeleteSlots(ctx context.Context, t *shardmap.Tree, node string, shard int, slots [][2]int, batch int) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.call("delete %d", shard)
+	for slot := range f.tables[shard] {
+		if inRanges(slot, slots) {
+			delete(f.tables[shard], slot)
+		}
+	}
+	return nil
+}
+
+func (f *fakeNodes) Notify(ctx context.Context, tenant, payload string) error {
+	var ev Event
+	if err := json.Unmarshal([]byte(payload), &ev); err != nil {
+		return err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.events = append(f.events, ev)
+	return nil
+}
+
+func (f *fakeNodes) eventNames() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []string
+	for _, e := range f.events {
+		out = append(out, e.Event)
+	}
+	return out
+}
+
+// StartShadow copies the moving rows unless an earlier run committed the
+// copy; a crash at "copy" leaves nothing copied, as the real copy's one
+// transaction does.
+func (f *fakeNodes) StartShadow(ctx context.Context, t *shardmap.Tree, mig *shardmap.Migration, log *slog.Logger) (Stream, error) {
+	f.mu.Lock()
+	done := f.copied[mig.ID]
+	f.mu.Unlock()
+	if !done {
+		if f.crash != nil {
+			f.crash("copy")
+		}
+		f.mu.Lock()
+		src, tgt := f.table(mig.Source), f.table(mig.Target)
+		for slot, rows := range src {
+			if inRanges(slot, mig.Slots) {
+				tgt[slot] = maps.Clone(rows)
+			}
+		}
+		f.copied[mig.ID] = true
+		f.call("copy %s", mig.ID)
+		f.mu.Unlock()
+	}
+	return &fakeStream{f: f}, nil
+}
+
+func (f *fakeNodes) DropShadow(ctx context.Context, t *shardmap.Tree, mig *shardmap.Migration) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.call("dropshadow %s", mig.ID)
+	return nil
+}
+
+type fakeStream struct{ f *fakeNodes }
+
+func (s *fakeStream) Stats() ShadowStats { return ShadowStats{Applied: 0x100, Copied: true} }
+
+func (s *fakeStream) WaitApplied(ctx context.Context, lsn pglogrepl.LSN) error {
+	s.f.mu.Lock()
+	stall := s.f.stall
+	s.f.mu.Unlock()
+	if stall {
+		<-ctx.Done()
+		return ctx.Err()
+	}
+	return nil
+}
+
+func (s *fakeStream) Stop() error { return nil }
+
+// The verification's side.
+
+func (f *fakeNodes) OpenSnapshots(ctx context.Context, t *shardmap.Tree, mig *shardmap.Migration, timeout time.Duration) (Snapshots, error) {
+	if f.noSnaps {
+		return nil, fmt.Errorf("fake: no connection")
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.call("opensnapshots %s", mig.ID)
+	return &fakeSnapshots{f: f, mig: mig}, nil
+}
+
+// slotRows copies one slot of a shard.
+func (f *fakeNodes) slotRows(shard, slot int) map[string]string {
+	return maps.Clone(f.tables[shard][slot])
+}
+
+func rowHash(k, v string) uint64 {
+	h := fnv.New64a()
+	h.Write([]byte(k + "\x00" + v))
+	return h.Sum64()
+}
+
+// diffKeys lists the keys of one slot whose rows differ between a and b.
+func diffKeys(slot int, a, b map[string]string) []shardmap.RowDiff {
+	var out []shardmap.RowDiff
+	for k, v := range a {
+		if w, ok := b[k]; !ok || w != v {
+			out = append(out, shardmap.RowDiff{Slot: slot, Key: k})
+		}
+	}
+	for k := range b {
+		if _, ok := a[k]; !ok {
+			out = append(out, shardmap.RowDiff{Slot: slot, Key: k})
+		}
+	}
+	slices.SortFunc(out, func(x, y shardmap.RowDiff) int {
+		if x.Key < y.Key {
+			return -1
+		}
+		return 1
+	})
+	return out
+}
+
+type fakeSnapshots struct {
+	f        *fakeNodes
+	mig      *shardmap.Migration
+	src, tgt map[int]map[string]string // slot -> rows at Take
+}
+
+func (s *fakeSnapshots) Take(ctx context.Context) error {
+	s.f.mu.Lock()
+	defer s.f.mu.Unlock()
+	s.f.call("take %s", s.mig.ID)
+	s.src, s.tgt = map[int]map[string]string{}, map[int]map[string]string{}
+	for _, rg := range s.mig.Slots {
+		for slot := rg[0]; slot <= rg[1]; slot++ {
+			s.src[slot], s.tgt[slot] = s.f.slotRows(s.mig.Source, slot), s.f.slotRows(s.mig.Target, slot)
+		}
+	}
+	return nil
+}
+
+func (s *fakeSnapshots) Compare(ctx context.Context) (*shardmap.Verification, error) {
+	if s.f.compareErr != nil {
+		return nil, s.f.compareErr
+	}
+	v := &shardmap.Verification{Exact: true}
+	for _, rg := range s.mig.Slots {
+		for slot := rg[0]; slot <= rg[1]; slot++ {
+			a, b := s.src[slot], s.tgt[slot]
+			var sa, sb uint64
+			for k, x := range a {
+				sa += rowHash(k, x)
+			}
+			for k, x := range b {
+				sb += rowHash(k, x)
+			}
+			v.Rows += int64(len(a))
+			if len(a) != len(b) || sa != sb {
+				v.Differ = append(v.Differ, shardmap.SlotDiff{Slot: slot, SourceRows: int64(len(a)), TargetRows: int64(len(b))})
+				v.DiffRows = append(v.DiffRows, diffKeys(slot, a, b)...)
+			}
+		}
+	}
+	if s.f.afterCompare != nil {
+		s.f.afterCompare(s.f)
+	}
+	return v, nil
+}
+
+func (s *fakeSnapshots) WrittenSince(ctx context.Context, slots []int) ([]shardmap.RowDiff, error) {
+	s.f.mu.Lock()
+	defer s.f.mu.Unlock()
+	var out []shardmap.RowDiff
+	for _, slot := range slots {
+		out = append(out, diffKeys(slot, s.tgt[slot], s.f.tables[s.mig.Target][slot])...)
+	}
+	return out, nil
+}
+
+func (s *fakeSnapshots) Close() {}
+
+func (f *fakeNodes) DiffNow(ctx context.Context, t *shardmap.Tree, mig *shardmap.Migration, slots []int, ignore []shardmap.RowDiff, timeout time.Duration) ([]shardmap.RowDiff, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []shardmap.RowDiff
+	for _, slot := range slots {
+		for _, d := range diffKeys(slot, f.tables[mig.Source][slot], f.tables[mig.Target][slot]) {
+			if !slices.Contains(ignore, d) {
+				out = append(out, d)
+			}
+		}
+	}
+	return out, nil
+}
+
+func (f *fakeNodes) RepairRows(ctx context.Context, t *shardmap.Tree, mig *shardmap.Migration, diffs []shardmap.RowDiff) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.call("repair %d", len(diffs))
+	tgt := f.table(mig.Target)
+	for _, d := range diffs {
+		if tgt[d.Slot] == nil {
+			tgt[d.Slot] = map[string]string{}
+		}
+		if v, ok := f.tables[mig.Source][d.Slot][d.Key]; ok {
+			tgt[d.Slot][d.Key] = v
+		} else {
+			delete(tgt[d.Slot], d.Key)
+		}
+	}
+	return nil
+}
+
+// phaseStore records every phase a migration record is written with.
+type phaseStore struct {
+	Store
+	mu     sync.Mutex
+	phases []shardmap.MigrationPhase
+}
+
+func (s *phaseStore) PutMigration(ctx context.Context, m *shardmap.Migration) error {
+	s.mu.Lock()
+	if n := len(s.phases); n == 0 || s.phases[n-1] != m.Phase {
+		s.phases = append(s.phases, m.Phase)
+	}
+	s.mu.Unlock()
+	return s.Store.PutMigration(ctx, m)
+}
+
+func (s *phaseStore) recorded() []shardmap.MigrationPhase {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.phases)
+}
+
+// crashed is the panic a test's crash hook raises in place of SIGKILL.
+type crashed struct{ point string }
+
+// testRig is a tree of 4 shards with 4 rows in each slot of 0..63, on a
+// fake cluster and a store in miniredis.
+type testRig struct {
+	t     *testing.T
+	ctx   context.Context
+	nodes *fakeNodes
+	store *phaseStore
+	tree  *shardmap.Tree
+	opts  Options
+}
+
+const rigSlots = 64
+
+func newRig(t *testing.T) *testRig {
+	t.Helper()
+	mr := miniredis.RunT(t)
+	rs := shardmap.NewRedisStore(redis.NewClient(&redis.Options{Addr: mr.Addr()}), "test")
+	t.Cleanup(func() { rs.Close() })
+	tree := &shardmap.Tree{Tenant: "app", Name: "items", KeyColumn: "id", KeyType: shardmap.KeyText,
+		Columns: []string{"id", "v"}, SlotCount: rigSlots, ShardCount: 4,
+		DDL: []string{"CREATE TABLE {{table}} (id text PRIMARY KEY, v text)"}}
+	m := shardmap.NewIdentityMap("app", "items", rigSlots, 4, []string{"n1", "n2"})
+	ctx := context.Background()
+	if err := rs.CreateTree(ctx, tree, m); err != nil {
+		t.Fatal(err)
+	}
+	r := &testRig{t: t, ctx: ctx, nodes: newFakeNodes(), store: &phaseStore{Store: rs}, tree: tree,
+		opts: Options{FreezeBudget: 200 * time.Millisecond, AckPoll: time.Millisecond}}
+	for slot := 0; slot < rigSlots; slot++ {
+		for i := 0; i < 4; i++ {
+			r.nodes.put(m.Slots[slot], slot, fmt.Sprintf("k%d-%d", slot, i), "v")
+		}
+	}
+	return r
+}
+
+// runner is a fresh Runner, as a restarted process has: no snapshots
+// held. A crash at point (if not empty) panics out of its run.
+func (r *testRig) runner(point string) *Runner {
+	run := newRunner(r.nodes, r.store, r.opts, nil, slog.New(slog.DiscardHandler))
+	run.crash = func(p string) {
+		if p == point {
+			panic(crashed{p})
+		}
+	}
+	r.nodes.crash = run.crash
+	return run
+}
+
+// run runs mig and reports the crash point it stopped at, "" if none.
+func (r *testRig) run(run *Runner, mig *shardmap.Migration) (point string, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			c, ok := p.(crashed)
+			if !ok {
+				panic(p)
+			}
+			point = c.point
+		}
+	}()
+	return "", run.Run(r.ctx, mig)
+}
+
+// stored is mig as the store holds it, nil once deleted.
+func (r *testRig) stored(mig *shardmap.Migration) *shardmap.Migration {
+	migs, err := r.store.Migrations(r.ctx, mig.Tenant, mig.Tree)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	for _, m := range migs {
+		if m.ID == mig.ID {
+			return m
+		}
+	}
+	return nil
+}
+
+func (r *testRig) mapNow() *shardmap.Map {
+	m, err := r.store.Map(r.ctx, r.tree.Tenant, r.tree.Name)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	return m
+}
+
+// start records a split of shard 0 or a fold of shard 1 into shard 0.
+func (r *testRig) start(kind shardmap.MigrationKind) *shardmap.Migration {
+	run := r.runner("")
+	var mig *shardmap.Migration
+	var err error
+	if kind == shardmap.Split {
+		mig, err = run.StartSplit(r.ctx, r.tree, 0)
+	} else {
+		mig, err = run.StartFold(r.ctx, r.tree, 1, 0)
+	}
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	return mig
+}

@@ -1,0 +1,218 @@
+package migrator
+
+import (
+	"slices"
+	"testing"
+
+	"github.com/lattice-db/lattice/shardmap"
+)
+
+// checkMoved checks a finished move: the map routes its slots to the
+// target, unfrozen; the target holds every moved row once, the source none;
+// no fence is left; the record is gone.
+func (r *testRig) checkMoved(mig *shardmap.Migration) {
+	r.t.Helper()
+	m := r.mapNow()
+	for _, rg := range mig.Slots {
+		for s := rg[0]; s <= rg[1]; s++ {
+			if m.Slots[s] != mig.Target {
+				r.t.Fatalf("slot %d routes to %d, want %d", s, m.Slots[s], mig.Target)
+			}
+		}
+	}
+	if len(m.Frozen) != 0 {
+		r.t.Errorf("frozen slots left: %v", m.Frozen)
+	}
+	slots := 0
+	for _, rg := range mig.Slots {
+		slots += rg[1] - rg[0] + 1
+	}
+	if got := r.nodes.rows(mig.Target, mig.Slots); got != 4*slots {
+		r.t.Errorf("target holds %d rows of the moved slots, want %d", got, 4*slots)
+	}
+	if got := r.nodes.rows(mig.Source, mig.Slots); got != 0 {
+		r.t.Errorf("source still holds %d moved rows", got)
+	}
+	if len(r.nodes.fences) != 0 {
+		r.t.Errorf("fences left: %v", r.nodes.fences)
+	}
+	if r.stored(mig) != nil {
+		r.t.Errorf("migration record left")
+	}
+}
+
+// TestRunPhases walks a split and a fold through the phase table, each
+// phase recorded before its work.
+func TestRunPhases(t *testing.T) {
+	want := []shardmap.MigrationPhase{shardmap.PhasePrepare, shardmap.PhaseCopy, shardmap.PhaseDrain,
+		shardmap.PhaseFreeze, shardmap.PhaseFlip, shardmap.PhaseRelease, shardmap.PhaseDone}
+	for _, kind := range []shardmap.MigrationKind{shardmap.Split, shardmap.Fold} {
+		t.Run(string(kind), func(t *testing.T) {
+			r := newRig(t)
+			mig := r.start(kind)
+			if _, err := r.run(r.runner(""), mig); err != nil {
+				t.Fatal(err)
+			}
+			r.checkMoved(mig)
+			if got := r.store.recorded(); !slices.Equal(got, want) {
+				t.Errorf("phases recorded %v, want %v", got, want)
+			}
+			if !r.nodes.called("take " + mig.ID) {
+				t.Error("the freeze took no snapshots")
+			}
+			if kind == shardmap.Fold && r.mapNow().Shards[mig.Source].State != shardmap.ShardRetired {
+				t.Error("fold donor not retired")
+			}
+			want := []string{EventMigrationCommitted, EventMigrationRetired}
+			if got := r.nodes.eventNames(); !slices.Equal(got, want) {
+				t.Errorf("events %v, want %v", got, want)
+			}
+		})
+	}
+}
+
+// TestPhaseTable holds the phase table whole: every phase is in it, every
+// phase it names is, and done is the only end.
+func TestPhaseTable(t *testing.T) {
+	all := []shardmap.MigrationPhase{shardmap.PhasePrepare, shardmap.PhaseCopy, shardmap.PhaseDrain, shardmap.PhaseFreeze,
+		shardmap.PhaseFlip, shardmap.PhaseVerifyFailed, shardmap.PhaseRelease, shardmap.PhaseDone}
+	for _, p := range all {
+		row, ok := phases[p]
+		if !ok {
+			t.Fatalf("phase %s is not in the table", p)
+		}
+		if row.does == "" || row.resume == "" {
+			t.Errorf("phase %s does not say what it does and how it resumes", p)
+		}
+		for _, n := range row.next {
+			if _, ok := phases[n]; !ok {
+				t.Errorf("phase %s is followed by %s, which is not in the table", p, n)
+			}
+		}
+		if (len(row.next) == 0) != (p == shardmap.PhaseDone) {
+			t.Errorf("phase %s: next %v", p, row.next)
+		}
+	}
+	if len(phases) != len(all) {
+		t.Errorf("the table has %d phases, the test knows %d", len(phases), len(all))
+	}
+	mig := &shardmap.Migration{ID: "x", Phase: shardmap.PhaseVerifyFailed}
+	if err := checkTransition(mig, shardmap.PhaseDone); err == nil {
+		t.Error("verify_failed may skip the release")
+	}
+	mig.Phase = shardmap.PhaseFreeze
+	if err := checkTransition(mig, shardmap.PhaseRelease); err == nil {
+		t.Error("a freeze may skip the flip's verification")
+	}
+}
+
+// TestRunCrashResume stops a run at each LATTICE_TEST_CRASH_AT point and
+// resumes it in a fresh runner, which holds no snapshots: the move
+// completes with every row once. A crash after the flip loses the
+// snapshots, so that move goes on unverified; before it, the resumed
+// freeze takes new ones and verifies.
+func TestRunCrashResume(t *testing.T) {
+	tests := []struct {
+		point      string
+		phase      shardmap.MigrationPhase // recorded at the crash
+		unverified bool
+	}{
+		{"copy", shardmap.PhaseCopy, false},
+		{"drain", shardmap.PhaseDrain, false},
+		{"freeze", shardmap.PhaseFreeze, false},
+		{"flip", shardmap.PhaseFreeze, true},
+		{"release", shardmap.PhaseRelease, false},
+	}
+	for _, kind := range []shardmap.MigrationKind{shardmap.Split, shardmap.Fold} {
+		for _, tc := range tests {
+			t.Run(string(kind)+"/"+tc.point, func(t *testing.T) {
+				r := newRig(t)
+				mig := r.start(kind)
+				point, err := r.run(r.runner(tc.point), mig)
+				if err != nil || point != tc.point {
+					t.Fatalf("run stopped at %q (%v), want the crash at %q", point, err, tc.point)
+				}
+				rec := r.stored(mig)
+				if rec.Phase != tc.phase {
+					t.Fatalf("phase recorded at the crash: %s, want %s", rec.Phase, tc.phase)
+				}
+				if _, err := r.run(r.runner(""), rec); err != nil {
+					t.Fatal(err)
+				}
+				r.checkMoved(mig)
+				if got := rec.Verify != nil && !rec.Verify.Exact; got != tc.unverified {
+					t.Errorf("unverified %v, want %v (verification %+v)", got, tc.unverified, rec.Verify)
+				}
+				if !tc.unverified && (rec.Verify == nil || !rec.Verify.Exact) && tc.phase != shardmap.PhaseRelease {
+					t.Errorf("the move was not verified: %+v", rec.Verify)
+				}
+			})
+		}
+	}
+}
+
+// TestFreezeRollback: a final drain that does not fit the budget rolls the
+// freeze back (fence dropped, slots thawed, back to drain), and the next
+// freeze flips.
+func TestFreezeRollback(t *testing.T) {
+	r := newRig(t)
+	mig := r.start(shardmap.Split)
+	r.nodes.stall = true
+	run := r.runner("")
+	// Stop at the second drain: the freeze rolled back into it.
+	drains := 0
+	run.crash = func(p string) {
+		if p == "drain" {
+			if drains++; drains == 2 {
+				panic(crashed{p})
+			}
+		}
+	}
+	if point, err := r.run(run, mig); point != "drain" || err != nil {
+		t.Fatalf("run stopped at %q (%v), want the second drain", point, err)
+	}
+	rec := r.stored(mig)
+	if rec.Phase != shardmap.PhaseDrain || rec.Freezes != 1 || rec.LastError == "" {
+		t.Fatalf("after the rollback: phase %s, freezes %d, last error %q", rec.Phase, rec.Freezes, rec.LastError)
+	}
+	if m := r.mapNow(); len(m.Frozen) != 0 || m.Slots[mig.Slots[0][0]] != mig.Source {
+		t.Fatalf("rollback left frozen %v, slot routed to %d", m.Frozen, m.Slots[mig.Slots[0][0]])
+	}
+	if len(r.nodes.fences) != 0 {
+		t.Fatalf("rollback left fences %v", r.nodes.fences)
+	}
+	r.nodes.stall = false
+	if _, err := r.run(r.runner(""), rec); err != nil {
+		t.Fatal(err)
+	}
+	r.checkMoved(mig)
+}
+
+// TestVerifyOff: without verification no snapshot is taken, and the move
+// completes.
+func TestVerifyOff(t *testing.T) {
+	r := newRig(t)
+	r.opts.SkipVerify = true
+	mig := r.start(shardmap.Split)
+	if _, err := r.run(r.runner(""), mig); err != nil {
+		t.Fatal(err)
+	}
+	r.checkMoved(mig)
+	if r.nodes.called("opensnapshots") {
+		t.Error("snapshots opened with verification off")
+	}
+}
+
+// TestSnapshotsUnavailable: a freeze whose snapshot connections cannot be
+// opened does not start; the run fails and freezes nothing.
+func TestSnapshotsUnavailable(t *testing.T) {
+	r := newRig(t)
+	r.nodes.noSnaps = true
+	mig := r.start(shardmap.Split)
+	if _, err := r.run(r.runner(""), mig); err == nil {
+		t.Fatal("run succeeded without its snapshots")
+	}
+	if m := r.mapNow(); len(m.Frozen) != 0 || m.Slots[mig.Slots[0][0]] != mig.Source {
+		t.Fatalf("frozen %v, slot routed to %d", m.Frozen, m.Slots[mig.Slots[0][0]])
+	}
+}

@@ -1,0 +1,428 @@
+package migrator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/lattice-db/lattice/btreeindex"
+	"github.com/lattice-db/lattice/pgshard"
+	"github.com/lattice-db/lattice/shardmap"
+)
+
+// verifySettings make a row's text the same on every node, whatever the
+// server's defaults: the checksum hashes it.
+const verifySettings = `SET LOCAL TimeZone = 'UTC'; SET LOCAL DateStyle = 'ISO, YMD'; SET LOCAL IntervalStyle = 'postgres';
+SET LOCAL extra_float_digits = 3; SET LOCAL bytea_output = 'hex'`
+
+// maxDiffRows bounds the differing rows a verification keeps for a repair,
+// and maxDiffSlots the slots it looks for them in.
+const (
+	maxDiffRows  = 1000
+	maxDiffSlots = 64
+)
+
+// pgSnapshots are the exported snapshots of one move: a REPEATABLE READ
+// transaction on each side, held open from the freeze until the comparison
+// has imported them on connections of its own.
+type pgSnapshots struct {
+	nodes    clusterNodes
+	t        *shardmap.Tree
+	mig      *shardmap.Migration
+	timeout  time.Duration
+	src, tgt *pgx.Conn // the exporting transactions
+	srcID    string
+	tgtID    string
+	// The comparison's transactions, which import the snapshots and stay
+	// open until Close, so that WrittenSince can read the flip's rows.
+	isrc, itgt *pgx.Conn
+}
+
+func (c clusterNodes) connectTenant(ctx context.Context, node, tenant string) (*pgx.Conn, error) {
+	dsn, err := c.TenantDSN(node, tenant)
+	if err != nil {
+		return nil, err
+	}
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return nil, fmt.Errorf("migrator: verification: connect to %s: %w", node, err)
+	}
+	return conn, nil
+}
+
+func (c clusterNodes) OpenSnapshots(ctx context.Context, t *shardmap.Tree, mig *shardmap.Migration, timeout time.Duration) (Snapshots, error) {
+	s := &pgSnapshots{nodes: c, t: t, mig: mig, timeout: timeout}
+	var err error
+	if s.src, err = c.connectTenant(ctx, mig.SourceNode, t.Tenant); err != nil {
+		return nil, err
+	}
+	if s.tgt, err = c.connectTenant(ctx, mig.TargetNode, t.Tenant); err != nil {
+		s.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// Take exports a snapshot on each side, one round trip each, in parallel.
+func (s *pgSnapshots) Take(ctx context.Context) error {
+	export := func(c *pgx.Conn, id *string) func() error {
+		return func() error {
+			rs, err := c.PgConn().Exec(ctx, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SELECT pg_export_snapshot()").ReadAll()
+			if err != nil {
+				return fmt.Errorf("migrator: export snapshot: %w", err)
+			}
+			if len(rs) != 2 || len(rs[1].Rows) != 1 {
+				return errors.New("migrator: export snapshot: no snapshot name")
+			}
+			*id = string(rs[1].Rows[0][0])
+			return nil
+		}
+	}
+	return both(export(s.src, &s.srcID), export(s.tgt, &s.tgtID))
+}
+
+// both runs f and g at once and returns the first error.
+func both(f, g func() error) error {
+	done := make(chan error, 1)
+	go func() { done <- g() }()
+	err := f()
+	if gerr := <-done; err == nil {
+		err = gerr
+	}
+	return err
+}
+
+func (s *pgSnapshots) Close() {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for _, c := range []*pgx.Conn{s.src, s.tgt, s.isrc, s.itgt} {
+		if c != nil {
+			c.Close(ctx)
+		}
+	}
+}
+
+// side is one end of a comparison: a connection in a transaction that
+// sees the rows to compare, and the shard table.
+type side struct {
+	conn  *pgx.Conn
+	table string
+}
+
+// begin opens the comparison's transaction on c, under snapshot if one is
+// given.
+func beginCompare(ctx context.Context, c *pgx.Conn, snapshot string, timeout time.Duration) error {
+	sql := "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
+	if snapshot != "" {
+		sql += "; SET TRANSACTION SNAPSHOT " + quoteLiteral(snapshot)
+	}
+	sql += "; " + verifySettings + fmt.Sprintf("; SET LOCAL statement_timeout = %d", timeout.Milliseconds())
+	_, err := c.PgConn().Exec(ctx, sql).ReadAll()
+	return err
+}
+
+// Compare imports the snapshots on new connections, lets the exporting
+// transactions go, and compares the moving slots.
+func (s *pgSnapshots) Compare(ctx context.Context) (*shardmap.Verification, error) {
+	src, err := s.nodes.connectTenant(ctx, s.mig.SourceNode, s.t.Tenant)
+	if err != nil {
+		return nil, err
+	}
+	s.isrc = src
+	tgt, err := s.nodes.connectTenant(ctx, s.mig.TargetNode, s.t.Tenant)
+	if err != nil {
+		return nil, err
+	}
+	s.itgt = tgt
+	if err := beginCompare(ctx, src, s.srcID, s.timeout); err != nil {
+		return nil, fmt.Errorf("migrator: import source snapshot: %w", err)
+	}
+	if err := beginCompare(ctx, tgt, s.tgtID, s.timeout); err != nil {
+		return nil, fmt.Errorf("migrator: import target snapshot: %w", err)
+	}
+	// The imports hold the snapshots now.
+	for _, c := range []*pgx.Conn{s.src, s.tgt} {
+		c.Close(ctx)
+	}
+	s.src, s.tgt = nil, nil
+	v, err := compareSlots(ctx, s.t, s.mig, side{src, pgshard.ShardTable(s.t, s.mig.Source)}, side{tgt, pgshard.ShardTable(s.t, s.mig.Target)}, s.mig.Slots)
+	if err != nil {
+		return nil, err
+	}
+	v.Exact = true
+	return v, nil
+}
+
+// WrittenSince lists the keys of slots whose target row now differs from
+// the target's row at the flip: rows clients wrote since, through the
+// proxy. The slots must be frozen, so the answer holds.
+func (s *pgSnapshots) WrittenSince(ctx context.Context, slots []int) ([]shardmap.RowDiff, error) {
+	now, err := s.nodes.connectTenant(ctx, s.mig.TargetNode, s.t.Tenant)
+	if err != nil {
+		return nil, err
+	}
+	defer now.Close(context.Background())
+	if err := beginCompare(ctx, now, "", s.timeout); err != nil {
+		return nil, err
+	}
+	table := pgshard.ShardTable(s.t, s.mig.Target)
+	return diffSides(ctx, s.t, side{s.itgt, table}, side{now, table}, slots, nil)
+}
+
+// DiffNow lists the keys of slots whose rows differ on source and target
+// as they are now, leaving out the keys in ignore; each side is read in a
+// transaction of its own.
+func (c clusterNodes) DiffNow(ctx context.Context, t *shardmap.Tree, mig *shardmap.Migration, slots []int, ignore []shardmap.RowDiff, timeout time.Duration) ([]shardmap.RowDiff, error) {
+	src, err := c.connectTenant(ctx, mig.SourceNode, t.Tenant)
+	if err != nil {
+		return nil, err
+	}
+	defer src.Close(context.Background())
+	tgt, err := c.connectTenant(ctx, mig.TargetNode, t.Tenant)
+	if err != nil {
+		return nil, err
+	}
+	defer tgt.Close(context.Background())
+	for _, conn := range []*pgx.Conn{src, tgt} {
+		if err := beginCompare(ctx, conn, "", timeout); err != nil {
+			return nil, err
+		}
+	}
+	return diffSides(ctx, t, side{src, pgshard.ShardTable(t, mig.Source)}, side{tgt, pgshard.ShardTable(t, mig.Target)}, slots, ignore)
+}
+
+// diffSides lists the differing keys of each slot, leaving out ignore.
+func diffSides(ctx context.Context, t *shardmap.Tree, a, b side, slots []int, ignore []shardmap.RowDiff) ([]shardmap.RowDiff, error) {
+	skip := map[shardmap.RowDiff]bool{}
+	for _, d := range ignore {
+		skip[shardmap.RowDiff{Slot: d.Slot, Key: d.Key}] = true
+	}
+	var out []shardmap.RowDiff
+	for _, slot := range slots {
+		rows, _, err := diffRows(ctx, t, a, b, slot, maxDiffRows+len(ignore))
+		if err != nil {
+			return nil, err
+		}
+		for _, d := range rows {
+			if !skip[shardmap.RowDiff{Slot: d.Slot, Key: d.Key}] {
+				out = append(out, shardmap.RowDiff{Slot: d.Slot, Key: d.Key})
+			}
+		}
+	}
+	return out, nil
+}
+
+// slotSum is one slot's row count and sum of row hashes on one side.
+type slotSum struct {
+	rows int64
+	sum  string // numeric, as text: a sum of int8 hashes does not fit in one
+}
+
+// checksumSQL sums, per slot of the chunk, the rows and a 64-bit hash of
+// each row's text: order-independent, and unlike XOR a pair of equal rows
+// does not cancel, while the count catches a row lost and another doubled.
+func checksumSQL(t *shardmap.Tree, table string, chunk [2]int) string {
+	return fmt.Sprintf("SELECT %s AS slot, count(*), sum(hashtextextended(x::text, 0))::text FROM %s x WHERE %s GROUP BY 1",
+		btreeindex.SlotExpr(t, "x"), table, btreeindex.SlotPredicate(t, "x", [][2]int{chunk}))
+}
+
+func readSums(ctx context.Context, sd side, t *shardmap.Tree, chunk [2]int) (map[int]slotSum, error) {
+	rows, err := sd.conn.Query(ctx, checksumSQL(t, sd.table, chunk))
+	if err != nil {
+		return nil, err
+	}
+	out := map[int]slotSum{}
+	for rows.Next() {
+		var slot int
+		var s slotSum
+		if err := rows.Scan(&slot, &s.rows, &s.sum); err != nil {
+			return nil, err
+		}
+		out[slot] = s
+	}
+	return out, rows.Err()
+}
+
+// compareSlots compares the slots one range at a time, in one statement a
+// side (the two sides in parallel), each scanning its table once under
+// the statement timeout; then, for each differing slot, it finds the
+// differing rows.
+func compareSlots(ctx context.Context, t *shardmap.Tree, mig *shardmap.Migration, src, tgt side, slots [][2]int) (*shardmap.Verification, error) {
+	start := time.Now()
+	v := &shardmap.Verification{At: start.UTC()}
+	// Each range's statement reads both tables whole.
+	var size int64
+	for _, sd := range []side{src, tgt} {
+		var n int64
+		if err := sd.conn.QueryRow(ctx, "SELECT pg_table_size($1::regclass)", sd.table).Scan(&n); err != nil {
+			return nil, err
+		}
+		size += n
+	}
+	v.BytesScanned = size * int64(len(slots))
+	for _, ch := range slots {
+		var a, b map[int]slotSum
+		err := both(func() (err error) { a, err = readSums(ctx, src, t, ch); return },
+			func() (err error) { b, err = readSums(ctx, tgt, t, ch); return })
+		if err != nil {
+			return nil, fmt.Errorf("migrator: verify slots %d-%d of migration %s: %w", ch[0], ch[1], mig.ID, err)
+		}
+		for s := ch[0]; s <= ch[1]; s++ {
+			v.Rows += a[s].rows
+			if a[s] != b[s] {
+				v.Differ = append(v.Differ, shardmap.SlotDiff{Slot: s, SourceRows: a[s].rows, TargetRows: b[s].rows})
+			}
+		}
+	}
+	for i, d := range v.Differ {
+		// Each differing slot costs a scan of both tables.
+		if len(v.DiffRows) >= maxDiffRows || i >= maxDiffSlots {
+			v.DiffRowsCut = true
+			break
+		}
+		rows, cut, err := diffRows(ctx, t, src, tgt, d.Slot, maxDiffRows-len(v.DiffRows))
+		if err != nil {
+			return nil, err
+		}
+		v.DiffRows = append(v.DiffRows, rows...)
+		v.DiffRowsCut = v.DiffRowsCut || cut
+	}
+	v.Seconds = time.Since(start).Seconds()
+	return v, nil
+}
+
+// keyExpr is the row literal of the primary key columns of alias x.
+func keyExpr(ctx context.Context, c *pgx.Conn, table string) (string, error) {
+	_, pkey, err := tableColumns(ctx, c, table)
+	if err != nil {
+		return "", err
+	}
+	q := make([]string, len(pkey))
+	for i, k := range pkey {
+		q[i] = "x." + pgx.Identifier{k}.Sanitize()
+	}
+	return "ROW(" + strings.Join(q, ", ") + ")::text", nil
+}
+
+// rowHashes reads key -> row hash of one slot.
+func rowHashes(ctx context.Context, sd side, t *shardmap.Tree, key string, slot int) (map[string]string, error) {
+	rows, err := sd.conn.Query(ctx, fmt.Sprintf("SELECT %s, hashtextextended(x::text, 0)::text FROM %s x WHERE %s",
+		key, sd.table, btreeindex.SlotPredicate(t, "x", [][2]int{{slot, slot}})))
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]string{}
+	for rows.Next() {
+		var k, h string
+		if err := rows.Scan(&k, &h); err != nil {
+			return nil, err
+		}
+		out[k] = h
+	}
+	return out, rows.Err()
+}
+
+// diffRows lists at most limit keys of slot whose rows differ.
+func diffRows(ctx context.Context, t *shardmap.Tree, src, tgt side, slot, limit int) ([]shardmap.RowDiff, bool, error) {
+	key, err := keyExpr(ctx, src.conn, src.table)
+	if err != nil {
+		return nil, false, err
+	}
+	a, err := rowHashes(ctx, src, t, key, slot)
+	if err != nil {
+		return nil, false, err
+	}
+	b, err := rowHashes(ctx, tgt, t, key, slot)
+	if err != nil {
+		return nil, false, err
+	}
+	var out []shardmap.RowDiff
+	add := func(k string) bool {
+		if len(out) >= limit {
+			return false
+		}
+		out = append(out, shardmap.RowDiff{Slot: slot, Key: k})
+		return true
+	}
+	for k, sa := range a {
+		if sb, ok := b[k]; !ok || sb != sa {
+			if !add(k) {
+				return out, true, nil
+			}
+		}
+	}
+	for k := range b {
+		if _, ok := a[k]; !ok {
+			if !add(k) {
+				return out, true, nil
+			}
+		}
+	}
+	return out, false, nil
+}
+
+// RepairRows makes the target's row of each key in diffs the source's
+// (deleting it where the source has none), in one target transaction.
+func (c clusterNodes) RepairRows(ctx context.Context, t *shardmap.Tree, mig *shardmap.Migration, diffs []shardmap.RowDiff) error {
+	src, err := c.connectTenant(ctx, mig.SourceNode, t.Tenant)
+	if err != nil {
+		return err
+	}
+	defer src.Close(context.Background())
+	tgt, err := c.connectTenant(ctx, mig.TargetNode, t.Tenant)
+	if err != nil {
+		return err
+	}
+	defer tgt.Close(context.Background())
+	srcTable, tgtTable := pgshard.ShardTable(t, mig.Source), pgshard.ShardTable(t, mig.Target)
+	cols, _, err := tableColumns(ctx, src, srcTable)
+	if err != nil {
+		return err
+	}
+	key, err := keyExpr(ctx, src, srcTable)
+	if err != nil {
+		return err
+	}
+	tx, err := tgt.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback(context.Background())
+	if _, err := tx.Exec(ctx, "SET LOCAL "+pgshard.MigratorSetting+" = 'on'"); err != nil {
+		return err
+	}
+	for _, d := range diffs {
+		pred := btreeindex.SlotPredicate(t, "x", [][2]int{{d.Slot, d.Slot}})
+		if _, err := tx.Exec(ctx, fmt.Sprintf("DELETE FROM %s x WHERE %s AND %s = $1", tgtTable, pred, key), d.Key); err != nil {
+			return err
+		}
+		// The source's row, if it has one, as the text of its row type:
+		// source and target tables have the template's definition.
+		var row *string
+		err := src.QueryRow(ctx, fmt.Sprintf("SELECT x::text FROM %s x WHERE %s AND %s = $1", srcTable, pred, key), d.Key).Scan(&row)
+		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			return err
+		}
+		if row != nil {
+			if _, err := tx.Exec(ctx, fmt.Sprintf("INSERT INTO %s (%s) SELECT (r).* FROM (SELECT $1::%s AS r) s",
+				tgtTable, quoteAll(cols), tgtTable), *row); err != nil {
+				return err
+			}
+		}
+	}
+	return tx.Commit(ctx)
+}
+
+// formatSlots lists slots for a message: "17, 300".
+func formatSlots(d []shardmap.SlotDiff) string {
+	parts := make([]string, len(d))
+	for i, x := range d {
+		parts[i] = strconv.Itoa(x.Slot)
+	}
+	return strings.Join(parts, ", ")
+}
