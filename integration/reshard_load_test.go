@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -45,6 +46,19 @@ type reshardLoad struct {
 	keys    int
 	writes  atomic.Int64
 	reads   atomic.Int64
+	// tolerate lists SQLSTATEs that refuse a statement without running
+	// it (a fault test's expected errors): counted in refused, not fatal.
+	tolerate []string
+	refused  atomic.Int64
+}
+
+// refusal reports whether err is one of the tolerated refusals.
+func (r *reshardLoad) refusal(err error) bool {
+	if slices.Contains(r.tolerate, sqlState(err)) {
+		r.refused.Add(1)
+		return true
+	}
+	return false
 }
 
 func (r *reshardLoad) writer(ctx context.Context, w int) error {
@@ -67,6 +81,9 @@ func (r *reshardLoad) writer(ctx context.Context, w int) error {
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil // cut off by the end of the run: never acknowledged
+			}
+			if r.refusal(err) {
+				continue
 			}
 			return fmt.Errorf("writer %d, key %s: %w", w, k, err)
 		}
@@ -95,8 +112,8 @@ func (r *reshardLoad) reader(ctx context.Context, i int) error {
 				return fmt.Errorf("stale read of %s: no row, but version %d was acknowledged before the read", k, before.ver)
 			}
 		case err != nil:
-			if ctx.Err() != nil {
-				return nil
+			if ctx.Err() != nil || r.refusal(err) {
+				continue
 			}
 			return fmt.Errorf("reader %d, key %s: %w", i, k, err)
 		case v < before.ver:
@@ -221,6 +238,16 @@ func TestReshardUnderLoad(t *testing.T) {
 // of a retired donor is left.
 func verifyReshardedTree(t *testing.T, ctx context.Context, proxy *pgxpool.Pool, ledger *loadLedger, shards int) {
 	t.Helper()
+	dsns := make([]string, 3)
+	for i := range dsns {
+		dsns[i] = testNodeDSN(t, i)
+	}
+	verifyLedgerOn(t, ctx, proxy, dsns, ledger, shards)
+}
+
+// verifyLedgerOn is verifyReshardedTree over the nodes at dsns (n1, n2, ...).
+func verifyLedgerOn(t *testing.T, ctx context.Context, proxy *pgxpool.Pool, dsns []string, ledger *loadLedger, shards int) {
+	t.Helper()
 	// The proxy serves lattice_shards only whole (SELECT * FROM ...).
 	rows, err := proxy.Query(ctx, "SELECT * FROM lattice_shards('catalogue')")
 	if err != nil {
@@ -256,8 +283,8 @@ func verifyReshardedTree(t *testing.T, ctx context.Context, proxy *pgxpool.Pool,
 	}
 	seen := map[string]int{}
 	values := map[string]int64{}
-	for i := range 3 {
-		c, err := pgx.Connect(ctx, testNodeDSN(t, i))
+	for i, dsn := range dsns {
+		c, err := pgx.Connect(ctx, dsn)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -1,6 +1,7 @@
 // Command lattice is the Lattice proxy: `serve` runs it, `demo` starts a
-// local cluster with it, `passwd` makes a users-file line, and `status`,
-// `shards` and `reshard` ask a running proxy's admin API.
+// local cluster with it, `passwd` makes a users-file line, `status`,
+// `shards` and `reshard` ask a running proxy's admin API, and
+// `recover-map` rebuilds lost shard maps from the nodes.
 package main
 
 import (
@@ -36,6 +37,7 @@ Usage:
   lattice status  [--admin URL] [--tenant T]                     proxies, trees and running reshards
   lattice shards  TREE [--admin URL] [--tenant T]                a tree's shards with size estimates
   lattice reshard TREE N [--wait] [--admin URL] [--tenant T]     reshard a tree to N shards; --wait shows progress until done
+  lattice recover-map --redis URL --node NAME=DSN [...]          rebuild the shard maps Redis lost, from the nodes
 
 --admin defaults to $LATTICE_ADMIN, else http://127.0.0.1:9090.
 
@@ -64,6 +66,8 @@ func main() {
 		err = newCLI().shardsCmd(ctx, os.Args[2:])
 	case "reshard":
 		err = newCLI().reshardCmd(ctx, os.Args[2:])
+	case "recover-map":
+		err = recoverMapCmd(ctx, os.Args[2:], os.Stdout)
 	case "-h", "--help", "help":
 		fmt.Print(usage)
 	default:
@@ -242,6 +246,7 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, ready func(pg
 	defer cluster.Close()
 
 	cache := shardmap.NewCache(store, time.Second, log)
+	cache.CheckNodes(cluster)
 	cacheCtx, stopCache := context.WithCancel(ctx)
 	defer stopCache()
 	go func() {
