@@ -67,7 +67,7 @@ const (
 type Coordinator struct {
 	id         string
 	runner     *Runner
-	cluster    *pgshard.Cluster
+	cluster    Nodes
 	store      Store
 	opts       CoordinatorOptions
 	metrics    *Metrics

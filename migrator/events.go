@@ -61,11 +61,7 @@ func (r *Runner) publish(ctx context.Context, ev Event) {
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), eventTimeout)
 	defer cancel()
-	p, err := r.cluster.Admin(ctx, r.cluster.Catalog().Name, ev.Tenant)
-	if err == nil {
-		_, err = p.Exec(ctx, "SELECT pg_notify($1, $2)", EventsChannel, string(payload))
-	}
-	if err != nil {
+	if err := r.cluster.Notify(ctx, ev.Tenant, string(payload)); err != nil {
 		r.log.Warn("tree event not published", "event", ev.Event, "tree", ev.Tree, "tenant", ev.Tenant, "err", err)
 	}
 }

@@ -12,9 +12,7 @@ import (
 	"time"
 
 	"github.com/jackc/pglogrepl"
-	"github.com/jackc/pgx/v5"
 
-	"github.com/lattice-db/lattice/btreeindex"
 	"github.com/lattice-db/lattice/pgshard"
 	"github.com/lattice-db/lattice/shardmap"
 )
@@ -61,7 +59,7 @@ type Store interface {
 // change is recorded before the phase's work, and every step can run again,
 // so a migration resumes from its record after a crash.
 type Runner struct {
-	cluster *pgshard.Cluster
+	cluster Nodes
 	store   Store
 	log     *slog.Logger
 	opts    Options
@@ -69,17 +67,25 @@ type Runner struct {
 	// clusterID names the presence sessions this deployment's proxies hold.
 	clusterID clusterID
 	reserved  reservations
+	// crash is called at each LATTICE_TEST_CRASH_AT point (crashPoint);
+	// the unit tests stop a run there instead of killing the process.
+	crash func(point string)
 }
 
 // NewRunner returns a runner. metrics and log may be nil.
 func NewRunner(cluster *pgshard.Cluster, store Store, opts Options, metrics *Metrics, log *slog.Logger) *Runner {
+	return newRunner(clusterNodes{cluster}, store, opts, metrics, log)
+}
+
+// newRunner is NewRunner on any Nodes.
+func newRunner(nodes Nodes, store Store, opts Options, metrics *Metrics, log *slog.Logger) *Runner {
 	if log == nil {
 		log = slog.Default()
 	}
 	if metrics == nil {
 		metrics = NewMetrics(nil)
 	}
-	return &Runner{cluster: cluster, store: store, log: log, opts: opts.withDefaults(), metrics: metrics}
+	return &Runner{cluster: nodes, store: store, log: log, opts: opts.withDefaults(), metrics: metrics, crash: crashPoint}
 }
 
 func newID() string {
@@ -217,18 +223,6 @@ func (r *Runner) setPhase(ctx context.Context, mig *shardmap.Migration, p shardm
 	return r.store.PutMigration(ctx, mig)
 }
 
-func (r *Runner) shadowSpec(t *shardmap.Tree, mig *shardmap.Migration) (ShadowSpec, error) {
-	src, err := r.cluster.TenantDSN(mig.SourceNode, t.Tenant)
-	if err != nil {
-		return ShadowSpec{}, err
-	}
-	dst, err := r.cluster.TenantDSN(mig.TargetNode, t.Tenant)
-	if err != nil {
-		return ShadowSpec{}, err
-	}
-	return ShadowSpec{ID: mig.ID, Tree: t, SourceDSN: src, TargetDSN: dst, Source: mig.Source, Target: mig.Target, Slots: mig.Slots}, nil
-}
-
 func (r *Runner) fence(t *shardmap.Tree, mig *shardmap.Migration, epoch uint64) pgshard.SlotFence {
 	return pgshard.SlotFence{Migration: mig.ID, Tree: t, Shard: mig.Source, Slots: mig.Slots, Target: mig.Target, Epoch: epoch,
 		Handover: &pgshard.Handover{Kind: string(mig.Kind), TargetNode: mig.TargetNode}}
@@ -242,7 +236,7 @@ func (r *Runner) Run(ctx context.Context, mig *shardmap.Migration) error {
 		return err
 	}
 	r.forgetReserved(t)
-	var sh *Shadow
+	var sh Stream
 	defer func() {
 		if sh != nil {
 			_ = sh.Stop()
@@ -261,11 +255,7 @@ func (r *Runner) Run(ctx context.Context, mig *shardmap.Migration) error {
 			}
 		case shardmap.PhaseCopy, shardmap.PhaseDrain:
 			if sh == nil {
-				spec, err := r.shadowSpec(t, mig)
-				if err != nil {
-					return err
-				}
-				if sh, err = StartShadow(ctx, spec, log); err != nil {
+				if sh, err = r.cluster.StartShadow(ctx, t, mig, log); err != nil {
 					return err
 				}
 				if mig.Phase == shardmap.PhaseCopy {
@@ -279,7 +269,7 @@ func (r *Runner) Run(ctx context.Context, mig *shardmap.Migration) error {
 					return err
 				}
 			}
-			crashPoint("drain")
+			r.crash("drain")
 			if err := r.drainQuiet(ctx, t, mig, sh); err != nil {
 				return err
 			}
@@ -382,19 +372,11 @@ func (r *Runner) prepare(ctx context.Context, t *shardmap.Tree, mig *shardmap.Mi
 
 // sourceLSN is the source node's current WAL position.
 func (r *Runner) sourceLSN(ctx context.Context, t *shardmap.Tree, mig *shardmap.Migration) (pglogrepl.LSN, error) {
-	p, err := r.cluster.Admin(ctx, mig.SourceNode, t.Tenant)
-	if err != nil {
-		return 0, err
-	}
-	var s string
-	if err := p.QueryRow(ctx, "SELECT pg_current_wal_lsn()::text").Scan(&s); err != nil {
-		return 0, err
-	}
-	return pglogrepl.ParseLSN(s)
+	return r.cluster.WALPosition(ctx, mig.SourceNode, t.Tenant)
 }
 
 // drain waits until the stream is within FreezeLag of the source.
-func (r *Runner) drain(ctx context.Context, t *shardmap.Tree, mig *shardmap.Migration, sh *Shadow) error {
+func (r *Runner) drain(ctx context.Context, t *shardmap.Tree, mig *shardmap.Migration, sh Stream) error {
 	for {
 		cur, err := r.sourceLSN(ctx, t, mig)
 		if err != nil {
@@ -435,7 +417,7 @@ const quietWait = 10 * time.Second
 // benchmark, none once freezes waited). The last drain comes after the
 // last look, so a bulk transaction that committed before it is decoded
 // before the freeze.
-func (r *Runner) drainQuiet(ctx context.Context, t *shardmap.Tree, mig *shardmap.Migration, sh *Shadow) error {
+func (r *Runner) drainQuiet(ctx context.Context, t *shardmap.Tree, mig *shardmap.Migration, sh Stream) error {
 	deadline := time.Now().Add(quietWait)
 	for {
 		busy, err := r.bulkWritesOnSource(ctx, mig)
@@ -531,7 +513,7 @@ func (r *Runner) waitCutOff(ctx context.Context, t *shardmap.Tree, m *shardmap.M
 // freezeAndFlip freezes the moving slots, fences the source, waits for the
 // final drain and flips the map, all within the freeze budget. It returns
 // false after rolling back a freeze that did not fit.
-func (r *Runner) freezeAndFlip(ctx context.Context, t *shardmap.Tree, mig *shardmap.Migration, sh *Shadow, log *slog.Logger) (bool, error) {
+func (r *Runner) freezeAndFlip(ctx context.Context, t *shardmap.Tree, mig *shardmap.Migration, sh Stream, log *slog.Logger) (bool, error) {
 	// Everything that does not need the slots frozen happens before the
 	// pause starts.
 	fence := r.fence(t, mig, 0)
@@ -579,7 +561,7 @@ func (r *Runner) freezeAndFlip(ctx context.Context, t *shardmap.Tree, mig *shard
 		steps.mark(&steps.drain)
 	}
 	if err == nil {
-		crashPoint("freeze")
+		r.crash("freeze")
 	}
 	if err != nil {
 		if ctx.Err() != nil {
@@ -614,7 +596,7 @@ func (r *Runner) freezeAndFlip(ctx context.Context, t *shardmap.Tree, mig *shard
 	if err != nil {
 		return false, err
 	}
-	crashPoint("flip")
+	r.crash("flip")
 	steps.mark(&steps.flip)
 	pause := time.Since(start)
 	log.Info("flipped", append(steps.attrs(), "pause", pause, "epoch", flipped.Epoch, "final_lsn", final)...)
@@ -712,14 +694,10 @@ func (r *Runner) release(ctx context.Context, t *shardmap.Tree, mig *shardmap.Mi
 	if err := r.waitAcks(ctx, t, m); err != nil {
 		return err
 	}
-	spec, err := r.shadowSpec(t, mig)
-	if err != nil {
+	if err := r.cluster.DropShadow(ctx, t, mig); err != nil {
 		return err
 	}
-	if err := DropShadow(ctx, spec); err != nil {
-		return err
-	}
-	crashPoint("release")
+	r.crash("release")
 	if mig.Kind == shardmap.Fold {
 		if m.SlotCounts()[mig.Source] > 0 {
 			r.log.Warn("fold donor still owns slots; keeping its storage", "migration", mig.ID, "donor", mig.Source)
@@ -761,28 +739,5 @@ func (r *Runner) otherMigrationOn(ctx context.Context, mig *shardmap.Migration) 
 // deleteMoved deletes a split's moved rows from its source in batches, each
 // its own short transaction that passes the fence.
 func (r *Runner) deleteMoved(ctx context.Context, t *shardmap.Tree, mig *shardmap.Migration) error {
-	p, err := r.cluster.Admin(ctx, mig.SourceNode, t.Tenant)
-	if err != nil {
-		return err
-	}
-	table := pgshard.ShardTable(t, mig.Source)
-	q := fmt.Sprintf("DELETE FROM %s WHERE ctid = ANY (ARRAY(SELECT ctid FROM %s WHERE %s LIMIT %d))",
-		table, table, btreeindex.SlotPredicate(t, "", mig.Slots), r.opts.ReleaseBatch)
-	for {
-		var n int64
-		err := pgx.BeginFunc(ctx, p, func(tx pgx.Tx) error {
-			if _, err := tx.Exec(ctx, "SET LOCAL "+pgshard.MigratorSetting+" = 'on'"); err != nil {
-				return err
-			}
-			tag, err := tx.Exec(ctx, q)
-			n = tag.RowsAffected()
-			return err
-		})
-		if err != nil {
-			return fmt.Errorf("migrator: release moved rows of shard %d: %w", mig.Source, err)
-		}
-		if n == 0 {
-			return nil
-		}
-	}
+	return r.cluster.DeleteSlots(ctx, t, mig.SourceNode, mig.Source, mig.Slots, r.opts.ReleaseBatch)
 }

@@ -51,7 +51,7 @@ func RecoverMaps(ctx context.Context, cluster *pgshard.Cluster, store Store, opt
 	if log == nil {
 		log = slog.Default()
 	}
-	rc := &recovery{cluster: cluster, store: store, opts: opts, log: log,
+	rc := &recovery{cluster: cluster, nodes: clusterNodes{cluster}, store: store, opts: opts, log: log,
 		runner: NewRunner(cluster, store, Options{}, nil, log)}
 	dbs, err := cluster.Databases(ctx)
 	if err != nil {
@@ -77,6 +77,7 @@ func RecoverMaps(ctx context.Context, cluster *pgshard.Cluster, store Store, opt
 
 type recovery struct {
 	cluster *pgshard.Cluster
+	nodes   clusterNodes
 	store   Store
 	runner  *Runner
 	opts    RecoverOptions
@@ -318,11 +319,7 @@ func (rc *recovery) finish(ctx context.Context, t *shardmap.Tree, mv pgshard.Mov
 		}
 		tgt.slots = mergeRanges(tgt.slots, mv.Slots)
 	}
-	spec, err := rc.runner.shadowSpec(t, mig)
-	if err != nil {
-		return err
-	}
-	if err := DropShadow(ctx, spec); err != nil {
+	if err := rc.nodes.DropShadow(ctx, t, mig); err != nil {
 		return err
 	}
 	src := shards[mv.Source]
@@ -342,15 +339,11 @@ func (rc *recovery) finish(ctx context.Context, t *shardmap.Tree, mv pgshard.Mov
 // drain applies the stream of a fenced migration up to its source's
 // current WAL position.
 func (rc *recovery) drain(ctx context.Context, t *shardmap.Tree, mig *shardmap.Migration) error {
-	spec, err := rc.runner.shadowSpec(t, mig)
-	if err != nil {
-		return err
-	}
 	lsn, err := rc.runner.sourceLSN(ctx, t, mig)
 	if err != nil {
 		return err
 	}
-	sh, err := StartShadow(ctx, spec, rc.log)
+	sh, err := rc.nodes.StartShadow(ctx, t, mig, rc.log)
 	if err != nil {
 		return err
 	}
@@ -394,25 +387,17 @@ func (rc *recovery) rollBack(ctx context.Context, t *shardmap.Tree, id string, s
 			progress = append(progress, o)
 		}
 	}
-	srcDSN, err := rc.cluster.TenantDSN(pub.Node, t.Tenant)
-	if err != nil {
-		return err
-	}
-	// Without a progress row no copy committed: the target is the source's
-	// own node for the spec's sake, and nothing is deleted there.
-	target, tgtDSN := pub.Shard, srcDSN
+	// Without a progress row no copy committed: the target is the source
+	// itself for DropShadow's sake, which then deletes no progress row.
+	mig := &shardmap.Migration{ID: id, Tenant: t.Tenant, Tree: t.Name, Source: pub.Shard, SourceNode: pub.Node,
+		Target: pub.Shard, TargetNode: pub.Node, Slots: [][2]int{{0, t.SlotCount - 1}}}
 	if len(progress) > 0 {
-		target = progress[0].Shard
-		if tgtDSN, err = rc.cluster.TenantDSN(progress[0].Node, t.Tenant); err != nil {
-			return err
-		}
+		mig.Target, mig.TargetNode = progress[0].Shard, progress[0].Node
 	}
-	spec := ShadowSpec{ID: id, Tree: t, SourceDSN: srcDSN, TargetDSN: tgtDSN, Source: pub.Shard, Target: target,
-		Slots: [][2]int{{0, t.SlotCount - 1}}}
-	if err := DropShadow(ctx, spec); err != nil {
+	if err := rc.nodes.DropShadow(ctx, t, mig); err != nil {
 		return err
 	}
-	fence := pgshard.SlotFence{Migration: id, Tree: t, Shard: pub.Shard, Slots: spec.Slots}
+	fence := pgshard.SlotFence{Migration: id, Tree: t, Shard: pub.Shard, Slots: mig.Slots}
 	if err := rc.cluster.DropSlotFence(ctx, pub.Node, fence); err != nil {
 		return err
 	}
@@ -422,13 +407,10 @@ func (rc *recovery) rollBack(ctx context.Context, t *shardmap.Tree, id string, s
 			continue // a split target: dropped with the shards that own nothing
 		}
 		// A fold survivor: only its own slots' rows stay.
-		mig := &shardmap.Migration{ID: id, Tenant: t.Tenant, Tree: t.Name, Source: p.Shard, SourceNode: s.node,
-			Slots: pgshard.ComplementSlots(s.slots, t.SlotCount)}
-		if len(mig.Slots) == 0 {
-			continue
-		}
-		if err := rc.runner.deleteMoved(ctx, t, mig); err != nil {
-			return err
+		if stray := pgshard.ComplementSlots(s.slots, t.SlotCount); len(stray) > 0 {
+			if err := rc.nodes.DeleteSlots(ctx, t, s.node, p.Shard, stray, rc.runner.opts.ReleaseBatch); err != nil {
+				return err
+			}
 		}
 	}
 	return nil

@@ -2,6 +2,7 @@ package router
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/lattice-db/lattice/shardmap"
@@ -71,6 +72,29 @@ func BenchmarkPlanColdInsert10(b *testing.B) {
 	p := NewPlanner(0)
 	trees := testTrees()
 	b.ReportAllocs()
+	for i := 0; i < b.N; i++ {
+		plans, err := p.Plan(sql, trees, 1)
+		if err != nil || plans[0].Kind != InsertSplit {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkPlanColdInsertWide plans an INSERT of 21,845 rows, 65,535
+// parameters, the most one Bind can carry: planning must stay linear in
+// the statement, or one client's statement costs everyone seconds.
+func BenchmarkPlanColdInsertWide(b *testing.B) {
+	var sb strings.Builder
+	sb.WriteString("INSERT INTO orders (id, customer, total) VALUES ")
+	for i := 0; i < 65535/3; i++ {
+		if i > 0 {
+			sb.WriteString(", ")
+		}
+		fmt.Fprintf(&sb, "($%d, $%d, $%d)", 3*i+1, 3*i+2, 3*i+3)
+	}
+	sql := sb.String()
+	p := NewPlanner(0)
+	trees := testTrees()
 	for i := 0; i < b.N; i++ {
 		plans, err := p.Plan(sql, trees, 1)
 		if err != nil || plans[0].Kind != InsertSplit {

@@ -311,12 +311,16 @@ func (p *planner) splitter(tree *shardmap.Tree, rows, refs []span, start, end in
 	cut := func(a, b int) []piece {
 		var out []piece
 		at, lead := a, ""
-		for _, h := range holes {
+		// Holes do not overlap, so sorted by start they are sorted by end:
+		// a search finds the first that reaches past a, which keeps a
+		// statement of many rows linear.
+		first := sort.Search(len(holes), func(i int) bool { return holes[i].end > a })
+		for _, h := range holes[first:] {
+			if h.start >= b {
+				break
+			}
 			if h.start < a || h.end > b {
-				if h.start < b && h.end > a {
-					return nil // a hole across a boundary: impossible, refuse
-				}
-				continue
+				return nil // a hole across a boundary: impossible, refuse
 			}
 			var before, next string
 			if h.param < 0 {

@@ -1,0 +1,71 @@
+package migrator
+
+import (
+	"context"
+	"log/slog"
+
+	"github.com/jackc/pglogrepl"
+
+	"github.com/lattice-db/lattice/pgshard"
+	"github.com/lattice-db/lattice/shardmap"
+)
+
+// Nodes is what a Runner asks of the PostgreSQL nodes. The pipeline's
+// phases, crash points and rollbacks depend on nothing else of the nodes,
+// so they are unit-tested with a fake (runner_test.go); clusterNodes is
+// the real one.
+type Nodes interface {
+	// NodeNames lists the nodes in cluster order.
+	NodeNames() []string
+	CreateShard(ctx context.Context, t *shardmap.Tree, idx int, node string, slots [][2]int, epoch uint64) error
+	DropShard(ctx context.Context, t *shardmap.Tree, idx int, node string) error
+	WriteOwnership(ctx context.Context, t *shardmap.Tree, idx int, node string, slots [][2]int, epoch uint64) error
+	// ClaimSlots adds slots to a shard's ownership record (a flipped
+	// migration's target); ReserveMap raises the catalog node's epoch
+	// ceiling and high-water mark of a tree before a map write passes them
+	// (docs/DESIGN.md section 16).
+	ClaimSlots(ctx context.Context, t *shardmap.Tree, idx int, node string, slots [][2]int, epoch uint64) error
+	ReserveMap(ctx context.Context, t *shardmap.Tree, epoch uint64, highWater int) (ceiling uint64, high int, err error)
+
+	PrepareSlotFence(ctx context.Context, node string, f pgshard.SlotFence) error
+	// ArmSlotFence arms the fence and returns the WAL position read in its
+	// transaction.
+	ArmSlotFence(ctx context.Context, node string, f pgshard.SlotFence) (string, error)
+	DropSlotFence(ctx context.Context, node string, f pgshard.SlotFence) error
+	// InstallSlotFence prepares and arms a fence (the empty-tree re-pin).
+	InstallSlotFence(ctx context.Context, node string, f pgshard.SlotFence) error
+
+	// TreeRowCount estimates each shard's rows; TreeEmpty probes a tree
+	// for rows (the coordinator's fold plan and re-pin).
+	TreeRowCount(ctx context.Context, t *shardmap.Tree, m *shardmap.Map) (map[int]int64, error)
+	TreeEmpty(ctx context.Context, t *shardmap.Tree, m *shardmap.Map) (bool, error)
+
+	// Present lists the presence sessions of cluster's proxies on one of
+	// nodes (section 12).
+	Present(ctx context.Context, cluster string, nodes []string) (map[string]bool, error)
+	// WALPosition is node's current WAL position.
+	WALPosition(ctx context.Context, node, tenant string) (pglogrepl.LSN, error)
+	// DeleteSlots deletes the rows of slots from a shard table in
+	// transactions of at most batch rows that pass the fence.
+	DeleteSlots(ctx context.Context, t *shardmap.Tree, node string, shard int, slots [][2]int, batch int) error
+	// Notify sends a tree event to the tenant's listeners.
+	Notify(ctx context.Context, tenant, payload string) error
+
+	// StartShadow starts (or resumes) mig's shadow copy.
+	StartShadow(ctx context.Context, t *shardmap.Tree, mig *shardmap.Migration, log *slog.Logger) (Stream, error)
+	// DropShadow removes what mig's shadow copy made; missing pieces are
+	// fine.
+	DropShadow(ctx context.Context, t *shardmap.Tree, mig *shardmap.Migration) error
+}
+
+// Stream is a running shadow copy as the pipeline sees it.
+type Stream interface {
+	Stats() ShadowStats
+	// WaitApplied waits until every source change before lsn is in the
+	// target.
+	WaitApplied(ctx context.Context, lsn pglogrepl.LSN) error
+	// Stop ends the stream; the copy's state on the nodes stays.
+	Stop() error
+}
+
+var _ Stream = (*Shadow)(nil)

@@ -1,0 +1,101 @@
+package migrator
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/lattice-db/lattice/btreeindex"
+	"github.com/lattice-db/lattice/pgshard"
+	"github.com/lattice-db/lattice/shardmap"
+)
+
+// clusterNodes is Nodes on the real cluster.
+type clusterNodes struct {
+	*pgshard.Cluster
+}
+
+var _ Nodes = clusterNodes{}
+
+func (c clusterNodes) WALPosition(ctx context.Context, node, tenant string) (pglogrepl.LSN, error) {
+	p, err := c.Admin(ctx, node, tenant)
+	if err != nil {
+		return 0, err
+	}
+	var s string
+	if err := p.QueryRow(ctx, "SELECT pg_current_wal_lsn()::text").Scan(&s); err != nil {
+		return 0, err
+	}
+	return pglogrepl.ParseLSN(s)
+}
+
+func (c clusterNodes) DeleteSlots(ctx context.Context, t *shardmap.Tree, node string, shard int, slots [][2]int, batch int) error {
+	p, err := c.Admin(ctx, node, t.Tenant)
+	if err != nil {
+		return err
+	}
+	table := pgshard.ShardTable(t, shard)
+	q := fmt.Sprintf("DELETE FROM %s WHERE ctid = ANY (ARRAY(SELECT ctid FROM %s WHERE %s LIMIT %d))",
+		table, table, btreeindex.SlotPredicate(t, "", slots), batch)
+	for {
+		var n int64
+		err := pgx.BeginFunc(ctx, p, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, "SET LOCAL "+pgshard.MigratorSetting+" = 'on'"); err != nil {
+				return err
+			}
+			tag, err := tx.Exec(ctx, q)
+			n = tag.RowsAffected()
+			return err
+		})
+		if err != nil {
+			return fmt.Errorf("migrator: release moved rows of shard %d: %w", shard, err)
+		}
+		if n == 0 {
+			return nil
+		}
+	}
+}
+
+func (c clusterNodes) Notify(ctx context.Context, tenant, payload string) error {
+	p, err := c.Admin(ctx, c.Catalog().Name, tenant)
+	if err != nil {
+		return err
+	}
+	_, err = p.Exec(ctx, "SELECT pg_notify($1, $2)", EventsChannel, payload)
+	return err
+}
+
+func (c clusterNodes) shadowSpec(t *shardmap.Tree, mig *shardmap.Migration) (ShadowSpec, error) {
+	src, err := c.TenantDSN(mig.SourceNode, t.Tenant)
+	if err != nil {
+		return ShadowSpec{}, err
+	}
+	dst, err := c.TenantDSN(mig.TargetNode, t.Tenant)
+	if err != nil {
+		return ShadowSpec{}, err
+	}
+	return ShadowSpec{ID: mig.ID, Tree: t, SourceDSN: src, TargetDSN: dst, Source: mig.Source, Target: mig.Target, Slots: mig.Slots}, nil
+}
+
+func (c clusterNodes) StartShadow(ctx context.Context, t *shardmap.Tree, mig *shardmap.Migration, log *slog.Logger) (Stream, error) {
+	spec, err := c.shadowSpec(t, mig)
+	if err != nil {
+		return nil, err
+	}
+	sh, err := StartShadow(ctx, spec, log)
+	if err != nil {
+		return nil, err // not a typed nil: the pipeline tests the Stream for nil
+	}
+	return sh, nil
+}
+
+func (c clusterNodes) DropShadow(ctx context.Context, t *shardmap.Tree, mig *shardmap.Migration) error {
+	spec, err := c.shadowSpec(t, mig)
+	if err != nil {
+		return err
+	}
+	return DropShadow(ctx, spec)
+}
