@@ -110,9 +110,11 @@ func TestRecoverMapIdle(t *testing.T) {
 		"rec_a": createFaultTreeIn(t, ctx, pool, "rec_a", 4000, 4),
 		"rec_b": createFaultTreeIn(t, ctx, pool, "rec_b", 3000, 3),
 	}
-	// A split and a fold make a map that is not the identity, with a
-	// retired index; DDL makes the log longer than the creation.
-	if _, err := pool.Exec(ctx, "SELECT lattice_reshard('rec_b', 4)"); err != nil {
+	// A fold and a split make a map that is not the identity, with a
+	// retired index, and a map epoch past every ownership record's (the
+	// split's release clears the source's mixed flag after the last
+	// record); DDL makes the log longer than the creation.
+	if _, err := pool.Exec(ctx, "SELECT lattice_reshard('rec_b', 2)"); err != nil {
 		t.Fatal(err)
 	}
 	waitReshardComplete(t, ctx, pool, "rec_b", 90*time.Second)
@@ -133,11 +135,19 @@ func TestRecoverMapIdle(t *testing.T) {
 		before[name], regs[name] = m, tr
 	}
 
+	deployment, err := fc.store.ClusterID(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
 	fc.flushRedis(t, ctx)
 	for name, rows := range trees {
 		waitRefused(t, ctx, pool, name, len(rows))
 	}
 	out := fc.recoverMap(t, ctx)
+	// The proxy's presence sessions name the deployment that Redis lost.
+	if got, err := fc.store.ClusterID(ctx); err != nil || got != deployment {
+		t.Errorf("deployment id after recovery %q (%v), want %q as before", got, err, deployment)
+	}
 	for name := range trees {
 		if !strings.Contains(out, "lattice/"+name+": rebuilt at epoch") {
 			t.Errorf("recover-map did not report %s rebuilt", name)

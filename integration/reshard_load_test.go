@@ -48,17 +48,30 @@ type reshardLoad struct {
 	reads   atomic.Int64
 	// tolerate lists SQLSTATEs that refuse a statement without running
 	// it (a fault test's expected errors): counted in refused, not fatal.
-	tolerate []string
-	refused  atomic.Int64
+	tolerate  []string
+	refused   atomic.Int64
+	refusedMu sync.Mutex
+	refusedAt []time.Time
 }
 
-// refusal reports whether err is one of the tolerated refusals.
+// refusal reports whether err is one of the tolerated refusals, and
+// notes when it came.
 func (r *reshardLoad) refusal(err error) bool {
-	if slices.Contains(r.tolerate, sqlState(err)) {
-		r.refused.Add(1)
-		return true
+	if !slices.Contains(r.tolerate, sqlState(err)) {
+		return false
 	}
-	return false
+	r.refused.Add(1)
+	r.refusedMu.Lock()
+	r.refusedAt = append(r.refusedAt, time.Now())
+	r.refusedMu.Unlock()
+	return true
+}
+
+// refusalTimes is when each tolerated refusal came.
+func (r *reshardLoad) refusalTimes() []time.Time {
+	r.refusedMu.Lock()
+	defer r.refusedMu.Unlock()
+	return slices.Clone(r.refusedAt)
 }
 
 func (r *reshardLoad) writer(ctx context.Context, w int) error {
@@ -109,7 +122,7 @@ func (r *reshardLoad) reader(ctx context.Context, i int) error {
 			deletedSince := r.ledger.deletes[k] > before.ver
 			r.ledger.mu.Unlock()
 			if !before.deleted && !deletedSince {
-				return fmt.Errorf("stale read of %s: no row, but version %d was acknowledged before the read", k, before.ver)
+				return fmt.Errorf("stale read of %s through proxy %d at %s: no row, but version %d was acknowledged before the read", k, i%len(r.pools), time.Now().Format(time.StampMilli), before.ver)
 			}
 		case err != nil:
 			if ctx.Err() != nil || r.refusal(err) {
@@ -117,7 +130,7 @@ func (r *reshardLoad) reader(ctx context.Context, i int) error {
 			}
 			return fmt.Errorf("reader %d, key %s: %w", i, k, err)
 		case v < before.ver:
-			return fmt.Errorf("stale read of %s: version %d, but %d (deleted %v) was acknowledged before the read", k, v, before.ver, before.deleted)
+			return fmt.Errorf("stale read of %s through proxy %d at %s: version %d, but %d (deleted %v) was acknowledged before the read", k, i%len(r.pools), time.Now().Format(time.StampMilli), v, before.ver, before.deleted)
 		}
 		r.reads.Add(1)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"sync"
@@ -411,4 +412,38 @@ func ComplementSlots(ranges [][2]int, slotCount int) [][2]int {
 		}
 	}
 	return out
+}
+
+// Deployments lists the deployment ids that the presence sessions of
+// running proxies carry on the nodes (PresenceName), for `lattice
+// recover-map` to give Redis back the id its proxies still use.
+func (c *Cluster) Deployments(ctx context.Context) ([]string, error) {
+	names := c.NodeNames()
+	per := make([][]string, len(names))
+	err := forEachNode(ctx, names, func(ctx context.Context, node string) error {
+		p, err := c.Admin(ctx, node, c.DefaultTenant())
+		if err != nil {
+			return err
+		}
+		rows, err := p.Query(ctx, `SELECT DISTINCT split_part(substr(application_name, $2), '/', 1)
+FROM pg_catalog.pg_stat_activity WHERE application_name LIKE $1 ORDER BY 1`, presencePrefix+"%/%", len(presencePrefix)+1)
+		if err != nil {
+			return fmt.Errorf("pgshard: node %s: presence sessions: %w", node, err)
+		}
+		per[indexOf(names, node)], err = pgx.CollectRows(rows, pgx.RowTo[string])
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, ids := range per {
+		for _, id := range ids {
+			if id != "" && !slices.Contains(out, id) {
+				out = append(out, id)
+			}
+		}
+	}
+	sort.Strings(out)
+	return out, nil
 }

@@ -549,3 +549,17 @@ func (s *RedisStore) ClusterID(ctx context.Context) (string, error) {
 	}
 	return id, nil
 }
+
+// RestoreClusterID stores id as the deployment id unless one is stored
+// (`lattice recover-map`: the proxies still running name their presence
+// sessions with the id Redis lost), and returns the stored one.
+func (s *RedisStore) RestoreClusterID(ctx context.Context, id string) (string, error) {
+	if err := s.client.SetNX(ctx, s.clusterIDKey(), id, 0).Err(); err != nil {
+		return "", fmt.Errorf("shardmap: cluster id: %w", err)
+	}
+	got, err := s.client.Get(ctx, s.clusterIDKey()).Result()
+	if err != nil {
+		return "", fmt.Errorf("shardmap: cluster id: %w", err)
+	}
+	return got, nil
+}

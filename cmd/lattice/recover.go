@@ -52,6 +52,9 @@ func recoverMapCmd(ctx context.Context, args []string, out io.Writer) error {
 		return err
 	}
 	defer cluster.Close()
+	if err := restoreDeployment(ctx, cluster, store, out); err != nil {
+		return err
+	}
 	trees, err := migrator.RecoverMaps(ctx, cluster, store, opts, log)
 	for _, t := range trees {
 		fmt.Fprintln(out, recoveredLine(t))
@@ -71,4 +74,33 @@ func recoveredLine(t migrator.RecoveredTree) string {
 		line += "; rolled back migrations " + strings.Join(t.RolledBack, ", ")
 	}
 	return line
+}
+
+// restoreDeployment gives Redis back the deployment id that the running
+// proxies' presence sessions carry: coordinators look for proxies cut off
+// from Redis by it (docs/DESIGN.md section 12), and one created anew would
+// find none of them.
+func restoreDeployment(ctx context.Context, cluster *pgshard.Cluster, store *shardmap.RedisStore, out io.Writer) error {
+	ids, err := cluster.Deployments(ctx)
+	if err != nil {
+		return err
+	}
+	switch len(ids) {
+	case 0:
+		return nil // no proxy runs: the next one to start creates an id
+	case 1:
+	default:
+		fmt.Fprintf(out, "warning: the nodes hold presence sessions of several deployments (%s); the deployment id is not restored\n", strings.Join(ids, ", "))
+		return nil
+	}
+	got, err := store.RestoreClusterID(ctx, ids[0])
+	if err != nil {
+		return err
+	}
+	if got != ids[0] {
+		fmt.Fprintf(out, "warning: Redis holds deployment id %s, the running proxies use %s: restart them so that reshards see the ones cut off from Redis\n", got, ids[0])
+		return nil
+	}
+	fmt.Fprintf(out, "deployment id %s restored from the proxies' sessions on the nodes\n", got)
+	return nil
 }
