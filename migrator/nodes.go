@@ -23,7 +23,7 @@ type Nodes interface {
 	// ClaimSlots adds slots to a shard's ownership record (a flipped
 	// migration's target); ReserveMap raises the catalog node's epoch
 	// ceiling and high-water mark of a tree before a map write passes them
-	// (docs/DESIGN.md section 16).
+	// (docs/DESIGN.md section 17).
 	ClaimSlots(ctx context.Context, t *shardmap.Tree, idx int, node string, slots [][2]int, epoch uint64) error
 	ReserveMap(ctx context.Context, t *shardmap.Tree, epoch uint64, highWater int) (ceiling uint64, high int, err error)
 

@@ -37,7 +37,7 @@ type RecoveredTree struct {
 
 // RecoverMaps rebuilds, from the nodes, the registry entry and the map of
 // every tree that the store lacks, in every tenant database of the catalog
-// node (docs/DESIGN.md section 16). A migration that armed its fence is
+// node (docs/DESIGN.md section 17). A migration that armed its fence is
 // finished; one that did not is rolled back. Each rebuilt map's epoch is
 // above any the tree's map ever had, so no proxy's cache keeps an older
 // one. A tree the store still has is skipped.

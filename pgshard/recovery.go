@@ -16,7 +16,7 @@ import (
 )
 
 // What `lattice recover-map` reads from the nodes: the material a tree's
-// registry entry and map are rebuilt from (docs/DESIGN.md section 16).
+// registry entry and map are rebuilt from (docs/DESIGN.md section 17).
 
 // Databases lists the databases of the catalog node that may be tenants.
 func (c *Cluster) Databases(ctx context.Context) ([]string, error) {
@@ -171,8 +171,8 @@ type Moving struct {
 
 // ReadMoving reads every MovingTable row of tenant on every node.
 func (c *Cluster) ReadMoving(ctx context.Context, tenant string) ([]Moving, error) {
-	per := make([][]Moving, len(c.nodes))
 	names := c.NodeNames()
+	per := make([][]Moving, len(names))
 	err := forEachNode(ctx, names, func(ctx context.Context, node string) error {
 		recs, err := c.readNodeMoving(ctx, node, tenant)
 		per[indexOf(names, node)] = recs

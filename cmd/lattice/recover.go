@@ -16,7 +16,7 @@ import (
 
 // recoverMapCmd is `lattice recover-map`: it rebuilds, from the nodes, the
 // registry entries and maps of the trees that Redis lost (docs/DESIGN.md
-// section 16), and prints one line per tree.
+// section 17), and prints one line per tree.
 func recoverMapCmd(ctx context.Context, args []string, out io.Writer) error {
 	var (
 		redisURL, level string
