@@ -352,6 +352,13 @@ func startProxyEnv(t testing.TB, nodes int, env []string, extraArgs ...string) *
 // n2, ... in order), for tests that run their own servers.
 func startProxyOn(t testing.TB, redisURL string, nodeDSNs []string, env []string, extraArgs ...string) *proxyProc {
 	t.Helper()
+	return startProxyAt(t, "127.0.0.1", nil, redisURL, nodeDSNs, env, extraArgs...)
+}
+
+// startProxyAt is startProxyOn listening on host, the command run under
+// wrap (e.g. "ip netns exec NS", for the partition tests).
+func startProxyAt(t testing.TB, host string, wrap []string, redisURL string, nodeDSNs []string, env []string, extraArgs ...string) *proxyProc {
+	t.Helper()
 	bin := latticeBinary(t)
 	port, err := localnode.FreePort()
 	if err != nil {
@@ -362,8 +369,8 @@ func startProxyOn(t testing.TB, redisURL string, nodeDSNs []string, env []string
 		t.Fatal(err)
 	}
 	p := &proxyProc{
-		Addr:      fmt.Sprintf("127.0.0.1:%d", port),
-		AdminAddr: fmt.Sprintf("127.0.0.1:%d", adminPort),
+		Addr:      net.JoinHostPort(host, strconv.Itoa(port)),
+		AdminAddr: net.JoinHostPort(host, strconv.Itoa(adminPort)),
 		log:       &syncBuffer{},
 		done:      make(chan struct{}),
 	}
@@ -382,7 +389,8 @@ func startProxyOn(t testing.TB, redisURL string, nodeDSNs []string, env []string
 		out = io.MultiWriter(p.log, f)
 		t.Cleanup(func() { f.Close() })
 	}
-	p.cmd = exec.Command(bin, p.Args...)
+	argv := append(append(append([]string(nil), wrap...), bin), p.Args...)
+	p.cmd = exec.Command(argv[0], argv[1:]...)
 	p.cmd.Stdout = out
 	p.cmd.Stderr = out
 	p.cmd.Env = append(append(os.Environ(), "GORACE=halt_on_error=0"), env...)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -45,6 +46,32 @@ type reshardLoad struct {
 	keys    int
 	writes  atomic.Int64
 	reads   atomic.Int64
+	// tolerate lists SQLSTATEs that refuse a statement without running
+	// it (a fault test's expected errors): counted in refused, not fatal.
+	tolerate  []string
+	refused   atomic.Int64
+	refusedMu sync.Mutex
+	refusedAt []time.Time
+}
+
+// refusal reports whether err is one of the tolerated refusals, and
+// notes when it came.
+func (r *reshardLoad) refusal(err error) bool {
+	if !slices.Contains(r.tolerate, sqlState(err)) {
+		return false
+	}
+	r.refused.Add(1)
+	r.refusedMu.Lock()
+	r.refusedAt = append(r.refusedAt, time.Now())
+	r.refusedMu.Unlock()
+	return true
+}
+
+// refusalTimes is when each tolerated refusal came.
+func (r *reshardLoad) refusalTimes() []time.Time {
+	r.refusedMu.Lock()
+	defer r.refusedMu.Unlock()
+	return slices.Clone(r.refusedAt)
 }
 
 func (r *reshardLoad) writer(ctx context.Context, w int) error {
@@ -67,6 +94,9 @@ func (r *reshardLoad) writer(ctx context.Context, w int) error {
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil // cut off by the end of the run: never acknowledged
+			}
+			if r.refusal(err) {
+				continue
 			}
 			return fmt.Errorf("writer %d, key %s: %w", w, k, err)
 		}
@@ -92,15 +122,15 @@ func (r *reshardLoad) reader(ctx context.Context, i int) error {
 			deletedSince := r.ledger.deletes[k] > before.ver
 			r.ledger.mu.Unlock()
 			if !before.deleted && !deletedSince {
-				return fmt.Errorf("stale read of %s: no row, but version %d was acknowledged before the read", k, before.ver)
+				return fmt.Errorf("stale read of %s through proxy %d at %s: no row, but version %d was acknowledged before the read", k, i%len(r.pools), time.Now().Format(time.StampMilli), before.ver)
 			}
 		case err != nil:
-			if ctx.Err() != nil {
-				return nil
+			if ctx.Err() != nil || r.refusal(err) {
+				continue
 			}
 			return fmt.Errorf("reader %d, key %s: %w", i, k, err)
 		case v < before.ver:
-			return fmt.Errorf("stale read of %s: version %d, but %d (deleted %v) was acknowledged before the read", k, v, before.ver, before.deleted)
+			return fmt.Errorf("stale read of %s through proxy %d at %s: version %d, but %d (deleted %v) was acknowledged before the read", k, i%len(r.pools), time.Now().Format(time.StampMilli), v, before.ver, before.deleted)
 		}
 		r.reads.Add(1)
 	}
@@ -221,6 +251,16 @@ func TestReshardUnderLoad(t *testing.T) {
 // of a retired donor is left.
 func verifyReshardedTree(t *testing.T, ctx context.Context, proxy *pgxpool.Pool, ledger *loadLedger, shards int) {
 	t.Helper()
+	dsns := make([]string, 3)
+	for i := range dsns {
+		dsns[i] = testNodeDSN(t, i)
+	}
+	verifyLedgerOn(t, ctx, proxy, dsns, ledger, shards)
+}
+
+// verifyLedgerOn is verifyReshardedTree over the nodes at dsns (n1, n2, ...).
+func verifyLedgerOn(t *testing.T, ctx context.Context, proxy *pgxpool.Pool, dsns []string, ledger *loadLedger, shards int) {
+	t.Helper()
 	// The proxy serves lattice_shards only whole (SELECT * FROM ...).
 	rows, err := proxy.Query(ctx, "SELECT * FROM lattice_shards('catalogue')")
 	if err != nil {
@@ -256,8 +296,8 @@ func verifyReshardedTree(t *testing.T, ctx context.Context, proxy *pgxpool.Pool,
 	}
 	seen := map[string]int{}
 	values := map[string]int64{}
-	for i := range 3 {
-		c, err := pgx.Connect(ctx, testNodeDSN(t, i))
+	for i, dsn := range dsns {
+		c, err := pgx.Connect(ctx, dsn)
 		if err != nil {
 			t.Fatal(err)
 		}

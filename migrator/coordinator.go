@@ -496,6 +496,7 @@ func repinFence(t *shardmap.Tree, op string, idx int) pgshard.SlotFence {
 // then can no write slip in between. The map becomes an identity map over
 // shards 0..n-1, reviving retired indices as empty shards.
 func (c *Coordinator) tryRepin(ctx context.Context, t *shardmap.Tree, op *shardmap.Reshard) (bool, error) {
+	c.runner.forgetReserved(t)
 	pctx, cancel := context.WithTimeout(ctx, c.opts.EmptyTreeProbeBudget)
 	defer cancel()
 	m, err := c.store.Map(pctx, t.Tenant, t.Name)
@@ -555,6 +556,9 @@ func (c *Coordinator) tryRepin(ctx context.Context, t *shardmap.Tree, op *shardm
 		}
 	}
 	next.Epoch = frozen.Epoch
+	if err := c.runner.reserve(ctx, next, frozen.Epoch+1); err != nil {
+		return false, err
+	}
 	if err := c.store.SwapMap(ctx, next, frozen.Epoch); err != nil {
 		return false, err
 	}

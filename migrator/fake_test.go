@@ -122,6 +122,16 @@ func (f *fakeNodes) WriteOwnership(ctx context.Context, t *shardmap.Tree, idx in
 	return nil
 }
 
+func (f *fakeNodes) ClaimSlots(ctx context.Context, t *shardmap.Tree, idx int, node string, slots [][2]int, epoch uint64) error {
+	return nil
+}
+
+// ReserveMap grants what is asked, as a catalog node whose record lies
+// ahead of every map write.
+func (f *fakeNodes) ReserveMap(ctx context.Context, t *shardmap.Tree, epoch uint64, highWater int) (uint64, int, error) {
+	return epoch + 1024, highWater, nil
+}
+
 func (f *fakeNodes) PrepareSlotFence(ctx context.Context, node string, fc pgshard.SlotFence) error {
 	return nil
 }

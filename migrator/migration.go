@@ -76,6 +76,7 @@ type Runner struct {
 	metrics *Metrics
 	// clusterID names the presence sessions this deployment's proxies hold.
 	clusterID clusterID
+	reserved  reservations
 	// crash is called at each LATTICE_TEST_CRASH_AT point (crashPoint);
 	// the unit tests stop a run there instead of killing the process.
 	crash func(point string)
@@ -122,6 +123,9 @@ func (r *Runner) updateMap(ctx context.Context, tenant, tree string, change func
 		if err != nil || !ok {
 			return cur, err
 		}
+		if err := r.reserve(ctx, next, cur.Epoch+1); err != nil {
+			return nil, err
+		}
 		err = r.store.SwapMap(ctx, next, cur.Epoch)
 		if errors.Is(err, shardmap.ErrConflict) {
 			continue
@@ -136,6 +140,7 @@ func (r *Runner) updateMap(ctx context.Context, tenant, tree string, change func
 // StartSplit records a split of the upper half of source's slots into a new
 // shard and returns the record; Run carries it out.
 func (r *Runner) StartSplit(ctx context.Context, t *shardmap.Tree, source int) (*shardmap.Migration, error) {
+	r.forgetReserved(t)
 	mig := &shardmap.Migration{ID: newID(), Tenant: t.Tenant, Tree: t.Name, Kind: shardmap.Split,
 		Source: source, Phase: shardmap.PhasePrepare, Created: time.Now().UTC()}
 	place, err := r.placement(ctx, t)
@@ -225,7 +230,8 @@ func (r *Runner) setPhase(ctx context.Context, mig *shardmap.Migration, p shardm
 }
 
 func (r *Runner) fence(t *shardmap.Tree, mig *shardmap.Migration, epoch uint64) pgshard.SlotFence {
-	return pgshard.SlotFence{Migration: mig.ID, Tree: t, Shard: mig.Source, Slots: mig.Slots, Target: mig.Target, Epoch: epoch}
+	return pgshard.SlotFence{Migration: mig.ID, Tree: t, Shard: mig.Source, Slots: mig.Slots, Target: mig.Target, Epoch: epoch,
+		Handover: &pgshard.Handover{Kind: string(mig.Kind), TargetNode: mig.TargetNode}}
 }
 
 // Run carries a recorded migration from its phase to the end.
@@ -235,6 +241,7 @@ func (r *Runner) Run(ctx context.Context, mig *shardmap.Migration) error {
 	if err != nil {
 		return err
 	}
+	r.forgetReserved(t)
 	var sh Stream
 	defer func() {
 		if sh != nil {
@@ -643,7 +650,9 @@ func (r *Runner) freezeAndFlip(ctx context.Context, t *shardmap.Tree, mig *shard
 		r.holdSnapshots(mig.ID, snaps)
 		snaps = nil
 	}
-	r.recordOwnership(ctx, t, flipped, mig)
+	if err := r.recordOwnership(ctx, t, flipped, mig); err != nil {
+		r.log.Warn("ownership record not updated; the release records it", "shard", mig.Target, "err", err)
+	}
 	r.publish(ctx, migrationEvent(EventMigrationCommitted, mig, flipped.Epoch))
 	return true, nil
 }
@@ -668,15 +677,12 @@ func (s *freezeSteps) attrs() []any {
 	return []any{"freeze_wait", s.freeze, "acks", s.acks, "fence", s.fence, "final_drain", s.drain, "snapshots", s.snapshots, "flip", s.flip}
 }
 
-// recordOwnership updates the ownership records on the nodes after a flip.
-// The map in the store is the truth; the records only help rebuild it, so a
-// failure is logged, not fatal.
-func (r *Runner) recordOwnership(ctx context.Context, t *shardmap.Tree, m *shardmap.Map, mig *shardmap.Migration) {
-	for _, idx := range []int{mig.Source, mig.Target} {
-		if err := r.cluster.WriteOwnership(ctx, t, idx, m.Shards[idx].Node, m.SlotRanges(idx), m.Epoch); err != nil {
-			r.log.Warn("ownership record not updated", "shard", idx, "err", err)
-		}
-	}
+// recordOwnership adds the moved slots to the target's ownership record
+// after the flip (the fence took them out of the source's record). The
+// release does it again before it removes anything, so a recovery that
+// finds the record knows the flip happened.
+func (r *Runner) recordOwnership(ctx context.Context, t *shardmap.Tree, m *shardmap.Map, mig *shardmap.Migration) error {
+	return r.cluster.ClaimSlots(ctx, t, mig.Target, mig.TargetNode, mig.Slots, m.Epoch)
 }
 
 // flipped reports whether the map already points the migration's slots at
@@ -695,7 +701,9 @@ func (r *Runner) flipped(ctx context.Context, mig *shardmap.Migration) (bool, er
 // unfreeze rolls a freeze back: the fence goes, then the slots thaw, so the
 // statements the proxies held run on the source again.
 func (r *Runner) unfreeze(ctx context.Context, t *shardmap.Tree, mig *shardmap.Migration) error {
-	if err := r.cluster.DropSlotFence(ctx, mig.SourceNode, r.fence(t, mig, 0)); err != nil {
+	f := r.fence(t, mig, 0)
+	f.Handover.GiveBack = true
+	if err := r.cluster.DropSlotFence(ctx, mig.SourceNode, f); err != nil {
 		return err
 	}
 	_, err := r.updateMap(ctx, t.Tenant, t.Name, func(m *shardmap.Map) (bool, error) {
@@ -727,6 +735,9 @@ func removeRanges(frozen, rm [][2]int) [][2]int {
 func (r *Runner) release(ctx context.Context, t *shardmap.Tree, mig *shardmap.Migration) error {
 	m, err := r.store.Map(ctx, t.Tenant, t.Name)
 	if err != nil {
+		return err
+	}
+	if err := r.recordOwnership(ctx, t, m, mig); err != nil {
 		return err
 	}
 	if err := r.waitAcks(ctx, t, m); err != nil {

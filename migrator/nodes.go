@@ -23,6 +23,12 @@ type Nodes interface {
 	CreateShard(ctx context.Context, t *shardmap.Tree, idx int, node string, slots [][2]int, epoch uint64) error
 	DropShard(ctx context.Context, t *shardmap.Tree, idx int, node string) error
 	WriteOwnership(ctx context.Context, t *shardmap.Tree, idx int, node string, slots [][2]int, epoch uint64) error
+	// ClaimSlots adds slots to a shard's ownership record (a flipped
+	// migration's target); ReserveMap raises the catalog node's epoch
+	// ceiling and high-water mark of a tree before a map write passes them
+	// (docs/DESIGN.md section 17).
+	ClaimSlots(ctx context.Context, t *shardmap.Tree, idx int, node string, slots [][2]int, epoch uint64) error
+	ReserveMap(ctx context.Context, t *shardmap.Tree, epoch uint64, highWater int) (ceiling uint64, high int, err error)
 
 	PrepareSlotFence(ctx context.Context, node string, f pgshard.SlotFence) error
 	// ArmSlotFence arms the fence and returns the WAL position read in its

@@ -59,9 +59,15 @@ func TestRemoveNodeRefusals(t *testing.T) {
 	if err := store.CreateTree(ctx, tr, shardmap.NewIdentityMap("app", "t", 16, 1, []string{"n2"})); err != nil {
 		t.Fatal(err)
 	}
-	if err := store.PutMigration(ctx, &shardmap.Migration{ID: "m1", Tenant: "app", Tree: "t", Kind: shardmap.Split,
-		SourceNode: "n1", TargetNode: "n3", Phase: shardmap.PhaseCopy}); err != nil {
-		t.Fatal(err)
+	// Recorded in prepare, then moved on, as the runner does: a record past
+	// prepare is written only over a stored one.
+	mig := &shardmap.Migration{ID: "m1", Tenant: "app", Tree: "t", Kind: shardmap.Split,
+		SourceNode: "n1", TargetNode: "n3", Phase: shardmap.PhasePrepare}
+	for _, ph := range []shardmap.MigrationPhase{shardmap.PhasePrepare, shardmap.PhaseCopy} {
+		mig.Phase = ph
+		if err := store.PutMigration(ctx, mig); err != nil {
+			t.Fatal(err)
+		}
 	}
 	for _, tc := range []struct{ node, code string }{
 		{"n1", sqlstate.ObjectNotInPrerequisiteState}, // the catalog node

@@ -275,6 +275,9 @@ func (c *Cluster) ddlOn(ctx context.Context, tx pgx.Tx, t *shardmap.Tree, d Tree
 	if _, err := tx.Exec(ctx, stmt); err != nil {
 		return fmt.Errorf("pgshard: node %s, %s: %w", tg.node, tableName(t, tg), err)
 	}
+	if d.Op == DDLDropTable {
+		return forgetTree(ctx, tx, t)
+	}
 	return nil
 }
 

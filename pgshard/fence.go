@@ -34,6 +34,46 @@ type SlotFence struct {
 	Slots     [][2]int // the fenced slots
 	Target    int      // where they go, for the error detail
 	Epoch     uint64
+	// Handover, set for a migration's fence, keeps the shard's ownership
+	// record true: arming takes the slots out of it and records where they
+	// go (MovingTable), in the fence's own transaction.
+	Handover *Handover
+}
+
+// Handover is what a migration's fence records besides the trigger.
+type Handover struct {
+	Kind       string // the migration's kind
+	TargetNode string
+	// GiveBack, on DropSlotFence, returns the slots to the ownership
+	// record: a freeze rolled back. Otherwise the slots stay the target's.
+	GiveBack bool
+}
+
+// MovingTable is the table in a shard schema that records the slots a
+// migration's armed fence holds, from the fence's transaction to the one
+// that drops it:
+//
+//	CREATE TABLE lattice_sNNNN.lattice_moving (
+//	    migration   text PRIMARY KEY,
+//	    tree        text NOT NULL,
+//	    kind        text NOT NULL,
+//	    slots       int4multirange NOT NULL,
+//	    target      int NOT NULL,
+//	    target_node text NOT NULL
+//	)
+//
+// A slot that no ownership record holds is in one of these rows.
+const MovingTable = "lattice_moving"
+
+func movingTableDDL(schema string) string {
+	return "CREATE TABLE IF NOT EXISTS " + schema + "." + MovingTable + ` (
+    migration   text PRIMARY KEY,
+    tree        text NOT NULL,
+    kind        text NOT NULL,
+    slots       int4multirange NOT NULL,
+    target      int NOT NULL,
+    target_node text NOT NULL
+)`
 }
 
 func (f SlotFence) trigger() string { return "lattice_fence_m_" + f.Migration }
@@ -85,13 +125,18 @@ BEGIN
 END
 $fence$`
 	// One simple-protocol query string runs as one implicit transaction.
-	sql := strings.Join([]string{
+	stmts := []string{
 		// CREATE OR REPLACE FUNCTION and CREATE SCHEMA IF NOT EXISTS race
 		// with themselves across sessions.
 		fmt.Sprintf("SELECT pg_advisory_xact_lock(%d, -1)", schemaLockClass),
 		"CREATE SCHEMA IF NOT EXISTS " + fenceSchema,
 		body,
-	}, ";\n")
+	}
+	if f.Handover != nil {
+		// Out of the write pause, like the function.
+		stmts = append(stmts, movingTableDDL(quoteIdent(shardmap.SchemaName(f.Shard))))
+	}
+	sql := strings.Join(stmts, ";\n")
 	if _, err := p.Exec(ctx, sql); err != nil {
 		return fmt.Errorf("pgshard: prepare fence of shard %d on %s: %w", f.Shard, node, err)
 	}
@@ -115,15 +160,18 @@ func (c *Cluster) ArmSlotFence(ctx context.Context, node string, f SlotFence) (s
 	}
 	table := ShardTable(f.Tree, f.Shard)
 	epoch := quoteLiteral(strconv.FormatUint(f.Epoch, 10))
-	sql := strings.Join([]string{
+	stmts := []string{
 		fmt.Sprintf("SET LOCAL lock_timeout = '%dms'", fenceLockTimeout.Milliseconds()),
 		"SET LOCAL synchronous_commit = on",
 		"CREATE OR REPLACE TRIGGER " + quoteIdent(f.trigger()) + " BEFORE INSERT OR UPDATE OR DELETE ON " + table +
 			" FOR EACH ROW EXECUTE FUNCTION " + f.funcName() + "(" + epoch + ")",
 		"CREATE OR REPLACE TRIGGER " + quoteIdent(f.trigger()+"_t") + " BEFORE TRUNCATE ON " + table +
 			" FOR EACH STATEMENT EXECUTE FUNCTION " + f.funcName() + "(" + epoch + ")",
-		"SELECT pg_current_wal_lsn()::text",
-	}, ";\n")
+	}
+	if f.Handover != nil {
+		stmts = append(stmts, f.handoverSQL()...)
+	}
+	sql := strings.Join(append(stmts, "SELECT pg_current_wal_lsn()::text"), ";\n")
 	for {
 		lsn, err := armOnce(ctx, p, sql)
 		if !sqlstate.Is(err, sqlstate.LockNotAvailable) || ctx.Err() != nil {
@@ -132,6 +180,22 @@ func (c *Cluster) ArmSlotFence(ctx context.Context, node string, f SlotFence) (s
 			}
 			return lsn, nil
 		}
+	}
+}
+
+// handoverSQL takes the fenced slots out of the shard's ownership record
+// and records where they go: from this transaction on the shard accepts no
+// write for them, so the record says it does not own them. Arming again
+// changes nothing.
+func (f SlotFence) handoverSQL() []string {
+	schema := quoteIdent(shardmap.SchemaName(f.Shard))
+	slots := quoteLiteral(multirange(f.Slots)) + "::int4multirange"
+	tree := quoteLiteral(f.Tree.Name)
+	return []string{
+		"INSERT INTO " + schema + "." + MovingTable + " (migration, tree, kind, slots, target, target_node) VALUES (" +
+			quoteLiteral(f.Migration) + ", " + tree + ", " + quoteLiteral(f.Handover.Kind) + ", " + slots + ", " +
+			strconv.Itoa(f.Target) + ", " + quoteLiteral(f.Handover.TargetNode) + ") ON CONFLICT (migration) DO NOTHING",
+		"UPDATE " + schema + "." + OwnerTable + " SET slots = slots - " + slots + ", updated = now() WHERE tree = " + tree,
 	}
 }
 
@@ -176,10 +240,32 @@ func (c *Cluster) DropSlotFence(ctx context.Context, node string, f SlotFence) e
 				return err
 			}
 		}
-		return nil
+		if f.Handover == nil {
+			return nil
+		}
+		return dropHandover(ctx, tx, f)
 	})
 	if err != nil {
 		return fmt.Errorf("pgshard: drop fence of shard %d on %s: %w", f.Shard, node, err)
 	}
 	return nil
+}
+
+// dropHandover deletes the fence's MovingTable row and, for a rolled-back
+// freeze, gives its slots back to the ownership record. The row is what
+// is given back, so a fence that was only prepared, or whose row a
+// recovery already took, gives nothing.
+func dropHandover(ctx context.Context, tx pgx.Tx, f SlotFence) error {
+	schema := quoteIdent(shardmap.SchemaName(f.Shard))
+	var exists bool
+	if err := tx.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, schema+"."+MovingTable).Scan(&exists); err != nil || !exists {
+		return err
+	}
+	if !f.Handover.GiveBack {
+		_, err := tx.Exec(ctx, `DELETE FROM `+schema+`.`+MovingTable+` WHERE migration = $1`, f.Migration)
+		return err
+	}
+	_, err := tx.Exec(ctx, `WITH gone AS (DELETE FROM `+schema+`.`+MovingTable+` WHERE migration = $1 RETURNING tree, slots)
+UPDATE `+schema+`.`+OwnerTable+` o SET slots = o.slots + gone.slots, updated = now() FROM gone WHERE o.tree = gone.tree`, f.Migration)
+	return err
 }

@@ -135,6 +135,9 @@ func (c *Cluster) CreateTree(ctx context.Context, store shardmap.Store, spec Tre
 	if err := fenceTemplate(ctx, tx, tree.Name); err != nil {
 		return undo(fmt.Errorf("pgshard: fence template %s: %w", tree.Name, err))
 	}
+	if err := recordTree(ctx, tx, tree, m); err != nil {
+		return undo(fmt.Errorf("pgshard: record tree %s on the catalog node: %w", tree.Name, err))
+	}
 	if err := store.CreateTree(ctx, tree, m); err != nil {
 		if errors.Is(err, shardmap.ErrExists) {
 			return undo(alreadyTree(tree.Name))
@@ -150,7 +153,7 @@ func (c *Cluster) CreateTree(ctx context.Context, store shardmap.Store, spec Tre
 		// The tree is registered and its rows are on the shards: proxies may
 		// already write there, so finish forwards rather than undo.
 		log.Warn("catalog commit failed after the tree was registered; fencing the template again", "err", err)
-		if err := c.finishTemplate(ctx, tree); err != nil {
+		if err := c.finishTemplate(ctx, tree, m); err != nil {
 			return nil, nil, fmt.Errorf("pgshard: tree %s is registered but its template %s is not fenced: %w",
 				tree.Name, pgx.Identifier{"public", tree.Name}.Sanitize(), err)
 		}
@@ -200,7 +203,9 @@ func prepareTree(ctx context.Context, tx pgx.Tx, spec TreeSpec) (*shardmap.Tree,
 		SlotCount:  spec.SlotCount,
 		ShardCount: spec.ShardCount,
 		DDL:        ddl,
-		Created:    time.Now().UTC(),
+		// In microseconds, as the catalog record keeps it (TreesTable), so
+		// that a rebuilt entry is equal to this one.
+		Created: time.Now().UTC().Truncate(time.Microsecond),
 	}, ti, nil
 }
 
@@ -384,7 +389,7 @@ $fence$`,
 // finishTemplate empties and fences the template of a registered tree unless
 // that is already done: it is for when the catalog commit of CreateTree
 // failed, or may have succeeded without the reply reaching us.
-func (c *Cluster) finishTemplate(ctx context.Context, t *shardmap.Tree) error {
+func (c *Cluster) finishTemplate(ctx context.Context, t *shardmap.Tree, m *shardmap.Map) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 	defer cancel()
 	conn, err := c.connect(ctx, c.Catalog().Name, t.Tenant)
@@ -403,7 +408,10 @@ func (c *Cluster) finishTemplate(ctx context.Context, t *shardmap.Tree) error {
 		if err != nil || fenced {
 			return err
 		}
-		return fenceTemplate(ctx, tx, t.Name)
+		if err := fenceTemplate(ctx, tx, t.Name); err != nil {
+			return err
+		}
+		return recordTree(ctx, tx, t, m)
 	})
 }
 

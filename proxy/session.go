@@ -164,8 +164,8 @@ func (s *session) flush() error {
 	return nil
 }
 
-// view is the tenant's current trees and maps, from the proxy's cache.
-func (s *session) view(ctx context.Context) (*shardmap.View, error) {
+// cachedView is the tenant's current trees and maps, from the proxy's cache.
+func (s *session) cachedView(ctx context.Context) (*shardmap.View, error) {
 	if s.srv.cfg.Registration != nil {
 		return s.acquireView(ctx)
 	}

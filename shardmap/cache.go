@@ -27,6 +27,10 @@ type View struct {
 	TreesVersion uint64
 	Trees        map[string]*Tree // by name; every tree here has a map in Maps
 	Maps         map[string]*Map  // by tree name
+	// Missing is set when the nodes hold trees of the tenant that the
+	// store has lost (ErrMapsMissing): the view has none, and must not be
+	// served.
+	Missing bool
 
 	next chan struct{} // closed when a newer view of the tenant replaces this one
 }
@@ -44,6 +48,7 @@ type Cache struct {
 	// onChange, set by NewRegistration before the cache is used, is told
 	// (without blocking) whenever a new view is installed.
 	onChange func()
+	nodes    NodeTrees // set by CheckNodes; nil checks nothing
 }
 
 func (c *Cache) changed() {
@@ -208,6 +213,10 @@ func (c *Cache) load(ctx context.Context, tenant string, tc *tenantCache) (*View
 	if err != nil {
 		return nil, err
 	}
+	lost, err := c.missing(ctx, tenant, list)
+	if err != nil {
+		return nil, err
+	}
 	trees := make(map[string]*Tree, len(list))
 	ms := make(map[string]*Map, len(list))
 	for _, t := range list {
@@ -222,8 +231,11 @@ func (c *Cache) load(ctx context.Context, tenant string, tc *tenantCache) (*View
 	}
 
 	old := tc.view.Load()
-	v := &View{Tenant: tenant, Trees: trees, Maps: ms, next: make(chan struct{})}
-	if old != nil && sameTrees(old.Trees, trees) {
+	v := &View{Tenant: tenant, Trees: trees, Maps: ms, Missing: lost, next: make(chan struct{})}
+	if lost && (old == nil || !old.Missing) {
+		c.log.ErrorContext(ctx, "shardmap: the store lists no tree of the tenant, but the catalog node holds tree templates: its maps were lost; refusing its statements until `lattice recover-map` rebuilds them", "tenant", tenant)
+	}
+	if old != nil && old.Missing == lost && sameTrees(old.Trees, trees) {
 		v.TreesVersion = old.TreesVersion
 	} else {
 		v.TreesVersion = c.versions.Add(1)

@@ -122,7 +122,11 @@ type Reshard struct {
 // Coordination is the store's side for migrations and the proxies that must
 // acknowledge them. RedisStore implements it.
 type Coordination interface {
-	// PutMigration creates or replaces a migration record.
+	// PutMigration creates a migration record in PhasePrepare, or replaces
+	// one. A record in a later phase is written only over a stored one
+	// (ErrNotFound otherwise): a migration whose record was lost with
+	// Redis's data stops at its next phase change instead of running on
+	// beside `lattice recover-map`.
 	PutMigration(ctx context.Context, m *Migration) error
 	// Migrations lists a tree's migration records, oldest first.
 	Migrations(ctx context.Context, tenant, tree string) ([]*Migration, error)
@@ -273,11 +277,25 @@ func (s *RedisStore) PutMigration(ctx context.Context, m *Migration) error {
 	if err != nil {
 		return err
 	}
-	if err := s.client.HSet(ctx, s.migsKey(m.Tenant, m.Tree), m.ID, b).Err(); err != nil {
+	create := "0"
+	if m.Phase == PhasePrepare {
+		create = "1"
+	}
+	n, err := putMigrationScript.Run(ctx, s.client, []string{s.migsKey(m.Tenant, m.Tree)}, m.ID, b, create).Int()
+	if err != nil {
 		return fmt.Errorf("shardmap: write migration %s: %w", m.ID, err)
+	}
+	if n == 0 {
+		return fmt.Errorf("shardmap: write migration %s in phase %s: %w", m.ID, m.Phase, ErrNotFound)
 	}
 	return nil
 }
+
+// KEYS: migs. ARGV: id, record JSON, "1" if it may create the record.
+var putMigrationScript = redis.NewScript(`
+if ARGV[3] ~= '1' and redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then return 0 end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+return 1`)
 
 // Migrations implements Coordination.
 func (s *RedisStore) Migrations(ctx context.Context, tenant, tree string) ([]*Migration, error) {
@@ -579,4 +597,18 @@ func (s *RedisStore) ClusterID(ctx context.Context) (string, error) {
 		return "", fmt.Errorf("shardmap: cluster id: %w", err)
 	}
 	return id, nil
+}
+
+// RestoreClusterID stores id as the deployment id unless one is stored
+// (`lattice recover-map`: the proxies still running name their presence
+// sessions with the id Redis lost), and returns the stored one.
+func (s *RedisStore) RestoreClusterID(ctx context.Context, id string) (string, error) {
+	if err := s.client.SetNX(ctx, s.clusterIDKey(), id, 0).Err(); err != nil {
+		return "", fmt.Errorf("shardmap: cluster id: %w", err)
+	}
+	got, err := s.client.Get(ctx, s.clusterIDKey()).Result()
+	if err != nil {
+		return "", fmt.Errorf("shardmap: cluster id: %w", err)
+	}
+	return got, nil
 }

@@ -226,7 +226,7 @@ func TestDeleteTreeClearsCoordination(t *testing.T) {
 	s, _ := newTestStore(t)
 	ctx := context.Background()
 	mustCreate(t, s, "t", "x")
-	if err := s.PutMigration(ctx, &Migration{ID: "m", Tenant: "t", Tree: "x"}); err != nil {
+	if err := s.PutMigration(ctx, &Migration{ID: "m", Tenant: "t", Tree: "x", Phase: PhasePrepare}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := s.StartReshard(ctx, &Reshard{OpID: "o", Tenant: "t", Tree: "x", Target: 8}); err != nil {

@@ -225,4 +225,8 @@ const (
 	// shard (DETAIL names the new owner and epoch); the proxy refreshes its
 	// map and retries, so clients do not see it.
 	SlotMoved = "LT001"
+	// MapsMissing: the nodes hold trees of the client's database whose
+	// shard maps Redis has lost; the proxy refuses the database until
+	// `lattice recover-map` rebuilds them.
+	MapsMissing = "LT002"
 )

@@ -1,6 +1,7 @@
 // Command lattice is the Lattice proxy: `serve` runs it, `demo` starts a
-// local cluster with it, `passwd` makes a users-file line, and `status`,
-// `shards`, `reshard`, `nodes` and `node` ask a running proxy's admin API.
+// local cluster with it, `passwd` makes a users-file line, `status`,
+// `shards`, `reshard`, `nodes` and `node` ask a running proxy's admin API,
+// and `recover-map` rebuilds lost shard maps from the nodes.
 package main
 
 import (
@@ -40,6 +41,7 @@ Usage:
   lattice nodes  [--admin URL] [--tenant T]                      the registered nodes, with the tenant's shards, slots and size on each
   lattice node add NAME DSN [--admin URL]                        check a PostgreSQL server and add it (the DSN without password)
   lattice node remove NAME [--admin URL]                         remove a node that holds no shard
+  lattice recover-map --redis URL --node NAME=DSN [...]          rebuild the shard maps Redis lost, from the nodes
 
 --admin defaults to $LATTICE_ADMIN, else http://127.0.0.1:9090.
 
@@ -72,6 +74,8 @@ func main() {
 		err = newCLI().nodesCmd(ctx, os.Args[2:])
 	case "node":
 		err = newCLI().nodeCmd(ctx, os.Args[2:])
+	case "recover-map":
+		err = recoverMapCmd(ctx, os.Args[2:], os.Stdout)
 	case "-h", "--help", "help":
 		fmt.Print(usage)
 	default:
@@ -255,6 +259,7 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, ready func(pg
 	defer cluster.Close()
 
 	cache := shardmap.NewCache(store, time.Second, log)
+	cache.CheckNodes(cluster)
 	cacheCtx, stopCache := context.WithCancel(ctx)
 	defer stopCache()
 	go func() {

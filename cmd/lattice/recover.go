@@ -1,0 +1,106 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/lattice-db/lattice/migrator"
+	"github.com/lattice-db/lattice/pgshard"
+	"github.com/lattice-db/lattice/shardmap"
+)
+
+// recoverMapCmd is `lattice recover-map`: it rebuilds, from the nodes, the
+// registry entries and maps of the trees that Redis lost (docs/DESIGN.md
+// section 17), and prints one line per tree.
+func recoverMapCmd(ctx context.Context, args []string, out io.Writer) error {
+	var (
+		redisURL, level string
+		nodes           nodeFlags
+		opts            migrator.RecoverOptions
+	)
+	fs := flag.NewFlagSet("recover-map", flag.ContinueOnError)
+	fs.StringVar(&redisURL, "redis", "", "Redis URL the proxies use (as for serve); the rebuilt maps are written there")
+	fs.Var(&nodes, "node", "a PostgreSQL node as NAME=DSN, repeatable, the same list in the same order as for serve")
+	fs.DurationVar(&opts.Settle, "settle", 5*time.Second, "how long migrations found in flight get to stop before the nodes are read; more than --freeze-budget")
+	fs.DurationVar(&opts.DrainTimeout, "drain-timeout", time.Minute, "longest final drain of one migration that had fenced its source")
+	fs.StringVar(&level, "log-level", "info", "debug, info, warn or error")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if redisURL == "" {
+		return errors.New("recover-map needs --redis: an embedded Redis would lose the rebuilt maps on exit")
+	}
+	if len(nodes) == 0 {
+		return errors.New("no nodes: give every --node NAME=DSN that serve is given")
+	}
+	log, err := newLogger(level)
+	if err != nil {
+		return err
+	}
+	store, err := shardmap.OpenRedis(ctx, redisURL)
+	if err != nil {
+		return err
+	}
+	defer store.Close()
+	cluster, err := pgshard.NewCluster(nodes, log)
+	if err != nil {
+		return err
+	}
+	defer cluster.Close()
+	if err := restoreDeployment(ctx, cluster, store, out); err != nil {
+		return err
+	}
+	trees, err := migrator.RecoverMaps(ctx, cluster, store, opts, log)
+	for _, t := range trees {
+		fmt.Fprintln(out, recoveredLine(t))
+	}
+	return err
+}
+
+func recoveredLine(t migrator.RecoveredTree) string {
+	if t.Skipped != "" {
+		return fmt.Sprintf("%s/%s: skipped (%s)", t.Tenant, t.Tree, t.Skipped)
+	}
+	line := fmt.Sprintf("%s/%s: rebuilt at epoch %d with %d shards", t.Tenant, t.Tree, t.Epoch, t.Shards)
+	if len(t.Finished) > 0 {
+		line += "; finished migrations " + strings.Join(t.Finished, ", ")
+	}
+	if len(t.RolledBack) > 0 {
+		line += "; rolled back migrations " + strings.Join(t.RolledBack, ", ")
+	}
+	return line
+}
+
+// restoreDeployment gives Redis back the deployment id that the running
+// proxies' presence sessions carry: coordinators look for proxies cut off
+// from Redis by it (docs/DESIGN.md section 12), and one created anew would
+// find none of them.
+func restoreDeployment(ctx context.Context, cluster *pgshard.Cluster, store *shardmap.RedisStore, out io.Writer) error {
+	ids, err := cluster.Deployments(ctx)
+	if err != nil {
+		return err
+	}
+	switch len(ids) {
+	case 0:
+		return nil // no proxy runs: the next one to start creates an id
+	case 1:
+	default:
+		fmt.Fprintf(out, "warning: the nodes hold presence sessions of several deployments (%s); the deployment id is not restored\n", strings.Join(ids, ", "))
+		return nil
+	}
+	got, err := store.RestoreClusterID(ctx, ids[0])
+	if err != nil {
+		return err
+	}
+	if got != ids[0] {
+		fmt.Fprintf(out, "warning: Redis holds deployment id %s, the running proxies use %s: restart them so that reshards see the ones cut off from Redis\n", got, ids[0])
+		return nil
+	}
+	fmt.Fprintf(out, "deployment id %s restored from the proxies' sessions on the nodes\n", got)
+	return nil
+}

@@ -1,0 +1,451 @@
+package migrator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"time"
+
+	"github.com/lattice-db/lattice/pgshard"
+	"github.com/lattice-db/lattice/shardmap"
+)
+
+// RecoverOptions tune RecoverMaps.
+type RecoverOptions struct {
+	// Settle is how long to wait, after ending the walsenders of
+	// migrations whose records Redis lost, before reading the nodes: a
+	// migrator that was inside a freeze rolls it back within its freeze
+	// budget, and one that was draining stops at its next phase change
+	// (shardmap.Coordination.PutMigration). Default 5 s.
+	Settle time.Duration
+	// DrainTimeout bounds the final drain of one fenced migration.
+	DrainTimeout time.Duration
+}
+
+// RecoveredTree says what RecoverMaps did for one tree.
+type RecoveredTree struct {
+	Tenant, Tree string
+	// Skipped says why the tree was left alone (it is registered).
+	Skipped    string
+	Epoch      uint64
+	Shards     int
+	Finished   []string // migrations carried to their end (fenced on the nodes)
+	RolledBack []string // migrations undone (not fenced yet)
+}
+
+// RecoverMaps rebuilds, from the nodes, the registry entry and the map of
+// every tree that the store lacks, in every tenant database of the catalog
+// node (docs/DESIGN.md section 17). A migration that armed its fence is
+// finished; one that did not is rolled back. Each rebuilt map's epoch is
+// above any the tree's map ever had, so no proxy's cache keeps an older
+// one. A tree the store still has is skipped.
+func RecoverMaps(ctx context.Context, cluster *pgshard.Cluster, store Store, opts RecoverOptions, log *slog.Logger) ([]RecoveredTree, error) {
+	if opts.Settle <= 0 {
+		opts.Settle = 5 * time.Second
+	}
+	if opts.DrainTimeout <= 0 {
+		opts.DrainTimeout = time.Minute
+	}
+	if log == nil {
+		log = slog.Default()
+	}
+	rc := &recovery{cluster: cluster, nodes: clusterNodes{cluster}, store: store, opts: opts, log: log,
+		runner: NewRunner(cluster, store, Options{}, nil, log)}
+	dbs, err := cluster.Databases(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []RecoveredTree
+	for _, tenant := range dbs {
+		has, err := cluster.HasTrees(ctx, tenant)
+		if err != nil {
+			return out, err
+		}
+		if !has {
+			continue
+		}
+		got, err := rc.tenant(ctx, tenant)
+		out = append(out, got...)
+		if err != nil {
+			return out, fmt.Errorf("tenant %s: %w", tenant, err)
+		}
+	}
+	return out, nil
+}
+
+type recovery struct {
+	cluster *pgshard.Cluster
+	nodes   clusterNodes
+	store   Store
+	runner  *Runner
+	opts    RecoverOptions
+	log     *slog.Logger
+}
+
+// tenantState is what the nodes hold of one tenant.
+type tenantState struct {
+	owners  map[string][]pgshard.Ownership // by tree
+	moving  []pgshard.Moving
+	objects []pgshard.MigrationObject
+}
+
+func (rc *recovery) tenant(ctx context.Context, tenant string) ([]RecoveredTree, error) {
+	trees, err := rc.cluster.ReadTrees(ctx, tenant)
+	if err != nil {
+		return nil, err
+	}
+	var out []RecoveredTree
+	var todo []pgshard.NodeTree
+	for _, nt := range trees {
+		switch _, err := rc.store.Tree(ctx, tenant, nt.Tree.Name); {
+		case err == nil:
+			out = append(out, RecoveredTree{Tenant: tenant, Tree: nt.Tree.Name, Skipped: "registered in Redis"})
+		case errors.Is(err, shardmap.ErrNotFound):
+			todo = append(todo, nt)
+		default:
+			return out, err
+		}
+	}
+	if len(todo) == 0 {
+		return out, nil
+	}
+	st, err := rc.quiesce(ctx, tenant)
+	if err != nil {
+		return out, err
+	}
+	for _, nt := range todo {
+		rt, err := rc.tree(ctx, nt, st)
+		if err != nil {
+			return out, fmt.Errorf("tree %s: %w", nt.Tree.Name, err)
+		}
+		out = append(out, rt)
+	}
+	return out, nil
+}
+
+// quiesce ends the walsenders of the tenant's migrations, waits Settle if
+// any migration left objects, and reads the nodes.
+func (rc *recovery) quiesce(ctx context.Context, tenant string) (*tenantState, error) {
+	st, err := rc.read(ctx, tenant)
+	if err != nil || len(st.moving) == 0 && len(st.objects) == 0 {
+		return st, err
+	}
+	n, err := rc.cluster.EndMigrators(ctx, tenant)
+	if err != nil {
+		return nil, err
+	}
+	rc.log.Info("recover-map: migrations in flight; letting their migrators stop before reading the nodes",
+		"tenant", tenant, "walsenders_ended", n, "settle", rc.opts.Settle)
+	select {
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-time.After(rc.opts.Settle):
+	}
+	if _, err := rc.cluster.EndMigrators(ctx, tenant); err != nil {
+		return nil, err
+	}
+	return rc.read(ctx, tenant)
+}
+
+func (rc *recovery) read(ctx context.Context, tenant string) (*tenantState, error) {
+	owners, err := rc.cluster.ReadOwnership(ctx, tenant)
+	if err != nil {
+		return nil, err
+	}
+	moving, err := rc.cluster.ReadMoving(ctx, tenant)
+	if err != nil {
+		return nil, err
+	}
+	objects, err := rc.cluster.ReadMigrationObjects(ctx, tenant)
+	if err != nil {
+		return nil, err
+	}
+	return &tenantState{owners: owners, moving: moving, objects: objects}, nil
+}
+
+// recShard is one shard of the tree being rebuilt.
+type recShard struct {
+	node  string
+	slots [][2]int
+	epoch uint64
+}
+
+func (rc *recovery) tree(ctx context.Context, nt pgshard.NodeTree, st *tenantState) (RecoveredTree, error) {
+	t := nt.Tree
+	rt := RecoveredTree{Tenant: t.Tenant, Tree: t.Name}
+	shards := map[int]*recShard{}
+	maxIdx, maxEpoch := -1, uint64(0)
+	for _, o := range st.owners[t.Name] {
+		if prev, dup := shards[o.Shard]; dup {
+			return rt, fmt.Errorf("shard %d has ownership records on nodes %s and %s", o.Shard, prev.node, o.Node)
+		}
+		shards[o.Shard] = &recShard{node: o.Node, slots: o.Slots, epoch: o.Epoch}
+		maxIdx, maxEpoch = max(maxIdx, o.Shard), max(maxEpoch, o.Epoch)
+	}
+	if len(shards) == 0 {
+		return rt, errors.New("no shard of the tree has an ownership record on any node")
+	}
+	if t.SlotCount == 0 { // a tree without a TreesTable row
+		for _, s := range shards {
+			for _, r := range s.slots {
+				t.SlotCount = max(t.SlotCount, r[1]+1)
+			}
+		}
+	}
+
+	// The epoch first: every record written from here on carries it.
+	epoch := maxEpoch + 1<<20
+	highWater := maxIdx + 1
+	if nt.Record != nil {
+		epoch = max(nt.Record.EpochCeiling, maxEpoch) + 1
+		highWater = max(highWater, nt.Record.HighWater)
+	} else {
+		rc.log.Warn("recover-map: the tree predates its catalog record; its epoch is set far above its ownership records' instead of above a recorded ceiling",
+			"tenant", t.Tenant, "tree", t.Name)
+	}
+
+	// Fenced migrations: the source accepts no write for the slots, so
+	// carrying them to the target is safe whether or not the flip was
+	// written.
+	targets := map[int]bool{}
+	for _, mv := range st.moving {
+		if mv.Tree != t.Name {
+			continue
+		}
+		if err := rc.finish(ctx, t, mv, shards, st, epoch); err != nil {
+			return rt, fmt.Errorf("finish migration %s: %w", mv.Migration, err)
+		}
+		targets[mv.Target] = true
+		rt.Finished = append(rt.Finished, mv.Migration)
+	}
+	// Migrations that had not fenced: the source still owns the slots.
+	for _, id := range unfenced(t.Name, st) {
+		if err := rc.rollBack(ctx, t, id, shards, st); err != nil {
+			return rt, fmt.Errorf("roll back migration %s: %w", id, err)
+		}
+		rt.RolledBack = append(rt.RolledBack, id)
+	}
+	// A shard that owns nothing now is a split target that never got its
+	// slots, or a fold donor whose release stopped short: nothing routes
+	// to it, and it holds no row that is not also on an owner.
+	for idx, s := range shards {
+		if len(s.slots) > 0 {
+			continue
+		}
+		if err := rc.cluster.DropShard(ctx, t, idx, s.node); err != nil {
+			return rt, err
+		}
+		delete(shards, idx)
+	}
+
+	m := &shardmap.Map{Tenant: t.Tenant, Tree: t.Name, Epoch: epoch, Slots: make([]int, t.SlotCount),
+		Shards: map[int]shardmap.Shard{}, HighWater: highWater}
+	owned := make([]int, t.SlotCount)
+	for idx, s := range shards {
+		m.Shards[idx] = shardmap.Shard{Index: idx, Node: s.node, State: shardmap.ShardActive}
+		for _, r := range s.slots {
+			for slot := r[0]; slot <= r[1]; slot++ {
+				if slot >= t.SlotCount {
+					return rt, fmt.Errorf("shard %d records slot %d, beyond the tree's %d slots", idx, slot, t.SlotCount)
+				}
+				if owned[slot] > 0 {
+					return rt, fmt.Errorf("slot %d is recorded as owned by shards %d and %d", slot, m.Slots[slot], idx)
+				}
+				owned[slot]++
+				m.Slots[slot] = idx
+			}
+		}
+	}
+	if i := slices.Index(owned, 0); i >= 0 {
+		return rt, fmt.Errorf("no shard records slot %d, and no migration on the nodes holds it", i)
+	}
+	t.ShardCount = m.DistinctShards()
+	if t.Created.IsZero() {
+		t.Created = time.Now().UTC()
+	}
+
+	// The ceiling goes up before the map exists, and the records carry the
+	// new epoch, so a later recovery starts above this one.
+	if _, _, err := rc.cluster.ReserveMap(ctx, t, epoch, highWater); err != nil {
+		return rt, err
+	}
+	for _, idx := range m.OwningShards() {
+		if err := rc.cluster.WriteOwnership(ctx, t, idx, m.Shards[idx].Node, m.SlotRanges(idx), epoch); err != nil {
+			return rt, err
+		}
+	}
+	if err := rc.store.CreateTree(ctx, t, m); err != nil {
+		if errors.Is(err, shardmap.ErrExists) {
+			rt.Skipped = "registered in Redis while it was rebuilt"
+			return rt, nil
+		}
+		return rt, err
+	}
+	rt.Epoch, rt.Shards = m.Epoch, t.ShardCount
+	rc.log.Info("recover-map: tree rebuilt", "tenant", t.Tenant, "tree", t.Name, "epoch", m.Epoch,
+		"shards", t.ShardCount, "high_water", highWater, "finished", rt.Finished, "rolled_back", rt.RolledBack)
+	return rt, nil
+}
+
+// movingMigration is the Migration a MovingTable row stands for, for the
+// runner's helpers.
+func movingMigration(t *shardmap.Tree, mv pgshard.Moving) *shardmap.Migration {
+	return &shardmap.Migration{ID: mv.Migration, Tenant: t.Tenant, Tree: t.Name, Kind: shardmap.MigrationKind(mv.Kind),
+		Source: mv.Source, SourceNode: mv.SourceNode, Target: mv.Target, TargetNode: mv.TargetNode, Slots: mv.Slots}
+}
+
+// finish carries a fenced migration to its end. Unless the target's record
+// holds the slots (the flip was written, and the target may have taken
+// writes since), the stream is first drained to the source's current WAL
+// position: the fence has held back every write to the slots, so the
+// target then has all of them. Then the release: the stream's objects,
+// the source's copies of the rows, the fence.
+func (rc *recovery) finish(ctx context.Context, t *shardmap.Tree, mv pgshard.Moving, shards map[int]*recShard, st *tenantState, epoch uint64) error {
+	mig := movingMigration(t, mv)
+	tgt, ok := shards[mv.Target]
+	if !ok {
+		return fmt.Errorf("its target shard %d has no ownership record", mv.Target)
+	}
+	if !covers(tgt.slots, mv.Slots) {
+		if hasObject(st, mv.Migration, "slot") {
+			if err := rc.drain(ctx, t, mig); err != nil {
+				return err
+			}
+		}
+		if err := rc.cluster.ClaimSlots(ctx, t, mv.Target, mv.TargetNode, mv.Slots, epoch); err != nil {
+			return err
+		}
+		tgt.slots = mergeRanges(tgt.slots, mv.Slots)
+	}
+	if err := rc.nodes.DropShadow(ctx, t, mig); err != nil {
+		return err
+	}
+	src := shards[mv.Source]
+	if mig.Kind == shardmap.Fold {
+		if src != nil && len(src.slots) == 0 {
+			if err := rc.cluster.DropShard(ctx, t, mv.Source, mv.SourceNode); err != nil {
+				return err
+			}
+			delete(shards, mv.Source)
+		}
+	} else if err := rc.runner.deleteMoved(ctx, t, mig); err != nil {
+		return err
+	}
+	return rc.cluster.DropSlotFence(ctx, mv.SourceNode, rc.runner.fence(t, mig, 0))
+}
+
+// drain applies the stream of a fenced migration up to its source's
+// current WAL position.
+func (rc *recovery) drain(ctx context.Context, t *shardmap.Tree, mig *shardmap.Migration) error {
+	lsn, err := rc.runner.sourceLSN(ctx, t, mig)
+	if err != nil {
+		return err
+	}
+	sh, err := rc.nodes.StartShadow(ctx, t, mig, rc.log)
+	if err != nil {
+		return err
+	}
+	defer sh.Stop()
+	wctx, cancel := context.WithTimeout(ctx, rc.opts.DrainTimeout)
+	defer cancel()
+	if err := sh.WaitApplied(wctx, lsn); err != nil {
+		return fmt.Errorf("final drain to %s: %w", lsn, err)
+	}
+	return nil
+}
+
+// unfenced lists the migrations of tree that left objects on the nodes
+// without a fence: a publication on one of its shard tables.
+func unfenced(tree string, st *tenantState) []string {
+	fenced := map[string]bool{}
+	for _, mv := range st.moving {
+		fenced[mv.Migration] = true
+	}
+	var out []string
+	for _, o := range st.objects {
+		if o.Kind == "publication" && o.Tree == tree && !fenced[o.Migration] && !slices.Contains(out, o.Migration) {
+			out = append(out, o.Migration)
+		}
+	}
+	return out
+}
+
+// rollBack undoes a migration that had not fenced its source: its slot,
+// publication and progress row go, and a fold survivor loses the copies
+// of the donor's rows (a split target owns nothing and is dropped later).
+func (rc *recovery) rollBack(ctx context.Context, t *shardmap.Tree, id string, shards map[int]*recShard, st *tenantState) error {
+	var pub *pgshard.MigrationObject
+	var progress []pgshard.MigrationObject
+	for i, o := range st.objects {
+		switch {
+		case o.Migration != id:
+		case o.Kind == "publication":
+			pub = &st.objects[i]
+		case o.Kind == "progress":
+			progress = append(progress, o)
+		}
+	}
+	// Without a progress row no copy committed: the target is the source
+	// itself for DropShadow's sake, which then deletes no progress row.
+	mig := &shardmap.Migration{ID: id, Tenant: t.Tenant, Tree: t.Name, Source: pub.Shard, SourceNode: pub.Node,
+		Target: pub.Shard, TargetNode: pub.Node, Slots: [][2]int{{0, t.SlotCount - 1}}}
+	if len(progress) > 0 {
+		mig.Target, mig.TargetNode = progress[0].Shard, progress[0].Node
+	}
+	if err := rc.nodes.DropShadow(ctx, t, mig); err != nil {
+		return err
+	}
+	fence := pgshard.SlotFence{Migration: id, Tree: t, Shard: pub.Shard, Slots: mig.Slots}
+	if err := rc.cluster.DropSlotFence(ctx, pub.Node, fence); err != nil {
+		return err
+	}
+	for _, p := range progress {
+		s, ok := shards[p.Shard]
+		if !ok || len(s.slots) == 0 {
+			continue // a split target: dropped with the shards that own nothing
+		}
+		// A fold survivor: only its own slots' rows stay.
+		if stray := pgshard.ComplementSlots(s.slots, t.SlotCount); len(stray) > 0 {
+			if err := rc.nodes.DeleteSlots(ctx, t, s.node, p.Shard, stray, rc.runner.opts.ReleaseBatch); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func hasObject(st *tenantState, id, kind string) bool {
+	return slices.ContainsFunc(st.objects, func(o pgshard.MigrationObject) bool { return o.Migration == id && o.Kind == kind })
+}
+
+// covers reports whether ranges hold every slot of want.
+func covers(ranges, want [][2]int) bool {
+	for _, w := range want {
+		for s := w[0]; s <= w[1]; s++ {
+			if !slices.ContainsFunc(ranges, func(r [2]int) bool { return s >= r[0] && s <= r[1] }) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// mergeRanges is the union of two lists of inclusive ranges, ascending.
+func mergeRanges(a, b [][2]int) [][2]int {
+	var slots []int
+	seen := map[int]bool{}
+	for _, l := range [][][2]int{a, b} {
+		for _, r := range l {
+			for s := r[0]; s <= r[1]; s++ {
+				if !seen[s] {
+					seen[s] = true
+					slots = append(slots, s)
+				}
+			}
+		}
+	}
+	slices.Sort(slots)
+	return ranges(slots)
+}

@@ -1,0 +1,79 @@
+package shardmap
+
+import (
+	"context"
+	"errors"
+	"testing"
+)
+
+// nodeTrees is the nodes' answer in a test: which tenants have trees.
+type nodeTrees map[string]bool
+
+func (n nodeTrees) HasTrees(_ context.Context, tenant string) (bool, error) { return n[tenant], nil }
+
+// TestCacheMissingMaps: a store that lost a tenant's trees while the nodes
+// still hold them gives a Missing view, not an empty one; a tenant without
+// trees anywhere, and one whose trees the store lists, are served.
+func TestCacheMissingMaps(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name        string
+		inStore     bool // the store lists a tree of the tenant
+		onNodes     bool // the nodes hold one
+		wantMissing bool
+	}{
+		{"no trees anywhere", false, false, false},
+		{"trees in the store", true, true, false},
+		{"store lost them", false, true, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, mr := newTestStore(t)
+			if tc.inStore || tc.onNodes {
+				mustCreate(t, s, "app", "catalogue")
+			}
+			c := newTestCache(t, s, 0)
+			c.CheckNodes(nodeTrees{"app": tc.onNodes})
+			v := view(t, c, "app")
+			if v.Missing {
+				t.Fatalf("Missing before the store lost anything")
+			}
+			if !tc.inStore {
+				mr.FlushAll()
+			}
+			v, err := c.Refresh(ctx, "app")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if v.Missing != tc.wantMissing {
+				t.Fatalf("Missing = %v, want %v (trees %v)", v.Missing, tc.wantMissing, v.Trees)
+			}
+			if got := view(t, c, "app"); got != v {
+				t.Fatal("the refreshed view is not the one installed")
+			}
+		})
+	}
+}
+
+// TestPutMigrationOnlyCreatesInPrepare: a migration whose record was lost
+// cannot write itself back in a later phase, so it stops instead of running
+// on beside a recovery.
+func TestPutMigrationOnlyCreatesInPrepare(t *testing.T) {
+	ctx := context.Background()
+	s, mr := newTestStore(t)
+	m := &Migration{ID: "m1", Tenant: "t", Tree: "x", Phase: PhasePrepare}
+	if err := s.PutMigration(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	m.Phase = PhaseDrain
+	if err := s.PutMigration(ctx, m); err != nil {
+		t.Fatalf("phase change of a stored record: %v", err)
+	}
+	mr.FlushAll()
+	m.Phase = PhaseFreeze
+	if err := s.PutMigration(ctx, m); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("phase change of a lost record: %v, want ErrNotFound", err)
+	}
+	if migs, err := s.Migrations(ctx, "t", "x"); err != nil || len(migs) != 0 {
+		t.Fatalf("records after the refused write: %v, %v", migs, err)
+	}
+}
