@@ -63,6 +63,8 @@ type API struct {
 	Self      Self
 	Sizes     *SizeCache
 	Log       *slog.Logger
+	// Nodes serves /api/nodes; nil leaves those routes out.
+	Nodes Noder
 }
 
 // ProxyInfo is the proxy serving the request.
@@ -174,9 +176,10 @@ type MigrationInfo struct {
 type ErrorAnswer struct {
 	Error    string `json:"error"`
 	SQLState string `json:"sqlstate,omitempty"`
+	Hint     string `json:"hint,omitempty"`
 }
 
-// maxBody bounds a request body: the only one is {"shards":N}.
+// maxBody bounds a request body: {"shards":N}, or a node's name and DSN.
 const maxBody = 4096
 
 // apiTimeout bounds one API request's reads of the store and the nodes.
@@ -192,12 +195,18 @@ func (a *API) routes(mux *http.ServeMux) {
 	mux.HandleFunc("GET /api/migrations", a.handle(a.migrations))
 	mux.HandleFunc("POST /api/trees/{tree}/reshard", a.handle(a.reshard))
 	mux.HandleFunc("GET /{$}", a.page)
+	a.nodeRoutes(mux)
 }
 
 // handle runs h under a timeout and writes its answer as JSON.
 func (a *API) handle(h func(ctx context.Context, r *http.Request) (int, any, error)) http.HandlerFunc {
+	return a.handleWithin(apiTimeout, h)
+}
+
+// handleWithin is handle with another timeout.
+func (a *API) handleWithin(timeout time.Duration, h func(ctx context.Context, r *http.Request) (int, any, error)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		ctx, cancel := context.WithTimeout(r.Context(), apiTimeout)
+		ctx, cancel := context.WithTimeout(r.Context(), timeout)
 		defer cancel()
 		code, v, err := h(ctx, r)
 		if err != nil {
@@ -223,7 +232,7 @@ func (a *API) errorAnswer(r *http.Request, err error) (int, ErrorAnswer) {
 	ans := ErrorAnswer{Error: err.Error()}
 	if errors.As(err, new(sqlstate.Coded)) {
 		e := sqlstate.As(err)
-		ans = ErrorAnswer{Error: e.Message, SQLState: e.Code}
+		ans = ErrorAnswer{Error: e.Message, SQLState: e.Code, Hint: e.Hint}
 	}
 	status := http.StatusInternalServerError
 	switch code := ans.SQLState; {
@@ -231,10 +240,12 @@ func (a *API) errorAnswer(r *http.Request, err error) (int, ErrorAnswer) {
 		status = http.StatusForbidden
 	case errors.Is(err, shardmap.ErrNotFound):
 		status, ans.SQLState = http.StatusNotFound, sqlstate.UndefinedTable
-	case code == sqlstate.UndefinedTable:
+	case code == sqlstate.UndefinedTable, code == sqlstate.UndefinedObject:
 		status = http.StatusNotFound
-	case code == sqlstate.ObjectNotInPrerequisiteState:
+	case code == sqlstate.ObjectNotInPrerequisiteState, code == sqlstate.DuplicateObject:
 		status = http.StatusConflict
+	case strings.HasPrefix(code, "08"): // class 08: the node did not answer
+		status = http.StatusBadGateway
 	case strings.HasPrefix(code, "22"): // class 22, data exception
 		status = http.StatusBadRequest
 	}

@@ -25,6 +25,7 @@ type Functions struct {
 	store   Store
 	cache   *shardmap.Cache
 	coord   *Coordinator
+	nodes   *NodeAdmin // nil until SetNodeAdmin
 }
 
 // NewFunctions wires the functions to the nodes, the map store, the
@@ -103,6 +104,9 @@ func (f *Functions) ArgType(fn string, pos int, name string) uint32 {
 
 // Call runs a lattice function for tenant.
 func (f *Functions) Call(ctx context.Context, tenant, name string, args []*string, named map[string]*string) ([][]any, error) {
+	if rows, ok, err := f.callNode(ctx, tenant, name, args, named); ok {
+		return rows, err
+	}
 	switch name {
 	case "lattice_create_tree":
 		a, err := bindArgs(name, args, named, argNames[name]...)

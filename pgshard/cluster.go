@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -18,7 +19,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/lattice-db/lattice/secret"
-	"github.com/lattice-db/lattice/sqlstate"
 )
 
 // Node is one PostgreSQL server of the cluster.
@@ -28,18 +28,34 @@ type Node struct {
 	// on the catalog node it is the default tenant, on every node it is where
 	// missing tenant databases are created from.
 	DSN string
+	// Password, when set, is used where the DSN has none: a --node flag's
+	// password, which this proxy keeps and the node registry never sees.
+	Password string
+	// Draining: shards are being moved off the node, so new shards are not
+	// placed there (PlacementNodes).
+	Draining bool
 }
 
-// Cluster is the ordered set of nodes; the first is the catalog node.
+// Cluster is the ordered set of nodes; the first is the catalog node. The
+// set changes as the node registry does (SetNodes); each call reads the
+// set of that moment.
 type Cluster struct {
+	nodes    atomic.Pointer[nodeSet]
+	seed     []Node // the node set given to NewCluster (Seed, ApplyRegistry)
+	passfile string // --pgpass: where node passwords come from, "" for libpq's default
+	log      *slog.Logger
+
+	mu      sync.Mutex
+	admin   map[adminKey]*pgxpool.Pool
+	closed  bool
+	changed chan struct{} // closed and replaced by every SetNodes that changes the set
+}
+
+// nodeSet is one immutable version of the node set.
+type nodeSet struct {
 	nodes  []Node
 	byName map[string]int
 	ownDB  []string // each node's own database, in node order
-	log    *slog.Logger
-
-	mu     sync.Mutex
-	admin  map[adminKey]*pgxpool.Pool
-	closed bool
 }
 
 type adminKey struct{ node, tenant string }
@@ -57,77 +73,200 @@ var ErrClusterClosed = errors.New("pgshard: cluster is closed")
 // NewCluster checks the node list: at least one node, unique non-empty names,
 // DSNs that parse. log may be nil.
 func NewCluster(nodes []Node, log *slog.Logger) (*Cluster, error) {
-	if len(nodes) == 0 {
-		return nil, errors.New("pgshard: a cluster needs at least one node")
+	set, err := newNodeSet(nodes)
+	if err != nil {
+		return nil, err
 	}
 	if log == nil {
 		log = slog.Default()
 	}
-	c := &Cluster{
+	c := &Cluster{seed: set.nodes, log: log, admin: make(map[adminKey]*pgxpool.Pool), changed: make(chan struct{})}
+	c.nodes.Store(set)
+	return c, nil
+}
+
+func newNodeSet(nodes []Node) (*nodeSet, error) {
+	if len(nodes) == 0 {
+		return nil, errors.New("pgshard: a cluster needs at least one node")
+	}
+	s := &nodeSet{
 		nodes:  append([]Node(nil), nodes...),
 		byName: make(map[string]int, len(nodes)),
 		ownDB:  make([]string, len(nodes)),
-		log:    log,
-		admin:  make(map[adminKey]*pgxpool.Pool),
 	}
 	for i, n := range nodes {
 		if n.Name == "" {
 			return nil, fmt.Errorf("pgshard: node %d has no name", i+1)
 		}
-		if _, dup := c.byName[n.Name]; dup {
+		if _, dup := s.byName[n.Name]; dup {
 			return nil, fmt.Errorf("pgshard: node name %q is used twice", n.Name)
 		}
 		cfg, err := pgconn.ParseConfig(n.DSN)
 		if err != nil {
 			return nil, fmt.Errorf("pgshard: node %s: %w", n.Name, err)
 		}
-		c.byName[n.Name] = i
+		s.byName[n.Name] = i
 		// Without a database in the DSN the server uses the user's name.
-		c.ownDB[i] = cfg.Database
-		if c.ownDB[i] == "" {
-			c.ownDB[i] = cfg.User
+		s.ownDB[i] = cfg.Database
+		if s.ownDB[i] == "" {
+			s.ownDB[i] = cfg.User
 		}
 	}
-	return c, nil
+	return s, nil
 }
 
-// Nodes returns the nodes in order.
-func (c *Cluster) Nodes() []Node { return append([]Node(nil), c.nodes...) }
+func (c *Cluster) set() *nodeSet { return c.nodes.Load() }
 
-// NodeNames returns the node names in order, as shard maps place shards.
-func (c *Cluster) NodeNames() []string {
-	out := make([]string, len(c.nodes))
-	for i, n := range c.nodes {
+// SetPassfile makes every connection whose DSN has no password look it up
+// in the pgpass file at path (PostgreSQL's format), read afresh at each
+// connection so that a changed file needs no restart.
+func (c *Cluster) SetPassfile(path string) { c.passfile = path }
+
+// SetNodes replaces the node set and returns the names of the nodes that
+// left it or whose DSN changed. Their control pools close once their
+// connections are released; the caller forgets their request pools
+// (Pools.Forget). The catalog node must stay first: Lattice never moves it.
+func (c *Cluster) SetNodes(nodes []Node) (gone []string, err error) {
+	next, err := newNodeSet(nodes)
+	if err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	old := c.set()
+	if next.nodes[0].Name != old.nodes[0].Name {
+		return nil, fmt.Errorf("pgshard: the catalog node is %s, not %s: Lattice does not move it", old.nodes[0].Name, next.nodes[0].Name)
+	}
+	changed := len(old.nodes) != len(next.nodes)
+	for i, n := range old.nodes {
+		j, ok := next.byName[n.Name]
+		if !ok || next.nodes[j].DSN != n.DSN || next.nodes[j].Password != n.Password {
+			gone = append(gone, n.Name)
+		}
+		changed = changed || !ok || j != i || next.nodes[j] != n
+	}
+	c.nodes.Store(next)
+	var closing []*pgxpool.Pool
+	for _, name := range gone {
+		for k, p := range c.admin {
+			if k.node == name {
+				closing = append(closing, p)
+				delete(c.admin, k)
+			}
+		}
+	}
+	// Close waits for acquired connections: work in flight on a removed
+	// node finishes first, and nothing here waits for it.
+	for _, p := range closing {
+		go p.Close()
+	}
+	if changed {
+		close(c.changed)
+		c.changed = make(chan struct{})
+		c.log.Info("pgshard: node set changed", "nodes", c.namesLocked(next), "gone", gone)
+	}
+	return gone, nil
+}
+
+func (c *Cluster) namesLocked(s *nodeSet) []string {
+	out := make([]string, len(s.nodes))
+	for i, n := range s.nodes {
 		out[i] = n.Name
 	}
 	return out
 }
 
+// Changed returns a channel that is closed at the next change of the node set.
+func (c *Cluster) Changed() <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.changed
+}
+
+// Nodes returns the nodes in order.
+func (c *Cluster) Nodes() []Node { return append([]Node(nil), c.set().nodes...) }
+
+// NodeNames returns the node names in order, as shard maps place shards.
+func (c *Cluster) NodeNames() []string { return c.namesLocked(c.set()) }
+
+// PlacementNodes are the nodes new shards may be placed on, in order: all
+// but the draining ones, or all when every node drains.
+func (c *Cluster) PlacementNodes() []string {
+	var out []string
+	for _, n := range c.set().nodes {
+		if !n.Draining {
+			out = append(out, n.Name)
+		}
+	}
+	if len(out) == 0 {
+		return c.NodeNames()
+	}
+	return out
+}
+
 // Catalog is the first node: it holds ordinary tables and tree templates.
-func (c *Cluster) Catalog() Node { return c.nodes[0] }
+func (c *Cluster) Catalog() Node { return c.set().nodes[0] }
 
 // Node looks a node up by name.
 func (c *Cluster) Node(name string) (Node, bool) {
-	i, ok := c.byName[name]
+	s := c.set()
+	i, ok := s.byName[name]
 	if !ok {
 		return Node{}, false
 	}
-	return c.nodes[i], true
+	return s.nodes[i], true
 }
 
 // DefaultTenant is the database of the catalog node's DSN.
-func (c *Cluster) DefaultTenant() string { return c.ownDB[0] }
+func (c *Cluster) DefaultTenant() string { return c.set().ownDB[0] }
 
-// TenantDSN is the DSN of node with its database replaced by tenant.
+// TenantDSN is the DSN of node with its database replaced by tenant, and
+// the password it needs when the DSN has none: the node's own (from a
+// --node flag), else a lookup in the --pgpass file. Without either,
+// pgconn's own defaults apply (PGPASSWORD, PGPASSFILE, ~/.pgpass).
 func (c *Cluster) TenantDSN(node, tenant string) (string, error) {
-	i, ok := c.byName[node]
+	s := c.set()
+	i, ok := s.byName[node]
 	if !ok {
 		return "", fmt.Errorf("pgshard: unknown node %q", node)
 	}
 	if tenant == "" {
 		return "", errors.New("pgshard: empty tenant")
 	}
-	return withDatabase(c.nodes[i].DSN, tenant)
+	return c.connString(s.nodes[i], tenant)
+}
+
+// OwnDSN is TenantDSN for the node's own database.
+func (c *Cluster) OwnDSN(node string) (string, error) {
+	s := c.set()
+	i, ok := s.byName[node]
+	if !ok {
+		return "", fmt.Errorf("pgshard: unknown node %q", node)
+	}
+	return c.connString(s.nodes[i], s.ownDB[i])
+}
+
+// connString is n's DSN for database db ("": the DSN's own), with the
+// credentials it needs.
+func (c *Cluster) connString(n Node, db string) (string, error) {
+	dsn := n.DSN
+	if db != "" {
+		var err error
+		if dsn, err = withDatabase(n.DSN, db); err != nil {
+			return "", err
+		}
+	}
+	_, pw, _, err := SplitPassword(dsn)
+	if err != nil || pw != "" {
+		return dsn, err
+	}
+	if n.Password != "" {
+		return withParam(dsn, "password", n.Password)
+	}
+	if c.passfile != "" {
+		return withParam(dsn, "passfile", c.passfile)
+	}
+	return dsn, nil
 }
 
 // withDatabase replaces the database of a DSN in URL or keyword/value form,
@@ -182,11 +321,7 @@ func (c *Cluster) Admin(ctx context.Context, node, tenant string) (*pgxpool.Pool
 func (c *Cluster) probePool(ctx context.Context, node string) (*pgxpool.Pool, error) {
 	// No tenant in the key: apart from every control pool.
 	return c.pool(ctx, adminKey{node: node}, 2, func() (string, error) {
-		i, ok := c.byName[node]
-		if !ok {
-			return "", fmt.Errorf("pgshard: unknown node %q", node)
-		}
-		return c.nodes[i].DSN, nil
+		return c.OwnDSN(node)
 	})
 }
 
@@ -259,35 +394,25 @@ func (c *Cluster) Close() {
 // tenant database holds shard schemas only, which CreateShard makes. It
 // can run again, and from several proxies at once.
 func (c *Cluster) EnsureTenant(ctx context.Context, node, tenant string) error {
-	i, ok := c.byName[node]
+	s := c.set()
+	i, ok := s.byName[node]
 	if !ok {
 		return fmt.Errorf("pgshard: unknown node %q", node)
 	}
-	if tenant == c.ownDB[i] {
+	if tenant == s.ownDB[i] {
 		return nil
 	}
-	p, err := c.Admin(ctx, node, c.ownDB[i])
+	p, err := c.Admin(ctx, node, s.ownDB[i])
 	if err != nil {
 		return err
 	}
-	var exists bool
-	if err := p.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_database WHERE datname = $1)`, tenant).Scan(&exists); err != nil {
-		return fmt.Errorf("pgshard: node %s: look up database %q: %w", node, tenant, err)
-	}
-	if exists {
-		return nil
-	}
-	_, err = p.Exec(ctx, "CREATE DATABASE "+quoteIdent(tenant))
-	if sqlstate.Is(err, sqlstate.DuplicateDatabase) || sqlstate.Is(err, sqlstate.UniqueViolation) {
-		// Another proxy created it first: CREATE DATABASE looks for the
-		// name before it inserts it, so a concurrent one can also fail on
-		// pg_database's unique index.
-		err = nil
-	}
+	created, err := createDatabase(ctx, p, tenant)
 	if err != nil {
 		return fmt.Errorf("pgshard: node %s: create database %q: %w", node, tenant, err)
 	}
-	c.log.Info("created tenant database", "node", node, "tenant", tenant)
+	if created {
+		c.log.Info("created tenant database", "node", node, "tenant", tenant)
+	}
 	return nil
 }
 

@@ -15,8 +15,8 @@ func TestNewClusterValidates(t *testing.T) {
 	}{
 		{"none", nil, "at least one node"},
 		{"unnamed", []Node{{DSN: "postgres://u@h/db"}}, "has no name"},
-		{"duplicate", []Node{{"n1", "postgres://u@h/db"}, {"n1", "postgres://u@h2/db"}}, "used twice"},
-		{"bad dsn", []Node{{"n1", "postgres://u@h:notaport/db"}}, "node n1"},
+		{"duplicate", []Node{{Name: "n1", DSN: "postgres://u@h/db"}, {Name: "n1", DSN: "postgres://u@h2/db"}}, "used twice"},
+		{"bad dsn", []Node{{Name: "n1", DSN: "postgres://u@h:notaport/db"}}, "node n1"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := NewCluster(tc.nodes, nil)
@@ -29,8 +29,8 @@ func TestNewClusterValidates(t *testing.T) {
 
 func TestClusterNodes(t *testing.T) {
 	c, err := NewCluster([]Node{
-		{"n1", "postgres://lattice@10.0.0.5:5432/shop?sslmode=disable"},
-		{"n2", "host=10.0.0.6 user=lattice dbname=other"},
+		{Name: "n1", DSN: "postgres://lattice@10.0.0.5:5432/shop?sslmode=disable"},
+		{Name: "n2", DSN: "host=10.0.0.6 user=lattice dbname=other"},
 	}, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -60,7 +60,7 @@ func TestClusterNodes(t *testing.T) {
 }
 
 func TestDefaultTenantFromUser(t *testing.T) {
-	c, err := NewCluster([]Node{{"n1", "host=h user=alice"}}, nil)
+	c, err := NewCluster([]Node{{Name: "n1", DSN: "host=h user=alice"}}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -97,7 +97,7 @@ func TestWithDatabase(t *testing.T) {
 }
 
 func TestAdminAfterClose(t *testing.T) {
-	c, err := NewCluster([]Node{{"n1", "postgres://u@127.0.0.1:1/db"}}, nil)
+	c, err := NewCluster([]Node{{Name: "n1", DSN: "postgres://u@127.0.0.1:1/db"}}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

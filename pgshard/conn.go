@@ -48,6 +48,7 @@ type Conn struct {
 	held      bool // taken with AcquireHeld
 	pinned    bool // kept by its session across transactions (pin.go)
 	lastUsed  time.Time
+	pool      *pool // the pool it came from; Release gives it back only there
 
 	prepared map[string]string // statement key -> server-side name
 	names    map[string]string // server-side name -> statement key

@@ -36,7 +36,7 @@ func (p *Pools) ReleaseHeld(c *Conn) {
 	p.mu.Lock()
 	pl := p.pools[poolKey{c.Node, c.Tenant}]
 	p.mu.Unlock()
-	if pl != nil && c.held {
+	if pl != nil && pl == c.pool && c.held {
 		pl.held.Add(-1)
 	}
 	c.held = false

@@ -128,7 +128,9 @@ func (p *Pools) Release(c *Conn) {
 	p.mu.Lock()
 	pl := p.pools[poolKey{c.Node, c.Tenant}]
 	p.mu.Unlock()
-	if pl == nil {
+	if pl == nil || pl != c.pool {
+		// Its pool was forgotten (the node left, or its DSN changed):
+		// the backend goes with it.
 		c.Close()
 		return
 	}
@@ -158,6 +160,26 @@ func (p *Pools) Close() {
 	p.pools = make(map[poolKey]*pool)
 	p.mu.Unlock()
 	for _, pl := range pools {
+		pl.closeIdle(0)
+	}
+}
+
+// Forget drops the pools of node, after it left the cluster or its DSN
+// changed: their idle backends close now, and each backend a session
+// still uses closes when it is released (Release finds no pool for it), so
+// sessions in flight are not disturbed. The next Acquire opens a new pool
+// over the node's current DSN.
+func (p *Pools) Forget(node string) {
+	p.mu.Lock()
+	var drop []*pool
+	for k, pl := range p.pools {
+		if k.node == node {
+			drop = append(drop, pl)
+			delete(p.pools, k)
+		}
+	}
+	p.mu.Unlock()
+	for _, pl := range drop {
 		pl.closeIdle(0)
 	}
 }
@@ -215,6 +237,7 @@ func (pl *pool) acquire(ctx context.Context) (*Conn, error) {
 		pl.errs.Add(1)
 		return nil, err
 	}
+	c.pool = pl
 	return c, nil
 }
 

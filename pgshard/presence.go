@@ -45,11 +45,12 @@ func PresenceName(cluster, id string) string {
 	return presencePrefix + cluster + "/" + hex.EncodeToString(sum[:8])
 }
 
-// Presence holds a proxy's presence sessions on every node.
+// Presence holds a proxy's presence sessions on every node, following the
+// cluster's node set as it changes.
 type Presence struct {
-	nodes []Node
-	name  string
-	log   *slog.Logger
+	cluster *Cluster
+	name    string
+	log     *slog.Logger
 
 	mu   sync.Mutex
 	held map[string]heldSession // by node; absent while none is open
@@ -70,17 +71,49 @@ func NewPresence(c *Cluster, name string, log *slog.Logger) *Presence {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Presence{nodes: c.Nodes(), name: name, log: log, held: map[string]heldSession{}}
+	return &Presence{cluster: c, name: name, log: log, held: map[string]heldSession{}}
 }
 
 // Run holds a session on every node until ctx ends, opening it again
-// whenever it ends.
+// whenever it ends. A node that joins the cluster gets one; a node that
+// leaves it, or whose DSN changes, has its session closed (and opened
+// again over the new DSN).
 func (p *Presence) Run(ctx context.Context) {
 	var wg sync.WaitGroup
-	for _, n := range p.nodes {
-		wg.Go(func() { p.hold(ctx, n) })
+	defer wg.Wait()
+	running := map[string]presenceHold{}
+	for {
+		changed := p.cluster.Changed()
+		want := map[string]Node{}
+		for _, n := range p.cluster.Nodes() {
+			want[n.Name] = n
+		}
+		for name, h := range running {
+			if n, ok := want[name]; !ok || n != h.node {
+				h.stop()
+				delete(running, name)
+			}
+		}
+		for name, n := range want {
+			if _, ok := running[name]; ok {
+				continue
+			}
+			hctx, stop := context.WithCancel(ctx)
+			running[name] = presenceHold{node: n, stop: stop}
+			wg.Go(func() { p.hold(hctx, n) })
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-changed:
+		}
 	}
-	wg.Wait()
+}
+
+// presenceHold is one node's running hold.
+type presenceHold struct {
+	node Node
+	stop context.CancelFunc
 }
 
 // HeldSince reports whether the session on every node was opened at or
@@ -92,7 +125,7 @@ func (p *Presence) Run(ctx context.Context) {
 func (p *Presence) HeldSince(t time.Time) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	for _, n := range p.nodes {
+	for _, n := range p.cluster.Nodes() {
 		h, ok := p.held[n.Name]
 		if !ok || h.since.After(t) || (h.net != nil && !quiet(h.net)) {
 			return false
@@ -161,7 +194,11 @@ func (p *Presence) hold(ctx context.Context, n Node) {
 }
 
 func (p *Presence) connect(ctx context.Context, n Node) (*pgx.Conn, error) {
-	cfg, err := pgx.ParseConfig(n.DSN)
+	dsn, err := p.cluster.connString(n, "")
+	if err != nil {
+		return nil, fmt.Errorf("pgshard: node %s: %w", n.Name, err)
+	}
+	cfg, err := pgx.ParseConfig(dsn)
 	if err != nil {
 		return nil, fmt.Errorf("pgshard: node %s: %w", n.Name, err)
 	}

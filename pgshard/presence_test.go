@@ -46,4 +46,17 @@ func TestPresenceHeldSince(t *testing.T) {
 			t.Fatalf("%s: HeldSince = %v, want %v", tc.name, got, tc.want)
 		}
 	}
+
+	// A node that joins counts at once: a proxy cut off from Redis is not
+	// present on it, so it must not count itself present everywhere.
+	p.mark("n2", t0, nil)
+	if !p.HeldSince(t0.Add(2 * time.Second)) {
+		t.Fatal("HeldSince = false with both nodes held")
+	}
+	if _, err := c.SetNodes(append(c.Nodes(), Node{Name: "n3", DSN: "postgres://x@h3/db"})); err != nil {
+		t.Fatal(err)
+	}
+	if p.HeldSince(t0.Add(2 * time.Second)) {
+		t.Fatal("HeldSince = true although nothing is held on the node that joined")
+	}
 }

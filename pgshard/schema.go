@@ -218,12 +218,13 @@ func dropShardTx(ctx context.Context, tx pgx.Tx, t *shardmap.Tree, idx int) erro
 // node for tenant, by tree, ordered by shard then node: the material to
 // rebuild maps from. A node without the tenant's database holds none.
 func (c *Cluster) ReadOwnership(ctx context.Context, tenant string) (map[string][]Ownership, error) {
-	per := make([][]Ownership, len(c.nodes))
-	idx := make(map[string]int, len(c.nodes))
-	for i, n := range c.nodes {
-		idx[n.Name] = i
+	names := c.NodeNames()
+	per := make([][]Ownership, len(names))
+	idx := make(map[string]int, len(names))
+	for i, n := range names {
+		idx[n] = i
 	}
-	err := forEachNode(ctx, c.NodeNames(), func(ctx context.Context, node string) error {
+	err := forEachNode(ctx, names, func(ctx context.Context, node string) error {
 		recs, err := c.readNodeOwnership(ctx, node, tenant)
 		per[idx[node]] = recs
 		return err

@@ -113,9 +113,9 @@ func (c *Cluster) CreateTree(ctx context.Context, store shardmap.Store, spec Tre
 	if err != nil {
 		return nil, nil, err
 	}
-	m := shardmap.NewIdentityMap(spec.Tenant, spec.Table, spec.SlotCount, spec.ShardCount, c.NodeNames())
+	m := shardmap.NewIdentityMap(spec.Tenant, spec.Table, spec.SlotCount, spec.ShardCount, c.PlacementNodes())
 	log.Info("creating tree", "key", tree.KeyColumn, "key_type", tree.KeyType,
-		"shards", spec.ShardCount, "slots", spec.SlotCount, "nodes", len(c.nodes))
+		"shards", spec.ShardCount, "slots", spec.SlotCount, "nodes", len(c.set().nodes))
 
 	// From here on, a failure rolls the catalog back and drops the shards.
 	undo := func(err error) (*shardmap.Tree, *shardmap.Map, error) {

@@ -11,7 +11,7 @@ import (
 )
 
 func TestNormalizeSpec(t *testing.T) {
-	c, err := NewCluster([]Node{{"n1", "postgres://u@h/shop"}}, nil)
+	c, err := NewCluster([]Node{{Name: "n1", DSN: "postgres://u@h/shop"}}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -32,6 +32,7 @@ var composable = map[string]bool{
 	"lattice_trees":            false,
 	"lattice_shards":           false,
 	"lattice_reshard_status":   false,
+	"lattice_nodes":            false,
 	"lattice_reshard_complete": true,
 }
 
@@ -144,7 +145,7 @@ func (p *planner) composeRoute(root proto.Message, w *walker, stmt string) route
 		if _, ok := composable[name]; ok {
 			continue
 		}
-		if name == "lattice_create_tree" || name == "lattice_reshard" {
+		if name == "lattice_create_tree" || name == "lattice_reshard" || name == "lattice_add_node" || name == "lattice_remove_node" {
 			if _, ok := latticeCall(fc); !ok {
 				return refusedRoute(argsRefusal(name))
 			}

@@ -9,6 +9,9 @@ package sqlstate
 
 // Class 08, connection exception.
 const (
+	// SQLClientUnableToEstablishSQLConnection: lattice_add_node could not
+	// connect to the node it was given.
+	SQLClientUnableToEstablishSQLConnection = "08001"
 	// ConnectionFailure: a node's connection could not be made or was lost
 	// mid-statement.
 	ConnectionFailure = "08006"
@@ -131,10 +134,14 @@ const (
 	SyntaxError = "42601"
 	// DuplicateColumn: a column named twice in a COPY column list.
 	DuplicateColumn = "42701"
+	// DuplicateObject: lattice_add_node of a name, or a server, the node
+	// registry already has.
+	DuplicateObject = "42710"
 	// UndefinedColumn: a shard key or COPY column the table does not have.
 	UndefinedColumn = "42703"
-	// UndefinedObject: a prepared transaction that no longer exists (looked
-	// for in a node's errors during two-phase commit recovery, never sent).
+	// UndefinedObject: lattice_remove_node of a node the registry does not
+	// have; also a prepared transaction that no longer exists (looked for
+	// in a node's errors during two-phase commit recovery).
 	UndefinedObject = "42704"
 	// WrongObjectType: lattice_create_tree of something that is not a table.
 	WrongObjectType = "42809"

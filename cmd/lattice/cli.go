@@ -23,7 +23,7 @@ import (
 	"github.com/lattice-db/lattice/sqlstate"
 )
 
-// The operator's commands (status, shards, reshard) talk to a proxy's admin
+// The operator's commands (status, shards, reshard, nodes, node) talk to a proxy's admin
 // JSON API, the same one the page uses.
 
 const defaultAdminURL = "http://127.0.0.1:9090"
@@ -112,10 +112,14 @@ type apiError struct {
 
 // Error leaves out the severity: an operator reads it after "lattice: ".
 func (e *apiError) Error() string {
+	msg := e.Err.Message
 	if e.Err.Code != "" {
-		return fmt.Sprintf("%s (SQLSTATE %s)", e.Err.Message, e.Err.Code)
+		msg = fmt.Sprintf("%s (SQLSTATE %s)", e.Err.Message, e.Err.Code)
 	}
-	return e.Err.Message
+	if e.Err.Hint != "" {
+		msg += "\nhint: " + e.Err.Hint
+	}
+	return msg
 }
 
 func (e *apiError) Unwrap() error { return e.Err }
@@ -170,7 +174,7 @@ func (c *apiClient) do(ctx context.Context, method, path string, q url.Values, b
 				ans.Error += "; give the proxy's admin token with --admin-token-file or $" + adminTokenEnv
 			}
 		}
-		return &apiError{Status: resp.StatusCode, Err: &sqlstate.Error{Code: ans.SQLState, Message: ans.Error}}
+		return &apiError{Status: resp.StatusCode, Err: &sqlstate.Error{Code: ans.SQLState, Message: ans.Error, Hint: ans.Hint}}
 	}
 	if err := json.Unmarshal(raw, out); err != nil {
 		return fmt.Errorf("%s %s: decode answer: %w", method, path, err)

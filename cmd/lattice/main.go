@@ -1,6 +1,6 @@
 // Command lattice is the Lattice proxy: `serve` runs it, `demo` starts a
 // local cluster with it, `passwd` makes a users-file line, and `status`,
-// `shards` and `reshard` ask a running proxy's admin API.
+// `shards`, `reshard`, `nodes` and `node` ask a running proxy's admin API.
 package main
 
 import (
@@ -37,6 +37,9 @@ Usage:
   lattice status  [--admin URL] [--tenant T]                     proxies, trees and running reshards
   lattice shards  TREE [--admin URL] [--tenant T]                a tree's shards with size estimates
   lattice reshard TREE N [--wait] [--admin URL] [--tenant T]     reshard a tree to N shards; --wait shows progress until done
+  lattice nodes  [--admin URL] [--tenant T]                      the registered nodes, with the tenant's shards, slots and size on each
+  lattice node add NAME DSN [--admin URL]                        check a PostgreSQL server and add it (the DSN without password)
+  lattice node remove NAME [--admin URL]                         remove a node that holds no shard
 
 --admin defaults to $LATTICE_ADMIN, else http://127.0.0.1:9090. A proxy with an
 admin token wants it in --admin-token-file FILE or $LATTICE_ADMIN_TOKEN.
@@ -66,6 +69,10 @@ func main() {
 		err = newCLI().shardsCmd(ctx, os.Args[2:])
 	case "reshard":
 		err = newCLI().reshardCmd(ctx, os.Args[2:])
+	case "nodes":
+		err = newCLI().nodesCmd(ctx, os.Args[2:])
+	case "node":
+		err = newCLI().nodeCmd(ctx, os.Args[2:])
 	case "-h", "--help", "help":
 		fmt.Print(usage)
 	default:
@@ -106,6 +113,7 @@ type serveConfig struct {
 	RedisURLFile, NodesFile                   string
 	AdminTokenFile, AdminAllowedHosts         string
 	AdminTLSCert, AdminTLSKey                 string
+	PgPass                                    string
 	TLSCert, TLSKey                           string
 	TLSRequired                               bool
 	Nodes                                     nodeFlags
@@ -130,8 +138,9 @@ func (c *serveConfig) flags(fs *flag.FlagSet) {
 	fs.StringVar(&c.AdminTLSKey, "admin-tls-key", "", "PEM private key of --admin-tls-cert")
 	fs.StringVar(&c.Redis, "redis", "", "Redis URL for the shard map (redis://host:port/db or redis-sentinel://h1:p,h2:p/master); empty runs an embedded in-process server whose state is lost on exit. Any local user can read argv in /proc: give a URL with a password through --redis-url-file or $"+redisURLEnv+" instead")
 	fs.StringVar(&c.RedisURLFile, "redis-url-file", "", "file holding the Redis URL (instead of --redis; also $"+redisURLEnv+")")
-	fs.Var(&c.Nodes, "node", "a PostgreSQL node as NAME=DSN, repeatable; the first is the catalog node. Argv is readable in /proc: keep passwords out of it (a nodes file, a pgpass file, or $LATTICE_NODE)")
+	fs.Var(&c.Nodes, "node", "a PostgreSQL node as NAME=DSN, repeatable; the first is the catalog node. Seeds the node registry in Redis only when it is empty; after that the registry (lattice_add_node, lattice_remove_node) is the node set. A password in the DSN stays in this process and never goes to Redis, but argv is readable in /proc: keep passwords out of it (--pgpass, --nodes-file or $LATTICE_NODE)")
 	fs.StringVar(&c.NodesFile, "nodes-file", "", "file of NAME=DSN lines, one node a line, read after the --node flags")
+	fs.StringVar(&c.PgPass, "pgpass", "", "pgpass file (PostgreSQL's format, host:port:database:user:password) with the passwords of the nodes, whose registered DSNs carry none; without it PGPASSWORD, PGPASSFILE and ~/.pgpass apply")
 	fs.StringVar(&c.UsersFile, "users-file", "", "SCRAM-SHA-256 users file; without it every user is trusted, which is allowed only on a loopback listener")
 	fs.StringVar(&c.TLSCert, "tls-cert", "", "PEM certificate (chain) offered to clients that ask for TLS; without it SSLRequest is declined")
 	fs.StringVar(&c.TLSKey, "tls-key", "", "PEM private key of --tls-cert")
@@ -216,9 +225,6 @@ func serveCmd(ctx context.Context, args []string) error {
 // serve runs the proxy and the admin endpoint until ctx ends. ready, when
 // set, receives the listening addresses.
 func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, ready func(pgAddr, adminAddr string)) error {
-	if len(cfg.Nodes) == 0 {
-		return errors.New("no nodes: give at least one --node NAME=DSN")
-	}
 	var users *proxy.Users
 	if cfg.UsersFile != "" {
 		u, err := proxy.LoadUsers(cfg.UsersFile)
@@ -258,7 +264,7 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, ready func(pg
 	}
 	defer store.Close()
 
-	cluster, err := pgshard.NewCluster(cfg.Nodes, log)
+	cluster, err := openCluster(ctx, cfg, store, log)
 	if err != nil {
 		return err
 	}
@@ -276,6 +282,24 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, ready func(pg
 	pools := pgshard.NewPools(pgshard.PoolConfig{MaxConns: cfg.PoolSize, MaxHeld: cfg.MaxListeners}, cluster.TenantDSN)
 	defer pools.Close()
 	go reapIdle(ctx, pools)
+
+	nodeWatch := shardmap.NewNodeWatch(store, time.Second, cluster.Seed, func(n *shardmap.Nodes) error {
+		gone, err := cluster.ApplyRegistry(n)
+		for _, node := range gone {
+			pools.Forget(node)
+		}
+		return err
+	}, log)
+	if err := nodeWatch.Reload(ctx); err != nil {
+		return err
+	}
+	watchCtx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	go func() {
+		if err := nodeWatch.Run(watchCtx); err != nil && watchCtx.Err() == nil {
+			log.Error("node registry watch stopped", "err", err)
+		}
+	}()
 
 	twoPhase := proxy.NewTwoPhase(proxy.TwoPhaseConfig{
 		Cluster:      cluster,
@@ -321,7 +345,12 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, ready func(pg
 	}
 
 	fns := migrator.NewFunctions(cluster, store, cache, coord)
+	fns.SetNodeAdmin(migrator.NodeAdmin{Registry: store, Watch: nodeWatch, Requirements: pgshard.NodeRequirements{
+		FreeSlots:            max(1, cfg.Reshard.MaxConcurrentMigrations),
+		PreparedTransactions: 1,
+	}})
 	adm.API = newAdminAPI(cfg, proxyID, store, cache, reg, cluster, fns, log)
+	adm.API.Nodes = adminNoder{fns}
 	srv := proxy.NewServer(proxy.Config{
 		Startup: proxy.StartupConfig{Users: users, StartupTimeout: cfg.StartupTimeout,
 			TLS: tlsConfig, TLSRequired: cfg.TLSRequired},
@@ -364,7 +393,7 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, ready func(pg
 	access.Hosts = append(access.Hosts, admin.DefaultHosts(cfg.Admin)...)
 	access.Hosts = append(access.Hosts, admin.DefaultHosts(aln.Addr().String())...)
 	adm.Access = access
-	log.Info("lattice serving", "listen", ln.Addr().String(), "admin", aln.Addr().String(), "nodes", len(cfg.Nodes), "catalog", cluster.Catalog().Name)
+	log.Info("lattice serving", "listen", ln.Addr().String(), "admin", aln.Addr().String(), "nodes", len(cluster.Nodes()), "catalog", cluster.Catalog().Name)
 	if ready != nil {
 		ready(ln.Addr().String(), aln.Addr().String())
 	}
@@ -376,6 +405,59 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, ready func(pg
 		err = <-errc
 	}
 	return err
+}
+
+// openCluster makes the node set this proxy starts with: the --node flags
+// (their passwords split off, kept here) when given, else the node
+// registry. The registry, once read, replaces the flags (NodeWatch).
+func openCluster(ctx context.Context, cfg serveConfig, store *shardmap.RedisStore, log *slog.Logger) (*pgshard.Cluster, error) {
+	nodes, err := pgshard.SplitNodes(cfg.Nodes)
+	if err != nil {
+		return nil, err
+	}
+	if len(nodes) == 0 {
+		reg, err := store.Nodes(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if len(reg.Nodes) == 0 {
+			return nil, errors.New("no nodes: the node registry is empty; give at least one --node NAME=DSN to seed it")
+		}
+		for _, e := range reg.Nodes {
+			nodes = append(nodes, pgshard.Node{Name: e.Name, DSN: e.DSN})
+		}
+	}
+	cluster, err := pgshard.NewCluster(nodes, log)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.PgPass != "" {
+		if err := checkPgPass(cfg.PgPass, log); err != nil {
+			cluster.Close()
+			return nil, err
+		}
+		cluster.SetPassfile(cfg.PgPass)
+	}
+	return cluster, nil
+}
+
+// checkPgPass fails early on a pgpass file that cannot be read: pgconn
+// would ignore it silently and every node would refuse the login.
+func checkPgPass(path string, log *slog.Logger) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return fmt.Errorf("--pgpass: %w", err)
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return fmt.Errorf("--pgpass: %w", err)
+	}
+	if st.Mode().Perm()&0o077 != 0 {
+		// libpq ignores such a file; pgconn reads it. Say so, as psql would.
+		log.Warn("--pgpass file has group or world access; chmod 0600 it", "path", path, "mode", st.Mode().Perm().String())
+	}
+	return nil
 }
 
 // newProxyID names this process in the proxy registry and in leases.
