@@ -3,7 +3,9 @@
 # nodes) and on plain PostgreSQL, one after the other on the same machine.
 #   bench/sysbench.sh [path/to/lattice]   (default: builds bin/lattice)
 # SYSBENCH_TIME sets each run's seconds (default 60), SYSBENCH_THREADS the
-# client threads (default 4).
+# client threads (default 4), SYSBENCH_ARGS more sysbench options. Besides
+# tps it prints the proxy's CPU per transaction (utime+stime), which is
+# steadier than tps on a shared machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/pglocal.sh
@@ -32,13 +34,20 @@ sb() { # port command...
   sysbench oltp_read_write --db-driver=pgsql --pgsql-host=127.0.0.1 --pgsql-port="$port" --pgsql-user=lattice \
     --pgsql-db=postgres --tables=2 --table-size=20000 --auto_inc=off --threads="$threads" --time="$secs" --report-interval=0 ${SYSBENCH_ARGS:-} "$@"
 }
-run() { # label port
-  local out
+ticks() { awk '{print $14+$15}' "/proc/$1/stat"; } # utime+stime of a process, in clock ticks
+run() { # label port [pid whose CPU per transaction to report]
+  local out t0
+  [ -n "${3:-}" ] && t0=$(ticks "$3")
   out=$(sb "$2" run 2>&1) || { echo "$out" | tail -30; echo "$1: sysbench failed" >&2; return 1; }
   echo "$out" | grep -E 'transactions:|queries:|ignored errors:|reconnects:' | sed "s/^/$1 /"
+  if [ -n "${3:-}" ]; then
+    local tx
+    tx=$(echo "$out" | awk '/transactions:/ {print $2}')
+    echo "$1 proxy CPU per transaction: $(( ($(ticks "$3") - t0) * 1000000 / $(getconf CLK_TCK) / tx )) us"
+  fi
 }
 sb "$lport" prepare >/dev/null
 psql -q "postgres://lattice@127.0.0.1:$lport/postgres" -c "SELECT lattice_create_tree('sbtest1','id',16)" -c "SELECT lattice_create_tree('sbtest2','id',16)" >/dev/null
-run lattice "$lport"
+run lattice "$lport" "$lpid"
 sb "$pp" prepare >/dev/null
 run postgres "$pp"

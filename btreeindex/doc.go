@@ -10,9 +10,10 @@
 //     through a slot predicate where the shard is mixed (source.go);
 //   - how the ordered streams of several nodes become one: sort keys, the
 //     decoding and PostgreSQL-compatible comparison of sort values
-//     (sortkey.go, value.go), and a heap-based k-way merge over a small
+//     (sortkey.go, value.go), a heap-based k-way merge over a small
 //     row-source interface that knows no session and no connection
-//     (merge.go).
+//     (merge.go), and the statement that has PostgreSQL order rows whose
+//     keys the merge cannot compare (pgsort.go).
 //
 // Of Lattice's packages it imports only shardmap and sqlstate (the error
 // catalogue); router, pgshard, the proxy and the migrator import it, never

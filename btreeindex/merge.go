@@ -49,8 +49,14 @@ type cursor struct {
 	ended bool // src returned its end, or the merge closed it: never closed (again)
 }
 
-// NewMerge merges srcs by keys (concatenates them when keys is empty).
+// NewMerge merges srcs by keys (concatenates them when keys is empty). One
+// source is already in order: its rows pass through without their sort
+// values being decoded, so that a node holding every shard of a tree
+// answers an ORDER BY on any type and collation.
 func NewMerge(keys []SortKey, srcs []RowSource) *Merge {
+	if len(srcs) <= 1 {
+		keys = nil
+	}
 	m := &Merge{keys: keys, srcs: srcs, cursors: make([]cursor, len(srcs))}
 	for i, s := range srcs {
 		m.cursors[i] = cursor{src: s, index: i}

@@ -5,16 +5,15 @@ import "strconv"
 // SortKey is one ORDER BY key of an ordered scan: where its value is in
 // each row, and the order PostgreSQL sorted the node's rows in.
 //
-// Collations: the merge reproduces the order of text only under the "C"
-// (or "POSIX") collation, which compares bytes; ByteOrder says the key has
-// it. The router refuses any other COLLATE when it plans the statement, and
-// the merge refuses text without ByteOrder at its first row, since the
-// nodes' default collation may order differently from bytes.
+// Collations: the merge reproduces the order of text only under a
+// collation that compares bytes ("C", "POSIX"); ByteOrder says the key has
+// it, written in the statement or found by the proxy's collation probe.
+// Text under any other collation is ordered by PostgreSQL (SortQuery).
 type SortKey struct {
 	Column     int  // 0-based index of the sort value in each source's rows (hidden sort columns included)
 	Desc       bool // DESC
 	NullsFirst bool // the effective null order: PostgreSQL's default is NULLS LAST for ASC, NULLS FIRST for DESC
-	ByteOrder  bool // COLLATE "C" / "POSIX" on the key: text compares bytewise
+	ByteOrder  bool // the key's collation is "C" / "POSIX": text compares bytewise
 }
 
 // String is "#col ASC|DESC NULLS FIRST|LAST", with " BYTES" for ByteOrder.

@@ -80,6 +80,9 @@ func TestFanOut(t *testing.T) {
 		{sql: `SELECT id, price FROM fan ORDER BY price NULLS FIRST, id LIMIT 40`, ordered: true},
 		{sql: `SELECT id, created FROM fan WHERE ok ORDER BY created DESC, id LIMIT 30`, ordered: true},
 		{sql: `SELECT id, name FROM fan ORDER BY name COLLATE "C", id LIMIT 50`, ordered: true},
+		// The test databases' collation is C: the probe finds it, and the
+		// proxy merges text as bytes (collation_test.go sorts under others).
+		{sql: `SELECT id, name FROM fan ORDER BY name, id LIMIT 50`, ordered: true},
 		{sql: `SELECT id FROM fan ORDER BY qty * -1, id OFFSET 2990`, ordered: true},
 		{sql: `SELECT id, ok FROM fan ORDER BY ok, id DESC LIMIT 10`, ordered: true},
 		{sql: `SELECT * FROM fan ORDER BY id LIMIT 3`, ordered: true},
@@ -281,15 +284,6 @@ func TestFanOut(t *testing.T) {
 		}
 	})
 
-	t.Run("text order without a byte collation is refused", func(t *testing.T) {
-		_, err := queryStrings(t, c, `SELECT id, name FROM fan ORDER BY name LIMIT 5`)
-		if pgCode(err) != "0A000" {
-			t.Fatalf("want 0A000, got %v", err)
-		}
-		if _, err := queryStrings(t, c, `SELECT 1`); err != nil {
-			t.Fatalf("session after refusal: %v", err)
-		}
-	})
 	t.Run("aggregates the proxy cannot combine are refused", func(t *testing.T) {
 		for _, sql := range []string{`SELECT string_agg(name, ',') FROM fan`, `SELECT count(*) FILTER (WHERE ok) FROM fan`,
 			`SELECT id, rank() OVER (ORDER BY qty) FROM fan`, `SELECT DISTINCT ON (qty) qty, id FROM fan`} {

@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"os/user"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -49,6 +50,9 @@ type proc struct {
 	cmd  *exec.Cmd
 	done chan struct{} // closed when the process has exited and was reaped
 	err  error         // Wait's result, valid after done
+
+	mu   sync.Mutex
+	kids []procID // the leader's children seen by killGroup
 }
 
 // childEnv is the environment of a server process: ours without the libpq
@@ -109,9 +113,44 @@ func (p *proc) signal(sig syscall.Signal) {
 	}
 }
 
-// killGroup sends SIGKILL to every process of the group.
+// killGroup sends SIGKILL to every process of the group and to every
+// child of the leader. PostgreSQL's children each call setsid(), leaving
+// the group, and a backend outlives a killed postmaster until it next
+// looks: the leader is stopped first, so that it forks no child between
+// the listing and the kill.
 func (p *proc) killGroup() {
-	_ = syscall.Kill(-p.pid(), syscall.SIGKILL)
+	pid := p.pid()
+	if !p.exited() {
+		_ = syscall.Kill(pid, syscall.SIGSTOP)
+	}
+	p.mu.Lock()
+	for _, c := range childrenOf(pid) {
+		if !slices.Contains(p.kids, c) {
+			p.kids = append(p.kids, c)
+		}
+	}
+	kids := slices.Clone(p.kids)
+	p.mu.Unlock()
+	_ = syscall.Kill(-pid, syscall.SIGKILL)
+	for _, c := range kids {
+		c.kill()
+	}
+}
+
+// remaining reports whether a live process of the group, or a child of the
+// leader that killGroup saw, is left.
+func (p *proc) remaining() bool {
+	if groupAlive(p.pid()) {
+		return true
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, c := range p.kids {
+		if c.alive() {
+			return true
+		}
+	}
+	return false
 }
 
 // wait waits up to d for the process to exit.
@@ -127,12 +166,12 @@ func (p *proc) wait(d time.Duration) bool {
 }
 
 // waitGroupGone kills the group again and again until no live process of
-// it is left, or d passes. Repeating the kill catches a child forked while
+// it (or child of its leader) is left, or d passes. Repeating the kill catches a child forked while
 // the first signal was being delivered, which would otherwise keep serving
 // (a backend still answering its client, shared memory still in use).
 func (p *proc) waitGroupGone(d time.Duration) bool {
 	deadline := time.Now().Add(d)
-	for groupAlive(p.pid()) {
+	for p.remaining() {
 		if time.Now().After(deadline) {
 			return false
 		}

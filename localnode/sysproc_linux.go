@@ -55,3 +55,62 @@ func groupAlive(pgid int) bool {
 	}
 	return false
 }
+
+// procID names a process by pid and start time, so that a pid the kernel
+// has handed to another process since is never signalled.
+type procID struct {
+	pid   int
+	start string
+}
+
+// procStat reads a process's state, parent and start time from
+// /proc/PID/stat.
+func procStat(pid int) (state string, ppid int, start string, ok bool) {
+	stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return "", 0, "", false
+	}
+	// After the command, which is in parentheses and may hold spaces:
+	// state (field 3), ppid (4), ..., starttime (22).
+	i := bytes.LastIndexByte(stat, ')')
+	if i < 0 {
+		return "", 0, "", false
+	}
+	f := strings.Fields(string(stat[i+1:]))
+	if len(f) < 20 {
+		return "", 0, "", false
+	}
+	ppid, err = strconv.Atoi(f[1])
+	return f[0], ppid, f[19], err == nil
+}
+
+// childrenOf lists the live children of pid.
+func childrenOf(pid int) []procID {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	var out []procID
+	for _, e := range entries {
+		c, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if state, ppid, start, ok := procStat(c); ok && ppid == pid && state != "Z" && state != "X" {
+			out = append(out, procID{c, start})
+		}
+	}
+	return out
+}
+
+// alive reports whether the process still runs (zombies do not count).
+func (c procID) alive() bool {
+	state, _, start, ok := procStat(c.pid)
+	return ok && start == c.start && state != "Z" && state != "X"
+}
+
+func (c procID) kill() {
+	if c.alive() {
+		_ = syscall.Kill(c.pid, syscall.SIGKILL)
+	}
+}

@@ -17,3 +17,13 @@ func sysProcAttr(cred *syscall.Credential, _ syscall.Signal) *syscall.SysProcAtt
 // groupAlive reports whether a process of group pgid exists (zombies
 // included: there is no portable way to tell them apart).
 func groupAlive(pgid int) bool { return syscall.Kill(-pgid, 0) == nil }
+
+// procID names a child process; only Linux lists children, and there
+// PostgreSQL's setsid() children are also what the group kill misses.
+type procID struct{ pid int }
+
+func childrenOf(int) []procID { return nil }
+
+func (procID) alive() bool { return false }
+
+func (procID) kill() {}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"maps"
 	"net"
 	"strconv"
 	"sync"
@@ -33,6 +34,10 @@ type Conn struct {
 	Settings string
 	// Params are the ParameterStatus values the server reported.
 	Params map[string]string
+	// StartupParams are the values it reported at startup, which RESET ALL
+	// returns to: a new client is told these, not what the last session
+	// that used the backend set.
+	StartupParams map[string]string
 	// Wrote is set once a statement of the backend's current transaction
 	// reported a command tag that changes data (NoteCommand). A commit
 	// across nodes prepares such a participant at once and asks the others
@@ -58,9 +63,10 @@ type Conn struct {
 	// mu guards pending: a LISTEN backend is read by its own goroutine
 	// while the session sends to it.
 	mu sync.Mutex
-	// pending are the requests sent whose answers change the state above,
-	// in the order the backend answers them.
+	// pending[head:] are the requests sent whose answers change the state
+	// above, in the order the backend answers them (push, pop).
 	pending []request
+	head    int
 }
 
 func connect(ctx context.Context, node, tenant, dsn string, maxMessage int) (*Conn, error) {
@@ -97,6 +103,7 @@ func connect(ctx context.Context, node, tenant, dsn string, maxMessage int) (*Co
 		portals:   make(map[string]bool),
 		lastUsed:  time.Now(),
 	}
+	c.StartupParams = maps.Clone(hj.ParameterStatuses)
 	if cfg.Host != "" && cfg.Host[0] == '/' {
 		c.cancelTo = "unix:" + hj.Conn.RemoteAddr().String()
 	} else {
@@ -209,7 +216,7 @@ func (c *Conn) PortalOpen(name string) bool {
 	if c.portals[name] {
 		return true
 	}
-	for _, r := range c.pending {
+	for _, r := range c.queued() {
 		if r.kind == reqBind && r.name == name {
 			return true
 		}

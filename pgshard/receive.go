@@ -49,13 +49,13 @@ func (c *Conn) Send(msg pgproto3.FrontendMessage) {
 	defer c.mu.Unlock()
 	switch m := msg.(type) {
 	case *pgproto3.Parse:
-		c.pending = append(c.pending, request{kind: reqParse, name: m.Name})
+		c.push(request{kind: reqParse, name: m.Name})
 	case *pgproto3.Bind:
-		c.pending = append(c.pending, request{kind: reqBind, name: m.DestinationPortal, stmt: m.PreparedStatement})
+		c.push(request{kind: reqBind, name: m.DestinationPortal, stmt: m.PreparedStatement})
 	case *pgproto3.Close:
-		c.pending = append(c.pending, request{kind: reqClose, name: m.Name, obj: m.ObjectType})
+		c.push(request{kind: reqClose, name: m.Name, obj: m.ObjectType})
 	case *pgproto3.Sync, *pgproto3.Query:
-		c.pending = append(c.pending, request{kind: reqSync})
+		c.push(request{kind: reqSync})
 	}
 	c.fe.Send(msg)
 }
@@ -114,14 +114,40 @@ func changesResults(tag []byte) bool {
 	return bytes.HasPrefix(tag, []byte("ALTER ")) || bytes.HasPrefix(tag, []byte("DROP ")) || bytes.HasPrefix(tag, []byte("CREATE "))
 }
 
+// push queues a request whose answer Receive must match.
+func (c *Conn) push(r request) {
+	if len(c.pending) == cap(c.pending) && c.head > 0 {
+		// A queue that never empties (a long pipeline) moves down
+		// rather than growing without end.
+		n := copy(c.pending, c.pending[c.head:])
+		clear(c.pending[n:])
+		c.pending, c.head = c.pending[:n], 0
+	}
+	c.pending = append(c.pending, r)
+}
+
+// queued are the requests not answered yet, oldest first.
+func (c *Conn) queued() []request { return c.pending[c.head:] }
+
+// pop drops the oldest queued request. The queue's array is reused once
+// it empties, so that a statement's requests cost no allocation.
+func (c *Conn) pop() {
+	c.pending[c.head] = request{}
+	c.head++
+	if c.head == len(c.pending) {
+		c.pending, c.head = c.pending[:0], 0
+	}
+}
+
 // answered pops the oldest pending request, which must be of kind k.
 func (c *Conn) answered(k requestKind) (request, bool) {
-	if len(c.pending) == 0 || c.pending[0].kind != k {
+	q := c.queued()
+	if len(q) == 0 || q[0].kind != k {
 		c.broken = true
 		return request{}, false
 	}
-	r := c.pending[0]
-	c.pending = c.pending[1:]
+	r := q[0]
+	c.pop()
 	return r, true
 }
 
@@ -134,17 +160,17 @@ func (c *Conn) failed(e *pgproto3.ErrorResponse) {
 	if e.Code == sqlstate.FeatureNotSupported && strings.HasPrefix(e.Message, "cached plan must not change result type") {
 		// The statement's columns changed under it: PostgreSQL will fail
 		// every Bind of it from now on, so it is prepared anew next time.
-		if len(c.pending) > 0 && c.pending[0].kind == reqBind {
-			if name := c.pending[0].stmt; c.names[name] != "" {
+		if q := c.queued(); len(q) > 0 && q[0].kind == reqBind {
+			if name := q[0].stmt; c.names[name] != "" {
 				c.forgetName(name)
 				c.toClose = append(c.toClose, name)
 			}
 		}
 		ResultsChanged()
 	}
-	for len(c.pending) > 0 && c.pending[0].kind != reqSync {
-		c.skipped(c.pending[0])
-		c.pending = c.pending[1:]
+	for q := c.queued(); len(q) > 0 && q[0].kind != reqSync; q = c.queued() {
+		c.skipped(q[0])
+		c.pop()
 	}
 }
 
@@ -165,9 +191,9 @@ func (c *Conn) skipped(r request) {
 // out of a transaction block no portal is left.
 func (c *Conn) ready(status byte) {
 	c.TxStatus = status
-	for len(c.pending) > 0 {
-		r := c.pending[0]
-		c.pending = c.pending[1:]
+	for q := c.queued(); len(q) > 0; q = c.queued() {
+		r := q[0]
+		c.pop()
 		if r.kind == reqSync {
 			break
 		}
@@ -185,5 +211,5 @@ func (c *Conn) ready(status byte) {
 func (c *Conn) Idle() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return len(c.pending) == 0
+	return len(c.queued()) == 0
 }

@@ -3,6 +3,7 @@ package pgshard
 import (
 	"bytes"
 	"io"
+	"strconv"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgproto3"
@@ -154,8 +155,37 @@ func TestReceiveTracksState(t *testing.T) {
 				t.Errorf("broken %v, want %v", c.Broken(), tc.broken)
 			}
 			if !c.Idle() && !tc.broken {
-				t.Errorf("requests left unanswered: %v", c.pending)
+				t.Errorf("requests left unanswered: %v", c.queued())
 			}
 		})
+	}
+}
+
+// TestPendingQueueReused: the requests of statement after statement reuse
+// one array, and a pipeline whose queue never empties moves down instead
+// of growing, with every answer still matched to its request in order.
+func TestPendingQueueReused(t *testing.T) {
+	c := scripted(t)
+	for i := 0; i < 100; i++ {
+		c.push(request{kind: reqBind, name: "p"})
+		c.push(request{kind: reqSync})
+		c.pop()
+		c.pop()
+	}
+	if cap(c.pending) > 4 || c.head != 0 {
+		t.Fatalf("after 100 statements: cap %d, head %d", cap(c.pending), c.head)
+	}
+	// Two requests always outstanding, 10,000 times over.
+	c.push(request{kind: reqParse, name: "s0"})
+	for i := 1; i <= 10000; i++ {
+		c.push(request{kind: reqParse, name: "s" + strconv.Itoa(i)})
+		q := c.queued()
+		if len(q) != 2 || q[0].name != "s"+strconv.Itoa(i-1) {
+			t.Fatalf("step %d: queued %v", i, q)
+		}
+		c.pop()
+	}
+	if cap(c.pending) > 8 {
+		t.Fatalf("a never-empty queue grew to cap %d", cap(c.pending))
 	}
 }

@@ -184,6 +184,17 @@ func (f *fanOut) playAgg(s *session, x *exchange) error {
 	for i, fd := range f.fields {
 		colOIDs[i] = fd.DataTypeOID
 	}
+	var colls []string // the partial columns' collations, so that the final step groups and sorts text as the nodes do
+	if a.CollationProbe != "" && mayCollate(colOIDs) {
+		c, err := s.collationsOf(f.agg.ctx, a.CollationProbe, a.Columns)
+		if err != nil {
+			if cp != nil {
+				cp.MarkBroken()
+			}
+			return fail(err)
+		}
+		colls = c.names
+	}
 	clientBind := &pgproto3.Bind{Parameters: f.agg.params, ParameterFormatCodes: f.agg.formats}
 	oids := queryOIDs(a.FinalParams, f.agg.oids, clientBind)[:base]
 	formats := make([]int16, base, base+len(values))
@@ -195,7 +206,7 @@ func (f *fanOut) playAgg(s *session, x *exchange) error {
 			cp.Send(&pgproto3.CopyData{Data: copyBuf})
 		}
 		cp.Send(&pgproto3.CopyDone{})
-		sql, rerr := a.RenderFinal(colOIDs, partialTable+" AS lattice_p")
+		sql, rerr := a.RenderFinal(colOIDs, collatedSource(partialTable+" AS lattice_q", colls, a.Columns))
 		if rerr != nil {
 			cp.MarkBroken()
 			return fail(rerr)
@@ -236,8 +247,11 @@ func (f *fanOut) playAgg(s *session, x *exchange) error {
 		}
 		src.WriteByte(')')
 	}
-	src.WriteString(" AS " + a.SourceColumns())
-	sql, rerr := a.RenderFinal(colOIDs, src.String())
+	source := src.String() + " AS " + a.SourceColumns()
+	if colls != nil {
+		source = collatedSource(src.String()+" AS lattice_q("+strings.TrimPrefix(a.SourceColumns(), "lattice_p("), colls, a.Columns)
+	}
+	sql, rerr := a.RenderFinal(colOIDs, source)
 	if rerr != nil {
 		return fail(rerr)
 	}
@@ -258,6 +272,31 @@ func (f *fanOut) playAgg(s *session, x *exchange) error {
 	}
 	return s.runFinal(f, x, be, pending, &pgproto3.Parse{Query: sql, ParameterOIDs: oids},
 		&pgproto3.Bind{Parameters: params, ParameterFormatCodes: formats, ResultFormatCodes: f.agg.results}, false)
+}
+
+// collatedSource is the final step's source lattice_p over inner (a FROM
+// item with columns lattice_c1...), each text column under the collation
+// the probe found for it, as PostgreSQL would write
+// "lattice_c1 COLLATE x"; without collations it is inner itself.
+func collatedSource(inner string, colls []string, columns int) string {
+	if colls == nil {
+		return strings.Replace(inner, " AS lattice_q", " AS lattice_p", 1)
+	}
+	var b strings.Builder
+	b.WriteString("(SELECT ")
+	for i := range columns {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		c := "lattice_c" + strconv.Itoa(i+1)
+		b.WriteString(c)
+		if i < len(colls) && colls[i] != "" {
+			b.WriteString(" COLLATE " + colls[i])
+		}
+		b.WriteString(" AS " + c)
+	}
+	b.WriteString(" FROM " + inner + ") AS lattice_p")
+	return b.String()
 }
 
 // partialTable is the temporary table large partial results go to.

@@ -164,26 +164,44 @@ func (f *fanOut) play(s *session, x *exchange) error {
 		sent++
 	}
 	srcs := make([]btreeindex.RowSource, len(live))
+	parts := make([]*partSource, len(live))
 	for i, p := range live {
-		srcs[i] = &partSource{f: f, s: s, x: x, p: p}
+		parts[i] = &partSource{f: f, s: s, x: x, p: p}
+		srcs[i] = parts[i]
 	}
-	merge := btreeindex.NewMerge(f.plan.Sort, srcs)
-	for {
-		row, err := merge.Next(f.ctx)
-		if err != nil {
-			if f.lost != nil {
-				return f.lost
-			}
-			if !x.errored {
-				x.errored = true
-				s.send(sqlstate.As(err).Response())
-			}
-			break
+	keys, inPostgres, err := f.sortKeys(s, x, parts)
+	switch {
+	case err != nil:
+		if f.lost != nil {
+			return f.lost
 		}
-		if row == nil {
-			break
+		if !x.errored {
+			x.errored = true
+			s.send(sqlstate.As(err).Response())
 		}
-		emit(row)
+	case inPostgres != nil:
+		if err := f.sortInPostgres(s, x, parts, keys, inPostgres, emit); err != nil {
+			return err
+		}
+	default:
+		merge := btreeindex.NewMerge(keys, srcs)
+		for {
+			row, err := merge.Next(f.ctx)
+			if err != nil {
+				if f.lost != nil {
+					return f.lost
+				}
+				if !x.errored {
+					x.errored = true
+					s.send(sqlstate.As(err).Response())
+				}
+				break
+			}
+			if row == nil {
+				break
+			}
+			emit(row)
+		}
 	}
 	// The parts the merge stopped reading, on an error, are read to their
 	// end, after the error reached the client, so that their backends can
@@ -217,6 +235,10 @@ type partSource struct {
 	s *session
 	x *exchange
 	p *fanPart
+	// first is a row read before the merge began (sortKeys needed the
+	// columns, which the simple protocol sends with the first row).
+	first  [][]byte
+	primed bool
 }
 
 // errReported stops a merge whose error already reached the client.
@@ -227,6 +249,10 @@ var errReported = errors.New("fan-out error already reported")
 // counted against the memory bound. The backend's receive takes no
 // context: statement_timeout and cancels stop a part (stopper).
 func (ps *partSource) Next(context.Context) ([][]byte, error) {
+	if ps.primed {
+		ps.primed = false
+		return ps.first, nil
+	}
 	f, s, x, p := ps.f, ps.s, ps.x, ps.p
 	sorted := len(f.plan.Sort) > 0
 	row, err := f.next(s, x, p, sorted)

@@ -3,6 +3,7 @@ package proxy
 import (
 	"context"
 	"errors"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgproto3"
@@ -26,26 +27,25 @@ const (
 // acquireView takes the tenant's current view for the statement being
 // served and records it as in use until releaseViews. While this proxy's
 // registration has lapsed and it cannot serve from its cached maps either
-// (shardmap.Registration.Acquire), it waits briefly for the registration to
+// (shardmap.Registration.Hold), it waits briefly for the registration to
 // come back: it must not route by a map that may be stale.
 func (s *session) acquireView(ctx context.Context) (*shardmap.View, error) {
 	reg := s.srv.cfg.Registration
-	deadline := time.Now().Add(leaseWait)
+	var deadline time.Time // set on the first lapse: a clock read less per statement
 	for {
-		v, release, err := reg.Acquire(ctx, s.tenant)
+		v, err := reg.Hold(ctx, s.tenant)
 		switch {
 		case err == nil:
-			if s.views == nil {
-				s.views = map[*shardmap.View]func(){}
-			}
-			if _, held := s.views[v]; held {
-				release() // counted once per session is enough
+			if slices.Contains(s.views, v) {
+				reg.Release(v) // counted once per session is enough
 			} else {
-				s.views[v] = release
+				s.views = append(s.views, v)
 			}
 			return v, nil
 		case !errors.Is(err, shardmap.ErrLeaseExpired):
 			return nil, sqlstate.New(sqlstate.SystemError, "shard map unavailable: %v", err)
+		case deadline.IsZero():
+			deadline = time.Now().Add(leaseWait)
 		case time.Now().After(deadline):
 			e := sqlstate.New(sqlstate.CannotConnectNow, "this Lattice proxy cannot reach Redis, and cannot vouch for its cached shard map (it lost a session on a node, or never served this database)")
 			e.Hint = "retry shortly, or connect to another proxy; the proxy serves again once it reaches Redis"
@@ -76,10 +76,11 @@ func (s *session) acquireView(ctx context.Context) (*shardmap.View, error) {
 // within its budget is rolled back, which releases statements held for
 // it (holdFrozen) and with them anything they occupy.
 func (s *session) releaseViews() {
-	for v, release := range s.views {
-		release()
-		delete(s.views, v)
+	for _, v := range s.views {
+		s.srv.cfg.Registration.Release(v)
 	}
+	clear(s.views)
+	s.views = s.views[:0]
 }
 
 // frozenTree reports the tree of p, and its map, when p would touch a

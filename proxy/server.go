@@ -9,6 +9,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"log/slog"
+	"maps"
 	"net"
 	"slices"
 	"sync"
@@ -77,6 +78,7 @@ type Server struct {
 	log         *slog.Logger
 
 	aggs     sync.Map // tenant + "\x00" + function name -> aggCheck
+	colls    collationCache
 	clients  atomic.Int64
 	pinned   atomic.Int64 // sessions pinned to a backend (pin.go)
 	mu       sync.Mutex
@@ -204,10 +206,7 @@ func (s *Server) greet(ctx context.Context, sess *session, st *Startup) error {
 	if err != nil {
 		return sqlstate.As(unwrapPg(err))
 	}
-	defaults := make(map[string]string, len(be.Params))
-	for k, v := range be.Params {
-		defaults[k] = v
-	}
+	defaults := maps.Clone(be.StartupParams)
 	s.pools.Release(be)
 	sess.settings = newSettings(params, defaults)
 	for k, v := range params {

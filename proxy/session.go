@@ -7,6 +7,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgproto3"
 
@@ -79,8 +80,8 @@ type session struct {
 	pin      pinState  // the catalog-node backend kept for session state (pin.go)
 
 	// views are the views this session's statements planned on since the
-	// last ReadyForQuery (or Flush), with the functions that release them.
-	views map[*shardmap.View]func()
+	// last ReadyForQuery (or Flush), each held once from the registration.
+	views []*shardmap.View
 	// extRetry is the statement of the current extended batch that is
 	// routed again after LT001, or nil.
 	extRetry *extRetry
@@ -334,12 +335,21 @@ func (s *session) setActive(be *pgshard.Conn, on bool) {
 	}
 }
 
+// cancelTimeout bounds the forwarding of one CancelRequest, during which
+// the session cannot release its backends.
+const cancelTimeout = 5 * time.Second
+
 // cancel forwards a CancelRequest to every backend running this session's work.
+// It holds activeMu until the nodes have handled the requests, so that no
+// backend goes back to the pool (setActive(be, false) comes first) while a
+// cancel meant for this session could still reach another session's
+// statement on it; a backend found idle ignores the cancel.
 func (s *session) cancel(ctx context.Context) {
+	ctx, done := context.WithTimeout(ctx, cancelTimeout)
+	defer done()
 	s.activeMu.Lock()
-	targets := append([]*pgshard.Conn(nil), s.active...)
-	s.activeMu.Unlock()
-	for _, be := range targets {
+	defer s.activeMu.Unlock()
+	for _, be := range s.active {
 		if err := be.Cancel(ctx); err != nil {
 			s.log.Warn("cancel request failed", "node", be.Node, "err", err)
 		}

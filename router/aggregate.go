@@ -58,6 +58,10 @@ type AggPlan struct {
 	// reference: a parameter one of them does not use must still be typed
 	// there.
 	PartialParams, FinalParams []int
+	// CollationProbe gives the collation of each partial column
+	// (collation.go), so that the final step groups, compares and sorts
+	// text as the nodes do; "" when no partial column can have one.
+	CollationProbe string
 }
 
 const aggSource = "lattice_src"
@@ -463,6 +467,22 @@ func (p *planner) aggFanOut(r route, s *pg.SelectStmt) route {
 	}
 	ap.final, ap.holes = pieces, holes
 	ap.PartialParams, ap.FinalParams = paramNumbers(partial), paramNumbers(final)
+	// Grouping keys and the arguments of min and max carry a collation;
+	// counts, sums and averages do not.
+	probe := append([]*pg.Node(nil), groups...)
+	collated := len(groups) > 0
+	for _, a := range partialAggs {
+		var arg *pg.Node
+		if fc := a.GetFuncCall(); fc != nil && len(fc.Args) == 1 {
+			if n := funcName(fc); n == "min" || n == "max" {
+				arg, collated = fc.Args[0], true
+			}
+		}
+		probe = append(probe, arg)
+	}
+	if collated && len(probe) == ap.Columns {
+		ap.CollationProbe = collationProbe(r, probe)
+	}
 	// The catalog check for user-defined aggregates skips the built-in
 	// ones the two-step form combines.
 	var names []string

@@ -34,6 +34,7 @@ type fanPlan struct {
 	limit, offset *Value
 	calls         []string
 	hiddenKeys    []int    // for each hidden column in order, the index of its ORDER BY item
+	probe         string   // the collation probe of the sort keys (collation.go), "" when every key has COLLATE "C"
 	agg           *AggPlan // aggregates, GROUP BY, HAVING or DISTINCT: the two-step form
 }
 
@@ -179,6 +180,7 @@ func (p *planner) fanOut(r route, s *pg.SelectStmt) route {
 
 	const posHint = "Sort by output column position (ORDER BY 2) or list the columns instead of *"
 	var hiddenExprs []*pg.Node
+	var probe []*pg.Node // each key's expression, nil where the proxy does not know it
 	for i, n := range s.SortClause {
 		sb := n.GetSortBy()
 		if sb == nil {
@@ -259,16 +261,19 @@ func (p *planner) fanOut(r route, s *pg.SelectStmt) route {
 			f.hiddenKeys = append(f.hiddenKeys, i)
 			hiddenExprs = append(hiddenExprs, e)
 		}
-		bytes, bad := collation(resolved)
-		if bad != "" {
-			return no(keyHint+", or sort with COLLATE \"C\" on the outside of the sort expression, or sort in the application.", "%s", bad)
-		}
-		k.ByteOrder = bytes
+		k.ByteOrder = byteCollation(resolved)
 		f.sort = append(f.sort, k)
+		probe = append(probe, resolved)
 	}
 	f.hidden = len(f.hiddenKeys)
 	for j, i := range f.hiddenKeys {
 		f.sort[i].Column = len(cols) + j
+	}
+	for _, k := range f.sort {
+		if !k.ByteOrder {
+			f.probe = collationProbe(r, probe)
+			break
+		}
 	}
 	r.kind, r.sel, r.fan = FanOut, s, f
 	return r
@@ -442,43 +447,18 @@ func hasFuncCall(n *pg.Node) bool {
 	return found
 }
 
-// collation reports whether a sort expression carries COLLATE "C" or
-// "POSIX" on the outside; any other COLLATE, or one inside the expression
-// (whose collation then derives from it), is a problem the proxy cannot
-// merge.
-func collation(n *pg.Node) (bytes bool, problem string) {
-	if n == nil {
-		return false, ""
+// byteCollation reports whether a sort expression carries COLLATE "C" or
+// "POSIX" on the outside, which orders text as its bytes whatever the
+// column's or the database's collation. Any other key's collation is
+// found by the collation probe.
+func byteCollation(n *pg.Node) bool {
+	cc := n.GetCollateClause()
+	if cc == nil {
+		return false
 	}
-	inner := n
-	if cc := n.GetCollateClause(); cc != nil {
-		name := ""
-		if k := len(cc.Collname); k > 0 {
-			name = cc.Collname[k-1].GetString_().GetSval()
-		}
-		if k := len(cc.Collname); !(name == "C" || name == "POSIX") || k > 2 ||
-			k == 2 && cc.Collname[0].GetString_().GetSval() != "pg_catalog" {
-			return false, "ORDER BY with COLLATE " + qn(name) + " over several shards is not supported"
-		}
-		bytes, inner = true, cc.Arg
-	}
-	found := false
-	var visit func(m protoreflect.Message)
-	visit = func(m protoreflect.Message) {
-		if _, ok := m.Interface().(*pg.CollateClause); ok {
-			found = true
-		}
-		if !found {
-			eachChild(m, visit)
-		}
-	}
-	if inner != nil {
-		visit(inner.ProtoReflect())
-	}
-	if found {
-		return false, "an ORDER BY expression with COLLATE inside it over several shards is not supported"
-	}
-	return bytes, ""
+	k := len(cc.Collname)
+	name := cc.Collname[k-1].GetString_().GetSval()
+	return (name == "C" || name == "POSIX") && (k == 1 || k == 2 && cc.Collname[0].GetString_().GetSval() == "pg_catalog")
 }
 
 func isStar(n *pg.Node) bool {

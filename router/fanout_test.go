@@ -54,9 +54,6 @@ func TestFanOutRefusals(t *testing.T) {
 		{`SELECT sku FROM catalogue ORDER BY 0`, "position 0 is not in the select list"},
 		{`SELECT sku FROM catalogue ORDER BY 2`, "position 2 is not in the select list"},
 		{`SELECT sku FROM catalogue ORDER BY 'x'`, "not a column position"},
-		{`SELECT sku FROM catalogue ORDER BY name COLLATE "en_US"`, `COLLATE "en_US"`},
-		{`SELECT sku FROM catalogue ORDER BY upper(name COLLATE "C")`, "COLLATE inside it"},
-		{`SELECT name COLLATE "de_DE" AS n FROM catalogue ORDER BY n`, `COLLATE "de_DE"`},
 		{`SELECT sku AS x, name AS x FROM catalogue ORDER BY x`, "ambiguous"},
 		{`SELECT (SELECT 1), sku FROM catalogue ORDER BY sku`, "cannot tell whether ORDER BY"},
 		{`SELECT *, price * 2 AS p2 FROM catalogue ORDER BY p2`, "follows *"},
@@ -80,6 +77,43 @@ func TestFanOutRefusals(t *testing.T) {
 			}
 			if !strings.Contains(p.Err.Message, c.errHas) {
 				t.Errorf("message %q lacks %q", p.Err.Message, c.errHas)
+			}
+		})
+	}
+}
+
+// TestFanOutCollations plans ORDER BY under any collation: a key with
+// COLLATE "C" or "POSIX" on the outside merges as bytes; any other key gets
+// a collation probe, which tells the proxy the collation PostgreSQL derives
+// for it (column, database default, or a COLLATE inside the expression).
+func TestFanOutCollations(t *testing.T) {
+	for _, c := range []struct {
+		sql   string
+		bytes []bool
+		probe bool
+	}{
+		{`SELECT sku FROM catalogue ORDER BY name COLLATE "en_US"`, []bool{false}, true},
+		{`SELECT sku FROM catalogue ORDER BY upper(name COLLATE "C")`, []bool{false}, true},
+		{`SELECT name COLLATE "de_DE" AS n FROM catalogue ORDER BY n`, []bool{false}, true},
+		{`SELECT name FROM catalogue ORDER BY name`, []bool{false}, true},
+		{`SELECT name FROM catalogue ORDER BY qty, name`, []bool{false, false}, true},
+		{`SELECT name FROM catalogue ORDER BY name COLLATE "C", sku COLLATE pg_catalog."POSIX" DESC`, []bool{true, true}, false},
+		{`SELECT name FROM catalogue ORDER BY name COLLATE "C", qty`, []bool{true, false}, true},
+	} {
+		t.Run(c.sql, func(t *testing.T) {
+			p := planOne(t, c.sql)
+			if p.Kind != FanOut {
+				t.Fatalf("kind %v, want FanOut (%s)", p.Kind, p)
+			}
+			var got []bool
+			for _, k := range p.Sort {
+				got = append(got, k.ByteOrder)
+			}
+			if !reflect.DeepEqual(got, c.bytes) {
+				t.Errorf("byte order %v, want %v", got, c.bytes)
+			}
+			if (p.CollationProbe != "") != c.probe {
+				t.Errorf("probe %q, want one: %v", p.CollationProbe, c.probe)
 			}
 		})
 	}

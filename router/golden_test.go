@@ -100,9 +100,15 @@ func describe(p *Planner, sql string) string {
 				b.WriteString("   partial: " + indent(pl.RenderPartial(goldenSources)) + "\n")
 				b.WriteString("   final: " + indent(pl.Agg.template()) + "\n")
 				b.WriteString("   one node: " + indent(pl.RenderWhole(goldenSources)) + "\n")
+				if pl.Agg.CollationProbe != "" {
+					b.WriteString("   collations: " + shortProbe(pl.Agg.CollationProbe) + "\n")
+				}
 				break
 			}
 			b.WriteString("   " + indent(pl.RenderFanOut(goldenSources, 10)) + "\n")
+			if pl.CollationProbe != "" {
+				b.WriteString("   collations: " + shortProbe(pl.CollationProbe) + "\n")
+			}
 		case Copy:
 			if pl.Copy.From {
 				b.WriteString("   " + indent(pl.RenderCopyFrom(goldenSchema)) + "\n")
@@ -123,6 +129,15 @@ func describe(p *Planner, sql string) string {
 		}
 	}
 	return b.String()
+}
+
+// shortProbe writes a collation probe with its fixed pieces abbreviated:
+// collation(expr) and bytes(name).
+func shortProbe(s string) string {
+	s = strings.ReplaceAll(s, probeHead, "collation(")
+	s = strings.ReplaceAll(s, probeTail, ")")
+	s = strings.ReplaceAll(s, bytesHead, "bytes(")
+	return strings.ReplaceAll(s, bytesTail, ")")
 }
 
 func indent(s string) string { return strings.ReplaceAll(s, "\n", "\n   ") }

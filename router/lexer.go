@@ -65,6 +65,60 @@ var keywords = sync.OnceValue(func() map[string]token {
 // maxKeywordLen bounds the words looked up in keywords.
 const maxKeywordLen = 24
 
+// keywordTable holds keywords in an open-addressing table whose hash the
+// lexer computes while it folds a word's case: looking up every word of
+// every simple-protocol statement costs no map hashing.
+type keywordTable struct {
+	slots [keywordSlots]keywordSlot
+}
+
+// keywordSlots is a power of two above four times the keyword count, so
+// probes stay short.
+const keywordSlots = 2048
+
+type keywordSlot struct {
+	word string
+	tok  token
+}
+
+// keywordHash folds one more byte into h (FNV-1a).
+func keywordHash(h uint32, c byte) uint32 { return (h ^ uint32(c)) * 16777619 }
+
+const keywordHashSeed = 2166136261
+
+var keywordIndex = sync.OnceValue(func() *keywordTable {
+	t := new(keywordTable)
+	kw := keywords()
+	if len(kw)*4 > keywordSlots {
+		panic("router: keywordSlots too small for the scanner's keywords")
+	}
+	for word, tok := range kw {
+		h := uint32(keywordHashSeed)
+		for i := 0; i < len(word); i++ {
+			h = keywordHash(h, word[i])
+		}
+		i := h & (keywordSlots - 1)
+		for t.slots[i].word != "" {
+			i = (i + 1) & (keywordSlots - 1)
+		}
+		t.slots[i] = keywordSlot{word: word, tok: tok}
+	}
+	return t
+})
+
+// find looks up a lower-cased word whose keywordHash is h.
+func (t *keywordTable) find(word []byte, h uint32) (token, bool) {
+	for i := h & (keywordSlots - 1); ; i = (i + 1) & (keywordSlots - 1) {
+		s := &t.slots[i]
+		if s.word == "" {
+			return token{}, false
+		}
+		if s.word == string(word) {
+			return s.tok, true
+		}
+	}
+}
+
 // selfChars are the characters the scanner returns as tokens of their own
 // (their ASCII code is the token).
 const selfChars = ",()[].;:+-*/%^<>="
@@ -94,7 +148,7 @@ func isDigit(c byte) bool { return c >= '0' && c <= '9' }
 // or -), "..", vertical tabs, backslashes outside strings, and anything
 // unterminated or malformed. The fuzzer FuzzLexer holds it to Scan.
 func lex(sql string) ([]token, string, bool) {
-	kw := keywords()
+	kw := keywordIndex()
 	toks := make([]token, 0, 8+len(sql)/4)
 	var key strings.Builder
 	key.Grow(len(sql) + len(sql)/2)
@@ -154,10 +208,12 @@ func lex(sql string) ([]token, string, bool) {
 			}
 			if j-i <= maxKeywordLen {
 				var buf [maxKeywordLen]byte
+				h := uint32(keywordHashSeed)
 				for k := i; k < j; k++ {
 					buf[k-i] = lowerByte(sql[k])
+					h = keywordHash(h, buf[k-i])
 				}
-				if t, ok := kw[string(buf[:j-i])]; ok {
+				if t, ok := kw.find(buf[:j-i], h); ok {
 					emit(t.kind, t.kw, i, j)
 					i = j
 					continue

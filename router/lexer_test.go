@@ -165,3 +165,26 @@ func TestKeywordTable(t *testing.T) {
 		}
 	}
 }
+
+// TestKeywordIndex: the lexer's hashed table answers as the keyword map
+// does, for every keyword and for words that are none.
+func TestKeywordIndex(t *testing.T) {
+	kw, idx := keywords(), keywordIndex()
+	lookup := func(w string) (token, bool) {
+		h := uint32(keywordHashSeed)
+		for i := 0; i < len(w); i++ {
+			h = keywordHash(h, w[i])
+		}
+		return idx.find([]byte(w), h)
+	}
+	for w, want := range kw {
+		if got, ok := lookup(w); !ok || got != want {
+			t.Errorf("%q: %v %v, want %v", w, got, ok, want)
+		}
+	}
+	for _, w := range []string{"", "kv", "catalogue", "selects", "selec", "nul", "lattice_s0005", "k"} {
+		if got, ok := lookup(w); ok {
+			t.Errorf("%q is no keyword, found %v", w, got)
+		}
+	}
+}

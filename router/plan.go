@@ -170,6 +170,7 @@ func (p *planner) apply(pl *Plan, r route, start, end int) {
 		}
 		pl.Tree, pl.fan = r.tree, fr
 		pl.Sort, pl.Hidden, pl.Limit, pl.Offset, pl.Calls = r.fan.sort, r.fan.hidden, r.fan.limit, r.fan.offset, r.fan.calls
+		pl.CollationProbe = r.fan.probe
 	case Copy:
 		p.applyCopy(pl, r, start, end)
 	case Single, InsertSplit, WriteAll:

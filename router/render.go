@@ -168,18 +168,27 @@ func identText(tok string) (string, bool) {
 
 // renderer cuts sql[start:end] at the references to the tree (spans).
 func (p *planner) renderer(tree *shardmap.Tree, spans []span, start, end int) (*renderer, *sqlstate.Error) {
-	rd := &renderer{qname: quoteIdent(tree.Name), rel: -1, table: -1}
+	rd := new(renderer)
+	if err := p.fillRenderer(rd, tree, spans, start, end); err != nil {
+		return nil, err
+	}
+	return rd, nil
+}
+
+// fillRenderer is renderer into rd, whose texts may come with room.
+func (p *planner) fillRenderer(rd *renderer, tree *shardmap.Tree, spans []span, start, end int) *sqlstate.Error {
+	rd.qname, rd.rel, rd.table = quoteIdent(tree.Name), -1, -1
 	at, after := start, ""
 	for _, s := range spans {
 		if s.start < start || s.end > end {
-			return nil, internalError(tree.Name)
+			return internalError(tree.Name)
 		}
 		b, a := p.pad(s)
 		rd.texts = append(rd.texts, after+p.sql[at:s.start]+b)
 		at, after = s.end, a
 	}
 	rd.texts = append(rd.texts, after+p.sql[at:end])
-	return rd, nil
+	return nil
 }
 
 // pad returns the white space to put around the replacement of span s so

@@ -204,6 +204,13 @@ type Plan struct {
 	Agg       *AggPlan             // FanOut that aggregates, groups or removes duplicates: partial query per node, final query over the partial rows (Sort, Hidden, Limit and Offset are then unused: the final query applies them)
 	Copy      *CopySpec            // Copy
 
+	// CollationProbe is, for a FanOut with sort keys not all under
+	// COLLATE "C", the statement whose one row gives each key's collation
+	// on the catalog node and whether it orders as bytes (collation.go):
+	// column 2i is key i's collation name or NULL, 2i+1 a bool. "" when
+	// no key needs it.
+	CollationProbe string
+
 	render *renderer      // Single, InsertSplit, WriteAll: the statement in pieces around each reference to the tree
 	fan    *fanRender     // FanOut: the per-shard branch and the outer ORDER BY
 	split  *splitter      // InsertSplit: head, rows and tail for RenderRows

@@ -236,17 +236,33 @@ func (t *shapeTemplate) derive(sql string, toks []token) ([]*Plan, bool) {
 			return nil, false
 		}
 	}
+	// The plan of a point statement, and what it is made of, in one
+	// allocation: every simple-protocol point query takes this path.
+	one := &struct {
+		pl    Plan
+		list  [1]*Plan
+		rd    renderer
+		texts [3]string
+		vals  [1]Value
+	}{}
 	p := &planner{sql: sql, toks: toks, scanned: true}
 	start, end := 0, len(sql)
 	if t.semi >= 0 {
 		end = int(toks[t.semi].start)
 	}
 	start, end = p.trim(start, end)
-	pl := &Plan{Kind: t.kind, SQL: sql[start:end], Anywhere: t.anywhere, Notify: t.notify}
+	pl := &one.pl
+	*pl = Plan{Kind: t.kind, SQL: sql[start:end], Anywhere: t.anywhere, Notify: t.notify}
+	one.list[0] = pl
 	if t.kind == Catalog {
-		return []*Plan{pl}, true
+		return one.list[:], true
 	}
-	vals := make([]Value, len(t.keys))
+	var vals []Value
+	if len(t.keys) <= len(one.vals) {
+		vals = one.vals[:len(t.keys)]
+	} else {
+		vals = make([]Value, len(t.keys))
+	}
 	for i, k := range t.keys {
 		if k.val != nil {
 			vals[i] = *k.val
@@ -263,18 +279,20 @@ func (t *shapeTemplate) derive(sql string, toks []token) ([]*Plan, bool) {
 		}
 		vals[i] = v
 	}
-	spans := make([]span, len(t.refs))
-	for i, r := range t.refs {
-		spans[i] = span{int(toks[r[0]].start), int(toks[r[1]].end)}
+	var spanBuf [2]span
+	spans := spanBuf[:0]
+	for _, r := range t.refs {
+		spans = append(spans, span{int(toks[r[0]].start), int(toks[r[1]].end)})
 	}
-	rd, err := p.renderer(t.tree, spans, start, end)
-	if err != nil {
+	rd := &one.rd
+	rd.texts = one.texts[:0]
+	if err := p.fillRenderer(rd, t.tree, spans, start, end); err != nil {
 		return nil, false
 	}
 	pl.Tree, pl.render = t.tree, rd
 	if t.kind == Single {
 		pl.Key = vals[0]
-		return []*Plan{pl}, true
+		return one.list[:], true
 	}
 	rows := make([]span, len(t.rows))
 	for i, r := range t.rows {
@@ -285,7 +303,7 @@ func (t *shapeTemplate) derive(sql string, toks []token) ([]*Plan, bool) {
 		return nil, false
 	}
 	pl.Rows, pl.split = vals, sp
-	return []*Plan{pl}, true
+	return one.list[:], true
 }
 
 // tokenConstant reads a constant token whose text is its value: a string

@@ -162,11 +162,24 @@ func (m *Map) SlotCounts() map[int]int {
 func (m *Map) DistinctShards() int { return len(m.SlotCounts()) }
 
 // OwningShards lists the indices of shards that own at least one slot, in order.
+// Every fan-out asks it, so it walks the slots without a map: a shard owns
+// runs of slots, and a shard index is small (below the high-water mark).
 func (m *Map) OwningShards() []int {
-	c := m.SlotCounts()
-	out := make([]int, 0, len(c))
-	for idx := range c {
-		out = append(out, idx)
+	var seen []bool
+	var out []int
+	prev := -1
+	for _, idx := range m.Slots {
+		if idx == prev || idx < 0 {
+			continue
+		}
+		prev = idx
+		if idx >= len(seen) {
+			seen = append(seen, make([]bool, idx+1-len(seen))...)
+		}
+		if !seen[idx] {
+			seen[idx] = true
+			out = append(out, idx)
+		}
 	}
 	sort.Ints(out)
 	return out

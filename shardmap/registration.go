@@ -124,44 +124,55 @@ func (r *Registration) servesCached() bool {
 // Acquire returns the tenant's current view for one statement, and the
 // function to call when the statement is done with it.
 func (r *Registration) Acquire(ctx context.Context, tenant string) (*View, func(), error) {
+	v, err := r.Hold(ctx, tenant)
+	if err != nil {
+		return nil, nil, err
+	}
+	var once sync.Once
+	return v, func() { once.Do(func() { r.Release(v) }) }, nil
+}
+
+// Hold is Acquire for a caller that keeps count itself: it gives the view
+// back with exactly one Release. It allocates nothing, for the statement
+// path of the proxy.
+func (r *Registration) Hold(ctx context.Context, tenant string) (*View, error) {
 	if !r.Live() {
 		return r.acquireCached(tenant)
 	}
 	if err := r.serve(ctx, tenant); err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	if _, err := r.cache.View(ctx, tenant); err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	return r.take(r.cache.tenant(tenant))
 }
 
-// acquireCached is Acquire through a lapse: the cached view of a tenant
+// acquireCached is Hold through a lapse: the cached view of a tenant
 // already served, without touching the store.
-func (r *Registration) acquireCached(tenant string) (*View, func(), error) {
+func (r *Registration) acquireCached(tenant string) (*View, error) {
 	r.mu.Lock()
 	served := r.served[tenant]
 	r.mu.Unlock()
 	if !served || !r.servesCached() {
-		return nil, nil, ErrLeaseExpired
+		return nil, ErrLeaseExpired
 	}
 	return r.take(r.cache.tenant(tenant))
 }
 
 // take counts the tenant's current view as in use by a statement.
-func (r *Registration) take(tc *tenantCache) (*View, func(), error) {
+func (r *Registration) take(tc *tenantCache) (*View, error) {
 	r.mu.Lock()
 	// Loaded under the lock that acknowledging takes, so no epoch is
 	// acknowledged between this load and the count below.
 	v := tc.view.Load()
 	if v == nil {
 		r.mu.Unlock()
-		return nil, nil, ErrLeaseExpired
+		return nil, ErrLeaseExpired
 	}
 	r.inUse[v]++
 	r.mu.Unlock()
-	var once sync.Once
-	return v, func() { once.Do(func() { r.release(v) }) }, nil
+	return v, nil
 }
 
 // serve registers the proxy as serving tenant before its first statement
@@ -199,7 +210,8 @@ func (r *Registration) tenants() []string {
 	return slices.Collect(maps.Keys(r.served))
 }
 
-func (r *Registration) release(v *View) {
+// Release ends one Hold of v.
+func (r *Registration) Release(v *View) {
 	r.mu.Lock()
 	r.inUse[v]--
 	last := r.inUse[v] == 0
@@ -207,7 +219,12 @@ func (r *Registration) release(v *View) {
 		delete(r.inUse, v)
 	}
 	r.mu.Unlock()
-	if last {
+	// Only the drain of a view that is no longer the tenant's current one
+	// can let an epoch be acknowledged; the current view's maps are the
+	// newest. Waking the acknowledger for it would cost a goroutine
+	// hand-off per statement. A view replaced after this check wakes the
+	// acknowledger itself (Cache.changed), which then sees the count above.
+	if last && r.cache.tenant(v.Tenant).view.Load() != v {
 		r.wake()
 	}
 }

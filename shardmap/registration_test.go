@@ -180,3 +180,57 @@ func TestRegistrationServesCachedThroughLapse(t *testing.T) {
 		}
 	}
 }
+
+// TestRegistrationWakesOnlyForOldViews: the end of a statement on the
+// tenant's current view cannot let an epoch be acknowledged, so it does not
+// wake the acknowledger (a goroutine hand-off per statement); the end of
+// the last statement on a replaced view does.
+func TestRegistrationWakesOnlyForOldViews(t *testing.T) {
+	s, _ := newTestStore(t)
+	ctx := context.Background()
+	_, m := mustCreate(t, s, "t", "x")
+	c := NewCache(s, time.Hour, nil)
+	r := NewRegistration("p1", s, c, time.Minute, time.Hour, nil)
+	r.beat(ctx)
+	poked := func() bool {
+		select {
+		case <-r.poke:
+			return true
+		default:
+			return false
+		}
+	}
+	cur, err := r.Hold(ctx, "t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	poked() // the first statement's map read installed a view
+	r.Release(cur)
+	if poked() {
+		t.Fatal("the last statement on the current view woke the acknowledger")
+	}
+	old, err := r.Hold(ctx, "t")
+	if err != nil || old != cur {
+		t.Fatalf("second hold: %p (%v), want the same view %p", old, err, cur)
+	}
+
+	next := m.Clone()
+	next.Frozen = [][2]int{{0, 10}}
+	if err := s.SwapMap(ctx, next, m.Epoch); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Refresh(ctx, "t"); err != nil {
+		t.Fatal(err)
+	}
+	if !poked() {
+		t.Fatal("a new view did not wake the acknowledger")
+	}
+	r.Release(old)
+	if !poked() {
+		t.Fatal("the last statement on a replaced view did not wake the acknowledger")
+	}
+	r.acknowledge(ctx)
+	if acks, _ := s.Acks(ctx, "t", "x"); acks["p1"] != next.Epoch {
+		t.Fatalf("acks %v, want p1 at %d", acks, next.Epoch)
+	}
+}

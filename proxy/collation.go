@@ -1,0 +1,126 @@
+package proxy
+
+import (
+	"context"
+	"sync"
+
+	"github.com/jackc/pgx/v5/pgproto3"
+
+	"github.com/lattice-db/lattice/btreeindex"
+	"github.com/lattice-db/lattice/pgshard"
+	"github.com/lattice-db/lattice/sqlstate"
+)
+
+// A fan-out that sorts or groups text needs each key's collation
+// (router/collation.go). The proxy runs a plan's collation probe on the
+// catalog node the first time it needs it and keeps the answer until the
+// result epoch moves on: DDL through the proxy (an ALTER COLUMN ... TYPE
+// ... COLLATE, a new column) starts a new epoch, and the probe runs again.
+
+// collations is a probe's answer: per key or partial column, the
+// collation's name as PostgreSQL writes it ("" for none) and whether it
+// orders strings as their bytes.
+type collations struct {
+	names []string
+	bytes []bool
+}
+
+type collationEntry struct {
+	epoch uint64
+	c     *collations
+}
+
+// maxCollationEntries bounds the probe answers the server keeps; past it
+// the cache starts again empty.
+const maxCollationEntries = 4096
+
+type collationCache struct {
+	mu sync.Mutex
+	m  map[string]collationEntry
+}
+
+// collationsOf answers probe in the session's tenant, from the cache or
+// from the catalog node.
+func (s *session) collationsOf(ctx context.Context, probe string, n int) (*collations, error) {
+	cc := &s.srv.colls
+	key := s.tenant + "\x00" + probe
+	epoch := pgshard.ResultEpoch()
+	cc.mu.Lock()
+	e, ok := cc.m[key]
+	cc.mu.Unlock()
+	if ok && e.epoch == epoch && len(e.c.names) == n {
+		return e.c, nil
+	}
+	c, err := s.runProbe(ctx, probe, n)
+	if err != nil {
+		return nil, err
+	}
+	cc.mu.Lock()
+	if cc.m == nil || len(cc.m) >= maxCollationEntries {
+		cc.m = make(map[string]collationEntry)
+	}
+	cc.m[key] = collationEntry{epoch: epoch, c: c}
+	cc.mu.Unlock()
+	return c, nil
+}
+
+// runProbe runs a collation probe on a pooled catalog-node backend, with
+// the session's settings (its search_path names the functions a sort
+// expression calls).
+func (s *session) runProbe(ctx context.Context, probe string, n int) (*collations, error) {
+	be, err := s.srv.pools.Acquire(ctx, s.srv.catalogNode, s.tenant)
+	if err != nil {
+		return nil, sqlstate.New(sqlstate.ConnectionFailure, "cannot reach node %s: %v", s.srv.catalogNode, err)
+	}
+	s.setActive(be, true)
+	defer func() {
+		s.setActive(be, false)
+		s.srv.pools.Release(be)
+	}()
+	pending := 1
+	if q := s.prologue(be); q != "" {
+		be.Send(&pgproto3.Query{String: q})
+		pending++
+	}
+	be.Send(&pgproto3.Query{String: probe})
+	if err := be.Flush(); err != nil {
+		be.MarkBroken()
+		return nil, err
+	}
+	var c *collations
+	var failed error
+	for pending > 0 {
+		msg, err := be.Receive()
+		if err != nil {
+			be.MarkBroken()
+			return nil, err
+		}
+		switch m := msg.(type) {
+		case *pgproto3.DataRow:
+			if pending != 1 || len(m.Values) != 2*n {
+				continue
+			}
+			c = &collations{names: make([]string, n), bytes: make([]bool, n)}
+			for i := range n {
+				name := string(m.Values[2*i])
+				if name != "" && !btreeindex.ValidCollation(name) {
+					name = ""
+				}
+				c.names[i], c.bytes[i] = name, string(m.Values[2*i+1]) == "t"
+			}
+		case *pgproto3.ErrorResponse:
+			failed = sqlstate.New(sqlstate.FeatureNotSupported, "the proxy could not find the collation of the sort keys: %s", m.Message)
+		case *pgproto3.ReadyForQuery:
+			pending--
+		}
+	}
+	if failed == nil && c == nil {
+		failed = sqlstate.New(sqlstate.InternalError, "the collation probe returned no row")
+	}
+	if failed != nil {
+		e := failed.(*sqlstate.Error)
+		e.Hint = `add COLLATE "C" to each text ORDER BY item, or fix the shard key in WHERE to read one shard`
+		return nil, e
+	}
+	return c, nil
+}
