@@ -4,6 +4,7 @@ package admin
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"log/slog"
 	"net"
@@ -23,6 +24,10 @@ type Server struct {
 	Ready func(ctx context.Context) error
 	// API, when set, serves /api/... and the page at /.
 	API *API
+	// Access, when set, guards every path but /healthz, /readyz and /metrics.
+	Access *Access
+	// TLS, when set, serves HTTPS.
+	TLS *tls.Config
 	Log *slog.Logger
 }
 
@@ -51,12 +56,15 @@ func (s *Server) Handler() http.Handler {
 		_, _ = w.Write([]byte("ready\n"))
 	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.Registry, promhttp.HandlerOpts{}))
-	// Profiles for diagnosing a slow proxy; the admin port is the operator's.
+	// Profiles for diagnosing a slow proxy; Access lets only token holders in.
 	mux.HandleFunc("GET /debug/pprof/", pprof.Index)
 	mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
 	mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
 	if s.API != nil {
 		s.API.routes(mux)
+	}
+	if s.Access != nil {
+		return s.Access.Wrap(mux)
 	}
 	return mux
 }
@@ -64,6 +72,9 @@ func (s *Server) Handler() http.Handler {
 // Serve runs the endpoint on ln until ctx ends.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	srv := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 5 * time.Second}
+	if s.TLS != nil {
+		ln = tls.NewListener(ln, s.TLS)
+	}
 	go func() {
 		<-ctx.Done()
 		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)

@@ -40,6 +40,7 @@ func adminCall(t testing.TB, ctx context.Context, p *proxyProc, method, path, bo
 	if body != "" {
 		req.Header.Set("Content-Type", "application/json")
 	}
+	p.Authorize(req)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatalf("%s %s: %v", method, path, err)
@@ -319,6 +320,7 @@ func TestCLIReshardWait(t *testing.T) {
 
 	run := func(args ...string) (stdout, stderr string, code int) {
 		cmd := exec.CommandContext(ctx, latticeBinary(t), args...)
+		cmd.Env = p.CLIEnv()
 		var o, e bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &o, &e
 		err := cmd.Run()
@@ -376,6 +378,27 @@ func TestCLIReshardWait(t *testing.T) {
 
 // chromiumPath finds a Chromium to drive. Missing, it fails the test when
 // root (scripts/ensure-tools.sh installs it then) and skips it otherwise.
+// signIn fills the admin endpoint's sign-in form, which a proxy with a
+// token shows in place of the page, and waits for the page.
+func signIn(t *testing.T, ctx context.Context, browser context.Context, p *proxyProc) {
+	t.Helper()
+	js := fmt.Sprintf(`(() => { const f = document.getElementById('token'); if (!f) return 'no form'; f.value = %q; document.getElementById('signin').click(); return 'sent'; })()`, p.AdminToken)
+	if got, err := chromedp.Run(browser, chromedp.Evaluate[string](js)); err != nil || got != "sent" {
+		t.Fatalf("sign in: %q %v", got, err)
+	}
+	for {
+		state, err := chromedp.Run(browser, chromedp.Evaluate[string](`document.readyState + ' ' + (document.getElementById('token') ? 'form' : 'page')`))
+		if err == nil && state == "complete page" {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("the page did not load after signing in: %q %v", state, err)
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
 func chromiumPath(t *testing.T) string {
 	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
 		if p, err := exec.LookPath(name); err == nil {
@@ -432,6 +455,7 @@ func TestAdminDashboard(t *testing.T) {
 	if err := chromedp.Do(browser, chromedp.Navigate("http://"+p.AdminAddr+"/")); err != nil {
 		t.Fatalf("load the page: %v", err)
 	}
+	signIn(t, ctx, browser, p)
 	if _, err := chromedp.Run(browser, chromedp.Evaluate[string](`window.testLoadID = 'first-load'`)); err != nil {
 		t.Fatalf("mark the page: %v", err)
 	}

@@ -21,6 +21,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -314,7 +315,10 @@ func (b *syncBuffer) String() string {
 type proxyProc struct {
 	Addr      string // 127.0.0.1:PORT, PostgreSQL wire protocol
 	AdminAddr string // 127.0.0.1:PORT, HTTP admin endpoint
-	Args      []string
+	// AdminToken is the admin endpoint's token, which startProxy gives
+	// every proxy through --admin-token-file ("" when the test chose its own).
+	AdminToken string
+	Args       []string
 
 	cmd     *exec.Cmd
 	log     *syncBuffer
@@ -378,11 +382,19 @@ func startProxyAt(t testing.TB, host string, wrap []string, redisURL string, nod
 	for i, dsn := range nodeDSNs {
 		args = append(args, "--node", fmt.Sprintf("n%d=%s", i+1, dsn))
 	}
+	seq := harness.proxySeq.Add(1)
+	if !slices.Contains(extraArgs, "--admin-token-file") {
+		p.AdminToken = fmt.Sprintf("test-admin-token-%03d-%s", seq, strconv.FormatInt(time.Now().UnixNano(), 36))
+		tokenFile := filepath.Join(harness.dir, fmt.Sprintf("proxy-%03d.admin-token", seq))
+		if err := os.WriteFile(tokenFile, []byte(p.AdminToken+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		args = append(args, "--admin-token-file", tokenFile)
+	}
 	p.Args = append(args, extraArgs...)
 
 	// The log goes to a buffer (dumped on failure) and to a file in the
 	// harness dir (kept with LATTICE_TEST_KEEP=1).
-	seq := harness.proxySeq.Add(1)
 	p.logPath = filepath.Join(harness.dir, fmt.Sprintf("proxy-%03d-%s.log", seq, sanitize(t.Name())))
 	var out io.Writer = p.log
 	if f, err := os.Create(p.logPath); err == nil {
@@ -491,6 +503,19 @@ func (p *proxyProc) cleanup(t testing.TB) {
 // DSN returns postgres://lattice@ADDR/DATABASE?sslmode=disable.
 func (p *proxyProc) DSN(database string) string {
 	return fmt.Sprintf("postgres://lattice@%s/%s?sslmode=disable", p.Addr, url.PathEscape(database))
+}
+
+// Authorize adds the proxy's admin token to a request to its admin endpoint.
+func (p *proxyProc) Authorize(req *http.Request) {
+	if p.AdminToken != "" {
+		req.Header.Set("Authorization", "Bearer "+p.AdminToken)
+	}
+}
+
+// CLIEnv is the environment of a `lattice status|shards|reshard` run
+// against this proxy: the test's, with the admin token.
+func (p *proxyProc) CLIEnv() []string {
+	return append(os.Environ(), "LATTICE_ADMIN_TOKEN="+p.AdminToken)
 }
 
 // Log returns everything the proxy has logged so far.

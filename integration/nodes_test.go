@@ -338,6 +338,7 @@ func TestNodesAdminAPIAndCLI(t *testing.T) {
 	adminURL := "http://" + p.AdminAddr
 	run := func(args ...string) (stdout, stderr string, code int) {
 		cmd := exec.CommandContext(ctx, latticeBinary(t), append(args, "--admin", adminURL)...)
+		cmd.Env = p.CLIEnv()
 		var o, e bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &o, &e
 		err := cmd.Run()

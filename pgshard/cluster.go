@@ -17,6 +17,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/lattice-db/lattice/secret"
 )
 
 // Node is one PostgreSQL server of the cluster.
@@ -274,7 +276,7 @@ func withDatabase(dsn, db string) (string, error) {
 	if strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://") {
 		u, err := url.Parse(dsn)
 		if err != nil {
-			return "", fmt.Errorf("pgshard: parse DSN: %w", err)
+			return "", fmt.Errorf("pgshard: parse DSN: %w", secret.Error(err)) // url.Error quotes the password
 		}
 		u.Path, u.RawPath = "/"+db, ""
 		q := u.Query()

@@ -502,7 +502,7 @@ func (t *TwoPhase) decide(ctx context.Context, h participant, gid string, prepar
 		tags, errs := execEach(ctx, []*pgshard.Conn{h.be}, []string{decisionLocal + "; " + insert + "; COMMIT"})
 		switch {
 		case h.be.Broken():
-			return fmt.Errorf("%w: %v", errOutcomeUnknown, errs[0])
+			return fmt.Errorf("%w: %w", errOutcomeUnknown, errs[0])
 		case errs[0] != nil:
 			if h.be.TxStatus != 'I' {
 				execAll(ctx, []*pgshard.Conn{h.be}, "ROLLBACK")
@@ -526,7 +526,7 @@ func (t *TwoPhase) decide(ctx context.Context, h participant, gid string, prepar
 		if errors.As(err, &pg) || errors.Is(err, pgx.ErrTxCommitRollback) {
 			return decisionError(err)
 		}
-		return fmt.Errorf("%w: %v", errOutcomeUnknown, err)
+		return fmt.Errorf("%w: %w", errOutcomeUnknown, err)
 	}
 	return nil
 }

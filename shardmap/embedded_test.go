@@ -2,8 +2,12 @@ package shardmap
 
 import (
 	"context"
+	"net/url"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // TestEmbedded checks what Lattice needs from miniredis in the no---redis
@@ -45,5 +49,39 @@ func TestEmbedded(t *testing.T) {
 	stop()
 	if err := s.client.Ping(ctx).Err(); err == nil {
 		t.Errorf("the server still answers after stop")
+	}
+}
+
+// TestEmbeddedPassword checks that the embedded server listens on loopback
+// only and refuses a client without its password, as another local user is.
+func TestEmbeddedPassword(t *testing.T) {
+	ctx := context.Background()
+	raw, stop, err := StartEmbedded()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	u, err := url.Parse(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u.Hostname() != "127.0.0.1" {
+		t.Errorf("embedded redis listens on %s, want 127.0.0.1", u.Host)
+	}
+	if pw, _ := u.User.Password(); len(pw) < 32 {
+		t.Fatalf("embedded redis URL %s has no strong password", u.Redacted())
+	}
+	other := redis.NewClient(&redis.Options{Addr: u.Host})
+	defer other.Close()
+	if err := other.Set(ctx, "lattice:x", "y", 0).Err(); err == nil || !strings.Contains(err.Error(), "NOAUTH") {
+		t.Errorf("a client without the password wrote a key: %v", err)
+	}
+	s, err := OpenRedis(ctx, raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if err := s.client.Set(ctx, "lattice:x", "y", 0).Err(); err != nil {
+		t.Errorf("the proxy's own client, with the password: %v", err)
 	}
 }

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/lattice-db/lattice/secret"
 )
 
 // DefaultPrefix starts every key and the event channel of a store opened
@@ -65,11 +67,12 @@ func NewRedisStore(client redis.UniversalClient, prefix string) *RedisStore {
 func OpenRedis(ctx context.Context, rawURL string) (*RedisStore, error) {
 	client, err := newUniversalClient(rawURL)
 	if err != nil {
-		return nil, fmt.Errorf("shardmap: redis url: %w", err)
+		// url.Parse's errors quote the whole URL, password and all.
+		return nil, fmt.Errorf("shardmap: redis url: %w", secret.Error(err))
 	}
 	if err := client.Ping(ctx).Err(); err != nil {
 		client.Close()
-		return nil, fmt.Errorf("shardmap: connect to redis: %w", err)
+		return nil, fmt.Errorf("shardmap: connect to redis: %w", secret.Error(err))
 	}
 	return NewRedisStore(client, DefaultPrefix), nil
 }

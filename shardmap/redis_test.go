@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -372,5 +373,25 @@ func TestUnavailableMarksOnlyRedisOutOfReach(t *testing.T) {
 	}
 	if _, err := s.Lagging(ctx, "t", "x", 1); !Unavailable(err) {
 		t.Fatalf("with Redis gone, a pipeline: %v, want an UnavailableError", err)
+	}
+}
+
+// TestOpenRedisRedactsPassword: a malformed URL's error must not quote its
+// password, which would then reach the log.
+func TestOpenRedisRedactsPassword(t *testing.T) {
+	for _, u := range []string{
+		"redis://:s3cret@localhost:6379/0%zz",
+		"redis://user:s3cret@local host:6379/0",
+		"redis-sentinel://:s3cret@s1:26379,s2:26379/m%zz",
+		"redis://:s3cret@localhost:6379/0?bogus=1",
+		"redis://:s3cret@127.0.0.1:1/0",
+	} {
+		_, err := OpenRedis(t.Context(), u)
+		if err == nil {
+			t.Fatalf("OpenRedis(%s) succeeded", u)
+		}
+		if strings.Contains(err.Error(), "s3cret") {
+			t.Errorf("OpenRedis error quotes the password: %v", err)
+		}
 	}
 }

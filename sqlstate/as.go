@@ -2,6 +2,7 @@ package sqlstate
 
 import (
 	"errors"
+	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -34,17 +35,22 @@ func As(err error) *Error {
 	}
 	var pg *pgconn.PgError
 	if errors.As(err, &pg) {
-		return FromPgError(pg)
+		e := FromPgError(pg)
+		if ce := (*pgconn.ConnectError)(nil); errors.As(err, &ce) && strings.HasPrefix(pg.Code, "28") {
+			// Refused at login: the server's words name the node's user.
+			e.Message, e.Detail, e.Hint = clientText(err), "", "check the node's credentials in the proxy's configuration"
+		}
+		return e
 	}
 	var coded Coded
 	if errors.As(err, &coded) {
-		e := New(coded.SQLState(), "%s", err.Error())
+		e := New(coded.SQLState(), "%s", clientText(err))
 		if h, ok := coded.(Hinted); ok {
 			e.Hint = h.Hint()
 		}
 		return e
 	}
-	return New(InternalError, "%s", err.Error())
+	return New(InternalError, "%s", clientText(err))
 }
 
 // FromPgError returns the *Error that relays a backend's error to a client

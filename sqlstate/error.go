@@ -35,9 +35,28 @@ type Error struct {
 	pg *pgconn.PgError
 }
 
-// New returns an ERROR with the given code and a formatted message.
+// New returns an ERROR with the given code and a formatted message. An
+// error among args is formatted as a client may read it (clientText): the
+// message goes to a client.
 func New(code, format string, args ...any) *Error {
-	return &Error{Severity: SeverityError, Code: code, Message: fmt.Sprintf(format, args...)}
+	return &Error{Severity: SeverityError, Code: code, Message: fmt.Sprintf(format, clientArgs(args)...)}
+}
+
+// clientArgs is args with each error but an *Error (already a client's)
+// replaced by its clientText; args itself is the caller's and stays as is.
+func clientArgs(args []any) []any {
+	out := args
+	for i, a := range args {
+		if err, ok := a.(error); ok && err != nil {
+			if _, own := err.(*Error); !own {
+				if &out[0] == &args[0] {
+					out = append([]any(nil), args...)
+				}
+				out[i] = clientText(err)
+			}
+		}
+	}
+	return out
 }
 
 // Fatal returns a FATAL error: the connection ends after it.
@@ -58,14 +77,14 @@ func Warning(code, format string, args ...any) *Error {
 // errors kept in package variables stay as they are.
 func (e *Error) WithHint(format string, args ...any) *Error {
 	c := *e
-	c.Hint = fmt.Sprintf(format, args...)
+	c.Hint = fmt.Sprintf(format, clientArgs(args)...)
 	return &c
 }
 
 // WithDetail returns a copy of e with a formatted detail.
 func (e *Error) WithDetail(format string, args ...any) *Error {
 	c := *e
-	c.Detail = fmt.Sprintf(format, args...)
+	c.Detail = fmt.Sprintf(format, clientArgs(args)...)
 	return &c
 }
 

@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -53,13 +55,20 @@ func isTerminal(f *os.File) bool {
 type apiClient struct {
 	base   string
 	tenant string
+	token  string // sent as a bearer token when set
 	http   *http.Client
 }
 
-// clientFlags adds --admin and --tenant to fs.
+// clientAuth is how the one command a process runs authenticates, set by
+// the flags clientFlags adds.
+var clientAuth struct{ tokenFile, caFile string }
+
+// clientFlags adds --admin, --tenant, --admin-token-file and --admin-ca to fs.
 func clientFlags(fs *flag.FlagSet) (adminURL, tenant *string) {
 	adminURL = fs.String("admin", defaultAdminURL, "URL of a proxy's admin endpoint (also LATTICE_ADMIN; host:port means http://host:port)")
 	tenant = fs.String("tenant", "", "tenant (database) of the tree; empty means the proxy's default tenant")
+	fs.StringVar(&clientAuth.tokenFile, "admin-token-file", "", "file holding the proxy's admin token (also $"+adminTokenEnv+")")
+	fs.StringVar(&clientAuth.caFile, "admin-ca", "", "PEM CA certificates to trust for an https:// --admin, besides the system's")
 	return
 }
 
@@ -71,7 +80,26 @@ func newAPIClient(adminURL, tenant string) (*apiClient, error) {
 	if err != nil || u.Host == "" {
 		return nil, fmt.Errorf("--admin %q: want a URL such as %s", adminURL, defaultAdminURL)
 	}
-	return &apiClient{base: strings.TrimRight(u.String(), "/"), tenant: tenant, http: &http.Client{Timeout: 15 * time.Second}}, nil
+	token, err := fromFileOrEnv(clientAuth.tokenFile, adminTokenEnv)
+	if err != nil {
+		return nil, fmt.Errorf("admin token: %w", err)
+	}
+	hc := &http.Client{Timeout: 15 * time.Second}
+	if clientAuth.caFile != "" {
+		pem, err := os.ReadFile(clientAuth.caFile)
+		if err != nil {
+			return nil, err
+		}
+		roots, err := x509.SystemCertPool()
+		if err != nil {
+			roots = x509.NewCertPool()
+		}
+		if !roots.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("--admin-ca %s: no PEM certificate in it", clientAuth.caFile)
+		}
+		hc.Transport = &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}}
+	}
+	return &apiClient{base: strings.TrimRight(u.String(), "/"), tenant: tenant, token: token, http: hc}, nil
 }
 
 // apiError is an error answer of the API: its HTTP status and the error
@@ -126,6 +154,9 @@ func (c *apiClient) do(ctx context.Context, method, path string, q url.Values, b
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
 	resp, err := c.http.Do(req)
 	if err != nil {
 		return err
@@ -139,6 +170,9 @@ func (c *apiClient) do(ctx context.Context, method, path string, q url.Values, b
 		var ans admin.ErrorAnswer
 		if json.Unmarshal(raw, &ans) != nil || ans.Error == "" {
 			ans = admin.ErrorAnswer{Error: fmt.Sprintf("%s %s: %s", method, path, resp.Status)}
+			if resp.StatusCode == http.StatusUnauthorized {
+				ans.Error += "; give the proxy's admin token with --admin-token-file or $" + adminTokenEnv
+			}
 		}
 		return &apiError{Status: resp.StatusCode, Err: &sqlstate.Error{Code: ans.SQLState, Message: ans.Error, Hint: ans.Hint}}
 	}

@@ -162,6 +162,11 @@ func TestComposeProxies(t *testing.T) {
 			if _, err := proxy.LoadUsers(local); err != nil {
 				t.Fatalf("users file: %v", err)
 			}
+			// An admin endpoint beyond loopback needs a token, mounted too.
+			cfg.AdminTokenFile = mounted(t, s.Volumes, cfg.AdminTokenFile)
+			if _, _, err := adminAccess(cfg); err != nil {
+				t.Errorf("admin access: %v", err)
+			}
 			if _, port, err := net.SplitHostPort(cfg.Admin); err != nil || !slices.ContainsFunc(s.Ports, func(p string) bool { return strings.HasSuffix(p, ":"+port) }) {
 				t.Errorf("admin %q is not published (%v)", cfg.Admin, s.Ports)
 			}
@@ -266,4 +271,16 @@ func TestDockerfile(t *testing.T) {
 			}
 		}
 	}
+}
+
+// mounted is the file under docker/ that volumes mount at path, or path
+// when none does.
+func mounted(t *testing.T, volumes []string, path string) string {
+	t.Helper()
+	for _, v := range volumes {
+		if src, dst, _ := strings.Cut(strings.TrimSuffix(v, ":ro"), ":"); path != "" && dst == path {
+			return filepath.Join(dockerDir, src)
+		}
+	}
+	return path
 }

@@ -26,6 +26,7 @@ import (
 	"github.com/lattice-db/lattice/pgshard"
 	"github.com/lattice-db/lattice/proxy"
 	"github.com/lattice-db/lattice/router"
+	"github.com/lattice-db/lattice/secret"
 	"github.com/lattice-db/lattice/shardmap"
 )
 
@@ -43,7 +44,8 @@ Usage:
   lattice node remove NAME [--admin URL]                         remove a node that holds no shard
   lattice recover-map --redis URL --node NAME=DSN [...]          rebuild the shard maps Redis lost, from the nodes
 
---admin defaults to $LATTICE_ADMIN, else http://127.0.0.1:9090.
+--admin defaults to $LATTICE_ADMIN, else http://127.0.0.1:9090. A proxy with an
+admin token wants it in --admin-token-file FILE or $LATTICE_ADMIN_TOKEN.
 
 Run 'lattice serve -h' for the flags. Every flag can also be set as an
 environment variable: --users-file is LATTICE_USERS_FILE.
@@ -103,7 +105,7 @@ func (n *nodeFlags) Set(v string) error {
 	for _, item := range strings.Fields(v) {
 		name, dsn, ok := strings.Cut(item, "=")
 		if !ok || name == "" || dsn == "" {
-			return fmt.Errorf("node %q: want NAME=DSN", item)
+			return fmt.Errorf("node %q: want NAME=DSN", secret.Redact(item))
 		}
 		*n = append(*n, pgshard.Node{Name: name, DSN: dsn})
 	}
@@ -113,6 +115,9 @@ func (n *nodeFlags) Set(v string) error {
 // serveConfig is everything `serve` takes.
 type serveConfig struct {
 	Listen, Admin, Redis, UsersFile, LogLevel string
+	RedisURLFile, NodesFile                   string
+	AdminTokenFile, AdminAllowedHosts         string
+	AdminTLSCert, AdminTLSKey                 string
 	PgPass                                    string
 	TLSCert, TLSKey                           string
 	TLSRequired                               bool
@@ -131,9 +136,15 @@ type serveConfig struct {
 
 func (c *serveConfig) flags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Listen, "listen", "127.0.0.1:6432", "address for PostgreSQL clients")
-	fs.StringVar(&c.Admin, "admin", "127.0.0.1:9090", "address of the admin HTTP endpoint (/healthz, /readyz, /metrics, the JSON API under /api/ and the page at /); the API can start reshards, so keep it on a loopback or private address")
-	fs.StringVar(&c.Redis, "redis", "", "Redis URL for the shard map (redis://host:port/db or redis-sentinel://h1:p,h2:p/master); empty runs an embedded in-process server whose state is lost on exit")
-	fs.Var(&c.Nodes, "node", "a PostgreSQL node as NAME=DSN, repeatable; the first is the catalog node. Seeds the node registry in Redis only when it is empty; after that the registry (lattice_add_node, lattice_remove_node) is the node set. A password in the DSN stays in this process and never goes to Redis")
+	fs.StringVar(&c.Admin, "admin", "127.0.0.1:9090", "address of the admin HTTP endpoint (/healthz, /readyz, /metrics, the JSON API under /api/ and the page at /); the API can start reshards, so an address other than loopback needs an admin token")
+	fs.StringVar(&c.AdminTokenFile, "admin-token-file", "", "file holding the admin token (also $"+adminTokenEnv+"), required for every admin path but /healthz, /readyz and /metrics: as 'Authorization: Bearer TOKEN', or through the page's sign-in form; without a token the admin endpoint must be on loopback and pprof is off")
+	fs.StringVar(&c.AdminAllowedHosts, "admin-allowed-hosts", "", "comma-separated Host header values the admin endpoint accepts besides the listen address, localhost, 127.0.0.1 and [::1] with its port (NAME for any port, NAME:PORT for one); stops DNS-rebinding pages")
+	fs.StringVar(&c.AdminTLSCert, "admin-tls-cert", "", "PEM certificate (chain): serve the admin endpoint over HTTPS")
+	fs.StringVar(&c.AdminTLSKey, "admin-tls-key", "", "PEM private key of --admin-tls-cert")
+	fs.StringVar(&c.Redis, "redis", "", "Redis URL for the shard map (redis://host:port/db or redis-sentinel://h1:p,h2:p/master); empty runs an embedded in-process server whose state is lost on exit. Any local user can read argv in /proc: give a URL with a password through --redis-url-file or $"+redisURLEnv+" instead")
+	fs.StringVar(&c.RedisURLFile, "redis-url-file", "", "file holding the Redis URL (instead of --redis; also $"+redisURLEnv+")")
+	fs.Var(&c.Nodes, "node", "a PostgreSQL node as NAME=DSN, repeatable; the first is the catalog node. Seeds the node registry in Redis only when it is empty; after that the registry (lattice_add_node, lattice_remove_node) is the node set. A password in the DSN stays in this process and never goes to Redis, but argv is readable in /proc: keep passwords out of it (--pgpass, --nodes-file or $LATTICE_NODE)")
+	fs.StringVar(&c.NodesFile, "nodes-file", "", "file of NAME=DSN lines, one node a line, read after the --node flags")
 	fs.StringVar(&c.PgPass, "pgpass", "", "pgpass file (PostgreSQL's format, host:port:database:user:password) with the passwords of the nodes, whose registered DSNs carry none; without it PGPASSWORD, PGPASSFILE and ~/.pgpass apply")
 	fs.StringVar(&c.UsersFile, "users-file", "", "SCRAM-SHA-256 users file; without it every user is trusted, which is allowed only on a loopback listener")
 	fs.StringVar(&c.TLSCert, "tls-cert", "", "PEM certificate (chain) offered to clients that ask for TLS; without it SSLRequest is declined")
@@ -210,6 +221,11 @@ func serveCmd(ctx context.Context, args []string) error {
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
+	if cfg.NodesFile != "" {
+		if err := nodesFile(cfg.NodesFile, &cfg.Nodes); err != nil {
+			return err
+		}
+	}
 	log, err := newLogger(cfg.LogLevel)
 	if err != nil {
 		return err
@@ -235,8 +251,15 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, ready func(pg
 	if err != nil {
 		return err
 	}
+	access, adminTLS, err := adminAccess(cfg)
+	if err != nil {
+		return err
+	}
 
-	redisURL := cfg.Redis
+	redisURL, err := loadRedisURL(cfg.Redis, cfg.RedisURLFile)
+	if err != nil {
+		return err
+	}
 	if redisURL == "" {
 		url, stopRedis, err := shardmap.StartEmbedded()
 		if err != nil {
@@ -301,6 +324,7 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, ready func(pg
 	defer stopRecover()
 	go twoPhase.RunRecoverer(recoverCtx)
 	adm := admin.New(log)
+	adm.TLS = adminTLS
 	proxyID := newProxyID()
 	metrics := migrator.NewMetrics(adm.Registry)
 	runner := migrator.NewRunner(cluster, store, cfg.Migration, metrics, log)
@@ -378,6 +402,9 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, ready func(pg
 		ln.Close()
 		return err
 	}
+	access.Hosts = append(access.Hosts, admin.DefaultHosts(cfg.Admin)...)
+	access.Hosts = append(access.Hosts, admin.DefaultHosts(aln.Addr().String())...)
+	adm.Access = access
 	log.Info("lattice serving", "listen", ln.Addr().String(), "admin", aln.Addr().String(), "nodes", len(cluster.Nodes()), "catalog", cluster.Catalog().Name)
 	if ready != nil {
 		ready(ln.Addr().String(), aln.Addr().String())
