@@ -143,23 +143,58 @@ func ensureTreesTable(ctx context.Context, p *pgxpool.Pool) error {
 // some tree of tenant: the nodes' word that the tenant has trees, for a
 // proxy whose store lists none (its maps were lost). A tenant without a
 // database on the catalog node has none.
+//
+// DROP TABLE of a tree unregisters it before its nodes commit, so a
+// template seen here may be one being dropped: each is locked (waiting for
+// that drop to end) before it counts, or the last tree's drop would make
+// the tenant's other sessions see lost maps.
 func (c *Cluster) HasTrees(ctx context.Context, tenant string) (bool, error) {
 	p, err := c.Admin(ctx, c.Catalog().Name, tenant)
 	if err != nil {
 		return false, err
 	}
-	var has bool
-	err = p.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger t
+	rows, err := p.Query(ctx, `SELECT DISTINCT c.relname::text FROM pg_catalog.pg_trigger t
 JOIN pg_catalog.pg_class c ON c.oid = t.tgrelid
 JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-WHERE t.tgname = $1 AND n.nspname = 'public')`, fenceTrigger).Scan(&has)
+WHERE t.tgname = $1 AND n.nspname = 'public' LIMIT 16`, fenceTrigger)
+	var names []string
+	if err == nil {
+		names, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	}
 	if sqlstate.Is(err, sqlstate.InvalidCatalogName) {
 		return false, nil
 	}
 	if err != nil {
 		return false, fmt.Errorf("pgshard: look for trees of %s on the catalog node: %w", tenant, err)
 	}
-	return has, nil
+	for _, name := range names {
+		held, err := templateHeld(ctx, p, name)
+		if err != nil {
+			return false, fmt.Errorf("pgshard: look for trees of %s on the catalog node: %w", tenant, err)
+		}
+		if held {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// templateHeld locks public.name, which waits out a DROP in progress, and
+// reports whether it still exists.
+func templateHeld(ctx context.Context, p *pgxpool.Pool, name string) (bool, error) {
+	held := false
+	err := pgx.BeginFunc(ctx, p, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout = '10s'"); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, "LOCK TABLE "+pgx.Identifier{"public", name}.Sanitize()+" IN ACCESS SHARE MODE")
+		if sqlstate.Is(err, sqlstate.UndefinedTable) {
+			return nil
+		}
+		held = err == nil
+		return err
+	})
+	return held, err
 }
 
 // errNoRecord is returned by ClaimSlots for a shard without an ownership
