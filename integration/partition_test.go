@@ -3,8 +3,6 @@ package integration
 import (
 	"context"
 	"os"
-	"strconv"
-	"sync"
 	"testing"
 	"time"
 
@@ -54,30 +52,8 @@ func TestPartitions(t *testing.T) {
 		load.pools = append(load.pools, pool)
 	}
 	admin := load.pools[0]
-	for _, q := range []string{
-		"CREATE TABLE catalogue (k text PRIMARY KEY, v bigint NOT NULL, pad text)",
-		"INSERT INTO catalogue SELECT 'c-' || g, 0, md5(g::text) FROM generate_series(0, 19999) g",
-		"SELECT lattice_create_tree('catalogue', 'k', shard_count => 4)",
-	} {
-		if _, err := admin.Exec(ctx, q); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-	}
-	for n := 0; n < load.keys; n++ {
-		load.ledger.acked["c-"+strconv.Itoa(n)] = loadEntry{}
-	}
-	runCtx, stop := context.WithCancel(ctx)
+	stop, wg, errs := load.seedAndRun(t, ctx, 4)
 	defer stop()
-	var wg sync.WaitGroup
-	errs := make(chan error, 6)
-	for i := range 4 {
-		wg.Add(1)
-		go func() { defer wg.Done(); errs <- load.writer(runCtx, i) }()
-	}
-	for i := range 2 {
-		wg.Add(1)
-		go func() { defer wg.Done(); errs <- load.reader(runCtx, i) }()
-	}
 	loadFailed := func() {
 		t.Helper()
 		select {

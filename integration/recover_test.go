@@ -5,9 +5,7 @@ import (
 	"context"
 	"fmt"
 	"os/exec"
-	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -248,30 +246,8 @@ func TestRecoverMapMidReshard(t *testing.T) {
 		load.pools = append(load.pools, proxyPool(t, ctx, p))
 	}
 	admin := load.pools[0]
-	for _, q := range []string{
-		"CREATE TABLE catalogue (k text PRIMARY KEY, v bigint NOT NULL, pad text)",
-		"INSERT INTO catalogue SELECT 'c-' || g, 0, md5(g::text) FROM generate_series(0, 19999) g",
-		"SELECT lattice_create_tree('catalogue', 'k', shard_count => 4)",
-	} {
-		if _, err := admin.Exec(ctx, q); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-	}
-	for n := 0; n < load.keys; n++ {
-		load.ledger.acked["c-"+strconv.Itoa(n)] = loadEntry{}
-	}
-	runCtx, stop := context.WithCancel(ctx)
+	stop, wg, errs := load.seedAndRun(t, ctx, 4)
 	defer stop()
-	var wg sync.WaitGroup
-	errs := make(chan error, 6)
-	for i := range 4 {
-		wg.Add(1)
-		go func() { defer wg.Done(); errs <- load.writer(runCtx, i) }()
-	}
-	for i := range 2 {
-		wg.Add(1)
-		go func() { defer wg.Done(); errs <- load.reader(runCtx, i) }()
-	}
 	if _, err := admin.Exec(ctx, "SELECT lattice_reshard('catalogue', 8)"); err != nil {
 		t.Fatal(err)
 	}

@@ -372,3 +372,35 @@ func verifyLedgerOn(t *testing.T, ctx context.Context, proxy *pgxpool.Pool, dsns
 		}
 	}
 }
+
+// seedAndRun makes the ledger's tree, catalogue, of load.keys rows on
+// shards shards through load.pools[0], and starts 4 writers and 2 readers
+// through all the pools. stop ends them; each sends its result on errs
+// and is done in wg.
+func (load *reshardLoad) seedAndRun(t *testing.T, ctx context.Context, shards int) (stop context.CancelFunc, wg *sync.WaitGroup, errs chan error) {
+	t.Helper()
+	for _, q := range []string{
+		"CREATE TABLE catalogue (k text PRIMARY KEY, v bigint NOT NULL, pad text)",
+		fmt.Sprintf("INSERT INTO catalogue SELECT 'c-' || g, 0, md5(g::text) FROM generate_series(0, %d) g", load.keys-1),
+		fmt.Sprintf("SELECT lattice_create_tree('catalogue', 'k', shard_count => %d)", shards),
+	} {
+		if _, err := load.pools[0].Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	for n := 0; n < load.keys; n++ {
+		load.ledger.acked["c-"+strconv.Itoa(n)] = loadEntry{}
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	wg = &sync.WaitGroup{}
+	errs = make(chan error, 6)
+	for i := range 4 {
+		wg.Add(1)
+		go func() { defer wg.Done(); errs <- load.writer(runCtx, i) }()
+	}
+	for i := range 2 {
+		wg.Add(1)
+		go func() { defer wg.Done(); errs <- load.reader(runCtx, i) }()
+	}
+	return stop, wg, errs
+}
