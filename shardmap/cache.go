@@ -82,34 +82,18 @@ func NewCache(s Store, refresh time.Duration, log *slog.Logger) *Cache {
 // refresh interval until ctx ends, then returns nil. It fails only if it
 // cannot subscribe at all; after that the subscription reconnects by itself.
 func (c *Cache) Run(ctx context.Context) error {
-	events, err := c.store.Subscribe(ctx)
-	if err != nil {
-		return fmt.Errorf("shardmap: cache: %w", err)
-	}
-	tick := time.NewTicker(c.refresh)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case ev, ok := <-events:
-			if !ok {
-				return nil // closed only when ctx ends
+	return follow(ctx, c.store, c.refresh, "cache", func(ev Event) { c.handle(ctx, ev) }, func() {
+		c.tenants.Range(func(k, v any) bool {
+			tc := v.(*tenantCache)
+			if tc.view.Load() == nil {
+				return true // never loaded: the next View call loads it
 			}
-			c.handle(ctx, ev)
-		case <-tick.C:
-			c.tenants.Range(func(k, v any) bool {
-				tc := v.(*tenantCache)
-				if tc.view.Load() == nil {
-					return true // never loaded: the next View call loads it
-				}
-				if _, err := c.load(ctx, k.(string), tc); err != nil && ctx.Err() == nil {
-					c.log.WarnContext(ctx, "shardmap: cache refresh failed", "tenant", k, "err", err)
-				}
-				return ctx.Err() == nil
-			})
-		}
-	}
+			if _, err := c.load(ctx, k.(string), tc); err != nil && ctx.Err() == nil {
+				c.log.WarnContext(ctx, "shardmap: cache refresh failed", "tenant", k, "err", err)
+			}
+			return ctx.Err() == nil
+		})
+	})
 }
 
 func (c *Cache) handle(ctx context.Context, ev Event) {

@@ -107,27 +107,14 @@ func (w *NodeWatch) Reload(ctx context.Context) error {
 // Run keeps the nodes current until ctx ends. It returns an error only if
 // it cannot subscribe at the start.
 func (w *NodeWatch) Run(ctx context.Context) error {
-	events, err := w.store.Subscribe(ctx)
-	if err != nil {
-		return fmt.Errorf("shardmap: node watch: %w", err)
-	}
-	tick := time.NewTicker(w.refresh)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case ev, ok := <-events:
-			if !ok {
-				return nil // closed only when ctx ends
-			}
-			if ev.Kind != EventNodes {
-				continue
-			}
-		case <-tick.C:
-		}
+	reload := func() {
 		if err := w.Reload(ctx); err != nil && ctx.Err() == nil {
 			w.log.WarnContext(ctx, "shardmap: node registry re-read failed", "err", err)
 		}
 	}
+	return follow(ctx, w.store, w.refresh, "node watch", func(ev Event) {
+		if ev.Kind == EventNodes {
+			reload()
+		}
+	}, reload)
 }
