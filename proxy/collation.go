@@ -64,19 +64,30 @@ func (s *session) collationsOf(ctx context.Context, probe string, n int) (*colla
 	return c, nil
 }
 
+// helperBackend takes a pooled catalog-node backend, outside the client's
+// transaction, for a statement the proxy runs itself to answer the
+// client's (a collation probe, a sort); a cancel reaches it while it runs.
+func (s *session) helperBackend(ctx context.Context) (*pgshard.Conn, func(), error) {
+	be, err := s.srv.pools.Acquire(ctx, s.srv.catalogNode, s.tenant)
+	if err != nil {
+		return nil, nil, sqlstate.New(sqlstate.ConnectionFailure, "cannot reach node %s: %v", s.srv.catalogNode, err)
+	}
+	s.setActive(be, true)
+	return be, func() {
+		s.setActive(be, false)
+		s.srv.pools.Release(be)
+	}, nil
+}
+
 // runProbe runs a collation probe on a pooled catalog-node backend, with
 // the session's settings (its search_path names the functions a sort
 // expression calls).
 func (s *session) runProbe(ctx context.Context, probe string, n int) (*collations, error) {
-	be, err := s.srv.pools.Acquire(ctx, s.srv.catalogNode, s.tenant)
+	be, release, err := s.helperBackend(ctx)
 	if err != nil {
-		return nil, sqlstate.New(sqlstate.ConnectionFailure, "cannot reach node %s: %v", s.srv.catalogNode, err)
+		return nil, err
 	}
-	s.setActive(be, true)
-	defer func() {
-		s.setActive(be, false)
-		s.srv.pools.Release(be)
-	}()
+	defer release()
 	pending := 1
 	if q := s.prologue(be); q != "" {
 		be.Send(&pgproto3.Query{String: q})

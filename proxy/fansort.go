@@ -153,15 +153,11 @@ func (s *session) postgresOrder(ctx context.Context, keys []btreeindex.SortKey, 
 		return nil, e
 	}
 	sql, oids, formats := btreeindex.SortQuery(keys, collations, cols, len(rows))
-	be, err := s.srv.pools.Acquire(ctx, s.srv.catalogNode, s.tenant)
+	be, release, err := s.helperBackend(ctx)
 	if err != nil {
-		return nil, sqlstate.New(sqlstate.ConnectionFailure, "cannot reach node %s: %v", s.srv.catalogNode, err)
+		return nil, err
 	}
-	s.setActive(be, true)
-	defer func() {
-		s.setActive(be, false)
-		s.srv.pools.Release(be)
-	}()
+	defer release()
 	be.Send(&pgproto3.Parse{Query: sql, ParameterOIDs: oids})
 	be.Send(&pgproto3.Bind{Parameters: btreeindex.SortValues(keys, rows), ParameterFormatCodes: formats})
 	be.Send(&pgproto3.Execute{})
