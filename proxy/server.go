@@ -27,8 +27,13 @@ import (
 // Config is what a Server needs besides its collaborators.
 type Config struct {
 	Startup StartupConfig
-	// MaxClients bounds client connections; 0 means 1000.
+	// MaxClients bounds client connections, those in startup included; 0
+	// means 1000.
 	MaxClients int
+	// MaxStartups and MaxStartupsPerHost bound the connections in startup,
+	// overall and from one source host; 0 means DefaultMaxStartups and
+	// DefaultMaxStartupsPerHost.
+	MaxStartups, MaxStartupsPerHost int
 	// MaxPinned bounds the sessions pinned to a catalog-node backend by
 	// session state (pin.go); 0 means DefaultMaxPinned.
 	MaxPinned int
@@ -79,7 +84,8 @@ type Server struct {
 
 	aggs     sync.Map // tenant + "\x00" + function name -> aggCheck
 	colls    collationCache
-	clients  atomic.Int64
+	clients  atomic.Int64 // connected clients, those in startup included
+	startups *startupSlots
 	pinned   atomic.Int64 // sessions pinned to a backend (pin.go)
 	mu       sync.Mutex
 	sessions map[uint32]*session // by the process id handed to the client, for CancelRequest
@@ -106,6 +112,7 @@ func NewServer(cfg Config, cache *shardmap.Cache, planner *router.Planner, pools
 	return &Server{
 		cfg: cfg, cache: cache, planner: planner, pools: pools, functions: functions,
 		catalogNode: cfg.CatalogNode, twoPhase: cfg.TwoPhase, metrics: cfg.Metrics, log: cfg.Log, sessions: make(map[uint32]*session),
+		startups: newStartupSlots(cfg.MaxStartups, cfg.MaxStartupsPerHost),
 	}
 }
 
@@ -120,25 +127,19 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		ln.Close()
 		s.closeSessions()
 	}()
-	for {
-		conn, err := ln.Accept()
-		if err != nil {
-			if ctx.Err() != nil {
-				s.wg.Wait()
-				return nil
-			}
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				continue
-			}
-			return err
-		}
+	err := acceptLoop(ctx, ln, func(err error, delay time.Duration) {
+		s.log.Warn("accepting a client connection failed; retrying", "err", err, "retry_in", delay)
+	}, func(conn net.Conn) {
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()
 			s.serveConn(ctx, conn)
 		}()
+	})
+	if err == nil {
+		s.wg.Wait()
 	}
+	return err
 }
 
 func (s *Server) serveConn(ctx context.Context, conn net.Conn) {
@@ -146,26 +147,43 @@ func (s *Server) serveConn(ctx context.Context, conn net.Conn) {
 	if tc, ok := conn.(*net.TCPConn); ok {
 		_ = tc.SetNoDelay(true)
 	}
+	release, err := s.startups.take(conn.RemoteAddr())
+	if err != nil {
+		s.metrics.conn(connTooMany)
+		refuseConn(conn, err)
+		return
+	}
+	// A connection in startup holds a descriptor and a goroutine as a
+	// session does: it counts toward --max-clients from its accept.
+	n := s.clients.Add(1)
+	counted := true
+	uncount := func() {
+		if counted {
+			counted = false
+			s.clients.Add(-1)
+		}
+	}
+	defer uncount()
 	st, err := Handshake(ctx, conn, s.cfg.Startup)
+	release()
 	if err != nil {
 		s.log.Debug("startup failed", "remote", conn.RemoteAddr().String(), "err", err)
 		s.startupFailed(err)
 		return
 	}
 	if st.Cancel != nil {
+		uncount()
 		s.metrics.conn(connCancel)
 		s.cancel(ctx, st.Cancel)
 		return
 	}
-	if n := s.clients.Add(1); n > int64(s.cfg.MaxClients) {
-		s.clients.Add(-1)
+	if n > int64(s.cfg.MaxClients) {
 		s.metrics.conn(connTooMany)
 		s.metrics.errorSent(sqlstate.TooManyConnections)
 		st.Backend.Send(sqlstate.New(sqlstate.TooManyConnections, "sorry, too many clients already").Response())
 		_ = st.Backend.Flush()
 		return
 	}
-	defer s.clients.Add(-1)
 
 	sess := s.newSession(conn, st)
 	if err := s.greet(ctx, sess, st); err != nil {
