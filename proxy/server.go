@@ -43,6 +43,14 @@ type Config struct {
 	// MaxMergeMemory bounds the rows one fan-out statement holds in the
 	// proxy; 0 means DefaultMaxMergeMemory.
 	MaxMergeMemory int64
+	// MaxPreparedStatements and MaxPortals bound a session's named
+	// protocol statements and portals; 0 means DefaultMaxPreparedStatements
+	// and DefaultMaxPortals.
+	MaxPreparedStatements, MaxPortals int
+	// MaxMessageMemory bounds the large client message bodies held at once
+	// across sessions (inflight.go), unless Startup.Budget is set; 0 means
+	// DefaultMaxMessageMemory.
+	MaxMessageMemory int64
 	// CatalogNode is the node that holds ordinary tables and tree templates.
 	CatalogNode string
 	// Aggregates tells which of the named functions are aggregates in a
@@ -109,6 +117,15 @@ func NewServer(cfg Config, cache *shardmap.Cache, planner *router.Planner, pools
 	if cfg.Metrics == nil {
 		cfg.Metrics = NewMetrics(nil)
 	}
+	if cfg.MaxPreparedStatements <= 0 {
+		cfg.MaxPreparedStatements = DefaultMaxPreparedStatements
+	}
+	if cfg.MaxPortals <= 0 {
+		cfg.MaxPortals = DefaultMaxPortals
+	}
+	if cfg.Startup.Budget == nil {
+		cfg.Startup.Budget = NewBudget(cfg.MaxMessageMemory)
+	}
 	return &Server{
 		cfg: cfg, cache: cache, planner: planner, pools: pools, functions: functions,
 		catalogNode: cfg.CatalogNode, twoPhase: cfg.TwoPhase, metrics: cfg.Metrics, log: cfg.Log, sessions: make(map[uint32]*session),
@@ -171,6 +188,7 @@ func (s *Server) serveConn(ctx context.Context, conn net.Conn) {
 		s.startupFailed(err)
 		return
 	}
+	defer st.Close()
 	if st.Cancel != nil {
 		uncount()
 		s.metrics.conn(connCancel)

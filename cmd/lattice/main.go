@@ -125,6 +125,8 @@ type serveConfig struct {
 	MaxClients, PoolSize, MaxListeners        int
 	MaxPinned                                 int
 	MaxStartups, MaxStartupsPerHost           int
+	MaxPreparedStatements, MaxPortals         int
+	MaxMessageMemory                          byteSize
 	StartupTimeout, StatementTimeout          time.Duration
 	MaxMergeMemory                            byteSize
 	TxRecoverEvery, TxAbortAfter              time.Duration
@@ -162,6 +164,10 @@ func (c *serveConfig) flags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.StatementTimeout, "statement-timeout", 0, "statement_timeout of sessions that set none at startup; a client's SET overrides it; 0 leaves the nodes' own")
 	c.MaxMergeMemory = proxy.DefaultMaxMergeMemory
 	fs.Var(&c.MaxMergeMemory, "max-merge-memory", "most row data one statement over several shards holds in the proxy while merging (bytes, or with kB, MB, GB); more fails with SQLSTATE 53200")
+	c.MaxMessageMemory = proxy.DefaultMaxMessageMemory
+	fs.Var(&c.MaxMessageMemory, "max-message-memory", "most bytes of large client messages (over 64kB) held at once across all sessions while they arrive; a session whose message does not fit ends with SQLSTATE 53200")
+	fs.IntVar(&c.MaxPreparedStatements, "max-prepared-statements", proxy.DefaultMaxPreparedStatements, "most named protocol-level prepared statements per session; more fail with SQLSTATE 54000")
+	fs.IntVar(&c.MaxPortals, "max-portals", proxy.DefaultMaxPortals, "most named portals open per session; more fail with SQLSTATE 54000")
 	fs.DurationVar(&c.TxRecoverEvery, "tx-recover-interval", 10*time.Second, "how often to look for prepared transactions across nodes that a crashed proxy left behind")
 	fs.DurationVar(&c.TxAbortAfter, "tx-abort-after", time.Minute, "roll back a prepared transaction across nodes that has no commit decision after this long, even if the transaction that would decide it is still open; should exceed any prepare phase")
 	fs.BoolVar(&c.Coordinator, "coordinator", true, "run reshard coordinators in this proxy (at least one proxy must)")
@@ -369,15 +375,18 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, ready func(pg
 	srv := proxy.NewServer(proxy.Config{
 		Startup: proxy.StartupConfig{Users: users, StartupTimeout: cfg.StartupTimeout,
 			TLS: tlsConfig, TLSRequired: cfg.TLSRequired},
-		MaxClients:         cfg.MaxClients,
-		MaxStartups:        cfg.MaxStartups,
-		MaxStartupsPerHost: cfg.MaxStartupsPerHost,
-		MaxPinned:          maxPinned(cfg.MaxPinned, cfg.PoolSize),
-		StatementTimeout:   cfg.StatementTimeout,
-		MaxMergeMemory:     int64(cfg.MaxMergeMemory),
-		CatalogNode:        cluster.Catalog().Name,
-		Aggregates:         cluster.Aggregates,
-		TwoPhase:           twoPhase,
+		MaxClients:            cfg.MaxClients,
+		MaxStartups:           cfg.MaxStartups,
+		MaxStartupsPerHost:    cfg.MaxStartupsPerHost,
+		MaxPreparedStatements: cfg.MaxPreparedStatements,
+		MaxPortals:            cfg.MaxPortals,
+		MaxMessageMemory:      int64(cfg.MaxMessageMemory),
+		MaxPinned:             maxPinned(cfg.MaxPinned, cfg.PoolSize),
+		StatementTimeout:      cfg.StatementTimeout,
+		MaxMergeMemory:        int64(cfg.MaxMergeMemory),
+		CatalogNode:           cluster.Catalog().Name,
+		Aggregates:            cluster.Aggregates,
+		TwoPhase:              twoPhase,
 		TreeDDL: func(ctx context.Context, d pgshard.TreeDDL) error {
 			return cluster.RunTreeDDL(ctx, store, d, twoPhase.CommitTxs)
 		},
