@@ -147,6 +147,7 @@ func (p *planner) plan(n *pg.Node, start, end int) *Plan {
 		}
 	}
 	applyPins(pl, n)
+	applyReach(pl, n)
 	return pl
 }
 
