@@ -447,16 +447,26 @@ func (s *RedisStore) ReleaseLease(ctx context.Context, tenant, tree, owner strin
 	return releaseScript.Run(ctx, s.client, []string{s.leaseKey(tenant, tree)}, owner).Err()
 }
 
-// RegisterProxy implements Coordination.
+// RegisterProxy implements Coordination. The expiry only moves forward
+// (ZADD GT): a renewal can reach Redis seconds after a newer one, when it
+// was retried after a read timeout or sat unacknowledged in the kernel of
+// a proxy whose packets to Redis were dropped, and it must not shorten the
+// registration the newer renewal made.
 func (s *RedisStore) RegisterProxy(ctx context.Context, id string, until time.Time) error {
 	exp := until.UnixMilli()
-	if err := s.client.ZAdd(ctx, s.proxiesKey(), redis.Z{Score: float64(exp), Member: id}).Err(); err != nil {
+	if err := s.client.ZAddGT(ctx, s.proxiesKey(), redis.Z{Score: float64(exp), Member: id}).Err(); err != nil {
 		return fmt.Errorf("shardmap: register proxy %s: %w", id, err)
 	}
 	return nil
 }
 
-// ServeTenants implements Coordination.
+// ServeTenants implements Coordination. Like RegisterProxy, the expiry only
+// moves forward. Were a late renewal to take a tenant's registration back
+// to a time past, the proxy would stay live in the global registry while
+// missing from the tenant's, so a freeze would count it as neither lagging
+// nor cut off (TestLateRenewalKeepsTheRegistration; the one-way partitions
+// of TestPartitions showed it as a stale read and a read of a released
+// fold donor).
 func (s *RedisStore) ServeTenants(ctx context.Context, id string, until time.Time, tenants ...string) error {
 	if len(tenants) == 0 {
 		return nil
@@ -464,7 +474,7 @@ func (s *RedisStore) ServeTenants(ctx context.Context, id string, until time.Tim
 	exp := float64(until.UnixMilli())
 	_, err := s.client.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for _, t := range tenants {
-			p.ZAdd(ctx, s.tenantProxiesKey(t), redis.Z{Score: exp, Member: id})
+			p.ZAddGT(ctx, s.tenantProxiesKey(t), redis.Z{Score: exp, Member: id})
 		}
 		return nil
 	})

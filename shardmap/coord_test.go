@@ -222,6 +222,62 @@ func TestProxyRegistryAndAcks(t *testing.T) {
 	}
 }
 
+// TestLateRenewalKeepsTheRegistration: a heartbeat's renewal can reach
+// Redis after a newer one (go-redis retries a pipeline after a read
+// timeout; a closed connection's kernel still delivers what it had sent
+// once a one-way partition heals). It must not take the registration back:
+// a proxy live in the global registry but missing from its tenant's would
+// be neither lagging nor cut off, and a freeze would pass without it.
+func TestLateRenewalKeepsTheRegistration(t *testing.T) {
+	ctx := context.Background()
+	now := time.Now()
+	fresh, late := now.Add(time.Minute), now.Add(-time.Second)
+	for _, tc := range []struct {
+		name string
+		late func(s *RedisStore) error
+	}{
+		{"tenant renewal", func(s *RedisStore) error { return s.ServeTenants(ctx, "p", late, "t") }},
+		{"live renewal", func(s *RedisStore) error { return s.RegisterProxy(ctx, "p", late) }},
+		{"both", func(s *RedisStore) error {
+			if err := s.ServeTenants(ctx, "p", late, "t"); err != nil {
+				return err
+			}
+			return s.RegisterProxy(ctx, "p", late)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, _ := newTestStore(t)
+			if err := s.ServeTenants(ctx, "p", fresh, "t"); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.RegisterProxy(ctx, "p", fresh); err != nil {
+				t.Fatal(err)
+			}
+			if err := tc.late(s); err != nil {
+				t.Fatal(err)
+			}
+			lag, err := s.Lagging(ctx, "t", "x", 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(lag.Live, []string{"p"}) || !slices.Equal(lag.Lagging, []string{"p"}) {
+				t.Fatalf("after a late renewal: live %v, lagging %v; want p live and lagging (it never acknowledged)", lag.Live, lag.Lagging)
+			}
+		})
+	}
+	// A late renewal of a proxy already gone does not bring it back.
+	s, _ := newTestStore(t)
+	if err := s.ServeTenants(ctx, "gone", late, "t"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.RegisterProxy(ctx, "gone", late); err != nil {
+		t.Fatal(err)
+	}
+	if lag, err := s.Lagging(ctx, "t", "x", 1); err != nil || len(lag.Live) != 0 || len(lag.Lagging) != 0 {
+		t.Fatalf("a late renewal of a gone proxy: %+v %v", lag, err)
+	}
+}
+
 func TestDeleteTreeClearsCoordination(t *testing.T) {
 	s, _ := newTestStore(t)
 	ctx := context.Background()

@@ -262,6 +262,9 @@ func (r *Registration) beat(ctx context.Context) {
 	if err == nil {
 		err = r.coord.RegisterProxy(ctx, r.id, until)
 	}
+	// A renewal that began before the lapse can succeed after it (Redis
+	// answered late): the maps are re-read all the same.
+	lapsed = lapsed || !r.Live()
 	if err != nil {
 		if ctx.Err() == nil {
 			r.log.Warn("shardmap: proxy heartbeat failed", "proxy", r.id, "err", err)

@@ -234,3 +234,49 @@ func TestRegistrationWakesOnlyForOldViews(t *testing.T) {
 		t.Fatalf("acks %v, want p1 at %d", acks, next.Epoch)
 	}
 }
+
+// slowRenewal is a store whose tenant renewal runs during() first: the
+// proxy's lease lapses while the renewal waits for Redis.
+type slowRenewal struct {
+	Coordination
+	during func()
+}
+
+func (s slowRenewal) ServeTenants(ctx context.Context, id string, until time.Time, tenants ...string) error {
+	if s.during != nil {
+		s.during()
+	}
+	return s.Coordination.ServeTenants(ctx, id, until, tenants...)
+}
+
+// A renewal that began while the lease held and succeeded after it lapsed
+// (Redis answered late) re-reads the maps like any renewal after a lapse:
+// the proxy was not counted meanwhile, so a map may have moved on.
+func TestRegistrationReReadsAfterLateRenewal(t *testing.T) {
+	s, _ := newTestStore(t)
+	ctx := context.Background()
+	_, m := mustCreate(t, s, "t", "x")
+	c := NewCache(s, time.Hour, nil)
+	slow := &slowRenewal{Coordination: s}
+	r := NewRegistration("p1", slow, c, time.Minute, time.Hour, nil)
+	r.beat(ctx)
+	_, release, err := r.Acquire(ctx, "t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	release()
+	next := m.Clone()
+	next.Frozen = [][2]int{{0, 10}}
+	if err := s.SwapMap(ctx, next, m.Epoch); err != nil { // the cache is not told
+		t.Fatal(err)
+	}
+	slow.during = func() { r.liveUntil.Store(time.Now().Add(-time.Second).UnixNano()) }
+	r.beat(ctx)
+	if !r.Live() {
+		t.Fatal("the late renewal did not make the proxy live again")
+	}
+	v, err := c.View(ctx, "t")
+	if err != nil || v.Maps["x"].Epoch != next.Epoch {
+		t.Fatalf("after a late renewal the cache holds epoch %d (%v), want %d: the maps were not re-read", v.Maps["x"].Epoch, err, next.Epoch)
+	}
+}
