@@ -6,34 +6,69 @@
 # node in the same run. One PostgreSQL node; Lattice reads a 16-shard tree
 # kv of 100,000 rows, pgbouncer a plain table kv_plain of the same rows.
 #   bench/proxy-cpu.sh [path/to/lattice]   (default: builds bin/lattice)
-# LATTICE_CPU_TX sets the transactions per client (default 20000).
-# LATTICE_CPU_PROFILE=DIR saves a CPU profile of each mode's Lattice run
-# there (go tool pprof -top DIR/extended.pprof).
+#   bench/proxy-cpu.sh NAME=BIN[:VAR=VALUE,VAR=VALUE] ...
+# The second form runs several builds (or one build under several
+# environments, such as GOMAXPROCS=1) side by side: each is its own lattice
+# process over the same tree (they share one redis-server), and every
+# repetition runs pgbouncer and then each of them in turn, so that a change
+# is compared with its base under the same load. A machine shared with
+# other work moves every figure by 10-20% from one run to the next: compare
+# the medians of several repetitions.
+# LATTICE_CPU_TX sets the transactions per client (default 20000),
+# LATTICE_CPU_REPS the repetitions of each mode (default 1).
+# LATTICE_CPU_PROFILE=DIR saves a CPU profile of each build's first run in
+# each mode there (go tool pprof -top DIR/NAME-extended.pprof).
+# The "user" figure is the utime part: the rest is the kernel's (system
+# calls, most of it loopback TCP).
 # pgbouncer 1.18 cannot run -M prepared in transaction mode: the prepared
 # row's ratio is against its extended run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/pglocal.sh
-bin=$(lattice_bin "${1:-}")
 pgbin=/usr/lib/postgresql/15/bin
 tx=${LATTICE_CPU_TX:-20000}
+reps=${LATTICE_CPU_REPS:-1}
+[ $# = 0 ] && set -- "$(lattice_bin "")"
+names=(); bins=(); envs=()
+for v in "$@"; do
+  if [[ "$v" == *=* ]]; then
+    name=${v%%=*}; rest=${v#*=}
+  else
+    name=lattice; rest=$v
+  fi
+  names+=("$name"); bins+=("$(readlink -f "${rest%%:*}")")
+  e=""; [[ "$rest" == *:* ]] && e=${rest#*:}
+  envs+=("${e//,/ }")
+done
 work=$(mktemp -d /tmp/lattice-cpu.XXXXXX)
 chmod 755 "$work"
-pgport=$(free_port); lport=$(free_port); aport=$(free_port); bport=$(free_port)
+pgport=$(free_port); rport=$(free_port); bport=$(free_port)
+# The admin endpoint serves pprof only with a token.
+token=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')
+pids=()
 cleanup() {
-  [ -n "${lpid:-}" ] && kill "$lpid" 2>/dev/null && wait "$lpid" 2>/dev/null
-  [ -n "${bpid:-}" ] && kill "$bpid" 2>/dev/null && wait "$bpid" 2>/dev/null
+  local p
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null && wait "$p" 2>/dev/null; done
   stop_pg pg
   rm -rf "$work"
 }
 trap cleanup EXIT
 start_pg pg "$pgport"
+redis-server --bind 127.0.0.1 --port "$rport" --save '' --appendonly no >"$work/redis.log" 2>&1 &
+pids+=($!)
 node="postgres://lattice@127.0.0.1:$pgport/postgres?sslmode=disable"
-"$bin" serve --listen 127.0.0.1:$lport --admin 127.0.0.1:$aport --node "n1=$node" --log-level warn 2>"$work/lattice.log" &
-lpid=$!
-px="postgres://lattice@127.0.0.1:$lport/postgres?sslmode=disable"
-for _ in $(seq 100); do psql -qAt "$px" -c 'select 1' >/dev/null 2>&1 && break; sleep 0.2; done
-psql -q "$px" -c 'CREATE TABLE kv (k integer PRIMARY KEY, v integer NOT NULL)' \
+dsns=(); lpids=(); aports=()
+for i in "${!names[@]}"; do
+  lport=$(free_port); aport=$(free_port)
+  # One reshard coordinator is enough; the others only serve.
+  coord=true; [ "$i" -gt 0 ] && coord=false
+  env LATTICE_ADMIN_TOKEN="$token" ${envs[$i]} "${bins[$i]}" serve --listen 127.0.0.1:$lport --admin 127.0.0.1:$aport \
+    --redis "redis://127.0.0.1:$rport/0" --coordinator=$coord --node "n1=$node" --log-level warn 2>"$work/lattice$i.log" &
+  lpids+=($!); pids+=($!); aports+=("$aport")
+  dsns+=("postgres://lattice@127.0.0.1:$lport/postgres?sslmode=disable")
+  for _ in $(seq 100); do psql -qAt "${dsns[$i]}" -c 'select 1' >/dev/null 2>&1 && break; sleep 0.2; done
+done
+psql -q "${dsns[0]}" -c 'CREATE TABLE kv (k integer PRIMARY KEY, v integer NOT NULL)' \
   -c 'INSERT INTO kv SELECT i, i FROM generate_series(1, 100000) i' \
   -c "SELECT lattice_create_tree('kv', 'k', shard_count => 16)" >/dev/null
 psql -q "$node" -c 'CREATE TABLE kv_plain (k integer PRIMARY KEY, v integer NOT NULL)' \
@@ -65,46 +100,58 @@ INI
   if [ "$(id -u)" = 0 ]; then chown -R postgres "$bdir"; fi
   bargs=("$bdir/pgbouncer.ini"); [ "$(id -u)" = 0 ] && bargs=(-u postgres "${bargs[@]}")
   "$bouncer" "${bargs[@]}" >/dev/null 2>&1 &
-  bpid=$!
+  bpid=$!; pids+=($bpid)
   bx="postgres://lattice@127.0.0.1:$bport/postgres?sslmode=disable"
   for _ in $(seq 100); do psql -qAt "$bx" -c 'select 1' >/dev/null 2>&1 && break; sleep 0.1; done
 fi
 
 hz=$(getconf CLK_TCK)
-ticks() { awk '{print $14+$15}' "/proc/$1/stat"; }
-# counted PID DSN MODE SCRIPT: "µs/query tps" of one fixed-count run.
+stat() { awk '{print $14, $15}' "/proc/$1/stat"; }
+# counted PID DSN MODE SCRIPT: "µs/query user-µs/query tps" of one fixed-count run.
 counted() {
-  local t0 t1 out n tps
-  t0=$(ticks "$1")
+  local u0 s0 u1 s1 out n tps
+  read -r u0 s0 <<<"$(stat "$1")"
   out=$(pgbench -n -c 8 -j 2 -t "$tx" -M "$3" -f "$4" "$2" 2>&1)
-  t1=$(ticks "$1")
+  read -r u1 s1 <<<"$(stat "$1")"
   n=$(echo "$out" | awk '/number of transactions actually processed/ {split($NF,a,"/"); print a[1]}')
   tps=$(echo "$out" | awk '/^tps/ {printf "%.0f", $3}')
-  awk -v d=$((t1 - t0)) -v hz="$hz" -v n="$n" -v tps="$tps" 'BEGIN {printf "%.1f %s", d * 1e6 / hz / n, tps}'
+  awk -v d=$((u1 + s1 - u0 - s0)) -v u=$((u1 - u0)) -v hz="$hz" -v n="$n" -v tps="$tps" \
+    'BEGIN {printf "%.1f %.1f %s", d * 1e6 / hz / n, u * 1e6 / hz / n, tps}'
 }
-echo "transactions per run: $((8 * tx)), 8 clients; CPU µs/query = proxy utime+stime / transactions"
+echo "transactions per run: $((8 * tx)), 8 clients; CPU µs/query = proxy utime+stime / transactions (user: the utime part); load at start $(cut -d' ' -f1-3 /proc/loadavg)"
 echo
-echo "| mode | pgbouncer CPU µs/query | pgbouncer tps | lattice CPU µs/query | lattice tps | lattice/pgbouncer CPU |"
-echo "|---|---|---|---|---|---|"
-b=""
+head="| mode | run | pgbouncer CPU µs/query (user) | pgbouncer tps |"
+rule="|---|---|---|---|"
+for n in "${names[@]}"; do head="$head $n CPU µs/query (user) | $n tps | $n/pgbouncer CPU |"; rule="$rule---|---|---|"; done
+echo "$head"
+echo "$rule"
 for mode in simple extended prepared; do
-  pgbench -n -c 8 -j 2 -t 200 -M "$mode" -f "$work/f.sql" "$px" >/dev/null 2>&1 # warm the pools
-  if [ -n "$bx" ] && [ "$mode" != prepared ]; then
-    pgbench -n -c 8 -j 2 -t 200 -M "$mode" -f "$work/plain.sql" "$bx" >/dev/null 2>&1
-    b=$(counted "$bpid" "$bx" "$mode" "$work/plain.sql")
-  fi
-  cpid=""
-  if [ -n "${LATTICE_CPU_PROFILE:-}" ]; then
-    mkdir -p "$LATTICE_CPU_PROFILE"
-    # Long enough to cover the run; it ends early with the run's end below.
-    curl -s -o "$LATTICE_CPU_PROFILE/$mode.pprof" "http://127.0.0.1:$aport/debug/pprof/profile?seconds=${LATTICE_CPU_PROFILE_SECONDS:-10}" &
-    cpid=$!
-  fi
-  l=$(counted "$lpid" "$px" "$mode" "$work/f.sql")
-  [ -n "$cpid" ] && wait "$cpid"
-  read -r bus btps <<<"${b:-n/a n/a}"
-  read -r lus ltps <<<"$l"
-  ratio=$(awk -v l="$lus" -v b="$bus" 'BEGIN {if (b+0 > 0) printf "%.2f×", l / b; else print "n/a"}')
-  [ "$mode" = prepared ] && [ -n "$b" ] && bus="$bus (extended)" && btps="$btps (extended)"
-  echo "| $mode | $bus | $btps | $lus | $ltps | $ratio |"
+  bmode=$mode; [ "$mode" = prepared ] && bmode=extended # pgbouncer 1.18 cannot prepare
+  [ -n "$bx" ] && pgbench -n -c 8 -j 2 -t 200 -M "$bmode" -f "$work/plain.sql" "$bx" >/dev/null 2>&1
+  for i in "${!names[@]}"; do # warm the pools
+    pgbench -n -c 8 -j 2 -t 200 -M "$mode" -f "$work/f.sql" "${dsns[$i]}" >/dev/null 2>&1
+  done
+  for r in $(seq "$reps"); do
+    bus="" bu="" btps=""
+    if [ -n "$bx" ]; then read -r bus bu btps <<<"$(counted "$bpid" "$bx" "$bmode" "$work/plain.sql")"; fi
+    [ "$mode" = prepared ] && [ -n "$bx" ] && btps="$btps (extended)"
+    line="| $mode | $r | ${bus:-n/a} (${bu:-n/a}) | ${btps:-n/a} |"
+    for i in "${!names[@]}"; do
+      cpid=""
+      if [ -n "${LATTICE_CPU_PROFILE:-}" ] && [ "$r" = 1 ]; then
+        mkdir -p "$LATTICE_CPU_PROFILE"
+        # Long enough to cover the run; it ends early with the run's end below.
+        curl -s -H "Authorization: Bearer $token" -o "$LATTICE_CPU_PROFILE/${names[$i]}-$mode.pprof" \
+          "http://127.0.0.1:${aports[$i]}/debug/pprof/profile?seconds=${LATTICE_CPU_PROFILE_SECONDS:-10}" &
+        cpid=$!
+      fi
+      read -r lus lu ltps <<<"$(counted "${lpids[$i]}" "${dsns[$i]}" "$mode" "$work/f.sql")"
+      if [ -n "$cpid" ]; then wait "$cpid"; fi
+      ratio=$(awk -v l="$lus" -v b="${bus:-0}" 'BEGIN {if (b+0 > 0) printf "%.2f×", l / b; else print "n/a"}')
+      line="$line $lus ($lu) | $ltps | $ratio |"
+    done
+    echo "$line"
+  done
 done
+echo
+echo "load at end $(cut -d' ' -f1-3 /proc/loadavg)"

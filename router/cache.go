@@ -78,9 +78,12 @@ func (p *Planner) Plan(sql string, trees Trees, version uint64) ([]*Plan, error)
 		var ok bool
 		if toks, key, ok = scan(sql); ok {
 			if t, ok := p.shapes.get(key, version); ok {
+				// Not cached by exact text: statements of one shape
+				// differ mostly in their literals (a point select's key),
+				// so each would be a new entry pushing out plans that are
+				// hit, at the cost of a map insert per statement.
 				if plans, ok := t.derive(sql, toks); ok {
 					p.shapeHits.Add(1)
-					p.exact.put(sql, version, t.anyVer, planned{plans: plans})
 					return plans, nil
 				}
 			}
