@@ -108,8 +108,8 @@ func (c *Cache) handle(ctx context.Context, ev Event) {
 	}
 	var err error
 	switch ev.Kind {
-	case EventMap:
-		if m := cur.Maps[ev.Tree]; m != nil && m.Epoch >= ev.Epoch {
+	case EventMap: // ev.Tree is the map's name: a colocation group's for its members
+		if m := cur.Maps[cur.memberOf(ev.Tree)]; m != nil && m.Epoch >= ev.Epoch {
 			return
 		}
 		err = c.loadMap(ctx, ev.Tenant, tc, ev.Tree)
@@ -157,7 +157,11 @@ func (c *Cache) Wait(ctx context.Context, tenant, tree string, minEpoch uint64) 
 		}
 		if fetch {
 			fetch = false
-			if err := c.loadMap(ctx, tenant, tc, tree); err != nil && ctx.Err() == nil {
+			name := tree
+			if t := v.Trees[tree]; t != nil {
+				name = t.MapName()
+			}
+			if err := c.loadMap(ctx, tenant, tc, name); err != nil && ctx.Err() == nil {
 				c.log.WarnContext(ctx, "shardmap: cache read while waiting failed",
 					"tenant", tenant, "tree", tree, "epoch", minEpoch, "err", err)
 			}
@@ -203,15 +207,20 @@ func (c *Cache) load(ctx context.Context, tenant string, tc *tenantCache) (*View
 	}
 	trees := make(map[string]*Tree, len(list))
 	ms := make(map[string]*Map, len(list))
+	shared := make(map[string]*Map) // by map name: one read per colocation group
 	for _, t := range list {
-		m, err := c.store.Map(ctx, tenant, t.Name)
-		if errors.Is(err, ErrNotFound) {
-			continue // dropped since Trees: leave it out like the drop will
+		m, ok := shared[t.MapName()]
+		if !ok {
+			m, err = c.store.Map(ctx, tenant, t.MapName())
+			if errors.Is(err, ErrNotFound) {
+				continue // dropped since Trees: leave it out like the drop will
+			}
+			if err != nil {
+				return nil, err
+			}
+			shared[t.MapName()] = m
 		}
-		if err != nil {
-			return nil, err
-		}
-		trees[t.Name], ms[t.Name] = t, m
+		trees[t.Name], ms[t.Name] = t, memberMap(m, t.Name)
 	}
 
 	old := tc.view.Load()
@@ -227,7 +236,8 @@ func (c *Cache) load(ctx context.Context, tenant string, tc *tenantCache) (*View
 	if old != nil {
 		for name, m := range ms {
 			om := old.Maps[name]
-			if om != nil && om.Epoch >= m.Epoch && old.Trees[name].Created.Equal(trees[name].Created) {
+			if om != nil && om.Epoch >= m.Epoch && old.Trees[name].Created.Equal(trees[name].Created) &&
+				old.Trees[name].MapName() == trees[name].MapName() {
 				ms[name] = om // the store answered with an older map (a replica, a race): keep ours
 			}
 		}
@@ -238,9 +248,11 @@ func (c *Cache) load(ctx context.Context, tenant string, tc *tenantCache) (*View
 	return v, nil
 }
 
-// loadMap re-reads one tree's map and installs it if its epoch is higher.
-func (c *Cache) loadMap(ctx context.Context, tenant string, tc *tenantCache, tree string) error {
-	m, err := c.store.Map(ctx, tenant, tree)
+// loadMap re-reads the map stored under name (a tree's, or a colocation
+// group's) and installs it for every tree that shares it, if its epoch is
+// higher: a view never holds two members of a group at different epochs.
+func (c *Cache) loadMap(ctx context.Context, tenant string, tc *tenantCache, name string) error {
+	m, err := c.store.Map(ctx, tenant, name)
 	if errors.Is(err, ErrNotFound) {
 		_, err = c.load(ctx, tenant, tc) // dropped: the tree list changed too
 		return err
@@ -250,7 +262,11 @@ func (c *Cache) loadMap(ctx context.Context, tenant string, tc *tenantCache, tre
 	}
 	tc.mu.Lock()
 	old := tc.view.Load()
-	if old == nil || old.Trees[tree] == nil {
+	var tree string
+	if old != nil {
+		tree = old.memberOf(name)
+	}
+	if tree == "" {
 		tc.mu.Unlock()
 		_, err = c.load(ctx, tenant, tc) // a tree this view does not know yet
 		return err
@@ -261,7 +277,9 @@ func (c *Cache) loadMap(ctx context.Context, tenant string, tc *tenantCache, tre
 	}
 	v := *old
 	v.Maps = maps.Clone(old.Maps)
-	v.Maps[tree] = m
+	for _, member := range old.Members(tree) {
+		v.Maps[member] = memberMap(m, member)
+	}
 	v.next = make(chan struct{})
 	tc.replace(old, &v)
 	c.changed()
@@ -294,4 +312,29 @@ func sameTrees(a, b map[string]*Tree) bool {
 		}
 	}
 	return true
+}
+
+// memberMap is m as tree's entry of a view: a colocation group's map
+// carries the group's name, which may be no tree's, while a view's entry
+// names its tree. The slices are shared; a view's maps are never changed.
+func memberMap(m *Map, tree string) *Map {
+	if m.Tree == tree {
+		return m
+	}
+	c := *m
+	c.Tree = tree
+	return &c
+}
+
+// memberOf is a tree of the view whose map is stored under name, "" if none.
+func (v *View) memberOf(name string) string {
+	if t := v.Trees[name]; t != nil && t.MapName() == name {
+		return name
+	}
+	for tn, t := range v.Trees {
+		if t.MapName() == name {
+			return tn
+		}
+	}
+	return ""
 }

@@ -57,6 +57,9 @@ type Tree struct {
 	ShardCount int       `json:"shard_count"`
 	DDL        []string  `json:"ddl"` // statements that build a shard table; "{{table}}" stands for the qualified name
 	Created    time.Time `json:"created"`
+	// Group names the tree's colocation group (group.go); "" for a tree
+	// alone. Once set it never changes.
+	Group string `json:"group,omitempty"`
 }
 
 // ShardState is the life-cycle state of a physical shard.

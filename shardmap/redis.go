@@ -27,7 +27,9 @@ const DefaultPrefix = "lattice"
 // percent-escaped so the hash tag always ends where T does):
 //
 //	P:{T}:trees       hash: tree name -> Tree JSON (the tenant's registry)
-//	P:{T}:map:<tree>  hash: "epoch" -> decimal epoch, "map" -> Map JSON
+//	P:{T}:map:<tree>  hash: "epoch" -> decimal epoch, "map" -> Map JSON; a
+//	                  colocation group's map is under the group's name
+//	P:{T}:group:<g>   set: the members of colocation group g (group.go)
 //	P:events          pub/sub channel carrying Event JSON
 //
 // All keys of a tenant share the hash tag {T}, so in Redis Cluster they live
@@ -189,8 +191,10 @@ func (s *RedisStore) mapKey(tenant, tree string) string {
 // no change goes unannounced because the writer died in between.
 var (
 	// KEYS: trees, map. ARGV: name, tree JSON, epoch, map JSON, channel, event.
+	// A map without a registry entry is a colocation group's (group.go).
 	createScript = redis.NewScript(`
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then return 0 end
+if redis.call('EXISTS', KEYS[2]) == 1 then return 2 end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 redis.call('HSET', KEYS[2], 'epoch', ARGV[3], 'map', ARGV[4])
 redis.call('PUBLISH', ARGV[5], ARGV[6])
@@ -211,14 +215,6 @@ if not cur then return -1 end
 if cur ~= ARGV[2] then return 0 end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
 redis.call('PUBLISH', ARGV[4], ARGV[5])
-return 1`)
-
-	// KEYS: trees, map, and the tree's coordination keys. ARGV: name,
-	// channel, event.
-	deleteScript = redis.NewScript(`
-if redis.call('HDEL', KEYS[1], ARGV[1]) == 0 then return 0 end
-for i = 2, #KEYS do redis.call('DEL', KEYS[i]) end
-redis.call('PUBLISH', ARGV[2], ARGV[3])
 return 1`)
 
 	// KEYS: map. ARGV: expected epoch, new epoch, map JSON, channel, event.
@@ -305,8 +301,11 @@ func (s *RedisStore) CreateTree(ctx context.Context, t *Tree, m *Map) error {
 	if err != nil {
 		return fmt.Errorf("shardmap: create tree %s/%s: %w", t.Tenant, t.Name, err)
 	}
-	if n == 0 {
+	switch n {
+	case 0:
 		return fmt.Errorf("shardmap: create tree %s/%s: %w", t.Tenant, t.Name, ErrExists)
+	case 2:
+		return fmt.Errorf("shardmap: create tree %s/%s: %w", t.Tenant, t.Name, ErrNameInUse)
 	}
 	return nil
 }
@@ -353,21 +352,6 @@ func (s *RedisStore) SwapTree(ctx context.Context, t, prev *Tree) error {
 		return fmt.Errorf("shardmap: swap tree %s/%s: %w", t.Tenant, t.Name, ErrNotFound)
 	case 0:
 		return fmt.Errorf("shardmap: swap tree %s/%s: %w", t.Tenant, t.Name, ErrConflict)
-	}
-	return nil
-}
-
-// DeleteTree implements Store.
-func (s *RedisStore) DeleteTree(ctx context.Context, tenant, name string) error {
-	n, err := deleteScript.Run(ctx, s.client,
-		[]string{s.treesKey(tenant), s.mapKey(tenant, name), s.migsKey(tenant, name),
-			s.reshardKey(tenant, name), s.leaseKey(tenant, name), s.acksKey(tenant, name)},
-		name, s.channel, s.event(EventTree, tenant, name, 0)).Int()
-	if err != nil {
-		return fmt.Errorf("shardmap: delete tree %s/%s: %w", tenant, name, err)
-	}
-	if n == 0 {
-		return fmt.Errorf("shardmap: delete tree %s/%s: %w", tenant, name, ErrNotFound)
 	}
 	return nil
 }

@@ -295,6 +295,7 @@ func (r *Registration) acknowledge(ctx context.Context) {
 		epoch uint64
 	}
 	var acks []ack
+	queued := map[treeID]bool{}
 	r.mu.Lock()
 	r.cache.tenants.Range(func(k, val any) bool {
 		v := val.(*tenantCache).view.Load()
@@ -302,10 +303,12 @@ func (r *Registration) acknowledge(ctx context.Context) {
 			return true
 		}
 		for name, m := range v.Maps {
-			id := treeID{v.Tenant, name}
-			if r.acked[id] >= m.Epoch || r.olderInUse(name, m.Epoch) {
+			// A colocation group's members share one map and one set of acks.
+			id := treeID{v.Tenant, v.Trees[name].MapName()}
+			if queued[id] || r.acked[id] >= m.Epoch || r.olderInUse(id.tree, m.Epoch) {
 				continue
 			}
+			queued[id] = true
 			acks = append(acks, ack{id, m.Epoch})
 		}
 		return true
@@ -324,11 +327,12 @@ func (r *Registration) acknowledge(ctx context.Context) {
 	}
 }
 
-// olderInUse reports whether a running statement planned on a map of tree
-// older than epoch. Called with mu held.
-func (r *Registration) olderInUse(tree string, epoch uint64) bool {
+// olderInUse reports whether a running statement planned on a map stored
+// under name (a tree's, or its colocation group's) older than epoch.
+// Called with mu held.
+func (r *Registration) olderInUse(name string, epoch uint64) bool {
 	for v := range r.inUse {
-		if m := v.Maps[tree]; m != nil && m.Epoch < epoch {
+		if m := v.Maps[v.memberOf(name)]; m != nil && m.Epoch < epoch {
 			return true
 		}
 	}

@@ -41,13 +41,17 @@ type Store interface {
 	Trees(ctx context.Context, tenant string) ([]*Tree, error)
 	// Tree returns one registry entry, or ErrNotFound.
 	Tree(ctx context.Context, tenant, name string) (*Tree, error)
-	// Map returns a tree's current map, or ErrNotFound.
+	// Map returns the map stored under name, or ErrNotFound: a tree's, by
+	// Tree.MapName (its colocation group's, for a member of one).
 	Map(ctx context.Context, tenant, tree string) (*Map, error)
 	// CreateTree registers t with its first map m in one step and publishes
 	// a "tree" event; ErrExists if t is already registered. A zero t.Created
 	// is set to now: it is how a Cache tells a re-created tree (whose epochs
 	// start over) from the one that was dropped.
 	CreateTree(ctx context.Context, t *Tree, m *Map) error
+	// CreateColocated registers t in the colocation group of anchor, whose
+	// map it shares (group.go).
+	CreateColocated(ctx context.Context, t, anchor *Tree, epoch uint64) error
 	// UpdateTree replaces a registry entry (DDL log, shard count), not its
 	// map, and publishes a "tree" event; ErrNotFound if it is not registered.
 	UpdateTree(ctx context.Context, t *Tree) error
@@ -56,8 +60,9 @@ type Store interface {
 	// ErrConflict when another writer changed it, ErrNotFound if it is gone.
 	// DDL on a tree appends to t.DDL with it.
 	SwapTree(ctx context.Context, t, prev *Tree) error
-	// DeleteTree removes a tree and its map and publishes a "tree" event;
-	// ErrNotFound if it is not registered.
+	// DeleteTree removes a tree and publishes a "tree" event; ErrNotFound if
+	// it is not registered. Its map and coordination keys go with it, or,
+	// for a member of a colocation group, with the group's last member.
 	DeleteTree(ctx context.Context, tenant, name string) error
 	// SwapMap stores m only if the stored epoch equals expected; on success
 	// the stored (and m's) epoch is expected+1 and a "map" event is
