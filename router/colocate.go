@@ -117,7 +117,7 @@ type colocation struct {
 	levels []level
 	ctes   map[*pg.RangeVar]bool
 	using  []usingLink
-		// problem is what the analysis refuses outright (nil for nothing).
+	// problem is what the analysis refuses outright (nil for nothing).
 	problem *sqlstate.Error
 }
 

@@ -37,9 +37,9 @@ func (m treeMap) Reference(name string) bool { return name == "plans" || name ==
 
 func testTrees() treeMap {
 	return treeMap{
-		"accounts": {Name: "accounts", KeyColumn: "account_id", KeyType: shardmap.KeyInt, Columns: []string{"account_id", "plan_id", "name"}},
-		"invoices": {Name: "invoices", KeyColumn: "account_id", KeyType: shardmap.KeyInt, Columns: []string{"account_id", "invoice_id", "amount"}},
-		"payments": {Name: "payments", KeyColumn: "acct", KeyType: shardmap.KeyInt, Columns: []string{"acct", "invoice_id", "paid"}},
+		"accounts":  {Name: "accounts", KeyColumn: "account_id", KeyType: shardmap.KeyInt, Columns: []string{"account_id", "plan_id", "name"}},
+		"invoices":  {Name: "invoices", KeyColumn: "account_id", KeyType: shardmap.KeyInt, Columns: []string{"account_id", "invoice_id", "amount"}},
+		"payments":  {Name: "payments", KeyColumn: "acct", KeyType: shardmap.KeyInt, Columns: []string{"acct", "invoice_id", "paid"}},
 		"catalogue": {Name: "catalogue", KeyColumn: "sku", KeyType: shardmap.KeyText, Columns: []string{"sku", "name", "price", "qty"}},
 		"orders":    {Name: "orders", KeyColumn: "id", KeyType: shardmap.KeyInt, Columns: []string{"id", "customer", "total"}},
 		"MixedCase": {Name: "MixedCase", KeyColumn: "k", KeyType: shardmap.KeyUUID, Columns: []string{"k", "v"}},
