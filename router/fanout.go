@@ -138,7 +138,7 @@ func (p *planner) fanOut(r route, s *pg.SelectStmt) route {
 	case s.LimitOption == pg.LimitOption_LIMIT_OPTION_WITH_TIES:
 		return no(keyHint+", or use LIMIT without WITH TIES.", "FETCH FIRST ... WITH TIES over several shards is not supported")
 	}
-	f := &fanPlan{calls: functionNames(scan)}
+	f := &fanPlan{calls: findFunctionNames(scan, r.multi != nil)}
 	var msg string
 	if f.limit, msg = limitValue(s.LimitCount, "LIMIT"); msg != "" {
 		return no(keyHint+", or give LIMIT as an integer constant or a $n parameter.", "%s", msg)
@@ -335,11 +335,22 @@ func limitValue(n *pg.Node, what string) (*Value, string) {
 // functionNames lists the functions nodes call, lower-case and unqualified:
 // the proxy asks the catalog which are user-defined aggregates, which the
 // names alone cannot tell.
-func functionNames(nodes []*pg.Node) []string {
+func functionNames(nodes []*pg.Node) []string { return findFunctionNames(nodes, false) }
+
+// findFunctionNames is functionNames, outside subqueries only when top (a
+// correlated subquery of a multi-reference statement runs whole per outer
+// row: its aggregates need no merge).
+func findFunctionNames(nodes []*pg.Node, top bool) []string {
 	seen := map[string]bool{}
 	var out []string
 	var visit func(m protoreflect.Message)
 	visit = func(m protoreflect.Message) {
+		if v, ok := m.Interface().(*pg.SubLink); ok && top {
+			if v.Testexpr != nil {
+				visit(v.Testexpr.ProtoReflect())
+			}
+			return
+		}
 		if v, ok := m.Interface().(*pg.FuncCall); ok && len(v.Funcname) > 0 {
 			name := strings.ToLower(v.Funcname[len(v.Funcname)-1].GetString_().GetSval())
 			if !seen[name] {
@@ -405,7 +416,9 @@ func findAggregates(nodes []*pg.Node, top bool) (agg string, window bool) {
 		switch v := m.Interface().(type) {
 		case *pg.SubLink:
 			if top {
-				visit(v.Testexpr.ProtoReflect())
+				if v.Testexpr != nil {
+					visit(v.Testexpr.ProtoReflect())
+				}
 				return
 			}
 		case *pg.FuncCall:
