@@ -207,6 +207,15 @@ func (c *colocation) visit(m protoreflect.Message, lv int, kind levelKind, nulla
 	case *pg.RangeFunction:
 		if v.Alias != nil {
 			c.addName(lv, v.Alias.Aliasname, noName)
+		} else {
+			// Without an alias a function in FROM is named after itself.
+			for _, f := range v.Functions {
+				if items := f.GetList().GetItems(); len(items) > 0 {
+					if fc := items[0].GetFuncCall(); fc != nil && len(fc.Funcname) > 0 {
+						c.addName(lv, fc.Funcname[len(fc.Funcname)-1].GetString_().GetSval(), noName)
+					}
+				}
+			}
 		}
 		// A function in FROM is named after itself; its arguments may
 		// hold subqueries, which see the enclosing FROM only if LATERAL.
@@ -318,6 +327,12 @@ func (c *colocation) join(j *pg.JoinExpr, lv int, nullable bool) {
 	c.node(j.Rarg, lv, levelDerived, rn)
 	if j.Alias != nil {
 		c.addName(lv, j.Alias.Aliasname, noName)
+		if len(c.refs) > before {
+			// An aliased join hides its items' names from the rest of the
+			// statement, which the scopes here do not model.
+			c.fail(refused("Leave out the alias of the join, or name the trees' columns through their own aliases.",
+				"a tree inside an aliased JOIN (... JOIN ...) AS %s in a statement over several tree references is not supported", qn(j.Alias.Aliasname)))
+		}
 	}
 	if j.Quals != nil {
 		c.levels[lv].quals = append(c.levels[lv].quals, j.Quals)
