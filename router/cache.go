@@ -126,6 +126,22 @@ func (r *recordingTrees) Tree(name string) (*shardmap.Tree, bool) {
 	return r.trees.Tree(name)
 }
 
+// Group and Reference pass on what the trees know of colocation groups
+// and reference tables (colocate.go); both count as consulting the trees.
+func (r *recordingTrees) Group(t *shardmap.Tree) string {
+	*r.used = true
+	if g, ok := r.trees.(Groups); ok {
+		return g.Group(t)
+	}
+	return ""
+}
+
+func (r *recordingTrees) Reference(name string) bool {
+	*r.used = true
+	ref, ok := r.trees.(References)
+	return ok && ref.Reference(name)
+}
+
 // lru is a bounded, LRU-ish map from string to values kept per version.
 // Each of its shards keeps two generations; new keys go to the young one, a
 // hit in the old one moves the entry to the young one, and when the young

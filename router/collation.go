@@ -59,7 +59,7 @@ func collationProbe(r route, exprs []*pg.Node) string {
 	var qualify func(m protoreflect.Message)
 	qualify = func(m protoreflect.Message) {
 		if v, ok := m.Interface().(*pg.RangeVar); ok {
-			if v.Location == r.rv.Location && v.Relname == r.rv.Relname {
+			if r.refTree(v) != nil {
 				v.Schemaname, v.Catalogname = "public", ""
 			}
 			return

@@ -106,10 +106,20 @@ func (p *planner) fanOut(r route, s *pg.SelectStmt) route {
 		return no(keyHint+", or run the parts as separate statements.", "set operations over several shards are not supported yet")
 	}
 	scan := selectScan(s)
-	if aggregating(s, scan) {
+	if r.multi != nil {
+		agg, window := findAggregates(scan, true)
+		if agg != "" || len(s.GroupClause) > 0 || s.GroupDistinct || s.HavingClause != nil || len(s.DistinctClause) > 0 {
+			// The two-step aggregate reads one tree as its FROM; the
+			// other references would stay on the template.
+			return no(keyHint+", or aggregate in the application.", "aggregates, GROUP BY or DISTINCT over several tree references are not supported yet")
+		}
+		if window {
+			return no(keyHint+", or compute it in the application.", "window functions over several shards are not supported")
+		}
+	} else if aggregating(s, scan) {
 		return p.aggFanOut(r, s)
 	}
-	if agg, window := aggregates(scan); agg != "" {
+	if agg, window := aggregates(scan); r.multi == nil && agg != "" {
 		return no(keyHint+", or aggregate in the application.", "aggregates over several shards are not supported yet (%s)", agg)
 	} else if window {
 		return no(keyHint+", or compute it in the application.", "window functions over several shards are not supported")
@@ -128,7 +138,7 @@ func (p *planner) fanOut(r route, s *pg.SelectStmt) route {
 	case s.LimitOption == pg.LimitOption_LIMIT_OPTION_WITH_TIES:
 		return no(keyHint+", or use LIMIT without WITH TIES.", "FETCH FIRST ... WITH TIES over several shards is not supported")
 	}
-	f := &fanPlan{calls: functionNames(scan)}
+	f := &fanPlan{calls: findFunctionNames(scan, r.multi != nil)}
 	var msg string
 	if f.limit, msg = limitValue(s.LimitCount, "LIMIT"); msg != "" {
 		return no(keyHint+", or give LIMIT as an integer constant or a $n parameter.", "%s", msg)
@@ -325,11 +335,22 @@ func limitValue(n *pg.Node, what string) (*Value, string) {
 // functionNames lists the functions nodes call, lower-case and unqualified:
 // the proxy asks the catalog which are user-defined aggregates, which the
 // names alone cannot tell.
-func functionNames(nodes []*pg.Node) []string {
+func functionNames(nodes []*pg.Node) []string { return findFunctionNames(nodes, false) }
+
+// findFunctionNames is functionNames, outside subqueries only when top (a
+// correlated subquery of a multi-reference statement runs whole per outer
+// row: its aggregates need no merge).
+func findFunctionNames(nodes []*pg.Node, top bool) []string {
 	seen := map[string]bool{}
 	var out []string
 	var visit func(m protoreflect.Message)
 	visit = func(m protoreflect.Message) {
+		if v, ok := m.Interface().(*pg.SubLink); ok && top {
+			if v.Testexpr != nil {
+				visit(v.Testexpr.ProtoReflect())
+			}
+			return
+		}
 		if v, ok := m.Interface().(*pg.FuncCall); ok && len(v.Funcname) > 0 {
 			name := strings.ToLower(v.Funcname[len(v.Funcname)-1].GetString_().GetSval())
 			if !seen[name] {
@@ -380,12 +401,26 @@ func aggregateSyntax(m protoreflect.Message) string {
 // aggregates finds, anywhere in nodes (subqueries included), a call of an
 // aggregate (by name or by aggregate-only syntax) and any window function.
 func aggregates(nodes []*pg.Node) (agg string, window bool) {
+	return findAggregates(nodes, false)
+}
+
+// findAggregates is aggregates, outside subqueries only when top: a
+// correlated subquery of a multi-reference statement aggregates per outer
+// row, on the outer row's shard.
+func findAggregates(nodes []*pg.Node, top bool) (agg string, window bool) {
 	var visit func(m protoreflect.Message)
 	visit = func(m protoreflect.Message) {
 		if agg != "" {
 			return
 		}
 		switch v := m.Interface().(type) {
+		case *pg.SubLink:
+			if top {
+				if v.Testexpr != nil {
+					visit(v.Testexpr.ProtoReflect())
+				}
+				return
+			}
 		case *pg.FuncCall:
 			if v.Over != nil {
 				window = true
@@ -641,7 +676,14 @@ func figure(n *pg.Node) (string, int, bool) {
 func (p *planner) fanRenderer(r route, start, end int) (*fanRender, *sqlstate.Error) {
 	s, f, tree := r.sel, r.fan, r.tree
 	bad := fanError(tree.Name)
-	refs, err := p.refSpans(r)
+	var refs []span
+	var holes []refHole
+	var err *sqlstate.Error
+	if r.multi != nil {
+		refs, holes, err = p.multiSpans(r)
+	} else {
+		refs, err = p.refSpans(r)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -800,16 +842,20 @@ func (p *planner) fanRenderer(r route, start, end int) (*fanRender, *sqlstate.Er
 	for _, ins := range inserts {
 		var b strings.Builder
 		var spans []span
+		var branchHoles []refHole
 		rel, table := -1, -1
 		copyText := func(from, to int) {
 			at := b.Len()
-			for _, rf := range refs {
+			for k, rf := range refs {
 				if rf.start >= from && rf.end <= to {
 					if rf.start == int(r.rv.Location) {
 						rel = len(spans)
 						table = tableKeyword(toks, rf.start, from, to, at)
 					}
 					spans = append(spans, span{rf.start - from + at, rf.end - from + at})
+					if holes != nil {
+						branchHoles = append(branchHoles, holes[k])
+					}
 				}
 			}
 			b.WriteString(p.sql[from:to])
@@ -836,6 +882,12 @@ func (p *planner) fanRenderer(r route, start, end int) (*fanRender, *sqlstate.Er
 		// TABLE tree has no other reference before the tree's: the
 		// keyword's offset in b is its offset in texts[0].
 		rd.rel, rd.aliased, rd.table = rel, r.rv.Alias != nil, table
+		if holes != nil {
+			if len(branchHoles) != len(holes) {
+				continue
+			}
+			rd.multi, rd.base = branchHoles, tree
+		}
 		res, perr := pg.Parse(rd.render(verifySchema))
 		if perr != nil || len(res.Stmts) != 1 {
 			continue
@@ -888,8 +940,8 @@ func (p *planner) expectedBranch(r route, schema string) *pg.SelectStmt {
 	visit = func(m protoreflect.Message) {
 		switch v := m.Interface().(type) {
 		case *pg.RangeVar:
-			if v.Location == r.rv.Location && v.Relname == r.rv.Relname {
-				v.Schemaname, v.Catalogname, v.Relname = schema, "", r.tree.Name
+			if t := r.refTree(v); t != nil {
+				v.Schemaname, v.Catalogname, v.Relname = schema, "", t.Name
 			}
 			return
 		case *pg.ColumnRef:

@@ -33,12 +33,12 @@ func TestFanOutRefusals(t *testing.T) {
 		{`SELECT name FROM catalogue WINDOW w AS (ORDER BY price)`, "window functions"},
 		{`SELECT * FROM catalogue FOR UPDATE`, "FOR UPDATE/SHARE"},
 		{`SELECT * FROM catalogue c FOR SHARE OF c SKIP LOCKED`, "FOR UPDATE/SHARE"},
-		// Set operations and nesting (refused before fan-out is considered).
+		// Set operations and nesting: a part that is not correlated on the key.
 		{`SELECT sku FROM catalogue UNION ALL SELECT 'x'`, "inside a subquery, CTE or set operation"},
 		{`SELECT * FROM (SELECT * FROM catalogue) s`, "inside a subquery, CTE or set operation"},
 		{`WITH c AS (SELECT * FROM catalogue) SELECT * FROM c`, "inside a subquery, CTE or set operation"},
 		{`SELECT * FROM catalogue JOIN customers ON true`, "together with"},
-		{`SELECT * FROM catalogue a, catalogue b`, "more than once"},
+		{`SELECT * FROM catalogue a, catalogue b`, "not joined on equal shard keys"},
 		{`SELECT * INTO t FROM catalogue`, "SELECT INTO"},
 		// LIMIT, OFFSET, FETCH.
 		{`SELECT * FROM catalogue LIMIT 1 + 1`, "LIMIT over several shards must be an integer constant or a $n parameter"},

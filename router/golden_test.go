@@ -23,8 +23,23 @@ func (m treeMap) Tree(name string) (*shardmap.Tree, bool) {
 	return t, ok
 }
 
+// Group puts accounts, invoices and payments in one colocation group.
+func (m treeMap) Group(t *shardmap.Tree) string {
+	switch t.Name {
+	case "accounts", "invoices", "payments":
+		return "accounts"
+	}
+	return ""
+}
+
+// Reference makes plans and regions reference tables.
+func (m treeMap) Reference(name string) bool { return name == "plans" || name == "regions" }
+
 func testTrees() treeMap {
 	return treeMap{
+		"accounts":  {Name: "accounts", KeyColumn: "account_id", KeyType: shardmap.KeyInt, Columns: []string{"account_id", "plan_id", "name"}},
+		"invoices":  {Name: "invoices", KeyColumn: "account_id", KeyType: shardmap.KeyInt, Columns: []string{"account_id", "invoice_id", "amount"}},
+		"payments":  {Name: "payments", KeyColumn: "acct", KeyType: shardmap.KeyInt, Columns: []string{"acct", "invoice_id", "paid"}},
 		"catalogue": {Name: "catalogue", KeyColumn: "sku", KeyType: shardmap.KeyText, Columns: []string{"sku", "name", "price", "qty"}},
 		"orders":    {Name: "orders", KeyColumn: "id", KeyType: shardmap.KeyInt, Columns: []string{"id", "customer", "total"}},
 		"MixedCase": {Name: "MixedCase", KeyColumn: "k", KeyType: shardmap.KeyUUID, Columns: []string{"k", "v"}},

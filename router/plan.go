@@ -1,6 +1,7 @@
 package router
 
 import (
+	"fmt"
 	"slices"
 	"sort"
 	"strings"
@@ -181,6 +182,15 @@ func (p *planner) apply(pl *Plan, r route, start, end int) {
 		p.applyCopy(pl, r, start, end)
 	case Single, InsertSplit, WriteAll:
 		pl.Tree, pl.Key, pl.Rows = r.tree, r.key, r.rows
+		if r.multi != nil {
+			rd, err := p.multiRenderer(r, start, end)
+			if err != nil {
+				pl.Kind, pl.Tree, pl.Key, pl.Err = Refused, nil, Value{}, err
+				return
+			}
+			pl.render = rd
+			return
+		}
 		refs, err := p.refSpans(r)
 		var rd *renderer
 		if err == nil {
@@ -248,6 +258,26 @@ type route struct {
 	sel      *pg.SelectStmt // FanOut: the statement
 	fan      *fanPlan       // FanOut: sort keys, limit and offset
 	cp       *CopySpec      // Copy
+
+	// multi are the tree references of a statement that names trees more
+	// than once or inside subqueries (colocate.go); rv is the first.
+	multi []treeRef
+}
+
+// refTree is the tree of rv when rv is one of the route's tree references.
+func (r route) refTree(rv *pg.RangeVar) *shardmap.Tree {
+	if r.multi == nil {
+		if rv.Location == r.rv.Location && rv.Relname == r.rv.Relname {
+			return r.tree
+		}
+		return nil
+	}
+	for _, m := range r.multi {
+		if m.rv.Location == rv.Location && m.rv.Relname == rv.Relname {
+			return m.tree
+		}
+	}
+	return nil
 }
 
 func refusedRoute(e *sqlstate.Error) route { return route{kind: Refused, err: e} }
@@ -292,6 +322,7 @@ func (p *planner) route(n *pg.Node) route {
 	var treeRefs []relRef
 	var trees []*shardmap.Tree
 	var other *pg.RangeVar
+	var ordinary, refWrite *pg.RangeVar // a table that is not a reference table; a reference table written
 	for _, r := range w.rels {
 		if r.cte {
 			continue
@@ -300,6 +331,14 @@ func (p *planner) route(n *pg.Node) route {
 		if t == nil {
 			if other == nil {
 				other = r.rv
+			}
+			switch {
+			case !p.isReference(r.rv):
+				if ordinary == nil {
+					ordinary = r.rv
+				}
+			case r.target && refWrite == nil:
+				refWrite = r.rv
 			}
 			continue
 		}
@@ -358,24 +397,26 @@ func (p *planner) route(n *pg.Node) route {
 		return refusedRoute(refused("Create the table first, then fill it with INSERT ... VALUES.",
 			"SELECT INTO with tree %s is not supported", qn(tree.Name)))
 	}
-	for i, ref := range treeRefs {
-		if ref.nested {
-			return refusedRoute(refused("Put the tree in the top-level FROM with its shard key in WHERE, or run separate statements.",
-				"%s uses tree %s inside a subquery, CTE or set operation, which the proxy cannot route yet", name, qn(trees[i].Name)))
+	if refWrite != nil {
+		return refusedRoute(refused("Write the reference table in a statement of its own: its writes go to every node.",
+			"%s writes reference table %s together with tree %s", name, qn(refWrite.Relname), qn(tree.Name)))
+	}
+	multi := len(treeRefs) > 1
+	if ins, ok := root.(*pg.InsertStmt); ok {
+		if sel := ins.SelectStmt.GetSelectStmt(); sel != nil && len(sel.ValuesLists) == 0 {
+			multi = true // INSERT ... SELECT: where the rows go depends on the SELECT
 		}
 	}
-	if len(treeRefs) > 1 {
-		if trees[1].Name == tree.Name {
-			return refusedRoute(refused("Split it into statements that each read one tree once, with the shard key in WHERE (queries over several shards are not supported yet).",
-				"%s references tree %s more than once", name, qn(tree.Name)))
-		}
-		return refusedRoute(refused("Query each tree in its own statement, with its shard key in WHERE.",
-			"%s references trees %s and %s: a statement can touch only one tree", name, qn(tree.Name), qn(trees[1].Name)))
+	for _, ref := range treeRefs {
+		multi = multi || ref.nested
+	}
+	if multi {
+		return p.multiRoute(root, w, name, trees, ordinary)
 	}
 	ref := treeRefs[0]
-	if other != nil {
-		return refusedRoute(refused("Trees and ordinary tables live on different nodes: query them in separate statements.",
-			"%s uses tree %s together with %s", name, qn(tree.Name), relText(other)))
+	if ordinary != nil {
+		return refusedRoute(refused(fmt.Sprintf(referenceHint, ordinary.Relname),
+			"%s uses tree %s together with %s", name, qn(tree.Name), relText(ordinary)))
 	}
 
 	r := route{tree: tree, rv: ref.rv}

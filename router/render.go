@@ -28,6 +28,21 @@ type renderer struct {
 	// table is the offset in texts[0] of the TABLE keyword of a branch
 	// written TABLE tree, -1 otherwise: a filtered read needs SELECT.
 	table int
+	// multi is set for a statement over several tree references (of one
+	// tree, or of one colocation group): each reference's tree, and
+	// whether it is a FROM item (with its alias) rather than a
+	// public.tree.col qualifier. Every FROM item of a fan-out branch may
+	// read a shard through a filter.
+	multi []refHole
+	base  *shardmap.Tree // with multi: the tree whose key the sources' filters name
+}
+
+// refHole is one reference of a multi-reference statement.
+type refHole struct {
+	tree    *shardmap.Tree
+	qname   string
+	rel     bool
+	aliased bool
 }
 
 func (r *renderer) qualified(schema string) string {
@@ -35,6 +50,16 @@ func (r *renderer) qualified(schema string) string {
 }
 
 func (r *renderer) render(schema string) string {
+	if r.multi != nil {
+		var b strings.Builder
+		for i, t := range r.texts {
+			b.WriteString(t)
+			if i < len(r.multi) {
+				b.WriteString(quoteIdent(schema) + "." + r.multi[i].qname)
+			}
+		}
+		return b.String()
+	}
 	if len(r.texts) == 2 {
 		return r.texts[0] + quoteIdent(schema) + "." + r.qname + r.texts[1]
 	}

@@ -208,6 +208,9 @@ func describeResolution(t *testing.T, c resolveCase) string {
 	}
 	p := plans[0]
 	b.WriteString("plan: " + p.String() + "\n")
+	if p.Kind == Refused && p.Err.Hint != "" {
+		b.WriteString("hint: " + p.Err.Hint + "\n")
+	}
 	r, rerr := Resolve(resolveView(t, c.mapKind), p, c.bind)
 	if rerr != nil {
 		var e *sqlstate.Error

@@ -50,7 +50,8 @@ func TestRouting(t *testing.T) {
 			render: `WITH catalogue AS (SELECT 'a' AS sku) SELECT * FROM lattice_s0001.catalogue WHERE sku = 'a'`},
 		{sql: `WITH catalogue AS (SELECT 1) INSERT INTO catalogue (sku) VALUES ('a')`, kind: Single, key: `'a'`},
 		{sql: `SELECT * FROM (WITH orders AS (SELECT 1 AS id) SELECT * FROM orders) x`, kind: Catalog},
-		{sql: `WITH a AS (SELECT * FROM orders WHERE id = 1), orders AS (SELECT 1) SELECT * FROM a`, kind: Refused, errHas: "inside a subquery"},
+		{sql: `WITH a AS (SELECT * FROM orders WHERE id = 1), orders AS (SELECT 1) SELECT * FROM a`, kind: Single, key: `'1'`,
+			render: `WITH a AS (SELECT * FROM lattice_s0001.orders WHERE id = 1), orders AS (SELECT 1) SELECT * FROM a`},
 		{sql: `WITH RECURSIVE a AS (SELECT * FROM orders), orders AS (SELECT 1 AS id) SELECT * FROM a`, kind: Catalog},
 		{sql: `SELECT * FROM orders WHERE id = 1 AND EXISTS (WITH orders AS (SELECT 1) SELECT * FROM orders)`, kind: Single, key: `'1'`},
 		{sql: `WITH x AS (SELECT * FROM customers) SELECT * FROM orders WHERE id = 1`, kind: Refused, errHas: `together with table "customers"`},
@@ -121,7 +122,7 @@ func TestRouting(t *testing.T) {
 		{sql: `DELETE FROM catalogue * WHERE sku = 'x'`, kind: Single, key: `'x'`, render: `DELETE FROM lattice_s0001.catalogue * WHERE sku = 'x'`},
 		{sql: `SELECT * FROM catalogue TABLESAMPLE SYSTEM (10) WHERE sku = 'x'`, kind: Single, key: `'x'`},
 		{sql: `SELECT sku FROM catalogue WHERE sku = 'x'
-UNION ALL SELECT 'y'`, kind: Refused, errHas: "inside a subquery, CTE or set operation"},
+UNION ALL SELECT 'y'`, kind: Single, key: `'x'`},
 
 		// DDL.
 		{sql: `CREATE TABLE IF NOT EXISTS catalogue (sku text PRIMARY KEY)`, kind: Catalog},

@@ -23,6 +23,9 @@ func sourceFrom(src btreeindex.Source, qtree string) string {
 // references becomes that name; such references occur only without an
 // alias, as PostgreSQL requires.
 func (r *renderer) renderSource(src btreeindex.Source) string {
+	if r.multi != nil {
+		return r.renderSources(src)
+	}
 	if src.Filter == "" || r.rel < 0 {
 		return r.render(src.Schema)
 	}
@@ -90,3 +93,42 @@ func trimInheritance(text string, paren bool) string {
 }
 
 const spaces = " \t\r\n\f"
+
+// renderSources is renderSource for a statement over several tree
+// references: each FROM item reads the shard, through the filter of its
+// own tree's key when the shard is mixed (the trees of a group share one
+// map, so the slots are the same and only the key column differs).
+func (r *renderer) renderSources(src btreeindex.Source) string {
+	if src.Filter == "" {
+		return r.render(src.Schema)
+	}
+	base := r.base
+	var b strings.Builder
+	paren := false
+	for i, t := range r.texts {
+		if i > 0 && r.multi[i-1].rel {
+			t = trimInheritance(t, paren)
+		}
+		if i == len(r.multi) {
+			b.WriteString(t)
+			break
+		}
+		h := r.multi[i]
+		if !h.rel {
+			b.WriteString(t)
+			b.WriteString(h.qname)
+			continue
+		}
+		t, paren = trimOnly(t)
+		b.WriteString(t)
+		f := src.Filter
+		if h.tree.Name != base.Name {
+			f = strings.ReplaceAll(f, btreeindex.SlotExpr(base, ""), btreeindex.SlotExpr(h.tree, ""))
+		}
+		b.WriteString(sourceFrom(btreeindex.Source{Schema: src.Schema, Filter: f}, h.qname))
+		if !h.aliased {
+			b.WriteString(" AS " + h.qname)
+		}
+	}
+	return b.String()
+}
