@@ -34,6 +34,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/lattice-db/lattice/localnode"
+	"github.com/lattice-db/lattice/pgshard"
+	"github.com/lattice-db/lattice/sqlstate"
 )
 
 // numNodes is how many PostgreSQL nodes TestMain starts.
@@ -146,7 +148,21 @@ func removeStaleDirs() {
 func startServers(ctx context.Context) error {
 	var err error
 	harness.nodes, harness.redis, err = startCluster(ctx, harness.dir, numNodes)
-	return err
+	if err != nil {
+		return err
+	}
+	for _, n := range harness.nodes {
+		conn, err := pgx.Connect(ctx, n.DSN(localnode.DefaultDatabase))
+		if err != nil {
+			return err
+		}
+		err = provisionTenant(ctx, conn)
+		conn.Close(ctx)
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // startCluster starts n PostgreSQL nodes (n1, n2, ... under dir) and a
@@ -671,6 +687,28 @@ func resetNode(ctx context.Context, dsn string) error {
 	for _, d := range drops {
 		if err := run(d); err != nil {
 			return err
+		}
+	}
+	return provisionTenant(ctx, conn)
+}
+
+// provisionTenant makes the default tenant's role on a node, as an operator
+// who provisions roles would (README, "Security"), and grants it what the
+// tests create for it directly on the node as the harness superuser: the
+// proxy's clients reach the nodes as that role, not as the superuser.
+func provisionTenant(ctx context.Context, conn *pgx.Conn) error {
+	role := pgx.Identifier{pgshard.TenantRole(localnode.DefaultDatabase)}.Sanitize()
+	for _, sql := range []string{
+		`DO $$ BEGIN
+			IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = ` + quoteLiteral(pgshard.TenantRole(localnode.DefaultDatabase)) + `) THEN
+				CREATE ROLE ` + role + ` LOGIN;
+			END IF;
+		END $$`,
+		`ALTER DEFAULT PRIVILEGES IN SCHEMA public GRANT ALL ON TABLES TO ` + role,
+		`ALTER DEFAULT PRIVILEGES IN SCHEMA public GRANT ALL ON SEQUENCES TO ` + role,
+	} {
+		if _, err := conn.Exec(ctx, sql); err != nil && !sqlstate.Is(err, sqlstate.DuplicateObject) && !sqlstate.Is(err, sqlstate.UniqueViolation) {
+			return fmt.Errorf("%s: %w", sql, err)
 		}
 	}
 	return nil

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/lattice-db/lattice/localnode"
+	"github.com/lattice-db/lattice/pgshard"
 )
 
 var extraNodeSeq atomic.Int64
@@ -393,7 +394,8 @@ func TestNodesAdminAPIAndCLI(t *testing.T) {
 
 // TestNodePasswordFromPgpass: a node that wants a password is added with a
 // DSN that has none; the proxy given --pgpass logs in with the file's
-// password and serves shards there, a proxy without it is refused (28P01,
+// password, creates the tenant's role there with the file's password for
+// it, and serves shards there, a proxy without it is refused (28P01,
 // with a hint naming --pgpass) and lists the node as unreachable.
 func TestNodePasswordFromPgpass(t *testing.T) {
 	resetNodes(t)
@@ -416,7 +418,9 @@ func TestNodePasswordFromPgpass(t *testing.T) {
 	})
 
 	pgpass := filepath.Join(t.TempDir(), "pgpass")
-	line := fmt.Sprintf("127.0.0.1:%d:*:lattice:n4-secret\n", n4.Port)
+	// The control role's password, and the tenant role's, which Lattice
+	// gives the role it creates on n4.
+	line := fmt.Sprintf("127.0.0.1:%d:*:lattice:n4-secret\n127.0.0.1:%d:lattice:%s:tenant-secret\n", n4.Port, n4.Port, pgshard.TenantRole("lattice"))
 	if err := os.WriteFile(pgpass, []byte(line), 0o600); err != nil {
 		t.Fatal(err)
 	}

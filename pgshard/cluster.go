@@ -45,6 +45,10 @@ type Cluster struct {
 	passfile string // --pgpass: where node passwords come from, "" for libpq's default
 	log      *slog.Logger
 
+	verifier  func(password string) (string, error) // SetVerifier
+	roles     sync.Map                              // roleKey -> struct{}: EnsureRole succeeded
+	roleLocks sync.Map                              // roleKey -> *sync.Mutex
+
 	mu      sync.Mutex
 	admin   map[adminKey]*pgxpool.Pool
 	closed  bool

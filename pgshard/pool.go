@@ -25,6 +25,10 @@ type PoolConfig struct {
 	// themselves (LISTEN); they count against MaxConns too. 0 means half of
 	// MaxConns, so listeners cannot starve the pool.
 	MaxHeld int
+	// Prepare, when set, runs before a pool's first backend is opened, and
+	// again until it succeeds: it makes the tenant's role on the node
+	// (Cluster.EnsureRole).
+	Prepare func(ctx context.Context, node, tenant string) error
 }
 
 func (c *PoolConfig) withDefaults() PoolConfig {
@@ -88,6 +92,7 @@ type pool struct {
 	waits, errs atomic.Int64
 	waiting     atomic.Int64 // acquires blocked on a free slot now
 	held        atomic.Int64 // backends in use that a session holds for itself
+	prepared    atomic.Bool  // cfg.Prepare succeeded
 }
 
 func (p *Pools) get(node, tenant string) (*pool, error) {
@@ -231,6 +236,14 @@ func (pl *pool) acquire(ctx context.Context) (*Conn, error) {
 		pl.mu.Lock()
 	}
 	pl.mu.Unlock()
+	if pl.cfg.Prepare != nil && !pl.prepared.Load() {
+		if err := pl.cfg.Prepare(ctx, pl.key.node, pl.key.tenant); err != nil {
+			<-pl.slots
+			pl.errs.Add(1)
+			return nil, err
+		}
+		pl.prepared.Store(true)
+	}
 	c, err := connect(ctx, pl.key.node, pl.key.tenant, pl.dsn, pl.cfg.MaxMessageSize)
 	if err != nil {
 		<-pl.slots

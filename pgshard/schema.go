@@ -96,6 +96,9 @@ func (c *Cluster) CreateShard(ctx context.Context, t *shardmap.Tree, idx int, no
 	if err := c.EnsureTenant(ctx, node, t.Tenant); err != nil {
 		return err
 	}
+	if err := c.EnsureRole(ctx, node, t.Tenant); err != nil {
+		return err
+	}
 	p, err := c.Admin(ctx, node, t.Tenant)
 	if err != nil {
 		return err
@@ -121,6 +124,11 @@ func (c *Cluster) CreateShard(ctx context.Context, t *shardmap.Tree, idx int, no
 					return fmt.Errorf("replay %q: %w", stmt, err)
 				}
 			}
+		}
+		// The control role owns the shard; the tenant's role may read and
+		// write its rows, not alter it or its fence.
+		if err := grantShard(ctx, tx, t.Tenant, schema, ShardTable(t, idx)); err != nil {
+			return err
 		}
 		return upsertOwnership(ctx, tx, schema, t.Name, slots, ep)
 	})

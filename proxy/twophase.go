@@ -73,6 +73,35 @@ var decisionDDL = []string{
 		participants text[] NOT NULL,
 		created      timestamptz NOT NULL DEFAULT now()
 	)`,
+	// The tenant's role has no right on the table: the decision is inserted
+	// by this function, which runs as the control role and takes only a gid
+	// whose last part is the calling backend's pid, the backend that holds
+	// the decision (DESIGN section 15).
+	`CREATE OR REPLACE FUNCTION ` + decideFunction + `(gid text, participants text[]) RETURNS void
+	LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $decide$
+	BEGIN
+		IF gid !~ ('^lattice_[0-9a-f]+_[0-9]+_' || pg_backend_pid() || '$') THEN
+			RAISE EXCEPTION 'a commit decision is made only by the backend its gid names'
+				USING ERRCODE = '42501';
+		END IF;
+		INSERT INTO ` + decisionTable + ` (gid, state, participants) VALUES (gid, 'committed', participants);
+	END
+	$decide$`,
+	`REVOKE ALL ON ` + decisionTable + ` FROM PUBLIC`,
+	`REVOKE ALL ON FUNCTION ` + decideFunction + `(text, text[]) FROM PUBLIC`,
+}
+
+// decideFunction inserts a committed decision for the tenant's role.
+const decideFunction = "lattice_meta.decide_commit"
+
+// decisionGrants let tenant's role call decideFunction, and nothing else
+// in lattice_meta.
+func decisionGrants(tenant string) []string {
+	role := pgx.Identifier{pgshard.TenantRole(tenant)}.Sanitize()
+	return []string{
+		`GRANT USAGE ON SCHEMA lattice_meta TO ` + role,
+		`GRANT EXECUTE ON FUNCTION ` + decideFunction + `(text, text[]) TO ` + role,
+	}
 }
 
 // askWrote asks a participant whether its transaction wrote: a transaction
@@ -150,20 +179,29 @@ func (t *TwoPhase) ensureLog(ctx context.Context, database string) error {
 	if _, ok := t.ready.Load(database); ok {
 		return nil
 	}
+	if err := t.cfg.Cluster.EnsureRole(ctx, t.cfg.Cluster.Catalog().Name, database); err != nil {
+		return err
+	}
 	pool, err := t.logPool(ctx, database)
 	if err != nil {
 		return err
 	}
-	for _, ddl := range decisionDDL {
-		if _, err = pool.Exec(ctx, ddl); err != nil {
-			break
+	// One transaction under a lock: CREATE ... IF NOT EXISTS and CREATE OR
+	// REPLACE FUNCTION race with themselves across proxies, and a log
+	// without its function or grants would refuse every decision.
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('lattice_meta.commit_decisions'))`); err != nil {
+			return err
 		}
-	}
+		for _, ddl := range append(decisionDDL, decisionGrants(database)...) {
+			if _, err := tx.Exec(ctx, ddl); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
 	if err != nil {
-		var exists bool
-		if e := pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, decisionTable).Scan(&exists); e != nil || !exists {
-			return fmt.Errorf("create the decision log %s in database %s: %w", decisionTable, database, err)
-		}
+		return fmt.Errorf("create the decision log %s in database %s: %w", decisionTable, database, err)
 	}
 	t.tenants.Store(database, struct{}{})
 	t.ready.Store(database, struct{}{})
@@ -496,8 +534,7 @@ func (t *TwoPhase) decide(ctx context.Context, h participant, gid string, prepar
 	for i, p := range prepared {
 		nodes[i] = quoteIdentArray(p.node)
 	}
-	insert := `INSERT INTO ` + decisionTable + ` (gid, state, participants) VALUES (` +
-		quoteLiteral(gid) + `, 'committed', ` + quoteLiteral("{"+strings.Join(nodes, ",")+"}") + `)`
+	insert := `SELECT ` + decideFunction + `(` + quoteLiteral(gid) + `, ` + quoteLiteral("{"+strings.Join(nodes, ",")+"}") + `)`
 	if h.be != nil {
 		tags, errs := execEach(ctx, []*pgshard.Conn{h.be}, []string{decisionLocal + "; " + insert + "; COMMIT"})
 		switch {

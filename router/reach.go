@@ -121,20 +121,36 @@ func outsideStatement(n *pg.Node) *sqlstate.Error {
 		}
 	}
 	var bad string
+	var meta bool
 	var visit func(m protoreflect.Message)
 	visit = func(m protoreflect.Message) {
 		if bad != "" {
 			return
 		}
+		if rv, ok := m.Interface().(*pg.RangeVar); ok && strings.EqualFold(rv.Schemaname, "lattice_meta") {
+			bad, meta = rv.Relname, true
+			return
+		}
 		if f, ok := m.Interface().(*pg.FuncCall); ok && len(f.Funcname) > 0 {
-			if name := f.Funcname[len(f.Funcname)-1].GetString_().GetSval(); outsideFunction(name) {
+			name := f.Funcname[len(f.Funcname)-1].GetString_().GetSval()
+			if outsideFunction(name) {
 				bad = name
+				return
+			}
+			// lattice_meta holds the proxy's own records and functions: the
+			// commit decisions are made by the proxy alone.
+			if strings.EqualFold(name, "decide_commit") || len(f.Funcname) > 1 && strings.EqualFold(f.Funcname[len(f.Funcname)-2].GetString_().GetSval(), "lattice_meta") {
+				bad, meta = name, true
 				return
 			}
 		}
 		eachChild(m, visit)
 	}
 	visit(n.ProtoReflect())
+	if meta {
+		return denied("lattice_meta holds the proxy's own records (tree records, commit decisions): read the trees with lattice_trees() and commit with COMMIT.",
+			"permission denied for %s: lattice_meta is the proxy's", bad)
+	}
 	if bad != "" {
 		return denied("A tenant may not read the node's files, signal other backends or connect out from the node: an operator does that on the node itself.",
 			"permission denied for function %s", bad)

@@ -13,8 +13,10 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/jackc/pgpassfile"
 	"go.yaml.in/yaml/v3"
 
+	"github.com/lattice-db/lattice/pgshard"
 	"github.com/lattice-db/lattice/proxy"
 )
 
@@ -161,6 +163,12 @@ func TestComposeProxies(t *testing.T) {
 			}
 			if _, err := proxy.LoadUsers(local); err != nil {
 				t.Fatalf("users file: %v", err)
+			}
+			// Clients reach the nodes as the tenant's role, whose password
+			// the mounted pgpass file gives.
+			pf, err := pgpassfile.ReadPassfile(mounted(t, s.Volumes, cfg.PgPass))
+			if err != nil || pf.FindPassword("pg1", "5432", "lattice", pgshard.TenantRole("lattice")) == "" {
+				t.Errorf("pgpass %q has no password for role %s (%v)", cfg.PgPass, pgshard.TenantRole("lattice"), err)
 			}
 			// An admin endpoint beyond loopback needs a token, mounted too.
 			cfg.AdminTokenFile = mounted(t, s.Volumes, cfg.AdminTokenFile)

@@ -315,7 +315,10 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, ready func(pg
 		}
 	}()
 
-	pools := pgshard.NewPools(pgshard.PoolConfig{MaxConns: cfg.PoolSize, MaxHeld: cfg.MaxListeners}, cluster.TenantDSN)
+	// Clients reach the nodes as their tenant's role, made on first use
+	// through the control role of the node DSNs.
+	cluster.SetVerifier(proxy.NewVerifier)
+	pools := pgshard.NewPools(pgshard.PoolConfig{MaxConns: cfg.PoolSize, MaxHeld: cfg.MaxListeners, Prepare: cluster.EnsureRole}, cluster.ClientDSN)
 	defer pools.Close()
 	go reapIdle(ctx, pools)
 
