@@ -497,8 +497,10 @@ func (p *proxyProc) cleanup(t testing.TB) {
 		_ = p.cmd.Process.Signal(syscall.SIGTERM)
 		select {
 		case <-p.done:
-		case <-time.After(10 * time.Second):
-			t.Errorf("lattice serve did not exit within 10s of SIGTERM; killed")
+		// Generous: a loaded 2-core machine has taken over 10 s to close
+		// sessions and pools; a hung shutdown still fails.
+		case <-time.After(30 * time.Second):
+			t.Errorf("lattice serve did not exit within 30s of SIGTERM; killed")
 			_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
 			<-p.done
 		}
