@@ -7,9 +7,12 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/lattice-db/lattice/pgshard"
 )
 
 // TestJoinsEqualPostgres runs statements over several references to one
@@ -158,6 +161,80 @@ func TestJoinsEqualPostgres(t *testing.T) {
 					t.Fatalf("through the tree %s %v, on one table %s %v", gotHead, got, wantHead, want)
 				}
 			})
+		}
+	}
+}
+
+// TestJoinsMixedShard puts shard 0 of a tree in the state of a split
+// source before the release (it also holds a copy of every row of shard
+// 1, and is marked mixed): every tree reference of a join over several
+// shards reads it through its slot predicate, so the preserved side of a
+// RIGHT or FULL join, and each side of a self-join, sees each row once.
+func TestJoinsMixedShard(t *testing.T) {
+	resetNodes(t)
+	p := startProxy(t, 3)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c := connect(t, p.DSN("lattice"))
+	const rows = 400
+	mustExec(t, c, "CREATE TABLE mj (k text PRIMARY KEY, v int NOT NULL)")
+	mustExec(t, c, "INSERT INTO mj SELECT 'm' || g, g FROM generate_series(1, 400) g")
+	mustExec(t, c, "SELECT lattice_create_tree('mj', 'k', shard_count => 4)")
+	store := harnessStore(t)
+	tree, err := store.Tree(ctx, "lattice", "mj")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := store.Map(ctx, "lattice", "mj")
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodeIndex := func(name string) int { return int(name[1] - '1') }
+	srcConn := ctConnect(t, ctx, testNodeDSN(t, nodeIndex(m.Shards[0].Node)))
+	movedConn := ctConnect(t, ctx, testNodeDSN(t, nodeIndex(m.Shards[1].Node)))
+	var buf strings.Builder
+	if _, err := movedConn.PgConn().CopyTo(ctx, &buf, "COPY "+pgshard.ShardTable(tree, 1)+" TO STDOUT"); err != nil {
+		t.Fatal(err)
+	}
+	if tag, err := srcConn.PgConn().CopyFrom(ctx, strings.NewReader(buf.String()), "COPY "+pgshard.ShardTable(tree, 0)+" FROM STDIN"); err != nil || tag.RowsAffected() == 0 {
+		t.Fatalf("copying shard 1 into shard 0: %v, %v", tag, err)
+	}
+	next := m.Clone()
+	s0 := next.Shards[0]
+	s0.Mixed = true
+	next.Shards[0] = s0
+	if err := store.SwapMap(ctx, next, m.Epoch); err != nil {
+		t.Fatal(err)
+	}
+	waitAck(t, ctx, store, "mj", next.Epoch)
+
+	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeSimpleProtocol, pgx.QueryExecModeCacheStatement} {
+		for _, sql := range []string{
+			"SELECT a.k FROM mj a JOIN mj b ON a.k = b.k",
+			"SELECT b.k FROM mj a RIGHT JOIN mj b ON a.k = b.k AND a.v < 0",
+			"SELECT coalesce(a.k, b.k) FROM mj a FULL JOIN mj b ON a.k = b.k AND a.v = b.v + 1",
+			"SELECT a.k FROM mj a WHERE NOT EXISTS (SELECT 1 FROM mj b WHERE b.k = a.k AND b.v <> a.v)",
+		} {
+			got, err := queryStrings(t, c, sql, mode)
+			if err != nil {
+				t.Fatalf("%s: %v", sql, err)
+			}
+			seen := map[string]int{}
+			for _, k := range got {
+				seen[k]++
+			}
+			for k, n := range seen {
+				if n != 1 && !strings.Contains(sql, "FULL") || n > 2 {
+					t.Fatalf("%s (mode %v): key %s read %d times", sql, mode, k, n)
+				}
+			}
+			want := rows
+			if strings.Contains(sql, "FULL") {
+				want = 2 * rows // no row matches: each side's rows once, padded
+			}
+			if len(got) != want || len(seen) != rows {
+				t.Fatalf("%s (mode %v): %d rows of %d keys, want %d rows of %d keys", sql, mode, len(got), len(seen), want, rows)
+			}
 		}
 	}
 }
