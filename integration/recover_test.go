@@ -4,13 +4,17 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/lattice-db/lattice/pgshard"
 	"github.com/lattice-db/lattice/shardmap"
 )
 
@@ -32,11 +36,7 @@ func (fc *faultCluster) flushRedis(t *testing.T, ctx context.Context) {
 // its output.
 func (fc *faultCluster) recoverMap(t *testing.T, ctx context.Context) string {
 	t.Helper()
-	args := []string{"recover-map", "--redis", fc.redis.URL(), "--settle", "3s"}
-	for i, dsn := range fc.nodeDSNs() {
-		args = append(args, "--node", fmt.Sprintf("n%d=%s", i+1, dsn))
-	}
-	cmd := exec.CommandContext(ctx, latticeBinary(t), args...)
+	cmd := exec.CommandContext(ctx, latticeBinary(t), fc.recoverArgs()...)
 	var out, errOut bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errOut
 	if err := cmd.Run(); err != nil {
@@ -44,6 +44,26 @@ func (fc *faultCluster) recoverMap(t *testing.T, ctx context.Context) string {
 	}
 	t.Logf("lattice recover-map:\n%s", out.String())
 	return out.String()
+}
+
+// recoverMapErr is recoverMap for a run that may fail: it returns the
+// output, and the error's text with it.
+func (fc *faultCluster) recoverMapErr(t *testing.T, ctx context.Context) string {
+	t.Helper()
+	out, err := exec.CommandContext(ctx, latticeBinary(t), fc.recoverArgs()...).CombinedOutput()
+	if err != nil {
+		return fmt.Sprintf("%s\n(exit: %v)", out, err)
+	}
+	return string(out)
+}
+
+// recoverArgs are the arguments of `lattice recover-map` over the cluster.
+func (fc *faultCluster) recoverArgs() []string {
+	args := []string{"recover-map", "--redis", fc.redis.URL(), "--settle", "3s"}
+	for i, dsn := range fc.nodeDSNs() {
+		args = append(args, "--node", fmt.Sprintf("n%d=%s", i+1, dsn))
+	}
+	return args
 }
 
 // waitRefused waits until a read of tree through pool is refused with
@@ -335,4 +355,143 @@ func TestRecoverMapFencedMigration(t *testing.T) {
 			checkResharded(t, ctx, fc, proxyPool(t, ctx, b), "rec_f", 5, initial, newInsertLedger())
 		})
 	}
+}
+
+// TestRecoverMapMove: the coordinator's proxy dies in a move of shard 0 to
+// the other node, before its fence (at the drain: rolled back, the shard
+// stays on its node) and after its flip (finished: the shard is on the new
+// node), Redis loses its data, and `lattice recover-map` resolves the move
+// from the nodes. The shard's table is then on exactly one node, the
+// move's target table or the source table is gone with its schema's
+// record, and every row is served once.
+func TestRecoverMapMove(t *testing.T) {
+	for _, tc := range []struct {
+		point, outcome string
+		moved          bool
+	}{{"drain", "rolled back migrations", false}, {"flip", "finished migrations", true}} {
+		t.Run(tc.point, func(t *testing.T) {
+			fc := startFaultCluster(t, 2)
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+			defer cancel()
+			a := fc.proxy(t, []string{"LATTICE_TEST_CRASH_AT=" + tc.point}, "--reshard-tick", "200ms")
+			pool := proxyPool(t, ctx, a)
+			initial := createFaultTreeIn(t, ctx, pool, "rec_m", 2000, 4)
+			_, m, err := fc.shardMap(ctx, "rec_m")
+			if err != nil {
+				t.Fatal(err)
+			}
+			from := m.Shards[0].Node
+			to := map[string]string{"n1": "n2", "n2": "n1"}[from]
+			if _, err := pool.Exec(ctx, "SELECT lattice_move_shard('rec_m', 0, $1)", to); err != nil {
+				t.Fatal(err)
+			}
+			if !a.WaitExit(60 * time.Second) {
+				t.Fatalf("the coordinator's proxy did not reach crash point %s", tc.point)
+			}
+			if err := a.crashedAt(tc.point); err != nil {
+				t.Fatal(err)
+			}
+			fc.flushRedis(t, ctx)
+			out := fc.recoverMap(t, ctx)
+			if !strings.Contains(out, "lattice/rec_m: rebuilt at epoch") || !strings.Contains(out, tc.outcome) {
+				t.Fatalf("recover-map did not report %s:\n%s", tc.outcome, out)
+			}
+			_, m, err = fc.shardMap(ctx, "rec_m")
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := map[bool]string{false: from, true: to}[tc.moved]
+			if m.Shards[0].Node != want {
+				t.Errorf("shard 0 is on %s after recovery, want %s", m.Shards[0].Node, want)
+			}
+			for i := range fc.nodes {
+				node := fmt.Sprintf("n%d", i+1)
+				conn, err := pgx.Connect(ctx, fc.nodeDSN(i))
+				if err != nil {
+					t.Fatal(err)
+				}
+				var has bool
+				err = conn.QueryRow(ctx, "SELECT to_regclass('lattice_s0000.rec_m') IS NOT NULL").Scan(&has)
+				conn.Close(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if has != (node == want) {
+					t.Errorf("node %s has shard 0's table: %v, want it only on %s", node, has, want)
+				}
+			}
+			b := fc.proxy(t, nil)
+			checkResharded(t, ctx, fc, proxyPool(t, ctx, b), "rec_m", 4, initial, newInsertLedger())
+		})
+	}
+}
+
+// TestRecoverMapVerifyFailed: a split fails its verification (a row
+// changed on the target mid-drain, past replication), Redis loses its data
+// while the migration is held in verify_failed, and `lattice recover-map`
+// runs. The source's copy of the differing row is the only good one: the
+// recovery refuses the tenant, naming the migration (nothing is written to
+// Redis, so the tenant stays refused with LT002), rather than release the
+// migration and make the corrupted copy the row.
+func TestRecoverMapVerifyFailed(t *testing.T) {
+	fc := startFaultCluster(t, 2)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	hold := filepath.Join(t.TempDir(), "hold")
+	if err := os.WriteFile(hold, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	a := fc.proxy(t, []string{"LATTICE_TEST_HOLD_AT=drain:" + hold}, "--reshard-tick", "200ms")
+	pool := proxyPool(t, ctx, a)
+	initial := createFaultTreeIn(t, ctx, pool, "rec_v", 2000, 2)
+	if _, err := pool.Exec(ctx, "SELECT lattice_reshard('rec_v', 3)"); err != nil {
+		t.Fatal(err)
+	}
+	pollUntil(t, time.Minute, "the split to reach its drain", func() (bool, error) {
+		_, err := os.Stat(hold + ".reached")
+		return err == nil, nil
+	})
+	tr, _, err := fc.shardMap(ctx, "rec_v")
+	if err != nil {
+		t.Fatal(err)
+	}
+	migs, err := fc.store.Migrations(ctx, "lattice", "rec_v")
+	if err != nil || len(migs) != 1 {
+		t.Fatalf("migrations %v, %v", migs, err)
+	}
+	mig := migs[0]
+	target, err := pgx.Connect(ctx, fc.nodeDSN(nodeIndex(mig.TargetNode)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer target.Close(ctx)
+	var key string
+	table := pgshard.ShardTable(tr, mig.Target)
+	if _, err := target.Exec(ctx, "SET session_replication_role = replica"); err != nil {
+		t.Fatal(err)
+	}
+	if err := target.QueryRow(ctx, fmt.Sprintf("UPDATE %s SET v = -1 WHERE k = (SELECT min(k) FROM %s) RETURNING k", table, table)).Scan(&key); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(hold); err != nil {
+		t.Fatal(err)
+	}
+	pollUntil(t, time.Minute, "the split to fail its verification", func() (bool, error) {
+		migs, err := fc.store.Migrations(ctx, "lattice", "rec_v")
+		return len(migs) == 1 && migs[0].Phase == shardmap.PhaseVerifyFailed, err
+	})
+	fc.flushRedis(t, ctx)
+	out := fc.recoverMapErr(t, ctx)
+	b := fc.proxy(t, nil)
+	var v int64
+	err = proxyPool(t, ctx, b).QueryRow(ctx, "SELECT v FROM rec_v WHERE k = $1", key).Scan(&v)
+	switch {
+	case err == nil && v != initial[key]:
+		t.Fatalf("after recovery %s reads v = %d, the target's corrupted copy; the source had %d: the recovery released a move that failed its verification", key, v, initial[key])
+	case sqlState(err) != "LT002":
+		t.Fatalf("after recovery %s reads %d, %v; want the tenant refused with LT002", key, v, err)
+	case !strings.Contains(out, "migration "+mig.ID+" of tree rec_v failed its verification"):
+		t.Fatalf("recover-map did not name the migration that failed its verification:\n%s", out)
+	}
+	t.Logf("recover-map refused:\n%s", out)
 }

@@ -392,6 +392,20 @@ func (f *fakeNodes) DiffNow(ctx context.Context, t *shardmap.Tree, mig *shardmap
 	return out, nil
 }
 
+func (f *fakeNodes) MarkVerifyFailed(ctx context.Context, t *shardmap.Tree, node string, idx int, migration string, slots [][2]int) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.call("mark verify_failed %d", idx)
+	return nil
+}
+
+func (f *fakeNodes) ClearVerifyFailed(ctx context.Context, t *shardmap.Tree, node string, idx int, migration string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.call("clear verify_failed %d", idx)
+	return nil
+}
+
 func (f *fakeNodes) RepairRows(ctx context.Context, t *shardmap.Tree, mig *shardmap.Migration, diffs []shardmap.RowDiff) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()

@@ -115,6 +115,11 @@ func (rc *recovery) tenant(ctx context.Context, tenant string) ([]RecoveredTree,
 	if err != nil {
 		return out, err
 	}
+	// Before any tree is written: a tenant with some trees in Redis would
+	// serve a missing one as its empty template.
+	if err := rc.refuseVerifyFailed(ctx, tenant, todo, st); err != nil {
+		return out, err
+	}
 	for _, nt := range todo {
 		rt, err := rc.tree(ctx, nt, st)
 		if err != nil {
@@ -176,12 +181,19 @@ func (rc *recovery) tree(ctx context.Context, nt pgshard.NodeTree, st *tenantSta
 	t := nt.Tree
 	rt := RecoveredTree{Tenant: t.Tenant, Tree: t.Name}
 	shards := map[int]*recShard{}
+	var seconds []secondRecord // a move's second record of its index (recover_move.go)
 	maxIdx, maxEpoch := -1, uint64(0)
 	for _, o := range st.owners[t.Name] {
+		s := &recShard{node: o.Node, slots: o.Slots, epoch: o.Epoch}
 		if prev, dup := shards[o.Shard]; dup {
-			return rt, fmt.Errorf("shard %d has ownership records on nodes %s and %s", o.Shard, prev.node, o.Node)
+			if slices.ContainsFunc(seconds, func(sr secondRecord) bool { return sr.idx == o.Shard }) {
+				return rt, fmt.Errorf("shard %d has ownership records on nodes %s, %s and more", o.Shard, prev.node, o.Node)
+			}
+			seconds = append(seconds, secondRecord{o.Shard, s})
+			maxEpoch = max(maxEpoch, o.Epoch)
+			continue
 		}
-		shards[o.Shard] = &recShard{node: o.Node, slots: o.Slots, epoch: o.Epoch}
+		shards[o.Shard] = s
 		maxIdx, maxEpoch = max(maxIdx, o.Shard), max(maxEpoch, o.Epoch)
 	}
 	if len(shards) == 0 {
@@ -211,8 +223,8 @@ func (rc *recovery) tree(ctx context.Context, nt pgshard.NodeTree, st *tenantSta
 	// written.
 	targets := map[int]bool{}
 	for _, mv := range st.moving {
-		if mv.Tree != t.Name {
-			continue
+		if mv.Tree != t.Name || mv.Kind == string(shardmap.Move) {
+			continue // a move is resolved with its index's second record
 		}
 		if err := rc.finish(ctx, t, mv, shards, st, epoch); err != nil {
 			return rt, fmt.Errorf("finish migration %s: %w", mv.Migration, err)
@@ -226,6 +238,15 @@ func (rc *recovery) tree(ctx context.Context, nt pgshard.NodeTree, st *tenantSta
 			return rt, fmt.Errorf("roll back migration %s: %w", id, err)
 		}
 		rt.RolledBack = append(rt.RolledBack, id)
+	}
+	for _, sr := range seconds {
+		id, err := rc.resolveMove(ctx, t, sr, shards, st, epoch)
+		if err != nil {
+			return rt, err
+		}
+		if id != "" {
+			rt.Finished = append(rt.Finished, id)
+		}
 	}
 	// A shard that owns nothing now is a split target that never got its
 	// slots, or a fold donor whose release stopped short: nothing routes
@@ -403,8 +424,8 @@ func (rc *recovery) rollBack(ctx context.Context, t *shardmap.Tree, id string, s
 	}
 	for _, p := range progress {
 		s, ok := shards[p.Shard]
-		if !ok || len(s.slots) == 0 {
-			continue // a split target: dropped with the shards that own nothing
+		if !ok || len(s.slots) == 0 || s.node != p.Node {
+			continue // a split target, or a move's: dropped as owning nothing
 		}
 		// A fold survivor: only its own slots' rows stay.
 		if stray := pgshard.ComplementSlots(s.slots, t.SlotCount); len(stray) > 0 {

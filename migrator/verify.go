@@ -22,6 +22,11 @@ type VerifyNodes interface {
 	DiffNow(ctx context.Context, t *shardmap.Tree, mig *shardmap.Migration, slots []int, ignore []shardmap.RowDiff, timeout time.Duration) ([]shardmap.RowDiff, error)
 	// RepairRows makes the target's row of each key the source's.
 	RepairRows(ctx context.Context, t *shardmap.Tree, mig *shardmap.Migration, diffs []shardmap.RowDiff) error
+	// MarkVerifyFailed records on the source's node that the migration
+	// failed its verification in slots, for `lattice recover-map` should
+	// Redis lose the phase; ClearVerifyFailed removes the record.
+	MarkVerifyFailed(ctx context.Context, t *shardmap.Tree, node string, idx int, migration string, slots [][2]int) error
+	ClearVerifyFailed(ctx context.Context, t *shardmap.Tree, node string, idx int, migration string) error
 }
 
 // Snapshots are a move's exported snapshots, one a side.
@@ -128,6 +133,12 @@ func (r *Runner) verifyMove(ctx context.Context, t *shardmap.Tree, mig *shardmap
 // sends its event.
 func (r *Runner) failVerify(ctx context.Context, mig *shardmap.Migration, v *shardmap.Verification, why string, log *slog.Logger) error {
 	mig.Verify, mig.LastError = v, why
+	// On the source's node first: a recovery after Redis lost its data
+	// must not release the move (migrator/recover.go).
+	t := &shardmap.Tree{Tenant: mig.Tenant, Name: mig.Tree}
+	if err := r.cluster.MarkVerifyFailed(ctx, t, mig.SourceNode, mig.Source, mig.ID, slotRanges(diffSlots(v))); err != nil {
+		return err
+	}
 	if err := r.setPhase(ctx, mig, shardmap.PhaseVerifyFailed); err != nil {
 		return err
 	}
@@ -243,6 +254,9 @@ func (r *Runner) Repair(ctx context.Context, mig *shardmap.Migration) (string, e
 	v.At = time.Now().UTC()
 	mig.LastError = ""
 	r.metrics.Verifications.WithLabelValues(mig.Tree, mig.Tenant, VerifyRepaired).Inc()
+	if err := r.cluster.ClearVerifyFailed(ctx, t, mig.SourceNode, mig.Source, mig.ID); err != nil {
+		return "", err
+	}
 	if err := r.setPhase(ctx, mig, shardmap.PhaseRelease); err != nil {
 		return "", err
 	}
