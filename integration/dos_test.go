@@ -2,8 +2,8 @@ package integration
 
 import (
 	"context"
-	"errors"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math/rand"
 	"net"
