@@ -354,6 +354,13 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, ready func(pg
 	if err != nil {
 		return err
 	}
+	if users != nil {
+		secret, err := store.DeploymentSecret(ctx, "scram-mock-salt")
+		if err != nil {
+			return err
+		}
+		users.SetMockSecret(secret)
+	}
 	presence := pgshard.NewPresence(cluster, pgshard.PresenceName(deployment, proxyID), log)
 	reg.ServeThroughLapses(presence)
 	bgCtx, stopBackground := context.WithCancel(ctx)
