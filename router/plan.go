@@ -152,6 +152,7 @@ func (p *planner) plan(n *pg.Node, start, end int) *Plan {
 			*pl = Plan{Kind: Refused, SQL: pl.SQL, Err: err}
 		}
 	}
+	applyReach(pl, n)
 	return pl
 }
 

@@ -119,6 +119,7 @@ type serveConfig struct {
 	AdminTokenFile, AdminAllowedHosts         string
 	AdminTLSCert, AdminTLSKey                 string
 	PgPass                                    string
+	AllowExtensions                           string
 	TLSCert, TLSKey                           string
 	TLSRequired                               bool
 	Nodes                                     nodeFlags
@@ -150,6 +151,7 @@ func (c *serveConfig) flags(fs *flag.FlagSet) {
 	fs.Var(&c.Nodes, "node", "a PostgreSQL node as NAME=DSN, repeatable; the first is the catalog node. Seeds the node registry in Redis only when it is empty; after that the registry (lattice_add_node, lattice_remove_node) is the node set. A password in the DSN stays in this process and never goes to Redis, but argv is readable in /proc: keep passwords out of it (--pgpass, --nodes-file or $LATTICE_NODE)")
 	fs.StringVar(&c.NodesFile, "nodes-file", "", "file of NAME=DSN lines, one node a line, read after the --node flags")
 	fs.StringVar(&c.PgPass, "pgpass", "", "pgpass file (PostgreSQL's format, host:port:database:user:password) with the passwords of the nodes, whose registered DSNs carry none; without it PGPASSWORD, PGPASSFILE and ~/.pgpass apply")
+	fs.StringVar(&c.AllowExtensions, "allow-extensions", strings.Join(router.DefaultExtensions, ","), "comma-separated extensions a client may CREATE EXTENSION; any other is refused with SQLSTATE 42501 (the default is PostgreSQL 15's trusted extensions, none of which reads files or connects out)")
 	fs.StringVar(&c.UsersFile, "users-file", "", "SCRAM-SHA-256 users file; without it every user is trusted, which is allowed only on a loopback listener")
 	fs.StringVar(&c.TLSCert, "tls-cert", "", "PEM certificate (chain) offered to clients that ask for TLS; without it SSLRequest is declined")
 	fs.StringVar(&c.TLSKey, "tls-key", "", "PEM private key of --tls-cert")
@@ -195,6 +197,19 @@ func idleTimeout(d time.Duration) time.Duration {
 		return -1
 	}
 	return d
+}
+
+// planner is the proxy's statement planner, with the extensions clients
+// may create.
+func planner(cfg serveConfig) *router.Planner {
+	var allow []string
+	for _, e := range strings.Split(cfg.AllowExtensions, ",") {
+		if e = strings.TrimSpace(e); e != "" {
+			allow = append(allow, e)
+		}
+	}
+	router.AllowExtensions(allow)
+	return router.NewPlanner(10000)
 }
 
 // crashHookEnv names the test-only hook that makes the proxy kill itself at
@@ -413,7 +428,7 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, ready func(pg
 		Registration: reg,
 		Metrics:      proxy.NewMetrics(adm.Registry),
 		Log:          log,
-	}, cache, router.NewPlanner(10000), pools, fns)
+	}, cache, planner(cfg), pools, fns)
 
 	registerProxyMetrics(adm, srv, pools, reg)
 	adm.Ready = func(ctx context.Context) error {
