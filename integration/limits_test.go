@@ -78,11 +78,11 @@ func TestMaxClients(t *testing.T) {
 }
 
 // TestStartupTimeout: a TCP connection that sends nothing (or stops in the
-// middle of its startup) is closed after --startup-timeout, does not count
-// against --max-clients, and other sessions keep working meanwhile.
+// middle of its startup) is closed after --startup-timeout, counts against
+// --max-clients only until then, and other sessions keep working meanwhile.
 func TestStartupTimeout(t *testing.T) {
 	resetNodes(t)
-	p := startProxy(t, 2, "--startup-timeout", "1s", "--max-clients", "1")
+	p := startProxy(t, 2, "--startup-timeout", "1s", "--max-clients", "2")
 	tests := []struct {
 		name string
 		send []byte

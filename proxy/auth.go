@@ -28,15 +28,6 @@ const (
 	scramNonceLen = 18
 )
 
-// mockSaltKey makes the salt shown for a user that does not exist: stable
-// per name, like a real one, so repeated attempts do not reveal which names
-// exist. PostgreSQL does the same in scram_mock_salt.
-var mockSaltKey = func() []byte {
-	k := make([]byte, 32)
-	rand.Read(k)
-	return k
-}()
-
 // scramAuth authenticates user over b with SCRAM-SHA-256 against users, and
 // sends AuthenticationSASLFinal on success. An unknown user goes through the
 // same exchange with a mock verifier and fails with the same error as a
@@ -47,13 +38,7 @@ func scramAuth(b *pgproto3.Backend, users *Users, user string) error {
 	if known {
 		x.verifier = u.verifier
 	} else {
-		x.verifier = scramVerifier{
-			iterations: scramIterations,
-			salt:       hmacSHA256(mockSaltKey, user)[:scramSaltLen],
-			// Keys no proof hashes to.
-			storedKey: make([]byte, sha256.Size),
-			serverKey: make([]byte, sha256.Size),
-		}
+		x.verifier = users.mockVerifier(user)
 	}
 
 	b.Send(&pgproto3.AuthenticationSASL{AuthMechanisms: []string{scramMechanism}})

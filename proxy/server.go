@@ -43,6 +43,10 @@ type Config struct {
 	// MaxMergeMemory bounds the rows one fan-out statement holds in the
 	// proxy; 0 means DefaultMaxMergeMemory.
 	MaxMergeMemory int64
+	// IdleInTransactionTimeout ends a session idle in a transaction for
+	// longer (25P03); 0 means DefaultIdleInTransactionTimeout, negative
+	// none.
+	IdleInTransactionTimeout time.Duration
 	// MaxPreparedStatements and MaxPortals bound a session's named
 	// protocol statements and portals; 0 means DefaultMaxPreparedStatements
 	// and DefaultMaxPortals.
@@ -116,6 +120,9 @@ func NewServer(cfg Config, cache *shardmap.Cache, planner *router.Planner, pools
 	}
 	if cfg.Metrics == nil {
 		cfg.Metrics = NewMetrics(nil)
+	}
+	if cfg.IdleInTransactionTimeout == 0 {
+		cfg.IdleInTransactionTimeout = DefaultIdleInTransactionTimeout
 	}
 	if cfg.MaxPreparedStatements <= 0 {
 		cfg.MaxPreparedStatements = DefaultMaxPreparedStatements
@@ -326,7 +333,15 @@ func (sess *session) loop(ctx context.Context) {
 		if ready {
 			sess.enterIdle()
 		}
+		idleTx := sess.idleDeadline(ready)
 		msg, err := sess.client.Receive()
+		if idleTx {
+			if err != nil && idleTimedOut(err) {
+				sess.endIdleTransaction()
+				return
+			}
+			_ = sess.conn.SetReadDeadline(time.Time{})
+		}
 		if lerr := sess.leaveIdle(); lerr != nil {
 			return
 		}

@@ -628,3 +628,31 @@ func (c *bytesConn) Write(p []byte) (int, error)      { return len(p), nil }
 func (c *bytesConn) SetDeadline(time.Time) error      { return nil }
 func (c *bytesConn) SetReadDeadline(time.Time) error  { return nil }
 func (c *bytesConn) SetWriteDeadline(time.Time) error { return nil }
+
+// TestSCRAMMockSaltShared: two proxies of a deployment (two Users with its
+// secret) show one salt for an unknown user, and the iteration count of the
+// real users, so neither tells which names exist.
+func TestSCRAMMockSaltShared(t *testing.T) {
+	v, err := deriveVerifier("pw", []byte("0123456789abcdef"), 8192)
+	if err != nil {
+		t.Fatal(err)
+	}
+	file := "carol " + v.String() + " *\ndave " + v.String() + " *\n"
+	proxyA, _ := parseUsers("users", strings.NewReader(file))
+	proxyB, _ := parseUsers("users", strings.NewReader(file))
+	other, _ := parseUsers("users", strings.NewReader(file))
+	secret := []byte("a deployment's secret, 32 bytes.")
+	proxyA.SetMockSecret(secret)
+	proxyB.SetMockSecret(secret)
+	other.SetMockSecret([]byte("another deployment's secret 32b."))
+	a, b := proxyA.mockVerifier("ghost"), proxyB.mockVerifier("ghost")
+	if !bytes.Equal(a.salt, b.salt) {
+		t.Errorf("two proxies of one deployment show salts %x and %x for one unknown user", a.salt, b.salt)
+	}
+	if c := other.mockVerifier("ghost"); bytes.Equal(a.salt, c.salt) {
+		t.Error("another deployment shows the same salt")
+	}
+	if a.iterations != 8192 {
+		t.Errorf("unknown user's iterations %d, want the real users' 8192", a.iterations)
+	}
+}

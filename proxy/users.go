@@ -49,7 +49,8 @@ import (
 //	app     SCRAM-SHA-256$4096:c2FsdA==$r1Jx...=:VvBg...=       shop,shop_staging
 //	admin   SCRAM-SHA-256$4096:bW9yZQ==$Mk9z...=:q8Zt...=       *
 type Users struct {
-	byName map[string]*User
+	byName  map[string]*User
+	mockKey []byte // SetMockSecret; nil: a key of this process
 }
 
 // User is one entry of a users file.

@@ -198,6 +198,7 @@ var _ Coordination = (*RedisStore)(nil)
 //	                      statements, scored by lease expiry (unix ms)
 //	P:proxies             sorted set: proxy id scored by lease expiry (unix ms)
 //	P:cluster-id          string: the deployment's id (ClusterID)
+//	P:secret:<name>       string: a secret of the deployment, hex (DeploymentSecret)
 //	P:reshard-index       hash: "tenant/tree" -> "<op id> <unix ms>" of the
 //	                      tree's last StartReshard, so a coordinator finds
 //	                      every running reshard without scanning keys

@@ -83,6 +83,9 @@ const (
 	NoActiveSQLTransaction = "25P01"
 	// InFailedSQLTransaction: a statement in a transaction already aborted.
 	InFailedSQLTransaction = "25P02"
+	// IdleInTransactionTimeout: a session idle in a transaction past the
+	// proxy's --idle-in-transaction-timeout.
+	IdleInTransactionTimeout = "25P03"
 	// InvalidSQLStatementName: a Bind, Describe or DEALLOCATE of a prepared
 	// statement the session does not have.
 	InvalidSQLStatementName = "26000"

@@ -58,7 +58,7 @@ func demoCmd(ctx context.Context, args []string) error {
 		nodes = append(nodes, pgshard.Node{Name: name, DSN: pg.DSN("lattice")})
 		log.Info("node up", "name", name, "dsn", pg.DSN("lattice"))
 	}
-	cfg := serveConfig{Listen: *listen, Admin: *adminAddr, Nodes: nodes, MaxClients: 1000, PoolSize: 32, StartupTimeout: 10 * time.Second, Coordinator: true}
+	cfg := serveConfig{Listen: *listen, Admin: *adminAddr, Nodes: nodes, MaxClients: 1000, PoolSize: 32, StartupTimeout: 10 * time.Second, Coordinator: true, IdleInTransactionTimeout: 5 * time.Minute}
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()

@@ -128,6 +128,7 @@ type serveConfig struct {
 	MaxStartups, MaxStartupsPerHost           int
 	MaxPreparedStatements, MaxPortals         int
 	MaxMessageMemory                          byteSize
+	IdleInTransactionTimeout                  time.Duration
 	StartupTimeout, StatementTimeout          time.Duration
 	MaxMergeMemory                            byteSize
 	TxRecoverEvery, TxAbortAfter              time.Duration
@@ -163,6 +164,7 @@ func (c *serveConfig) flags(fs *flag.FlagSet) {
 	fs.IntVar(&c.MaxListeners, "max-listeners", 0, "most sessions per tenant that hold a catalog-node backend for LISTEN, counted within --pool-size; 0 means half of --pool-size")
 	fs.IntVar(&c.MaxPinned, "max-pinned", 0, "most sessions at once that keep a catalog-node backend for session state the proxy cannot replay (temp tables, session advisory locks, PREPARE, WITH HOLD cursors, set_config(..., false)), counted within --pool-size; more are refused with SQLSTATE 53300 (default: half of --pool-size, so pinned sessions never take every catalog-node backend)")
 	fs.DurationVar(&c.StartupTimeout, "startup-timeout", 10*time.Second, "a client must finish startup and authentication within this")
+	fs.DurationVar(&c.IdleInTransactionTimeout, "idle-in-transaction-timeout", proxy.DefaultIdleInTransactionTimeout, "end a session that waits inside a transaction for longer than this (SQLSTATE 25P03), rolling back and returning its backends; no client setting lifts it; 0 turns it off")
 	fs.DurationVar(&c.StatementTimeout, "statement-timeout", 0, "statement_timeout of sessions that set none at startup; a client's SET overrides it; 0 leaves the nodes' own")
 	c.MaxMergeMemory = proxy.DefaultMaxMergeMemory
 	fs.Var(&c.MaxMergeMemory, "max-merge-memory", "most row data one statement over several shards holds in the proxy while merging (bytes, or with kB, MB, GB); more fails with SQLSTATE 53200")
@@ -186,6 +188,15 @@ func (c *serveConfig) flags(fs *flag.FlagSet) {
 	})
 	fs.DurationVar(&c.Migration.VerifyTimeout, "verify-timeout", time.Minute, "statement_timeout of each statement of a move's verification")
 	fs.DurationVar(&c.ProxyLease, "proxy-lease", shardmap.DefaultLeaseTTL, "a proxy that cannot renew its registration in Redis for this long serves on from its cached maps only while it holds its sessions on every node (reshards wait for it), and otherwise refuses until it has re-read the maps")
+}
+
+// idleTimeout maps --idle-in-transaction-timeout 0 (off) to the proxy's
+// "none".
+func idleTimeout(d time.Duration) time.Duration {
+	if d == 0 {
+		return -1
+	}
+	return d
 }
 
 // planner is the proxy's statement planner, with the extensions clients
@@ -361,6 +372,13 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, ready func(pg
 	if err != nil {
 		return err
 	}
+	if users != nil {
+		secret, err := store.DeploymentSecret(ctx, "scram-mock-salt")
+		if err != nil {
+			return err
+		}
+		users.SetMockSecret(secret)
+	}
 	presence := pgshard.NewPresence(cluster, pgshard.PresenceName(deployment, proxyID), log)
 	reg.ServeThroughLapses(presence)
 	bgCtx, stopBackground := context.WithCancel(ctx)
@@ -393,18 +411,19 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, ready func(pg
 	srv := proxy.NewServer(proxy.Config{
 		Startup: proxy.StartupConfig{Users: users, StartupTimeout: cfg.StartupTimeout,
 			TLS: tlsConfig, TLSRequired: cfg.TLSRequired},
-		MaxClients:            cfg.MaxClients,
-		MaxStartups:           cfg.MaxStartups,
-		MaxStartupsPerHost:    cfg.MaxStartupsPerHost,
-		MaxPreparedStatements: cfg.MaxPreparedStatements,
-		MaxPortals:            cfg.MaxPortals,
-		MaxMessageMemory:      int64(cfg.MaxMessageMemory),
-		MaxPinned:             maxPinned(cfg.MaxPinned, cfg.PoolSize),
-		StatementTimeout:      cfg.StatementTimeout,
-		MaxMergeMemory:        int64(cfg.MaxMergeMemory),
-		CatalogNode:           cluster.Catalog().Name,
-		Aggregates:            cluster.Aggregates,
-		TwoPhase:              twoPhase,
+		MaxClients:               cfg.MaxClients,
+		MaxStartups:              cfg.MaxStartups,
+		MaxStartupsPerHost:       cfg.MaxStartupsPerHost,
+		MaxPreparedStatements:    cfg.MaxPreparedStatements,
+		MaxPortals:               cfg.MaxPortals,
+		MaxMessageMemory:         int64(cfg.MaxMessageMemory),
+		IdleInTransactionTimeout: idleTimeout(cfg.IdleInTransactionTimeout),
+		MaxPinned:                maxPinned(cfg.MaxPinned, cfg.PoolSize),
+		StatementTimeout:         cfg.StatementTimeout,
+		MaxMergeMemory:           int64(cfg.MaxMergeMemory),
+		CatalogNode:              cluster.Catalog().Name,
+		Aggregates:               cluster.Aggregates,
+		TwoPhase:                 twoPhase,
 		TreeDDL: func(ctx context.Context, d pgshard.TreeDDL) error {
 			return cluster.RunTreeDDL(ctx, store, d, twoPhase.CommitTxs)
 		},
