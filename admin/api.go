@@ -97,13 +97,15 @@ type Status struct {
 
 // TreeSummary is one tree.
 type TreeSummary struct {
-	Tenant  string         `json:"tenant"`
-	Name    string         `json:"name"`
-	Key     string         `json:"key"`
-	KeyType string         `json:"key_type"`
-	Shards  int            `json:"shards"` // distinct shards that own slots
-	Slots   int            `json:"slots"`
-	Epoch   uint64         `json:"epoch"`
+	Tenant  string `json:"tenant"`
+	Name    string `json:"name"`
+	Key     string `json:"key"`
+	KeyType string `json:"key_type"`
+	Shards  int    `json:"shards"` // distinct shards that own slots
+	Slots   int    `json:"slots"`
+	Epoch   uint64 `json:"epoch"`
+	// Group is the tree's colocation group, "" (left out) for a tree alone.
+	Group   string         `json:"group,omitempty"`
 	Reshard *ReshardStatus `json:"reshard"` // null when none runs
 	// ShardList is set by GET /api/trees/{tree} only.
 	ShardList []ShardInfo `json:"shard_list,omitempty"`
@@ -287,7 +289,7 @@ func (a *API) tenants(r *http.Request, running []ReshardStatus) []string {
 
 func (a *API) summary(t *shardmap.Tree, m *shardmap.Map, rs *ReshardStatus) TreeSummary {
 	return TreeSummary{Tenant: t.Tenant, Name: t.Name, Key: t.KeyColumn, KeyType: string(t.KeyType),
-		Shards: m.DistinctShards(), Slots: len(m.Slots), Epoch: m.Epoch, Reshard: rs}
+		Shards: m.DistinctShards(), Slots: len(m.Slots), Epoch: m.Epoch, Group: t.Group, Reshard: rs}
 }
 
 // summaries lists the trees of the request's tenants.
@@ -307,7 +309,7 @@ func (a *API) summaries(ctx context.Context, r *http.Request) ([]TreeSummary, er
 			return nil, err
 		}
 		for _, t := range trees {
-			m, err := a.Catalog.Map(ctx, tenant, t.Name)
+			m, err := a.Catalog.Map(ctx, tenant, t.MapName())
 			if errors.Is(err, shardmap.ErrNotFound) {
 				continue // dropped since the list was read
 			}
@@ -349,7 +351,7 @@ func (a *API) load(ctx context.Context, r *http.Request) (*shardmap.Tree, *shard
 	t, err := a.Catalog.Tree(ctx, tenant, name)
 	if err == nil {
 		var m *shardmap.Map
-		if m, err = a.Catalog.Map(ctx, tenant, name); err == nil {
+		if m, err = a.Catalog.Map(ctx, tenant, t.MapName()); err == nil {
 			return t, m, nil
 		}
 	}

@@ -151,7 +151,7 @@ func (fc *faultCluster) shardMap(ctx context.Context, tree string) (*shardmap.Tr
 	if err != nil {
 		return nil, nil, err
 	}
-	m, err := fc.store.Map(ctx, "lattice", tree)
+	m, err := fc.store.Map(ctx, "lattice", tr.MapName())
 	return tr, m, err
 }
 

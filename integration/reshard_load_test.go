@@ -277,7 +277,8 @@ func verifyLedgerOn(t *testing.T, ctx context.Context, proxy *pgxpool.Pool, dsns
 		var s shardRow
 		var schema, ranges string
 		var estimate *int64
-		if err := rows.Scan(&s.idx, &s.node, &schema, &ranges, &s.slotsOwned, &s.state, &estimate); err != nil {
+		var group *string
+		if err := rows.Scan(&s.idx, &s.node, &schema, &ranges, &s.slotsOwned, &s.state, &estimate, &group); err != nil {
 			t.Fatal(err)
 		}
 		all = append(all, s)

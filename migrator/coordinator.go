@@ -391,7 +391,7 @@ func (c *Coordinator) storedMigration(ctx context.Context, mig *shardmap.Migrati
 // complete re-pins the registry's shard count, clears the intent, counts
 // the completion and gives the lease up.
 func (c *Coordinator) complete(ctx context.Context, t *shardmap.Tree, r *shardmap.Reshard) error {
-	m, err := c.store.Map(ctx, t.Tenant, t.Name)
+	m, err := c.store.Map(ctx, t.Tenant, t.MapName())
 	if err != nil {
 		return err
 	}
@@ -428,6 +428,9 @@ func (c *Coordinator) Reshard(ctx context.Context, tenant, tree string, n int) (
 		return "", sqlstate.New(sqlstate.UndefinedTable, "tree %q does not exist", tree)
 	}
 	if err != nil {
+		return "", err
+	}
+	if err := groupRefusal(t, "reshard "+tree); err != nil {
 		return "", err
 	}
 	cur, err := c.store.Reshard(ctx, tenant, tree)

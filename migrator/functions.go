@@ -51,6 +51,7 @@ var signatures = map[string][]pgproto3.FieldDescription{
 	"lattice_trees": {
 		field("tree", pgtype.TextOID), field("key_column", pgtype.TextOID), field("key_type", pgtype.TextOID),
 		field("shard_count", pgtype.Int4OID), field("slot_count", pgtype.Int4OID), field("epoch", pgtype.Int8OID),
+		field("colocation_group", pgtype.TextOID),
 	},
 	"lattice_reshard":          {field("lattice_reshard", pgtype.TextOID)},
 	"lattice_reshard_complete": {field("lattice_reshard_complete", pgtype.BoolOID)},
@@ -63,7 +64,7 @@ var signatures = map[string][]pgproto3.FieldDescription{
 	"lattice_shards": {
 		field("shard", pgtype.Int4OID), field("node", pgtype.TextOID), field("schema", pgtype.TextOID),
 		field("slot_ranges", pgtype.TextOID), field("slot_count", pgtype.Int4OID), field("state", pgtype.TextOID),
-		field("rows_estimate", pgtype.Int8OID),
+		field("rows_estimate", pgtype.Int8OID), field("colocation_group", pgtype.TextOID),
 	},
 }
 
@@ -80,7 +81,7 @@ func (f *Functions) Describe(name string) ([]pgproto3.FieldDescription, error) {
 
 // argNames are the arguments of the functions that take any, in order.
 var argNames = map[string][]string{
-	"lattice_create_tree":      {"tree", "key_column", "shard_count", "slot_count"},
+	"lattice_create_tree":      {"tree", "key_column", "shard_count", "slot_count", "colocate_with"},
 	"lattice_shards":           {"tree"},
 	"lattice_reshard":          {"tree", "shard_count"},
 	"lattice_reshard_complete": {"tree"},
@@ -223,15 +224,19 @@ func (f *Functions) createTree(ctx context.Context, tenant string, a map[string]
 	if err != nil {
 		return nil, err
 	}
-	shards, err := optionalInt(a, "shard_count", 64)
+	// 0 for a count not given: pgshard takes the default, or the group's.
+	shards, err := optionalInt(a, "shard_count", 0)
 	if err != nil {
 		return nil, err
 	}
-	slots, err := optionalInt(a, "slot_count", shardmap.DefaultSlotCount)
+	slots, err := optionalInt(a, "slot_count", 0)
 	if err != nil {
 		return nil, err
 	}
 	spec := pgshard.TreeSpec{Tenant: tenant, Table: foldName(table), KeyColumn: foldName(key), ShardCount: shards, SlotCount: slots}
+	if v := a["colocate_with"]; v != nil {
+		spec.ColocateWith = foldName(*v)
+	}
 	t, m, err := f.cluster.CreateTree(ctx, f.store, spec)
 	if err != nil {
 		return nil, err
@@ -246,6 +251,9 @@ func (f *Functions) createTree(ctx context.Context, tenant string, a map[string]
 		nodes[sh.Node] = true
 	}
 	msg := fmt.Sprintf("tree %s: %d shards on %d nodes, key %s (%s), %d slots", t.Name, len(m.Shards), len(nodes), t.KeyColumn, t.KeyType, len(m.Slots))
+	if t.Group != "" {
+		msg += ", colocation group " + t.Group
+	}
 	return [][]any{{msg}}, nil
 }
 
@@ -256,11 +264,11 @@ func (f *Functions) trees(ctx context.Context, tenant string) ([][]any, error) {
 	}
 	rows := make([][]any, 0, len(trees))
 	for _, t := range trees {
-		m, err := f.store.Map(ctx, tenant, t.Name)
+		m, err := f.store.Map(ctx, tenant, t.MapName())
 		if err != nil {
 			return nil, err
 		}
-		rows = append(rows, []any{t.Name, t.KeyColumn, string(t.KeyType), int32(m.DistinctShards()), int32(len(m.Slots)), int64(m.Epoch)})
+		rows = append(rows, []any{t.Name, t.KeyColumn, string(t.KeyType), int32(m.DistinctShards()), int32(len(m.Slots)), int64(m.Epoch), groupValue(t)})
 	}
 	return rows, nil
 }
@@ -278,7 +286,7 @@ func (f *Functions) shards(ctx context.Context, tenant string, a map[string]*str
 	if err != nil {
 		return nil, err
 	}
-	m, err := f.store.Map(ctx, tenant, name)
+	m, err := f.store.Map(ctx, tenant, t.MapName())
 	if err != nil {
 		return nil, err
 	}
@@ -296,7 +304,7 @@ func (f *Functions) shards(ctx context.Context, tenant string, a map[string]*str
 	for _, i := range idx {
 		sh := m.Shards[i]
 		rows = append(rows, []any{int32(i), sh.Node, shardmap.SchemaName(i), formatRanges(m.SlotRanges(i)),
-			int32(slotCounts[i]), string(sh.State), counts[i]})
+			int32(slotCounts[i]), string(sh.State), counts[i], groupValue(t)})
 	}
 	return rows, nil
 }
@@ -370,18 +378,23 @@ type ReshardStatus struct {
 // ReshardStatus reports a tree (named exactly) whose reshard may or may not
 // run; 42P01 if the tree does not exist.
 func (f *Functions) ReshardStatus(ctx context.Context, tenant, tree string) (*ReshardStatus, error) {
-	if _, err := f.store.Tree(ctx, tenant, tree); errors.Is(err, shardmap.ErrNotFound) {
+	t, err := f.store.Tree(ctx, tenant, tree)
+	if errors.Is(err, shardmap.ErrNotFound) {
 		return nil, sqlstate.New(sqlstate.UndefinedTable, "tree %q does not exist", tree)
 	} else if err != nil {
 		return nil, err
 	}
-	r, err := f.store.Reshard(ctx, tenant, tree)
+	r, err := f.store.Reshard(ctx, tenant, t.MapName())
 	if errors.Is(err, shardmap.ErrNotFound) || err == nil && r.Kind != shardmap.IntentReshard {
 		r = nil
 	} else if err != nil {
 		return nil, err
 	}
-	return f.statusOf(ctx, tenant, tree, r)
+	st, err := f.statusOf(ctx, tenant, t.MapName(), r)
+	if st != nil {
+		st.Tree = tree
+	}
+	return st, err
 }
 
 // Reshards reports every running reshard of every tenant.
@@ -462,4 +475,12 @@ func abs(x int) int {
 		return -x
 	}
 	return x
+}
+
+// groupValue is t's colocation group as a column value: NULL for a tree alone.
+func groupValue(t *shardmap.Tree) any {
+	if t.Group == "" {
+		return nil
+	}
+	return t.Group
 }

@@ -133,11 +133,11 @@ func (f *Functions) VerifyTree(ctx context.Context, tenant, tree string, repair 
 	if err != nil {
 		return nil, err
 	}
-	m, err := f.store.Map(ctx, tenant, tree)
+	m, err := f.store.Map(ctx, tenant, t.MapName())
 	if err != nil {
 		return nil, err
 	}
-	migs, err := f.store.Migrations(ctx, tenant, tree)
+	migs, err := f.store.Migrations(ctx, tenant, t.MapName())
 	if err != nil {
 		return nil, err
 	}

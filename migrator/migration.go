@@ -178,7 +178,7 @@ func (r *Runner) StartSplit(ctx context.Context, t *shardmap.Tree, source int) (
 
 // StartFold records a fold of every slot of donor into survivor.
 func (r *Runner) StartFold(ctx context.Context, t *shardmap.Tree, donor, survivor int) (*shardmap.Migration, error) {
-	m, err := r.store.Map(ctx, t.Tenant, t.Name)
+	m, err := r.store.Map(ctx, t.Tenant, t.MapName())
 	if err != nil {
 		return nil, err
 	}
@@ -376,7 +376,7 @@ func (r *Runner) prepare(ctx context.Context, t *shardmap.Tree, mig *shardmap.Mi
 		return r.prepareMove(ctx, t, mig)
 	}
 	if mig.Kind == shardmap.Split {
-		m, err := r.store.Map(ctx, t.Tenant, t.Name)
+		m, err := r.store.Map(ctx, t.Tenant, t.MapName())
 		if err != nil {
 			return err
 		}
@@ -740,7 +740,7 @@ func removeRanges(frozen, rm [][2]int) [][2]int {
 // the stream, slot, publication and fence go, and the moved rows are deleted
 // from a split source in batches, or the donor table of a fold is dropped.
 func (r *Runner) release(ctx context.Context, t *shardmap.Tree, mig *shardmap.Migration) error {
-	m, err := r.store.Map(ctx, t.Tenant, t.Name)
+	m, err := r.store.Map(ctx, t.Tenant, t.MapName())
 	if err != nil {
 		return err
 	}

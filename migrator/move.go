@@ -70,7 +70,7 @@ func (r *Runner) checkMove(t *shardmap.Tree, m *shardmap.Map, idx int, node stri
 // StartMove records a move of shard idx of t to node and returns the
 // record; Run carries it out. Nothing changes when it returns an error.
 func (r *Runner) StartMove(ctx context.Context, t *shardmap.Tree, idx int, node string) (*shardmap.Migration, error) {
-	m, err := r.store.Map(ctx, t.Tenant, t.Name)
+	m, err := r.store.Map(ctx, t.Tenant, t.MapName())
 	if err != nil {
 		return nil, err
 	}
@@ -97,7 +97,7 @@ func (r *Runner) StartMove(ctx context.Context, t *shardmap.Tree, idx int, node 
 // prepareMove creates the target table on the target node (replaying the
 // tree's DDL log), owning no slot.
 func (r *Runner) prepareMove(ctx context.Context, t *shardmap.Tree, mig *shardmap.Migration) error {
-	m, err := r.store.Map(ctx, t.Tenant, t.Name)
+	m, err := r.store.Map(ctx, t.Tenant, t.MapName())
 	if err != nil {
 		return err
 	}

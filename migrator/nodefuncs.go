@@ -165,7 +165,7 @@ func (f *Functions) placement(ctx context.Context, tenants []string) (shards, sl
 			return nil, nil, err
 		}
 		for _, t := range trees {
-			m, err := f.store.Map(ctx, tenant, t.Name)
+			m, err := f.store.Map(ctx, tenant, t.MapName())
 			if errors.Is(err, shardmap.ErrNotFound) {
 				continue // dropped meanwhile
 			}

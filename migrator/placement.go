@@ -11,7 +11,7 @@ import (
 // the fewest bytes of the tree (fewestBytes), read from the nodes once, so
 // the returned function can run inside a map update.
 func (r *Runner) placement(ctx context.Context, t *shardmap.Tree) (func(m *shardmap.Map) string, error) {
-	m, err := r.store.Map(ctx, t.Tenant, t.Name)
+	m, err := r.store.Map(ctx, t.Tenant, t.MapName())
 	if err != nil {
 		return nil, err
 	}

@@ -181,6 +181,9 @@ func (f *Functions) moveShard(ctx context.Context, tenant string, a map[string]*
 	if err != nil {
 		return "", err
 	}
+	if err := groupRefusal(t, "move a shard of "+t.Name); err != nil {
+		return "", err
+	}
 	s, err := required(a, "shard")
 	if err != nil {
 		return "", err
@@ -193,7 +196,7 @@ func (f *Functions) moveShard(ctx context.Context, tenant string, a map[string]*
 	if err != nil {
 		return "", err
 	}
-	m, err := f.store.Map(ctx, tenant, t.Name)
+	m, err := f.store.Map(ctx, tenant, t.MapName())
 	if err != nil {
 		return "", err
 	}
@@ -230,6 +233,9 @@ func (f *Functions) rebalance(ctx context.Context, tenant string, a map[string]*
 	if err != nil {
 		return "", err
 	}
+	if err := groupRefusal(t, "rebalance "+t.Name); err != nil {
+		return "", err
+	}
 	by := ByBytes
 	if v := a["by"]; v != nil {
 		by = strings.ToLower(strings.TrimSpace(*v))
@@ -241,7 +247,7 @@ func (f *Functions) rebalance(ctx context.Context, tenant string, a map[string]*
 	}
 	r := newIntent(t, shardmap.IntentRebalance)
 	r.By = by
-	m, err := f.store.Map(ctx, tenant, t.Name)
+	m, err := f.store.Map(ctx, tenant, t.MapName())
 	if err != nil {
 		return "", err
 	}
@@ -312,7 +318,7 @@ func (f *Functions) drainNode(ctx context.Context, tenant string, a map[string]*
 	var todo []*shardmap.Tree
 	shards := 0
 	for _, t := range trees {
-		m, err := f.store.Map(ctx, t.Tenant, t.Name)
+		m, err := f.store.Map(ctx, t.Tenant, t.MapName())
 		if err != nil {
 			return "", err
 		}
@@ -331,6 +337,9 @@ func (f *Functions) drainNode(ctx context.Context, tenant string, a map[string]*
 			todo = append(todo, t)
 		}
 		shards += n
+	}
+	if err := groupsOf(todo); err != nil {
+		return "", err
 	}
 	if err := f.store.MarkDraining(ctx, node); err != nil {
 		return "", err
@@ -421,7 +430,7 @@ func (f *Functions) drainComplete(ctx context.Context, tenant string, a map[stri
 		if err != nil && !errors.Is(err, shardmap.ErrNotFound) {
 			return false, err
 		}
-		m, err := f.store.Map(ctx, t.Tenant, t.Name)
+		m, err := f.store.Map(ctx, t.Tenant, t.MapName())
 		if err != nil {
 			return false, err
 		}
@@ -446,7 +455,7 @@ func (f *Functions) rebalanceStatus(ctx context.Context, tenant string, a map[st
 	if err != nil {
 		return nil, err
 	}
-	m, err := f.store.Map(ctx, tenant, t.Name)
+	m, err := f.store.Map(ctx, tenant, t.MapName())
 	if err != nil {
 		return nil, err
 	}

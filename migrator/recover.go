@@ -120,14 +120,108 @@ func (rc *recovery) tenant(ctx context.Context, tenant string) ([]RecoveredTree,
 	if err := rc.refuseVerifyFailed(ctx, tenant, todo, st); err != nil {
 		return out, err
 	}
+	// A colocation group's members are rebuilt together: one map, one epoch.
+	groups := map[string][]pgshard.NodeTree{}
+	var order []string
 	for _, nt := range todo {
-		rt, err := rc.tree(ctx, nt, st)
-		if err != nil {
-			return out, fmt.Errorf("tree %s: %w", nt.Tree.Name, err)
+		g := nt.Tree.MapName()
+		if groups[g] == nil {
+			order = append(order, g)
 		}
-		out = append(out, rt)
+		groups[g] = append(groups[g], nt)
+	}
+	for _, g := range order {
+		if nts := groups[g]; len(nts) == 1 && nts[0].Tree.Group == "" {
+			rt, err := rc.tree(ctx, nts[0], st)
+			if err != nil {
+				return out, fmt.Errorf("tree %s: %w", nts[0].Tree.Name, err)
+			}
+			out = append(out, rt)
+			continue
+		}
+		rts, err := rc.group(ctx, tenant, g, groups[g], st)
+		out = append(out, rts...)
+		if err != nil {
+			return out, fmt.Errorf("colocation group %s: %w", g, err)
+		}
 	}
 	return out, nil
+}
+
+// group rebuilds the members of colocation group g that Redis lost. Their
+// ownership records must give one map; it is stored at an epoch above every
+// member's records and ceiling, or, when Redis kept a member, the members
+// join the map Redis kept, which must be the same.
+func (rc *recovery) group(ctx context.Context, tenant, g string, nts []pgshard.NodeTree, st *tenantState) ([]RecoveredTree, error) {
+	rts := make([]RecoveredTree, len(nts))
+	ms := make([]*shardmap.Map, len(nts))
+	var epoch uint64
+	high := 0
+	for i, nt := range nts {
+		rt, m, err := rc.rebuild(ctx, nt, st)
+		if err != nil {
+			return nil, fmt.Errorf("tree %s: %w", nt.Tree.Name, err)
+		}
+		if i > 0 && !sameLayout(ms[0], m) {
+			return nil, fmt.Errorf("trees %s and %s record different shards for the same slots", nts[0].Tree.Name, nt.Tree.Name)
+		}
+		rts[i], ms[i] = rt, m
+		epoch, high = max(epoch, m.Epoch), max(high, m.HighWater)
+	}
+	anchor, err := rc.keptMember(ctx, tenant, g)
+	if err != nil {
+		return nil, err
+	}
+	if anchor != nil {
+		kept, err := rc.store.Map(ctx, tenant, g)
+		if err != nil {
+			return nil, err
+		}
+		if !sameLayout(kept, ms[0]) {
+			return nil, fmt.Errorf("the map Redis kept for member %s differs from what the nodes record for %s", anchor.Name, nts[0].Tree.Name)
+		}
+		epoch, high = kept.Epoch, kept.HighWater
+	}
+	for i, nt := range nts {
+		m := ms[i]
+		m.Tree, m.Epoch, m.HighWater = g, epoch, high
+		nt.Tree.Group = g
+		if rts[i], err = rc.register(ctx, nt.Tree, m, rts[i], anchor); err != nil {
+			return rts[:i], fmt.Errorf("tree %s: %w", nt.Tree.Name, err)
+		}
+		if anchor == nil {
+			anchor = nt.Tree // as stored: the next members join it
+		}
+	}
+	return rts, nil
+}
+
+// keptMember is a member of group g that Redis still has, nil if none.
+func (rc *recovery) keptMember(ctx context.Context, tenant, g string) (*shardmap.Tree, error) {
+	trees, err := rc.store.Trees(ctx, tenant)
+	if err != nil {
+		return nil, err
+	}
+	for _, t := range trees {
+		if t.MapName() == g {
+			return t, nil
+		}
+	}
+	return nil, nil
+}
+
+// sameLayout reports whether a and b give every slot the same shard on
+// the same node.
+func sameLayout(a, b *shardmap.Map) bool {
+	if !slices.Equal(a.Slots, b.Slots) {
+		return false
+	}
+	for _, idx := range a.OwningShards() {
+		if a.Shards[idx].Node != b.Shards[idx].Node {
+			return false
+		}
+	}
+	return true
 }
 
 // quiesce ends the walsenders of the tenant's migrations, waits Settle if
@@ -178,6 +272,17 @@ type recShard struct {
 }
 
 func (rc *recovery) tree(ctx context.Context, nt pgshard.NodeTree, st *tenantState) (RecoveredTree, error) {
+	rt, m, err := rc.rebuild(ctx, nt, st)
+	if err != nil {
+		return rt, err
+	}
+	return rc.register(ctx, nt.Tree, m, rt, nil)
+}
+
+// rebuild finishes or rolls back the tree's migrations on the nodes and
+// builds its map from the ownership records, at an epoch above every one
+// it recorded; nothing is written to Redis.
+func (rc *recovery) rebuild(ctx context.Context, nt pgshard.NodeTree, st *tenantState) (RecoveredTree, *shardmap.Map, error) {
 	t := nt.Tree
 	rt := RecoveredTree{Tenant: t.Tenant, Tree: t.Name}
 	shards := map[int]*recShard{}
@@ -187,7 +292,7 @@ func (rc *recovery) tree(ctx context.Context, nt pgshard.NodeTree, st *tenantSta
 		s := &recShard{node: o.Node, slots: o.Slots, epoch: o.Epoch}
 		if prev, dup := shards[o.Shard]; dup {
 			if slices.ContainsFunc(seconds, func(sr secondRecord) bool { return sr.idx == o.Shard }) {
-				return rt, fmt.Errorf("shard %d has ownership records on nodes %s, %s and more", o.Shard, prev.node, o.Node)
+				return rt, nil, fmt.Errorf("shard %d has ownership records on nodes %s, %s and more", o.Shard, prev.node, o.Node)
 			}
 			seconds = append(seconds, secondRecord{o.Shard, s})
 			maxEpoch = max(maxEpoch, o.Epoch)
@@ -197,7 +302,7 @@ func (rc *recovery) tree(ctx context.Context, nt pgshard.NodeTree, st *tenantSta
 		maxIdx, maxEpoch = max(maxIdx, o.Shard), max(maxEpoch, o.Epoch)
 	}
 	if len(shards) == 0 {
-		return rt, errors.New("no shard of the tree has an ownership record on any node")
+		return rt, nil, errors.New("no shard of the tree has an ownership record on any node")
 	}
 	if t.SlotCount == 0 { // a tree without a TreesTable row
 		for _, s := range shards {
@@ -227,7 +332,7 @@ func (rc *recovery) tree(ctx context.Context, nt pgshard.NodeTree, st *tenantSta
 			continue // a move is resolved with its index's second record
 		}
 		if err := rc.finish(ctx, t, mv, shards, st, epoch); err != nil {
-			return rt, fmt.Errorf("finish migration %s: %w", mv.Migration, err)
+			return rt, nil, fmt.Errorf("finish migration %s: %w", mv.Migration, err)
 		}
 		targets[mv.Target] = true
 		rt.Finished = append(rt.Finished, mv.Migration)
@@ -235,14 +340,14 @@ func (rc *recovery) tree(ctx context.Context, nt pgshard.NodeTree, st *tenantSta
 	// Migrations that had not fenced: the source still owns the slots.
 	for _, id := range unfenced(t.Name, st) {
 		if err := rc.rollBack(ctx, t, id, shards, st); err != nil {
-			return rt, fmt.Errorf("roll back migration %s: %w", id, err)
+			return rt, nil, fmt.Errorf("roll back migration %s: %w", id, err)
 		}
 		rt.RolledBack = append(rt.RolledBack, id)
 	}
 	for _, sr := range seconds {
 		id, err := rc.resolveMove(ctx, t, sr, shards, st, epoch)
 		if err != nil {
-			return rt, err
+			return rt, nil, err
 		}
 		if id != "" {
 			rt.Finished = append(rt.Finished, id)
@@ -256,7 +361,7 @@ func (rc *recovery) tree(ctx context.Context, nt pgshard.NodeTree, st *tenantSta
 			continue
 		}
 		if err := rc.cluster.DropShard(ctx, t, idx, s.node); err != nil {
-			return rt, err
+			return rt, nil, err
 		}
 		delete(shards, idx)
 	}
@@ -269,10 +374,10 @@ func (rc *recovery) tree(ctx context.Context, nt pgshard.NodeTree, st *tenantSta
 		for _, r := range s.slots {
 			for slot := r[0]; slot <= r[1]; slot++ {
 				if slot >= t.SlotCount {
-					return rt, fmt.Errorf("shard %d records slot %d, beyond the tree's %d slots", idx, slot, t.SlotCount)
+					return rt, nil, fmt.Errorf("shard %d records slot %d, beyond the tree's %d slots", idx, slot, t.SlotCount)
 				}
 				if owned[slot] > 0 {
-					return rt, fmt.Errorf("slot %d is recorded as owned by shards %d and %d", slot, m.Slots[slot], idx)
+					return rt, nil, fmt.Errorf("slot %d is recorded as owned by shards %d and %d", slot, m.Slots[slot], idx)
 				}
 				owned[slot]++
 				m.Slots[slot] = idx
@@ -280,13 +385,21 @@ func (rc *recovery) tree(ctx context.Context, nt pgshard.NodeTree, st *tenantSta
 		}
 	}
 	if i := slices.Index(owned, 0); i >= 0 {
-		return rt, fmt.Errorf("no shard records slot %d, and no migration on the nodes holds it", i)
+		return rt, nil, fmt.Errorf("no shard records slot %d, and no migration on the nodes holds it", i)
 	}
 	t.ShardCount = m.DistinctShards()
 	if t.Created.IsZero() {
 		t.Created = time.Now().UTC()
 	}
+	return rt, m, nil
+}
 
+// register raises the ceiling to m's epoch, writes the ownership records
+// with it and stores the tree and m: as a tree alone or its group's first
+// member (anchor nil), or as a member joining anchor's group, whose stored
+// map m must equal.
+func (rc *recovery) register(ctx context.Context, t *shardmap.Tree, m *shardmap.Map, rt RecoveredTree, anchor *shardmap.Tree) (RecoveredTree, error) {
+	epoch, highWater := m.Epoch, m.HighWater
 	// The ceiling goes up before the map exists, and the records carry the
 	// new epoch, so a later recovery starts above this one.
 	if _, _, err := rc.cluster.ReserveMap(ctx, t, epoch, highWater); err != nil {
@@ -297,7 +410,11 @@ func (rc *recovery) tree(ctx context.Context, nt pgshard.NodeTree, st *tenantSta
 			return rt, err
 		}
 	}
-	if err := rc.store.CreateTree(ctx, t, m); err != nil {
+	create := func() error { return rc.store.CreateTree(ctx, t, m) }
+	if anchor != nil {
+		create = func() error { return rc.store.CreateColocated(ctx, t, anchor, m.Epoch) }
+	}
+	if err := create(); err != nil {
 		if errors.Is(err, shardmap.ErrExists) {
 			rt.Skipped = "registered in Redis while it was rebuilt"
 			return rt, nil

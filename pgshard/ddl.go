@@ -126,7 +126,7 @@ func readTree(ctx context.Context, store shardmap.Store, d TreeDDL) (*shardmap.T
 	if err != nil {
 		return nil, nil, err
 	}
-	m, err := store.Map(ctx, d.Tenant, d.Tree)
+	m, err := store.Map(ctx, d.Tenant, t.MapName())
 	if err != nil {
 		return nil, nil, err
 	}

@@ -32,7 +32,11 @@ var ddlOpTags = map[DDLOp]string{
 // the stream.
 func refuseDuringReshard(ctx context.Context, store DDLStore, d TreeDDL) error {
 	busy, until := "", "lattice_reshard_complete"
-	r, err := store.Reshard(ctx, d.Tenant, d.Tree)
+	name := d.Tree // a colocation group's intents and migrations are under its name
+	if t, err := store.Tree(ctx, d.Tenant, d.Tree); err == nil {
+		name = t.MapName()
+	}
+	r, err := store.Reshard(ctx, d.Tenant, name)
 	switch {
 	case err == nil && r.Kind != shardmap.IntentReshard:
 		busy, until = fmt.Sprintf("a %s (operation %s) is running", r.Kind, r.OpID), "lattice_rebalance_complete"
@@ -41,7 +45,7 @@ func refuseDuringReshard(ctx context.Context, store DDLStore, d TreeDDL) error {
 	case !errors.Is(err, shardmap.ErrNotFound):
 		return err
 	default:
-		migs, err := store.Migrations(ctx, d.Tenant, d.Tree)
+		migs, err := store.Migrations(ctx, d.Tenant, name)
 		if err != nil {
 			return err
 		}

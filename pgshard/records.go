@@ -24,8 +24,12 @@ import (
 //	    slot_count    int NOT NULL,
 //	    created       timestamptz NOT NULL,  -- the registry entry's Created
 //	    epoch_ceiling bigint NOT NULL,       -- no map of the tree was written with a higher epoch
-//	    high_water    int NOT NULL           -- no shard index at or above it was handed out
+//	    high_water    int NOT NULL,          -- no shard index at or above it was handed out
+//	    colocation_group text                -- the tree's group when it joined one (colocate_with)
 //	)
+//
+// A tree that a colocate_with named first has no group in its row: the
+// group is named after it, and a member's row names it (ReadTrees).
 //
 // The row is written in the catalog transaction that fences the template
 // and deleted in the one that drops it, so it exists exactly while the
@@ -45,7 +49,8 @@ func treesTableDDL() string {
     created       timestamptz NOT NULL,
     epoch_ceiling bigint NOT NULL,
     high_water    int NOT NULL
-)`
+);
+ALTER TABLE ` + TreesTable + ` ADD COLUMN IF NOT EXISTS colocation_group text`
 }
 
 // TreeRecord is one row of TreesTable.
@@ -56,6 +61,7 @@ type TreeRecord struct {
 	Created      time.Time
 	EpochCeiling uint64
 	HighWater    int
+	Group        string // "" when the row names none
 }
 
 // recordTree writes t's row inside the catalog transaction that fences its
@@ -70,11 +76,12 @@ func recordTree(ctx context.Context, tx pgx.Tx, t *shardmap.Tree, m *shardmap.Ma
 	if _, err := tx.Exec(ctx, treesTableDDL()); err != nil {
 		return err
 	}
-	_, err = tx.Exec(ctx, `INSERT INTO `+TreesTable+` (tree, key_column, slot_count, created, epoch_ceiling, high_water)
-VALUES ($1, $2, $3, $4, $5, $6)
+	_, err = tx.Exec(ctx, `INSERT INTO `+TreesTable+` (tree, key_column, slot_count, created, epoch_ceiling, high_water, colocation_group)
+VALUES ($1, $2, $3, $4, $5, $6, nullif($7, ''))
 ON CONFLICT (tree) DO UPDATE SET key_column = excluded.key_column, slot_count = excluded.slot_count,
-    created = excluded.created, epoch_ceiling = excluded.epoch_ceiling, high_water = excluded.high_water`,
-		t.Name, t.KeyColumn, t.SlotCount, t.Created, ceiling, m.HighWater)
+    created = excluded.created, epoch_ceiling = excluded.epoch_ceiling, high_water = excluded.high_water,
+    colocation_group = excluded.colocation_group`,
+		t.Name, t.KeyColumn, t.SlotCount, t.Created, ceiling, m.HighWater, t.Group)
 	return err
 }
 

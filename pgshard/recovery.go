@@ -74,6 +74,16 @@ WHERE t.tgname = $1 AND n.nspname = 'public' ORDER BY 1`, fenceTrigger)
 			}
 			out = append(out, nt)
 		}
+		// The tree a group is named after is in it when any member names it.
+		groups := map[string]bool{}
+		for _, nt := range out {
+			groups[nt.Tree.Group] = nt.Tree.Group != ""
+		}
+		for _, nt := range out {
+			if groups[nt.Tree.Name] {
+				nt.Tree.Group = nt.Tree.Name
+			}
+		}
 		return nil
 	})
 	if err != nil {
@@ -87,7 +97,10 @@ func readTreeRecords(ctx context.Context, tx pgx.Tx) (map[string]*TreeRecord, er
 	if err := tx.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, TreesTable).Scan(&exists); err != nil || !exists {
 		return nil, err
 	}
-	rows, err := tx.Query(ctx, `SELECT tree, key_column, slot_count, created, epoch_ceiling, high_water FROM `+TreesTable)
+	// The group through to_jsonb: a table made before the column was added
+	// has none.
+	rows, err := tx.Query(ctx, `SELECT tree, key_column, slot_count, created, epoch_ceiling, high_water,
+    coalesce(to_jsonb(r) ->> 'colocation_group', '') FROM `+TreesTable+` r`)
 	if err != nil {
 		return nil, err
 	}
@@ -96,7 +109,7 @@ func readTreeRecords(ctx context.Context, tx pgx.Tx) (map[string]*TreeRecord, er
 	for rows.Next() {
 		r := new(TreeRecord)
 		var ceiling int64
-		if err := rows.Scan(&r.Tree, &r.KeyColumn, &r.SlotCount, &r.Created, &ceiling, &r.HighWater); err != nil {
+		if err := rows.Scan(&r.Tree, &r.KeyColumn, &r.SlotCount, &r.Created, &ceiling, &r.HighWater, &r.Group); err != nil {
 			return nil, err
 		}
 		r.EpochCeiling = uint64(ceiling)
@@ -120,7 +133,7 @@ func nodeTree(ctx context.Context, tx pgx.Tx, tenant, name string, rec *TreeReco
 		t.Columns = append(t.Columns, col.Name)
 	}
 	if rec != nil {
-		t.KeyColumn, t.SlotCount, t.Created = rec.KeyColumn, rec.SlotCount, rec.Created
+		t.KeyColumn, t.SlotCount, t.Created, t.Group = rec.KeyColumn, rec.SlotCount, rec.Created, rec.Group
 	} else if t.KeyColumn, err = primaryKeyColumn(ti); err != nil {
 		return NodeTree{}, err
 	}

@@ -42,6 +42,9 @@ type TreeSpec struct {
 	KeyColumn  string
 	ShardCount int // 0 means DefaultShardCount
 	SlotCount  int // 0 means shardmap.DefaultSlotCount; else a power of two in [2, 65536]
+	// ColocateWith names a tree whose colocation group the new tree joins
+	// (colocate.go); its shard and slot counts are the group's.
+	ColocateWith string
 }
 
 func (c *Cluster) normalizeSpec(spec TreeSpec) (TreeSpec, error) {
@@ -85,6 +88,7 @@ func (c *Cluster) normalizeSpec(spec TreeSpec) (TreeSpec, error) {
 // write is lost: one that waited for the lock gets sqlstate.SlotMoved afterwards and
 // the proxy retries it on the shards. Rule violations are *sqlstate.Error.
 func (c *Cluster) CreateTree(ctx context.Context, store shardmap.Store, spec TreeSpec) (*shardmap.Tree, *shardmap.Map, error) {
+	given := spec
 	spec, err := c.normalizeSpec(spec)
 	if err != nil {
 		return nil, nil, err
@@ -109,11 +113,26 @@ func (c *Cluster) CreateTree(ctx context.Context, store shardmap.Store, spec Tre
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 
+	var co *colocation
+	var m *shardmap.Map
+	if spec.ColocateWith != "" {
+		if co, m, err = colocateWith(ctx, store, spec, given); err != nil {
+			return nil, nil, err
+		}
+		spec.SlotCount, spec.ShardCount = co.anchor.SlotCount, m.DistinctShards()
+	}
 	tree, ti, err := prepareTree(ctx, tx, spec)
 	if err != nil {
 		return nil, nil, err
 	}
-	m := shardmap.NewIdentityMap(spec.Tenant, spec.Table, spec.SlotCount, spec.ShardCount, c.PlacementNodes())
+	if co != nil {
+		if err := co.check(tree); err != nil {
+			return nil, nil, err
+		}
+		tree.Group = co.anchor.MapName()
+	} else {
+		m = shardmap.NewIdentityMap(spec.Tenant, spec.Table, spec.SlotCount, spec.ShardCount, c.PlacementNodes())
+	}
 	log.Info("creating tree", "key", tree.KeyColumn, "key_type", tree.KeyType,
 		"shards", spec.ShardCount, "slots", spec.SlotCount, "nodes", len(c.set().nodes))
 
@@ -138,9 +157,22 @@ func (c *Cluster) CreateTree(ctx context.Context, store shardmap.Store, spec Tre
 	if err := recordTree(ctx, tx, tree, m); err != nil {
 		return undo(fmt.Errorf("pgshard: record tree %s on the catalog node: %w", tree.Name, err))
 	}
-	if err := store.CreateTree(ctx, tree, m); err != nil {
-		if errors.Is(err, shardmap.ErrExists) {
+	register := func() error { return store.CreateTree(ctx, tree, m) }
+	if co != nil {
+		register = func() error { return co.register(ctx, store, tree) }
+	}
+	if err := register(); err != nil {
+		var se *sqlstate.Error
+		switch {
+		case errors.Is(err, shardmap.ErrExists):
 			return undo(alreadyTree(tree.Name))
+		case errors.Is(err, shardmap.ErrNameInUse):
+			return undo(&sqlstate.Error{Code: sqlstate.DuplicateTable,
+				Message: fmt.Sprintf("name %s is still used by a colocation group", quoted(tree.Name)),
+				Detail:  "A colocation group keeps the name of the tree it was formed from while any member lives.",
+				Hint:    "Create the tree with colocate_with naming a member of that group, or drop its members first."})
+		case errors.As(err, &se):
+			return undo(err) // refused, nothing registered
 		}
 		// The registration may have happened with only the reply lost: take
 		// it back before the template takes writes again.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"slices"
 	"testing"
+	"time"
 )
 
 func TestColocatable(t *testing.T) {
@@ -223,5 +224,48 @@ func TestCacheGroupView(t *testing.T) {
 	v, err = c.Wait(ctx, "app", "orders", m.Epoch+1)
 	if err != nil || v.Maps["orders"].Epoch != m.Epoch+1 {
 		t.Fatalf("Wait on a member: %v", err)
+	}
+}
+
+// TestRegistrationAcksGroup: a proxy acknowledges a group's epoch under
+// the group's name, and only once no statement on an older map of any
+// member runs.
+func TestRegistrationAcksGroup(t *testing.T) {
+	ctx := context.Background()
+	s, _ := newTestStore(t)
+	mustCreate(t, s, "t", "customers")
+	colocate(t, s, "t", "orders", "customers")
+	if err := s.DeleteTree(ctx, "t", "customers"); err != nil {
+		t.Fatal(err) // the group's name is no tree's now
+	}
+	c := NewCache(s, time.Hour, nil)
+	r := NewRegistration("p1", s, c, time.Minute, time.Hour, nil)
+	r.beat(ctx)
+	old, release, err := r.Acquire(ctx, "t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.acknowledge(ctx)
+	m, _ := s.Map(ctx, "t", "customers")
+	if acks, _ := s.Acks(ctx, "t", "customers"); acks["p1"] != m.Epoch {
+		t.Fatalf("acks of the group %v, want p1 at %d", acks, m.Epoch)
+	}
+	if err := s.SwapMap(ctx, m.Clone(), m.Epoch); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Refresh(ctx, "t"); err != nil {
+		t.Fatal(err)
+	}
+	r.acknowledge(ctx)
+	if acks, _ := s.Acks(ctx, "t", "customers"); acks["p1"] != m.Epoch {
+		t.Fatalf("acknowledged %d while a statement ran on orders at epoch %d", acks["p1"], old.Maps["orders"].Epoch)
+	}
+	release()
+	r.acknowledge(ctx)
+	if acks, _ := s.Acks(ctx, "t", "customers"); acks["p1"] != m.Epoch+1 {
+		t.Fatalf("acks of the group %v, want p1 at %d", acks, m.Epoch+1)
+	}
+	if acks, _ := s.Acks(ctx, "t", "orders"); len(acks) != 0 {
+		t.Fatalf("a member acknowledged under its own name: %v", acks)
 	}
 }

@@ -190,13 +190,16 @@ func (s *RedisStore) mapKey(tenant, tree string) string {
 // happen as one step: no event announces a change that did not happen, and
 // no change goes unannounced because the writer died in between.
 var (
-	// KEYS: trees, map. ARGV: name, tree JSON, epoch, map JSON, channel, event.
-	// A map without a registry entry is a colocation group's (group.go).
+	// KEYS: trees, map, group members. ARGV: name, tree JSON, epoch, map
+	// JSON, channel, event, group ("" for a tree alone). A map without a
+	// registry entry is a colocation group's (group.go); a tree created
+	// with a group is its first member (lattice recover-map).
 	createScript = redis.NewScript(`
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then return 0 end
 if redis.call('EXISTS', KEYS[2]) == 1 then return 2 end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 redis.call('HSET', KEYS[2], 'epoch', ARGV[3], 'map', ARGV[4])
+if ARGV[7] ~= '' then redis.call('SADD', KEYS[3], ARGV[1]) end
 redis.call('PUBLISH', ARGV[5], ARGV[6])
 return 1`)
 
@@ -280,7 +283,7 @@ func (s *RedisStore) Map(ctx context.Context, tenant, tree string) (*Map, error)
 
 // CreateTree implements Store.
 func (s *RedisStore) CreateTree(ctx context.Context, t *Tree, m *Map) error {
-	if t.Tenant != m.Tenant || t.Name != m.Tree {
+	if t.Tenant != m.Tenant || t.MapName() != m.Tree {
 		return fmt.Errorf("shardmap: create tree %s/%s with the map of %s/%s", t.Tenant, t.Name, m.Tenant, m.Tree)
 	}
 	if t.Created.IsZero() {
@@ -295,9 +298,9 @@ func (s *RedisStore) CreateTree(ctx context.Context, t *Tree, m *Map) error {
 		return fmt.Errorf("shardmap: encode map of %s/%s: %w", t.Tenant, t.Name, err)
 	}
 	n, err := createScript.Run(ctx, s.client,
-		[]string{s.treesKey(t.Tenant), s.mapKey(t.Tenant, t.Name)},
+		[]string{s.treesKey(t.Tenant), s.mapKey(t.Tenant, t.MapName()), s.groupKey(t.Tenant, t.MapName())},
 		t.Name, tj, strconv.FormatUint(m.Epoch, 10), mj,
-		s.channel, s.event(EventTree, t.Tenant, t.Name, 0)).Int()
+		s.channel, s.event(EventTree, t.Tenant, t.Name, 0), t.Group).Int()
 	if err != nil {
 		return fmt.Errorf("shardmap: create tree %s/%s: %w", t.Tenant, t.Name, err)
 	}

@@ -146,6 +146,10 @@ const (
 	// have; also a prepared transaction that no longer exists (looked for
 	// in a node's errors during two-phase commit recovery).
 	UndefinedObject = "42704"
+	// DatatypeMismatch: lattice_create_tree with colocate_with of a tree
+	// whose shard key does not hash like the new one's, or whose slot count
+	// differs.
+	DatatypeMismatch = "42804"
 	// WrongObjectType: lattice_create_tree of something that is not a table.
 	WrongObjectType = "42809"
 	// UndefinedFunction: a lattice_* function that does not exist, or called

@@ -109,7 +109,8 @@ func loadSample(ctx context.Context, dsn string, rows int, log *slog.Logger) err
 		var name, key, keyType string
 		var shards, slots int32
 		var epoch int64
-		err := r.Scan(&name, &key, &keyType, &shards, &slots, &epoch)
+		var group *string
+		err := r.Scan(&name, &key, &keyType, &shards, &slots, &epoch, &group)
 		return name, err
 	})
 	if err != nil {
