@@ -108,6 +108,35 @@ func TestColocationGroups(t *testing.T) {
 			}
 		}
 	}
+	// The group's trees join on the key: on one shard with the key fixed,
+	// over every shard without it; on another column they are refused.
+	var name string
+	var orders int
+	if err := c.QueryRow(ctx, `SELECT c.name, count(*) FROM customers c JOIN orders o USING (customer_id) WHERE c.customer_id = 7 GROUP BY c.name`).Scan(&name, &orders); err != nil || name != "c7" || orders != 2 {
+		t.Fatalf("join with the key fixed: %q, %d orders, %v; want c7, 2", name, orders, err)
+	}
+	rows, err := c.Query(ctx, `SELECT o.order_id, c.name, i.amount FROM customers c JOIN orders o ON o.customer_id = c.customer_id
+		JOIN order_items i ON i.customer_id = o.customer_id AND i.order_id = o.order_id ORDER BY o.order_id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := 0
+	for rows.Next() {
+		var id, amount int
+		if err := rows.Scan(&id, &name, &amount); err != nil {
+			t.Fatal(err)
+		}
+		if seen++; id != seen || name != fmt.Sprintf("c%d", seen%300) || amount != 10 {
+			t.Fatalf("join over every shard, row %d: order %d of %s, amount %d", seen, id, name, amount)
+		}
+	}
+	if err := rows.Err(); err != nil || seen != 600 {
+		t.Fatalf("join over every shard: %d rows, %v; want 600", seen, err)
+	}
+	if _, err := c.Exec(ctx, `SELECT * FROM customers c JOIN orders o ON o.total = c.customer_id`); sqlStateOf(err) != "0A000" {
+		t.Fatalf("a join off the key: %v, want 0A000", err)
+	}
+
 	var apiTrees []struct {
 		Name  string `json:"name"`
 		Group string `json:"group"`

@@ -500,7 +500,12 @@ func (p *proxyProc) cleanup(t testing.TB) {
 		// Generous: a loaded 2-core machine has taken over 10 s to close
 		// sessions and pools; a hung shutdown still fails.
 		case <-time.After(30 * time.Second):
-			t.Errorf("lattice serve did not exit within 30s of SIGTERM; killed")
+			t.Errorf("lattice serve did not exit within 30s of SIGTERM; its goroutines are in its log")
+			_ = p.cmd.Process.Signal(syscall.SIGQUIT) // the runtime prints every goroutine, then exits
+			select {
+			case <-p.done:
+			case <-time.After(5 * time.Second):
+			}
 			_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
 			<-p.done
 		}

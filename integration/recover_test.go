@@ -298,6 +298,10 @@ func TestRecoverMapMidReshard(t *testing.T) {
 		}
 		return true, nil
 	})
+	// The load must meet the outage too, not only the probe above.
+	pollUntil(t, 30*time.Second, "the load to be refused while the maps are missing", func() (bool, error) {
+		return load.refused.Load() > 0, nil
+	})
 	fc.recoverMap(t, ctx)
 	if _, err := admin.Exec(ctx, "SELECT lattice_reshard('catalogue', 8)"); err != nil {
 		t.Fatal(err)

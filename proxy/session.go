@@ -183,6 +183,9 @@ func (t viewTrees) Tree(name string) (*shardmap.Tree, bool) {
 	return tr, ok
 }
 
+// Group lets the router plan joins of a colocation group's trees.
+func (t viewTrees) Group(tr *shardmap.Tree) string { return tr.Group }
+
 func (s *session) plan(ctx context.Context, sql string) ([]*router.Plan, *shardmap.View, error) {
 	v, err := s.view(ctx)
 	if err != nil {
