@@ -140,6 +140,7 @@ has() { grep -qE "^$1(-[0-9]+)?[[:space:]]" "$log"; }
     echo "| | verification on | off |"
     echo "|---|---|---|"
     echo "| freeze pause p50 ms | $(metric BenchmarkVerifyMoves pause_p50_ms_verify) | $(metric BenchmarkVerifyMoves pause_p50_ms_noverify) |"
+    echo "| freeze pause p99 ms | $(metric BenchmarkVerifyMoves pause_p99_ms_verify) | $(metric BenchmarkVerifyMoves pause_p99_ms_noverify) |"
     echo "| freeze pause max ms | $(metric BenchmarkVerifyMoves pause_max_ms_verify) | $(metric BenchmarkVerifyMoves pause_max_ms_noverify) |"
     echo
     echo "Snapshots inside the pause: p50 $(metric BenchmarkVerifyMoves snapshots_p50_ms) ms. The comparison after the flip: $(metric BenchmarkVerifyMoves verify_s_per_Mrow) s and $(metric BenchmarkVerifyMoves verify_bytes_per_row | awk '{printf "%.0f", $1}') MB of table scanned per million rows compared."

@@ -144,7 +144,9 @@ func TestRedisStoreSubscribe(t *testing.T) {
 	}
 	for i, ch := range subs {
 		for j, w := range want {
-			if got := nextEvent(t, ch, tenant); got != w {
+			got := nextEvent(t, ch, tenant)
+			got.Carried = nil // the map a map event carries: shardmap's TestSubscribe
+			if got != w {
 				t.Errorf("subscriber %d, event %d = %+v, want %+v", i, j, got, w)
 			}
 		}

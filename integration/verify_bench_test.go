@@ -28,7 +28,7 @@ func verifiedLines(log string) (rows, bytes int64, took time.Duration, n int) {
 // BenchmarkVerifyMoves reshards trees of 200,000 rows from 8 to 16 shards
 // on 3 nodes under point-query load, alternately with the verification of
 // moves on and off (--verify-moves), in one run: the freeze pause (p50,
-// max over the migrations of each mode), the snapshots' share of it, and
+// p99, max over the migrations of each mode), the snapshots' share of it, and
 // the comparison's time and table bytes scanned per million rows compared.
 //
 //	LATTICE_TEST_RACE=0 go test -run '^$' -bench BenchmarkVerifyMoves -benchtime 1x ./integration
@@ -88,6 +88,8 @@ func BenchmarkVerifyMoves(b *testing.B) {
 		ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 		b.ReportMetric(ms(percentile(pauses[true], 0.5)), "pause_p50_ms_verify")
 		b.ReportMetric(ms(percentile(pauses[false], 0.5)), "pause_p50_ms_noverify")
+		b.ReportMetric(ms(percentile(pauses[true], 0.99)), "pause_p99_ms_verify")
+		b.ReportMetric(ms(percentile(pauses[false], 0.99)), "pause_p99_ms_noverify")
 		b.ReportMetric(ms(percentile(pauses[true], 1)), "pause_max_ms_verify")
 		b.ReportMetric(ms(percentile(pauses[false], 1)), "pause_max_ms_noverify")
 		b.ReportMetric(ms(percentile(snaps, 0.5)), "snapshots_p50_ms")
@@ -97,7 +99,7 @@ func BenchmarkVerifyMoves(b *testing.B) {
 		}
 		var ps []string
 		for _, v := range []bool{true, false} {
-			ps = append(ps, fmt.Sprintf("verify=%v: %d migrations, pause p50 %s max %s", v, len(pauses[v]), percentile(pauses[v], 0.5), percentile(pauses[v], 1)))
+			ps = append(ps, fmt.Sprintf("verify=%v: %d migrations, pause p50 %s p99 %s max %s", v, len(pauses[v]), percentile(pauses[v], 0.5), percentile(pauses[v], 0.99), percentile(pauses[v], 1)))
 		}
 		fmt.Printf("%s; snapshots p50 %s; verification: %d rows in %s (%.2f s per million rows, %.0f MB of table scanned per million rows)\n",
 			strings.Join(ps, "; "), percentile(snaps, 0.5), vRows, vTook, vTook.Seconds()/float64(max(vRows, 1))*1e6, float64(vBytes)/float64(max(vRows, 1)))

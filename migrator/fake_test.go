@@ -34,7 +34,13 @@ type fakeNodes struct {
 	calls   []string
 	stall   bool // the final drain never reaches the fence's position
 	noSnaps bool // OpenSnapshots fails
-	target  int  // the shard a test corrupts
+	// lateApply: a source row changes after the copy, and the stream
+	// applies the change to the target only in the final drain, once the
+	// target's snapshot beside the fence has been exported; commits counts
+	// the stream's transactions as Stream.Commits does.
+	lateApply bool
+	commits   uint64
+	target    int // the shard a test corrupts
 	// compareErr fails comparisons, as a statement timeout would.
 	compareErr error
 
@@ -245,9 +251,38 @@ func (f *fakeNodes) StartShadow(ctx context.Context, t *shardmap.Tree, mig *shar
 		}
 		f.copied[mig.ID] = true
 		f.call("copy %s", mig.ID)
+		if f.lateApply {
+			src[mig.Slots[0][0]][f.lateKey(mig)] = "late"
+		}
 		f.mu.Unlock()
 	}
-	return &fakeStream{f: f}, nil
+	return &fakeStream{f: f, mig: mig}, nil
+}
+
+// lateKey is the row lateApply changes. Called with mu held.
+func (f *fakeNodes) lateKey(mig *shardmap.Migration) string {
+	return slices.Sorted(maps.Keys(f.tables[mig.Source][mig.Slots[0][0]]))[0]
+}
+
+// applyLate applies lateApply's change in the final drain (the fence is
+// armed), after the target's first snapshot.
+func (s *fakeStream) applyLate(ctx context.Context) {
+	f := s.f
+	f.mu.Lock()
+	late := f.lateApply && f.fences[fmt.Sprintf("%s/%d", s.mig.ID, s.mig.Source)]
+	f.mu.Unlock()
+	if !late {
+		return
+	}
+	for !f.called("take target "+s.mig.ID) && ctx.Err() == nil {
+		time.Sleep(time.Millisecond)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	slot, key := s.mig.Slots[0][0], f.lateKey(s.mig)
+	f.tables[s.mig.Target][slot][key] = f.tables[s.mig.Source][slot][key]
+	f.commits += 2
+	f.lateApply = false
 }
 
 func (f *fakeNodes) DropShadow(ctx context.Context, t *shardmap.Tree, mig *shardmap.Migration) error {
@@ -257,7 +292,10 @@ func (f *fakeNodes) DropShadow(ctx context.Context, t *shardmap.Tree, mig *shard
 	return nil
 }
 
-type fakeStream struct{ f *fakeNodes }
+type fakeStream struct {
+	f   *fakeNodes
+	mig *shardmap.Migration
+}
 
 func (s *fakeStream) Stats() ShadowStats { return ShadowStats{Applied: 0x100, Copied: true} }
 
@@ -269,10 +307,17 @@ func (s *fakeStream) WaitApplied(ctx context.Context, lsn pglogrepl.LSN) error {
 		<-ctx.Done()
 		return ctx.Err()
 	}
+	s.applyLate(ctx)
 	return nil
 }
 
 func (s *fakeStream) Stop() error { return nil }
+
+func (s *fakeStream) Commits() uint64 {
+	s.f.mu.Lock()
+	defer s.f.mu.Unlock()
+	return s.f.commits
+}
 
 // The verification's side.
 
@@ -322,20 +367,34 @@ func diffKeys(slot int, a, b map[string]string) []shardmap.RowDiff {
 type fakeSnapshots struct {
 	f        *fakeNodes
 	mig      *shardmap.Migration
-	src, tgt map[int]map[string]string // slot -> rows at Take
+	src, tgt map[int]map[string]string // slot -> rows at TakeSource, TakeTarget
 }
 
-func (s *fakeSnapshots) Take(ctx context.Context) error {
+func (s *fakeSnapshots) TakeTarget(ctx context.Context) error {
 	s.f.mu.Lock()
 	defer s.f.mu.Unlock()
-	s.f.call("take %s", s.mig.ID)
-	s.src, s.tgt = map[int]map[string]string{}, map[int]map[string]string{}
+	s.f.call("take target %s", s.mig.ID)
+	s.tgt = s.take(s.mig.Target)
+	return nil
+}
+
+func (s *fakeSnapshots) TakeSource(ctx context.Context) error {
+	s.f.mu.Lock()
+	defer s.f.mu.Unlock()
+	s.f.call("take source %s", s.mig.ID)
+	s.src = s.take(s.mig.Source)
+	return nil
+}
+
+// take copies the moving slots of shard. Called with f.mu held.
+func (s *fakeSnapshots) take(shard int) map[int]map[string]string {
+	out := map[int]map[string]string{}
 	for _, rg := range s.mig.Slots {
 		for slot := rg[0]; slot <= rg[1]; slot++ {
-			s.src[slot], s.tgt[slot] = s.f.slotRows(s.mig.Source, slot), s.f.slotRows(s.mig.Target, slot)
+			out[slot] = s.f.slotRows(shard, slot)
 		}
 	}
-	return nil
+	return out
 }
 
 func (s *fakeSnapshots) Compare(ctx context.Context) (*shardmap.Verification, error) {

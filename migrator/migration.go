@@ -113,10 +113,19 @@ func newID() string {
 // retrying when another writer (a concurrent migration) won the race.
 // change returns false when there is nothing to do.
 func (r *Runner) updateMap(ctx context.Context, tenant, tree string, change func(m *shardmap.Map) (bool, error)) (*shardmap.Map, error) {
+	return r.updateMapFrom(ctx, tenant, tree, nil, change)
+}
+
+// updateMapFrom is updateMap that first tries cur, a map this runner wrote
+// (nil: none), as the stored one, saving a read inside the write pause; a
+// conflict reads the stored map as updateMap does.
+func (r *Runner) updateMapFrom(ctx context.Context, tenant, tree string, cur *shardmap.Map, change func(m *shardmap.Map) (bool, error)) (*shardmap.Map, error) {
 	for {
-		cur, err := r.store.Map(ctx, tenant, tree)
-		if err != nil {
-			return nil, err
+		if cur == nil {
+			var err error
+			if cur, err = r.store.Map(ctx, tenant, tree); err != nil {
+				return nil, err
+			}
 		}
 		next := cur.Clone()
 		ok, err := change(next)
@@ -128,6 +137,7 @@ func (r *Runner) updateMap(ctx context.Context, tenant, tree string, change func
 		}
 		err = r.store.SwapMap(ctx, next, cur.Epoch)
 		if errors.Is(err, shardmap.ErrConflict) {
+			cur = nil
 			continue
 		}
 		if err != nil {
@@ -485,7 +495,7 @@ func (r *Runner) bulkWritesOnSource(ctx context.Context, mig *shardmap.Migration
 // still holds its sessions on the nodes may serve from its cached maps, so
 // it is waited for too.
 func (r *Runner) waitAcks(ctx context.Context, t *shardmap.Tree, m *shardmap.Map) error {
-	live, err := r.waitLagging(ctx, t, m)
+	live, err := r.waitLagging(ctx, t, m, nil)
 	if err != nil {
 		return err
 	}
@@ -493,8 +503,10 @@ func (r *Runner) waitAcks(ctx context.Context, t *shardmap.Tree, m *shardmap.Map
 }
 
 // waitLagging waits until no proxy registered for the tree's tenant lags
-// behind m's epoch, and returns the live proxies of the last read.
-func (r *Runner) waitLagging(ctx context.Context, t *shardmap.Tree, m *shardmap.Map) ([]string, error) {
+// behind m's epoch, and returns the live proxies of the last read. It reads
+// again every AckPoll, and at once on a signal from acked (WatchAcks; nil
+// for none).
+func (r *Runner) waitLagging(ctx context.Context, t *shardmap.Tree, m *shardmap.Map, acked <-chan struct{}) ([]string, error) {
 	for {
 		lag, err := r.store.Lagging(ctx, t.Tenant, t.Name, m.Epoch)
 		if err != nil {
@@ -506,6 +518,7 @@ func (r *Runner) waitLagging(ctx context.Context, t *shardmap.Tree, m *shardmap.
 		select {
 		case <-ctx.Done():
 			return nil, ctx.Err()
+		case <-acked:
 		case <-time.After(r.opts.AckPoll):
 		}
 	}
@@ -531,7 +544,7 @@ func (r *Runner) waitCutOff(ctx context.Context, t *shardmap.Tree, m *shardmap.M
 			return ctx.Err()
 		case <-time.After(cutOffPoll):
 		}
-		if live, err = r.waitLagging(ctx, t, m); err != nil {
+		if live, err = r.waitLagging(ctx, t, m, nil); err != nil {
 			return err
 		}
 	}
@@ -553,11 +566,21 @@ func (r *Runner) freezeAndFlip(ctx context.Context, t *shardmap.Tree, mig *shard
 		if snaps, err = r.cluster.OpenSnapshots(ctx, t, mig, r.opts.VerifyTimeout); err != nil {
 			return false, err
 		}
-		defer func() {
-			if snaps != nil {
-				snaps.Close()
-			}
-		}()
+	}
+	fs := newFreezeSnapshots(snaps, sh)
+	defer func() {
+		if snaps != nil {
+			fs.wait()
+			snaps.Close()
+		}
+	}()
+	// Watched from before the pause, so no acknowledgement of the frozen
+	// map goes unseen; without the watch the freeze polls.
+	wctx, unwatch := context.WithCancel(ctx)
+	defer unwatch()
+	acked, err := r.store.WatchAcks(wctx, t.Tenant, t.Name)
+	if err != nil {
+		log.Warn("acknowledgements not watched; the freeze polls for them", "err", err)
 	}
 	begin := time.Now()
 	var start time.Time
@@ -576,7 +599,7 @@ func (r *Runner) freezeAndFlip(ctx context.Context, t *shardmap.Tree, mig *shard
 	steps := freezeSteps{freeze: start.Sub(begin), last: start}
 	bctx, cancel := context.WithTimeout(ctx, r.opts.FreezeBudget)
 	defer cancel()
-	live, err := r.waitLagging(bctx, t, frozen)
+	live, err := r.waitLagging(bctx, t, frozen, acked)
 	steps.mark(&steps.acks)
 	var lsn string
 	if err == nil {
@@ -586,9 +609,13 @@ func (r *Runner) freezeAndFlip(ctx context.Context, t *shardmap.Tree, mig *shard
 		// writes that the freeze holds back anyway.
 		cutOff := make(chan error, 1)
 		go func() { cutOff <- r.waitCutOff(bctx, t, frozen, live) }()
+		fs.besideFence(bctx)
 		lsn, err = r.cluster.ArmSlotFence(bctx, mig.SourceNode, fence)
 		if cerr := <-cutOff; err == nil {
 			err = cerr
+		}
+		if err == nil {
+			fs.fenced(ctx)
 		}
 		steps.mark(&steps.fence)
 	}
@@ -599,16 +626,17 @@ func (r *Runner) freezeAndFlip(ctx context.Context, t *shardmap.Tree, mig *shard
 		}
 		steps.mark(&steps.drain)
 	}
-	if err == nil && snaps != nil {
+	if err == nil {
 		// The source's moving slots are fenced and the target has applied
 		// past the fence: both sides hold the same rows of them now.
-		err = snaps.Take(bctx)
+		err = fs.drained(bctx)
 		steps.mark(&steps.snapshots)
 	}
 	if err == nil {
 		r.crash("freeze")
 	}
 	if err != nil {
+		fs.wait()
 		if ctx.Err() != nil {
 			return false, ctx.Err()
 		}
@@ -617,7 +645,7 @@ func (r *Runner) freezeAndFlip(ctx context.Context, t *shardmap.Tree, mig *shard
 		mig.LastError = err.Error()
 		return false, r.unfreeze(ctx, t, mig)
 	}
-	flipped, err := r.updateMap(ctx, t.Tenant, t.Name, func(m *shardmap.Map) (bool, error) {
+	flipped, err := r.updateMapFrom(ctx, t.Tenant, t.Name, frozen, func(m *shardmap.Map) (bool, error) {
 		for _, rg := range mig.Slots {
 			for s := rg[0]; s <= rg[1]; s++ {
 				m.Slots[s] = mig.Target
@@ -643,12 +671,16 @@ func (r *Runner) freezeAndFlip(ctx context.Context, t *shardmap.Tree, mig *shard
 		return true, nil
 	})
 	if err != nil {
+		fs.wait()
 		return false, err
 	}
 	r.crash("flip")
 	steps.mark(&steps.flip)
 	pause := time.Since(start)
-	log.Info("flipped", append(steps.attrs(), "pause", pause, "epoch", flipped.Epoch, "final_lsn", final)...)
+	if err := fs.flipped(); err != nil {
+		log.Warn("move not verifiable: its source snapshot failed; its comparison will not run", "err", err)
+	}
+	log.Info("flipped", append(steps.attrs(), "pause", pause, "epoch", flipped.Epoch, "final_lsn", final, "target_snapshot_retaken", fs.retaken())...)
 	r.metrics.FreezeSeconds.WithLabelValues(mig.Tree, mig.Tenant, "flipped").Observe(pause.Seconds())
 	if mig.Kind == shardmap.Fold {
 		r.metrics.ConsolidationsCommitted.WithLabelValues(mig.Tree, mig.Tenant, strconv.Itoa(mig.Source)).Inc()

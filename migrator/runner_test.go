@@ -57,7 +57,7 @@ func TestRunPhases(t *testing.T) {
 			if got := r.store.recorded(); !slices.Equal(got, want) {
 				t.Errorf("phases recorded %v, want %v", got, want)
 			}
-			if !r.nodes.called("take " + mig.ID) {
+			if !r.nodes.called("take target "+mig.ID) || !r.nodes.called("take source "+mig.ID) {
 				t.Error("the freeze took no snapshots")
 			}
 			if kind == shardmap.Fold && r.mapNow().Shards[mig.Source].State != shardmap.ShardRetired {
@@ -186,6 +186,32 @@ func TestFreezeRollback(t *testing.T) {
 		t.Fatal(err)
 	}
 	r.checkMoved(mig)
+}
+
+// TestTargetSnapshotRetaken: the target's snapshot is exported beside the
+// fence; when the stream commits on the target after that export, before
+// the final drain ends, it is exported again, so the comparison sees what
+// the stream applied and the move is verified.
+func TestTargetSnapshotRetaken(t *testing.T) {
+	r := newRig(t)
+	r.nodes.lateApply = true
+	mig := r.start(shardmap.Split)
+	if _, err := r.run(r.runner(""), mig); err != nil {
+		t.Fatal(err)
+	}
+	r.checkMoved(mig)
+	if v := r.stored(mig); v != nil {
+		t.Fatalf("migration left in phase %s: %s", v.Phase, v.LastError)
+	}
+	takes := 0
+	for _, c := range r.nodes.calls {
+		if c == "take target "+mig.ID {
+			takes++
+		}
+	}
+	if takes != 2 {
+		t.Errorf("target snapshot exported %d times, want 2", takes)
+	}
 }
 
 // TestVerifyOff: without verification no snapshot is taken, and the move

@@ -31,9 +31,12 @@ type VerifyNodes interface {
 
 // Snapshots are a move's exported snapshots, one a side.
 type Snapshots interface {
-	// Take exports them, inside the freeze: the source's moving slots are
-	// fenced and the target has applied past the fence.
-	Take(ctx context.Context) error
+	// TakeTarget exports the target's snapshot, in one round trip; called
+	// again, it ends the one before and exports another.
+	TakeTarget(ctx context.Context) error
+	// TakeSource exports the source's snapshot, in one round trip, once
+	// its fence is armed.
+	TakeSource(ctx context.Context) error
 	// Compare compares the moving slots under them: per slot, the rows and
 	// the sum of the rows' 64-bit hashes, and the differing keys of the
 	// slots that differ.

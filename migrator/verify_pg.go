@@ -68,22 +68,35 @@ func (c clusterNodes) OpenSnapshots(ctx context.Context, t *shardmap.Tree, mig *
 	return s, nil
 }
 
-// Take exports a snapshot on each side, one round trip each, in parallel.
-func (s *pgSnapshots) Take(ctx context.Context) error {
-	export := func(c *pgx.Conn, id *string) func() error {
-		return func() error {
-			rs, err := c.PgConn().Exec(ctx, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SELECT pg_export_snapshot()").ReadAll()
-			if err != nil {
-				return fmt.Errorf("migrator: export snapshot: %w", err)
-			}
-			if len(rs) != 2 || len(rs[1].Rows) != 1 {
-				return errors.New("migrator: export snapshot: no snapshot name")
-			}
-			*id = string(rs[1].Rows[0][0])
-			return nil
-		}
+// TakeTarget implements Snapshots: one round trip, which ends the
+// target's earlier exporting transaction, if any.
+func (s *pgSnapshots) TakeTarget(ctx context.Context) error {
+	again := s.tgtID != ""
+	s.tgtID = ""
+	return export(ctx, s.tgt, again, &s.tgtID)
+}
+
+// TakeSource implements Snapshots.
+func (s *pgSnapshots) TakeSource(ctx context.Context) error {
+	return export(ctx, s.src, false, &s.srcID)
+}
+
+// export opens a REPEATABLE READ transaction on c and exports its
+// snapshot into *id, in one round trip; again ends the one open first.
+func export(ctx context.Context, c *pgx.Conn, again bool, id *string) error {
+	sql := "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SELECT pg_export_snapshot()"
+	if again {
+		sql = "ROLLBACK; " + sql
 	}
-	return both(export(s.src, &s.srcID), export(s.tgt, &s.tgtID))
+	rs, err := c.PgConn().Exec(ctx, sql).ReadAll()
+	if err != nil {
+		return fmt.Errorf("migrator: export snapshot: %w", err)
+	}
+	if last := rs[len(rs)-1]; len(last.Rows) == 1 {
+		*id = string(last.Rows[0][0])
+		return nil
+	}
+	return errors.New("migrator: export snapshot: no snapshot name")
 }
 
 // both runs f and g at once and returns the first error.
@@ -129,6 +142,9 @@ func beginCompare(ctx context.Context, c *pgx.Conn, snapshot string, timeout tim
 // Compare imports the snapshots on new connections, lets the exporting
 // transactions go, and compares the moving slots.
 func (s *pgSnapshots) Compare(ctx context.Context) (*shardmap.Verification, error) {
+	if s.srcID == "" || s.tgtID == "" {
+		return nil, errors.New("migrator: a snapshot of the freeze is missing (its export failed)")
+	}
 	src, err := s.nodes.connectTenant(ctx, s.mig.SourceNode, s.t.Tenant)
 	if err != nil {
 		return nil, err

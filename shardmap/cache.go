@@ -112,6 +112,9 @@ func (c *Cache) handle(ctx context.Context, ev Event) {
 		if m := cur.Maps[cur.memberOf(ev.Tree)]; m != nil && m.Epoch >= ev.Epoch {
 			return
 		}
+		if c.installCarried(ctx, tc, ev) {
+			return
+		}
 		err = c.loadMap(ctx, ev.Tenant, tc, ev.Tree)
 	default: // tree events, and kinds newer than this code: re-read it all
 		_, err = c.load(ctx, ev.Tenant, tc)
@@ -275,6 +278,13 @@ func (c *Cache) loadMap(ctx context.Context, tenant string, tc *tenantCache, nam
 	if old.Maps[tree].Epoch >= m.Epoch {
 		return nil
 	}
+	c.installMap(tc, old, tree, m)
+	return nil
+}
+
+// installMap replaces old, the tenant's current view, by one with m as its
+// tree's map. Called with mu held.
+func (c *Cache) installMap(tc *tenantCache, old *View, tree string, m *Map) {
 	v := *old
 	v.Maps = maps.Clone(old.Maps)
 	for _, member := range old.Members(tree) {
@@ -283,7 +293,6 @@ func (c *Cache) loadMap(ctx context.Context, tenant string, tc *tenantCache, nam
 	v.next = make(chan struct{})
 	tc.replace(old, &v)
 	c.changed()
-	return nil
 }
 
 // replace publishes v and wakes the waiters on old. Called with mu held.

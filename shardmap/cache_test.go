@@ -380,3 +380,38 @@ func TestCacheConcurrentReaders(t *testing.T) {
 	close(done)
 	wg.Wait()
 }
+
+// TestCacheCarriedMap: a map event's carried map is installed without a
+// read of the store only into a view of the tree it was written for, and
+// only when it is the event's; otherwise the cache reads the store.
+func TestCacheCarriedMap(t *testing.T) {
+	tests := []struct {
+		name      string
+		created   func(tree time.Time) time.Time
+		mapEpoch  uint64
+		wantEpoch uint64 // the store holds epoch 1
+	}{
+		{"the same tree", func(c time.Time) time.Time { return c }, 2, 2},
+		{"the tree dropped and created again", func(c time.Time) time.Time { return c.Add(-time.Hour) }, 2, 1},
+		{"a map not the event's", func(c time.Time) time.Time { return c }, 5, 1},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			s, _ := newTestStore(t)
+			tr, m := mustCreate(t, s, "app", "catalogue")
+			c := newTestCache(t, s, time.Hour)
+			if got := epochOf(view(t, c, "app"), "catalogue"); got != 1 {
+				t.Fatalf("epoch %d, want 1", got)
+			}
+			carried := *m
+			carried.Epoch = tc.mapEpoch
+			mj, _ := json.Marshal(&carried)
+			c.handle(ctx, Event{Kind: EventMap, Tenant: "app", Tree: "catalogue", Epoch: 2,
+				Carried: &CarriedMap{Map: mj, Created: tc.created(tr.Created)}})
+			if got := epochOf(view(t, c, "app"), "catalogue"); got != tc.wantEpoch {
+				t.Errorf("cached epoch %d, want %d", got, tc.wantEpoch)
+			}
+		})
+	}
+}

@@ -171,6 +171,10 @@ type Coordination interface {
 	AckEpoch(ctx context.Context, tenant, tree, proxy string, epoch uint64) error
 	// Acks returns each proxy's acknowledged epoch of tree.
 	Acks(ctx context.Context, tenant, tree string) (map[string]uint64, error)
+	// WatchAcks signals on the channel, until ctx ends, whenever a proxy's
+	// acknowledgement of tree moves forward. Signals coalesce and can be
+	// lost (a reconnect), so a waiter reads Lagging on a timer too.
+	WatchAcks(ctx context.Context, tenant, tree string) (<-chan struct{}, error)
 	// Lagging reads what a freeze polls for: the live proxies serving
 	// tenant that have not acknowledged epoch of tree, and every live proxy.
 	Lagging(ctx context.Context, tenant, tree string, epoch uint64) (Lag, error)
@@ -265,10 +269,15 @@ return 1`)
 if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then redis.call('HDEL', KEYS[1], ARGV[1]) end
 return 1`)
 
-	// KEYS: acks. ARGV: proxy, epoch. Acknowledgements only move forward.
+	// KEYS: acks. ARGV: proxy, epoch. Acknowledgements only move forward;
+	// each step forward is announced on the channel named like the key
+	// (WatchAcks), so a freeze need not wait for its next poll.
 	ackScript = redis.NewScript(`
 local cur = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '0')
-if tonumber(ARGV[2]) > cur then redis.call('HSET', KEYS[1], ARGV[1], ARGV[2]) end
+if tonumber(ARGV[2]) > cur then
+  redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+  redis.call('PUBLISH', KEYS[1], ARGV[2])
+end
 return 1`)
 )
 

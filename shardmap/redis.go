@@ -220,14 +220,23 @@ redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
 redis.call('PUBLISH', ARGV[4], ARGV[5])
 return 1`)
 
-	// KEYS: map. ARGV: expected epoch, new epoch, map JSON, channel, event.
-	// Returns -1 if the map does not exist, 0 on an epoch mismatch.
+	// KEYS: map, trees. ARGV: expected epoch, new epoch, map JSON,
+	// channel, event without its closing brace, tree name. Returns -1 if
+	// the map does not exist, 0 on an epoch mismatch. The event carries the
+	// map and the creation time of the tree it was written for
+	// (CarriedMap).
 	swapScript = redis.NewScript(`
 local cur = redis.call('HGET', KEYS[1], 'epoch')
 if not cur then return -1 end
 if cur ~= ARGV[1] then return 0 end
 redis.call('HSET', KEYS[1], 'epoch', ARGV[2], 'map', ARGV[3])
-redis.call('PUBLISH', ARGV[4], ARGV[5])
+local ev = ARGV[5]
+local def = redis.call('HGET', KEYS[2], ARGV[6])
+if def then
+  local created = cjson.decode(def).created
+  if type(created) == 'string' then ev = ev .. ',"created":' .. cjson.encode(created) .. ',"map":' .. ARGV[3] end
+end
+redis.call('PUBLISH', ARGV[4], ev .. '}')
 return 1`)
 )
 
@@ -367,9 +376,10 @@ func (s *RedisStore) SwapMap(ctx context.Context, m *Map, expected uint64) error
 	if err != nil {
 		return fmt.Errorf("shardmap: encode map of %s/%s: %w", m.Tenant, m.Tree, err)
 	}
-	n, err := swapScript.Run(ctx, s.client, []string{s.mapKey(m.Tenant, m.Tree)},
+	ev := s.event(EventMap, m.Tenant, m.Tree, next.Epoch)
+	n, err := swapScript.Run(ctx, s.client, []string{s.mapKey(m.Tenant, m.Tree), s.treesKey(m.Tenant)},
 		strconv.FormatUint(expected, 10), strconv.FormatUint(next.Epoch, 10), mj,
-		s.channel, s.event(EventMap, m.Tenant, m.Tree, next.Epoch)).Int()
+		s.channel, ev[:len(ev)-1], m.Tree).Int()
 	if err != nil {
 		return fmt.Errorf("shardmap: swap map of %s/%s: %w", m.Tenant, m.Tree, err)
 	}
@@ -410,8 +420,8 @@ func (s *RedisStore) Subscribe(ctx context.Context) (<-chan Event, error) {
 				if !ok {
 					return
 				}
-				var ev Event
-				if err := json.Unmarshal([]byte(msg.Payload), &ev); err != nil {
+				ev, err := decodeEvent(msg.Payload)
+				if err != nil {
 					slog.WarnContext(ctx, "shardmap: ignoring malformed event", "channel", s.channel, "err", err)
 					continue
 				}

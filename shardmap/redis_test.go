@@ -2,6 +2,7 @@ package shardmap
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -300,7 +301,16 @@ func TestSubscribe(t *testing.T) {
 		{Kind: EventTree, Tenant: "app", Tree: "catalogue"},
 	}
 	for i, w := range want {
-		if got := recv(t, events); got != w {
+		got := recv(t, events)
+		if got.Kind == EventMap {
+			// The map event carries the map written, for the tree as created.
+			var cm Map
+			if c := got.Carried; c == nil || json.Unmarshal(c.Map, &cm) != nil || cm.Epoch != 2 || !c.Created.Equal(tr.Created) {
+				t.Errorf("event %d carries %+v, want the map of epoch 2 and the tree's creation time", i, got.Carried)
+			}
+			got.Carried = nil
+		}
+		if got != w {
 			t.Errorf("event %d = %+v, want %+v", i, got, w)
 		}
 	}

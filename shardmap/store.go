@@ -3,6 +3,7 @@ package shardmap
 import (
 	"context"
 	"errors"
+	"time"
 )
 
 var (
@@ -33,6 +34,18 @@ type Event struct {
 	Tenant string    `json:"tenant"`
 	Tree   string    `json:"tree"`
 	Epoch  uint64    `json:"epoch,omitempty"`
+	// Carried is the map itself, on a map event of a store that sends it
+	// (RedisStore), so that a proxy routes by it without reading it.
+	Carried *CarriedMap `json:"-"`
+}
+
+// CarriedMap is the map an event carries, as JSON, with the creation time
+// of the tree it was written for, read with the map's write: a tree
+// dropped and created again starts its epochs over, so a map is installed
+// only into a view of the same tree (Cache).
+type CarriedMap struct {
+	Map     []byte
+	Created time.Time
 }
 
 // Store keeps the tree registry and the shard maps of every tenant.

@@ -1,0 +1,112 @@
+package integration
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/lattice-db/lattice/shardmap"
+)
+
+// TestAckAfterApply: a proxy acknowledges an epoch on the arrival of its
+// map event, but only once it routes by a map of that epoch. Events that
+// announce an epoch the store does not hold (one without its map, one whose
+// map was written for an earlier tree of the same name) come first; then a
+// real map write. Events are handled in order, so once the proxy has
+// acknowledged the real write it has handled the others: its
+// acknowledgement must be the real epoch, not the announced one.
+func TestAckAfterApply(t *testing.T) {
+	resetNodes(t)
+	p := startProxy(t, 3)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c, err := pgx.Connect(ctx, p.DSN("lattice"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close(ctx)
+	for _, q := range []string{
+		"CREATE TABLE acked (k text PRIMARY KEY, v int)",
+		"SELECT lattice_create_tree('acked', 'k', shard_count => 2)",
+		"INSERT INTO acked VALUES ('a', 1)",
+	} {
+		if _, err := c.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	store, err := shardmap.OpenRedis(ctx, testRedisURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	opt, err := redis.ParseURL(testRedisURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rdb := redis.NewClient(opt)
+	defer rdb.Close()
+	tree, err := store.Tree(ctx, "lattice", "acked")
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	for _, tc := range []struct {
+		name    string
+		carried func(m *shardmap.Map) map[string]any // extra fields of the event
+	}{
+		{"an epoch the store does not hold", func(*shardmap.Map) map[string]any { return nil }},
+		{"a map of an earlier tree of the name", func(m *shardmap.Map) map[string]any {
+			return map[string]any{"created": tree.Created.Add(-time.Hour), "map": m}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m, err := store.Map(ctx, "lattice", "acked")
+			if err != nil {
+				t.Fatal(err)
+			}
+			announced := m.Epoch + 100
+			forged := *m
+			forged.Epoch = announced
+			ev := map[string]any{"kind": shardmap.EventMap, "tenant": "lattice", "tree": "acked", "epoch": announced}
+			for k, v := range tc.carried(&forged) {
+				ev[k] = v
+			}
+			payload, _ := json.Marshal(ev)
+			if err := rdb.Publish(ctx, "lattice:events", payload).Err(); err != nil {
+				t.Fatal(err)
+			}
+			if err := store.SwapMap(ctx, m, m.Epoch); err != nil {
+				t.Fatal(err)
+			}
+			for {
+				acks, err := store.Acks(ctx, "lattice", "acked")
+				if err != nil {
+					t.Fatal(err)
+				}
+				var top uint64
+				for _, e := range acks {
+					top = max(top, e)
+				}
+				if top > m.Epoch {
+					t.Fatalf("acknowledged epoch %d, announced but never stored; the store holds %d", top, m.Epoch)
+				}
+				if top == m.Epoch {
+					break
+				}
+				if ctx.Err() != nil {
+					t.Fatalf("epoch %d not acknowledged (acks %v)", m.Epoch, acks)
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+			// The proxy routes by the map it acknowledged.
+			var v int
+			if err := c.QueryRow(ctx, "SELECT v FROM acked WHERE k = 'a'").Scan(&v); err != nil || v != 1 {
+				t.Fatalf("after the acknowledgement: v = %d (%v), want 1", v, err)
+			}
+		})
+	}
+}
