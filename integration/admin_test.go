@@ -316,23 +316,10 @@ func TestCLIReshardWait(t *testing.T) {
 	defer cancel()
 	p := startProxy(t, 3, roomyFreeze...)
 	createDashTree(t, ctx, p, 2000)
-	adminURL := "http://" + p.AdminAddr
 
-	run := func(args ...string) (stdout, stderr string, code int) {
-		cmd := exec.CommandContext(ctx, latticeBinary(t), args...)
-		cmd.Env = p.CLIEnv()
-		var o, e bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &o, &e
-		err := cmd.Run()
-		if ee, ok := err.(*exec.ExitError); ok {
-			code = ee.ExitCode()
-		} else if err != nil {
-			t.Fatalf("lattice %q: %v", args, err)
-		}
-		return o.String(), e.String(), code
-	}
+	run := func(args ...string) (string, string, int) { return p.RunCLI(t, ctx, args...) }
 
-	out, errOut, code := run("reshard", "dash", "8", "--wait", "--admin", adminURL)
+	out, errOut, code := run("reshard", "dash", "8", "--wait")
 	t.Logf("lattice reshard dash 8 --wait:\n%s", out)
 	if code != 0 {
 		t.Fatalf("exit %d: %s\n%s", code, errOut, out)
@@ -352,11 +339,11 @@ func TestCLIReshardWait(t *testing.T) {
 		t.Errorf("plain output has carriage returns: %q", out)
 	}
 
-	out, _, code = run("status", "--admin", adminURL)
+	out, _, code = run("status")
 	if code != 0 || !regexp.MustCompile(`(?m)^lattice +dash +id \(int\) +8 +4096 +\d+ +-$`).MatchString(out) {
 		t.Errorf("status (exit %d):\n%s", code, out)
 	}
-	out, _, code = run("shards", "dash", "--admin", adminURL)
+	out, _, code = run("shards", "dash")
 	if code != 0 || strings.Count(out, " active ") != 8 {
 		t.Errorf("shards (exit %d):\n%s", code, out)
 	}
@@ -369,7 +356,7 @@ func TestCLIReshardWait(t *testing.T) {
 		{[]string{"reshard", "nope", "4", "--wait"}, `tree "nope" does not exist (SQLSTATE 42P01)`},
 		{[]string{"shards", "nope"}, "(SQLSTATE 42P01)"},
 	} {
-		_, errOut, code := run(append(tc.args, "--admin", adminURL)...)
+		_, errOut, code := run(tc.args...)
 		if code == 0 || !strings.Contains(errOut, tc.want) {
 			t.Errorf("lattice %q: exit %d, stderr %q; want a failure with %q", tc.args, code, errOut, tc.want)
 		}

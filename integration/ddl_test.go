@@ -219,11 +219,7 @@ func TestDDLTree(t *testing.T) {
 	})
 
 	t.Run("log replays to a new shard", func(t *testing.T) {
-		store, err := shardmap.OpenRedis(ctx, testRedisURL(t))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer store.Close()
+		store := harnessStore(t)
 		tree, err := store.Tree(ctx, "lattice", "items")
 		if err != nil {
 			t.Fatal(err)
@@ -333,11 +329,7 @@ func TestDDLCreateIndexConcurrentlyFailure(t *testing.T) {
 	if got := ddlDef(t, nodes, "dup"); got != before {
 		t.Errorf("after the failed CREATE INDEX CONCURRENTLY:\n%s\nwant:\n%s", got, before)
 	}
-	store, err := shardmap.OpenRedis(ctx, testRedisURL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer store.Close()
+	store := harnessStore(t)
 	tree, err := store.Tree(ctx, "lattice", "dup")
 	if err != nil {
 		t.Fatal(err)
@@ -505,11 +497,7 @@ func TestDDLConcurrent(t *testing.T) {
 			}
 		}
 	}
-	store, err := shardmap.OpenRedis(ctx, testRedisURL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer store.Close()
+	store := harnessStore(t)
 	tree, err := store.Tree(ctx, "lattice", "conc")
 	if err != nil {
 		t.Fatal(err)

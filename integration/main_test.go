@@ -512,10 +512,22 @@ func (p *proxyProc) Authorize(req *http.Request) {
 	}
 }
 
-// CLIEnv is the environment of a `lattice status|shards|reshard` run
-// against this proxy: the test's, with the admin token.
-func (p *proxyProc) CLIEnv() []string {
-	return append(os.Environ(), "LATTICE_ADMIN_TOKEN="+p.AdminToken)
+// RunCLI runs the lattice binary with args against p's admin endpoint
+// (its token in the environment) and returns what it printed and its exit
+// code; a run that cannot start fails the test.
+func (p *proxyProc) RunCLI(t *testing.T, ctx context.Context, args ...string) (stdout, stderr string, code int) {
+	t.Helper()
+	cmd := exec.CommandContext(ctx, latticeBinary(t), append(args, "--admin", "http://"+p.AdminAddr)...)
+	cmd.Env = append(os.Environ(), "LATTICE_ADMIN_TOKEN="+p.AdminToken)
+	var o, e bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &o, &e
+	err := cmd.Run()
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatalf("lattice %q: %v", args, err)
+	}
+	return o.String(), e.String(), code
 }
 
 // Log returns everything the proxy has logged so far.

@@ -83,11 +83,7 @@ func TestSplitAndFold(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	c := ctCluster(t, 2)
-	store, err := shardmap.OpenRedis(ctx, testRedisURL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer store.Close()
+	store := harnessStore(t)
 	cat, err := pgx.Connect(ctx, testNodeDSN(t, 0))
 	if err != nil {
 		t.Fatal(err)

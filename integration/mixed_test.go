@@ -45,11 +45,7 @@ func TestMixedShardScan(t *testing.T) {
 			t.Fatalf("%s: %v", q, err)
 		}
 	}
-	store, err := shardmap.OpenRedis(ctx, testRedisURL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer store.Close()
+	store := harnessStore(t)
 	tree, err := store.Tree(ctx, "lattice", "mx")
 	if err != nil {
 		t.Fatal(err)
@@ -209,11 +205,7 @@ func TestHoldFrozen(t *testing.T) {
 			t.Fatalf("%s: %v", q, err)
 		}
 	}
-	store, err := shardmap.OpenRedis(ctx, testRedisURL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer store.Close()
+	store := harnessStore(t)
 	frozenKey, otherKey := keyInSlots(t, 100, 100, true), keyInSlots(t, 100, 100, false)
 	swap := func(frozen [][2]int) uint64 {
 		m, err := store.Map(ctx, "lattice", "hf")
@@ -283,11 +275,7 @@ func TestFoldSurvivorKeylessWrites(t *testing.T) {
 	for g := 1; g <= rows; g++ {
 		want["f"+strconv.Itoa(g)] = g
 	}
-	store, err := shardmap.OpenRedis(ctx, testRedisURL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer store.Close()
+	store := harnessStore(t)
 	tree, err := store.Tree(ctx, "lattice", "fx")
 	if err != nil {
 		t.Fatal(err)

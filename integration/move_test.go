@@ -372,39 +372,9 @@ func TestMoveCrash(t *testing.T) {
 	}
 	for _, point := range []string{"prepare", "copy", "drain", "freeze", "flip", "release"} {
 		t.Run(point, func(t *testing.T) {
-			resetNodes(t)
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 			defer cancel()
-			fast := []string{"--reshard-lease", "3s", "--reshard-tick", "200ms"}
-			b := startProxy(t, 3, append([]string{"--coordinator=false"}, fast...)...)
-			a := startProxyEnv(t, 3, []string{"LATTICE_TEST_CRASH_AT=" + point}, fast...)
-			pool, err := pgxpool.New(ctx, b.DSN("lattice"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer pool.Close()
-			load := newLoad(t, ctx, []*pgxpool.Pool{pool}, 20_000, 8)
-			failed, finish := load.run(ctx)
-			mustPool(t, ctx, pool, "SELECT lattice_move_shard('catalogue', 0, 'n3')")
-			if !a.WaitExit(3 * time.Minute) {
-				finish()
-				t.Fatalf("the coordinator's proxy did not reach crash point %q", point)
-			}
-			if err := a.crashedAt(point); err != nil {
-				finish()
-				t.Fatal(err)
-			}
-			c := startProxy(t, 3, fast...)
-			waitFor(t, ctx, pool, "SELECT lattice_rebalance_complete('catalogue')", failed, finish)
-			if err := finish(); err != nil {
-				t.Fatal(err)
-			}
-			if load.writes.Load() == 0 || load.reads.Load() == 0 {
-				t.Fatalf("the load did nothing: %d writes, %d reads", load.writes.Load(), load.reads.Load())
-			}
-			if !strings.Contains(c.Log(), `msg="migration done"`) {
-				t.Fatalf("the move completed, but the restarted proxy finished no migration")
-			}
+			pool, load := crashRun(t, ctx, point, "SELECT lattice_move_shard('catalogue', 0, 'n3')", "SELECT lattice_rebalance_complete('catalogue')")
 			if got := shardNodes(t, ctx, pool, "catalogue")[0]; got != "n3/active" {
 				t.Fatalf("after the move shard 0 is %s, want n3/active", got)
 			}

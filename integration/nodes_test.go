@@ -1,12 +1,10 @@
 package integration
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -335,20 +333,7 @@ func TestNodesAdminAPIAndCLI(t *testing.T) {
 	defer cancel()
 	n4 := startExtraNode(t, "n4", nil)
 	p := startProxy(t, 2)
-	adminURL := "http://" + p.AdminAddr
-	run := func(args ...string) (stdout, stderr string, code int) {
-		cmd := exec.CommandContext(ctx, latticeBinary(t), append(args, "--admin", adminURL)...)
-		cmd.Env = p.CLIEnv()
-		var o, e bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &o, &e
-		err := cmd.Run()
-		if ee, ok := err.(*exec.ExitError); ok {
-			code = ee.ExitCode()
-		} else if err != nil {
-			t.Fatalf("lattice %q: %v", args, err)
-		}
-		return o.String(), e.String(), code
-	}
+	run := func(args ...string) (string, string, int) { return p.RunCLI(t, ctx, args...) }
 
 	withPassword := strings.Replace(n4.DSN("lattice"), "lattice@", "lattice:s3cret@", 1)
 	for _, tc := range []struct {

@@ -109,7 +109,18 @@ func TestReshardMetrics(t *testing.T) {
 	}
 	reshardAndWait(t, c, 3) // five folds
 
+	// The coordinator counts a completion just after it clears the intent
+	// that lattice_reshard_complete reads, so a scrape can come first.
 	fams := scrape(t, p)
+	done := map[string]string{"tree": "items", "kind": "reshard"}
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); fams = scrape(t, p) {
+		if f := fams["lattice_coordinator_completed_total"]; f != nil {
+			if n, _ := familySum(f, done); n == 2 {
+				break
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 	tt := []string{"tenant", "tree"}
 	cases := []struct {
 		name   string
@@ -152,35 +163,17 @@ func TestReshardMetrics(t *testing.T) {
 			if f == nil {
 				t.Fatalf("/metrics has no %s", tc.name)
 			}
-			sum, matched := 0.0, 0
 			for _, m := range f.GetMetric() {
 				var names []string
-				labels := map[string]string{}
 				for _, l := range m.GetLabel() {
 					names = append(names, l.GetName())
-					labels[l.GetName()] = l.GetValue()
 				}
 				sort.Strings(names)
 				if !slices.Equal(names, tc.labels) {
 					t.Fatalf("%s has tags %v, want %v", tc.name, names, tc.labels)
 				}
-				ok := true
-				for k, v := range tc.match {
-					ok = ok && labels[k] == v
-				}
-				if !ok {
-					continue
-				}
-				matched++
-				switch {
-				case m.GetCounter() != nil:
-					sum += m.GetCounter().GetValue()
-				case m.GetGauge() != nil:
-					sum += m.GetGauge().GetValue()
-				case m.GetHistogram() != nil:
-					sum += float64(m.GetHistogram().GetSampleCount())
-				}
 			}
+			sum, matched := familySum(f, tc.match)
 			if matched == 0 {
 				t.Fatalf("%s has no series with %v", tc.name, tc.match)
 			}
@@ -189,6 +182,34 @@ func TestReshardMetrics(t *testing.T) {
 			}
 		})
 	}
+}
+
+// familySum sums the series of f whose tags include match: a counter's or
+// gauge's value, a histogram's sample count. matched says how many there were.
+func familySum(f *dto.MetricFamily, match map[string]string) (sum float64, matched int) {
+	for _, m := range f.GetMetric() {
+		labels := map[string]string{}
+		for _, l := range m.GetLabel() {
+			labels[l.GetName()] = l.GetValue()
+		}
+		ok := true
+		for k, v := range match {
+			ok = ok && labels[k] == v
+		}
+		if !ok {
+			continue
+		}
+		matched++
+		switch {
+		case m.GetCounter() != nil:
+			sum += m.GetCounter().GetValue()
+		case m.GetGauge() != nil:
+			sum += m.GetGauge().GetValue()
+		case m.GetHistogram() != nil:
+			sum += float64(m.GetHistogram().GetSampleCount())
+		}
+	}
+	return sum, matched
 }
 
 func eq(want float64) func(float64) bool { return func(v float64) bool { return v == want } }

@@ -19,21 +19,7 @@ func metricSum(t *testing.T, p *proxyProc, name string, match map[string]string)
 	if fam == nil {
 		t.Fatalf("/metrics has no %s", name)
 	}
-	sum := 0.0
-	for _, m := range fam.GetMetric() {
-		ok := true
-		for k, v := range match {
-			found := false
-			for _, l := range m.GetLabel() {
-				found = found || l.GetName() == k && l.GetValue() == v
-			}
-			ok = ok && found
-		}
-		if !ok {
-			continue
-		}
-		sum += m.GetGauge().GetValue() + m.GetCounter().GetValue()
-	}
+	sum, _ := familySum(fam, match)
 	return sum
 }
 

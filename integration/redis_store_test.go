@@ -18,12 +18,18 @@ import (
 // so each test works in a tenant of its own.
 func openStore(t *testing.T) (*shardmap.RedisStore, string) {
 	t.Helper()
+	return harnessStore(t), fmt.Sprintf("it_store_%d", time.Now().UnixNano())
+}
+
+// harnessStore opens the harness's redis for the test, closed at its end.
+func harnessStore(t *testing.T) *shardmap.RedisStore {
+	t.Helper()
 	s, err := shardmap.OpenRedis(context.Background(), testRedisURL(t))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Close() })
-	return s, fmt.Sprintf("it_store_%d", time.Now().UnixNano())
+	return s
 }
 
 func createTree(t *testing.T, s shardmap.Store, tenant, name string) *shardmap.Tree {

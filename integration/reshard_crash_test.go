@@ -5,9 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os/exec"
-	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -26,101 +24,60 @@ func TestReshardCrash(t *testing.T) {
 	}
 	for _, point := range []string{"copy", "drain", "freeze", "flip", "release"} {
 		t.Run(point, func(t *testing.T) {
-			resetNodes(t)
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 			defer cancel()
-			fast := []string{"--reshard-lease", "3s", "--reshard-tick", "200ms"}
-			// Clients use b, which runs no coordinator; a runs it and dies.
-			b := startProxy(t, 3, append([]string{"--coordinator=false"}, fast...)...)
-			a := startProxyEnv(t, 3, []string{"LATTICE_TEST_CRASH_AT=" + point}, fast...)
-			pool, err := pgxpool.New(ctx, b.DSN("lattice"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer pool.Close()
-			const keys = 20_000
-			load := &reshardLoad{keys: keys, pools: []*pgxpool.Pool{pool},
-				ledger: &loadLedger{acked: map[string]loadEntry{}, deletes: map[string]int64{}}}
-			for _, q := range []string{
-				"CREATE TABLE catalogue (k text PRIMARY KEY, v bigint NOT NULL, pad text)",
-				"INSERT INTO catalogue SELECT 'c-' || g, 0, md5(g::text) FROM generate_series(0, " + strconv.Itoa(keys-1) + ") g",
-				"SELECT lattice_create_tree('catalogue', 'k', shard_count => 8)",
-			} {
-				if _, err := pool.Exec(ctx, q); err != nil {
-					t.Fatalf("%s: %v", q, err)
-				}
-			}
-			for n := 0; n < keys; n++ {
-				load.ledger.acked["c-"+strconv.Itoa(n)] = loadEntry{}
-			}
-			runCtx, stop := context.WithCancel(ctx)
-			var wg sync.WaitGroup
-			errs := make(chan error, 6)
-			for i := range 4 {
-				wg.Add(1)
-				go func() { defer wg.Done(); errs <- load.writer(runCtx, i) }()
-			}
-			for i := range 2 {
-				wg.Add(1)
-				go func() { defer wg.Done(); errs <- load.reader(runCtx, i) }()
-			}
-			finish := func() {
-				stop()
-				wg.Wait()
-				close(errs)
-				for err := range errs {
-					if err != nil {
-						t.Fatal(err)
-					}
-				}
-			}
-			if _, err := pool.Exec(ctx, "SELECT lattice_reshard('catalogue', 12)"); err != nil {
-				finish()
-				t.Fatal(err)
-			}
-			if !a.WaitExit(3 * time.Minute) {
-				finish()
-				t.Fatalf("the coordinator's proxy did not reach crash point %q", point)
-			}
-			if err := a.crashedAt(point); err != nil {
-				finish()
-				t.Fatal(err)
-			}
-			c := startProxy(t, 3, fast...) // takes the coordinator over once the lease expires
-			for {
-				var done bool
-				if err := pool.QueryRow(ctx, "SELECT lattice_reshard_complete('catalogue')").Scan(&done); err != nil {
-					finish()
-					t.Fatal(err)
-				}
-				if done {
-					break
-				}
-				select {
-				case err := <-errs:
-					if err != nil {
-						finish()
-						t.Fatal(err)
-					}
-				case <-ctx.Done():
-					finish()
-					t.Fatalf("the reshard did not complete after the crash at %q", point)
-				case <-time.After(200 * time.Millisecond):
-				}
-			}
-			finish()
-			if load.writes.Load() == 0 || load.reads.Load() == 0 {
-				t.Fatalf("the load did nothing: %d writes, %d reads", load.writes.Load(), load.reads.Load())
-			}
-			// Each crash point lies inside a migration, which only the new
-			// coordinator can have finished.
-			if !strings.Contains(c.Log(), `msg="migration done"`) {
-				t.Fatalf("the reshard completed, but the restarted proxy finished no migration")
-			}
+			pool, load := crashRun(t, ctx, point, "SELECT lattice_reshard('catalogue', 12)", "SELECT lattice_reshard_complete('catalogue')")
 			verifyReshardedTree(t, ctx, pool, load.ledger, 12)
 			t.Logf("crash at %s: %d writes, %d reads", point, load.writes.Load(), load.reads.Load())
 		})
 	}
+}
+
+// crashRun is one crash point of a migration under the ledger load: on a
+// tree of 8 shards, op starts the migration on proxy a, which dies of
+// SIGKILL at point (the test-only hook); a new proxy takes the
+// coordinator lease over and finishes, until the boolean query complete is
+// true. Clients use proxy b, which runs no coordinator, and see no error.
+// It returns b's pool and the stopped load, for the caller's checks.
+func crashRun(t *testing.T, ctx context.Context, point, op, complete string) (*pgxpool.Pool, *reshardLoad) {
+	t.Helper()
+	resetNodes(t)
+	fast := []string{"--reshard-lease", "3s", "--reshard-tick", "200ms"}
+	b := startProxy(t, 3, append([]string{"--coordinator=false"}, fast...)...)
+	a := startProxyEnv(t, 3, []string{"LATTICE_TEST_CRASH_AT=" + point}, fast...)
+	pool, err := pgxpool.New(ctx, b.DSN("lattice"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	load := newLoad(t, ctx, []*pgxpool.Pool{pool}, 20_000, 8)
+	failed, finish := load.run(ctx)
+	if _, err := pool.Exec(ctx, op); err != nil {
+		finish()
+		t.Fatalf("%s: %v", op, err)
+	}
+	if !a.WaitExit(3 * time.Minute) {
+		finish()
+		t.Fatalf("the coordinator's proxy did not reach crash point %q", point)
+	}
+	if err := a.crashedAt(point); err != nil {
+		finish()
+		t.Fatal(err)
+	}
+	c := startProxy(t, 3, fast...) // takes the coordinator over once the lease expires
+	waitFor(t, ctx, pool, complete, failed, finish)
+	if err := finish(); err != nil {
+		t.Fatal(err)
+	}
+	if load.writes.Load() == 0 || load.reads.Load() == 0 {
+		t.Fatalf("the load did nothing: %d writes, %d reads", load.writes.Load(), load.reads.Load())
+	}
+	// Each crash point lies inside a migration, which only the new
+	// coordinator can have finished.
+	if !strings.Contains(c.Log(), `msg="migration done"`) {
+		t.Fatalf("%s completed, but the restarted proxy finished no migration", op)
+	}
+	return pool, load
 }
 
 // crashedAt checks that an exited proxy was killed by SIGKILL right after

@@ -55,11 +55,7 @@ func TestVerifyCatchesCorruption(t *testing.T) {
 	mustExec(t, admin, fmt.Sprintf("INSERT INTO items SELECT 'k' || g, g FROM generate_series(1, %d) g", rows))
 	mustExec(t, admin, "SELECT lattice_create_tree('items', 'k', shard_count => 2)")
 	mustExec(t, listener, "LISTEN lattice_events")
-	store, err := shardmap.OpenRedis(ctx, testRedisURL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer store.Close()
+	store := harnessStore(t)
 	tr, err := store.Tree(ctx, "lattice", "items")
 	if err != nil {
 		t.Fatal(err)
@@ -196,11 +192,7 @@ func TestLatticeVerify(t *testing.T) {
 	mustExec(t, c, fmt.Sprintf("INSERT INTO items SELECT 'k' || g, g FROM generate_series(1, %d) g", rows))
 	mustExec(t, c, "SELECT lattice_create_tree('items', 'k', shard_count => 2)")
 	checkVerified(t, c, "items", rows)
-	store, err := shardmap.OpenRedis(ctx, testRedisURL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer store.Close()
+	store := harnessStore(t)
 	tr, err := store.Tree(ctx, "lattice", "items")
 	if err != nil {
 		t.Fatal(err)
