@@ -90,12 +90,18 @@ func BenchmarkPipeline(b *testing.B) {
 			after := scrapeMetrics(b, p)
 			copied := int64(after.sum("lattice_migrator_rows_copied_total") - before.sum("lattice_migrator_rows_copied_total"))
 			log := p.Log()
-			phases := phaseTimes(log[logFrom:])
+			stepLog := log[logFrom:]
+			phases := phaseTimes(stepLog)
 			logFrom = len(log)
 			raw := rawCopyRate(b, ctx, "pipe", copied)
 			rate := float64(copied) / took.Seconds()
 			md("| %s | %d | %d | %.2f | %.0f | %.0f | %.2f |", step.name, len(phases), copied, took.Seconds(), rate, raw, rate/raw)
 			b.ReportMetric(rate/raw, step.metric)
+			for _, l := range strings.Split(stepLog, "\n") {
+				if strings.Contains(l, `msg="moved rows released"`) || strings.Contains(l, `msg="move verified"`) {
+					fmt.Println(l)
+				}
+			}
 			breakdowns = append(breakdowns, "| "+step.name+" | "+phaseBreakdown(phases, start, took)+" |")
 		}
 		md("\nWhere the time goes (ms):\n")
