@@ -53,15 +53,17 @@ func BenchmarkPipeline(b *testing.B) {
 		} {
 			call := step.call
 			if call == "" {
-				idx, most := -1, 0
-				rs, err := c.Query(ctx, `SELECT shard, node, slot_count, state FROM lattice_shards('pipe')`)
+				idx, most := int32(-1), int32(0)
+				// The proxy serves lattice_shards only whole.
+				rs, err := c.Query(ctx, `SELECT * FROM lattice_shards('pipe')`)
 				if err != nil {
 					b.Fatal(err)
 				}
 				for rs.Next() {
-					var shard, slots int
-					var node, state string
-					if err := rs.Scan(&shard, &node, &slots, &state); err != nil {
+					var shard, slots int32
+					var node, schema, ranges, state string
+					var estimate *int64
+					if err := rs.Scan(&shard, &node, &schema, &ranges, &slots, &state, &estimate); err != nil {
 						b.Fatal(err)
 					}
 					if node == "n1" && state == "active" && slots > most {
