@@ -119,11 +119,15 @@ type serveConfig struct {
 	AdminTokenFile, AdminAllowedHosts         string
 	AdminTLSCert, AdminTLSKey                 string
 	PgPass                                    string
+	AllowExtensions                           string
 	TLSCert, TLSKey                           string
 	TLSRequired                               bool
 	Nodes                                     nodeFlags
 	MaxClients, PoolSize, MaxListeners        int
 	MaxPinned                                 int
+	MaxStartups, MaxStartupsPerHost           int
+	MaxPreparedStatements, MaxPortals         int
+	MaxMessageMemory                          byteSize
 	StartupTimeout, StatementTimeout          time.Duration
 	MaxMergeMemory                            byteSize
 	TxRecoverEvery, TxAbortAfter              time.Duration
@@ -146,12 +150,15 @@ func (c *serveConfig) flags(fs *flag.FlagSet) {
 	fs.Var(&c.Nodes, "node", "a PostgreSQL node as NAME=DSN, repeatable; the first is the catalog node. Seeds the node registry in Redis only when it is empty; after that the registry (lattice_add_node, lattice_remove_node) is the node set. A password in the DSN stays in this process and never goes to Redis, but argv is readable in /proc: keep passwords out of it (--pgpass, --nodes-file or $LATTICE_NODE)")
 	fs.StringVar(&c.NodesFile, "nodes-file", "", "file of NAME=DSN lines, one node a line, read after the --node flags")
 	fs.StringVar(&c.PgPass, "pgpass", "", "pgpass file (PostgreSQL's format, host:port:database:user:password) with the passwords of the nodes, whose registered DSNs carry none; without it PGPASSWORD, PGPASSFILE and ~/.pgpass apply")
+	fs.StringVar(&c.AllowExtensions, "allow-extensions", strings.Join(router.DefaultExtensions, ","), "comma-separated extensions a client may CREATE EXTENSION; any other is refused with SQLSTATE 42501 (the default is PostgreSQL 15's trusted extensions, none of which reads files or connects out)")
 	fs.StringVar(&c.UsersFile, "users-file", "", "SCRAM-SHA-256 users file; without it every user is trusted, which is allowed only on a loopback listener")
 	fs.StringVar(&c.TLSCert, "tls-cert", "", "PEM certificate (chain) offered to clients that ask for TLS; without it SSLRequest is declined")
 	fs.StringVar(&c.TLSKey, "tls-key", "", "PEM private key of --tls-cert")
 	fs.BoolVar(&c.TLSRequired, "tls-required", false, "refuse clients that do not use TLS (SQLSTATE 28000); needs --tls-cert")
 	fs.StringVar(&c.LogLevel, "log-level", "info", "debug, info, warn or error")
-	fs.IntVar(&c.MaxClients, "max-clients", 1000, "most client connections at once")
+	fs.IntVar(&c.MaxClients, "max-clients", 1000, "most client connections at once, those still in startup included")
+	fs.IntVar(&c.MaxStartups, "max-startups", proxy.DefaultMaxStartups, "most client connections in startup (before authentication completes) at once; more are refused with SQLSTATE 53300 at once, so silent sockets cannot use up file descriptors")
+	fs.IntVar(&c.MaxStartupsPerHost, "max-startups-per-host", proxy.DefaultMaxStartupsPerHost, "most client connections in startup at once from one source address")
 	fs.IntVar(&c.PoolSize, "pool-size", 32, "most backend connections per node and tenant")
 	fs.IntVar(&c.MaxListeners, "max-listeners", 0, "most sessions per tenant that hold a catalog-node backend for LISTEN, counted within --pool-size; 0 means half of --pool-size")
 	fs.IntVar(&c.MaxPinned, "max-pinned", 0, "most sessions at once that keep a catalog-node backend for session state the proxy cannot replay (temp tables, session advisory locks, PREPARE, WITH HOLD cursors, set_config(..., false)), counted within --pool-size; more are refused with SQLSTATE 53300 (default: half of --pool-size, so pinned sessions never take every catalog-node backend)")
@@ -159,6 +166,10 @@ func (c *serveConfig) flags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.StatementTimeout, "statement-timeout", 0, "statement_timeout of sessions that set none at startup; a client's SET overrides it; 0 leaves the nodes' own")
 	c.MaxMergeMemory = proxy.DefaultMaxMergeMemory
 	fs.Var(&c.MaxMergeMemory, "max-merge-memory", "most row data one statement over several shards holds in the proxy while merging (bytes, or with kB, MB, GB); more fails with SQLSTATE 53200")
+	c.MaxMessageMemory = proxy.DefaultMaxMessageMemory
+	fs.Var(&c.MaxMessageMemory, "max-message-memory", "most bytes of large client messages (over 64kB) held at once across all sessions while they arrive; a session whose message does not fit ends with SQLSTATE 53200")
+	fs.IntVar(&c.MaxPreparedStatements, "max-prepared-statements", proxy.DefaultMaxPreparedStatements, "most named protocol-level prepared statements per session; more fail with SQLSTATE 54000")
+	fs.IntVar(&c.MaxPortals, "max-portals", proxy.DefaultMaxPortals, "most named portals open per session; more fail with SQLSTATE 54000")
 	fs.DurationVar(&c.TxRecoverEvery, "tx-recover-interval", 10*time.Second, "how often to look for prepared transactions across nodes that a crashed proxy left behind")
 	fs.DurationVar(&c.TxAbortAfter, "tx-abort-after", time.Minute, "roll back a prepared transaction across nodes that has no commit decision after this long, even if the transaction that would decide it is still open; should exceed any prepare phase")
 	fs.BoolVar(&c.Coordinator, "coordinator", true, "run reshard coordinators in this proxy (at least one proxy must)")
@@ -176,6 +187,19 @@ func (c *serveConfig) flags(fs *flag.FlagSet) {
 	})
 	fs.DurationVar(&c.Migration.VerifyTimeout, "verify-timeout", time.Minute, "statement_timeout of each statement of a move's verification")
 	fs.DurationVar(&c.ProxyLease, "proxy-lease", shardmap.DefaultLeaseTTL, "a proxy that cannot renew its registration in Redis for this long serves on from its cached maps only while it holds its sessions on every node (reshards wait for it), and otherwise refuses until it has re-read the maps")
+}
+
+// planner is the proxy's statement planner, with the extensions clients
+// may create.
+func planner(cfg serveConfig) *router.Planner {
+	var allow []string
+	for _, e := range strings.Split(cfg.AllowExtensions, ",") {
+		if e = strings.TrimSpace(e); e != "" {
+			allow = append(allow, e)
+		}
+	}
+	router.AllowExtensions(allow)
+	return router.NewPlanner(10000)
 }
 
 // crashHookEnv names the test-only hook that makes the proxy kill itself at
@@ -367,13 +391,18 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, ready func(pg
 	srv := proxy.NewServer(proxy.Config{
 		Startup: proxy.StartupConfig{Users: users, StartupTimeout: cfg.StartupTimeout,
 			TLS: tlsConfig, TLSRequired: cfg.TLSRequired},
-		MaxClients:       cfg.MaxClients,
-		MaxPinned:        maxPinned(cfg.MaxPinned, cfg.PoolSize),
-		StatementTimeout: cfg.StatementTimeout,
-		MaxMergeMemory:   int64(cfg.MaxMergeMemory),
-		CatalogNode:      cluster.Catalog().Name,
-		Aggregates:       cluster.Aggregates,
-		TwoPhase:         twoPhase,
+		MaxClients:            cfg.MaxClients,
+		MaxStartups:           cfg.MaxStartups,
+		MaxStartupsPerHost:    cfg.MaxStartupsPerHost,
+		MaxPreparedStatements: cfg.MaxPreparedStatements,
+		MaxPortals:            cfg.MaxPortals,
+		MaxMessageMemory:      int64(cfg.MaxMessageMemory),
+		MaxPinned:             maxPinned(cfg.MaxPinned, cfg.PoolSize),
+		StatementTimeout:      cfg.StatementTimeout,
+		MaxMergeMemory:        int64(cfg.MaxMergeMemory),
+		CatalogNode:           cluster.Catalog().Name,
+		Aggregates:            cluster.Aggregates,
+		TwoPhase:              twoPhase,
 		TreeDDL: func(ctx context.Context, d pgshard.TreeDDL) error {
 			return cluster.RunTreeDDL(ctx, store, d, twoPhase.CommitTxs)
 		},
@@ -381,7 +410,7 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, ready func(pg
 		Registration: reg,
 		Metrics:      proxy.NewMetrics(adm.Registry),
 		Log:          log,
-	}, cache, router.NewPlanner(10000), pools, fns)
+	}, cache, planner(cfg), pools, fns)
 
 	registerProxyMetrics(adm, srv, pools, reg)
 	adm.Ready = func(ctx context.Context) error {
