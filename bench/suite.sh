@@ -7,6 +7,8 @@
 #   - pgbench select-only and TPC-B-like, direct vs pgbouncer vs Lattice, in
 #     the simple, extended and prepared protocols;
 #   - split and fold throughput against a raw COPY TO | COPY FROM;
+#   - a whole grow and a move, end to end, against the same raw pipe, with
+#     the time each phase of the pipeline takes;
 #   - the freeze pause distribution;
 #   - point-select tps and p99 during a reshard against before it.
 # It writes bench/results.md (machine, versions, date, the command to rerun)
@@ -20,6 +22,8 @@
 #                            run that measures proxy CPU per query
 #   BENCH_RESHARD_ROWS=500000  rows of the grow/shrink cycle
 #   BENCH_SPLIT_ROWS=1000000   rows of the shard the split benchmark copies half of
+#   BENCH_PIPELINE_ROWS=1000000  rows of the tree the pipeline benchmark
+#                            grows from 2 to 4 shards and moves a shard of
 #   BENCH_OUT=bench/results.md
 #   BENCH_NOTE="..."         a line printed under the heading (why the
 #                            figures may be off, say)
@@ -37,9 +41,10 @@ shards=${BENCH_SHARDS:-16}
 cpu_tx=${BENCH_CPU_TX:-10000}
 reshard_rows=${BENCH_RESHARD_ROWS:-500000}
 split_rows=${BENCH_SPLIT_ROWS:-1000000}
+pipeline_rows=${BENCH_PIPELINE_ROWS:-1000000}
 pgbin=/usr/lib/postgresql/15/bin
 
-rerun="BENCH_SECONDS=$secs BENCH_CLIENTS=$clients BENCH_SCALE=$scale BENCH_SHARDS=$shards BENCH_CPU_TX=$cpu_tx BENCH_RESHARD_ROWS=$reshard_rows BENCH_SPLIT_ROWS=$split_rows make bench"
+rerun="BENCH_SECONDS=$secs BENCH_CLIENTS=$clients BENCH_SCALE=$scale BENCH_SHARDS=$shards BENCH_CPU_TX=$cpu_tx BENCH_RESHARD_ROWS=$reshard_rows BENCH_SPLIT_ROWS=$split_rows BENCH_PIPELINE_ROWS=$pipeline_rows make bench"
 cpu=$(awk -F': ' '/^model name/ {print $2; exit}' /proc/cpuinfo)
 cores=$(nproc)
 mem=$(awk '/^MemTotal/ {printf "%.1f GiB", $2/1048576}' /proc/meminfo)
@@ -59,8 +64,9 @@ t0=$(date +%s)
 status=0
 LATTICE_TEST_RACE=0 LATTICE_BENCH_SECONDS=$secs LATTICE_BENCH_CLIENTS=$clients LATTICE_BENCH_SCALE=$scale \
   LATTICE_BENCH_SHARDS=$shards LATTICE_BENCH_CPU_TX=$cpu_tx LATTICE_BENCH_RESHARD_ROWS=$reshard_rows LATTICE_SPLIT_ROWS=$split_rows \
+  LATTICE_BENCH_PIPELINE_ROWS=$pipeline_rows \
   go test -count=1 -run '^$' -benchtime 1x -timeout 60m \
-  -bench '^(BenchmarkPointSelect|BenchmarkSuitePgbench|BenchmarkSplitCopy|BenchmarkFold.*|BenchmarkSuiteReshardCycle|BenchmarkReshardPointQueries|BenchmarkVerifyMoves)$' \
+  -bench '^(BenchmarkPointSelect|BenchmarkSuitePgbench|BenchmarkSplitCopy|BenchmarkFold.*|BenchmarkSuiteReshardCycle|BenchmarkPipeline|BenchmarkReshardPointQueries|BenchmarkVerifyMoves)$' \
   ./integration >"$log" 2>&1 || status=$?
 took=$(( $(date +%s) - t0 ))
 load_end=$(cut -d' ' -f1-3 /proc/loadavg)
@@ -93,7 +99,8 @@ has() { grep -qE "^$1(-[0-9]+)?[[:space:]]" "$log"; }
   echo "$rerun"
   echo '```'
   echo
-  sed -n "s/^BENCHMD //p" "$log" | awk '/^#### Reshard: splits and folds/ {exit} {print}'
+  # The pipeline's section is printed after the reshard cycle's.
+  sed -n "s/^BENCHMD //p" "$log" | awk '/^#### Reshard: splits and folds/ {exit} /^#### Pipeline/ {skip=1; next} /^#### / {skip=0} !skip {print}'
 
   echo "#### Split and fold shadow copy vs raw COPY"
   echo
@@ -113,6 +120,14 @@ has() { grep -qE "^$1(-[0-9]+)?[[:space:]]" "$log"; }
   fi
   echo
   sed -n "s/^BENCHMD //p" "$log" | awk '/^#### Reshard: splits and folds/ {p=1} p {print}'
+  if has BenchmarkPipeline; then
+    sed -n "s/^BENCHMD //p" "$log" | awk '/^#### Pipeline/ {p=1; print; next} /^#### / {p=0} p {print}'
+  else
+    echo "#### Pipeline: a whole grow and a move vs raw COPY"
+    echo
+    echo "BenchmarkPipeline did not report (see the failures below)."
+    echo
+  fi
 
   echo "#### Point selects during a reshard"
   echo

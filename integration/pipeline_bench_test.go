@@ -53,15 +53,17 @@ func BenchmarkPipeline(b *testing.B) {
 		} {
 			call := step.call
 			if call == "" {
-				idx, most := -1, 0
-				rs, err := c.Query(ctx, `SELECT shard, node, slot_count, state FROM lattice_shards('pipe')`)
+				idx, most := int32(-1), int32(0)
+				// The proxy serves lattice_shards only whole.
+				rs, err := c.Query(ctx, `SELECT * FROM lattice_shards('pipe')`)
 				if err != nil {
 					b.Fatal(err)
 				}
 				for rs.Next() {
-					var shard, slots int
-					var node, state string
-					if err := rs.Scan(&shard, &node, &slots, &state); err != nil {
+					var shard, slots int32
+					var node, schema, ranges, state string
+					var estimate *int64
+					if err := rs.Scan(&shard, &node, &schema, &ranges, &slots, &state, &estimate); err != nil {
 						b.Fatal(err)
 					}
 					if node == "n1" && state == "active" && slots > most {
@@ -90,12 +92,18 @@ func BenchmarkPipeline(b *testing.B) {
 			after := scrapeMetrics(b, p)
 			copied := int64(after.sum("lattice_migrator_rows_copied_total") - before.sum("lattice_migrator_rows_copied_total"))
 			log := p.Log()
-			phases := phaseTimes(log[logFrom:])
+			stepLog := log[logFrom:]
+			phases := phaseTimes(stepLog)
 			logFrom = len(log)
 			raw := rawCopyRate(b, ctx, "pipe", copied)
 			rate := float64(copied) / took.Seconds()
 			md("| %s | %d | %d | %.2f | %.0f | %.0f | %.2f |", step.name, len(phases), copied, took.Seconds(), rate, raw, rate/raw)
 			b.ReportMetric(rate/raw, step.metric)
+			for _, l := range strings.Split(stepLog, "\n") {
+				if strings.Contains(l, `msg="moved rows released"`) || strings.Contains(l, `msg="move verified"`) {
+					fmt.Println(l)
+				}
+			}
 			breakdowns = append(breakdowns, "| "+step.name+" | "+phaseBreakdown(phases, start, took)+" |")
 		}
 		md("\nWhere the time goes (ms):\n")

@@ -15,14 +15,16 @@ import (
 
 // TestReshardCrash kills the proxy that runs the reshard's coordinator
 // (SIGKILL, from a test-only hook) once in each phase of a migration:
-// shadow copy, drain, freeze, flip, release. A new proxy takes over the
+// shadow copy, drain, freeze, flip, release, and in the middle of a
+// release's sweep (crashRun's small release batches give a source's sweep
+// many block ranges, so that crash leaves moved rows). A new proxy takes over the
 // coordinator lease, the reshard completes, and the ledger check passes,
 // while clients on another proxy see no error.
 func TestReshardCrash(t *testing.T) {
 	if testing.Short() {
 		t.Skip("long: one reshard per crash point")
 	}
-	for _, point := range []string{"copy", "drain", "freeze", "flip", "release"} {
+	for _, point := range []string{"copy", "drain", "freeze", "flip", "release", "sweep"} {
 		t.Run(point, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 			defer cancel()
@@ -42,7 +44,7 @@ func TestReshardCrash(t *testing.T) {
 func crashRun(t *testing.T, ctx context.Context, point, op, complete string) (*pgxpool.Pool, *reshardLoad) {
 	t.Helper()
 	resetNodes(t)
-	fast := []string{"--reshard-lease", "3s", "--reshard-tick", "200ms"}
+	fast := []string{"--reshard-lease", "3s", "--reshard-tick", "200ms", "--release-batch", "100"}
 	b := startProxy(t, 3, append([]string{"--coordinator=false"}, fast...)...)
 	a := startProxyEnv(t, 3, []string{"LATTICE_TEST_CRASH_AT=" + point}, fast...)
 	pool, err := pgxpool.New(ctx, b.DSN("lattice"))

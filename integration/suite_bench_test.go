@@ -247,7 +247,7 @@ func BenchmarkSuiteReshardCycle(b *testing.B) {
 
 		md("#### Reshard: splits and folds end to end vs raw COPY\n")
 		md("A tree of %d rows (bigint key, about 80 bytes a row) on 2 nodes, resharded through `lattice_reshard` with no client load "+
-			"(default --max-concurrent-migrations 4, --reshard-tick 2s: the time includes planning ticks, catch-up, freeze and flip). "+
+			"(default --max-concurrent-migrations 4; the coordinator starts each migration at once, so the time is the copies, catch-up, freeze, flip, verification and release). "+
 			"rows copied is lattice_migrator_rows_copied_total; raw is one binary `COPY (SELECT … LIMIT n) TO STDOUT | COPY … FROM STDIN` "+
 			"of as many rows of the same shards between the same two nodes.\n", rows)
 		md("| step | migrations | rows copied | wall time s | rows/s | raw COPY rows/s | reshard/raw |")

@@ -13,7 +13,8 @@ import (
 // (a move's target table made, phase not recorded), copy
 // (before the copy commits), drain, freeze (fence installed, map not
 // flipped), flip (map flipped, phase not recorded), release (stream
-// dropped, rows not yet deleted). Never set it in production.
+// dropped, rows not yet deleted), sweep (a split's release has deleted the
+// moved rows of its first block range, not of the others). Never set it in production.
 var crashAt = os.Getenv("LATTICE_TEST_CRASH_AT")
 
 // holdAt, "point:path" (LATTICE_TEST_HOLD_AT, tests only), holds every run

@@ -25,7 +25,8 @@ type Options struct {
 	FreezeBudget time.Duration
 	// FreezeLag is the replication lag in bytes under which drain freezes.
 	FreezeLag int64
-	// ReleaseBatch is how many moved rows one release transaction deletes.
+	// ReleaseBatch is about how many rows of the source one release
+	// transaction scans (a block range of that many rows; release_pg.go).
 	ReleaseBatch int
 	// AckPoll is how often acknowledgements are polled.
 	AckPoll time.Duration
@@ -779,12 +780,15 @@ func (r *Runner) release(ctx context.Context, t *shardmap.Tree, mig *shardmap.Mi
 	if err := r.recordOwnership(ctx, t, m, mig); err != nil {
 		return err
 	}
+	start := time.Now()
 	if err := r.waitAcks(ctx, t, m); err != nil {
 		return err
 	}
+	acked := time.Now()
 	if err := r.cluster.DropShadow(ctx, t, mig); err != nil {
 		return err
 	}
+	dropped := time.Now()
 	r.crash("release")
 	if mig.Kind == shardmap.Move {
 		return r.releaseMove(ctx, t, m, mig)
@@ -800,6 +804,7 @@ func (r *Runner) release(ctx context.Context, t *shardmap.Tree, mig *shardmap.Mi
 	if err := r.deleteMoved(ctx, t, mig); err != nil {
 		return err
 	}
+	r.log.Info("moved rows released", "migration", mig.ID, "acks", acked.Sub(start), "drop_shadow", dropped.Sub(acked), "delete", time.Since(dropped))
 	if err := r.cluster.DropSlotFence(ctx, mig.SourceNode, r.fence(t, mig, 0)); err != nil {
 		return err
 	}

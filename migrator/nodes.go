@@ -52,7 +52,7 @@ type Nodes interface {
 	// WALPosition is node's current WAL position.
 	WALPosition(ctx context.Context, node, tenant string) (pglogrepl.LSN, error)
 	// DeleteSlots deletes the rows of slots from a shard table in
-	// transactions of at most batch rows that pass the fence.
+	// transactions of about batch rows scanned that pass the fence.
 	DeleteSlots(ctx context.Context, t *shardmap.Tree, node string, shard int, slots [][2]int, batch int) error
 	// Notify sends a tree event to the tenant's listeners.
 	Notify(ctx context.Context, tenant, payload string) error

@@ -2,13 +2,10 @@ package migrator
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 
 	"github.com/jackc/pglogrepl"
-	"github.com/jackc/pgx/v5"
 
-	"github.com/lattice-db/lattice/btreeindex"
 	"github.com/lattice-db/lattice/pgshard"
 	"github.com/lattice-db/lattice/shardmap"
 )
@@ -32,33 +29,6 @@ func (c clusterNodes) WALPosition(ctx context.Context, node, tenant string) (pgl
 	return pglogrepl.ParseLSN(s)
 }
 
-func (c clusterNodes) DeleteSlots(ctx context.Context, t *shardmap.Tree, node string, shard int, slots [][2]int, batch int) error {
-	p, err := c.Admin(ctx, node, t.Tenant)
-	if err != nil {
-		return err
-	}
-	table := pgshard.ShardTable(t, shard)
-	q := fmt.Sprintf("DELETE FROM %s WHERE ctid = ANY (ARRAY(SELECT ctid FROM %s WHERE %s LIMIT %d))",
-		table, table, btreeindex.SlotPredicate(t, "", slots), batch)
-	for {
-		var n int64
-		err := pgx.BeginFunc(ctx, p, func(tx pgx.Tx) error {
-			if _, err := tx.Exec(ctx, "SET LOCAL "+pgshard.MigratorSetting+" = 'on'"); err != nil {
-				return err
-			}
-			tag, err := tx.Exec(ctx, q)
-			n = tag.RowsAffected()
-			return err
-		})
-		if err != nil {
-			return fmt.Errorf("migrator: release moved rows of shard %d: %w", shard, err)
-		}
-		if n == 0 {
-			return nil
-		}
-	}
-}
-
 func (c clusterNodes) Notify(ctx context.Context, tenant, payload string) error {
 	p, err := c.Admin(ctx, c.Catalog().Name, tenant)
 	if err != nil {
@@ -77,7 +47,8 @@ func (c clusterNodes) shadowSpec(t *shardmap.Tree, mig *shardmap.Migration) (Sha
 	if err != nil {
 		return ShadowSpec{}, err
 	}
-	return ShadowSpec{ID: mig.ID, Tree: t, SourceDSN: src, TargetDSN: dst, Source: mig.Source, Target: mig.Target, Slots: mig.Slots}, nil
+	return ShadowSpec{ID: mig.ID, Tree: t, SourceDSN: src, TargetDSN: dst, Source: mig.Source, Target: mig.Target, Slots: mig.Slots,
+		Whole: mig.Kind == shardmap.Move}, nil
 }
 
 func (c clusterNodes) StartShadow(ctx context.Context, t *shardmap.Tree, mig *shardmap.Migration, log *slog.Logger) (Stream, error) {

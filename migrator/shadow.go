@@ -31,6 +31,10 @@ type ShadowSpec struct {
 	Source    int    // shard index of the source table
 	Target    int    // shard index of the target table
 	Slots     [][2]int
+	// Whole says the source table holds rows of Slots only (a move, which
+	// takes an unmixed shard with all its slots), so the copy reads the
+	// table without the slot filter.
+	Whole bool
 }
 
 // Name is the publication and replication slot name of the shadow copy.
@@ -233,9 +237,13 @@ func (sh *Shadow) copyRows(ctx context.Context, src *pgx.Conn, snapshot string, 
 	}
 	pr, pw := io.Pipe()
 	copyOut := make(chan error, 1)
+	out := "COPY (SELECT " + cols + " FROM " + pgshard.ShardTable(sp.Tree, sp.Source) +
+		" WHERE " + btreeindex.SlotPredicate(sp.Tree, "", sp.Slots) + ") TO STDOUT (FORMAT binary)"
+	if sp.Whole {
+		out = "COPY " + pgshard.ShardTable(sp.Tree, sp.Source) + " (" + cols + ") TO STDOUT (FORMAT binary)"
+	}
 	go func() {
-		_, err := src.PgConn().CopyTo(ctx, pw, "COPY (SELECT "+cols+" FROM "+pgshard.ShardTable(sp.Tree, sp.Source)+
-			" WHERE "+btreeindex.SlotPredicate(sp.Tree, "", sp.Slots)+") TO STDOUT (FORMAT binary)")
+		_, err := src.PgConn().CopyTo(ctx, pw, out)
 		pw.CloseWithError(err)
 		copyOut <- err
 	}()

@@ -176,11 +176,12 @@ func (c *serveConfig) flags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.TxAbortAfter, "tx-abort-after", time.Minute, "roll back a prepared transaction across nodes that has no commit decision after this long, even if the transaction that would decide it is still open; should exceed any prepare phase")
 	fs.BoolVar(&c.Coordinator, "coordinator", true, "run reshard coordinators in this proxy (at least one proxy must)")
 	fs.IntVar(&c.Reshard.MaxConcurrentMigrations, "max-concurrent-migrations", 4, "splits or folds one reshard keeps in flight")
-	fs.DurationVar(&c.Reshard.Tick, "reshard-tick", 2*time.Second, "how often a reshard coordinator plans")
+	fs.DurationVar(&c.Reshard.Tick, "reshard-tick", 2*time.Second, "how often a reshard coordinator plans; an intent stored, or a migration ended, in this proxy starts a plan at once")
 	fs.DurationVar(&c.Reshard.LeaseTTL, "reshard-lease", time.Minute, "a coordinator's lease; another proxy takes over a reshard this long after its coordinator died")
 	fs.DurationVar(&c.Reshard.EmptyTreeProbeBudget, "empty-probe-budget", 10*time.Second, "ceiling on the emptiness probe of lattice_reshard")
 	fs.DurationVar(&c.Migration.FreezeBudget, "freeze-budget", 2*time.Second, "longest write pause of one freeze; a freeze that does not fit is rolled back and retried")
 	fs.Int64Var(&c.Migration.FreezeLag, "freeze-lag", 256<<10, "replication lag in bytes under which a migration freezes")
+	fs.IntVar(&c.Migration.ReleaseBatch, "release-batch", 10000, "about how many rows of a split's source one release transaction scans for moved rows to delete")
 	fs.BoolFunc("verify-moves", "compare each move's slots on source and target, under snapshots taken in the freeze, before its source is released (true or false; default true)", func(v string) error {
 		on, err := strconv.ParseBool(v)
 		c.Migration.SkipVerify = !on
