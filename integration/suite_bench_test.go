@@ -277,7 +277,7 @@ func BenchmarkSuiteReshardCycle(b *testing.B) {
 			log := p.Log()
 			logged := pausesFromLog(log[logFrom:])
 			logFrom = len(log)
-			raw := rawCopyRate(b, ctx, copied)
+			raw := rawCopyRate(b, ctx, "cycle", copied)
 			rate := float64(copied) / took.Seconds()
 			md("| %s | %d | %d | %.1f | %.0f | %.0f | %.2f |", step.name, len(logged), copied, took.Seconds(), rate, raw, rate/raw)
 			pauses = append(pauses, fmt.Sprintf("| %s | %s | %s |", step.name, freezeHistogram(before, after), pauseStats(logged)))
@@ -293,9 +293,10 @@ func BenchmarkSuiteReshardCycle(b *testing.B) {
 	}
 }
 
-// rawCopyRate pipes n rows of the tree's first shard on node 1 into a copy
-// of its table on node 2 and returns rows per second.
-func rawCopyRate(b *testing.B, ctx context.Context, n int64) float64 {
+// rawCopyRate pipes n rows of tree's shards on node 1 (a tree of the cycle
+// benchmark's columns) into a copy of its table on node 2 and returns rows
+// per second.
+func rawCopyRate(b *testing.B, ctx context.Context, tree string, n int64) float64 {
 	b.Helper()
 	if n <= 0 {
 		return math.NaN()
@@ -307,13 +308,13 @@ func rawCopyRate(b *testing.B, ctx context.Context, n int64) float64 {
 	// The rows of every shard on node 1, in one query, up to n.
 	var shardTables []string
 	rows, err := src.Query(ctx, `SELECT format('%I.%I', schemaname, tablename) FROM pg_tables
-		WHERE schemaname LIKE 'lattice\_s%' AND tablename = 'cycle' ORDER BY 1`)
+		WHERE schemaname LIKE 'lattice\_s%' AND tablename = $1 ORDER BY 1`, tree)
 	if err != nil {
 		b.Fatal(err)
 	}
 	shardTables, err = pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil || len(shardTables) == 0 {
-		b.Fatalf("shard tables of cycle on node 1: %v (%d)", err, len(shardTables))
+		b.Fatalf("shard tables of %s on node 1: %v (%d)", tree, err, len(shardTables))
 	}
 	var parts []string
 	for _, t := range shardTables {

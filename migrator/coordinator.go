@@ -77,6 +77,8 @@ type Coordinator struct {
 	mu      sync.Mutex
 	running map[string]bool // migration ids running in this process
 	wg      sync.WaitGroup
+	// wake asks Run for a tick now (Nudge); one pending wake is enough.
+	wake chan struct{}
 }
 
 // NewCoordinator returns a coordinator that takes leases as owner id.
@@ -86,10 +88,12 @@ func NewCoordinator(id string, runner *Runner, opts CoordinatorOptions, interloc
 		interlocks = NoInterlocks{}
 	}
 	return &Coordinator{id: id, runner: runner, cluster: runner.cluster, store: runner.store, opts: opts.withDefaults(),
-		metrics: runner.metrics, interlocks: interlocks, log: runner.log, running: map[string]bool{}}
+		metrics: runner.metrics, interlocks: interlocks, log: runner.log, running: map[string]bool{},
+		wake: make(chan struct{}, 1)}
 }
 
-// Run ticks until ctx ends, then waits for the migrations it started.
+// Run ticks until ctx ends, then waits for the migrations it started. It
+// ticks every Tick, and at once after a Nudge.
 func (c *Coordinator) Run(ctx context.Context) {
 	t := time.NewTicker(c.opts.Tick)
 	defer t.Stop()
@@ -100,7 +104,21 @@ func (c *Coordinator) Run(ctx context.Context) {
 			c.wg.Wait()
 			return
 		case <-t.C:
+		case <-c.wake:
 		}
+	}
+}
+
+// Nudge asks for a tick now rather than at the next Tick: an intent was
+// stored, or a migration ended and the next may start. Without it every
+// reshard waited up to a tick to begin and a tick between each wave of
+// migrations. It never blocks; nudges that arrive during a tick make one
+// more tick. A proxy started without a coordinator leaves it to the others'
+// ticks.
+func (c *Coordinator) Nudge() {
+	select {
+	case c.wake <- struct{}{}:
+	default:
 	}
 }
 
@@ -347,6 +365,12 @@ func (c *Coordinator) ensureRunning(ctx context.Context, mig *shardmap.Migration
 		c.mu.Lock()
 		delete(c.running, mig.ID)
 		c.mu.Unlock()
+		if err == nil {
+			// The next migration, or the completion, need not wait for a
+			// tick. A failed run waits for one, so a lasting fault does
+			// not spin.
+			c.Nudge()
+		}
 	}()
 }
 
@@ -468,6 +492,7 @@ func (c *Coordinator) Reshard(ctx context.Context, tenant, tree string, n int) (
 	c.metrics.ReshardInitiated.WithLabelValues(tree, tenant).Inc()
 	c.runner.publish(ctx, Event{Event: EventReshardStarted, Tenant: tenant, Tree: tree, Epoch: m.Epoch,
 		Reshard: op.OpID, From: distinct, To: n})
+	c.Nudge()
 	verb := "splitting"
 	if !op.Grow {
 		verb = "folding"

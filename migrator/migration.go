@@ -226,7 +226,13 @@ func (r *Runner) setPhase(ctx context.Context, mig *shardmap.Migration, p shardm
 		return err
 	}
 	mig.Phase, mig.Updated = p, time.Now().UTC()
-	return r.store.PutMigration(ctx, mig)
+	if err := r.store.PutMigration(ctx, mig); err != nil {
+		return err
+	}
+	// One line per phase: the time each phase takes, end to end, is read
+	// from these (make bench's pipeline breakdown).
+	r.log.Info("migration phase", "migration", mig.ID, "tree", mig.Tree, "kind", mig.Kind, "phase", p)
+	return nil
 }
 
 func (r *Runner) fence(t *shardmap.Tree, mig *shardmap.Migration, epoch uint64) pgshard.SlotFence {
@@ -237,6 +243,7 @@ func (r *Runner) fence(t *shardmap.Tree, mig *shardmap.Migration, epoch uint64) 
 // Run carries a recorded migration from its phase to the end.
 func (r *Runner) Run(ctx context.Context, mig *shardmap.Migration) error {
 	log := r.log.With("migration", mig.ID, "tree", mig.Tree, "kind", mig.Kind, "source", mig.Source, "target", mig.Target)
+	log.Info("migration run", "phase", mig.Phase)
 	t, err := r.store.Tree(ctx, mig.Tenant, mig.Tree)
 	if err != nil {
 		return err

@@ -167,6 +167,7 @@ func (f *Functions) refuseIntent(cur *shardmap.Reshard, what string) error {
 func (f *Functions) started(ctx context.Context, r *shardmap.Reshard) {
 	f.coord.runner.publish(ctx, Event{Event: EventRebalanceStarted, Tenant: r.Tenant, Tree: r.Tree,
 		Epoch: f.coord.runner.mapEpoch(ctx, r.Tenant, r.Tree), Rebalance: r.OpID, Kind: string(r.Kind), By: r.By, Node: r.Node})
+	f.coord.Nudge()
 }
 
 func newIntent(t *shardmap.Tree, kind shardmap.IntentKind) *shardmap.Reshard {

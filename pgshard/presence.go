@@ -240,7 +240,10 @@ func (c *Cluster) present(ctx context.Context, cluster, node string) (map[string
 	if err != nil {
 		return nil, err
 	}
-	rows, err := p.Query(ctx, `SELECT DISTINCT application_name FROM pg_stat_activity WHERE application_name LIKE $1`,
+	// The proxy refuses the prefix in clients' application_name; the role
+	// check keeps sessions of other roles out too (presence and this probe
+	// connect as the node's own user).
+	rows, err := p.Query(ctx, `SELECT DISTINCT application_name FROM pg_stat_activity WHERE application_name LIKE $1 AND usename = current_user`,
 		presencePrefix+cluster+"/%")
 	if err != nil {
 		return nil, fmt.Errorf("node %s: %w", node, err)

@@ -64,6 +64,10 @@ func (s *session) parse(ctx context.Context, m *pgproto3.Parse) {
 		s.fail(sqlstate.New(sqlstate.DuplicatePreparedStatement, "prepared statement \"%s\" already exists", m.Name))
 		return
 	}
+	if err := s.stmtRoom(m.Name); err != nil {
+		s.fail(err)
+		return
+	}
 	plans, v, err := s.plan(ctx, m.Query)
 	if err != nil {
 		s.fail(err)
@@ -112,6 +116,10 @@ func (s *session) bind(ctx context.Context, m *pgproto3.Bind) {
 	}
 	if _, open := s.portals[m.DestinationPortal]; open && m.DestinationPortal != "" {
 		s.fail(sqlstate.New(sqlstate.DuplicateCursor, "cursor \"%s\" already exists", m.DestinationPortal))
+		return
+	}
+	if err := s.portalRoom(m.DestinationPortal); err != nil {
+		s.fail(err)
 		return
 	}
 	v, err := s.view(ctx)

@@ -23,6 +23,8 @@ func (s *session) receiveFailed(err error) {
 		// is not cut off mid-write and can read why.
 		discardInput(s.conn, int64(tooBig.ActualBodyLen))
 		e = sqlstate.Fatal(sqlstate.ProtocolViolation, "message of %d bytes exceeds the limit of %d", tooBig.ActualBodyLen, tooBig.MaxExpectedBodyLen)
+	case errors.As(err, &e):
+		// The message reader's own refusal (inflight.go).
 	case connLost(err):
 		return
 	default:

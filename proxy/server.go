@@ -27,8 +27,13 @@ import (
 // Config is what a Server needs besides its collaborators.
 type Config struct {
 	Startup StartupConfig
-	// MaxClients bounds client connections; 0 means 1000.
+	// MaxClients bounds client connections, those in startup included; 0
+	// means 1000.
 	MaxClients int
+	// MaxStartups and MaxStartupsPerHost bound the connections in startup,
+	// overall and from one source host; 0 means DefaultMaxStartups and
+	// DefaultMaxStartupsPerHost.
+	MaxStartups, MaxStartupsPerHost int
 	// MaxPinned bounds the sessions pinned to a catalog-node backend by
 	// session state (pin.go); 0 means DefaultMaxPinned.
 	MaxPinned int
@@ -38,6 +43,14 @@ type Config struct {
 	// MaxMergeMemory bounds the rows one fan-out statement holds in the
 	// proxy; 0 means DefaultMaxMergeMemory.
 	MaxMergeMemory int64
+	// MaxPreparedStatements and MaxPortals bound a session's named
+	// protocol statements and portals; 0 means DefaultMaxPreparedStatements
+	// and DefaultMaxPortals.
+	MaxPreparedStatements, MaxPortals int
+	// MaxMessageMemory bounds the large client message bodies held at once
+	// across sessions (inflight.go), unless Startup.Budget is set; 0 means
+	// DefaultMaxMessageMemory.
+	MaxMessageMemory int64
 	// CatalogNode is the node that holds ordinary tables and tree templates.
 	CatalogNode string
 	// Aggregates tells which of the named functions are aggregates in a
@@ -79,7 +92,8 @@ type Server struct {
 
 	aggs     sync.Map // tenant + "\x00" + function name -> aggCheck
 	colls    collationCache
-	clients  atomic.Int64
+	clients  atomic.Int64 // connected clients, those in startup included
+	startups *startupSlots
 	pinned   atomic.Int64 // sessions pinned to a backend (pin.go)
 	mu       sync.Mutex
 	sessions map[uint32]*session // by the process id handed to the client, for CancelRequest
@@ -103,9 +117,19 @@ func NewServer(cfg Config, cache *shardmap.Cache, planner *router.Planner, pools
 	if cfg.Metrics == nil {
 		cfg.Metrics = NewMetrics(nil)
 	}
+	if cfg.MaxPreparedStatements <= 0 {
+		cfg.MaxPreparedStatements = DefaultMaxPreparedStatements
+	}
+	if cfg.MaxPortals <= 0 {
+		cfg.MaxPortals = DefaultMaxPortals
+	}
+	if cfg.Startup.Budget == nil {
+		cfg.Startup.Budget = NewBudget(cfg.MaxMessageMemory)
+	}
 	return &Server{
 		cfg: cfg, cache: cache, planner: planner, pools: pools, functions: functions,
 		catalogNode: cfg.CatalogNode, twoPhase: cfg.TwoPhase, metrics: cfg.Metrics, log: cfg.Log, sessions: make(map[uint32]*session),
+		startups: newStartupSlots(cfg.MaxStartups, cfg.MaxStartupsPerHost),
 	}
 }
 
@@ -120,25 +144,19 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		ln.Close()
 		s.closeSessions()
 	}()
-	for {
-		conn, err := ln.Accept()
-		if err != nil {
-			if ctx.Err() != nil {
-				s.wg.Wait()
-				return nil
-			}
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				continue
-			}
-			return err
-		}
+	err := acceptLoop(ctx, ln, func(err error, delay time.Duration) {
+		s.log.Warn("accepting a client connection failed; retrying", "err", err, "retry_in", delay)
+	}, func(conn net.Conn) {
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()
 			s.serveConn(ctx, conn)
 		}()
+	})
+	if err == nil {
+		s.wg.Wait()
 	}
+	return err
 }
 
 func (s *Server) serveConn(ctx context.Context, conn net.Conn) {
@@ -146,26 +164,44 @@ func (s *Server) serveConn(ctx context.Context, conn net.Conn) {
 	if tc, ok := conn.(*net.TCPConn); ok {
 		_ = tc.SetNoDelay(true)
 	}
+	release, err := s.startups.take(conn.RemoteAddr())
+	if err != nil {
+		s.metrics.conn(connTooMany)
+		refuseConn(conn, err)
+		return
+	}
+	// A connection in startup holds a descriptor and a goroutine as a
+	// session does: it counts toward --max-clients from its accept.
+	n := s.clients.Add(1)
+	counted := true
+	uncount := func() {
+		if counted {
+			counted = false
+			s.clients.Add(-1)
+		}
+	}
+	defer uncount()
 	st, err := Handshake(ctx, conn, s.cfg.Startup)
+	release()
 	if err != nil {
 		s.log.Debug("startup failed", "remote", conn.RemoteAddr().String(), "err", err)
 		s.startupFailed(err)
 		return
 	}
+	defer st.Close()
 	if st.Cancel != nil {
+		uncount()
 		s.metrics.conn(connCancel)
 		s.cancel(ctx, st.Cancel)
 		return
 	}
-	if n := s.clients.Add(1); n > int64(s.cfg.MaxClients) {
-		s.clients.Add(-1)
+	if n > int64(s.cfg.MaxClients) {
 		s.metrics.conn(connTooMany)
 		s.metrics.errorSent(sqlstate.TooManyConnections)
 		st.Backend.Send(sqlstate.New(sqlstate.TooManyConnections, "sorry, too many clients already").Response())
 		_ = st.Backend.Flush()
 		return
 	}
-	defer s.clients.Add(-1)
 
 	sess := s.newSession(conn, st)
 	if err := s.greet(ctx, sess, st); err != nil {

@@ -61,6 +61,9 @@ func TestStartupSettings(t *testing.T) {
 		{name: "latin1 refused", params: map[string]string{"client_encoding": "LATIN1"}, wantCode: "0A000"},
 		{name: "latin1 in options refused", params: map[string]string{"options": "-c client_encoding=LATIN1"}, wantCode: "0A000"},
 		{name: "standard strings off refused", params: map[string]string{"standard_conforming_strings": "off"}, wantCode: "0A000"},
+		{name: "presence name refused", params: map[string]string{"application_name": "lattice proxy dep/x"}, wantCode: "42501"},
+		{name: "lattice setting refused", params: map[string]string{"options": "-c lattice.migrator=on"}, wantCode: "42501"},
+		{name: "replica role refused", params: map[string]string{"session_replication_role": "replica"}, wantCode: "42501"},
 		{name: "unknown option refused", params: map[string]string{"options": "-B 100"}, wantCode: "0A000"},
 		{name: "option without value", params: map[string]string{"options": "-c search_path"}, wantCode: "22023"},
 	}

@@ -47,6 +47,9 @@ type StartupConfig struct {
 	TLS *tls.Config
 	// TLSRequired refuses a client that starts without TLS (28000).
 	TLSRequired bool
+	// Budget bounds the large message bodies held at once across
+	// connections (inflight.go); nil reads each message as pgproto3 does.
+	Budget *Budget
 }
 
 // Startup is a client connection that has completed startup and
@@ -67,7 +70,12 @@ type Startup struct {
 	// Cancel is set, and nothing else, when the connection was a
 	// CancelRequest; the caller then closes it, sending nothing.
 	Cancel *CancelKey
+
+	reader *bodyReader // what Backend reads through, nil without a Budget
 }
+
+// Close gives back the budget the connection's reader still holds.
+func (s *Startup) Close() { s.reader.release() }
 
 // CancelKey identifies a session to cancel: what the proxy sent the client
 // in BackendKeyData.
@@ -105,8 +113,11 @@ func Handshake(ctx context.Context, conn net.Conn, cfg StartupConfig) (*Startup,
 	}
 	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Unix(1, 0)) })
 
-	c := &startupConn{conn: conn}
+	c := &startupConn{conn: conn, budget: cfg.Budget}
 	s, err := handshake(c, cfg)
+	if s != nil {
+		s.reader = c.br
+	}
 	if !stop() {
 		return nil, fmt.Errorf("startup abandoned: %w", context.Cause(ctx))
 	}
@@ -132,13 +143,20 @@ func Handshake(ctx context.Context, conn net.Conn, cfg StartupConfig) (*Startup,
 // nothing is read ahead of a TLS handshake.
 type startupConn struct {
 	conn    net.Conn
+	budget  *Budget
 	b       *pgproto3.Backend
+	br      *bodyReader
 	secured bool
 }
 
 func (c *startupConn) backend() *pgproto3.Backend {
 	if c.b == nil {
-		c.b = pgproto3.NewBackend(c.conn, c.conn)
+		var r io.Reader = c.conn
+		if c.budget != nil {
+			c.br = newBodyReader(c.conn, c.budget)
+			r = c.br
+		}
+		c.b = pgproto3.NewBackend(r, c.conn)
 	}
 	return c.b
 }
@@ -199,7 +217,8 @@ func handshake(c *startupConn, cfg StartupConfig) (*Startup, error) {
 				e.Hint = "Connect with sslmode=require (or verify-full)."
 				return nil, e
 			}
-			s, err := startupMessage(c.backend(), code, pkt[4:], cfg)
+			b := c.backend()
+			s, err := startupMessage(b, c.br, code, pkt[4:], cfg)
 			if s != nil {
 				s.Conn = c.conn
 			}
@@ -232,7 +251,7 @@ func readStartupPacket(r io.Reader) ([]byte, error) {
 
 // startupMessage handles a StartupMessage of the given protocol version whose
 // parameters are params.
-func startupMessage(b *pgproto3.Backend, version uint32, params []byte, cfg StartupConfig) (*Startup, error) {
+func startupMessage(b *pgproto3.Backend, br *bodyReader, version uint32, params []byte, cfg StartupConfig) (*Startup, error) {
 	if major, minor := version>>16, version&0xffff; major != 3 {
 		return nil, sqlstate.Fatal(sqlstate.FeatureNotSupported, "unsupported frontend protocol %d.%d: server supports 3.0", major, minor)
 	}
@@ -274,7 +293,7 @@ func startupMessage(b *pgproto3.Backend, version uint32, params []byte, cfg Star
 	delete(p, "replication")
 
 	if cfg.Users != nil {
-		b.SetMaxBodyLen(min(maxAuthMessage, cfg.MaxMessageSize))
+		setMaxBody(b, br, min(maxAuthMessage, cfg.MaxMessageSize))
 		if err := scramAuth(b, cfg.Users, user); err != nil {
 			return nil, err
 		}
@@ -288,7 +307,7 @@ func startupMessage(b *pgproto3.Backend, version uint32, params []byte, cfg Star
 	if err := b.Flush(); err != nil {
 		return nil, err
 	}
-	b.SetMaxBodyLen(cfg.MaxMessageSize)
+	setMaxBody(b, br, cfg.MaxMessageSize)
 	return &Startup{Backend: b, User: user, Database: database, Params: p}, nil
 }
 

@@ -147,6 +147,11 @@ func (p *planner) plan(n *pg.Node, start, end int) *Plan {
 		}
 	}
 	applyPins(pl, n)
+	if pl.Kind != Refused {
+		if err := guardSetConfig(n); err != nil {
+			*pl = Plan{Kind: Refused, SQL: pl.SQL, Err: err}
+		}
+	}
 	applyReach(pl, n)
 	return pl
 }
@@ -879,6 +884,9 @@ func (p *planner) variableSet(pl *Plan, s *pg.VariableSetStmt) {
 // or hash shard keys differently from PostgreSQL. It serves SET statements
 // and the settings a client sends at startup.
 func CheckSetting(name, value string) *sqlstate.Error {
+	if err := guardSetting(name, value); err != nil {
+		return err
+	}
 	switch strings.ToLower(name) {
 	case "standard_conforming_strings":
 		// The proxy parses every statement with standard_conforming_strings

@@ -195,6 +195,9 @@ const (
 	// LockNotAvailable: a lock_timeout while installing a fence (looked for
 	// in a node's errors, never sent).
 	LockNotAvailable = "55P03"
+	// CantChangeRuntimeParam: a set_config the proxy cannot check (its
+	// setting name or value is not a constant).
+	CantChangeRuntimeParam = "55P02"
 )
 
 // Classes 57 and 58, operator intervention and system error.

@@ -125,6 +125,9 @@ type serveConfig struct {
 	Nodes                                     nodeFlags
 	MaxClients, PoolSize, MaxListeners        int
 	MaxPinned                                 int
+	MaxStartups, MaxStartupsPerHost           int
+	MaxPreparedStatements, MaxPortals         int
+	MaxMessageMemory                          byteSize
 	StartupTimeout, StatementTimeout          time.Duration
 	MaxMergeMemory                            byteSize
 	TxRecoverEvery, TxAbortAfter              time.Duration
@@ -153,7 +156,9 @@ func (c *serveConfig) flags(fs *flag.FlagSet) {
 	fs.StringVar(&c.TLSKey, "tls-key", "", "PEM private key of --tls-cert")
 	fs.BoolVar(&c.TLSRequired, "tls-required", false, "refuse clients that do not use TLS (SQLSTATE 28000); needs --tls-cert")
 	fs.StringVar(&c.LogLevel, "log-level", "info", "debug, info, warn or error")
-	fs.IntVar(&c.MaxClients, "max-clients", 1000, "most client connections at once")
+	fs.IntVar(&c.MaxClients, "max-clients", 1000, "most client connections at once, those still in startup included")
+	fs.IntVar(&c.MaxStartups, "max-startups", proxy.DefaultMaxStartups, "most client connections in startup (before authentication completes) at once; more are refused with SQLSTATE 53300 at once, so silent sockets cannot use up file descriptors")
+	fs.IntVar(&c.MaxStartupsPerHost, "max-startups-per-host", proxy.DefaultMaxStartupsPerHost, "most client connections in startup at once from one source address")
 	fs.IntVar(&c.PoolSize, "pool-size", 32, "most backend connections per node and tenant")
 	fs.IntVar(&c.MaxListeners, "max-listeners", 0, "most sessions per tenant that hold a catalog-node backend for LISTEN, counted within --pool-size; 0 means half of --pool-size")
 	fs.IntVar(&c.MaxPinned, "max-pinned", 0, "most sessions at once that keep a catalog-node backend for session state the proxy cannot replay (temp tables, session advisory locks, PREPARE, WITH HOLD cursors, set_config(..., false)), counted within --pool-size; more are refused with SQLSTATE 53300 (default: half of --pool-size, so pinned sessions never take every catalog-node backend)")
@@ -161,6 +166,10 @@ func (c *serveConfig) flags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.StatementTimeout, "statement-timeout", 0, "statement_timeout of sessions that set none at startup; a client's SET overrides it; 0 leaves the nodes' own")
 	c.MaxMergeMemory = proxy.DefaultMaxMergeMemory
 	fs.Var(&c.MaxMergeMemory, "max-merge-memory", "most row data one statement over several shards holds in the proxy while merging (bytes, or with kB, MB, GB); more fails with SQLSTATE 53200")
+	c.MaxMessageMemory = proxy.DefaultMaxMessageMemory
+	fs.Var(&c.MaxMessageMemory, "max-message-memory", "most bytes of large client messages (over 64kB) held at once across all sessions while they arrive; a session whose message does not fit ends with SQLSTATE 53200")
+	fs.IntVar(&c.MaxPreparedStatements, "max-prepared-statements", proxy.DefaultMaxPreparedStatements, "most named protocol-level prepared statements per session; more fail with SQLSTATE 54000")
+	fs.IntVar(&c.MaxPortals, "max-portals", proxy.DefaultMaxPortals, "most named portals open per session; more fail with SQLSTATE 54000")
 	fs.DurationVar(&c.TxRecoverEvery, "tx-recover-interval", 10*time.Second, "how often to look for prepared transactions across nodes that a crashed proxy left behind")
 	fs.DurationVar(&c.TxAbortAfter, "tx-abort-after", time.Minute, "roll back a prepared transaction across nodes that has no commit decision after this long, even if the transaction that would decide it is still open; should exceed any prepare phase")
 	fs.BoolVar(&c.Coordinator, "coordinator", true, "run reshard coordinators in this proxy (at least one proxy must)")
@@ -384,13 +393,18 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, ready func(pg
 	srv := proxy.NewServer(proxy.Config{
 		Startup: proxy.StartupConfig{Users: users, StartupTimeout: cfg.StartupTimeout,
 			TLS: tlsConfig, TLSRequired: cfg.TLSRequired},
-		MaxClients:       cfg.MaxClients,
-		MaxPinned:        maxPinned(cfg.MaxPinned, cfg.PoolSize),
-		StatementTimeout: cfg.StatementTimeout,
-		MaxMergeMemory:   int64(cfg.MaxMergeMemory),
-		CatalogNode:      cluster.Catalog().Name,
-		Aggregates:       cluster.Aggregates,
-		TwoPhase:         twoPhase,
+		MaxClients:            cfg.MaxClients,
+		MaxStartups:           cfg.MaxStartups,
+		MaxStartupsPerHost:    cfg.MaxStartupsPerHost,
+		MaxPreparedStatements: cfg.MaxPreparedStatements,
+		MaxPortals:            cfg.MaxPortals,
+		MaxMessageMemory:      int64(cfg.MaxMessageMemory),
+		MaxPinned:             maxPinned(cfg.MaxPinned, cfg.PoolSize),
+		StatementTimeout:      cfg.StatementTimeout,
+		MaxMergeMemory:        int64(cfg.MaxMergeMemory),
+		CatalogNode:           cluster.Catalog().Name,
+		Aggregates:            cluster.Aggregates,
+		TwoPhase:              twoPhase,
 		TreeDDL: func(ctx context.Context, d pgshard.TreeDDL) error {
 			return cluster.RunTreeDDL(ctx, store, d, twoPhase.CommitTxs)
 		},

@@ -1,0 +1,185 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+)
+
+// BenchmarkPipeline measures the migration pipeline end to end against a
+// raw binary COPY TO | COPY FROM of as many rows between the same two
+// nodes, in one run: a whole grow of LATTICE_BENCH_PIPELINE_ROWS rows
+// (1,000,000) from 2 to 4 shards on 2 nodes, from lattice_reshard to
+// lattice_reshard_complete = true, then a lattice_move_shard of one shard
+// from node 1 to node 2, to lattice_rebalance_complete = true. With each it
+// splits the time into the pipeline's phases, from the migrator's
+// "migration phase" log lines.
+//
+//	LATTICE_TEST_RACE=0 go test -run '^$' -bench '^BenchmarkPipeline$' -benchtime 1x ./integration
+func BenchmarkPipeline(b *testing.B) {
+	ctx := context.Background()
+	rows := envInt("LATTICE_BENCH_PIPELINE_ROWS", 1_000_000)
+	for i := 0; i < b.N; i++ {
+		resetNodes(b)
+		p := startProxy(b, 2)
+		c := connect(b, p.DSN("lattice"))
+		mustExec(b, c, `CREATE TABLE pipe (k bigint PRIMARY KEY, n int8 NOT NULL, pad text NOT NULL)`)
+		mustExec(b, c, fmt.Sprintf(`INSERT INTO pipe SELECT g, g, repeat(md5(g::text), 2) FROM generate_series(1, %d) g`, rows))
+		mustExec(b, c, `SELECT lattice_create_tree('pipe', 'k', shard_count => 2)`)
+		for n := range 2 {
+			vc := connect(b, testNodeDSN(b, n))
+			mustExec(b, vc, "VACUUM ANALYZE")
+			vc.Close(ctx)
+		}
+		md("#### Pipeline: a whole grow and a move vs raw COPY\n")
+		md("A tree of %d rows (bigint key, about 80 bytes a row) on 2 nodes, with no client load: a grow from 2 to 4 shards "+
+			"from `lattice_reshard` to `lattice_reshard_complete` = true, then `lattice_move_shard` of one shard from n1 to n2 "+
+			"to `lattice_rebalance_complete` = true. raw is one binary `COPY (SELECT … LIMIT n) TO STDOUT | COPY … FROM STDIN` "+
+			"of as many rows between the same two nodes, right after each. The phases are the mean time each migration spent in "+
+			"each (they overlap when migrations run at once); wait is from the call to the first migration's start, tail from "+
+			"the last migration's end to the completion seen.\n", rows)
+		md("| step | migrations | rows copied | wall time s | rows/s | raw COPY rows/s | pipeline/raw |")
+		md("|---|---|---|---|---|---|---|")
+		var breakdowns []string
+		logFrom := len(p.Log())
+		for _, step := range []struct {
+			name, call, done, metric string
+		}{
+			{"grow 2 → 4 (splits)", `SELECT lattice_reshard('pipe', 4)`, `SELECT lattice_reshard_complete('pipe')`, "grow/raw"},
+			{"move shard to n2", "", `SELECT lattice_rebalance_complete('pipe')`, "move/raw"},
+		} {
+			call := step.call
+			if call == "" {
+				idx, most := -1, 0
+				rs, err := c.Query(ctx, `SELECT shard, node, slot_count, state FROM lattice_shards('pipe')`)
+				if err != nil {
+					b.Fatal(err)
+				}
+				for rs.Next() {
+					var shard, slots int
+					var node, state string
+					if err := rs.Scan(&shard, &node, &slots, &state); err != nil {
+						b.Fatal(err)
+					}
+					if node == "n1" && state == "active" && slots > most {
+						idx, most = shard, slots
+					}
+				}
+				if rs.Close(); rs.Err() != nil || idx < 0 {
+					b.Fatalf("no active shard on n1 to move: %v", rs.Err())
+				}
+				call = fmt.Sprintf(`SELECT lattice_move_shard('pipe', %d, 'n2')`, idx)
+			}
+			before := scrapeMetrics(b, p)
+			start := time.Now()
+			mustExec(b, c, call)
+			for {
+				var done bool
+				if err := c.QueryRow(ctx, step.done).Scan(&done); err != nil {
+					b.Fatal(err)
+				}
+				if done {
+					break
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			took := time.Since(start)
+			after := scrapeMetrics(b, p)
+			copied := int64(after.sum("lattice_migrator_rows_copied_total") - before.sum("lattice_migrator_rows_copied_total"))
+			log := p.Log()
+			phases := phaseTimes(log[logFrom:])
+			logFrom = len(log)
+			raw := rawCopyRate(b, ctx, "pipe", copied)
+			rate := float64(copied) / took.Seconds()
+			md("| %s | %d | %d | %.2f | %.0f | %.0f | %.2f |", step.name, len(phases), copied, took.Seconds(), rate, raw, rate/raw)
+			b.ReportMetric(rate/raw, step.metric)
+			breakdowns = append(breakdowns, "| "+step.name+" | "+phaseBreakdown(phases, start, took)+" |")
+		}
+		md("\nWhere the time goes (ms):\n")
+		md("| step | wait | prepare | copy | drain | freeze | verify | release | tail |")
+		md("|---|---|---|---|---|---|---|---|---|")
+		for _, l := range breakdowns {
+			md("%s", l)
+		}
+		md("")
+		c.Close(ctx)
+	}
+}
+
+// pipelinePhases are the phases a migration logs, in order; "run" is its
+// start, "done" its end.
+var pipelinePhases = []string{"run", "copy", "drain", "freeze", "flip", "release", "done"}
+
+var phaseLineRe = regexp.MustCompile(`^time=(\S+) .*msg="migration (?:run|phase)" .*migration=(\w+) .*phase=(\w+)`)
+
+// phaseTimes reads, per migration, when it started ("run", its first run)
+// and when it entered each later phase, from a proxy log.
+func phaseTimes(log string) map[string]map[string]time.Time {
+	out := map[string]map[string]time.Time{}
+	for _, line := range strings.Split(log, "\n") {
+		m := phaseLineRe.FindStringSubmatch(line)
+		if m == nil {
+			continue
+		}
+		at, err := time.Parse(time.RFC3339Nano, m[1])
+		if err != nil {
+			continue
+		}
+		phase := m[3]
+		if strings.Contains(line, `msg="migration run"`) {
+			phase = "run"
+		}
+		if out[m[2]] == nil {
+			out[m[2]] = map[string]time.Time{}
+		}
+		if _, seen := out[m[2]][phase]; !seen {
+			out[m[2]][phase] = at
+		}
+	}
+	return out
+}
+
+// phaseBreakdown is the table cells of one step: wait, the mean of each
+// phase over its migrations, tail.
+func phaseBreakdown(phases map[string]map[string]time.Time, start time.Time, took time.Duration) string {
+	var first, last time.Time
+	sums := make([]time.Duration, len(pipelinePhases)-1)
+	counts := make([]int, len(sums))
+	for _, at := range phases {
+		if t, ok := at["run"]; ok && (first.IsZero() || t.Before(first)) {
+			first = t
+		}
+		if t, ok := at["done"]; ok && t.After(last) {
+			last = t
+		}
+		for i := range sums {
+			from, ok1 := at[pipelinePhases[i]]
+			to, ok2 := at[pipelinePhases[i+1]]
+			if ok1 && ok2 {
+				sums[i] += to.Sub(from)
+				counts[i]++
+			}
+		}
+	}
+	ms := func(d time.Duration) string { return fmt.Sprintf("%.0f", float64(d.Microseconds())/1000) }
+	cells := []string{"–"}
+	if !first.IsZero() {
+		cells[0] = ms(first.Sub(start))
+	}
+	for i := range sums {
+		if counts[i] == 0 {
+			cells = append(cells, "–")
+			continue
+		}
+		cells = append(cells, ms(sums[i]/time.Duration(counts[i])))
+	}
+	if last.IsZero() {
+		cells = append(cells, "–")
+	} else {
+		cells = append(cells, ms(start.Add(took).Sub(last)))
+	}
+	return strings.Join(cells, " | ")
+}

@@ -1,0 +1,79 @@
+package router
+
+import (
+	"testing"
+
+	"github.com/lattice-db/lattice/sqlstate"
+)
+
+func TestGuardSettings(t *testing.T) {
+	cases := []struct {
+		sql  string
+		code string // "" when allowed
+	}{
+		{`SET lattice.migrator = on`, sqlstate.InsufficientPrivilege},
+		{`SET LOCAL lattice.migrator = on`, sqlstate.InsufficientPrivilege},
+		{`SET "Lattice.Anything" TO 'x'`, sqlstate.InsufficientPrivilege},
+		{`SET session_replication_role = replica`, sqlstate.InsufficientPrivilege},
+		{`SET application_name = 'lattice proxy abc/0123'`, sqlstate.InsufficientPrivilege},
+		{`SET application_name = 'Lattice Proxy x'`, sqlstate.InsufficientPrivilege},
+		{`SET application_name = 'my lattice proxy'`, ""},
+		{`SET application_name = 'app'`, ""},
+		{`SET search_path = public`, ""},
+
+		{`SELECT set_config('lattice.migrator', 'on', false)`, sqlstate.InsufficientPrivilege},
+		{`SELECT set_config('lattice.migrator', 'on', true)`, sqlstate.InsufficientPrivilege},
+		{`SELECT pg_catalog.set_config('LATTICE.migrator', 'on', true)`, sqlstate.InsufficientPrivilege},
+		{`SELECT x FROM (SELECT set_config('lattice.migrator', 'on', true) AS x) s`, sqlstate.InsufficientPrivilege},
+		{`SELECT set_config('session_replication_role', 'replica', false)`, sqlstate.InsufficientPrivilege},
+		{`SELECT set_config('application_name', 'lattice proxy d/1', false)`, sqlstate.InsufficientPrivilege},
+		{`SELECT set_config('application_name', $1, false)`, sqlstate.CantChangeRuntimeParam},
+		{`SELECT set_config('standard_conforming_strings', 'off', false)`, sqlstate.FeatureNotSupported},
+		{`SELECT set_config('standard_conforming_strings', $1, true)`, sqlstate.CantChangeRuntimeParam},
+		{`SELECT set_config('client_encoding', 'LATIN1', false)`, sqlstate.FeatureNotSupported},
+		{`SELECT set_config($1, 'on', false)`, sqlstate.CantChangeRuntimeParam},
+		{`SELECT set_config('lattice.' || 'migrator', 'on', false)`, sqlstate.CantChangeRuntimeParam},
+		{`SELECT set_config('lattice.migrator'::text, 'on', false)`, sqlstate.CantChangeRuntimeParam},
+		{`SELECT set_config('lattice.migrator', 'on', true), * FROM orders WHERE id = 1`, sqlstate.InsufficientPrivilege},
+		{`SELECT set_config('search_path', 'x', false)`, ""},
+		{`SELECT set_config('search_path', $1, true)`, ""},
+		{`SELECT set_config('standard_conforming_strings', 'on', true)`, ""},
+
+		// A function's SET clause applies at every call.
+		{`CREATE FUNCTION f() RETURNS int LANGUAGE sql SET lattice.migrator = 'on' AS 'SELECT 1'`, sqlstate.InsufficientPrivilege},
+		{`ALTER FUNCTION f() SET session_replication_role = replica`, sqlstate.InsufficientPrivilege},
+		{`CREATE FUNCTION f() RETURNS int LANGUAGE sql SET search_path = public AS 'SELECT 1'`, ""},
+	}
+	for _, c := range cases {
+		p := planOne(t, c.sql)
+		got := ""
+		if p.Kind == Refused {
+			got = p.Err.Code
+			if p.Err.Hint == "" {
+				t.Errorf("%s: refused without a hint", c.sql)
+			}
+		}
+		if got != c.code {
+			t.Errorf("%s: refused with %q (%v), want %q", c.sql, got, p.Err, c.code)
+		}
+	}
+}
+
+// TestGuardNotDerivedFromShape: a set_config of an allowed setting must not
+// leave a template through which a refused one passes.
+func TestGuardNotDerivedFromShape(t *testing.T) {
+	pl := NewPlanner(100)
+	for i, sql := range []string{
+		`SELECT set_config('search_path', 'a', true)`,
+		`SELECT set_config('search_path', 'b', true)`,
+		`SELECT set_config('lattice.migrator', 'on', true)`,
+	} {
+		plans, err := pl.Plan(sql, moreTrees(), 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if refused := plans[0].Kind == Refused; refused != (i == 2) {
+			t.Fatalf("%s: kind %v", sql, plans[0].Kind)
+		}
+	}
+}
