@@ -407,3 +407,29 @@ func TestRefusedSettings(t *testing.T) {
 		t.Fatalf("the session after the refusals: %v", err)
 	}
 }
+
+// TestNoPoolForAbsentDatabases: a user granted every database cannot reach
+// the templates, and databases that do not exist leave no pool behind.
+func TestNoPoolForAbsentDatabases(t *testing.T) {
+	resetNodes(t)
+	p := startProxy(t, 1)
+	ctx := context.Background()
+	for _, db := range []string{"template0", "template1"} {
+		if _, err := pgx.Connect(ctx, p.DSN(db)); pgCode(err) != "42501" {
+			t.Errorf("connect to %s: %v, want 42501", db, err)
+		}
+	}
+	for i := 0; i < 2; i++ {
+		if _, err := pgx.Connect(ctx, p.DSN(fmt.Sprintf("nosuch_%d", i))); pgCode(err) != "3D000" {
+			t.Fatalf("connect to a database that does not exist: %v, want 3D000", err)
+		}
+	}
+	f := scrape(t, p)["lattice_pool_backends_in_use"]
+	for _, m := range f.GetMetric() {
+		for _, l := range m.GetLabel() {
+			if l.GetName() == "tenant" && strings.HasPrefix(l.GetValue(), "nosuch_") {
+				t.Fatalf("a pool is left for database %s, which does not exist", l.GetValue())
+			}
+		}
+	}
+}

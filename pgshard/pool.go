@@ -143,6 +143,25 @@ func (p *Pools) Release(c *Conn) {
 	pl.release(c)
 }
 
+// ForgetUnused drops the pool of node and tenant if it holds no backend,
+// in use or idle: after its database turned out not to exist, so that
+// clients naming databases at random do not grow the pool map.
+func (p *Pools) ForgetUnused(node, tenant string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	k := poolKey{node, tenant}
+	pl := p.pools[k]
+	if pl == nil || len(pl.slots) > 0 || pl.waiting.Load() > 0 {
+		return
+	}
+	pl.mu.Lock()
+	idle := len(pl.idle)
+	pl.mu.Unlock()
+	if idle == 0 {
+		delete(p.pools, k)
+	}
+}
+
 // Stats reports each pool's use.
 func (p *Pools) Stats() []Stats {
 	p.mu.Lock()

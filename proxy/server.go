@@ -245,9 +245,16 @@ func (s *Server) greet(ctx context.Context, sess *session, st *Startup) error {
 		return err
 	}
 	withStatementTimeout(params, s.cfg.StatementTimeout)
+	if err := tenantName(sess.tenant); err != nil {
+		return err
+	}
 	be, err := s.pools.Acquire(ctx, s.catalogNode, sess.tenant)
 	if err != nil {
-		return sqlstate.As(unwrapPg(err))
+		e := sqlstate.As(unwrapPg(err))
+		if e.Code == sqlstate.InvalidCatalogName {
+			s.pools.ForgetUnused(s.catalogNode, sess.tenant)
+		}
+		return e
 	}
 	defaults := maps.Clone(be.StartupParams)
 	s.pools.Release(be)
@@ -268,6 +275,17 @@ func (s *Server) greet(ctx context.Context, sess *session, st *Startup) error {
 	sess.client.Send(&pgproto3.BackendKeyData{ProcessID: sess.key.ProcessID, SecretKey: secret})
 	sess.client.Send(&pgproto3.ReadyForQuery{TxStatus: 'I'})
 	return sess.flush()
+}
+
+// tenantName refuses a database no tenant may be: the templates, from
+// which every new database is copied.
+func tenantName(db string) error {
+	if db == "template0" || db == "template1" {
+		e := sqlstate.Fatal(sqlstate.InsufficientPrivilege, "database %q is not a tenant: templates cannot be used through the Lattice proxy", db)
+		e.Hint = "Connect with your tenant's database name."
+		return e
+	}
+	return nil
 }
 
 // unwrapPg keeps a PostgreSQL error (e.g. 3D000 for a missing database)
