@@ -163,12 +163,8 @@ func (c *Cluster) ArmSlotFence(ctx context.Context, node string, f SlotFence) (s
 	stmts := []string{
 		fmt.Sprintf("SET LOCAL lock_timeout = '%dms'", fenceLockTimeout.Milliseconds()),
 		"SET LOCAL synchronous_commit = on",
-		// The WHEN skips the function for the migrator's own writes (the
-		// release's deletes) without calling PL/pgSQL for each row, which
-		// made the function most of a release's time; the function checks
-		// the same setting again.
 		"CREATE OR REPLACE TRIGGER " + quoteIdent(f.trigger()) + " BEFORE INSERT OR UPDATE OR DELETE ON " + table +
-			" FOR EACH ROW WHEN (current_setting('" + MigratorSetting + "', true) IS DISTINCT FROM 'on') EXECUTE FUNCTION " + f.funcName() + "(" + epoch + ")",
+			" FOR EACH ROW EXECUTE FUNCTION " + f.funcName() + "(" + epoch + ")",
 		"CREATE OR REPLACE TRIGGER " + quoteIdent(f.trigger()+"_t") + " BEFORE TRUNCATE ON " + table +
 			" FOR EACH STATEMENT EXECUTE FUNCTION " + f.funcName() + "(" + epoch + ")",
 	}
