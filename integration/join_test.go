@@ -181,14 +181,7 @@ func TestJoinsMixedShard(t *testing.T) {
 	mustExec(t, c, "INSERT INTO mj SELECT 'm' || g, g FROM generate_series(1, 400) g")
 	mustExec(t, c, "SELECT lattice_create_tree('mj', 'k', shard_count => 4)")
 	store := harnessStore(t)
-	tree, err := store.Tree(ctx, "lattice", "mj")
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := store.Map(ctx, "lattice", "mj")
-	if err != nil {
-		t.Fatal(err)
-	}
+	tree, m := storedTree(t, ctx, store, "mj")
 	nodeIndex := func(name string) int { return int(name[1] - '1') }
 	srcConn := ctConnect(t, ctx, testNodeDSN(t, nodeIndex(m.Shards[0].Node)))
 	movedConn := ctConnect(t, ctx, testNodeDSN(t, nodeIndex(m.Shards[1].Node)))

@@ -46,14 +46,7 @@ func TestMixedShardScan(t *testing.T) {
 		}
 	}
 	store := harnessStore(t)
-	tree, err := store.Tree(ctx, "lattice", "mx")
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := store.Map(ctx, "lattice", "mx")
-	if err != nil {
-		t.Fatal(err)
-	}
+	tree, m := storedTree(t, ctx, store, "mx")
 	src, moved := m.Shards[0], m.Shards[1]
 	nodeIndex := func(name string) int { return int(name[1] - '1') }
 	srcConn := ctConnect(t, ctx, testNodeDSN(t, nodeIndex(src.Node)))
@@ -276,14 +269,7 @@ func TestFoldSurvivorKeylessWrites(t *testing.T) {
 		want["f"+strconv.Itoa(g)] = g
 	}
 	store := harnessStore(t)
-	tree, err := store.Tree(ctx, "lattice", "fx")
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := store.Map(ctx, "lattice", "fx")
-	if err != nil {
-		t.Fatal(err)
-	}
+	tree, m := storedTree(t, ctx, store, "fx")
 	nodeDSN := func(name string) string { return testNodeDSN(t, int(name[1]-'1')) }
 	// The fence's CREATE TRIGGER conflicts with ROW EXCLUSIVE: every freeze
 	// rolls back to the drain, while reads and writes go through.
@@ -475,10 +461,7 @@ func TestFoldSurvivorKeylessWrites(t *testing.T) {
 		return done, err
 	})
 	checkRows("through the proxy after the fold")
-	m, err = store.Map(ctx, "lattice", "fx")
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, m = storedTree(t, ctx, store, "fx")
 	if n := len(m.OwningShards()); n != 3 || m.Shards[fold.Target].Mixed || m.Shards[fold.Source].State != shardmap.ShardRetired {
 		t.Fatalf("after the fold: %d owning shards, survivor %+v, donor %+v", n, m.Shards[fold.Target], m.Shards[fold.Source])
 	}

@@ -21,6 +21,20 @@ func openStore(t *testing.T) (*shardmap.RedisStore, string) {
 	return harnessStore(t), fmt.Sprintf("it_store_%d", time.Now().UnixNano())
 }
 
+// storedTree reads tree name of the default tenant and its map from store.
+func storedTree(t *testing.T, ctx context.Context, store *shardmap.RedisStore, name string) (*shardmap.Tree, *shardmap.Map) {
+	t.Helper()
+	tree, err := store.Tree(ctx, "lattice", name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := store.Map(ctx, "lattice", name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tree, m
+}
+
 // harnessStore opens the harness's redis for the test, closed at its end.
 func harnessStore(t *testing.T) *shardmap.RedisStore {
 	t.Helper()

@@ -193,14 +193,7 @@ func TestLatticeVerify(t *testing.T) {
 	mustExec(t, c, "SELECT lattice_create_tree('items', 'k', shard_count => 2)")
 	checkVerified(t, c, "items", rows)
 	store := harnessStore(t)
-	tr, err := store.Tree(ctx, "lattice", "items")
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := store.Map(ctx, "lattice", "items")
-	if err != nil {
-		t.Fatal(err)
-	}
+	tr, m := storedTree(t, ctx, store, "items")
 	// A copy of k1 and a row without a copy, on the shard that does not own k1's slot.
 	slot, _ := shardmap.SlotForText(tr.KeyType, []byte("k1"), tr.SlotCount)
 	other := 1 - m.Slots[slot]

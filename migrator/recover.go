@@ -446,18 +446,7 @@ func (rc *recovery) finish(ctx context.Context, t *shardmap.Tree, mv pgshard.Mov
 	if !ok {
 		return fmt.Errorf("its target shard %d has no ownership record", mv.Target)
 	}
-	if !covers(tgt.slots, mv.Slots) {
-		if hasObject(st, mv.Migration, "slot") {
-			if err := rc.drain(ctx, t, mig); err != nil {
-				return err
-			}
-		}
-		if err := rc.cluster.ClaimSlots(ctx, t, mv.Target, mv.TargetNode, mv.Slots, epoch); err != nil {
-			return err
-		}
-		tgt.slots = mergeRanges(tgt.slots, mv.Slots)
-	}
-	if err := rc.nodes.DropShadow(ctx, t, mig); err != nil {
+	if err := rc.carry(ctx, t, mig, mv, tgt, st, epoch); err != nil {
 		return err
 	}
 	src := shards[mv.Source]
@@ -586,4 +575,25 @@ func mergeRanges(a, b [][2]int) [][2]int {
 	}
 	slices.Sort(slots)
 	return ranges(slots)
+}
+
+// carry gives a fenced migration's slots to its target, unless its record
+// holds them already (the flip was written): the stream is drained first,
+// if its slot is left. Then the stream's objects go.
+func (rc *recovery) carry(ctx context.Context, t *shardmap.Tree, mig *shardmap.Migration, mv pgshard.Moving, tgt *recShard, st *tenantState, epoch uint64) error {
+	if !covers(tgt.slots, mv.Slots) {
+		if hasObject(st, mv.Migration, "slot") {
+			if err := rc.drain(ctx, t, mig); err != nil {
+				return err
+			}
+		}
+		if err := rc.cluster.ClaimSlots(ctx, t, mv.Target, mv.TargetNode, mv.Slots, epoch); err != nil {
+			return err
+		}
+		tgt.slots = mergeRanges(tgt.slots, mv.Slots)
+	}
+	if err := rc.nodes.DropShadow(ctx, t, mig); err != nil {
+		return err
+	}
+	return nil
 }

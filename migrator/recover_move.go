@@ -73,18 +73,7 @@ func (rc *recovery) resolveMove(ctx context.Context, t *shardmap.Tree, sr second
 // stream's objects and the source table go, and the fence.
 func (rc *recovery) finishMove(ctx context.Context, t *shardmap.Tree, mv pgshard.Moving, tgt *recShard, st *tenantState, epoch uint64) error {
 	mig := movingMigration(t, mv)
-	if !covers(tgt.slots, mv.Slots) {
-		if hasObject(st, mv.Migration, "slot") {
-			if err := rc.drain(ctx, t, mig); err != nil {
-				return err
-			}
-		}
-		if err := rc.cluster.ClaimSlots(ctx, t, mv.Target, mv.TargetNode, mv.Slots, epoch); err != nil {
-			return err
-		}
-		tgt.slots = mergeRanges(tgt.slots, mv.Slots)
-	}
-	if err := rc.nodes.DropShadow(ctx, t, mig); err != nil {
+	if err := rc.carry(ctx, t, mig, mv, tgt, st, epoch); err != nil {
 		return err
 	}
 	if err := rc.cluster.DropShard(ctx, t, mv.Source, mv.SourceNode); err != nil {
