@@ -53,16 +53,7 @@ func rssOf(t *testing.T, p *proxyProc) int64 {
 // itself.
 func rawSession(t *testing.T, p *proxyProc) net.Conn {
 	t.Helper()
-	pc, err := pgconn.Connect(context.Background(), p.DSN("lattice"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	hj, err := pc.Hijack()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { hj.Conn.Close() })
-	return hj.Conn
+	return dialWire(t, p.DSN("lattice")).nc
 }
 
 func queryHeader(body int) []byte {

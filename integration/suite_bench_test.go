@@ -233,17 +233,7 @@ func BenchmarkSuiteReshardCycle(b *testing.B) {
 	ctx := context.Background()
 	rows := envInt("LATTICE_BENCH_RESHARD_ROWS", 500_000)
 	for i := 0; i < b.N; i++ {
-		resetNodes(b)
-		p := startProxy(b, 2)
-		c := connect(b, p.DSN("lattice"))
-		mustExec(b, c, `CREATE TABLE cycle (k bigint PRIMARY KEY, n int8 NOT NULL, pad text NOT NULL)`)
-		mustExec(b, c, fmt.Sprintf(`INSERT INTO cycle SELECT g, g, repeat(md5(g::text), 2) FROM generate_series(1, %d) g`, rows))
-		mustExec(b, c, `SELECT lattice_create_tree('cycle', 'k', shard_count => 8)`)
-		for n := range 2 {
-			vc := connect(b, testNodeDSN(b, n))
-			mustExec(b, vc, "VACUUM ANALYZE")
-			vc.Close(ctx)
-		}
+		p, c := benchTree(b, "cycle", rows, 8)
 
 		md("#### Reshard: splits and folds end to end vs raw COPY\n")
 		md("A tree of %d rows (bigint key, about 80 bytes a row) on 2 nodes, resharded through `lattice_reshard` with no client load "+
@@ -475,4 +465,23 @@ func pauseStats(d []time.Duration) string {
 		return fmtMS(float64(s[int(math.Ceil(p*float64(len(s))))-1].Microseconds()) / 1000)
 	}
 	return fmt.Sprintf("%d flips; p50 %s, p99 %s, max %s", len(d), q(0.5), q(0.99), q(1))
+}
+
+// benchTree starts a proxy over 2 fresh nodes and creates tree name of
+// rows rows (bigint key, about 80 bytes a row) in shards shards, the nodes
+// vacuumed and analyzed after, for the migration benchmarks.
+func benchTree(b *testing.B, name string, rows, shards int) (*proxyProc, *pgx.Conn) {
+	b.Helper()
+	resetNodes(b)
+	p := startProxy(b, 2)
+	c := connect(b, p.DSN("lattice"))
+	mustExec(b, c, fmt.Sprintf(`CREATE TABLE %s (k bigint PRIMARY KEY, n int8 NOT NULL, pad text NOT NULL)`, name))
+	mustExec(b, c, fmt.Sprintf(`INSERT INTO %s SELECT g, g, repeat(md5(g::text), 2) FROM generate_series(1, %d) g`, name, rows))
+	mustExec(b, c, fmt.Sprintf(`SELECT lattice_create_tree('%s', 'k', shard_count => %d)`, name, shards))
+	for n := range 2 {
+		vc := connect(b, testNodeDSN(b, n))
+		mustExec(b, vc, "VACUUM ANALYZE")
+		vc.Close(context.Background())
+	}
+	return p, c
 }
