@@ -67,17 +67,7 @@ func BenchmarkPipeline(b *testing.B) {
 			}
 			before := scrapeMetrics(b, p)
 			start := time.Now()
-			mustExec(b, c, call)
-			for {
-				var done bool
-				if err := c.QueryRow(ctx, step.done).Scan(&done); err != nil {
-					b.Fatal(err)
-				}
-				if done {
-					break
-				}
-				time.Sleep(20 * time.Millisecond)
-			}
+			runUntil(b, ctx, c, call, step.done)
 			took := time.Since(start)
 			after := scrapeMetrics(b, p)
 			copied := int64(after.sum("lattice_migrator_rows_copied_total") - before.sum("lattice_migrator_rows_copied_total"))

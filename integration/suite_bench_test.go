@@ -250,17 +250,7 @@ func BenchmarkSuiteReshardCycle(b *testing.B) {
 		}{{"grow 8 → 16 (splits)", 16}, {"shrink 16 → 8 (folds)", 8}} {
 			before := scrapeMetrics(b, p)
 			start := time.Now()
-			mustExec(b, c, fmt.Sprintf(`SELECT lattice_reshard('cycle', %d)`, step.shards))
-			for {
-				var done bool
-				if err := c.QueryRow(ctx, `SELECT lattice_reshard_complete('cycle')`).Scan(&done); err != nil {
-					b.Fatal(err)
-				}
-				if done {
-					break
-				}
-				time.Sleep(100 * time.Millisecond)
-			}
+			runUntil(b, ctx, c, fmt.Sprintf(`SELECT lattice_reshard('cycle', %d)`, step.shards), `SELECT lattice_reshard_complete('cycle')`)
 			took := time.Since(start)
 			after := scrapeMetrics(b, p)
 			copied := int64(after.sum("lattice_migrator_rows_copied_total") - before.sum("lattice_migrator_rows_copied_total"))
@@ -484,4 +474,21 @@ func benchTree(b *testing.B, name string, rows, shards int) (*proxyProc, *pgx.Co
 		vc.Close(context.Background())
 	}
 	return p, c
+}
+
+// runUntil runs call through c, then polls the boolean query done until it
+// is true, for a benchmark that times an operation to its completion signal.
+func runUntil(b *testing.B, ctx context.Context, c *pgx.Conn, call, done string) {
+	b.Helper()
+	mustExec(b, c, call)
+	for {
+		var ok bool
+		if err := c.QueryRow(ctx, done).Scan(&ok); err != nil {
+			b.Fatal(err)
+		}
+		if ok {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
