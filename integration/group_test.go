@@ -37,6 +37,10 @@ type groupLoad struct {
 
 	version       atomic.Int64
 	writes, reads atomic.Int64
+	// stopping ends the writers between transactions, so that every
+	// transaction a writer began is acknowledged or failed, never cut off
+	// with its outcome unknown.
+	stopping atomic.Bool
 }
 
 const groupDDL = `CREATE TABLE customers (customer_id bigint PRIMARY KEY, ver bigint NOT NULL);
@@ -69,7 +73,7 @@ func newGroupLoad(t *testing.T, ctx context.Context, pools []*pgxpool.Pool, cust
 func (g *groupLoad) writer(ctx context.Context, w int) error {
 	rng := rand.New(rand.NewPCG(uint64(w), 7))
 	pool := g.pools[w%len(g.pools)]
-	for ctx.Err() == nil {
+	for !g.stopping.Load() && ctx.Err() == nil {
 		c := int64(rng.IntN(g.customers/g.writers)*g.writers + w)
 		o := int64(rng.IntN(3))
 		amounts := make([]int, 1+rng.IntN(3))
@@ -108,9 +112,6 @@ func (g *groupLoad) writer(ctx context.Context, w int) error {
 			return nil
 		})
 		if err != nil {
-			if ctx.Err() != nil {
-				return nil // cut off by the end of the run: never acknowledged
-			}
 			return fmt.Errorf("writer %d, customer %d: %w", w, c, err)
 		}
 		g.mu.Lock()
@@ -173,7 +174,7 @@ func (g *groupLoad) reader(ctx context.Context, i int) error {
 // first error, failed reports it without stopping them.
 func (g *groupLoad) run(ctx context.Context) (failed func() error, finish func() error) {
 	runCtx, stop := context.WithCancel(ctx)
-	var wg sync.WaitGroup
+	var wg, writers sync.WaitGroup
 	var mu sync.Mutex
 	var first error
 	note := func(err error) {
@@ -184,7 +185,7 @@ func (g *groupLoad) run(ctx context.Context) (failed func() error, finish func()
 		}
 	}
 	for w := range g.writers {
-		wg.Go(func() { note(g.writer(runCtx, w)) })
+		writers.Go(func() { note(g.writer(ctx, w)) })
 	}
 	for i := range 2 {
 		wg.Go(func() { note(g.reader(runCtx, i)) })
@@ -195,6 +196,8 @@ func (g *groupLoad) run(ctx context.Context) (failed func() error, finish func()
 		return first
 	}
 	finish = func() error {
+		g.stopping.Store(true)
+		writers.Wait()
 		stop()
 		wg.Wait()
 		return failed()
@@ -420,4 +423,69 @@ func TestGroupReshardUnderLoad(t *testing.T) {
 	}
 	g.check(t, ctx, pools[1], 3)
 	t.Logf("%d writes, %d reads in %s", g.writes.Load(), g.reads.Load(), time.Since(start))
+}
+
+// TestGroupMoveCrash kills the coordinator's proxy (SIGKILL, the
+// LATTICE_TEST_CRASH_AT hook) in a move of a colocation group's shard:
+// with every member table fenced, before the flip (the freeze is undone
+// for every member and tried again), and in the release, after the
+// stream's objects went. A new proxy takes the lease over and the move
+// completes: every member's table of the shard on the new node, none
+// left on the old one, every row once, while clients on another proxy
+// see no error.
+func TestGroupMoveCrash(t *testing.T) {
+	for _, point := range []string{"freeze", "release"} {
+		t.Run(point, func(t *testing.T) {
+			resetNodes(t)
+			ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+			defer cancel()
+			fast := []string{"--reshard-lease", "3s", "--reshard-tick", "200ms"}
+			b := startProxy(t, 3, append([]string{"--coordinator=false"}, fast...)...)
+			a := startProxyEnv(t, 3, []string{"LATTICE_TEST_CRASH_AT=" + point}, fast...)
+			pool, err := pgxpool.New(ctx, b.DSN("lattice"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(pool.Close)
+			g := newGroupLoad(t, ctx, []*pgxpool.Pool{pool}, 300, 4)
+			from := strings.TrimSuffix(shardNodes(t, ctx, pool, "orders")[0], "/active")
+			to := map[string]string{"n1": "n2", "n2": "n3", "n3": "n1"}[from]
+			failed, finish := g.run(ctx)
+			if _, err := pool.Exec(ctx, "SELECT lattice_move_shard('orders', 0, $1)", to); err != nil {
+				finish()
+				t.Fatal(err)
+			}
+			if !a.WaitExit(2 * time.Minute) {
+				finish()
+				t.Fatalf("the coordinator's proxy did not reach crash point %q", point)
+			}
+			if err := a.crashedAt(point); err != nil {
+				finish()
+				t.Fatal(err)
+			}
+			c := startProxy(t, 3, fast...) // takes the lease over once it expires
+			waitFor(t, ctx, pool, "SELECT lattice_rebalance_complete('order_lines')", failed, finish)
+			if err := finish(); err != nil {
+				t.Fatal(err)
+			}
+			if !strings.Contains(c.Log(), `msg="migration done"`) {
+				t.Fatal("the move completed, but the restarted proxy finished no migration")
+			}
+			for _, tree := range []string{"customers", "orders", "order_lines"} {
+				if got := shardNodes(t, ctx, pool, tree)[0]; got != to+"/active" {
+					t.Errorf("%s shard 0 is %s after the move, want %s/active", tree, got, to)
+				}
+			}
+			for i := range 3 {
+				for _, l := range latticeLeftovers(t, ctx, i) {
+					if strings.HasPrefix(l, "publication") || strings.HasPrefix(l, "slot") ||
+						fmt.Sprintf("n%d", i+1) == from && strings.Contains(l, "lattice_s0000") {
+						t.Errorf("node n%d keeps %s", i+1, l)
+					}
+				}
+			}
+			g.check(t, ctx, pool, 3)
+			t.Logf("crash at %s: %d writes, %d reads", point, g.writes.Load(), g.reads.Load())
+		})
+	}
 }
