@@ -100,6 +100,8 @@ type Routing struct {
 // Errors carry the SQLSTATE to send the client.
 func Resolve(v *shardmap.View, p *Plan, b *Bind) (*Routing, error) {
 	switch p.Kind {
+	case RefWrite:
+		return resolveRefWrite(v, p)
 	case Single, InsertSplit, WriteAll, FanOut, Copy:
 	default:
 		return &Routing{}, nil
