@@ -28,6 +28,13 @@ import (
 //     nextval() ...), a dropped reference table (turn it back into an
 //     ordinary table first).
 
+// The reference-table functions change the cluster: each runs in a
+// statement of its own (compose.go).
+func init() {
+	changing["lattice_create_reference_table"] = true
+	changing["lattice_undistribute_table"] = true
+}
+
 // perNode are functions whose result differs between the nodes that run
 // one statement: time, randomness, sequences, the backend itself.
 var perNode = map[string]bool{
@@ -255,4 +262,21 @@ func resolveRefWrite(v *shardmap.View, p *Plan) (*Routing, error) {
 		r.Targets = append(r.Targets, Target{Node: n, Shard: -1, SQL: p.SQL})
 	}
 	return r, nil
+}
+
+// copiesOn refuses a statement on a tree that reads reference tables when
+// a node it runs on has no copy of one of them yet (a node being given its
+// copies), rather than let that node answer from a table it lacks.
+func copiesOn(v *shardmap.View, p *Plan, r *Routing) *sqlstate.Error {
+	for _, name := range p.References {
+		ref := v.References[name]
+		for _, t := range r.Targets {
+			if ref == nil || !ref.Holds(t.Node) {
+				return &sqlstate.Error{Code: sqlstate.ObjectNotInPrerequisiteState,
+					Message: "reference table " + qn(name) + " has no copy on node " + qn(t.Node) + " yet",
+					Hint:    "Retry once the node has been given its copy (it gets one before its first shard)."}
+			}
+		}
+	}
+	return nil
 }

@@ -140,6 +140,11 @@ func Resolve(v *shardmap.View, p *Plan, b *Bind) (*Routing, error) {
 	if err != nil {
 		return nil, err
 	}
+	if len(p.References) > 0 {
+		if err := copiesOn(v, p, r); err != nil {
+			return nil, err
+		}
+	}
 	return r, nil
 }
 

@@ -112,14 +112,18 @@ func resolveView(t *testing.T, kind string) *shardmap.View {
 		}
 		v.Trees[name], v.Maps[name] = tree, m
 	}
-	// The reference tables of testTrees; under "copying", node n2 has no
-	// copy of regions yet.
-	regions := []string{"n1", "n2"}
+	// The reference tables of testTrees, on every node of the maps; under
+	// "copying", node n2 has no copy of regions yet.
+	plans := []string{"n1", "n2"}
+	if kind == "mixed" {
+		plans = append(plans, "n3")
+	}
+	regions := plans
 	if kind == "copying" {
 		regions = []string{"n1"}
 	}
 	v.References = map[string]*shardmap.Reference{
-		"plans":   {Tenant: "t", Name: "plans", Nodes: []string{"n1", "n2"}},
+		"plans":   {Tenant: "t", Name: "plans", Nodes: plans},
 		"regions": {Tenant: "t", Name: "regions", Nodes: regions},
 	}
 	return v
