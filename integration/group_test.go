@@ -342,8 +342,9 @@ func watchGroupRecords(ctx context.Context, t *testing.T, group string, members 
 }
 
 // TestGroupReshardUnderLoad reshards a colocation group of three trees
-// 4 -> 6 -> 4 and moves one of its shards to another node, each asked of a
-// different member, through two proxies, while the group's ledger
+// 4 -> 6 -> 4, moves one of its shards to another node and drains node
+// n3, each asked of a different member, through two proxies, while the
+// group's ledger
 // workload writes all three trees in transactions and joins them. Every
 // migration moves every member table: afterwards each row is present once
 // and next to its customer's, the joins equal plain PostgreSQL's, and no
@@ -392,15 +393,6 @@ func TestGroupReshardUnderLoad(t *testing.T) {
 	}
 	waitFor(t, ctx, pools[0], "SELECT lattice_rebalance_complete('customers')", failed, finish)
 	t.Logf("move of shard %d from %s to %s: done after %s", idx, from, to, time.Since(start))
-	if err := finish(); err != nil {
-		t.Fatal(err)
-	}
-	if polls := watch(); polls == 0 {
-		t.Error("no poll saw the group's migrations under its name")
-	}
-	if g.writes.Load() == 0 || g.reads.Load() == 0 {
-		t.Fatalf("the load did nothing: %d writes, %d reads", g.writes.Load(), g.reads.Load())
-	}
 	for _, tree := range []string{"customers", "orders", "order_lines"} {
 		got := shardNodes(t, ctx, pools[1], tree)
 		active := 0
@@ -413,10 +405,33 @@ func TestGroupReshardUnderLoad(t *testing.T) {
 			t.Errorf("%s after the reshards and the move: %v; want 4 active shards, shard %d on %s", tree, got, idx, to)
 		}
 	}
+	// The drain moves each of the group's shards off n3 once.
+	if _, err := pools[1].Exec(ctx, "SELECT lattice_drain_node('n3')"); err != nil {
+		finish()
+		t.Fatal(err)
+	}
+	waitFor(t, ctx, pools[0], "SELECT lattice_drain_complete('n3')", failed, finish)
+	t.Logf("drain of n3: done after %s", time.Since(start))
+	if err := finish(); err != nil {
+		t.Fatal(err)
+	}
+	if polls := watch(); polls == 0 {
+		t.Error("no poll saw the group's migrations under its name")
+	}
+	if g.writes.Load() == 0 || g.reads.Load() == 0 {
+		t.Fatalf("the load did nothing: %d writes, %d reads", g.writes.Load(), g.reads.Load())
+	}
+	for _, tree := range []string{"customers", "orders", "order_lines"} {
+		for i, at := range shardNodes(t, ctx, pools[1], tree) {
+			if strings.HasPrefix(at, "n3/") && !strings.HasSuffix(at, "/retired") {
+				t.Errorf("%s shard %d is %s after the drain of n3", tree, i, at)
+			}
+		}
+	}
 	for i := range 3 {
 		for _, l := range latticeLeftovers(t, ctx, i) {
-			if strings.HasPrefix(l, "publication") || strings.HasPrefix(l, "slot") ||
-				fmt.Sprintf("n%d", i+1) == from && strings.Contains(l, shardmap.SchemaName(idx)) {
+			if strings.HasPrefix(l, "publication") || strings.HasPrefix(l, "slot") || i == 2 ||
+				fmt.Sprintf("n%d", i+1) == from && to != "n3" && strings.Contains(l, shardmap.SchemaName(idx)) {
 				t.Errorf("node n%d keeps %s", i+1, l)
 			}
 		}

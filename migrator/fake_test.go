@@ -111,7 +111,7 @@ func (f *fakeNodes) NodeNames() []string { return f.nodes }
 func (f *fakeNodes) CreateShard(ctx context.Context, t *shardmap.Tree, idx int, node string, slots [][2]int, epoch uint64) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.call("create %d", idx)
+	f.call("create %d %s", idx, t.Name)
 	f.table(idx)
 	return nil
 }
@@ -119,7 +119,7 @@ func (f *fakeNodes) CreateShard(ctx context.Context, t *shardmap.Tree, idx int, 
 func (f *fakeNodes) DropShard(ctx context.Context, t *shardmap.Tree, idx int, node string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.call("drop %d", idx)
+	f.call("drop %d %s", idx, t.Name)
 	delete(f.tables, idx)
 	return nil
 }
@@ -203,7 +203,7 @@ func (f *fakeNodes) WALPosition(ctx context.Context, node, tenant string) (pglog
 func (f *fakeNodes) DeleteSlots(ctx context.Context, t *shardmap.Tree, node string, shard int, slots [][2]int, batch int) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.call("delete %d", shard)
+	f.call("delete %d %s", shard, t.Name)
 	for slot := range f.tables[shard] {
 		if inRanges(slot, slots) {
 			delete(f.tables[shard], slot)
