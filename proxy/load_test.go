@@ -1,0 +1,30 @@
+package proxy
+
+import "testing"
+
+func TestTagWrites(t *testing.T) {
+	tests := []struct {
+		tag   string
+		write bool
+		rows  int64
+	}{
+		{"INSERT 0 1", true, 1},
+		{"INSERT 0 25", true, 25},
+		{"UPDATE 3", true, 3},
+		{"DELETE 0", true, 0},
+		{"MERGE 2", true, 2},
+		{"COPY 7", true, 7},
+		{"SELECT 1", false, 0},
+		{"FETCH 10", false, 0},
+		{"", false, 0},
+		{"COMMIT", false, 0},
+		{"CREATE TABLE", false, 0},
+		{"DECLARE CURSOR", false, 0},
+	}
+	for _, tc := range tests {
+		w, n := tagWrites([]byte(tc.tag))
+		if w != tc.write || n != tc.rows {
+			t.Errorf("%q: write %v rows %d, want %v %d", tc.tag, w, n, tc.write, tc.rows)
+		}
+	}
+}
