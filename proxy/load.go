@@ -58,3 +58,19 @@ func tagWrites(tag []byte) (write bool, rows int64) {
 	}
 	return true, rowsAffected(tag)
 }
+
+// countSplitRows counts the rows of a multi-row INSERT split across
+// shards on their slots, when it is bound: the parts' tags give rows per
+// shard, not per slot. A row that fails or that ON CONFLICT skips is
+// counted all the same.
+func countSplitRows(p *router.Plan, parts []router.Target) {
+	c := p.Tree.Counters()
+	if c == nil {
+		return
+	}
+	for _, t := range parts {
+		for _, slot := range t.RowSlots {
+			c.Row(slot)
+		}
+	}
+}

@@ -62,8 +62,10 @@ type Target struct {
 	// the node (FanOut, Copy TO of several shards).
 	Shard int
 	// Slot is the slot of the key of a statement on one shard by its key
-	// (Single): the proxy counts the slot's load by it.
-	Slot int
+	// (Single), and RowSlots the slot of each of an InsertSplit part's
+	// Rows: the proxy counts the slots' load by them.
+	Slot     int
+	RowSlots []int
 	// Sources are the shards the statement reads, a mixed one with the
 	// filter that keeps only the rows of its own slots (FanOut, Copy TO).
 	Sources []btreeindex.Source
@@ -186,6 +188,7 @@ func (r *Routing) insertSplit(m *shardmap.Map, p *Plan, b *Bind) *sqlstate.Error
 			r.Targets = append(r.Targets, Target{Node: sh.Node, Shard: sh.Index})
 		}
 		r.Targets[g].Rows = append(r.Targets[g].Rows, i)
+		r.Targets[g].RowSlots = append(r.Targets[g].RowSlots, slot)
 	}
 	for i := range r.Targets {
 		t := &r.Targets[i]
