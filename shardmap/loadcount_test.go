@@ -2,6 +2,7 @@ package shardmap
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -95,7 +96,23 @@ func TestLoadCountersOff(t *testing.T) {
 func TestLoadCountersNoAlloc(t *testing.T) {
 	c := newSlotCounters(DefaultSlotCount)
 	c.Read(0) // the array is made once, at the first bump
-	if n := testing.AllocsPerRun(1000, func() { c.Read(7); c.Write(9, 2) }); n != 0 {
+	if n := testing.AllocsPerRun(1000, func() { c.Read(7); c.Write(9, 2); c.Row(11) }); n != 0 {
 		t.Fatalf("%v allocations per bump", n)
 	}
+}
+
+// BenchmarkSlotCountersRead is the proxy's cost per counted statement,
+// from sessions on every core bumping slots spread as keys hash.
+func BenchmarkSlotCountersRead(b *testing.B) {
+	c := newSlotCounters(DefaultSlotCount)
+	var seed atomic.Uint32
+	b.RunParallel(func(pb *testing.PB) {
+		x := seed.Add(0x9e3779b9)
+		for pb.Next() {
+			x ^= x << 13
+			x ^= x >> 17
+			x ^= x << 5
+			c.Read(int(x & (DefaultSlotCount - 1)))
+		}
+	})
 }
