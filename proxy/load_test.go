@@ -28,3 +28,16 @@ func TestTagWrites(t *testing.T) {
 		}
 	}
 }
+
+// Reading the tag runs on every counted statement: it must not allocate.
+func TestTagWritesNoAlloc(t *testing.T) {
+	tags := [][]byte{[]byte("SELECT 1"), []byte("UPDATE 1"), []byte("INSERT 0 12")}
+	if n := testing.AllocsPerRun(1000, func() {
+		for _, tag := range tags {
+			_, _ = tagWrites(tag)
+			loadMark{}.done(tag)
+		}
+	}); n != 0 {
+		t.Fatalf("%v allocations", n)
+	}
+}
