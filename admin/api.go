@@ -65,6 +65,8 @@ type API struct {
 	Log       *slog.Logger
 	// Nodes serves /api/nodes; nil leaves those routes out.
 	Nodes Noder
+	// Load reads the load signal (load.go); nil leaves the rates out.
+	Load shardmap.LoadReader
 }
 
 // ProxyInfo is the proxy serving the request.
@@ -143,6 +145,9 @@ type ShardInfo struct {
 	SlotRanges    string `json:"slot_ranges"`
 	RowsEstimate  *int64 `json:"rows_estimate"` // null when the nodes did not answer in time
 	BytesEstimate *int64 `json:"bytes_estimate"`
+	// Load is the shard's rates, summed over its slots and every proxy;
+	// null without a load signal.
+	Load *shardmap.SlotRate `json:"load"`
 }
 
 // MapInfo is a tree's slot map.
@@ -197,6 +202,7 @@ func (a *API) routes(mux *http.ServeMux) {
 	mux.HandleFunc("GET /api/trees/{tree}", a.handle(a.tree))
 	mux.HandleFunc("GET /api/trees/{tree}/shards", a.handle(a.shards))
 	mux.HandleFunc("GET /api/trees/{tree}/map", a.handle(a.slotMap))
+	mux.HandleFunc("GET /api/trees/{tree}/load", a.handle(a.load))
 	mux.HandleFunc("GET /api/reshards", a.handle(a.reshards))
 	mux.HandleFunc("GET /api/migrations", a.handle(a.migrations))
 	mux.HandleFunc("POST /api/trees/{tree}/reshard", a.handle(a.reshard))
@@ -345,8 +351,8 @@ func (a *API) trees(ctx context.Context, r *http.Request) (int, any, error) {
 	return http.StatusOK, trees, err
 }
 
-// load reads the request's tree and its map.
-func (a *API) load(ctx context.Context, r *http.Request) (*shardmap.Tree, *shardmap.Map, error) {
+// treeMap reads the request's tree and its map.
+func (a *API) treeMap(ctx context.Context, r *http.Request) (*shardmap.Tree, *shardmap.Map, error) {
 	tenant, name := a.tenantOf(r), r.PathValue("tree")
 	t, err := a.Catalog.Tree(ctx, tenant, name)
 	if err == nil {
@@ -362,7 +368,7 @@ func (a *API) load(ctx context.Context, r *http.Request) (*shardmap.Tree, *shard
 }
 
 func (a *API) tree(ctx context.Context, r *http.Request) (int, any, error) {
-	t, m, err := a.load(ctx, r)
+	t, m, err := a.treeMap(ctx, r)
 	if err != nil {
 		return 0, nil, err
 	}
@@ -380,7 +386,7 @@ func (a *API) tree(ctx context.Context, r *http.Request) (int, any, error) {
 }
 
 func (a *API) shards(ctx context.Context, r *http.Request) (int, any, error) {
-	t, m, err := a.load(ctx, r)
+	t, m, err := a.treeMap(ctx, r)
 	if err != nil {
 		return 0, nil, err
 	}
@@ -391,6 +397,12 @@ func (a *API) shards(ctx context.Context, r *http.Request) (int, any, error) {
 // lattice_shards does; estimates are null when the nodes did not answer.
 func (a *API) shardList(ctx context.Context, t *shardmap.Tree, m *shardmap.Map) []ShardInfo {
 	sizes := a.Sizes.Get(ctx, t, m)
+	var byShard map[int]shardmap.SlotRate
+	if l, err := a.treeLoad(ctx, t, m); err != nil {
+		a.Log.Warn("admin: load rates", "tenant", t.Tenant, "tree", t.Name, "err", err)
+	} else if l != nil {
+		byShard = l.ByShard(m)
+	}
 	counts := m.SlotCounts()
 	idx := make([]int, 0, len(m.Shards))
 	for i := range m.Shards {
@@ -404,6 +416,10 @@ func (a *API) shardList(ctx context.Context, t *shardmap.Tree, m *shardmap.Map) 
 			Slots: counts[i], SlotRanges: formatRanges(m.SlotRanges(i))}
 		if sz, ok := sizes[i]; ok {
 			info.RowsEstimate, info.BytesEstimate = &sz.Rows, &sz.Bytes
+		}
+		if byShard != nil {
+			r := roundRate(byShard[i])
+			info.Load = &r
 		}
 		out = append(out, info)
 	}
@@ -426,7 +442,7 @@ func formatRanges(rs [][2]int) string {
 }
 
 func (a *API) slotMap(ctx context.Context, r *http.Request) (int, any, error) {
-	_, m, err := a.load(ctx, r)
+	_, m, err := a.treeMap(ctx, r)
 	if err != nil {
 		return 0, nil, err
 	}

@@ -14,6 +14,8 @@
 # is compared with its base under the same load. A machine shared with
 # other work moves every figure by 10-20% from one run to the next: compare
 # the medians of several repetitions.
+# Load counting on and off (--load-stats, as $LATTICE_LOAD_STATS) in one run:
+#   bench/proxy-cpu.sh on=bin/lattice off=bin/lattice:LATTICE_LOAD_STATS=false
 # LATTICE_CPU_TX sets the transactions per client (default 20000),
 # LATTICE_CPU_REPS the repetitions of each mode (default 1).
 # LATTICE_CPU_PROFILE=DIR saves a CPU profile of each build's first run in

@@ -95,8 +95,9 @@ func TestComposedFunctions(t *testing.T) {
 	}
 	for rows.Next() {
 		var s composeShard
-		var group *string // a tree alone: NULL
-		if err := rows.Scan(&s.shard, &s.node, &s.schema, &s.slots, &s.slotCount, &s.state, &s.rows, &group); err != nil {
+		var group *string                  // a tree alone: NULL
+		var reads, writes, written float64 // no statement on cf's slots: 0
+		if err := rows.Scan(&s.shard, &s.node, &s.schema, &s.slots, &s.slotCount, &s.state, &s.rows, &group, &reads, &writes, &written); err != nil {
 			t.Fatal(err)
 		}
 		shards = append(shards, s)
@@ -118,7 +119,7 @@ func TestComposedFunctions(t *testing.T) {
 	perNode := map[string]int64{}
 	var total, slotSum int64
 	for _, s := range shards {
-		all = append(all, fmt.Sprintf("%d|%s|%s|%s|%d|%s|%d|<nil>", s.shard, s.node, s.schema, s.slots, s.slotCount, s.state, s.rows))
+		all = append(all, fmt.Sprintf("%d|%s|%s|%s|%d|%s|%d|<nil>|0|0|0", s.shard, s.node, s.schema, s.slots, s.slotCount, s.state, s.rows))
 		if s.state == "active" {
 			active = append(active, fmt.Sprint(s.shard))
 		}
@@ -142,7 +143,7 @@ func TestComposedFunctions(t *testing.T) {
 	for i, s := range shards {
 		ordinal = append(ordinal, fmt.Sprintf("%d|%d", s.shard, i+1))
 	}
-	const shardHead = "shard:23,node:25,schema:25,slot_ranges:25,slot_count:23,state:25,rows_estimate:20,colocation_group:25"
+	const shardHead = "shard:23,node:25,schema:25,slot_ranges:25,slot_count:23,state:25,rows_estimate:20,colocation_group:25,reads_per_s:701,writes_per_s:701,rows_written_per_s:701"
 
 	cases := []struct {
 		sql     string

@@ -278,7 +278,8 @@ func verifyLedgerOn(t *testing.T, ctx context.Context, proxy *pgxpool.Pool, dsns
 		var schema, ranges string
 		var estimate *int64
 		var group *string
-		if err := rows.Scan(&s.idx, &s.node, &schema, &ranges, &s.slotsOwned, &s.state, &estimate, &group); err != nil {
+		var reads, writes, written float64
+		if err := rows.Scan(&s.idx, &s.node, &schema, &ranges, &s.slotsOwned, &s.state, &estimate, &group, &reads, &writes, &written); err != nil {
 			t.Fatal(err)
 		}
 		all = append(all, s)

@@ -66,6 +66,7 @@ var signatures = map[string][]pgproto3.FieldDescription{
 		field("shard", pgtype.Int4OID), field("node", pgtype.TextOID), field("schema", pgtype.TextOID),
 		field("slot_ranges", pgtype.TextOID), field("slot_count", pgtype.Int4OID), field("state", pgtype.TextOID),
 		field("rows_estimate", pgtype.Int8OID), field("colocation_group", pgtype.TextOID),
+		field("reads_per_s", pgtype.Float8OID), field("writes_per_s", pgtype.Float8OID), field("rows_written_per_s", pgtype.Float8OID),
 	},
 }
 
@@ -298,6 +299,10 @@ func (f *Functions) shards(ctx context.Context, tenant string, a map[string]*str
 	if err != nil {
 		return nil, err
 	}
+	load, err := shardLoad(ctx, f.store, t, m)
+	if err != nil {
+		return nil, err
+	}
 	slotCounts := m.SlotCounts()
 	idx := make([]int, 0, len(m.Shards))
 	for i := range m.Shards {
@@ -308,7 +313,8 @@ func (f *Functions) shards(ctx context.Context, tenant string, a map[string]*str
 	for _, i := range idx {
 		sh := m.Shards[i]
 		rows = append(rows, []any{int32(i), sh.Node, shardmap.SchemaName(i), formatRanges(m.SlotRanges(i)),
-			int32(slotCounts[i]), string(sh.State), counts[i], groupValue(t)})
+			int32(slotCounts[i]), string(sh.State), counts[i], groupValue(t),
+			roundRate(load[i].Reads), roundRate(load[i].Writes), roundRate(load[i].Rows)})
 	}
 	return rows, nil
 }

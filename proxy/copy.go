@@ -224,6 +224,7 @@ func (ci *copyIn) route(s *session, rp *rowParser, final bool) {
 		if !ok {
 			return
 		}
+		ci.plan.Tree.Counters().Row(slot)
 		sh := ci.shard(s, ci.m.Owner(slot))
 		if sh == nil {
 			return

@@ -68,6 +68,7 @@ type step struct {
 	formats  []int16
 	copyIn   *copyIn  // stepCopy FROM STDIN
 	copyOut  *copyOut // stepCopy TO STDOUT
+	load     loadMark // counted at CommandComplete (load.go)
 }
 
 // exchange collects the steps of one client round (a Query, or the extended
@@ -177,6 +178,7 @@ func (s *session) playStep(x *exchange, st *step) error {
 		switch m := msg.(type) {
 		case *pgproto3.CommandComplete:
 			be.NoteCommand(m.CommandTag) // and on below
+			st.load.done(m.CommandTag)
 		case *pgproto3.ErrorResponse:
 			x.failed[be] = true
 			switch {

@@ -104,6 +104,7 @@ func (s *session) execute(ctx context.Context, v *shardmap.View, portal *clientP
 		if !s.bindOn(ctx, portal, sh.Node, sh.SQL, m, m.DestinationPortal, false) {
 			return false
 		}
+		portal.load = markLoad(p, sh)
 		if !s.simple && !s.tx.active {
 			portal.bind = copyBind(m)
 		}
@@ -241,7 +242,7 @@ func (s *session) runParts(portal *clientPortal, maxRows uint32) {
 		}
 		for i, part := range portal.parts {
 			part.be.Send(&pgproto3.Execute{Portal: part.name, MaxRows: maxRows})
-			st := step{kind: stepExecute, be: part.be, staleRetry: retry, hide: portal.quiet && i > 0}
+			st := step{kind: stepExecute, be: part.be, staleRetry: retry, hide: portal.quiet && i > 0, load: portal.load}
 			if sp != nil {
 				st.rowsOnly, st.split = true, sp
 			}
@@ -269,7 +270,7 @@ func (s *session) queryParts(portal *clientPortal) {
 		k := portal.stmt.plan.Kind
 		retry := s.simpleRetry && !s.tx.active && sp == nil && (k == router.Single || k == router.InsertSplit)
 		parts[0].be.Send(&pgproto3.Query{String: parts[0].sql})
-		s.x.add(step{kind: stepQuery, be: parts[0].be, staleRetry: retry, rowsOnly: sp != nil, split: sp})
+		s.x.add(step{kind: stepQuery, be: parts[0].be, staleRetry: retry, rowsOnly: sp != nil, split: sp, load: portal.load})
 		return
 	}
 	var order []*pgshard.Conn

@@ -223,6 +223,7 @@ func (s *session) bindSplit(ctx context.Context, v *shardmap.View, portal *clien
 	for _, sh := range shards {
 		nodes[sh.Node] = true
 	}
+	countSplitRows(p, shards)
 	s.spanNodes(len(nodes))
 	if len(shards) > 1 {
 		portal.split = &splitState{}

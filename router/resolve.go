@@ -61,6 +61,11 @@ type Target struct {
 	// InsertSplit, WriteAll); -1 for a statement over several shards of
 	// the node (FanOut, Copy TO of several shards).
 	Shard int
+	// Slot is the slot of the key of a statement on one shard by its key
+	// (Single), and RowSlots the slot of each of an InsertSplit part's
+	// Rows: the proxy counts the slots' load by them.
+	Slot     int
+	RowSlots []int
 	// Sources are the shards the statement reads, a mixed one with the
 	// filter that keeps only the rows of its own slots (FanOut, Copy TO).
 	Sources []btreeindex.Source
@@ -166,7 +171,7 @@ func (r *Routing) single(m *shardmap.Map, p *Plan, b *Bind) *sqlstate.Error {
 	}
 	sh := m.Owner(slot)
 	r.Frozen = m.IsFrozen(slot)
-	r.Targets = append(r.Targets, Target{Node: sh.Node, Shard: sh.Index, SQL: p.Render(schemaName(sh.Index))})
+	r.Targets = append(r.Targets, Target{Node: sh.Node, Shard: sh.Index, Slot: slot, SQL: p.Render(schemaName(sh.Index))})
 	return nil
 }
 
@@ -190,6 +195,7 @@ func (r *Routing) insertSplit(m *shardmap.Map, p *Plan, b *Bind) *sqlstate.Error
 			r.Targets = append(r.Targets, Target{Node: sh.Node, Shard: sh.Index})
 		}
 		r.Targets[g].Rows = append(r.Targets[g].Rows, i)
+		r.Targets[g].RowSlots = append(r.Targets[g].RowSlots, slot)
 	}
 	for i := range r.Targets {
 		t := &r.Targets[i]

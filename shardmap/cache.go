@@ -51,6 +51,9 @@ type Cache struct {
 	// (without blocking) whenever a new view is installed.
 	onChange func()
 	nodes    NodeTrees // set by CheckNodes; nil checks nothing
+	// countLoad, set by CountLoad before the cache is used, gives every
+	// cached tree its load counters.
+	countLoad bool
 }
 
 func (c *Cache) changed() {
@@ -234,6 +237,7 @@ func (c *Cache) load(ctx context.Context, tenant string, tc *tenantCache) (*View
 	}
 
 	old := tc.view.Load()
+	c.attachCounters(old, trees, ms)
 	v := &View{Tenant: tenant, Trees: trees, Maps: ms, References: refs, Missing: lost, next: make(chan struct{})}
 	if lost && (old == nil || !old.Missing) {
 		c.log.ErrorContext(ctx, "shardmap: the store lists no tree of the tenant, but the catalog node holds tree templates: its maps were lost; refusing its statements until `lattice recover-map` rebuilds them", "tenant", tenant)

@@ -60,6 +60,8 @@ type Tree struct {
 	// Group names the tree's colocation group (group.go); "" for a tree
 	// alone. Once set it never changes.
 	Group string `json:"group,omitempty"`
+
+	counters *SlotCounters // this proxy's load counters (loadcount.go); set by a Cache
 }
 
 // ShardState is the life-cycle state of a physical shard.

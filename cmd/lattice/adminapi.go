@@ -41,6 +41,7 @@ func newAdminAPI(cfg serveConfig, id string, store *shardmap.RedisStore, cache *
 		Self:      &adminSelf{id: id, coordinator: cfg.Coordinator, store: store, cache: cache, reg: reg, cluster: cluster},
 		Sizes:     admin.NewSizeCache(sizes, sizeCacheTTL, sizeFetchTimeout, log),
 		Log:       log,
+		Load:      store,
 	}
 }
 

@@ -137,6 +137,8 @@ type serveConfig struct {
 	Reshard     migrator.CoordinatorOptions
 	Migration   migrator.Options
 	ProxyLease  time.Duration
+	LoadStats   bool
+	LoadPublish time.Duration
 }
 
 func (c *serveConfig) flags(fs *flag.FlagSet) {
@@ -188,6 +190,8 @@ func (c *serveConfig) flags(fs *flag.FlagSet) {
 		return err
 	})
 	fs.DurationVar(&c.Migration.VerifyTimeout, "verify-timeout", time.Minute, "statement_timeout of each statement of a move's verification")
+	fs.BoolVar(&c.LoadStats, "load-stats", true, "count statements and rows written per slot of each tree and publish them to Redis, for the load rates of lattice_shards, /metrics, the admin API and the page")
+	fs.DurationVar(&c.LoadPublish, "load-publish-interval", shardmap.DefaultLoadPublish, "how often this proxy adds its load counts into Redis")
 	fs.DurationVar(&c.ProxyLease, "proxy-lease", shardmap.DefaultLeaseTTL, "a proxy that cannot renew its registration in Redis for this long serves on from its cached maps only while it holds its sessions on every node (reshards wait for it), and otherwise refuses until it has re-read the maps")
 }
 
@@ -319,6 +323,9 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, ready func(pg
 
 	cache := shardmap.NewCache(store, time.Second, log)
 	cache.CheckNodes(cluster)
+	if cfg.LoadStats {
+		cache.CountLoad()
+	}
 	cacheCtx, stopCache := context.WithCancel(ctx)
 	defer stopCache()
 	go func() {
@@ -326,6 +333,9 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, ready func(pg
 			log.Error("shard map cache stopped", "err", err)
 		}
 	}()
+	if cfg.LoadStats {
+		go shardmap.NewLoadPublisher(cache, store, cfg.LoadPublish, log).Run(cacheCtx)
+	}
 
 	// Clients reach the nodes as their tenant's role, made on first use
 	// through the control role of the node DSNs.
@@ -439,6 +449,7 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, ready func(pg
 	}, cache, planner(cfg), pools, fns)
 
 	registerProxyMetrics(adm, srv, pools, reg)
+	adm.Registry.MustRegister(&loadCollector{cache: cache, load: store, log: log})
 	adm.Ready = func(ctx context.Context) error {
 		// Ready while it serves, from its cache too: a balancer must not
 		// drop every proxy at once when Redis goes away.

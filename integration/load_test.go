@@ -1,0 +1,276 @@
+package integration
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"math"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/lattice-db/lattice/shardmap"
+)
+
+// apiLoad is GET /api/trees/{tree}/load.
+type apiLoad struct {
+	Writes []float64 `json:"writes_per_s"`
+	Reads  []float64 `json:"reads_per_s"`
+	Rows   []float64 `json:"rows_written_per_s"`
+	Shards []struct {
+		Index  int     `json:"index"`
+		Node   string  `json:"node"`
+		Reads  float64 `json:"reads_per_s"`
+		Writes float64 `json:"writes_per_s"`
+		Rows   float64 `json:"rows_written_per_s"`
+	} `json:"shards"`
+	Nodes []struct {
+		Node   string  `json:"node"`
+		Writes float64 `json:"writes_per_s"`
+	} `json:"nodes"`
+}
+
+// counted turns a rate of the load window back into the statements it
+// counts: rates are rounded to two decimals, so over 30 s a count is
+// exact to within 0.15.
+func counted(rate float64) int { return int(math.Round(rate * shardmap.LoadWindow.Seconds())) }
+
+// TestLoadSignal drives writes skewed onto one shard of a 4-shard tree
+// through two counting proxies (one in the extended protocol, one in the
+// simple) and a third that does not count (--load-stats=false), and reads
+// the rates back: lattice_shards, the admin API per shard, per slot and
+// per node, /metrics and the page's heat view all show the hot shard's
+// writes, summed over both counting proxies and over nothing else.
+func TestLoadSignal(t *testing.T) {
+	resetNodes(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	fast := []string{"--load-publish-interval", "300ms"}
+	a := startProxy(t, 2, fast...)
+	b := startProxy(t, 2, append(fast, "--coordinator=false")...)
+	off := startProxy(t, 2, "--coordinator=false", "--load-stats=false")
+
+	ca := connect(t, a.DSN("lattice"))
+	mustExec(t, ca, `CREATE TABLE hot (id bigint PRIMARY KEY, v int NOT NULL)`)
+	mustExec(t, ca, `SELECT lattice_create_tree('hot', 'id', shard_count => 4)`)
+	var m apiMap
+	adminGet(t, ctx, a, "/api/trees/hot/map", &m)
+
+	// Keys by owning shard; the hot shard is 2.
+	const hot = 2
+	keys := map[int][]int{}
+	for k := 1; len(keys[hot]) < 226 || len(keys[0]) < 22 || len(keys[1]) < 22 || len(keys[3]) < 22; k++ {
+		slot, err := shardmap.SlotForText(shardmap.KeyInt, []byte(strconv.Itoa(k)), len(m.Slots))
+		if err != nil {
+			t.Fatal(err)
+		}
+		sh := m.Slots[slot]
+		keys[sh] = append(keys[sh], k)
+	}
+
+	// Proxy a, extended protocol: 120 inserts on the hot shard, 6 on each
+	// other shard, and 10 point selects on each other shard.
+	want := map[int]struct{ reads, writes, rows int }{}
+	for i, k := range keys[hot][:120] {
+		mustExec(t, ca, `INSERT INTO hot (id, v) VALUES ($1, $2)`, k, i)
+	}
+	for _, sh := range []int{0, 1, 3} {
+		for _, k := range keys[sh][:6] {
+			mustExec(t, ca, `INSERT INTO hot (id, v) VALUES ($1, 0)`, k)
+		}
+		for _, k := range keys[sh][:10] {
+			var v int
+			if err := ca.QueryRow(ctx, `SELECT v FROM hot WHERE id = $1`, k).Scan(&v); err != nil && err != pgx.ErrNoRows {
+				t.Fatal(err)
+			}
+		}
+		want[sh] = struct{ reads, writes, rows int }{10, 6, 6}
+	}
+	// Proxy b, simple protocol: 60 updates of one row each on the hot shard.
+	cb := connect(t, b.DSN("lattice"))
+	for _, k := range keys[hot][:60] {
+		if _, err := cb.Exec(ctx, `UPDATE hot SET v = v + 1 WHERE id = $1`, pgx.QueryExecModeSimpleProtocol, k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// One INSERT of ten rows over every shard: six on the hot shard, two on
+	// shard 0, one on each other. It is split, so its rows count on their
+	// slots but as no write statement of one slot.
+	var values []string
+	split := append(append(append(append([]int(nil), keys[hot][220:226]...), keys[0][20:22]...), keys[1][20]), keys[3][20])
+	for _, k := range split {
+		values = append(values, fmt.Sprintf("(%d, 0)", k))
+	}
+	mustExec(t, ca, `INSERT INTO hot (id, v) VALUES `+strings.Join(values, ", "))
+	want[hot] = struct{ reads, writes, rows int }{0, 180, 186}
+	want[0] = struct{ reads, writes, rows int }{10, 6, 8}
+	want[1] = struct{ reads, writes, rows int }{10, 6, 7}
+	want[3] = struct{ reads, writes, rows int }{10, 6, 7}
+	// The proxy that does not count: 100 more inserts on the hot shard,
+	// which no rate may show.
+	co := connect(t, off.DSN("lattice"))
+	for _, k := range keys[hot][120:220] {
+		mustExec(t, co, `INSERT INTO hot (id, v) VALUES ($1, 0)`, k)
+	}
+
+	// lattice_shards shows every counted statement once the buckets that
+	// hold them are complete (within LoadBucket and a publication).
+	type seen struct{ reads, writes, rows int }
+	var last, most map[int]seen // most: the read that counted the most, for the failure message
+	total := func(m map[int]seen) (n int) {
+		for _, s := range m {
+			n += s.reads + s.writes + s.rows
+		}
+		return n
+	}
+	deadline := time.Now().Add(time.Minute)
+	for !func() bool {
+		rows, err := ca.Query(ctx, `SELECT shard, reads_per_s, writes_per_s, rows_written_per_s FROM lattice_shards('hot') WHERE slot_count > 0`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		last = map[int]seen{}
+		for rows.Next() {
+			var sh int32
+			var r, w, n float64
+			if err := rows.Scan(&sh, &r, &w, &n); err != nil {
+				t.Fatal(err)
+			}
+			last[int(sh)] = seen{counted(r), counted(w), counted(n)}
+		}
+		if err := rows.Err(); err != nil {
+			t.Fatal(err)
+		}
+		if total(last) >= total(most) {
+			most = last
+		}
+		for sh, w := range want {
+			if s := last[sh]; s.reads > w.reads || s.writes > w.writes || s.rows > w.rows {
+				// Counts only grow until they age out, 30 s after the writes.
+				t.Fatalf("lattice_shards counts more than was sent through the counting proxies: shard %d %+v, want %+v; all %+v", sh, s, w, last)
+			}
+			if last[sh] != (seen{w.reads, w.writes, w.rows}) {
+				return false
+			}
+		}
+		return true
+	}() {
+		if time.Now().After(deadline) {
+			t.Fatalf("lattice_shards never showed the counted statements %+v; at most %+v", want, most)
+		}
+		time.Sleep(200 * time.Millisecond) // each read asks the nodes for row estimates
+	}
+	t.Logf("lattice_shards, statements counted in the window per shard: %+v (hot shard %d)", last, hot)
+
+	// The admin API of either proxy: per shard, per node, and per slot.
+	for _, p := range []*proxyProc{a, b} {
+		var l apiLoad
+		adminGet(t, ctx, p, "/api/trees/hot/load", &l)
+		if len(l.Shards) != 4 {
+			t.Fatalf("load API: %d shards", len(l.Shards))
+		}
+		for _, s := range l.Shards {
+			if got, w := counted(s.Writes), want[s.Index].writes; got != w {
+				t.Errorf("load API shard %d: %d writes counted, want %d", s.Index, got, w)
+			}
+		}
+		hotSlots := 0.0
+		for _, k := range keys[hot][:120] {
+			slot, _ := shardmap.SlotForText(shardmap.KeyInt, []byte(strconv.Itoa(k)), len(m.Slots))
+			hotSlots += l.Writes[slot]
+			l.Writes[slot] = 0 // a slot holding several keys counts once
+		}
+		if got := counted(hotSlots); got != 180 {
+			t.Errorf("load API: the hot keys' slots have %d writes, want 180", got)
+		}
+		nodeWrites := 0.0
+		for _, n := range l.Nodes {
+			nodeWrites += n.Writes
+		}
+		if got := counted(nodeWrites); got != 198 {
+			t.Errorf("load API: %d writes over the nodes, want 198", got)
+		}
+		var shards []struct {
+			Index int `json:"index"`
+			Load  *struct {
+				Writes float64 `json:"writes_per_s"`
+			} `json:"load"`
+		}
+		adminGet(t, ctx, p, "/api/trees/hot/shards", &shards)
+		if len(shards) != 4 || shards[hot].Load == nil || counted(shards[hot].Load.Writes) != 180 {
+			t.Errorf("shard list: %+v", shards)
+		}
+	}
+
+	// /metrics: one series per shard, the hot shard's the largest.
+	metricWrites := scrapeShardWrites(t, ctx, a, "hot")
+	if len(metricWrites) != 4 || counted(metricWrites[hot]) != 180 {
+		t.Errorf("/metrics lattice_shard_writes_per_second of tree hot: %v", metricWrites)
+	}
+
+	t.Run("page", func(t *testing.T) {
+		chrome := chromiumPath(t)
+		alloc, cancelAlloc := chromedp.NewExecAllocator(ctx, append(chromedp.DefaultExecAllocatorOptions[:],
+			chromedp.ExecPath(chrome), chromedp.NoSandbox, chromedp.Flag("disable-dev-shm-usage", true))...)
+		defer cancelAlloc()
+		browser, cancelBrowser := chromedp.NewContext(alloc, chromedp.WithErrorf(t.Logf))
+		defer cancelBrowser()
+		if err := chromedp.Do(browser, chromedp.Navigate("http://"+a.AdminAddr+"/")); err != nil {
+			t.Fatalf("load the page: %v", err)
+		}
+		signIn(t, ctx, browser, a)
+		const read = `(() => { const s = document.querySelector('section.tree[data-tree="hot"]');
+  return s && s.querySelector('canvas.heat') ? String(s.dataset.hottest) : 'none'; })()`
+		var got string
+		waitUntil(t, ctx, "the page's heat view", func() bool {
+			var err error
+			if got, err = chromedp.Run(browser, chromedp.Evaluate[string](read)); err != nil {
+				t.Fatalf("read the page: %v", err)
+			}
+			return got == strconv.Itoa(hot)
+		})
+	})
+}
+
+// scrapeShardWrites reads lattice_shard_writes_per_second of tree from
+// p's /metrics, by shard.
+func scrapeShardWrites(t *testing.T, ctx context.Context, p *proxyProc, tree string) map[int]float64 {
+	t.Helper()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+p.AdminAddr+"/metrics", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	out := map[int]float64{}
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, "lattice_shard_writes_per_second{") || !strings.Contains(line, fmt.Sprintf("tree=%q", tree)) {
+			continue
+		}
+		_, rest, _ := strings.Cut(line, `shard="`)
+		num, _, _ := strings.Cut(rest, `"`)
+		sh, err := strconv.Atoi(num)
+		if err != nil {
+			t.Fatalf("metric line %q", line)
+		}
+		v, err := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
+		if err != nil {
+			t.Fatalf("metric line %q", line)
+		}
+		out[sh] = v
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
