@@ -62,7 +62,17 @@ type Migration struct {
 	LastError  string         `json:"last_error,omitempty"`
 	// Verify is the last verification of the move, nil before one.
 	Verify *Verification `json:"verify,omitempty"`
+	// Origin names the autonomic mechanism that started the migration
+	// (OriginAutosplit, OriginAutoheal), "" for an operator's (a reshard,
+	// a rebalance, a move): a shrink waits for healing's folds.
+	Origin string `json:"origin,omitempty"`
 }
+
+// Origins of autonomic migrations (migrator/autonomic.go).
+const (
+	OriginAutosplit = "autosplit"
+	OriginAutoheal  = "autoheal"
+)
 
 // Verification is the comparison of a move's slots on its source and its
 // target as of the flip (migrator/verify.go).
