@@ -24,7 +24,7 @@ func (p *Policy) heal(st *treeState, v View, counts map[int]int, now time.Time, 
 		// No new fold while a reshard runs; the quiet window starts over
 		// on the map it leaves.
 		st.quietSince = time.Time{}
-		d.Healer = "idle: " + v.Intent + " runs; no fold starts"
+		d.Healer = "idle while " + v.Intent + "; no fold starts"
 		return
 	case v.Writes == nil:
 		st.quietSince = time.Time{}

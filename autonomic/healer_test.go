@@ -33,8 +33,8 @@ func TestHealer(t *testing.T) {
 		{"not before the window", View{Map: sixteen, Registry: 4, Writes: quiet}, 6, 0, "waiting: quiet and uniform for 50s of 1m0s"},
 		{"not quiet", View{Map: sixteen, Registry: 4, Writes: spread(4096, 0, 4095, 16*500)}, 7, 0, "idle: not quiet"},
 		{"not uniform", View{Map: sixteen, Registry: 4, Writes: notUniform}, 7, 0, "idle: load not uniform"},
-		{"no fold while a reshard runs", View{Map: sixteen, Registry: 4, Writes: quiet, Intent: "a reshard to 8 shards"}, 7, 0,
-			"idle: a reshard to 8 shards runs; no fold starts"},
+		{"no fold while a reshard runs", View{Map: sixteen, Registry: 4, Writes: quiet, Intent: "a reshard of tree to 8 shards is in progress"}, 7, 0,
+			"idle while a reshard of tree to 8 shards is in progress; no fold starts"},
 		{"not while a split is in flight", View{Map: sixteen, Registry: 4, Writes: quiet, Flying: split}, 7, 0, "waiting: 1 splits in flight"},
 		{"off for the tree", View{Map: sixteen, Registry: 4, Writes: quiet, HealOff: "--autoheal=false"}, 7, 0, "off: --autoheal=false"},
 		{"no load data", View{Map: sixteen, Registry: 4}, 7, 0, "idle: no load data yet"},
@@ -74,7 +74,7 @@ func TestHealerWindowStartsOver(t *testing.T) {
 	v := View{Map: m, Registry: 4, Writes: spread(4096, 0, 4095, 16)}
 	passes(p, clock, v, 5) // 40 s quiet
 	busy := v
-	busy.Intent = "a reshard to 8 shards"
+	busy.Intent = "a reshard of tree to 8 shards is in progress"
 	passes(p, clock, busy, 2)
 	if d, _ := passes(p, clock, v, 6); len(d.Folds) != 0 {
 		t.Fatalf("folded %d s after the reshard", 50)

@@ -31,7 +31,7 @@ func (p *Policy) monitor(st *treeState, v View, counts map[int]int, now time.Tim
 		// Suppressed while the reshard runs; hotness is counted afresh
 		// on the map it leaves.
 		clear(st.hotSince)
-		d.Monitor = "idle: " + v.Intent + " runs; no split starts"
+		d.Monitor = "idle while " + v.Intent + "; no split starts"
 		return
 	case v.Writes == nil:
 		d.Monitor = "idle: no load data yet"

@@ -21,8 +21,9 @@ type View struct {
 	// Rows estimates each shard's rows (nil: unknown); a fold's donor is
 	// the smaller side, since it is the one copied.
 	Rows map[int]int64
-	// Intent names what runs on the tree ("a reshard to 32 shards"), ""
-	// when nothing does: the monitor and the healer then start nothing.
+	// Intent names what runs on the tree ("a reshard of t to 32 shards is
+	// in progress"), "" when nothing does: while one runs the monitor and
+	// the healer start nothing.
 	Intent string
 	// SplitOff and HealOff say why the monitor or the healer is off for
 	// this tree ("" when on).

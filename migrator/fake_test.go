@@ -488,6 +488,8 @@ type phaseStore struct {
 	Store
 	mu     sync.Mutex
 	phases []shardmap.MigrationPhase
+	// last is every migration's last record, kept after it is deleted.
+	last []shardmap.Migration
 }
 
 func (s *phaseStore) PutMigration(ctx context.Context, m *shardmap.Migration) error {
@@ -495,8 +497,20 @@ func (s *phaseStore) PutMigration(ctx context.Context, m *shardmap.Migration) er
 	if n := len(s.phases); n == 0 || s.phases[n-1] != m.Phase {
 		s.phases = append(s.phases, m.Phase)
 	}
+	if i := slices.IndexFunc(s.last, func(o shardmap.Migration) bool { return o.ID == m.ID }); i >= 0 {
+		s.last[i] = *m
+	} else {
+		s.last = append(s.last, *m)
+	}
 	s.mu.Unlock()
 	return s.Store.PutMigration(ctx, m)
+}
+
+// started is every migration ever recorded, as last recorded, oldest first.
+func (s *phaseStore) started() []shardmap.Migration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.last)
 }
 
 func (s *phaseStore) recorded() []shardmap.MigrationPhase {

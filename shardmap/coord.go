@@ -208,6 +208,7 @@ var _ Coordination = (*RedisStore)(nil)
 //	P:{T}:reshard:<tree>  string: Reshard JSON
 //	P:{T}:lease:<tree>    string: coordinator owner, with an expiry
 //	P:{T}:acks:<tree>     hash: proxy id -> acknowledged epoch
+//	P:{T}:autonomic:<tree> string: AutonomicStatus JSON, with an expiry (autonomic.go)
 //	P:{T}:proxies         sorted set: id of a proxy that routes the tenant's
 //	                      statements, scored by lease expiry (unix ms)
 //	P:proxies             sorted set: proxy id scored by lease expiry (unix ms)
