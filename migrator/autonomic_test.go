@@ -12,6 +12,7 @@ import (
 
 	"github.com/lattice-db/lattice/autonomic"
 	"github.com/lattice-db/lattice/shardmap"
+	"github.com/lattice-db/lattice/sqlstate"
 )
 
 // fakeLoad is a LoadSource whose rates the test sets.
@@ -327,5 +328,43 @@ func TestGrowSplitsHottestFirst(t *testing.T) {
 				t.Fatalf("grow split %+v; want shard %d, slots %v", migs[0], tc.source, tc.slots)
 			}
 		})
+	}
+}
+
+// TestSetTreeOption: lattice_set_tree_option turns the monitor off for
+// the tree (stored in its registry entry), and lattice_reshard_status says
+// so; an unknown option is refused with a hint.
+func TestSetTreeOption(t *testing.T) {
+	a := newAutoRig(t)
+	f := &Functions{store: a.store.Store, coord: a.coord}
+	rows, err := f.Call(a.ctx, "app", "lattice_set_tree_option", []*string{ptr("items"), ptr("autosplit"), ptr("false")}, nil)
+	if err != nil || rows[0][0] != "autosplit of items is off" {
+		t.Fatalf("set option: %v, %v", rows, err)
+	}
+	if tr, _ := a.store.Tree(a.ctx, "app", "items"); !tr.AutosplitOff || tr.AutohealOff {
+		t.Fatalf("registry entry %+v", tr)
+	}
+	a.load.set(hotOn(24, 31))
+	for i := 0; i < 3; i++ {
+		a.pass()
+	}
+	if n := a.mapNow().DistinctShards(); n != 4 {
+		t.Fatalf("%d shards with autosplit off", n)
+	}
+	st, err := f.ReshardStatus(a.ctx, "app", "items")
+	if err != nil || !strings.Contains(st.Autonomic, "monitor off: lattice_set_tree_option('items', 'autosplit', false)") {
+		t.Fatalf("status %+v, %v", st, err)
+	}
+	if _, err := f.Call(a.ctx, "app", "lattice_set_tree_option", []*string{ptr("items"), ptr("autosplit"), ptr("true")}, nil); err != nil {
+		t.Fatal(err)
+	}
+	a.pass()
+	a.pass()
+	if n := a.mapNow().DistinctShards(); n != 5 {
+		t.Fatalf("%d shards once autosplit is on again; want 5", n)
+	}
+	_, err = f.Call(a.ctx, "app", "lattice_set_tree_option", []*string{ptr("items"), ptr("autoscale"), ptr("true")}, nil)
+	if e := sqlstate.As(err); err == nil || e.Code != sqlstate.InvalidParameterValue || e.Hint == "" {
+		t.Fatalf("unknown option: %v", err)
 	}
 }
