@@ -176,6 +176,10 @@ func (a *Autonomic) passTree(ctx context.Context, t *shardmap.Tree) error {
 	a.held[t.Tenant+"/"+t.Name] = t
 	a.mu.Unlock()
 	v := autonomic.View{Registry: t.ShardCount, SplitOff: splitOff, HealOff: healOff}
+	if healOff == "" && a.coord.interlocks.SnapshotOrMergeRunning(ctx, t.Tenant, t.Name) {
+		// As a shrink starts no fold while one runs, nor does healing.
+		v.HealOff = "a snapshot of the tree or a merge into it runs"
+	}
 	switch r, err := store.Reshard(ctx, t.Tenant, t.Name); {
 	case errors.Is(err, shardmap.ErrNotFound):
 	case err != nil:

@@ -490,6 +490,8 @@ type phaseStore struct {
 	phases []shardmap.MigrationPhase
 	// last is every migration's last record, kept after it is deleted.
 	last []shardmap.Migration
+	// onPhase, if set, is called after each phase is stored.
+	onPhase func(shardmap.MigrationPhase)
 }
 
 func (s *phaseStore) PutMigration(ctx context.Context, m *shardmap.Migration) error {
@@ -503,7 +505,13 @@ func (s *phaseStore) PutMigration(ctx context.Context, m *shardmap.Migration) er
 		s.last = append(s.last, *m)
 	}
 	s.mu.Unlock()
-	return s.Store.PutMigration(ctx, m)
+	if err := s.Store.PutMigration(ctx, m); err != nil {
+		return err
+	}
+	if s.onPhase != nil {
+		s.onPhase(m.Phase)
+	}
+	return nil
 }
 
 // started is every migration ever recorded, as last recorded, oldest first.
