@@ -136,8 +136,11 @@ type serveConfig struct {
 	Coordinator bool
 	Reshard     migrator.CoordinatorOptions
 	Autonomic   migrator.AutonomicOptions
-	Migration   migrator.Options
-	ProxyLease  time.Duration
+	// loadCounting: this proxy counts load per slot (the load signal's
+	// --load-stats, looked up by name in serveCmd).
+	loadCounting bool
+	Migration    migrator.Options
+	ProxyLease   time.Duration
 }
 
 func (c *serveConfig) flags(fs *flag.FlagSet) {
@@ -265,6 +268,9 @@ func serveCmd(ctx context.Context, args []string) error {
 	cfg.flags(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return err
+	}
+	if f := fs.Lookup("load-stats"); f != nil {
+		cfg.loadCounting = f.Value.String() == "true"
 	}
 	if cfg.NodesFile != "" {
 		if err := nodesFile(cfg.NodesFile, &cfg.Nodes); err != nil {
@@ -411,9 +417,10 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, ready func(pg
 			coord.Run(bgCtx)
 		}()
 		bg.Go(func() { treeOps.Run(bgCtx) })
-		// Until the proxies count load (--load-stats), every window is
-		// empty and reads as no data.
-		load := migrator.NewLoadSource(store, store, false)
+		// With the proxies counting load (--load-stats, the load signal's
+		// flag), a window without a count is a quiet tree; without it,
+		// no data.
+		load := migrator.NewLoadSource(store, store, cfg.loadCounting)
 		coord.SetLoad(load)
 		if cfg.Autonomic.Split || cfg.Autonomic.Heal {
 			opts := cfg.Autonomic
