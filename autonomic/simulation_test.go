@@ -139,3 +139,25 @@ func TestNoOscillationUnderMeanMultiple(t *testing.T) {
 		t.Fatalf("%d splits and %d folds; want 1 to 8 splits and no fold", s.splits, s.folds)
 	}
 }
+
+// TestHealingAfterGrowth: a tree created with 16 shards, grown by the
+// monitor to the cap of 64 under a uniform load above the threshold,
+// heals back to 16 once quiet, and stops there.
+func TestHealingAfterGrowth(t *testing.T) {
+	cfg := Config{SplitWrites: 100, MaxShards: 64, SplitWindow: 10 * time.Second, HealWindow: time.Minute}
+	s := newSim(t, cfg, 16)
+	s.run(10*time.Minute, func(time.Duration) []float64 { return spread(4096, 0, 4095, 64*300) })
+	if n := s.m.DistinctShards(); n != 64 || s.folds != 0 {
+		t.Fatalf("under load: %d shards, %d folds; want the cap of 64 and none", n, s.folds)
+	}
+	s.run(30*time.Minute, silence)
+	t.Logf("%d splits to the cap, then %d folds to %d shards", s.splits, s.folds, s.m.DistinctShards())
+	if n := s.m.DistinctShards(); n != 16 || s.folds != 48 {
+		t.Fatalf("quiet: %d shards after %d folds; want 16 after 48", n, s.folds)
+	}
+	for idx, c := range s.m.SlotCounts() {
+		if c != 256 {
+			t.Fatalf("shard %d owns %d slots after healing; want the 256 of a 16-shard tree", idx, c)
+		}
+	}
+}
