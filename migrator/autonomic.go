@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"sync"
 	"time"
 
@@ -126,18 +127,40 @@ func (a *Autonomic) Pass(ctx context.Context) {
 		a.log.Warn("autonomic: list tenants", "err", err)
 		return
 	}
+	seen := map[string]bool{}
 	for _, tenant := range tenants {
 		trees, err := a.coord.store.Trees(ctx, tenant)
 		if err != nil {
 			a.log.Warn("autonomic: list trees", "tenant", tenant, "err", err)
+			for key, t := range a.heldTrees() {
+				seen[key] = seen[key] || t.Tenant == tenant // not known to be gone
+			}
 			continue
 		}
 		for _, t := range trees {
+			seen[t.Tenant+"/"+t.Name] = true
 			if err := a.passTree(ctx, t); err != nil && ctx.Err() == nil {
 				a.log.Warn("autonomic: pass", "tree", t.Name, "tenant", tenant, "err", err)
 			}
 		}
 	}
+	// A dropped tree's lease went with it; its timers go too, so that
+	// what the monitor keeps stays bounded by the trees there are.
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for key, t := range a.held {
+		if !seen[key] {
+			delete(a.held, key)
+			a.policy.Forget(t.Tenant, t.Name)
+		}
+	}
+}
+
+// heldTrees is a copy of the leases this monitor took.
+func (a *Autonomic) heldTrees() map[string]*shardmap.Tree {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return maps.Clone(a.held)
 }
 
 // offReasons say why the monitor and the healer are off for t, "" when on.
@@ -163,13 +186,20 @@ func (a *Autonomic) passTree(ctx context.Context, t *shardmap.Tree) error {
 	}
 	splitOff, healOff := a.offReasons(t)
 	if splitOff != "" && healOff != "" {
+		// No lease taken for nothing; one taken before expires.
 		a.policy.Forget(t.Tenant, t.Name)
-		return nil // no lease taken for nothing
+		a.mu.Lock()
+		delete(a.held, t.Tenant+"/"+t.Name)
+		a.mu.Unlock()
+		return nil
 	}
 	store := a.coord.store
 	ok, err := store.AcquireLease(ctx, t.Tenant, t.Name, a.coord.id, a.coord.opts.LeaseTTL)
 	if err != nil || !ok {
 		a.policy.Forget(t.Tenant, t.Name) // another proxy's monitor watches it
+		a.mu.Lock()
+		delete(a.held, t.Tenant+"/"+t.Name)
+		a.mu.Unlock()
 		return err
 	}
 	a.mu.Lock()

@@ -368,3 +368,21 @@ func TestSetTreeOption(t *testing.T) {
 		t.Fatalf("unknown option: %v", err)
 	}
 }
+
+// TestAutonomicForgetsDroppedTrees: the leases and timers the monitor
+// keeps go with a dropped tree.
+func TestAutonomicForgetsDroppedTrees(t *testing.T) {
+	a := newAutoRig(t)
+	a.load.set(hotOn(24, 31))
+	a.pass()
+	if len(a.auto.heldTrees()) != 1 {
+		t.Fatalf("held %v after a pass", a.auto.heldTrees())
+	}
+	if err := a.store.DeleteTree(a.ctx, "app", "items"); err != nil {
+		t.Fatal(err)
+	}
+	a.pass()
+	if held := a.auto.heldTrees(); len(held) != 0 {
+		t.Fatalf("held %v after the tree was dropped", held)
+	}
+}
