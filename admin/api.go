@@ -109,6 +109,9 @@ type TreeSummary struct {
 	// Group is the tree's colocation group, "" (left out) for a tree alone.
 	Group   string         `json:"group,omitempty"`
 	Reshard *ReshardStatus `json:"reshard"` // null when none runs
+	// Autonomic is what the tree's split monitor and healing did at their
+	// last pass, and why; left out when no proxy's pass stored one.
+	Autonomic *shardmap.AutonomicStatus `json:"autonomic,omitempty"`
 	// ShardList is set by GET /api/trees/{tree} only.
 	ShardList []ShardInfo `json:"shard_list,omitempty"`
 }
@@ -322,7 +325,13 @@ func (a *API) summaries(ctx context.Context, r *http.Request) ([]TreeSummary, er
 			if err != nil {
 				return nil, err
 			}
-			out = append(out, a.summary(t, m, byTree[[2]string{tenant, t.Name}]))
+			sum := a.summary(t, m, byTree[[2]string{tenant, t.Name}])
+			if st, ok := a.Catalog.(shardmap.AutonomicStatuses); ok {
+				if sum.Autonomic, err = st.Autonomic(ctx, tenant, t.Name); err != nil {
+					return nil, err
+				}
+			}
+			out = append(out, sum)
 		}
 	}
 	return out, nil

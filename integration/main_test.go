@@ -394,7 +394,10 @@ func startProxyAt(t testing.TB, host string, wrap []string, redisURL string, nod
 		log:       &syncBuffer{},
 		done:      make(chan struct{}),
 	}
-	args := []string{"serve", "--listen", p.Addr, "--admin", p.AdminAddr, "--redis", redisURL}
+	// The split monitor and healing are off unless a test turns them on
+	// (a later --autosplit=true wins): the other tests' trees keep the
+	// shards they made.
+	args := []string{"serve", "--listen", p.Addr, "--admin", p.AdminAddr, "--redis", redisURL, "--autosplit=false", "--autoheal=false"}
 	for i, dsn := range nodeDSNs {
 		args = append(args, "--node", fmt.Sprintf("n%d=%s", i+1, dsn))
 	}

@@ -52,6 +52,9 @@ type reshardLoad struct {
 	refused   atomic.Int64
 	refusedMu sync.Mutex
 	refusedAt []time.Time
+	// pick, if set, chooses writer w's next key number (one with n%4 == w,
+	// so that each key keeps one writer); uniform otherwise.
+	pick func(rng *rand.Rand, w int) int
 }
 
 // refusal reports whether err is one of the tolerated refusals, and
@@ -79,6 +82,9 @@ func (r *reshardLoad) writer(ctx context.Context, w int) error {
 	pool := r.pools[w%len(r.pools)]
 	for ctx.Err() == nil {
 		n := rng.IntN(r.keys/4)*4 + w
+		if r.pick != nil {
+			n = r.pick(rng, w)
+		}
 		k := "c-" + strconv.Itoa(n)
 		ver := r.version.Add(1)
 		var err error

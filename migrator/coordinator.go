@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/lattice-db/lattice/autonomic"
 	"github.com/lattice-db/lattice/pgshard"
 	"github.com/lattice-db/lattice/shardmap"
 	"github.com/lattice-db/lattice/sqlstate"
@@ -78,6 +79,9 @@ type Coordinator struct {
 	metrics    *Metrics
 	interlocks Interlocks
 	log        *slog.Logger
+	// load, when set, makes a grow split the hottest shards first, at
+	// their load midpoints (loadaware.go).
+	load autonomic.LoadSource
 
 	mu      sync.Mutex
 	running map[string]bool // migration ids running in this process
@@ -228,11 +232,15 @@ func (c *Coordinator) tick(ctx context.Context, r *shardmap.Reshard) error {
 			return c.complete(ctx, u, r)
 		}
 		need := min(r.Target-distinct-unflipped(flying, shardmap.Split), free)
-		for _, src := range splitSources(m, flying) {
+		if need <= 0 {
+			return nil
+		}
+		writes := c.slotWrites(ctx, t)
+		for _, src := range splitSourcesByLoad(m, flying, writes) {
 			if need <= 0 {
 				break
 			}
-			mig, err := c.runner.StartSplit(ctx, t, src)
+			mig, err := c.growSplit(ctx, t, m, src, writes)
 			if err != nil {
 				return err
 			}
@@ -245,6 +253,11 @@ func (c *Coordinator) tick(ctx context.Context, r *shardmap.Reshard) error {
 		return c.complete(ctx, u, r)
 	}
 	if c.interlocks.SnapshotOrMergeRunning(ctx, r.Tenant, r.Tree) {
+		return nil
+	}
+	if healing(flying) {
+		// A shrink plans against the map healing's folds leave: it waits
+		// for every one healing had started.
 		return nil
 	}
 	need := min(distinct-r.Target-unflipped(flying, shardmap.Fold), free)

@@ -490,6 +490,8 @@ type phaseStore struct {
 	Store
 	mu     sync.Mutex
 	phases []shardmap.MigrationPhase
+	// last is every migration's last record, kept after it is deleted.
+	last []shardmap.Migration
 	// onPhase, if set, is called after each phase is stored.
 	onPhase func(shardmap.MigrationPhase)
 }
@@ -499,6 +501,11 @@ func (s *phaseStore) PutMigration(ctx context.Context, m *shardmap.Migration) er
 	if n := len(s.phases); n == 0 || s.phases[n-1] != m.Phase {
 		s.phases = append(s.phases, m.Phase)
 	}
+	if i := slices.IndexFunc(s.last, func(o shardmap.Migration) bool { return o.ID == m.ID }); i >= 0 {
+		s.last[i] = *m
+	} else {
+		s.last = append(s.last, *m)
+	}
 	s.mu.Unlock()
 	if err := s.Store.PutMigration(ctx, m); err != nil {
 		return err
@@ -507,6 +514,13 @@ func (s *phaseStore) PutMigration(ctx context.Context, m *shardmap.Migration) er
 		s.onPhase(m.Phase)
 	}
 	return nil
+}
+
+// started is every migration ever recorded, as last recorded, oldest first.
+func (s *phaseStore) started() []shardmap.Migration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.last)
 }
 
 func (s *phaseStore) recorded() []shardmap.MigrationPhase {

@@ -61,6 +61,7 @@ var signatures = map[string][]pgproto3.FieldDescription{
 		field("migrations_in_flight", pgtype.Int4OID), field("rows_copied", pgtype.Int8OID), field("lag_bytes", pgtype.Int8OID),
 		field("eta_seconds", pgtype.Float8OID),
 		field("verify_failed_migration", pgtype.TextOID), field("verify_failed_slots", pgtype.TextOID),
+		field("autonomic", pgtype.TextOID),
 	},
 	"lattice_shards": {
 		field("shard", pgtype.Int4OID), field("node", pgtype.TextOID), field("schema", pgtype.TextOID),
@@ -102,7 +103,7 @@ func (f *Functions) ArgType(fn string, pos int, name string) uint32 {
 	switch name {
 	case "shard_count", "slot_count", "shard":
 		return pgtype.Int4OID
-	case "repair":
+	case "repair", "value":
 		return pgtype.BoolOID
 	}
 	return pgtype.TextOID
@@ -162,6 +163,9 @@ func (f *Functions) Call(ctx context.Context, tenant, name string, args []*strin
 		return rows, err
 	}
 	if rows, ok, err := f.callVerify(ctx, tenant, name, args, named); ok {
+		return rows, err
+	}
+	if rows, ok, err := f.callAutonomic(ctx, tenant, name, args, named); ok {
 		return rows, err
 	}
 	return nil, sqlstate.New(sqlstate.UndefinedFunction, "function %s does not exist", name)
@@ -383,6 +387,9 @@ type ReshardStatus struct {
 	// is then verify_failed), and VerifyFailedSlots its differing slots.
 	VerifyFailed      string
 	VerifyFailedSlots string
+	// Autonomic says what the tree's split monitor and healing do and why
+	// (autonomic_functions.go), whether or not a reshard runs.
+	Autonomic string
 }
 
 // ReshardStatus reports a tree (named exactly) whose reshard may or may not
@@ -403,6 +410,7 @@ func (f *Functions) ReshardStatus(ctx context.Context, tenant, tree string) (*Re
 	st, err := f.statusOf(ctx, tenant, t.MapName(), r)
 	if st != nil {
 		st.Tree = tree
+		st.Autonomic = f.autonomicStatus(ctx, t)
 	}
 	return st, err
 }
@@ -477,7 +485,7 @@ func (f *Functions) reshardStatus(ctx context.Context, tenant, tree string) ([][
 	if st.VerifyFailed != "" {
 		failed, slots = st.VerifyFailed, st.VerifyFailedSlots
 	}
-	return [][]any{{st.Phase, int32(st.Target), int32(st.Shards), int32(st.MigrationsInFlight), st.RowsCopied, st.LagBytes, eta, failed, slots}}, nil
+	return [][]any{{st.Phase, int32(st.Target), int32(st.Shards), int32(st.MigrationsInFlight), st.RowsCopied, st.LagBytes, eta, failed, slots, st.Autonomic}}, nil
 }
 
 func abs(x int) int {

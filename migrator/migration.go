@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"sort"
 	"strconv"
 	"sync"
 	"time"
@@ -155,12 +156,28 @@ func (r *Runner) updateMapFrom(ctx context.Context, tenant, tree string, cur *sh
 // StartSplit records a split of the upper half of source's slots into a new
 // shard and returns the record; Run carries it out.
 func (r *Runner) StartSplit(ctx context.Context, t *shardmap.Tree, source int) (*shardmap.Migration, error) {
+	return r.startSplit(ctx, t, source, splitAt{from: -1})
+}
+
+// splitAt says where a split cuts and where its target goes: the source's
+// slots from slot from on (-1: the upper half of its slots), onto node (""
+// : the node with the fewest bytes of the tree); origin is the
+// migration's (shardmap.Migration.Origin).
+type splitAt struct {
+	from         int
+	node, origin string
+}
+
+func (r *Runner) startSplit(ctx context.Context, t *shardmap.Tree, source int, at splitAt) (*shardmap.Migration, error) {
 	r.forgetReserved(t)
 	mig := &shardmap.Migration{ID: newID(), Tenant: t.Tenant, Tree: t.MapName(), Kind: shardmap.Split,
-		Source: source, Phase: shardmap.PhasePrepare, Created: time.Now().UTC()}
+		Source: source, Phase: shardmap.PhasePrepare, Created: time.Now().UTC(), Origin: at.origin}
 	place, err := r.placement(ctx, t)
 	if err != nil {
 		return nil, err
+	}
+	if at.node != "" {
+		place = func(*shardmap.Map) string { return at.node }
 	}
 	_, err = r.updateMap(ctx, t.Tenant, t.MapName(), func(m *shardmap.Map) (bool, error) {
 		src, ok := m.Shards[source]
@@ -176,8 +193,14 @@ func (r *Runner) StartSplit(ctx context.Context, t *shardmap.Tree, source int) (
 		if len(slots) < 2 {
 			return false, fmt.Errorf("migrator: shard %d of %s owns %d slots; a split needs at least 2", source, t.Name, len(slots))
 		}
+		cut := len(slots) / 2
+		if at.from >= 0 {
+			// Both sides keep a slot, whatever the map became since the
+			// cut was chosen.
+			cut = min(max(sort.SearchInts(slots, at.from), 1), len(slots)-1)
+		}
 		mig.Target, mig.TargetNode, mig.SourceNode = m.HighWater, place(m), src.Node
-		mig.Slots = ranges(slots[len(slots)/2:])
+		mig.Slots = ranges(slots[cut:])
 		m.HighWater++
 		m.Shards[mig.Target] = shardmap.Shard{Index: mig.Target, Node: mig.TargetNode, State: shardmap.ShardPending}
 		return true, nil
@@ -193,6 +216,11 @@ func (r *Runner) StartSplit(ctx context.Context, t *shardmap.Tree, source int) (
 
 // StartFold records a fold of every slot of donor into survivor.
 func (r *Runner) StartFold(ctx context.Context, t *shardmap.Tree, donor, survivor int) (*shardmap.Migration, error) {
+	return r.startFold(ctx, t, donor, survivor, "")
+}
+
+// startFold is StartFold for a migration of origin.
+func (r *Runner) startFold(ctx context.Context, t *shardmap.Tree, donor, survivor int, origin string) (*shardmap.Migration, error) {
 	m, err := r.store.Map(ctx, t.Tenant, t.MapName())
 	if err != nil {
 		return nil, err
@@ -204,7 +232,7 @@ func (r *Runner) StartFold(ctx context.Context, t *shardmap.Tree, donor, survivo
 	}
 	mig := &shardmap.Migration{ID: newID(), Tenant: t.Tenant, Tree: t.MapName(), Kind: shardmap.Fold,
 		Source: donor, SourceNode: d.Node, Target: survivor, TargetNode: s.Node,
-		Slots: m.SlotRanges(donor), Phase: shardmap.PhasePrepare, Created: time.Now().UTC()}
+		Slots: m.SlotRanges(donor), Phase: shardmap.PhasePrepare, Created: time.Now().UTC(), Origin: origin}
 	if len(mig.Slots) == 0 {
 		return nil, fmt.Errorf("migrator: shard %d of %s owns no slots", donor, t.Name)
 	}

@@ -62,7 +62,17 @@ type Migration struct {
 	LastError  string         `json:"last_error,omitempty"`
 	// Verify is the last verification of the move, nil before one.
 	Verify *Verification `json:"verify,omitempty"`
+	// Origin names the autonomic mechanism that started the migration
+	// (OriginAutosplit, OriginAutoheal), "" for an operator's (a reshard,
+	// a rebalance, a move): a shrink waits for healing's folds.
+	Origin string `json:"origin,omitempty"`
 }
+
+// Origins of autonomic migrations (migrator/autonomic.go).
+const (
+	OriginAutosplit = "autosplit"
+	OriginAutoheal  = "autoheal"
+)
 
 // Verification is the comparison of a move's slots on its source and its
 // target as of the flip (migrator/verify.go).
@@ -201,6 +211,7 @@ var _ Coordination = (*RedisStore)(nil)
 //	P:{T}:reshard:<tree>  string: Reshard JSON
 //	P:{T}:lease:<tree>    string: coordinator owner, with an expiry
 //	P:{T}:acks:<tree>     hash: proxy id -> acknowledged epoch
+//	P:{T}:autonomic:<tree> string: AutonomicStatus JSON, with an expiry (autonomic.go)
 //	P:{T}:proxies         sorted set: id of a proxy that routes the tenant's
 //	                      statements, scored by lease expiry (unix ms)
 //	P:proxies             sorted set: proxy id scored by lease expiry (unix ms)

@@ -60,6 +60,11 @@ type Tree struct {
 	// Group names the tree's colocation group (group.go); "" for a tree
 	// alone. Once set it never changes.
 	Group string `json:"group,omitempty"`
+	// AutosplitOff and AutohealOff switch the autonomic split monitor and
+	// over-split healing off for this tree
+	// (lattice_set_tree_option(tree, 'autosplit'|'autoheal', false)).
+	AutosplitOff bool `json:"autosplit_off,omitempty"`
+	AutohealOff  bool `json:"autoheal_off,omitempty"`
 
 	counters *SlotCounters // this proxy's load counters (loadcount.go); set by a Cache
 }

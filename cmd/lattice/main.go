@@ -135,6 +135,7 @@ type serveConfig struct {
 
 	Coordinator bool
 	Reshard     migrator.CoordinatorOptions
+	Autonomic   migrator.AutonomicOptions
 	Migration   migrator.Options
 	ProxyLease  time.Duration
 	LoadStats   bool
@@ -181,6 +182,14 @@ func (c *serveConfig) flags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.Reshard.Tick, "reshard-tick", 2*time.Second, "how often a reshard coordinator plans; an intent stored, or a migration ended, in this proxy starts a plan at once")
 	fs.DurationVar(&c.Reshard.LeaseTTL, "reshard-lease", time.Minute, "a coordinator's lease; another proxy takes over a reshard this long after its coordinator died")
 	fs.DurationVar(&c.Reshard.EmptyTreeProbeBudget, "empty-probe-budget", 10*time.Second, "ceiling on the emptiness probe of lattice_reshard")
+	fs.BoolVar(&c.Autonomic.Split, "autosplit", true, "run the hot-shard split monitor: a shard hot for --autosplit-window is split at the slot that halves its load (a tree can turn it off with lattice_set_tree_option(tree, 'autosplit', false)); needs --coordinator")
+	fs.BoolVar(&c.Autonomic.Heal, "autoheal", true, "run over-split healing: a tree quiet and uniform for --autoheal-window folds adjacent cold pairs, never below the shard count of its creation or last reshard (lattice_set_tree_option(tree, 'autoheal', false) turns it off for a tree); needs --coordinator")
+	fs.IntVar(&c.Autonomic.Policy.MaxShards, "max-physical-shards-per-tree", 256, "the split monitor grows no tree past this many shards; a reshard may, and such a tree stops splitting autonomically")
+	fs.Float64Var(&c.Autonomic.Policy.SplitWrites, "autosplit-rows-per-second", 1000, "a shard writing more rows a second than this is hot; healing folds only pairs writing under a tenth of it together")
+	fs.Float64Var(&c.Autonomic.Policy.SplitMeanMultiple, "autosplit-mean-multiple", 4, "a shard writing more than this multiple of its tree's mean per shard (and a tenth of --autosplit-rows-per-second) is hot")
+	fs.DurationVar(&c.Autonomic.Policy.SplitWindow, "autosplit-window", time.Minute, "how long a shard stays hot before the monitor splits it, and the pause after a split before the next")
+	fs.DurationVar(&c.Autonomic.Policy.HealWindow, "autoheal-window", 10*time.Minute, "how long a tree stays quiet and uniform, counted again after each split, before healing folds")
+	fs.DurationVar(&c.Autonomic.Tick, "autonomic-interval", 5*time.Second, "how often the split monitor and healing pass over the trees")
 	fs.DurationVar(&c.Migration.FreezeBudget, "freeze-budget", 2*time.Second, "longest write pause of one freeze; a freeze that does not fit is rolled back and retried")
 	fs.Int64Var(&c.Migration.FreezeLag, "freeze-lag", 256<<10, "replication lag in bytes under which a migration freezes")
 	fs.IntVar(&c.Migration.ReleaseBatch, "release-batch", 10000, "about how many rows of a split's source one release transaction scans for moved rows to delete")
@@ -412,6 +421,17 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, ready func(pg
 			coord.Run(bgCtx)
 		}()
 		bg.Go(func() { treeOps.Run(bgCtx) })
+		// With the proxies counting load (--load-stats, the load signal's
+		// flag), a window without a count is a quiet tree; without it,
+		// no data.
+		load := migrator.NewLoadSource(store, store, cfg.LoadStats)
+		coord.SetLoad(load)
+		if cfg.Autonomic.Split || cfg.Autonomic.Heal {
+			opts := cfg.Autonomic
+			opts.Tenants, opts.Statuses = store.TenantsWithTrees, store
+			auto := migrator.NewAutonomic(coord, load, opts, adm.Registry)
+			bg.Go(func() { auto.Run(bgCtx) })
+		}
 	}
 
 	fns := migrator.NewFunctions(cluster, store, cache, coord)

@@ -1,0 +1,138 @@
+package autonomic
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/lattice-db/lattice/shardmap"
+)
+
+// heal is over-split healing's pass: once the tree has been quiet (no
+// shard above ColdWrites) and uniform for the whole HealWindow, counted
+// again from the last split, it folds adjacent pairs that stay cold
+// together, never below the registry's shard count.
+func (p *Policy) heal(st *treeState, v View, counts map[int]int, now time.Time, d *Decision) {
+	switch {
+	case v.HealOff != "":
+		st.quietSince = time.Time{}
+		d.Healer = "off: " + v.HealOff
+		return
+	case v.Intent != "":
+		// No new fold while a reshard runs; the quiet window starts over
+		// on the map it leaves.
+		st.quietSince = time.Time{}
+		d.Healer = "idle while " + v.Intent + "; no fold starts"
+		return
+	case v.Writes == nil:
+		st.quietSince = time.Time{}
+		d.Healer = "idle: no load data yet"
+		return
+	}
+	l := newLoad(v, counts)
+	folding := unflipped(v.Flying, shardmap.Fold)
+	if len(counts)-folding <= v.Registry {
+		d.Healer = fmt.Sprintf("idle: %d shards, the registry's count (set at creation or by the last reshard); healing folds no further", len(counts))
+		if folding > 0 {
+			d.Healer = fmt.Sprintf("folding: %d folds in flight, down to the registry's %d shards", folding, v.Registry)
+		}
+		return
+	}
+	hw := l.shard[l.hottest]
+	switch {
+	case hw > p.cfg.ColdWrites:
+		st.quietSince = time.Time{}
+		d.Healer = fmt.Sprintf("idle: not quiet (shard %d: %s, above %s)", l.hottest, rate(hw), rate(p.cfg.ColdWrites))
+		return
+	case hw >= 1 && hw > p.cfg.UniformMultiple*l.mean:
+		st.quietSince = time.Time{}
+		d.Healer = fmt.Sprintf("idle: load not uniform (shard %d writes %.1f times the mean)", l.hottest, hw/l.mean)
+		return
+	}
+	if st.quietSince.IsZero() {
+		st.quietSince = now
+	}
+	since := st.quietSince
+	if st.lastSplit.After(since) {
+		since = st.lastSplit
+	}
+	if q := now.Sub(since); q < p.cfg.HealWindow {
+		d.Healer = fmt.Sprintf("waiting: quiet and uniform for %s of %s", q.Round(time.Second), p.cfg.HealWindow)
+		return
+	}
+	if n := unflipped(v.Flying, shardmap.Split); n > 0 {
+		d.Healer = fmt.Sprintf("waiting: %d splits in flight", n)
+		return
+	}
+	want := min(p.cfg.MaxConcurrent-len(v.Flying), len(counts)-folding-v.Registry)
+	var why []string
+	for _, f := range p.coldPairs(v, l) {
+		if len(d.Folds) >= want {
+			break
+		}
+		d.Folds = append(d.Folds, f)
+		why = append(why, fmt.Sprintf("fold of shard %d into shard %d", f.Donor, f.Survivor))
+	}
+	switch {
+	case len(d.Folds) > 0:
+		d.Healer = fmt.Sprintf("%s: quiet and uniform for %s (%d shards, the registry's %d)", strings.Join(why, ", "),
+			p.cfg.HealWindow, len(counts), v.Registry)
+	case folding > 0:
+		d.Healer = fmt.Sprintf("folding: %d folds in flight", folding)
+	default:
+		d.Healer = "waiting: no adjacent pair is free and cold together"
+	}
+}
+
+// coldPairs lists disjoint adjacent pairs of owning shards that are in no
+// migration and write less than ColdWrites together, coldest first. The
+// donor is the side with fewer rows (or slots, when rows are unknown).
+func (p *Policy) coldPairs(v View, l load) []Fold {
+	type span struct{ idx, lo, hi int }
+	var spans []span
+	for _, idx := range v.Map.OwningShards() {
+		rg := v.Map.SlotRanges(idx)
+		spans = append(spans, span{idx, rg[0][0], rg[len(rg)-1][1]})
+	}
+	slices.SortFunc(spans, func(a, b span) int { return cmp.Compare(a.lo, b.lo) })
+	counts := v.Map.SlotCounts()
+	size := func(idx int) int64 {
+		if v.Rows != nil {
+			return v.Rows[idx]
+		}
+		return int64(counts[idx])
+	}
+	var pairs []Fold
+	for i := 0; i+1 < len(spans); i++ {
+		x, y := spans[i], spans[i+1]
+		w := l.shard[x.idx] + l.shard[y.idx]
+		if x.hi+1 != y.lo || l.busy[x.idx] || l.busy[y.idx] || w >= p.cfg.ColdWrites {
+			continue
+		}
+		d, s := x.idx, y.idx
+		if size(d) > size(s) || size(d) == size(s) && d < s {
+			d, s = s, d
+		}
+		pairs = append(pairs, Fold{Donor: d, Survivor: s, Writes: w})
+	}
+	// Coldest first; among equally cold pairs the smallest, so that the
+	// shards stay about the same size as the tree heals.
+	slices.SortStableFunc(pairs, func(a, b Fold) int {
+		if c := cmp.Compare(a.Writes, b.Writes); c != 0 {
+			return c
+		}
+		return cmp.Compare(size(a.Donor)+size(a.Survivor), size(b.Donor)+size(b.Survivor))
+	})
+	used := map[int]bool{}
+	var out []Fold
+	for _, f := range pairs {
+		if used[f.Donor] || used[f.Survivor] {
+			continue
+		}
+		used[f.Donor], used[f.Survivor] = true, true
+		out = append(out, f)
+	}
+	return out
+}

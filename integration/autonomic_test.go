@@ -1,0 +1,288 @@
+package integration
+
+import (
+	"context"
+	"math/rand/v2"
+	"os/exec"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/lattice-db/lattice/shardmap"
+)
+
+// autoRun is a ledger workload (reshardLoad: writers and readers through
+// the proxy, every acknowledged write checked at the end) on the tree
+// catalogue, under a proxy whose split monitor and healing run on short
+// windows.
+type autoRun struct {
+	t     *testing.T
+	ctx   context.Context
+	proxy *proxyProc
+	pool  *pgxpool.Pool
+	store *shardmap.RedisStore
+	load  *reshardLoad
+	stop  func() // ends the workload and fails the test on its first error
+	start time.Time
+}
+
+// autonomicProxy starts a proxy with the monitor and healing on, on short
+// windows so that a test runs in seconds, and extra flags. It skips the
+// test on a build whose proxies do not count load (no --load-stats): the
+// monitor and healing then have no data.
+func autonomicProxy(t *testing.T, extra ...string) *proxyProc {
+	out, _ := exec.Command(latticeBinary(t), "serve", "-h").CombinedOutput()
+	if !strings.Contains(string(out), "-load-stats") {
+		t.Skip("this build's proxies do not count load per slot (--load-stats): nothing for the monitor to read")
+	}
+	return startProxy(t, 3, append([]string{"--autosplit=true", "--autoheal=true", "--autonomic-interval=500ms",
+		"--autosplit-window=1s", "--autoheal-window=2s", "--reshard-tick=500ms"}, extra...)...)
+}
+
+// newAutoRun creates catalogue with keys rows over shards shards.
+func newAutoRun(t *testing.T, ctx context.Context, p *proxyProc, keys, shards int) *autoRun {
+	pool, err := pgxpool.New(ctx, p.DSN("lattice"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	for _, q := range []string{
+		"CREATE TABLE catalogue (k text PRIMARY KEY, v bigint NOT NULL, pad text)",
+		"INSERT INTO catalogue SELECT 'c-' || g, 0, md5(g::text) FROM generate_series(0, " + strconv.Itoa(keys-1) + ") g",
+		"SELECT lattice_create_tree('catalogue', 'k', shard_count => " + strconv.Itoa(shards) + ")",
+	} {
+		if _, err := pool.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	load := &reshardLoad{keys: keys, pools: []*pgxpool.Pool{pool}, ledger: &loadLedger{acked: map[string]loadEntry{}, deletes: map[string]int64{}}}
+	for n := 0; n < keys; n++ {
+		load.ledger.acked["c-"+strconv.Itoa(n)] = loadEntry{}
+	}
+	return &autoRun{t: t, ctx: ctx, proxy: p, pool: pool, store: harnessStore(t), load: load}
+}
+
+// run starts writers writers and one reader.
+func (a *autoRun) run(writers int) {
+	runCtx, cancel := context.WithCancel(a.ctx)
+	var wg sync.WaitGroup
+	errs := make(chan error, writers+1)
+	for i := range writers {
+		wg.Go(func() { errs <- a.load.writer(runCtx, i) })
+	}
+	wg.Go(func() { errs <- a.load.reader(runCtx, 0) })
+	a.start = time.Now()
+	a.stop = func() {
+		cancel()
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			if err != nil {
+				a.t.Fatalf("a client saw an error: %v", err)
+			}
+		}
+		a.t.Logf("workload: %d writes (%.0f/s), %d reads in %s", a.load.writes.Load(),
+			float64(a.load.writes.Load())/time.Since(a.start).Seconds(), a.load.reads.Load(), time.Since(a.start).Round(time.Millisecond))
+	}
+}
+
+// status is the autonomic column of lattice_reshard_status.
+func (a *autoRun) status() string {
+	var s string
+	if err := a.pool.QueryRow(a.ctx, "SELECT autonomic FROM lattice_reshard_status('catalogue')").Scan(&s); err != nil {
+		a.t.Fatal(err)
+	}
+	return s
+}
+
+// shards is the tree's distinct shard count now.
+func (a *autoRun) shards() int {
+	_, m := storedTree(a.t, a.ctx, a.store, "catalogue")
+	return m.DistinctShards()
+}
+
+// until polls cond (every 200 ms, each pass also checking the workload's
+// migrations with check) until it holds, failing after 3 minutes.
+func (a *autoRun) until(what string, cond func() bool, check func()) {
+	a.t.Helper()
+	deadline := time.Now().Add(3 * time.Minute)
+	last := time.Now()
+	for !cond() {
+		if time.Since(last) > 5*time.Second {
+			last = time.Now()
+			a.t.Logf("waiting for %s: %d shards, %d writes; %s", what, a.shards(), a.load.writes.Load(), a.status())
+		}
+		if check != nil {
+			check()
+		}
+		if time.Now().After(deadline) {
+			a.t.Fatalf("%s: not within 3 minutes (shards %d, status %q)", what, a.shards(), a.status())
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// migrations are the tree's migrations in flight.
+func (a *autoRun) migrations() []*shardmap.Migration {
+	migs, err := a.store.Migrations(a.ctx, "lattice", "catalogue")
+	if err != nil {
+		a.t.Fatal(err)
+	}
+	return migs
+}
+
+var splitLine = regexp.MustCompile(`autonomic: split of a hot shard.*`)
+
+// TestAutonomicSkewedLoad: 8 shards, 80% of the ledger's writes on the
+// slots of shard 3. The monitor splits that shard at its load midpoint,
+// then its halves, until no shard writes more than 3 times the mean (the
+// absolute threshold, 1000 rows/s, is above the workload; a tenth of it is
+// the floor under which no shard is hot); the ledger holds and no client
+// sees an error.
+func TestAutonomicSkewedLoad(t *testing.T) {
+	resetNodes(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	p := autonomicProxy(t, "--autoheal=false", "--autosplit-mean-multiple=3", "--autosplit-rows-per-second=1000")
+	a := newAutoRun(t, ctx, p, 4000, 8)
+	// Shard 3 of 8 owns slots 1536..2047.
+	hot := make([][]int, 4)
+	cold := make([][]int, 4)
+	for n := 0; n < a.load.keys; n++ {
+		slot, _ := shardmap.SlotForText(shardmap.KeyText, []byte("c-"+strconv.Itoa(n)), 4096)
+		if slot >= 1536 && slot < 2048 {
+			hot[n%4] = append(hot[n%4], n)
+		} else {
+			cold[n%4] = append(cold[n%4], n)
+		}
+	}
+	a.load.pick = func(rng *rand.Rand, w int) int {
+		if rng.IntN(10) < 8 {
+			return hot[w][rng.IntN(len(hot[w]))]
+		}
+		return cold[w][rng.IntN(len(cold[w]))]
+	}
+	a.run(4)
+	a.until("the monitor splits until no shard is hot", func() bool {
+		return a.shards() > 8 && len(a.migrations()) == 0 && strings.Contains(a.status(), "monitor watching: no shard is hot")
+	}, nil)
+	a.stop()
+	for _, l := range splitLine.FindAllString(p.Log(), -1) {
+		t.Logf("%s", l)
+	}
+	t.Logf("%d shards; status: %s", a.shards(), a.status())
+	verifyReshardedTree(t, ctx, a.pool, a.load.ledger, a.shards())
+}
+
+// reshardIntent is the tree's running reshard, nil when none runs.
+func (a *autoRun) reshardIntent() *shardmap.Reshard {
+	r, err := a.store.Reshard(a.ctx, "lattice", "catalogue")
+	if err != nil {
+		return nil
+	}
+	return r
+}
+
+// reshard asks for n shards and waits for the completion signal, checking
+// at every poll that neither the monitor nor healing started a migration
+// while the reshard ran, and that the reshard's own folds never ran beside
+// one of healing's. It returns whether the status ever said the monitor
+// was idle for the reshard.
+func (a *autoRun) reshard(n int) (idleSeen bool) {
+	a.t.Helper()
+	if _, err := a.pool.Exec(a.ctx, "SELECT lattice_reshard('catalogue', $1)", n); err != nil {
+		a.t.Fatal(err)
+	}
+	r := a.reshardIntent()
+	if r == nil {
+		a.t.Fatal("no reshard intent after lattice_reshard")
+	}
+	check := func() {
+		var healing, own bool
+		for _, m := range a.migrations() {
+			if m.Origin != "" && m.Created.After(r.Started) {
+				a.t.Fatalf("%s migration %s (%s of shard %d) started while the reshard ran", m.Origin, m.ID, m.Kind, m.Source)
+			}
+			healing = healing || m.Origin == shardmap.OriginAutoheal
+			own = own || m.Kind == shardmap.Fold && m.Origin == ""
+		}
+		if healing && own {
+			a.t.Fatal("the shrink folded beside a fold healing had started")
+		}
+		idleSeen = idleSeen || strings.Contains(a.status(), "monitor idle while a reshard")
+	}
+	a.until("the reshard to "+strconv.Itoa(n)+" completes", func() bool {
+		var done bool
+		if err := a.pool.QueryRow(a.ctx, "SELECT lattice_reshard_complete('catalogue')").Scan(&done); err != nil {
+			a.t.Fatal(err)
+		}
+		return done
+	}, check)
+	return idleSeen
+}
+
+// TestAutonomicRules: the monitor and healing beside reshards, on one tree
+// created with 4 shards, with --max-physical-shards-per-tree 6:
+//   - under a uniform load above the threshold the monitor splits up to the
+//     cap and stops there ("capped");
+//   - once the load stops, healing folds; a shrink to 3 asked while
+//     healing's first folds run waits for them, healing starts no fold while
+//     the shrink runs, and after it the tree stays at the registry's 3;
+//   - a reshard to 10, above the cap, works under load while the monitor
+//     stays idle, and the monitor then splits no more.
+func TestAutonomicRules(t *testing.T) {
+	resetNodes(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	// A cap of 6 leaves healing two folds (6 -> 4) and the shrink two free
+	// migrations of the four it may run, so that it could fold beside them.
+	p := autonomicProxy(t, "--autosplit-rows-per-second=20", "--max-physical-shards-per-tree=6")
+	a := newAutoRun(t, ctx, p, 2000, 4)
+	begin := time.Now()
+
+	a.run(2)
+	a.until("the monitor grows the tree to the cap", func() bool {
+		return a.shards() == 6 && len(a.migrations()) == 0 && strings.Contains(a.status(), "capped: 6 shards")
+	}, nil)
+	a.stop()
+	t.Logf("grown to the cap of 6 in %s; %s", time.Since(begin).Round(time.Millisecond), a.status())
+
+	a.until("healing starts folding the quiet tree", func() bool {
+		for _, m := range a.migrations() {
+			if m.Origin == shardmap.OriginAutoheal {
+				return true
+			}
+		}
+		return false
+	}, nil)
+	t.Logf("healing folds: %s", a.status())
+	a.reshard(3)
+	tree, _ := storedTree(t, ctx, a.store, "catalogue")
+	if a.shards() != 3 || tree.ShardCount != 3 {
+		t.Fatalf("after the shrink: %d shards, registry %d; want 3 and 3", a.shards(), tree.ShardCount)
+	}
+	a.until("healing stays at the registry's count", func() bool {
+		return strings.Contains(a.status(), "healing idle: 3 shards, the registry's count")
+	}, nil)
+
+	// The reshard is asked before the load starts, so the monitor has no
+	// sustained hot shard before it.
+	a.run(2)
+	if !a.reshard(10) {
+		t.Errorf("lattice_reshard_status never said the monitor was idle during the reshard")
+	}
+	a.until("the monitor stops at a tree resharded above the cap", func() bool {
+		return strings.Contains(a.status(), "capped: 10 shards")
+	}, nil)
+	a.stop()
+	if n := a.shards(); n != 10 {
+		t.Fatalf("%d shards after the reshard to 10 above the cap of 6", n)
+	}
+	verifyReshardedTree(t, ctx, a.pool, a.load.ledger, 10)
+	t.Logf("took %s", time.Since(begin).Round(time.Millisecond))
+}

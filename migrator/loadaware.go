@@ -1,0 +1,65 @@
+package migrator
+
+import (
+	"cmp"
+	"context"
+	"slices"
+
+	"github.com/lattice-db/lattice/autonomic"
+	"github.com/lattice-db/lattice/shardmap"
+)
+
+// SetLoad gives the coordinator the tree's write rates: a grow then
+// splits the hottest eligible shards first, each at its load midpoint,
+// and falls back to the largest slot owners when a tree has no load data.
+func (c *Coordinator) SetLoad(l autonomic.LoadSource) { c.load = l }
+
+// slotWrites is t's writes per slot, nil without a load source, without
+// data for t, or when the tree wrote nothing (a split by slot count is
+// then as good as any).
+func (c *Coordinator) slotWrites(ctx context.Context, t *shardmap.Tree) []float64 {
+	if c.load == nil {
+		return nil
+	}
+	w, err := c.load.SlotWrites(ctx, t.Tenant, t.MapName())
+	if err != nil {
+		c.log.Warn("coordinator: load data", "tree", t.Name, "tenant", t.Tenant, "err", err)
+		return nil
+	}
+	for _, x := range w {
+		if x > 0 {
+			return w
+		}
+	}
+	return nil
+}
+
+// splitSourcesByLoad is splitSources, the hottest first when writes are
+// known (ties, cold shards among them, in splitSources' order).
+func splitSourcesByLoad(m *shardmap.Map, flying []*shardmap.Migration, writes []float64) []int {
+	src := splitSources(m, flying)
+	if writes == nil {
+		return src
+	}
+	load := autonomic.ShardWrites(m, writes)
+	slices.SortStableFunc(src, func(a, b int) int { return cmp.Compare(load[b], load[a]) })
+	return src
+}
+
+// growSplit starts a grow's split of src: at its load midpoint when
+// writes are known, else of the upper half of its slots.
+func (c *Coordinator) growSplit(ctx context.Context, t *shardmap.Tree, m *shardmap.Map, src int, writes []float64) (*shardmap.Migration, error) {
+	if writes != nil {
+		if from, ok := autonomic.Midpoint(m, src, writes); ok {
+			return c.runner.startSplit(ctx, t, src, splitAt{from: from})
+		}
+	}
+	return c.runner.StartSplit(ctx, t, src)
+}
+
+// healing reports a fold healing started that has not finished.
+func healing(flying []*shardmap.Migration) bool {
+	return slices.ContainsFunc(flying, func(m *shardmap.Migration) bool {
+		return m.Kind == shardmap.Fold && m.Origin == shardmap.OriginAutoheal
+	})
+}
