@@ -504,3 +504,68 @@ func TestGroupMoveCrash(t *testing.T) {
 		})
 	}
 }
+
+// TestMovingTableUpgrade: the shard schemas keep the lattice_moving table
+// of an older version, keyed by the migration alone, which holds one
+// table's row a migration. The next fence gives it the key (migration,
+// tree), and a colocation group's split records both member tables: every
+// row is there after the reshard.
+func TestMovingTableUpgrade(t *testing.T) {
+	resetNodes(t)
+	p := startProxy(t, 2, "--reshard-tick", "200ms")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c := connect(t, p.DSN("lattice"))
+	for _, q := range []string{
+		"CREATE TABLE up_a (k int PRIMARY KEY)",
+		"CREATE TABLE up_b (k int, j int, PRIMARY KEY (k, j))",
+		"INSERT INTO up_a SELECT g FROM generate_series(1, 200) g",
+		"INSERT INTO up_b SELECT g % 200 + 1, g FROM generate_series(1, 400) g",
+		"SELECT lattice_create_tree('up_a', 'k', shard_count => 2)",
+		"SELECT lattice_create_tree('up_b', 'k', colocate_with => 'up_a')",
+	} {
+		mustExec(t, c, q)
+	}
+	var nodes []*pgx.Conn
+	for i := range 2 {
+		n := connect(t, testNodeDSN(t, i))
+		nodes = append(nodes, n)
+		schemas, err := queryStrings(t, n, `SELECT nspname FROM pg_namespace WHERE nspname LIKE 'lattice\_s%'`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range schemas {
+			mustExec(t, n, fmt.Sprintf(`CREATE TABLE %s.lattice_moving (migration text PRIMARY KEY, tree text NOT NULL, kind text NOT NULL,
+				slots int4multirange NOT NULL, target int NOT NULL, target_node text NOT NULL)`, pgx.Identifier{s}.Sanitize()))
+		}
+	}
+	mustExec(t, c, "SELECT lattice_reshard('up_b', 3)")
+	pollUntil(t, time.Minute, "the group's reshard", func() (bool, error) {
+		var done bool
+		err := c.QueryRow(ctx, "SELECT lattice_reshard_complete('up_a')").Scan(&done)
+		return done, err
+	})
+	for name, want := range map[string]int{"up_a": 200, "up_b": 400} {
+		var n int
+		if err := c.QueryRow(ctx, "SELECT count(*) FROM "+name).Scan(&n); err != nil || n != want {
+			t.Errorf("%s after the reshard: %d rows, %v; want %d", name, n, err, want)
+		}
+	}
+	upgraded := 0
+	for i, n := range nodes {
+		keys, err := queryStrings(t, n, `SELECT array_length(conkey, 1)::text FROM pg_constraint c
+			JOIN pg_class r ON r.oid = c.conrelid WHERE r.relname = 'lattice_moving' AND c.contype = 'p'`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, k := range keys {
+			if k == "2" {
+				upgraded++
+			}
+		}
+		t.Logf("node n%d: lattice_moving keys of %v columns", i+1, keys)
+	}
+	if upgraded == 0 {
+		t.Error("no lattice_moving table was given the key (migration, tree)")
+	}
+}

@@ -79,6 +79,23 @@ func movingTableDDL(schema string) string {
 )`
 }
 
+// movingTableUpgrade gives a MovingTable made before colocation groups
+// moved (its primary key was the migration alone, so a group's second
+// member table had no row) the key (migration, tree).
+func movingTableUpgrade(schema string) string {
+	table := quoteLiteral(schema + "." + MovingTable)
+	return `DO $up$
+DECLARE pk name;
+BEGIN
+    SELECT conname INTO pk FROM pg_catalog.pg_constraint
+    WHERE conrelid = ` + table + `::regclass AND contype = 'p' AND array_length(conkey, 1) = 1;
+    IF pk IS NOT NULL THEN
+        EXECUTE format('ALTER TABLE %s DROP CONSTRAINT %I, ADD PRIMARY KEY (migration, tree)', ` + table + `, pk);
+    END IF;
+END
+$up$`
+}
+
 func (f SlotFence) trigger() string { return "lattice_fence_m_" + f.Migration }
 
 // funcName is the fence's trigger function, without an argument list.
@@ -146,7 +163,8 @@ $fence$`
 	}
 	if f.Handover != nil {
 		// Out of the write pause, like the function.
-		stmts = append(stmts, movingTableDDL(quoteIdent(shardmap.SchemaName(f.Shard))))
+		schema := quoteIdent(shardmap.SchemaName(f.Shard))
+		stmts = append(stmts, movingTableDDL(schema), movingTableUpgrade(schema))
 	}
 	sql := strings.Join(stmts, ";\n")
 	if _, err := p.Exec(ctx, sql); err != nil {
