@@ -7,7 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"slices"
-		"strings"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
