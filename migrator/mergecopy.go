@@ -256,7 +256,7 @@ func (mc *MergeCopy) transfer(ctx context.Context, conns *mergeConns, spec Merge
 			}
 		}
 		slot := btreeindex.SlotExpr(spec.Target, "")
-		tag, err := tx.Exec(ctx, "WITH moved AS (DELETE FROM "+stageTable+" WHERE "+slot+" <@ $1::int4multirange RETURNING "+cols+") "+
+		tag, err := tx.Exec(ctx, "WITH moved AS (DELETE FROM "+stageTable+" WHERE "+slot+"::int4 <@ $1::int4multirange RETURNING "+cols+") "+
 			"INSERT INTO "+target+" AS t ("+cols+") SELECT "+cols+" FROM moved "+upsertClause(spec, pk), owned)
 		if err != nil {
 			return err
