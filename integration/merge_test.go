@@ -15,6 +15,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/lattice-db/lattice/shardmap"
 )
 
 // sharedCluster is the harness's cluster as the fault helpers read it
@@ -333,4 +335,70 @@ func TestMergeKill9MidCopy(t *testing.T) {
 		}
 		return true, nil
 	})
+}
+
+// TestMergeHoldsTargetFold is the interlock of a merge and a fold of its
+// target: while a merge into a tree runs, the tree's fold neither freezes
+// nor releases its donor. The fold is started first and kept in its drain
+// by locks on the target's shards (its fence cannot be armed); then the
+// merge starts and is held once it drained its first source shard. The
+// fold must report itself held, stay unflipped once the locks are gone,
+// and commit only after the merge completed; the target ends with every
+// row once, on its slot's owner.
+func TestMergeHoldsTargetFold(t *testing.T) {
+	resetNodes(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	hold := holdFile(t)
+	p := startProxyEnv(t, 3, []string{"LATTICE_TEST_HOLD_AT=merge_shard_done:" + hold}, "--reshard-tick", "200ms")
+	pool := proxyPool(t, ctx, p)
+	fc := sharedCluster(t)
+	listener, err := pgx.Connect(ctx, p.DSN("lattice"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer listener.Close(ctx)
+	mustExec(t, listener, "LISTEN lattice_events")
+
+	mergeTrees(t, ctx, pool, "isrc", "idst", 0, 400, 1000, 1200, 4)
+	var releases []func()
+	for i := range 4 {
+		releases = append(releases, fc.lockShard(t, ctx, "idst", i, "ROW EXCLUSIVE"))
+	}
+	if _, err := pool.Exec(ctx, "SELECT lattice_reshard('idst', 3)"); err != nil {
+		t.Fatal(err)
+	}
+	pollUntil(t, time.Minute, "the target's fold to reach its drain", func() (bool, error) {
+		phases, err := migrationPhases(ctx, fc, "idst")
+		return len(phases) == 1 && phases[0] == shardmap.PhaseDrain, err
+	})
+	if _, err := pool.Exec(ctx, "SELECT lattice_merge('isrc', 'idst')"); err != nil {
+		t.Fatal(err)
+	}
+	waitHeld(t, hold, "the merge to drain its first source shard")
+	pollUntil(t, time.Minute, "the fold to be held by the merge", func() (bool, error) {
+		return strings.Contains(p.Log(), "fold held: a snapshot of the tree or a merge into it runs"), nil
+	})
+	for _, release := range releases {
+		release()
+	}
+	if phases, err := migrationPhases(ctx, fc, "idst"); err != nil || len(phases) != 1 || phases[0] != shardmap.PhaseDrain {
+		t.Fatalf("the fold's phases while the merge runs: %v (%v), want drain", phases, err)
+	}
+	if err := os.Remove(hold); err != nil {
+		t.Fatal(err)
+	}
+	waitMerged(t, ctx, pool, "idst", 2*time.Minute)
+	waitReshardComplete(t, ctx, pool, "idst", 2*time.Minute)
+	events := strings.Join(eventsUntil(t, listener, "idst", "reshard_completed"), ",")
+	if i, j := strings.Index(events, "merge_completed"), strings.Index(events, "migration_committed"); i < 0 || j < i {
+		t.Errorf("the target's events %s: the fold committed before the merge completed", events)
+	}
+	tr, m, err := fc.shardMap(ctx, "idst")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(readTreeRows(t, ctx, fc, tr, m)); n != 600 {
+		t.Errorf("%d rows in the target, want 600", n)
+	}
 }
