@@ -402,3 +402,40 @@ func TestMergeHoldsTargetFold(t *testing.T) {
 		t.Errorf("%d rows in the target, want 600", n)
 	}
 }
+
+// TestMergeIntoResharding: a merge routes rows by a map of the target that
+// a split made stale before they are written. The merge is held right after
+// it read the target's map; the target is then grown from 4 shards to 5 (a
+// split flipped and released). Let go, the merge writes each row only where
+// the shard's ownership record holds its slot and routes the rest again on
+// the new map: every row once, on its slot's owner.
+func TestMergeIntoResharding(t *testing.T) {
+	resetNodes(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	hold := holdFile(t)
+	p := startProxyEnv(t, 3, []string{"LATTICE_TEST_HOLD_AT=merge_route:" + hold}, "--reshard-tick", "200ms")
+	pool := proxyPool(t, ctx, p)
+	fc := sharedCluster(t)
+	mergeTrees(t, ctx, pool, "rsrc", "rdst", 0, 1000, 2000, 2100, 4)
+	if _, err := pool.Exec(ctx, "SELECT lattice_merge('rsrc', 'rdst')"); err != nil {
+		t.Fatal(err)
+	}
+	waitHeld(t, hold, "the merge to read the target's map")
+	if _, err := pool.Exec(ctx, "SELECT lattice_reshard('rdst', 5)"); err != nil {
+		t.Fatal(err)
+	}
+	waitReshardComplete(t, ctx, pool, "rdst", 2*time.Minute)
+	if err := os.Remove(hold); err != nil {
+		t.Fatal(err)
+	}
+	waitMerged(t, ctx, pool, "rdst", 2*time.Minute)
+	tr, m, err := fc.shardMap(ctx, "rdst")
+	if err != nil {
+		t.Fatal(err)
+	}
+	stored := readTreeRows(t, ctx, fc, tr, m) // each key once, on its slot's owner
+	if len(stored) != 1100 {
+		t.Errorf("%d rows in the target, want 1100", len(stored))
+	}
+}

@@ -17,7 +17,8 @@ import (
 // moved rows of its first block range, not of the others), merge_copy (a
 // merge's transfer has staged rows on the target node, not upserted them),
 // merge_shard_done (a merge recorded a source shard drained, outside any
-// transaction). Never set it in production.
+// transaction), merge_route (a merge read the target's map, and routes rows
+// by it next). Never set it in production.
 var crashAt = os.Getenv("LATTICE_TEST_CRASH_AT")
 
 // holdAt, "point:path" (LATTICE_TEST_HOLD_AT, tests only), holds every run

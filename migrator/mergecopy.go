@@ -136,6 +136,7 @@ func (mc *MergeCopy) DrainShard(ctx context.Context, spec MergeSpec, src MergeSo
 		if err != nil {
 			return total, err
 		}
+		crashPoint("merge_route")
 		var left [][2]int
 		for _, idx := range m.OwningShards() {
 			slots := intersect(pending, m.SlotRanges(idx))
