@@ -14,7 +14,11 @@ import (
 // (before the copy commits), drain, freeze (fence installed, map not
 // flipped), flip (map flipped, phase not recorded), release (stream
 // dropped, rows not yet deleted), sweep (a split's release has deleted the
-// moved rows of its first block range, not of the others). Never set it in production.
+// moved rows of its first block range, not of the others), merge_copy (a
+// merge's transfer has staged rows on the target node, not upserted them),
+// merge_shard_done (a merge recorded a source shard drained, outside any
+// transaction), merge_route (a merge read the target's map, and routes rows
+// by it next). Never set it in production.
 var crashAt = os.Getenv("LATTICE_TEST_CRASH_AT")
 
 // holdAt, "point:path" (LATTICE_TEST_HOLD_AT, tests only), holds every run

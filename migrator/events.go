@@ -56,6 +56,10 @@ type Event struct {
 	Node      string `json:"node,omitempty"`      // a drain's node, a move's target node
 	Moves     *int   `json:"moves,omitempty"`     // moves made, at completion
 	Slots     []int  `json:"slots,omitempty"`     // migration_verify_failed: the slots that differ
+
+	// Merge events (Tree is the target).
+	Merge       string `json:"merge,omitempty"`       // operation id
+	MergeSource string `json:"source_tree,omitempty"` // the tree merged from
 }
 
 // eventTimeout bounds one notification: an event is never worth holding a

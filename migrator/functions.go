@@ -27,6 +27,7 @@ type Functions struct {
 	coord   *Coordinator
 	nodes   *NodeAdmin // nil until SetNodeAdmin
 	ops     *TreeOpRunner
+	merger  *Merger // nil until SetMerger
 }
 
 // NewFunctions wires the functions to the nodes, the map store, the
@@ -76,7 +77,7 @@ func (f *Functions) Describe(name string) ([]pgproto3.FieldDescription, error) {
 	sig, ok := signatures[name]
 	if !ok {
 		e := sqlstate.New(sqlstate.UndefinedFunction, "function %s does not exist", name)
-		e.Hint = "Lattice provides lattice_create_tree, lattice_trees, lattice_shards, lattice_reshard, lattice_reshard_complete, lattice_reshard_status, " + rebalanceFunctionList + ", lattice_verify, lattice_repair_migration"
+		e.Hint = "Lattice provides lattice_create_tree, lattice_trees, lattice_shards, lattice_reshard, lattice_reshard_complete, lattice_reshard_status, " + rebalanceFunctionList + ", lattice_verify, lattice_repair_migration, lattice_merge, lattice_merge_status, lattice_merge_complete"
 		return nil, e
 	}
 	return sig, nil
@@ -166,6 +167,9 @@ func (f *Functions) Call(ctx context.Context, tenant, name string, args []*strin
 		return rows, err
 	}
 	if rows, ok, err := f.callAutonomic(ctx, tenant, name, args, named); ok {
+		return rows, err
+	}
+	if rows, ok, err := f.callMerge(ctx, tenant, name, args, named); ok {
 		return rows, err
 	}
 	return nil, sqlstate.New(sqlstate.UndefinedFunction, "function %s does not exist", name)

@@ -38,6 +38,9 @@ var composable = map[string]bool{
 	"lattice_rebalance_status":   false,
 	"lattice_rebalance_complete": true,
 	"lattice_drain_complete":     true,
+	// Merging's.
+	"lattice_merge_status":   false,
+	"lattice_merge_complete": true,
 	// Only without repair => true, which deletes rows (repairs).
 	"lattice_verify": false,
 	// Reference tables.
@@ -51,6 +54,7 @@ var changing = map[string]bool{
 	"lattice_move_shard": true, "lattice_rebalance": true, "lattice_drain_node": true,
 	"lattice_repair_migration": true, "lattice_set_tree_option": true,
 	"lattice_create_reference_table": true, "lattice_undistribute_table": true,
+	"lattice_merge": true,
 	// lattice_verify gets here only when it repairs.
 	"lattice_verify": true,
 }

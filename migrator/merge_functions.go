@@ -1,0 +1,118 @@
+package migrator
+
+import (
+	"context"
+	"encoding/json"
+	"maps"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgproto3"
+	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/lattice-db/lattice/sqlstate"
+)
+
+var mergeSignatures = map[string][]pgproto3.FieldDescription{
+	"lattice_merge":          {field("lattice_merge", pgtype.TextOID)},
+	"lattice_merge_complete": {field("lattice_merge_complete", pgtype.BoolOID)},
+	"lattice_merge_status": {
+		field("merge", pgtype.TextOID), field("source_tree", pgtype.TextOID), field("phase", pgtype.TextOID),
+		field("on_conflict", pgtype.TextOID), field("shards_done", pgtype.Int4OID), field("shards_total", pgtype.Int4OID),
+		field("rows_merged", pgtype.Int8OID), field("redrains", pgtype.Int4OID), field("elapsed_seconds", pgtype.Float8OID),
+		field("last_error", pgtype.TextOID),
+	},
+}
+
+var mergeArgNames = map[string][]string{
+	"lattice_merge":          {"source_tree", "target_tree", "on_conflict"},
+	"lattice_merge_complete": {"target_tree"},
+	"lattice_merge_status":   {"target_tree"},
+}
+
+func init() {
+	maps.Copy(signatures, mergeSignatures)
+	maps.Copy(argNames, mergeArgNames)
+}
+
+// SetMerger wires lattice_merge and its status functions to m.
+func (f *Functions) SetMerger(m *Merger) { f.merger = m }
+
+// callMerge runs the functions of this file; ok is false for any other name.
+func (f *Functions) callMerge(ctx context.Context, tenant, name string, args []*string, named map[string]*string) (rows [][]any, ok bool, err error) {
+	params, ok := mergeArgNames[name]
+	if !ok {
+		return nil, false, nil
+	}
+	if f.merger == nil {
+		return nil, true, sqlstate.New(sqlstate.FeatureNotSupported, "%s is not available in this process", name).
+			WithHint("Call it through a proxy (lattice serve).")
+	}
+	a, err := bindArgs(name, args, named, params...)
+	if err != nil {
+		return nil, true, err
+	}
+	switch name {
+	case "lattice_merge":
+		src, err := required(a, "source_tree")
+		if err != nil {
+			return nil, true, err
+		}
+		dst, err := required(a, "target_tree")
+		if err != nil {
+			return nil, true, err
+		}
+		rule := MergeSourceWins
+		if v := a["on_conflict"]; v != nil {
+			rule = strings.TrimSpace(*v)
+			if rule != MergeSourceWins && rule != MergeTargetWins {
+				rule = foldName(rule)
+			}
+		}
+		id, err := f.merger.Start(ctx, tenant, foldName(src), foldName(dst), rule)
+		if err != nil {
+			return nil, true, err
+		}
+		return [][]any{{id}}, true, nil
+	case "lattice_merge_complete":
+		dst, err := required(a, "target_tree")
+		if err != nil {
+			return nil, true, err
+		}
+		done, err := f.merger.Complete(ctx, tenant, foldName(dst))
+		if err != nil {
+			return nil, true, err
+		}
+		return [][]any{{done}}, true, nil
+	}
+	dst, err := required(a, "target_tree")
+	if err != nil {
+		return nil, true, err
+	}
+	rows, err = f.merger.Status(ctx, tenant, foldName(dst))
+	return rows, true, err
+}
+
+// Status is lattice_merge_status(target): a row per running merge into
+// target, none when none runs.
+func (mg *Merger) Status(ctx context.Context, tenant, target string) ([][]any, error) {
+	if _, err := mg.tree(ctx, tenant, target); err != nil {
+		return nil, err
+	}
+	ops, err := mg.merges(ctx, tenant, target)
+	if err != nil {
+		return nil, err
+	}
+	var rows [][]any
+	for _, op := range ops {
+		var st MergeState
+		_ = json.Unmarshal(op.State, &st) // a record of another build shows its common fields
+		var lastErr any
+		if op.LastError != "" {
+			lastErr = op.LastError
+		}
+		rows = append(rows, []any{op.ID, op.Tree, op.Phase, st.OnConflict, int32(len(st.Done)), int32(len(st.Sources)),
+			op.RowsDone, int32(st.Redrains), time.Since(op.Started).Seconds(), lastErr})
+	}
+	return rows, nil
+}
