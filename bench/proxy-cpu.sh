@@ -49,8 +49,12 @@ pgport=$(free_port); rport=$(free_port); bport=$(free_port)
 token=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')
 pids=()
 cleanup() {
-  local p
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null && wait "$p" 2>/dev/null; done
+  # Without errexit: a server that dies of SIGTERM with a nonzero status
+  # must not end the cleanup before PostgreSQL is stopped. The lattice
+  # processes go first (newest first), so none logs a lost redis.
+  set +e
+  local i
+  for ((i = ${#pids[@]} - 1; i >= 0; i--)); do kill "${pids[$i]}" 2>/dev/null; wait "${pids[$i]}" 2>/dev/null; done
   stop_pg pg
   rm -rf "$work"
 }
@@ -68,13 +72,22 @@ for i in "${!names[@]}"; do
     --redis "redis://127.0.0.1:$rport/0" --coordinator=$coord --node "n1=$node" --log-level warn 2>"$work/lattice$i.log" &
   lpids+=($!); pids+=($!); aports+=("$aport")
   dsns+=("postgres://lattice@127.0.0.1:$lport/postgres?sslmode=disable")
-  for _ in $(seq 100); do psql -qAt "${dsns[$i]}" -c 'select 1' >/dev/null 2>&1 && break; sleep 0.2; done
+  up=false
+  for _ in $(seq 300); do psql -qAt "${dsns[$i]}" -c 'select 1' >/dev/null 2>&1 && { up=true; break; }; sleep 0.2; done
+  if ! $up; then echo "${names[$i]} (${bins[$i]}) did not start; its log:" >&2; cat "$work/lattice$i.log" >&2; exit 1; fi
 done
 psql -q "${dsns[0]}" -c 'CREATE TABLE kv (k integer PRIMARY KEY, v integer NOT NULL)' \
   -c 'INSERT INTO kv SELECT i, i FROM generate_series(1, 100000) i' \
   -c "SELECT lattice_create_tree('kv', 'k', shard_count => 16)" >/dev/null
 psql -q "$node" -c 'CREATE TABLE kv_plain (k integer PRIMARY KEY, v integer NOT NULL)' \
   -c 'INSERT INTO kv_plain SELECT i, i FROM generate_series(1, 100000) i' -c 'VACUUM ANALYZE' >/dev/null
+# Every build serves the tree before any run: the others learn of it from
+# redis, and a run that starts before that fails its first statements.
+for i in "${!names[@]}"; do
+  served=false
+  for _ in $(seq 300); do psql -qAt "${dsns[$i]}" -c 'SELECT v FROM kv WHERE k = 1' 2>/dev/null | grep -qx 1 && { served=true; break; }; sleep 0.2; done
+  if ! $served; then echo "${names[$i]} does not serve the tree kv:" >&2; psql -qAt "${dsns[$i]}" -c 'SELECT v FROM kv WHERE k = 1' >&2; exit 1; fi
+done
 printf '\\set k random(1,100000)\nSELECT v FROM kv WHERE k = :k;\n' >"$work/f.sql"
 printf '\\set k random(1,100000)\nSELECT v FROM kv_plain WHERE k = :k;\n' >"$work/plain.sql"
 
@@ -109,11 +122,17 @@ fi
 
 hz=$(getconf CLK_TCK)
 stat() { awk '{print $14, $15}' "/proc/$1/stat"; }
-# counted PID DSN MODE SCRIPT: "µs/query user-µs/query tps" of one fixed-count run.
+# counted PID DSN MODE SCRIPT: "µs/query user-µs/query tps" of one
+# fixed-count run, or "failed failed failed" with pgbench's first error on
+# stderr: one failed cell, not an empty table.
 counted() {
   local u0 s0 u1 s1 out n tps
   read -r u0 s0 <<<"$(stat "$1")"
-  out=$(pgbench -n -c 8 -j 2 -t "$tx" -M "$3" -f "$4" "$2" 2>&1)
+  if ! out=$(pgbench -n -c 8 -j 2 -t "$tx" -M "$3" -f "$4" "$2" 2>&1); then
+    echo "pgbench -M $3 against $2 failed: $(echo "$out" | grep -m1 -i error)" >&2
+    echo "failed failed failed"
+    return
+  fi
   read -r u1 s1 <<<"$(stat "$1")"
   n=$(echo "$out" | awk '/number of transactions actually processed/ {split($NF,a,"/"); print a[1]}')
   tps=$(echo "$out" | awk '/^tps/ {printf "%.0f", $3}')
@@ -129,9 +148,10 @@ echo "$head"
 echo "$rule"
 for mode in simple extended prepared; do
   bmode=$mode; [ "$mode" = prepared ] && bmode=extended # pgbouncer 1.18 cannot prepare
-  [ -n "$bx" ] && pgbench -n -c 8 -j 2 -t 200 -M "$bmode" -f "$work/plain.sql" "$bx" >/dev/null 2>&1
-  for i in "${!names[@]}"; do # warm the pools
-    pgbench -n -c 8 -j 2 -t 200 -M "$mode" -f "$work/f.sql" "${dsns[$i]}" >/dev/null 2>&1
+  # Warm the pools; a failure shows in the measured run's cell.
+  [ -n "$bx" ] && { pgbench -n -c 8 -j 2 -t 200 -M "$bmode" -f "$work/plain.sql" "$bx" >/dev/null 2>&1 || true; }
+  for i in "${!names[@]}"; do
+    pgbench -n -c 8 -j 2 -t 200 -M "$mode" -f "$work/f.sql" "${dsns[$i]}" >/dev/null 2>&1 || true
   done
   for r in $(seq "$reps"); do
     bus="" bu="" btps=""
@@ -148,8 +168,8 @@ for mode in simple extended prepared; do
         cpid=$!
       fi
       read -r lus lu ltps <<<"$(counted "${lpids[$i]}" "${dsns[$i]}" "$mode" "$work/f.sql")"
-      if [ -n "$cpid" ]; then wait "$cpid"; fi
-      ratio=$(awk -v l="$lus" -v b="${bus:-0}" 'BEGIN {if (b+0 > 0) printf "%.2f×", l / b; else print "n/a"}')
+      if [ -n "$cpid" ]; then wait "$cpid" || echo "profile of ${names[$i]} $mode failed" >&2; fi
+      ratio=$(awk -v l="$lus" -v b="${bus:-0}" 'BEGIN {if (b+0 > 0 && l+0 > 0) printf "%.2f×", l / b; else print "n/a"}')
       line="$line $lus ($lu) | $ltps | $ratio |"
     done
     echo "$line"

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bufio"
 	"encoding/binary"
 	"fmt"
 	"io"
@@ -60,22 +61,31 @@ func (b *Budget) give(n int64) { b.used.Add(-n) }
 // follows the message framing (type byte, length, body), passes small
 // messages through and holds back a large one until its body is complete.
 type bodyReader struct {
-	r      io.Reader
+	// r buffers the connection: the framing reads a header and then a
+	// body, and unbuffered that is two system calls per message, ten for
+	// an extended-protocol statement (Parse, Bind, Describe, Execute,
+	// Sync) that arrived in one packet.
+	r      *bufio.Reader
 	budget *Budget
 	// maxBody is the Backend's own bound (SetMaxBodyLen): a longer body
 	// is passed to it unread, for it to refuse.
 	maxBody int
 
-	pending []byte // bytes to hand out before reading on: a header, or a whole large message
-	through int    // body bytes of a small message still to pass straight through
+	pending []byte  // bytes to hand out before reading on: a header, or a whole large message
+	hdr     [5]byte // pending's array for a header
+	through int     // body bytes of a small message still to pass straight through
 	// backendHeld is charged for the Backend's own copy of the last large
 	// message, which it keeps until it reads the next header.
 	backendHeld int64
 	err         error
 }
 
+// readBuffer is the size of a session's read buffer, pgproto3's own
+// chunk size: a pipeline of ordinary statements is read in one call.
+const readBuffer = 8 << 10
+
 func newBodyReader(r io.Reader, budget *Budget) *bodyReader {
-	return &bodyReader{r: r, budget: budget, maxBody: DefaultMaxMessageSize}
+	return &bodyReader{r: bufio.NewReaderSize(r, readBuffer), budget: budget, maxBody: DefaultMaxMessageSize}
 }
 
 func (br *bodyReader) Read(p []byte) (int, error) {
@@ -105,7 +115,7 @@ func (br *bodyReader) Read(p []byte) (int, error) {
 // next reads the header of the next message, and the whole body of a large
 // one.
 func (br *bodyReader) next() error {
-	var hdr [5]byte
+	hdr := &br.hdr
 	if _, err := io.ReadFull(br.r, hdr[:]); err != nil {
 		return err
 	}
@@ -115,11 +125,11 @@ func (br *bodyReader) next() error {
 	body := int(int32(binary.BigEndian.Uint32(hdr[1:]))) - 4
 	if body <= smallBody || body > br.maxBody {
 		// Small, or a length the Backend refuses itself.
-		br.pending = append(make([]byte, 0, 5), hdr[:]...)
+		br.pending = hdr[:]
 		br.through = max(body, 0)
 		return nil
 	}
-	return br.readLarge(hdr, body)
+	return br.readLarge(*hdr, body)
 }
 
 // readLarge reads a large body as it arrives, charging the budget for what
