@@ -178,6 +178,16 @@ func setMaxBody(b *pgproto3.Backend, br *bodyReader, n int) {
 	}
 }
 
+// dropBuffered drops the bytes read from the connection and not handed
+// out yet, and reports how many.
+func (br *bodyReader) dropBuffered() int {
+	if br == nil {
+		return 0
+	}
+	n, _ := br.r.Discard(br.r.Buffered())
+	return n
+}
+
 // release gives back what the reader still holds, when the session ends.
 func (br *bodyReader) release() {
 	if br == nil {

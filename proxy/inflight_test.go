@@ -112,3 +112,22 @@ func TestBodyReaderOversizeHeader(t *testing.T) {
 		t.Fatalf("got %v, want ExceededMaxBodyLenErr", err)
 	}
 }
+
+// TestBodyReaderOversizeDiscard: after a message over the Backend's bound,
+// what the session discards from the connection (its body less what the
+// read buffer holds of it) is exactly what is left there, so the client
+// is read to the end of its message and then told why it is cut off.
+func TestBodyReaderOversizeDiscard(t *testing.T) {
+	const body = 100 << 10
+	conn := bytes.NewReader(append(header('Q', body), bytes.Repeat([]byte("z"), body)...))
+	br := newBodyReader(conn, NewBudget(1<<20))
+	b := pgproto3.NewBackend(br, io.Discard)
+	setMaxBody(b, br, 64<<10)
+	var tooBig *pgproto3.ExceededMaxBodyLenErr
+	if _, err := b.Receive(); !errors.As(err, &tooBig) {
+		t.Fatalf("got %v, want ExceededMaxBodyLenErr", err)
+	}
+	if left, discard := conn.Len(), tooBig.ActualBodyLen-br.dropBuffered(); discard != left {
+		t.Fatalf("the session would discard %d bytes; %d are left on the connection", discard, left)
+	}
+}

@@ -21,7 +21,8 @@ func (s *session) receiveFailed(err error) {
 	case errors.As(err, &tooBig):
 		// Read the rest of the message (within a deadline) so the client
 		// is not cut off mid-write and can read why.
-		discardInput(s.conn, int64(tooBig.ActualBodyLen))
+		// The read buffer may hold the start of it already.
+		discardInput(s.conn, int64(tooBig.ActualBodyLen-s.in.dropBuffered()))
 		e = sqlstate.Fatal(sqlstate.ProtocolViolation, "message of %d bytes exceeds the limit of %d", tooBig.ActualBodyLen, tooBig.MaxExpectedBodyLen)
 	case errors.As(err, &e):
 		// The message reader's own refusal (inflight.go).

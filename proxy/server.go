@@ -227,7 +227,7 @@ func (s *Server) serveConn(ctx context.Context, conn net.Conn) {
 // newSession is the session of a client that completed startup.
 func (s *Server) newSession(conn net.Conn, st *Startup) *session {
 	sess := &session{
-		srv: s, conn: st.Conn, client: st.Backend,
+		srv: s, conn: st.Conn, client: st.Backend, in: st.reader,
 		user: st.User, tenant: st.Database,
 		stmts: map[string]*clientStmt{}, portals: map[string]*clientPortal{},
 	}

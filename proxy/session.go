@@ -34,6 +34,7 @@ type session struct {
 	srv    *Server
 	conn   net.Conn
 	client *pgproto3.Backend
+	in     *bodyReader // what client reads through; nil without a Budget
 	log    *slog.Logger
 
 	user, tenant string
