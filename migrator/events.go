@@ -56,6 +56,11 @@ type Event struct {
 	Node      string `json:"node,omitempty"`      // a drain's node, a move's target node
 	Moves     *int   `json:"moves,omitempty"`     // moves made, at completion
 	Slots     []int  `json:"slots,omitempty"`     // migration_verify_failed: the slots that differ
+
+	// Tree operation events (snapshot, merge, resize).
+	Operation  string `json:"operation,omitempty"`   // operation id
+	TargetTree string `json:"target_tree,omitempty"` // a snapshot's new tree, a merge's target
+	Rows       *int64 `json:"rows,omitempty"`        // rows copied, at completion
 }
 
 // eventTimeout bounds one notification: an event is never worth holding a

@@ -27,6 +27,7 @@ type Functions struct {
 	coord   *Coordinator
 	nodes   *NodeAdmin // nil until SetNodeAdmin
 	ops     *TreeOpRunner
+	snaps   *Snapshotter // nil until SetSnapshotter
 }
 
 // NewFunctions wires the functions to the nodes, the map store, the
@@ -158,6 +159,9 @@ func (f *Functions) Call(ctx context.Context, tenant, name string, args []*strin
 		return rows, err
 	}
 	if rows, ok, err := f.callVerify(ctx, tenant, name, args, named); ok {
+		return rows, err
+	}
+	if rows, ok, err := f.callSnapshot(ctx, tenant, name, args, named); ok {
 		return rows, err
 	}
 	return nil, sqlstate.New(sqlstate.UndefinedFunction, "function %s does not exist", name)
