@@ -65,6 +65,8 @@ type API struct {
 	Log       *slog.Logger
 	// Nodes serves /api/nodes; nil leaves those routes out.
 	Nodes Noder
+	// TreeOps lists the running tree operations for the status; nil lists none.
+	TreeOps TreeOpLister
 }
 
 // ProxyInfo is the proxy serving the request.
@@ -93,6 +95,8 @@ type Status struct {
 	Proxy   ProxyInfo     `json:"proxy"`
 	Proxies []ProxyLease  `json:"proxies"`
 	Trees   []TreeSummary `json:"trees"`
+	// Operations are the running snapshots, merges and resizes.
+	Operations []TreeOpStatus `json:"operations"`
 }
 
 // TreeSummary is one tree.
@@ -337,7 +341,15 @@ func (a *API) status(ctx context.Context, r *http.Request) (int, any, error) {
 			info.EpochLag = max(info.EpochLag, t.Epoch-e)
 		}
 	}
-	return http.StatusOK, Status{Proxy: info, Proxies: proxies, Trees: trees}, nil
+	running, err := a.Resharder.Running(ctx)
+	if err != nil {
+		return 0, nil, err
+	}
+	ops, err := a.operations(ctx, a.tenants(r, running))
+	if err != nil {
+		return 0, nil, err
+	}
+	return http.StatusOK, Status{Proxy: info, Proxies: proxies, Trees: trees, Operations: ops}, nil
 }
 
 func (a *API) trees(ctx context.Context, r *http.Request) (int, any, error) {
