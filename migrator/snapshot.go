@@ -250,8 +250,15 @@ func (s *Snapshotter) pause(ctx context.Context, run *TreeOpRun, t *shardmap.Tre
 		// as in a freeze: the fences only reject writes the pause holds.
 		cutOff := make(chan error, 1)
 		go func() { cutOff <- s.runner.waitCutOff(bctx, t, frozen, live) }()
-		err = parallel(owning, func(idx int) error {
-			_, err := s.runner.cluster.ArmSlotFence(bctx, frozen.Shards[idx].Node, snapshotFence(t, op.ID, idx, frozen.Epoch))
+		// One transaction per node arms the fences of its shards.
+		err = parallel(nodes, func(n string) error {
+			var fs []pgshard.SlotFence
+			for _, idx := range owning {
+				if frozen.Shards[idx].Node == n {
+					fs = append(fs, snapshotFence(t, op.ID, idx, frozen.Epoch))
+				}
+			}
+			_, err := s.runner.cluster.ArmSlotFences(bctx, n, fs)
 			return err
 		})
 		if cerr := <-cutOff; err == nil {
