@@ -67,6 +67,8 @@ type API struct {
 	Nodes Noder
 	// Load reads the load signal (load.go); nil leaves the rates out.
 	Load shardmap.LoadReader
+	// TreeOps lists the running tree operations for the status; nil lists none.
+	TreeOps TreeOpLister
 }
 
 // ProxyInfo is the proxy serving the request.
@@ -95,6 +97,8 @@ type Status struct {
 	Proxy   ProxyInfo     `json:"proxy"`
 	Proxies []ProxyLease  `json:"proxies"`
 	Trees   []TreeSummary `json:"trees"`
+	// Operations are the running snapshots, merges and resizes.
+	Operations []TreeOpStatus `json:"operations"`
 }
 
 // TreeSummary is one tree.
@@ -352,7 +356,15 @@ func (a *API) status(ctx context.Context, r *http.Request) (int, any, error) {
 			info.EpochLag = max(info.EpochLag, t.Epoch-e)
 		}
 	}
-	return http.StatusOK, Status{Proxy: info, Proxies: proxies, Trees: trees}, nil
+	running, err := a.Resharder.Running(ctx)
+	if err != nil {
+		return 0, nil, err
+	}
+	ops, err := a.operations(ctx, a.tenants(r, running))
+	if err != nil {
+		return 0, nil, err
+	}
+	return http.StatusOK, Status{Proxy: info, Proxies: proxies, Trees: trees, Operations: ops}, nil
 }
 
 func (a *API) trees(ctx context.Context, r *http.Request) (int, any, error) {

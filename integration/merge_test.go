@@ -168,9 +168,9 @@ func TestMergeOnConflict(t *testing.T) {
 
 // mergeEvent is the part of a tree event the merge tests read.
 type mergeEvent struct {
-	Event string `json:"event"`
-	Tree  string `json:"tree"`
-	Merge string `json:"merge"`
+	Event     string `json:"event"`
+	Tree      string `json:"tree"`
+	Operation string `json:"operation"`
 }
 
 // eventsUntil reads tree events on c, which LISTENs lattice_events, until

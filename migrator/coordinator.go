@@ -253,6 +253,7 @@ func (c *Coordinator) tick(ctx context.Context, r *shardmap.Reshard) error {
 		return c.complete(ctx, u, r)
 	}
 	if c.interlocks.SnapshotOrMergeRunning(ctx, r.Tenant, r.Tree) {
+		c.log.Info("shrink starts no fold: a snapshot of the tree or a merge into it runs", "tree", r.Tree, "tenant", r.Tenant)
 		return nil
 	}
 	if healing(flying) {

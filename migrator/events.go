@@ -57,9 +57,11 @@ type Event struct {
 	Moves     *int   `json:"moves,omitempty"`     // moves made, at completion
 	Slots     []int  `json:"slots,omitempty"`     // migration_verify_failed: the slots that differ
 
-	// Merge events (Tree is the target).
-	Merge       string `json:"merge,omitempty"`       // operation id
-	MergeSource string `json:"source_tree,omitempty"` // the tree merged from
+	// Tree operation events (snapshot, merge, resize).
+	Operation  string `json:"operation,omitempty"`   // operation id
+	TargetTree string `json:"target_tree,omitempty"` // a snapshot's new tree, a merge's target
+	SourceTree string `json:"source_tree,omitempty"` // a merge's source (Tree is its target)
+	Rows       *int64 `json:"rows,omitempty"`        // rows copied, at completion
 }
 
 // eventTimeout bounds one notification: an event is never worth holding a

@@ -27,7 +27,8 @@ type Functions struct {
 	coord   *Coordinator
 	nodes   *NodeAdmin // nil until SetNodeAdmin
 	ops     *TreeOpRunner
-	merger  *Merger // nil until SetMerger
+	merger  *Merger      // nil until SetMerger
+	snaps   *Snapshotter // nil until SetSnapshotter
 }
 
 // NewFunctions wires the functions to the nodes, the map store, the
@@ -170,6 +171,9 @@ func (f *Functions) Call(ctx context.Context, tenant, name string, args []*strin
 		return rows, err
 	}
 	if rows, ok, err := f.callMerge(ctx, tenant, name, args, named); ok {
+		return rows, err
+	}
+	if rows, ok, err := f.callSnapshot(ctx, tenant, name, args, named); ok {
 		return rows, err
 	}
 	return nil, sqlstate.New(sqlstate.UndefinedFunction, "function %s does not exist", name)

@@ -145,7 +145,7 @@ func (mg *Merger) Start(ctx context.Context, tenant, source, target, onConflict 
 			WithHint("Wait until it completes (lattice_merge_complete, lattice_snapshot_complete or lattice_resize_complete), then merge.")
 	}
 	mg.metrics.Started.WithLabelValues(tt.Name, tenant).Inc()
-	mg.publish(ctx, Event{Event: EventMergeStarted, Tenant: tenant, Tree: tt.Name, Merge: op.ID, MergeSource: st.Name})
+	mg.publish(ctx, Event{Event: EventMergeStarted, Tenant: tenant, Tree: tt.Name, Operation: op.ID, SourceTree: st.Name})
 	return op.ID, nil
 }
 
@@ -215,7 +215,7 @@ func (mg *Merger) run(ctx context.Context, run *TreeOpRun) error {
 		return err
 	}
 	mg.log.Error("merge: a tree of the merge was dropped; the merge is abandoned", "merge", op.ID, "source", op.Tree, "target", op.Target, "tenant", op.Tenant)
-	mg.publish(ctx, Event{Event: EventMergeAbandoned, Tenant: op.Tenant, Tree: op.Target, Merge: op.ID, MergeSource: op.Tree})
+	mg.publish(ctx, Event{Event: EventMergeAbandoned, Tenant: op.Tenant, Tree: op.Target, Operation: op.ID, SourceTree: op.Tree})
 	return nil
 }
 
@@ -273,12 +273,12 @@ func (r *mergeRun) drain(ctx context.Context, spec MergeSpec) error {
 			return err
 		}
 		mg.metrics.Redrains.WithLabelValues(op.Target, op.Tenant).Inc()
-		mg.publish(ctx, Event{Event: EventMergeRedrained, Tenant: op.Tenant, Tree: op.Target, Epoch: m.Epoch, Merge: op.ID, MergeSource: op.Tree,
+		mg.publish(ctx, Event{Event: EventMergeRedrained, Tenant: op.Tenant, Tree: op.Target, Epoch: m.Epoch, Operation: op.ID, SourceTree: op.Tree,
 			Shards: m.DistinctShards()})
 	}
 	mg.metrics.Completed.WithLabelValues(op.Target, op.Tenant).Inc()
 	mg.metrics.Seconds.WithLabelValues(op.Target, op.Tenant).Observe(time.Since(op.Started).Seconds())
-	mg.publish(ctx, Event{Event: EventMergeCompleted, Tenant: op.Tenant, Tree: op.Target, Merge: op.ID, MergeSource: op.Tree})
+	mg.publish(ctx, Event{Event: EventMergeCompleted, Tenant: op.Tenant, Tree: op.Target, Operation: op.ID, SourceTree: op.Tree})
 	mg.log.Info("merge completed", "merge", op.ID, "source", op.Tree, "target", op.Target, "tenant", op.Tenant,
 		"rows", op.RowsDone, "redrains", r.state.Redrains)
 	return nil

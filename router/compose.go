@@ -43,6 +43,9 @@ var composable = map[string]bool{
 	"lattice_merge_complete": true,
 	// Only without repair => true, which deletes rows (repairs).
 	"lattice_verify": false,
+	// Snapshots' read-only functions.
+	"lattice_snapshot_status":   false,
+	"lattice_snapshot_complete": true,
 	// Reference tables.
 	"lattice_reference_tables": false,
 }
@@ -53,6 +56,7 @@ var changing = map[string]bool{
 	"lattice_create_tree": true, "lattice_reshard": true, "lattice_add_node": true, "lattice_remove_node": true,
 	"lattice_move_shard": true, "lattice_rebalance": true, "lattice_drain_node": true,
 	"lattice_repair_migration": true, "lattice_set_tree_option": true,
+	"lattice_snapshot":               true,
 	"lattice_create_reference_table": true, "lattice_undistribute_table": true,
 	"lattice_merge": true,
 	// lattice_verify gets here only when it repairs.

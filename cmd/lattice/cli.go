@@ -246,6 +246,18 @@ func (c *cli) printStatus(st admin.Status) {
 		fmt.Fprintf(c.out, "  %s  lease until %s\n", l.ID, l.LeaseExpires.UTC().Format(time.RFC3339))
 	}
 	fmt.Fprintln(c.out)
+	if len(st.Operations) > 0 {
+		fmt.Fprintf(c.out, "tree operations: %d\n", len(st.Operations))
+		for _, op := range st.Operations {
+			target := ""
+			if op.Target != "" {
+				target = " -> " + op.Target
+			}
+			fmt.Fprintf(c.out, "  %s %s/%s%s: %s, %d of %d rows, since %s\n", op.Kind, op.Tenant, op.Tree, target, op.Phase,
+				op.RowsDone, op.RowsTotal, op.StartedAt.UTC().Format(time.RFC3339))
+		}
+		fmt.Fprintln(c.out)
+	}
 	if len(st.Trees) == 0 {
 		fmt.Fprintln(c.out, "no trees")
 		return

@@ -436,6 +436,7 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, ready func(pg
 
 	fns := migrator.NewFunctions(cluster, store, cache, coord)
 	fns.SetTreeOps(treeOps)
+	fns.SetSnapshotter(migrator.NewSnapshotter(runner, cluster, migrator.NewSnapshotMetrics(adm.Registry)))
 	cluster.SetReferences(store) // a node gets the reference tables before its first shard
 	fns.SetMerger(migrator.NewMerger(cluster, store, treeOps, migrator.NewMergeMetrics(adm.Registry), log))
 	fns.SetNodeAdmin(migrator.NodeAdmin{Registry: store, Watch: nodeWatch, Requirements: pgshard.NodeRequirements{
