@@ -311,16 +311,19 @@ func foldPairs(m *shardmap.Map, flying []*shardmap.Migration, rows map[int]int64
 		spans = append(spans, span{idx, rg[0][0], rg[len(rg)-1][1]})
 	}
 	slices.SortFunc(spans, func(a, b span) int { return cmp.Compare(a.lo, b.lo) })
-	b := busy(flying)
+	b, fwd := foldBusy(flying)
 	var pairs []foldPair
 	for i := 0; i+1 < len(spans); i++ {
 		x, y := spans[i], spans[i+1]
-		if x.hi+1 != y.lo || b[x.idx] || b[y.idx] {
+		if x.hi+1 != y.lo || b[x.idx] || b[y.idx] || fwd[x.idx] && fwd[y.idx] {
 			continue
 		}
 		d, s := x.idx, y.idx
 		if rows[d] > rows[s] || rows[d] == rows[s] && d < s {
 			d, s = s, d
+		}
+		if fwd[s] {
+			d, s = s, d // a shard a resize forwards may only be the donor
 		}
 		pairs = append(pairs, foldPair{donor: d, survivor: s, cost: rows[x.idx] + rows[y.idx]})
 	}

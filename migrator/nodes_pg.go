@@ -48,7 +48,7 @@ func (c clusterNodes) shadowSpec(t *shardmap.Tree, mig *shardmap.Migration) (Sha
 		return ShadowSpec{}, err
 	}
 	return ShadowSpec{ID: mig.ID, Tree: t, SourceDSN: src, TargetDSN: dst, Source: mig.Source, Target: mig.Target, Slots: mig.Slots,
-		Whole: mig.Kind == shardmap.Move}, nil
+		Whole: mig.Kind == shardmap.Move || mig.Kind == shardmap.Resize, Reindex: mig.Kind == shardmap.Resize}, nil
 }
 
 func (c clusterNodes) StartShadow(ctx context.Context, t *shardmap.Tree, mig *shardmap.Migration, log *slog.Logger) (Stream, error) {

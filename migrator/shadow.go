@@ -31,10 +31,14 @@ type ShadowSpec struct {
 	Source    int    // shard index of the source table
 	Target    int    // shard index of the target table
 	Slots     [][2]int
-	// Whole says the source table holds rows of Slots only (a move, which
-	// takes an unmixed shard with all its slots), so the copy reads the
+	// Whole says the source table holds rows of Slots only (a move or a
+	// resize, which takes an unmixed shard with all its slots), so the copy reads the
 	// table without the slot filter.
 	Whole bool
+	// Reindex rebuilds the target's indexes in the copy's transaction (a
+	// resize): a btree index filled row by row splits its pages half and
+	// half whatever its fillfactor, a built one packs them to it.
+	Reindex bool
 }
 
 // Name is the publication and replication slot name of the shadow copy.
@@ -255,6 +259,11 @@ func (sh *Shadow) copyRows(ctx context.Context, src *pgx.Conn, snapshot string, 
 	}
 	if err != nil {
 		return 0, 0, fmt.Errorf("migrator: copy into target: %w", err)
+	}
+	if sp.Reindex {
+		if _, err := tx.Exec(ctx, "REINDEX TABLE "+target); err != nil {
+			return 0, 0, fmt.Errorf("migrator: rebuild the target's indexes: %w", err)
+		}
 	}
 	if _, err := tx.Exec(ctx, "INSERT INTO "+progressTable(sp.Target)+" (migration, applied_lsn, rows_copied) VALUES ($1, $2::pg_lsn, $3)",
 		sp.ID, start.String(), tag.RowsAffected()); err != nil {
