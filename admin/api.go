@@ -107,6 +107,9 @@ type TreeSummary struct {
 	// Group is the tree's colocation group, "" (left out) for a tree alone.
 	Group   string         `json:"group,omitempty"`
 	Reshard *ReshardStatus `json:"reshard"` // null when none runs
+	// Operations are the tree operations (resize, snapshot, merge) that
+	// read or write the tree, left out when none runs.
+	Operations []TreeOpInfo `json:"operations,omitempty"`
 	// ShardList is set by GET /api/trees/{tree} only.
 	ShardList []ShardInfo `json:"shard_list,omitempty"`
 }
@@ -316,7 +319,11 @@ func (a *API) summaries(ctx context.Context, r *http.Request) ([]TreeSummary, er
 			if err != nil {
 				return nil, err
 			}
-			out = append(out, a.summary(t, m, byTree[[2]string{tenant, t.Name}]))
+			sum := a.summary(t, m, byTree[[2]string{tenant, t.Name}])
+			if sum.Operations, err = a.treeOps(ctx, tenant, t.Name); err != nil {
+				return nil, err
+			}
+			out = append(out, sum)
 		}
 	}
 	return out, nil

@@ -223,7 +223,7 @@ func (c *Coordinator) tick(ctx context.Context, r *shardmap.Reshard) error {
 	distinct := m.DistinctShards()
 	free := c.opts.MaxConcurrentMigrations - len(flying)
 	if r.Grow {
-		if distinct >= r.Target && len(flying) == 0 {
+		if distinct >= r.Target && len(withoutResizes(flying)) == 0 {
 			return c.complete(ctx, t, r)
 		}
 		need := min(r.Target-distinct-unflipped(flying, shardmap.Split), free)
@@ -240,7 +240,7 @@ func (c *Coordinator) tick(ctx context.Context, r *shardmap.Reshard) error {
 		}
 		return nil
 	}
-	if distinct <= r.Target && len(flying) == 0 {
+	if distinct <= r.Target && len(withoutResizes(flying)) == 0 {
 		return c.complete(ctx, t, r)
 	}
 	if c.interlocks.SnapshotOrMergeRunning(ctx, r.Tenant, r.Tree) {

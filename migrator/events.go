@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"time"
 
+	"github.com/lattice-db/lattice/btreeindex"
 	"github.com/lattice-db/lattice/shardmap"
 )
 
@@ -56,6 +57,10 @@ type Event struct {
 	Node      string `json:"node,omitempty"`      // a drain's node, a move's target node
 	Moves     *int   `json:"moves,omitempty"`     // moves made, at completion
 	Slots     []int  `json:"slots,omitempty"`     // migration_verify_failed: the slots that differ
+
+	// Resize events: the operation id and the layout it sets.
+	Resize string             `json:"resize,omitempty"`
+	Layout *btreeindex.Layout `json:"layout,omitempty"`
 }
 
 // eventTimeout bounds one notification: an event is never worth holding a

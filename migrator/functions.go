@@ -99,9 +99,9 @@ func (f *Functions) ArgType(fn string, pos int, name string) uint32 {
 		name = names[pos]
 	}
 	switch name {
-	case "shard_count", "slot_count", "shard":
+	case "shard_count", "slot_count", "shard", "fillfactor", "index_fillfactor":
 		return pgtype.Int4OID
-	case "repair":
+	case "repair", "deduplicate":
 		return pgtype.BoolOID
 	}
 	return pgtype.TextOID
@@ -158,6 +158,9 @@ func (f *Functions) Call(ctx context.Context, tenant, name string, args []*strin
 		return rows, err
 	}
 	if rows, ok, err := f.callVerify(ctx, tenant, name, args, named); ok {
+		return rows, err
+	}
+	if rows, ok, err := f.callResize(ctx, tenant, name, args, named); ok {
 		return rows, err
 	}
 	return nil, sqlstate.New(sqlstate.UndefinedFunction, "function %s does not exist", name)

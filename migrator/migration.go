@@ -316,6 +316,9 @@ func (r *Runner) Run(ctx context.Context, mig *shardmap.Migration) error {
 			if err := r.drainQuiet(ctx, t, mig, sh); err != nil {
 				return err
 			}
+			if mig.Kind == shardmap.Resize {
+				r.crash("resize")
+			}
 			if err := r.setPhase(ctx, mig, shardmap.PhaseFreeze); err != nil {
 				return err
 			}

@@ -37,7 +37,8 @@ import (
 var errResizeYields = errors.New("migrator: a fold of the shard is in flight; the resize waits for it before it freezes")
 
 // errSourceGone: the resize's source no longer owns its slots (a fold
-// retired it), so the resize of that shard is given up.
+// retired it, an empty tree's re-pin gave them out anew), so the resize of
+// that shard is given up.
 var errSourceGone = errors.New("migrator: the resized shard no longer owns its slots")
 
 // errFoldYields: a fold's donor has slots frozen by a resize (or lost
@@ -99,6 +100,15 @@ func ownsAll(m *shardmap.Map, idx int, ranges [][2]int) bool {
 	return true
 }
 
+// resizeIntact reports whether the resize mig can still flip in m: its
+// source is active and owns exactly the slots it recorded, and its target
+// is still pending. A fold retires the source; an empty tree's re-pin gives
+// the slots out anew and retires the target.
+func resizeIntact(m *shardmap.Map, mig *shardmap.Migration) bool {
+	return m.Shards[mig.Source].State == shardmap.ShardActive && slices.Equal(m.SlotRanges(mig.Source), mig.Slots) &&
+		m.Shards[mig.Target].State == shardmap.ShardPending
+}
+
 // mayFreeze is asked inside the map write that freezes mig's slots, on
 // the map that write would replace: a resize whose source a fold retired
 // is given up (errSourceGone), and one whose source a fold in flight is
@@ -107,7 +117,7 @@ func (r *Runner) mayFreeze(ctx context.Context, m *shardmap.Map, mig *shardmap.M
 	if mig.Kind != shardmap.Resize {
 		return nil
 	}
-	if !ownsAll(m, mig.Source, mig.Slots) {
+	if !resizeIntact(m, mig) {
 		return errSourceGone
 	}
 	migs, err := r.store.Migrations(ctx, mig.Tenant, mig.Tree)
@@ -163,7 +173,7 @@ func (r *Runner) resizeSourceGone(ctx context.Context, mig *shardmap.Migration) 
 	if err != nil {
 		return false, err
 	}
-	return !ownsAll(m, mig.Source, mig.Slots), nil
+	return !resizeIntact(m, mig), nil
 }
 
 // abandonPoll is how often an abandoned resize looks whether the fold that
@@ -248,4 +258,16 @@ func foldBusy(flying []*shardmap.Migration) (b, fwd map[int]bool) {
 		rest = append(rest, m)
 	}
 	return busy(rest), fwd
+}
+
+// withoutResizes leaves out the resize migrations: a reshard completes
+// once its own migrations are done, without waiting for a resize.
+func withoutResizes(migs []*shardmap.Migration) []*shardmap.Migration {
+	var out []*shardmap.Migration
+	for _, m := range migs {
+		if m.Kind != shardmap.Resize {
+			out = append(out, m)
+		}
+	}
+	return out
 }

@@ -38,6 +38,7 @@ var composable = map[string]bool{
 	"lattice_rebalance_status":   false,
 	"lattice_rebalance_complete": true,
 	"lattice_drain_complete":     true,
+	"lattice_resize_complete":    true,
 	// Only without repair => true, which deletes rows (repairs).
 	"lattice_verify": false,
 }
@@ -47,7 +48,7 @@ var composable = map[string]bool{
 var changing = map[string]bool{
 	"lattice_create_tree": true, "lattice_reshard": true, "lattice_add_node": true, "lattice_remove_node": true,
 	"lattice_move_shard": true, "lattice_rebalance": true, "lattice_drain_node": true,
-	"lattice_repair_migration": true,
+	"lattice_repair_migration": true, "lattice_resize": true,
 	// lattice_verify gets here only when it repairs.
 	"lattice_verify": true,
 }
