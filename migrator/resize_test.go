@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/lattice-db/lattice/shardmap"
+	"github.com/lattice-db/lattice/sqlstate"
 )
 
 // TestResizeRun walks the resize of one shard through the pipeline: a new
@@ -149,5 +150,50 @@ func TestResizeAndFoldNeverFreezeTogether(t *testing.T) {
 	}
 	if _, err := run.StartFold(r.ctx, r.tree, 2, 1); !errors.Is(err, ErrBusy) {
 		t.Errorf("a fold into a shard a resize forwards: %v, want ErrBusy", err)
+	}
+}
+
+// TestResizeLayoutArguments reads lattice_resize's arguments as the proxy
+// passes them (text), each refusal with its SQLSTATE.
+func TestResizeLayoutArguments(t *testing.T) {
+	s := func(v string) *string { return &v }
+	for _, tc := range []struct {
+		args map[string]*string
+		want string // Layout.String, or the SQLSTATE
+	}{
+		{map[string]*string{"fillfactor": s("70")}, "fillfactor => 70"},
+		{map[string]*string{"fillfactor": s("50"), "index_fillfactor": s("60"), "deduplicate": s("off")}, "fillfactor => 50, index_fillfactor => 60, deduplicate => false"},
+		{map[string]*string{"fillfactor": s("100"), "deduplicate": s("true")}, "fillfactor => 100, deduplicate => true"},
+		{map[string]*string{}, "22004"},
+		{map[string]*string{"index_fillfactor": s("60")}, "22004"},
+		{map[string]*string{"fillfactor": s("9")}, "22023"},
+		{map[string]*string{"fillfactor": s("seventy")}, "22023"},
+		{map[string]*string{"fillfactor": s("70"), "index_fillfactor": s("0")}, "22023"},
+		{map[string]*string{"fillfactor": s("70"), "index_fillfactor": s("101")}, "22023"},
+		{map[string]*string{"fillfactor": s("70"), "deduplicate": s("maybe")}, "22023"},
+	} {
+		l, err := resizeLayout(tc.args)
+		got := l.String()
+		if err != nil {
+			got = sqlstate.As(err).Code
+		}
+		if got != tc.want {
+			t.Errorf("%v: %s, want %s", tc.args, got, tc.want)
+		}
+	}
+}
+
+// TestToRewrite: the shards a resize still rewrites are those created
+// before its layout that own slots and are not being rewritten.
+func TestToRewrite(t *testing.T) {
+	m := shardmap.NewIdentityMap("app", "items", 64, 4, []string{"n1"})
+	m.Shards[5] = shardmap.Shard{Index: 5, Node: "n1", State: shardmap.ShardActive}
+	for s := 48; s < 64; s++ {
+		m.Slots[s] = 5 // shard 3 resized into 5 already
+	}
+	m.Shards[3] = shardmap.Shard{Index: 3, Node: "n1", State: shardmap.ShardRetired}
+	rz := []*shardmap.Migration{{Kind: shardmap.Resize, Source: 1, Target: 4}}
+	if got := toRewrite(m, 4, rz); !slices.Equal(got, []int{0, 2}) {
+		t.Errorf("toRewrite = %v, want [0 2]", got)
 	}
 }
