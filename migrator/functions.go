@@ -157,6 +157,9 @@ func (f *Functions) Call(ctx context.Context, tenant, name string, args []*strin
 	if rows, ok, err := f.callRebalance(ctx, tenant, name, args, named); ok {
 		return rows, err
 	}
+	if rows, ok, err := f.callReference(ctx, tenant, name, args, named); ok {
+		return rows, err
+	}
 	if rows, ok, err := f.callVerify(ctx, tenant, name, args, named); ok {
 		return rows, err
 	}

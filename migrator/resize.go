@@ -59,9 +59,9 @@ func (r *Runner) StartResize(ctx context.Context, t *shardmap.Tree, source int) 
 			return nil, fmt.Errorf("%w: shard %d is part of migration %s", ErrBusy, source, o.ID)
 		}
 	}
-	mig := &shardmap.Migration{ID: newID(), Tenant: t.Tenant, Tree: t.Name, Kind: shardmap.Resize,
+	mig := &shardmap.Migration{ID: newID(), Tenant: t.Tenant, Tree: t.MapName(), Kind: shardmap.Resize,
 		Source: source, Phase: shardmap.PhasePrepare, Created: time.Now().UTC()}
-	_, err = r.updateMap(ctx, t.Tenant, t.Name, func(m *shardmap.Map) (bool, error) {
+	_, err = r.updateMap(ctx, t.Tenant, t.MapName(), func(m *shardmap.Map) (bool, error) {
 		src, ok := m.Shards[source]
 		if !ok || src.State != shardmap.ShardActive || src.Mixed {
 			return false, fmt.Errorf("%w: shard %d of %s is not an unmixed active shard", ErrBusy, source, t.Name)
@@ -185,15 +185,16 @@ const abandonPoll = 200 * time.Millisecond
 // once no other migration reads the retired source (the fold has ended),
 // the source's table, which the fold kept for this resize; the record last,
 // so that a crash anywhere before resumes here. Every step can run again.
-func (r *Runner) abandonResize(ctx context.Context, t *shardmap.Tree, mig *shardmap.Migration) error {
+func (r *Runner) abandonResize(ctx context.Context, u unit, mig *shardmap.Migration) error {
+	t := u.lead
 	r.log.Info("resize of a shard a fold retired given up", "migration", mig.ID, "tree", mig.Tree, "shard", mig.Source, "target", mig.Target)
-	if err := r.cluster.DropShadow(ctx, t, mig); err != nil {
+	if err := r.cluster.DropShadow(ctx, u.trees, mig); err != nil {
 		return err
 	}
-	if err := r.cluster.DropShard(ctx, t, mig.Target, mig.TargetNode); err != nil {
+	if err := u.each(func(t *shardmap.Tree) error { return r.cluster.DropShard(ctx, t, mig.Target, mig.TargetNode) }); err != nil {
 		return err
 	}
-	if _, err := r.updateMap(ctx, t.Tenant, t.Name, func(m *shardmap.Map) (bool, error) {
+	if _, err := r.updateMap(ctx, t.Tenant, t.MapName(), func(m *shardmap.Map) (bool, error) {
 		s, ok := m.Shards[mig.Target]
 		if !ok || s.State != shardmap.ShardPending {
 			return false, nil
@@ -225,11 +226,11 @@ func (r *Runner) abandonResize(ctx context.Context, t *shardmap.Tree, mig *shard
 		return err
 	}
 	if m.Shards[mig.Source].State == shardmap.ShardRetired && m.SlotCounts()[mig.Source] == 0 {
-		if err := r.cluster.DropShard(ctx, t, mig.Source, mig.SourceNode); err != nil {
+		if err := u.each(func(t *shardmap.Tree) error { return r.cluster.DropShard(ctx, t, mig.Source, mig.SourceNode) }); err != nil {
 			return err
 		}
 	}
-	if err := r.cluster.DropSlotFence(ctx, mig.SourceNode, r.fence(t, mig, 0)); err != nil {
+	if err := r.dropFences(ctx, u, mig, false); err != nil {
 		return err
 	}
 	r.metrics.ResizeShards.WithLabelValues(mig.Tree, mig.Tenant, "abandoned").Inc()

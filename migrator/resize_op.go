@@ -275,8 +275,12 @@ func (f *Functions) resize(ctx context.Context, tenant string, a map[string]*str
 	if err != nil {
 		return "", err
 	}
-	if err := groupRefusal(t, "resize "+t.Name); err != nil {
-		return "", err
+	if t.Group != "" {
+		// The layout is one tree's, its DDL log and template; a group's
+		// migrations move every member's table.
+		e := sqlstate.New(sqlstate.FeatureNotSupported, "cannot resize %s: it is in colocation group %s", t.Name, t.Group)
+		e.Hint = "Resizing a colocation group's trees is not supported yet."
+		return "", e
 	}
 	l, err := resizeLayout(a)
 	if err != nil {

@@ -48,6 +48,7 @@ type Cluster struct {
 	verifier  func(password string) (string, error) // SetVerifier
 	roles     sync.Map                              // roleKey -> struct{}: EnsureRole succeeded
 	roleLocks sync.Map                              // roleKey -> *sync.Mutex
+	refs      atomic.Pointer[referenceStore]        // SetReferences: copied to a node before its first shard
 
 	mu      sync.Mutex
 	admin   map[adminKey]*pgxpool.Pool

@@ -99,6 +99,9 @@ func (c *Cluster) CreateShard(ctx context.Context, t *shardmap.Tree, idx int, no
 	if err := c.EnsureRole(ctx, node, t.Tenant); err != nil {
 		return err
 	}
+	if err := c.referencesFor(ctx, node, t.Tenant); err != nil {
+		return err
+	}
 	p, err := c.Admin(ctx, node, t.Tenant)
 	if err != nil {
 		return err

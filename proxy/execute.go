@@ -84,7 +84,7 @@ func (s *session) execute(ctx context.Context, v *shardmap.View, portal *clientP
 			s.fail(err)
 			return false
 		}
-		if !s.bindOn(ctx, portal, s.catalogTarget(p), p.SQL, m, m.DestinationPortal, false) {
+		if !s.bindOn(ctx, portal, s.referenceRead(v, p), p.SQL, m, m.DestinationPortal, false) {
 			return false
 		}
 		if p.Unpin&router.PinPrepare != 0 && s.txStatus() != 'E' {
@@ -112,6 +112,8 @@ func (s *session) execute(ctx context.Context, v *shardmap.View, portal *clientP
 		return s.bindSplit(ctx, v, portal, m)
 	case router.WriteAll:
 		return s.bindWriteAll(ctx, v, portal, m)
+	case router.RefWrite:
+		return s.bindRefWrite(ctx, v, portal, m)
 	case router.FanOut:
 		if sql, node, ok := wholeOnOneNode(v, p, m, st.oids); ok {
 			return s.bindOn(ctx, portal, node, sql, m, m.DestinationPortal, false)
@@ -237,9 +239,9 @@ func (s *session) runParts(portal *clientPortal, maxRows uint32) {
 		if retry {
 			s.extRetry = &extRetry{stmt: portal.stmt, bind: portal.bind, step: len(s.x.steps)}
 		}
-		for _, part := range portal.parts {
+		for i, part := range portal.parts {
 			part.be.Send(&pgproto3.Execute{Portal: part.name, MaxRows: maxRows})
-			st := step{kind: stepExecute, be: part.be, staleRetry: retry}
+			st := step{kind: stepExecute, be: part.be, staleRetry: retry, hide: portal.quiet && i > 0}
 			if sp != nil {
 				st.rowsOnly, st.split = true, sp
 			}
@@ -278,9 +280,9 @@ func (s *session) queryParts(portal *clientPortal) {
 		}
 		sqls[part.be] = append(sqls[part.be], part.sql)
 	}
-	for _, be := range order {
+	for i, be := range order {
 		be.Send(&pgproto3.Query{String: strings.Join(sqls[be], ";\n")})
-		s.x.add(step{kind: stepQuery, be: be, rowsOnly: sp != nil, split: sp})
+		s.x.add(step{kind: stepQuery, be: be, rowsOnly: sp != nil, split: sp, hide: portal.quiet && i > 0})
 	}
 }
 

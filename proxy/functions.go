@@ -54,15 +54,17 @@ func (s *session) funcParamType(f *router.FuncCall, n int) uint32 {
 	return pgtype.TextOID
 }
 
-// functionGuard refuses lattice_create_tree inside a transaction block,
+// functionGuard refuses lattice_create_tree (and the reference-table
+// functions, which lock the table on connections of their own) inside a
+// transaction block,
 // as PostgreSQL refuses CREATE DATABASE (25001): it commits on connections
 // of its own, so it would not see a table the transaction created, would
 // wait forever for the transaction's own locks on it, and a ROLLBACK would
 // not undo it.
 func (s *session) functionGuard(name string) error {
-	if name == "lattice_create_tree" && s.tx.active && !s.tx.implicit {
-		e := sqlstate.New(sqlstate.ActiveSQLTransaction, "lattice_create_tree cannot run inside a transaction block")
-		e.Hint = "commit the transaction (the table must be committed too), then call lattice_create_tree on its own"
+	if (name == "lattice_create_tree" || name == "lattice_create_reference_table" || name == "lattice_undistribute_table") && s.tx.active && !s.tx.implicit {
+		e := sqlstate.New(sqlstate.ActiveSQLTransaction, "%s cannot run inside a transaction block", name)
+		e.Hint = "commit the transaction (the table must be committed too), then call " + name + " on its own"
 		return e
 	}
 	return nil

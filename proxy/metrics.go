@@ -37,14 +37,15 @@ var queryKindNames = [...]string{
 	router.WriteAll:    "write_all",
 	router.DDL:         "ddl",
 	router.Copy:        "copy",
+	router.RefWrite:    "reference_write",
 	kindMulti:          "multi",
 	kindUnplanned:      "unplanned",
 }
 
 // Query kinds besides the router's, numbered after its last kind.
 const (
-	kindMulti     = router.Copy + 1 + iota // a Query message of several statements
-	kindUnplanned                          // a statement that failed to plan (syntax error, unknown portal)
+	kindMulti     = router.RefWrite + 1 + iota // a Query message of several statements
+	kindUnplanned                              // a statement that failed to plan (syntax error, unknown portal)
 )
 
 // kindNone is a message with nothing to count (an empty query).

@@ -41,6 +41,8 @@ var composable = map[string]bool{
 	"lattice_resize_complete":    true,
 	// Only without repair => true, which deletes rows (repairs).
 	"lattice_verify": false,
+	// Reference tables.
+	"lattice_reference_tables": false,
 }
 
 // changing are the functions that change the cluster: they run only in a
@@ -48,7 +50,8 @@ var composable = map[string]bool{
 var changing = map[string]bool{
 	"lattice_create_tree": true, "lattice_reshard": true, "lattice_add_node": true, "lattice_remove_node": true,
 	"lattice_move_shard": true, "lattice_rebalance": true, "lattice_drain_node": true,
-	"lattice_repair_migration": true, "lattice_resize": true,
+	"lattice_repair_migration":       true,
+	"lattice_create_reference_table": true, "lattice_undistribute_table": true, "lattice_resize": true,
 	// lattice_verify gets here only when it repairs.
 	"lattice_verify": true,
 }

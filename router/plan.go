@@ -158,7 +158,7 @@ func (p *planner) plan(n *pg.Node, start, end int) *Plan {
 }
 
 func (p *planner) apply(pl *Plan, r route, start, end int) {
-	pl.Kind, pl.Anywhere, pl.Notify = r.kind, r.anywhere, r.notify
+	pl.Kind, pl.Anywhere, pl.Notify, pl.References = r.kind, r.anywhere, r.notify, r.refs
 	switch r.kind {
 	case Refused:
 		pl.Err = r.err
@@ -262,6 +262,7 @@ type route struct {
 	// multi are the tree references of a statement that names trees more
 	// than once or inside subqueries (colocate.go); rv is the first.
 	multi []treeRef
+	refs  []string // the reference tables named (reference.go)
 }
 
 // refTree is the tree of rv when rv is one of the route's tree references.
@@ -299,7 +300,13 @@ func (p *planner) lookup(rv *pg.RangeVar) (*shardmap.Tree, bool) {
 	return t, rv.Catalogname != ""
 }
 
-func (p *planner) route(n *pg.Node) route {
+func (p *planner) route(n *pg.Node) (out route) {
+	var refs []string // the reference tables named: wherever the statement runs, they must have a copy
+	defer func() {
+		if out.refs == nil && out.kind != Refused {
+			out.refs = refs
+		}
+	}()
 	root, ok := nodeMessage(n)
 	if !ok {
 		return route{kind: Catalog}
@@ -339,6 +346,9 @@ func (p *planner) route(n *pg.Node) route {
 				}
 			case r.target && refWrite == nil:
 				refWrite = r.rv
+				refs = append([]string{r.rv.Relname}, slices.DeleteFunc(refs, func(n string) bool { return n == r.rv.Relname })...)
+			case !slices.Contains(refs, r.rv.Relname):
+				refs = append(refs, r.rv.Relname)
 			}
 			continue
 		}
@@ -357,6 +367,16 @@ func (p *planner) route(n *pg.Node) route {
 	// A notification reaches only listeners of the node that commits it, and
 	// the proxy's listeners are on the catalog node.
 	notify := slices.Contains(functionNames([]*pg.Node{n}), "pg_notify")
+	if len(treeRefs) == 0 && !notify {
+		if drop := n.GetDropStmt(); drop != nil {
+			if r, ok := p.dropReference(drop); ok {
+				return r
+			}
+		}
+		if len(refs) > 0 {
+			return p.referenceRoute(n, name, refs, refWrite, ordinary)
+		}
+	}
 	if len(treeRefs) == 0 {
 		return route{kind: Catalog, notify: notify || n.GetNotifyStmt() != nil,
 			anywhere: !notify && other == nil && (n.GetSelectStmt() != nil || n.GetVariableShowStmt() != nil)}

@@ -100,6 +100,8 @@ type Routing struct {
 // Errors carry the SQLSTATE to send the client.
 func Resolve(v *shardmap.View, p *Plan, b *Bind) (*Routing, error) {
 	switch p.Kind {
+	case RefWrite:
+		return resolveRefWrite(v, p)
 	case Single, InsertSplit, WriteAll, FanOut, Copy:
 	default:
 		return &Routing{}, nil
@@ -137,6 +139,11 @@ func Resolve(v *shardmap.View, p *Plan, b *Bind) (*Routing, error) {
 	}
 	if err != nil {
 		return nil, err
+	}
+	if len(p.References) > 0 {
+		if err := copiesOn(v, p, r); err != nil {
+			return nil, err
+		}
 	}
 	return r, nil
 }

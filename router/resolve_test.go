@@ -21,7 +21,7 @@ import (
 // case (blocks separated by blank lines):
 //
 //	## case name
-//	map: plain | onenode | mixed | frozen
+//	map: plain | onenode | mixed | frozen | copying
 //	bind: PARAM PARAM ...
 //	SQL (one or more lines)
 //
@@ -87,7 +87,7 @@ func resolveView(t *testing.T, kind string) *shardmap.View {
 		}
 		m := shardmap.NewIdentityMap("t", name, 4096, 4, nodes)
 		switch kind {
-		case "plain", "onenode":
+		case "plain", "onenode", "copying":
 		case "mixed":
 			// A split of shard 1 ([1024, 2047]) after the flip: shard 4 on
 			// n3 owns the upper half, and shard 1 still holds its rows.
@@ -111,6 +111,20 @@ func resolveView(t *testing.T, kind string) *shardmap.View {
 			t.Fatalf("unknown map %q", kind)
 		}
 		v.Trees[name], v.Maps[name] = tree, m
+	}
+	// The reference tables of testTrees, on every node of the maps; under
+	// "copying", node n2 has no copy of regions yet.
+	plans := []string{"n1", "n2"}
+	if kind == "mixed" {
+		plans = append(plans, "n3")
+	}
+	regions := plans
+	if kind == "copying" {
+		regions = []string{"n1"}
+	}
+	v.References = map[string]*shardmap.Reference{
+		"plans":   {Tenant: "t", Name: "plans", Nodes: plans},
+		"regions": {Tenant: "t", Name: "regions", Nodes: regions},
 	}
 	return v
 }

@@ -82,9 +82,14 @@ const (
 	DDL
 	// Copy is COPY of a tree FROM STDIN or TO STDOUT; Plan.Copy says how.
 	Copy
+	// RefWrite writes or changes reference tables (Plan.References, the
+	// written one first) and names no tree: the statement runs unchanged on
+	// every node that holds their copies, in one transaction across nodes
+	// (reference.go).
+	RefWrite
 )
 
-var kindNames = [...]string{"Catalog", "Single", "InsertSplit", "Function", "Transaction", "SessionSet", "LocalSet", "Discard", "Refused", "FanOut", "WriteAll", "DDL", "Copy"}
+var kindNames = [...]string{"Catalog", "Single", "InsertSplit", "Function", "Transaction", "SessionSet", "LocalSet", "Discard", "Refused", "FanOut", "WriteAll", "DDL", "Copy", "RefWrite"}
 
 func (k Kind) String() string {
 	if k >= 0 && int(k) < len(kindNames) {
@@ -205,6 +210,10 @@ type Plan struct {
 	KeyArray  *Value               // FanOut: when non-nil, only the shards owning the elements of this array value (= ANY($1), = ANY('{...}')) hold matching rows
 	Agg       *AggPlan             // FanOut that aggregates, groups or removes duplicates: partial query per node, final query over the partial rows (Sort, Hidden, Limit and Offset are then unused: the final query applies them)
 	Copy      *CopySpec            // Copy
+	// References are the reference tables the statement names (a
+	// RefWrite's written one first): every node it runs on must hold their
+	// copies.
+	References []string
 
 	// CollationProbe is, for a FanOut with sort keys not all under
 	// COLLATE "C", the statement whose one row gives each key's collation
@@ -307,6 +316,12 @@ func (p *Plan) String() string {
 		fmt.Fprintf(&b, " tree=%s %s", p.Tree.Name, p.Copy)
 		if p.Copy.Query && p.Copy.QueryKind == Single {
 			b.WriteString(" key=" + p.Key.String())
+		}
+	}
+	if len(p.References) > 0 && (p.Kind == Catalog || p.Kind == RefWrite) {
+		fmt.Fprintf(&b, " refs=%v", p.References)
+		if p.Anywhere {
+			b.WriteString(" anywhere")
 		}
 	}
 	if p.Pin != 0 {

@@ -1,6 +1,7 @@
 package router
 
 import (
+	"slices"
 	"strconv"
 	"strings"
 
@@ -51,8 +52,9 @@ import (
 // parser for the constants that may vary.
 type shapeTemplate struct {
 	kind     Kind
-	anywhere bool // Catalog: Plan.Anywhere
-	notify   bool // Catalog: Plan.Notify
+	anywhere bool     // Catalog: Plan.Anywhere
+	refTabs  []string // Plan.References: names, which no constant changes
+	notify   bool     // Catalog: Plan.Notify
 	tree     *shardmap.Tree
 	anyVer   bool
 	semi     int         // index of the trailing ';' token, or -1
@@ -114,7 +116,7 @@ func (p *planner) template(stmt *pg.Node, pl *Plan) *shapeTemplate {
 	if toks == nil {
 		return nil
 	}
-	t := &shapeTemplate{kind: pl.Kind, anywhere: pl.Anywhere, notify: pl.Notify, tree: pl.Tree, semi: -1}
+	t := &shapeTemplate{kind: pl.Kind, anywhere: pl.Anywhere, notify: pl.Notify, refTabs: pl.References, tree: pl.Tree, semi: -1}
 	last := -1
 	for i, tk := range toks {
 		if !isComment(tk) {
@@ -253,7 +255,7 @@ func (t *shapeTemplate) derive(sql string, toks []token) ([]*Plan, bool) {
 	}
 	start, end = p.trim(start, end)
 	pl := &one.pl
-	*pl = Plan{Kind: t.kind, SQL: sql[start:end], Anywhere: t.anywhere, Notify: t.notify}
+	*pl = Plan{Kind: t.kind, SQL: sql[start:end], Anywhere: t.anywhere, Notify: t.notify, References: t.refTabs}
 	one.list[0] = pl
 	if t.kind == Catalog {
 		return one.list[:], true
@@ -368,7 +370,7 @@ func allDigits(s string) bool {
 // samePlan reports whether two plans route and render identically.
 func samePlan(a, b *Plan) bool {
 	if a.Kind != b.Kind || a.SQL != b.SQL || a.Tree != b.Tree || a.Key != b.Key || a.Tag != b.Tag ||
-		a.Anywhere != b.Anywhere || a.Notify != b.Notify ||
+		a.Anywhere != b.Anywhere || a.Notify != b.Notify || !slices.Equal(a.References, b.References) ||
 		a.Func != nil || b.Func != nil || a.Err != nil || b.Err != nil || a.String() != b.String() ||
 		len(a.Rows) != len(b.Rows) {
 		return false

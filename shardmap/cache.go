@@ -27,6 +27,8 @@ type View struct {
 	TreesVersion uint64
 	Trees        map[string]*Tree // by name; every tree here has a map in Maps
 	Maps         map[string]*Map  // by tree name
+	// References are the tenant's reference tables by name (reference.go).
+	References map[string]*Reference
 	// Missing is set when the nodes hold trees of the tenant that the
 	// store has lost (ErrMapsMissing): the view has none, and must not be
 	// served.
@@ -226,12 +228,17 @@ func (c *Cache) load(ctx context.Context, tenant string, tc *tenantCache) (*View
 		trees[t.Name], ms[t.Name] = t, memberMap(m, t.Name)
 	}
 
+	refs, err := c.loadReferences(ctx, tenant)
+	if err != nil {
+		return nil, err
+	}
+
 	old := tc.view.Load()
-	v := &View{Tenant: tenant, Trees: trees, Maps: ms, Missing: lost, next: make(chan struct{})}
+	v := &View{Tenant: tenant, Trees: trees, Maps: ms, References: refs, Missing: lost, next: make(chan struct{})}
 	if lost && (old == nil || !old.Missing) {
 		c.log.ErrorContext(ctx, "shardmap: the store lists no tree of the tenant, but the catalog node holds tree templates: its maps were lost; refusing its statements until `lattice recover-map` rebuilds them", "tenant", tenant)
 	}
-	if old != nil && old.Missing == lost && sameTrees(old.Trees, trees) {
+	if old != nil && old.Missing == lost && sameTrees(old.Trees, trees) && sameReferences(old.References, refs) {
 		v.TreesVersion = old.TreesVersion
 	} else {
 		v.TreesVersion = c.versions.Add(1)

@@ -406,6 +406,7 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, ready func(pg
 
 	fns := migrator.NewFunctions(cluster, store, cache, coord)
 	fns.SetTreeOps(treeOps)
+	cluster.SetReferences(store) // a node gets the reference tables before its first shard
 	fns.SetNodeAdmin(migrator.NodeAdmin{Registry: store, Watch: nodeWatch, Requirements: pgshard.NodeRequirements{
 		FreeSlots:            max(1, cfg.Reshard.MaxConcurrentMigrations),
 		PreparedTransactions: 1,

@@ -1,0 +1,493 @@
+package pgshard
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/lattice-db/lattice/shardmap"
+	"github.com/lattice-db/lattice/sqlstate"
+)
+
+// Reference tables on the nodes (docs/DESIGN.md, "Reference tables").
+//
+// Every copy, public.<name> in the tenant's database, carries a fence
+// trigger. A write passes it only when its transaction set
+// lattice.reference_nodes (ReferenceNodesSQL, which the proxy runs before
+// every write of a reference table) and, on the catalog node, only when
+// that list is the one lattice_meta.reference_tables holds for the table,
+// read FOR SHARE. So a proxy that does not know the table is a reference
+// table, or knows an old list of copies, gets LT001 (and reads the
+// registry again) instead of writing a wrong set of copies; and a copy
+// being made (CopyReferences) holds the catalog copy's table lock, under
+// which no write reaches the catalog node, until the new list is committed.
+
+const (
+	referenceMeta    = "lattice_meta.reference_tables"
+	referenceFence   = "lattice_meta.reference_fence()"
+	referenceTrigger = "lattice_reference_fence"
+	// ReferenceSetting names the copies a write of a reference table goes to.
+	ReferenceSetting = "lattice.reference_nodes"
+)
+
+// referenceLockKey serializes the creation of the meta objects on a node.
+const referenceLockKey = -2
+
+var referenceMetaDDL = []string{
+	`CREATE SCHEMA IF NOT EXISTS lattice_meta`,
+	`CREATE TABLE IF NOT EXISTS ` + referenceMeta + ` (name text PRIMARY KEY, nodes text[] NOT NULL)`,
+	`CREATE OR REPLACE FUNCTION ` + referenceFence + ` RETURNS trigger
+	LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fence$
+DECLARE
+    want text := coalesce(current_setting('` + ReferenceSetting + `', true), '');
+    have text[];
+BEGIN
+    IF want = '' THEN
+        RAISE EXCEPTION USING ERRCODE = '` + sqlstate.SlotMoved + `',
+            MESSAGE = format('lattice: relation "%s" is a reference table: its writes go to every node', TG_TABLE_NAME),
+            HINT = 'Write through the Lattice proxy, and retry: it reads the reference tables again.';
+    END IF;
+    SELECT nodes INTO have FROM ` + referenceMeta + ` WHERE name = TG_TABLE_NAME FOR SHARE;
+    IF FOUND AND array_to_string(have, ',') IS DISTINCT FROM want THEN
+        RAISE EXCEPTION USING ERRCODE = '` + sqlstate.SlotMoved + `',
+            MESSAGE = format('lattice: the copies of reference table "%s" are on nodes %s now', TG_TABLE_NAME, array_to_string(have, ', ')),
+            HINT = 'Retry the statement: the proxy reads the reference tables again.';
+    END IF;
+    RETURN NULL;
+END
+$fence$`,
+	`REVOKE ALL ON ` + referenceMeta + ` FROM PUBLIC`,
+}
+
+// ReferenceNodesSQL is what a transaction runs on every node before it
+// writes a reference table held by nodes.
+func ReferenceNodesSQL(nodes []string) string {
+	return "SET LOCAL " + ReferenceSetting + " TO " + quoteLiteral(strings.Join(nodes, ","))
+}
+
+// ReferenceCheck tells whether an expression (a column default) would
+// give another value on each node; it names the offending call, "" if
+// none. The router's PerNodeValue is one.
+type ReferenceCheck func(sql string) string
+
+func referenceQuoted(name string) string { return pgx.Identifier{"public", name}.Sanitize() }
+
+// ensureReferenceMeta creates the meta table and the fence function in
+// tenant's database on node.
+func (c *Cluster) ensureReferenceMeta(ctx context.Context, node, tenant string) error {
+	if err := c.EnsureTenant(ctx, node, tenant); err != nil {
+		return err
+	}
+	if err := c.EnsureRole(ctx, node, tenant); err != nil {
+		return err
+	}
+	p, err := c.Admin(ctx, node, tenant)
+	if err != nil {
+		return err
+	}
+	return pgx.BeginFunc(ctx, p, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1, $2)`, int32(schemaLockClass), int32(referenceLockKey)); err != nil {
+			return err
+		}
+		for _, s := range referenceMetaDDL {
+			if _, err := tx.Exec(ctx, s); err != nil {
+				return fmt.Errorf("node %s: %w", node, err)
+			}
+		}
+		return nil
+	})
+}
+
+// referenceSource is the catalog copy held under EXCLUSIVE lock, so that no
+// write reaches any copy while it is read, with what building a copy needs.
+type referenceSource struct {
+	conn  *pgx.Conn
+	tx    pgx.Tx
+	ti    *tableInfo
+	ddl   []string
+	owner string
+}
+
+func (s *referenceSource) close(ctx context.Context) {
+	_ = s.tx.Rollback(context.WithoutCancel(ctx))
+	closeConn(s.conn)
+}
+
+// lockReference opens the catalog copy of tenant's table name under lock.
+func (c *Cluster) lockReference(ctx context.Context, tenant, name string) (*referenceSource, error) {
+	conn, err := c.connect(ctx, c.Catalog().Name, tenant)
+	if err != nil {
+		return nil, err
+	}
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		closeConn(conn)
+		return nil, err
+	}
+	s := &referenceSource{conn: conn, tx: tx}
+	fail := func(err error) (*referenceSource, error) {
+		s.close(ctx)
+		return nil, err
+	}
+	var exists bool
+	if err := tx.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, referenceQuoted(name)).Scan(&exists); err != nil {
+		return fail(err)
+	}
+	if !exists {
+		return fail(sqlstate.New(sqlstate.UndefinedTable, "relation %s does not exist on the catalog node", quoted(name)))
+	}
+	// The table lock first: a writer takes it before its fence reads the
+	// meta row, so taking them in the other order could deadlock.
+	if _, err := tx.Exec(ctx, "LOCK TABLE "+referenceQuoted(name)+" IN EXCLUSIVE MODE"); err != nil {
+		return fail(err)
+	}
+	if s.ti, err = inspectTable(ctx, tx, name); err != nil {
+		return fail(fmt.Errorf("pgshard: inspect %s: %w", name, err))
+	}
+	if s.ddl, err = buildDDL(s.ti); err != nil {
+		return fail(err)
+	}
+	for i, d := range s.ddl {
+		s.ddl[i] = strings.ReplaceAll(d, "{{table}}", referenceQuoted(name))
+	}
+	if err := tx.QueryRow(ctx, `SELECT pg_catalog.pg_get_userbyid(relowner) FROM pg_catalog.pg_class WHERE oid = $1`, s.ti.OID).Scan(&s.owner); err != nil {
+		return fail(err)
+	}
+	return s, nil
+}
+
+// checkReference applies the rules a reference table must meet: its
+// copies must compute the same rows from the same statements.
+func checkReference(ti *tableInfo, refs map[string]bool, perNode ReferenceCheck) error {
+	refuse := func(hint, format string, args ...any) error {
+		e := sqlstate.New(sqlstate.FeatureNotSupported, format, args...)
+		e.Hint = hint
+		return e
+	}
+	if ti.Kind != "r" || ti.Inherits {
+		return refuse("Make a plain table (not partitioned, inherited, a view or foreign).",
+			"%s cannot be a reference table: it is not a plain table", quoted(ti.Name))
+	}
+	if ti.Persistence != "p" {
+		return refuse("Make the table logged (ALTER TABLE ... SET LOGGED).", "%s cannot be a reference table: it is unlogged or temporary", quoted(ti.Name))
+	}
+	for _, col := range ti.Columns {
+		if col.Identity != "" || col.FromSequence {
+			return refuse("Drop the default (or identity) and supply the values from the application.",
+				"column %s of %s takes its values from a sequence: each node would draw its own", quoted(col.Name), quoted(ti.Name))
+		}
+		if col.Default != "" && col.Generated == "" {
+			if f := perNode("SELECT " + col.Default); f != "" {
+				return refuse("Drop the default and supply the value in each statement.",
+					"the default of column %s of %s uses %s, whose value would differ between the nodes", quoted(col.Name), quoted(ti.Name), f)
+			}
+		}
+	}
+	if len(ti.Triggers) > 0 {
+		return refuse("Drop the triggers first: they would run on the catalog node's copy only.",
+			"%s cannot be a reference table: it has triggers (%s)", quoted(ti.Name), strings.Join(ti.Triggers, ", "))
+	}
+	for _, con := range ti.Constraints {
+		if con.Type == "f" && con.Outgoing && con.To != ti.Name && !refs[con.To] {
+			return refuse("Make "+quoted(con.To)+" a reference table first, or drop the foreign key.",
+				"%s has a foreign key to %s, which the other nodes do not hold", quoted(ti.Name), quoted(con.To))
+		}
+	}
+	return nil
+}
+
+// buildCopy makes node's copy of the table src holds: the table, its rows,
+// its grants and its fence, in that order (the fence would refuse the rows).
+func (c *Cluster) buildCopy(ctx context.Context, src *referenceSource, node, tenant string) (int64, error) {
+	if err := c.ensureReferenceMeta(ctx, node, tenant); err != nil {
+		return 0, err
+	}
+	p, err := c.Admin(ctx, node, tenant)
+	if err != nil {
+		return 0, err
+	}
+	table := referenceQuoted(src.ti.Name)
+	err = pgx.BeginFunc(ctx, p, func(tx pgx.Tx) error {
+		for _, d := range src.ddl {
+			if _, err := tx.Exec(ctx, d); err != nil {
+				return fmt.Errorf("%q: %w", d, err)
+			}
+		}
+		if _, err := tx.Exec(ctx, "ALTER TABLE "+table+" OWNER TO "+quoteIdent(src.owner)); err != nil {
+			return err
+		}
+		return grantShard(ctx, tx, tenant, "public", table)
+	})
+	if err != nil {
+		return 0, fmt.Errorf("pgshard: create the copy of reference table %s on node %s: %w", src.ti.Name, node, err)
+	}
+	cols := copyColumns(src.ti)
+	n, err := c.pipeCopy(ctx, src.tx.Conn().PgConn(), node, tenant,
+		"COPY (SELECT "+cols+" FROM "+table+") TO STDOUT (FORMAT binary)", "COPY "+table+" ("+cols+") FROM STDIN (FORMAT binary)")
+	if err != nil {
+		return 0, fmt.Errorf("pgshard: copy the rows of reference table %s to node %s: %w", src.ti.Name, node, err)
+	}
+	if _, err := p.Exec(ctx, fenceReferenceSQL(src.ti.Name)); err != nil {
+		return 0, fmt.Errorf("pgshard: fence the copy of reference table %s on node %s: %w", src.ti.Name, node, err)
+	}
+	return n, nil
+}
+
+func fenceReferenceSQL(name string) string {
+	return "CREATE TRIGGER " + referenceTrigger + " BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON " + referenceQuoted(name) +
+		" FOR EACH STATEMENT EXECUTE FUNCTION " + referenceFence
+}
+
+// dropCopies drops the copies of name on nodes, best effort: for undoing.
+func (c *Cluster) dropCopies(ctx context.Context, tenant, name string, nodes []string) error {
+	ctx = context.WithoutCancel(ctx)
+	var errs []error
+	for _, node := range nodes {
+		p, err := c.Admin(ctx, node, tenant)
+		if err == nil {
+			_, err = p.Exec(ctx, "DROP TABLE IF EXISTS "+referenceQuoted(name))
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("node %s: %w", node, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// referenceNames are the names of refs, as a set.
+func referenceNames(refs []*shardmap.Reference) map[string]bool {
+	out := map[string]bool{}
+	for _, r := range refs {
+		out[r.Name] = true
+	}
+	return out
+}
+
+// CreateReference makes tenant's ordinary table name a reference table: a
+// copy of it, with its rows, on every node, each fenced, recorded on the
+// catalog node and registered in store. It returns the entry and the rows
+// copied to each node.
+func (c *Cluster) CreateReference(ctx context.Context, store shardmap.ReferenceStore, trees shardmap.Store, tenant, name string, perNode ReferenceCheck) (*shardmap.Reference, int64, error) {
+	switch _, err := trees.Tree(ctx, tenant, name); {
+	case err == nil:
+		return nil, 0, sqlstate.New(sqlstate.DuplicateTable, "%s is a tree, not an ordinary table", quoted(name))
+	case !errors.Is(err, shardmap.ErrNotFound):
+		return nil, 0, err
+	}
+	refs, err := store.References(ctx, tenant)
+	if err != nil {
+		return nil, 0, err
+	}
+	if referenceNames(refs)[name] {
+		return nil, 0, sqlstate.New(sqlstate.DuplicateObject, "%s is a reference table already", quoted(name))
+	}
+	catalog := c.Catalog().Name
+	if err := c.ensureReferenceMeta(ctx, catalog, tenant); err != nil {
+		return nil, 0, err
+	}
+	src, err := c.lockReference(ctx, tenant, name)
+	if err != nil {
+		return nil, 0, err
+	}
+	defer src.close(ctx)
+	if err := checkReference(src.ti, referenceNames(refs), perNode); err != nil {
+		return nil, 0, err
+	}
+	nodes := slices.Sorted(slices.Values(c.NodeNames()))
+	var built []string
+	undo := func(err error) (*shardmap.Reference, int64, error) {
+		if derr := c.dropCopies(ctx, tenant, name, built); derr != nil {
+			c.log.Error("could not drop the copies of a reference table that failed", "table", name, "err", derr)
+		}
+		return nil, 0, err
+	}
+	var rows int64
+	if err := src.tx.QueryRow(ctx, "SELECT count(*) FROM "+referenceQuoted(name)).Scan(&rows); err != nil {
+		return undo(err)
+	}
+	for _, node := range nodes {
+		if node == catalog {
+			continue
+		}
+		built = append(built, node)
+		if _, err = c.buildCopy(ctx, src, node, tenant); err != nil {
+			return undo(err)
+		}
+	}
+	for _, s := range []string{fenceReferenceSQL(name), `INSERT INTO ` + referenceMeta + ` (name, nodes) VALUES ($1, $2)`} {
+		var args []any
+		if strings.HasPrefix(s, "INSERT") {
+			args = []any{name, nodes}
+		}
+		if _, err := src.tx.Exec(ctx, s, args...); err != nil {
+			return undo(fmt.Errorf("pgshard: record reference table %s on the catalog node: %w", name, err))
+		}
+	}
+	if err := src.tx.Commit(ctx); err != nil {
+		return undo(fmt.Errorf("pgshard: record reference table %s on the catalog node: %w", name, err))
+	}
+	ref := &shardmap.Reference{Tenant: tenant, Name: name, Nodes: nodes}
+	if err := store.PutReference(ctx, ref, nil); err != nil {
+		// Writes are fenced on every copy until the registry has the table:
+		// take it back to an ordinary table.
+		if uerr := c.unrecord(ctx, tenant, name); uerr != nil {
+			return nil, 0, fmt.Errorf("pgshard: register reference table %s: %w (and undoing it failed: %v)", name, err, uerr)
+		}
+		return undo(fmt.Errorf("pgshard: register reference table %s: %w", name, err))
+	}
+	c.log.Info("reference table created", "tenant", tenant, "table", name, "nodes", nodes, "rows", rows)
+	return ref, rows, nil
+}
+
+// unrecord drops the catalog copy's fence and its meta row, under the
+// table lock: the catalog copy is then the ordinary table.
+func (c *Cluster) unrecord(ctx context.Context, tenant, name string) error {
+	ctx = context.WithoutCancel(ctx)
+	p, err := c.Admin(ctx, c.Catalog().Name, tenant)
+	if err != nil {
+		return err
+	}
+	return pgx.BeginFunc(ctx, p, func(tx pgx.Tx) error {
+		for _, s := range []string{
+			"LOCK TABLE " + referenceQuoted(name) + " IN EXCLUSIVE MODE",
+			"DROP TRIGGER IF EXISTS " + referenceTrigger + " ON " + referenceQuoted(name),
+		} {
+			if _, err := tx.Exec(ctx, s); err != nil {
+				return err
+			}
+		}
+		_, err := tx.Exec(ctx, `DELETE FROM `+referenceMeta+` WHERE name = $1`, name)
+		return err
+	})
+}
+
+// UndistributeReference turns tenant's reference table name back into an
+// ordinary table on the catalog node. The registry entry goes first, so
+// that proxies stop reading the other copies; the catalog copy's fence
+// and meta row next (a proxy that still writes every copy until then
+// passes the fence, and writes the copies that are about to go); the
+// other copies last.
+func (c *Cluster) UndistributeReference(ctx context.Context, store shardmap.ReferenceStore, tenant, name string, refresh func(context.Context) error) error {
+	refs, err := store.References(ctx, tenant)
+	if err != nil {
+		return err
+	}
+	var ref *shardmap.Reference
+	for _, r := range refs {
+		if r.Name == name {
+			ref = r
+		}
+	}
+	if ref == nil {
+		return sqlstate.New(sqlstate.WrongObjectType, "%s is not a reference table", quoted(name))
+	}
+	if err := store.DeleteReference(ctx, ref); err != nil {
+		return err
+	}
+	if refresh != nil {
+		if err := refresh(ctx); err != nil {
+			return err
+		}
+	}
+	if err := c.unrecord(ctx, tenant, name); err != nil {
+		return fmt.Errorf("pgshard: reference table %s is unregistered, but its catalog copy keeps its fence: %w", name, err)
+	}
+	var others []string
+	for _, n := range ref.Nodes {
+		if n != c.Catalog().Name {
+			others = append(others, n)
+		}
+	}
+	if err := c.dropCopies(ctx, tenant, name, others); err != nil {
+		return fmt.Errorf("pgshard: %s is an ordinary table again, but dropping its other copies failed: %w", name, err)
+	}
+	c.log.Info("reference table made ordinary", "tenant", tenant, "table", name)
+	return nil
+}
+
+// CopyReferences gives node a copy of each of tenant's reference tables it
+// lacks, before the node serves the tenant (a shard is created there).
+// Each copy is taken under the catalog copy's table lock, which holds every
+// write back; the node joins the table's list on the catalog node in the
+// same transaction, and in store after it: until then the fence refuses
+// the writes of proxies that know the old list (LT001), so no write misses
+// the new copy.
+func (c *Cluster) CopyReferences(ctx context.Context, store shardmap.ReferenceStore, tenant, node string) error {
+	refs, err := store.References(ctx, tenant)
+	if err != nil {
+		return err
+	}
+	for _, ref := range refs {
+		if ref.Holds(node) {
+			continue
+		}
+		if err := c.copyReference(ctx, store, ref, node); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (c *Cluster) copyReference(ctx context.Context, store shardmap.ReferenceStore, ref *shardmap.Reference, node string) error {
+	src, err := c.lockReference(ctx, ref.Tenant, ref.Name)
+	if err != nil {
+		return err
+	}
+	defer src.close(ctx)
+	var have []string
+	if err := src.tx.QueryRow(ctx, `SELECT nodes FROM `+referenceMeta+` WHERE name = $1 FOR UPDATE`, ref.Name).Scan(&have); err != nil {
+		return fmt.Errorf("pgshard: read the copies of reference table %s: %w", ref.Name, err)
+	}
+	// The catalog node's list is the one the fences check.
+	nodes := slices.Sorted(slices.Values(have))
+	if !slices.Contains(have, node) {
+		nodes = slices.Sorted(slices.Values(append(have, node)))
+		// A copy left by an attempt that failed before it was recorded is
+		// not known to be complete: build it again.
+		if err := c.dropCopies(ctx, ref.Tenant, ref.Name, []string{node}); err != nil {
+			return err
+		}
+		n, err := c.buildCopy(ctx, src, node, ref.Tenant)
+		if err != nil {
+			_ = c.dropCopies(ctx, ref.Tenant, ref.Name, []string{node})
+			return err
+		}
+		if _, err := src.tx.Exec(ctx, `UPDATE `+referenceMeta+` SET nodes = $2 WHERE name = $1`, ref.Name, nodes); err != nil {
+			return err
+		}
+		if err := src.tx.Commit(ctx); err != nil {
+			return err
+		}
+		c.log.Info("reference table copied to a node", "tenant", ref.Tenant, "table", ref.Name, "node", node, "rows", n)
+	}
+	grown := *ref
+	grown.Nodes = nodes
+	if err := store.PutReference(ctx, &grown, ref); err != nil {
+		return fmt.Errorf("pgshard: node %s has its copy of reference table %s, but the registry was not updated (writes are refused until it is): %w", node, ref.Name, err)
+	}
+	return nil
+}
+
+type referenceStore struct{ shardmap.ReferenceStore }
+
+// SetReferences makes CreateShard give a node its copies of the tenant's
+// reference tables before the node's first shard of a tree, so that a
+// join of the tree with a reference table finds the copy there.
+func (c *Cluster) SetReferences(store shardmap.ReferenceStore) {
+	c.refs.Store(&referenceStore{store})
+}
+
+func (c *Cluster) referencesFor(ctx context.Context, node, tenant string) error {
+	rs := c.refs.Load()
+	if rs == nil {
+		return nil
+	}
+	if err := c.CopyReferences(ctx, rs.ReferenceStore, tenant, node); err != nil {
+		return fmt.Errorf("pgshard: give node %s the reference tables of %s before a shard: %w", node, tenant, err)
+	}
+	return nil
+}

@@ -1,0 +1,90 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"slices"
+
+	"github.com/jackc/pgx/v5/pgproto3"
+
+	"github.com/lattice-db/lattice/pgshard"
+	"github.com/lattice-db/lattice/router"
+	"github.com/lattice-db/lattice/shardmap"
+	"github.com/lattice-db/lattice/sqlstate"
+)
+
+// Reference tables on the request path (docs/DESIGN.md, "Reference
+// tables"). A read of reference tables alone runs on one copy: the node of
+// the session's transaction when it holds the copies, else the catalog
+// node. A write (router.RefWrite) runs on every copy inside one
+// transaction across nodes, which the session's commit finishes by two-phase
+// commit; each copy's part first names the copies it writes
+// (pgshard.ReferenceNodesSQL) for the fence to check. The client sees the
+// catalog node's answer; the other copies' rows and tags are swallowed.
+
+// Reference lets the router plan joins of trees with reference tables.
+func (t viewTrees) Reference(name string) bool { return t.v.References[name] != nil }
+
+// referenceRead is the node a Catalog plan runs on: catalogTarget's,
+// unless that node lacks a copy of a reference table the plan reads.
+func (s *session) referenceRead(v *shardmap.View, p *router.Plan) string {
+	node := s.catalogTarget(p)
+	for _, name := range p.References {
+		if r := v.Reference(name); r == nil || !r.Holds(node) {
+			return s.srv.catalogNode
+		}
+	}
+	return node
+}
+
+// bindRefWrite binds a write of reference tables on every node that holds
+// them, in the session's transaction (an implicit one outside a block, even
+// on one node: the fence reads a SET LOCAL).
+func (s *session) bindRefWrite(ctx context.Context, v *shardmap.View, portal *clientPortal, m *pgproto3.Bind) bool {
+	p := portal.stmt.plan
+	r, err := router.Resolve(v, p, nil)
+	if err != nil {
+		s.fail(err)
+		return false
+	}
+	targets := slices.Clone(r.Targets)
+	// The catalog node's copy answers the client.
+	slices.SortStableFunc(targets, func(a, b router.Target) int {
+		switch {
+		case a.Node == s.srv.catalogNode && b.Node != s.srv.catalogNode:
+			return -1
+		case b.Node == s.srv.catalogNode && a.Node != s.srv.catalogNode:
+			return 1
+		}
+		return 0
+	})
+	set := pgshard.ReferenceNodesSQL(r.Nodes())
+	s.spanNodes(max(2, len(targets)))
+	portal.quiet = true
+	for i, t := range targets {
+		be, err := s.backend(ctx, t.Node)
+		if err != nil {
+			s.fail(unreachableCopy(p.References[0], t.Node, err))
+			return false
+		}
+		s.hiddenSQL(be, set)
+		part := &clientPortal{stmt: &clientStmt{sql: t.SQL, oids: portal.stmt.oids, epoch: portal.stmt.epoch}}
+		if !s.bindOn(ctx, part, t.Node, t.SQL, m, partPortal(m.DestinationPortal, i), i > 0) {
+			return false
+		}
+		portal.parts = append(portal.parts, part.parts...)
+	}
+	return true
+}
+
+// unreachableCopy explains a write of a reference table that cannot reach
+// one of its copies: it is refused whole rather than leave that copy behind.
+func unreachableCopy(table, node string, err error) error {
+	var se *sqlstate.Error
+	if errors.As(err, &se) && se.Code != sqlstate.ConnectionFailure && se.Code != sqlstate.SQLClientUnableToEstablishSQLConnection {
+		return err
+	}
+	e := sqlstate.New(sqlstate.ConnectionFailure, "cannot write reference table %q: node %s, which holds a copy, is out of reach: %v", table, node, err)
+	e.Hint = "A write of a reference table goes to every copy or to none; retry when the node is back, or remove the node (lattice_remove_node)."
+	return e
+}
