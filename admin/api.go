@@ -67,8 +67,6 @@ type API struct {
 	Nodes Noder
 	// Load reads the load signal (load.go); nil leaves the rates out.
 	Load shardmap.LoadReader
-	// TreeOps lists the running tree operations for the status; nil lists none.
-	TreeOps TreeOpLister
 }
 
 // ProxyInfo is the proxy serving the request.
@@ -97,8 +95,6 @@ type Status struct {
 	Proxy   ProxyInfo     `json:"proxy"`
 	Proxies []ProxyLease  `json:"proxies"`
 	Trees   []TreeSummary `json:"trees"`
-	// Operations are the running snapshots, merges and resizes.
-	Operations []TreeOpStatus `json:"operations"`
 }
 
 // TreeSummary is one tree.
@@ -116,6 +112,9 @@ type TreeSummary struct {
 	// Autonomic is what the tree's split monitor and healing did at their
 	// last pass, and why; left out when no proxy's pass stored one.
 	Autonomic *shardmap.AutonomicStatus `json:"autonomic,omitempty"`
+	// Operations are the tree operations (resize, snapshot, merge) that
+	// read or write the tree, left out when none runs.
+	Operations []TreeOpInfo `json:"operations,omitempty"`
 	// ShardList is set by GET /api/trees/{tree} only.
 	ShardList []ShardInfo `json:"shard_list,omitempty"`
 }
@@ -335,6 +334,9 @@ func (a *API) summaries(ctx context.Context, r *http.Request) ([]TreeSummary, er
 					return nil, err
 				}
 			}
+			if sum.Operations, err = a.treeOps(ctx, tenant, t.Name); err != nil {
+				return nil, err
+			}
 			out = append(out, sum)
 		}
 	}
@@ -356,15 +358,7 @@ func (a *API) status(ctx context.Context, r *http.Request) (int, any, error) {
 			info.EpochLag = max(info.EpochLag, t.Epoch-e)
 		}
 	}
-	running, err := a.Resharder.Running(ctx)
-	if err != nil {
-		return 0, nil, err
-	}
-	ops, err := a.operations(ctx, a.tenants(r, running))
-	if err != nil {
-		return 0, nil, err
-	}
-	return http.StatusOK, Status{Proxy: info, Proxies: proxies, Trees: trees, Operations: ops}, nil
+	return http.StatusOK, Status{Proxy: info, Proxies: proxies, Trees: trees}, nil
 }
 
 func (a *API) trees(ctx context.Context, r *http.Request) (int, any, error) {

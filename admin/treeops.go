@@ -3,44 +3,45 @@ package admin
 import (
 	"context"
 	"time"
+
+	"github.com/lattice-db/lattice/shardmap"
 )
 
-// TreeOpStatus is a running snapshot, merge or resize of a tree
-// (docs/DESIGN.md section 6a), as GET /api/status lists it.
-type TreeOpStatus struct {
+// TreeOpLister lists a tree's running tree operations (snapshot, merge,
+// resize; shardmap.TreeOps). A Catalog that implements it (the RedisStore
+// does) has them shown with each tree.
+type TreeOpLister interface {
+	TreeOps(ctx context.Context, tenant, tree string) ([]*shardmap.TreeOp, error)
+}
+
+// TreeOpInfo is one running tree operation of a tree, as its record holds it.
+type TreeOpInfo struct {
 	ID        string    `json:"id"`
-	Tenant    string    `json:"tenant"`
 	Kind      string    `json:"kind"`
 	Tree      string    `json:"tree"`
 	Target    string    `json:"target,omitempty"`
 	Phase     string    `json:"phase"`
 	RowsDone  int64     `json:"rows_done"`
 	RowsTotal int64     `json:"rows_total"`
-	StartedAt time.Time `json:"started_at"`
+	Started   time.Time `json:"started"`
 	LastError string    `json:"last_error,omitempty"`
 }
 
-// TreeOpLister lists the running tree operations of every tenant.
-type TreeOpLister func(ctx context.Context) ([]TreeOpStatus, error)
-
-// operations lists the running tree operations of the request's tenants;
-// none without a lister.
-func (a *API) operations(ctx context.Context, tenants []string) ([]TreeOpStatus, error) {
-	out := []TreeOpStatus{}
-	if a.TreeOps == nil {
-		return out, nil
+// treeOps lists the operations that read or write tree; none when the
+// catalog keeps no tree operations.
+func (a *API) treeOps(ctx context.Context, tenant, tree string) ([]TreeOpInfo, error) {
+	l, ok := a.Catalog.(TreeOpLister)
+	if !ok {
+		return nil, nil
 	}
-	ops, err := a.TreeOps(ctx)
+	ops, err := l.TreeOps(ctx, tenant, tree)
 	if err != nil {
 		return nil, err
 	}
+	var out []TreeOpInfo
 	for _, op := range ops {
-		for _, t := range tenants {
-			if op.Tenant == t {
-				out = append(out, op)
-				break
-			}
-		}
+		out = append(out, TreeOpInfo{ID: op.ID, Kind: string(op.Kind), Tree: op.Tree, Target: op.Target, Phase: op.Phase,
+			RowsDone: op.RowsDone, RowsTotal: op.RowsTotal, Started: op.Started, LastError: op.LastError})
 	}
 	return out, nil
 }

@@ -4,6 +4,9 @@
 // btree is the B+ structure; a shard may for a while hold rows of slots it
 // does not own (section 5). This package knows:
 //
+//   - the layout of a shard's B+ structure, as storage parameters (heap
+//     and btree fillfactor, btree deduplication), their bounds and the
+//     DDL that sets them (layout.go);
 //   - which rows of a shard belong to which virtual slot, as SQL: the slot
 //     expression per key type and predicates over sets of slots (slot.go);
 //   - how a scan reads each shard of a node so that it sees every row once,

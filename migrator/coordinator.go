@@ -228,7 +228,7 @@ func (c *Coordinator) tick(ctx context.Context, r *shardmap.Reshard) error {
 	distinct := m.DistinctShards()
 	free := c.opts.MaxConcurrentMigrations - len(flying)
 	if r.Grow {
-		if distinct >= r.Target && len(flying) == 0 {
+		if distinct >= r.Target && len(withoutResizes(flying)) == 0 {
 			return c.complete(ctx, u, r)
 		}
 		need := min(r.Target-distinct-unflipped(flying, shardmap.Split), free)
@@ -249,7 +249,7 @@ func (c *Coordinator) tick(ctx context.Context, r *shardmap.Reshard) error {
 		}
 		return nil
 	}
-	if distinct <= r.Target && len(flying) == 0 {
+	if distinct <= r.Target && len(withoutResizes(flying)) == 0 {
 		return c.complete(ctx, u, r)
 	}
 	if c.interlocks.SnapshotOrMergeRunning(ctx, r.Tenant, r.Tree) {
@@ -332,16 +332,19 @@ func foldPairs(m *shardmap.Map, flying []*shardmap.Migration, rows map[int]int64
 		spans = append(spans, span{idx, rg[0][0], rg[len(rg)-1][1]})
 	}
 	slices.SortFunc(spans, func(a, b span) int { return cmp.Compare(a.lo, b.lo) })
-	b := busy(flying)
+	b, fwd := foldBusy(flying)
 	var pairs []foldPair
 	for i := 0; i+1 < len(spans); i++ {
 		x, y := spans[i], spans[i+1]
-		if x.hi+1 != y.lo || b[x.idx] || b[y.idx] {
+		if x.hi+1 != y.lo || b[x.idx] || b[y.idx] || fwd[x.idx] && fwd[y.idx] {
 			continue
 		}
 		d, s := x.idx, y.idx
 		if rows[d] > rows[s] || rows[d] == rows[s] && d < s {
 			d, s = s, d
+		}
+		if fwd[s] {
+			d, s = s, d // a shard a resize forwards may only be the donor
 		}
 		pairs = append(pairs, foldPair{donor: d, survivor: s, cost: rows[x.idx] + rows[y.idx]})
 	}

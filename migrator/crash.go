@@ -21,10 +21,12 @@ import (
 // by it next). Never set it in production.
 var crashAt = os.Getenv("LATTICE_TEST_CRASH_AT")
 
-// holdAt, "point:path" (LATTICE_TEST_HOLD_AT, tests only), holds every run
-// that reaches point while path exists, after creating path.reached: a
-// test acts on the nodes there (the verification test corrupts a copied
-// row in the drain) and removes path to let the run go on.
+// holdAt, "point:path" (LATTICE_TEST_HOLD_AT, tests only; several
+// separated by commas), holds every run that reaches point while path
+// exists, after creating path.reached: a test acts on the nodes there (the
+// verification test corrupts a copied row in the drain) and removes path to
+// let the run go on. Point resize is a resize's, drained and not frozen yet
+// (it still only forwards its shard).
 var holdAt = os.Getenv("LATTICE_TEST_HOLD_AT")
 
 func crashPoint(point string) {
@@ -33,15 +35,17 @@ func crashPoint(point string) {
 		_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
 		select {} // the signal ends the process
 	}
-	if p, path, ok := strings.Cut(holdAt, ":"); ok && p == point {
-		if _, err := os.Stat(path); err == nil {
-			slog.Warn("LATTICE_TEST_HOLD_AT: holding the run", "point", point, "while", path)
-			_ = os.WriteFile(path+".reached", nil, 0o644)
-			for {
-				if _, err := os.Stat(path); err != nil {
-					return
+	for _, hold := range strings.Split(holdAt, ",") {
+		if p, path, ok := strings.Cut(hold, ":"); ok && p == point {
+			if _, err := os.Stat(path); err == nil {
+				slog.Warn("LATTICE_TEST_HOLD_AT: holding the run", "point", point, "while", path)
+				_ = os.WriteFile(path+".reached", nil, 0o644)
+				for {
+					if _, err := os.Stat(path); err != nil {
+						return
+					}
+					time.Sleep(50 * time.Millisecond)
 				}
-				time.Sleep(50 * time.Millisecond)
 			}
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"time"
 
+	"github.com/lattice-db/lattice/btreeindex"
 	"github.com/lattice-db/lattice/shardmap"
 )
 
@@ -58,10 +59,11 @@ type Event struct {
 	Slots     []int  `json:"slots,omitempty"`     // migration_verify_failed: the slots that differ
 
 	// Tree operation events (snapshot, merge, resize).
-	Operation  string `json:"operation,omitempty"`   // operation id
-	TargetTree string `json:"target_tree,omitempty"` // a snapshot's new tree, a merge's target
-	SourceTree string `json:"source_tree,omitempty"` // a merge's source (Tree is its target)
-	Rows       *int64 `json:"rows,omitempty"`        // rows copied, at completion
+	Operation  string             `json:"operation,omitempty"`   // operation id
+	TargetTree string             `json:"target_tree,omitempty"` // a snapshot's new tree, a merge's target
+	SourceTree string             `json:"source_tree,omitempty"` // a merge's source (Tree is its target)
+	Rows       *int64             `json:"rows,omitempty"`        // rows copied, at completion
+	Layout     *btreeindex.Layout `json:"layout,omitempty"`      // a resize's storage parameters
 }
 
 // eventTimeout bounds one notification: an event is never worth holding a

@@ -103,9 +103,9 @@ func (f *Functions) ArgType(fn string, pos int, name string) uint32 {
 		name = names[pos]
 	}
 	switch name {
-	case "shard_count", "slot_count", "shard":
+	case "shard_count", "slot_count", "shard", "fillfactor", "index_fillfactor":
 		return pgtype.Int4OID
-	case "repair", "value":
+	case "repair", "value", "deduplicate":
 		return pgtype.BoolOID
 	}
 	return pgtype.TextOID
@@ -174,6 +174,9 @@ func (f *Functions) Call(ctx context.Context, tenant, name string, args []*strin
 		return rows, err
 	}
 	if rows, ok, err := f.callSnapshot(ctx, tenant, name, args, named); ok {
+		return rows, err
+	}
+	if rows, ok, err := f.callResize(ctx, tenant, name, args, named); ok {
 		return rows, err
 	}
 	return nil, sqlstate.New(sqlstate.UndefinedFunction, "function %s does not exist", name)

@@ -69,8 +69,8 @@ const foldHoldPoll = 500 * time.Millisecond
 // drops the donor. A snapshot or merge reads the shards it recorded when it
 // started, and a fold that went on would retire one under it.
 func (r *Runner) holdFold(ctx context.Context, t *shardmap.Tree, mig *shardmap.Migration, sh Stream) error {
-	if mig.Kind != shardmap.Fold {
-		return nil
+	if mig.Kind != shardmap.Fold && mig.Kind != shardmap.Resize {
+		return nil // a resize retires its source as a fold does
 	}
 	held := false
 	for r.interlocks.HoldFold(ctx, mig.Tenant, mig.Tree) {

@@ -23,6 +23,7 @@ type Metrics struct {
 	Verifications           *prometheus.CounterVec   // tree, tenant, outcome (passed, failed, unverified, repaired)
 	VerifySeconds           *prometheus.HistogramVec // tree, tenant: time of each move's comparison
 	VerifyRows              *prometheus.CounterVec   // tree, tenant: rows compared
+	resizeMetrics
 
 	lagMu sync.Mutex
 	lags  map[[2]string]map[string]int64 // tenant, tree -> migration id -> lag
@@ -89,6 +90,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, tt),
 		lags: map[[2]string]map[string]int64{},
 	}
+	m.resizeMetrics = newResizeMetrics(reg)
 	if reg != nil {
 		reg.MustRegister(m.ReshardInitiated, m.ReshardCompleted, m.ReshardRejected, m.ReshardInFlight,
 			m.ConsolidationsCommitted, m.CoordinatorCompleted, m.RowsCopied, m.BytesCopied, m.FreezeSeconds,

@@ -242,6 +242,9 @@ func (r *Runner) startFold(ctx context.Context, t *shardmap.Tree, donor, survivo
 		return nil, err
 	}
 	for _, o := range migs {
+		if forwarding(o, donor) {
+			continue // a resize is not waited for (resize.go)
+		}
 		if o.Phase != shardmap.PhaseDone && (o.Target == donor || o.Target == survivor || o.Source == donor || o.Source == survivor) {
 			return nil, fmt.Errorf("%w: shard %d or %d is part of migration %s", ErrBusy, donor, survivor, o.ID)
 		}
@@ -293,6 +296,12 @@ func (r *Runner) Run(ctx context.Context, mig *shardmap.Migration) error {
 	log.Info("migration run", "phase", mig.Phase, "tables", u.names())
 	t := u.lead
 	r.forgetReserved(t)
+	if gone, err := r.resizeSourceGone(ctx, mig); err != nil || gone {
+		if err != nil {
+			return err
+		}
+		return r.abandonResize(ctx, u, mig)
+	}
 	var sh Stream
 	defer func() {
 		if sh != nil {
@@ -304,7 +313,10 @@ func (r *Runner) Run(ctx context.Context, mig *shardmap.Migration) error {
 	for {
 		switch mig.Phase {
 		case shardmap.PhasePrepare:
-			if err := r.prepare(ctx, u, mig); err != nil {
+			if err := r.prepare(ctx, u, mig); errors.Is(err, errFoldYields) {
+				log.Info("fold dropped before it began: a resize froze its donor", "err", err)
+				return r.store.DeleteMigration(ctx, mig.Tenant, mig.Tree, mig.ID)
+			} else if err != nil {
 				return err
 			}
 			if err := r.setPhase(ctx, mig, shardmap.PhaseCopy); err != nil {
@@ -332,6 +344,9 @@ func (r *Runner) Run(ctx context.Context, mig *shardmap.Migration) error {
 			}
 			if err := r.drainQuiet(ctx, t, mig, sh); err != nil {
 				return err
+			}
+			if mig.Kind == shardmap.Resize {
+				r.crash("resize")
 			}
 			if err := r.setPhase(ctx, mig, shardmap.PhaseFreeze); err != nil {
 				return err
@@ -361,6 +376,11 @@ func (r *Runner) Run(ctx context.Context, mig *shardmap.Migration) error {
 				continue
 			}
 			ok, err := r.freezeAndFlip(ctx, u, mig, sh, log)
+			if errors.Is(err, errSourceGone) {
+				_ = sh.Stop()
+				sh = nil
+				return r.abandonResize(ctx, u, mig)
+			}
 			if err != nil {
 				return err
 			}
@@ -426,7 +446,7 @@ func (r *Runner) prepare(ctx context.Context, u unit, mig *shardmap.Migration) e
 	if mig.Kind == shardmap.Move {
 		return r.prepareMove(ctx, u, mig)
 	}
-	if mig.Kind == shardmap.Split {
+	if mig.Kind == shardmap.Split || mig.Kind == shardmap.Resize {
 		m, err := r.store.Map(ctx, t.Tenant, t.MapName())
 		if err != nil {
 			return err
@@ -439,6 +459,9 @@ func (r *Runner) prepare(ctx context.Context, u unit, mig *shardmap.Migration) e
 		s := m.Shards[mig.Target]
 		if s.Mixed {
 			return false, nil
+		}
+		if err := foldMayStart(m, mig); err != nil {
+			return false, err
 		}
 		s.Mixed = true
 		m.Shards[mig.Target] = s
@@ -636,9 +659,16 @@ func (r *Runner) freezeAndFlip(ctx context.Context, u unit, mig *shardmap.Migrat
 		// from then on the proxies hold statements for the slots. Earlier
 		// attempts (a concurrent migration changed the map) froze nothing.
 		start = time.Now()
+		if err := r.mayFreeze(ctx, m, mig); err != nil {
+			return false, err
+		}
 		m.Frozen = append(m.Frozen, mig.Slots...)
 		return true, nil
 	})
+	if errors.Is(err, errResizeYields) {
+		mig.LastError = err.Error()
+		return false, nil
+	}
 	if err != nil {
 		return false, err
 	}
@@ -843,11 +873,27 @@ func (r *Runner) release(ctx context.Context, u unit, mig *shardmap.Migration) e
 	if mig.Kind == shardmap.Move {
 		return r.releaseMove(ctx, u, m, mig)
 	}
-	if mig.Kind == shardmap.Fold {
-		if m.SlotCounts()[mig.Source] > 0 {
-			r.log.Warn("fold donor still owns slots; keeping its storage", "migration", mig.ID, "donor", mig.Source)
-		} else if err := u.each(func(t *shardmap.Tree) error { return r.cluster.DropShard(ctx, t, mig.Source, mig.SourceNode) }); err != nil {
+	if mig.Kind == shardmap.Fold || mig.Kind == shardmap.Resize {
+		fwd, err := r.forwardingResize(ctx, mig, mig.Source)
+		switch {
+		case err != nil:
 			return err
+		case m.SlotCounts()[mig.Source] > 0:
+			r.log.Warn("fold donor still owns slots; keeping its storage", "migration", mig.ID, "donor", mig.Source)
+		case fwd != nil:
+			// A resize is not waited for: the donor refuses retirement
+			// and keeps its storage, which the resize drops once it has
+			// given the shard up (abandonResize).
+			r.log.Warn("fold donor is forwarded by a resize; it keeps its storage and the fold completes routing-only",
+				"migration", mig.ID, "donor", mig.Source, "resize", fwd.ID)
+			r.metrics.RoutingOnlyFolds.WithLabelValues(mig.Tree, mig.Tenant, ReasonResizeInFlight).Inc()
+		default:
+			if err := u.each(func(t *shardmap.Tree) error { return r.cluster.DropShard(ctx, t, mig.Source, mig.SourceNode) }); err != nil {
+				return err
+			}
+		}
+		if mig.Kind == shardmap.Resize {
+			r.metrics.ResizeShards.WithLabelValues(mig.Tree, mig.Tenant, "resized").Inc()
 		}
 		return r.dropFences(ctx, u, mig, false)
 	}

@@ -463,7 +463,7 @@ func (rc *recovery) finish(ctx context.Context, t *shardmap.Tree, mv pgshard.Mov
 		return err
 	}
 	src := shards[mv.Source]
-	if mig.Kind == shardmap.Fold {
+	if mig.Kind == shardmap.Fold || mig.Kind == shardmap.Resize {
 		if src != nil && len(src.slots) == 0 {
 			if err := rc.cluster.DropShard(ctx, t, mv.Source, mv.SourceNode); err != nil {
 				return err

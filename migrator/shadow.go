@@ -31,10 +31,14 @@ type ShadowSpec struct {
 	Source    int    // shard index of the source table
 	Target    int    // shard index of the target table
 	Slots     [][2]int
-	// Whole says the source table holds rows of Slots only (a move, which
-	// takes an unmixed shard with all its slots), so the copy reads the
+	// Whole says the source table holds rows of Slots only (a move or a
+	// resize, which takes an unmixed shard with all its slots), so the copy reads the
 	// table without the slot filter.
 	Whole bool
+	// Reindex rebuilds the target's indexes in the copy's transaction (a
+	// resize): a btree index filled row by row splits its pages half and
+	// half whatever its fillfactor, a built one packs them to it.
+	Reindex bool
 	// Members are the tables the copy moves when Tree is in a colocation
 	// group: every member, Tree among them, in one publication, one
 	// replication slot and one snapshot, a COPY each in one target
@@ -263,6 +267,13 @@ func (sh *Shadow) copyRows(ctx context.Context, src *pgx.Conn, snapshot string, 
 			return 0, 0, err
 		}
 		rows, bytes = rows+n, bytes+b
+	}
+	if sp.Reindex {
+		for _, t := range sp.trees() {
+			if _, err := tx.Exec(ctx, "REINDEX TABLE "+pgshard.ShardTable(t, sp.Target)); err != nil {
+				return 0, 0, fmt.Errorf("migrator: rebuild the indexes of %s on the target: %w", t.Name, err)
+			}
+		}
 	}
 	if _, err := tx.Exec(ctx, "INSERT INTO "+progressTable(sp.Target)+" (migration, applied_lsn, rows_copied) VALUES ($1, $2::pg_lsn, $3)",
 		sp.ID, start.String(), rows); err != nil {

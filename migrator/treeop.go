@@ -216,4 +216,7 @@ func (r *TreeOpRunner) keepLease(ctx context.Context, cancel context.CancelFunc,
 // SetTreeOps gives the functions the runner of tree operations, which
 // lattice_snapshot, lattice_merge and lattice_resize record theirs with
 // and register their handlers on.
-func (f *Functions) SetTreeOps(r *TreeOpRunner) { f.ops = r }
+func (f *Functions) SetTreeOps(r *TreeOpRunner) {
+	f.ops = r
+	r.Handle(shardmap.OpResize, f.runResize)
+}

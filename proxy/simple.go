@@ -421,6 +421,28 @@ func literalPtr(v router.Value) *string {
 	return &t
 }
 
+// repinReady lets lattice_reshard's empty-tree re-pin get this proxy's
+// acknowledgement of the map it freezes: the views this session holds
+// would hold it back past the re-pin's budget, and the tree would read as
+// not empty. What the round queued before the call is played first (an
+// extended batch), so no statement planned on those views runs after
+// them; false when that failed (the error is queued).
+func (s *session) repinReady() bool {
+	if len(s.x.steps) > 0 && !s.simple {
+		if err := s.flushBatch(); err != nil {
+			s.fail(err)
+			return false
+		}
+		if s.skipping {
+			return false
+		}
+	}
+	if len(s.x.steps) == 0 {
+		s.releaseViews()
+	}
+	return true
+}
+
 // callFunction runs a lattice_* function and queues its result; in the
 // simple protocol its RowDescription comes first.
 func (s *session) callFunction(ctx context.Context, f *router.FuncCall, args []*string, named map[string]*string, resultFmt []int16) {
@@ -434,6 +456,9 @@ func (s *session) callFunction(ctx context.Context, f *router.FuncCall, args []*
 	}
 	if err != nil {
 		s.fail(err)
+		return
+	}
+	if f.Name == "lattice_reshard" && !s.repinReady() {
 		return
 	}
 	rows, err := s.srv.functions.Call(ctx, s.tenant, f.Name, args, named)

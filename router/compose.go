@@ -39,8 +39,9 @@ var composable = map[string]bool{
 	"lattice_rebalance_complete": true,
 	"lattice_drain_complete":     true,
 	// Merging's.
-	"lattice_merge_status":   false,
-	"lattice_merge_complete": true,
+	"lattice_merge_status":    false,
+	"lattice_merge_complete":  true,
+	"lattice_resize_complete": true,
 	// Only without repair => true, which deletes rows (repairs).
 	"lattice_verify": false,
 	// Snapshots' read-only functions.
@@ -58,7 +59,8 @@ var changing = map[string]bool{
 	"lattice_repair_migration": true, "lattice_set_tree_option": true,
 	"lattice_snapshot":               true,
 	"lattice_create_reference_table": true, "lattice_undistribute_table": true,
-	"lattice_merge": true,
+	"lattice_merge":  true,
+	"lattice_resize": true,
 	// lattice_verify gets here only when it repairs.
 	"lattice_verify": true,
 }

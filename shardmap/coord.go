@@ -23,6 +23,10 @@ const (
 	Split MigrationKind = "split" // moves some slots of Source to a new shard Target
 	Fold  MigrationKind = "fold"  // moves every slot of Source (the donor) into Target (the survivor)
 	Move  MigrationKind = "move"  // moves shard Source, slots and index unchanged, to TargetNode; Target == Source
+	// Resize rewrites shard Source into a new shard Target on the same
+	// node, created with the tree's current layout (lattice_resize): every
+	// slot of Source moves, and Source retires as a fold's donor does.
+	Resize MigrationKind = "resize"
 )
 
 // MigrationPhase is where a migration is in docs/DESIGN.md section 5's pipeline.

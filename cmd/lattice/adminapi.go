@@ -42,18 +42,6 @@ func newAdminAPI(cfg serveConfig, id string, store *shardmap.RedisStore, cache *
 		Sizes:     admin.NewSizeCache(sizes, sizeCacheTTL, sizeFetchTimeout, log),
 		Log:       log,
 		Load:      store,
-		TreeOps: func(ctx context.Context) ([]admin.TreeOpStatus, error) {
-			ops, err := store.AllTreeOps(ctx)
-			if err != nil {
-				return nil, err
-			}
-			out := make([]admin.TreeOpStatus, len(ops))
-			for i, op := range ops {
-				out[i] = admin.TreeOpStatus{ID: op.ID, Tenant: op.Tenant, Kind: string(op.Kind), Tree: op.Tree, Target: op.Target,
-					Phase: op.Phase, RowsDone: op.RowsDone, RowsTotal: op.RowsTotal, StartedAt: op.Started, LastError: op.LastError}
-			}
-			return out, nil
-		},
 	}
 }
 

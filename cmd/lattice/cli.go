@@ -246,18 +246,6 @@ func (c *cli) printStatus(st admin.Status) {
 		fmt.Fprintf(c.out, "  %s  lease until %s\n", l.ID, l.LeaseExpires.UTC().Format(time.RFC3339))
 	}
 	fmt.Fprintln(c.out)
-	if len(st.Operations) > 0 {
-		fmt.Fprintf(c.out, "tree operations: %d\n", len(st.Operations))
-		for _, op := range st.Operations {
-			target := ""
-			if op.Target != "" {
-				target = " -> " + op.Target
-			}
-			fmt.Fprintf(c.out, "  %s %s/%s%s: %s, %d of %d rows, since %s\n", op.Kind, op.Tenant, op.Tree, target, op.Phase,
-				op.RowsDone, op.RowsTotal, op.StartedAt.UTC().Format(time.RFC3339))
-		}
-		fmt.Fprintln(c.out)
-	}
 	if len(st.Trees) == 0 {
 		fmt.Fprintln(c.out, "no trees")
 		return
@@ -268,6 +256,12 @@ func (c *cli) printStatus(st admin.Status) {
 		fmt.Fprintf(tw, "%s\t%s\t%s (%s)\t%d\t%d\t%d\t%s\n", t.Tenant, t.Name, t.Key, t.KeyType, t.Shards, t.Slots, t.Epoch, reshardSummary(t.Reshard))
 	}
 	tw.Flush()
+	for _, t := range st.Trees {
+		for _, op := range t.Operations {
+			fmt.Fprintf(c.out, "%s %s of %s/%s: phase %s, %d of %d rows, running since %s\n", op.Kind, op.ID, t.Tenant, op.Tree, op.Phase,
+				op.RowsDone, op.RowsTotal, op.Started.UTC().Format(time.RFC3339))
+		}
+	}
 }
 
 func reshardSummary(r *admin.ReshardStatus) string {
