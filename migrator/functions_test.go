@@ -13,7 +13,7 @@ import (
 func TestComposableSignatures(t *testing.T) {
 	changes := map[string]bool{"lattice_create_tree": true, "lattice_reshard": true, "lattice_add_node": true, "lattice_remove_node": true,
 		"lattice_move_shard": true, "lattice_rebalance": true, "lattice_drain_node": true,
-		"lattice_repair_migration": true}
+		"lattice_repair_migration": true, "lattice_create_reference_table": true, "lattice_undistribute_table": true}
 	for name, sig := range signatures {
 		ok, value := router.Composable(name)
 		switch {

@@ -128,7 +128,6 @@ type clientPortal struct {
 	fan   *fanOut
 	parts []portalPart
 	bind  *pgproto3.Bind // a Single plan's Bind, kept to route it again after LT001
-	quiet bool           // only the first part's answer reaches the client (a write of reference tables)
 }
 
 // splitState accumulates the parts of a statement split across shards: a
