@@ -25,6 +25,7 @@ func (f *fakeInterlocks) ResizeInFlight(context.Context, string, string) bool { 
 func (f *fakeInterlocks) SnapshotOrMergeRunning(context.Context, string, string) bool {
 	return f.snapshot
 }
+func (f *fakeInterlocks) HoldFold(context.Context, string, string) bool { return false }
 
 type reshardEnv struct {
 	t       *testing.T

@@ -40,22 +40,27 @@ func (o CoordinatorOptions) withDefaults() CoordinatorOptions {
 	return o
 }
 
-// Interlocks are the hooks for tree operations Lattice does not have yet
-// (online resize, snapshot, merge). The coordinator asks them the
-// specification's questions; NoInterlocks answers no to all.
+// Interlocks are the hooks for the tree operations that share a tree with
+// its reshards (online resize, snapshot, merge). The coordinator and the
+// fold path ask them the specification's questions; TreeOpInterlocks
+// answers from the recorded operations, NoInterlocks no to all.
 type Interlocks interface {
 	// ResizeInFlight: a resize runs on the tree, so a reshard that needs a
 	// migration is refused.
 	ResizeInFlight(ctx context.Context, tenant, tree string) bool
 	// SnapshotOrMergeRunning: a shrink starts no fold while one runs.
 	SnapshotOrMergeRunning(ctx context.Context, tenant, tree string) bool
+	// HoldFold: a fold's final step (its freeze and flip) and the release
+	// of its donor wait while it answers yes.
+	HoldFold(ctx context.Context, tenant, tree string) bool
 }
 
-// NoInterlocks is the Interlocks of a build without resize, snapshot or merge.
+// NoInterlocks answers no to every interlock (tests without tree operations).
 type NoInterlocks struct{}
 
 func (NoInterlocks) ResizeInFlight(context.Context, string, string) bool         { return false }
 func (NoInterlocks) SnapshotOrMergeRunning(context.Context, string, string) bool { return false }
+func (NoInterlocks) HoldFold(context.Context, string, string) bool               { return false }
 
 // Reshard phases as stored in the intent.
 const (
@@ -87,6 +92,7 @@ func NewCoordinator(id string, runner *Runner, opts CoordinatorOptions, interloc
 	if interlocks == nil {
 		interlocks = NoInterlocks{}
 	}
+	runner.interlocks = interlocks
 	return &Coordinator{id: id, runner: runner, cluster: runner.cluster, store: runner.store, opts: opts.withDefaults(),
 		metrics: runner.metrics, interlocks: interlocks, log: runner.log, running: map[string]bool{},
 		wake: make(chan struct{}, 1)}

@@ -488,6 +488,8 @@ type phaseStore struct {
 	Store
 	mu     sync.Mutex
 	phases []shardmap.MigrationPhase
+	// onPhase, if set, is called after each phase is stored.
+	onPhase func(shardmap.MigrationPhase)
 }
 
 func (s *phaseStore) PutMigration(ctx context.Context, m *shardmap.Migration) error {
@@ -496,7 +498,13 @@ func (s *phaseStore) PutMigration(ctx context.Context, m *shardmap.Migration) er
 		s.phases = append(s.phases, m.Phase)
 	}
 	s.mu.Unlock()
-	return s.Store.PutMigration(ctx, m)
+	if err := s.Store.PutMigration(ctx, m); err != nil {
+		return err
+	}
+	if s.onPhase != nil {
+		s.onPhase(m.Phase)
+	}
+	return nil
 }
 
 func (s *phaseStore) recorded() []shardmap.MigrationPhase {

@@ -26,6 +26,7 @@ type Functions struct {
 	cache   *shardmap.Cache
 	coord   *Coordinator
 	nodes   *NodeAdmin // nil until SetNodeAdmin
+	ops     *TreeOpRunner
 }
 
 // NewFunctions wires the functions to the nodes, the map store, the

@@ -64,6 +64,7 @@ type Store interface {
 	shardmap.Coordination
 	shardmap.Intents
 	shardmap.Draining
+	shardmap.TreeOps
 }
 
 // Runner drives migrations through docs/DESIGN.md section 5's pipeline. Every phase
@@ -78,6 +79,8 @@ type Runner struct {
 	// clusterID names the presence sessions this deployment's proxies hold.
 	clusterID clusterID
 	reserved  reservations
+	// interlocks hold a fold's final step (NewCoordinator sets them).
+	interlocks Interlocks
 	// crash is called at each LATTICE_TEST_CRASH_AT point (crashPoint);
 	// the unit tests stop a run there instead of killing the process.
 	crash func(point string)
@@ -101,7 +104,8 @@ func newRunner(nodes Nodes, store Store, opts Options, metrics *Metrics, log *sl
 	if metrics == nil {
 		metrics = NewMetrics(nil)
 	}
-	return &Runner{cluster: nodes, store: store, log: log, opts: opts.withDefaults(), metrics: metrics, crash: crashPoint}
+	return &Runner{cluster: nodes, store: store, log: log, opts: opts.withDefaults(), metrics: metrics, crash: crashPoint,
+		interlocks: NoInterlocks{}}
 }
 
 func newID() string {
@@ -294,6 +298,9 @@ func (r *Runner) Run(ctx context.Context, mig *shardmap.Migration) error {
 				}
 			}
 			r.crash("drain")
+			if err := r.holdFold(ctx, t, mig, sh); err != nil {
+				return err
+			}
 			if err := r.drainQuiet(ctx, t, mig, sh); err != nil {
 				return err
 			}
@@ -353,6 +360,9 @@ func (r *Runner) Run(ctx context.Context, mig *shardmap.Migration) error {
 			log.Warn("migration waits for lattice_repair_migration: its verification failed", "error", mig.LastError)
 			return nil
 		case shardmap.PhaseRelease:
+			if err := r.holdFold(ctx, t, mig, nil); err != nil {
+				return err
+			}
 			if err := r.thawSlots(ctx, t, repairedSlots(mig)); err != nil {
 				return err
 			}

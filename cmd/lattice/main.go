@@ -367,7 +367,8 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, ready func(pg
 	proxyID := newProxyID()
 	metrics := migrator.NewMetrics(adm.Registry)
 	runner := migrator.NewRunner(cluster, store, cfg.Migration, metrics, log)
-	coord := migrator.NewCoordinator(proxyID, runner, cfg.Reshard, nil)
+	coord := migrator.NewCoordinator(proxyID, runner, cfg.Reshard, migrator.TreeOpInterlocks{Store: store, Log: log})
+	treeOps := migrator.NewTreeOpRunner(proxyID, store, cfg.Reshard, log)
 	reg := shardmap.NewRegistration(proxyID, store, cache, cfg.ProxyLease, 0, log)
 	deployment, err := store.ClusterID(ctx)
 	if err != nil {
@@ -400,9 +401,11 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, ready func(pg
 			defer bg.Done()
 			coord.Run(bgCtx)
 		}()
+		bg.Go(func() { treeOps.Run(bgCtx) })
 	}
 
 	fns := migrator.NewFunctions(cluster, store, cache, coord)
+	fns.SetTreeOps(treeOps)
 	cluster.SetReferences(store) // a node gets the reference tables before its first shard
 	fns.SetNodeAdmin(migrator.NodeAdmin{Registry: store, Watch: nodeWatch, Requirements: pgshard.NodeRequirements{
 		FreeSlots:            max(1, cfg.Reshard.MaxConcurrentMigrations),

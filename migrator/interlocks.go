@@ -1,0 +1,96 @@
+package migrator
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/lattice-db/lattice/shardmap"
+)
+
+// TreeOpInterlocks answers the coordinator's interlock questions from the
+// tree operations recorded in the store (shardmap.TreeOp): the
+// specification's rules, as docs/DESIGN.md section 6a states them.
+type TreeOpInterlocks struct {
+	Store shardmap.TreeOps
+	Log   *slog.Logger
+}
+
+var _ Interlocks = TreeOpInterlocks{}
+
+// running reports whether a recorded operation matches. A store that cannot
+// be read answers yes: a fold held or a reshard refused for a tick is
+// retried, a donor released under a snapshot is not.
+func (i TreeOpInterlocks) running(ctx context.Context, tenant, tree string, match func(*shardmap.TreeOp) bool) bool {
+	ops, err := i.Store.TreeOps(ctx, tenant, tree)
+	if err != nil {
+		if i.Log != nil {
+			i.Log.Warn("interlocks: tree operations not read; answering that one runs", "tree", tree, "tenant", tenant, "err", err)
+		}
+		return true
+	}
+	for _, op := range ops {
+		if match(op) {
+			return true
+		}
+	}
+	return false
+}
+
+// ResizeInFlight implements Interlocks: a resize of the tree is recorded.
+func (i TreeOpInterlocks) ResizeInFlight(ctx context.Context, tenant, tree string) bool {
+	return i.running(ctx, tenant, tree, func(op *shardmap.TreeOp) bool {
+		return op.Kind == shardmap.OpResize && op.Tree == tree
+	})
+}
+
+// SnapshotOrMergeRunning implements Interlocks: a snapshot of the tree, or
+// a merge into it, is recorded. Those read the shards they recorded when
+// they started. A merge from the tree does not count: it notices a source
+// shard a fold retired and drains the source again (the specification's
+// second rule).
+func (i TreeOpInterlocks) SnapshotOrMergeRunning(ctx context.Context, tenant, tree string) bool {
+	return i.running(ctx, tenant, tree, func(op *shardmap.TreeOp) bool {
+		return op.Kind == shardmap.OpSnapshot && op.Tree == tree || op.Kind == shardmap.OpMerge && op.Target == tree
+	})
+}
+
+// HoldFold implements Interlocks: the same operations hold a fold's final
+// step and the release of its donor.
+func (i TreeOpInterlocks) HoldFold(ctx context.Context, tenant, tree string) bool {
+	return i.SnapshotOrMergeRunning(ctx, tenant, tree)
+}
+
+// foldHoldPoll is how often a held fold asks its interlocks again.
+const foldHoldPoll = 500 * time.Millisecond
+
+// holdFold waits while the interlocks hold a fold's final step: before its
+// freeze (draining meanwhile, when sh is its stream) and before its release
+// drops the donor. A snapshot or merge reads the shards it recorded when it
+// started, and a fold that went on would retire one under it.
+func (r *Runner) holdFold(ctx context.Context, t *shardmap.Tree, mig *shardmap.Migration, sh Stream) error {
+	if mig.Kind != shardmap.Fold {
+		return nil
+	}
+	held := false
+	for r.interlocks.HoldFold(ctx, mig.Tenant, mig.Tree) {
+		if !held {
+			r.log.Info("fold held: a snapshot of the tree or a merge into it runs", "migration", mig.ID, "tree", mig.Tree, "phase", mig.Phase)
+			held = true
+		}
+		if sh != nil {
+			if err := r.drain(ctx, t, mig, sh); err != nil {
+				return err
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(foldHoldPoll):
+		}
+	}
+	if held {
+		r.log.Info("fold goes on: nothing holds it any more", "migration", mig.ID, "tree", mig.Tree)
+	}
+	return nil
+}
