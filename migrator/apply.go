@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgproto3"
 
 	"github.com/lattice-db/lattice/pgshard"
+	"github.com/lattice-db/lattice/shardmap"
 )
 
 // Apply batching: a batch is one pipelined round trip and one target
@@ -31,6 +32,7 @@ const (
 
 // relation is the target-side SQL for one published source relation.
 type relation struct {
+	table  string // the target shard table
 	cols   []string
 	keyIdx []int // positions of the primary key columns in cols
 	insert string
@@ -170,7 +172,11 @@ func (sh *Shadow) applyLoop(ctx context.Context) error {
 			}
 			switch m := lm.(type) {
 			case *pglogrepl.RelationMessage:
-				relations[m.RelationID] = sh.relation(m)
+				r, err := sh.relation(m)
+				if err != nil {
+					return err
+				}
+				relations[m.RelationID] = r
 			case *pglogrepl.BeginMessage:
 				// A transaction that ends at or before the applied position
 				// was applied before a restart.
@@ -270,10 +276,16 @@ func (sh *Shadow) sendStatus(ctx context.Context, reply bool) error {
 	return nil
 }
 
-func (sh *Shadow) relation(m *pglogrepl.RelationMessage) *relation {
-	r := &relation{}
+// relation maps a published source table to its target table: the table
+// of the same name (the tree's) in the target's schema.
+func (sh *Shadow) relation(m *pglogrepl.RelationMessage) (*relation, error) {
+	st := sh.tables[m.RelationName]
+	if st == nil || m.Namespace != shardmap.SchemaName(sh.spec.Source) {
+		return nil, fmt.Errorf("migrator: the stream carries %s.%s, which the shadow copy %s does not move", m.Namespace, m.RelationName, sh.spec.ID)
+	}
+	r := &relation{table: pgshard.ShardTable(st.tree, sh.spec.Target)}
 	isKey := map[string]bool{}
-	for _, k := range sh.pkey {
+	for _, k := range st.pkey {
 		isKey[k] = true
 	}
 	var sets []string
@@ -290,9 +302,9 @@ func (sh *Shadow) relation(m *pglogrepl.RelationMessage) *relation {
 	if len(sets) > 0 {
 		conflict = " DO UPDATE SET " + strings.Join(sets, ", ")
 	}
-	r.insert = "INSERT INTO " + pgshard.ShardTable(sh.spec.Tree, sh.spec.Target) + " (" + quoteAll(r.cols) + ") VALUES (" +
-		placeholders(1, len(r.cols)) + ") ON CONFLICT (" + quoteAll(sh.pkey) + ")" + conflict
-	return r
+	r.insert = "INSERT INTO " + r.table + " (" + quoteAll(r.cols) + ") VALUES (" +
+		placeholders(1, len(r.cols)) + ") ON CONFLICT (" + quoteAll(st.pkey) + ")" + conflict
+	return r, nil
 }
 
 func placeholders(from, n int) string {
@@ -385,7 +397,7 @@ func (sh *Shadow) updateChanges(b *applyBatch, relations map[uint32]*relation, m
 		return err
 	}
 	b.add(change{
-		sql:  "UPDATE " + pgshard.ShardTable(sh.spec.Tree, sh.spec.Target) + " SET " + strings.Join(sets, ", ") + " WHERE " + cond,
+		sql:  "UPDATE " + r.table + " SET " + strings.Join(sets, ", ") + " WHERE " + cond,
 		args: append(args, keyArgs...),
 	})
 	return nil
@@ -400,5 +412,5 @@ func (sh *Shadow) deleteChange(relations map[uint32]*relation, id uint32, old *p
 	if err != nil {
 		return change{}, err
 	}
-	return change{sql: "DELETE FROM " + pgshard.ShardTable(sh.spec.Tree, sh.spec.Target) + " WHERE " + cond, args: args}, nil
+	return change{sql: "DELETE FROM " + r.table + " WHERE " + cond, args: args}, nil
 }

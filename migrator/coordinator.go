@@ -189,10 +189,11 @@ func (c *Coordinator) tick(ctx context.Context, r *shardmap.Reshard) error {
 	if r.Kind != shardmap.IntentReshard {
 		return c.tickRebalance(ctx, r)
 	}
-	t, err := c.store.Tree(ctx, r.Tenant, r.Tree)
+	u, err := c.runner.unitOf(ctx, r.Tenant, r.Tree) // r.Tree names the map: a colocation group reshards as one
 	if err != nil {
 		return err
 	}
+	t := u.lead
 	// The migrations are read before the map: a migration that flips
 	// between the two reads is then counted both as flipped (in the map)
 	// and as still to flip, which only delays the plan by a tick. In the
@@ -224,7 +225,7 @@ func (c *Coordinator) tick(ctx context.Context, r *shardmap.Reshard) error {
 	free := c.opts.MaxConcurrentMigrations - len(flying)
 	if r.Grow {
 		if distinct >= r.Target && len(flying) == 0 {
-			return c.complete(ctx, t, r)
+			return c.complete(ctx, u, r)
 		}
 		need := min(r.Target-distinct-unflipped(flying, shardmap.Split), free)
 		for _, src := range splitSources(m, flying) {
@@ -241,7 +242,7 @@ func (c *Coordinator) tick(ctx context.Context, r *shardmap.Reshard) error {
 		return nil
 	}
 	if distinct <= r.Target && len(flying) == 0 {
-		return c.complete(ctx, t, r)
+		return c.complete(ctx, u, r)
 	}
 	if c.interlocks.SnapshotOrMergeRunning(ctx, r.Tenant, r.Tree) {
 		return nil
@@ -250,7 +251,7 @@ func (c *Coordinator) tick(ctx context.Context, r *shardmap.Reshard) error {
 	if need <= 0 {
 		return nil
 	}
-	rows, err := c.cluster.TreeRowCount(ctx, t, m)
+	rows, err := c.runner.rowCounts(ctx, u, m)
 	if err != nil {
 		return err
 	}
@@ -396,24 +397,27 @@ func (c *Coordinator) storedMigration(ctx context.Context, mig *shardmap.Migrati
 
 // complete re-pins the registry's shard count, clears the intent, counts
 // the completion and gives the lease up.
-func (c *Coordinator) complete(ctx context.Context, t *shardmap.Tree, r *shardmap.Reshard) error {
+func (c *Coordinator) complete(ctx context.Context, u unit, r *shardmap.Reshard) error {
+	t := u.lead
 	m, err := c.store.Map(ctx, t.Tenant, t.MapName())
 	if err != nil {
 		return err
 	}
-	t.ShardCount = m.DistinctShards()
-	if err := c.store.UpdateTree(ctx, t); err != nil {
+	for _, t := range u.trees {
+		t.ShardCount = m.DistinctShards()
+		if err := c.store.UpdateTree(ctx, t); err != nil {
+			return err
+		}
+	}
+	if err := c.store.FinishReshard(ctx, t.Tenant, r.Tree, r.OpID); err != nil {
 		return err
 	}
-	if err := c.store.FinishReshard(ctx, t.Tenant, t.Name, r.OpID); err != nil {
-		return err
-	}
-	c.metrics.ReshardCompleted.WithLabelValues(t.Name, t.Tenant).Inc()
-	c.metrics.CoordinatorCompleted.WithLabelValues(t.Name, t.Tenant, "reshard").Inc()
-	c.runner.publish(ctx, Event{Event: EventReshardCompleted, Tenant: t.Tenant, Tree: t.Name, Epoch: m.Epoch,
+	c.metrics.ReshardCompleted.WithLabelValues(r.Tree, t.Tenant).Inc()
+	c.metrics.CoordinatorCompleted.WithLabelValues(r.Tree, t.Tenant, "reshard").Inc()
+	c.runner.publish(ctx, Event{Event: EventReshardCompleted, Tenant: t.Tenant, Tree: r.Tree, Epoch: m.Epoch,
 		Reshard: r.OpID, From: r.From, To: r.Target, Shards: t.ShardCount})
-	c.log.Info("reshard completed", "tree", t.Name, "tenant", t.Tenant, "shards", t.ShardCount, "took", time.Since(r.Started))
-	return c.store.ReleaseLease(ctx, t.Tenant, t.Name, c.id)
+	c.log.Info("reshard completed", "tree", r.Tree, "tables", u.names(), "tenant", t.Tenant, "shards", t.ShardCount, "took", time.Since(r.Started))
+	return c.store.ReleaseLease(ctx, t.Tenant, r.Tree, c.id)
 }
 
 // Rejected is a reshard refused before a coordinator starts: the client
@@ -436,9 +440,7 @@ func (c *Coordinator) Reshard(ctx context.Context, tenant, tree string, n int) (
 	if err != nil {
 		return "", err
 	}
-	if err := groupRefusal(t, "reshard "+tree); err != nil {
-		return "", err
-	}
+	tree = t.MapName() // a colocation group reshards as one, under its name (group.go)
 	cur, err := c.store.Reshard(ctx, tenant, tree)
 	if err != nil && !errors.Is(err, shardmap.ErrNotFound) {
 		return "", err
@@ -511,12 +513,13 @@ func (c *Coordinator) Reshard(ctx context.Context, tenant, tree string, n int) (
 
 // ReshardComplete is lattice_reshard_complete: no reshard is running.
 func (c *Coordinator) ReshardComplete(ctx context.Context, tenant, tree string) (bool, error) {
-	if _, err := c.store.Tree(ctx, tenant, tree); errors.Is(err, shardmap.ErrNotFound) {
+	t, err := c.store.Tree(ctx, tenant, tree)
+	if errors.Is(err, shardmap.ErrNotFound) {
 		return false, sqlstate.New(sqlstate.UndefinedTable, "tree %q does not exist", tree)
 	} else if err != nil {
 		return false, err
 	}
-	r, err := c.store.Reshard(ctx, tenant, tree)
+	r, err := c.store.Reshard(ctx, tenant, t.MapName())
 	if errors.Is(err, shardmap.ErrNotFound) {
 		return true, nil
 	}
@@ -535,6 +538,9 @@ func repinFence(t *shardmap.Tree, op string, idx int) pgshard.SlotFence {
 // then can no write slip in between. The map becomes an identity map over
 // shards 0..n-1, reviving retired indices as empty shards.
 func (c *Coordinator) tryRepin(ctx context.Context, t *shardmap.Tree, op *shardmap.Reshard) (bool, error) {
+	if t.Group != "" {
+		return false, nil // a colocation group is resharded by migrations, empty or not
+	}
 	c.runner.forgetReserved(t)
 	pctx, cancel := context.WithTimeout(ctx, c.opts.EmptyTreeProbeBudget)
 	defer cancel()

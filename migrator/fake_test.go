@@ -111,7 +111,7 @@ func (f *fakeNodes) NodeNames() []string { return f.nodes }
 func (f *fakeNodes) CreateShard(ctx context.Context, t *shardmap.Tree, idx int, node string, slots [][2]int, epoch uint64) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.call("create %d", idx)
+	f.call("create %d %s", idx, t.Name)
 	f.table(idx)
 	return nil
 }
@@ -119,7 +119,7 @@ func (f *fakeNodes) CreateShard(ctx context.Context, t *shardmap.Tree, idx int, 
 func (f *fakeNodes) DropShard(ctx context.Context, t *shardmap.Tree, idx int, node string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.call("drop %d", idx)
+	f.call("drop %d %s", idx, t.Name)
 	delete(f.tables, idx)
 	return nil
 }
@@ -142,11 +142,13 @@ func (f *fakeNodes) PrepareSlotFence(ctx context.Context, node string, fc pgshar
 	return nil
 }
 
-func (f *fakeNodes) ArmSlotFence(ctx context.Context, node string, fc pgshard.SlotFence) (string, error) {
+func (f *fakeNodes) ArmSlotFences(ctx context.Context, node string, fs []pgshard.SlotFence) (string, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.call("fence %s", fc.Migration)
-	f.fences[fmt.Sprintf("%s/%d", fc.Migration, fc.Shard)] = true
+	for _, fc := range fs {
+		f.call("fence %s %s", fc.Migration, fc.Tree.Name)
+		f.fences[fmt.Sprintf("%s/%d", fc.Migration, fc.Shard)] = true
+	}
 	return "0/100", nil
 }
 
@@ -158,7 +160,7 @@ func (f *fakeNodes) DropSlotFence(ctx context.Context, node string, fc pgshard.S
 }
 
 func (f *fakeNodes) InstallSlotFence(ctx context.Context, node string, fc pgshard.SlotFence) error {
-	_, err := f.ArmSlotFence(ctx, node, fc)
+	_, err := f.ArmSlotFences(ctx, node, []pgshard.SlotFence{fc})
 	return err
 }
 
@@ -201,7 +203,7 @@ func (f *fakeNodes) WALPosition(ctx context.Context, node, tenant string) (pglog
 func (f *fakeNodes) DeleteSlots(ctx context.Context, t *shardmap.Tree, node string, shard int, slots [][2]int, batch int) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.call("delete %d", shard)
+	f.call("delete %d %s", shard, t.Name)
 	for slot := range f.tables[shard] {
 		if inRanges(slot, slots) {
 			delete(f.tables[shard], slot)
@@ -234,7 +236,7 @@ func (f *fakeNodes) eventNames() []string {
 // StartShadow copies the moving rows unless an earlier run committed the
 // copy; a crash at "copy" leaves nothing copied, as the real copy's one
 // transaction does.
-func (f *fakeNodes) StartShadow(ctx context.Context, t *shardmap.Tree, mig *shardmap.Migration, log *slog.Logger) (Stream, error) {
+func (f *fakeNodes) StartShadow(ctx context.Context, ts []*shardmap.Tree, mig *shardmap.Migration, log *slog.Logger) (Stream, error) {
 	f.mu.Lock()
 	done := f.copied[mig.ID]
 	f.mu.Unlock()
@@ -285,7 +287,7 @@ func (s *fakeStream) applyLate(ctx context.Context) {
 	f.lateApply = false
 }
 
-func (f *fakeNodes) DropShadow(ctx context.Context, t *shardmap.Tree, mig *shardmap.Migration) error {
+func (f *fakeNodes) DropShadow(ctx context.Context, ts []*shardmap.Tree, mig *shardmap.Migration) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.call("dropshadow %s", mig.ID)
@@ -321,7 +323,7 @@ func (s *fakeStream) Commits() uint64 {
 
 // The verification's side.
 
-func (f *fakeNodes) OpenSnapshots(ctx context.Context, t *shardmap.Tree, mig *shardmap.Migration, timeout time.Duration) (Snapshots, error) {
+func (f *fakeNodes) OpenSnapshots(ctx context.Context, ts []*shardmap.Tree, mig *shardmap.Migration, timeout time.Duration) (Snapshots, error) {
 	if f.noSnaps {
 		return nil, fmt.Errorf("fake: no connection")
 	}

@@ -99,7 +99,7 @@ func (f *Functions) RepairMigration(ctx context.Context, tenant, id string) (str
 		return "", err
 	}
 	for _, t := range trees {
-		migs, err := f.store.Migrations(ctx, tenant, t.Name)
+		migs, err := f.store.Migrations(ctx, tenant, t.MapName())
 		if err != nil {
 			return "", err
 		}

@@ -156,13 +156,13 @@ func (r *Runner) updateMapFrom(ctx context.Context, tenant, tree string, cur *sh
 // shard and returns the record; Run carries it out.
 func (r *Runner) StartSplit(ctx context.Context, t *shardmap.Tree, source int) (*shardmap.Migration, error) {
 	r.forgetReserved(t)
-	mig := &shardmap.Migration{ID: newID(), Tenant: t.Tenant, Tree: t.Name, Kind: shardmap.Split,
+	mig := &shardmap.Migration{ID: newID(), Tenant: t.Tenant, Tree: t.MapName(), Kind: shardmap.Split,
 		Source: source, Phase: shardmap.PhasePrepare, Created: time.Now().UTC()}
 	place, err := r.placement(ctx, t)
 	if err != nil {
 		return nil, err
 	}
-	_, err = r.updateMap(ctx, t.Tenant, t.Name, func(m *shardmap.Map) (bool, error) {
+	_, err = r.updateMap(ctx, t.Tenant, t.MapName(), func(m *shardmap.Map) (bool, error) {
 		src, ok := m.Shards[source]
 		if !ok || src.State != shardmap.ShardActive {
 			return false, fmt.Errorf("migrator: shard %d of %s cannot be split: it is not an active shard", source, t.Name)
@@ -202,14 +202,14 @@ func (r *Runner) StartFold(ctx context.Context, t *shardmap.Tree, donor, survivo
 	if !ok1 || !ok2 || d.State != shardmap.ShardActive || s.State != shardmap.ShardActive || donor == survivor {
 		return nil, fmt.Errorf("migrator: shards %d and %d of %s cannot be folded", donor, survivor, t.Name)
 	}
-	mig := &shardmap.Migration{ID: newID(), Tenant: t.Tenant, Tree: t.Name, Kind: shardmap.Fold,
+	mig := &shardmap.Migration{ID: newID(), Tenant: t.Tenant, Tree: t.MapName(), Kind: shardmap.Fold,
 		Source: donor, SourceNode: d.Node, Target: survivor, TargetNode: s.Node,
 		Slots: m.SlotRanges(donor), Phase: shardmap.PhasePrepare, Created: time.Now().UTC()}
 	if len(mig.Slots) == 0 {
 		return nil, fmt.Errorf("migrator: shard %d of %s owns no slots", donor, t.Name)
 	}
 	// A shard another migration still owes writes to is not folded.
-	migs, err := r.store.Migrations(ctx, t.Tenant, t.Name)
+	migs, err := r.store.Migrations(ctx, t.Tenant, t.MapName())
 	if err != nil {
 		return nil, err
 	}
@@ -258,11 +258,12 @@ func (r *Runner) fence(t *shardmap.Tree, mig *shardmap.Migration, epoch uint64) 
 // Run carries a recorded migration from its phase to the end.
 func (r *Runner) Run(ctx context.Context, mig *shardmap.Migration) error {
 	log := r.log.With("migration", mig.ID, "tree", mig.Tree, "kind", mig.Kind, "source", mig.Source, "target", mig.Target)
-	log.Info("migration run", "phase", mig.Phase)
-	t, err := r.store.Tree(ctx, mig.Tenant, mig.Tree)
+	u, err := r.unitOf(ctx, mig.Tenant, mig.Tree)
 	if err != nil {
 		return err
 	}
+	log.Info("migration run", "phase", mig.Phase, "tables", u.names())
+	t := u.lead
 	r.forgetReserved(t)
 	var sh Stream
 	defer func() {
@@ -275,7 +276,7 @@ func (r *Runner) Run(ctx context.Context, mig *shardmap.Migration) error {
 	for {
 		switch mig.Phase {
 		case shardmap.PhasePrepare:
-			if err := r.prepare(ctx, t, mig); err != nil {
+			if err := r.prepare(ctx, u, mig); err != nil {
 				return err
 			}
 			if err := r.setPhase(ctx, mig, shardmap.PhaseCopy); err != nil {
@@ -283,7 +284,7 @@ func (r *Runner) Run(ctx context.Context, mig *shardmap.Migration) error {
 			}
 		case shardmap.PhaseCopy, shardmap.PhaseDrain:
 			if sh == nil {
-				if sh, err = r.cluster.StartShadow(ctx, t, mig, log); err != nil {
+				if sh, err = r.cluster.StartShadow(ctx, u.trees, mig, log); err != nil {
 					return err
 				}
 				if mig.Phase == shardmap.PhaseCopy {
@@ -323,7 +324,7 @@ func (r *Runner) Run(ctx context.Context, mig *shardmap.Migration) error {
 			}
 			if sh == nil {
 				// A crash during a freeze: undo it and drain again.
-				if err := r.unfreeze(ctx, t, mig); err != nil {
+				if err := r.unfreeze(ctx, u, mig); err != nil {
 					return err
 				}
 				if err := r.setPhase(ctx, mig, shardmap.PhaseDrain); err != nil {
@@ -331,7 +332,7 @@ func (r *Runner) Run(ctx context.Context, mig *shardmap.Migration) error {
 				}
 				continue
 			}
-			ok, err := r.freezeAndFlip(ctx, t, mig, sh, log)
+			ok, err := r.freezeAndFlip(ctx, u, mig, sh, log)
 			if err != nil {
 				return err
 			}
@@ -353,7 +354,7 @@ func (r *Runner) Run(ctx context.Context, mig *shardmap.Migration) error {
 			}
 		case shardmap.PhaseFlip:
 			// Recorded, so that a crash from here on resumes after the flip.
-			if err := r.verifyMove(ctx, t, mig, log); err != nil {
+			if err := r.verifyMove(ctx, u, mig, log); err != nil {
 				return err
 			}
 		case shardmap.PhaseVerifyFailed:
@@ -370,7 +371,7 @@ func (r *Runner) Run(ctx context.Context, mig *shardmap.Migration) error {
 				_ = sh.Stop()
 				sh = nil
 			}
-			if err := r.release(ctx, t, mig); err != nil {
+			if err := r.release(ctx, u, mig); err != nil {
 				return err
 			}
 			// Before the phase change: the coordinator completes the
@@ -392,18 +393,21 @@ func (r *Runner) Run(ctx context.Context, mig *shardmap.Migration) error {
 // prepare creates the target table of a split; for a fold it marks the
 // survivor as mixed and waits until every proxy scans it that way, before a
 // single donor row is copied into it.
-func (r *Runner) prepare(ctx context.Context, t *shardmap.Tree, mig *shardmap.Migration) error {
+func (r *Runner) prepare(ctx context.Context, u unit, mig *shardmap.Migration) error {
+	t := u.lead
 	if mig.Kind == shardmap.Move {
-		return r.prepareMove(ctx, t, mig)
+		return r.prepareMove(ctx, u, mig)
 	}
 	if mig.Kind == shardmap.Split {
 		m, err := r.store.Map(ctx, t.Tenant, t.MapName())
 		if err != nil {
 			return err
 		}
-		return r.cluster.CreateShard(ctx, t, mig.Target, mig.TargetNode, nil, m.Epoch)
+		return u.each(func(t *shardmap.Tree) error {
+			return r.cluster.CreateShard(ctx, t, mig.Target, mig.TargetNode, nil, m.Epoch)
+		})
 	}
-	m, err := r.updateMap(ctx, t.Tenant, t.Name, func(m *shardmap.Map) (bool, error) {
+	m, err := r.updateMap(ctx, t.Tenant, t.MapName(), func(m *shardmap.Map) (bool, error) {
 		s := m.Shards[mig.Target]
 		if s.Mixed {
 			return false, nil
@@ -519,7 +523,7 @@ func (r *Runner) waitAcks(ctx context.Context, t *shardmap.Tree, m *shardmap.Map
 // for none).
 func (r *Runner) waitLagging(ctx context.Context, t *shardmap.Tree, m *shardmap.Map, acked <-chan struct{}) ([]string, error) {
 	for {
-		lag, err := r.store.Lagging(ctx, t.Tenant, t.Name, m.Epoch)
+		lag, err := r.store.Lagging(ctx, t.Tenant, t.MapName(), m.Epoch)
 		if err != nil {
 			return nil, err
 		}
@@ -564,17 +568,20 @@ func (r *Runner) waitCutOff(ctx context.Context, t *shardmap.Tree, m *shardmap.M
 // freezeAndFlip freezes the moving slots, fences the source, waits for the
 // final drain and flips the map, all within the freeze budget. It returns
 // false after rolling back a freeze that did not fit.
-func (r *Runner) freezeAndFlip(ctx context.Context, t *shardmap.Tree, mig *shardmap.Migration, sh Stream, log *slog.Logger) (bool, error) {
+func (r *Runner) freezeAndFlip(ctx context.Context, u unit, mig *shardmap.Migration, sh Stream, log *slog.Logger) (bool, error) {
+	t := u.lead
 	// Everything that does not need the slots frozen happens before the
 	// pause starts.
-	fence := r.fence(t, mig, 0)
-	if err := r.cluster.PrepareSlotFence(ctx, mig.SourceNode, fence); err != nil {
-		return false, err
+	fences := r.fences(u, mig, 0)
+	for _, f := range fences {
+		if err := r.cluster.PrepareSlotFence(ctx, mig.SourceNode, f); err != nil {
+			return false, err
+		}
 	}
 	var snaps Snapshots
 	if !r.opts.SkipVerify {
 		var err error
-		if snaps, err = r.cluster.OpenSnapshots(ctx, t, mig, r.opts.VerifyTimeout); err != nil {
+		if snaps, err = r.cluster.OpenSnapshots(ctx, u.trees, mig, r.opts.VerifyTimeout); err != nil {
 			return false, err
 		}
 	}
@@ -589,14 +596,14 @@ func (r *Runner) freezeAndFlip(ctx context.Context, t *shardmap.Tree, mig *shard
 	// map goes unseen; without the watch the freeze polls.
 	wctx, unwatch := context.WithCancel(ctx)
 	defer unwatch()
-	acked, err := r.store.WatchAcks(wctx, t.Tenant, t.Name)
+	acked, err := r.store.WatchAcks(wctx, t.Tenant, t.MapName())
 	if err != nil {
 		log.Warn("acknowledgements not watched; the freeze polls for them", "err", err)
 	}
 	begin := time.Now()
 	var start time.Time
 	mig.Freezes++
-	frozen, err := r.updateMap(ctx, t.Tenant, t.Name, func(m *shardmap.Map) (bool, error) {
+	frozen, err := r.updateMap(ctx, t.Tenant, t.MapName(), func(m *shardmap.Map) (bool, error) {
 		// The pause starts with the write of the frozen map that succeeds:
 		// from then on the proxies hold statements for the slots. Earlier
 		// attempts (a concurrent migration changed the map) froze nothing.
@@ -614,14 +621,18 @@ func (r *Runner) freezeAndFlip(ctx context.Context, t *shardmap.Tree, mig *shard
 	steps.mark(&steps.acks)
 	var lsn string
 	if err == nil {
-		fence.Epoch = frozen.Epoch
+		for i := range fences {
+			fences[i].Epoch = frozen.Epoch
+		}
 		// The look for proxies cut off from Redis (waitAcks) runs beside
 		// the fence: it must hold up the flip, and the fence only rejects
 		// writes that the freeze holds back anyway.
 		cutOff := make(chan error, 1)
 		go func() { cutOff <- r.waitCutOff(bctx, t, frozen, live) }()
 		fs.besideFence(bctx)
-		lsn, err = r.cluster.ArmSlotFence(bctx, mig.SourceNode, fence)
+		// One transaction fences every member table: one barrier, one
+		// WAL position past every write to the moving slots.
+		lsn, err = r.cluster.ArmSlotFences(bctx, mig.SourceNode, fences)
 		if cerr := <-cutOff; err == nil {
 			err = cerr
 		}
@@ -654,9 +665,9 @@ func (r *Runner) freezeAndFlip(ctx context.Context, t *shardmap.Tree, mig *shard
 		log.Warn("freeze rolled back", append(steps.attrs(), "after", time.Since(start), "err", err)...)
 		r.metrics.FreezeSeconds.WithLabelValues(mig.Tree, mig.Tenant, "rolled_back").Observe(time.Since(start).Seconds())
 		mig.LastError = err.Error()
-		return false, r.unfreeze(ctx, t, mig)
+		return false, r.unfreeze(ctx, u, mig)
 	}
-	flipped, err := r.updateMapFrom(ctx, t.Tenant, t.Name, frozen, func(m *shardmap.Map) (bool, error) {
+	flipped, err := r.updateMapFrom(ctx, t.Tenant, t.MapName(), frozen, func(m *shardmap.Map) (bool, error) {
 		for _, rg := range mig.Slots {
 			for s := rg[0]; s <= rg[1]; s++ {
 				m.Slots[s] = mig.Target
@@ -700,7 +711,7 @@ func (r *Runner) freezeAndFlip(ctx context.Context, t *shardmap.Tree, mig *shard
 		r.holdSnapshots(mig.ID, snaps)
 		snaps = nil
 	}
-	if err := r.recordOwnership(ctx, t, flipped, mig); err != nil {
+	if err := r.recordOwnership(ctx, u, flipped, mig); err != nil {
 		r.log.Warn("ownership record not updated; the release records it", "shard", mig.Target, "err", err)
 	}
 	r.publish(ctx, migrationEvent(EventMigrationCommitted, mig, flipped.Epoch))
@@ -731,8 +742,10 @@ func (s *freezeSteps) attrs() []any {
 // after the flip (the fence took them out of the source's record). The
 // release does it again before it removes anything, so a recovery that
 // finds the record knows the flip happened.
-func (r *Runner) recordOwnership(ctx context.Context, t *shardmap.Tree, m *shardmap.Map, mig *shardmap.Migration) error {
-	return r.cluster.ClaimSlots(ctx, t, mig.Target, mig.TargetNode, mig.Slots, m.Epoch)
+func (r *Runner) recordOwnership(ctx context.Context, u unit, m *shardmap.Map, mig *shardmap.Migration) error {
+	return u.each(func(t *shardmap.Tree) error {
+		return r.cluster.ClaimSlots(ctx, t, mig.Target, mig.TargetNode, mig.Slots, m.Epoch)
+	})
 }
 
 // flipped reports whether the map already points the migration's slots at
@@ -750,13 +763,11 @@ func (r *Runner) flipped(ctx context.Context, mig *shardmap.Migration) (bool, er
 
 // unfreeze rolls a freeze back: the fence goes, then the slots thaw, so the
 // statements the proxies held run on the source again.
-func (r *Runner) unfreeze(ctx context.Context, t *shardmap.Tree, mig *shardmap.Migration) error {
-	f := r.fence(t, mig, 0)
-	f.Handover.GiveBack = true
-	if err := r.cluster.DropSlotFence(ctx, mig.SourceNode, f); err != nil {
+func (r *Runner) unfreeze(ctx context.Context, u unit, mig *shardmap.Migration) error {
+	if err := r.dropFences(ctx, u, mig, true); err != nil {
 		return err
 	}
-	_, err := r.updateMap(ctx, t.Tenant, t.Name, func(m *shardmap.Map) (bool, error) {
+	_, err := r.updateMap(ctx, mig.Tenant, u.name(), func(m *shardmap.Map) (bool, error) {
 		next := removeRanges(m.Frozen, mig.Slots)
 		if len(next) == len(m.Frozen) {
 			return false, nil
@@ -782,12 +793,13 @@ func removeRanges(frozen, rm [][2]int) [][2]int {
 // acknowledges an epoch only after its scans planned on older epochs end):
 // the stream, slot, publication and fence go, and the moved rows are deleted
 // from a split source in batches, or the donor table of a fold is dropped.
-func (r *Runner) release(ctx context.Context, t *shardmap.Tree, mig *shardmap.Migration) error {
+func (r *Runner) release(ctx context.Context, u unit, mig *shardmap.Migration) error {
+	t := u.lead
 	m, err := r.store.Map(ctx, t.Tenant, t.MapName())
 	if err != nil {
 		return err
 	}
-	if err := r.recordOwnership(ctx, t, m, mig); err != nil {
+	if err := r.recordOwnership(ctx, u, m, mig); err != nil {
 		return err
 	}
 	start := time.Now()
@@ -795,30 +807,30 @@ func (r *Runner) release(ctx context.Context, t *shardmap.Tree, mig *shardmap.Mi
 		return err
 	}
 	acked := time.Now()
-	if err := r.cluster.DropShadow(ctx, t, mig); err != nil {
+	if err := r.cluster.DropShadow(ctx, u.trees, mig); err != nil {
 		return err
 	}
 	dropped := time.Now()
 	r.crash("release")
 	if mig.Kind == shardmap.Move {
-		return r.releaseMove(ctx, t, m, mig)
+		return r.releaseMove(ctx, u, m, mig)
 	}
 	if mig.Kind == shardmap.Fold {
 		if m.SlotCounts()[mig.Source] > 0 {
 			r.log.Warn("fold donor still owns slots; keeping its storage", "migration", mig.ID, "donor", mig.Source)
-		} else if err := r.cluster.DropShard(ctx, t, mig.Source, mig.SourceNode); err != nil {
+		} else if err := u.each(func(t *shardmap.Tree) error { return r.cluster.DropShard(ctx, t, mig.Source, mig.SourceNode) }); err != nil {
 			return err
 		}
-		return r.cluster.DropSlotFence(ctx, mig.SourceNode, r.fence(t, mig, 0))
+		return r.dropFences(ctx, u, mig, false)
 	}
-	if err := r.deleteMoved(ctx, t, mig); err != nil {
+	if err := u.each(func(t *shardmap.Tree) error { return r.deleteMoved(ctx, t, mig) }); err != nil {
 		return err
 	}
 	r.log.Info("moved rows released", "migration", mig.ID, "acks", acked.Sub(start), "drop_shadow", dropped.Sub(acked), "delete", time.Since(dropped))
-	if err := r.cluster.DropSlotFence(ctx, mig.SourceNode, r.fence(t, mig, 0)); err != nil {
+	if err := r.dropFences(ctx, u, mig, false); err != nil {
 		return err
 	}
-	_, err = r.updateMap(ctx, t.Tenant, t.Name, func(m *shardmap.Map) (bool, error) {
+	_, err = r.updateMap(ctx, t.Tenant, t.MapName(), func(m *shardmap.Map) (bool, error) {
 		s := m.Shards[mig.Source]
 		if !s.Mixed || r.otherMigrationOn(ctx, mig) {
 			return false, nil

@@ -74,7 +74,7 @@ func (r *Runner) StartMove(ctx context.Context, t *shardmap.Tree, idx int, node 
 	if err != nil {
 		return nil, err
 	}
-	migs, err := r.store.Migrations(ctx, t.Tenant, t.Name)
+	migs, err := r.store.Migrations(ctx, t.Tenant, t.MapName())
 	if err != nil {
 		return nil, err
 	}
@@ -85,7 +85,7 @@ func (r *Runner) StartMove(ctx context.Context, t *shardmap.Tree, idx int, node 
 	if err := r.checkMove(t, m, idx, node, draining, inFlight(migs)); err != nil {
 		return nil, err
 	}
-	mig := &shardmap.Migration{ID: newID(), Tenant: t.Tenant, Tree: t.Name, Kind: shardmap.Move,
+	mig := &shardmap.Migration{ID: newID(), Tenant: t.Tenant, Tree: t.MapName(), Kind: shardmap.Move,
 		Source: idx, SourceNode: m.Shards[idx].Node, Target: idx, TargetNode: node,
 		Slots: m.SlotRanges(idx), Phase: shardmap.PhasePrepare, Created: time.Now().UTC()}
 	if err := r.store.PutMigration(ctx, mig); err != nil {
@@ -94,14 +94,17 @@ func (r *Runner) StartMove(ctx context.Context, t *shardmap.Tree, idx int, node 
 	return mig, nil
 }
 
-// prepareMove creates the target table on the target node (replaying the
-// tree's DDL log), owning no slot.
-func (r *Runner) prepareMove(ctx context.Context, t *shardmap.Tree, mig *shardmap.Migration) error {
-	m, err := r.store.Map(ctx, t.Tenant, t.MapName())
+// prepareMove creates the target tables on the target node (replaying
+// each tree's DDL log), owning no slot: one per member of the map.
+func (r *Runner) prepareMove(ctx context.Context, u unit, mig *shardmap.Migration) error {
+	m, err := r.store.Map(ctx, mig.Tenant, u.name())
 	if err != nil {
 		return err
 	}
-	if err := r.cluster.CreateShard(ctx, t, mig.Target, mig.TargetNode, nil, m.Epoch); err != nil {
+	err = u.each(func(t *shardmap.Tree) error {
+		return r.cluster.CreateShard(ctx, t, mig.Target, mig.TargetNode, nil, m.Epoch)
+	})
+	if err != nil {
 		return err
 	}
 	r.crash("prepare")
@@ -127,11 +130,11 @@ func movedFlipped(m *shardmap.Map, mig *shardmap.Migration) bool {
 // publication are gone and every proxy routes by the flipped map. A map
 // that still has the shard on the source (it cannot, after a flip) keeps
 // the table.
-func (r *Runner) releaseMove(ctx context.Context, t *shardmap.Tree, m *shardmap.Map, mig *shardmap.Migration) error {
+func (r *Runner) releaseMove(ctx context.Context, u unit, m *shardmap.Map, mig *shardmap.Migration) error {
 	if !movedFlipped(m, mig) {
 		r.log.Warn("moved shard is still on its source node; keeping its table", "migration", mig.ID, "shard", mig.Source, "node", mig.SourceNode)
-	} else if err := r.cluster.DropShard(ctx, t, mig.Source, mig.SourceNode); err != nil {
+	} else if err := u.each(func(t *shardmap.Tree) error { return r.cluster.DropShard(ctx, t, mig.Source, mig.SourceNode) }); err != nil {
 		return err
 	}
-	return r.cluster.DropSlotFence(ctx, mig.SourceNode, r.fence(t, mig, 0))
+	return r.dropFences(ctx, u, mig, false)
 }

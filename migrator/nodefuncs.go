@@ -195,7 +195,7 @@ func (f *Functions) migratingNodes(ctx context.Context, tenants []string) (map[s
 			return nil, err
 		}
 		for _, t := range trees {
-			migs, err := f.store.Migrations(ctx, tenant, t.Name)
+			migs, err := f.store.Migrations(ctx, tenant, t.MapName())
 			if err != nil {
 				return nil, err
 			}

@@ -31,9 +31,9 @@ type Nodes interface {
 	ReserveMap(ctx context.Context, t *shardmap.Tree, epoch uint64, highWater int) (ceiling uint64, high int, err error)
 
 	PrepareSlotFence(ctx context.Context, node string, f pgshard.SlotFence) error
-	// ArmSlotFence arms the fence and returns the WAL position read in its
-	// transaction.
-	ArmSlotFence(ctx context.Context, node string, f pgshard.SlotFence) (string, error)
+	// ArmSlotFences arms fences of one node's tables in one transaction and
+	// returns the WAL position read in it.
+	ArmSlotFences(ctx context.Context, node string, fs []pgshard.SlotFence) (string, error)
 	DropSlotFence(ctx context.Context, node string, f pgshard.SlotFence) error
 	// InstallSlotFence prepares and arms a fence (the empty-tree re-pin).
 	InstallSlotFence(ctx context.Context, node string, f pgshard.SlotFence) error
@@ -57,11 +57,13 @@ type Nodes interface {
 	// Notify sends a tree event to the tenant's listeners.
 	Notify(ctx context.Context, tenant, payload string) error
 
-	// StartShadow starts (or resumes) mig's shadow copy.
-	StartShadow(ctx context.Context, t *shardmap.Tree, mig *shardmap.Migration, log *slog.Logger) (Stream, error)
+	// StartShadow starts (or resumes) mig's shadow copy of the tables of
+	// ts: the trees of mig's map (a colocation group's members, or one
+	// tree).
+	StartShadow(ctx context.Context, ts []*shardmap.Tree, mig *shardmap.Migration, log *slog.Logger) (Stream, error)
 	// DropShadow removes what mig's shadow copy made; missing pieces are
 	// fine.
-	DropShadow(ctx context.Context, t *shardmap.Tree, mig *shardmap.Migration) error
+	DropShadow(ctx context.Context, ts []*shardmap.Tree, mig *shardmap.Migration) error
 }
 
 // Stream is a running shadow copy as the pipeline sees it.

@@ -38,7 +38,8 @@ func (c clusterNodes) Notify(ctx context.Context, tenant, payload string) error 
 	return err
 }
 
-func (c clusterNodes) shadowSpec(t *shardmap.Tree, mig *shardmap.Migration) (ShadowSpec, error) {
+func (c clusterNodes) shadowSpec(ts []*shardmap.Tree, mig *shardmap.Migration) (ShadowSpec, error) {
+	t := ts[0]
 	src, err := c.TenantDSN(mig.SourceNode, t.Tenant)
 	if err != nil {
 		return ShadowSpec{}, err
@@ -47,12 +48,16 @@ func (c clusterNodes) shadowSpec(t *shardmap.Tree, mig *shardmap.Migration) (Sha
 	if err != nil {
 		return ShadowSpec{}, err
 	}
-	return ShadowSpec{ID: mig.ID, Tree: t, SourceDSN: src, TargetDSN: dst, Source: mig.Source, Target: mig.Target, Slots: mig.Slots,
-		Whole: mig.Kind == shardmap.Move}, nil
+	spec := ShadowSpec{ID: mig.ID, Tree: t, SourceDSN: src, TargetDSN: dst, Source: mig.Source, Target: mig.Target, Slots: mig.Slots,
+		Whole: mig.Kind == shardmap.Move}
+	if len(ts) > 1 {
+		spec.Members = ts
+	}
+	return spec, nil
 }
 
-func (c clusterNodes) StartShadow(ctx context.Context, t *shardmap.Tree, mig *shardmap.Migration, log *slog.Logger) (Stream, error) {
-	spec, err := c.shadowSpec(t, mig)
+func (c clusterNodes) StartShadow(ctx context.Context, ts []*shardmap.Tree, mig *shardmap.Migration, log *slog.Logger) (Stream, error) {
+	spec, err := c.shadowSpec(ts, mig)
 	if err != nil {
 		return nil, err
 	}
@@ -63,8 +68,8 @@ func (c clusterNodes) StartShadow(ctx context.Context, t *shardmap.Tree, mig *sh
 	return sh, nil
 }
 
-func (c clusterNodes) DropShadow(ctx context.Context, t *shardmap.Tree, mig *shardmap.Migration) error {
-	spec, err := c.shadowSpec(t, mig)
+func (c clusterNodes) DropShadow(ctx context.Context, ts []*shardmap.Tree, mig *shardmap.Migration) error {
+	spec, err := c.shadowSpec(ts, mig)
 	if err != nil {
 		return err
 	}

@@ -15,7 +15,7 @@ func (r *Runner) placement(ctx context.Context, t *shardmap.Tree) (func(m *shard
 	if err != nil {
 		return nil, err
 	}
-	sizes, err := r.cluster.ShardSizes(ctx, t, m)
+	sizes, err := r.treeSizes(ctx, t, m)
 	if err != nil {
 		return nil, err
 	}

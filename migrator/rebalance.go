@@ -147,7 +147,7 @@ func (c *Coordinator) rebalancePlan(ctx context.Context, r *shardmap.Reshard, t 
 			weights[idx] = int64(n)
 		}
 	} else {
-		sizes, err := c.cluster.ShardSizes(ctx, t, m)
+		sizes, err := c.runner.treeSizes(ctx, t, m)
 		if err != nil {
 			return nil, err
 		}
@@ -214,10 +214,11 @@ func placeShards(m *shardmap.Map, weights map[int]int64, flying []*shardmap.Migr
 // the plan's next moves while fewer than MaxConcurrentMigrations are in
 // flight, and completes the intent once nothing is left to move.
 func (c *Coordinator) tickRebalance(ctx context.Context, r *shardmap.Reshard) error {
-	t, err := c.store.Tree(ctx, r.Tenant, r.Tree)
+	u, err := c.runner.unitOf(ctx, r.Tenant, r.Tree)
 	if err != nil {
 		return err
 	}
+	t := u.lead
 	m, err := c.store.Map(ctx, r.Tenant, r.Tree)
 	if err != nil {
 		return err
@@ -264,13 +265,13 @@ func (c *Coordinator) tickRebalance(ctx context.Context, r *shardmap.Reshard) er
 // completeRebalance clears the intent, counts the completion, publishes
 // rebalance_completed and gives the lease up.
 func (c *Coordinator) completeRebalance(ctx context.Context, t *shardmap.Tree, r *shardmap.Reshard, m *shardmap.Map) error {
-	if err := c.store.FinishReshard(ctx, t.Tenant, t.Name, r.OpID); err != nil {
+	if err := c.store.FinishReshard(ctx, t.Tenant, r.Tree, r.OpID); err != nil {
 		return err
 	}
-	c.metrics.CoordinatorCompleted.WithLabelValues(t.Name, t.Tenant, string(r.Kind)).Inc()
+	c.metrics.CoordinatorCompleted.WithLabelValues(r.Tree, t.Tenant, string(r.Kind)).Inc()
 	moves := len(r.Moved)
-	c.runner.publish(ctx, Event{Event: EventRebalanceCompleted, Tenant: t.Tenant, Tree: t.Name, Epoch: m.Epoch,
+	c.runner.publish(ctx, Event{Event: EventRebalanceCompleted, Tenant: t.Tenant, Tree: r.Tree, Epoch: m.Epoch,
 		Rebalance: r.OpID, Kind: string(r.Kind), By: r.By, Node: r.Node, Moves: &moves})
-	c.log.Info("rebalance completed", "tree", t.Name, "tenant", t.Tenant, "kind", r.Kind, "moves", moves, "took", time.Since(r.Started))
-	return c.store.ReleaseLease(ctx, t.Tenant, t.Name, c.id)
+	c.log.Info("rebalance completed", "tree", r.Tree, "tenant", t.Tenant, "kind", r.Kind, "moves", moves, "took", time.Since(r.Started))
+	return c.store.ReleaseLease(ctx, t.Tenant, r.Tree, c.id)
 }

@@ -171,7 +171,7 @@ func (f *Functions) started(ctx context.Context, r *shardmap.Reshard) {
 }
 
 func newIntent(t *shardmap.Tree, kind shardmap.IntentKind) *shardmap.Reshard {
-	return &shardmap.Reshard{OpID: newID(), Tenant: t.Tenant, Tree: t.Name, Phase: string(kind),
+	return &shardmap.Reshard{OpID: newID(), Tenant: t.Tenant, Tree: t.MapName(), Phase: string(kind),
 		Started: time.Now().UTC(), Rebalance: shardmap.Rebalance{Kind: kind, By: ByBytes}}
 }
 
@@ -179,9 +179,6 @@ func newIntent(t *shardmap.Tree, kind shardmap.IntentKind) *shardmap.Reshard {
 func (f *Functions) moveShard(ctx context.Context, tenant string, a map[string]*string) (string, error) {
 	t, err := f.lookupTree(ctx, tenant, a)
 	if err != nil {
-		return "", err
-	}
-	if err := groupRefusal(t, "move a shard of "+t.Name); err != nil {
 		return "", err
 	}
 	s, err := required(a, "shard")
@@ -200,7 +197,7 @@ func (f *Functions) moveShard(ctx context.Context, tenant string, a map[string]*
 	if err != nil {
 		return "", err
 	}
-	migs, err := f.store.Migrations(ctx, tenant, t.Name)
+	migs, err := f.store.Migrations(ctx, tenant, t.MapName())
 	if err != nil {
 		return "", err
 	}
@@ -233,9 +230,6 @@ func (f *Functions) rebalance(ctx context.Context, tenant string, a map[string]*
 	if err != nil {
 		return "", err
 	}
-	if err := groupRefusal(t, "rebalance "+t.Name); err != nil {
-		return "", err
-	}
 	by := ByBytes
 	if v := a["by"]; v != nil {
 		by = strings.ToLower(strings.TrimSpace(*v))
@@ -251,7 +245,7 @@ func (f *Functions) rebalance(ctx context.Context, tenant string, a map[string]*
 	if err != nil {
 		return "", err
 	}
-	cur, err := f.store.Reshard(ctx, tenant, t.Name)
+	cur, err := f.store.Reshard(ctx, tenant, t.MapName())
 	if err != nil && !errors.Is(err, shardmap.ErrNotFound) {
 		return "", err
 	}
@@ -323,7 +317,7 @@ func (f *Functions) drainNode(ctx context.Context, tenant string, a map[string]*
 			return "", err
 		}
 		n := shardsOn(m, node)
-		cur, err := f.store.Reshard(ctx, t.Tenant, t.Name)
+		cur, err := f.store.Reshard(ctx, t.Tenant, t.MapName())
 		if err != nil && !errors.Is(err, shardmap.ErrNotFound) {
 			return "", err
 		}
@@ -337,9 +331,6 @@ func (f *Functions) drainNode(ctx context.Context, tenant string, a map[string]*
 			todo = append(todo, t)
 		}
 		shards += n
-	}
-	if err := groupsOf(todo); err != nil {
-		return "", err
 	}
 	if err := f.store.MarkDraining(ctx, node); err != nil {
 		return "", err
@@ -380,7 +371,15 @@ func (f *Functions) allTrees(ctx context.Context, tenant string) ([]*shardmap.Tr
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, trees...)
+		// One tree per map: a colocation group's shards move as one, under
+		// one intent.
+		seen := map[string]bool{}
+		for _, t := range trees {
+			if !seen[t.MapName()] {
+				seen[t.MapName()] = true
+				out = append(out, t)
+			}
+		}
 	}
 	return out, nil
 }
@@ -404,7 +403,7 @@ func (f *Functions) rebalanceComplete(ctx context.Context, tenant string, a map[
 	if err != nil {
 		return false, err
 	}
-	r, err := f.store.Reshard(ctx, tenant, t.Name)
+	r, err := f.store.Reshard(ctx, tenant, t.MapName())
 	if errors.Is(err, shardmap.ErrNotFound) {
 		return true, nil
 	}
@@ -423,7 +422,7 @@ func (f *Functions) drainComplete(ctx context.Context, tenant string, a map[stri
 		return false, err
 	}
 	for _, t := range trees {
-		r, err := f.store.Reshard(ctx, t.Tenant, t.Name)
+		r, err := f.store.Reshard(ctx, t.Tenant, t.MapName())
 		if err == nil && r.Kind == shardmap.IntentDrain && r.Node == node {
 			return false, nil
 		}
@@ -448,7 +447,7 @@ func (f *Functions) rebalanceStatus(ctx context.Context, tenant string, a map[st
 	if err != nil {
 		return nil, err
 	}
-	r, err := f.store.Reshard(ctx, tenant, t.Name)
+	r, err := f.store.Reshard(ctx, tenant, t.MapName())
 	if errors.Is(err, shardmap.ErrNotFound) || err == nil && r.Kind == shardmap.IntentReshard {
 		return [][]any{{"idle", nil, nil, int32(0), int32(0), int32(0), int64(0), int64(0), float64(0)}}, nil
 	}
@@ -459,7 +458,7 @@ func (f *Functions) rebalanceStatus(ctx context.Context, tenant string, a map[st
 	if err != nil {
 		return nil, err
 	}
-	migs, err := f.store.Migrations(ctx, tenant, t.Name)
+	migs, err := f.store.Migrations(ctx, tenant, t.MapName())
 	if err != nil {
 		return nil, err
 	}

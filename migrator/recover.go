@@ -89,6 +89,13 @@ type tenantState struct {
 	owners  map[string][]pgshard.Ownership // by tree
 	moving  []pgshard.Moving
 	objects []pgshard.MigrationObject
+	// members are the trees being rebuilt, by map name: a colocation
+	// group's migration streams every member table at once.
+	members map[string][]*shardmap.Tree
+	// carried are the migrations whose stream a member's recovery drained
+	// and dropped already: the group's other members only take their
+	// slots (a second drain would find no progress row and copy afresh).
+	carried map[string]bool
 }
 
 func (rc *recovery) tenant(ctx context.Context, tenant string) ([]RecoveredTree, error) {
@@ -129,6 +136,12 @@ func (rc *recovery) tenant(ctx context.Context, tenant string) ([]RecoveredTree,
 			order = append(order, g)
 		}
 		groups[g] = append(groups[g], nt)
+	}
+	st.members, st.carried = map[string][]*shardmap.Tree{}, map[string]bool{}
+	for _, g := range order {
+		for _, nt := range groups[g] {
+			st.members[g] = append(st.members[g], nt.Tree)
+		}
 	}
 	for _, g := range order {
 		if nts := groups[g]; len(nts) == 1 && nts[0].Tree.Group == "" {
@@ -465,12 +478,12 @@ func (rc *recovery) finish(ctx context.Context, t *shardmap.Tree, mv pgshard.Mov
 
 // drain applies the stream of a fenced migration up to its source's
 // current WAL position.
-func (rc *recovery) drain(ctx context.Context, t *shardmap.Tree, mig *shardmap.Migration) error {
+func (rc *recovery) drain(ctx context.Context, t *shardmap.Tree, mig *shardmap.Migration, st *tenantState) error {
 	lsn, err := rc.runner.sourceLSN(ctx, t, mig)
 	if err != nil {
 		return err
 	}
-	sh, err := rc.nodes.StartShadow(ctx, t, mig, rc.log)
+	sh, err := rc.nodes.StartShadow(ctx, st.tables(t), mig, rc.log)
 	if err != nil {
 		return err
 	}
@@ -521,7 +534,7 @@ func (rc *recovery) rollBack(ctx context.Context, t *shardmap.Tree, id string, s
 	if len(progress) > 0 {
 		mig.Target, mig.TargetNode = progress[0].Shard, progress[0].Node
 	}
-	if err := rc.nodes.DropShadow(ctx, t, mig); err != nil {
+	if err := rc.nodes.DropShadow(ctx, []*shardmap.Tree{t}, mig); err != nil {
 		return err
 	}
 	fence := pgshard.SlotFence{Migration: id, Tree: t, Shard: pub.Shard, Slots: mig.Slots}
@@ -582,8 +595,8 @@ func mergeRanges(a, b [][2]int) [][2]int {
 // if its slot is left. Then the stream's objects go.
 func (rc *recovery) carry(ctx context.Context, t *shardmap.Tree, mig *shardmap.Migration, mv pgshard.Moving, tgt *recShard, st *tenantState, epoch uint64) error {
 	if !covers(tgt.slots, mv.Slots) {
-		if hasObject(st, mv.Migration, "slot") {
-			if err := rc.drain(ctx, t, mig); err != nil {
+		if hasObject(st, mv.Migration, "slot") && !st.carried[mv.Migration] {
+			if err := rc.drain(ctx, t, mig, st); err != nil {
 				return err
 			}
 		}
@@ -592,8 +605,18 @@ func (rc *recovery) carry(ctx context.Context, t *shardmap.Tree, mig *shardmap.M
 		}
 		tgt.slots = mergeRanges(tgt.slots, mv.Slots)
 	}
-	if err := rc.nodes.DropShadow(ctx, t, mig); err != nil {
+	if err := rc.nodes.DropShadow(ctx, st.tables(t), mig); err != nil {
 		return err
 	}
+	st.carried[mv.Migration] = true
 	return nil
+}
+
+// tables are the trees whose tables t's migrations stream: the members of
+// its map being rebuilt (t alone, for a tree alone).
+func (st *tenantState) tables(t *shardmap.Tree) []*shardmap.Tree {
+	if ts := st.members[t.MapName()]; len(ts) > 0 {
+		return ts
+	}
+	return []*shardmap.Tree{t}
 }

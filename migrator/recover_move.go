@@ -92,7 +92,8 @@ func (rc *recovery) refuseVerifyFailed(ctx context.Context, tenant string, todo 
 	}
 	for _, vf := range marks {
 		fenced := slices.ContainsFunc(st.moving, func(mv pgshard.Moving) bool { return mv.Migration == vf.Migration })
-		rebuilt := slices.ContainsFunc(todo, func(nt pgshard.NodeTree) bool { return nt.Tree.Name == vf.Tree })
+		// A colocation group's migration is recorded under the group's name.
+		rebuilt := slices.ContainsFunc(todo, func(nt pgshard.NodeTree) bool { return nt.Tree.Name == vf.Tree || nt.Tree.MapName() == vf.Tree })
 		if !fenced || !rebuilt {
 			continue // released since, or a tree Redis still has
 		}

@@ -2,65 +2,70 @@ package migrator
 
 import (
 	"context"
+	"math"
 	"sync"
-	"time"
 
 	"github.com/lattice-db/lattice/shardmap"
 )
 
-// reservations caches, per tree, the epoch ceiling and high-water mark the
-// catalog node records (pgshard.TreesTable), so that a map write costs a
-// catalog write only once per pgshard.EpochBlock epochs and once per new
-// shard index.
+// reservations caches, per map, the lowest epoch ceiling and high-water
+// mark the catalog node records (pgshard.TreesTable) for the map's trees,
+// so that a map write costs a catalog write only once per
+// pgshard.EpochBlock epochs and once per new shard index.
 type reservations struct {
-	mu    sync.Mutex
-	trees map[[2]string]reserved
+	mu   sync.Mutex
+	maps map[[2]string]reserved
 }
 
 type reserved struct {
-	created   time.Time // the tree's; a tree created again starts over
 	ceiling   uint64
 	highWater int
 }
 
-// reserve makes sure the catalog node's record allows next to be written
+// reserve makes sure the catalog node's records allow next to be written
 // with epoch: a map the store never held above the recorded ceiling is
 // what lets `lattice recover-map` give a rebuilt map a higher epoch than
-// any a proxy has seen. Every map write of the migrator comes through here.
+// any a proxy has seen. A colocation group's map is reserved in the record
+// of every member, so that the group keeps its ceiling whichever members
+// are dropped later. Every map write of the migrator comes through here.
 func (r *Runner) reserve(ctx context.Context, next *shardmap.Map, epoch uint64) error {
 	key := [2]string{next.Tenant, next.Tree}
 	r.reserved.mu.Lock()
-	got, ok := r.reserved.trees[key]
+	got, ok := r.reserved.maps[key]
 	r.reserved.mu.Unlock()
 	if ok && epoch <= got.ceiling && next.HighWater <= got.highWater {
 		return nil
 	}
-	t, err := r.store.Tree(ctx, next.Tenant, next.Tree)
+	u, err := unitFrom(ctx, r.store, next.Tenant, next.Tree)
 	if err != nil {
 		return err
 	}
-	ceiling, high, err := r.cluster.ReserveMap(ctx, t, epoch, next.HighWater)
-	if err != nil {
-		return err
+	res := reserved{ceiling: math.MaxUint64, highWater: math.MaxInt}
+	for _, t := range u.trees {
+		ceiling, high, err := r.cluster.ReserveMap(ctx, t, epoch, next.HighWater)
+		if err != nil {
+			return err
+		}
+		res.ceiling, res.highWater = min(res.ceiling, ceiling), min(res.highWater, high)
 	}
 	r.reserved.mu.Lock()
-	if r.reserved.trees == nil {
-		r.reserved.trees = make(map[[2]string]reserved)
+	if r.reserved.maps == nil {
+		r.reserved.maps = make(map[[2]string]reserved)
 	}
-	r.reserved.trees[key] = reserved{created: t.Created, ceiling: ceiling, highWater: high}
+	r.reserved.maps[key] = res
 	r.reserved.mu.Unlock()
 	return nil
 }
 
-// forgetReserved drops what reserve cached for an earlier tree of t's name
-// (dropped and created again, its record starts over). Whatever writes
-// maps calls it with the registry entry it works on; a tree is not dropped
-// while it is resharded, so the entry holds for the whole run.
+// forgetReserved drops what reserve cached for t's map. Whatever writes
+// maps calls it as it starts, with the registry entry it works on: the
+// tree may have been dropped and created again (its record starts over),
+// or its group may have a member that joined since (its record is
+// reserved from then on). Neither happens while a migration runs (a tree
+// is not dropped while it is resharded, and no member joins a group with
+// an intent), so what is cached then holds for the whole run.
 func (r *Runner) forgetReserved(t *shardmap.Tree) {
-	key := [2]string{t.Tenant, t.Name}
 	r.reserved.mu.Lock()
-	if got, ok := r.reserved.trees[key]; ok && !got.created.Equal(t.Created) {
-		delete(r.reserved.trees, key)
-	}
+	delete(r.reserved.maps, [2]string{t.Tenant, t.MapName()})
 	r.reserved.mu.Unlock()
 }

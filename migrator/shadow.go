@@ -35,6 +35,19 @@ type ShadowSpec struct {
 	// takes an unmixed shard with all its slots), so the copy reads the
 	// table without the slot filter.
 	Whole bool
+	// Members are the tables the copy moves when Tree is in a colocation
+	// group: every member, Tree among them, in one publication, one
+	// replication slot and one snapshot, a COPY each in one target
+	// transaction (docs/DESIGN.md section 4.1). Nil: Tree alone.
+	Members []*shardmap.Tree
+}
+
+// trees are the trees whose tables the copy moves.
+func (sp ShadowSpec) trees() []*shardmap.Tree {
+	if len(sp.Members) == 0 {
+		return []*shardmap.Tree{sp.Tree}
+	}
+	return sp.Members
 }
 
 // Name is the publication and replication slot name of the shadow copy.
@@ -79,8 +92,7 @@ type Shadow struct {
 
 	repl   *pgconn.PgConn
 	target *pgx.Conn
-	cols   []string // table columns in order
-	pkey   []string // primary key columns
+	tables map[string]*shadowTable // by tree name, which is the table's name in every shard schema
 
 	mu      sync.Mutex
 	stats   ShadowStats
@@ -97,6 +109,13 @@ type Shadow struct {
 
 	cancel context.CancelFunc
 	exited chan struct{}
+}
+
+// shadowTable is one table a shadow copy moves.
+type shadowTable struct {
+	tree *shardmap.Tree
+	cols []string // table columns in order
+	pkey []string // primary key columns
 }
 
 // StartShadow creates the publication and slot if needed, copies the moving
@@ -124,8 +143,13 @@ func (sh *Shadow) start(ctx context.Context) error {
 	if sh.target, err = pgx.Connect(ctx, sp.TargetDSN); err != nil {
 		return fmt.Errorf("migrator: connect to target: %w", err)
 	}
-	if sh.cols, sh.pkey, err = tableColumns(ctx, sh.target, pgshard.ShardTable(sp.Tree, sp.Target)); err != nil {
-		return err
+	sh.tables = map[string]*shadowTable{}
+	for _, t := range sp.trees() {
+		st := &shadowTable{tree: t}
+		if st.cols, st.pkey, err = tableColumns(ctx, sh.target, pgshard.ShardTable(t, sp.Target)); err != nil {
+			return err
+		}
+		sh.tables[t.Name] = st
 	}
 	if _, err := sh.target.Exec(ctx, "CREATE TABLE IF NOT EXISTS "+progressTable(sp.Target)+
 		` (migration text PRIMARY KEY, applied_lsn pg_lsn NOT NULL, rows_copied bigint NOT NULL)`); err != nil {
@@ -177,14 +201,16 @@ func (sh *Shadow) copyFresh(ctx context.Context) error {
 	}
 	defer src.Close(context.Background())
 	pub := pgx.Identifier{sp.Name()}.Sanitize()
-	filter := btreeindex.SlotPredicate(sp.Tree, "", sp.Slots)
+	var published []string
+	for _, t := range sp.trees() {
+		published = append(published, pgshard.ShardTable(t, sp.Source)+" WHERE ("+btreeindex.SlotPredicate(t, "", sp.Slots)+")")
+	}
 	var exists bool
 	if err := src.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_publication WHERE pubname = $1)`, sp.Name()).Scan(&exists); err != nil {
 		return err
 	}
 	if !exists {
-		if _, err := src.Exec(ctx, "CREATE PUBLICATION "+pub+" FOR TABLE "+
-			pgshard.ShardTable(sp.Tree, sp.Source)+" WHERE ("+filter+")"); err != nil {
+		if _, err := src.Exec(ctx, "CREATE PUBLICATION "+pub+" FOR TABLE "+strings.Join(published, ", ")); err != nil {
 			return fmt.Errorf("migrator: create publication: %w", err)
 		}
 	}
@@ -213,13 +239,11 @@ func (sh *Shadow) copyFresh(ctx context.Context) error {
 	return sh.startReplication(ctx, start)
 }
 
-// copyRows pipes a binary COPY of the moving rows, read under the slot's
-// exported snapshot, into the target table, and returns the rows and bytes
-// of COPY data it moved.
+// copyRows pipes a binary COPY of the moving rows of each table, read
+// under the slot's exported snapshot, into the target tables in one target
+// transaction, and returns the rows and bytes of COPY data it moved.
 func (sh *Shadow) copyRows(ctx context.Context, src *pgx.Conn, snapshot string, start pglogrepl.LSN) (int64, int64, error) {
 	sp := sh.spec
-	cols := quoteAll(sh.cols)
-	target := pgshard.ShardTable(sp.Tree, sp.Target)
 	if _, err := src.Exec(ctx, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"); err != nil {
 		return 0, 0, err
 	}
@@ -232,15 +256,40 @@ func (sh *Shadow) copyRows(ctx context.Context, src *pgx.Conn, snapshot string, 
 		return 0, 0, err
 	}
 	defer tx.Rollback(context.Background())
-	if _, err := tx.Exec(ctx, "DELETE FROM "+target+" WHERE "+btreeindex.SlotPredicate(sp.Tree, "", sp.Slots)); err != nil {
-		return 0, 0, fmt.Errorf("migrator: clear target slots: %w", err)
+	var rows, bytes int64
+	for _, t := range sp.trees() {
+		n, b, err := sh.copyTable(ctx, src, tx, sh.tables[t.Name])
+		if err != nil {
+			return 0, 0, err
+		}
+		rows, bytes = rows+n, bytes+b
+	}
+	if _, err := tx.Exec(ctx, "INSERT INTO "+progressTable(sp.Target)+" (migration, applied_lsn, rows_copied) VALUES ($1, $2::pg_lsn, $3)",
+		sp.ID, start.String(), rows); err != nil {
+		return 0, 0, err
+	}
+	crashPoint("copy")
+	if err := tx.Commit(ctx); err != nil {
+		return 0, 0, err
+	}
+	return rows, bytes, nil
+}
+
+// copyTable copies one table's moving rows inside copyRows' transactions:
+// whatever the target holds of the moving slots goes first.
+func (sh *Shadow) copyTable(ctx context.Context, src *pgx.Conn, tx pgx.Tx, st *shadowTable) (int64, int64, error) {
+	sp := sh.spec
+	cols := quoteAll(st.cols)
+	target := pgshard.ShardTable(st.tree, sp.Target)
+	if _, err := tx.Exec(ctx, "DELETE FROM "+target+" WHERE "+btreeindex.SlotPredicate(st.tree, "", sp.Slots)); err != nil {
+		return 0, 0, fmt.Errorf("migrator: clear target slots of %s: %w", st.tree.Name, err)
 	}
 	pr, pw := io.Pipe()
 	copyOut := make(chan error, 1)
-	out := "COPY (SELECT " + cols + " FROM " + pgshard.ShardTable(sp.Tree, sp.Source) +
-		" WHERE " + btreeindex.SlotPredicate(sp.Tree, "", sp.Slots) + ") TO STDOUT (FORMAT binary)"
+	out := "COPY (SELECT " + cols + " FROM " + pgshard.ShardTable(st.tree, sp.Source) +
+		" WHERE " + btreeindex.SlotPredicate(st.tree, "", sp.Slots) + ") TO STDOUT (FORMAT binary)"
 	if sp.Whole {
-		out = "COPY " + pgshard.ShardTable(sp.Tree, sp.Source) + " (" + cols + ") TO STDOUT (FORMAT binary)"
+		out = "COPY " + pgshard.ShardTable(st.tree, sp.Source) + " (" + cols + ") TO STDOUT (FORMAT binary)"
 	}
 	go func() {
 		_, err := src.PgConn().CopyTo(ctx, pw, out)
@@ -251,18 +300,10 @@ func (sh *Shadow) copyRows(ctx context.Context, src *pgx.Conn, snapshot string, 
 	tag, err := tx.Conn().PgConn().CopyFrom(ctx, counted, "COPY "+target+" ("+cols+") FROM STDIN (FORMAT binary)")
 	pr.CloseWithError(errors.New("migrator: target copy ended"))
 	if outErr := <-copyOut; outErr != nil {
-		return 0, 0, fmt.Errorf("migrator: copy from source: %w", outErr)
+		return 0, 0, fmt.Errorf("migrator: copy %s from source: %w", st.tree.Name, outErr)
 	}
 	if err != nil {
-		return 0, 0, fmt.Errorf("migrator: copy into target: %w", err)
-	}
-	if _, err := tx.Exec(ctx, "INSERT INTO "+progressTable(sp.Target)+" (migration, applied_lsn, rows_copied) VALUES ($1, $2::pg_lsn, $3)",
-		sp.ID, start.String(), tag.RowsAffected()); err != nil {
-		return 0, 0, err
-	}
-	crashPoint("copy")
-	if err := tx.Commit(ctx); err != nil {
-		return 0, 0, err
+		return 0, 0, fmt.Errorf("migrator: copy %s into target: %w", st.tree.Name, err)
 	}
 	return tag.RowsAffected(), counted.n, nil
 }

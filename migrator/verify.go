@@ -14,9 +14,9 @@ import (
 // VerifyNodes is what the verification of a move asks of the nodes.
 type VerifyNodes interface {
 	// OpenSnapshots connects to mig's source and target, before the pause,
-	// for the snapshots the freeze takes; timeout bounds each statement of
-	// the comparison.
-	OpenSnapshots(ctx context.Context, t *shardmap.Tree, mig *shardmap.Migration, timeout time.Duration) (Snapshots, error)
+	// for the snapshots the freeze takes, which cover the tables of ts;
+	// timeout bounds each statement of the comparison.
+	OpenSnapshots(ctx context.Context, ts []*shardmap.Tree, mig *shardmap.Migration, timeout time.Duration) (Snapshots, error)
 	// DiffNow lists the keys of slots whose rows differ on source and
 	// target now, leaving out ignore.
 	DiffNow(ctx context.Context, t *shardmap.Tree, mig *shardmap.Migration, slots []int, ignore []shardmap.RowDiff, timeout time.Duration) ([]shardmap.RowDiff, error)
@@ -84,7 +84,8 @@ func (r *Runner) takeSnapshots(id string) Snapshots {
 
 // verifyMove compares a flipped move's slots and records the outcome:
 // release, or verify_failed with the differing slots frozen.
-func (r *Runner) verifyMove(ctx context.Context, t *shardmap.Tree, mig *shardmap.Migration, log *slog.Logger) error {
+func (r *Runner) verifyMove(ctx context.Context, u unit, mig *shardmap.Migration, log *slog.Logger) error {
+	t := u.lead
 	snaps := r.takeSnapshots(mig.ID)
 	if snaps == nil {
 		if !r.opts.SkipVerify {
@@ -174,7 +175,7 @@ func slotRanges(slots []int) [][2]int {
 // freezeSlots adds rg to the frozen slots and waits until the proxies hold
 // their statements.
 func (r *Runner) freezeSlots(ctx context.Context, t *shardmap.Tree, rg [][2]int) error {
-	m, err := r.updateMap(ctx, t.Tenant, t.Name, func(m *shardmap.Map) (bool, error) {
+	m, err := r.updateMap(ctx, t.Tenant, t.MapName(), func(m *shardmap.Map) (bool, error) {
 		changed := false
 		for _, x := range rg {
 			if !slices.Contains(m.Frozen, x) {
@@ -192,7 +193,7 @@ func (r *Runner) freezeSlots(ctx context.Context, t *shardmap.Tree, rg [][2]int)
 
 // thawSlots removes rg from the frozen slots.
 func (r *Runner) thawSlots(ctx context.Context, t *shardmap.Tree, rg [][2]int) error {
-	_, err := r.updateMap(ctx, t.Tenant, t.Name, func(m *shardmap.Map) (bool, error) {
+	_, err := r.updateMap(ctx, t.Tenant, t.MapName(), func(m *shardmap.Map) (bool, error) {
 		next := removeRanges(m.Frozen, rg)
 		if len(next) == len(m.Frozen) {
 			return false, nil
@@ -223,10 +224,11 @@ func (r *Runner) Repair(ctx context.Context, mig *shardmap.Migration) (string, e
 		e.Hint = "Compare the slots by hand (lattice_verify shows their counts); the source still holds its rows."
 		return "", e
 	}
-	t, err := r.store.Tree(ctx, mig.Tenant, mig.Tree)
+	u, err := r.unitOf(ctx, mig.Tenant, mig.Tree)
 	if err != nil {
 		return "", err
 	}
+	t := u.lead
 	slots := diffSlots(v)
 	if err := r.freezeSlots(ctx, t, slotRanges(slots)); err != nil {
 		return "", err
@@ -241,10 +243,16 @@ func (r *Runner) Repair(ctx context.Context, mig *shardmap.Migration) (string, e
 			fix = append(fix, d)
 		}
 	}
-	if err := r.cluster.RepairRows(ctx, t, mig, fix); err != nil {
-		return "", err
-	}
-	left, err := r.cluster.DiffNow(ctx, t, mig, slots, v.Written, r.opts.VerifyTimeout)
+	// Table by table: a colocation group's rows name their table.
+	var left []shardmap.RowDiff
+	err = u.each(func(t *shardmap.Tree) error {
+		if err := r.cluster.RepairRows(ctx, t, mig, rowsOf(fix, t)); err != nil {
+			return err
+		}
+		got, err := r.cluster.DiffNow(ctx, t, mig, slots, v.Written, r.opts.VerifyTimeout)
+		left = append(left, got...)
+		return err
+	})
 	if err != nil {
 		return "", err
 	}
@@ -270,6 +278,17 @@ func (r *Runner) Repair(ctx context.Context, mig *shardmap.Migration) (string, e
 		mig.ID, len(fix), len(v.Written), formatSlots(slotDiffs(slots)))
 	r.log.Info(msg)
 	return msg, nil
+}
+
+// rowsOf are the rows of diffs in t's table.
+func rowsOf(diffs []shardmap.RowDiff, t *shardmap.Tree) []shardmap.RowDiff {
+	var out []shardmap.RowDiff
+	for _, d := range diffs {
+		if d.Tree == rowTree(t) {
+			out = append(out, d)
+		}
+	}
+	return out
 }
 
 func slotDiffs(slots []int) []shardmap.SlotDiff {

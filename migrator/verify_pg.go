@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -32,7 +33,8 @@ const (
 // has imported them on connections of its own.
 type pgSnapshots struct {
 	nodes    clusterNodes
-	t        *shardmap.Tree
+	t        *shardmap.Tree   // the first of trees, for the tenant
+	trees    []*shardmap.Tree // every table of the move (a colocation group's members)
 	mig      *shardmap.Migration
 	timeout  time.Duration
 	src, tgt *pgx.Conn // the exporting transactions
@@ -55,8 +57,9 @@ func (c clusterNodes) connectTenant(ctx context.Context, node, tenant string) (*
 	return conn, nil
 }
 
-func (c clusterNodes) OpenSnapshots(ctx context.Context, t *shardmap.Tree, mig *shardmap.Migration, timeout time.Duration) (Snapshots, error) {
-	s := &pgSnapshots{nodes: c, t: t, mig: mig, timeout: timeout}
+func (c clusterNodes) OpenSnapshots(ctx context.Context, ts []*shardmap.Tree, mig *shardmap.Migration, timeout time.Duration) (Snapshots, error) {
+	t := ts[0]
+	s := &pgSnapshots{nodes: c, t: t, trees: ts, mig: mig, timeout: timeout}
 	var err error
 	if s.src, err = c.connectTenant(ctx, mig.SourceNode, t.Tenant); err != nil {
 		return nil, err
@@ -166,12 +169,51 @@ func (s *pgSnapshots) Compare(ctx context.Context) (*shardmap.Verification, erro
 		c.Close(ctx)
 	}
 	s.src, s.tgt = nil, nil
-	v, err := compareSlots(ctx, s.t, s.mig, side{src, pgshard.ShardTable(s.t, s.mig.Source)}, side{tgt, pgshard.ShardTable(s.t, s.mig.Target)}, s.mig.Slots)
-	if err != nil {
-		return nil, err
+	// One snapshot a side covers every table of the move.
+	var v *shardmap.Verification
+	for _, t := range s.trees {
+		got, err := compareSlots(ctx, t, s.mig, side{src, pgshard.ShardTable(t, s.mig.Source)}, side{tgt, pgshard.ShardTable(t, s.mig.Target)}, s.mig.Slots)
+		if err != nil {
+			return nil, err
+		}
+		v = addVerification(v, got)
 	}
 	v.Exact = true
 	return v, nil
+}
+
+// addVerification adds b, one table's comparison, to a, the tables'
+// before it (nil for none): a slot differs when it differs in any table.
+func addVerification(a, b *shardmap.Verification) *shardmap.Verification {
+	if a == nil {
+		return b
+	}
+	a.Rows += b.Rows
+	a.BytesScanned += b.BytesScanned
+	a.Seconds += b.Seconds
+	for _, d := range b.Differ {
+		if i := slices.IndexFunc(a.Differ, func(x shardmap.SlotDiff) bool { return x.Slot == d.Slot }); i >= 0 {
+			a.Differ[i].SourceRows += d.SourceRows
+			a.Differ[i].TargetRows += d.TargetRows
+		} else {
+			a.Differ = append(a.Differ, d)
+		}
+	}
+	slices.SortFunc(a.Differ, func(x, y shardmap.SlotDiff) int { return x.Slot - y.Slot })
+	a.DiffRows = append(a.DiffRows, b.DiffRows...)
+	if len(a.DiffRows) > maxDiffRows {
+		a.DiffRows, a.DiffRowsCut = a.DiffRows[:maxDiffRows], true
+	}
+	a.DiffRowsCut = a.DiffRowsCut || b.DiffRowsCut
+	return a
+}
+
+// rowTree is what a RowDiff of t's table names (RowDiff.Tree).
+func rowTree(t *shardmap.Tree) string {
+	if t.Group == "" {
+		return ""
+	}
+	return t.Name
 }
 
 // WrittenSince lists the keys of slots whose target row now differs from
@@ -186,8 +228,16 @@ func (s *pgSnapshots) WrittenSince(ctx context.Context, slots []int) ([]shardmap
 	if err := beginCompare(ctx, now, "", s.timeout); err != nil {
 		return nil, err
 	}
-	table := pgshard.ShardTable(s.t, s.mig.Target)
-	return diffSides(ctx, s.t, side{s.itgt, table}, side{now, table}, slots, nil)
+	var out []shardmap.RowDiff
+	for _, t := range s.trees {
+		table := pgshard.ShardTable(t, s.mig.Target)
+		got, err := diffSides(ctx, t, side{s.itgt, table}, side{now, table}, slots, nil)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, got...)
+	}
+	return out, nil
 }
 
 // DiffNow lists the keys of slots whose rows differ on source and target
@@ -216,7 +266,9 @@ func (c clusterNodes) DiffNow(ctx context.Context, t *shardmap.Tree, mig *shardm
 func diffSides(ctx context.Context, t *shardmap.Tree, a, b side, slots []int, ignore []shardmap.RowDiff) ([]shardmap.RowDiff, error) {
 	skip := map[shardmap.RowDiff]bool{}
 	for _, d := range ignore {
-		skip[shardmap.RowDiff{Slot: d.Slot, Key: d.Key}] = true
+		if d.Tree == rowTree(t) {
+			skip[shardmap.RowDiff{Slot: d.Slot, Key: d.Key}] = true
+		}
 	}
 	var out []shardmap.RowDiff
 	for _, slot := range slots {
@@ -226,7 +278,7 @@ func diffSides(ctx context.Context, t *shardmap.Tree, a, b side, slots []int, ig
 		}
 		for _, d := range rows {
 			if !skip[shardmap.RowDiff{Slot: d.Slot, Key: d.Key}] {
-				out = append(out, shardmap.RowDiff{Slot: d.Slot, Key: d.Key})
+				out = append(out, shardmap.RowDiff{Slot: d.Slot, Key: d.Key, Tree: rowTree(t)})
 			}
 		}
 	}
@@ -362,7 +414,7 @@ func diffRows(ctx context.Context, t *shardmap.Tree, src, tgt side, slot, limit 
 		if len(out) >= limit {
 			return false
 		}
-		out = append(out, shardmap.RowDiff{Slot: slot, Key: k})
+		out = append(out, shardmap.RowDiff{Slot: slot, Key: k, Tree: rowTree(t)})
 		return true
 	}
 	for k, sa := range a {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"strconv"
 	"strings"
 	"time"
@@ -54,25 +55,27 @@ type Handover struct {
 // that drops it:
 //
 //	CREATE TABLE lattice_sNNNN.lattice_moving (
-//	    migration   text PRIMARY KEY,
-//	    tree        text NOT NULL,
+//	    migration   text NOT NULL,
+//	    tree        text NOT NULL,      -- one row per table the migration fenced
+//	    ...
+//	    PRIMARY KEY (migration, tree)
 //	    kind        text NOT NULL,
-//	    slots       int4multirange NOT NULL,
-//	    target      int NOT NULL,
-//	    target_node text NOT NULL
 //	)
 //
-// A slot that no ownership record holds is in one of these rows.
+// A slot that no ownership record holds is in one of these rows. A
+// colocation group's migration fences every member table of the shard,
+// one row each (docs/DESIGN.md section 4.1).
 const MovingTable = "lattice_moving"
 
 func movingTableDDL(schema string) string {
 	return "CREATE TABLE IF NOT EXISTS " + schema + "." + MovingTable + ` (
-    migration   text PRIMARY KEY,
+    migration   text NOT NULL,
     tree        text NOT NULL,
     kind        text NOT NULL,
     slots       int4multirange NOT NULL,
     target      int NOT NULL,
-    target_node text NOT NULL
+    target_node text NOT NULL,
+    PRIMARY KEY (migration, tree)
 )`
 }
 
@@ -81,8 +84,17 @@ func (f SlotFence) trigger() string { return "lattice_fence_m_" + f.Migration }
 // funcName is the fence's trigger function, without an argument list.
 func (f SlotFence) funcName() string {
 	// One function per fenced table: several tables of a node may be fenced
-	// under one name (an empty-tree re-pin), and each is dropped alone.
-	return fenceSchema + "." + pgx.Identifier{fmt.Sprintf("fence_m_%s_%d", f.Migration, f.Shard)}.Sanitize()
+	// under one name (an empty-tree re-pin, a colocation group's members in
+	// one shard schema), and each is dropped alone. Its body names the
+	// table's key column, so a group's members need one each; the tree is
+	// a hash so that the name fits 63 bytes.
+	name := fmt.Sprintf("fence_m_%s_%d", f.Migration, f.Shard)
+	if f.Tree.Group != "" {
+		h := fnv.New32a()
+		h.Write([]byte(f.Tree.Name))
+		name += fmt.Sprintf("_%08x", h.Sum32())
+	}
+	return fenceSchema + "." + pgx.Identifier{name}.Sanitize()
 }
 
 func (f SlotFence) function() string { return f.funcName() + "()" }
@@ -154,29 +166,43 @@ $fence$`
 // (synchronous) has flushed the WAL past it, so a logical decoding stream
 // can reach it at once rather than when the WAL writer next flushes.
 func (c *Cluster) ArmSlotFence(ctx context.Context, node string, f SlotFence) (string, error) {
-	p, err := c.Admin(ctx, node, f.Tree.Tenant)
+	return c.ArmSlotFences(ctx, node, []SlotFence{f})
+}
+
+// ArmSlotFences arms prepared fences of tables of one node in one
+// transaction, as ArmSlotFence arms one: a colocation group's migration
+// fences every member table of its source shard with one barrier and one
+// WAL position (docs/DESIGN.md section 4.1).
+func (c *Cluster) ArmSlotFences(ctx context.Context, node string, fs []SlotFence) (string, error) {
+	if len(fs) == 0 {
+		return "", errors.New("pgshard: no fence to arm")
+	}
+	p, err := c.Admin(ctx, node, fs[0].Tree.Tenant)
 	if err != nil {
 		return "", err
 	}
-	table := ShardTable(f.Tree, f.Shard)
-	epoch := quoteLiteral(strconv.FormatUint(f.Epoch, 10))
 	stmts := []string{
 		fmt.Sprintf("SET LOCAL lock_timeout = '%dms'", fenceLockTimeout.Milliseconds()),
 		"SET LOCAL synchronous_commit = on",
-		"CREATE OR REPLACE TRIGGER " + quoteIdent(f.trigger()) + " BEFORE INSERT OR UPDATE OR DELETE ON " + table +
-			" FOR EACH ROW EXECUTE FUNCTION " + f.funcName() + "(" + epoch + ")",
-		"CREATE OR REPLACE TRIGGER " + quoteIdent(f.trigger()+"_t") + " BEFORE TRUNCATE ON " + table +
-			" FOR EACH STATEMENT EXECUTE FUNCTION " + f.funcName() + "(" + epoch + ")",
 	}
-	if f.Handover != nil {
-		stmts = append(stmts, f.handoverSQL()...)
+	for _, f := range fs {
+		table := ShardTable(f.Tree, f.Shard)
+		epoch := quoteLiteral(strconv.FormatUint(f.Epoch, 10))
+		stmts = append(stmts,
+			"CREATE OR REPLACE TRIGGER "+quoteIdent(f.trigger())+" BEFORE INSERT OR UPDATE OR DELETE ON "+table+
+				" FOR EACH ROW EXECUTE FUNCTION "+f.funcName()+"("+epoch+")",
+			"CREATE OR REPLACE TRIGGER "+quoteIdent(f.trigger()+"_t")+" BEFORE TRUNCATE ON "+table+
+				" FOR EACH STATEMENT EXECUTE FUNCTION "+f.funcName()+"("+epoch+")")
+		if f.Handover != nil {
+			stmts = append(stmts, f.handoverSQL()...)
+		}
 	}
 	sql := strings.Join(append(stmts, "SELECT pg_current_wal_lsn()::text"), ";\n")
 	for {
 		lsn, err := armOnce(ctx, p, sql)
 		if !sqlstate.Is(err, sqlstate.LockNotAvailable) || ctx.Err() != nil {
 			if err != nil {
-				return "", fmt.Errorf("pgshard: fence slots of shard %d on %s: %w", f.Shard, node, err)
+				return "", fmt.Errorf("pgshard: fence slots of shard %d on %s: %w", fs[0].Shard, node, err)
 			}
 			return lsn, nil
 		}
@@ -194,7 +220,7 @@ func (f SlotFence) handoverSQL() []string {
 	return []string{
 		"INSERT INTO " + schema + "." + MovingTable + " (migration, tree, kind, slots, target, target_node) VALUES (" +
 			quoteLiteral(f.Migration) + ", " + tree + ", " + quoteLiteral(f.Handover.Kind) + ", " + slots + ", " +
-			strconv.Itoa(f.Target) + ", " + quoteLiteral(f.Handover.TargetNode) + ") ON CONFLICT (migration) DO NOTHING",
+			strconv.Itoa(f.Target) + ", " + quoteLiteral(f.Handover.TargetNode) + ") ON CONFLICT (migration, tree) DO NOTHING",
 		"UPDATE " + schema + "." + OwnerTable + " SET slots = slots - " + slots + ", updated = now() WHERE tree = " + tree,
 	}
 }
@@ -261,11 +287,13 @@ func dropHandover(ctx context.Context, tx pgx.Tx, f SlotFence) error {
 	if err := tx.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, schema+"."+MovingTable).Scan(&exists); err != nil || !exists {
 		return err
 	}
+	// The fence's own table's row only: a colocation group's members are
+	// fenced and dropped table by table.
 	if !f.Handover.GiveBack {
-		_, err := tx.Exec(ctx, `DELETE FROM `+schema+`.`+MovingTable+` WHERE migration = $1`, f.Migration)
+		_, err := tx.Exec(ctx, `DELETE FROM `+schema+`.`+MovingTable+` WHERE migration = $1 AND tree = $2`, f.Migration, f.Tree.Name)
 		return err
 	}
-	_, err := tx.Exec(ctx, `WITH gone AS (DELETE FROM `+schema+`.`+MovingTable+` WHERE migration = $1 RETURNING tree, slots)
-UPDATE `+schema+`.`+OwnerTable+` o SET slots = o.slots + gone.slots, updated = now() FROM gone WHERE o.tree = gone.tree`, f.Migration)
+	_, err := tx.Exec(ctx, `WITH gone AS (DELETE FROM `+schema+`.`+MovingTable+` WHERE migration = $1 AND tree = $2 RETURNING tree, slots)
+UPDATE `+schema+`.`+OwnerTable+` o SET slots = o.slots + gone.slots, updated = now() FROM gone WHERE o.tree = gone.tree`, f.Migration, f.Tree.Name)
 	return err
 }

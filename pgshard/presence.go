@@ -135,24 +135,29 @@ func (p *Presence) HeldSince(t time.Time) bool {
 }
 
 // mark records node's session as opened at since over nc, or, with a zero
-// since, as ended.
+// since, as ended. A hold ends only its own session: when a node's entry
+// changes (a drain sets Draining), Run starts a new hold for it before the
+// old one has stopped, and the old one must not end the new one's.
 func (p *Presence) mark(node string, since time.Time, nc net.Conn) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if since.IsZero() {
-		delete(p.held, node)
-	} else {
+	if !since.IsZero() {
 		p.held[node] = heldSession{since: since, net: nc}
+	} else if h, ok := p.held[node]; ok && h.net == nc {
+		delete(p.held, node)
 	}
 }
 
-// open reports whether node's session is still open, under the lock that
-// HeldSince takes, so that no two peeks at one socket run at once.
-func (p *Presence) open(node string) bool {
+// open reports whether node's session over nc is still open, under the
+// lock that HeldSince takes, so that no two peeks at one socket run at
+// once. It peeks only at nc, the caller's own socket: peeking at another
+// hold's socket while that hold closed it waited for the socket's read
+// lock with the lock held, and hung a proxy's shutdown after a drain.
+func (p *Presence) open(node string, nc net.Conn) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	h, ok := p.held[node]
-	return ok && (h.net == nil || quiet(h.net))
+	return ok && h.net == nc && (nc == nil || quiet(nc))
 }
 
 func (p *Presence) hold(ctx context.Context, n Node) {
@@ -162,18 +167,19 @@ func (p *Presence) hold(ctx context.Context, n Node) {
 		if err == nil {
 			// Marked once open, a little after the node shows it: early
 			// enough for HeldSince, which must never answer true too soon.
-			p.mark(n.Name, time.Now(), conn.PgConn().Conn())
+			nc := conn.PgConn().Conn()
+			p.mark(n.Name, time.Now(), nc)
 			if failing {
 				p.log.Info("pgshard: presence session open again", "node", n.Name)
 			}
 			failing = false
-			for ctx.Err() == nil && p.open(n.Name) {
+			for ctx.Err() == nil && p.open(n.Name, nc) {
 				select {
 				case <-ctx.Done():
 				case <-time.After(presenceCheck):
 				}
 			}
-			p.mark(n.Name, time.Time{}, nil)
+			p.mark(n.Name, time.Time{}, nc)
 			cctx, cancel := context.WithTimeout(context.Background(), time.Second)
 			_ = conn.Close(cctx)
 			cancel()

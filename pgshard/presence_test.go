@@ -1,6 +1,7 @@
 package pgshard
 
 import (
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -58,5 +59,32 @@ func TestPresenceHeldSince(t *testing.T) {
 	}
 	if p.HeldSince(t0.Add(2 * time.Second)) {
 		t.Fatal("HeldSince = true although nothing is held on the node that joined")
+	}
+}
+
+// TestPresenceHoldsReplaced: a node's entry changed (a drain), so a new
+// hold took its session over before the old hold stopped; the old hold's
+// end leaves the new session held, and neither peeks at the other's socket.
+func TestPresenceHoldsReplaced(t *testing.T) {
+	c, err := NewCluster([]Node{{Name: "n1", DSN: "postgres://x@h1/db"}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := NewPresence(c, "lattice proxy test/p", nil)
+	oldConn, peer := net.Pipe()
+	defer oldConn.Close()
+	defer peer.Close()
+	newConn, peer2 := net.Pipe()
+	defer newConn.Close()
+	defer peer2.Close()
+	t0 := time.Now()
+	p.mark("n1", t0, oldConn)
+	p.mark("n1", t0.Add(time.Second), newConn)
+	if p.open("n1", oldConn) {
+		t.Error("the old hold sees the new hold's session as its own")
+	}
+	p.mark("n1", time.Time{}, oldConn)
+	if !p.open("n1", newConn) || !p.HeldSince(t0.Add(2*time.Second)) {
+		t.Error("the old hold's end ended the new hold's session")
 	}
 }

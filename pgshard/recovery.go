@@ -225,7 +225,7 @@ func (c *Cluster) readNodeMoving(ctx context.Context, node, tenant string) ([]Mo
 	var out []Moving
 	for idx, schema := range schemas {
 		rows, err := p.Query(ctx, `SELECT migration, tree, kind, target, target_node, lower(r), upper(r)
-FROM `+quoteIdent(schema)+`.`+MovingTable+` m LEFT JOIN LATERAL unnest(m.slots) r ON true ORDER BY 1, 6`)
+FROM `+quoteIdent(schema)+`.`+MovingTable+` m LEFT JOIN LATERAL unnest(m.slots) r ON true ORDER BY 1, 2, 6`)
 		if err != nil {
 			return nil, fmt.Errorf("pgshard: node %s: read %s.%s: %w", node, schema, MovingTable, err)
 		}
@@ -236,7 +236,7 @@ FROM `+quoteIdent(schema)+`.`+MovingTable+` m LEFT JOIN LATERAL unnest(m.slots) 
 				rows.Close()
 				return nil, err
 			}
-			if n := len(out); n == 0 || out[n-1].Migration != mv.Migration || out[n-1].Source != idx {
+			if n := len(out); n == 0 || out[n-1].Migration != mv.Migration || out[n-1].Tree != mv.Tree || out[n-1].Source != idx {
 				mv.Source, mv.SourceNode = idx, node
 				out = append(out, mv)
 			}

@@ -40,6 +40,8 @@ var composable = map[string]bool{
 	"lattice_drain_complete":     true,
 	// Only without repair => true, which deletes rows (repairs).
 	"lattice_verify": false,
+	// Reference tables.
+	"lattice_reference_tables": false,
 }
 
 // changing are the functions that change the cluster: they run only in a
@@ -47,7 +49,8 @@ var composable = map[string]bool{
 var changing = map[string]bool{
 	"lattice_create_tree": true, "lattice_reshard": true, "lattice_add_node": true, "lattice_remove_node": true,
 	"lattice_move_shard": true, "lattice_rebalance": true, "lattice_drain_node": true,
-	"lattice_repair_migration": true,
+	"lattice_repair_migration":       true,
+	"lattice_create_reference_table": true, "lattice_undistribute_table": true,
 	// lattice_verify gets here only when it repairs.
 	"lattice_verify": true,
 }

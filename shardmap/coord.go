@@ -102,6 +102,9 @@ type SlotDiff struct {
 type RowDiff struct {
 	Slot int    `json:"slot"`
 	Key  string `json:"key"`
+	// Tree names the table of a colocation group's migration, which
+	// compares every member; empty for a tree alone.
+	Tree string `json:"tree,omitempty"`
 }
 
 // Reshard is a tree's persisted reshard intent.
