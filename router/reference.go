@@ -28,15 +28,6 @@ import (
 //     nextval() ...), a dropped reference table (turn it back into an
 //     ordinary table first).
 
-// The reference-table functions that change the cluster run in a
-// statement of their own; lattice_reference_tables() only reads
-// (compose.go).
-func init() {
-	changing["lattice_create_reference_table"] = true
-	changing["lattice_undistribute_table"] = true
-	composable["lattice_reference_tables"] = false
-}
-
 // perNode are functions whose result differs between the nodes that run
 // one statement: time, randomness, sequences, the backend itself.
 var perNode = map[string]bool{
