@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/lattice-db/lattice/shardmap"
 	"github.com/lattice-db/lattice/sqlstate"
@@ -93,7 +94,11 @@ func (c *Cluster) ensureReferenceMeta(ctx context.Context, node, tenant string) 
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1, $2)`, int32(schemaLockClass), int32(referenceLockKey)); err != nil {
 			return err
 		}
-		for _, s := range referenceMetaDDL {
+		// The tenant's writes run the fence, and its DDL on a copy (CREATE
+		// INDEX) creates in public, as on the catalog node.
+		role := quoteIdent(TenantRole(tenant))
+		for _, s := range append(referenceMetaDDL, "GRANT USAGE ON SCHEMA lattice_meta TO "+role,
+			"GRANT EXECUTE ON FUNCTION "+referenceFence+" TO "+role, "GRANT USAGE, CREATE ON SCHEMA public TO "+role) {
 			if _, err := tx.Exec(ctx, s); err != nil {
 				return fmt.Errorf("node %s: %w", node, err)
 			}
@@ -242,14 +247,22 @@ func fenceReferenceSQL(name string) string {
 		" FOR EACH STATEMENT EXECUTE FUNCTION " + referenceFence
 }
 
-// dropCopies drops the copies of name on nodes, best effort: for undoing.
+// dropCopies drops the copies of name on nodes.
 func (c *Cluster) dropCopies(ctx context.Context, tenant, name string, nodes []string) error {
 	ctx = context.WithoutCancel(ctx)
 	var errs []error
 	for _, node := range nodes {
-		p, err := c.Admin(ctx, node, tenant)
-		if err == nil {
-			_, err = p.Exec(ctx, "DROP TABLE IF EXISTS "+referenceQuoted(name))
+		var err error
+		// A pooled control connection the node has closed (a restart) fails
+		// once: try again, past every connection the pool may hold.
+		for attempt := 0; attempt <= adminMaxConns; attempt++ {
+			var p *pgxpool.Pool
+			if p, err = c.Admin(ctx, node, tenant); err == nil {
+				_, err = p.Exec(ctx, "DROP TABLE IF EXISTS "+referenceQuoted(name))
+			}
+			if err == nil {
+				break
+			}
 		}
 		if err != nil {
 			errs = append(errs, fmt.Errorf("node %s: %w", node, err))

@@ -240,9 +240,9 @@ func (s *session) runParts(portal *clientPortal, maxRows uint32) {
 		if retry {
 			s.extRetry = &extRetry{stmt: portal.stmt, bind: portal.bind, step: len(s.x.steps)}
 		}
-		for i, part := range portal.parts {
+		for _, part := range portal.parts {
 			part.be.Send(&pgproto3.Execute{Portal: part.name, MaxRows: maxRows})
-			st := step{kind: stepExecute, be: part.be, staleRetry: retry, hide: portal.quiet && i > 0, load: portal.load}
+			st := step{kind: stepExecute, be: part.be, staleRetry: retry, load: portal.load}
 			if sp != nil {
 				st.rowsOnly, st.split = true, sp
 			}
@@ -281,9 +281,9 @@ func (s *session) queryParts(portal *clientPortal) {
 		}
 		sqls[part.be] = append(sqls[part.be], part.sql)
 	}
-	for i, be := range order {
+	for _, be := range order {
 		be.Send(&pgproto3.Query{String: strings.Join(sqls[be], ";\n")})
-		s.x.add(step{kind: stepQuery, be: be, rowsOnly: sp != nil, split: sp, hide: portal.quiet && i > 0})
+		s.x.add(step{kind: stepQuery, be: be, rowsOnly: sp != nil, split: sp})
 	}
 }
 

@@ -21,6 +21,7 @@ import (
 // commit; each copy's part first names the copies it writes
 // (pgshard.ReferenceNodesSQL) for the fence to check. The client sees the
 // catalog node's answer; the other copies' rows and tags are swallowed.
+// The catalog copy runs first, to its end (runRefWrite).
 
 // Reference lets the router plan joins of trees with reference tables.
 func (t viewTrees) Reference(name string) bool { return t.v.References[name] != nil }
@@ -60,7 +61,6 @@ func (s *session) bindRefWrite(ctx context.Context, v *shardmap.View, portal *cl
 	})
 	set := pgshard.ReferenceNodesSQL(r.Nodes())
 	s.spanNodes(max(2, len(targets)))
-	portal.quiet = true
 	for i, t := range targets {
 		be, err := s.backend(ctx, t.Node)
 		if err != nil {
@@ -74,7 +74,48 @@ func (s *session) bindRefWrite(ctx context.Context, v *shardmap.View, portal *cl
 		}
 		portal.parts = append(portal.parts, part.parts...)
 	}
+	portal.run = func(ctx context.Context) { s.runRefWrite(portal) }
 	return true
+}
+
+// runRefWrite runs the catalog node's copy to its end first, its answer
+// going to the client, and then the other copies, whose answers are
+// swallowed. The catalog copy's row locks so order the writers of a
+// reference table: two of them cannot each hold a row on one copy and wait
+// for the other's on another, a deadlock no node would see.
+func (s *session) runRefWrite(portal *clientPortal) {
+	exec := func(part portalPart, hide bool) {
+		if s.simple {
+			part.be.Send(&pgproto3.Query{String: part.sql})
+			s.x.add(step{kind: stepQuery, be: part.be, hide: hide})
+			return
+		}
+		part.be.Send(&pgproto3.Execute{Portal: part.name})
+		s.x.add(step{kind: stepExecute, be: part.be, hide: hide})
+	}
+	exec(portal.parts[0], false)
+	if !s.playNow() {
+		return
+	}
+	for _, part := range portal.parts[1:] {
+		exec(part, true)
+	}
+}
+
+// playNow sends what the round holds so far and plays its answers, as a
+// client's Flush would. It reports false when that failed: the
+// transaction is then rolled back, and nothing more runs.
+func (s *session) playNow() bool {
+	if !s.simple {
+		return s.flushBatch() == nil && !s.x.errored
+	}
+	s.sendBackends()
+	err := s.play(&s.x)
+	s.x.steps = s.x.steps[:0]
+	if err != nil {
+		s.x.errored = true
+	}
+	return !s.x.errored
 }
 
 // unreachableCopy explains a write of a reference table that cannot reach

@@ -129,7 +129,6 @@ type clientPortal struct {
 	fan   *fanOut
 	parts []portalPart
 	bind  *pgproto3.Bind // a Single plan's Bind, kept to route it again after LT001
-	quiet bool           // only the first part's answer reaches the client (a write of reference tables)
 	load  loadMark       // a Single plan's slot counter (load.go)
 }
 

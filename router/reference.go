@@ -28,13 +28,6 @@ import (
 //     nextval() ...), a dropped reference table (turn it back into an
 //     ordinary table first).
 
-// The reference-table functions change the cluster: each runs in a
-// statement of its own (compose.go).
-func init() {
-	changing["lattice_create_reference_table"] = true
-	changing["lattice_undistribute_table"] = true
-}
-
 // perNode are functions whose result differs between the nodes that run
 // one statement: time, randomness, sequences, the backend itself.
 var perNode = map[string]bool{
