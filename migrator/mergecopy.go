@@ -178,7 +178,7 @@ func (mc *MergeCopy) DrainShard(ctx context.Context, spec MergeSpec, src MergeSo
 // places it.
 func retryable(err error) bool {
 	return sqlstate.Is(err, sqlstate.SlotMoved) || sqlstate.Is(err, sqlstate.UndefinedTable) ||
-		sqlstate.Is(err, sqlstate.LockNotAvailable) || sqlstate.Is(err, "40P01") // deadlock_detected
+		sqlstate.Is(err, sqlstate.LockNotAvailable) || sqlstate.Is(err, sqlstate.DeadlockDetected)
 }
 
 // stageTable is the temporary table a transfer stages rows in; it is

@@ -125,6 +125,9 @@ const (
 	// SerializationFailure: a tree changed under a DDL statement; the client
 	// may retry.
 	SerializationFailure = "40001"
+	// DeadlockDetected: a node broke a deadlock (looked for in its errors:
+	// a merge sends the batch round again).
+	DeadlockDetected = "40P01"
 )
 
 // Class 42, syntax error or access rule violation.
