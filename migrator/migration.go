@@ -179,10 +179,10 @@ func (r *Runner) startSplit(ctx context.Context, t *shardmap.Tree, source int, a
 	if at.node != "" {
 		place = func(*shardmap.Map) string { return at.node }
 	}
-	_, err = r.updateMap(ctx, t.Tenant, t.MapName(), func(m *shardmap.Map) (bool, error) {
+	return r.startWithTarget(ctx, t, mig, func(m *shardmap.Map) error {
 		src, ok := m.Shards[source]
 		if !ok || src.State != shardmap.ShardActive {
-			return false, fmt.Errorf("migrator: shard %d of %s cannot be split: it is not an active shard", source, t.Name)
+			return fmt.Errorf("migrator: shard %d of %s cannot be split: it is not an active shard", source, t.Name)
 		}
 		var slots []int
 		for s, idx := range m.Slots {
@@ -191,7 +191,7 @@ func (r *Runner) startSplit(ctx context.Context, t *shardmap.Tree, source int, a
 			}
 		}
 		if len(slots) < 2 {
-			return false, fmt.Errorf("migrator: shard %d of %s owns %d slots; a split needs at least 2", source, t.Name, len(slots))
+			return fmt.Errorf("migrator: shard %d of %s owns %d slots; a split needs at least 2", source, t.Name, len(slots))
 		}
 		cut := len(slots) / 2
 		if at.from >= 0 {
@@ -199,8 +199,21 @@ func (r *Runner) startSplit(ctx context.Context, t *shardmap.Tree, source int, a
 			// cut was chosen.
 			cut = min(max(sort.SearchInts(slots, at.from), 1), len(slots)-1)
 		}
-		mig.Target, mig.TargetNode, mig.SourceNode = m.HighWater, place(m), src.Node
+		mig.TargetNode, mig.SourceNode = place(m), src.Node
 		mig.Slots = ranges(slots[cut:])
+		return nil
+	})
+}
+
+// startWithTarget gives mig a new pending shard as its target, in the map
+// write in which choose (reading the map being written) sets its slots and
+// nodes, then records mig.
+func (r *Runner) startWithTarget(ctx context.Context, t *shardmap.Tree, mig *shardmap.Migration, choose func(m *shardmap.Map) error) (*shardmap.Migration, error) {
+	_, err := r.updateMap(ctx, t.Tenant, t.MapName(), func(m *shardmap.Map) (bool, error) {
+		if err := choose(m); err != nil {
+			return false, err
+		}
+		mig.Target = m.HighWater
 		m.HighWater++
 		m.Shards[mig.Target] = shardmap.Shard{Index: mig.Target, Node: mig.TargetNode, State: shardmap.ShardPending}
 		return true, nil

@@ -61,27 +61,18 @@ func (r *Runner) StartResize(ctx context.Context, t *shardmap.Tree, source int) 
 	}
 	mig := &shardmap.Migration{ID: newID(), Tenant: t.Tenant, Tree: t.MapName(), Kind: shardmap.Resize,
 		Source: source, Phase: shardmap.PhasePrepare, Created: time.Now().UTC()}
-	_, err = r.updateMap(ctx, t.Tenant, t.MapName(), func(m *shardmap.Map) (bool, error) {
+	return r.startWithTarget(ctx, t, mig, func(m *shardmap.Map) error {
 		src, ok := m.Shards[source]
 		if !ok || src.State != shardmap.ShardActive || src.Mixed {
-			return false, fmt.Errorf("%w: shard %d of %s is not an unmixed active shard", ErrBusy, source, t.Name)
+			return fmt.Errorf("%w: shard %d of %s is not an unmixed active shard", ErrBusy, source, t.Name)
 		}
 		mig.Slots = m.SlotRanges(source)
 		if len(mig.Slots) == 0 {
-			return false, fmt.Errorf("%w: shard %d of %s owns no slots", ErrBusy, source, t.Name)
+			return fmt.Errorf("%w: shard %d of %s owns no slots", ErrBusy, source, t.Name)
 		}
-		mig.Target, mig.TargetNode, mig.SourceNode = m.HighWater, src.Node, src.Node
-		m.HighWater++
-		m.Shards[mig.Target] = shardmap.Shard{Index: mig.Target, Node: mig.TargetNode, State: shardmap.ShardPending}
-		return true, nil
+		mig.TargetNode, mig.SourceNode = src.Node, src.Node
+		return nil
 	})
-	if err != nil {
-		return nil, err
-	}
-	if err := r.store.PutMigration(ctx, mig); err != nil {
-		return nil, err
-	}
-	return mig, nil
 }
 
 // ownsAll reports whether shard idx is active in m and owns every slot of
