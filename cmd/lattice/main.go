@@ -415,17 +415,17 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, ready func(pg
 		reg.Run(bgCtx)
 	}()
 	if cfg.Coordinator {
+		// With the proxies counting load (--load-stats, the load signal's
+		// flag), a window without a count is a quiet tree; without it,
+		// no data. Set before the coordinator runs, which reads it.
+		load := migrator.NewLoadSource(store, store, cfg.LoadStats)
+		coord.SetLoad(load)
 		bg.Add(1)
 		go func() {
 			defer bg.Done()
 			coord.Run(bgCtx)
 		}()
 		bg.Go(func() { treeOps.Run(bgCtx) })
-		// With the proxies counting load (--load-stats, the load signal's
-		// flag), a window without a count is a quiet tree; without it,
-		// no data.
-		load := migrator.NewLoadSource(store, store, cfg.LoadStats)
-		coord.SetLoad(load)
 		if cfg.Autonomic.Split || cfg.Autonomic.Heal {
 			opts := cfg.Autonomic
 			opts.Tenants, opts.Statuses = store.TenantsWithTrees, store
