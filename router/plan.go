@@ -531,13 +531,7 @@ func (p *planner) droppedTree(d *pg.DropStmt) *shardmap.Tree {
 		default:
 			continue
 		}
-		rv := &pg.RangeVar{Relname: names[len(names)-1]}
-		if len(names) >= 2 {
-			rv.Schemaname = names[len(names)-2]
-		}
-		if len(names) >= 3 {
-			rv.Catalogname = names[len(names)-3]
-		}
+		rv := rangeVarOf(names)
 		if t, _ := p.lookup(rv); t != nil {
 			return t
 		}
@@ -1109,4 +1103,17 @@ func camelWords(s string) string {
 		b.WriteByte(c)
 	}
 	return strings.ToUpper(b.String())
+}
+
+// rangeVarOf is the relation a qualified name (catalog.schema.rel, each
+// part optional but the last) of a DROP statement names.
+func rangeVarOf(names []string) *pg.RangeVar {
+	rv := &pg.RangeVar{Relname: names[len(names)-1]}
+	if len(names) >= 2 {
+		rv.Schemaname = names[len(names)-2]
+	}
+	if len(names) >= 3 {
+		rv.Catalogname = names[len(names)-3]
+	}
+	return rv
 }

@@ -190,13 +190,7 @@ func (p *planner) droppedReference(d *pg.DropStmt) (name string, table bool) {
 		default:
 			continue
 		}
-		rv := &pg.RangeVar{Relname: names[len(names)-1]}
-		if len(names) >= 2 {
-			rv.Schemaname = names[len(names)-2]
-		}
-		if len(names) >= 3 {
-			rv.Catalogname = names[len(names)-3]
-		}
+		rv := rangeVarOf(names)
 		if p.isReference(rv) {
 			return rv.Relname, table
 		}
