@@ -511,6 +511,28 @@ func relText(rv *pg.RangeVar) string {
 // droppedTree finds a tree among the objects of DROP TABLE (or of DROP
 // TRIGGER/RULE/POLICY ... ON tree), whose names are plain lists.
 func (p *planner) droppedTree(d *pg.DropStmt) *shardmap.Tree {
+	rels, _ := droppedRelations(d)
+	for _, rv := range rels {
+		if t, _ := p.lookup(rv); t != nil {
+			return t
+		}
+	}
+	return nil
+}
+
+// droppedRelations lists the relations a DROP names whose names are plain
+// lists: the objects themselves for DROP TABLE, VIEW, MATERIALIZED VIEW,
+// FOREIGN TABLE, SEQUENCE and INDEX, or the tables they are on for DROP
+// TRIGGER, RULE and POLICY (on reports which).
+func droppedRelations(d *pg.DropStmt) (rels []*pg.RangeVar, on bool) {
+	switch d.RemoveType {
+	case pg.ObjectType_OBJECT_TABLE, pg.ObjectType_OBJECT_VIEW, pg.ObjectType_OBJECT_MATVIEW,
+		pg.ObjectType_OBJECT_FOREIGN_TABLE, pg.ObjectType_OBJECT_SEQUENCE, pg.ObjectType_OBJECT_INDEX:
+	case pg.ObjectType_OBJECT_TRIGGER, pg.ObjectType_OBJECT_RULE, pg.ObjectType_OBJECT_POLICY:
+		on = true
+	default:
+		return nil, false
+	}
 	for _, o := range d.Objects {
 		l := o.GetList()
 		if l == nil {
@@ -520,23 +542,15 @@ func (p *planner) droppedTree(d *pg.DropStmt) *shardmap.Tree {
 		for _, it := range l.Items {
 			names = append(names, it.GetString_().GetSval())
 		}
-		switch d.RemoveType {
-		case pg.ObjectType_OBJECT_TABLE, pg.ObjectType_OBJECT_VIEW, pg.ObjectType_OBJECT_MATVIEW,
-			pg.ObjectType_OBJECT_FOREIGN_TABLE, pg.ObjectType_OBJECT_SEQUENCE, pg.ObjectType_OBJECT_INDEX:
-		case pg.ObjectType_OBJECT_TRIGGER, pg.ObjectType_OBJECT_RULE, pg.ObjectType_OBJECT_POLICY:
+		if on {
 			if len(names) < 2 {
 				continue
 			}
 			names = names[:len(names)-1]
-		default:
-			continue
 		}
-		rv := rangeVarOf(names)
-		if t, _ := p.lookup(rv); t != nil {
-			return t
-		}
+		rels = append(rels, rangeVarOf(names))
 	}
-	return nil
+	return rels, on
 }
 
 // isPublicTreeRef reports whether a column reference starts public.tree.

@@ -163,29 +163,13 @@ func locks(s *pg.SelectStmt) bool {
 // trigger, rule or policy on it) names, "" if none; ok reports that the
 // table itself is dropped.
 func (p *planner) droppedReference(d *pg.DropStmt) (name string, table bool) {
-	for _, o := range d.Objects {
-		l := o.GetList()
-		if l == nil {
-			continue
-		}
-		var names []string
-		for _, it := range l.Items {
-			names = append(names, it.GetString_().GetSval())
-		}
-		table = true
-		switch d.RemoveType {
-		case pg.ObjectType_OBJECT_TABLE:
-		case pg.ObjectType_OBJECT_TRIGGER, pg.ObjectType_OBJECT_RULE, pg.ObjectType_OBJECT_POLICY:
-			if len(names) < 2 {
-				continue
-			}
-			names, table = names[:len(names)-1], false
-		default:
-			continue
-		}
-		rv := rangeVarOf(names)
+	rels, on := droppedRelations(d)
+	if !on && d.RemoveType != pg.ObjectType_OBJECT_TABLE {
+		return "", false
+	}
+	for _, rv := range rels {
 		if p.isReference(rv) {
-			return rv.Relname, table
+			return rv.Relname, !on
 		}
 	}
 	return "", false
