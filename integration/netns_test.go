@@ -22,10 +22,20 @@ import (
 // netem qdisc, so loss is iptables' statistic match and delay a tbf rate
 // limit.
 
-const (
-	netBridge = "lt-br0"
-	netHostIP = "10.231.0.1" // the host on the bridge: nodes and redis
-	netPrefix = "10.231.0."
+// netID keeps the bridge, namespaces and subnet of one test process apart
+// from another's, so two worktrees can run partition tests at once:
+// LATTICE_NETNS_ID (0-249) picks it, else the process id does.
+var netID = func() int {
+	if v, err := strconv.Atoi(os.Getenv("LATTICE_NETNS_ID")); err == nil && v >= 0 && v < 250 {
+		return v
+	}
+	return os.Getpid() % 250
+}()
+
+var (
+	netBridge = fmt.Sprintf("lt%d-br", netID)
+	netPrefix = fmt.Sprintf("10.231.%d.", netID)
+	netHostIP = netPrefix + "1" // the host on the bridge: nodes and redis
 )
 
 // netNS is one namespace on the bridge.
@@ -50,10 +60,11 @@ func requireNetNS(t *testing.T) {
 			t.Skipf("network partitions need %s (apt-get install -y iproute2 iptables)", tool)
 		}
 	}
-	if out, err := exec.Command("ip", "netns", "add", "lt-probe").CombinedOutput(); err != nil {
+	probe := fmt.Sprintf("lt%d-probe", netID)
+	if out, err := exec.Command("ip", "netns", "add", probe).CombinedOutput(); err != nil {
 		t.Skipf("network namespaces unavailable: %v: %s", err, out)
 	}
-	_ = exec.Command("ip", "netns", "del", "lt-probe").Run()
+	_ = exec.Command("ip", "netns", "del", probe).Run()
 }
 
 func sh(t *testing.T, args ...string) {
@@ -80,7 +91,7 @@ func setupBridge(t *testing.T) {
 // test ends.
 func newNetNS(t *testing.T, i int) *netNS {
 	t.Helper()
-	n := &netNS{name: fmt.Sprintf("lt-ns%d", i), veth: fmt.Sprintf("lt-v%d", i), ip: netPrefix + strconv.Itoa(10+i)}
+	n := &netNS{name: fmt.Sprintf("lt%d-ns%d", netID, i), veth: fmt.Sprintf("lt%d-v%d", netID, i), ip: netPrefix + strconv.Itoa(10+i)}
 	_ = exec.Command("ip", "netns", "del", n.name).Run()
 	_ = exec.Command("ip", "link", "del", n.veth).Run()
 	sh(t, "ip", "netns", "add", n.name)
