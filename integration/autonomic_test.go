@@ -279,6 +279,24 @@ func (a *autoRun) holdShardWrites() (release func()) {
 	}
 }
 
+// grownToCap starts a proxy whose monitor finds a shard writing 20 rows/s
+// hot, under a cap of limit shards, creates catalogue with 2000 keys over 4
+// shards, and runs the ledger workload until the monitor has split the
+// tree up to the cap and stopped there.
+func grownToCap(t *testing.T, ctx context.Context, limit int) (*autoRun, *proxyProc) {
+	t.Helper()
+	p := autonomicProxy(t, "--autosplit-rows-per-second=20", "--max-physical-shards-per-tree="+strconv.Itoa(limit))
+	a := newAutoRun(t, ctx, p, 2000, 4)
+	a.run(2)
+	capped := "capped: " + strconv.Itoa(limit) + " shards"
+	a.until("the monitor grows the tree to the cap", func() bool {
+		return a.shards() == limit && len(a.migrations()) == 0 && strings.Contains(a.status(), capped)
+	}, nil)
+	a.stop()
+	t.Logf("grown to the cap of %d in %s; %s", limit, time.Since(a.start).Round(time.Millisecond), a.status())
+	return a, p
+}
+
 // TestAutonomicRules: the monitor and healing beside reshards, on one tree
 // created with 4 shards, with --max-physical-shards-per-tree 5:
 //   - under a uniform load above the threshold the monitor splits up to the
@@ -298,16 +316,8 @@ func TestAutonomicRules(t *testing.T) {
 	// A cap of 5 over a registry of 4 leaves healing one fold, and three
 	// shards in a row of five, two of them adjacent, that the shrink could
 	// fold beside it if it did not wait.
-	p := autonomicProxy(t, "--autosplit-rows-per-second=20", "--max-physical-shards-per-tree=5")
-	a := newAutoRun(t, ctx, p, 2000, 4)
 	begin := time.Now()
-
-	a.run(2)
-	a.until("the monitor grows the tree to the cap", func() bool {
-		return a.shards() == 5 && len(a.migrations()) == 0 && strings.Contains(a.status(), "capped: 5 shards")
-	}, nil)
-	a.stop()
-	t.Logf("grown to the cap of 5 in %s; %s", time.Since(begin).Round(time.Millisecond), a.status())
+	a, p := grownToCap(t, ctx, 5)
 
 	release := a.holdShardWrites()
 	a.until("healing starts folding the quiet tree", func() bool {
@@ -361,16 +371,8 @@ func TestAutonomicHealing(t *testing.T) {
 	resetNodes(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	p := autonomicProxy(t, "--autosplit-rows-per-second=20", "--max-physical-shards-per-tree=8")
-	a := newAutoRun(t, ctx, p, 2000, 4)
 	begin := time.Now()
-
-	a.run(2)
-	a.until("the monitor over-splits the tree to 8", func() bool {
-		return a.shards() == 8 && len(a.migrations()) == 0
-	}, nil)
-	a.stop()
-	t.Logf("split to 8 in %s; %s", time.Since(begin).Round(time.Millisecond), a.status())
+	a, _ := grownToCap(t, ctx, 8)
 
 	quiet := time.Now()
 	folds := map[string]bool{}
