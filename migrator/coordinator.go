@@ -242,7 +242,7 @@ func (c *Coordinator) tick(ctx context.Context, r *shardmap.Reshard) error {
 		if need <= 0 {
 			return nil
 		}
-		writes := c.slotWrites(ctx, t)
+		writes := c.slotWrites(ctx, u)
 		for _, src := range splitSourcesByLoad(m, flying, writes) {
 			if need <= 0 {
 				break
@@ -266,6 +266,7 @@ func (c *Coordinator) tick(ctx context.Context, r *shardmap.Reshard) error {
 	if healing(flying) {
 		// A shrink plans against the map healing's folds leave: it waits
 		// for every one healing had started.
+		c.log.Info("shrink waits for healing's folds", "tree", r.Tree, "tenant", r.Tenant, "target", r.Target)
 		return nil
 	}
 	need := min(distinct-r.Target-unflipped(flying, shardmap.Fold), free)
