@@ -70,6 +70,14 @@ func ReferenceNodesSQL(nodes []string) string {
 	return "SET LOCAL " + ReferenceSetting + " TO " + quoteLiteral(strings.Join(nodes, ","))
 }
 
+// ReferenceCopyLockSQL is what a COPY into reference table name runs on
+// the catalog copy before its rows: a lock that waits for every other
+// writer of the table to end and holds new ones back (they all take the
+// catalog copy first), while reads go on.
+func ReferenceCopyLockSQL(name string) string {
+	return "LOCK TABLE " + referenceQuoted(name) + " IN SHARE ROW EXCLUSIVE MODE"
+}
+
 // ReferenceCheck tells whether an expression (a column default) would
 // give another value on each node; it names the offending call, "" if
 // none. The router's PerNodeValue is one.
