@@ -290,13 +290,33 @@ func TestReferenceTables(t *testing.T) {
 	// DDL runs on every copy.
 	mustExec(t, c, `ALTER TABLE item ADD COLUMN i_note text NOT NULL DEFAULT 'n'`)
 	mustExec(t, c, `CREATE INDEX item_name ON item (i_name)`)
-	for i, n := range nodes {
-		var cols, idx int
-		if err := n.QueryRow(ctx, `SELECT (SELECT count(*) FROM pg_attribute WHERE attrelid = 'public.item'::regclass AND attname = 'i_note'),
-			(SELECT count(*) FROM pg_indexes WHERE schemaname = 'public' AND indexname = 'item_name')`).Scan(&cols, &idx); err != nil || cols != 1 || idx != 1 {
-			t.Fatalf("n%d after the DDL: column %d, index %d, %v", i+1, cols, idx, err)
+	indexes := func(want string) {
+		t.Helper()
+		for i, n := range nodes {
+			var cols int
+			var idx string
+			if err := n.QueryRow(ctx, `SELECT (SELECT count(*) FROM pg_attribute WHERE attrelid = 'public.item'::regclass AND attname = 'i_note'),
+				(SELECT coalesce(string_agg(indexname, ',' ORDER BY indexname), '') FROM pg_indexes WHERE schemaname = 'public' AND tablename = 'item')`).Scan(&cols, &idx); err != nil || cols != 1 || idx != want {
+				t.Fatalf("n%d after the DDL: column %d, indexes %q, %v; want %q", i+1, cols, idx, err, want)
+			}
 		}
 	}
+	indexes("item_name,item_pkey")
+	// The statements that name an index, not its table, too: the catalog
+	// node says whose index it is.
+	mustExec(t, c, `ALTER INDEX item_name RENAME TO item_by_name`)
+	indexes("item_by_name,item_pkey")
+	mustExec(t, c, `CREATE INDEX item_plain_name ON item_plain (i_name)`)
+	for _, r := range []struct{ name, sql string }{
+		{"concurrently", `DROP INDEX CONCURRENTLY item_by_name`},
+		{"with an ordinary table's index", `DROP INDEX item_by_name, item_plain_name`},
+	} {
+		if _, err := c.Exec(ctx, r.sql); pgCode(err) != "0A000" {
+			t.Errorf("DROP INDEX %s: %v, want 0A000", r.name, err)
+		}
+	}
+	mustExec(t, c, `DROP INDEX item_by_name`)
+	indexes("item_pkey")
 
 	refusals := []struct{ name, sql, code string }{
 		{"a value per node", `UPDATE item SET i_data = random()::text WHERE i_id = 1`, "0A000"},

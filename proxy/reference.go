@@ -37,11 +37,10 @@ func (s *session) referenceRead(v *shardmap.View, p *router.Plan) string {
 	return node
 }
 
-// bindRefWrite binds a write of reference tables on every node that holds
+// bindRefWrite binds p, a write of reference tables, on every node that holds
 // them, in the session's transaction (an implicit one outside a block, even
 // on one node: the fence reads a SET LOCAL).
-func (s *session) bindRefWrite(ctx context.Context, v *shardmap.View, portal *clientPortal, m *pgproto3.Bind) bool {
-	p := portal.stmt.plan
+func (s *session) bindRefWrite(ctx context.Context, v *shardmap.View, p *router.Plan, portal *clientPortal, m *pgproto3.Bind) bool {
 	if p.Copy != nil {
 		portal.run = func(ctx context.Context) { s.runRefCopy(ctx, portal) }
 		s.bindComplete()
