@@ -395,3 +395,54 @@ func TestReferenceTables(t *testing.T) {
 		t.Fatalf("a join of the tree with the ordinary table again: %v, want 0A000", err)
 	}
 }
+
+// TestReferenceRemoveNode removes a node that holds copies of a reference
+// table: a node with a shard keeps its copy and is refused (55000); one
+// with none leaves the table's copies, its copy is dropped, and writes
+// and reads go on over the copies left.
+func TestReferenceRemoveNode(t *testing.T) {
+	resetNodes(t)
+	p := startProxy(t, 3)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c := connect(t, p.DSN("lattice"))
+	nodes := []*pgx.Conn{connect(t, testNodeDSN(t, 0)), connect(t, testNodeDSN(t, 1)), connect(t, testNodeDSN(t, 2))}
+	mustExec(t, c, `CREATE TABLE item (i_id int PRIMARY KEY, i_im_id int NOT NULL, i_name text NOT NULL, i_price numeric(7,2) NOT NULL, i_data text)`)
+	mustExec(t, c, `INSERT INTO item SELECT i, i % 3, 'item-' || i, i, 'd' FROM generate_series(1, 20) i`)
+	mustExec(t, c, `SELECT lattice_create_reference_table('item')`)
+	sameCopies(t, ctx, nodes, "")
+	holders := func(want string) {
+		t.Helper()
+		var got string
+		if err := c.QueryRow(ctx, `SELECT nodes FROM lattice_reference_tables() WHERE "table" = 'item'`).Scan(&got); err != nil || got != want {
+			t.Fatalf("copies of item: %q, %v; want %q", got, err, want)
+		}
+	}
+
+	// Only n2 gets a shard of the tree.
+	mustExec(t, c, `SELECT lattice_drain_node('n3')`)
+	mustExec(t, c, `CREATE TABLE stock (s_w_id int, s_i_id int, s_quantity int NOT NULL, PRIMARY KEY (s_w_id, s_i_id))`)
+	mustExec(t, c, `INSERT INTO stock SELECT w, i, w + i FROM generate_series(1, 8) w, generate_series(1, 20) i`)
+	mustExec(t, c, `SELECT lattice_create_tree('stock', 's_w_id', shard_count => 2)`)
+	if _, err := c.Exec(ctx, `SELECT lattice_remove_node('n2')`); pgCode(err) != "55000" {
+		t.Fatalf("removing n2, which holds a shard: %v, want 55000", err)
+	}
+	holders("n1,n2,n3")
+
+	mustExec(t, c, `SELECT lattice_remove_node('n3')`)
+	holders("n1,n2")
+	var exists bool
+	if err := nodes[2].QueryRow(ctx, `SELECT to_regclass('public.item') IS NOT NULL`).Scan(&exists); err != nil || exists {
+		t.Fatalf("n3 still has its copy of item (%v)", err)
+	}
+	mustExec(t, c, `UPDATE item SET i_price = i_price + 1 WHERE i_id <= 5`)
+	if tag, err := c.PgConn().CopyFrom(ctx, strings.NewReader("100\t1\tc\t1.00\tc\n"), `COPY item FROM STDIN`); err != nil || tag.String() != "COPY 1" {
+		t.Fatalf("COPY after the removal: %q, %v", tag, err)
+	}
+	sameCopies(t, ctx, nodes[:2], "")
+	var n int
+	var sum float64
+	if err := c.QueryRow(ctx, `SELECT count(*), sum(s.s_quantity * i.i_price)::float8 FROM stock s JOIN item i ON i.i_id = s.s_i_id WHERE s.s_w_id = 3`).Scan(&n, &sum); err != nil || n != 20 {
+		t.Fatalf("a join of the tree with the reference table after the removal: %d rows, %v", n, err)
+	}
+}
