@@ -320,6 +320,7 @@ func TestReferenceTables(t *testing.T) {
 
 	refusals := []struct{ name, sql, code string }{
 		{"a value per node", `UPDATE item SET i_data = random()::text WHERE i_id = 1`, "0A000"},
+		{"a fan-out that keeps the reference table's unmatched rows", `SELECT i.i_id, s.s_w_id FROM item i LEFT JOIN stock s ON s.s_i_id = i.i_id`, "0A000"},
 		{"a write reading an ordinary table", `UPDATE item SET i_price = p.i_price FROM item_plain p WHERE p.i_id = item.i_id`, "0A000"},
 		{"drop", `DROP TABLE item`, "0A000"},
 		{"copy from a per-node value", `COPY item FROM STDIN WHERE i_price < random()`, "0A000"},
