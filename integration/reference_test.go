@@ -101,6 +101,10 @@ func TestReferenceTables(t *testing.T) {
 		{`SELECT i.i_name, s.s_quantity FROM item i JOIN stock s ON s.s_i_id = i.i_id AND s.s_w_id = 3 WHERE i.i_im_id = 2 ORDER BY 1`, true},
 		{`SELECT s_w_id, s_i_id FROM stock WHERE s_i_id IN (SELECT i_id FROM item WHERE i_data = 'xx') ORDER BY 1, 2 LIMIT 12`, true},
 		{`SELECT count(*), sum(i_price), max(i_name) FROM item`, false},
+		// Aggregates over every shard, joined with the reference table.
+		{`SELECT i.i_im_id, count(*), sum(s.s_quantity), avg(i.i_price), min(i.i_name), max(s.s_quantity) FROM stock s JOIN item i ON i.i_id = s.s_i_id GROUP BY 1 ORDER BY 1`, true},
+		{`SELECT count(*), sum(i.i_price * s.s_quantity) FROM stock s JOIN item i ON i.i_id = s.s_i_id WHERE i.i_data = 'xx'`, false},
+		{`SELECT i.i_name, count(DISTINCT s.s_w_id) FROM stock s LEFT JOIN item i ON i.i_id = s.s_i_id GROUP BY i.i_name HAVING count(*) > 10 ORDER BY 2 DESC, 1 LIMIT 5`, true},
 	}
 	plain := regexp.MustCompile(`\b(item|stock)\b`)
 	for name, mode := range map[string]pgx.QueryExecMode{"extended": pgx.QueryExecModeCacheStatement, "simple": pgx.QueryExecModeSimpleProtocol} {
