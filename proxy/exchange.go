@@ -68,6 +68,7 @@ type step struct {
 	formats  []int16
 	copyIn   *copyIn  // stepCopy FROM STDIN
 	copyOut  *copyOut // stepCopy TO STDOUT
+	refCopy  *refCopy // stepCopy FROM STDIN into a reference table
 	load     loadMark // counted at CommandComplete (load.go)
 	// more are the marks of the step's later statements, one per
 	// CommandComplete after the first (load.go countLoad).

@@ -114,7 +114,7 @@ func (s *session) execute(ctx context.Context, v *shardmap.View, portal *clientP
 	case router.WriteAll:
 		return s.bindWriteAll(ctx, v, portal, m)
 	case router.RefWrite:
-		return s.bindRefWrite(ctx, v, portal, m)
+		return s.bindRefWrite(ctx, v, p, portal, m)
 	case router.FanOut:
 		if t, ok := wholeOnOneNode(v, p, m, st.oids); ok {
 			if !s.bindOn(ctx, portal, t.Node, t.SQL, m, m.DestinationPortal, false) {
