@@ -109,7 +109,7 @@ func (f *Functions) snapshot(ctx context.Context, tenant string, a map[string]*s
 	if f.snaps == nil {
 		return "", sqlstate.New(sqlstate.ObjectNotInPrerequisiteState, "this proxy cannot take snapshots")
 	}
-	op := &shardmap.TreeOp{Tenant: tenant, Kind: shardmap.OpSnapshot, Tree: t.Name, Target: name}
+	op := &shardmap.TreeOp{Tenant: tenant, Kind: shardmap.OpSnapshot, Tree: t.Name, Map: t.MapName(), Target: name}
 	other, err := f.ops.Start(ctx, op)
 	if err != nil {
 		return "", err
