@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgproto3"
 	"github.com/jackc/pgx/v5/pgtype"
 
+	"github.com/lattice-db/lattice/shardmap"
 	"github.com/lattice-db/lattice/sqlstate"
 )
 
@@ -20,7 +21,7 @@ var mergeSignatures = map[string][]pgproto3.FieldDescription{
 		field("merge", pgtype.TextOID), field("source_tree", pgtype.TextOID), field("phase", pgtype.TextOID),
 		field("on_conflict", pgtype.TextOID), field("shards_done", pgtype.Int4OID), field("shards_total", pgtype.Int4OID),
 		field("rows_merged", pgtype.Int8OID), field("redrains", pgtype.Int4OID), field("elapsed_seconds", pgtype.Float8OID),
-		field("last_error", pgtype.TextOID),
+		field("eta_seconds", pgtype.Float8OID), field("last_error", pgtype.TextOID),
 	},
 }
 
@@ -111,8 +112,25 @@ func (mg *Merger) Status(ctx context.Context, tenant, target string) ([][]any, e
 		if op.LastError != "" {
 			lastErr = op.LastError
 		}
+		var eta any // NULL until a shard of the pass is drained
+		if e := mergeETA(op, st, time.Now()); e != nil {
+			eta = *e
+		}
 		rows = append(rows, []any{op.ID, op.Tree, op.Phase, st.OnConflict, int32(len(st.Done)), int32(len(st.Sources)),
-			op.RowsDone, int32(st.Redrains), time.Since(op.Started).Seconds(), lastErr})
+			op.RowsDone, int32(st.Redrains), time.Since(op.Started).Seconds(), eta, lastErr})
 	}
 	return rows, nil
+}
+
+// mergeETA extrapolates the seconds a merge has left from the source
+// shards its pass drained, as lattice_reshard_status does from shards; nil
+// until one is. A re-drain starts a new pass, so the ETA is NULL again
+// until the new pass drains a shard.
+func mergeETA(op *shardmap.TreeOp, st MergeState, now time.Time) *float64 {
+	done, total := len(st.Done), len(st.Sources)
+	if done == 0 || total == 0 {
+		return nil
+	}
+	eta := now.Sub(op.Started).Seconds() * float64(max(total-done, 0)) / float64(done)
+	return &eta
 }
