@@ -95,7 +95,8 @@ func (f *Functions) callMerge(ctx context.Context, tenant, name string, args []*
 }
 
 // Status is lattice_merge_status(target): a row per running merge into
-// target, none when none runs.
+// target; one idle row when none runs, as lattice_reshard_status and
+// lattice_snapshot_status have.
 func (mg *Merger) Status(ctx context.Context, tenant, target string) ([][]any, error) {
 	if _, err := mg.tree(ctx, tenant, target); err != nil {
 		return nil, err
@@ -103,6 +104,9 @@ func (mg *Merger) Status(ctx context.Context, tenant, target string) ([][]any, e
 	ops, err := mg.merges(ctx, tenant, target)
 	if err != nil {
 		return nil, err
+	}
+	if len(ops) == 0 {
+		return [][]any{{nil, nil, "idle", nil, int32(0), int32(0), int64(0), int32(0), float64(0), float64(0), nil}}, nil
 	}
 	var rows [][]any
 	for _, op := range ops {
