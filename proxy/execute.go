@@ -152,8 +152,8 @@ func (s *session) bindComplete() {
 }
 
 // bindOn binds sql on node's backend for portal under portalName. In the
-// extended protocol the statement is prepared there (once per backend) and
-// the client's parameters bound to it; hide keeps BindComplete from the
+// extended protocol the statement is prepared there (once per backend, or
+// for each use: statementOn) and the client's parameters bound to it; hide keeps BindComplete from the
 // client (the extra parts of a split INSERT). In the simple protocol
 // nothing is sent yet: run sends sql as a Query.
 func (s *session) bindOn(ctx context.Context, portal *clientPortal, node, sql string, m *pgproto3.Bind, portalName string, hide bool) bool {
@@ -166,7 +166,7 @@ func (s *session) bindOn(ctx context.Context, portal *clientPortal, node, sql st
 		portal.parts = append(portal.parts, portalPart{be: be, sql: sql})
 		return true
 	}
-	name := s.prepareOn(be, sql, portal.stmt.oids, portal.stmt.epoch)
+	name := s.statementOn(be, portal.stmt, sql)
 	if portalName != "" && be.PortalOpen(portalName) {
 		// A portal of an earlier statement of this transaction (a part of
 		// a fan-out, or one the client closed) still holds the name.

@@ -192,6 +192,20 @@ func (s *session) prepareOn(be *pgshard.Conn, sql string, oids []uint32, epoch u
 	return name
 }
 
+// statementOn names the backend statement that serves client statement st
+// as sql on be: the one kept per backend (prepareOn) or, for a statement
+// whose result columns are session state's when it is parsed (Plan.Reparse:
+// FETCH, EXECUTE), the unnamed statement parsed here and now, so that it
+// describes the cursor or SQL-level statement as it is.
+func (s *session) statementOn(be *pgshard.Conn, st *clientStmt, sql string) string {
+	if st.plan != nil && st.plan.Reparse {
+		be.Send(&pgproto3.Parse{Query: sql, ParameterOIDs: st.oids})
+		s.x.add(step{kind: stepParse, be: be})
+		return ""
+	}
+	return s.prepareOn(be, sql, st.oids, st.epoch)
+}
+
 // preparedKey names a backend statement: its text, parameter types and the
 // result epoch of the client statement it serves.
 func preparedKey(sql string, oids []uint32, epoch uint64) string {
@@ -340,7 +354,7 @@ func (s *session) describe(ctx context.Context, m *pgproto3.Describe) {
 		s.fail(err)
 		return
 	}
-	name := s.prepareOn(be, st.sql, st.oids, st.epoch)
+	name := s.statementOn(be, st, st.sql)
 	be.Send(&pgproto3.Describe{ObjectType: 'S', Name: name})
 	s.x.add(step{kind: stepDescribeStmt, be: be})
 }
