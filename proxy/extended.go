@@ -86,7 +86,7 @@ func (s *session) parse(ctx context.Context, m *pgproto3.Parse) {
 		}
 	}
 	s.stmts[m.Name] = st
-	s.x.synthetic(&pgproto3.ParseComplete{})
+	s.x.answer(parseCompleteMsgs)
 }
 
 // replan refreshes a statement planned under an older trees version, as a
@@ -389,7 +389,7 @@ func (s *session) describePortal(ctx context.Context, name string) {
 	}
 	if len(portal.parts) > 0 {
 		part := portal.parts[0]
-		part.be.Send(&pgproto3.Describe{ObjectType: 'P', Name: part.name})
+		s.out.sendDescribe(part.be, 'P', part.name)
 		st := step{kind: stepDescribePortal, be: part.be}
 		if portal.fan != nil {
 			st.trim, st.capture = portal.fan.plan.Hidden, portal.fan
@@ -407,7 +407,7 @@ func (s *session) describePortal(ctx context.Context, name string) {
 		s.x.synthetic(&pgproto3.RowDescription{Fields: resultFields(fields, portal.resultFmt)})
 		return
 	}
-	s.x.synthetic(&pgproto3.NoData{})
+	s.x.answer(noDataMsgs)
 }
 
 func (s *session) executeMsg(ctx context.Context, m *pgproto3.Execute) {
@@ -433,7 +433,7 @@ func (s *session) closeMsg(m *pgproto3.Close) {
 			}
 		}
 	}
-	s.x.synthetic(&pgproto3.CloseComplete{})
+	s.x.answer(closeCompleteMsgs)
 }
 
 // Protocol-level prepared statements share one namespace per session with
@@ -482,10 +482,12 @@ func (s *session) deallocateAll() {
 // sync ends a batch: every backend used gets its Sync, all responses are
 // played back, and the client gets one ReadyForQuery.
 func (s *session) sync(ctx context.Context) error {
-	for _, be := range s.backends() {
-		if s.inBatch(be) {
-			be.Send(&pgproto3.Sync{})
-			s.x.add(step{kind: stepSync, be: be})
+	for _, list := range s.backendLists() {
+		for _, be := range list {
+			if s.inBatch(be) {
+				be.Send(&pgproto3.Sync{})
+				s.x.add(step{kind: stepSync, be: be})
+			}
 		}
 	}
 	s.keepRetry(func(st step) bool { return st.kind == stepSync })
@@ -509,7 +511,7 @@ func (s *session) sync(ctx context.Context) error {
 		clear(s.portals)
 	}
 	s.syncListener()
-	s.send(&pgproto3.ReadyForQuery{TxStatus: s.txStatus()})
+	s.send(readyForQuery(s.txStatus()))
 	return s.flush()
 }
 
