@@ -103,8 +103,14 @@ func NewCoordinator(id string, runner *Runner, opts CoordinatorOptions, interloc
 }
 
 // Run ticks until ctx ends, then waits for the migrations it started. It
-// ticks every Tick, and at once after a Nudge.
+// ticks every Tick, and at once after a Nudge, which any proxy's stored
+// intent sends (followIntents).
 func (c *Coordinator) Run(ctx context.Context) {
+	followed := make(chan struct{})
+	go func() {
+		defer close(followed)
+		c.followIntents(ctx)
+	}()
 	t := time.NewTicker(c.opts.Tick)
 	defer t.Stop()
 	for {
@@ -112,6 +118,7 @@ func (c *Coordinator) Run(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			c.wg.Wait()
+			<-followed
 			return
 		case <-t.C:
 		case <-c.wake:
