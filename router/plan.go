@@ -148,6 +148,7 @@ func (p *planner) plan(n *pg.Node, start, end int) *Plan {
 		}
 	}
 	applyPins(pl, n)
+	pl.Reparse = pl.Kind == Catalog && reparsed(n)
 	if pl.Kind != Refused {
 		if err := guardSetConfig(n); err != nil {
 			*pl = Plan{Kind: Refused, SQL: pl.SQL, Err: err}

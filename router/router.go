@@ -197,6 +197,7 @@ type Plan struct {
 	Notify    bool                 // Catalog: sends a notification (NOTIFY, pg_notify)
 	Pin       Pin                  // Catalog: session state the statement leaves on its backend (pin.go)
 	Unpin     Pin                  // Catalog: session state the statement ends
+	Reparse   bool                 // Catalog: FETCH or EXECUTE, whose result columns are a cursor's or a SQL-level statement's when parsed: a backend statement of it is parsed for each use, never kept (reparse.go)
 	Prepare   string               // Catalog: the statement SQL PREPARE creates, in the namespace it shares with protocol statements
 	Dealloc   string               // Catalog: the statement DEALLOCATE name drops ("" for DEALLOCATE ALL, whose Unpin has PinPrepare)
 	Tag       string               // command tag for statements the proxy answers itself ("BEGIN", "SET", "SELECT" for Function: append the row count)
@@ -332,6 +333,9 @@ func (p *Plan) String() string {
 	}
 	if p.Unpin != 0 {
 		b.WriteString(" unpin=" + p.Unpin.String())
+	}
+	if p.Reparse {
+		b.WriteString(" reparse")
 	}
 	if p.Tag != "" {
 		b.WriteString(" tag=" + p.Tag)
