@@ -64,3 +64,44 @@ func TestConnAlive(t *testing.T) {
 		})
 	}
 }
+
+// TestQuietBesideBlockedReader: the check answers at once while another
+// goroutine is blocked reading the same socket, as pgconn's background
+// reader can be on an idle presence session; it must not wait for that
+// reader's lock (a proxy's shutdown hung on it).
+func TestQuietBesideBlockedReader(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	client, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	srv, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	read := make(chan struct{})
+	go func() {
+		var b [1]byte
+		client.Read(b[:]) // blocks until the server writes
+		close(read)
+	}()
+	time.Sleep(50 * time.Millisecond) // the reader is in its read
+	answer := make(chan bool, 1)
+	go func() { answer <- quiet(client) }()
+	select {
+	case ok := <-answer:
+		if !ok {
+			t.Fatal("quiet = false on a quiet socket")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("quiet waited for the blocked reader")
+	}
+	srv.Write([]byte("Z"))
+	<-read
+}

@@ -32,9 +32,13 @@ func quiet(nc net.Conn) bool {
 	}
 	var buf [1]byte
 	var peekErr error
-	if err := raw.Read(func(fd uintptr) bool {
+	// Control, not Read: Read takes the descriptor's read lock, which a
+	// reader blocked on the same socket holds (pgconn's background reader
+	// can sit in a read on an idle session), and the peek would wait for
+	// it forever. A peek without waiting consumes nothing, so it needs no
+	// lock.
+	if err := raw.Control(func(fd uintptr) {
 		_, _, peekErr = syscall.Recvfrom(int(fd), buf[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
-		return true // one try: never wait for readability
 	}); err != nil {
 		return false
 	}
