@@ -644,6 +644,10 @@ func (r *Runner) freezeAndFlip(ctx context.Context, u unit, mig *shardmap.Migrat
 	}
 	var snaps Snapshots
 	if !r.opts.SkipVerify {
+		// The write log proves the move should this run die after the flip.
+		if err := r.cluster.PrepareWriteLog(ctx, u.trees, mig); err != nil {
+			return false, err
+		}
 		var err error
 		if snaps, err = r.cluster.OpenSnapshots(ctx, u.trees, mig, r.opts.VerifyTimeout); err != nil {
 			return false, err
@@ -878,6 +882,10 @@ func (r *Runner) release(ctx context.Context, u unit, mig *shardmap.Migration) e
 		return err
 	}
 	acked := time.Now()
+	// The move is verified: no comparison needs the target's write log.
+	if err := r.cluster.DropWriteLog(ctx, u.trees, mig); err != nil {
+		return err
+	}
 	if err := r.cluster.DropShadow(ctx, u.trees, mig); err != nil {
 		return err
 	}

@@ -108,14 +108,14 @@ func TestPhaseTable(t *testing.T) {
 
 // TestRunCrashResume stops a run at each LATTICE_TEST_CRASH_AT point and
 // resumes it in a fresh runner, which holds no snapshots: the move
-// completes with every row once. A crash after the flip loses the
-// snapshots, so that move goes on unverified; before it, the resumed
-// freeze takes new ones and verifies.
+// completes with every row once, verified. A crash after the flip loses
+// the snapshots, so that move is compared from the target's write log;
+// before it, the resumed freeze takes new ones.
 func TestRunCrashResume(t *testing.T) {
 	tests := []struct {
-		point      string
-		phase      shardmap.MigrationPhase // recorded at the crash
-		unverified bool
+		point   string
+		phase   shardmap.MigrationPhase // recorded at the crash
+		fromLog bool
 	}{
 		{"copy", shardmap.PhaseCopy, false},
 		{"drain", shardmap.PhaseDrain, false},
@@ -140,11 +140,14 @@ func TestRunCrashResume(t *testing.T) {
 					t.Fatal(err)
 				}
 				r.checkMoved(mig)
-				if got := rec.Verify != nil && !rec.Verify.Exact; got != tc.unverified {
-					t.Errorf("unverified %v, want %v (verification %+v)", got, tc.unverified, rec.Verify)
+				if rec.Verify == nil || !rec.Verify.Exact {
+					t.Fatalf("the move was not verified: %+v", rec.Verify)
 				}
-				if !tc.unverified && (rec.Verify == nil || !rec.Verify.Exact) && tc.phase != shardmap.PhaseRelease {
-					t.Errorf("the move was not verified: %+v", rec.Verify)
+				if rec.Verify.FromLog != tc.fromLog {
+					t.Errorf("compared from the write log %v, want %v", rec.Verify.FromLog, tc.fromLog)
+				}
+				if r.nodes.logs[mig.ID] != nil {
+					t.Error("the release left the target's write log")
 				}
 			})
 		}

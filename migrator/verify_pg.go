@@ -128,6 +128,18 @@ func (s *pgSnapshots) Close() {
 type side struct {
 	conn  *pgx.Conn
 	table string
+	// from, if set, is what the comparison reads instead of the table: a
+	// subquery of the table's columns (the target's rows as of the flip,
+	// rebuilt from its write log; writelog_pg.go).
+	from string
+}
+
+// rows is what the comparison's statements read from.
+func (sd side) rows() string {
+	if sd.from != "" {
+		return sd.from
+	}
+	return sd.table
 }
 
 // begin opens the comparison's transaction on c, under snapshot if one is
@@ -172,7 +184,7 @@ func (s *pgSnapshots) Compare(ctx context.Context) (*shardmap.Verification, erro
 	// One snapshot a side covers every table of the move.
 	var v *shardmap.Verification
 	for _, t := range s.trees {
-		got, err := compareSlots(ctx, t, s.mig, side{src, pgshard.ShardTable(t, s.mig.Source)}, side{tgt, pgshard.ShardTable(t, s.mig.Target)}, s.mig.Slots)
+		got, err := compareSlots(ctx, t, s.mig, side{conn: src, table: pgshard.ShardTable(t, s.mig.Source)}, side{conn: tgt, table: pgshard.ShardTable(t, s.mig.Target)}, s.mig.Slots)
 		if err != nil {
 			return nil, err
 		}
@@ -231,7 +243,7 @@ func (s *pgSnapshots) WrittenSince(ctx context.Context, slots []int) ([]shardmap
 	var out []shardmap.RowDiff
 	for _, t := range s.trees {
 		table := pgshard.ShardTable(t, s.mig.Target)
-		got, err := diffSides(ctx, t, side{s.itgt, table}, side{now, table}, slots, nil)
+		got, err := diffSides(ctx, t, side{conn: s.itgt, table: table}, side{conn: now, table: table}, slots, nil)
 		if err != nil {
 			return nil, err
 		}
@@ -259,7 +271,7 @@ func (c clusterNodes) DiffNow(ctx context.Context, t *shardmap.Tree, mig *shardm
 			return nil, err
 		}
 	}
-	return diffSides(ctx, t, side{src, pgshard.ShardTable(t, mig.Source)}, side{tgt, pgshard.ShardTable(t, mig.Target)}, slots, ignore)
+	return diffSides(ctx, t, side{conn: src, table: pgshard.ShardTable(t, mig.Source)}, side{conn: tgt, table: pgshard.ShardTable(t, mig.Target)}, slots, ignore)
 }
 
 // diffSides lists the differing keys of each slot, leaving out ignore.
@@ -300,7 +312,7 @@ func checksumSQL(t *shardmap.Tree, table string, chunk [2]int) string {
 }
 
 func readSums(ctx context.Context, sd side, t *shardmap.Tree, chunk [2]int) (map[int]slotSum, error) {
-	rows, err := sd.conn.Query(ctx, checksumSQL(t, sd.table, chunk))
+	rows, err := sd.conn.Query(ctx, checksumSQL(t, sd.rows(), chunk))
 	if err != nil {
 		return nil, err
 	}
@@ -370,17 +382,13 @@ func keyExpr(ctx context.Context, c *pgx.Conn, table string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	q := make([]string, len(pkey))
-	for i, k := range pkey {
-		q[i] = "x." + pgx.Identifier{k}.Sanitize()
-	}
-	return "ROW(" + strings.Join(q, ", ") + ")::text", nil
+	return recordKey("x", pkey), nil
 }
 
 // rowHashes reads key -> row hash of one slot.
 func rowHashes(ctx context.Context, sd side, t *shardmap.Tree, key string, slot int) (map[string]string, error) {
 	rows, err := sd.conn.Query(ctx, fmt.Sprintf("SELECT %s, hashtextextended(x::text, 0)::text FROM %s x WHERE %s",
-		key, sd.table, btreeindex.SlotPredicate(t, "x", [][2]int{{slot, slot}})))
+		key, sd.rows(), btreeindex.SlotPredicate(t, "x", [][2]int{{slot, slot}})))
 	if err != nil {
 		return nil, err
 	}
