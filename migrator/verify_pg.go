@@ -16,10 +16,28 @@ import (
 	"github.com/lattice-db/lattice/shardmap"
 )
 
-// verifySettings make a row's text the same on every node, whatever the
-// server's defaults: the checksum hashes it.
-const verifySettings = `SET LOCAL TimeZone = 'UTC'; SET LOCAL DateStyle = 'ISO, YMD'; SET LOCAL IntervalStyle = 'postgres';
-SET LOCAL extra_float_digits = 3; SET LOCAL bytea_output = 'hex'`
+// rowTextSettings make a row's text the same on every node, whatever the
+// server's defaults: the checksum hashes it, and the write log keeps it
+// (writelog_pg.go).
+var rowTextSettings = [][2]string{{"TimeZone", "'UTC'"}, {"DateStyle", "'ISO, YMD'"}, {"IntervalStyle", "'postgres'"},
+	{"extra_float_digits", "3"}, {"bytea_output", "'hex'"}}
+
+// settingsSQL is rowTextSettings as statements (SET LOCAL) or as the SET
+// clauses of a function.
+func settingsSQL(function bool) string {
+	parts := make([]string, len(rowTextSettings))
+	for i, kv := range rowTextSettings {
+		if function {
+			parts[i] = "SET " + kv[0] + " = " + kv[1]
+		} else {
+			parts[i] = "SET LOCAL " + kv[0] + " = " + kv[1]
+		}
+	}
+	if function {
+		return strings.Join(parts, " ")
+	}
+	return strings.Join(parts, "; ")
+}
 
 // maxDiffRows bounds the differing rows a verification keeps for a repair,
 // and maxDiffSlots the slots it looks for them in.
@@ -149,7 +167,7 @@ func beginCompare(ctx context.Context, c *pgx.Conn, snapshot string, timeout tim
 	if snapshot != "" {
 		sql += "; SET TRANSACTION SNAPSHOT " + quoteLiteral(snapshot)
 	}
-	sql += "; " + verifySettings + fmt.Sprintf("; SET LOCAL statement_timeout = %d", timeout.Milliseconds())
+	sql += "; " + settingsSQL(false) + fmt.Sprintf("; SET LOCAL statement_timeout = %d", timeout.Milliseconds())
 	_, err := c.PgConn().Exec(ctx, sql).ReadAll()
 	return err
 }

@@ -31,8 +31,13 @@ import (
 //	    key     text PRIMARY KEY,  -- ROW(<primary key>)::text
 //	    slot    int NOT NULL,
 //	    existed bool NOT NULL,     -- the key had a row at the flip
-//	    old     <the table's row type>
+//	    old     text               -- that row, as the text of its row type
 //	)
+//
+// The row is kept as text, not as the table's row type, so that nothing
+// depends on the target table's type: dropping the table (an abandoned
+// resize, a recovery) stays a plain DROP TABLE. The text is written and
+// read back under the same settings (rowTextSettings), so it round-trips.
 //
 // An AFTER trigger, so that an upsert that updates logs the row it
 // updated, not an insert. The stream's and the repair's writes set
@@ -73,10 +78,10 @@ func recordKey(rec string, pkey []string) string {
 }
 
 // writeLogSQL creates t's log on the target: the table, and the trigger
-// function, whose SET clauses fix the key's text as verifySettings do
-// (SECURITY DEFINER: the client's role may not write the log).
+// function, whose SET clauses fix the key's and the row's text as the
+// comparison's transaction does (SECURITY DEFINER: the client's role may
+// not write the log).
 func writeLogSQL(t *shardmap.Tree, mig *shardmap.Migration, pkey []string) []string {
-	table := pgshard.ShardTable(t, mig.Target)
 	log := writeLogTable(t, mig)
 	fn := pgx.Identifier{shardmap.SchemaName(mig.Target), writeLogName(t, mig)}.Sanitize()
 	logRow := func(rec, existed, old string) string {
@@ -85,13 +90,12 @@ func writeLogSQL(t *shardmap.Tree, mig *shardmap.Migration, pkey []string) []str
 	}
 	pred := func(rec string) string { return btreeindex.SlotPredicate(t, rec, mig.Slots) }
 	return []string{
-		"CREATE TABLE IF NOT EXISTS " + log + " (key text PRIMARY KEY, slot int NOT NULL, existed bool NOT NULL, old " + table + ")",
+		"CREATE TABLE IF NOT EXISTS " + log + " (key text PRIMARY KEY, slot int NOT NULL, existed bool NOT NULL, old text)",
 		`CREATE OR REPLACE FUNCTION ` + fn + `() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
-SET search_path = pg_catalog SET TimeZone = 'UTC' SET DateStyle = 'ISO, YMD' SET IntervalStyle = 'postgres'
-SET extra_float_digits = 3 SET bytea_output = 'hex' AS $w$
+SET search_path = pg_catalog ` + settingsSQL(true) + ` AS $w$
 BEGIN
     IF TG_OP IN ('UPDATE', 'DELETE') AND ` + pred("OLD") + ` THEN
-        ` + logRow("OLD", "true", "OLD") + `
+        ` + logRow("OLD", "true", "OLD::text") + `
     END IF;
     IF TG_OP IN ('INSERT', 'UPDATE') AND ` + pred("NEW") + ` THEN
         ` + logRow("NEW", "false", "NULL") + `
@@ -204,7 +208,7 @@ func (c clusterNodes) OpenWriteLog(ctx context.Context, ts []*shardmap.Tree, mig
 func flipImage(t *shardmap.Tree, mig *shardmap.Migration, pkey []string) string {
 	table, log := pgshard.ShardTable(t, mig.Target), writeLogTable(t, mig)
 	return "(SELECT x.* FROM " + table + " x WHERE NOT EXISTS (SELECT FROM " + log + " w WHERE w.key = " + recordKey("x", pkey) + ")" +
-		" UNION ALL SELECT (w.old).* FROM " + log + " w WHERE w.existed)"
+		" UNION ALL SELECT (w.old::" + table + ").* FROM " + log + " w WHERE w.existed)"
 }
 
 func (l *loggedComparison) Compare(ctx context.Context) (*shardmap.Verification, error) {
