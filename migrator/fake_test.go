@@ -406,7 +406,8 @@ func diffKeys(slot int, a, b map[string]string) []shardmap.RowDiff {
 type fakeSnapshots struct {
 	f        *fakeNodes
 	mig      *shardmap.Migration
-	src, tgt map[int]map[string]string // slot -> rows at TakeSource, TakeTarget
+	src, tgt map[int]map[string]string      // slot -> rows at TakeSource, TakeTarget
+	logged   map[shardmap.RowDiff]fakeImage // the write log at TakeTarget
 }
 
 func (s *fakeSnapshots) TakeTarget(ctx context.Context) error {
@@ -414,7 +415,27 @@ func (s *fakeSnapshots) TakeTarget(ctx context.Context) error {
 	defer s.f.mu.Unlock()
 	s.f.call("take target %s", s.mig.ID)
 	s.tgt = s.take(s.mig.Target)
+	s.logged = nil
+	if l := s.f.logs[s.mig.ID]; l != nil {
+		s.logged = maps.Clone(l.rows)
+	}
 	return nil
+}
+
+// asOfFlip puts back, in the target's snapshot, the row of each key the
+// write log held then: the target's rows as of the flip, as flipImage
+// reads them.
+func (s *fakeSnapshots) asOfFlip() {
+	for d, img := range s.logged {
+		if s.tgt[d.Slot] == nil {
+			s.tgt[d.Slot] = map[string]string{}
+		}
+		if img.existed {
+			s.tgt[d.Slot][d.Key] = img.old
+		} else {
+			delete(s.tgt[d.Slot], d.Key)
+		}
+	}
 }
 
 func (s *fakeSnapshots) TakeSource(ctx context.Context) error {
@@ -440,6 +461,7 @@ func (s *fakeSnapshots) Compare(ctx context.Context) (*shardmap.Verification, er
 	if s.f.compareErr != nil {
 		return nil, s.f.compareErr
 	}
+	s.asOfFlip()
 	v := &shardmap.Verification{Exact: true}
 	for _, rg := range s.mig.Slots {
 		for slot := rg[0]; slot <= rg[1]; slot++ {
@@ -465,13 +487,7 @@ func (s *fakeSnapshots) Compare(ctx context.Context) (*shardmap.Verification, er
 }
 
 func (s *fakeSnapshots) WrittenSince(ctx context.Context, slots []int) ([]shardmap.RowDiff, error) {
-	s.f.mu.Lock()
-	defer s.f.mu.Unlock()
-	var out []shardmap.RowDiff
-	for _, slot := range slots {
-		out = append(out, diffKeys(slot, s.tgt[slot], s.f.tables[s.mig.Target][slot])...)
-	}
-	return out, nil
+	return (&fakeLogged{f: s.f, mig: s.mig}).WrittenSince(ctx, slots)
 }
 
 func (s *fakeSnapshots) Close() {}
@@ -533,18 +549,8 @@ func (l *fakeLogged) Compare(ctx context.Context) (*shardmap.Verification, error
 		f.mu.Unlock()
 		return nil, errNoWriteLog
 	}
-	s := &fakeSnapshots{f: f, mig: l.mig, src: map[int]map[string]string{}, tgt: map[int]map[string]string{}}
+	s := &fakeSnapshots{f: f, mig: l.mig, logged: maps.Clone(log.rows)}
 	s.src, s.tgt = s.take(l.mig.Source), s.take(l.mig.Target)
-	for d, img := range log.rows {
-		if s.tgt[d.Slot] == nil {
-			s.tgt[d.Slot] = map[string]string{}
-		}
-		if img.existed {
-			s.tgt[d.Slot][d.Key] = img.old
-		} else {
-			delete(s.tgt[d.Slot], d.Key)
-		}
-	}
 	f.mu.Unlock()
 	v, err := s.Compare(ctx)
 	if v != nil {

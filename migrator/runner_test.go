@@ -217,6 +217,35 @@ func TestTargetSnapshotRetaken(t *testing.T) {
 	}
 }
 
+// TestTargetSnapshotAfterClientWrite: the target's snapshot is exported
+// again after the flip, out of the pause, once a client has written a
+// moved row on the target; the comparison reads the row as of the flip
+// through the write log, so the move passes, and the client's row stays.
+func TestTargetSnapshotAfterClientWrite(t *testing.T) {
+	r := newRig(t)
+	r.nodes.lateApply = true
+	mig := r.start(shardmap.Split)
+	slot := mig.Slots[0][0] + 1
+	run := r.runner("")
+	run.crash = func(p string) {
+		if p == "flip" {
+			r.nodes.write(mig.Target, slot, keyOf(slot, 1), "client", false)
+		}
+	}
+	if _, err := r.run(run, mig); err != nil {
+		t.Fatal(err)
+	}
+	if v := r.stored(mig); v != nil {
+		t.Fatalf("migration left in phase %s: %s", v.Phase, v.LastError)
+	}
+	if v, _ := r.nodes.get(mig.Target, slot, keyOf(slot, 1)); v != "client" {
+		t.Errorf("the client's row holds %q", v)
+	}
+	if mig.Verify == nil || !mig.Verify.Exact || mig.Verify.FromLog {
+		t.Errorf("verification %+v, want one under the snapshots", mig.Verify)
+	}
+}
+
 // TestVerifyOff: without verification no snapshot is taken, and the move
 // completes.
 func TestVerifyOff(t *testing.T) {

@@ -132,7 +132,7 @@ func (r *Runner) verifyMove(ctx context.Context, u unit, mig *shardmap.Migration
 	mig.Verify = v
 	if len(v.Differ) == 0 {
 		r.metrics.Verifications.WithLabelValues(mig.Tree, mig.Tenant, VerifyPassed).Inc()
-		log.Info("move verified", "rows", v.Rows, "bytes_scanned", v.BytesScanned, "from_write_log", v.FromLog, "took", time.Duration(v.Seconds*float64(time.Second)))
+		log.Info("move verified", "rows", v.Rows, "bytes_scanned", v.BytesScanned, "took", time.Duration(v.Seconds*float64(time.Second)), "from_write_log", v.FromLog)
 		return r.setPhase(ctx, mig, shardmap.PhaseRelease)
 	}
 	// Recorded first, so that no later run releases the move. Then the

@@ -58,8 +58,7 @@ type pgSnapshots struct {
 	src, tgt *pgx.Conn // the exporting transactions
 	srcID    string
 	tgtID    string
-	// The comparison's transactions, which import the snapshots and stay
-	// open until Close, so that WrittenSince can read the flip's rows.
+	// The comparison's transactions, which import the snapshots.
 	isrc, itgt *pgx.Conn
 }
 
@@ -204,10 +203,16 @@ func (s *pgSnapshots) Compare(ctx context.Context) (*shardmap.Verification, erro
 		c.Close(ctx)
 	}
 	s.src, s.tgt = nil, nil
-	// One snapshot a side covers every table of the move.
+	// One snapshot a side covers every table of the move. The target's may
+	// have been exported after the flip (freezesnap.go): its rows as of the
+	// flip are read through the write log, under the same snapshot.
 	var v *shardmap.Verification
 	for _, t := range s.trees {
-		got, err := compareSlots(ctx, t, s.mig, side{conn: src, table: pgshard.ShardTable(t, s.mig.Source)}, side{conn: tgt, table: pgshard.ShardTable(t, s.mig.Target)}, s.mig.Slots)
+		tgtSide, err := flipSide(ctx, tgt, t, s.mig)
+		if err != nil {
+			return nil, err
+		}
+		got, err := compareSlots(ctx, t, s.mig, side{conn: src, table: pgshard.ShardTable(t, s.mig.Source)}, tgtSide, s.mig.Slots)
 		if err != nil {
 			return nil, err
 		}
@@ -251,28 +256,9 @@ func rowTree(t *shardmap.Tree) string {
 	return t.Name
 }
 
-// WrittenSince lists the keys of slots whose target row now differs from
-// the target's row at the flip: rows clients wrote since, through the
-// proxy. The slots must be frozen, so the answer holds.
+// WrittenSince implements Comparison: the logged keys of slots.
 func (s *pgSnapshots) WrittenSince(ctx context.Context, slots []int) ([]shardmap.RowDiff, error) {
-	now, err := s.nodes.connectTenant(ctx, s.mig.TargetNode, s.t.Tenant)
-	if err != nil {
-		return nil, err
-	}
-	defer now.Close(context.Background())
-	if err := beginCompare(ctx, now, "", s.timeout); err != nil {
-		return nil, err
-	}
-	var out []shardmap.RowDiff
-	for _, t := range s.trees {
-		table := pgshard.ShardTable(t, s.mig.Target)
-		got, err := diffSides(ctx, t, side{conn: s.itgt, table: table}, side{conn: now, table: table}, slots, nil)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, got...)
-	}
-	return out, nil
+	return s.nodes.loggedKeys(ctx, s.trees, s.mig, slots)
 }
 
 // DiffNow lists the keys of slots whose rows differ on source and target

@@ -230,20 +230,11 @@ func (l *loggedComparison) Compare(ctx context.Context) (*shardmap.Verification,
 	}
 	var v *shardmap.Verification
 	for _, t := range l.trees {
-		table := pgshard.ShardTable(t, l.mig.Target)
-		var logged bool
-		if err := tgt.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", writeLogTable(t, l.mig)).Scan(&logged); err != nil {
-			return nil, err
-		}
-		if !logged {
-			return nil, fmt.Errorf("migrator: %s: %w", table, errNoWriteLog)
-		}
-		_, pkey, err := tableColumns(ctx, tgt, table)
+		tgtSide, err := flipSide(ctx, tgt, t, l.mig)
 		if err != nil {
 			return nil, err
 		}
-		got, err := compareSlots(ctx, t, l.mig, side{conn: src, table: pgshard.ShardTable(t, l.mig.Source)},
-			side{conn: tgt, table: table, from: flipImage(t, l.mig, pkey)}, l.mig.Slots)
+		got, err := compareSlots(ctx, t, l.mig, side{conn: src, table: pgshard.ShardTable(t, l.mig.Source)}, tgtSide, l.mig.Slots)
 		if err != nil {
 			return nil, err
 		}
@@ -253,17 +244,40 @@ func (l *loggedComparison) Compare(ctx context.Context) (*shardmap.Verification,
 	return v, nil
 }
 
+// flipSide is the target side of t's comparison on tgt, whose transaction
+// sees both the table and its write log: the rows as of the flip.
+func flipSide(ctx context.Context, tgt *pgx.Conn, t *shardmap.Tree, mig *shardmap.Migration) (side, error) {
+	table := pgshard.ShardTable(t, mig.Target)
+	var logged bool
+	if err := tgt.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", writeLogTable(t, mig)).Scan(&logged); err != nil {
+		return side{}, err
+	}
+	if !logged {
+		return side{}, fmt.Errorf("migrator: %s: %w", table, errNoWriteLog)
+	}
+	_, pkey, err := tableColumns(ctx, tgt, table)
+	if err != nil {
+		return side{}, err
+	}
+	return side{conn: tgt, table: table, from: flipImage(t, mig, pkey)}, nil
+}
+
 // WrittenSince lists the logged keys of slots: every key a client wrote
 // since the flip, once the slots are frozen.
 func (l *loggedComparison) WrittenSince(ctx context.Context, slots []int) ([]shardmap.RowDiff, error) {
-	tgt, err := l.nodes.connectTenant(ctx, l.mig.TargetNode, l.trees[0].Tenant)
+	return l.nodes.loggedKeys(ctx, l.trees, l.mig, slots)
+}
+
+// loggedKeys lists the keys of slots in the target's write logs of ts.
+func (c clusterNodes) loggedKeys(ctx context.Context, ts []*shardmap.Tree, mig *shardmap.Migration, slots []int) ([]shardmap.RowDiff, error) {
+	tgt, err := c.connectTenant(ctx, mig.TargetNode, ts[0].Tenant)
 	if err != nil {
 		return nil, err
 	}
 	defer tgt.Close(context.Background())
 	var out []shardmap.RowDiff
-	for _, t := range l.trees {
-		rows, err := tgt.Query(ctx, "SELECT slot, key FROM "+writeLogTable(t, l.mig)+" WHERE slot = ANY ($1) ORDER BY slot, key", slots)
+	for _, t := range ts {
+		rows, err := tgt.Query(ctx, "SELECT slot, key FROM "+writeLogTable(t, mig)+" WHERE slot = ANY ($1) ORDER BY slot, key", slots)
 		if err != nil {
 			return nil, err
 		}
