@@ -63,6 +63,12 @@ func (w *wire) round(msgs ...pgproto3.FrontendMessage) string {
 		switch m := msg.(type) {
 		case *pgproto3.ErrorResponse:
 			name += ":" + m.Code
+		case *pgproto3.RowDescription:
+			var cols []string
+			for _, f := range m.Fields {
+				cols = append(cols, string(f.Name))
+			}
+			name += "(" + strings.Join(cols, ",") + ")"
 		case *pgproto3.DataRow:
 			var vals []string
 			for _, v := range m.Values {
@@ -448,4 +454,49 @@ func TestProtocolStateTypeRolledBack(t *testing.T) {
 			t.Fatalf("round %d:\n got  %s\n want %s (PostgreSQL)", i, got[i], want[i])
 		}
 	}
+}
+
+// TestProtocolStateSessionResults describes FETCH and EXECUTE statements,
+// whose result columns are those of the session's cursor or SQL-level
+// statement when they are parsed, after the cursor or the statement changed.
+// PostgreSQL 15 dies of a segfault describing a FETCH statement parsed while
+// its cursor was open once the cursor is gone: the proxy must not describe
+// a backend statement another statement of the session left behind. One
+// backend (--pool-size 1), so the rounds share it.
+func TestProtocolStateSessionResults(t *testing.T) {
+	resetNodes(t)
+	p := startProxy(t, 1, "--pool-size", "1")
+	direct, proxied := dialWire(t, testNodeDSN(t, 0)), dialWire(t, p.DSN("lattice"))
+	query := func(sql string) []pgproto3.FrontendMessage {
+		return []pgproto3.FrontendMessage{&pgproto3.Query{String: sql}}
+	}
+	describe := func(stmt, sql string) []pgproto3.FrontendMessage {
+		return []pgproto3.FrontendMessage{
+			&pgproto3.Parse{Name: stmt, Query: sql},
+			&pgproto3.Describe{ObjectType: 'S', Name: stmt},
+			&pgproto3.Sync{},
+		}
+	}
+	fetch := seq(execOne("", `FETCH 1 IN c`)[:2], []pgproto3.FrontendMessage{&pgproto3.Describe{ObjectType: 'P'}, &pgproto3.Execute{}, &pgproto3.Sync{}})
+	bothWires(t, direct, proxied,
+		query("BEGIN"),
+		query(`DECLARE c CURSOR FOR SELECT n, n::text AS str FROM generate_series(1, 3) n`),
+		fetch,
+		query("ROLLBACK"),
+		// The cursor is gone: no columns.
+		describe("f1", `FETCH 1 IN c`),
+		query("BEGIN"),
+		query(`DECLARE c CURSOR FOR SELECT n FROM generate_series(1, 3) n`),
+		describe("f2", `FETCH 1 IN c`),
+		fetch,
+		query("ROLLBACK"),
+		// A SQL-level statement defined again under its name.
+		query(`PREPARE q AS SELECT 1 AS one`),
+		seq(execOne("", `EXECUTE q`), syncMsg),
+		query(`DEALLOCATE q`),
+		query(`PREPARE q AS SELECT 1 AS one, 2 AS two`),
+		describe("e1", `EXECUTE q`),
+		seq(execOne("", `EXECUTE q`), syncMsg),
+		query(`DEALLOCATE q`),
+	)
 }

@@ -68,6 +68,7 @@ type step struct {
 	formats  []int16
 	copyIn   *copyIn  // stepCopy FROM STDIN
 	copyOut  *copyOut // stepCopy TO STDOUT
+	refCopy  *refCopy // stepCopy FROM STDIN into a reference table
 	load     loadMark // counted at CommandComplete (load.go)
 	// more are the marks of the step's later statements, one per
 	// CommandComplete after the first (load.go countLoad).
@@ -94,6 +95,22 @@ type exchange struct {
 func (x *exchange) add(st step) { x.steps = append(x.steps, st) }
 
 func (x *exchange) synthetic(msgs ...pgproto3.BackendMessage) {
+	x.add(step{kind: stepSynthetic, msgs: msgs})
+}
+
+// The answers the proxy gives to most extended-protocol messages, as
+// shared lists: a synthetic step of its own list costs an allocation per
+// message, several per statement. Steps only read their msgs.
+var (
+	parseCompleteMsgs = []pgproto3.BackendMessage{&pgproto3.ParseComplete{}}
+	bindCompleteMsgs  = []pgproto3.BackendMessage{&pgproto3.BindComplete{}}
+	closeCompleteMsgs = []pgproto3.BackendMessage{&pgproto3.CloseComplete{}}
+	noDataMsgs        = []pgproto3.BackendMessage{&pgproto3.NoData{}}
+	emptyQueryMsgs    = []pgproto3.BackendMessage{&pgproto3.EmptyQueryResponse{}}
+)
+
+// answer queues one of the shared answers above.
+func (x *exchange) answer(msgs []pgproto3.BackendMessage) {
 	x.add(step{kind: stepSynthetic, msgs: msgs})
 }
 
@@ -363,4 +380,59 @@ func (s *session) copyIn(be *pgshard.Conn) error {
 			return be.Flush()
 		}
 	}
+}
+
+// outMessages are a session's messages to backends on every statement's
+// path, reused: a backend's Send encodes a message at once, so one of each
+// per session serves every statement without an allocation. Each is
+// cleared once sent, so that it holds no client data (a large parameter)
+// past its statement.
+type outMessages struct {
+	bind pgproto3.Bind
+	exec pgproto3.Execute
+	desc pgproto3.Describe
+	q    pgproto3.Query
+}
+
+// sendBind sends the client's Bind m to be, for its statement stmt and
+// under portal.
+func (o *outMessages) sendBind(be *pgshard.Conn, m *pgproto3.Bind, portal, stmt string) {
+	o.bind = *m
+	o.bind.DestinationPortal, o.bind.PreparedStatement = portal, stmt
+	be.Send(&o.bind)
+	o.bind = pgproto3.Bind{}
+}
+
+func (o *outMessages) sendExecute(be *pgshard.Conn, portal string, maxRows uint32) {
+	o.exec = pgproto3.Execute{Portal: portal, MaxRows: maxRows}
+	be.Send(&o.exec)
+	o.exec = pgproto3.Execute{}
+}
+
+func (o *outMessages) sendDescribe(be *pgshard.Conn, obj byte, name string) {
+	o.desc = pgproto3.Describe{ObjectType: obj, Name: name}
+	be.Send(&o.desc)
+	o.desc = pgproto3.Describe{}
+}
+
+func (o *outMessages) sendQuery(be *pgshard.Conn, sql string) {
+	o.q = pgproto3.Query{String: sql}
+	be.Send(&o.q)
+	o.q = pgproto3.Query{}
+}
+
+// The three ReadyForQuery messages, shared: one per statement would be an
+// allocation.
+var readyIdle, readyInTx, readyFailed = &pgproto3.ReadyForQuery{TxStatus: 'I'}, &pgproto3.ReadyForQuery{TxStatus: 'T'}, &pgproto3.ReadyForQuery{TxStatus: 'E'}
+
+func readyForQuery(status byte) *pgproto3.ReadyForQuery {
+	switch status {
+	case 'I':
+		return readyIdle
+	case 'T':
+		return readyInTx
+	case 'E':
+		return readyFailed
+	}
+	return &pgproto3.ReadyForQuery{TxStatus: status}
 }

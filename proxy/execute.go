@@ -114,7 +114,7 @@ func (s *session) execute(ctx context.Context, v *shardmap.View, portal *clientP
 	case router.WriteAll:
 		return s.bindWriteAll(ctx, v, portal, m)
 	case router.RefWrite:
-		return s.bindRefWrite(ctx, v, portal, m)
+		return s.bindRefWrite(ctx, v, p, portal, m)
 	case router.FanOut:
 		if t, ok := wholeOnOneNode(v, p, m, st.oids); ok {
 			if !s.bindOn(ctx, portal, t.Node, t.SQL, m, m.DestinationPortal, false) {
@@ -151,13 +151,13 @@ func (s *session) execute(ctx context.Context, v *shardmap.View, portal *clientP
 // no Bind to answer.
 func (s *session) bindComplete() {
 	if !s.simple {
-		s.x.synthetic(&pgproto3.BindComplete{})
+		s.x.answer(bindCompleteMsgs)
 	}
 }
 
 // bindOn binds sql on node's backend for portal under portalName. In the
-// extended protocol the statement is prepared there (once per backend) and
-// the client's parameters bound to it; hide keeps BindComplete from the
+// extended protocol the statement is prepared there (once per backend, or
+// for each use: statementOn) and the client's parameters bound to it; hide keeps BindComplete from the
 // client (the extra parts of a split INSERT). In the simple protocol
 // nothing is sent yet: run sends sql as a Query.
 func (s *session) bindOn(ctx context.Context, portal *clientPortal, node, sql string, m *pgproto3.Bind, portalName string, hide bool) bool {
@@ -170,17 +170,14 @@ func (s *session) bindOn(ctx context.Context, portal *clientPortal, node, sql st
 		portal.parts = append(portal.parts, portalPart{be: be, sql: sql})
 		return true
 	}
-	name := s.prepareOn(be, sql, portal.stmt.oids, portal.stmt.epoch)
+	name := s.statementOn(be, portal.stmt, sql)
 	if portalName != "" && be.PortalOpen(portalName) {
 		// A portal of an earlier statement of this transaction (a part of
 		// a fan-out, or one the client closed) still holds the name.
 		be.Send(&pgproto3.Close{ObjectType: 'P', Name: portalName})
 		s.x.add(step{kind: stepClose, be: be, hide: true})
 	}
-	b := *m
-	b.DestinationPortal = portalName
-	b.PreparedStatement = name
-	be.Send(&b)
+	s.out.sendBind(be, m, portalName, name)
 	s.x.add(step{kind: stepBind, be: be, hide: hide})
 	portal.parts = append(portal.parts, portalPart{be: be, name: portalName})
 	return true
@@ -197,7 +194,7 @@ func (s *session) run(ctx context.Context, portal *clientPortal, maxRows uint32)
 	case len(portal.parts) > 0:
 		s.runParts(portal, maxRows)
 	default:
-		s.x.synthetic(&pgproto3.EmptyQueryResponse{})
+		s.x.answer(emptyQueryMsgs)
 	}
 }
 
@@ -220,11 +217,11 @@ func (s *session) runFanOut(portal *clientPortal, maxRows uint32) {
 		// The merge needs the column types: describe the first part for
 		// the proxy alone.
 		part := portal.parts[0]
-		part.be.Send(&pgproto3.Describe{ObjectType: 'P', Name: part.name})
+		s.out.sendDescribe(part.be, 'P', part.name)
 		s.x.add(step{kind: stepDescribePortal, be: part.be, hide: true, capture: f})
 	}
 	for _, part := range portal.parts {
-		part.be.Send(&pgproto3.Execute{Portal: part.name})
+		s.out.sendExecute(part.be, part.name, 0)
 	}
 	s.x.add(step{kind: stepFanOut, fan: f})
 }
@@ -245,7 +242,7 @@ func (s *session) runParts(portal *clientPortal, maxRows uint32) {
 			s.extRetry = &extRetry{stmt: portal.stmt, bind: portal.bind, step: len(s.x.steps)}
 		}
 		for _, part := range portal.parts {
-			part.be.Send(&pgproto3.Execute{Portal: part.name, MaxRows: maxRows})
+			s.out.sendExecute(part.be, part.name, maxRows)
 			st := step{kind: stepExecute, be: part.be, staleRetry: retry, load: part.load}
 			if sp != nil {
 				st.rowsOnly, st.split = true, sp
@@ -273,7 +270,7 @@ func (s *session) queryParts(portal *clientPortal) {
 	if len(parts) == 1 {
 		k := portal.stmt.plan.Kind
 		retry := s.simpleRetry && !s.tx.active && sp == nil && (k == router.Single || k == router.InsertSplit)
-		parts[0].be.Send(&pgproto3.Query{String: parts[0].sql})
+		s.out.sendQuery(parts[0].be, parts[0].sql)
 		s.x.add(step{kind: stepQuery, be: parts[0].be, staleRetry: retry, rowsOnly: sp != nil, split: sp, load: parts[0].load})
 		return
 	}

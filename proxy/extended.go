@@ -45,7 +45,7 @@ func (s *session) extendedMsg(ctx context.Context, msg pgproto3.FrontendMessage)
 	case *pgproto3.Execute:
 		s.noteExecute(m.Portal)
 		s.executeMsg(ctx, m)
-		if p := s.portals[m.Portal]; p != nil && p.stmt.plan != nil && p.stmt.plan.Kind == router.Copy && p.stmt.plan.Copy.From && !s.skipping {
+		if p := s.portals[m.Portal]; p != nil && p.stmt.plan != nil && p.stmt.plan.Copy != nil && p.stmt.plan.Copy.From && !s.skipping {
 			// PostgreSQL answers CopyInResponse at once, and clients wait
 			// for it before they send the data (a Sync sent in between
 			// is ignored during COPY, here as there).
@@ -87,7 +87,7 @@ func (s *session) parse(ctx context.Context, m *pgproto3.Parse) {
 		}
 	}
 	s.stmts[m.Name] = st
-	s.x.synthetic(&pgproto3.ParseComplete{})
+	s.x.answer(parseCompleteMsgs)
 }
 
 // replan refreshes a statement planned under an older trees version, as a
@@ -191,6 +191,20 @@ func (s *session) prepareOn(be *pgshard.Conn, sql string, oids []uint32, epoch u
 		s.x.add(step{kind: stepParse, be: be})
 	}
 	return name
+}
+
+// statementOn names the backend statement that serves client statement st
+// as sql on be: the one kept per backend (prepareOn) or, for a statement
+// whose result columns are session state's when it is parsed (Plan.Reparse:
+// FETCH, EXECUTE), the unnamed statement parsed here and now, so that it
+// describes the cursor or SQL-level statement as it is.
+func (s *session) statementOn(be *pgshard.Conn, st *clientStmt, sql string) string {
+	if st.plan != nil && st.plan.Reparse {
+		be.Send(&pgproto3.Parse{Query: sql, ParameterOIDs: st.oids})
+		s.x.add(step{kind: stepParse, be: be})
+		return ""
+	}
+	return s.prepareOn(be, sql, st.oids, st.epoch)
 }
 
 // preparedKey names a backend statement: its text, parameter types and the
@@ -342,7 +356,7 @@ func (s *session) describe(ctx context.Context, m *pgproto3.Describe) {
 		s.fail(err)
 		return
 	}
-	name := s.prepareOn(be, st.sql, st.oids, st.epoch)
+	name := s.statementOn(be, st, st.sql)
 	be.Send(&pgproto3.Describe{ObjectType: 'S', Name: name})
 	s.x.add(step{kind: stepDescribeStmt, be: be})
 }
@@ -377,7 +391,7 @@ func (s *session) describePortal(ctx context.Context, name string) {
 	}
 	if len(portal.parts) > 0 {
 		part := portal.parts[0]
-		part.be.Send(&pgproto3.Describe{ObjectType: 'P', Name: part.name})
+		s.out.sendDescribe(part.be, 'P', part.name)
 		st := step{kind: stepDescribePortal, be: part.be}
 		if portal.fan != nil {
 			st.trim, st.capture = portal.fan.plan.Hidden, portal.fan
@@ -395,7 +409,7 @@ func (s *session) describePortal(ctx context.Context, name string) {
 		s.x.synthetic(&pgproto3.RowDescription{Fields: resultFields(fields, portal.resultFmt)})
 		return
 	}
-	s.x.synthetic(&pgproto3.NoData{})
+	s.x.answer(noDataMsgs)
 }
 
 func (s *session) executeMsg(ctx context.Context, m *pgproto3.Execute) {
@@ -421,7 +435,7 @@ func (s *session) closeMsg(m *pgproto3.Close) {
 			}
 		}
 	}
-	s.x.synthetic(&pgproto3.CloseComplete{})
+	s.x.answer(closeCompleteMsgs)
 }
 
 // Protocol-level prepared statements share one namespace per session with
@@ -470,10 +484,12 @@ func (s *session) deallocateAll() {
 // sync ends a batch: every backend used gets its Sync, all responses are
 // played back, and the client gets one ReadyForQuery.
 func (s *session) sync(ctx context.Context) error {
-	for _, be := range s.backends() {
-		if s.inBatch(be) {
-			be.Send(&pgproto3.Sync{})
-			s.x.add(step{kind: stepSync, be: be})
+	for _, list := range s.backendLists() {
+		for _, be := range list {
+			if s.inBatch(be) {
+				be.Send(&pgproto3.Sync{})
+				s.x.add(step{kind: stepSync, be: be})
+			}
 		}
 	}
 	s.keepRetry(func(st step) bool { return st.kind == stepSync })
@@ -497,7 +513,7 @@ func (s *session) sync(ctx context.Context) error {
 		clear(s.portals)
 	}
 	s.syncListener()
-	s.send(&pgproto3.ReadyForQuery{TxStatus: s.txStatus()})
+	s.send(readyForQuery(s.txStatus()))
 	return s.flush()
 }
 

@@ -65,6 +65,7 @@ type session struct {
 	aux  []*pgshard.Conn // backends that only describe statements, outside any transaction
 
 	x       exchange
+	out     outMessages
 	stmts   map[string]*clientStmt
 	portals map[string]*clientPortal
 	// skipping is set after an error in an extended batch: messages are
@@ -374,11 +375,19 @@ func (s *session) cancel(ctx context.Context) {
 
 // sendBackends writes out what was queued for each backend of the exchange.
 func (s *session) sendBackends() {
-	for _, be := range s.backends() {
-		if err := be.Flush(); err != nil {
-			be.MarkBroken()
+	for _, list := range s.backendLists() {
+		for _, be := range list {
+			if err := be.Flush(); err != nil {
+				be.MarkBroken()
+			}
 		}
 	}
+}
+
+// backendLists are the lists backends() joins, for loops on every
+// statement's path that must not allocate and change no list.
+func (s *session) backendLists() [3][]*pgshard.Conn {
+	return [3][]*pgshard.Conn{s.tx.conns, s.used, s.aux}
 }
 
 func (s *session) backends() []*pgshard.Conn {

@@ -45,7 +45,7 @@ func (s *session) simpleQuery(ctx context.Context, sql string) error {
 		clear(s.portals)
 	}
 	s.syncListener()
-	s.send(&pgproto3.ReadyForQuery{TxStatus: s.txStatus()})
+	s.send(readyForQuery(s.txStatus()))
 	return s.flush()
 }
 
@@ -59,7 +59,7 @@ func (s *session) runQuery(ctx context.Context, sql string, allowRetry bool) {
 	switch len(plans) {
 	case 0:
 		s.qkind = kindNone
-		s.x.synthetic(&pgproto3.EmptyQueryResponse{})
+		s.x.answer(emptyQueryMsgs)
 	case 1:
 		s.qkind = plans[0].Kind
 		s.simpleRetry = allowRetry

@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"context"
-	"slices"
 
 	"github.com/jackc/pgx/v5/pgproto3"
 
@@ -21,18 +20,43 @@ type extRetry struct {
 	step int            // index of its Execute step in the exchange
 }
 
-// copyBind keeps a client's Bind beyond the next read from the client.
+// copyBind keeps a client's Bind beyond the next read from the client. It
+// runs for every point statement outside a transaction: the copy of a Bind
+// of a few parameters is two allocations, one for the message and its
+// lists, one for the parameters' bytes.
 func copyBind(m *pgproto3.Bind) *pgproto3.Bind {
-	b := *m
-	b.ParameterFormatCodes = slices.Clone(m.ParameterFormatCodes)
-	b.ResultFormatCodes = slices.Clone(m.ResultFormatCodes)
-	b.Parameters = make([][]byte, len(m.Parameters))
-	for i, p := range m.Parameters {
-		if p != nil {
-			b.Parameters[i] = slices.Clone(p)
-		}
+	c := &boundCopy{b: *m}
+	c.b.ParameterFormatCodes = append(c.pfc[:0:len(c.pfc)], m.ParameterFormatCodes...)
+	c.b.ResultFormatCodes = append(c.rfc[:0:len(c.rfc)], m.ResultFormatCodes...)
+	if m.ParameterFormatCodes == nil {
+		c.b.ParameterFormatCodes = nil
 	}
-	return &b
+	if m.ResultFormatCodes == nil {
+		c.b.ResultFormatCodes = nil
+	}
+	c.b.Parameters = c.params[:0:len(c.params)]
+	size := 0
+	for _, p := range m.Parameters {
+		size += len(p)
+	}
+	arena := make([]byte, 0, size)
+	for _, p := range m.Parameters {
+		if p == nil {
+			c.b.Parameters = append(c.b.Parameters, nil)
+			continue
+		}
+		arena = append(arena, p...)
+		c.b.Parameters = append(c.b.Parameters, arena[len(arena)-len(p):len(arena):len(arena)])
+	}
+	return &c.b
+}
+
+// boundCopy is a copied Bind with room for the lists of a small one.
+type boundCopy struct {
+	b      pgproto3.Bind
+	pfc    [2]int16
+	rfc    [2]int16
+	params [4][]byte
 }
 
 // retryable reports whether the Execute of portal about to be queued may be

@@ -148,6 +148,7 @@ func (p *planner) plan(n *pg.Node, start, end int) *Plan {
 		}
 	}
 	applyPins(pl, n)
+	pl.Reparse = pl.Kind == Catalog && reparsed(n)
 	if pl.Kind != Refused {
 		if err := guardSetConfig(n); err != nil {
 			*pl = Plan{Kind: Refused, SQL: pl.SQL, Err: err}
@@ -180,6 +181,8 @@ func (p *planner) apply(pl *Plan, r route, start, end int) {
 		pl.CollationProbe = r.fan.probe
 	case Copy:
 		p.applyCopy(pl, r, start, end)
+	case RefWrite:
+		pl.Copy = r.cp
 	case Single, InsertSplit, WriteAll:
 		pl.Tree, pl.Key, pl.Rows = r.tree, r.key, r.rows
 		if r.multi != nil {

@@ -197,6 +197,7 @@ type Plan struct {
 	Notify    bool                 // Catalog: sends a notification (NOTIFY, pg_notify)
 	Pin       Pin                  // Catalog: session state the statement leaves on its backend (pin.go)
 	Unpin     Pin                  // Catalog: session state the statement ends
+	Reparse   bool                 // Catalog: FETCH or EXECUTE, whose result columns are a cursor's or a SQL-level statement's when parsed: a backend statement of it is parsed for each use, never kept (reparse.go)
 	Prepare   string               // Catalog: the statement SQL PREPARE creates, in the namespace it shares with protocol statements
 	Dealloc   string               // Catalog: the statement DEALLOCATE name drops ("" for DEALLOCATE ALL, whose Unpin has PinPrepare)
 	Tag       string               // command tag for statements the proxy answers itself ("BEGIN", "SET", "SELECT" for Function: append the row count)
@@ -209,7 +210,7 @@ type Plan struct {
 	Keys      []Value              // FanOut: when non-nil, only the shards owning these key values (key IN (...), = ANY(ARRAY[...])) hold matching rows
 	KeyArray  *Value               // FanOut: when non-nil, only the shards owning the elements of this array value (= ANY($1), = ANY('{...}')) hold matching rows
 	Agg       *AggPlan             // FanOut that aggregates, groups or removes duplicates: partial query per node, final query over the partial rows (Sort, Hidden, Limit and Offset are then unused: the final query applies them)
-	Copy      *CopySpec            // Copy
+	Copy      *CopySpec            // Copy; RefWrite: a COPY FROM STDIN into a reference table
 	// References are the reference tables the statement names (a
 	// RefWrite's written one first): every node it runs on must hold their
 	// copies.
@@ -320,6 +321,9 @@ func (p *Plan) String() string {
 	}
 	if len(p.References) > 0 && (p.Kind == Catalog || p.Kind == RefWrite) {
 		fmt.Fprintf(&b, " refs=%v", p.References)
+		if p.Kind == RefWrite && p.Copy != nil {
+			b.WriteString(" copy=stdin")
+		}
 		if p.Anywhere {
 			b.WriteString(" anywhere")
 		}
@@ -329,6 +333,9 @@ func (p *Plan) String() string {
 	}
 	if p.Unpin != 0 {
 		b.WriteString(" unpin=" + p.Unpin.String())
+	}
+	if p.Reparse {
+		b.WriteString(" reparse")
 	}
 	if p.Tag != "" {
 		b.WriteString(" tag=" + p.Tag)
