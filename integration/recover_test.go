@@ -351,6 +351,10 @@ func TestRecoverMapFencedMigration(t *testing.T) {
 			if !strings.Contains(out, "lattice/rec_f: rebuilt at epoch") || !strings.Contains(out, "finished migrations") {
 				t.Fatalf("recover-map did not finish the fenced migration:\n%s", out)
 			}
+			// Dropped only once recover-map compared the move from it.
+			if n := writeLogsLeft(t, ctx, fc.nodeDSNs()); n != 0 {
+				t.Fatalf("%d pieces of the target's write log left after recover-map", n)
+			}
 			b := fc.proxy(t, nil)
 			got := treeContents(t, ctx, proxyPool(t, ctx, b), "rec_f")
 			if len(got) != len(initial) {
@@ -430,14 +434,26 @@ func TestRecoverMapMove(t *testing.T) {
 	}
 }
 
-// TestRecoverMapVerifyFailed: a split fails its verification (a row
-// changed on the target mid-drain, past replication), Redis loses its data
-// while the migration is held in verify_failed, and `lattice recover-map`
-// runs. The source's copy of the differing row is the only good one: the
-// recovery refuses the tenant, naming the migration (nothing is written to
-// Redis, so the tenant stays refused with LT002), rather than release the
-// migration and make the corrupted copy the row.
+// TestRecoverMapVerifyFailed: a split's target gets a row changed mid-drain,
+// past replication, and Redis loses its data either while the migration is
+// held in verify_failed, or after the coordinator was killed between the
+// flip and the comparison (so no comparison ran). Then `lattice
+// recover-map` runs. The source's copy of the differing row is the only
+// good one: the recovery refuses the tenant, naming the migration (and,
+// having compared the move from the target's write log itself, its slot);
+// nothing is written to Redis, so the tenant stays refused with LT002,
+// rather than release the migration and make the corrupted copy the row.
+// After the crash, the mismatch it found is recorded on the source, so the
+// next recover-map refuses too.
 func TestRecoverMapVerifyFailed(t *testing.T) {
+	for _, crash := range []bool{false, true} {
+		t.Run(map[bool]string{false: "verify_failed", true: "crash_at_flip"}[crash], func(t *testing.T) {
+			recoverVerifyFailed(t, crash)
+		})
+	}
+}
+
+func recoverVerifyFailed(t *testing.T, crash bool) {
 	fc := startFaultCluster(t, 2)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -445,7 +461,11 @@ func TestRecoverMapVerifyFailed(t *testing.T) {
 	if err := os.WriteFile(hold, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	a := fc.proxy(t, []string{"LATTICE_TEST_HOLD_AT=drain:" + hold}, "--reshard-tick", "200ms")
+	env := []string{"LATTICE_TEST_HOLD_AT=drain:" + hold}
+	if crash {
+		env = append(env, "LATTICE_TEST_CRASH_AT=flip")
+	}
+	a := fc.proxy(t, env, "--reshard-tick", "200ms")
 	pool := proxyPool(t, ctx, a)
 	initial := createFaultTreeIn(t, ctx, pool, "rec_v", 2000, 2)
 	if _, err := pool.Exec(ctx, "SELECT lattice_reshard('rec_v', 3)"); err != nil {
@@ -480,10 +500,25 @@ func TestRecoverMapVerifyFailed(t *testing.T) {
 	if err := os.Remove(hold); err != nil {
 		t.Fatal(err)
 	}
-	pollUntil(t, time.Minute, "the split to fail its verification", func() (bool, error) {
-		migs, err := fc.store.Migrations(ctx, "lattice", "rec_v")
-		return len(migs) == 1 && migs[0].Phase == shardmap.PhaseVerifyFailed, err
-	})
+	want := "migration " + mig.ID + " of tree rec_v failed its verification"
+	if crash {
+		if !a.WaitExit(time.Minute) {
+			t.Fatal("the coordinator's proxy did not reach crash point flip")
+		}
+		if err := a.crashedAt("flip"); err != nil {
+			t.Fatal(err)
+		}
+		slot, err := shardmap.SlotForText(tr.KeyType, []byte(key), tr.SlotCount)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want = fmt.Sprintf("migration %s of tree rec_v: slots %d differ", mig.ID, slot)
+	} else {
+		pollUntil(t, time.Minute, "the split to fail its verification", func() (bool, error) {
+			migs, err := fc.store.Migrations(ctx, "lattice", "rec_v")
+			return len(migs) == 1 && migs[0].Phase == shardmap.PhaseVerifyFailed, err
+		})
+	}
 	fc.flushRedis(t, ctx)
 	out := fc.recoverMapErr(t, ctx)
 	b := fc.proxy(t, nil)
@@ -494,8 +529,11 @@ func TestRecoverMapVerifyFailed(t *testing.T) {
 		t.Fatalf("after recovery %s reads v = %d, the target's corrupted copy; the source had %d: the recovery released a move that failed its verification", key, v, initial[key])
 	case sqlState(err) != "LT002":
 		t.Fatalf("after recovery %s reads %d, %v; want the tenant refused with LT002", key, v, err)
-	case !strings.Contains(out, "migration "+mig.ID+" of tree rec_v failed its verification"):
-		t.Fatalf("recover-map did not name the migration that failed its verification:\n%s", out)
+	case !strings.Contains(out, want):
+		t.Fatalf("recover-map did not say %q:\n%s", want, out)
 	}
 	t.Logf("recover-map refused:\n%s", out)
+	if again := fc.recoverMapErr(t, ctx); crash && !strings.Contains(again, "migration "+mig.ID+" of tree rec_v failed its verification") {
+		t.Fatalf("the second recover-map did not refuse the migration its first found differing:\n%s", again)
+	}
 }

@@ -48,13 +48,27 @@ type fakeNodes struct {
 	// rows written since the flip are read: a client's write.
 	afterCompare func(f *fakeNodes)
 	crash        func(point string) // called at the copy's crash point
+	// logs are the targets' write logs, by migration id.
+	logs map[string]*fakeWriteLog
+}
+
+// fakeWriteLog is a target's write log: each key's row before the first
+// client write since the log was made.
+type fakeWriteLog struct {
+	mig  *shardmap.Migration
+	rows map[shardmap.RowDiff]fakeImage
+}
+
+type fakeImage struct {
+	existed bool
+	old     string
 }
 
 var _ Nodes = (*fakeNodes)(nil)
 
 func newFakeNodes() *fakeNodes {
 	return &fakeNodes{nodes: []string{"n1", "n2"}, tables: map[int]map[int]map[string]string{},
-		copied: map[string]bool{}, fences: map[string]bool{}}
+		copied: map[string]bool{}, fences: map[string]bool{}, logs: map[string]*fakeWriteLog{}}
 }
 
 func (f *fakeNodes) call(format string, args ...any) {
@@ -84,6 +98,29 @@ func (f *fakeNodes) put(shard, slot int, key, value string) {
 		tb[slot] = map[string]string{}
 	}
 	tb[slot][key] = value
+}
+
+// write writes a row as a client would, through the proxy: a target's
+// write log records it; del deletes the row instead.
+func (f *fakeNodes) write(shard, slot int, key, value string, del bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	tb := f.table(shard)
+	if tb[slot] == nil {
+		tb[slot] = map[string]string{}
+	}
+	for _, l := range f.logs {
+		d := shardmap.RowDiff{Slot: slot, Key: key}
+		if _, seen := l.rows[d]; !seen && l.mig.Target == shard && inRanges(slot, l.mig.Slots) {
+			old, existed := tb[slot][key]
+			l.rows[d] = fakeImage{existed: existed, old: old}
+		}
+	}
+	if del {
+		delete(tb[slot], key)
+	} else {
+		tb[slot][key] = value
+	}
 }
 
 func (f *fakeNodes) get(shard, slot int, key string) (string, bool) {
@@ -369,7 +406,8 @@ func diffKeys(slot int, a, b map[string]string) []shardmap.RowDiff {
 type fakeSnapshots struct {
 	f        *fakeNodes
 	mig      *shardmap.Migration
-	src, tgt map[int]map[string]string // slot -> rows at TakeSource, TakeTarget
+	src, tgt map[int]map[string]string      // slot -> rows at TakeSource, TakeTarget
+	logged   map[shardmap.RowDiff]fakeImage // the write log at TakeTarget
 }
 
 func (s *fakeSnapshots) TakeTarget(ctx context.Context) error {
@@ -377,7 +415,27 @@ func (s *fakeSnapshots) TakeTarget(ctx context.Context) error {
 	defer s.f.mu.Unlock()
 	s.f.call("take target %s", s.mig.ID)
 	s.tgt = s.take(s.mig.Target)
+	s.logged = nil
+	if l := s.f.logs[s.mig.ID]; l != nil {
+		s.logged = maps.Clone(l.rows)
+	}
 	return nil
+}
+
+// asOfFlip puts back, in the target's snapshot, the row of each key the
+// write log held then: the target's rows as of the flip, as flipImage
+// reads them.
+func (s *fakeSnapshots) asOfFlip() {
+	for d, img := range s.logged {
+		if s.tgt[d.Slot] == nil {
+			s.tgt[d.Slot] = map[string]string{}
+		}
+		if img.existed {
+			s.tgt[d.Slot][d.Key] = img.old
+		} else {
+			delete(s.tgt[d.Slot], d.Key)
+		}
+	}
 }
 
 func (s *fakeSnapshots) TakeSource(ctx context.Context) error {
@@ -403,6 +461,7 @@ func (s *fakeSnapshots) Compare(ctx context.Context) (*shardmap.Verification, er
 	if s.f.compareErr != nil {
 		return nil, s.f.compareErr
 	}
+	s.asOfFlip()
 	v := &shardmap.Verification{Exact: true}
 	for _, rg := range s.mig.Slots {
 		for slot := rg[0]; slot <= rg[1]; slot++ {
@@ -428,13 +487,7 @@ func (s *fakeSnapshots) Compare(ctx context.Context) (*shardmap.Verification, er
 }
 
 func (s *fakeSnapshots) WrittenSince(ctx context.Context, slots []int) ([]shardmap.RowDiff, error) {
-	s.f.mu.Lock()
-	defer s.f.mu.Unlock()
-	var out []shardmap.RowDiff
-	for _, slot := range slots {
-		out = append(out, diffKeys(slot, s.tgt[slot], s.f.tables[s.mig.Target][slot])...)
-	}
-	return out, nil
+	return (&fakeLogged{f: s.f, mig: s.mig}).WrittenSince(ctx, slots)
 }
 
 func (s *fakeSnapshots) Close() {}
@@ -452,6 +505,73 @@ func (f *fakeNodes) DiffNow(ctx context.Context, t *shardmap.Tree, mig *shardmap
 	}
 	return out, nil
 }
+
+func (f *fakeNodes) PrepareWriteLog(ctx context.Context, ts []*shardmap.Tree, mig *shardmap.Migration) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.call("writelog %s", mig.ID)
+	if f.logs[mig.ID] == nil {
+		f.logs[mig.ID] = &fakeWriteLog{mig: mig, rows: map[shardmap.RowDiff]fakeImage{}}
+	}
+	return nil
+}
+
+func (f *fakeNodes) DropWriteLog(ctx context.Context, ts []*shardmap.Tree, mig *shardmap.Migration) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.call("drop writelog %s", mig.ID)
+	delete(f.logs, mig.ID)
+	return nil
+}
+
+func (f *fakeNodes) OpenWriteLog(ctx context.Context, ts []*shardmap.Tree, mig *shardmap.Migration, timeout time.Duration) (Comparison, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.call("openwritelog %s", mig.ID)
+	return &fakeLogged{f: f, mig: mig}, nil
+}
+
+// fakeLogged compares as clusterNodes' write log does: the source as it
+// is, the target as it is with each logged key's row put back.
+type fakeLogged struct {
+	f   *fakeNodes
+	mig *shardmap.Migration
+}
+
+func (l *fakeLogged) Compare(ctx context.Context) (*shardmap.Verification, error) {
+	f := l.f
+	if f.compareErr != nil {
+		return nil, f.compareErr
+	}
+	f.mu.Lock()
+	log := f.logs[l.mig.ID]
+	if log == nil {
+		f.mu.Unlock()
+		return nil, errNoWriteLog
+	}
+	s := &fakeSnapshots{f: f, mig: l.mig, logged: maps.Clone(log.rows)}
+	s.src, s.tgt = s.take(l.mig.Source), s.take(l.mig.Target)
+	f.mu.Unlock()
+	v, err := s.Compare(ctx)
+	if v != nil {
+		v.FromLog = true
+	}
+	return v, err
+}
+
+func (l *fakeLogged) WrittenSince(ctx context.Context, slots []int) ([]shardmap.RowDiff, error) {
+	l.f.mu.Lock()
+	defer l.f.mu.Unlock()
+	var out []shardmap.RowDiff
+	for d := range l.f.logs[l.mig.ID].rows {
+		if slices.Contains(slots, d.Slot) {
+			out = append(out, d)
+		}
+	}
+	return out, nil
+}
+
+func (l *fakeLogged) Close() {}
 
 func (f *fakeNodes) MarkVerifyFailed(ctx context.Context, t *shardmap.Tree, node string, idx int, migration string, slots [][2]int) error {
 	f.mu.Lock()

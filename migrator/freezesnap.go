@@ -11,9 +11,12 @@ import (
 //   - The target's is exported beside the fence. Before the flip only the
 //     stream writes the moving slots there, so if the stream committed
 //     nothing on the target from before that export until the final drain
-//     ended (Stream.Commits), the snapshot holds exactly what the target
-//     holds once it has applied past the fence. Otherwise it is exported
-//     again after the final drain, which costs the round trip it saved.
+//     ended (Stream.Commits), the snapshot holds what the target holds once
+//     it has applied past the fence. Otherwise it is exported again after
+//     the flip, out of the pause: clients may have written the target by
+//     then, but each such write is in the target's write log in the same
+//     transaction, and the comparison reads the target's rows as of the
+//     flip through that log (flipImage) under the snapshot.
 //   - The source's is exported once the fence is armed, beside the final
 //     drain and the flip: from the fence until the release, nothing but the
 //     release writes the source's moving rows, so any snapshot in between
@@ -57,28 +60,34 @@ func (f *freezeSnapshots) fenced(ctx context.Context) {
 	go func() { f.src <- f.snaps.TakeSource(ctx) }()
 }
 
-// drained completes the target's snapshot once the target has applied past
-// the fence: it waits for the export beside the fence, and exports again
-// if the stream may have committed after it.
-func (f *freezeSnapshots) drained(ctx context.Context) error {
+// drained notes, once the target has applied past the fence, whether the
+// stream may have committed after the target's export began: that export
+// is then taken again after the flip. It waits for nothing.
+func (f *freezeSnapshots) drained() {
 	if f == nil || f.tgt == nil {
-		return nil
+		return
 	}
-	err := <-f.tgt
-	f.tgt = nil
-	if err != nil {
-		return err
-	}
-	if c := f.sh.Commits(); c != f.commits || c%2 == 1 {
-		f.again = true
-		return f.snaps.TakeTarget(ctx)
-	}
-	return nil
+	c := f.sh.Commits()
+	f.again = c != f.commits || c%2 == 1
 }
 
-// flipped waits for the source's export, after the flip.
-func (f *freezeSnapshots) flipped() error {
-	if f == nil || f.src == nil {
+// flipped waits for the exports, after the flip, and exports the target's
+// again if the first may miss some of the stream's writes or failed.
+func (f *freezeSnapshots) flipped(ctx context.Context) error {
+	if f == nil {
+		return nil
+	}
+	if f.tgt != nil {
+		err := <-f.tgt
+		f.tgt = nil
+		if err != nil || f.again {
+			f.again = true
+			if err := f.snaps.TakeTarget(ctx); err != nil {
+				return fmt.Errorf("migrator: target snapshot: %w", err)
+			}
+		}
+	}
+	if f.src == nil {
 		return nil
 	}
 	err := <-f.src
@@ -104,7 +113,7 @@ func (f *freezeSnapshots) wait() {
 }
 
 // retaken reports whether the target's snapshot was exported again after
-// the final drain, for the freeze's log line.
+// the flip, for the freeze's log line.
 func (f *freezeSnapshots) retaken() bool { return f != nil && f.again }
 
 // Commits implements Stream.

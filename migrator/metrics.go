@@ -20,7 +20,7 @@ type Metrics struct {
 	FreezeSeconds           *prometheus.HistogramVec // tree, tenant, outcome (flipped, rolled_back)
 	MigrationsInFlight      *prometheus.GaugeVec     // tree, tenant
 	ReplicationLagBytes     *prometheus.GaugeVec     // tree, tenant: the largest of the tree's migrations here, 0 when none
-	Verifications           *prometheus.CounterVec   // tree, tenant, outcome (passed, failed, unverified, repaired)
+	Verifications           *prometheus.CounterVec   // tree, tenant, outcome (passed, failed, repaired)
 	VerifySeconds           *prometheus.HistogramVec // tree, tenant: time of each move's comparison
 	VerifyRows              *prometheus.CounterVec   // tree, tenant: rows compared
 	resizeMetrics
@@ -79,7 +79,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "lattice_migrator_replication_lag_bytes", Help: "Source WAL not yet applied to the target: the largest of the tree's migrations this proxy runs, 0 when it runs none.",
 		}, tt),
 		Verifications: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "lattice_migrator_verifications_total", Help: "Verifications of moves before their release, by outcome: passed, failed (verify_failed), unverified (snapshots lost in a crash), repaired.",
+			Name: "lattice_migrator_verifications_total", Help: "Verifications of moves before their release, by outcome: passed, failed (verify_failed), repaired.",
 		}, []string{"tree", "tenant", "outcome"}),
 		VerifySeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "lattice_migrator_verify_seconds", Help: "Time of each move's comparison of source and target, after the flip.",

@@ -644,6 +644,10 @@ func (r *Runner) freezeAndFlip(ctx context.Context, u unit, mig *shardmap.Migrat
 	}
 	var snaps Snapshots
 	if !r.opts.SkipVerify {
+		// The write log proves the move should this run die after the flip.
+		if err := r.cluster.PrepareWriteLog(ctx, u.trees, mig); err != nil {
+			return false, err
+		}
 		var err error
 		if snaps, err = r.cluster.OpenSnapshots(ctx, u.trees, mig, r.opts.VerifyTimeout); err != nil {
 			return false, err
@@ -722,7 +726,7 @@ func (r *Runner) freezeAndFlip(ctx context.Context, u unit, mig *shardmap.Migrat
 	if err == nil {
 		// The source's moving slots are fenced and the target has applied
 		// past the fence: both sides hold the same rows of them now.
-		err = fs.drained(bctx)
+		fs.drained()
 		steps.mark(&steps.snapshots)
 	}
 	if err == nil {
@@ -770,8 +774,8 @@ func (r *Runner) freezeAndFlip(ctx context.Context, u unit, mig *shardmap.Migrat
 	r.crash("flip")
 	steps.mark(&steps.flip)
 	pause := time.Since(start)
-	if err := fs.flipped(); err != nil {
-		log.Warn("move not verifiable: its source snapshot failed; its comparison will not run", "err", err)
+	if err := fs.flipped(ctx); err != nil {
+		log.Warn("move not verifiable: a snapshot failed; its comparison will not run", "err", err)
 	}
 	log.Info("flipped", append(steps.attrs(), "pause", pause, "epoch", flipped.Epoch, "final_lsn", final, "target_snapshot_retaken", fs.retaken())...)
 	r.metrics.FreezeSeconds.WithLabelValues(mig.Tree, mig.Tenant, "flipped").Observe(pause.Seconds())
@@ -878,6 +882,10 @@ func (r *Runner) release(ctx context.Context, u unit, mig *shardmap.Migration) e
 		return err
 	}
 	acked := time.Now()
+	// The move is verified: no comparison needs the target's write log.
+	if err := r.cluster.DropWriteLog(ctx, u.trees, mig); err != nil {
+		return err
+	}
 	if err := r.cluster.DropShadow(ctx, u.trees, mig); err != nil {
 		return err
 	}

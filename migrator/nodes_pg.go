@@ -48,6 +48,11 @@ func (c clusterNodes) shadowSpec(ts []*shardmap.Tree, mig *shardmap.Migration) (
 	if err != nil {
 		return ShadowSpec{}, err
 	}
+	// The stream's writes are the migrator's: the target's write log
+	// leaves them out.
+	if dst, err = withMigratorSetting(dst); err != nil {
+		return ShadowSpec{}, err
+	}
 	spec := ShadowSpec{ID: mig.ID, Tree: t, SourceDSN: src, TargetDSN: dst, Source: mig.Source, Target: mig.Target, Slots: mig.Slots,
 		Whole: mig.Kind == shardmap.Move || mig.Kind == shardmap.Resize, Reindex: mig.Kind == shardmap.Resize}
 	if len(ts) > 1 {

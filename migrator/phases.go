@@ -48,7 +48,7 @@ var phases = map[shardmap.MigrationPhase]phase{
 	},
 	shardmap.PhaseFlip: {
 		does:    "compare the moving slots on source and target as of the flip",
-		resume:  "the snapshots died with the run: compare the rows as they are now",
+		resume:  "the snapshots died with the run: compare the source's fenced rows with the target's as of the flip, rebuilt from its write log",
 		next:    []shardmap.MigrationPhase{shardmap.PhaseRelease, shardmap.PhaseVerifyFailed},
 		flipped: true,
 	},
@@ -60,7 +60,7 @@ var phases = map[shardmap.MigrationPhase]phase{
 		operator: true,
 	},
 	shardmap.PhaseRelease: {
-		does:    "wait for the acknowledgements, drop slot, publication and fence, delete the moved rows or drop the donor",
+		does:    "wait for the acknowledgements, drop the target's write log, slot, publication and fence, delete the moved rows or drop the donor",
 		resume:  "release again (every step accepts missing pieces)",
 		next:    []shardmap.MigrationPhase{shardmap.PhaseDone},
 		flipped: true,

@@ -143,6 +143,10 @@ func (rc *recovery) tenant(ctx context.Context, tenant string) ([]RecoveredTree,
 			st.members[g] = append(st.members[g], nt.Tree)
 		}
 	}
+	// Before any tree is written too, for the same reason.
+	if err := rc.proveMoving(ctx, todo, st); err != nil {
+		return out, err
+	}
 	for _, g := range order {
 		if nts := groups[g]; len(nts) == 1 && nts[0].Tree.Group == "" {
 			rt, err := rc.tree(ctx, nts[0], st)
@@ -535,6 +539,10 @@ func (rc *recovery) rollBack(ctx context.Context, t *shardmap.Tree, id string, s
 		mig.Target, mig.TargetNode = progress[0].Shard, progress[0].Node
 	}
 	if err := rc.nodes.DropShadow(ctx, []*shardmap.Tree{t}, mig); err != nil {
+		return err
+	}
+	// A freeze makes the target's write log before it fences.
+	if err := rc.nodes.DropWriteLog(ctx, []*shardmap.Tree{t}, mig); err != nil {
 		return err
 	}
 	fence := pgshard.SlotFence{Migration: id, Tree: t, Shard: pub.Shard, Slots: mig.Slots}

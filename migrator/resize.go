@@ -182,6 +182,9 @@ func (r *Runner) abandonResize(ctx context.Context, u unit, mig *shardmap.Migrat
 	if err := r.cluster.DropShadow(ctx, u.trees, mig); err != nil {
 		return err
 	}
+	if err := r.cluster.DropWriteLog(ctx, u.trees, mig); err != nil {
+		return err
+	}
 	if err := u.each(func(t *shardmap.Tree) error { return r.cluster.DropShard(ctx, t, mig.Target, mig.TargetNode) }); err != nil {
 		return err
 	}

@@ -108,14 +108,14 @@ func TestPhaseTable(t *testing.T) {
 
 // TestRunCrashResume stops a run at each LATTICE_TEST_CRASH_AT point and
 // resumes it in a fresh runner, which holds no snapshots: the move
-// completes with every row once. A crash after the flip loses the
-// snapshots, so that move goes on unverified; before it, the resumed
-// freeze takes new ones and verifies.
+// completes with every row once, verified. A crash after the flip loses
+// the snapshots, so that move is compared from the target's write log;
+// before it, the resumed freeze takes new ones.
 func TestRunCrashResume(t *testing.T) {
 	tests := []struct {
-		point      string
-		phase      shardmap.MigrationPhase // recorded at the crash
-		unverified bool
+		point   string
+		phase   shardmap.MigrationPhase // recorded at the crash
+		fromLog bool
 	}{
 		{"copy", shardmap.PhaseCopy, false},
 		{"drain", shardmap.PhaseDrain, false},
@@ -140,11 +140,14 @@ func TestRunCrashResume(t *testing.T) {
 					t.Fatal(err)
 				}
 				r.checkMoved(mig)
-				if got := rec.Verify != nil && !rec.Verify.Exact; got != tc.unverified {
-					t.Errorf("unverified %v, want %v (verification %+v)", got, tc.unverified, rec.Verify)
+				if rec.Verify == nil || !rec.Verify.Exact {
+					t.Fatalf("the move was not verified: %+v", rec.Verify)
 				}
-				if !tc.unverified && (rec.Verify == nil || !rec.Verify.Exact) && tc.phase != shardmap.PhaseRelease {
-					t.Errorf("the move was not verified: %+v", rec.Verify)
+				if rec.Verify.FromLog != tc.fromLog {
+					t.Errorf("compared from the write log %v, want %v", rec.Verify.FromLog, tc.fromLog)
+				}
+				if r.nodes.logs[mig.ID] != nil {
+					t.Error("the release left the target's write log")
 				}
 			})
 		}
@@ -211,6 +214,35 @@ func TestTargetSnapshotRetaken(t *testing.T) {
 	}
 	if takes != 2 {
 		t.Errorf("target snapshot exported %d times, want 2", takes)
+	}
+}
+
+// TestTargetSnapshotAfterClientWrite: the target's snapshot is exported
+// again after the flip, out of the pause, once a client has written a
+// moved row on the target; the comparison reads the row as of the flip
+// through the write log, so the move passes, and the client's row stays.
+func TestTargetSnapshotAfterClientWrite(t *testing.T) {
+	r := newRig(t)
+	r.nodes.lateApply = true
+	mig := r.start(shardmap.Split)
+	slot := mig.Slots[0][0] + 1
+	run := r.runner("")
+	run.crash = func(p string) {
+		if p == "flip" {
+			r.nodes.write(mig.Target, slot, keyOf(slot, 1), "client", false)
+		}
+	}
+	if _, err := r.run(run, mig); err != nil {
+		t.Fatal(err)
+	}
+	if v := r.stored(mig); v != nil {
+		t.Fatalf("migration left in phase %s: %s", v.Phase, v.LastError)
+	}
+	if v, _ := r.nodes.get(mig.Target, slot, keyOf(slot, 1)); v != "client" {
+		t.Errorf("the client's row holds %q", v)
+	}
+	if mig.Verify == nil || !mig.Verify.Exact || mig.Verify.FromLog {
+		t.Errorf("verification %+v, want one under the snapshots", mig.Verify)
 	}
 }
 

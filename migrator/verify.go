@@ -27,6 +27,16 @@ type VerifyNodes interface {
 	// Redis lose the phase; ClearVerifyFailed removes the record.
 	MarkVerifyFailed(ctx context.Context, t *shardmap.Tree, node string, idx int, migration string, slots [][2]int) error
 	ClearVerifyFailed(ctx context.Context, t *shardmap.Tree, node string, idx int, migration string) error
+	// PrepareWriteLog makes mig's target log, for each key of the moving
+	// slots that a client writes there, its row before the first such
+	// write (writelog_pg.go); made before the pause, dropped by
+	// DropWriteLog at the release.
+	PrepareWriteLog(ctx context.Context, ts []*shardmap.Tree, mig *shardmap.Migration) error
+	DropWriteLog(ctx context.Context, ts []*shardmap.Tree, mig *shardmap.Migration) error
+	// OpenWriteLog compares mig's slots as of the flip without the
+	// freeze's snapshots: the source's fenced rows against the target's
+	// rebuilt from its write log.
+	OpenWriteLog(ctx context.Context, ts []*shardmap.Tree, mig *shardmap.Migration, timeout time.Duration) (Comparison, error)
 }
 
 // Snapshots are a move's exported snapshots, one a side.
@@ -37,22 +47,27 @@ type Snapshots interface {
 	// TakeSource exports the source's snapshot, in one round trip, once
 	// its fence is armed.
 	TakeSource(ctx context.Context) error
-	// Compare compares the moving slots under them: per slot, the rows and
-	// the sum of the rows' 64-bit hashes, and the differing keys of the
-	// slots that differ.
+	Comparison
+}
+
+// Comparison compares a move's slots as of its flip, under the freeze's
+// snapshots or from the target's write log.
+type Comparison interface {
+	// Compare compares the moving slots: per slot, the rows and the sum of
+	// the rows' 64-bit hashes, and the differing keys of the slots that
+	// differ.
 	Compare(ctx context.Context) (*shardmap.Verification, error)
-	// WrittenSince lists the keys of slots whose target rows changed since
-	// the snapshot.
+	// WrittenSince lists the keys of slots whose target rows clients
+	// wrote since the flip; the slots must be frozen.
 	WrittenSince(ctx context.Context, slots []int) ([]shardmap.RowDiff, error)
 	Close()
 }
 
 // Verification outcomes, the label of the verification metric.
 const (
-	VerifyPassed     = "passed"
-	VerifyFailed     = "failed"
-	VerifyUnverified = "unverified" // the snapshots died with a run (a crash after the flip)
-	VerifyRepaired   = "repaired"
+	VerifyPassed   = "passed"
+	VerifyFailed   = "failed"
+	VerifyRepaired = "repaired"
 )
 
 // EventMigrationVerifyFailed: a move's target did not hold the source's
@@ -86,25 +101,30 @@ func (r *Runner) takeSnapshots(id string) Snapshots {
 // release, or verify_failed with the differing slots frozen.
 func (r *Runner) verifyMove(ctx context.Context, u unit, mig *shardmap.Migration, log *slog.Logger) error {
 	t := u.lead
-	snaps := r.takeSnapshots(mig.ID)
-	if snaps == nil {
-		if !r.opts.SkipVerify {
-			// The target has taken writes since the flip, which no
-			// comparison could tell from the copy's.
-			log.Warn("move released unverified: its snapshots were lost with the run that took them")
-			mig.Verify = &shardmap.Verification{At: time.Now().UTC()}
-			r.metrics.Verifications.WithLabelValues(mig.Tree, mig.Tenant, VerifyUnverified).Inc()
+	var cmp Comparison
+	if snaps := r.takeSnapshots(mig.ID); snaps != nil {
+		cmp = snaps
+	} else if !r.opts.SkipVerify {
+		// The snapshots died with the run that took them (a crash after
+		// the flip): the target's write log still shows its rows as of the
+		// flip, under the writes clients made since.
+		log.Info("move compared from the target's write log: the freeze's snapshots were lost with the run that took them")
+		var err error
+		if cmp, err = r.cluster.OpenWriteLog(ctx, u.trees, mig, r.opts.VerifyTimeout); err != nil {
+			return err
 		}
+	} else {
 		return r.setPhase(ctx, mig, shardmap.PhaseRelease)
 	}
-	defer snaps.Close()
-	v, err := snaps.Compare(ctx)
+	defer cmp.Close()
+	v, err := cmp.Compare(ctx)
 	if err != nil {
 		if ctx.Err() != nil {
 			return err
 		}
-		// The snapshots cannot be taken again: a move that could not be
-		// compared waits for an operator like one that differs.
+		// A move that could not be compared waits for an operator like
+		// one that differs: no comparison later could tell the target's
+		// rows as of the flip any better.
 		return r.failVerify(ctx, mig, &shardmap.Verification{At: time.Now().UTC()}, "verification could not run: "+err.Error(), log)
 	}
 	r.metrics.VerifySeconds.WithLabelValues(mig.Tree, mig.Tenant).Observe(v.Seconds)
@@ -112,7 +132,7 @@ func (r *Runner) verifyMove(ctx context.Context, u unit, mig *shardmap.Migration
 	mig.Verify = v
 	if len(v.Differ) == 0 {
 		r.metrics.Verifications.WithLabelValues(mig.Tree, mig.Tenant, VerifyPassed).Inc()
-		log.Info("move verified", "rows", v.Rows, "bytes_scanned", v.BytesScanned, "took", time.Duration(v.Seconds*float64(time.Second)))
+		log.Info("move verified", "rows", v.Rows, "bytes_scanned", v.BytesScanned, "took", time.Duration(v.Seconds*float64(time.Second)), "from_write_log", v.FromLog)
 		return r.setPhase(ctx, mig, shardmap.PhaseRelease)
 	}
 	// Recorded first, so that no later run releases the move. Then the
@@ -126,7 +146,7 @@ func (r *Runner) verifyMove(ctx context.Context, u unit, mig *shardmap.Migration
 	if err := r.freezeSlots(ctx, t, slotRanges(slots)); err != nil {
 		return err
 	}
-	if v.Written, err = snaps.WrittenSince(ctx, slots); err != nil {
+	if v.Written, err = cmp.WrittenSince(ctx, slots); err != nil {
 		return err
 	}
 	v.WrittenRead = true

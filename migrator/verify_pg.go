@@ -16,10 +16,28 @@ import (
 	"github.com/lattice-db/lattice/shardmap"
 )
 
-// verifySettings make a row's text the same on every node, whatever the
-// server's defaults: the checksum hashes it.
-const verifySettings = `SET LOCAL TimeZone = 'UTC'; SET LOCAL DateStyle = 'ISO, YMD'; SET LOCAL IntervalStyle = 'postgres';
-SET LOCAL extra_float_digits = 3; SET LOCAL bytea_output = 'hex'`
+// rowTextSettings make a row's text the same on every node, whatever the
+// server's defaults: the checksum hashes it, and the write log keeps it
+// (writelog_pg.go).
+var rowTextSettings = [][2]string{{"TimeZone", "'UTC'"}, {"DateStyle", "'ISO, YMD'"}, {"IntervalStyle", "'postgres'"},
+	{"extra_float_digits", "3"}, {"bytea_output", "'hex'"}}
+
+// settingsSQL is rowTextSettings as statements (SET LOCAL) or as the SET
+// clauses of a function.
+func settingsSQL(function bool) string {
+	parts := make([]string, len(rowTextSettings))
+	for i, kv := range rowTextSettings {
+		if function {
+			parts[i] = "SET " + kv[0] + " = " + kv[1]
+		} else {
+			parts[i] = "SET LOCAL " + kv[0] + " = " + kv[1]
+		}
+	}
+	if function {
+		return strings.Join(parts, " ")
+	}
+	return strings.Join(parts, "; ")
+}
 
 // maxDiffRows bounds the differing rows a verification keeps for a repair,
 // and maxDiffSlots the slots it looks for them in.
@@ -40,8 +58,7 @@ type pgSnapshots struct {
 	src, tgt *pgx.Conn // the exporting transactions
 	srcID    string
 	tgtID    string
-	// The comparison's transactions, which import the snapshots and stay
-	// open until Close, so that WrittenSince can read the flip's rows.
+	// The comparison's transactions, which import the snapshots.
 	isrc, itgt *pgx.Conn
 }
 
@@ -133,6 +150,18 @@ func (s *pgSnapshots) Close() {
 type side struct {
 	conn  *pgx.Conn
 	table string
+	// from, if set, is what the comparison reads instead of the table: a
+	// subquery of the table's columns (the target's rows as of the flip,
+	// rebuilt from its write log; writelog_pg.go).
+	from string
+}
+
+// rows is what the comparison's statements read from.
+func (sd side) rows() string {
+	if sd.from != "" {
+		return sd.from
+	}
+	return sd.table
 }
 
 // begin opens the comparison's transaction on c, under snapshot if one is
@@ -142,7 +171,7 @@ func beginCompare(ctx context.Context, c *pgx.Conn, snapshot string, timeout tim
 	if snapshot != "" {
 		sql += "; SET TRANSACTION SNAPSHOT " + quoteLiteral(snapshot)
 	}
-	sql += "; " + verifySettings + fmt.Sprintf("; SET LOCAL statement_timeout = %d", timeout.Milliseconds())
+	sql += "; " + settingsSQL(false) + fmt.Sprintf("; SET LOCAL statement_timeout = %d", timeout.Milliseconds())
 	_, err := c.PgConn().Exec(ctx, sql).ReadAll()
 	return err
 }
@@ -174,10 +203,16 @@ func (s *pgSnapshots) Compare(ctx context.Context) (*shardmap.Verification, erro
 		c.Close(ctx)
 	}
 	s.src, s.tgt = nil, nil
-	// One snapshot a side covers every table of the move.
+	// One snapshot a side covers every table of the move. The target's may
+	// have been exported after the flip (freezesnap.go): its rows as of the
+	// flip are read through the write log, under the same snapshot.
 	var v *shardmap.Verification
 	for _, t := range s.trees {
-		got, err := compareSlots(ctx, t, s.mig, side{src, pgshard.ShardTable(t, s.mig.Source)}, side{tgt, pgshard.ShardTable(t, s.mig.Target)}, s.mig.Slots)
+		tgtSide, err := flipSide(ctx, tgt, t, s.mig)
+		if err != nil {
+			return nil, err
+		}
+		got, err := compareSlots(ctx, t, s.mig, side{conn: src, table: pgshard.ShardTable(t, s.mig.Source)}, tgtSide, s.mig.Slots)
 		if err != nil {
 			return nil, err
 		}
@@ -221,28 +256,9 @@ func rowTree(t *shardmap.Tree) string {
 	return t.Name
 }
 
-// WrittenSince lists the keys of slots whose target row now differs from
-// the target's row at the flip: rows clients wrote since, through the
-// proxy. The slots must be frozen, so the answer holds.
+// WrittenSince implements Comparison: the logged keys of slots.
 func (s *pgSnapshots) WrittenSince(ctx context.Context, slots []int) ([]shardmap.RowDiff, error) {
-	now, err := s.nodes.connectTenant(ctx, s.mig.TargetNode, s.t.Tenant)
-	if err != nil {
-		return nil, err
-	}
-	defer now.Close(context.Background())
-	if err := beginCompare(ctx, now, "", s.timeout); err != nil {
-		return nil, err
-	}
-	var out []shardmap.RowDiff
-	for _, t := range s.trees {
-		table := pgshard.ShardTable(t, s.mig.Target)
-		got, err := diffSides(ctx, t, side{s.itgt, table}, side{now, table}, slots, nil)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, got...)
-	}
-	return out, nil
+	return s.nodes.loggedKeys(ctx, s.trees, s.mig, slots)
 }
 
 // DiffNow lists the keys of slots whose rows differ on source and target
@@ -264,7 +280,7 @@ func (c clusterNodes) DiffNow(ctx context.Context, t *shardmap.Tree, mig *shardm
 			return nil, err
 		}
 	}
-	return diffSides(ctx, t, side{src, pgshard.ShardTable(t, mig.Source)}, side{tgt, pgshard.ShardTable(t, mig.Target)}, slots, ignore)
+	return diffSides(ctx, t, side{conn: src, table: pgshard.ShardTable(t, mig.Source)}, side{conn: tgt, table: pgshard.ShardTable(t, mig.Target)}, slots, ignore)
 }
 
 // diffSides lists the differing keys of each slot, leaving out ignore.
@@ -305,7 +321,7 @@ func checksumSQL(t *shardmap.Tree, table string, chunk [2]int) string {
 }
 
 func readSums(ctx context.Context, sd side, t *shardmap.Tree, chunk [2]int) (map[int]slotSum, error) {
-	rows, err := sd.conn.Query(ctx, checksumSQL(t, sd.table, chunk))
+	rows, err := sd.conn.Query(ctx, checksumSQL(t, sd.rows(), chunk))
 	if err != nil {
 		return nil, err
 	}
@@ -375,17 +391,13 @@ func keyExpr(ctx context.Context, c *pgx.Conn, table string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	q := make([]string, len(pkey))
-	for i, k := range pkey {
-		q[i] = "x." + pgx.Identifier{k}.Sanitize()
-	}
-	return "ROW(" + strings.Join(q, ", ") + ")::text", nil
+	return recordKey("x", pkey), nil
 }
 
 // rowHashes reads key -> row hash of one slot.
 func rowHashes(ctx context.Context, sd side, t *shardmap.Tree, key string, slot int) (map[string]string, error) {
 	rows, err := sd.conn.Query(ctx, fmt.Sprintf("SELECT %s, hashtextextended(x::text, 0)::text FROM %s x WHERE %s",
-		key, sd.table, btreeindex.SlotPredicate(t, "x", [][2]int{{slot, slot}})))
+		key, sd.rows(), btreeindex.SlotPredicate(t, "x", [][2]int{{slot, slot}})))
 	if err != nil {
 		return nil, err
 	}

@@ -105,8 +105,8 @@ func TestRepairKeepsClientWrites(t *testing.T) {
 	run := r.runner("")
 	slot := r.corruptAtDrain(run, mig, func(f *fakeNodes, slot int) { f.put(f.target, slot, keyOf(slot, 0), "corrupt") })
 	r.nodes.afterCompare = func(f *fakeNodes) {
-		f.put(f.target, slot, keyOf(slot, 1), "client")
-		f.put(f.target, slot, "new", "client")
+		f.write(f.target, slot, keyOf(slot, 1), "client", false)
+		f.write(f.target, slot, "new", "client", false)
 	}
 	if _, err := r.run(run, mig); err != nil {
 		t.Fatal(err)

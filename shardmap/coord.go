@@ -82,10 +82,12 @@ const (
 // Verification is the comparison of a move's slots on its source and its
 // target as of the flip (migrator/verify.go).
 type Verification struct {
-	// Exact: compared under snapshots taken inside the freeze. False when
-	// they were lost (a crash after the flip): the move went on unverified.
-	Exact bool  `json:"exact"`
-	Rows  int64 `json:"rows"` // rows compared on the source
+	// Exact: compared as of the flip, under snapshots taken inside the
+	// freeze or, when a crash after the flip lost them (FromLog), from
+	// the target's write log.
+	Exact   bool  `json:"exact"`
+	FromLog bool  `json:"from_log,omitempty"`
+	Rows    int64 `json:"rows"` // rows compared on the source
 	// BytesScanned is the size of the tables the comparison read.
 	BytesScanned int64      `json:"bytes_scanned,omitempty"`
 	Seconds      float64    `json:"seconds"`
