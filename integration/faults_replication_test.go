@@ -23,25 +23,37 @@ import (
 
 // pgForwarder relays TCP connections to a PostgreSQL server and can stall
 // the replication connections among them (those whose startup packet asks
-// for replication): it stops passing their bytes, both ways, as a network
-// that stops delivering does, while normal connections go on.
+// for replication), or all of them: it stops passing their bytes, both
+// ways, as a network that stops delivering does, and passes what it holds
+// once resumed, even from a client that has closed meanwhile.
 type pgForwarder struct {
 	ln     net.Listener
 	target string
+	scope  stallScope
 
 	mu      sync.Mutex
 	stalled chan struct{} // non-nil while stalled; closed to resume
 	conns   []net.Conn
+	ports   []int        // local ports of the connections to the server
 	repl    atomic.Int64 // replication connections seen
+	held    atomic.Int64 // reads held by a stall
 }
 
-func startForwarder(t *testing.T, target string) *pgForwarder {
+// stallScope is which relayed connections a stall stops.
+type stallScope int
+
+const (
+	stallReplication stallScope = iota
+	stallEvery
+)
+
+func startForwarder(t *testing.T, target string, scope stallScope) *pgForwarder {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := &pgForwarder{ln: ln, target: target}
+	f := &pgForwarder{ln: ln, target: target, scope: scope}
 	go f.serve()
 	t.Cleanup(f.close)
 	return f
@@ -77,14 +89,23 @@ func (f *pgForwarder) resume() {
 	}
 }
 
-// gate blocks while replication is stalled.
+// gate blocks while stalled.
 func (f *pgForwarder) gate() {
 	f.mu.Lock()
 	ch := f.stalled
 	f.mu.Unlock()
 	if ch != nil {
+		f.held.Add(1)
 		<-ch
 	}
+}
+
+// serverPorts lists the local ports of the relay's connections to the
+// server, as pg_stat_activity.client_port shows them.
+func (f *pgForwarder) serverPorts() []int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.ports)
 }
 
 func (f *pgForwarder) serve() {
@@ -105,6 +126,7 @@ func (f *pgForwarder) relay(client net.Conn) {
 	}
 	f.mu.Lock()
 	f.conns = append(f.conns, client, server)
+	f.ports = append(f.ports, server.LocalAddr().(*net.TCPAddr).Port)
 	f.mu.Unlock()
 	defer client.Close()
 	defer server.Close()
@@ -142,7 +164,7 @@ func (f *pgForwarder) relay(client net.Conn) {
 		for {
 			k, err := src.Read(buf)
 			if k > 0 {
-				if repl {
+				if repl || f.scope == stallEvery {
 					f.gate()
 				}
 				if _, werr := dst.Write(buf[:k]); werr != nil {
@@ -168,7 +190,7 @@ func (f *pgForwarder) relay(client net.Conn) {
 // The other case terminates the walsender instead.
 func TestReplicationStall(t *testing.T) {
 	fc := startFaultCluster(t, 2)
-	fwd := startForwarder(t, fmt.Sprintf("127.0.0.1:%d", fc.nodes[0].Port))
+	fwd := startForwarder(t, fmt.Sprintf("127.0.0.1:%d", fc.nodes[0].Port), stallReplication)
 	dsns := fc.nodeDSNs()
 	dsns[0] = fmt.Sprintf("postgres://lattice@%s/lattice?sslmode=disable", fwd.addr())
 	for _, tc := range []struct {

@@ -77,6 +77,122 @@ func (w *shadowWriter) record(k string, v *int) {
 	w.mu.Unlock()
 }
 
+// shadowTables makes shard 0 of tree name on node 0 and shard 1 on node 1,
+// both empty, and returns the tree and the two tables.
+func shadowTables(t *testing.T, ctx context.Context, name string) (tree *shardmap.Tree, src, dst string) {
+	t.Helper()
+	tree = &shardmap.Tree{Tenant: "lattice", Name: name, KeyColumn: "k", KeyType: shardmap.KeyText, SlotCount: 4096}
+	src, dst = pgshard.ShardTable(tree, 0), pgshard.ShardTable(tree, 1)
+	for i, table := range []string{src, dst} {
+		c, err := pgx.Connect(ctx, testNodeDSN(t, i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		schema := strings.Split(table, ".")[0]
+		for _, q := range []string{"CREATE SCHEMA IF NOT EXISTS " + schema, "CREATE TABLE " + table + " (k text PRIMARY KEY, v int NOT NULL, pad text)"} {
+			if _, err := c.Exec(ctx, q); err != nil {
+				t.Fatal(err)
+			}
+		}
+		c.Close(ctx)
+	}
+	return tree, src, dst
+}
+
+// TestShadowGhostBatch: a run of a shadow copy gives up while its apply
+// batch is still in the network (a forwarder in front of the target holds
+// the bytes), a later run applies a newer value of the same row, and then
+// the network delivers the old batch. It must not commit: the later run
+// ended the earlier run's connection on the target before it resumed.
+func TestShadowGhostBatch(t *testing.T) {
+	resetNodes(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	tree, src, dst := shadowTables(t, ctx, "ghost")
+	srcConn, err := pgx.Connect(ctx, testNodeDSN(t, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srcConn.Close(ctx)
+	tgtConn, err := pgx.Connect(ctx, testNodeDSN(t, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tgtConn.Close(ctx)
+	if _, err := srcConn.Exec(ctx, "INSERT INTO "+src+" SELECT 'g' || g, 1 FROM generate_series(1, 100) g"); err != nil {
+		t.Fatal(err)
+	}
+	fwd := startForwarder(t, fmt.Sprintf("127.0.0.1:%d", testNode(t, 1).Port), stallEvery)
+	spec := migrator.ShadowSpec{ID: "ghost1", Tree: tree, SourceDSN: testNodeDSN(t, 0),
+		TargetDSN: fmt.Sprintf("postgres://lattice@%s/lattice?sslmode=disable", fwd.addr()),
+		Source:    0, Target: 1, Slots: [][2]int{{0, 4095}}}
+	log := slog.Default()
+	set := func(v int) pglogrepl.LSN {
+		t.Helper()
+		var lsn string
+		if _, err := srcConn.Exec(ctx, "UPDATE "+src+" SET v = $1 WHERE k = 'g1'", v); err != nil {
+			t.Fatal(err)
+		}
+		if err := srcConn.QueryRow(ctx, "SELECT pg_current_wal_lsn()::text").Scan(&lsn); err != nil {
+			t.Fatal(err)
+		}
+		l, err := pglogrepl.ParseLSN(lsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	targetV := func() int {
+		t.Helper()
+		var v int
+		if err := tgtConn.QueryRow(ctx, "SELECT v FROM "+dst+" WHERE k = 'g1'").Scan(&v); err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+
+	first, err := migrator.StartShadow(ctx, spec, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := first.WaitApplied(ctx, set(2)); err != nil {
+		t.Fatal(err)
+	}
+	fwd.stall()
+	set(3) // the first run's next batch carries it, and the forwarder holds it
+	pollUntil(t, 30*time.Second, "the first run's batch held in the network", func() (bool, error) { return fwd.held.Load() > 0, nil })
+	_ = first.Stop() // it gives up on its connection; the batch is still in flight
+
+	spec.TargetDSN = testNodeDSN(t, 1)
+	second, err := migrator.StartShadow(ctx, spec, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer second.Stop()
+	if err := second.WaitApplied(ctx, set(4)); err != nil {
+		t.Fatal(err)
+	}
+	if v := targetV(); v != 4 {
+		t.Fatalf("the second run left v = %d on the target, want 4", v)
+	}
+	fwd.resume() // the network delivers the first run's batch now
+	ports := fwd.serverPorts()
+	pollUntil(t, 30*time.Second, "the first run's target connection to end", func() (bool, error) {
+		var n int
+		err := tgtConn.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE client_port = ANY($1)", ports).Scan(&n)
+		return n == 0, err
+	})
+	if v := targetV(); v != 4 {
+		t.Fatalf("the first run's batch committed after the second run had applied a newer change: v = %d on the target, want 4", v)
+	}
+	if err := second.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	if err := migrator.DropShadow(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestShadowCopy moves half the slots of one shard table to a table on
 // another node while writers change it, stops and resumes the stream, and
 // checks the target holds exactly the source's rows of those slots.
@@ -84,21 +200,7 @@ func TestShadowCopy(t *testing.T) {
 	resetNodes(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	tree := &shardmap.Tree{Tenant: "lattice", Name: "items", KeyColumn: "k", KeyType: shardmap.KeyText, SlotCount: 4096}
-	src, dst := pgshard.ShardTable(tree, 0), pgshard.ShardTable(tree, 1)
-	for i, table := range []string{src, dst} {
-		c, err := pgx.Connect(ctx, testNodeDSN(t, i))
-		if err != nil {
-			t.Fatal(err)
-		}
-		schema := strings.Split(table, ".")[0]
-		for _, q := range []string{"CREATE SCHEMA " + schema, "CREATE TABLE " + table + " (k text PRIMARY KEY, v int NOT NULL, pad text)"} {
-			if _, err := c.Exec(ctx, q); err != nil {
-				t.Fatal(err)
-			}
-		}
-		c.Close(ctx)
-	}
+	tree, src, dst := shadowTables(t, ctx, "items")
 	srcPool, err := pgxpool.New(ctx, testNodeDSN(t, 0))
 	if err != nil {
 		t.Fatal(err)

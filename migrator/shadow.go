@@ -144,8 +144,12 @@ func StartShadow(ctx context.Context, spec ShadowSpec, log *slog.Logger) (*Shado
 func (sh *Shadow) start(ctx context.Context) error {
 	sp := sh.spec
 	var err error
-	if sh.target, err = pgx.Connect(ctx, sp.TargetDSN); err != nil {
-		return fmt.Errorf("migrator: connect to target: %w", err)
+	var ended int
+	if sh.target, ended, err = connectShadowTarget(ctx, sp.TargetDSN, sp.ID); err != nil {
+		return err
+	}
+	if ended > 0 {
+		sh.log.Warn("ended an earlier run's connections on the target, so that nothing they sent can commit now", "connections", ended)
 	}
 	sh.tables = map[string]*shadowTable{}
 	for _, t := range sp.trees() {

@@ -1,0 +1,54 @@
+package migrator
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/lattice-db/lattice/pgshard"
+)
+
+// A shadow copy's run writes the target through one connection. When a run
+// gives up on that connection (a timeout, a partition, a crash), bytes it
+// already sent may still reach the target later, when the network heals:
+// an apply batch or a copy that then commits after a later run has applied
+// newer changes of the same rows, and puts old values back. So each run
+// labels its target connection with the migration, and ends every earlier
+// run's connection on the target before it reads the progress row: a
+// terminated backend rolls its transaction back, and bytes that arrive
+// afterwards find the socket closed.
+
+// ghostWait bounds how long a run waits for an earlier run's backend to
+// exit once it is told to.
+const ghostWait = 10 * time.Second
+
+func shadowAppName(id string) string { return "lattice-shadow " + id }
+
+// connectShadowTarget connects to the target as migration id's run, after
+// ending the connections of its earlier runs there.
+func connectShadowTarget(ctx context.Context, dsn, id string) (*pgx.Conn, int, error) {
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		return nil, 0, err
+	}
+	cfg.RuntimeParams["application_name"] = shadowAppName(id)
+	cfg.DialFunc = pgshard.ResetOnGiveUp(cfg.DialFunc)
+	c, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return nil, 0, fmt.Errorf("migrator: connect to target: %w", err)
+	}
+	var ended, alive int
+	err = c.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE NOT pg_terminate_backend(pid, $2))
+		FROM pg_stat_activity WHERE application_name = $1 AND usename = current_user AND pid <> pg_backend_pid()`,
+		shadowAppName(id), ghostWait.Milliseconds()).Scan(&ended, &alive)
+	if err == nil && alive > 0 {
+		err = fmt.Errorf("%d connections of an earlier run did not end within %s", alive, ghostWait)
+	}
+	if err != nil {
+		c.Close(context.Background())
+		return nil, 0, fmt.Errorf("migrator: end earlier runs of %s on the target: %w", id, err)
+	}
+	return c, ended, nil
+}
