@@ -19,6 +19,7 @@ type portalPart struct {
 	be   *pgshard.Conn
 	name string
 	sql  string // the simple protocol's statement, sent at run
+	load loadMark
 }
 
 // extendedMsg serves one extended-protocol message. Responses are queued in
@@ -289,6 +290,7 @@ func (s *session) bindWriteAll(ctx context.Context, v *shardmap.View, portal *cl
 		if !s.bindOn(ctx, part, t.Node, part.stmt.sql, m, partPortal(m.DestinationPortal, i), i > 0) {
 			return false
 		}
+		part.parts[len(part.parts)-1].load = markShards(v, p, []int{t.Shard})
 		portal.parts = append(portal.parts, part.parts...)
 	}
 	return true
