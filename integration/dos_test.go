@@ -415,6 +415,11 @@ func TestNoPoolForAbsentDatabases(t *testing.T) {
 			t.Fatalf("connect to a database that does not exist: %v, want 3D000", err)
 		}
 	}
+	// Nor a role: the node is left as it was.
+	var roles int
+	if err := connect(t, testNodeDSN(t, 0)).QueryRow(ctx, `SELECT count(*) FROM pg_roles WHERE rolname LIKE 'lattice\_nosuch\_%'`).Scan(&roles); err != nil || roles != 0 {
+		t.Errorf("%d roles made for databases that do not exist (%v)", roles, err)
+	}
 	f := scrape(t, p)["lattice_pool_backends_in_use"]
 	for _, m := range f.GetMetric() {
 		for _, l := range m.GetLabel() {

@@ -8,6 +8,7 @@ import (
 	"net"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -54,6 +55,11 @@ type Conn struct {
 	pinned    bool // kept by its session across transactions (pin.go)
 	lastUsed  time.Time
 	pool      *pool // the pool it came from; Release gives it back only there
+	// node is the per-node budget the backend holds a token of while it is
+	// open (caps.go); user, the per-user one it holds while a session uses it.
+	node   *nodeCap
+	user   *userCap
+	closed atomic.Bool
 
 	prepared map[string]string // statement key -> server-side name
 	names    map[string]string // server-side name -> statement key
@@ -153,6 +159,10 @@ func (c *Conn) Broken() bool { return c.broken }
 
 // Close closes the socket after a polite Terminate.
 func (c *Conn) Close() {
+	if c.closed.Swap(true) {
+		return
+	}
+	c.node.give()
 	c.fe.Send(&pgproto3.Terminate{})
 	_ = c.net.SetWriteDeadline(time.Now().Add(time.Second))
 	_ = c.fe.Flush()

@@ -10,9 +10,10 @@ import (
 var ErrTooManyHeld = errors.New("too many backends held by sessions")
 
 // AcquireHeld takes a backend that one session keeps for itself across
-// transactions (a LISTEN connection). It counts against the pool like any
-// backend in use, and against MaxHeld; give it back with ReleaseHeld.
-func (p *Pools) AcquireHeld(ctx context.Context, node, tenant string) (*Conn, error) {
+// transactions (a LISTEN connection) of user. It counts against the pool,
+// the node and the user like any backend in use, and against MaxHeld; give
+// it back with ReleaseHeld.
+func (p *Pools) AcquireHeld(ctx context.Context, user, node, tenant string) (*Conn, error) {
 	pl, err := p.get(node, tenant)
 	if err != nil {
 		return nil, err
@@ -21,7 +22,7 @@ func (p *Pools) AcquireHeld(ctx context.Context, node, tenant string) (*Conn, er
 		pl.held.Add(-1)
 		return nil, fmt.Errorf("node %s: %w (%d)", node, ErrTooManyHeld, pl.cfg.MaxHeld)
 	}
-	c, err := pl.acquire(ctx)
+	c, err := p.Acquire(ctx, user, node, tenant)
 	if err != nil {
 		pl.held.Add(-1)
 		return nil, err

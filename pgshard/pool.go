@@ -7,6 +7,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/lattice-db/lattice/sqlstate"
 )
 
 // PoolConfig bounds the backend connections of one proxy.
@@ -25,6 +27,10 @@ type PoolConfig struct {
 	// themselves (LISTEN); they count against MaxConns too. 0 means half of
 	// MaxConns, so listeners cannot starve the pool.
 	MaxHeld int
+	// MaxNodeConns bounds the backends open on one node, idle or in use,
+	// across tenants; MaxUserConns, the backends one user's sessions use at
+	// once (caps.go). 0 means DefaultMaxNodeConns and MaxConns.
+	MaxNodeConns, MaxUserConns int
 	// Prepare, when set, runs before a pool's first backend is opened, and
 	// again until it succeeds: it makes the tenant's role on the node
 	// (Cluster.EnsureRole).
@@ -48,8 +54,18 @@ func (c *PoolConfig) withDefaults() PoolConfig {
 	if out.MaxHeld <= 0 {
 		out.MaxHeld = max(1, out.MaxConns/2)
 	}
+	if out.MaxNodeConns <= 0 {
+		out.MaxNodeConns = DefaultMaxNodeConns
+	}
+	if out.MaxUserConns <= 0 {
+		out.MaxUserConns = out.MaxConns
+	}
 	return out
 }
+
+// DefaultMaxNodeConns is MaxNodeConns when none is given: with PostgreSQL's
+// default max_connections of 100, room for one proxy and the control role.
+const DefaultMaxNodeConns = 64
 
 // ErrPoolExhausted is returned when no backend became free in time.
 var ErrPoolExhausted = errors.New("no backend connection became free in time")
@@ -59,15 +75,22 @@ type Pools struct {
 	cfg     PoolConfig
 	resolve func(node, tenant string) (string, error)
 
+	// connect opens a backend; a field so that tests can count without a
+	// server.
+	connect func(ctx context.Context, node, tenant, dsn string, maxMessage int) (*Conn, error)
+
 	mu    sync.Mutex
 	pools map[poolKey]*pool
+	nodes map[string]*nodeCap
+	users map[string]*userCap
 }
 
 type poolKey struct{ node, tenant string }
 
 // NewPools creates the pools; resolve gives the DSN of a node for a tenant.
 func NewPools(cfg PoolConfig, resolve func(node, tenant string) (string, error)) *Pools {
-	return &Pools{cfg: cfg.withDefaults(), resolve: resolve, pools: make(map[poolKey]*pool)}
+	return &Pools{cfg: cfg.withDefaults(), resolve: resolve, connect: connect,
+		pools: make(map[poolKey]*pool), nodes: make(map[string]*nodeCap), users: make(map[string]*userCap)}
 }
 
 // Stats is a pool's use, for metrics.
@@ -84,6 +107,8 @@ type pool struct {
 	key   poolKey
 	dsn   string
 	cfg   PoolConfig
+	pools *Pools
+	node  *nodeCap
 	slots chan struct{} // one token per backend in use; idle ones hold none, so in use + idle <= MaxConns
 
 	mu   sync.Mutex
@@ -98,27 +123,50 @@ type pool struct {
 func (p *Pools) get(node, tenant string) (*pool, error) {
 	k := poolKey{node, tenant}
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	if pl, ok := p.pools[k]; ok {
+		p.mu.Unlock()
 		return pl, nil
 	}
+	p.mu.Unlock()
 	dsn, err := p.resolve(node, tenant)
 	if err != nil {
 		return nil, err
 	}
-	pl := &pool{key: k, dsn: dsn, cfg: p.cfg, slots: make(chan struct{}, p.cfg.MaxConns)}
+	nc := p.nodeCapOf(node)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if pl, ok := p.pools[k]; ok {
+		return pl, nil
+	}
+	pl := &pool{key: k, dsn: dsn, cfg: p.cfg, pools: p, node: nc, slots: make(chan struct{}, p.cfg.MaxConns)}
 	p.pools[k] = pl
 	return pl, nil
 }
 
-// Acquire returns an idle backend of node for tenant, or opens one, waiting
-// at most AcquireTimeout for a free slot.
-func (p *Pools) Acquire(ctx context.Context, node, tenant string) (*Conn, error) {
+// Acquire returns an idle backend of node for tenant, or opens one, for a
+// session of user, waiting at most AcquireTimeout for a free slot of the
+// pool, the node and the user each. A first backend that finds no database
+// of the tenant's name (3D000) leaves no pool behind.
+func (p *Pools) Acquire(ctx context.Context, user, node, tenant string) (*Conn, error) {
 	pl, err := p.get(node, tenant)
 	if err != nil {
 		return nil, err
 	}
-	return pl.acquire(ctx)
+	uc, err := p.takeUser(ctx, user)
+	if err != nil {
+		return nil, err
+	}
+	c, err := pl.acquire(ctx)
+	if err != nil {
+		<-uc.inUse
+		p.unref(uc)
+		if sqlstate.Is(err, sqlstate.InvalidCatalogName) {
+			p.forgetUnused(node, tenant)
+		}
+		return nil, err
+	}
+	c.user = uc
+	return c, nil
 }
 
 // Release returns c to its pool. A backend that is inside a transaction or
@@ -136,17 +184,19 @@ func (p *Pools) Release(c *Conn) {
 	if pl == nil || pl != c.pool {
 		// Its pool was forgotten (the node left, or its DSN changed):
 		// the backend goes with it.
+		p.giveUser(c)
 		c.Close()
 		return
 	}
 	c.Wrote = false
+	p.giveUser(c)
 	pl.release(c)
 }
 
-// ForgetUnused drops the pool of node and tenant if it holds no backend,
+// forgetUnused drops the pool of node and tenant if it holds no backend,
 // in use or idle: after its database turned out not to exist, so that
 // clients naming databases at random do not grow the pool map.
-func (p *Pools) ForgetUnused(node, tenant string) {
+func (p *Pools) forgetUnused(node, tenant string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	k := poolKey{node, tenant}
@@ -263,13 +313,19 @@ func (pl *pool) acquire(ctx context.Context) (*Conn, error) {
 		}
 		pl.prepared.Store(true)
 	}
-	c, err := connect(ctx, pl.key.node, pl.key.tenant, pl.dsn, pl.cfg.MaxMessageSize)
-	if err != nil {
+	if err := pl.pools.takeNode(ctx, pl.node); err != nil {
 		<-pl.slots
 		pl.errs.Add(1)
 		return nil, err
 	}
-	c.pool = pl
+	c, err := pl.pools.connect(ctx, pl.key.node, pl.key.tenant, pl.dsn, pl.cfg.MaxMessageSize)
+	if err != nil {
+		pl.node.give()
+		<-pl.slots
+		pl.errs.Add(1)
+		return nil, err
+	}
+	c.pool, c.node = pl, pl.node
 	return c, nil
 }
 
@@ -281,7 +337,8 @@ func (pl *pool) acquire(ctx context.Context) (*Conn, error) {
 const aliveCheckAfter = 50 * time.Millisecond
 
 func (pl *pool) release(c *Conn) {
-	if c.broken || c.TxStatus != 'I' || !c.Idle() {
+	// A new backend waiting for room on the node gets this one's.
+	if c.broken || c.TxStatus != 'I' || !c.Idle() || pl.node.waiting.Load() > 0 {
 		c.Close()
 		<-pl.slots
 		return

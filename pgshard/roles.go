@@ -104,6 +104,9 @@ func (c *Cluster) EnsureRole(ctx context.Context, node, tenant string) error {
 	mu, _ := c.roleLocks.LoadOrStore(k, &sync.Mutex{})
 	mu.(*sync.Mutex).Lock()
 	defer mu.(*sync.Mutex).Unlock()
+	// The lock serves only while this runs: kept, one per name a client
+	// tried, the map would grow with every database name guessed.
+	defer c.roleLocks.CompareAndDelete(k, mu)
 	if _, ok := c.roles.Load(k); ok {
 		return nil
 	}
@@ -117,6 +120,17 @@ func (c *Cluster) EnsureRole(ctx context.Context, node, tenant string) error {
 func (c *Cluster) ensureRole(ctx context.Context, n Node, tenant string) error {
 	role := TenantRole(tenant)
 	own, err := c.Admin(ctx, n.Name, c.ownDatabase(n.Name))
+	if err != nil {
+		return err
+	}
+	// No role, and so no pool, for a database that is not there: a client
+	// naming databases at random must leave nothing behind on the node.
+	var connectable bool
+	err = own.QueryRow(ctx, `SELECT datallowconn AND NOT datistemplate FROM pg_catalog.pg_database WHERE datname = $1`, tenant).Scan(&connectable)
+	if errors.Is(err, pgx.ErrNoRows) || err == nil && !connectable {
+		return sqlstate.Fatal(sqlstate.InvalidCatalogName, "database %q does not exist", tenant).
+			WithHint("Connect with your tenant's database name; an operator creates a new tenant's database on the catalog node.")
+	}
 	if err != nil {
 		return err
 	}

@@ -306,10 +306,10 @@ const partialTable = "lattice_partial"
 // of its own, so that the final query never interleaves with the batch the
 // client's other statements are in.
 func (s *session) finalBackend(f *fanOut, x *exchange) *pgshard.Conn {
-	be, err := s.srv.pools.Acquire(f.agg.ctx, s.srv.catalogNode, s.tenant)
+	be, err := s.srv.pools.Acquire(f.agg.ctx, s.user, s.srv.catalogNode, s.tenant)
 	if err != nil {
 		x.errored = true
-		s.send(sqlstate.New(sqlstate.ConnectionFailure, "cannot reach node %s: %v", s.srv.catalogNode, err).Response())
+		s.send(acquireError(s.srv.catalogNode, err).Response())
 		return nil
 	}
 	s.setActive(be, true)

@@ -17,10 +17,16 @@ import (
 
 // Server side of SCRAM-SHA-256 (RFC 5802, RFC 7677) as PostgreSQL runs it:
 // the user name inside the SCRAM messages is ignored in favour of the
-// startup packet's, and channel binding (SCRAM-SHA-256-PLUS) is not offered.
+// startup packet's. Over TLS, SCRAM-SHA-256-PLUS is offered too, with
+// tls-server-end-point channel binding (RFC 5929), PostgreSQL's only type:
+// the client proves it saw the certificate this proxy presented, so a
+// man in the middle with another certificate cannot relay the exchange.
 
 const (
 	scramMechanism = "SCRAM-SHA-256"
+	scramPlus      = scramMechanism + "-PLUS"
+	// scramBinding is the channel-binding type of SCRAM-SHA-256-PLUS.
+	scramBinding = "tls-server-end-point"
 	// maxAuthMessage bounds a client's SASL messages, as PostgreSQL's
 	// PG_MAX_AUTH_TOKEN_LENGTH does.
 	maxAuthMessage = 65535
@@ -31,17 +37,22 @@ const (
 // scramAuth authenticates user over b with SCRAM-SHA-256 against users, and
 // sends AuthenticationSASLFinal on success. An unknown user goes through the
 // same exchange with a mock verifier and fails with the same error as a
-// wrong password.
-func scramAuth(b *pgproto3.Backend, users *Users, user string) error {
+// wrong password. endPoint is the tls-server-end-point binding data of the
+// connection's TLS, nil without TLS: with it SCRAM-SHA-256-PLUS is offered.
+func scramAuth(b *pgproto3.Backend, users *Users, user string, endPoint []byte) error {
 	u, known := users.Lookup(user)
-	var x scramExchange
+	x := scramExchange{endPoint: endPoint}
 	if known {
 		x.verifier = u.verifier
 	} else {
 		x.verifier = users.mockVerifier(user)
 	}
 
-	b.Send(&pgproto3.AuthenticationSASL{AuthMechanisms: []string{scramMechanism}})
+	mechanisms := []string{scramMechanism}
+	if endPoint != nil {
+		mechanisms = []string{scramPlus, scramMechanism} // PostgreSQL's order
+	}
+	b.Send(&pgproto3.AuthenticationSASL{AuthMechanisms: mechanisms})
 	if err := b.Flush(); err != nil {
 		return err
 	}
@@ -57,10 +68,10 @@ func scramAuth(b *pgproto3.Backend, users *Users, user string) error {
 	if !ok {
 		return sqlstate.Fatal(sqlstate.ProtocolViolation, "expected SASL response, got %T", msg)
 	}
-	switch initial.AuthMechanism {
-	case scramMechanism:
-	case scramMechanism + "-PLUS":
-		return channelBindingError()
+	switch {
+	case initial.AuthMechanism == scramMechanism:
+	case initial.AuthMechanism == scramPlus && endPoint != nil:
+		x.plus = true
 	default:
 		return sqlstate.Fatal(sqlstate.ProtocolViolation, "client selected an invalid SASL authentication mechanism")
 	}
@@ -102,16 +113,13 @@ func scramAuth(b *pgproto3.Backend, users *Users, user string) error {
 	return nil
 }
 
-func channelBindingError() *sqlstate.Error {
-	e := sqlstate.Fatal(sqlstate.FeatureNotSupported, "channel binding is not supported")
-	e.Hint = "Connect with channel_binding=prefer or disable."
-	return e
-}
-
 // scramExchange holds the state between the two client messages.
 type scramExchange struct {
-	verifier        scramVerifier
-	gs2Header       string // "n,," or "y,,"
+	verifier scramVerifier
+	endPoint []byte // the connection's channel-binding data; nil without TLS
+	plus     bool   // the client chose SCRAM-SHA-256-PLUS
+	// gs2Header is "n,,", "y,," or "p=tls-server-end-point,,".
+	gs2Header       string
 	clientFirstBare string
 	serverFirst     string
 	nonce           string // client's then server's
@@ -119,23 +127,36 @@ type scramExchange struct {
 
 // first takes the client-first-message and returns the server-first-message.
 func (x *scramExchange) first(msg, serverNonce string) (string, error) {
+	flag, rest, _ := strings.Cut(msg, ",")
 	switch {
-	case strings.HasPrefix(msg, "p="):
-		return "", channelBindingError()
-	// n: the client does not support channel binding; y: it does but thinks
-	// the server does not, which is true.
-	case strings.HasPrefix(msg, "n,"), strings.HasPrefix(msg, "y,"):
+	case strings.HasPrefix(flag, "p="):
+		if !x.plus {
+			return "", malformedSCRAM("The client selected SCRAM-SHA-256 without channel binding, but the SCRAM message includes channel binding data.")
+		}
+		if flag[2:] != scramBinding {
+			return "", sqlstate.Fatal(sqlstate.ProtocolViolation, "unsupported SCRAM channel-binding type %q", flag[2:])
+		}
+	case flag == "n", flag == "y":
+		if x.plus {
+			return "", malformedSCRAM("The client selected SCRAM-SHA-256-PLUS, but the SCRAM message does not include channel binding data.")
+		}
+		// y: the client can bind but thinks the server cannot. Over TLS
+		// the server can, so someone in between removed the -PLUS offer.
+		if flag == "y" && x.endPoint != nil {
+			return "", sqlstate.Fatal(sqlstate.ProtocolViolation, "SCRAM channel binding negotiation error").
+				WithDetail("The client supports SCRAM channel binding but thinks the server does not. However, this server does support channel binding.")
+		}
 	default:
 		return "", malformedSCRAM("unexpected channel-binding flag")
 	}
-	if strings.HasPrefix(msg[2:], "a=") {
+	if strings.HasPrefix(rest, "a=") {
 		return "", sqlstate.Fatal(sqlstate.FeatureNotSupported, "client uses authorization identity, but it is not supported")
 	}
-	if !strings.HasPrefix(msg[2:], ",") {
+	if !strings.HasPrefix(rest, ",") {
 		return "", malformedSCRAM("unexpected attribute in client-first-message")
 	}
-	x.gs2Header = msg[:3]
-	x.clientFirstBare = msg[3:]
+	x.gs2Header = flag + ",,"
+	x.clientFirstBare = rest[1:]
 
 	attrs := strings.Split(x.clientFirstBare, ",")
 	if strings.HasPrefix(attrs[0], "m=") {
@@ -170,9 +191,15 @@ func (x *scramExchange) final(msg string) (serverFinal string, proved bool, err 
 	if !ok {
 		return "", false, malformedSCRAM("client-final-message must start with c=")
 	}
-	// Without channel binding, c= is the gs2 header of the first message.
-	if got, err := base64.StdEncoding.Strict().DecodeString(cb); err != nil || string(got) != x.gs2Header {
-		return "", false, malformedSCRAM("SCRAM channel binding check failed")
+	// c= is the gs2 header of the first message, followed with
+	// SCRAM-SHA-256-PLUS by the binding data of the TLS the server sees:
+	// a client that saw another certificate sends other data.
+	want := x.gs2Header
+	if x.plus {
+		want += string(x.endPoint)
+	}
+	if got, err := base64.StdEncoding.Strict().DecodeString(cb); err != nil || !hmac.Equal(got, []byte(want)) {
+		return "", false, sqlstate.Fatal(sqlstate.ProtocolViolation, "SCRAM channel binding check failed")
 	}
 	nonce, ok := strings.CutPrefix(attrs[1], "r=")
 	if !ok || nonce != x.nonce {

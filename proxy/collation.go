@@ -68,9 +68,9 @@ func (s *session) collationsOf(ctx context.Context, probe string, n int) (*colla
 // transaction, for a statement the proxy runs itself to answer the
 // client's (a collation probe, a sort); a cancel reaches it while it runs.
 func (s *session) helperBackend(ctx context.Context) (*pgshard.Conn, func(), error) {
-	be, err := s.srv.pools.Acquire(ctx, s.srv.catalogNode, s.tenant)
+	be, err := s.srv.pools.Acquire(ctx, s.user, s.srv.catalogNode, s.tenant)
 	if err != nil {
-		return nil, nil, sqlstate.New(sqlstate.ConnectionFailure, "cannot reach node %s: %v", s.srv.catalogNode, err)
+		return nil, nil, acquireError(s.srv.catalogNode, err)
 	}
 	s.setActive(be, true)
 	return be, func() {

@@ -62,14 +62,14 @@ func unlistenAll(sql string) bool {
 }
 
 func (s *session) startListener(ctx context.Context) error {
-	be, err := s.srv.pools.AcquireHeld(ctx, s.srv.catalogNode, s.tenant)
+	be, err := s.srv.pools.AcquireHeld(ctx, s.user, s.srv.catalogNode, s.tenant)
 	if err != nil {
 		if errors.Is(err, pgshard.ErrTooManyHeld) || errors.Is(err, pgshard.ErrPoolExhausted) {
 			e := sqlstate.New(sqlstate.TooManyConnections, "cannot LISTEN: %v", err)
 			e.Hint = "each listening session holds a backend of the catalog node; UNLISTEN * or disconnect idle listeners"
 			return e
 		}
-		return sqlstate.New(sqlstate.ConnectionFailure, "cannot reach node %s: %v", s.srv.catalogNode, err)
+		return acquireError(s.srv.catalogNode, err)
 	}
 	l := &listener{be: be, conn: s.conn, done: make(chan struct{})}
 	l.cond = sync.NewCond(&l.mu)

@@ -248,13 +248,9 @@ func (s *Server) greet(ctx context.Context, sess *session, st *Startup) error {
 	if err := tenantName(sess.tenant); err != nil {
 		return err
 	}
-	be, err := s.pools.Acquire(ctx, s.catalogNode, sess.tenant)
+	be, err := s.pools.Acquire(ctx, sess.user, s.catalogNode, sess.tenant)
 	if err != nil {
-		e := sqlstate.As(unwrapPg(err))
-		if e.Code == sqlstate.InvalidCatalogName {
-			s.pools.ForgetUnused(s.catalogNode, sess.tenant)
-		}
-		return e
+		return sqlstate.As(unwrapPg(err))
 	}
 	defaults := maps.Clone(be.StartupParams)
 	s.pools.Release(be)

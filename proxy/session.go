@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"context"
-	"errors"
 	"log/slog"
 	"net"
 	"strings"
@@ -270,11 +269,8 @@ func (s *session) acquire(ctx context.Context, node string) (*pgshard.Conn, erro
 	be := s.pinnedBackend(node)
 	if be == nil {
 		var err error
-		if be, err = s.srv.pools.Acquire(ctx, node, s.tenant); err != nil {
-			if errors.Is(err, pgshard.ErrPoolExhausted) {
-				return nil, sqlstate.New(sqlstate.TooManyConnections, "%v", err)
-			}
-			return nil, sqlstate.New(sqlstate.ConnectionFailure, "cannot reach node %s: %v", node, err)
+		if be, err = s.srv.pools.Acquire(ctx, s.user, node, s.tenant); err != nil {
+			return nil, acquireError(node, err)
 		}
 	}
 	s.setActive(be, true)

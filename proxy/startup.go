@@ -88,7 +88,7 @@ type CancelKey struct {
 // GSSENCRequest with 'N', reads the StartupMessage, speaks
 // protocol 3.0 (a client asking for a newer 3.x gets NegotiateProtocolVersion
 // and goes on in 3.0), authenticates the user (trust when cfg.Users is nil,
-// else SCRAM-SHA-256), checks the user is granted the database, and sends
+// else SCRAM-SHA-256, and SCRAM-SHA-256-PLUS over TLS), checks the user is granted the database, and sends
 // AuthenticationOk. The caller then sends ParameterStatus, BackendKeyData and
 // ReadyForQuery.
 //
@@ -147,6 +147,9 @@ type startupConn struct {
 	b       *pgproto3.Backend
 	br      *bodyReader
 	secured bool
+	// endPoint is the TLS channel-binding data (endpoint.go), nil without
+	// TLS.
+	endPoint []byte
 }
 
 func (c *startupConn) backend() *pgproto3.Backend {
@@ -166,12 +169,13 @@ func (c *startupConn) startTLS(cfg *tls.Config) error {
 	if _, err := c.conn.Write([]byte{'S'}); err != nil {
 		return err
 	}
-	tc := tls.Server(c.conn, cfg)
+	var cert *tls.Certificate
+	tc := tls.Server(c.conn, recordCertificate(cfg, &cert))
 	// The deadline set on the accepted connection bounds the handshake.
 	if err := tc.Handshake(); err != nil {
 		return fmt.Errorf("TLS handshake: %w", err)
 	}
-	c.conn, c.secured = tc, true
+	c.conn, c.secured, c.endPoint = tc, true, endPointBinding(cert)
 	return nil
 }
 
@@ -218,7 +222,7 @@ func handshake(c *startupConn, cfg StartupConfig) (*Startup, error) {
 				return nil, e
 			}
 			b := c.backend()
-			s, err := startupMessage(b, c.br, code, pkt[4:], cfg)
+			s, err := startupMessage(b, c.br, code, pkt[4:], c.endPoint, cfg)
 			if s != nil {
 				s.Conn = c.conn
 			}
@@ -251,7 +255,7 @@ func readStartupPacket(r io.Reader) ([]byte, error) {
 
 // startupMessage handles a StartupMessage of the given protocol version whose
 // parameters are params.
-func startupMessage(b *pgproto3.Backend, br *bodyReader, version uint32, params []byte, cfg StartupConfig) (*Startup, error) {
+func startupMessage(b *pgproto3.Backend, br *bodyReader, version uint32, params []byte, endPoint []byte, cfg StartupConfig) (*Startup, error) {
 	if major, minor := version>>16, version&0xffff; major != 3 {
 		return nil, sqlstate.Fatal(sqlstate.FeatureNotSupported, "unsupported frontend protocol %d.%d: server supports 3.0", major, minor)
 	}
@@ -294,7 +298,7 @@ func startupMessage(b *pgproto3.Backend, br *bodyReader, version uint32, params 
 
 	if cfg.Users != nil {
 		setMaxBody(b, br, min(maxAuthMessage, cfg.MaxMessageSize))
-		if err := scramAuth(b, cfg.Users, user); err != nil {
+		if err := scramAuth(b, cfg.Users, user, endPoint); err != nil {
 			return nil, err
 		}
 		// Checked only once the user has proved who it is, so grants are

@@ -134,3 +134,43 @@ func TestHandshakeTLSRaw(t *testing.T) {
 		t.Errorf("answer to SSLRequest: %q, want S", got)
 	}
 }
+
+// TestHandshakeChannelBinding: over TLS, pgconn with channel_binding=require
+// logs in with SCRAM-SHA-256-PLUS, its binding data (the hash of the
+// certificate it saw) matching the proxy's; without TLS no -PLUS is offered,
+// so such a client gives up.
+func TestHandshakeChannelBinding(t *testing.T) {
+	cfg, caFile := testTLS(t)
+	tests := []struct {
+		name   string
+		params string
+		ok     bool
+	}{
+		{"require", "sslmode=require channel_binding=require", true},
+		{"verify-full", "sslmode=verify-full sslrootcert=" + caFile + " channel_binding=require", true},
+		{"prefer", "sslmode=require channel_binding=prefer", true},
+		{"no TLS", "sslmode=disable channel_binding=require", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			addr, results := serveHandshakes(t, StartupConfig{Users: testUsers(t), TLS: cfg})
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			conn, err := pgconn.Connect(ctx, connString(addr, tt.params+" user=alice password='alice secret' dbname=shop"))
+			if !tt.ok {
+				if err == nil {
+					conn.Close(ctx)
+					t.Fatal("channel_binding=require connected without TLS")
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close(context.Background())
+			if r := nextResult(t, results); r.err != nil {
+				t.Fatal(r.err)
+			}
+		})
+	}
+}

@@ -125,6 +125,8 @@ type serveConfig struct {
 	Nodes                                     nodeFlags
 	MaxClients, PoolSize, MaxListeners        int
 	MaxPinned                                 int
+	MaxNodeBackends, MaxUserBackends          int
+	PoolAcquireTimeout                        time.Duration
 	MaxStartups, MaxStartupsPerHost           int
 	MaxPreparedStatements, MaxPortals         int
 	MaxMessageMemory                          byteSize
@@ -164,6 +166,9 @@ func (c *serveConfig) flags(fs *flag.FlagSet) {
 	fs.IntVar(&c.MaxStartups, "max-startups", proxy.DefaultMaxStartups, "most client connections in startup (before authentication completes) at once; more are refused with SQLSTATE 53300 at once, so silent sockets cannot use up file descriptors")
 	fs.IntVar(&c.MaxStartupsPerHost, "max-startups-per-host", proxy.DefaultMaxStartupsPerHost, "most client connections in startup at once from one source address")
 	fs.IntVar(&c.PoolSize, "pool-size", 32, "most backend connections per node and tenant")
+	fs.IntVar(&c.MaxNodeBackends, "max-node-backends", pgshard.DefaultMaxNodeConns, "most backend connections this proxy opens on one node, idle or in use, across every tenant; an idle one of another tenant is closed to make room, else a statement waits, then fails with SQLSTATE 53300. Keep it, times the number of proxies, below the node's max_connections less what the control role needs")
+	fs.IntVar(&c.MaxUserBackends, "max-user-backends", 0, "most backend connections one user's sessions use at once, across nodes and tenants; past it a statement waits, then fails with SQLSTATE 53300 (default: --pool-size)")
+	fs.DurationVar(&c.PoolAcquireTimeout, "pool-acquire-timeout", 10*time.Second, "how long a statement waits for a backend (a free one of --pool-size, room on the node, the user's share) before it fails with SQLSTATE 53300")
 	fs.IntVar(&c.MaxListeners, "max-listeners", 0, "most sessions per tenant that hold a catalog-node backend for LISTEN, counted within --pool-size; 0 means half of --pool-size")
 	fs.IntVar(&c.MaxPinned, "max-pinned", 0, "most sessions at once that keep a catalog-node backend for session state the proxy cannot replay (temp tables, session advisory locks, PREPARE, WITH HOLD cursors, set_config(..., false)), counted within --pool-size; more are refused with SQLSTATE 53300 (default: half of --pool-size, so pinned sessions never take every catalog-node backend)")
 	fs.DurationVar(&c.StartupTimeout, "startup-timeout", 10*time.Second, "a client must finish startup and authentication within this")
@@ -349,7 +354,9 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, ready func(pg
 	// Clients reach the nodes as their tenant's role, made on first use
 	// through the control role of the node DSNs.
 	cluster.SetVerifier(proxy.NewVerifier)
-	pools := pgshard.NewPools(pgshard.PoolConfig{MaxConns: cfg.PoolSize, MaxHeld: cfg.MaxListeners, Prepare: cluster.EnsureRole}, cluster.ClientDSN)
+	pools := pgshard.NewPools(pgshard.PoolConfig{MaxConns: cfg.PoolSize, MaxHeld: cfg.MaxListeners,
+		MaxNodeConns: cfg.MaxNodeBackends, MaxUserConns: cfg.MaxUserBackends, AcquireTimeout: cfg.PoolAcquireTimeout,
+		Prepare: cluster.EnsureRole}, cluster.ClientDSN)
 	defer pools.Close()
 	go reapIdle(ctx, pools)
 
