@@ -1,6 +1,8 @@
 package router
 
 import (
+	"slices"
+
 	pg "github.com/pganalyze/pg_query_go/v6"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
@@ -529,9 +531,12 @@ func (u unionFind) join(a, b int) { u[u.find(a)] = u.find(b) }
 
 // colocResult is what the analysis concludes.
 type colocResult struct {
-	// single: the statement runs whole on the shard of key.
+	// single: the statement runs whole on the shard of key. also are the
+	// other values levels are pinned to (distinct $n, or other literals):
+	// the statement runs there only if they share key's slot (Resolve).
 	single bool
 	key    Value
+	also   []Value
 	// fanOut: the top level's rows are the union of the shards' parts.
 	fanOut bool
 	// why is the first reason neither holds, for the refusal.
@@ -632,6 +637,7 @@ func (c *colocation) conclude() colocResult {
 	anchored := make([]bool, len(c.levels))
 	single, havePin := true, false
 	var key Value
+	var also []Value
 	for lv := range c.levels {
 		l := c.levels[lv]
 		if len(l.refs) == 0 {
@@ -647,16 +653,25 @@ func (c *colocation) conclude() colocResult {
 			if !havePin {
 				key, havePin = v, true
 			}
-			if v == key {
-				anchored[lv] = true
+			switch {
+			case v == key:
+			case v.Param == 0 && key.Param == 0:
+				// Two literals: two keys, most likely of two shards.
+				continue
+			case !slices.Contains(also, v):
+				// A parameter (kits pass the key once per level, as $1
+				// and $2) anchors the level too, on condition that its
+				// value falls in key's slot, which only the Bind tells.
+				also = append(also, v)
 			}
+			anchored[lv] = true
 		}
 		if !anchored[lv] {
 			single = false
 		}
 	}
 	if single && havePin {
-		return colocResult{single: true, key: key}
+		return colocResult{single: true, key: key, also: also}
 	}
 	// Every shard: the top level's references are joined; each level
 	// below is correlated.

@@ -183,6 +183,7 @@ func (p *planner) apply(pl *Plan, r route, start, end int) {
 	case Single, InsertSplit, WriteAll:
 		pl.Tree, pl.Key, pl.Rows = r.tree, r.key, r.rows
 		if r.multi != nil {
+			pl.KeyAlso = r.keyAlso
 			rd, err := p.multiRenderer(r, start, end)
 			if err != nil {
 				pl.Kind, pl.Tree, pl.Key, pl.Err = Refused, nil, Value{}, err
@@ -242,6 +243,7 @@ type route struct {
 	notify   bool // Catalog: sends a notification (NOTIFY, pg_notify)
 	tree     *shardmap.Tree
 	key      Value
+	keyAlso  []Value // Single over several levels: the other values levels are pinned to
 	rows     []Value
 	fn       *FuncCall
 	comp     *ComposePlan // Function: a composed statement (fn is nil)
