@@ -393,12 +393,26 @@ func (c *colocation) resolve(n *pg.Node, lv int) (int, bool) {
 	case 1:
 		// An unqualified column is the level's own when the level has one
 		// tree reference: its key column is there (or PostgreSQL reports
-		// it ambiguous).
-		if lv < 0 || len(c.levels[lv].refs) != 1 {
+		// it ambiguous). With several, a name that is the key column of
+		// exactly one of them is that one's key, for the same reason
+		// (TPC-C's tables name their keys o_w_id, no_w_id, ...).
+		if lv < 0 || len(c.levels[lv].refs) == 0 {
 			return -1, false
 		}
-		i := c.levels[lv].refs[0]
-		return i, f[0] == c.refs[i].tree.KeyColumn
+		refs := c.levels[lv].refs
+		if len(refs) == 1 {
+			return refs[0], f[0] == c.refs[refs[0]].tree.KeyColumn
+		}
+		found := -1
+		for _, i := range refs {
+			if c.refs[i].tree.KeyColumn == f[0] {
+				if found >= 0 {
+					return -1, false
+				}
+				found = i
+			}
+		}
+		return found, found >= 0
 	case 2:
 		name, column = f[0], f[1]
 	case 3:
