@@ -85,6 +85,10 @@ type treeRef struct {
 	tree     *shardmap.Tree
 	level    int
 	nullable bool // on the nullable side of an outer join within its level
+	// derived marks a keyed derived table (keyedDerived): not a relation
+	// of its own but the rows of one in its parent's FROM, named by its
+	// alias, keyed on the output column that is its tree's key.
+	derived bool
 }
 
 func (r treeRef) name() string {
@@ -104,6 +108,8 @@ type level struct {
 	refs   []int          // its own tree references
 	pins   []Value        // key values its WHERE fixes
 	in     []inLink
+	keyed  bool // a derived table grouped by its key: anchored by its parent's joins (keyedDerived)
+	asRef  int  // with keyed: its reference in the parent level
 }
 
 // inLink is key IN (SELECT b.key ...) found in level outer.
@@ -201,10 +207,11 @@ func (c *colocation) visit(m protoreflect.Message, lv int, kind levelKind, nulla
 		if v.Lateral {
 			k = levelSub
 		}
-		if v.Alias != nil {
-			c.addName(lv, v.Alias.Aliasname, noName)
-		}
+		sub := len(c.levels)
 		c.node(v.Subquery, lv, k, nullable)
+		if v.Alias != nil {
+			c.addName(lv, v.Alias.Aliasname, c.keyedDerived(v, lv, sub, nullable))
+		}
 		return
 	case *pg.RangeFunction:
 		if v.Alias != nil {
@@ -309,6 +316,103 @@ func (c *colocation) rangeVar(v *pg.RangeVar, lv int, nullable bool) {
 	i := len(c.refs) - 1
 	c.levels[lv].refs = append(c.levels[lv].refs, i)
 	c.addName(lv, name, i)
+}
+
+// keyedDerived makes a derived table in level lv's FROM a reference of lv
+// when its rows are the union of per-shard parts, each row of one key, and
+// it outputs that key: a plain SELECT grouped by (at least) the key of one
+// of its own tree references, not on a nullable side, without LIMIT,
+// OFFSET, DISTINCT ON or window functions (TPC-C's consistency checks join
+// such tables, grouped by the warehouse, to the warehouse's rows). Joined
+// on that output column it is anchored as a tree reference would be. It
+// returns the new reference's index, or noName.
+func (c *colocation) keyedDerived(v *pg.RangeSubselect, lv, sub int, nullable bool) int {
+	if v.Lateral || lv < 0 || sub >= len(c.levels) || len(v.Alias.Colnames) > 0 {
+		return noName
+	}
+	s, ok := c.levels[sub].stmt.(*pg.SelectStmt)
+	if !ok || s != v.Subquery.GetSelectStmt() || s.Op != pg.SetOperation_SETOP_NONE || s.LimitCount != nil || s.LimitOffset != nil ||
+		len(s.WindowClause) > 0 || len(s.DistinctClause) > 0 && s.DistinctClause[0].Node != nil || hasWindowCall(s) {
+		return noName
+	}
+	grouped := -1
+	for _, g := range s.GroupClause {
+		if i, key := c.resolve(g, sub); i >= 0 && key && c.refs[i].level == sub && !c.refs[i].nullable && !c.refs[i].derived {
+			grouped = i
+			break
+		}
+	}
+	if grouped < 0 {
+		return noName
+	}
+	for _, t := range s.TargetList {
+		rt := t.GetResTarget()
+		if rt == nil {
+			continue
+		}
+		if i, key := c.resolve(rt.Val, sub); i != grouped || !key {
+			continue
+		}
+		name := rt.Name
+		if name == "" {
+			f := rt.Val.GetColumnRef().Fields
+			name = f[len(f)-1].GetString_().GetSval()
+		}
+		tree := *c.refs[grouped].tree
+		tree.KeyColumn = name
+		c.refs = append(c.refs, treeRef{rv: &pg.RangeVar{Relname: v.Alias.Aliasname, Alias: v.Alias}, tree: &tree, level: lv, nullable: nullable, derived: true})
+		c.levels[lv].refs = append(c.levels[lv].refs, len(c.refs)-1)
+		c.levels[sub].keyed, c.levels[sub].asRef = true, len(c.refs)-1
+		return len(c.refs) - 1
+	}
+	return noName
+}
+
+// hasWindowCall reports whether a SELECT's own target list or HAVING calls
+// a window function (f(...) OVER ...).
+func hasWindowCall(s *pg.SelectStmt) bool {
+	found := false
+	var walk func(m protoreflect.Message)
+	walk = func(m protoreflect.Message) {
+		if fc, ok := m.Interface().(*pg.FuncCall); ok && fc.Over != nil {
+			found = true
+		}
+		if _, ok := m.Interface().(*pg.SubLink); found || ok {
+			return // a subquery's windows are its own level's
+		}
+		rangeFields(m, func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
+			if fd.Kind() != protoreflect.MessageKind || fd.IsMap() {
+				return true
+			}
+			if fd.IsList() {
+				for i := 0; i < v.List().Len(); i++ {
+					walk(v.List().Get(i).Message())
+				}
+				return true
+			}
+			walk(v.Message())
+			return true
+		})
+	}
+	for _, t := range s.TargetList {
+		walk(t.ProtoReflect())
+	}
+	if s.HavingClause != nil {
+		walk(s.HavingClause.ProtoReflect())
+	}
+	return found
+}
+
+// trees are the statement's tree references without the keyed derived
+// tables: what is rendered in shard schemas.
+func (c *colocation) trees() []treeRef {
+	out := make([]treeRef, 0, len(c.refs))
+	for _, r := range c.refs {
+		if !r.derived {
+			out = append(out, r)
+		}
+	}
+	return out
 }
 
 // join walks a JOIN: its sides (a side is nullable under an outer join),
@@ -633,6 +737,16 @@ func (c *colocation) conclude() colocResult {
 			}
 		}
 	}
+	// A keyed derived table pinned to a value has only rows of that key:
+	// its reference pins its parent level as key = value in the parent's
+	// WHERE would, unless it is on a nullable side there (then the
+	// parent's other rows are not restricted). Deepest levels first, so
+	// pins travel up a chain of them.
+	for lv := len(c.levels) - 1; lv > 0; lv-- {
+		if l := c.levels[lv]; l.keyed && !c.refs[l.asRef].nullable {
+			c.levels[l.parent].pins = append(c.levels[l.parent].pins, l.pins...)
+		}
+	}
 	// Each level's own references must form one joined component.
 	for lv := range c.levels {
 		refs := c.levels[lv].refs
@@ -663,6 +777,9 @@ func (c *colocation) conclude() colocResult {
 				anchored[lv] = true
 			}
 		}
+		if l.keyed && anchored[l.parent] {
+			anchored[lv] = true
+		}
 		for _, v := range l.pins {
 			if !havePin {
 				key, havePin = v, true
@@ -690,7 +807,7 @@ func (c *colocation) conclude() colocResult {
 	// Every shard: the top level's references are joined; each level
 	// below is correlated.
 	for lv := 1; lv < len(c.levels); lv++ {
-		if len(c.levels[lv].refs) > 0 && !corr[lv] {
+		if len(c.levels[lv].refs) > 0 && !corr[lv] && !c.levels[lv].keyed {
 			r := c.levels[lv].refs[0]
 			other := -1
 			if len(c.refs) > 0 && c.refs[0].level != lv {
