@@ -21,9 +21,11 @@ demo: tools build
 vet:
 	$(GO) vet ./...
 
+# scripts/test.sh: every package with -race, the integration package as
+# two halves at once (each with its own servers).
 test: tools
 	$(GO) vet ./...
-	$(GO) test -race -count=1 -timeout 25m ./...
+	GO="$(GO)" bash scripts/test.sh
 	$(MAKE) fuzz
 
 # Each fuzz target for a fixed number of executions (pkg:Target:count), sized

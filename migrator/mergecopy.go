@@ -305,6 +305,7 @@ func (c *mergeConns) get(ctx context.Context, key, node string) (*pgx.Conn, erro
 		return nil, fmt.Errorf("migrator: merge: node %s: %w", node, err)
 	}
 	cfg.RuntimeParams["application_name"] = MergeApplication
+	cfg.DialFunc = pgshard.ResetOnGiveUp(cfg.DialFunc) // an upsert must not land after the merge moved on
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("migrator: merge: node %s: %w", node, err)

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/lattice-db/lattice/pgshard"
 )
 
 // A shadow copy's run writes the target through one connection. When a run
@@ -32,6 +34,7 @@ func connectShadowTarget(ctx context.Context, dsn, id string) (*pgx.Conn, int, e
 		return nil, 0, err
 	}
 	cfg.RuntimeParams["application_name"] = shadowAppName(id)
+	cfg.DialFunc = pgshard.ResetOnGiveUp(cfg.DialFunc)
 	c, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
 		return nil, 0, fmt.Errorf("migrator: connect to target: %w", err)

@@ -50,7 +50,12 @@ func (c clusterNodes) connectTenant(ctx context.Context, node, tenant string) (*
 	if err != nil {
 		return nil, err
 	}
-	conn, err := pgx.Connect(ctx, dsn)
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("migrator: verification: node %s: %w", node, err)
+	}
+	cfg.DialFunc = pgshard.ResetOnGiveUp(cfg.DialFunc) // a repair must not land late
+	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("migrator: verification: connect to %s: %w", node, err)
 	}

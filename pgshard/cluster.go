@@ -306,12 +306,15 @@ func withDatabase(dsn, db string) (string, error) {
 	return out, nil
 }
 
-// nameApplication names control sessions, unless the DSN does, so they are
-// recognisable in pg_stat_activity.
-func nameApplication(cfg *pgx.ConnConfig) {
+// controlSession names control sessions, unless the DSN does, so they are
+// recognisable in pg_stat_activity, and resets a connection given up on
+// (ResetOnGiveUp): a fence or a DDL statement must not arrive after its
+// caller moved on.
+func controlSession(cfg *pgx.ConnConfig) {
 	if _, ok := cfg.RuntimeParams["application_name"]; !ok {
 		cfg.RuntimeParams["application_name"] = "lattice-admin"
 	}
+	cfg.DialFunc = ResetOnGiveUp(cfg.DialFunc)
 }
 
 // Admin returns a small lazily created pgxpool for control work (DDL, COPY)
@@ -349,7 +352,7 @@ func (c *Cluster) pool(ctx context.Context, k adminKey, maxConns int32, dsn func
 	if err != nil {
 		return nil, fmt.Errorf("pgshard: node %s: %w", k.node, err)
 	}
-	nameApplication(cfg.ConnConfig)
+	controlSession(cfg.ConnConfig)
 	cfg.MaxConns = maxConns
 	cfg.MaxConnIdleTime = time.Minute
 	// NewWithConfig does not connect (MinConns is 0), so holding c.mu is cheap.
@@ -372,7 +375,7 @@ func (c *Cluster) connect(ctx context.Context, node, tenant string) (*pgx.Conn, 
 	if err != nil {
 		return nil, fmt.Errorf("pgshard: node %s: %w", node, err)
 	}
-	nameApplication(cfg)
+	controlSession(cfg)
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("pgshard: node %s: %w", node, err)

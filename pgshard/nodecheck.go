@@ -48,7 +48,7 @@ func (c *Cluster) CheckNode(ctx context.Context, n Node, tenants []string, req N
 		return sqlstate.New(sqlstate.InvalidParameterValue, "node %s: %v", n.Name, err).
 			WithHint("give a DSN as postgres://user@host:port/database or host=... port=... user=... dbname=...")
 	}
-	nameApplication(cfg)
+	controlSession(cfg)
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
 		return connectError(n, cfg, err)
