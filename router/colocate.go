@@ -107,6 +107,7 @@ type level struct {
 	names  map[string]int // FROM item names seen here: a tree reference's index, or noName
 	refs   []int          // its own tree references
 	pins   []Value        // key values its WHERE fixes
+	pinned []int          // the references those pins are on
 	in     []inLink
 	keyed  bool // a derived table grouped by its key: anchored by its parent's joins (keyedDerived)
 	asRef  int  // with keyed: its reference in the parent level
@@ -591,10 +592,10 @@ func (c *colocation) nonKeyJoin(n *pg.Node, lv int) (int, int, bool) {
 
 // pin reads key = constant (or key IN (constant)) for a tree reference of
 // level lv itself.
-func (c *colocation) pin(n *pg.Node, lv int) (Value, bool) {
+func (c *colocation) pin(n *pg.Node, lv int) (Value, int, bool) {
 	e := n.GetAExpr()
 	if e == nil || !isPlainEq(e.Name) {
-		return Value{}, false
+		return Value{}, -1, false
 	}
 	var col, operand *pg.Node
 	switch e.Kind {
@@ -609,21 +610,21 @@ func (c *colocation) pin(n *pg.Node, lv int) (Value, bool) {
 		}
 	}
 	if col == nil {
-		return Value{}, false
+		return Value{}, -1, false
 	}
 	i, key := c.resolve(col, lv)
 	if i < 0 || !key || c.refs[i].level != lv {
-		return Value{}, false
+		return Value{}, -1, false
 	}
 	k, ok := asConstant(operand)
 	if !ok {
-		return Value{}, false
+		return Value{}, -1, false
 	}
 	v, msg := keyValue(c.refs[i].tree, k)
 	if msg != "" {
-		return Value{}, false
+		return Value{}, -1, false
 	}
-	return v, true
+	return v, i, true
 }
 
 // unionFind joins reference indexes.
@@ -721,8 +722,8 @@ func (c *colocation) conclude() colocResult {
 				note("joined on columns that are not their shard keys", a, b, true)
 				continue
 			}
-			if v, ok := c.pin(n, lv); ok {
-				l.pins = append(l.pins, v)
+			if v, i, ok := c.pin(n, lv); ok {
+				l.pins, l.pinned = append(l.pins, v), append(l.pinned, i)
 			}
 		}
 		for _, in := range l.in {
@@ -745,13 +746,34 @@ func (c *colocation) conclude() colocResult {
 	for lv := len(c.levels) - 1; lv > 0; lv-- {
 		if l := c.levels[lv]; l.keyed && !c.refs[l.asRef].nullable {
 			c.levels[l.parent].pins = append(c.levels[l.parent].pins, l.pins...)
+			if len(l.pins) > 0 {
+				c.levels[l.parent].pinned = append(c.levels[l.parent].pinned, l.asRef)
+			}
 		}
 	}
-	// Each level's own references must form one joined component.
+	// Each level's own references must form one joined component, or,
+	// for a statement on one shard, components each pinned to a key
+	// (TPC-C's Stock-Level fixes ol_w_id and s_w_id apart): each then
+	// reads rows of its pinned key only, all in one slot (Resolve).
+	pinnedComp := func(lv, i int) bool {
+		for _, p := range c.levels[lv].pinned {
+			if u.find(p) == u.find(i) {
+				return true
+			}
+		}
+		return false
+	}
+	apart := [2]int{-1, -1} // two components joined only by their pins
 	for lv := range c.levels {
 		refs := c.levels[lv].refs
 		for _, i := range refs[min(1, len(refs)):] {
 			if u.find(i) != u.find(refs[0]) {
+				if pinnedComp(lv, refs[0]) && pinnedComp(lv, i) {
+					if apart[0] < 0 {
+						apart = [2]int{refs[0], i}
+					}
+					continue
+				}
 				note("not joined on equal shard keys", refs[0], i, false)
 			}
 		}
@@ -766,6 +788,7 @@ func (c *colocation) conclude() colocResult {
 	single, havePin := true, false
 	var key Value
 	var also []Value
+	skipped := false // a pin on another literal than key's
 	for lv := range c.levels {
 		l := c.levels[lv]
 		if len(l.refs) == 0 {
@@ -788,6 +811,7 @@ func (c *colocation) conclude() colocResult {
 			case v == key:
 			case v.Param == 0 && key.Param == 0:
 				// Two literals: two keys, most likely of two shards.
+				skipped = true
 				continue
 			case !slices.Contains(also, v):
 				// A parameter (kits pass the key once per level, as $1
@@ -801,8 +825,14 @@ func (c *colocation) conclude() colocResult {
 			single = false
 		}
 	}
-	if single && havePin {
+	// Components pinned apart each need their pin on this shard: none may
+	// be a literal of another key.
+	if single && havePin && !(apart[0] >= 0 && skipped) {
 		return colocResult{single: true, key: key, also: also}
+	}
+	if apart[0] >= 0 {
+		note("not joined on equal shard keys", apart[0], apart[1], false)
+		return res
 	}
 	// Every shard: the top level's references are joined; each level
 	// below is correlated.
