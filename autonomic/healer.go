@@ -3,6 +3,7 @@ package autonomic
 import (
 	"cmp"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"time"
@@ -68,10 +69,7 @@ func (p *Policy) heal(st *treeState, v View, counts map[int]int, now time.Time, 
 	}
 	want := min(p.cfg.MaxConcurrent-len(v.Flying), len(counts)-folding-v.Registry)
 	var why []string
-	for _, f := range p.coldPairs(v, l) {
-		if len(d.Folds) >= want {
-			break
-		}
+	for _, f := range p.coldPairs(v, l, want) {
 		d.Folds = append(d.Folds, f)
 		why = append(why, fmt.Sprintf("fold of shard %d into shard %d", f.Donor, f.Survivor))
 	}
@@ -86,10 +84,16 @@ func (p *Policy) heal(st *treeState, v View, counts map[int]int, now time.Time, 
 	}
 }
 
-// coldPairs lists disjoint adjacent pairs of owning shards that are in no
-// migration and write less than ColdWrites together, coldest first. The
-// donor is the side with fewer rows (or slots, when rows are unknown).
-func (p *Policy) coldPairs(v View, l load) []Fold {
+// coldPairs chooses up to want disjoint adjacent pairs of owning shards
+// that are in no migration and write less than ColdWrites together: as
+// many as there are, so that a tree split in halves folds its halves back
+// together rather than stranding a shard between two folded pairs, and
+// among the choices of that many the one whose shards come out most even
+// (the least sum of the products of each pair's sizes, which is the least
+// sum of squared sizes after the folds: the smallest pairs first). How
+// cold each pair is does not order them: all of them are cold. The donor
+// is the side with fewer rows (or slots, when rows are unknown).
+func (p *Policy) coldPairs(v View, l load, want int) []Fold {
 	type span struct{ idx, lo, hi int }
 	var spans []span
 	for _, idx := range v.Map.OwningShards() {
@@ -104,35 +108,53 @@ func (p *Policy) coldPairs(v View, l load) []Fold {
 		}
 		return int64(counts[idx])
 	}
-	var pairs []Fold
-	for i := 0; i+1 < len(spans); i++ {
+	n := len(spans)
+	if want <= 0 || n < 2 {
+		return nil
+	}
+	foldable := func(i int) bool {
 		x, y := spans[i], spans[i+1]
-		w := l.shard[x.idx] + l.shard[y.idx]
-		if x.hi+1 != y.lo || l.busy[x.idx] || l.busy[y.idx] || w >= p.cfg.ColdWrites {
+		return x.hi+1 == y.lo && !l.busy[x.idx] && !l.busy[y.idx] && l.shard[x.idx]+l.shard[y.idx] < p.cfg.ColdWrites
+	}
+	// cost[i][k]: the least cost of k pairs among spans[i:], +Inf if
+	// there are not k; take[i][k]: whether spans i and i+1 pair in it.
+	inf := math.Inf(1)
+	cost := make([][]float64, n+2)
+	take := make([][]bool, n+2)
+	for i := range cost {
+		cost[i] = make([]float64, want+1)
+		take[i] = make([]bool, want+1)
+		for k := 1; k <= want; k++ {
+			cost[i][k] = inf
+		}
+	}
+	for i := n - 2; i >= 0; i-- {
+		for k := 1; k <= want; k++ {
+			cost[i][k] = cost[i+1][k]
+			if !foldable(i) {
+				continue
+			}
+			if c := float64(size(spans[i].idx))*float64(size(spans[i+1].idx)) + cost[i+2][k-1]; c < cost[i][k] {
+				cost[i][k], take[i][k] = c, true
+			}
+		}
+	}
+	k := want
+	for k > 0 && math.IsInf(cost[0][k], 1) {
+		k--
+	}
+	var out []Fold
+	for i := 0; i+1 < n && k > 0; {
+		if !take[i][k] {
+			i++
 			continue
 		}
-		d, s := x.idx, y.idx
+		d, s := spans[i].idx, spans[i+1].idx
 		if size(d) > size(s) || size(d) == size(s) && d < s {
 			d, s = s, d
 		}
-		pairs = append(pairs, Fold{Donor: d, Survivor: s, Writes: w})
-	}
-	// Coldest first; among equally cold pairs the smallest, so that the
-	// shards stay about the same size as the tree heals.
-	slices.SortStableFunc(pairs, func(a, b Fold) int {
-		if c := cmp.Compare(a.Writes, b.Writes); c != 0 {
-			return c
-		}
-		return cmp.Compare(size(a.Donor)+size(a.Survivor), size(b.Donor)+size(b.Survivor))
-	})
-	used := map[int]bool{}
-	var out []Fold
-	for _, f := range pairs {
-		if used[f.Donor] || used[f.Survivor] {
-			continue
-		}
-		used[f.Donor], used[f.Survivor] = true, true
-		out = append(out, f)
+		out = append(out, Fold{Donor: d, Survivor: s, Writes: l.shard[d] + l.shard[s]})
+		i, k = i+2, k-1
 	}
 	return out
 }

@@ -1,6 +1,8 @@
 package autonomic
 
 import (
+	"cmp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -81,5 +83,51 @@ func TestHealerWindowStartsOver(t *testing.T) {
 	}
 	if d, _ := passes(p, clock, v, 2); len(d.Folds) == 0 {
 		t.Fatalf("no fold a window after the reshard: %s", d.Healer)
+	}
+}
+
+// A tree split in halves folds its halves back together: of the pairs a
+// pass may fold it takes as many as there are, and of those choices the
+// one that leaves the shards most even, not the coldest first, which here
+// would fold shards 1 and 2 and strand shard 0 (one run of
+// TestAutonomicHealing ended with 1538, 1021, 998 and 539 slots).
+func TestHealerFoldsHalvesBack(t *testing.T) {
+	cases := []struct {
+		name  string
+		slots []int // each shard's slots, in slot order
+		max   int   // MaxConcurrent
+		want  [][2]int
+	}{
+		{"halves of four shards, all at once", []int{500, 524, 530, 494, 512, 512, 490, 534}, 4,
+			[][2]int{{0, 1}, {2, 3}, {4, 5}, {6, 7}}},
+		{"two at a time: the smallest pairs", []int{500, 524, 530, 494, 400, 400, 714, 534}, 2,
+			[][2]int{{2, 3}, {4, 5}}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			m := identity(4096, len(c.slots))
+			slot := 0
+			for idx, n := range c.slots {
+				for range n {
+					m.Slots[slot] = idx
+					slot++
+				}
+			}
+			w := spread(4096, 0, 4095, 4) // half a write a second a shard
+			for s := c.slots[0]; s < c.slots[0]+c.slots[1]+c.slots[2]; s++ {
+				w[s] = 0 // shards 1 and 2: the coldest pair
+			}
+			clock := newClock()
+			p := NewPolicy(Config{SplitWrites: 1000, HealWindow: time.Minute, MaxConcurrent: c.max}, clock)
+			d, _ := passes(p, clock, View{Map: m, Registry: 4, Writes: w}, 7)
+			var got [][2]int
+			for _, f := range d.Folds {
+				got = append(got, [2]int{min(f.Donor, f.Survivor), max(f.Donor, f.Survivor)})
+			}
+			slices.SortFunc(got, func(a, b [2]int) int { return cmp.Compare(a[0], b[0]) })
+			if !slices.Equal(got, c.want) {
+				t.Fatalf("folds %v, want %v (healer: %s)", got, c.want, d.Healer)
+			}
+		})
 	}
 }

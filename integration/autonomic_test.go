@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/lattice-db/lattice/shardmap"
@@ -188,12 +189,22 @@ func (a *autoRun) reshardIntent() *shardmap.Reshard {
 	return r
 }
 
-// reshard asks for n shards and waits for the completion signal, checking
-// at every poll that neither the monitor nor healing started a migration
-// while the reshard ran, and that the reshard's own folds never ran beside
-// one of healing's. It returns whether the status ever said the monitor
-// was idle for the reshard.
+// reshard asks for n shards and waits for the completion signal, with
+// askReshard's check at every poll. It returns whether the status ever said
+// the monitor was idle for the reshard.
 func (a *autoRun) reshard(n int) (idleSeen bool) {
+	a.t.Helper()
+	check, idle := a.askReshard(n)
+	a.awaitReshard(n, check)
+	return *idle
+}
+
+// askReshard asks for n shards and returns the check to run at every poll
+// while the reshard runs: neither the monitor nor healing started a
+// migration while it ran, and its own folds never ran beside one of
+// healing's. *idle says whether the status ever said the monitor was idle
+// for the reshard.
+func (a *autoRun) askReshard(n int) (check func(), idle *bool) {
 	a.t.Helper()
 	if _, err := a.pool.Exec(a.ctx, "SELECT lattice_reshard('catalogue', $1)", n); err != nil {
 		a.t.Fatal(err)
@@ -202,7 +213,8 @@ func (a *autoRun) reshard(n int) (idleSeen bool) {
 	if r == nil {
 		a.t.Fatal("no reshard intent after lattice_reshard")
 	}
-	check := func() {
+	idle = new(bool)
+	return func() {
 		var healing, own bool
 		for _, m := range a.migrations() {
 			if m.Origin != "" && m.Created.After(r.Started) {
@@ -214,8 +226,14 @@ func (a *autoRun) reshard(n int) (idleSeen bool) {
 		if healing && own {
 			a.t.Fatal("the shrink folded beside a fold healing had started")
 		}
-		idleSeen = idleSeen || strings.Contains(a.status(), "monitor idle while a reshard")
-	}
+		*idle = *idle || strings.Contains(a.status(), "monitor idle while a reshard")
+	}, idle
+}
+
+// awaitReshard waits for the completion signal of the reshard to n,
+// running check at every poll.
+func (a *autoRun) awaitReshard(n int, check func()) {
+	a.t.Helper()
 	a.until("the reshard to "+strconv.Itoa(n)+" completes", func() bool {
 		var done bool
 		if err := a.pool.QueryRow(a.ctx, "SELECT lattice_reshard_complete('catalogue')").Scan(&done); err != nil {
@@ -223,35 +241,85 @@ func (a *autoRun) reshard(n int) (idleSeen bool) {
 		}
 		return done
 	}, check)
-	return idleSeen
+}
+
+// holdShardWrites takes a SHARE lock on the table of every shard of the
+// tree, on its node, each in a transaction of its own: reads go on, but a
+// migration's copy into any shard waits until release commits them.
+func (a *autoRun) holdShardWrites() (release func()) {
+	a.t.Helper()
+	_, m := storedTree(a.t, a.ctx, a.store, "catalogue")
+	byNode := map[string][]string{}
+	for _, idx := range m.OwningShards() {
+		node := m.Shards[idx].Node
+		byNode[node] = append(byNode[node], shardmap.SchemaName(idx)+".catalogue")
+	}
+	var txs []pgx.Tx
+	for node, tables := range byNode {
+		i, err := strconv.Atoi(strings.TrimPrefix(node, "n"))
+		if err != nil {
+			a.t.Fatalf("node %q: %v", node, err)
+		}
+		conn := connect(a.t, testNodeDSN(a.t, i-1))
+		tx, err := conn.Begin(a.ctx)
+		if err != nil {
+			a.t.Fatal(err)
+		}
+		if _, err := tx.Exec(a.ctx, "LOCK TABLE "+strings.Join(tables, ", ")+" IN SHARE MODE"); err != nil {
+			a.t.Fatal(err)
+		}
+		txs = append(txs, tx)
+	}
+	return func() {
+		for _, tx := range txs {
+			if err := tx.Commit(a.ctx); err != nil {
+				a.t.Fatal(err)
+			}
+		}
+	}
+}
+
+// grownToCap starts a proxy whose monitor finds a shard writing 20 rows/s
+// hot, under a cap of limit shards, creates catalogue with 2000 keys over 4
+// shards, and runs the ledger workload until the monitor has split the
+// tree up to the cap and stopped there.
+func grownToCap(t *testing.T, ctx context.Context, limit int) (*autoRun, *proxyProc) {
+	t.Helper()
+	p := autonomicProxy(t, "--autosplit-rows-per-second=20", "--max-physical-shards-per-tree="+strconv.Itoa(limit))
+	a := newAutoRun(t, ctx, p, 2000, 4)
+	a.run(2)
+	capped := "capped: " + strconv.Itoa(limit) + " shards"
+	a.until("the monitor grows the tree to the cap", func() bool {
+		return a.shards() == limit && len(a.migrations()) == 0 && strings.Contains(a.status(), capped)
+	}, nil)
+	a.stop()
+	t.Logf("grown to the cap of %d in %s; %s", limit, time.Since(a.start).Round(time.Millisecond), a.status())
+	return a, p
 }
 
 // TestAutonomicRules: the monitor and healing beside reshards, on one tree
-// created with 4 shards, with --max-physical-shards-per-tree 6:
+// created with 4 shards, with --max-physical-shards-per-tree 5:
 //   - under a uniform load above the threshold the monitor splits up to the
 //     cap and stops there ("capped");
-//   - once the load stops, healing folds; a shrink to 3 asked while
-//     healing's first folds run waits for them, healing starts no fold while
-//     the shrink runs, and after it the tree stays at the registry's 3;
+//   - once the load stops, healing starts its one fold (5 -> 4), which
+//     waits on a lock the test holds on every shard; a shrink to 3 asked
+//     meanwhile, which could fold a free adjacent pair beside it, waits for
+//     it instead; healing starts no fold while the shrink runs, and after
+//     it the tree stays at the registry's 3;
 //   - a reshard to 10, above the cap, works under load while the monitor
-//     stays idle, and the monitor then splits no more.
+//     stays idle, and the monitor then splits no more, nor does healing
+//     fold the grow back.
 func TestAutonomicRules(t *testing.T) {
 	resetNodes(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	// A cap of 6 leaves healing two folds (6 -> 4) and the shrink two free
-	// migrations of the four it may run, so that it could fold beside them.
-	p := autonomicProxy(t, "--autosplit-rows-per-second=20", "--max-physical-shards-per-tree=6")
-	a := newAutoRun(t, ctx, p, 2000, 4)
+	// A cap of 5 over a registry of 4 leaves healing one fold, and three
+	// shards in a row of five, two of them adjacent, that the shrink could
+	// fold beside it if it did not wait.
 	begin := time.Now()
+	a, p := grownToCap(t, ctx, 5)
 
-	a.run(2)
-	a.until("the monitor grows the tree to the cap", func() bool {
-		return a.shards() == 6 && len(a.migrations()) == 0 && strings.Contains(a.status(), "capped: 6 shards")
-	}, nil)
-	a.stop()
-	t.Logf("grown to the cap of 6 in %s; %s", time.Since(begin).Round(time.Millisecond), a.status())
-
+	release := a.holdShardWrites()
 	a.until("healing starts folding the quiet tree", func() bool {
 		for _, m := range a.migrations() {
 			if m.Origin == shardmap.OriginAutoheal {
@@ -261,7 +329,12 @@ func TestAutonomicRules(t *testing.T) {
 		return false
 	}, nil)
 	t.Logf("healing folds: %s", a.status())
-	a.reshard(3)
+	check, _ := a.askReshard(3)
+	a.until("the shrink waits for healing's fold", func() bool {
+		return strings.Contains(p.Log(), "shrink waits for healing's folds")
+	}, check)
+	release()
+	a.awaitReshard(3, check)
 	tree, _ := storedTree(t, ctx, a.store, "catalogue")
 	if a.shards() != 3 || tree.ShardCount != 3 {
 		t.Fatalf("after the shrink: %d shards, registry %d; want 3 and 3", a.shards(), tree.ShardCount)
@@ -276,13 +349,74 @@ func TestAutonomicRules(t *testing.T) {
 	if !a.reshard(10) {
 		t.Errorf("lattice_reshard_status never said the monitor was idle during the reshard")
 	}
-	a.until("the monitor stops at a tree resharded above the cap", func() bool {
-		return strings.Contains(a.status(), "capped: 10 shards")
+	// Healing does not undo the grow either: 10 is the registry's count now.
+	a.until("the monitor stops at a tree resharded above the cap, and healing at the reshard's count", func() bool {
+		st := a.status()
+		return strings.Contains(st, "capped: 10 shards") && strings.Contains(st, "healing idle: 10 shards, the registry's count")
 	}, nil)
 	a.stop()
 	if n := a.shards(); n != 10 {
-		t.Fatalf("%d shards after the reshard to 10 above the cap of 6", n)
+		t.Fatalf("%d shards after the reshard to 10 above the cap of 5", n)
 	}
 	verifyReshardedTree(t, ctx, a.pool, a.load.ledger, 10)
+	t.Logf("took %s", time.Since(begin).Round(time.Millisecond))
+}
+
+// TestAutonomicHealing: a tree created with 4 shards is over-split by the
+// monitor to 8 under a burst of uniform load (a cap of 8). Once the load
+// has stopped, healing folds it back through the migrator's folds, in
+// PostgreSQL and Redis, down to the registry's 4, never below, and stops
+// there: further passes start nothing. The ledger holds.
+func TestAutonomicHealing(t *testing.T) {
+	resetNodes(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	begin := time.Now()
+	a, _ := grownToCap(t, ctx, 8)
+
+	quiet := time.Now()
+	folds := map[string]bool{}
+	a.until("healing folds the quiet tree back to the registry's 4", func() bool {
+		return a.shards() == 4 && len(a.migrations()) == 0 && strings.Contains(a.status(), "healing idle: 4 shards, the registry's count")
+	}, func() {
+		for _, m := range a.migrations() {
+			if m.Origin == shardmap.OriginAutosplit {
+				t.Fatalf("the monitor split shard %d of a quiet tree", m.Source)
+			}
+			if m.Origin == shardmap.OriginAutoheal {
+				folds[m.ID] = true
+			}
+		}
+		if n := a.shards(); n < 4 {
+			t.Fatalf("healing folded the tree to %d shards, below the registry's 4", n)
+		}
+	})
+	t.Logf("healed back to 4 in %s after the load stopped, by %d folds seen; %s", time.Since(quiet).Round(time.Millisecond), len(folds), a.status())
+	if len(folds) == 0 {
+		t.Fatal("no fold of healing's was seen")
+	}
+	tree, m := storedTree(t, ctx, a.store, "catalogue")
+	t.Logf("healed map: slots per shard %v", m.SlotCounts())
+	if tree.ShardCount != 4 {
+		t.Errorf("registry shard count %d after healing, want 4", tree.ShardCount)
+	}
+	// Stopped: two more passes of the healer (each writes its status anew)
+	// start nothing.
+	var at time.Time
+	for range 3 {
+		var st *shardmap.AutonomicStatus
+		a.until("a further pass of the healer", func() bool {
+			var err error
+			if st, err = a.store.Autonomic(ctx, "lattice", "catalogue"); err != nil {
+				t.Fatal(err)
+			}
+			return st != nil && st.At.After(at)
+		}, nil)
+		at = st.At
+		if migs := a.migrations(); len(migs) != 0 || a.shards() != 4 || !strings.Contains(st.Healer, "idle: 4 shards") {
+			t.Fatalf("after healing stopped: %d migrations, %d shards, healer %q", len(migs), a.shards(), st.Healer)
+		}
+	}
+	verifyReshardedTree(t, ctx, a.pool, a.load.ledger, 4)
 	t.Logf("took %s", time.Since(begin).Round(time.Millisecond))
 }

@@ -46,6 +46,8 @@ func counted(rate float64) int { return int(math.Round(rate * shardmap.LoadWindo
 // the rates back: lattice_shards, the admin API per shard, per slot and
 // per node, /metrics and the page's heat view all show the hot shard's
 // writes, summed over both counting proxies and over nothing else.
+// Fan-out reads, UPDATE and DELETE without the key, and a Query of several
+// statements count too: one statement on each shard they touch.
 func TestLoadSignal(t *testing.T) {
 	resetNodes(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -107,10 +109,44 @@ func TestLoadSignal(t *testing.T) {
 		values = append(values, fmt.Sprintf("(%d, 0)", k))
 	}
 	mustExec(t, ca, `INSERT INTO hot (id, v) VALUES `+strings.Join(values, ", "))
-	want[hot] = struct{ reads, writes, rows int }{0, 180, 186}
-	want[0] = struct{ reads, writes, rows int }{10, 6, 8}
-	want[1] = struct{ reads, writes, rows int }{10, 6, 7}
-	want[3] = struct{ reads, writes, rows int }{10, 6, 7}
+	// Statements over every shard count one statement on each: 5 fan-out
+	// aggregates in the simple protocol and 3 sorted fan-outs in the
+	// extended one read every shard; an UPDATE without the key (simple:
+	// one Query per node, one CommandComplete per shard) writes every shard
+	// and its 10 rows on the hot one (v 100..109 are the hot shard's keys
+	// 100..109), and a DELETE without the key (extended) writes every
+	// shard and no row.
+	for range 5 {
+		var n int64
+		if err := cb.QueryRow(ctx, `SELECT count(*) FROM hot`, pgx.QueryExecModeSimpleProtocol).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 3 {
+		rows, err := ca.Query(ctx, `SELECT id FROM hot WHERE v = $1 ORDER BY id`, -7)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if tag, err := cb.Exec(ctx, `UPDATE hot SET v = -1 WHERE v >= 100 AND v < 110`, pgx.QueryExecModeSimpleProtocol); err != nil || tag.RowsAffected() != 10 {
+		t.Fatalf("keyless UPDATE: %v, %v", tag, err)
+	}
+	mustExec(t, ca, `DELETE FROM hot WHERE v = -2`)
+	// One Query of three statements on the hot shard's node: an UPDATE of
+	// one row, a statement on no tree and a point select, each counted by
+	// its own CommandComplete.
+	multi := fmt.Sprintf(`UPDATE hot SET v = v WHERE id = %d; SELECT 1; SELECT v FROM hot WHERE id = %d`, keys[hot][0], keys[hot][1])
+	if _, err := cb.PgConn().Exec(ctx, multi).ReadAll(); err != nil {
+		t.Fatalf("%s: %v", multi, err)
+	}
+	want[hot] = struct{ reads, writes, rows int }{9, 183, 197}
+	want[0] = struct{ reads, writes, rows int }{18, 8, 8}
+	want[1] = struct{ reads, writes, rows int }{18, 8, 7}
+	want[3] = struct{ reads, writes, rows int }{18, 8, 7}
 	// The proxy that does not count: 100 more inserts on the hot shard,
 	// which no rate may show.
 	co := connect(t, off.DSN("lattice"))
@@ -179,21 +215,29 @@ func TestLoadSignal(t *testing.T) {
 				t.Errorf("load API shard %d: %d writes counted, want %d", s.Index, got, w)
 			}
 		}
-		hotSlots := 0.0
+		// Per slot: the hot keys' slots hold the 180 writes by key and the
+		// multi-statement UPDATE; the two keyless statements each count on
+		// one slot of the shard, which may be one of them.
+		hotSlots, shardSlots := 0.0, 0.0
+		for slot, sh := range m.Slots {
+			if sh == hot {
+				shardSlots += l.Writes[slot]
+			}
+		}
 		for _, k := range keys[hot][:120] {
 			slot, _ := shardmap.SlotForText(shardmap.KeyInt, []byte(strconv.Itoa(k)), len(m.Slots))
 			hotSlots += l.Writes[slot]
 			l.Writes[slot] = 0 // a slot holding several keys counts once
 		}
-		if got := counted(hotSlots); got != 180 {
-			t.Errorf("load API: the hot keys' slots have %d writes, want 180", got)
+		if got, all := counted(hotSlots), counted(shardSlots); got < 181 || got > 183 || all != 183 {
+			t.Errorf("load API: the hot keys' slots have %d writes and the hot shard's slots %d, want 181 to 183 and 183", got, all)
 		}
 		nodeWrites := 0.0
 		for _, n := range l.Nodes {
 			nodeWrites += n.Writes
 		}
-		if got := counted(nodeWrites); got != 198 {
-			t.Errorf("load API: %d writes over the nodes, want 198", got)
+		if got := counted(nodeWrites); got != 207 {
+			t.Errorf("load API: %d writes over the nodes, want 207", got)
 		}
 		var shards []struct {
 			Index int `json:"index"`
@@ -202,14 +246,14 @@ func TestLoadSignal(t *testing.T) {
 			} `json:"load"`
 		}
 		adminGet(t, ctx, p, "/api/trees/hot/shards", &shards)
-		if len(shards) != 4 || shards[hot].Load == nil || counted(shards[hot].Load.Writes) != 180 {
+		if len(shards) != 4 || shards[hot].Load == nil || counted(shards[hot].Load.Writes) != 183 {
 			t.Errorf("shard list: %+v", shards)
 		}
 	}
 
 	// /metrics: one series per shard, the hot shard's the largest.
 	metricWrites := scrapeShardWrites(t, ctx, a, "hot")
-	if len(metricWrites) != 4 || counted(metricWrites[hot]) != 180 {
+	if len(metricWrites) != 4 || counted(metricWrites[hot]) != 183 {
 		t.Errorf("/metrics lattice_shard_writes_per_second of tree hot: %v", metricWrites)
 	}
 

@@ -240,9 +240,10 @@ func TestMergeUnderShrink(t *testing.T) {
 	waitHeld(t, hold, "the merge to drain its first source shard")
 	var phase string
 	var done, total int32
-	if err := pool.QueryRow(ctx, "SELECT phase, shards_done, shards_total FROM lattice_merge_status('sdst')").Scan(&phase, &done, &total); err != nil ||
-		phase != "copy" || done != 1 || total != 4 {
-		t.Fatalf("lattice_merge_status: phase %q, %d of %d shards done (%v); want copy, 1 of 4", phase, done, total, err)
+	var eta *float64
+	if err := pool.QueryRow(ctx, "SELECT phase, shards_done, shards_total, eta_seconds FROM lattice_merge_status('sdst')").Scan(&phase, &done, &total, &eta); err != nil ||
+		phase != "copy" || done != 1 || total != 4 || eta == nil || *eta <= 0 {
+		t.Fatalf("lattice_merge_status: phase %q, %d of %d shards done, ETA %v (%v); want copy, 1 of 4, an ETA", phase, done, total, eta, err)
 	}
 	if _, err := pool.Exec(ctx, "SELECT lattice_reshard('ssrc', 2)"); err != nil {
 		t.Fatal(err)
@@ -256,6 +257,9 @@ func TestMergeUnderShrink(t *testing.T) {
 	start = time.Now()
 	waitMerged(t, ctx, pool, "sdst", 2*time.Minute)
 	t.Logf("the merge took %s after its hold", time.Since(start))
+	if err := pool.QueryRow(ctx, "SELECT phase, eta_seconds FROM lattice_merge_status('sdst')").Scan(&phase, &eta); err != nil || phase != "idle" || eta == nil || *eta != 0 {
+		t.Errorf("lattice_merge_status after the merge: %q, ETA %v (%v); want one idle row, ETA 0", phase, eta, err)
+	}
 
 	events := eventsUntil(t, listener, "sdst", "merge_completed")
 	if strings.Join(events, ",") != "merge_started,merge_redrained,merge_completed" {

@@ -28,7 +28,7 @@ func storedTree(t *testing.T, ctx context.Context, store *shardmap.RedisStore, n
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := store.Map(ctx, "lattice", name)
+	m, err := store.Map(ctx, "lattice", tree.MapName()) // a colocation group's, for a member
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -101,6 +101,10 @@ func TestReferenceTables(t *testing.T) {
 		{`SELECT i.i_name, s.s_quantity FROM item i JOIN stock s ON s.s_i_id = i.i_id AND s.s_w_id = 3 WHERE i.i_im_id = 2 ORDER BY 1`, true},
 		{`SELECT s_w_id, s_i_id FROM stock WHERE s_i_id IN (SELECT i_id FROM item WHERE i_data = 'xx') ORDER BY 1, 2 LIMIT 12`, true},
 		{`SELECT count(*), sum(i_price), max(i_name) FROM item`, false},
+		// Aggregates over every shard, joined with the reference table.
+		{`SELECT i.i_im_id, count(*), sum(s.s_quantity), avg(i.i_price), min(i.i_name), max(s.s_quantity) FROM stock s JOIN item i ON i.i_id = s.s_i_id GROUP BY 1 ORDER BY 1`, true},
+		{`SELECT count(*), sum(i.i_price * s.s_quantity) FROM stock s JOIN item i ON i.i_id = s.s_i_id WHERE i.i_data = 'xx'`, false},
+		{`SELECT i.i_name, count(DISTINCT s.s_w_id) FROM stock s LEFT JOIN item i ON i.i_id = s.s_i_id GROUP BY i.i_name HAVING count(*) > 10 ORDER BY 2 DESC, 1 LIMIT 5`, true},
 	}
 	plain := regexp.MustCompile(`\b(item|stock)\b`)
 	for name, mode := range map[string]pgx.QueryExecMode{"extended": pgx.QueryExecModeCacheStatement, "simple": pgx.QueryExecModeSimpleProtocol} {
@@ -206,22 +210,124 @@ func TestReferenceTables(t *testing.T) {
 		t.Fatalf("a direct write of n2's copy: %v, want LT001", err)
 	}
 
+	// COPY FROM STDIN goes to every copy: text in the simple protocol,
+	// binary by pgx's CopyFrom, in a transaction with the tree; a COPY
+	// that fails, or that its transaction rolls back, leaves every copy
+	// as it was.
+	copyText := func(c *pgx.Conn, data string) (pgconn.CommandTag, error) {
+		return c.PgConn().CopyFrom(ctx, strings.NewReader(data), `COPY item (i_id, i_im_id, i_name, i_price, i_data) FROM STDIN`)
+	}
+	if tag, err := copyText(c, "5001\t1\tc1\t0.00\tt\n5002\t1\tc2\t0.00\t\\N\n5003\t1\tc3\t0.00\tt\n"); err != nil || tag.String() != "COPY 3" {
+		t.Fatalf("COPY into the reference table: %q, %v; want COPY 3", tag, err)
+	}
+	held := sameCopies(t, ctx, nodes, "")
+	if _, err := copyText(c, "5004\t1\tc4\t0.00\tt\n5001\t1\tdup\t0.00\tt\n"); pgCode(err) != "23505" {
+		t.Fatalf("COPY of a duplicate key: %v, want 23505", err)
+	}
+	tx, err := c.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := copyText(tx.Conn(), "5005\t1\tc5\t0.00\tt\n"); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := sameCopies(t, ctx, nodes, ""); got != held {
+		t.Fatal("a failed or rolled-back COPY changed the copies")
+	}
+	err = pgx.BeginFunc(ctx, c, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `UPDATE stock SET s_quantity = s_quantity + 1 WHERE s_w_id = 2`); err != nil {
+			return err
+		}
+		n, err := tx.CopyFrom(ctx, pgx.Identifier{"item"}, []string{"i_id", "i_im_id", "i_name", "i_price", "i_data"},
+			pgx.CopyFromRows([][]any{{5006, 1, "b6", 0.0, "b"}, {5007, 1, "b7", 0.0, nil}}))
+		if err == nil && n != 2 {
+			err = fmt.Errorf("CopyFrom loaded %d rows, want 2", n)
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatalf("binary COPY into the reference table in a transaction with the tree: %v", err)
+	}
+	if got := sameCopies(t, ctx, nodes, ""); !strings.Contains(got, "5007|1|b7|0.00|") || strings.Count(got, ",") != strings.Count(held, ",")+2 {
+		t.Fatalf("after the binary COPY: %.200s", got)
+	}
+	// A COPY waits for a writer of the table still in its transaction
+	// before it sends a row to any copy: two writers could otherwise
+	// each hold a key on one copy and wait for the other's on another.
+	writer, err := c.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := writer.Exec(ctx, `UPDATE item SET i_data = 'held' WHERE i_id = 5001`); err != nil {
+		t.Fatal(err)
+	}
+	copied := make(chan error, 1)
+	c2 := connect(t, p.DSN("lattice"))
+	go func() {
+		_, err := copyText(c2, "5008\t1\tc8\t0.00\tt\n")
+		copied <- err
+	}()
+	for waiting := false; !waiting; {
+		select {
+		case err := <-copied:
+			t.Fatalf("a COPY ran while another writer of the table was in its transaction (%v): it must wait for the catalog copy's lock", err)
+		case <-time.After(50 * time.Millisecond):
+		}
+		if err := nodes[0].QueryRow(ctx, `SELECT count(*) > 0 FROM pg_stat_activity WHERE query LIKE '%IN SHARE ROW EXCLUSIVE MODE%' AND wait_event_type = 'Lock'`).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := writer.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-copied; err != nil {
+		t.Fatalf("the COPY after the writer committed: %v", err)
+	}
+	if got := sameCopies(t, ctx, nodes, ""); !strings.Contains(got, "5001|1|c1|0.00|held") || !strings.Contains(got, "5008|") {
+		t.Fatalf("after the held writer and the COPY: %.300s", got)
+	}
+	mustExec(t, c, `DELETE FROM item WHERE i_id > 5000`)
+
 	// DDL runs on every copy.
 	mustExec(t, c, `ALTER TABLE item ADD COLUMN i_note text NOT NULL DEFAULT 'n'`)
 	mustExec(t, c, `CREATE INDEX item_name ON item (i_name)`)
-	for i, n := range nodes {
-		var cols, idx int
-		if err := n.QueryRow(ctx, `SELECT (SELECT count(*) FROM pg_attribute WHERE attrelid = 'public.item'::regclass AND attname = 'i_note'),
-			(SELECT count(*) FROM pg_indexes WHERE schemaname = 'public' AND indexname = 'item_name')`).Scan(&cols, &idx); err != nil || cols != 1 || idx != 1 {
-			t.Fatalf("n%d after the DDL: column %d, index %d, %v", i+1, cols, idx, err)
+	indexes := func(want string) {
+		t.Helper()
+		for i, n := range nodes {
+			var cols int
+			var idx string
+			if err := n.QueryRow(ctx, `SELECT (SELECT count(*) FROM pg_attribute WHERE attrelid = 'public.item'::regclass AND attname = 'i_note'),
+				(SELECT coalesce(string_agg(indexname, ',' ORDER BY indexname), '') FROM pg_indexes WHERE schemaname = 'public' AND tablename = 'item')`).Scan(&cols, &idx); err != nil || cols != 1 || idx != want {
+				t.Fatalf("n%d after the DDL: column %d, indexes %q, %v; want %q", i+1, cols, idx, err, want)
+			}
 		}
 	}
+	indexes("item_name,item_pkey")
+	// The statements that name an index, not its table, too: the catalog
+	// node says whose index it is.
+	mustExec(t, c, `ALTER INDEX item_name RENAME TO item_by_name`)
+	indexes("item_by_name,item_pkey")
+	mustExec(t, c, `CREATE INDEX item_plain_name ON item_plain (i_name)`)
+	for _, r := range []struct{ name, sql string }{
+		{"concurrently", `DROP INDEX CONCURRENTLY item_by_name`},
+		{"with an ordinary table's index", `DROP INDEX item_by_name, item_plain_name`},
+	} {
+		if _, err := c.Exec(ctx, r.sql); pgCode(err) != "0A000" {
+			t.Errorf("DROP INDEX %s: %v, want 0A000", r.name, err)
+		}
+	}
+	mustExec(t, c, `DROP INDEX item_by_name`)
+	indexes("item_pkey")
 
 	refusals := []struct{ name, sql, code string }{
 		{"a value per node", `UPDATE item SET i_data = random()::text WHERE i_id = 1`, "0A000"},
+		{"a fan-out that keeps the reference table's unmatched rows", `SELECT i.i_id, s.s_w_id FROM item i LEFT JOIN stock s ON s.s_i_id = i.i_id`, "0A000"},
 		{"a write reading an ordinary table", `UPDATE item SET i_price = p.i_price FROM item_plain p WHERE p.i_id = item.i_id`, "0A000"},
 		{"drop", `DROP TABLE item`, "0A000"},
-		{"copy from", `COPY item FROM STDIN`, "0A000"},
+		{"copy from a per-node value", `COPY item FROM STDIN WHERE i_price < random()`, "0A000"},
 		{"create again", `SELECT lattice_create_reference_table('item')`, "42710"},
 		{"a tree", `SELECT lattice_create_reference_table('stock')`, "42P07"},
 		{"a sequence default", `SELECT lattice_create_reference_table('seqd')`, "0A000"},
@@ -234,7 +340,7 @@ func TestReferenceTables(t *testing.T) {
 	}
 
 	// A write while a node is out of reach fails whole.
-	held := sameCopies(t, ctx, nodes, "")
+	held = sameCopies(t, ctx, nodes, "")
 	admin3 := connect(t, testNode(t, 2).DSN("postgres"))
 	mustExec(t, admin3, `ALTER DATABASE lattice ALLOW_CONNECTIONS false`)
 	defer func() { _, _ = admin3.Exec(context.Background(), `ALTER DATABASE lattice ALLOW_CONNECTIONS true`) }()
@@ -292,5 +398,56 @@ func TestReferenceTables(t *testing.T) {
 	}
 	if _, err := c.Exec(ctx, `SELECT * FROM stock s JOIN item i ON i.i_id = s.s_i_id WHERE s.s_w_id = 1`); pgCode(err) != "0A000" {
 		t.Fatalf("a join of the tree with the ordinary table again: %v, want 0A000", err)
+	}
+}
+
+// TestReferenceRemoveNode removes a node that holds copies of a reference
+// table: a node with a shard keeps its copy and is refused (55000); one
+// with none leaves the table's copies, its copy is dropped, and writes
+// and reads go on over the copies left.
+func TestReferenceRemoveNode(t *testing.T) {
+	resetNodes(t)
+	p := startProxy(t, 3)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c := connect(t, p.DSN("lattice"))
+	nodes := []*pgx.Conn{connect(t, testNodeDSN(t, 0)), connect(t, testNodeDSN(t, 1)), connect(t, testNodeDSN(t, 2))}
+	mustExec(t, c, `CREATE TABLE item (i_id int PRIMARY KEY, i_im_id int NOT NULL, i_name text NOT NULL, i_price numeric(7,2) NOT NULL, i_data text)`)
+	mustExec(t, c, `INSERT INTO item SELECT i, i % 3, 'item-' || i, i, 'd' FROM generate_series(1, 20) i`)
+	mustExec(t, c, `SELECT lattice_create_reference_table('item')`)
+	sameCopies(t, ctx, nodes, "")
+	holders := func(want string) {
+		t.Helper()
+		var got string
+		if err := c.QueryRow(ctx, `SELECT nodes FROM lattice_reference_tables() WHERE "table" = 'item'`).Scan(&got); err != nil || got != want {
+			t.Fatalf("copies of item: %q, %v; want %q", got, err, want)
+		}
+	}
+
+	// Only n2 gets a shard of the tree.
+	mustExec(t, c, `SELECT lattice_drain_node('n3')`)
+	mustExec(t, c, `CREATE TABLE stock (s_w_id int, s_i_id int, s_quantity int NOT NULL, PRIMARY KEY (s_w_id, s_i_id))`)
+	mustExec(t, c, `INSERT INTO stock SELECT w, i, w + i FROM generate_series(1, 8) w, generate_series(1, 20) i`)
+	mustExec(t, c, `SELECT lattice_create_tree('stock', 's_w_id', shard_count => 2)`)
+	if _, err := c.Exec(ctx, `SELECT lattice_remove_node('n2')`); pgCode(err) != "55000" {
+		t.Fatalf("removing n2, which holds a shard: %v, want 55000", err)
+	}
+	holders("n1,n2,n3")
+
+	mustExec(t, c, `SELECT lattice_remove_node('n3')`)
+	holders("n1,n2")
+	var exists bool
+	if err := nodes[2].QueryRow(ctx, `SELECT to_regclass('public.item') IS NOT NULL`).Scan(&exists); err != nil || exists {
+		t.Fatalf("n3 still has its copy of item (%v)", err)
+	}
+	mustExec(t, c, `UPDATE item SET i_price = i_price + 1 WHERE i_id <= 5`)
+	if tag, err := c.PgConn().CopyFrom(ctx, strings.NewReader("100\t1\tc\t1.00\tc\n"), `COPY item FROM STDIN`); err != nil || tag.String() != "COPY 1" {
+		t.Fatalf("COPY after the removal: %q, %v", tag, err)
+	}
+	sameCopies(t, ctx, nodes[:2], "")
+	var n int
+	var sum float64
+	if err := c.QueryRow(ctx, `SELECT count(*), sum(s.s_quantity * i.i_price)::float8 FROM stock s JOIN item i ON i.i_id = s.s_i_id WHERE s.s_w_id = 3`).Scan(&n, &sum); err != nil || n != 20 {
+		t.Fatalf("a join of the tree with the reference table after the removal: %d rows, %v", n, err)
 	}
 }

@@ -239,6 +239,14 @@ func TestResizeRefusesReshard(t *testing.T) {
 	if err := c.QueryRow(ctx, "SELECT lattice_resize_complete('catalogue')").Scan(&done); err != nil || done {
 		t.Fatalf("lattice_resize_complete while held: %v, %v", done, err)
 	}
+	// Its status, composed as the other status functions compose: three
+	// shards in flight (--max-concurrent-migrations), none done, no ETA yet.
+	var total, flying int
+	var eta *float64
+	if err := c.QueryRow(ctx, `SELECT shards_total, migrations_in_flight, eta_seconds FROM lattice_resize_status('catalogue') s
+		WHERE s.phase = 'rewrite' AND s.layout = 'fillfactor => 70' AND s.shards_done = 0`).Scan(&total, &flying, &eta); err != nil || total != 4 || flying != 3 || eta != nil {
+		t.Errorf("lattice_resize_status while held: %d shards, %d in flight, ETA %v, %v; want 4, 3, NULL", total, flying, eta, err)
+	}
 	// The page's API and lattice status show it running.
 	var st struct {
 		Trees []struct {

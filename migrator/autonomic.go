@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -70,9 +72,9 @@ type Autonomic struct {
 	metrics *AutonomicMetrics
 	log     *slog.Logger
 
-	// held are the leases this monitor took ("tenant/tree" -> tree), given
-	// up when Run ends so that a proxy that stops cleanly does not hold
-	// its trees' reshards back for a lease.
+	// held are the leases this monitor took ("tenant/map" -> a tree of the
+	// map), given up when Run ends so that a proxy that stops cleanly does
+	// not hold its trees' reshards back for a lease.
 	mu   sync.Mutex
 	held map[string]*shardmap.Tree
 }
@@ -113,14 +115,15 @@ func (a *Autonomic) releaseLeases(ctx context.Context) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	for key, t := range a.held {
-		if err := a.coord.store.ReleaseLease(ctx, t.Tenant, t.Name, a.coord.id); err != nil {
-			a.log.Warn("autonomic: release lease", "tree", t.Name, "tenant", t.Tenant, "err", err)
+		if err := a.coord.store.ReleaseLease(ctx, t.Tenant, t.MapName(), a.coord.id); err != nil {
+			a.log.Warn("autonomic: release lease", "tree", t.MapName(), "tenant", t.Tenant, "err", err)
 		}
 		delete(a.held, key)
 	}
 }
 
-// Pass is one pass over every tree of every tenant.
+// Pass is one pass over every map of every tenant: a tree alone, or a
+// colocation group's members together, since they share one map.
 func (a *Autonomic) Pass(ctx context.Context) {
 	tenants, err := a.opts.Tenants(ctx)
 	if err != nil {
@@ -137,10 +140,10 @@ func (a *Autonomic) Pass(ctx context.Context) {
 			}
 			continue
 		}
-		for _, t := range trees {
-			seen[t.Tenant+"/"+t.Name] = true
-			if err := a.passTree(ctx, t); err != nil && ctx.Err() == nil {
-				a.log.Warn("autonomic: pass", "tree", t.Name, "tenant", tenant, "err", err)
+		for _, u := range unitsOf(trees) {
+			seen[tenant+"/"+u.name()] = true
+			if err := a.passUnit(ctx, u); err != nil && ctx.Err() == nil {
+				a.log.Warn("autonomic: pass", "tree", u.name(), "trees", u.names(), "tenant", tenant, "err", err)
 			}
 		}
 	}
@@ -151,9 +154,40 @@ func (a *Autonomic) Pass(ctx context.Context) {
 	for key, t := range a.held {
 		if !seen[key] {
 			delete(a.held, key)
-			a.policy.Forget(t.Tenant, t.Name)
+			a.policy.Forget(t.Tenant, t.MapName())
 		}
 	}
+}
+
+// unitsOf groups trees by the map they share, members sorted by name and
+// units by map name, each led by the tree its map is named after while it
+// lives (unitFrom's choice).
+func unitsOf(trees []*shardmap.Tree) []unit {
+	by := map[string]*unit{}
+	var names []string
+	for _, t := range trees {
+		u := by[t.MapName()]
+		if u == nil {
+			u = &unit{}
+			by[t.MapName()] = u
+			names = append(names, t.MapName())
+		}
+		u.trees = append(u.trees, t)
+	}
+	slices.Sort(names)
+	out := make([]unit, 0, len(names))
+	for _, name := range names {
+		u := by[name]
+		slices.SortFunc(u.trees, func(a, b *shardmap.Tree) int { return strings.Compare(a.Name, b.Name) })
+		u.lead = u.trees[0]
+		for _, t := range u.trees {
+			if t.Name == name {
+				u.lead = t
+			}
+		}
+		out = append(out, *u)
+	}
+	return out
 }
 
 // heldTrees is a copy of the leases this monitor took.
@@ -163,65 +197,76 @@ func (a *Autonomic) heldTrees() map[string]*shardmap.Tree {
 	return maps.Clone(a.held)
 }
 
-// offReasons say why the monitor and the healer are off for t, "" when on.
-func (a *Autonomic) offReasons(t *shardmap.Tree) (split, heal string) {
-	switch {
-	case !a.opts.Split:
+// offReasons say why the monitor and the healer are off for u, "" when
+// on. A group's members move together, so one member's option switches
+// the mechanism off for the whole group.
+func (a *Autonomic) offReasons(u unit) (split, heal string) {
+	if !a.opts.Split {
 		split = "--autosplit=false"
-	case t.AutosplitOff:
-		split = fmt.Sprintf("lattice_set_tree_option('%s', 'autosplit', false)", t.Name)
 	}
-	switch {
-	case !a.opts.Heal:
+	if !a.opts.Heal {
 		heal = "--autoheal=false"
-	case t.AutohealOff:
-		heal = fmt.Sprintf("lattice_set_tree_option('%s', 'autoheal', false)", t.Name)
+	}
+	for _, t := range u.trees {
+		if split == "" && t.AutosplitOff {
+			split = fmt.Sprintf("lattice_set_tree_option('%s', 'autosplit', false)", t.Name)
+		}
+		if heal == "" && t.AutohealOff {
+			heal = fmt.Sprintf("lattice_set_tree_option('%s', 'autoheal', false)", t.Name)
+		}
 	}
 	return split, heal
 }
 
-func (a *Autonomic) passTree(ctx context.Context, t *shardmap.Tree) error {
-	if t.Group != "" {
-		return nil // a colocation group's trees move together: not split or healed alone
-	}
-	splitOff, healOff := a.offReasons(t)
+// passUnit is one pass over one map: a tree's, or a colocation group's,
+// whose members are split and healed together by the migrator's group
+// migrations (one migration per shard carries every member table).
+func (a *Autonomic) passUnit(ctx context.Context, u unit) error {
+	t, name := u.lead, u.name()
+	key := t.Tenant + "/" + name
+	splitOff, healOff := a.offReasons(u)
 	if splitOff != "" && healOff != "" {
 		// No lease taken for nothing; one taken before expires.
-		a.policy.Forget(t.Tenant, t.Name)
+		a.policy.Forget(t.Tenant, name)
 		a.mu.Lock()
-		delete(a.held, t.Tenant+"/"+t.Name)
+		delete(a.held, key)
 		a.mu.Unlock()
 		return nil
 	}
 	store := a.coord.store
-	ok, err := store.AcquireLease(ctx, t.Tenant, t.Name, a.coord.id, a.coord.opts.LeaseTTL)
+	ok, err := store.AcquireLease(ctx, t.Tenant, name, a.coord.id, a.coord.opts.LeaseTTL)
 	if err != nil || !ok {
-		a.policy.Forget(t.Tenant, t.Name) // another proxy's monitor watches it
+		a.policy.Forget(t.Tenant, name) // another proxy's monitor watches it
 		a.mu.Lock()
-		delete(a.held, t.Tenant+"/"+t.Name)
+		delete(a.held, key)
 		a.mu.Unlock()
 		return err
 	}
 	a.mu.Lock()
-	a.held[t.Tenant+"/"+t.Name] = t
+	a.held[key] = t
 	a.mu.Unlock()
-	v := autonomic.View{Registry: t.ShardCount, SplitOff: splitOff, HealOff: healOff}
-	if healOff == "" && a.coord.interlocks.SnapshotOrMergeRunning(ctx, t.Tenant, t.Name) {
-		// As a shrink starts no fold while one runs, nor does healing.
-		v.HealOff = "a snapshot of the tree or a merge into it runs"
+	v := autonomic.View{SplitOff: splitOff, HealOff: healOff}
+	for _, m := range u.trees {
+		// Members share their reshards, so their counts agree; the
+		// largest is the one healing must not go below.
+		v.Registry = max(v.Registry, m.ShardCount)
+		if v.HealOff == "" && a.coord.interlocks.SnapshotOrMergeRunning(ctx, m.Tenant, m.Name) {
+			// As a shrink starts no fold while one runs, nor does healing.
+			v.HealOff = fmt.Sprintf("a snapshot of tree %s or a merge into it runs", m.Name)
+		}
 	}
-	switch r, err := store.Reshard(ctx, t.Tenant, t.Name); {
+	switch r, err := store.Reshard(ctx, t.Tenant, name); {
 	case errors.Is(err, shardmap.ErrNotFound):
 	case err != nil:
 		return err
 	default:
 		v.Intent = intentRunning(r)
 	}
-	migs, err := store.Migrations(ctx, t.Tenant, t.Name)
+	migs, err := store.Migrations(ctx, t.Tenant, name)
 	if err != nil {
 		return err
 	}
-	if v.Map, err = store.Map(ctx, t.Tenant, t.Name); err != nil {
+	if v.Map, err = store.Map(ctx, t.Tenant, name); err != nil {
 		return err
 	}
 	v.Flying = inFlight(migs)
@@ -233,18 +278,21 @@ func (a *Autonomic) passTree(ctx context.Context, t *shardmap.Tree) error {
 		}
 	}
 	if a.load != nil {
-		if v.Writes, err = a.load.SlotWrites(ctx, t.Tenant, t.Name); err != nil {
-			a.log.Warn("autonomic: load data", "tree", t.Name, "tenant", t.Tenant, "err", err)
+		if v.Writes, err = unitWrites(ctx, a.load, u); err != nil {
+			a.log.Warn("autonomic: load data", "tree", name, "tenant", t.Tenant, "err", err)
 			v.Writes = nil
 		}
 	}
-	d := a.policy.Decide(t.Tenant, t.Name, v)
+	d := a.policy.Decide(t.Tenant, name, v)
 	a.act(ctx, t, v, d)
 	if a.opts.Statuses != nil {
 		st := &shardmap.AutonomicStatus{Monitor: d.Monitor, Healer: d.Healer, Proxy: a.coord.id, At: time.Now().UTC()}
-		// A status outlives a few passes, not the proxy that wrote it.
-		if err := a.opts.Statuses.PutAutonomic(ctx, t.Tenant, t.Name, st, max(3*a.opts.Tick, 15*time.Second)); err != nil {
-			return err
+		// Each member's lattice_reshard_status shows its group's. A status
+		// outlives a few passes, not the proxy that wrote it.
+		for _, m := range u.trees {
+			if err := a.opts.Statuses.PutAutonomic(ctx, m.Tenant, m.Name, st, max(3*a.opts.Tick, 15*time.Second)); err != nil {
+				return err
+			}
 		}
 	}
 	return nil
@@ -252,12 +300,12 @@ func (a *Autonomic) passTree(ctx context.Context, t *shardmap.Tree) error {
 
 // act starts what d asks for.
 func (a *Autonomic) act(ctx context.Context, t *shardmap.Tree, v autonomic.View, d autonomic.Decision) {
-	log := a.log.With("tree", t.Name, "tenant", t.Tenant)
+	log := a.log.With("tree", t.MapName(), "tenant", t.Tenant)
 	for _, h := range d.HotSlots {
 		if h.New {
 			log.Warn("autonomic: hot key range: one slot carries the load alone, a split cannot spread it",
 				"shard", h.Shard, "slot", h.Slot, "writes_per_second", h.Writes, "share", h.Share)
-			a.metrics.HotKeyRanges.WithLabelValues(t.Name, t.Tenant).Inc()
+			a.metrics.HotKeyRanges.WithLabelValues(t.MapName(), t.Tenant).Inc()
 		}
 	}
 	place := a.placer(ctx, v)
@@ -269,7 +317,7 @@ func (a *Autonomic) act(ctx context.Context, t *shardmap.Tree, v autonomic.View,
 		}
 		log.Info("autonomic: split of a hot shard at its load midpoint", "shard", sp.Shard, "from_slot", sp.From,
 			"writes_per_second", sp.Writes, "share", sp.Share, "target", mig.Target, "node", mig.TargetNode, "migration", mig.ID)
-		a.metrics.Splits.WithLabelValues(t.Name, t.Tenant).Inc()
+		a.metrics.Splits.WithLabelValues(t.MapName(), t.Tenant).Inc()
 		a.coord.ensureRunning(ctx, mig)
 	}
 	for _, f := range d.Folds {
@@ -280,7 +328,7 @@ func (a *Autonomic) act(ctx context.Context, t *shardmap.Tree, v autonomic.View,
 		}
 		log.Info("autonomic: healing folds a cold pair", "donor", f.Donor, "survivor", f.Survivor,
 			"writes_per_second", f.Writes, "migration", mig.ID)
-		a.metrics.Folds.WithLabelValues(t.Name, t.Tenant).Inc()
+		a.metrics.Folds.WithLabelValues(t.MapName(), t.Tenant).Inc()
 		a.coord.ensureRunning(ctx, mig)
 	}
 }

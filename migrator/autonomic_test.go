@@ -2,6 +2,7 @@ package migrator
 
 import (
 	"context"
+	"fmt"
 	"strconv"
 	"strings"
 	"sync"
@@ -385,4 +386,89 @@ func TestAutonomicForgetsDroppedTrees(t *testing.T) {
 	if held := a.auto.heldTrees(); len(held) != 0 {
 		t.Fatalf("held %v after the tree was dropped", held)
 	}
+}
+
+// TestAutonomicGroup: a colocation group's members share one map, so the
+// monitor splits and healing folds the group as one, with group
+// migrations recorded under the group's name that make and drop the table
+// of every member; the load is summed over the members, every member's
+// status shows the group's, and one member's option turns the monitor off
+// for the whole group.
+func TestAutonomicGroup(t *testing.T) {
+	t.Run("split", func(t *testing.T) {
+		a := newAutoRig(t)
+		a.join("extras")
+		// Each member writes 600 rows/s on slots 24..31 of shard 1 and one
+		// on every other slot: neither is hot alone (608 is below 1000 and
+		// below 4 times the mean of 164), their sum is.
+		w := make([]float64, rigSlots)
+		for s := range w {
+			w[s] = 1
+			if s >= 24 && s <= 31 {
+				w[s] = 75
+			}
+		}
+		a.load.set(w)
+		a.pass()
+		a.pass()
+		migs := a.store.started()
+		if len(migs) != 1 || migs[0].Tree != "items" || migs[0].Origin != shardmap.OriginAutosplit || migs[0].Phase != shardmap.PhaseDone {
+			t.Fatalf("migrations %+v", migs)
+		}
+		for _, tree := range []string{"items", "extras"} {
+			if !a.nodes.called(fmt.Sprintf("create %d %s", migs[0].Target, tree)) {
+				t.Errorf("the split made no table of member %s", tree)
+			}
+			st, err := a.store.Store.(*shardmap.RedisStore).Autonomic(a.ctx, "app", tree)
+			if err != nil || st == nil || !strings.Contains(st.Monitor, "split of shard 1 at slot 28") {
+				t.Errorf("status of member %s: %+v, %v", tree, st, err)
+			}
+		}
+	})
+	t.Run("heal", func(t *testing.T) {
+		a := newAutoRig(t)
+		a.join("extras")
+		a.growTo(6)
+		a.load.set(make([]float64, rigSlots))
+		for range 6 {
+			a.pass()
+		}
+		if n := a.mapNow().DistinctShards(); n != 4 {
+			t.Fatalf("%d shards after healing the group; want the registry's 4", n)
+		}
+		folds := 0
+		for _, mig := range a.store.started() {
+			if mig.Kind != shardmap.Fold {
+				continue
+			}
+			folds++
+			if mig.Tree != "items" || mig.Origin != shardmap.OriginAutoheal {
+				t.Fatalf("fold %+v", mig)
+			}
+			if !a.nodes.called(fmt.Sprintf("drop %d extras", mig.Source)) {
+				t.Errorf("fold of donor %d dropped no table of member extras", mig.Source)
+			}
+		}
+		if folds != 2 {
+			t.Fatalf("%d folds; want 2", folds)
+		}
+	})
+	t.Run("member option", func(t *testing.T) {
+		a := newAutoRig(t)
+		a.join("extras")
+		f := &Functions{store: a.store.Store, coord: a.coord}
+		if _, err := f.Call(a.ctx, "app", "lattice_set_tree_option", []*string{ptr("extras"), ptr("autosplit"), ptr("false")}, nil); err != nil {
+			t.Fatal(err)
+		}
+		a.load.set(hotOn(24, 31))
+		for range 3 {
+			a.pass()
+		}
+		if n := a.mapNow().DistinctShards(); n != 4 {
+			t.Fatalf("%d shards with autosplit off on a member", n)
+		}
+		if !strings.Contains(a.status().Monitor, "off: lattice_set_tree_option('extras', 'autosplit', false)") {
+			t.Fatalf("status %+v", a.status())
+		}
+	})
 }

@@ -103,8 +103,14 @@ func NewCoordinator(id string, runner *Runner, opts CoordinatorOptions, interloc
 }
 
 // Run ticks until ctx ends, then waits for the migrations it started. It
-// ticks every Tick, and at once after a Nudge.
+// ticks every Tick, and at once after a Nudge, which any proxy's stored
+// intent sends (followIntents).
 func (c *Coordinator) Run(ctx context.Context) {
+	followed := make(chan struct{})
+	go func() {
+		defer close(followed)
+		c.followIntents(ctx)
+	}()
 	t := time.NewTicker(c.opts.Tick)
 	defer t.Stop()
 	for {
@@ -112,6 +118,7 @@ func (c *Coordinator) Run(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			c.wg.Wait()
+			<-followed
 			return
 		case <-t.C:
 		case <-c.wake:
@@ -235,7 +242,7 @@ func (c *Coordinator) tick(ctx context.Context, r *shardmap.Reshard) error {
 		if need <= 0 {
 			return nil
 		}
-		writes := c.slotWrites(ctx, t)
+		writes := c.slotWrites(ctx, u)
 		for _, src := range splitSourcesByLoad(m, flying, writes) {
 			if need <= 0 {
 				break
@@ -259,6 +266,7 @@ func (c *Coordinator) tick(ctx context.Context, r *shardmap.Reshard) error {
 	if healing(flying) {
 		// A shrink plans against the map healing's folds leave: it waits
 		// for every one healing had started.
+		c.log.Info("shrink waits for healing's folds", "tree", r.Tree, "tenant", r.Tenant, "target", r.Target)
 		return nil
 	}
 	need := min(distinct-r.Target-unflipped(flying, shardmap.Fold), free)

@@ -26,7 +26,8 @@ var crashAt = os.Getenv("LATTICE_TEST_CRASH_AT")
 // exists, after creating path.reached: a test acts on the nodes there (the
 // verification test corrupts a copied row in the drain) and removes path to
 // let the run go on. Point resize is a resize's, drained and not frozen yet
-// (it still only forwards its shard).
+// (it still only forwards its shard); resize_rewrite is a resize
+// operation's, its layout recorded and no shard's migration started yet.
 var holdAt = os.Getenv("LATTICE_TEST_HOLD_AT")
 
 func crashPoint(point string) {

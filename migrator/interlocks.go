@@ -20,9 +20,12 @@ var _ Interlocks = TreeOpInterlocks{}
 
 // running reports whether a recorded operation matches. A store that cannot
 // be read answers yes: a fold held or a reshard refused for a tick is
-// retried, a donor released under a snapshot is not.
+// retried, a donor released under a snapshot is not. The coordinator asks
+// with a map's name, a colocation group's for its members, and an
+// operation names the tree it was called on: every operation of the
+// tenant is read, and match compares maps (TreeOp.OnMap, IntoMap).
 func (i TreeOpInterlocks) running(ctx context.Context, tenant, tree string, match func(*shardmap.TreeOp) bool) bool {
-	ops, err := i.Store.TreeOps(ctx, tenant, tree)
+	ops, err := i.Store.TreeOps(ctx, tenant, "")
 	if err != nil {
 		if i.Log != nil {
 			i.Log.Warn("interlocks: tree operations not read; answering that one runs", "tree", tree, "tenant", tenant, "err", err)
@@ -37,21 +40,23 @@ func (i TreeOpInterlocks) running(ctx context.Context, tenant, tree string, matc
 	return false
 }
 
-// ResizeInFlight implements Interlocks: a resize of the tree is recorded.
+// ResizeInFlight implements Interlocks: a resize of the tree (of its
+// colocation group) is recorded.
 func (i TreeOpInterlocks) ResizeInFlight(ctx context.Context, tenant, tree string) bool {
 	return i.running(ctx, tenant, tree, func(op *shardmap.TreeOp) bool {
-		return op.Kind == shardmap.OpResize && op.Tree == tree
+		return op.Kind == shardmap.OpResize && op.OnMap(tree)
 	})
 }
 
 // SnapshotOrMergeRunning implements Interlocks: a snapshot of the tree, or
-// a merge into it, is recorded. Those read the shards they recorded when
-// they started. A merge from the tree does not count: it notices a source
-// shard a fold retired and drains the source again (the specification's
-// second rule).
+// a merge into it, is recorded; for a colocation group's map, of or into
+// any member, since the group's folds retire every member's table. Those
+// read the shards they recorded when they started. A merge from the tree
+// does not count: it notices a source shard a fold retired and drains the
+// source again (the specification's second rule).
 func (i TreeOpInterlocks) SnapshotOrMergeRunning(ctx context.Context, tenant, tree string) bool {
 	return i.running(ctx, tenant, tree, func(op *shardmap.TreeOp) bool {
-		return op.Kind == shardmap.OpSnapshot && op.Tree == tree || op.Kind == shardmap.OpMerge && op.Target == tree
+		return op.Kind == shardmap.OpSnapshot && op.OnMap(tree) || op.Kind == shardmap.OpMerge && op.IntoMap(tree)
 	})
 }
 

@@ -14,16 +14,16 @@ import (
 // and falls back to the largest slot owners when a tree has no load data.
 func (c *Coordinator) SetLoad(l autonomic.LoadSource) { c.load = l }
 
-// slotWrites is t's writes per slot, nil without a load source, without
-// data for t, or when the tree wrote nothing (a split by slot count is
-// then as good as any).
-func (c *Coordinator) slotWrites(ctx context.Context, t *shardmap.Tree) []float64 {
+// slotWrites is u's writes per slot, nil without a load source, without
+// data for u, or when it wrote nothing (a split by slot count is then as
+// good as any).
+func (c *Coordinator) slotWrites(ctx context.Context, u unit) []float64 {
 	if c.load == nil {
 		return nil
 	}
-	w, err := c.load.SlotWrites(ctx, t.Tenant, t.MapName())
+	w, err := unitWrites(ctx, c.load, u)
 	if err != nil {
-		c.log.Warn("coordinator: load data", "tree", t.Name, "tenant", t.Tenant, "err", err)
+		c.log.Warn("coordinator: load data", "tree", u.name(), "tenant", u.lead.Tenant, "err", err)
 		return nil
 	}
 	for _, x := range w {
@@ -32,6 +32,29 @@ func (c *Coordinator) slotWrites(ctx context.Context, t *shardmap.Tree) []float6
 		}
 	}
 	return nil
+}
+
+// unitWrites sums the writes per slot of u's trees: a tree's load is kept
+// under its own name, and a colocation group's members share one map, so
+// a slot's load is its rows in every member. nil when no member has data.
+func unitWrites(ctx context.Context, load autonomic.LoadSource, u unit) ([]float64, error) {
+	var sum []float64
+	for _, t := range u.trees {
+		w, err := load.SlotWrites(ctx, t.Tenant, t.Name)
+		if err != nil {
+			return nil, err
+		}
+		if w == nil {
+			continue
+		}
+		if sum == nil {
+			sum = make([]float64, len(w))
+		}
+		for slot := range min(len(w), len(sum)) {
+			sum[slot] += w[slot]
+		}
+	}
+	return sum, nil
 }
 
 // splitSourcesByLoad is splitSources, the hottest first when writes are

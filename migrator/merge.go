@@ -132,7 +132,8 @@ func (mg *Merger) Start(ctx context.Context, tenant, source, target, onConflict 
 	if err != nil {
 		return "", err
 	}
-	op := &shardmap.TreeOp{Tenant: tenant, Kind: shardmap.OpMerge, Tree: st.Name, Target: tt.Name, State: state}
+	op := &shardmap.TreeOp{Tenant: tenant, Kind: shardmap.OpMerge, Tree: st.Name, Target: tt.Name,
+		Map: st.MapName(), TargetMap: tt.MapName(), State: state}
 	cur, err := mg.ops.Start(ctx, op)
 	if err != nil {
 		return "", err

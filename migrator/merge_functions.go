@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgproto3"
 	"github.com/jackc/pgx/v5/pgtype"
 
+	"github.com/lattice-db/lattice/shardmap"
 	"github.com/lattice-db/lattice/sqlstate"
 )
 
@@ -20,7 +21,7 @@ var mergeSignatures = map[string][]pgproto3.FieldDescription{
 		field("merge", pgtype.TextOID), field("source_tree", pgtype.TextOID), field("phase", pgtype.TextOID),
 		field("on_conflict", pgtype.TextOID), field("shards_done", pgtype.Int4OID), field("shards_total", pgtype.Int4OID),
 		field("rows_merged", pgtype.Int8OID), field("redrains", pgtype.Int4OID), field("elapsed_seconds", pgtype.Float8OID),
-		field("last_error", pgtype.TextOID),
+		field("eta_seconds", pgtype.Float8OID), field("last_error", pgtype.TextOID),
 	},
 }
 
@@ -94,7 +95,8 @@ func (f *Functions) callMerge(ctx context.Context, tenant, name string, args []*
 }
 
 // Status is lattice_merge_status(target): a row per running merge into
-// target, none when none runs.
+// target; one idle row when none runs, as lattice_reshard_status and
+// lattice_snapshot_status have.
 func (mg *Merger) Status(ctx context.Context, tenant, target string) ([][]any, error) {
 	if _, err := mg.tree(ctx, tenant, target); err != nil {
 		return nil, err
@@ -102,6 +104,9 @@ func (mg *Merger) Status(ctx context.Context, tenant, target string) ([][]any, e
 	ops, err := mg.merges(ctx, tenant, target)
 	if err != nil {
 		return nil, err
+	}
+	if len(ops) == 0 {
+		return [][]any{{nil, nil, "idle", nil, int32(0), int32(0), int64(0), int32(0), float64(0), float64(0), nil}}, nil
 	}
 	var rows [][]any
 	for _, op := range ops {
@@ -111,8 +116,25 @@ func (mg *Merger) Status(ctx context.Context, tenant, target string) ([][]any, e
 		if op.LastError != "" {
 			lastErr = op.LastError
 		}
+		var eta any // NULL until a shard of the pass is drained
+		if e := mergeETA(op, st, time.Now()); e != nil {
+			eta = *e
+		}
 		rows = append(rows, []any{op.ID, op.Tree, op.Phase, st.OnConflict, int32(len(st.Done)), int32(len(st.Sources)),
-			op.RowsDone, int32(st.Redrains), time.Since(op.Started).Seconds(), lastErr})
+			op.RowsDone, int32(st.Redrains), time.Since(op.Started).Seconds(), eta, lastErr})
 	}
 	return rows, nil
+}
+
+// mergeETA extrapolates the seconds a merge has left from the source
+// shards its pass drained, as lattice_reshard_status does from shards; nil
+// until one is. A re-drain starts a new pass, so the ETA is NULL again
+// until the new pass drains a shard.
+func mergeETA(op *shardmap.TreeOp, st MergeState, now time.Time) *float64 {
+	done, total := len(st.Done), len(st.Sources)
+	if done == 0 || total == 0 {
+		return nil
+	}
+	eta := now.Sub(op.Started).Seconds() * float64(max(total-done, 0)) / float64(done)
+	return &eta
 }

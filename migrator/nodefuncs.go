@@ -301,7 +301,8 @@ func duplicate(reg *shardmap.Nodes, name string, cfg *pgconn.Config) error {
 
 // RemoveNode takes name out of the registry. It is refused (55000) for the
 // catalog node, and while any shard of any tenant's tree, or a migration in
-// flight, is on it.
+// flight, is on it. Its copies of reference tables, which only its shards
+// needed, are released first (releaseReferences).
 func (f *Functions) RemoveNode(ctx context.Context, name string) (string, error) {
 	if f.nodes == nil {
 		return "", sqlstate.New(sqlstate.FeatureNotSupported, "the node registry is not available in this process")
@@ -320,6 +321,9 @@ func (f *Functions) RemoveNode(ctx context.Context, name string) (string, error)
 			WithHint("the catalog node holds every ordinary table; to replace its server, promote a physical replica behind the same DSN (see the README)")
 	}
 	if err := f.holds(ctx, name); err != nil {
+		return "", err
+	}
+	if err := f.releaseReferences(ctx, name); err != nil {
 		return "", err
 	}
 	removed := reg.Nodes[pos]
@@ -344,7 +348,7 @@ func (f *Functions) RemoveNode(ctx context.Context, name string) (string, error)
 			return "", errors.Join(err, fmt.Errorf("putting node %s back failed: %w", name, rerr))
 		}
 		_ = f.nodes.Watch.Reload(ctx)
-		return "", err
+		return "", errors.Join(err, f.restoreReferences(ctx, name))
 	}
 	if err := f.nodes.Watch.Reload(ctx); err != nil {
 		return "", fmt.Errorf("node %s removed (registry version %d), but this proxy did not apply it yet: %w", name, next.Version, err)

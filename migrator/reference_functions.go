@@ -90,3 +90,58 @@ func (f *Functions) callReference(ctx context.Context, tenant, name string, args
 	}
 	return [][]any{{msg}}, true, nil
 }
+
+// referenceTenants lists the tenants that have reference tables
+// (shardmap.RedisStore).
+type referenceTenants interface {
+	TenantsWithReferences(ctx context.Context) ([]string, error)
+}
+
+// releaseReferences takes node out of every tenant's reference tables
+// before lattice_remove_node takes it out of the registry: otherwise every
+// later write of those tables would wait for a copy on a node no proxy
+// reaches (08006).
+func (f *Functions) releaseReferences(ctx context.Context, node string) error {
+	return f.eachReferenceTenant(ctx, func(rs shardmap.ReferenceStore, tenant string) error {
+		if err := f.cluster.ReleaseReferences(ctx, rs, tenant, node); err != nil {
+			return err
+		}
+		if f.cache != nil {
+			// This proxy's next write goes to the copies left at once; the
+			// others read the registry's event.
+			if _, err := f.cache.Refresh(ctx, tenant); err != nil {
+				return fmt.Errorf("node %s released its reference tables, but refreshing the map cache failed: %w", node, err)
+			}
+		}
+		return nil
+	})
+}
+
+// restoreReferences gives node back the copies releaseReferences took, for
+// a removal undone because a shard was placed there meanwhile (its joins
+// need them).
+func (f *Functions) restoreReferences(ctx context.Context, node string) error {
+	return f.eachReferenceTenant(ctx, func(rs shardmap.ReferenceStore, tenant string) error {
+		return f.cluster.CopyReferences(ctx, rs, tenant, node)
+	})
+}
+
+// eachReferenceTenant calls fn for every tenant with reference tables,
+// and stops at its first error.
+func (f *Functions) eachReferenceTenant(ctx context.Context, fn func(shardmap.ReferenceStore, string) error) error {
+	rs, ok := f.store.(shardmap.ReferenceStore)
+	lister, listed := f.store.(referenceTenants)
+	if !ok || !listed {
+		return nil
+	}
+	tenants, err := lister.TenantsWithReferences(ctx)
+	if err != nil {
+		return err
+	}
+	for _, tenant := range tenants {
+		if err := fn(rs, tenant); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgproto3"
@@ -23,7 +24,10 @@ import (
 // records the layout in the tree's DDL log (pgshard.SetLayout), then
 // rewrites every shard that was created before that, one resize migration
 // per shard (resize.go), at most --max-concurrent-migrations migrations of
-// the tree in flight at once (the reshard's own count with them).
+// the tree in flight at once (the reshard's own count with them). A
+// colocation group's member is resized with its whole group: the group's
+// migrations move every member's table, so the layout goes into every
+// member's log and each shard's one migration rewrites them all.
 
 // Tree events of a resize.
 const (
@@ -42,6 +46,10 @@ type resizeState struct {
 	// new one.
 	HighWater int `json:"high_water"`
 	Shards    int `json:"shards"` // shards to rewrite when the layout was recorded
+	// Members are the trees whose logs have the layout: the tree's, or
+	// every member of its colocation group. A member that joined the group
+	// since gets it too, and every shard is rewritten again (joined).
+	Members []string `json:"members,omitempty"`
 	// Copied is the rows each shard's migration copied, by migration id.
 	Copied map[string]int64 `json:"copied,omitempty"`
 }
@@ -77,7 +85,9 @@ func (f *Functions) runResize(ctx context.Context, run *TreeOpRun) error {
 	if err != nil {
 		return err
 	}
-	t, err := f.store.Tree(ctx, op.Tenant, op.Tree)
+	// The map's trees: a group lives on while any member does, the one
+	// named in the call dropped or not.
+	u, err := unitFrom(ctx, f.store, op.Tenant, op.TreeMap())
 	if errors.Is(err, shardmap.ErrNotFound) {
 		c.log.Warn("resize: its tree is gone", "op", op.ID, "tree", op.Tree)
 		return nil
@@ -85,6 +95,7 @@ func (f *Functions) runResize(ctx context.Context, run *TreeOpRun) error {
 	if err != nil {
 		return err
 	}
+	t := u.lead
 	save := func() error {
 		b, err := json.Marshal(st)
 		if err != nil {
@@ -94,15 +105,18 @@ func (f *Functions) runResize(ctx context.Context, run *TreeOpRun) error {
 		return run.Save(ctx)
 	}
 	if op.Phase == shardmap.OpIntent {
-		if t, err = f.cluster.SetLayout(ctx, f.store, t, st.Layout, op.ID); err != nil {
-			return err
+		for _, member := range u.trees {
+			if _, err := f.cluster.SetLayout(ctx, f.store, member, st.Layout, op.ID); err != nil {
+				return err
+			}
+			st.Members = append(st.Members, member.Name)
 		}
 		m, err := f.store.Map(ctx, t.Tenant, t.MapName())
 		if err != nil {
 			return err
 		}
 		st.HighWater, st.Shards = m.HighWater, len(toRewrite(m, m.HighWater, nil))
-		rows, err := c.cluster.TreeRowCount(ctx, t, m)
+		rows, err := c.runner.rowCounts(ctx, u, m)
 		if err != nil {
 			return err
 		}
@@ -114,12 +128,20 @@ func (f *Functions) runResize(ctx context.Context, run *TreeOpRun) error {
 		if err := save(); err != nil {
 			return err
 		}
-		c.log.Info("resize: layout recorded; rewriting the shards", "op", op.ID, "tree", t.Name, "layout", st.Layout.String(), "shards", st.Shards)
+		c.log.Info("resize: layout recorded; rewriting the shards", "op", op.ID, "tree", t.Name, "members", u.names(), "layout", st.Layout.String(), "shards", st.Shards)
 	}
+	c.runner.crash("resize_rewrite")
 	for {
 		done, err := c.resizeTick(ctx, t, &st)
 		if err != nil {
 			return err
+		}
+		// Read after the tick, so that a member that joined before the
+		// last look at the shards is seen before the resize completes.
+		if again, err := f.resizeJoined(ctx, op, &st); err != nil {
+			return err
+		} else if again {
+			done = false
 		}
 		op.RowsDone = 0
 		for _, n := range st.Copied {
@@ -137,14 +159,55 @@ func (f *Functions) runResize(ctx context.Context, run *TreeOpRun) error {
 		case <-time.After(resizePoll):
 		}
 	}
+	// Under the name it was called with, as lattice_resize counted its start.
 	took := time.Since(op.Started)
-	f.coord.metrics.ResizeCompleted.WithLabelValues(t.Name, t.Tenant).Inc()
-	f.coord.metrics.ResizeSeconds.WithLabelValues(t.Name, t.Tenant).Observe(took.Seconds())
+	f.coord.metrics.ResizeCompleted.WithLabelValues(op.Tree, t.Tenant).Inc()
+	f.coord.metrics.ResizeSeconds.WithLabelValues(op.Tree, t.Tenant).Observe(took.Seconds())
 	layout := st.Layout
-	c.runner.publish(ctx, Event{Event: EventResizeCompleted, Tenant: t.Tenant, Tree: t.Name, Epoch: c.runner.mapEpoch(ctx, t.Tenant, t.Name),
+	c.runner.publish(ctx, Event{Event: EventResizeCompleted, Tenant: t.Tenant, Tree: op.Tree, Epoch: c.runner.mapEpoch(ctx, t.Tenant, t.MapName()),
 		Operation: op.ID, Layout: &layout, Shards: st.Shards})
-	c.log.Info("resize completed", "op", op.ID, "tree", t.Name, "tenant", t.Tenant, "layout", layout.String(), "shards", st.Shards, "took", took)
+	c.log.Info("resize completed", "op", op.ID, "tree", op.Tree, "members", strings.Join(st.Members, ","), "tenant", t.Tenant, "layout", layout.String(), "shards", st.Shards, "took", took)
 	return nil
+}
+
+// resizeJoined gives the layout to the trees that joined the resized
+// group since the layout was recorded. A tree joins a group only while no
+// migration of it is in flight (pgshard's colocateWith), but between two
+// of the resize's: its tables on the shards rewritten before were created
+// without the layout, so every shard of the map is rewritten again (the
+// high-water mark moves to the map's). It reports whether one joined.
+func (f *Functions) resizeJoined(ctx context.Context, op *shardmap.TreeOp, st *resizeState) (bool, error) {
+	if op.TreeMap() == op.Tree && len(st.Members) <= 1 {
+		if t, err := f.store.Tree(ctx, op.Tenant, op.Tree); err != nil || t.Group == "" {
+			return false, err // alone, it has no members to gain
+		}
+	}
+	u, err := unitFrom(ctx, f.store, op.Tenant, op.TreeMap())
+	if err != nil {
+		return false, err
+	}
+	var joined []string
+	for _, member := range u.trees {
+		if slices.Contains(st.Members, member.Name) {
+			continue
+		}
+		if _, err := f.cluster.SetLayout(ctx, f.store, member, st.Layout, op.ID); err != nil {
+			return false, err
+		}
+		joined = append(joined, member.Name)
+	}
+	if len(joined) == 0 {
+		return false, nil
+	}
+	m, err := f.store.Map(ctx, op.Tenant, op.TreeMap())
+	if err != nil {
+		return false, err
+	}
+	st.Members = append(st.Members, joined...)
+	st.HighWater = m.HighWater
+	st.Shards += len(toRewrite(m, m.HighWater, nil))
+	f.coord.log.Info("resize: trees joined the group; they get the layout, and every shard is rewritten again", "op", op.ID, "group", op.TreeMap(), "joined", joined)
+	return true, nil
 }
 
 // resizeTick starts the resize migrations of every shard still to rewrite
@@ -200,11 +263,13 @@ func (c *Coordinator) resizeTick(ctx context.Context, t *shardmap.Tree, st *resi
 var resizeSignatures = map[string][]pgproto3.FieldDescription{
 	"lattice_resize":          {field("lattice_resize", pgtype.TextOID)},
 	"lattice_resize_complete": {field("lattice_resize_complete", pgtype.BoolOID)},
+	"lattice_resize_status":   resizeStatusSignature,
 }
 
 var resizeArgNames = map[string][]string{
 	"lattice_resize":          {"tree", "fillfactor", "index_fillfactor", "deduplicate"},
 	"lattice_resize_complete": {"tree"},
+	"lattice_resize_status":   {"tree"},
 }
 
 func init() {
@@ -212,8 +277,8 @@ func init() {
 	maps.Copy(argNames, resizeArgNames)
 }
 
-// callResize runs lattice_resize and lattice_resize_complete; ok is false
-// for any other name.
+// callResize runs lattice_resize, lattice_resize_complete and
+// lattice_resize_status; ok is false for any other name.
 func (f *Functions) callResize(ctx context.Context, tenant, name string, args []*string, named map[string]*string) (rows [][]any, ok bool, err error) {
 	params, ok := resizeArgNames[name]
 	if !ok {
@@ -224,9 +289,13 @@ func (f *Functions) callResize(ctx context.Context, tenant, name string, args []
 		return nil, true, err
 	}
 	var v any
-	if name == "lattice_resize" {
+	switch name {
+	case "lattice_resize_status":
+		rows, err = f.resizeStatus(ctx, tenant, a)
+		return rows, true, err
+	case "lattice_resize":
 		v, err = f.resize(ctx, tenant, a)
-	} else {
+	default:
 		v, err = f.resizeComplete(ctx, tenant, a)
 	}
 	if err != nil {
@@ -275,13 +344,6 @@ func (f *Functions) resize(ctx context.Context, tenant string, a map[string]*str
 	if err != nil {
 		return "", err
 	}
-	if t.Group != "" {
-		// The layout is one tree's, its DDL log and template; a group's
-		// migrations move every member's table.
-		e := sqlstate.New(sqlstate.FeatureNotSupported, "cannot resize %s: it is in colocation group %s", t.Name, t.Group)
-		e.Hint = "Resizing a colocation group's trees is not supported yet."
-		return "", e
-	}
 	l, err := resizeLayout(a)
 	if err != nil {
 		return "", err
@@ -293,7 +355,7 @@ func (f *Functions) resize(ctx context.Context, tenant string, a map[string]*str
 	if err != nil {
 		return "", err
 	}
-	op := &shardmap.TreeOp{Tenant: tenant, Kind: shardmap.OpResize, Tree: t.Name, State: b}
+	op := &shardmap.TreeOp{Tenant: tenant, Kind: shardmap.OpResize, Tree: t.Name, Map: t.MapName(), State: b}
 	other, err := f.ops.Start(ctx, op)
 	if err != nil {
 		return "", err
@@ -304,7 +366,7 @@ func (f *Functions) resize(ctx context.Context, tenant string, a map[string]*str
 			return "", err
 		}
 		if other.Kind == shardmap.OpResize && ost.Layout.String() == l.String() {
-			return fmt.Sprintf("a resize of %s to %s is already running", t.Name, l), nil
+			return fmt.Sprintf("a resize of %s to %s is already running", other.Tree, l), nil
 		}
 		e := sqlstate.New(sqlstate.ObjectNotInPrerequisiteState, "a %s of %s (operation %s) is in progress", other.Kind, t.Name, other.ID)
 		e.Hint = fmt.Sprintf("Wait until SELECT lattice_resize_complete('%s') returns true, then resize it again.", t.Name)
@@ -312,20 +374,29 @@ func (f *Functions) resize(ctx context.Context, tenant string, a map[string]*str
 	}
 	f.coord.metrics.ResizeStarted.WithLabelValues(t.Name, t.Tenant).Inc()
 	f.coord.runner.publish(ctx, Event{Event: EventResizeStarted, Tenant: t.Tenant, Tree: t.Name,
-		Epoch: f.coord.runner.mapEpoch(ctx, t.Tenant, t.Name), Operation: op.ID, Layout: &l})
+		Epoch: f.coord.runner.mapEpoch(ctx, t.Tenant, t.MapName()), Operation: op.ID, Layout: &l})
 	return fmt.Sprintf("resizing %s to %s", t.Name, l), nil
 }
 
 // resizeComplete is lattice_resize_complete(tree): no resize of the tree
-// is recorded.
+// (of its colocation group) is recorded.
 func (f *Functions) resizeComplete(ctx context.Context, tenant string, a map[string]*string) (bool, error) {
 	t, err := f.lookupTree(ctx, tenant, a)
 	if err != nil {
 		return false, err
 	}
-	ops, err := f.store.TreeOps(ctx, tenant, t.Name)
+	ops, err := f.resizesOf(ctx, t)
+	return len(ops) == 0, err
+}
+
+// resizesOf lists the resizes recorded on t's map: t's own, or one of any
+// member of its colocation group, which rewrites t's tables too.
+func (f *Functions) resizesOf(ctx context.Context, t *shardmap.Tree) ([]*shardmap.TreeOp, error) {
+	ops, err := f.store.TreeOps(ctx, t.Tenant, "")
 	if err != nil {
-		return false, err
+		return nil, err
 	}
-	return !slices.ContainsFunc(ops, func(op *shardmap.TreeOp) bool { return op.Kind == shardmap.OpResize && op.Tree == t.Name }), nil
+	return slices.DeleteFunc(ops, func(op *shardmap.TreeOp) bool {
+		return op.Kind != shardmap.OpResize || !op.OnMap(t.MapName())
+	}), nil
 }

@@ -115,7 +115,11 @@ func (s *Snapshotter) Run(ctx context.Context, run *TreeOpRun) error {
 	src, err := s.store.Tree(ctx, op.Tenant, op.Tree)
 	if errors.Is(err, shardmap.ErrNotFound) {
 		log.Warn("snapshot abandoned: its tree is gone")
-		return s.cleanup(ctx, op, &shardmap.Tree{Tenant: op.Tenant, Name: op.Tree}, st)
+		gone := &shardmap.Tree{Tenant: op.Tenant, Name: op.Tree}
+		if op.TreeMap() != op.Tree {
+			gone.Group = op.TreeMap()
+		}
+		return s.cleanup(ctx, op, gone, st)
 	}
 	if err != nil {
 		return err
@@ -127,7 +131,7 @@ func (s *Snapshotter) Run(ctx context.Context, run *TreeOpRun) error {
 	if op.Phase == shardmap.OpIntent {
 		// Recorded, not yet acted on (by this run or one before).
 		s.runner.publish(ctx, Event{Event: EventSnapshotStarted, Tenant: op.Tenant, Tree: op.Tree, Operation: op.ID, TargetTree: op.Target,
-			Epoch: s.runner.mapEpoch(ctx, op.Tenant, op.Tree)})
+			Epoch: s.runner.mapEpoch(ctx, op.Tenant, op.TreeMap())})
 	}
 	if run.Resumed || op.Phase != shardmap.OpIntent {
 		log.Info("snapshot resumed: dropping what the run before made, then a new pause", "phase", op.Phase)
@@ -190,7 +194,7 @@ func parallel[T any](items []T, fn func(T) error) error {
 // the snapshots must match one map.
 func (s *Snapshotter) pause(ctx context.Context, run *TreeOpRun, t *shardmap.Tree, st *snapshotState, log *slog.Logger) (map[string]*pgshard.HeldSnapshot, error) {
 	op := run.Op
-	m0, err := s.store.Map(ctx, t.Tenant, t.Name)
+	m0, err := s.store.Map(ctx, t.Tenant, t.MapName())
 	if err != nil {
 		return nil, err
 	}
@@ -229,12 +233,12 @@ func (s *Snapshotter) pause(ctx context.Context, run *TreeOpRun, t *shardmap.Tre
 	// Watched from before the pause, as a freeze does (Runner.freezeAndFlip).
 	wctx, unwatch := context.WithCancel(ctx)
 	defer unwatch()
-	acked, err := s.store.WatchAcks(wctx, t.Tenant, t.Name)
+	acked, err := s.store.WatchAcks(wctx, t.Tenant, t.MapName())
 	if err != nil {
 		log.Warn("acknowledgements not watched; the pause polls for them", "err", err)
 	}
 	var start time.Time
-	frozen, err := s.runner.updateMap(ctx, t.Tenant, t.Name, func(m *shardmap.Map) (bool, error) {
+	frozen, err := s.runner.updateMap(ctx, t.Tenant, t.MapName(), func(m *shardmap.Map) (bool, error) {
 		start = time.Now()
 		m.Frozen = append(m.Frozen, [2]int{0, t.SlotCount - 1})
 		return true, nil
@@ -285,7 +289,7 @@ func (s *Snapshotter) pause(ctx context.Context, run *TreeOpRun, t *shardmap.Tre
 	}
 	var at *shardmap.Map
 	if err == nil {
-		if at, err = s.store.Map(bctx, t.Tenant, t.Name); err == nil && at.Epoch != frozen.Epoch {
+		if at, err = s.store.Map(bctx, t.Tenant, t.MapName()); err == nil && at.Epoch != frozen.Epoch {
 			err = fmt.Errorf("migrator: the map of %s changed during the pause (epoch %d to %d)", t.Name, frozen.Epoch, at.Epoch)
 		}
 	}
@@ -430,7 +434,7 @@ func (s *Snapshotter) cleanup(ctx context.Context, op *shardmap.TreeOp, src *sha
 			shards[idx] = sh.Node
 		}
 	}
-	m, err := s.store.Map(ctx, op.Tenant, op.Tree)
+	m, err := s.store.Map(ctx, op.Tenant, op.TreeMap())
 	if err != nil && !errors.Is(err, shardmap.ErrNotFound) {
 		return err
 	}

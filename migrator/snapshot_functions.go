@@ -78,11 +78,6 @@ func (f *Functions) snapshot(ctx context.Context, tenant string, a map[string]*s
 	if err != nil {
 		return "", err
 	}
-	if t.Group != "" {
-		e := sqlstate.New(sqlstate.FeatureNotSupported, "cannot snapshot %s: it is in colocation group %s", t.Name, t.Group)
-		e.Hint = "Snapshots of a colocation group's trees are not supported yet."
-		return "", e
-	}
 	name, err := required(a, "new_tree")
 	if err != nil {
 		return "", err
@@ -109,7 +104,7 @@ func (f *Functions) snapshot(ctx context.Context, tenant string, a map[string]*s
 	if f.snaps == nil {
 		return "", sqlstate.New(sqlstate.ObjectNotInPrerequisiteState, "this proxy cannot take snapshots")
 	}
-	op := &shardmap.TreeOp{Tenant: tenant, Kind: shardmap.OpSnapshot, Tree: t.Name, Target: name}
+	op := &shardmap.TreeOp{Tenant: tenant, Kind: shardmap.OpSnapshot, Tree: t.Name, Map: t.MapName(), Target: name}
 	other, err := f.ops.Start(ctx, op)
 	if err != nil {
 		return "", err

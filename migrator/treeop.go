@@ -114,7 +114,10 @@ func (r *TreeOpRunner) Run(ctx context.Context) {
 }
 
 // Tick starts every recorded operation that does not run here and whose
-// tree's lease this process takes.
+// tree's lease this process takes: the lease of the tree's map, a
+// colocation group's for its members, which is the one the group's
+// coordinator holds, so that the operation and the group's reshard run
+// their migrations in one process (Coordinator.ensureRunning).
 func (r *TreeOpRunner) Tick(ctx context.Context) {
 	ops, err := r.store.AllTreeOps(ctx)
 	if err != nil {
@@ -128,7 +131,7 @@ func (r *TreeOpRunner) Tick(ctx context.Context) {
 		if busy || h == nil {
 			continue
 		}
-		ok, err := r.store.AcquireLease(ctx, op.Tenant, op.Tree, r.id, r.opts.LeaseTTL)
+		ok, err := r.store.AcquireLease(ctx, op.Tenant, op.TreeMap(), r.id, r.opts.LeaseTTL)
 		if err != nil || !ok {
 			continue
 		}
@@ -204,7 +207,7 @@ func (r *TreeOpRunner) keepLease(ctx context.Context, cancel context.CancelFunc,
 			return
 		case <-t.C:
 		}
-		ok, err := r.store.AcquireLease(ctx, op.Tenant, op.Tree, r.id, r.opts.LeaseTTL)
+		ok, err := r.store.AcquireLease(ctx, op.Tenant, op.TreeMap(), r.id, r.opts.LeaseTTL)
 		if err == nil && !ok {
 			r.log.Warn("tree operation: the tree's lease went to another proxy; it resumes the operation", "op", op.ID, "tree", op.Tree)
 			cancel()

@@ -36,6 +36,14 @@ func TestTreeOpInterlocks(t *testing.T) {
 		{"merge from the tree", shardmap.TreeOp{Kind: shardmap.OpMerge, Tree: "a", Target: "dst"}, "a", false, false},
 		{"resize of the tree", shardmap.TreeOp{Kind: shardmap.OpResize, Tree: "a"}, "a", true, false},
 		{"another tree", shardmap.TreeOp{Kind: shardmap.OpResize, Tree: "b"}, "a", false, false},
+		// The coordinator asks with a colocation group's map name ("g"),
+		// the operations name the member they were called on.
+		{"snapshot of a group member", shardmap.TreeOp{Kind: shardmap.OpSnapshot, Tree: "m", Map: "g", Target: "m2"}, "g", false, true},
+		{"merge into a group member", shardmap.TreeOp{Kind: shardmap.OpMerge, Tree: "src", Target: "m", TargetMap: "g"}, "g", false, true},
+		{"merge from a group member", shardmap.TreeOp{Kind: shardmap.OpMerge, Tree: "m", Map: "g", Target: "dst"}, "g", false, false},
+		{"resize of a group member", shardmap.TreeOp{Kind: shardmap.OpResize, Tree: "m", Map: "g"}, "g", true, false},
+		{"resize of a group member, asked by its name", shardmap.TreeOp{Kind: shardmap.OpResize, Tree: "m", Map: "g"}, "m", true, false},
+		{"another group", shardmap.TreeOp{Kind: shardmap.OpSnapshot, Tree: "m", Map: "h", Target: "m2"}, "g", false, false},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

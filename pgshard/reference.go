@@ -70,6 +70,14 @@ func ReferenceNodesSQL(nodes []string) string {
 	return "SET LOCAL " + ReferenceSetting + " TO " + quoteLiteral(strings.Join(nodes, ","))
 }
 
+// ReferenceCopyLockSQL is what a COPY into reference table name runs on
+// the catalog copy before its rows: a lock that waits for every other
+// writer of the table to end and holds new ones back (they all take the
+// catalog copy first), while reads go on.
+func ReferenceCopyLockSQL(name string) string {
+	return "LOCK TABLE " + referenceQuoted(name) + " IN SHARE ROW EXCLUSIVE MODE"
+}
+
 // ReferenceCheck tells whether an expression (a column default) would
 // give another value on each node; it names the offending call, "" if
 // none. The router's PerNodeValue is one.
@@ -502,5 +510,61 @@ func (c *Cluster) referencesFor(ctx context.Context, node, tenant string) error 
 	if err := c.CopyReferences(ctx, rs.ReferenceStore, tenant, node); err != nil {
 		return fmt.Errorf("pgshard: give node %s the reference tables of %s before a shard: %w", node, tenant, err)
 	}
+	return nil
+}
+
+// ReleaseReferences takes node out of every reference table of tenant
+// before the node is removed (it holds no shard, so no statement needs its
+// copies). For each table, under the catalog copy's table lock (which waits
+// for the writers in flight and holds new ones back), node leaves the
+// table's list on the catalog node, then the registry entry; between the
+// two the fence refuses the writes of proxies that know the old list
+// (LT001), so none is acknowledged after writing only some copies. The
+// copy itself is dropped last, and only logged when the node does not
+// answer: nothing reads or writes it any more.
+func (c *Cluster) ReleaseReferences(ctx context.Context, store shardmap.ReferenceStore, tenant, node string) error {
+	if node == c.Catalog().Name {
+		return sqlstate.New(sqlstate.ObjectNotInPrerequisiteState, "node %s is the catalog node and keeps every reference table", node)
+	}
+	refs, err := store.References(ctx, tenant)
+	if err != nil {
+		return err
+	}
+	for _, ref := range refs {
+		if !ref.Holds(node) {
+			continue
+		}
+		if err := c.releaseReference(ctx, store, ref, node); err != nil {
+			return fmt.Errorf("pgshard: take node %s out of reference table %s of %s: %w", node, ref.Name, tenant, err)
+		}
+	}
+	return nil
+}
+
+func (c *Cluster) releaseReference(ctx context.Context, store shardmap.ReferenceStore, ref *shardmap.Reference, node string) error {
+	p, err := c.Admin(ctx, c.Catalog().Name, ref.Tenant)
+	if err != nil {
+		return err
+	}
+	var nodes []string
+	err = pgx.BeginFunc(ctx, p, func(tx pgx.Tx) error {
+		// The table lock first, in the order a writer takes them.
+		if _, err := tx.Exec(ctx, "LOCK TABLE "+referenceQuoted(ref.Name)+" IN EXCLUSIVE MODE"); err != nil {
+			return err
+		}
+		return tx.QueryRow(ctx, `UPDATE `+referenceMeta+` SET nodes = array_remove(nodes, $2) WHERE name = $1 RETURNING nodes`, ref.Name, node).Scan(&nodes)
+	})
+	if err != nil {
+		return err
+	}
+	shrunk := *ref
+	shrunk.Nodes = slices.Sorted(slices.Values(nodes))
+	if err := store.PutReference(ctx, &shrunk, ref); err != nil {
+		return fmt.Errorf("the catalog node no longer lists node %s, but the registry was not updated (writes are refused until it is): %w", node, err)
+	}
+	if err := c.dropCopies(ctx, ref.Tenant, ref.Name, []string{node}); err != nil {
+		c.log.Warn("could not drop a released copy of a reference table", "tenant", ref.Tenant, "table", ref.Name, "node", node, "err", err)
+	}
+	c.log.Info("reference table released from a node", "tenant", ref.Tenant, "table", ref.Name, "node", node, "nodes", shrunk.Nodes)
 	return nil
 }

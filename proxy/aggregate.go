@@ -42,15 +42,15 @@ type aggState struct {
 
 // wholeOnOneNode returns the statement to run when one node holds every
 // shard of an aggregating fan-out's tree.
-func wholeOnOneNode(v *shardmap.View, p *router.Plan, bind *pgproto3.Bind, oids []uint32) (sql, node string, ok bool) {
+func wholeOnOneNode(v *shardmap.View, p *router.Plan, bind *pgproto3.Bind, oids []uint32) (router.Target, bool) {
 	if p.Agg == nil {
-		return "", "", false
+		return router.Target{}, false
 	}
 	r, err := router.Resolve(v, p, routerBind(bind, oids))
 	if err != nil || !r.Whole {
-		return "", "", false // the fan-out reports the error
+		return router.Target{}, false // the fan-out reports the error
 	}
-	return r.Targets[0].SQL, r.Targets[0].Node, true
+	return r.Targets[0], true
 }
 
 // queryOIDs declares the client's parameters for a query that references

@@ -366,9 +366,11 @@ func (s *session) bindComposed(ctx context.Context, portal *clientPortal, m *pgp
 	}
 	for i, cc := range c.Calls {
 		for _, col := range res[i].cols {
-			v := col[0] // a value: nil is NULL
+			var v []byte
 			if cc.From {
-				v = arrayText(col)
+				v = arrayText(col) // of no rows too
+			} else {
+				v = col[0] // a value: one row, nil is NULL
 			}
 			b.Parameters = append(b.Parameters, v)
 			b.ParameterFormatCodes = append(b.ParameterFormatCodes, 0)

@@ -121,6 +121,9 @@ func (s *session) playCopy(x *exchange, st *step) error {
 	if x.errored {
 		return nil // what prepared the backends failed: no CopyInResponse
 	}
+	if st.refCopy != nil {
+		return s.playRefCopy(x, st.refCopy)
+	}
 	return s.playCopyIn(x, st.copyIn)
 }
 

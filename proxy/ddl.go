@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"slices"
 
 	"github.com/jackc/pgx/v5/pgproto3"
 
@@ -14,36 +15,58 @@ import (
 // ddlTree finds the tree a DDL plan changes. A DROP INDEX or ALTER INDEX
 // plan names no tree: the catalog node says which table each index belongs
 // to, and nil (without error) means none is a tree's, so the statement runs
-// on the catalog node like any other. ALTER INDEX, or DROP INDEX of several
-// indexes, on a tree's index is refused.
-func (s *session) ddlTree(ctx context.Context, v *shardmap.View, p *router.Plan) (*shardmap.Tree, error) {
+// on the catalog node like any other, or, when the indexes are reference
+// tables' (refs), on every copy. ALTER INDEX, or DROP INDEX of several
+// indexes, on a tree's index is refused, as is a statement on the index of
+// a reference table and that of an ordinary table at once.
+func (s *session) ddlTree(ctx context.Context, v *shardmap.View, p *router.Plan) (_ *shardmap.Tree, refs []string, _ error) {
 	if p.Tree != nil {
-		return p.Tree, nil
+		return p.Tree, nil, nil
 	}
 	if s.srv.cfg.IndexTable == nil {
-		return nil, nil
+		return nil, nil, nil
 	}
+	ordinary := ""
 	for _, ix := range p.DDL.Indexes {
 		table, err := s.srv.cfg.IndexTable(ctx, s.tenant, ix)
 		if err != nil {
-			return nil, sqlstate.New(sqlstate.SystemError, "cannot find the table of index %q: %v", ix, err)
+			return nil, nil, sqlstate.New(sqlstate.SystemError, "cannot find the table of index %q: %v", ix, err)
 		}
 		t := v.Trees[table]
 		switch {
+		case t == nil && v.Reference(table) != nil:
+			if !slices.Contains(refs, table) {
+				refs = append(refs, table)
+			}
+			continue
 		case t == nil:
+			if table != "" && ordinary == "" {
+				ordinary = table
+			}
 			continue
 		case p.DDL.Op == router.DDLIndexCheck && p.Tag == "DROP INDEX":
 			e := sqlstate.New(sqlstate.FeatureNotSupported, "DROP INDEX of index %q of tree %q together with other indexes is not supported", ix, t.Name)
 			e.Hint = "Drop the tree's index in a statement of its own."
-			return nil, e
+			return nil, nil, e
 		case p.DDL.Op == router.DDLIndexCheck:
 			e := sqlstate.New(sqlstate.FeatureNotSupported, "%s on index %q of tree %q is not supported", p.Tag, ix, t.Name)
 			e.Hint = "Drop the index and create it again with the new name or settings."
-			return nil, e
+			return nil, nil, e
 		}
-		return t, nil
+		return t, nil, nil
 	}
-	return nil, nil
+	switch {
+	case len(refs) == 0:
+	case ordinary != "":
+		e := sqlstate.New(sqlstate.FeatureNotSupported, "%s on indexes of reference table %q and of table %q at once is not supported", p.Tag, refs[0], ordinary)
+		e.Hint = "Change the reference table's index in a statement of its own: it runs on every node, the other table is only on the catalog node."
+		return nil, nil, e
+	case p.DDL.Concurrently:
+		e := sqlstate.New(sqlstate.FeatureNotSupported, "%s CONCURRENTLY on an index of reference table %q is not supported", p.Tag, refs[0])
+		e.Hint = "Drop the index without CONCURRENTLY: a reference table is small, and its DDL runs on every node in one transaction."
+		return nil, nil, e
+	}
+	return nil, refs, nil
 }
 
 // runDDL runs DDL on tree t: the template and every shard change together
@@ -104,13 +127,19 @@ var ddlOps = map[router.DDLOp]pgshard.DDLOp{
 }
 
 // bindDDL binds a DDL plan: a tree's DDL runs at Execute; the DROP INDEX of
-// another table's index is bound on the catalog node.
+// a reference table's index runs on every copy, of another table's index
+// on the catalog node.
 func (s *session) bindDDL(ctx context.Context, v *shardmap.View, portal *clientPortal, m *pgproto3.Bind) bool {
 	p := portal.stmt.plan
-	t, err := s.ddlTree(ctx, v, p)
+	t, refs, err := s.ddlTree(ctx, v, p)
 	if err != nil {
 		s.fail(err)
 		return false
+	}
+	if len(refs) > 0 {
+		rp := *p
+		rp.Kind, rp.References, rp.DDL = router.RefWrite, refs, nil
+		return s.bindRefWrite(ctx, v, &rp, portal, m)
 	}
 	if t == nil {
 		return s.bindOn(ctx, portal, s.catalogTarget(p), p.SQL, m, m.DestinationPortal, false)

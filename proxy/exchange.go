@@ -68,7 +68,11 @@ type step struct {
 	formats  []int16
 	copyIn   *copyIn  // stepCopy FROM STDIN
 	copyOut  *copyOut // stepCopy TO STDOUT
+	refCopy  *refCopy // stepCopy FROM STDIN into a reference table
 	load     loadMark // counted at CommandComplete (load.go)
+	// more are the marks of the step's later statements, one per
+	// CommandComplete after the first (load.go countLoad).
+	more []loadMark
 }
 
 // exchange collects the steps of one client round (a Query, or the extended
@@ -127,7 +131,11 @@ func (s *session) play(x *exchange) error {
 			continue
 		}
 		if st.kind == stepFanOut {
-			if err := st.fan.play(s, x); err != nil {
+			err := st.fan.play(s, x)
+			if err == nil && !x.errored {
+				st.fan.load.done(nil) // a read of each shard it merged
+			}
+			if err != nil {
 				if !x.errored {
 					x.errored = true
 					s.send(sqlstate.New(sqlstate.ConnectionFailure, "lost connection to a node: %v", err).Response())
@@ -178,7 +186,7 @@ func (s *session) playStep(x *exchange, st *step) error {
 		switch m := msg.(type) {
 		case *pgproto3.CommandComplete:
 			be.NoteCommand(m.CommandTag) // and on below
-			st.load.done(m.CommandTag)
+			st.countLoad(m.CommandTag)
 		case *pgproto3.ErrorResponse:
 			x.failed[be] = true
 			switch {

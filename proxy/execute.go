@@ -104,7 +104,7 @@ func (s *session) execute(ctx context.Context, v *shardmap.View, portal *clientP
 		if !s.bindOn(ctx, portal, sh.Node, sh.SQL, m, m.DestinationPortal, false) {
 			return false
 		}
-		portal.load = markLoad(p, sh)
+		portal.parts[len(portal.parts)-1].load = markLoad(p, sh)
 		if !s.simple && !s.tx.active {
 			portal.bind = copyBind(m)
 		}
@@ -114,10 +114,14 @@ func (s *session) execute(ctx context.Context, v *shardmap.View, portal *clientP
 	case router.WriteAll:
 		return s.bindWriteAll(ctx, v, portal, m)
 	case router.RefWrite:
-		return s.bindRefWrite(ctx, v, portal, m)
+		return s.bindRefWrite(ctx, v, p, portal, m)
 	case router.FanOut:
-		if sql, node, ok := wholeOnOneNode(v, p, m, st.oids); ok {
-			return s.bindOn(ctx, portal, node, sql, m, m.DestinationPortal, false)
+		if t, ok := wholeOnOneNode(v, p, m, st.oids); ok {
+			if !s.bindOn(ctx, portal, t.Node, t.SQL, m, m.DestinationPortal, false) {
+				return false
+			}
+			portal.parts[len(portal.parts)-1].load = markShards(v, p, t.Shards)
+			return true
 		}
 		portal.fan = s.startFanOut(ctx, v, p, m, portal)
 		return portal.fan != nil
@@ -242,7 +246,7 @@ func (s *session) runParts(portal *clientPortal, maxRows uint32) {
 		}
 		for _, part := range portal.parts {
 			part.be.Send(&pgproto3.Execute{Portal: part.name, MaxRows: maxRows})
-			st := step{kind: stepExecute, be: part.be, staleRetry: retry, load: portal.load}
+			st := step{kind: stepExecute, be: part.be, staleRetry: retry, load: part.load}
 			if sp != nil {
 				st.rowsOnly, st.split = true, sp
 			}
@@ -270,20 +274,22 @@ func (s *session) queryParts(portal *clientPortal) {
 		k := portal.stmt.plan.Kind
 		retry := s.simpleRetry && !s.tx.active && sp == nil && (k == router.Single || k == router.InsertSplit)
 		parts[0].be.Send(&pgproto3.Query{String: parts[0].sql})
-		s.x.add(step{kind: stepQuery, be: parts[0].be, staleRetry: retry, rowsOnly: sp != nil, split: sp, load: portal.load})
+		s.x.add(step{kind: stepQuery, be: parts[0].be, staleRetry: retry, rowsOnly: sp != nil, split: sp, load: parts[0].load})
 		return
 	}
 	var order []*pgshard.Conn
 	sqls := map[*pgshard.Conn][]string{}
+	loads := map[*pgshard.Conn][]loadMark{}
 	for _, part := range parts {
 		if _, ok := sqls[part.be]; !ok {
 			order = append(order, part.be)
 		}
 		sqls[part.be] = append(sqls[part.be], part.sql)
+		loads[part.be] = append(loads[part.be], part.load)
 	}
 	for _, be := range order {
 		be.Send(&pgproto3.Query{String: strings.Join(sqls[be], ";\n")})
-		s.x.add(step{kind: stepQuery, be: be, rowsOnly: sp != nil, split: sp})
+		s.x.add(step{kind: stepQuery, be: be, rowsOnly: sp != nil, split: sp, load: loads[be][0], more: loads[be][1:]})
 	}
 }
 

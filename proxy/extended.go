@@ -19,6 +19,7 @@ type portalPart struct {
 	be   *pgshard.Conn
 	name string
 	sql  string // the simple protocol's statement, sent at run
+	load loadMark
 }
 
 // extendedMsg serves one extended-protocol message. Responses are queued in
@@ -44,7 +45,7 @@ func (s *session) extendedMsg(ctx context.Context, msg pgproto3.FrontendMessage)
 	case *pgproto3.Execute:
 		s.noteExecute(m.Portal)
 		s.executeMsg(ctx, m)
-		if p := s.portals[m.Portal]; p != nil && p.stmt.plan != nil && p.stmt.plan.Kind == router.Copy && p.stmt.plan.Copy.From && !s.skipping {
+		if p := s.portals[m.Portal]; p != nil && p.stmt.plan != nil && p.stmt.plan.Copy != nil && p.stmt.plan.Copy.From && !s.skipping {
 			// PostgreSQL answers CopyInResponse at once, and clients wait
 			// for it before they send the data (a Sync sent in between
 			// is ignored during COPY, here as there).
@@ -289,6 +290,7 @@ func (s *session) bindWriteAll(ctx context.Context, v *shardmap.View, portal *cl
 		if !s.bindOn(ctx, part, t.Node, part.stmt.sql, m, partPortal(m.DestinationPortal, i), i > 0) {
 			return false
 		}
+		part.parts[len(part.parts)-1].load = markShards(v, p, []int{t.Shard})
 		portal.parts = append(portal.parts, part.parts...)
 	}
 	return true

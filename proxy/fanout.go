@@ -37,6 +37,7 @@ type fanOut struct {
 	cols    []btreeindex.Column // fields as the merge reads them, made at its first row
 	checked bool                // checkFields passed
 	lost    error               // a part's connection failed: the fan-out ends at once
+	load    loadMark            // the shards it reads, counted once it ends without an error
 }
 
 type fanPart struct {
@@ -97,9 +98,13 @@ func (s *session) startFanOut(ctx context.Context, v *shardmap.View, p *router.P
 		nodes[i], sqls[i] = t.Node, t.SQL
 	}
 	if p.Agg != nil {
-		return s.startAggFanOut(ctx, p, nodes, sqls, bind, portal)
+		f := s.startAggFanOut(ctx, p, nodes, sqls, bind, portal)
+		if f != nil {
+			f.load = markFanOut(v, p, r.Targets)
+		}
+		return f
 	}
-	f := &fanOut{plan: p, limit: r.Limit, offset: r.Offset, simple: !extended, ctx: ctx}
+	f := &fanOut{plan: p, limit: r.Limit, offset: r.Offset, simple: !extended, ctx: ctx, load: markFanOut(v, p, r.Targets)}
 	if extended && len(bind.ResultFormatCodes) > 1 {
 		// The client names a format per visible column; the hidden sort
 		// columns come back as text.

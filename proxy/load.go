@@ -8,27 +8,70 @@ import (
 // loadMark names the slot counter a statement on one slot bumps when its
 // CommandComplete arrives: the tag says whether it wrote and how many rows.
 // The counters hang on the plan's Tree (shardmap.Tree.Counters), so marking
-// costs no lookup; a zero mark (counting off, or a statement over several
-// shards) counts nothing.
+// costs no lookup; a zero mark (counting off, or a statement that is not a
+// tree's) counts nothing.
 type loadMark struct {
 	c    *shardmap.SlotCounters
 	slot int
+	// m and shards mark a statement over whole shards of m, a fan-out's
+	// part or one shard's part of an UPDATE or DELETE without the key,
+	// counted by SlotCounters.Shards.
+	m      *shardmap.Map
+	shards []int
 }
 
 func markLoad(p *router.Plan, t router.Target) loadMark {
 	return loadMark{c: p.Tree.Counters(), slot: t.Slot}
 }
 
-// done counts the statement by its command tag.
+// markShards marks a statement of p over shards of v's map of its tree.
+func markShards(v *shardmap.View, p *router.Plan, shards []int) loadMark {
+	c := p.Tree.Counters()
+	if c == nil {
+		return loadMark{}
+	}
+	return loadMark{c: c, m: v.Maps[p.Tree.Name], shards: shards}
+}
+
+// markFanOut marks a fan-out over the shards of every one of its targets.
+func markFanOut(v *shardmap.View, p *router.Plan, targets []router.Target) loadMark {
+	if p.Tree.Counters() == nil {
+		return loadMark{}
+	}
+	var shards []int
+	for _, t := range targets {
+		shards = append(shards, t.Shards...)
+	}
+	return markShards(v, p, shards)
+}
+
+// done counts the statement by its command tag (nil: a read).
 func (m loadMark) done(tag []byte) {
 	if m.c == nil {
 		return
 	}
-	if write, rows := tagWrites(tag); write {
+	write, rows := tagWrites(tag)
+	switch {
+	case m.shards != nil:
+		m.c.Shards(m.m, m.shards, write, rows)
+	case write:
 		m.c.Write(m.slot, rows)
-	} else {
+	default:
 		m.c.Read(m.slot)
 	}
+}
+
+// countLoad counts the statement whose CommandComplete has tag and moves
+// to the mark of the step's next statement: a Query of several
+// statements, or of several parts on one node, answers one
+// CommandComplete per statement, in order.
+func (st *step) countLoad(tag []byte) {
+	st.load.done(tag)
+	if len(st.more) == 0 {
+		st.load = loadMark{}
+		return
+	}
+	st.load, st.more = st.more[0], st.more[1:]
 }
 
 // tagWrites reads a command tag: INSERT, UPDATE, DELETE, MERGE and COPY

@@ -3,7 +3,6 @@ package proxy
 import (
 	"context"
 	"errors"
-	"slices"
 
 	"github.com/jackc/pgx/v5/pgproto3"
 
@@ -38,27 +37,21 @@ func (s *session) referenceRead(v *shardmap.View, p *router.Plan) string {
 	return node
 }
 
-// bindRefWrite binds a write of reference tables on every node that holds
+// bindRefWrite binds p, a write of reference tables, on every node that holds
 // them, in the session's transaction (an implicit one outside a block, even
 // on one node: the fence reads a SET LOCAL).
-func (s *session) bindRefWrite(ctx context.Context, v *shardmap.View, portal *clientPortal, m *pgproto3.Bind) bool {
-	p := portal.stmt.plan
+func (s *session) bindRefWrite(ctx context.Context, v *shardmap.View, p *router.Plan, portal *clientPortal, m *pgproto3.Bind) bool {
+	if p.Copy != nil {
+		portal.run = func(ctx context.Context) { s.runRefCopy(ctx, portal) }
+		s.bindComplete()
+		return true
+	}
 	r, err := router.Resolve(v, p, nil)
 	if err != nil {
 		s.fail(err)
 		return false
 	}
-	targets := slices.Clone(r.Targets)
-	// The catalog node's copy answers the client.
-	slices.SortStableFunc(targets, func(a, b router.Target) int {
-		switch {
-		case a.Node == s.srv.catalogNode && b.Node != s.srv.catalogNode:
-			return -1
-		case b.Node == s.srv.catalogNode && a.Node != s.srv.catalogNode:
-			return 1
-		}
-		return 0
-	})
+	targets := s.catalogFirst(r.Targets)
 	set := pgshard.ReferenceNodesSQL(r.Nodes())
 	s.spanNodes(max(2, len(targets)))
 	for i, t := range targets {

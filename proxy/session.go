@@ -129,7 +129,6 @@ type clientPortal struct {
 	fan   *fanOut
 	parts []portalPart
 	bind  *pgproto3.Bind // a Single plan's Bind, kept to route it again after LT001
-	load  loadMark       // a Single plan's slot counter (load.go)
 }
 
 // splitState accumulates the parts of a statement split across shards: a

@@ -94,14 +94,18 @@ func (s *session) simpleOne(ctx context.Context, v *shardmap.View, p *router.Pla
 	}
 }
 
-func (s *session) forwardQuery(ctx context.Context, node, sql string) {
+func (s *session) forwardQuery(ctx context.Context, node, sql string, loads []loadMark) {
 	be, err := s.backend(ctx, node)
 	if err != nil {
 		s.fail(err)
 		return
 	}
 	be.Send(&pgproto3.Query{String: sql})
-	s.x.add(step{kind: stepQuery, be: be})
+	st := step{kind: stepQuery, be: be}
+	if len(loads) > 0 {
+		st.load, st.more = loads[0], loads[1:]
+	}
+	s.x.add(st)
 }
 
 // simpleMulti runs a Query holding several statements. It is forwarded as one
@@ -114,8 +118,9 @@ func (s *session) simpleMulti(ctx context.Context, v *shardmap.View, plans []*ro
 	// reach only the node this query string runs on.
 	var txStmts []*router.Plan
 	var pin, unpin router.Pin
-	var sets []string // SET and RESET, recorded once the string committed
-	for _, p := range plans {
+	var sets []string                     // SET and RESET, recorded once the string committed
+	loads := make([]loadMark, len(plans)) // one per statement, each answering one CommandComplete
+	for i, p := range plans {
 		var n, sql string
 		pin, unpin = pin|p.Pin, unpin|p.Unpin
 		if p.Kind == router.LocalSet || p.Kind == router.Transaction && p.Tx != router.Begin {
@@ -164,6 +169,7 @@ func (s *session) simpleMulti(ctx context.Context, v *shardmap.View, plans []*ro
 				return
 			}
 			n, sql = sh.Node, sh.SQL
+			loads[i] = markLoad(p, sh)
 		case router.Refused:
 			s.fail(p.Err)
 			return
@@ -208,7 +214,7 @@ func (s *session) simpleMulti(ctx context.Context, v *shardmap.View, plans []*ro
 		s.fail(err)
 		return
 	}
-	s.forwardQuery(ctx, node, strings.Join(parts, ";\n"))
+	s.forwardQuery(ctx, node, strings.Join(parts, ";\n"), loads)
 	s.pinEnds(unpin &^ pin)
 	s.recordSets(ctx, node, sets)
 }

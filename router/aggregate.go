@@ -195,8 +195,16 @@ func (p *planner) aggFanOut(r route, s *pg.SelectStmt) route {
 		return no("Lock rows by shard key: SELECT ... WHERE "+tree.KeyColumn+" = <value> FOR UPDATE.", "FOR UPDATE/SHARE over several shards is not supported")
 	case s.WithClause != nil:
 		return no(keyHint+", or run the CTE as its own statement.", "WITH with aggregates over several shards is not supported")
-	case len(s.FromClause) != 1 || s.FromClause[0].GetRangeVar() != r.rv:
-		return no(keyHint+".", "aggregates over several shards need the tree as the only FROM item")
+	}
+	// The partial query's FROM is the statement's, the tree replaced by its
+	// node's shards: joined with reference tables, each node's part is
+	// then the join of its shards' rows.
+	src, ok := aggFrom(s.FromClause, r.rv)
+	if !ok {
+		return no(keyHint+".", "aggregates over several shards need the tree in the FROM list itself or in its joins, not inside a subquery")
+	}
+	joined := len(s.FromClause) != 1 || s.FromClause[0].GetRangeVar() != r.rv
+	switch {
 	case len(r.cols) > 0:
 		return no(keyHint+", or name columns without the schema (tree.column).", "schema-qualified column references in an aggregate over several shards are not supported")
 	case r.rv.Alias != nil && len(r.rv.Alias.Colnames) > 0:
@@ -236,7 +244,7 @@ func (p *planner) aggFanOut(r route, s *pg.SelectStmt) route {
 			return refusedRoute(fanError(tree.Name))
 		}
 		if isStar(rt.Val) {
-			if len(tree.Columns) == 0 || len(rt.Val.GetColumnRef().Fields) > 1 {
+			if len(tree.Columns) == 0 || len(rt.Val.GetColumnRef().Fields) > 1 || joined {
 				return no(keyHint+", or list the columns instead of *.", "the proxy does not know the columns of * in an aggregate over several shards")
 			}
 			for _, c := range tree.Columns {
@@ -288,7 +296,9 @@ func (p *planner) aggFanOut(r route, s *pg.SelectStmt) route {
 			// the tree's columns the proxy cannot tell which it is.
 			for _, t := range targets {
 				if t.Name == name {
-					if len(tree.Columns) == 0 && !sameExpr(t.Val, g, r) {
+					// Joined, the name may be a column of another table,
+					// which PostgreSQL takes before an output name.
+					if (len(tree.Columns) == 0 || joined) && !sameExpr(t.Val, g, r) {
 						return no("Group by the expression or its position instead of the output name.", "the proxy cannot tell whether GROUP BY %s names an output column", qn(name))
 					}
 					e = t.Val
@@ -415,7 +425,7 @@ func (p *planner) aggFanOut(r route, s *pg.SelectStmt) route {
 	final.FromClause = []*pg.Node{{Node: &pg.Node_RangeVar{RangeVar: &pg.RangeVar{Relname: aggSource, Inh: true, Relpersistence: "p"}}}}
 
 	partial := &pg.SelectStmt{
-		FromClause:  []*pg.Node{{Node: &pg.Node_RangeVar{RangeVar: &pg.RangeVar{Relname: aggSource, Inh: true, Relpersistence: "p"}}}},
+		FromClause:  src,
 		WhereClause: s.WhereClause,
 		LimitOption: pg.LimitOption_LIMIT_OPTION_DEFAULT,
 		Op:          pg.SetOperation_SETOP_NONE,
@@ -448,7 +458,7 @@ func (p *planner) aggFanOut(r route, s *pg.SelectStmt) route {
 	}
 	ap.partial, ap.alias = [2]string{pre, post}, alias
 	whole := proto.Clone(s).(*pg.SelectStmt)
-	whole.FromClause = []*pg.Node{{Node: &pg.Node_RangeVar{RangeVar: &pg.RangeVar{Relname: aggSource, Inh: true, Relpersistence: "p"}}}}
+	whole.FromClause = src
 	wtext, err := deparseStmt(whole)
 	if err != nil {
 		return refusedRoute(fanError(tree.Name))
@@ -495,6 +505,34 @@ func (p *planner) aggFanOut(r route, s *pg.SelectStmt) route {
 	}
 	r.kind, r.sel, r.fan = FanOut, s, &fanPlan{calls: names, agg: ap}
 	return r
+}
+
+// aggFrom is a copy of the FROM list from with the tree's reference rv
+// replaced by the partial query's source (lattice_src), found at this
+// level only: in the list or in the arguments of its joins; ok is false
+// when rv is not there. (An outer join that would NULL-extend the other
+// side on every node is refused before: replicatedPreserved.)
+func aggFrom(from []*pg.Node, rv *pg.RangeVar) (_ []*pg.Node, ok bool) {
+	found := false
+	var walk func(n *pg.Node) *pg.Node
+	walk = func(n *pg.Node) *pg.Node {
+		if v := n.GetRangeVar(); v == rv {
+			found = true
+			return &pg.Node{Node: &pg.Node_RangeVar{RangeVar: &pg.RangeVar{Relname: aggSource, Inh: true, Relpersistence: "p"}}}
+		}
+		j := n.GetJoinExpr()
+		if j == nil {
+			return proto.Clone(n).(*pg.Node)
+		}
+		out := proto.Clone(j).(*pg.JoinExpr)
+		out.Larg, out.Rarg = walk(j.Larg), walk(j.Rarg)
+		return &pg.Node{Node: &pg.Node_JoinExpr{JoinExpr: out}}
+	}
+	out := make([]*pg.Node, len(from))
+	for i, n := range from {
+		out[i] = walk(n)
+	}
+	return out, found
 }
 
 func funcName(fc *pg.FuncCall) string {

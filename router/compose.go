@@ -42,6 +42,7 @@ var composable = map[string]bool{
 	"lattice_merge_status":    false,
 	"lattice_merge_complete":  true,
 	"lattice_resize_complete": true,
+	"lattice_resize_status":   false,
 	// Only without repair => true, which deletes rows (repairs).
 	"lattice_verify": false,
 	// Snapshots' read-only functions.

@@ -105,6 +105,10 @@ func (p *planner) fanOut(r route, s *pg.SelectStmt) route {
 	if s.Op != pg.SetOperation_SETOP_NONE || len(s.ValuesLists) > 0 {
 		return no(keyHint+", or run the parts as separate statements.", "set operations over several shards are not supported yet")
 	}
+	if from := p.replicatedPreserved(s); from != "" {
+		return no(keyHint+", or put the tree on the preserved side of the outer join (an inner join, or "+qn(tree.Name)+" LEFT JOIN "+from+").",
+			"an outer join keeps the rows of %s, which every shard holds whole, against the tree: each shard would add its own unmatched rows", from)
+	}
 	scan := selectScan(s)
 	if r.multi != nil {
 		agg, window := findAggregates(scan, true)

@@ -180,6 +180,8 @@ func (p *planner) apply(pl *Plan, r route, start, end int) {
 		pl.CollationProbe = r.fan.probe
 	case Copy:
 		p.applyCopy(pl, r, start, end)
+	case RefWrite:
+		pl.Copy = r.cp
 	case Single, InsertSplit, WriteAll:
 		pl.Tree, pl.Key, pl.Rows, pl.KeyAlso = r.tree, r.key, r.rows, r.keyAlso
 		if r.multi != nil {

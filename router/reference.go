@@ -110,6 +110,7 @@ func perNodeCall(n *pg.Node) string {
 // no tree. written is a reference table it writes (INSERT, UPDATE or
 // DELETE target), ordinary the first table it names that is neither.
 func (p *planner) referenceRoute(n *pg.Node, name string, refs []string, written, ordinary *pg.RangeVar) route {
+	var cp *CopySpec // COPY FROM STDIN
 	ref := written
 	if ref == nil {
 		ref = &pg.RangeVar{Relname: refs[0]}
@@ -125,11 +126,17 @@ func (p *planner) referenceRoute(n *pg.Node, name string, refs []string, written
 			return route{kind: Catalog, refs: refs} // an ordinary table written from a reference table
 		}
 	case *pg.Node_CopyStmt:
-		if !s.CopyStmt.IsFrom {
+		c := s.CopyStmt
+		if !c.IsFrom {
 			return route{kind: Catalog, refs: refs}
 		}
-		return refusedRoute(refused("Insert the rows with INSERT ... VALUES (several rows per statement), which goes to every node.",
-			"COPY FROM into reference table %s is not supported yet", qn(ref.Relname)))
+		// The rows go unchanged to every copy (proxy/refcopy.go); the
+		// options only need to be valid. A server file is refused before
+		// (guard.go).
+		cp = &CopySpec{From: true}
+		if _, err := cp.parseOptions(c.Options); err != nil {
+			return refusedRoute(err)
+		}
 	case *pg.Node_AlterObjectSchemaStmt:
 		return refusedRoute(refused("A reference table stays in public; turn it back into an ordinary table first (lattice_undistribute_table).",
 			"%s on reference table %s is not supported", name, qn(ref.Relname)))
@@ -151,7 +158,7 @@ func (p *planner) referenceRoute(n *pg.Node, name string, refs []string, written
 		return refusedRoute(refused("Compute the value in the application (or in a statement of its own) and give it as a literal or a $n parameter.",
 			"%s of reference table %s uses %s, whose value would differ between the nodes that hold its copies", name, qn(ref.Relname), f))
 	}
-	return route{kind: RefWrite, refs: refs}
+	return route{kind: RefWrite, refs: refs, cp: cp}
 }
 
 // locks reports whether a SELECT takes row locks (FOR UPDATE/SHARE).

@@ -66,6 +66,8 @@ type Target struct {
 	// Rows: the proxy counts the slots' load by them.
 	Slot     int
 	RowSlots []int
+	// Shards are the shards a FanOut part reads, for the same count.
+	Shards []int
 	// Sources are the shards the statement reads, a mixed one with the
 	// filter that keeps only the rows of its own slots (FanOut, Copy TO).
 	Sources []btreeindex.Source
@@ -246,12 +248,12 @@ func (r *Routing) fanOut(m *shardmap.Map, p *Plan, b *Bind) *sqlstate.Error {
 		if len(groups) == 1 {
 			r.Whole = true
 			srcs := btreeindex.Sources(m, p.Tree, groups[0].shards)
-			r.Targets = []Target{{Node: groups[0].node, Shard: -1, Sources: srcs, SQL: p.RenderWhole(srcs)}}
+			r.Targets = []Target{{Node: groups[0].node, Shard: -1, Shards: groups[0].shards, Sources: srcs, SQL: p.RenderWhole(srcs)}}
 			return nil
 		}
 		for _, g := range groups {
 			srcs := btreeindex.Sources(m, p.Tree, g.shards)
-			r.Targets = append(r.Targets, Target{Node: g.node, Shard: -1, Sources: srcs, SQL: p.RenderPartial(srcs)})
+			r.Targets = append(r.Targets, Target{Node: g.node, Shard: -1, Shards: g.shards, Sources: srcs, SQL: p.RenderPartial(srcs)})
 		}
 		return nil
 	}
@@ -260,7 +262,7 @@ func (r *Routing) fanOut(m *shardmap.Map, p *Plan, b *Bind) *sqlstate.Error {
 	}
 	for _, g := range groups {
 		srcs := btreeindex.Sources(m, p.Tree, g.shards)
-		r.Targets = append(r.Targets, Target{Node: g.node, Shard: -1, Sources: srcs, SQL: p.RenderFanOut(srcs, r.PerNode)})
+		r.Targets = append(r.Targets, Target{Node: g.node, Shard: -1, Shards: g.shards, Sources: srcs, SQL: p.RenderFanOut(srcs, r.PerNode)})
 	}
 	return nil
 }

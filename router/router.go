@@ -210,7 +210,7 @@ type Plan struct {
 	Keys      []Value              // FanOut: when non-nil, only the shards owning these key values (key IN (...), = ANY(ARRAY[...])) hold matching rows
 	KeyArray  *Value               // FanOut: when non-nil, only the shards owning the elements of this array value (= ANY($1), = ANY('{...}')) hold matching rows
 	Agg       *AggPlan             // FanOut that aggregates, groups or removes duplicates: partial query per node, final query over the partial rows (Sort, Hidden, Limit and Offset are then unused: the final query applies them)
-	Copy      *CopySpec            // Copy
+	Copy      *CopySpec            // Copy; RefWrite: a COPY FROM STDIN into a reference table
 	// References are the reference tables the statement names (a
 	// RefWrite's written one first): every node it runs on must hold their
 	// copies.
@@ -321,6 +321,9 @@ func (p *Plan) String() string {
 	}
 	if len(p.References) > 0 && (p.Kind == Catalog || p.Kind == RefWrite) {
 		fmt.Fprintf(&b, " refs=%v", p.References)
+		if p.Kind == RefWrite && p.Copy != nil {
+			b.WriteString(" copy=stdin")
+		}
 		if p.Anywhere {
 			b.WriteString(" anywhere")
 		}

@@ -121,6 +121,8 @@ func (c *Cache) handle(ctx context.Context, ev Event) {
 			return
 		}
 		err = c.loadMap(ctx, ev.Tenant, tc, ev.Tree)
+	case EventIntent: // for coordinators; no view changes
+		return
 	default: // tree events, and kinds newer than this code: re-read it all
 		_, err = c.load(ctx, ev.Tenant, tc)
 	}

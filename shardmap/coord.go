@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"slices"
 	"strconv"
@@ -136,6 +137,11 @@ type Reshard struct {
 	Rebalance
 }
 
+// EventIntent announces that a reshard or rebalance intent was stored
+// (StartReshard), so that every coordinator plans at once; Tree names the
+// intent's map, Epoch is 0. Views do not change with it.
+const EventIntent EventKind = "intent"
+
 // Coordination is the store's side for migrations and the proxies that must
 // acknowledge them. RedisStore implements it.
 type Coordination interface {
@@ -151,7 +157,8 @@ type Coordination interface {
 	DeleteMigration(ctx context.Context, tenant, tree, id string) error
 
 	// StartReshard stores r unless the tree has a reshard already, which it
-	// returns instead (r is stored when it returns nil).
+	// returns instead (r is stored when it returns nil), and announces a
+	// stored one with an EventIntent.
 	StartReshard(ctx context.Context, r *Reshard) (*Reshard, error)
 	// Reshard returns the tree's reshard, or ErrNotFound.
 	Reshard(ctx context.Context, tenant, tree string) (*Reshard, error)
@@ -373,6 +380,12 @@ func (s *RedisStore) StartReshard(ctx context.Context, r *Reshard) (*Reshard, er
 		return nil, fmt.Errorf("shardmap: write reshard of %s/%s: %w", r.Tenant, r.Tree, err)
 	}
 	if ok {
+		// Every coordinator plans at once, not only this proxy's: the
+		// intent may have come through a proxy that runs none. A lost
+		// event costs a tick.
+		if err := s.client.Publish(ctx, s.channel, s.event(EventIntent, r.Tenant, r.Tree, 0)).Err(); err != nil {
+			slog.WarnContext(ctx, "shardmap: intent event not published; coordinators find it at their next tick", "tree", r.Tree, "tenant", r.Tenant, "err", err)
+		}
 		return nil, nil
 	}
 	cur, err := s.Reshard(ctx, r.Tenant, r.Tree)

@@ -10,6 +10,9 @@ import (
 // add on a preallocated array: no lock, no map, no allocation.
 type SlotCounters struct {
 	slots int
+	// turn picks the slot a statement over whole shards counts on
+	// (Shards), so that those statements spread over each shard's slots.
+	turn atomic.Uint32
 	// arr is made at the first bump, so that a proxy caching many idle
 	// trees holds no counters for them.
 	arr atomic.Pointer[[]slotCounter]
@@ -68,6 +71,77 @@ func (c *SlotCounters) Row(slot int) {
 		return
 	}
 	c.array()[slot].rows.Add(1)
+}
+
+// Shards counts one statement over whole shards of m (a fan-out read, or
+// a part of an UPDATE or DELETE without the key). Which slots it touched
+// is not known, so each shard counts one statement on a slot that turns
+// through the shard's slots from statement to statement, and a write's
+// rows spread evenly over the shard's slots: a shard's rates stay exact,
+// and its load midpoint is then its slot midpoint, as without load data.
+// It walks m's slots twice; a statement that already reads or writes
+// every shard can afford that.
+func (c *SlotCounters) Shards(m *Map, shards []int, write bool, rows int64) {
+	if c == nil || m == nil || len(m.Slots) != c.slots || len(shards) == 0 {
+		return
+	}
+	type share struct {
+		want            bool
+		k, seen, pick   int64
+		base, remainder int64
+	}
+	n := 0
+	for _, idx := range shards {
+		if idx < m.HighWater { // every shard index is below it
+			n = max(n, idx+1)
+		}
+	}
+	sh := make([]share, n)
+	for _, idx := range shards {
+		if idx >= 0 && idx < n {
+			sh[idx].want = true
+		}
+	}
+	for _, idx := range m.Slots {
+		if uint(idx) < uint(len(sh)) && sh[idx].want {
+			sh[idx].k++
+		}
+	}
+	turn := int64(c.turn.Add(1))
+	for i := range sh {
+		if s := &sh[i]; s.k > 0 {
+			s.pick = turn % s.k
+			s.base, s.remainder = max(rows, 0)/s.k, max(rows, 0)%s.k
+		}
+	}
+	a := c.array()
+	for slot, idx := range m.Slots {
+		if uint(idx) >= uint(len(sh)) || sh[idx].k == 0 {
+			continue
+		}
+		s := &sh[idx]
+		i := s.seen
+		s.seen++
+		if i == s.pick {
+			if write {
+				a[slot].writes.Add(1)
+			} else {
+				a[slot].reads.Add(1)
+			}
+		}
+		if !write {
+			continue
+		}
+		// The remainder goes to the k slots from the picked one on, so
+		// that it too turns through the shard.
+		n := s.base
+		if (i-s.pick+s.k)%s.k < s.remainder {
+			n++
+		}
+		if n > 0 {
+			a[slot].rows.Add(uint32(min(n, 1<<31)))
+		}
+	}
 }
 
 // take returns what was counted since the last take, non-zero slots only,

@@ -116,3 +116,50 @@ func BenchmarkSlotCountersRead(b *testing.B) {
 		}
 	})
 }
+
+// A statement over whole shards counts one statement per shard, turning
+// through each shard's slots, and spreads a write's rows evenly over them.
+func TestLoadCountersShards(t *testing.T) {
+	m := NewIdentityMap("app", "orders", 16, 4, []string{"n1"}) // shard i owns slots 4i..4i+3
+	type want struct{ reads, writes, rows [16]uint64 }
+	tests := []struct {
+		name  string
+		count func(c *SlotCounters)
+		want  want
+	}{
+		{"a read of two shards, four times", func(c *SlotCounters) {
+			for range 4 {
+				c.Shards(m, []int{1, 3}, false, 0)
+			}
+		}, want{reads: [16]uint64{4: 1, 5: 1, 6: 1, 7: 1, 12: 1, 13: 1, 14: 1, 15: 1}}},
+		{"ten rows on one shard", func(c *SlotCounters) { c.Shards(m, []int{2}, true, 10) },
+			want{writes: [16]uint64{9: 1}, rows: [16]uint64{8: 2, 9: 3, 10: 3, 11: 2}}},
+		{"two rows on one shard, twice", func(c *SlotCounters) {
+			c.Shards(m, []int{0}, true, 2)
+			c.Shards(m, []int{0}, true, 2)
+		}, want{writes: [16]uint64{1: 1, 2: 1}, rows: [16]uint64{1: 1, 2: 2, 3: 1}}},
+		{"no rows", func(c *SlotCounters) { c.Shards(m, []int{0}, true, 0) }, want{writes: [16]uint64{1: 1}}},
+		{"shards that own nothing or are out of range", func(c *SlotCounters) {
+			c.Shards(m, []int{-1, 4, 99}, true, 5)
+			c.Shards(m, nil, false, 0)
+		}, want{}},
+		{"a map of another slot count", func(c *SlotCounters) {
+			c.Shards(NewIdentityMap("app", "orders", 32, 4, []string{"n1"}), []int{0}, true, 5)
+		}, want{}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newSlotCounters(16)
+			tc.count(c)
+			var got want
+			for _, d := range c.take() {
+				got.reads[d.Slot], got.writes[d.Slot], got.rows[d.Slot] = d.Reads, d.Writes, d.Rows
+			}
+			if got != tc.want {
+				t.Fatalf("got %+v\nwant %+v", got, tc.want)
+			}
+		})
+	}
+	var nilCounters *SlotCounters
+	nilCounters.Shards(m, []int{0}, true, 1)
+}

@@ -145,12 +145,17 @@ const maxTenants = 100000
 // creating tenant databases on a new one). It scans key names, on every
 // master of a Redis Cluster: an operator's command, never the request path.
 func (s *RedisStore) TenantsWithTrees(ctx context.Context) ([]string, error) {
-	pattern := s.prefix + ":{*}:trees"
+	return s.tenantsWith(ctx, ":trees")
+}
+
+// tenantsWith lists, sorted, every tenant with a key of that suffix.
+func (s *RedisStore) tenantsWith(ctx context.Context, suffix string) ([]string, error) {
+	pattern := s.prefix + ":{*}" + suffix
 	seen := map[string]bool{}
 	scan := func(ctx context.Context, c redis.Cmdable) error {
 		it := c.Scan(ctx, 0, pattern, 1000).Iterator()
 		for it.Next(ctx) {
-			if t, ok := s.tenantOfTreesKey(it.Val()); ok {
+			if t, ok := s.tenantOfKey(it.Val(), suffix); ok {
 				seen[t] = true
 				if len(seen) > maxTenants {
 					return fmt.Errorf("more than %d tenants", maxTenants)
@@ -182,13 +187,14 @@ func (s *RedisStore) TenantsWithTrees(ctx context.Context) ([]string, error) {
 	return out, nil
 }
 
-// tenantOfTreesKey undoes treesKey: P:{escaped tenant}:trees.
-func (s *RedisStore) tenantOfTreesKey(key string) (string, bool) {
+// tenantOfKey undoes a tenant key of that suffix, as treesKey makes
+// them: P:{escaped tenant}:trees.
+func (s *RedisStore) tenantOfKey(key, suffix string) (string, bool) {
 	rest, ok := strings.CutPrefix(key, s.prefix+":{")
 	if !ok {
 		return "", false
 	}
-	esc, ok := strings.CutSuffix(rest, "}:trees")
+	esc, ok := strings.CutSuffix(rest, "}"+suffix)
 	if !ok || strings.ContainsAny(esc, "{}") {
 		return "", false
 	}

@@ -48,6 +48,13 @@ type ReferenceStore interface {
 	DeleteReference(ctx context.Context, prev *Reference) error
 }
 
+// TenantsWithReferences lists, sorted, every tenant that has reference
+// tables, for removing a node (which drops its copies): a tenant may have
+// reference tables and no tree. An operator's command, as TenantsWithTrees.
+func (s *RedisStore) TenantsWithReferences(ctx context.Context) ([]string, error) {
+	return s.tenantsWith(ctx, ":references")
+}
+
 // ErrIsTree: a reference table cannot take the name of a tree, nor a tree
 // the name of a reference table.
 var ErrIsTree = errors.New("shardmap: the name is a tree's")

@@ -38,7 +38,13 @@ type TreeOp struct {
 	Kind   TreeOpKind `json:"kind"`
 	Tree   string     `json:"tree"`
 	Target string     `json:"target,omitempty"`
-	Phase  string     `json:"phase"`
+	// Map is the name of Tree's map (its colocation group's), and TargetMap
+	// that of Target when Target is a tree already; "" means the tree's own
+	// name. A group's migrations move every member's table, so the
+	// interlocks and the conflicts are the maps' (TreeMap, TargetMapName).
+	Map       string `json:"map,omitempty"`
+	TargetMap string `json:"target_map,omitempty"`
+	Phase     string `json:"phase"`
 	// Attempt names the run that owns the record: a run that resumes the
 	// operation after a crash takes it with a new attempt (ClaimTreeOp), and
 	// every write of the run before is refused from then on.
@@ -56,6 +62,31 @@ type TreeOp struct {
 // Touches reports whether op reads or writes tree.
 func (op *TreeOp) Touches(tree string) bool { return op.Tree == tree || op.Target == tree }
 
+// TreeMap is the name of the map of the tree op reads or rewrites.
+func (op *TreeOp) TreeMap() string {
+	if op.Map != "" {
+		return op.Map
+	}
+	return op.Tree
+}
+
+// TargetMapName is the name of the map of the tree op writes, "" for none.
+func (op *TreeOp) TargetMapName() string {
+	if op.TargetMap != "" {
+		return op.TargetMap
+	}
+	return op.Target
+}
+
+// OnMap reports whether op reads or rewrites map name (a tree's or its
+// group's), or names it as its tree.
+func (op *TreeOp) OnMap(name string) bool { return op.Tree == name || op.TreeMap() == name }
+
+// IntoMap reports whether op writes into map name, or names it as its target.
+func (op *TreeOp) IntoMap(name string) bool {
+	return op.Target != "" && (op.Target == name || op.TargetMapName() == name)
+}
+
 // ErrAttempt is returned by a write of a run that no longer owns its
 // operation: another run claimed it.
 var ErrAttempt = errors.New("shardmap: tree operation claimed by another run")
@@ -63,8 +94,9 @@ var ErrAttempt = errors.New("shardmap: tree operation claimed by another run")
 // TreeOps is the store's side for tree operations. RedisStore implements it.
 type TreeOps interface {
 	// StartTreeOp records op (in OpIntent, with its first Attempt) unless a
-	// running operation conflicts: one of the same kind on the same tree, or
-	// one that names op's Target as its tree or target. It returns that
+	// running operation conflicts: one of the same kind on the same map (a
+	// colocation group's members share one), or one that names op's Target
+	// as its tree or target. It returns that
 	// operation instead (op is stored when it returns nil).
 	StartTreeOp(ctx context.Context, op *TreeOp) (*TreeOp, error)
 	// UpdateTreeOp replaces the record if the stored one has op's Attempt:
@@ -94,15 +126,17 @@ func (s *RedisStore) treeOpsKey(tenant string) string { return s.tenantTag(tenan
 func (s *RedisStore) treeOpTenantsKey() string        { return s.prefix + ":treeop-tenants" }
 
 var (
-	// KEYS: treeops. ARGV: id, JSON, kind, tree, target. Returns "" once
-	// stored, else the conflicting record.
+	// KEYS: treeops. ARGV: id, JSON, kind, tree, target, map. Returns ""
+	// once stored, else the conflicting record.
 	startTreeOpScript = redis.NewScript(`
 local all = redis.call('HGETALL', KEYS[1])
 for i = 2, #all, 2 do
   local o = cjson.decode(all[i])
   local otarget = o['target'] or ''
+  local omap = o['map'] or ''
+  if omap == '' then omap = o['tree'] end
   if o['id'] == ARGV[1] then return all[i] end
-  if o['kind'] == ARGV[3] and o['tree'] == ARGV[4] then return all[i] end
+  if o['kind'] == ARGV[3] and (o['tree'] == ARGV[4] or omap == ARGV[6]) then return all[i] end
   if ARGV[5] ~= '' and (o['tree'] == ARGV[5] or otarget == ARGV[5]) then return all[i] end
 end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
@@ -131,7 +165,7 @@ func (s *RedisStore) StartTreeOp(ctx context.Context, op *TreeOp) (*TreeOp, erro
 	if err := s.client.SAdd(ctx, s.treeOpTenantsKey(), op.Tenant).Err(); err != nil {
 		return nil, fmt.Errorf("shardmap: record %s of %s/%s: %w", op.Kind, op.Tenant, op.Tree, err)
 	}
-	v, err := startTreeOpScript.Run(ctx, s.client, []string{s.treeOpsKey(op.Tenant)}, op.ID, b, string(op.Kind), op.Tree, op.Target).Text()
+	v, err := startTreeOpScript.Run(ctx, s.client, []string{s.treeOpsKey(op.Tenant)}, op.ID, b, string(op.Kind), op.Tree, op.Target, op.TreeMap()).Text()
 	if err != nil {
 		return nil, fmt.Errorf("shardmap: record %s of %s/%s: %w", op.Kind, op.Tenant, op.Tree, err)
 	}

@@ -28,6 +28,11 @@ func TestTreeOpRecords(t *testing.T) {
 		{"target is a running operation's tree", &TreeOp{ID: "m2", Tenant: "app", Kind: OpMerge, Tree: "x", Target: "acct"}, "s1"},
 		{"resize beside the snapshot", &TreeOp{ID: "r1", Tenant: "app", Kind: OpResize, Tree: "acct", Started: base.Add(time.Second)}, ""},
 		{"another tenant", &TreeOp{ID: "s3", Tenant: "other", Kind: OpSnapshot, Tree: "acct", Target: "acct_copy"}, ""},
+		// A colocation group's members share its map: two resizes of it
+		// would rewrite the same shards.
+		{"resize of a group member", &TreeOp{ID: "r2", Tenant: "other", Kind: OpResize, Tree: "orders", Map: "customers"}, ""},
+		{"resize of another member", &TreeOp{ID: "r3", Tenant: "other", Kind: OpResize, Tree: "items", Map: "customers"}, "r2"},
+		{"resize of the group's named tree", &TreeOp{ID: "r4", Tenant: "other", Kind: OpResize, Tree: "customers"}, "r2"},
 	}
 	for _, tc := range tests {
 		cur, err := s.StartTreeOp(ctx, tc.op)
@@ -50,8 +55,8 @@ func TestTreeOpRecords(t *testing.T) {
 		t.Fatalf("ops touching the new tree: %v, want s1", ops)
 	}
 	all, err := s.AllTreeOps(ctx)
-	if err != nil || len(all) != 3 {
-		t.Fatalf("all ops: %d %v, want 3", len(all), err)
+	if err != nil || len(all) != 4 {
+		t.Fatalf("all ops: %d %v, want 4", len(all), err)
 	}
 
 	// A resumed run claims the record; the run before can no longer write.

@@ -179,7 +179,7 @@ func (c *serveConfig) flags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.TxAbortAfter, "tx-abort-after", time.Minute, "roll back a prepared transaction across nodes that has no commit decision after this long, even if the transaction that would decide it is still open; should exceed any prepare phase")
 	fs.BoolVar(&c.Coordinator, "coordinator", true, "run reshard coordinators in this proxy (at least one proxy must)")
 	fs.IntVar(&c.Reshard.MaxConcurrentMigrations, "max-concurrent-migrations", 4, "splits or folds one reshard keeps in flight")
-	fs.DurationVar(&c.Reshard.Tick, "reshard-tick", 2*time.Second, "how often a reshard coordinator plans; an intent stored, or a migration ended, in this proxy starts a plan at once")
+	fs.DurationVar(&c.Reshard.Tick, "reshard-tick", 2*time.Second, "how often a reshard coordinator plans; an intent stored in any proxy, or a migration ended in this one, starts a plan at once")
 	fs.DurationVar(&c.Reshard.LeaseTTL, "reshard-lease", time.Minute, "a coordinator's lease; another proxy takes over a reshard this long after its coordinator died")
 	fs.DurationVar(&c.Reshard.EmptyTreeProbeBudget, "empty-probe-budget", 10*time.Second, "ceiling on the emptiness probe of lattice_reshard")
 	fs.BoolVar(&c.Autonomic.Split, "autosplit", true, "run the hot-shard split monitor: a shard hot for --autosplit-window is split at the slot that halves its load (a tree can turn it off with lattice_set_tree_option(tree, 'autosplit', false)); needs --coordinator")
