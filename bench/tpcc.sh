@@ -8,7 +8,7 @@
 # (bench/tpcc/lattice.sql), made before the kit loads through the proxy.
 # Each side: load, the kit's consistency check, the five transactions with
 # TPCC_THREADS clients (default 4) for TPCC_TIME (default 60s) over
-# TPCC_WAREHOUSES warehouses (default 2), the consistency check again.
+# TPCC_WAREHOUSES warehouses (default 1), the consistency check again.
 # Any error the kit reports (its 1% New-Order rollbacks are not errors)
 # fails the script. TPCC_SIDES="lattice" (or "postgres") runs one side.
 set -euo pipefail
@@ -18,7 +18,7 @@ bin=$(lattice_bin "${1:-}")
 pgbin=/usr/lib/postgresql/15/bin
 secs=${TPCC_TIME:-60s}
 threads=${TPCC_THREADS:-4}
-wh=${TPCC_WAREHOUSES:-2}
+wh=${TPCC_WAREHOUSES:-1}
 work=$(mktemp -d /tmp/lattice-tpcc.XXXXXX)
 chmod 755 "$work"
 (cd bench/tpcc && go build -o "$work/tpcc" .)
