@@ -5,7 +5,7 @@
 
 GO ?= go
 
-.PHONY: all build tools demo test vet fuzz bench clean
+.PHONY: all build tools demo test vet fuzz bench tpcc clean
 
 all: build
 
@@ -53,6 +53,12 @@ fuzz:
 # the other settings at the top of bench/suite.sh make it shorter or longer.
 bench: tools
 	bash bench/suite.sh
+
+# TPC-C (go-tpc v1.0.7's kit) on plain PostgreSQL and through Lattice, tpmC
+# side by side; TPCC_TIME, TPCC_THREADS and TPCC_WAREHOUSES at the top of
+# bench/tpcc.sh set its length and size.
+tpcc: tools
+	bash bench/tpcc.sh
 
 clean:
 	rm -rf bin

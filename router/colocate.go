@@ -1,6 +1,8 @@
 package router
 
 import (
+	"slices"
+
 	pg "github.com/pganalyze/pg_query_go/v6"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
@@ -83,6 +85,10 @@ type treeRef struct {
 	tree     *shardmap.Tree
 	level    int
 	nullable bool // on the nullable side of an outer join within its level
+	// derived marks a keyed derived table (keyedDerived): not a relation
+	// of its own but the rows of one in its parent's FROM, named by its
+	// alias, keyed on the output column that is its tree's key.
+	derived bool
 }
 
 func (r treeRef) name() string {
@@ -101,7 +107,10 @@ type level struct {
 	names  map[string]int // FROM item names seen here: a tree reference's index, or noName
 	refs   []int          // its own tree references
 	pins   []Value        // key values its WHERE fixes
+	pinned []int          // the references those pins are on
 	in     []inLink
+	keyed  bool // a derived table grouped by its key: anchored by its parent's joins (keyedDerived)
+	asRef  int  // with keyed: its reference in the parent level
 }
 
 // inLink is key IN (SELECT b.key ...) found in level outer.
@@ -199,10 +208,11 @@ func (c *colocation) visit(m protoreflect.Message, lv int, kind levelKind, nulla
 		if v.Lateral {
 			k = levelSub
 		}
-		if v.Alias != nil {
-			c.addName(lv, v.Alias.Aliasname, noName)
-		}
+		sub := len(c.levels)
 		c.node(v.Subquery, lv, k, nullable)
+		if v.Alias != nil {
+			c.addName(lv, v.Alias.Aliasname, c.keyedDerived(v, lv, sub, nullable))
+		}
 		return
 	case *pg.RangeFunction:
 		if v.Alias != nil {
@@ -309,6 +319,103 @@ func (c *colocation) rangeVar(v *pg.RangeVar, lv int, nullable bool) {
 	c.addName(lv, name, i)
 }
 
+// keyedDerived makes a derived table in level lv's FROM a reference of lv
+// when its rows are the union of per-shard parts, each row of one key, and
+// it outputs that key: a plain SELECT grouped by (at least) the key of one
+// of its own tree references, not on a nullable side, without LIMIT,
+// OFFSET, DISTINCT ON or window functions (TPC-C's consistency checks join
+// such tables, grouped by the warehouse, to the warehouse's rows). Joined
+// on that output column it is anchored as a tree reference would be. It
+// returns the new reference's index, or noName.
+func (c *colocation) keyedDerived(v *pg.RangeSubselect, lv, sub int, nullable bool) int {
+	if v.Lateral || lv < 0 || sub >= len(c.levels) || len(v.Alias.Colnames) > 0 {
+		return noName
+	}
+	s, ok := c.levels[sub].stmt.(*pg.SelectStmt)
+	if !ok || s != v.Subquery.GetSelectStmt() || s.Op != pg.SetOperation_SETOP_NONE || s.LimitCount != nil || s.LimitOffset != nil ||
+		len(s.WindowClause) > 0 || len(s.DistinctClause) > 0 && s.DistinctClause[0].Node != nil || hasWindowCall(s) {
+		return noName
+	}
+	grouped := -1
+	for _, g := range s.GroupClause {
+		if i, key := c.resolve(g, sub); i >= 0 && key && c.refs[i].level == sub && !c.refs[i].nullable && !c.refs[i].derived {
+			grouped = i
+			break
+		}
+	}
+	if grouped < 0 {
+		return noName
+	}
+	for _, t := range s.TargetList {
+		rt := t.GetResTarget()
+		if rt == nil {
+			continue
+		}
+		if i, key := c.resolve(rt.Val, sub); i != grouped || !key {
+			continue
+		}
+		name := rt.Name
+		if name == "" {
+			f := rt.Val.GetColumnRef().Fields
+			name = f[len(f)-1].GetString_().GetSval()
+		}
+		tree := *c.refs[grouped].tree
+		tree.KeyColumn = name
+		c.refs = append(c.refs, treeRef{rv: &pg.RangeVar{Relname: v.Alias.Aliasname, Alias: v.Alias}, tree: &tree, level: lv, nullable: nullable, derived: true})
+		c.levels[lv].refs = append(c.levels[lv].refs, len(c.refs)-1)
+		c.levels[sub].keyed, c.levels[sub].asRef = true, len(c.refs)-1
+		return len(c.refs) - 1
+	}
+	return noName
+}
+
+// hasWindowCall reports whether a SELECT's own target list or HAVING calls
+// a window function (f(...) OVER ...).
+func hasWindowCall(s *pg.SelectStmt) bool {
+	found := false
+	var walk func(m protoreflect.Message)
+	walk = func(m protoreflect.Message) {
+		if fc, ok := m.Interface().(*pg.FuncCall); ok && fc.Over != nil {
+			found = true
+		}
+		if _, ok := m.Interface().(*pg.SubLink); found || ok {
+			return // a subquery's windows are its own level's
+		}
+		rangeFields(m, func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
+			if fd.Kind() != protoreflect.MessageKind || fd.IsMap() {
+				return true
+			}
+			if fd.IsList() {
+				for i := 0; i < v.List().Len(); i++ {
+					walk(v.List().Get(i).Message())
+				}
+				return true
+			}
+			walk(v.Message())
+			return true
+		})
+	}
+	for _, t := range s.TargetList {
+		walk(t.ProtoReflect())
+	}
+	if s.HavingClause != nil {
+		walk(s.HavingClause.ProtoReflect())
+	}
+	return found
+}
+
+// trees are the statement's tree references without the keyed derived
+// tables: what is rendered in shard schemas.
+func (c *colocation) trees() []treeRef {
+	out := make([]treeRef, 0, len(c.refs))
+	for _, r := range c.refs {
+		if !r.derived {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
 // join walks a JOIN: its sides (a side is nullable under an outer join),
 // its ON condition and its USING columns.
 func (c *colocation) join(j *pg.JoinExpr, lv int, nullable bool) {
@@ -391,12 +498,26 @@ func (c *colocation) resolve(n *pg.Node, lv int) (int, bool) {
 	case 1:
 		// An unqualified column is the level's own when the level has one
 		// tree reference: its key column is there (or PostgreSQL reports
-		// it ambiguous).
-		if lv < 0 || len(c.levels[lv].refs) != 1 {
+		// it ambiguous). With several, a name that is the key column of
+		// exactly one of them is that one's key, for the same reason
+		// (TPC-C's tables name their keys o_w_id, no_w_id, ...).
+		if lv < 0 || len(c.levels[lv].refs) == 0 {
 			return -1, false
 		}
-		i := c.levels[lv].refs[0]
-		return i, f[0] == c.refs[i].tree.KeyColumn
+		refs := c.levels[lv].refs
+		if len(refs) == 1 {
+			return refs[0], f[0] == c.refs[refs[0]].tree.KeyColumn
+		}
+		found := -1
+		for _, i := range refs {
+			if c.refs[i].tree.KeyColumn == f[0] {
+				if found >= 0 {
+					return -1, false
+				}
+				found = i
+			}
+		}
+		return found, found >= 0
 	case 2:
 		name, column = f[0], f[1]
 	case 3:
@@ -471,10 +592,10 @@ func (c *colocation) nonKeyJoin(n *pg.Node, lv int) (int, int, bool) {
 
 // pin reads key = constant (or key IN (constant)) for a tree reference of
 // level lv itself.
-func (c *colocation) pin(n *pg.Node, lv int) (Value, bool) {
+func (c *colocation) pin(n *pg.Node, lv int) (Value, int, bool) {
 	e := n.GetAExpr()
 	if e == nil || !isPlainEq(e.Name) {
-		return Value{}, false
+		return Value{}, -1, false
 	}
 	var col, operand *pg.Node
 	switch e.Kind {
@@ -489,21 +610,21 @@ func (c *colocation) pin(n *pg.Node, lv int) (Value, bool) {
 		}
 	}
 	if col == nil {
-		return Value{}, false
+		return Value{}, -1, false
 	}
 	i, key := c.resolve(col, lv)
 	if i < 0 || !key || c.refs[i].level != lv {
-		return Value{}, false
+		return Value{}, -1, false
 	}
 	k, ok := asConstant(operand)
 	if !ok {
-		return Value{}, false
+		return Value{}, -1, false
 	}
 	v, msg := keyValue(c.refs[i].tree, k)
 	if msg != "" {
-		return Value{}, false
+		return Value{}, -1, false
 	}
-	return v, true
+	return v, i, true
 }
 
 // unionFind joins reference indexes.
@@ -529,9 +650,12 @@ func (u unionFind) join(a, b int) { u[u.find(a)] = u.find(b) }
 
 // colocResult is what the analysis concludes.
 type colocResult struct {
-	// single: the statement runs whole on the shard of key.
+	// single: the statement runs whole on the shard of key. also are the
+	// other values levels are pinned to (distinct $n, or other literals):
+	// the statement runs there only if they share key's slot (Resolve).
 	single bool
 	key    Value
+	also   []Value
 	// fanOut: the top level's rows are the union of the shards' parts.
 	fanOut bool
 	// why is the first reason neither holds, for the refusal.
@@ -598,8 +722,8 @@ func (c *colocation) conclude() colocResult {
 				note("joined on columns that are not their shard keys", a, b, true)
 				continue
 			}
-			if v, ok := c.pin(n, lv); ok {
-				l.pins = append(l.pins, v)
+			if v, i, ok := c.pin(n, lv); ok {
+				l.pins, l.pinned = append(l.pins, v), append(l.pinned, i)
 			}
 		}
 		for _, in := range l.in {
@@ -614,11 +738,42 @@ func (c *colocation) conclude() colocResult {
 			}
 		}
 	}
-	// Each level's own references must form one joined component.
+	// A keyed derived table pinned to a value has only rows of that key:
+	// its reference pins its parent level as key = value in the parent's
+	// WHERE would, unless it is on a nullable side there (then the
+	// parent's other rows are not restricted). Deepest levels first, so
+	// pins travel up a chain of them.
+	for lv := len(c.levels) - 1; lv > 0; lv-- {
+		if l := c.levels[lv]; l.keyed && !c.refs[l.asRef].nullable {
+			c.levels[l.parent].pins = append(c.levels[l.parent].pins, l.pins...)
+			if len(l.pins) > 0 {
+				c.levels[l.parent].pinned = append(c.levels[l.parent].pinned, l.asRef)
+			}
+		}
+	}
+	// Each level's own references must form one joined component, or,
+	// for a statement on one shard, components each pinned to a key
+	// (TPC-C's Stock-Level fixes ol_w_id and s_w_id apart): each then
+	// reads rows of its pinned key only, all in one slot (Resolve).
+	pinnedComp := func(lv, i int) bool {
+		for _, p := range c.levels[lv].pinned {
+			if u.find(p) == u.find(i) {
+				return true
+			}
+		}
+		return false
+	}
+	apart := [2]int{-1, -1} // two components joined only by their pins
 	for lv := range c.levels {
 		refs := c.levels[lv].refs
 		for _, i := range refs[min(1, len(refs)):] {
 			if u.find(i) != u.find(refs[0]) {
+				if pinnedComp(lv, refs[0]) && pinnedComp(lv, i) {
+					if apart[0] < 0 {
+						apart = [2]int{refs[0], i}
+					}
+					continue
+				}
 				note("not joined on equal shard keys", refs[0], i, false)
 			}
 		}
@@ -632,6 +787,8 @@ func (c *colocation) conclude() colocResult {
 	anchored := make([]bool, len(c.levels))
 	single, havePin := true, false
 	var key Value
+	var also []Value
+	skipped := false // a pin on another literal than key's
 	for lv := range c.levels {
 		l := c.levels[lv]
 		if len(l.refs) == 0 {
@@ -643,25 +800,44 @@ func (c *colocation) conclude() colocResult {
 				anchored[lv] = true
 			}
 		}
+		if l.keyed && anchored[l.parent] {
+			anchored[lv] = true
+		}
 		for _, v := range l.pins {
 			if !havePin {
 				key, havePin = v, true
 			}
-			if v == key {
-				anchored[lv] = true
+			switch {
+			case v == key:
+			case v.Param == 0 && key.Param == 0:
+				// Two literals: two keys, most likely of two shards.
+				skipped = true
+				continue
+			case !slices.Contains(also, v):
+				// A parameter (kits pass the key once per level, as $1
+				// and $2) anchors the level too, on condition that its
+				// value falls in key's slot, which only the Bind tells.
+				also = append(also, v)
 			}
+			anchored[lv] = true
 		}
 		if !anchored[lv] {
 			single = false
 		}
 	}
-	if single && havePin {
-		return colocResult{single: true, key: key}
+	// Components pinned apart each need their pin on this shard: none may
+	// be a literal of another key.
+	if single && havePin && !(apart[0] >= 0 && skipped) {
+		return colocResult{single: true, key: key, also: also}
+	}
+	if apart[0] >= 0 {
+		note("not joined on equal shard keys", apart[0], apart[1], false)
+		return res
 	}
 	// Every shard: the top level's references are joined; each level
 	// below is correlated.
 	for lv := 1; lv < len(c.levels); lv++ {
-		if len(c.levels[lv].refs) > 0 && !corr[lv] {
+		if len(c.levels[lv].refs) > 0 && !corr[lv] && !c.levels[lv].keyed {
 			r := c.levels[lv].refs[0]
 			other := -1
 			if len(c.refs) > 0 && c.refs[0].level != lv {

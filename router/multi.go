@@ -54,16 +54,17 @@ func (p *planner) multiRoute(root proto.Message, w *walker, name string, trees [
 		return p.insertSelect(c, ins, name)
 	}
 	res := c.conclude()
-	first := c.refs[0]
-	for _, ref := range c.refs {
+	refs := c.trees()
+	first := refs[0]
+	for _, ref := range refs {
 		if ref.level == 0 {
 			first = ref // the plan names the tree of the top-level FROM
 			break
 		}
 	}
-	r := route{tree: first.tree, rv: first.rv, multi: c.refs, cols: publicRefs(w.cols, c.refs)}
+	r := route{tree: first.tree, rv: first.rv, multi: refs, cols: publicRefs(w.cols, refs)}
 	if res.single {
-		r.kind, r.key = Single, res.key
+		r.kind, r.key, r.keyAlso = Single, res.key, res.also
 		return r
 	}
 	if res.fanOut {
@@ -181,7 +182,7 @@ func (p *planner) insertSelect(c *colocation, s *pg.InsertStmt, name string) rou
 	if !ok {
 		return refuse("INSERT ... SELECT into tree %s gives the shard key %s from something other than the key the SELECT fixes", qn(tree.Name), qn(tree.KeyColumn))
 	}
-	return route{kind: Single, tree: tree, rv: target.rv, key: res.key, multi: c.refs, cols: publicRefs(c.p.walkCols(s), c.refs)}
+	return route{kind: Single, tree: tree, rv: target.rv, key: res.key, keyAlso: res.also, multi: c.trees(), cols: publicRefs(c.p.walkCols(s), c.trees())}
 }
 
 func (p *planner) walkCols(s *pg.InsertStmt) []*pg.ColumnRef { return walkStmt(s).cols }

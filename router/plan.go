@@ -184,7 +184,7 @@ func (p *planner) apply(pl *Plan, r route, start, end int) {
 	case RefWrite:
 		pl.Copy = r.cp
 	case Single, InsertSplit, WriteAll:
-		pl.Tree, pl.Key, pl.Rows = r.tree, r.key, r.rows
+		pl.Tree, pl.Key, pl.Rows, pl.KeyAlso = r.tree, r.key, r.rows, r.keyAlso
 		if r.multi != nil {
 			rd, err := p.multiRenderer(r, start, end)
 			if err != nil {
@@ -245,6 +245,7 @@ type route struct {
 	notify   bool // Catalog: sends a notification (NOTIFY, pg_notify)
 	tree     *shardmap.Tree
 	key      Value
+	keyAlso  []Value // Single over several levels: the other values levels are pinned to
 	rows     []Value
 	fn       *FuncCall
 	comp     *ComposePlan // Function: a composed statement (fn is nil)
@@ -458,6 +459,16 @@ func (p *planner) route(n *pg.Node) (out route) {
 		if !w.noKey {
 			return w
 		}
+		if len(s.LockingClause) > 0 {
+			// Rows cannot be locked over several shards; rows named by
+			// their keys may all be on one (TPC-C's New-Order locks its
+			// stock rows by (s_w_id, s_i_id) IN ((...), ...)).
+			if key, also, c, ok := p.rowInKey(r, s.WhereClause); ok {
+				r.kind, r.key, r.keyAlso = Single, key, also
+				r.keyLocs, r.keyCasts = []int32{c.loc}, []*pg.TypeName{c.cast}
+				return r
+			}
+		}
 		r.keys, r.keyArray = w.keys, w.keyArray
 		return p.fanOut(r, s)
 	case *pg.UpdateStmt:
@@ -651,6 +662,63 @@ func (p *planner) where(r route, name string, where *pg.Node) route {
 	r.kind, r.key = Single, *found
 	r.keyLocs, r.keyCasts = []int32{foundC.loc}, []*pg.TypeName{foundC.cast}
 	return r
+}
+
+// rowInKey reads (..., key, ...) IN ((..., $a, ...), (..., $b, ...)) in
+// the top-level AND of a WHERE clause when the key's element of every row
+// is a parameter: the first is the key, the others must fall in its slot
+// (Plan.KeyAlso, checked by Resolve against the Bind).
+func (p *planner) rowInKey(r route, where *pg.Node) (Value, []Value, constant, bool) {
+	for _, n := range conjuncts(where, nil) {
+		e := n.GetAExpr()
+		if e == nil || e.Kind != pg.A_Expr_Kind_AEXPR_IN || !isPlainEq(e.Name) {
+			continue
+		}
+		row, list := e.Lexpr.GetRowExpr(), e.Rexpr.GetList()
+		if row == nil || list == nil || len(list.Items) == 0 {
+			continue
+		}
+		k := -1
+		for i, a := range row.Args {
+			if p.isKeyColumn(a, r.rv, r.tree) {
+				k = i
+			}
+		}
+		if k < 0 {
+			continue
+		}
+		var key Value
+		var first constant
+		var also []Value
+		ok := true
+		for i, it := range list.Items {
+			ir := it.GetRowExpr()
+			if ir == nil || len(ir.Args) != len(row.Args) {
+				ok = false
+				break
+			}
+			c, isConst := asConstant(ir.Args[k])
+			if !isConst || c.kind != litParam {
+				ok = false
+				break
+			}
+			v, msg := keyValue(r.tree, c)
+			if msg != "" {
+				ok = false
+				break
+			}
+			switch {
+			case i == 0:
+				key, first = v, c
+			case v != key && !slices.Contains(also, v):
+				also = append(also, v)
+			}
+		}
+		if ok {
+			return key, also, first, true
+		}
+	}
+	return Value{}, nil, constant{}, false
 }
 
 func isPlainEq(names []*pg.Node) bool {

@@ -171,6 +171,19 @@ func (r *Routing) single(m *shardmap.Map, p *Plan, b *Bind) *sqlstate.Error {
 	if err != nil {
 		return err
 	}
+	// Levels pinned to other values read their rows from this shard too:
+	// right only when those rows are there, in this very slot (one slot
+	// also has one migration state).
+	for _, also := range p.KeyAlso {
+		s, err := KeySlot(p.Tree.KeyType, len(m.Slots), also, b)
+		if err != nil {
+			return err
+		}
+		if s != slot {
+			return refused("Give every part of the statement the same "+p.Tree.KeyColumn+" value, or run the parts as separate statements.",
+				"the statement fixes the shard key %s to values of different shards in its parts", qn(p.Tree.KeyColumn))
+		}
+	}
 	sh := m.Owner(slot)
 	r.Frozen = m.IsFrozen(slot)
 	r.Targets = append(r.Targets, Target{Node: sh.Node, Shard: sh.Index, Slot: slot, SQL: p.Render(schemaName(sh.Index))})

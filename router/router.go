@@ -185,6 +185,7 @@ type Plan struct {
 	SQL       string               // this statement's text (trimmed, without the trailing semicolon)
 	Tree      *shardmap.Tree       // Single, InsertSplit, FanOut, WriteAll
 	Key       Value                // Single: the shard key value
+	KeyAlso   []Value              // Single over several levels pinned to different values ($1 and $2): each must fall in Key's slot
 	Rows      []Value              // InsertSplit: key value of each VALUES row in order
 	Func      *FuncCall            // Function: SELECT f(...) or SELECT * FROM f(...), answered by the proxy alone
 	Compose   *ComposePlan         // Function: instead of Func, a SELECT composed around lattice calls, run on the catalog node over their rows
