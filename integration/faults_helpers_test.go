@@ -431,6 +431,20 @@ func checkResharded(t *testing.T, ctx context.Context, fc *faultCluster, pool *p
 	if n := m.DistinctShards(); n != shards {
 		t.Errorf("%d shards after the reshard, want %d", n, shards)
 	}
+	// A write cut off by the end of the run (of unknown outcome) may still
+	// commit through the proxy after the writers stopped: count once the
+	// tree has stopped changing, so the stored rows and the count agree.
+	last := -1
+	pollUntil(t, 30*time.Second, "the tree to stop changing", func() (bool, error) {
+		var n int
+		err := pool.QueryRow(ctx, "SELECT count(*) FROM "+tree).Scan(&n)
+		same := n == last
+		last = n
+		if !same {
+			time.Sleep(300 * time.Millisecond)
+		}
+		return same, err
+	})
 	stored := checkTreeAgainst(t, ctx, fc, tree, initial, l)
 	var n int
 	if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+tree).Scan(&n); err != nil || n != stored {

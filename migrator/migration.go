@@ -645,10 +645,20 @@ func (r *Runner) freezeAndFlip(ctx context.Context, u unit, mig *shardmap.Migrat
 	var snaps Snapshots
 	if !r.opts.SkipVerify {
 		// The write log proves the move should this run die after the flip.
-		if err := r.cluster.PrepareWriteLog(ctx, u.trees, mig); err != nil {
+		// Attaching its trigger waits for the target's writers, so a
+		// long transaction there would hold the move here: bounded like a
+		// freeze, it goes back to the drain and tries again.
+		lctx, cancel := context.WithTimeout(ctx, r.opts.FreezeBudget)
+		err := r.cluster.PrepareWriteLog(lctx, u.trees, mig)
+		overBudget := lctx.Err() != nil && ctx.Err() == nil
+		cancel()
+		if err != nil && overBudget {
+			log.Warn("freeze put off: the write log's trigger waited for the target's writers past the freeze budget", "budget", r.opts.FreezeBudget)
+			return false, nil
+		}
+		if err != nil {
 			return false, err
 		}
-		var err error
 		if snaps, err = r.cluster.OpenSnapshots(ctx, u.trees, mig, r.opts.VerifyTimeout); err != nil {
 			return false, err
 		}

@@ -58,7 +58,11 @@ func (c *PoolConfig) withDefaults() PoolConfig {
 		out.MaxNodeConns = DefaultMaxNodeConns
 	}
 	if out.MaxUserConns <= 0 {
-		out.MaxUserConns = out.MaxConns
+		// One node's worth: a user's sessions fill several nodes' pools
+		// at once in a fan-out or a transaction across nodes, so the
+		// pool size alone would cap a one-user application below what
+		// its pools give it (with --pool-size 1, at one backend).
+		out.MaxUserConns = max(out.MaxConns, out.MaxNodeConns)
 	}
 	return out
 }
