@@ -22,21 +22,7 @@ func TestConnAlive(t *testing.T) {
 		{"server closed", func(c net.Conn) { c.Close() }, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			ln, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer ln.Close()
-			client, err := net.Dial("tcp", ln.Addr().String())
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer client.Close()
-			srv, err := ln.Accept()
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer srv.Close()
+			client, srv := tcpPair(t)
 			tc.server(srv)
 			c := &Conn{net: client}
 			// What the server did reaches the client's socket after a
@@ -70,21 +56,7 @@ func TestConnAlive(t *testing.T) {
 // reader can be on an idle presence session; it must not wait for that
 // reader's lock (a proxy's shutdown hung on it).
 func TestQuietBesideBlockedReader(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	client, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer client.Close()
-	srv, err := ln.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Close()
+	client, srv := tcpPair(t)
 	read := make(chan struct{})
 	go func() {
 		var b [1]byte
@@ -104,4 +76,26 @@ func TestQuietBesideBlockedReader(t *testing.T) {
 	}
 	srv.Write([]byte("Z"))
 	<-read
+}
+
+// tcpPair is a connected pair of loopback TCP sockets, closed when the test
+// ends.
+func tcpPair(t *testing.T) (client, server net.Conn) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	client, err = net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { client.Close() })
+	server, err = ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { server.Close() })
+	return client, server
 }
