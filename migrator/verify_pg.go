@@ -206,20 +206,7 @@ func (s *pgSnapshots) Compare(ctx context.Context) (*shardmap.Verification, erro
 	// One snapshot a side covers every table of the move. The target's may
 	// have been exported after the flip (freezesnap.go): its rows as of the
 	// flip are read through the write log, under the same snapshot.
-	var v *shardmap.Verification
-	for _, t := range s.trees {
-		tgtSide, err := flipSide(ctx, tgt, t, s.mig)
-		if err != nil {
-			return nil, err
-		}
-		got, err := compareSlots(ctx, t, s.mig, side{conn: src, table: pgshard.ShardTable(t, s.mig.Source)}, tgtSide, s.mig.Slots)
-		if err != nil {
-			return nil, err
-		}
-		v = addVerification(v, got)
-	}
-	v.Exact = true
-	return v, nil
+	return compareAsOfFlip(ctx, src, tgt, s.trees, s.mig)
 }
 
 // addVerification adds b, one table's comparison, to a, the tables'

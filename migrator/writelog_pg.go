@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/lattice-db/lattice/btreeindex"
 	"github.com/lattice-db/lattice/pgshard"
@@ -109,11 +110,7 @@ $w$`,
 // PrepareWriteLog implements VerifyNodes: before the pause, so that the
 // log is there when the flip lets clients write the target.
 func (c clusterNodes) PrepareWriteLog(ctx context.Context, ts []*shardmap.Tree, mig *shardmap.Migration) error {
-	p, err := c.Admin(ctx, mig.TargetNode, ts[0].Tenant)
-	if err != nil {
-		return err
-	}
-	conn, err := p.Acquire(ctx)
+	conn, err := c.targetConn(ctx, ts, mig)
 	if err != nil {
 		return err
 	}
@@ -146,11 +143,7 @@ func (c clusterNodes) PrepareWriteLog(ctx context.Context, ts []*shardmap.Tree, 
 // DropWriteLog implements VerifyNodes: the release's, once the move is
 // verified; missing pieces are fine.
 func (c clusterNodes) DropWriteLog(ctx context.Context, ts []*shardmap.Tree, mig *shardmap.Migration) error {
-	p, err := c.Admin(ctx, mig.TargetNode, ts[0].Tenant)
-	if err != nil {
-		return err
-	}
-	conn, err := p.Acquire(ctx)
+	conn, err := c.targetConn(ctx, ts, mig)
 	if err != nil {
 		return err
 	}
@@ -228,19 +221,11 @@ func (l *loggedComparison) Compare(ctx context.Context) (*shardmap.Verification,
 			return nil, err
 		}
 	}
-	var v *shardmap.Verification
-	for _, t := range l.trees {
-		tgtSide, err := flipSide(ctx, tgt, t, l.mig)
-		if err != nil {
-			return nil, err
-		}
-		got, err := compareSlots(ctx, t, l.mig, side{conn: src, table: pgshard.ShardTable(t, l.mig.Source)}, tgtSide, l.mig.Slots)
-		if err != nil {
-			return nil, err
-		}
-		v = addVerification(v, got)
+	v, err := compareAsOfFlip(ctx, src, tgt, l.trees, l.mig)
+	if err != nil {
+		return nil, err
 	}
-	v.Exact, v.FromLog = true, true
+	v.FromLog = true
 	return v, nil
 }
 
@@ -309,4 +294,32 @@ func withMigratorSetting(dsn string) (string, error) {
 		return u.String(), nil
 	}
 	return dsn + " " + pgshard.MigratorSetting + "=on", nil
+}
+
+// compareAsOfFlip compares every table of mig: the source's fenced rows
+// against the target's rows as of the flip, read through its write log.
+func compareAsOfFlip(ctx context.Context, src, tgt *pgx.Conn, trees []*shardmap.Tree, mig *shardmap.Migration) (*shardmap.Verification, error) {
+	var v *shardmap.Verification
+	for _, t := range trees {
+		tgtSide, err := flipSide(ctx, tgt, t, mig)
+		if err != nil {
+			return nil, err
+		}
+		got, err := compareSlots(ctx, t, mig, side{conn: src, table: pgshard.ShardTable(t, mig.Source)}, tgtSide, mig.Slots)
+		if err != nil {
+			return nil, err
+		}
+		v = addVerification(v, got)
+	}
+	v.Exact = true
+	return v, nil
+}
+
+// targetConn is a control connection to mig's target node, for its write log.
+func (c clusterNodes) targetConn(ctx context.Context, ts []*shardmap.Tree, mig *shardmap.Migration) (*pgxpool.Conn, error) {
+	p, err := c.Admin(ctx, mig.TargetNode, ts[0].Tenant)
+	if err != nil {
+		return nil, err
+	}
+	return p.Acquire(ctx)
 }
