@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -244,6 +245,14 @@ func TestMergeUnderShrink(t *testing.T) {
 	if err := pool.QueryRow(ctx, "SELECT phase, shards_done, shards_total, eta_seconds FROM lattice_merge_status('sdst')").Scan(&phase, &done, &total, &eta); err != nil ||
 		phase != "copy" || done != 1 || total != 4 || eta == nil || *eta <= 0 {
 		t.Fatalf("lattice_merge_status: phase %q, %d of %d shards done, ETA %v (%v); want copy, 1 of 4, an ETA", phase, done, total, eta, err)
+	}
+	// The page's API and lattice status show the merge with an ETA, the
+	// status function's (the merge is held, so its estimate only grows).
+	ops, lines := shownOperations(t, ctx, p, "sdst")
+	if len(ops) != 1 || ops[0].Kind != "merge" || ops[0].Tree != "ssrc" || ops[0].ETASeconds == nil || *ops[0].ETASeconds < *eta {
+		t.Errorf("/api/status shows the operations %+v of sdst; want the merge from ssrc with an ETA of at least %v", ops, *eta)
+	} else if !regexp.MustCompile(`^merge \S+ of lattice/ssrc: phase copy, .* ETA ([0-9]+[hms])+$`).MatchString(lines[0]) {
+		t.Errorf("lattice status shows the merge as %q", lines[0])
 	}
 	if _, err := pool.Exec(ctx, "SELECT lattice_reshard('ssrc', 2)"); err != nil {
 		t.Fatal(err)
