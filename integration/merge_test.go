@@ -287,6 +287,16 @@ func TestMergeUnderShrink(t *testing.T) {
 			t.Fatalf("s-%d: %+v (present %v), want v = %d", g, r, ok, 1000+g)
 		}
 	}
+	// Counters and the duration histogram, tagged with the target tree and
+	// the tenant; the re-drain wrote the drained shard's rows once more.
+	tt, sdst := []string{"tenant", "tree"}, map[string]string{"tree": "sdst", "tenant": "lattice"}
+	checkMetrics(t, p, []metricCase{
+		{"lattice_merge_started_total", tt, sdst, eq(1), "1 merge"},
+		{"lattice_merge_completed_total", tt, sdst, eq(1), "1 merge"},
+		{"lattice_merge_seconds", tt, sdst, eq(1), "1 merge"},
+		{"lattice_merge_redrains_total", tt, sdst, eq(1), "1 re-drain"},
+		{"lattice_merge_rows_total", tt, sdst, gt(2000), "every source row, and the first shard's again"},
+	})
 }
 
 // TestMergeKill9MidCopy kills the proxy that runs a merge (SIGKILL, the

@@ -164,6 +164,14 @@ func TestResize(t *testing.T) {
 	if !slices.Equal(got, want) {
 		t.Errorf("events %v, want %v", got, want)
 	}
+	// Counters and the duration histogram, tagged with the tree and tenant.
+	tt, cat := []string{"tenant", "tree"}, map[string]string{"tree": "catalogue", "tenant": "lattice"}
+	checkMetrics(t, p, []metricCase{
+		{"lattice_resize_started_total", tt, cat, eq(1), "1 resize"},
+		{"lattice_resize_completed_total", tt, cat, eq(1), "1 resize"},
+		{"lattice_resize_seconds", tt, cat, eq(1), "1 resize"},
+		{"lattice_resize_shards_total", []string{"outcome", "tenant", "tree"}, map[string]string{"tree": "catalogue", "outcome": "resized"}, eq(4), "its 4 shards"},
+	})
 
 	// A shard made later by a split is created with the tree's layout.
 	mustExec(t, listener, "SELECT lattice_reshard('catalogue', 5)")

@@ -230,6 +230,15 @@ func TestSnapshotUnderLoad(t *testing.T) {
 		t.Fatalf("events %v, want started then completed", ev)
 	}
 	checkNothingLeft(t, ctx, 3, store, "bank", "bank_snap")
+	// Counters and the duration histogram, tagged with the tree and tenant.
+	tt, bank := []string{"tenant", "tree"}, map[string]string{"tree": "bank", "tenant": "lattice"}
+	checkMetrics(t, p, []metricCase{
+		{"lattice_snapshot_initiated_total", tt, bank, eq(1), "1 snapshot"},
+		{"lattice_snapshot_completed_total", tt, bank, eq(1), "1 snapshot"},
+		{"lattice_snapshot_duration_seconds", tt, bank, eq(1), "1 snapshot"},
+		{"lattice_snapshot_rows_copied_total", tt, bank, ge(bankRows), "every account at least"},
+		{"lattice_snapshot_pause_seconds", []string{"outcome", "tenant", "tree"}, map[string]string{"tree": "bank", "outcome": "held"}, eq(1), "1 pause held"},
+	})
 	t.Logf("%d transfers, %d inserts; write pauses %v", load.transfers.Load(), load.inserts.Load(), snapshotPauses(p.Log()))
 }
 
