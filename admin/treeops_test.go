@@ -3,6 +3,7 @@ package admin
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -90,8 +91,15 @@ func TestOperationETA(t *testing.T) {
 				t.Fatalf("%+v, %v; want operation 1", got, err)
 			}
 			if e := got[0].ETASeconds; (e == nil) != (tc.want == nil) || e != nil && *e != *tc.want {
-				t.Errorf("ETA %v, want %v", e, tc.want)
+				t.Errorf("ETA %s, want %s", showETA(e), showETA(tc.want))
 			}
 		})
 	}
+}
+
+func showETA(e *float64) string {
+	if e == nil {
+		return "null"
+	}
+	return fmt.Sprint(*e)
 }
