@@ -186,11 +186,7 @@ func TestSnapshotUnderLoad(t *testing.T) {
 	p := startProxy(t, 3, "--reshard-tick", "200ms")
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	pool, err := pgxpool.New(ctx, p.DSN("lattice"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	pool := proxyPool(t, ctx, p)
 	listener := connect(t, p.DSN("lattice"))
 	mustExec(t, listener, "LISTEN lattice_events")
 	createBank(t, ctx, pool, "bank", "shard_count => 8")
@@ -312,11 +308,7 @@ func TestSnapshotInterlocks(t *testing.T) {
 	p := startProxyEnv(t, 2, []string{"LATTICE_TEST_HOLD_AT=snapshot_copy:" + hold}, "--reshard-tick", "200ms")
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	pool, err := pgxpool.New(ctx, p.DSN("lattice"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	pool := proxyPool(t, ctx, p)
 	createBank(t, ctx, pool, "fa", "shard_count => 4")
 	createBank(t, ctx, pool, "fb", "shard_count => 4")
 	for _, q := range []string{"SELECT lattice_snapshot('fa', 'fa_snap')", "SELECT lattice_snapshot('fb', 'fb_snap')"} {
@@ -424,11 +416,7 @@ func TestSnapshotCrash(t *testing.T) {
 			a := startProxyEnv(t, 3, []string{"LATTICE_TEST_CRASH_AT=snapshot_copy"}, fast...)
 			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 			defer cancel()
-			pool, err := pgxpool.New(ctx, b.DSN("lattice"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer pool.Close()
+			pool := proxyPool(t, ctx, b)
 			for _, q := range tc.setup {
 				if _, err := pool.Exec(ctx, q); err != nil {
 					t.Fatalf("%s: %v", q, err)
