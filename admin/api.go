@@ -67,6 +67,9 @@ type API struct {
 	Nodes Noder
 	// Load reads the load signal (load.go); nil leaves the rates out.
 	Load shardmap.LoadReader
+	// ETA estimates each tree operation's time left (treeops.go); nil
+	// leaves the estimates null.
+	ETA TreeOpEstimator
 }
 
 // ProxyInfo is the proxy serving the request.

@@ -97,6 +97,16 @@ type (
 		Epoch     uint64      `json:"epoch"`
 		Reshard   *apiReshard `json:"reshard"`
 		ShardList []apiShard  `json:"shard_list"`
+		// Operations are the tree's snapshots, merges and resizes.
+		Operations []apiOperation `json:"operations"`
+	}
+	apiOperation struct {
+		ID         string   `json:"id"`
+		Kind       string   `json:"kind"`
+		Tree       string   `json:"tree"`
+		Target     string   `json:"target"`
+		Phase      string   `json:"phase"`
+		ETASeconds *float64 `json:"eta_seconds"`
 	}
 	apiMap struct {
 		Epoch  uint64 `json:"epoch"`
@@ -115,6 +125,33 @@ type (
 		Trees []apiTree `json:"trees"`
 	}
 )
+
+// shownOperations are the tree operations of tree as /api/status lists
+// them, and for each the line lattice status shows it by ("" if none).
+func shownOperations(t *testing.T, ctx context.Context, p *proxyProc, tree string) ([]apiOperation, []string) {
+	t.Helper()
+	var st apiStatus
+	adminGet(t, ctx, p, "/api/status", &st)
+	var ops []apiOperation
+	for _, tr := range st.Trees {
+		if tr.Name == tree {
+			ops = tr.Operations
+		}
+	}
+	out, errOut, code := p.RunCLI(t, ctx, "status")
+	if code != 0 {
+		t.Fatalf("lattice status: exit %d: %s", code, errOut)
+	}
+	lines := make([]string, len(ops))
+	for i, op := range ops {
+		for _, l := range strings.Split(out, "\n") {
+			if strings.HasPrefix(l, op.Kind+" "+op.ID+" ") {
+				lines[i] = l
+			}
+		}
+	}
+	return ops, lines
+}
 
 // mapDigest is the page's digest of a slot map: FNV-1a over the shard
 // index of each slot.

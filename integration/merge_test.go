@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -245,6 +246,14 @@ func TestMergeUnderShrink(t *testing.T) {
 		phase != "copy" || done != 1 || total != 4 || eta == nil || *eta <= 0 {
 		t.Fatalf("lattice_merge_status: phase %q, %d of %d shards done, ETA %v (%v); want copy, 1 of 4, an ETA", phase, done, total, eta, err)
 	}
+	// The page's API and lattice status show the merge with an ETA, the
+	// status function's (the merge is held, so its estimate only grows).
+	ops, lines := shownOperations(t, ctx, p, "sdst")
+	if len(ops) != 1 || ops[0].Kind != "merge" || ops[0].Tree != "ssrc" || ops[0].ETASeconds == nil || *ops[0].ETASeconds < *eta {
+		t.Errorf("/api/status shows the operations %+v of sdst; want the merge from ssrc with an ETA of at least %v", ops, *eta)
+	} else if !regexp.MustCompile(`^merge \S+ of lattice/ssrc: phase copy, .* ETA ([0-9]+[hms])+$`).MatchString(lines[0]) {
+		t.Errorf("lattice status shows the merge as %q", lines[0])
+	}
 	if _, err := pool.Exec(ctx, "SELECT lattice_reshard('ssrc', 2)"); err != nil {
 		t.Fatal(err)
 	}
@@ -278,6 +287,16 @@ func TestMergeUnderShrink(t *testing.T) {
 			t.Fatalf("s-%d: %+v (present %v), want v = %d", g, r, ok, 1000+g)
 		}
 	}
+	// Counters and the duration histogram, tagged with the target tree and
+	// the tenant; the re-drain wrote the drained shard's rows once more.
+	tt, sdst := []string{"tenant", "tree"}, map[string]string{"tree": "sdst", "tenant": "lattice"}
+	checkMetrics(t, p, []metricCase{
+		{"lattice_merge_started_total", tt, sdst, eq(1), "1 merge"},
+		{"lattice_merge_completed_total", tt, sdst, eq(1), "1 merge"},
+		{"lattice_merge_seconds", tt, sdst, eq(1), "1 merge"},
+		{"lattice_merge_redrains_total", tt, sdst, eq(1), "1 re-drain"},
+		{"lattice_merge_rows_total", tt, sdst, gt(2000), "every source row, and the first shard's again"},
+	})
 }
 
 // TestMergeKill9MidCopy kills the proxy that runs a merge (SIGKILL, the

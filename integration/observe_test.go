@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"slices"
 	"sort"
@@ -109,26 +110,8 @@ func TestReshardMetrics(t *testing.T) {
 	}
 	reshardAndWait(t, c, 3) // five folds
 
-	// The coordinator counts a completion just after it clears the intent
-	// that lattice_reshard_complete reads, so a scrape can come first.
-	fams := scrape(t, p)
-	done := map[string]string{"tree": "items", "kind": "reshard"}
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); fams = scrape(t, p) {
-		if f := fams["lattice_coordinator_completed_total"]; f != nil {
-			if n, _ := familySum(f, done); n == 2 {
-				break
-			}
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
 	tt := []string{"tenant", "tree"}
-	cases := []struct {
-		name   string
-		labels []string          // exactly these tags on every series
-		match  map[string]string // the series summed
-		check  func(float64) bool
-		want   string
-	}{
+	checkMetrics(t, p, []metricCase{
 		// The specification's instruments (dots as underscores).
 		{"lattice_shard_root_reshard_initiated_total", tt, map[string]string{"tree": "items", "tenant": "lattice"}, eq(2), "2 reshards"},
 		{"lattice_shard_root_reshard_completed_total", tt, map[string]string{"tree": "items", "tenant": "lattice"}, eq(2), "2 reshards"},
@@ -156,31 +139,67 @@ func TestReshardMetrics(t *testing.T) {
 		{"lattice_pool_backends_in_use", []string{"node", "tenant"}, map[string]string{"node": "n3"}, ge(0), "present"},
 		{"lattice_pool_backends_idle", []string{"node", "tenant"}, map[string]string{"node": "n1"}, gt(0), "> 0"},
 		{"lattice_pool_backends_waiting", []string{"node", "tenant"}, map[string]string{"node": "n2"}, eq(0), "0"},
+	})
+}
+
+// metricCase is an instrument a test expects on /metrics: every series of
+// name has exactly the tags labels, and the series whose tags include match
+// sum (familySum) to a value check accepts, described by want.
+type metricCase struct {
+	name   string
+	labels []string
+	match  map[string]string
+	check  func(float64) bool
+	want   string
+}
+
+// failure says how /metrics, parsed as fams, fails the case; "" if not.
+func (c metricCase) failure(fams map[string]*dto.MetricFamily) string {
+	f := fams[c.name]
+	if f == nil {
+		return "/metrics has no " + c.name
 	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			f := fams[tc.name]
-			if f == nil {
-				t.Fatalf("/metrics has no %s", tc.name)
+	for _, m := range f.GetMetric() {
+		var names []string
+		for _, l := range m.GetLabel() {
+			names = append(names, l.GetName())
+		}
+		sort.Strings(names)
+		if !slices.Equal(names, c.labels) {
+			return fmt.Sprintf("%s has tags %v, want %v", c.name, names, c.labels)
+		}
+	}
+	sum, matched := familySum(f, c.match)
+	if matched == 0 {
+		return fmt.Sprintf("%s has no series with %v", c.name, c.match)
+	}
+	if !c.check(sum) {
+		return fmt.Sprintf("%s%v = %v, want %s", c.name, c.match, sum, c.want)
+	}
+	return ""
+}
+
+// checkMetrics fails each case p's /metrics does not meet within 10 s:
+// an operation counts its completion just after it clears the record that
+// its completion function (lattice_reshard_complete and the like) reads,
+// so a scrape can come first.
+func checkMetrics(t *testing.T, p *proxyProc, cases []metricCase) {
+	t.Helper()
+	var failures []string
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		fams := scrape(t, p)
+		failures = failures[:0]
+		for _, c := range cases {
+			if f := c.failure(fams); f != "" {
+				failures = append(failures, f)
 			}
-			for _, m := range f.GetMetric() {
-				var names []string
-				for _, l := range m.GetLabel() {
-					names = append(names, l.GetName())
-				}
-				sort.Strings(names)
-				if !slices.Equal(names, tc.labels) {
-					t.Fatalf("%s has tags %v, want %v", tc.name, names, tc.labels)
-				}
-			}
-			sum, matched := familySum(f, tc.match)
-			if matched == 0 {
-				t.Fatalf("%s has no series with %v", tc.name, tc.match)
-			}
-			if !tc.check(sum) {
-				t.Fatalf("%s%v = %v, want %s", tc.name, tc.match, sum, tc.want)
-			}
-		})
+		}
+		if len(failures) == 0 || time.Now().After(deadline) {
+			break
+		}
+	}
+	for _, f := range failures {
+		t.Error(f)
 	}
 }
 

@@ -40,8 +40,9 @@ func TestReshardCrash(t *testing.T) {
 // SIGKILL at point (the test-only hook); a new proxy takes the
 // coordinator lease over and finishes, until the boolean query complete is
 // true. Clients use proxy b, which runs no coordinator, and see no error.
+// The statements setup run once the tree is made, before the load starts.
 // It returns b's pool and the stopped load, for the caller's checks.
-func crashRun(t *testing.T, ctx context.Context, point, op, complete string) (*pgxpool.Pool, *reshardLoad) {
+func crashRun(t *testing.T, ctx context.Context, point, op, complete string, setup ...string) (*pgxpool.Pool, *reshardLoad) {
 	t.Helper()
 	resetNodes(t)
 	fast := []string{"--reshard-lease", "3s", "--reshard-tick", "200ms", "--release-batch", "100"}
@@ -53,6 +54,11 @@ func crashRun(t *testing.T, ctx context.Context, point, op, complete string) (*p
 	}
 	t.Cleanup(pool.Close)
 	load := newLoad(t, ctx, []*pgxpool.Pool{pool}, 20_000, 8)
+	for _, q := range setup {
+		if _, err := pool.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
 	failed, finish := load.run(ctx)
 	if _, err := pool.Exec(ctx, op); err != nil {
 		finish()

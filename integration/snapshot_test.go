@@ -28,13 +28,15 @@ const (
 	bankInsert  = 1_000_000 // ids of the rows the inserter adds, from here up
 )
 
-// createBank makes tree name of bankRows accounts of bankBalance each.
-func createBank(t *testing.T, ctx context.Context, pool *pgxpool.Pool, name string, shards int) {
+// createBank makes tree name of bankRows accounts of bankBalance each,
+// placed as lattice_create_tree's option placement says ("shard_count =>
+// 8", "colocate_with => 'g'").
+func createBank(t testing.TB, ctx context.Context, pool *pgxpool.Pool, name, placement string) {
 	t.Helper()
 	for _, q := range []string{
 		fmt.Sprintf("CREATE TABLE %s (id bigint PRIMARY KEY, bal bigint NOT NULL)", name),
 		fmt.Sprintf("INSERT INTO %s SELECT g, %d FROM generate_series(1, %d) g", name, bankBalance, bankRows),
-		fmt.Sprintf("SELECT lattice_create_tree('%s', 'id', shard_count => %d)", name, shards),
+		fmt.Sprintf("SELECT lattice_create_tree('%s', 'id', %s)", name, placement),
 	} {
 		if _, err := pool.Exec(ctx, q); err != nil {
 			t.Fatalf("%s: %v", q, err)
@@ -184,14 +186,10 @@ func TestSnapshotUnderLoad(t *testing.T) {
 	p := startProxy(t, 3, "--reshard-tick", "200ms")
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	pool, err := pgxpool.New(ctx, p.DSN("lattice"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	pool := proxyPool(t, ctx, p)
 	listener := connect(t, p.DSN("lattice"))
 	mustExec(t, listener, "LISTEN lattice_events")
-	createBank(t, ctx, pool, "bank", 8)
+	createBank(t, ctx, pool, "bank", "shard_count => 8")
 	load := startBankLoad(ctx, pool, "bank", 4)
 	waitUntil(t, ctx, "the load to start", func() bool { return load.transfers.Load() >= 20 && load.inserts.Load() >= 5 })
 	if _, err := pool.Exec(ctx, "SELECT lattice_snapshot('bank', 'bank_snap')"); err != nil {
@@ -230,6 +228,15 @@ func TestSnapshotUnderLoad(t *testing.T) {
 		t.Fatalf("events %v, want started then completed", ev)
 	}
 	checkNothingLeft(t, ctx, 3, store, "bank", "bank_snap")
+	// Counters and the duration histogram, tagged with the tree and tenant.
+	tt, bank := []string{"tenant", "tree"}, map[string]string{"tree": "bank", "tenant": "lattice"}
+	checkMetrics(t, p, []metricCase{
+		{"lattice_snapshot_initiated_total", tt, bank, eq(1), "1 snapshot"},
+		{"lattice_snapshot_completed_total", tt, bank, eq(1), "1 snapshot"},
+		{"lattice_snapshot_duration_seconds", tt, bank, eq(1), "1 snapshot"},
+		{"lattice_snapshot_rows_copied_total", tt, bank, ge(bankRows), "every account at least"},
+		{"lattice_snapshot_pause_seconds", []string{"outcome", "tenant", "tree"}, map[string]string{"tree": "bank", "outcome": "held"}, eq(1), "1 pause held"},
+	})
 	t.Logf("%d transfers, %d inserts; write pauses %v", load.transfers.Load(), load.inserts.Load(), snapshotPauses(p.Log()))
 }
 
@@ -244,15 +251,7 @@ func BenchmarkSnapshotPause(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer pool.Close()
-	for _, q := range []string{
-		"CREATE TABLE bank (id bigint PRIMARY KEY, bal bigint NOT NULL)",
-		fmt.Sprintf("INSERT INTO bank SELECT g, %d FROM generate_series(1, %d) g", bankBalance, bankRows),
-		"SELECT lattice_create_tree('bank', 'id', shard_count => 8)",
-	} {
-		if _, err := pool.Exec(ctx, q); err != nil {
-			b.Fatal(err)
-		}
-	}
+	createBank(b, ctx, pool, "bank", "shard_count => 8")
 	load := startBankLoad(ctx, pool, "bank", 4)
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
@@ -309,13 +308,9 @@ func TestSnapshotInterlocks(t *testing.T) {
 	p := startProxyEnv(t, 2, []string{"LATTICE_TEST_HOLD_AT=snapshot_copy:" + hold}, "--reshard-tick", "200ms")
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	pool, err := pgxpool.New(ctx, p.DSN("lattice"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	createBank(t, ctx, pool, "fa", 4)
-	createBank(t, ctx, pool, "fb", 4)
+	pool := proxyPool(t, ctx, p)
+	createBank(t, ctx, pool, "fa", "shard_count => 4")
+	createBank(t, ctx, pool, "fb", "shard_count => 4")
 	for _, q := range []string{"SELECT lattice_snapshot('fa', 'fa_snap')", "SELECT lattice_snapshot('fb', 'fb_snap')"} {
 		if _, err := pool.Exec(ctx, q); err != nil {
 			t.Fatalf("%s: %v", q, err)
@@ -398,47 +393,81 @@ func TestSnapshotInterlocks(t *testing.T) {
 // test-only hook) once its first shard is copied, under the bank load on
 // another proxy. A new proxy takes the tree's lease over, drops what the
 // dead run made, pauses again and completes; the copy holds the tree at one
-// instant and nothing is left behind.
+// instant and nothing is left behind. Once for a tree alone, once for a
+// colocation group's member that is not the tree the group is named after
+// (its pause freezes the group's map, its run holds the group's lease).
 func TestSnapshotCrash(t *testing.T) {
-	resetNodes(t)
-	fast := []string{"--reshard-lease", "3s", "--reshard-tick", "200ms"}
-	b := startProxy(t, 3, append([]string{"--coordinator=false"}, fast...)...)
-	a := startProxyEnv(t, 3, []string{"LATTICE_TEST_CRASH_AT=snapshot_copy"}, fast...)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	pool, err := pgxpool.New(ctx, b.DSN("lattice"))
-	if err != nil {
-		t.Fatal(err)
+	for _, tc := range []struct {
+		name      string
+		setup     []string // statements before the bank is made
+		placement string
+	}{
+		{"tree", nil, "shard_count => 6"},
+		{"group member", []string{
+			"CREATE TABLE kcg (id bigint PRIMARY KEY, note text)",
+			"INSERT INTO kcg SELECT g, 'n' || g FROM generate_series(1, 500) g",
+			"SELECT lattice_create_tree('kcg', 'id', shard_count => 6)",
+		}, "colocate_with => 'kcg'"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			resetNodes(t)
+			fast := []string{"--reshard-lease", "3s", "--reshard-tick", "200ms"}
+			b := startProxy(t, 3, append([]string{"--coordinator=false"}, fast...)...)
+			a := startProxyEnv(t, 3, []string{"LATTICE_TEST_CRASH_AT=snapshot_copy"}, fast...)
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+			defer cancel()
+			pool := proxyPool(t, ctx, b)
+			for _, q := range tc.setup {
+				if _, err := pool.Exec(ctx, q); err != nil {
+					t.Fatalf("%s: %v", q, err)
+				}
+			}
+			createBank(t, ctx, pool, "kc", tc.placement)
+			load := startBankLoad(ctx, pool, "kc", 2)
+			if _, err := pool.Exec(ctx, "SELECT lattice_snapshot('kc', 'kc_snap')"); err != nil {
+				load.stop()
+				t.Fatal(err)
+			}
+			if !a.WaitExit(time.Minute) {
+				load.stop()
+				t.Fatal("the snapshot's proxy did not reach its crash point")
+			}
+			if err := a.crashedAt("snapshot_copy"); err != nil {
+				load.stop()
+				t.Fatal(err)
+			}
+			var done bool
+			if err := pool.QueryRow(ctx, "SELECT lattice_snapshot_complete('kc_snap')").Scan(&done); err != nil || done {
+				load.stop()
+				t.Fatalf("complete after the crash: %v %v, want false", done, err)
+			}
+			c := startProxy(t, 3, fast...)
+			waitFor(t, ctx, pool, "SELECT lattice_snapshot_complete('kc_snap')", nil, load.stop)
+			if err := load.stop(); err != nil {
+				t.Fatalf("a client saw an error: %v", err)
+			}
+			if !strings.Contains(c.Log(), "snapshot resumed") || !strings.Contains(c.Log(), `msg="snapshot completed"`) {
+				t.Fatal("the new proxy did not resume and complete the snapshot")
+			}
+			checkBankCopy(t, ctx, pool, "kc_snap")
+			checkBankCopy(t, ctx, pool, "kc")
+			checkNothingLeft(t, ctx, 3, harnessStore(t), "kc", "kc_snap")
+			if tc.setup == nil {
+				return
+			}
+			// The copy is a tree of its own; the group's other member
+			// kept its rows.
+			store := harnessStore(t)
+			if kc, _ := storedTree(t, ctx, store, "kc"); kc.Group != "kcg" {
+				t.Errorf("kc is in group %q, want kcg", kc.Group)
+			}
+			if snap, _ := storedTree(t, ctx, store, "kc_snap"); snap.Group != "" {
+				t.Errorf("kc_snap is in group %q, want none", snap.Group)
+			}
+			var n int
+			if err := pool.QueryRow(ctx, "SELECT count(*) FROM kcg").Scan(&n); err != nil || n != 500 {
+				t.Errorf("kcg holds %d rows (%v), want 500", n, err)
+			}
+		})
 	}
-	defer pool.Close()
-	createBank(t, ctx, pool, "kc", 6)
-	load := startBankLoad(ctx, pool, "kc", 2)
-	if _, err := pool.Exec(ctx, "SELECT lattice_snapshot('kc', 'kc_snap')"); err != nil {
-		load.stop()
-		t.Fatal(err)
-	}
-	if !a.WaitExit(time.Minute) {
-		load.stop()
-		t.Fatal("the snapshot's proxy did not reach its crash point")
-	}
-	if err := a.crashedAt("snapshot_copy"); err != nil {
-		load.stop()
-		t.Fatal(err)
-	}
-	var done bool
-	if err := pool.QueryRow(ctx, "SELECT lattice_snapshot_complete('kc_snap')").Scan(&done); err != nil || done {
-		load.stop()
-		t.Fatalf("complete after the crash: %v %v, want false", done, err)
-	}
-	c := startProxy(t, 3, fast...)
-	waitFor(t, ctx, pool, "SELECT lattice_snapshot_complete('kc_snap')", nil, load.stop)
-	if err := load.stop(); err != nil {
-		t.Fatalf("a client saw an error: %v", err)
-	}
-	if !strings.Contains(c.Log(), "snapshot resumed") || !strings.Contains(c.Log(), `msg="snapshot completed"`) {
-		t.Fatal("the new proxy did not resume and complete the snapshot")
-	}
-	checkBankCopy(t, ctx, pool, "kc_snap")
-	checkBankCopy(t, ctx, pool, "kc")
-	checkNothingLeft(t, ctx, 3, harnessStore(t), "kc", "kc_snap")
 }

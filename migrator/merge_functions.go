@@ -110,8 +110,7 @@ func (mg *Merger) Status(ctx context.Context, tenant, target string) ([][]any, e
 	}
 	var rows [][]any
 	for _, op := range ops {
-		var st MergeState
-		_ = json.Unmarshal(op.State, &st) // a record of another build shows its common fields
+		st := mergeStateOf(op)
 		var lastErr any
 		if op.LastError != "" {
 			lastErr = op.LastError
@@ -124,6 +123,14 @@ func (mg *Merger) Status(ctx context.Context, tenant, target string) ([][]any, e
 			op.RowsDone, int32(st.Redrains), time.Since(op.Started).Seconds(), eta, lastErr})
 	}
 	return rows, nil
+}
+
+// mergeStateOf is op's merge state; a record of another build that does
+// not decode shows its common fields only.
+func mergeStateOf(op *shardmap.TreeOp) MergeState {
+	var st MergeState
+	_ = json.Unmarshal(op.State, &st)
+	return st
 }
 
 // mergeETA extrapolates the seconds a merge has left from the source

@@ -76,20 +76,25 @@ func (f *Functions) ResizeStatus(ctx context.Context, t *shardmap.Tree) (ResizeS
 	if err != nil || len(ops) == 0 {
 		return ResizeStatus{Tree: t.Name, Phase: "idle"}, err
 	}
-	op := ops[0] // StartTreeOp records one resize per map
+	return f.resizeStatusOfOp(ctx, ops[0], time.Now()) // StartTreeOp records one resize per map
+}
+
+// resizeStatusOfOp reads what the status of resize op is computed from:
+// its record, and the map it rewrites with that map's migrations.
+func (f *Functions) resizeStatusOfOp(ctx context.Context, op *shardmap.TreeOp, now time.Time) (ResizeStatus, error) {
 	st, err := resizeStateOf(op)
 	if err != nil {
 		return ResizeStatus{}, err
 	}
-	m, err := f.store.Map(ctx, t.Tenant, t.MapName())
+	m, err := f.store.Map(ctx, op.Tenant, op.TreeMap())
 	if err != nil {
 		return ResizeStatus{}, err
 	}
-	migs, err := f.store.Migrations(ctx, t.Tenant, t.MapName())
+	migs, err := f.store.Migrations(ctx, op.Tenant, op.TreeMap())
 	if err != nil {
 		return ResizeStatus{}, err
 	}
-	return resizeStatusOf(op, st, m, migs, time.Now()), nil
+	return resizeStatusOf(op, st, m, migs, now), nil
 }
 
 // resizeStatus is lattice_resize_status.

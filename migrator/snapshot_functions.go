@@ -198,18 +198,30 @@ func (f *Functions) snapshotStatus(ctx context.Context, tenant string, a map[str
 		if err != nil {
 			return nil, err
 		}
-		elapsed := time.Since(op.Started).Seconds()
+		now := time.Now()
 		var eta, pause any // NULL until there is something to tell
-		switch {
-		case op.Phase == SnapshotRegister:
-			eta = float64(0)
-		case op.Phase == SnapshotCopy && op.RowsDone > 0:
-			eta = elapsed / float64(op.RowsDone) * float64(max(op.RowsTotal-op.RowsDone, 0))
+		if e := snapshotETA(op, now); e != nil {
+			eta = *e
 		}
 		if st.Map != nil {
 			pause = st.PauseSeconds * 1000
 		}
-		rows = append(rows, []any{op.Tree, op.Target, op.Phase, op.RowsDone, op.RowsTotal, elapsed, eta, pause, int32(st.Pauses)})
+		rows = append(rows, []any{op.Tree, op.Target, op.Phase, op.RowsDone, op.RowsTotal, now.Sub(op.Started).Seconds(), eta, pause, int32(st.Pauses)})
 	}
 	return rows, nil
+}
+
+// snapshotETA extrapolates the seconds a snapshot has left from the rows
+// its copy did: nil before the copy copied a row, 0 once only the
+// registration is left.
+func snapshotETA(op *shardmap.TreeOp, now time.Time) *float64 {
+	var eta float64
+	switch {
+	case op.Phase == SnapshotRegister:
+	case op.Phase == SnapshotCopy && op.RowsDone > 0:
+		eta = now.Sub(op.Started).Seconds() / float64(op.RowsDone) * float64(max(op.RowsTotal-op.RowsDone, 0))
+	default:
+		return nil
+	}
+	return &eta
 }

@@ -42,6 +42,7 @@ func newAdminAPI(cfg serveConfig, id string, store *shardmap.RedisStore, cache *
 		Sizes:     admin.NewSizeCache(sizes, sizeCacheTTL, sizeFetchTimeout, log),
 		Log:       log,
 		Load:      store,
+		ETA:       fns,
 	}
 }
 

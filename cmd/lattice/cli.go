@@ -258,8 +258,8 @@ func (c *cli) printStatus(st admin.Status) {
 	tw.Flush()
 	for _, t := range st.Trees {
 		for _, op := range t.Operations {
-			fmt.Fprintf(c.out, "%s %s of %s/%s: phase %s, %d of %d rows, running since %s\n", op.Kind, op.ID, t.Tenant, op.Tree, op.Phase,
-				op.RowsDone, op.RowsTotal, op.Started.UTC().Format(time.RFC3339))
+			fmt.Fprintf(c.out, "%s %s of %s/%s: phase %s, %d of %d rows, running since %s, ETA %s\n", op.Kind, op.ID, t.Tenant, op.Tree, op.Phase,
+				op.RowsDone, op.RowsTotal, op.Started.UTC().Format(time.RFC3339), fmtETA(op.ETASeconds))
 		}
 	}
 }

@@ -95,8 +95,10 @@ func TestCLI(t *testing.T) {
 	const status = `{"proxy":{"id":"p1","version":"v9","coordinator":true,"live":true,"epoch_lag":2},
 		"proxies":[{"id":"p1","lease_expires":"2026-01-02T03:04:05Z"},{"id":"p2","lease_expires":"2026-01-02T03:04:06Z"}],
 		"trees":[{"tenant":"app","name":"dash","key":"id","key_type":"int","shards":5,"slots":4096,"epoch":12,
-		"reshard":{"phase":"migrating","from":4,"target":8,"shards":5,"migrations_in_flight":3,"eta_seconds":30.4}},
-		{"tenant":"app","name":"users","key":"email","key_type":"text","shards":64,"slots":4096,"epoch":1,"reshard":null}]}`
+		"reshard":{"phase":"migrating","from":4,"target":8,"shards":5,"migrations_in_flight":3,"eta_seconds":30.4},
+		"operations":[{"id":"op1","kind":"merge","tree":"src","target":"dash","phase":"copy","rows_done":40,"rows_total":100,"started":"2026-01-02T03:00:00Z","eta_seconds":90.2}]},
+		{"tenant":"app","name":"users","key":"email","key_type":"text","shards":64,"slots":4096,"epoch":1,"reshard":null,
+		"operations":[{"id":"op2","kind":"snapshot","tree":"users","target":"users_copy","phase":"pause","rows_done":0,"rows_total":0,"started":"2026-01-02T03:04:00Z","eta_seconds":null}]}]}`
 	const shards = `[{"index":0,"node":"n1","schema":"lattice_s0000","state":"active","slots":2048,"slot_ranges":"0-2047","rows_estimate":1500,"bytes_estimate":180224},
 		{"index":1,"node":"n2","schema":"lattice_s0001","state":"retired","slots":0,"slot_ranges":"","rows_estimate":null,"bytes_estimate":null},
 		{"index":2,"node":"n2","schema":"lattice_s0002","state":"active","slots":2048,"slot_ranges":"2048-4095","rows_estimate":7,"bytes_estimate":512}]`
@@ -121,6 +123,8 @@ live proxies: 2
 TENANT  TREE   KEY           SHARDS  SLOTS  EPOCH  RESHARD
 app     dash   id (int)      5       4096   12     migrating 4 -> 8 shards, 5 now, 3 migrations in flight, ETA 30s
 app     users  email (text)  64      4096   1      -
+merge op1 of app/src: phase copy, 40 of 100 rows, running since 2026-01-02T03:00:00Z, ETA 1m30s
+snapshot op2 of app/users: phase pause, 0 of 0 rows, running since 2026-01-02T03:04:00Z, ETA unknown
 `},
 		{name: "shards", args: []string{"dash", "--tenant", "app"}, run: (*cli).shardsCmd, seen: "GET /api/trees/dash/shards?tenant=app", want: `SHARD  NODE  SCHEMA         STATE    SLOTS  SLOT RANGES  ROWS (EST.)  SIZE
 0      n1    lattice_s0000  active   2048   0-2047       1500         176.0 KiB
