@@ -110,31 +110,15 @@ func (p *planner) fanOut(r route, s *pg.SelectStmt) route {
 			"an outer join keeps the rows of %s, which every shard holds whole, against the tree: each shard would add its own unmatched rows", from)
 	}
 	scan := selectScan(s)
-	if r.multi != nil {
-		agg, window := findAggregates(scan, true)
-		if agg != "" || len(s.GroupClause) > 0 || s.GroupDistinct || s.HavingClause != nil || len(s.DistinctClause) > 0 {
-			// The two-step aggregate reads one tree as its FROM; the
-			// other references would stay on the template.
-			return no(keyHint+", or aggregate in the application.", "aggregates, GROUP BY or DISTINCT over several tree references are not supported yet")
-		}
-		if window {
-			return no(keyHint+", or compute it in the application.", "window functions over several shards are not supported")
-		}
-	} else if aggregating(s, scan) {
+	if aggregating(s, scan, r.multi != nil) {
 		return p.aggFanOut(r, s)
 	}
-	if agg, window := aggregates(scan); r.multi == nil && agg != "" {
-		return no(keyHint+", or aggregate in the application.", "aggregates over several shards are not supported yet (%s)", agg)
-	} else if window {
+	// Over several tree references a correlated subquery's window runs
+	// per outer row, on its shard.
+	if _, window := findAggregates(scan, r.multi != nil); window {
 		return no(keyHint+", or compute it in the application.", "window functions over several shards are not supported")
 	}
 	switch {
-	case len(s.GroupClause) > 0 || s.GroupDistinct:
-		return no(keyHint+", or group in the application.", "GROUP BY over several shards is not supported yet")
-	case s.HavingClause != nil:
-		return no(keyHint+", or filter in the application.", "HAVING over several shards is not supported yet")
-	case len(s.DistinctClause) > 0:
-		return no(keyHint+", or remove duplicates in the application.", "DISTINCT over several shards is not supported yet")
 	case len(s.WindowClause) > 0:
 		return no(keyHint+", or compute it in the application.", "window functions over several shards are not supported")
 	case len(s.LockingClause) > 0:
