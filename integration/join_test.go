@@ -116,6 +116,10 @@ func TestJoinsEqualPostgres(t *testing.T) {
 		{sql: `SELECT o.status, count(*) FROM jo o JOIN ji i ON i.cust = o.customer_id AND i.order_id = o.order_id WHERE i.qty > $1 GROUP BY 1 ORDER BY 1`, ordered: true, args: []any{2}},
 		{sql: `SELECT c.region, avg(i.qty), sum(i.qty), sum(i.price), avg(i.price) FROM jc c JOIN ji i ON i.cust = c.customer_id GROUP BY 1 ORDER BY 1`, ordered: true},
 		{sql: `SELECT p.title, count(DISTINCT c.region), min(o.total) FROM jc c JOIN jo o USING (customer_id) JOIN jo_plans p USING (plan) WHERE p.fee > $1 GROUP BY p.title HAVING min(o.total) < 50 ORDER BY 2, 1`, ordered: true, args: []any{1}},
+		// Windows partitioned by the key run on the shards.
+		{sql: `SELECT o.customer_id, o.order_id, rank() OVER (PARTITION BY c.customer_id ORDER BY o.total DESC, o.order_id) AS r, sum(o.total) OVER (PARTITION BY o.customer_id) FROM jc c JOIN jo o USING (customer_id) ORDER BY r, 1, 2 LIMIT 25`, ordered: true},
+		{sql: `SELECT c.customer_id, i.order_id, i.line, count(i.line) OVER w, row_number() OVER (w ORDER BY i.order_id, i.line) FROM jc c LEFT JOIN ji i ON i.cust = c.customer_id WINDOW w AS (PARTITION BY c.customer_id)`},
+		{sql: `SELECT c.customer_id, o.customer_id, count(*) OVER (PARTITION BY c.customer_id, o.customer_id) FROM jc c FULL JOIN jo o ON o.customer_id = c.customer_id AND o.total > 50`},
 	}
 	// Refused, with a hint that names the fix.
 	refusedCases := []struct{ sql, hint string }{
@@ -128,6 +132,8 @@ func TestJoinsEqualPostgres(t *testing.T) {
 		{`SELECT c.name, (SELECT count(*) FROM jo o WHERE o.customer_id = c.customer_id) FROM jc c GROUP BY c.name, c.customer_id`, "customer_id = <value>"},
 		{`SELECT p.title, count(o.total) FROM jo_plans p LEFT JOIN jc c USING (plan) LEFT JOIN jo o USING (customer_id) GROUP BY 1`, "customer_id = <value>"},
 		{`SELECT count(*) FROM jc c JOIN ji i ON i.line = c.customer_id`, "shard keys"},
+		{`SELECT c.customer_id, rank() OVER (ORDER BY c.name) FROM jc c JOIN jo o USING (customer_id)`, "partition every window by the shard key"},
+		{`SELECT c.customer_id, count(*) OVER (PARTITION BY o.customer_id) FROM jc c LEFT JOIN jo o USING (customer_id)`, "partition every window by the shard key"},
 		{`SELECT customer_id FROM jo UNION SELECT customer_id FROM jo`, "customer_id = <value>"},
 	}
 
@@ -304,6 +310,8 @@ func TestJoinsMixedShard(t *testing.T) {
 			"SELECT DISTINCT b.n FROM mk b WHERE EXISTS (SELECT 1 FROM mj a WHERE a.k = b.kk AND a.v > 100) ORDER BY 1",
 			"SELECT count(*), min(a.k) FROM mj a WHERE a.k NOT IN (SELECT kk FROM mk WHERE n = 3)",
 			"SELECT b.w, count(*) FROM mk b JOIN mj a ON a.k = b.kk GROUP BY b.w HAVING count(*) > 30 ORDER BY 1",
+			// A window partitioned by the key, per shard.
+			"SELECT b.kk, b.n, sum(b.w) OVER (PARTITION BY a.k ORDER BY b.n), count(*) OVER (PARTITION BY b.kk) FROM mj a JOIN mk b ON b.kk = a.k ORDER BY 1, 2",
 		} {
 			gotHead, got, err := queryTyped(t, c, sql, mode)
 			if err != nil {
