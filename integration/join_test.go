@@ -13,14 +13,17 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/lattice-db/lattice/pgshard"
+	"github.com/lattice-db/lattice/shardmap"
 )
 
 // TestJoinsEqualPostgres runs statements over several references to one
 // tree (self-joins, subqueries, CTEs, set operations, writes with joins)
-// on a tree of 16 shards over 3 nodes, and compares each with the same
-// statement on plain tables holding the same rows: column names, types,
-// rows, and their order where there is an ORDER BY. Refused forms are
-// refused with 0A000 and a hint.
+// on a tree of 16 shards over 3 nodes, and over three trees of its
+// colocation group and a reference table (joins, outer joins, subqueries,
+// aggregates, GROUP BY, HAVING, DISTINCT, text under an ICU collation),
+// and compares each with the same statement on plain tables holding the
+// same rows: column names, types, rows, and their order where there is an
+// ORDER BY. Refused forms are refused with 0A000 and a hint.
 func TestJoinsEqualPostgres(t *testing.T) {
 	resetNodes(t)
 	p := startProxy(t, 3)
@@ -36,6 +39,27 @@ func TestJoinsEqualPostgres(t *testing.T) {
 	mustExec(t, c, `INSERT INTO jo_plain `+fill)
 	mustExec(t, c, `CREATE TABLE jo_status (status text PRIMARY KEY, label text)`)
 	mustExec(t, c, `INSERT INTO jo_status VALUES ('open', 'Open'), ('paid', 'Paid'), ('void', 'Void')`)
+	// Customers and order lines in jo's colocation group (the lines keyed
+	// by a column of another name), text under a collation that does not
+	// order bytes, and a reference table of plans. Customers 61 to 70 have
+	// no orders, and some orders no lines.
+	const customers = `(customer_id bigint PRIMARY KEY, name text COLLATE "en-US-x-icu", plan text, region text)`
+	const fillCustomers = `SELECT c, (ARRAY['zoë','Zoe','émile','Emile','emile','Ärger','arger','b','B','_x'])[1 + c % 10] || CASE WHEN c % 4 = 0 THEN ' jr' ELSE '' END,
+		(ARRAY['free','pro','team',NULL])[1 + c % 4], (ARRAY['north','south','east'])[1 + c % 3]
+		FROM generate_series(1, 70) c`
+	const lines = `(cust bigint, order_id integer, line integer, qty integer, sku text COLLATE "en-US-x-icu", price numeric(8,2), PRIMARY KEY (cust, order_id, line))`
+	const fillLines = `SELECT c, o, l, 1 + (c * l + o) % 6, (ARRAY['ab','Ab','a b','résumé','resume','Z'])[1 + (c + l) % 6], ((c * 13 + o * 7 + l) % 500) / 10.0
+		FROM generate_series(1, 60) c, generate_series(1, 1 + c % 5) o, generate_series(1, (c + o) % 4) l`
+	for _, tree := range []struct{ name, cols, fill, key string }{{"jc", customers, fillCustomers, "customer_id"}, {"ji", lines, fillLines, "cust"}} {
+		mustExec(t, c, `CREATE TABLE `+tree.name+` `+tree.cols)
+		mustExec(t, c, `INSERT INTO `+tree.name+` `+tree.fill)
+		mustExec(t, c, `SELECT lattice_create_tree('`+tree.name+`', '`+tree.key+`', colocate_with => 'jo')`)
+		mustExec(t, c, `CREATE TABLE `+tree.name+`_plain `+tree.cols)
+		mustExec(t, c, `INSERT INTO `+tree.name+`_plain `+tree.fill)
+	}
+	mustExec(t, c, `CREATE TABLE jo_plans (plan text PRIMARY KEY, title text COLLATE "en-US-x-icu", fee numeric(6,2))`)
+	mustExec(t, c, `INSERT INTO jo_plans VALUES ('free', 'Free', 0), ('pro', 'pro', 12.5), ('team', 'Team', 40)`)
+	mustExec(t, c, `SELECT lattice_create_reference_table('jo_plans')`)
 
 	cases := []struct {
 		sql     string
@@ -70,6 +94,32 @@ func TestJoinsEqualPostgres(t *testing.T) {
 		{sql: `SELECT customer_id, order_id FROM jo WHERE customer_id NOT IN (SELECT customer_id FROM jo WHERE order_id > 3)`},
 		{sql: `SELECT a.customer_id, a.order_id, (SELECT max(b.total) FROM jo b WHERE b.customer_id = a.customer_id) AS top FROM jo a ORDER BY top DESC, 1, 2 LIMIT 10`, ordered: true},
 		{sql: `SELECT a.customer_id, l.n FROM jo a CROSS JOIN LATERAL (SELECT count(*) AS n FROM jo b WHERE b.customer_id = a.customer_id AND b.order_id <= a.order_id) l WHERE a.status = $1`, args: []any{"paid"}},
+		// The key not fixed, aggregated in two steps: a partial query per
+		// node, the final step on the catalog node.
+		{sql: `SELECT count(*) FROM jo a JOIN jo b USING (customer_id)`},
+		{sql: `SELECT count(*), sum(b.total), avg(b.total) FROM jo a JOIN jo b ON a.customer_id = b.customer_id AND b.order_id = a.parent`},
+		{sql: `SELECT a.status, count(*), min(b.total), max(b.total) FROM jo a JOIN jo b USING (customer_id) GROUP BY a.status ORDER BY 1`, ordered: true},
+		{sql: `SELECT c.name, count(o.order_id), sum(o.total) FROM jc c LEFT JOIN jo o ON o.customer_id = c.customer_id GROUP BY c.name ORDER BY c.name`, ordered: true},
+		{sql: `SELECT c.plan, count(DISTINCT c.customer_id), count(DISTINCT o.status), avg(o.total) FROM jc c JOIN jo o USING (customer_id) GROUP BY c.plan HAVING count(*) > 5 ORDER BY 1 NULLS FIRST`, ordered: true},
+		{sql: `SELECT DISTINCT c.region FROM jc c JOIN jo o USING (customer_id) WHERE o.status = 'void' ORDER BY 1`, ordered: true},
+		{sql: `SELECT DISTINCT c.name FROM jc c JOIN ji i ON i.cust = c.customer_id ORDER BY c.name DESC LIMIT 6`, ordered: true},
+		{sql: `SELECT min(c.name), max(c.name), min(i.sku), max(i.sku), count(DISTINCT i.sku) FROM jc c JOIN ji i ON i.cust = c.customer_id`},
+		{sql: `SELECT i.sku, count(*), sum(i.qty) FROM jo o JOIN ji i ON i.cust = o.customer_id AND i.order_id = o.order_id GROUP BY i.sku ORDER BY i.sku`, ordered: true},
+		{sql: `SELECT p.title, count(*), sum(i.qty * i.price), max(c.name) FROM jc c JOIN jo o ON o.customer_id = c.customer_id JOIN ji i ON i.cust = o.customer_id AND i.order_id = o.order_id JOIN jo_plans p ON p.plan = c.plan GROUP BY p.title ORDER BY p.title`, ordered: true},
+		{sql: `SELECT o.status, count(i.line), coalesce(sum(i.qty), 0) FROM jo o LEFT JOIN ji i ON i.cust = o.customer_id AND i.order_id = o.order_id GROUP BY o.status ORDER BY 1`, ordered: true},
+		{sql: `SELECT c.region, count(o.customer_id), count(*) FROM jc c LEFT JOIN jo o ON o.customer_id = c.customer_id AND o.total > 50 GROUP BY 1 ORDER BY 1`, ordered: true},
+		{sql: `SELECT count(c.customer_id), count(o.customer_id), count(*) FROM jc c FULL JOIN jo o ON o.customer_id = c.customer_id AND o.total > 50`},
+		{sql: `SELECT count(*), min(c.name) FROM jc c WHERE EXISTS (SELECT 1 FROM jo o WHERE o.customer_id = c.customer_id AND o.status = 'paid')`},
+		{sql: `SELECT c.region, count(*) FROM jc c WHERE c.customer_id NOT IN (SELECT cust FROM ji) GROUP BY c.region ORDER BY 2 DESC, 1`, ordered: true},
+		{sql: `SELECT count(*), sum(t.n), max(t.n) FROM jc c JOIN (SELECT cust, count(*) AS n FROM ji GROUP BY cust) t ON t.cust = c.customer_id`},
+		{sql: `SELECT max(l.total), count(*) FROM jc c CROSS JOIN LATERAL (SELECT o.total FROM jo o WHERE o.customer_id = c.customer_id ORDER BY o.total DESC LIMIT 1) l`},
+		{sql: `SELECT o.status, count(*) FROM jo o JOIN ji i ON i.cust = o.customer_id AND i.order_id = o.order_id WHERE i.qty > $1 GROUP BY 1 ORDER BY 1`, ordered: true, args: []any{2}},
+		{sql: `SELECT c.region, avg(i.qty), sum(i.qty), sum(i.price), avg(i.price) FROM jc c JOIN ji i ON i.cust = c.customer_id GROUP BY 1 ORDER BY 1`, ordered: true},
+		{sql: `SELECT p.title, count(DISTINCT c.region), min(o.total) FROM jc c JOIN jo o USING (customer_id) JOIN jo_plans p USING (plan) WHERE p.fee > $1 GROUP BY p.title HAVING min(o.total) < 50 ORDER BY 2, 1`, ordered: true, args: []any{1}},
+		// Windows partitioned by the key run on the shards.
+		{sql: `SELECT o.customer_id, o.order_id, rank() OVER (PARTITION BY c.customer_id ORDER BY o.total DESC, o.order_id) AS r, sum(o.total) OVER (PARTITION BY o.customer_id) FROM jc c JOIN jo o USING (customer_id) ORDER BY r, 1, 2 LIMIT 25`, ordered: true},
+		{sql: `SELECT c.customer_id, i.order_id, i.line, count(i.line) OVER w, row_number() OVER (w ORDER BY i.order_id, i.line) FROM jc c LEFT JOIN ji i ON i.cust = c.customer_id WINDOW w AS (PARTITION BY c.customer_id)`},
+		{sql: `SELECT c.customer_id, o.customer_id, count(*) OVER (PARTITION BY c.customer_id, o.customer_id) FROM jc c FULL JOIN jo o ON o.customer_id = c.customer_id AND o.total > 50`},
 	}
 	// Refused, with a hint that names the fix.
 	refusedCases := []struct{ sql, hint string }{
@@ -78,7 +128,12 @@ func TestJoinsEqualPostgres(t *testing.T) {
 		{`SELECT * FROM jo a WHERE a.total > (SELECT avg(total) FROM jo)`, "equal shard keys"},
 		{`SELECT * FROM jo JOIN jo_status USING (status) WHERE customer_id = 1`, "reference table"},
 		{`SELECT * FROM jo a JOIN jo b USING (customer_id) JOIN jo_status s ON s.status = b.status WHERE a.customer_id = 1`, "reference table"},
-		{`SELECT count(*) FROM jo a JOIN jo b USING (customer_id)`, "customer_id = <value>"},
+		{`SELECT string_agg(c.name, ',') FROM jc c JOIN jo o USING (customer_id)`, "customer_id = <value>"},
+		{`SELECT c.name, (SELECT count(*) FROM jo o WHERE o.customer_id = c.customer_id) FROM jc c GROUP BY c.name, c.customer_id`, "customer_id = <value>"},
+		{`SELECT p.title, count(o.total) FROM jo_plans p LEFT JOIN jc c USING (plan) LEFT JOIN jo o USING (customer_id) GROUP BY 1`, "customer_id = <value>"},
+		{`SELECT count(*) FROM jc c JOIN ji i ON i.line = c.customer_id`, "shard keys"},
+		{`SELECT c.customer_id, rank() OVER (ORDER BY c.name) FROM jc c JOIN jo o USING (customer_id)`, "partition every window by the shard key"},
+		{`SELECT c.customer_id, count(*) OVER (PARTITION BY o.customer_id) FROM jc c LEFT JOIN jo o USING (customer_id)`, "partition every window by the shard key"},
 		{`SELECT customer_id FROM jo UNION SELECT customer_id FROM jo`, "customer_id = <value>"},
 	}
 
@@ -92,8 +147,8 @@ func TestJoinsEqualPostgres(t *testing.T) {
 		`WITH d AS (DELETE FROM jo WHERE customer_id = 11 AND status = 'open' RETURNING total) UPDATE jo SET total = (SELECT coalesce(sum(total), 0) FROM d) WHERE customer_id = 11 AND order_id = 2 RETURNING total`,
 	}
 
-	plain := regexp.MustCompile(`\bjo\b`)
-	onPlain := func(sql string) string { return plain.ReplaceAllString(sql, "jo_plain") }
+	plain := regexp.MustCompile(`\b(jo|jc|ji)\b`)
+	onPlain := func(sql string) string { return plain.ReplaceAllString(sql, "${1}_plain") }
 	modes := map[string]pgx.QueryExecMode{"extended": pgx.QueryExecModeCacheStatement, "simple": pgx.QueryExecModeSimpleProtocol}
 	for name, mode := range modes {
 		for _, tc := range cases {
@@ -165,11 +220,13 @@ func TestJoinsEqualPostgres(t *testing.T) {
 	}
 }
 
-// TestJoinsMixedShard puts shard 0 of a tree in the state of a split
-// source before the release (it also holds a copy of every row of shard
-// 1, and is marked mixed): every tree reference of a join over several
-// shards reads it through its slot predicate, so the preserved side of a
-// RIGHT or FULL join, and each side of a self-join, sees each row once.
+// TestJoinsMixedShard puts shard 0 of a colocation group in the state of
+// a split source before the release (each member's table there also holds
+// a copy of every row of shard 1, and the shard is marked mixed): every
+// tree reference of a join over several shards reads it through the slot
+// predicate of its own tree's key, so the preserved side of a RIGHT or
+// FULL join, and each side of a self-join, sees each row once, and
+// aggregates over joins of the two trees equal plain PostgreSQL's.
 func TestJoinsMixedShard(t *testing.T) {
 	resetNodes(t)
 	p := startProxy(t, 3)
@@ -180,17 +237,30 @@ func TestJoinsMixedShard(t *testing.T) {
 	mustExec(t, c, "CREATE TABLE mj (k text PRIMARY KEY, v int NOT NULL)")
 	mustExec(t, c, "INSERT INTO mj SELECT 'm' || g, g FROM generate_series(1, 400) g")
 	mustExec(t, c, "SELECT lattice_create_tree('mj', 'k', shard_count => 4)")
+	// A member keyed by a column of another name, and plain copies of both.
+	const mkCols = "(kk text, n int, w int, PRIMARY KEY (kk, n))"
+	const mkFill = "SELECT 'm' || g, n, (g * 7 + n) % 11 FROM generate_series(1, 400) g, generate_series(1, 1 + g % 3) n"
+	mustExec(t, c, "CREATE TABLE mk "+mkCols)
+	mustExec(t, c, "INSERT INTO mk "+mkFill)
+	mustExec(t, c, "SELECT lattice_create_tree('mk', 'kk', colocate_with => 'mj')")
+	mustExec(t, c, "CREATE TABLE mj_plain (k text PRIMARY KEY, v int NOT NULL)")
+	mustExec(t, c, "INSERT INTO mj_plain SELECT 'm' || g, g FROM generate_series(1, 400) g")
+	mustExec(t, c, "CREATE TABLE mk_plain "+mkCols)
+	mustExec(t, c, "INSERT INTO mk_plain "+mkFill)
 	store := harnessStore(t)
 	tree, m := storedTree(t, ctx, store, "mj")
+	member, _ := storedTree(t, ctx, store, "mk")
 	nodeIndex := func(name string) int { return int(name[1] - '1') }
 	srcConn := ctConnect(t, ctx, testNodeDSN(t, nodeIndex(m.Shards[0].Node)))
 	movedConn := ctConnect(t, ctx, testNodeDSN(t, nodeIndex(m.Shards[1].Node)))
-	var buf strings.Builder
-	if _, err := movedConn.PgConn().CopyTo(ctx, &buf, "COPY "+pgshard.ShardTable(tree, 1)+" TO STDOUT"); err != nil {
-		t.Fatal(err)
-	}
-	if tag, err := srcConn.PgConn().CopyFrom(ctx, strings.NewReader(buf.String()), "COPY "+pgshard.ShardTable(tree, 0)+" FROM STDIN"); err != nil || tag.RowsAffected() == 0 {
-		t.Fatalf("copying shard 1 into shard 0: %v, %v", tag, err)
+	for _, tr := range []*shardmap.Tree{tree, member} {
+		var buf strings.Builder
+		if _, err := movedConn.PgConn().CopyTo(ctx, &buf, "COPY "+pgshard.ShardTable(tr, 1)+" TO STDOUT"); err != nil {
+			t.Fatal(err)
+		}
+		if tag, err := srcConn.PgConn().CopyFrom(ctx, strings.NewReader(buf.String()), "COPY "+pgshard.ShardTable(tr, 0)+" FROM STDIN"); err != nil || tag.RowsAffected() == 0 {
+			t.Fatalf("copying shard 1 of %s into shard 0: %v, %v", tr.Name, tag, err)
+		}
 	}
 	next := m.Clone()
 	s0 := next.Shards[0]
@@ -227,6 +297,32 @@ func TestJoinsMixedShard(t *testing.T) {
 			}
 			if len(got) != want || len(seen) != rows {
 				t.Fatalf("%s (mode %v): %d rows of %d keys, want %d rows of %d keys", sql, mode, len(got), len(seen), want, rows)
+			}
+		}
+		// Aggregated in two steps, each reference of each node's partial
+		// query through its own tree's predicate.
+		plain := regexp.MustCompile(`\b(mj|mk)\b`)
+		for _, sql := range []string{
+			"SELECT count(*), sum(b.w), avg(b.w) FROM mj a JOIN mk b ON b.kk = a.k",
+			"SELECT a.v % 7 AS g, count(b.n), max(b.kk) FROM mj a LEFT JOIN mk b ON b.kk = a.k AND b.n > 1 GROUP BY 1 ORDER BY 1",
+			"SELECT count(DISTINCT a.k), count(*) FROM mj a JOIN mj b ON a.k = b.k",
+			"SELECT count(a.k), count(b.kk), count(*) FROM mj a FULL JOIN mk b ON b.kk = a.k AND b.w > 5",
+			"SELECT DISTINCT b.n FROM mk b WHERE EXISTS (SELECT 1 FROM mj a WHERE a.k = b.kk AND a.v > 100) ORDER BY 1",
+			"SELECT count(*), min(a.k) FROM mj a WHERE a.k NOT IN (SELECT kk FROM mk WHERE n = 3)",
+			"SELECT b.w, count(*) FROM mk b JOIN mj a ON a.k = b.kk GROUP BY b.w HAVING count(*) > 30 ORDER BY 1",
+			// A window partitioned by the key, per shard.
+			"SELECT b.kk, b.n, sum(b.w) OVER (PARTITION BY a.k ORDER BY b.n), count(*) OVER (PARTITION BY b.kk) FROM mj a JOIN mk b ON b.kk = a.k ORDER BY 1, 2",
+		} {
+			gotHead, got, err := queryTyped(t, c, sql, mode)
+			if err != nil {
+				t.Fatalf("%s (mode %v): %v", sql, mode, err)
+			}
+			wantHead, want, err := queryTyped(t, c, plain.ReplaceAllString(sql, "${1}_plain"), mode)
+			if err != nil {
+				t.Fatalf("%s on the plain tables: %v", sql, err)
+			}
+			if gotHead != wantHead || !slices.Equal(got, want) {
+				t.Fatalf("%s (mode %v): through the trees %s %v, on the plain tables %s %v", sql, mode, gotHead, got, wantHead, want)
 			}
 		}
 	}

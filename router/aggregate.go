@@ -17,8 +17,10 @@ import (
 // An aggregating fan-out (aggregates, GROUP BY, HAVING or DISTINCT) runs in
 // two steps. Each node computes partial aggregates over its shards in one
 // query: the GROUP BY keys (and the arguments of DISTINCT aggregates),
-// then per aggregate its partial state, as columns lattice_c1, ..., over (SELECT * FROM shard1 UNION ALL ...) under the tree's name
-// or alias. The final step is the statement itself, run by PostgreSQL over
+// then per aggregate its partial state, as columns lattice_c1, ..., over
+// the statement's FROM and WHERE with each tree reference read as (SELECT
+// * FROM shard1 UNION ALL ...) under its name or alias (aggsource.go).
+// The final step is the statement itself, run by PostgreSQL over
 // the partial rows: FROM and WHERE replaced by the partial rows, each GROUP
 // BY key by its column, each aggregate by the aggregate that combines its
 // partial states. HAVING, DISTINCT, ORDER BY, LIMIT and OFFSET stay as
@@ -47,13 +49,13 @@ type aggCall struct {
 
 // AggPlan is the two-step form of an aggregating FanOut plan.
 type AggPlan struct {
-	partial [2]string // text before and after the source of the partial query
-	whole   [2]string // the statement itself around its source: all shards on one node
-	final   []string  // final query text around its holes: source, then one per aggregate in order of appearance
-	holes   []int     // for each hole after final[0]: -1 source, else the aggregate index
+	partial aggText  // the partial query around its tree references
+	whole   aggText  // the statement itself around them: all shards on one node
+	refs    []aggRef // the tree references the holes of partial and whole stand for
+	final   []string // final query text around its holes: source, then one per aggregate in order of appearance
+	holes   []int    // for each hole after final[0]: -1 source, else the aggregate index
 	aggs    []aggCall
-	alias   string // the tree's name or alias, which the partial query's source takes
-	Columns int    // partial result columns
+	Columns int // partial result columns
 	// Params are the parameter numbers the partial and the final query
 	// reference: a parameter one of them does not use must still be typed
 	// there.
@@ -69,33 +71,13 @@ const aggSource = "lattice_src"
 // RenderPartial is the partial query a node runs over the given shard
 // schemas.
 func (p *Plan) RenderPartial(schemas []btreeindex.Source) string {
-	return p.renderAround(p.Agg.partial, schemas)
+	return p.renderRefs(p.Agg.partial, schemas)
 }
 
 // RenderWhole is the statement itself over the given shard schemas, for a
 // node that holds every shard of the tree: no final step is needed.
 func (p *Plan) RenderWhole(schemas []btreeindex.Source) string {
-	return p.renderAround(p.Agg.whole, schemas)
-}
-
-func (p *Plan) renderAround(pieces [2]string, schemas []btreeindex.Source) string {
-	a := p.Agg
-	var b strings.Builder
-	b.WriteString(pieces[0])
-	b.WriteByte('(')
-	for i, s := range schemas {
-		if i > 0 {
-			b.WriteString(" UNION ALL ")
-		}
-		b.WriteString("SELECT * FROM " + quoteIdent(s.Schema) + "." + quoteIdent(p.Tree.Name))
-		if s.Filter != "" {
-			b.WriteString(" WHERE " + s.Filter)
-		}
-	}
-	b.WriteString(") AS ")
-	b.WriteString(quoteIdent(a.alias))
-	b.WriteString(pieces[1])
-	return b.String()
+	return p.renderRefs(p.Agg.whole, schemas)
 }
 
 // RenderFinal is the final query over source (a FROM item ending in
@@ -170,9 +152,11 @@ func (a *AggPlan) combine(i int, oids []uint32) (string, *sqlstate.Error) {
 	return "", e
 }
 
-// aggregating reports whether a SELECT needs the two-step form.
-func aggregating(s *pg.SelectStmt, scan []*pg.Node) bool {
-	agg, _ := aggregates(scan)
+// aggregating reports whether a SELECT needs the two-step form; top
+// leaves out the aggregates of subqueries (a correlated subquery of a
+// statement over several tree references aggregates per outer row).
+func aggregating(s *pg.SelectStmt, scan []*pg.Node, top bool) bool {
+	agg, _ := findAggregates(scan, top)
 	return agg != "" || len(s.GroupClause) > 0 || s.GroupDistinct || s.HavingClause != nil || len(s.DistinctClause) > 0
 }
 
@@ -196,19 +180,16 @@ func (p *planner) aggFanOut(r route, s *pg.SelectStmt) route {
 	case s.WithClause != nil:
 		return no(keyHint+", or run the CTE as its own statement.", "WITH with aggregates over several shards is not supported")
 	}
-	// The partial query's FROM is the statement's, the tree replaced by its
-	// node's shards: joined with reference tables, each node's part is
-	// then the join of its shards' rows.
-	src, ok := aggFrom(s.FromClause, r.rv)
-	if !ok {
-		return no(keyHint+".", "aggregates over several shards need the tree in the FROM list itself or in its joins, not inside a subquery")
-	}
-	joined := len(s.FromClause) != 1 || s.FromClause[0].GetRangeVar() != r.rv
-	switch {
-	case len(r.cols) > 0:
+	multi := r.multi != nil
+	refs, rvs := aggRefs(r)
+	joined := multi || len(s.FromClause) != 1 || s.FromClause[0].GetRangeVar() != r.rv
+	if len(r.cols) > 0 {
 		return no(keyHint+", or name columns without the schema (tree.column).", "schema-qualified column references in an aggregate over several shards are not supported")
-	case r.rv.Alias != nil && len(r.rv.Alias.Colnames) > 0:
-		return no(keyHint+", or leave out the column aliases of the table alias.", "column aliases on the tree in an aggregate over several shards are not supported")
+	}
+	for _, rv := range rvs {
+		if rv.Alias != nil && len(rv.Alias.Colnames) > 0 {
+			return no(keyHint+", or leave out the column aliases of the table alias.", "column aliases on the tree in an aggregate over several shards are not supported")
+		}
 	}
 	for _, g := range s.GroupClause {
 		if g.GetGroupingSet() != nil {
@@ -222,7 +203,10 @@ func (p *planner) aggFanOut(r route, s *pg.SelectStmt) route {
 	if s.HavingClause != nil {
 		scan = append(scan, s.HavingClause)
 	}
-	if s.WhereClause != nil {
+	if s.WhereClause != nil && !multi {
+		// Over several tree references WHERE runs in the partial query,
+		// subqueries and all (correlated on the key, they read the
+		// node's rows of the outer row's key).
 		scan = append(scan, s.WhereClause)
 	}
 	if s.LimitCount != nil {
@@ -233,6 +217,28 @@ func (p *planner) aggFanOut(r route, s *pg.SelectStmt) route {
 	}
 	if bad := unsupportedNode(scan); bad != "" {
 		return no(keyHint+", or compute it in the application.", "%s over several shards is not supported", bad)
+	}
+
+	// The partial query's FROM and WHERE are the statement's, each tree
+	// reference replaced by its node's shards: joined with reference
+	// tables and colocated trees, each node's part is then the join of
+	// its shards' rows. One tree must be in the FROM list itself or in its
+	// joins; several are placed wherever they are, and must all be in
+	// FROM or WHERE, which the partial query keeps.
+	placer := newRefPlacer(rvs, multi)
+	src := make([]*pg.Node, len(s.FromClause))
+	for i, n := range s.FromClause {
+		src[i] = placer.place(n)
+	}
+	where := s.WhereClause
+	if multi {
+		where = placer.place(where)
+	}
+	if !placer.once() {
+		if multi {
+			return no(keyHint+".", "a tree reference outside FROM and WHERE in an aggregating SELECT over several shards is not supported")
+		}
+		return no(keyHint+".", "aggregates over several shards need the tree in the FROM list itself or in its joins, not inside a subquery")
 	}
 
 	// The select list, * expanded from the tree's columns, with every
@@ -291,9 +297,9 @@ func (p *planner) aggFanOut(r route, s *pg.SelectStmt) route {
 				return no("Group by a position between 1 and the number of output columns.", "GROUP BY position %d is not in the select list", k)
 			}
 			e = targets[k-1].Val
-		} else if name, ok := bareName(g); ok && !slices.Contains(tree.Columns, name) {
+		} else if name, ok := bareName(g); ok && (multi || !slices.Contains(tree.Columns, name)) {
 			// Not an input column: an output column name (SQL92). Without
-			// the tree's columns the proxy cannot tell which it is.
+			// the columns of every table the proxy cannot tell which it is.
 			for _, t := range targets {
 				if t.Name == name {
 					// Joined, the name may be a column of another table,
@@ -309,7 +315,7 @@ func (p *planner) aggFanOut(r route, s *pg.SelectStmt) route {
 		finalGroup = append(finalGroup, addGroup(e))
 	}
 	distinctOnly := len(s.GroupClause) == 0 && len(s.DistinctClause) > 0
-	if agg, _ := aggregates(scan); agg == "" && distinctOnly {
+	if agg, _ := findAggregates(scan, multi); agg == "" && distinctOnly {
 		for _, t := range targets {
 			addGroup(t.Val)
 		}
@@ -426,7 +432,7 @@ func (p *planner) aggFanOut(r route, s *pg.SelectStmt) route {
 
 	partial := &pg.SelectStmt{
 		FromClause:  src,
-		WhereClause: s.WhereClause,
+		WhereClause: where,
 		LimitOption: pg.LimitOption_LIMIT_OPTION_DEFAULT,
 		Op:          pg.SetOperation_SETOP_NONE,
 	}
@@ -443,30 +449,24 @@ func (p *planner) aggFanOut(r route, s *pg.SelectStmt) route {
 		partial.TargetList = append(partial.TargetList, resTarget("lattice_c1", funcNode("count", nil, true)))
 	}
 
-	alias := tree.Name
-	if r.rv.Alias != nil {
-		alias = r.rv.Alias.Aliasname
-	}
-	ap := &AggPlan{aggs: aggs, Columns: len(partial.TargetList)}
+	ap := &AggPlan{aggs: aggs, refs: refs, Columns: len(partial.TargetList)}
 	ptext, err := deparseStmt(partial)
 	if err != nil {
 		return refusedRoute(fanError(tree.Name))
 	}
-	pre, post, ok := splitSource(ptext)
-	if !ok {
+	var ok bool
+	if ap.partial, ok = cutRefs(ptext, len(refs)); !ok {
 		return refusedRoute(fanError(tree.Name))
 	}
-	ap.partial, ap.alias = [2]string{pre, post}, alias
 	whole := proto.Clone(s).(*pg.SelectStmt)
-	whole.FromClause = src
+	whole.FromClause, whole.WhereClause = src, where
 	wtext, err := deparseStmt(whole)
 	if err != nil {
 		return refusedRoute(fanError(tree.Name))
 	}
-	if pre, post, ok = splitSource(wtext); !ok {
+	if ap.whole, ok = cutRefs(wtext, len(refs)); !ok {
 		return refusedRoute(fanError(tree.Name))
 	}
-	ap.whole = [2]string{pre, post}
 	ftext, err := deparseStmt(final)
 	if err != nil {
 		return refusedRoute(fanError(tree.Name))
@@ -491,12 +491,16 @@ func (p *planner) aggFanOut(r route, s *pg.SelectStmt) route {
 		probe = append(probe, arg)
 	}
 	if collated && len(probe) == ap.Columns {
-		ap.CollationProbe = collationProbe(r, probe)
+		if ap.CollationProbe = collationProbe(r, probe); ap.CollationProbe == "" {
+			// Without the nodes' collations the final step would group
+			// and compare text under the catalog's default.
+			return no(keyHint+", or aggregate in the application.", "the proxy cannot find the collations of the grouped and compared columns")
+		}
 	}
 	// The catalog check for user-defined aggregates skips the built-in
 	// ones the two-step form combines.
 	var names []string
-	for _, c := range functionNames(scan) {
+	for _, c := range findFunctionNames(scan, multi) {
 		switch c {
 		case "count", "sum", "min", "max", "avg":
 		default:
@@ -507,32 +511,18 @@ func (p *planner) aggFanOut(r route, s *pg.SelectStmt) route {
 	return r
 }
 
-// aggFrom is a copy of the FROM list from with the tree's reference rv
-// replaced by the partial query's source (lattice_src), found at this
-// level only: in the list or in the arguments of its joins; ok is false
-// when rv is not there. (An outer join that would NULL-extend the other
-// side on every node is refused before: replicatedPreserved.)
-func aggFrom(from []*pg.Node, rv *pg.RangeVar) (_ []*pg.Node, ok bool) {
-	found := false
-	var walk func(n *pg.Node) *pg.Node
-	walk = func(n *pg.Node) *pg.Node {
-		if v := n.GetRangeVar(); v == rv {
-			found = true
-			return &pg.Node{Node: &pg.Node_RangeVar{RangeVar: &pg.RangeVar{Relname: aggSource, Inh: true, Relpersistence: "p"}}}
-		}
-		j := n.GetJoinExpr()
-		if j == nil {
-			return proto.Clone(n).(*pg.Node)
-		}
-		out := proto.Clone(j).(*pg.JoinExpr)
-		out.Larg, out.Rarg = walk(j.Larg), walk(j.Rarg)
-		return &pg.Node{Node: &pg.Node_JoinExpr{JoinExpr: out}}
+// aggRefs are the tree references an aggregating fan-out reads, and
+// their RangeVars: the tree's one, or each of several.
+func aggRefs(r route) ([]aggRef, []*pg.RangeVar) {
+	if r.multi == nil {
+		return []aggRef{{tree: r.tree, alias: treeRef{rv: r.rv}.name()}}, []*pg.RangeVar{r.rv}
 	}
-	out := make([]*pg.Node, len(from))
-	for i, n := range from {
-		out[i] = walk(n)
+	refs := make([]aggRef, len(r.multi))
+	rvs := make([]*pg.RangeVar, len(r.multi))
+	for i, m := range r.multi {
+		refs[i], rvs[i] = aggRef{tree: m.tree, alias: m.name()}, m.rv
 	}
-	return out, found
+	return refs, rvs
 }
 
 func funcName(fc *pg.FuncCall) string {
@@ -723,27 +713,6 @@ func deparseExpr(n *pg.Node) (string, error) {
 		return "", err
 	}
 	return strings.TrimPrefix(text, "SELECT "), nil
-}
-
-// splitSource cuts a deparsed statement around its lattice_src reference.
-func splitSource(text string) (string, string, bool) {
-	toks, _, ok := scan(text)
-	if !ok {
-		return "", "", false
-	}
-	at := -1
-	for _, t := range toks {
-		if t.kind == pg.Token_IDENT && t.text(text) == aggSource {
-			if at >= 0 {
-				return "", "", false
-			}
-			at = int(t.start)
-		}
-	}
-	if at < 0 {
-		return "", "", false
-	}
-	return text[:at], text[at+len(aggSource):], true
 }
 
 // finalPieces cuts the deparsed final statement at its source and at each

@@ -110,33 +110,22 @@ func (p *planner) fanOut(r route, s *pg.SelectStmt) route {
 			"an outer join keeps the rows of %s, which every shard holds whole, against the tree: each shard would add its own unmatched rows", from)
 	}
 	scan := selectScan(s)
-	if r.multi != nil {
-		agg, window := findAggregates(scan, true)
-		if agg != "" || len(s.GroupClause) > 0 || s.GroupDistinct || s.HavingClause != nil || len(s.DistinctClause) > 0 {
-			// The two-step aggregate reads one tree as its FROM; the
-			// other references would stay on the template.
-			return no(keyHint+", or aggregate in the application.", "aggregates, GROUP BY or DISTINCT over several tree references are not supported yet")
-		}
-		if window {
-			return no(keyHint+", or compute it in the application.", "window functions over several shards are not supported")
-		}
-	} else if aggregating(s, scan) {
+	if aggregating(s, scan, r.multi != nil) {
 		return p.aggFanOut(r, s)
 	}
-	if agg, window := aggregates(scan); r.multi == nil && agg != "" {
-		return no(keyHint+", or aggregate in the application.", "aggregates over several shards are not supported yet (%s)", agg)
-	} else if window {
-		return no(keyHint+", or compute it in the application.", "window functions over several shards are not supported")
+	// Over several tree references a correlated subquery's window runs
+	// per outer row, on its shard, and one partitioned by the key on the
+	// shards (window.go).
+	windowHint, windowWhy := keyHint+", or compute it in the application.", "window functions over several shards are not supported"
+	if r.multi != nil {
+		windowHint, windowWhy = keyHint+", or partition every window by the shard key of the tree references, or compute it in the application.", windowWhy+" unless partitioned by the shard key"
+	}
+	if _, window := findAggregates(scan, r.multi != nil); window && !r.keyedWindows {
+		return no(windowHint, "%s", windowWhy)
 	}
 	switch {
-	case len(s.GroupClause) > 0 || s.GroupDistinct:
-		return no(keyHint+", or group in the application.", "GROUP BY over several shards is not supported yet")
-	case s.HavingClause != nil:
-		return no(keyHint+", or filter in the application.", "HAVING over several shards is not supported yet")
-	case len(s.DistinctClause) > 0:
-		return no(keyHint+", or remove duplicates in the application.", "DISTINCT over several shards is not supported yet")
-	case len(s.WindowClause) > 0:
-		return no(keyHint+", or compute it in the application.", "window functions over several shards are not supported")
+	case len(s.WindowClause) > 0 && !r.keyedWindows:
+		return no(windowHint, "%s", windowWhy)
 	case len(s.LockingClause) > 0:
 		return no("Lock rows by shard key: SELECT ... WHERE "+tree.KeyColumn+" = <value> FOR UPDATE.", "FOR UPDATE/SHARE over several shards is not supported")
 	case s.LimitOption == pg.LimitOption_LIMIT_OPTION_WITH_TIES:
@@ -343,7 +332,9 @@ func functionNames(nodes []*pg.Node) []string { return findFunctionNames(nodes, 
 
 // findFunctionNames is functionNames, outside subqueries only when top (a
 // correlated subquery of a multi-reference statement runs whole per outer
-// row: its aggregates need no merge).
+// row: its aggregates need no merge), and then without the window calls (a
+// window of such a statement over several shards is partitioned by the
+// key: window.go).
 func findFunctionNames(nodes []*pg.Node, top bool) []string {
 	seen := map[string]bool{}
 	var out []string
@@ -355,7 +346,7 @@ func findFunctionNames(nodes []*pg.Node, top bool) []string {
 			}
 			return
 		}
-		if v, ok := m.Interface().(*pg.FuncCall); ok && len(v.Funcname) > 0 {
+		if v, ok := m.Interface().(*pg.FuncCall); ok && len(v.Funcname) > 0 && !(top && v.Over != nil) {
 			name := strings.ToLower(v.Funcname[len(v.Funcname)-1].GetString_().GetSval())
 			if !seen[name] {
 				seen[name] = true

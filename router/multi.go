@@ -69,6 +69,7 @@ func (p *planner) multiRoute(root proto.Message, w *walker, name string, trees [
 	}
 	if res.fanOut {
 		if s, ok := root.(*pg.SelectStmt); ok && s.Op == pg.SetOperation_SETOP_NONE {
+			r.keyedWindows = c.windowsByKey(s)
 			return p.fanOut(r, s)
 		}
 		k := base.KeyColumn

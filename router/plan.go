@@ -266,7 +266,10 @@ type route struct {
 	// multi are the tree references of a statement that names trees more
 	// than once or inside subqueries (colocate.go); rv is the first.
 	multi []treeRef
-	refs  []string // the reference tables named (reference.go)
+	// keyedWindows marks a FanOut over several references whose windows
+	// are all partitioned by the key (window.go): they run on the shards.
+	keyedWindows bool
+	refs         []string // the reference tables named (reference.go)
 }
 
 // refTree is the tree of rv when rv is one of the route's tree references.

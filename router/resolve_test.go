@@ -222,6 +222,9 @@ func describeResolution(t *testing.T, c resolveCase) string {
 	}
 	p := plans[0]
 	b.WriteString("plan: " + p.String() + "\n")
+	if p.Agg != nil {
+		b.WriteString("final: " + p.Agg.template() + "\n")
+	}
 	if p.Kind == Refused && p.Err.Hint != "" {
 		b.WriteString("hint: " + p.Err.Hint + "\n")
 	}

@@ -121,10 +121,7 @@ func (r *renderer) renderSources(src btreeindex.Source) string {
 		}
 		t, paren = trimOnly(t)
 		b.WriteString(t)
-		f := src.Filter
-		if h.tree.Name != base.Name {
-			f = strings.ReplaceAll(f, btreeindex.SlotExpr(base, ""), btreeindex.SlotExpr(h.tree, ""))
-		}
+		f := memberFilter(src.Filter, base, h.tree)
 		b.WriteString(sourceFrom(btreeindex.Source{Schema: src.Schema, Filter: f}, h.qname))
 		if !h.aliased {
 			b.WriteString(" AS " + h.qname)
