@@ -173,8 +173,12 @@ func (h *hostileTenant) setup(t *testing.T, ctx context.Context) {
 	if err := h.client.QueryRow(ctx, `SELECT current_user, rolsuper FROM pg_roles WHERE rolname = current_user`).Scan(&who, &super); err != nil || who != pgshard.TenantRole(h.db) || super {
 		t.Errorf("tenant %s's sessions run as %q (superuser %v, %v), want %q, no superuser", h.db, who, super, err, pgshard.TenantRole(h.db))
 	}
+	// A tree is dropped in a statement of its own.
+	drop := []string{`DROP TABLE IF EXISTS ` + hostileTree, `DROP TABLE IF EXISTS ` + hostilePlain, `DROP FUNCTION IF EXISTS runtime_set(text, text)`}
+	for _, q := range drop {
+		mustExec(t, h.client, q)
+	}
 	for _, q := range []string{
-		`DROP TABLE IF EXISTS ` + hostileTree + `, ` + hostilePlain,
 		`CREATE TABLE ` + hostileTree + ` (id bigint PRIMARY KEY, v text)`,
 		`INSERT INTO ` + hostileTree + ` SELECT i, 'v' || i FROM generate_series(1, 8) i`,
 		`SELECT lattice_create_tree('` + hostileTree + `', 'id', shard_count => 4)`,
@@ -189,8 +193,11 @@ $$`,
 		mustExec(t, h.client, q)
 	}
 	t.Cleanup(func() {
-		h.client.Exec(context.Background(), `DROP TABLE IF EXISTS `+hostileTree+`, `+hostilePlain)
-		h.client.Exec(context.Background(), `DROP FUNCTION IF EXISTS runtime_set(text, text)`)
+		for _, q := range drop {
+			if _, err := h.client.Exec(context.Background(), q); err != nil {
+				t.Errorf("clean up: %s: %v", q, err)
+			}
+		}
 	})
 	if err := pgx.BeginFunc(ctx, h.client, func(tx pgx.Tx) error {
 		_, err := tx.Exec(ctx, `UPDATE `+hostileTree+` SET v = 'x' WHERE id = ANY('{1,2,3,4,5,6,7,8}')`)
