@@ -29,9 +29,9 @@ const (
 // The proxy DSN is a user of the tenant that attacks (its database). The
 // node DSN, optional, is the catalog node (n1) as the control role, as the
 // demo's log prints it: with it the attacks also run as the tenant's role
-// on the node (which must let that role in as the DSN's authentication
-// lets the control role, as the demo's trust does), and the fence's attack
-// arms a slot fence. Another tenant is the node's postgres database.
+// on the node (its password, if the node asks for one, from PGPASSFILE),
+// and the fence's attack arms a slot fence. Another tenant is the node's
+// postgres database.
 func TestHostileClientExternal(t *testing.T) {
 	proxyDSN := os.Getenv(externalProxyEnv)
 	if proxyDSN == "" {
@@ -56,8 +56,11 @@ func TestHostileClientExternal(t *testing.T) {
 		// The control role's sessions (presence, and this test's) are
 		// another role's backends on the node.
 		otherRole = cfg.User
-		cfg.User, cfg.Database = pgshard.TenantRole(h.db), h.db
-		direct, err := pgx.ConnectConfig(ctx, cfg)
+		dsn, err := cl.ClientDSN("n1", h.db)
+		if err != nil {
+			t.Fatal(err)
+		}
+		direct, err := pgx.Connect(ctx, dsn) // a password from PGPASSFILE, as for the proxy
 		if err != nil {
 			t.Fatalf("the tenant's role on the node: %v", err)
 		}
