@@ -19,6 +19,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
 )
 
 // gaugeOf is the value of a gauge of the proxy's /metrics.
@@ -324,7 +325,7 @@ func TestIdleInTransactionTimeout(t *testing.T) {
 // --max-message-memory ends its session with 53200 while others go on.
 func TestMessageLimits(t *testing.T) {
 	resetNodes(t)
-	p := startProxy(t, 1, "--max-prepared-statements", "5", "--max-message-memory", "1MB")
+	p := startProxy(t, 1, "--max-prepared-statements", "5", "--max-portals", "3", "--max-message-memory", "1MB")
 	ctx := context.Background()
 	pc, err := pgconn.Connect(ctx, p.DSN("lattice"))
 	if err != nil {
@@ -346,6 +347,38 @@ func TestMessageLimits(t *testing.T) {
 	}
 	if _, err := pc.Prepare(ctx, "s5", "SELECT 1", nil); err != nil {
 		t.Fatalf("a statement once one was closed: %v", err)
+	}
+	// Named portals past --max-portals, in one batch (they live until the
+	// batch's implicit transaction ends): the fourth Bind fails.
+	fe := pc.Frontend()
+	for i := 0; i < 4; i++ {
+		fe.Send(&pgproto3.Bind{DestinationPortal: fmt.Sprintf("p%d", i), PreparedStatement: "s1"})
+	}
+	fe.Send(&pgproto3.Sync{})
+	if err := fe.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	var binds int
+	var refused *pgproto3.ErrorResponse
+	for done := false; !done; {
+		msg, err := pc.ReceiveMessage(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch m := msg.(type) {
+		case *pgproto3.BindComplete:
+			binds++
+		case *pgproto3.ErrorResponse:
+			refused = m
+		case *pgproto3.ReadyForQuery:
+			done = true
+		}
+	}
+	if binds != 3 || refused == nil || refused.Code != "54000" || !strings.Contains(refused.Hint, "--max-portals") {
+		t.Fatalf("four named portals: %d bound, error %+v; want 3, then 54000 naming --max-portals", binds, refused)
+	}
+	if _, err := pc.Exec(ctx, "SELECT 1").ReadAll(); err != nil {
+		t.Fatalf("the session after the refused portal: %v", err)
 	}
 
 	other := connect(t, p.DSN("lattice"))

@@ -42,8 +42,9 @@ import (
 //
 // An AFTER trigger, so that an upsert that updates logs the row it
 // updated, not an insert. The stream's and the repair's writes set
-// pgshard.MigratorSetting and are not logged: the stream only writes
-// before the flip, and a repair writes the source's rows.
+// pgshard.MigratorSetting as the control role (pgshard.MigratorBypass) and
+// are not logged: the stream only writes before the flip, and a repair
+// writes the source's rows. A tenant's write that sets it is logged.
 
 // writeLogLockTimeout bounds each attempt to attach or drop the trigger,
 // which waits for the writers inside the target table (a fold survivor
@@ -131,7 +132,7 @@ func (c clusterNodes) PrepareWriteLog(ctx context.Context, ts []*shardmap.Tree, 
 		}
 		stmts := append(writeLogSQL(t, mig, pkey),
 			"CREATE OR REPLACE TRIGGER "+pgx.Identifier{writeLogName(t, mig)}.Sanitize()+" AFTER INSERT OR UPDATE OR DELETE ON "+table+
-				" FOR EACH ROW WHEN (current_setting('"+pgshard.MigratorSetting+"', true) IS DISTINCT FROM 'on') EXECUTE FUNCTION "+
+				" FOR EACH ROW WHEN (NOT "+pgshard.MigratorBypass(conn.Conn().Config().User)+") EXECUTE FUNCTION "+
 				pgx.Identifier{shardmap.SchemaName(mig.Target), writeLogName(t, mig)}.Sanitize()+"()")
 		if err := execLocked(ctx, conn.Conn(), stmts); err != nil {
 			return fmt.Errorf("migrator: write log of %s on %s: %w", table, mig.TargetNode, err)

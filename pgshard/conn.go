@@ -60,6 +60,10 @@ type Conn struct {
 	node   *nodeCap
 	user   *userCap
 	closed atomic.Bool
+	// checkParam is PoolConfig.CheckParam; refusal, its error that broke
+	// the connection.
+	checkParam func(name, value string) error
+	refusal    error
 
 	prepared map[string]string // statement key -> server-side name
 	names    map[string]string // server-side name -> statement key
@@ -156,6 +160,10 @@ func (c *Conn) MarkBroken() { c.broken = true }
 
 // Broken reports whether the connection must not be reused.
 func (c *Conn) Broken() bool { return c.broken }
+
+// Refusal is the error of PoolConfig.CheckParam that broke the connection,
+// or nil.
+func (c *Conn) Refusal() error { return c.refusal }
 
 // Close closes the socket after a polite Terminate.
 func (c *Conn) Close() {

@@ -17,9 +17,22 @@ import (
 	"github.com/lattice-db/lattice/sqlstate"
 )
 
-// MigratorSetting, set to "on" in a transaction, lets the migrator's own
-// cleanup of moved rows pass the slot fences.
+// MigratorSetting, set to "on" in a transaction of the control role, lets
+// the migrator's own cleanup of moved rows pass the slot fences.
 const MigratorSetting = "lattice.migrator"
+
+// MigratorBypass is the SQL condition under which a write is the
+// migrator's own: MigratorSetting on, in a session that logged in as
+// control, the node DSN's role. A tenant's role can set the setting (a
+// function body may compute its name, out of the router's sight) but
+// cannot log in as another role, and session_user, unlike current_user,
+// stays the login role inside SECURITY DEFINER functions. The role is a
+// literal: the condition runs for every row the migrator writes, and a
+// name comparison costs nothing there. It is never NULL, so it serves in a
+// trigger's WHEN clause too.
+func MigratorBypass(control string) string {
+	return "(current_setting('" + MigratorSetting + "', true) IS NOT DISTINCT FROM 'on' AND session_user = " + quoteLiteral(control) + ")"
+}
 
 // fenceLockTimeout is how long one attempt to install a fence waits for the
 // writers already inside the table. Writers of the table's other slots queue
@@ -141,7 +154,7 @@ func (c *Cluster) PrepareSlotFence(ctx context.Context, node string, f SlotFence
 	detail := fmt.Sprintf("format('moved to shard %d at epoch %%s', TG_ARGV[0])", f.Target)
 	body := `CREATE OR REPLACE FUNCTION ` + f.function() + ` RETURNS trigger LANGUAGE plpgsql AS $fence$
 BEGIN
-    IF current_setting('` + MigratorSetting + `', true) = 'on' THEN
+    IF ` + MigratorBypass(p.Config().ConnConfig.User) + ` THEN
         RETURN CASE TG_OP WHEN 'DELETE' THEN OLD ELSE NEW END;
     END IF;
     IF TG_OP = 'TRUNCATE'

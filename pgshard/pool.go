@@ -35,6 +35,11 @@ type PoolConfig struct {
 	// again until it succeeds: it makes the tenant's role on the node
 	// (Cluster.EnsureRole).
 	Prepare func(ctx context.Context, node, tenant string) error
+	// CheckParam, when set, refuses a setting's value the backend reports
+	// (ParameterStatus), at startup or at run time, under which the proxy
+	// would read statements differently from the backend
+	// (router.CheckReported). Such a backend is closed.
+	CheckParam func(name, value string) error
 }
 
 func (c *PoolConfig) withDefaults() PoolConfig {
@@ -323,6 +328,13 @@ func (pl *pool) acquire(ctx context.Context) (*Conn, error) {
 		return nil, err
 	}
 	c, err := pl.pools.connect(ctx, pl.key.node, pl.key.tenant, pl.dsn, pl.cfg.MaxMessageSize)
+	if err == nil {
+		if c.checkParam = pl.cfg.CheckParam; c.checkParam != nil {
+			if err = c.checkParams(c.Params); err != nil {
+				c.Close()
+			}
+		}
+	}
 	if err != nil {
 		pl.node.give()
 		<-pl.slots

@@ -1,6 +1,8 @@
 package pgshard
 
 import (
+	"context"
+	"errors"
 	"net"
 	"testing"
 	"time"
@@ -57,5 +59,43 @@ func TestForgetClosesBackendsOnRelease(t *testing.T) {
 	}
 	if _, err := client.Write([]byte{0}); err == nil {
 		t.Fatal("the old backend was not closed")
+	}
+}
+
+// TestPoolRefusesReportedStartup: a new backend whose startup values
+// CheckParam refuses (a role's ALTER ROLE ... SET) is closed and fails the
+// acquire; its node token goes back, so the next backend opens (the node
+// allows one).
+func TestPoolRefusesReportedStartup(t *testing.T) {
+	ctx := context.Background()
+	refuse := errors.New("refused")
+	p, _ := fakePools(t, PoolConfig{MaxConns: 1, MaxNodeConns: 1, AcquireTimeout: 50 * time.Millisecond,
+		CheckParam: func(name, value string) error {
+			if name == "standard_conforming_strings" && value != "on" {
+				return refuse
+			}
+			return nil
+		}})
+	fake := p.connect
+	scs, opened := "off", []*Conn{}
+	p.connect = func(ctx context.Context, node, tenant, dsn string, maxMessage int) (*Conn, error) {
+		c, err := fake(ctx, node, tenant, dsn, maxMessage)
+		if err == nil {
+			c.Params = map[string]string{"standard_conforming_strings": scs}
+			opened = append(opened, c)
+		}
+		return c, err
+	}
+	if _, err := p.Acquire(ctx, "u", "n1", "a"); !errors.Is(err, refuse) {
+		t.Fatalf("acquire of a backend that started with standard_conforming_strings off: %v, want the refusal", err)
+	}
+	scs = "on"
+	c, err := p.Acquire(ctx, "u", "n1", "a")
+	if err != nil {
+		t.Fatalf("the next backend: %v", err)
+	}
+	p.Release(c)
+	if !opened[0].closed.Load() {
+		t.Fatal("the refused backend is open")
 	}
 }

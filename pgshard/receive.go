@@ -92,6 +92,12 @@ func (c *Conn) Receive() (pgproto3.BackendMessage, error) {
 		c.ready(m.TxStatus)
 	case *pgproto3.ParameterStatus:
 		c.Params[m.Name] = m.Value
+		if err := c.checkParams(map[string]string{m.Name: m.Value}); err != nil {
+			// What the backend runs next would be read otherwise than the
+			// proxy planned it: it serves nothing more.
+			c.broken, c.refusal = true, err
+			return nil, err
+		}
 	case *pgproto3.CommandComplete:
 		switch tag := m.CommandTag; {
 		case string(tag) == "DISCARD ALL":
@@ -104,6 +110,19 @@ func (c *Conn) Receive() (pgproto3.BackendMessage, error) {
 		}
 	}
 	return msg, nil
+}
+
+// checkParams applies Pools' CheckParam to reported settings.
+func (c *Conn) checkParams(params map[string]string) error {
+	if c.checkParam == nil {
+		return nil
+	}
+	for name, value := range params {
+		if err := c.checkParam(name, value); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // changesResults reports whether a command with this tag may change what a

@@ -2,6 +2,7 @@ package pgshard
 
 import (
 	"bytes"
+	"errors"
 	"io"
 	"strconv"
 	"testing"
@@ -187,5 +188,37 @@ func TestPendingQueueReused(t *testing.T) {
 	}
 	if cap(c.pending) > 8 {
 		t.Fatalf("a never-empty queue grew to cap %d", cap(c.pending))
+	}
+}
+
+// TestReceiveRefusesReportedSetting: a ParameterStatus that CheckParam
+// refuses fails the read and breaks the connection, so that it is closed,
+// never pooled; others pass on to the caller.
+func TestReceiveRefusesReportedSetting(t *testing.T) {
+	refuse := errors.New("refused")
+	check := func(name, value string) error {
+		if name == "standard_conforming_strings" && value != "on" {
+			return refuse
+		}
+		return nil
+	}
+	for _, tc := range []struct {
+		name  string
+		param *pgproto3.ParameterStatus
+		want  error
+	}{
+		{"allowed", &pgproto3.ParameterStatus{Name: "standard_conforming_strings", Value: "on"}, nil},
+		{"other setting", &pgproto3.ParameterStatus{Name: "application_name", Value: "x"}, nil},
+		{"refused", &pgproto3.ParameterStatus{Name: "standard_conforming_strings", Value: "off"}, refuse},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := scripted(t, tc.param, &pgproto3.ReadyForQuery{TxStatus: 'I'})
+			c.checkParam = check
+			c.Send(&pgproto3.Query{String: "SELECT f()"})
+			_, err := c.Receive()
+			if !errors.Is(err, tc.want) || c.Broken() != (tc.want != nil) || !errors.Is(c.Refusal(), tc.want) {
+				t.Fatalf("Receive: %v, broken %v, refusal %v; want %v", err, c.Broken(), c.Refusal(), tc.want)
+			}
+		})
 	}
 }

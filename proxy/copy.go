@@ -361,7 +361,7 @@ func (ci *copyIn) readResult(s *session, cn *copyNode) {
 func (ci *copyIn) lost(s *session, cn *copyNode, err error) {
 	cn.be.MarkBroken()
 	cn.pending = 0
-	ci.setErr(sqlstate.New(sqlstate.ConnectionFailure, "lost connection to node %s: %v", cn.be.Node, err))
+	ci.setErr(backendLost(cn.be, err))
 }
 
 // drain reads every pending result.
@@ -481,7 +481,7 @@ func (s *session) playCopyOut(x *exchange, co *copyOut) error {
 				s.dropBackend(be)
 				if !x.errored {
 					x.errored = true
-					s.send(sqlstate.New(sqlstate.ConnectionFailure, "lost connection to node %s: %v", be.Node, err).Response())
+					s.send(backendLost(be, err).Response())
 				}
 				break
 			}

@@ -152,15 +152,19 @@ func (s *session) play(x *exchange) error {
 				st.fan.load.done(nil) // a read of each shard it merged
 			}
 			if err != nil {
-				if !x.errored {
-					x.errored = true
-					s.send(sqlstate.New(sqlstate.ConnectionFailure, "lost connection to a node: %v", err).Response())
-				}
+				e := sqlstate.New(sqlstate.ConnectionFailure, "lost connection to a node: %v", err)
 				for _, p := range st.fan.parts {
 					if p.be.Broken() {
+						if p.be.Refusal() != nil {
+							e = backendLost(p.be, err)
+						}
 						x.failed[p.be] = true
 						s.dropBackend(p.be)
 					}
+				}
+				if !x.errored {
+					x.errored = true
+					s.send(e.Response())
 				}
 			}
 			continue
@@ -182,7 +186,7 @@ func (s *session) play(x *exchange) error {
 			}
 			if !x.errored {
 				x.errored = true
-				s.send(sqlstate.New(sqlstate.ConnectionFailure, "lost connection to node %s: %v", st.be.Node, err).Response())
+				s.send(backendLost(st.be, err).Response())
 			}
 			// The other steps of this backend cannot complete.
 			x.failed[st.be] = true

@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgproto3"
 
+	"github.com/lattice-db/lattice/pgshard"
 	"github.com/lattice-db/lattice/sqlstate"
 )
 
@@ -41,4 +42,15 @@ func (s *session) receiveFailed(err error) {
 func connLost(err error) bool {
 	var ne net.Error
 	return errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) || errors.As(err, &ne)
+}
+
+// backendLost is what a client is told when be failed under its statement:
+// the check of a setting be reported (pgshard.PoolConfig.CheckParam), with
+// its code and hint, or else 08006 naming be's node.
+func backendLost(be *pgshard.Conn, err error) *sqlstate.Error {
+	var e *sqlstate.Error
+	if errors.As(be.Refusal(), &e) {
+		return e
+	}
+	return sqlstate.New(sqlstate.ConnectionFailure, "lost connection to node %s: %v", be.Node, err)
 }

@@ -277,7 +277,7 @@ func readResult(be *pgshard.Conn, tag *string) error {
 		msg, err := be.Receive()
 		if err != nil {
 			be.MarkBroken()
-			return sqlstate.New(sqlstate.ConnectionFailure, "lost connection to node %s: %v", be.Node, err)
+			return backendLost(be, err)
 		}
 		switch m := msg.(type) {
 		case *pgproto3.CommandComplete:

@@ -77,3 +77,28 @@ func TestGuardNotDerivedFromShape(t *testing.T) {
 		}
 	}
 }
+
+// TestCheckReported: the values a backend may report for the settings the
+// proxy reads statements by; anything else it reports is not the proxy's.
+func TestCheckReported(t *testing.T) {
+	for _, c := range []struct {
+		name, value string
+		refused     bool
+	}{
+		{"standard_conforming_strings", "on", false},
+		{"standard_conforming_strings", "off", true},
+		{"client_encoding", "UTF8", false},
+		{"client_encoding", "SQL_ASCII", false},
+		{"client_encoding", "LATIN1", true},
+		{"application_name", "lattice proxy d/1", false}, // presence is told by role
+		{"TimeZone", "UTC", false},
+	} {
+		e := CheckReported(c.name, c.value)
+		if (e != nil) != c.refused {
+			t.Errorf("%s = %s: %v, want refused %v", c.name, c.value, e, c.refused)
+		}
+		if e != nil && (e.Code != sqlstate.FeatureNotSupported || e.Hint == "" || e.Detail == "") {
+			t.Errorf("%s = %s: %+v, want 0A000 with a hint and a detail", c.name, c.value, e)
+		}
+	}
+}

@@ -1030,6 +1030,27 @@ func CheckSetting(name, value string) *sqlstate.Error {
 	if err := guardSetting(name, value); err != nil {
 		return err
 	}
+	return checkReading(name, value)
+}
+
+// CheckReported refuses a value a backend reports in ParameterStatus for
+// a setting by which the proxy reads statements. SET and set_config of
+// them are refused, but a function body can change one at run time, out
+// of the planner's sight, or an ALTER ROLE ... SET made in one can start
+// every new backend with it; PostgreSQL reports both (GUC_REPORT).
+func CheckReported(name, value string) *sqlstate.Error {
+	e := checkReading(name, value)
+	if e != nil {
+		e.Message = "the node's session reports " + e.Message
+		e.Detail = "A function or a role's setting changed it at run time, which the proxy cannot follow; the backend is closed."
+		e.Hint = "Do not change " + strings.ToLower(name) + " in a function, nor with ALTER ROLE or ALTER DATABASE ... SET (RESET it there). " + e.Hint
+	}
+	return e
+}
+
+// checkReading refuses a value of a setting under which the backend would
+// read a statement's shard keys differently from the proxy.
+func checkReading(name, value string) *sqlstate.Error {
 	switch strings.ToLower(name) {
 	case "standard_conforming_strings":
 		// The proxy parses every statement with standard_conforming_strings

@@ -170,6 +170,21 @@ func TestComposeProxies(t *testing.T) {
 			if err != nil || pf.FindPassword("pg1", "5432", "lattice", pgshard.TenantRole("lattice")) == "" {
 				t.Errorf("pgpass %q has no password for role %s (%v)", cfg.PgPass, pgshard.TenantRole("lattice"), err)
 			}
+			// The DSNs' user is the control role, apart from the tenant's,
+			// the nodes' superuser; its password is in the pgpass file, out
+			// of the environment (and so of Redis, which keeps the DSNs).
+			for _, n := range cfg.Nodes {
+				u, _ := url.Parse(n.DSN)
+				pg := svcs[u.Hostname()].Environment
+				user := u.User.Username()
+				if _, has := u.User.Password(); has || user == pgshard.TenantRole("lattice") || user != pg["POSTGRES_USER"] ||
+					pf == nil || pf.FindPassword(u.Hostname(), u.Port(), u.Path[1:], user) != pg["POSTGRES_PASSWORD"] {
+					t.Errorf("node %s: DSN user %q (password in the DSN: %v), want the control role %q without a password, which the pgpass file gives", n.Name, user, has, pg["POSTGRES_USER"])
+				}
+			}
+			if u, err := url.Parse(cfg.Redis); err == nil && u.User != nil {
+				t.Errorf("redis URL %q carries credentials in the environment: use --redis-url-file", cfg.Redis)
+			}
 			// An admin endpoint beyond loopback needs a token, mounted too.
 			cfg.AdminTokenFile = mounted(t, s.Volumes, cfg.AdminTokenFile)
 			if _, _, err := adminAccess(cfg); err != nil {

@@ -356,7 +356,7 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, ready func(pg
 	cluster.SetVerifier(proxy.NewVerifier)
 	pools := pgshard.NewPools(pgshard.PoolConfig{MaxConns: cfg.PoolSize, MaxHeld: cfg.MaxListeners,
 		MaxNodeConns: cfg.MaxNodeBackends, MaxUserConns: cfg.MaxUserBackends, AcquireTimeout: cfg.PoolAcquireTimeout,
-		Prepare: cluster.EnsureRole}, cluster.ClientDSN)
+		Prepare: cluster.EnsureRole, CheckParam: checkReported}, cluster.ClientDSN)
 	defer pools.Close()
 	go reapIdle(ctx, pools)
 
@@ -633,4 +633,12 @@ func maxPinned(flagValue, poolSize int) int {
 		return flagValue
 	}
 	return max(1, poolSize/2)
+}
+
+// checkReported is router.CheckReported as an error, nil when it has none.
+func checkReported(name, value string) error {
+	if e := router.CheckReported(name, value); e != nil {
+		return e
+	}
+	return nil
 }
