@@ -20,6 +20,7 @@ type portalPart struct {
 	name string
 	sql  string // the simple protocol's statement, sent at run
 	load loadMark
+	lead []pgproto3.BackendMessage // rows the proxy sends before the part's own (an Explain's plan)
 }
 
 // extendedMsg serves one extended-protocol message. Responses are queued in
