@@ -183,6 +183,31 @@ func TestExplainOverShards(t *testing.T) {
 		}
 	}
 
+	t.Run("multi-row insert", func(t *testing.T) {
+		part := regexp.MustCompile(`^PostgreSQL plan of the part on node (n\d), shard (\d+):$`)
+		for _, m := range modes {
+			lines := explain(t, c, m.mode, `EXPLAIN (VERBOSE, COSTS OFF) INSERT INTO ex_acc (acc, name) VALUES ($1, 'p'), ($2, 'q'), ($3, 'r')`, 1001, 1002, 1003)
+			text := strings.Join(lines, "\n")
+			t.Logf("%s:\n%s", m.name, text)
+			split := slices.IndexFunc(lines, part.MatchString)
+			if !strings.HasPrefix(lines[0], "Lattice InsertSplit: INSERT of 3 rows split by shard") || split < 0 {
+				t.Fatalf("%s:\n%s", m.name, text)
+			}
+			// The part explained is the first shard's, on its node.
+			got := part.FindStringSubmatch(lines[split])
+			if !slices.Contains(shardsOf[got[1]], got[2]) || !strings.Contains(text, "\n    Shard "+got[2]+":\n") {
+				t.Fatalf("%s: shard %s is not on %s (%v):\n%s", m.name, got[2], got[1], shardsOf, text)
+			}
+			if want := "Insert on lattice_s" + strings.Repeat("0", 4-len(got[2])) + got[2] + ".ex_acc"; !slices.ContainsFunc(lines[split+1:], func(l string) bool { return strings.HasPrefix(l, want) }) {
+				t.Fatalf("%s: no %q in PostgreSQL's plan:\n%s", m.name, want, text)
+			}
+		}
+		var n int
+		if err := c.QueryRow(ctx, `SELECT count(*) FROM ex_acc WHERE acc > 1000`).Scan(&n); err != nil || n != 0 {
+			t.Fatalf("EXPLAIN inserted %d rows (%v)", n, err)
+		}
+	})
+
 	t.Run("in a transaction", func(t *testing.T) {
 		tx, err := c.Begin(ctx)
 		if err != nil {
@@ -221,6 +246,7 @@ func TestExplainOverShards(t *testing.T) {
 			for _, sql := range []string{
 				`EXPLAIN ANALYZE UPDATE ex_inv SET amount = amount + 100`,
 				`EXPLAIN (ANALYZE true, VERBOSE) DELETE FROM ex_inv WHERE inv > 0`,
+				`EXPLAIN ANALYZE INSERT INTO ex_inv VALUES (1, 1001, 50), (2, 1002, 50), (3, 1003, 50)`,
 			} {
 				_, err := c.Exec(ctx, sql, m.mode)
 				var pe *pgconn.PgError

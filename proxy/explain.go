@@ -33,9 +33,12 @@ func (s *session) bindExplain(ctx context.Context, v *shardmap.View, portal *cli
 		s.fail(err)
 		return false
 	}
+	t := r.Targets[0]
 	if !s.simple {
-		// The part's parameters are typed as the part itself would be.
+		// The part takes its parameters as the part itself would.
 		switch {
+		case q.Kind == router.InsertSplit:
+			m, oids = splitBind(m, t.Params, oids)
 		case q.Kind != router.FanOut || r.Whole:
 		case q.Agg != nil:
 			oids = queryOIDs(q.Agg.PartialParams, oids, m)
@@ -43,7 +46,6 @@ func (s *session) bindExplain(ctx context.Context, v *shardmap.View, portal *cli
 			oids = limitParamOIDs(q, oids, len(m.Parameters))
 		}
 	}
-	t := r.Targets[0]
 	part := &clientPortal{stmt: &clientStmt{sql: t.SQL, oids: oids, epoch: portal.stmt.epoch}}
 	if !s.bindOn(ctx, part, t.Node, t.SQL, m, m.DestinationPortal, false) {
 		return false

@@ -12,7 +12,8 @@ import (
 	"github.com/lattice-db/lattice/shardmap"
 )
 
-// EXPLAIN of a statement over several shards (a FanOut or a WriteAll)
+// EXPLAIN of a statement over several shards (a FanOut, a WriteAll or an
+// InsertSplit)
 // shows Lattice's plan first, as Citus's EXPLAIN does: the nodes and the
 // shards each reads, the statement each node runs, and the merge. Then
 // comes PostgreSQL's own EXPLAIN of one part, the first node's, run there
@@ -27,17 +28,18 @@ import (
 
 // ExplainPlan is an EXPLAIN of a statement over several shards.
 type ExplainPlan struct {
-	// Query is the explained statement's plan, as if it were sent alone.
+	// Query is the explained statement's plan, as if it were sent alone:
+	// FanOut, WriteAll or InsertSplit.
 	Query *Plan
 	// Prefix is the EXPLAIN and its options as the client wrote them, put
 	// before the part the first node explains.
 	Prefix  string
 	Analyze bool     // ANALYZE: the first node's part runs
-	Verb    string   // SELECT, UPDATE or DELETE
+	Verb    string   // SELECT, INSERT, UPDATE or DELETE
 	Trees   []string // the trees the statement names, in order of first reference
 }
 
-// explain plans EXPLAIN of a FanOut or WriteAll route r.
+// explain plans EXPLAIN of a FanOut, WriteAll or InsertSplit route r.
 func (p *planner) explain(pl *Plan, s *pg.ExplainStmt, r route, start, end int) {
 	analyze, format := explainOptions(s.Options)
 	verb := "SELECT"
@@ -46,6 +48,8 @@ func (p *planner) explain(pl *Plan, s *pg.ExplainStmt, r route, start, end int) 
 		verb = "UPDATE"
 	case *pg.Node_DeleteStmt:
 		verb = "DELETE"
+	case *pg.Node_InsertStmt:
+		verb = "INSERT"
 	}
 	switch {
 	case format != "text":
@@ -55,6 +59,10 @@ func (p *planner) explain(pl *Plan, s *pg.ExplainStmt, r route, start, end int) 
 	case analyze && r.kind == WriteAll:
 		pl.Kind, pl.Err = Refused, refused("EXPLAIN it without ANALYZE to see the plan, or with "+r.tree.KeyColumn+" = <value> in WHERE to analyze it on one shard.",
 			"EXPLAIN ANALYZE of %s over every shard of tree %s is not supported: it would change some shards and not the others", verb, qn(r.tree.Name))
+		return
+	case analyze && r.kind == InsertSplit:
+		pl.Kind, pl.Err = Refused, refused("EXPLAIN it without ANALYZE to see the plan, or EXPLAIN ANALYZE a single-row INSERT.",
+			"EXPLAIN ANALYZE of a multi-row INSERT into tree %s is not supported: its rows may go to several shards, and it would change some and not the others", qn(r.tree.Name))
 		return
 	}
 	qstart := p.explainedStart(start, end)
@@ -171,12 +179,16 @@ func explainLines(m *shardmap.Map, p *Plan, r *Routing) []string {
 	}
 	over := fmt.Sprintf("%d %s of %s on %d %s", shards, plural(shards, "shard"), trees, len(nodes), plural(len(nodes), "node"))
 	switch {
-	case q.Kind == WriteAll:
+	case q.Kind == WriteAll || q.Kind == InsertSplit:
 		how := "in one transaction"
 		if len(nodes) > 1 {
 			how = "in one transaction committed on every node by two-phase commit"
 		}
-		add(0, "Lattice WriteAll: "+e.Verb+" on every shard, "+over+", "+how)
+		if q.Kind == WriteAll {
+			add(0, "Lattice WriteAll: "+e.Verb+" on every shard, "+over+", "+how)
+		} else {
+			add(0, fmt.Sprintf("Lattice InsertSplit: INSERT of %d %s split by shard, %s, %s", len(q.Rows), plural(len(q.Rows), "row"), over, how))
+		}
 		for _, node := range nodes {
 			add(1, "Node "+node+":")
 			for _, t := range r.Targets {
@@ -184,7 +196,13 @@ func explainLines(m *shardmap.Map, p *Plan, r *Routing) []string {
 					continue
 				}
 				add(2, "Shard "+strconv.Itoa(t.Shard)+":")
-				if m.Shards[t.Shard].Mixed {
+				if len(t.Rows) > 0 {
+					add(3, "VALUES rows: "+rowList(t.Rows))
+				}
+				if len(t.Params) > 0 {
+					add(3, "Parameters: "+paramList(t.Params))
+				}
+				if q.Kind == WriteAll && m.Shards[t.Shard].Mixed {
 					add(3, "Mixed shard: writes only its own slots: "+btreeindex.SlotPredicate(q.Tree, "", m.SlotRanges(t.Shard)))
 				}
 				add(3, "SQL: "+t.SQL)
@@ -205,7 +223,7 @@ func explainLines(m *shardmap.Map, p *Plan, r *Routing) []string {
 		add(1, "Merge: "+mergeText(q, r))
 	}
 	part := "PostgreSQL plan of the part on node " + nodes[0]
-	if q.Kind == WriteAll {
+	if q.Kind != FanOut {
 		part += ", shard " + strconv.Itoa(r.Targets[0].Shard)
 	}
 	if e.Analyze {
@@ -263,6 +281,25 @@ func mergeText(q *Plan, r *Routing) string {
 		fmt.Fprintf(&b, " (each node returns at most %d %s)", r.PerNode, plural(int(min(r.PerNode, 2)), "row"))
 	}
 	return b.String()
+}
+
+// rowList numbers VALUES rows from 1, as a reader counts them.
+func rowList(rows []int) string {
+	names := make([]string, len(rows))
+	for i, row := range rows {
+		names[i] = strconv.Itoa(row + 1)
+	}
+	return strings.Join(names, ", ")
+}
+
+// paramList says which of the client's parameters a split INSERT's part
+// takes under its own numbers.
+func paramList(params []int) string {
+	names := make([]string, len(params))
+	for i, orig := range params {
+		names[i] = "$" + strconv.Itoa(i+1) + " is the client's $" + strconv.Itoa(orig)
+	}
+	return strings.Join(names, ", ")
 }
 
 func plural(n int, word string) string {
