@@ -70,6 +70,9 @@ type step struct {
 	copyOut  *copyOut // stepCopy TO STDOUT
 	refCopy  *refCopy // stepCopy FROM STDIN into a reference table
 	load     loadMark // counted at CommandComplete (load.go)
+	// lead are rows of the proxy's sent before the step's first row or
+	// its end: Lattice's plan ahead of a node's EXPLAIN (explain.go).
+	lead []pgproto3.BackendMessage
 	// more are the marks of the step's later statements, one per
 	// CommandComplete after the first (load.go countLoad).
 	more []loadMark
@@ -282,6 +285,15 @@ func (s *session) playStep(x *exchange, st *step) error {
 				continue
 			case *pgproto3.RowDescription:
 				msg = &pgproto3.RowDescription{Fields: resultFields(m.Fields, st.formats)}
+			}
+		}
+		if len(st.lead) > 0 && !hidden {
+			switch msg.(type) {
+			case *pgproto3.DataRow, *pgproto3.CommandComplete, *pgproto3.PortalSuspended:
+				for _, l := range st.lead {
+					s.send(l)
+				}
+				st.lead = nil
 			}
 		}
 		if !hidden && !(st.rowsOnly && st.split.suppressed(msg)) {

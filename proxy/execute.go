@@ -125,6 +125,8 @@ func (s *session) execute(ctx context.Context, v *shardmap.View, portal *clientP
 		}
 		portal.fan = s.startFanOut(ctx, v, p, m, portal)
 		return portal.fan != nil
+	case router.Explain:
+		return s.bindExplain(ctx, v, portal, m)
 	case router.DDL:
 		return s.bindDDL(ctx, v, portal, m)
 	case router.Copy:
@@ -241,9 +243,10 @@ func (s *session) runParts(portal *clientPortal, maxRows uint32) {
 		if retry {
 			s.extRetry = &extRetry{stmt: portal.stmt, bind: portal.bind, step: len(s.x.steps)}
 		}
-		for _, part := range portal.parts {
+		for i, part := range portal.parts {
 			s.out.sendExecute(part.be, part.name, maxRows)
-			st := step{kind: stepExecute, be: part.be, staleRetry: retry, load: part.load}
+			st := step{kind: stepExecute, be: part.be, staleRetry: retry, load: part.load, lead: part.lead}
+			portal.parts[i].lead = nil // sent once, before the first rows
 			if sp != nil {
 				st.rowsOnly, st.split = true, sp
 			}
@@ -271,7 +274,7 @@ func (s *session) queryParts(portal *clientPortal) {
 		k := portal.stmt.plan.Kind
 		retry := s.simpleRetry && !s.tx.active && sp == nil && (k == router.Single || k == router.InsertSplit)
 		s.out.sendQuery(parts[0].be, parts[0].sql)
-		s.x.add(step{kind: stepQuery, be: parts[0].be, staleRetry: retry, rowsOnly: sp != nil, split: sp, load: parts[0].load})
+		s.x.add(step{kind: stepQuery, be: parts[0].be, staleRetry: retry, rowsOnly: sp != nil, split: sp, load: parts[0].load, lead: parts[0].lead})
 		return
 	}
 	var order []*pgshard.Conn

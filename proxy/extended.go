@@ -20,6 +20,7 @@ type portalPart struct {
 	name string
 	sql  string // the simple protocol's statement, sent at run
 	load loadMark
+	lead []pgproto3.BackendMessage // rows the proxy sends before the part's own (an Explain's plan)
 }
 
 // extendedMsg serves one extended-protocol message. Responses are queued in
@@ -244,39 +245,46 @@ func (s *session) bindSplit(ctx context.Context, v *shardmap.View, portal *clien
 		portal.split = &splitState{}
 	}
 	for i, sh := range shards {
-		sql, params := sh.SQL, sh.Params
-		b := *m
-		b.Parameters = make([][]byte, len(params))
-		var formats []int16
-		if len(m.ParameterFormatCodes) > 1 {
-			formats = make([]int16, len(params))
-		}
-		for j, orig := range params {
-			b.Parameters[j] = m.Parameters[orig-1]
-			if formats != nil {
-				formats[j] = m.ParameterFormatCodes[orig-1]
-			}
-		}
-		if formats != nil {
-			b.ParameterFormatCodes = formats
-		}
-		partOIDs := portal.stmt.oids
-		if len(partOIDs) > 0 {
-			partOIDs = make([]uint32, len(params))
-			for j, orig := range params {
-				if orig-1 < len(portal.stmt.oids) {
-					partOIDs[j] = portal.stmt.oids[orig-1]
-				}
-			}
-		}
+		b, partOIDs := splitBind(m, sh.Params, portal.stmt.oids)
 		name := partPortal(m.DestinationPortal, i)
-		part := &clientPortal{stmt: &clientStmt{sql: sql, oids: partOIDs, epoch: portal.stmt.epoch}}
-		if !s.bindOn(ctx, part, sh.Node, sql, &b, name, i > 0) {
+		part := &clientPortal{stmt: &clientStmt{sql: sh.SQL, oids: partOIDs, epoch: portal.stmt.epoch}}
+		if !s.bindOn(ctx, part, sh.Node, sh.SQL, b, name, i > 0) {
 			return false
 		}
 		portal.parts = append(portal.parts, part.parts...)
 	}
 	return true
+}
+
+// splitBind is the client's Bind m for the part of a split INSERT that
+// takes the given parameters (original numbers, in their new order), with
+// their declared types.
+func splitBind(m *pgproto3.Bind, params []int, oids []uint32) (*pgproto3.Bind, []uint32) {
+	b := *m
+	b.Parameters = make([][]byte, len(params))
+	var formats []int16
+	if len(m.ParameterFormatCodes) > 1 {
+		formats = make([]int16, len(params))
+	}
+	for j, orig := range params {
+		b.Parameters[j] = m.Parameters[orig-1]
+		if formats != nil {
+			formats[j] = m.ParameterFormatCodes[orig-1]
+		}
+	}
+	if formats != nil {
+		b.ParameterFormatCodes = formats
+	}
+	partOIDs := oids
+	if len(partOIDs) > 0 {
+		partOIDs = make([]uint32, len(params))
+		for j, orig := range params {
+			if orig-1 < len(oids) {
+				partOIDs[j] = oids[orig-1]
+			}
+		}
+	}
+	return &b, partOIDs
 }
 
 // partPortal names the backend portal of part i of a client portal.

@@ -77,12 +77,7 @@ func (s *session) startFanOut(ctx context.Context, v *shardmap.View, p *router.P
 		s.fail(sqlstate.New(sqlstate.SystemError, "tree %q has no shard map", p.Tree.Name))
 		return nil
 	}
-	if agg, err := s.srv.aggregateIn(ctx, s.tenant, p.Calls); err != nil || agg != "" {
-		if err == nil {
-			e := sqlstate.New(sqlstate.FeatureNotSupported, "SELECT on tree %q calls aggregate %s, which the proxy cannot combine over several shards", p.Tree.Name, agg)
-			e.Hint = "fix the shard key in WHERE to read one shard, or aggregate in the application; count, sum, min, max and avg are combined"
-			err = e
-		}
+	if err := s.uncombinedAggregate(ctx, p); err != nil {
 		s.fail(err)
 		return nil
 	}
@@ -122,6 +117,18 @@ func (s *session) startFanOut(ctx context.Context, v *shardmap.View, p *router.P
 		return nil
 	}
 	return f
+}
+
+// uncombinedAggregate refuses a fan-out that calls an aggregate the proxy
+// cannot combine over several shards (a user-defined one).
+func (s *session) uncombinedAggregate(ctx context.Context, p *router.Plan) error {
+	agg, err := s.srv.aggregateIn(ctx, s.tenant, p.Calls)
+	if err != nil || agg == "" {
+		return err
+	}
+	e := sqlstate.New(sqlstate.FeatureNotSupported, "SELECT on tree %q calls aggregate %s, which the proxy cannot combine over several shards", p.Tree.Name, agg)
+	e.Hint = "fix the shard key in WHERE to read one shard, or aggregate in the application; count, sum, min, max and avg are combined"
+	return e
 }
 
 // limitParamOIDs declares the statement's parameter types for a node,

@@ -38,14 +38,15 @@ var queryKindNames = [...]string{
 	router.DDL:         "ddl",
 	router.Copy:        "copy",
 	router.RefWrite:    "reference_write",
+	router.Explain:     "explain",
 	kindMulti:          "multi",
 	kindUnplanned:      "unplanned",
 }
 
 // Query kinds besides the router's, numbered after its last kind.
 const (
-	kindMulti     = router.RefWrite + 1 + iota // a Query message of several statements
-	kindUnplanned                              // a statement that failed to plan (syntax error, unknown portal)
+	kindMulti     = router.Explain + 1 + iota // a Query message of several statements
+	kindUnplanned                             // a statement that failed to plan (syntax error, unknown portal)
 )
 
 // kindNone is a message with nothing to count (an empty query).

@@ -205,22 +205,3 @@ func TestGolden(t *testing.T) {
 		}
 	}
 }
-
-// template is the final query with its holes named, for golden files.
-func (a *AggPlan) template() string {
-	var b strings.Builder
-	b.WriteString(a.final[0])
-	for i, h := range a.holes {
-		if h < 0 {
-			b.WriteString("<partial rows>")
-		} else {
-			if c := a.aggs[h]; c.kind == AggDistinct {
-				b.WriteString(c.text)
-			} else {
-				fmt.Fprintf(&b, "<%s of lattice_c%d>", []string{"count", "sum", "min", "max", "avg"}[c.kind], c.col+1)
-			}
-		}
-		b.WriteString(a.final[i+1])
-	}
-	return b.String()
-}

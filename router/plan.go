@@ -123,9 +123,6 @@ func (p *planner) plan(n *pg.Node, start, end int) *Plan {
 		switch r.kind {
 		case Single:
 			p.apply(pl, r, start, end)
-		case InsertSplit:
-			pl.Kind, pl.Err = Refused, refused("EXPLAIN a single-row INSERT instead.",
-				"EXPLAIN of a multi-row INSERT into tree %s is not supported: its rows may go to several shards", qn(r.tree.Name))
 		case Function:
 			fn := r.fn
 			if r.comp != nil {
@@ -133,12 +130,8 @@ func (p *planner) plan(n *pg.Node, start, end int) *Plan {
 			}
 			pl.Kind, pl.Err = Refused, refused("Call the function without EXPLAIN.",
 				"EXPLAIN of %s is not supported: lattice functions run in the proxy", fn.Name)
-		case FanOut:
-			pl.Kind, pl.Err = Refused, refused("EXPLAIN it with "+r.tree.KeyColumn+" = <value> in WHERE to see the plan on one shard.",
-				"EXPLAIN of a SELECT over several shards of tree %s is not supported", qn(r.tree.Name))
-		case WriteAll:
-			pl.Kind, pl.Err = Refused, refused("EXPLAIN it with "+r.tree.KeyColumn+" = <value> in WHERE to see the plan on one shard.",
-				"EXPLAIN of an UPDATE or DELETE over every shard of tree %s is not supported", qn(r.tree.Name))
+		case FanOut, WriteAll, InsertSplit:
+			p.explain(pl, s.ExplainStmt, r, start, end)
 		default:
 			p.apply(pl, r, start, end)
 		}

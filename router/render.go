@@ -154,6 +154,23 @@ func nextToken(toks []token, i int) int {
 	return -1
 }
 
+// closingParen returns the index of the parenthesis that closes the one at
+// toks[i], or -1.
+func closingParen(toks []token, i int) int {
+	for depth := 0; i >= 0; i = nextToken(toks, i) {
+		switch toks[i].kind {
+		case pg.Token_ASCII_40:
+			depth++
+		case pg.Token_ASCII_41:
+			depth--
+		}
+		if depth == 0 {
+			return i
+		}
+	}
+	return -1
+}
+
 // identText returns the name an identifier token stands for: the contents
 // of a quoted identifier, or an unquoted one folded to lower case (ASCII
 // only, as PostgreSQL does for multi-byte encodings), truncated to 63 bytes.
@@ -278,19 +295,7 @@ func (p *planner) valuesRows(r route) ([]span, *sqlstate.Error) {
 	i := nextToken(toks, v)
 	for i >= 0 && toks[i].kind == pg.Token_ASCII_40 {
 		s := span{start: int(toks[i].start)}
-		depth := 0
-		for ; i >= 0; i = nextToken(toks, i) {
-			switch toks[i].kind {
-			case pg.Token_ASCII_40:
-				depth++
-			case pg.Token_ASCII_41:
-				depth--
-			}
-			if depth == 0 {
-				break
-			}
-		}
-		if i < 0 {
+		if i = closingParen(toks, i); i < 0 {
 			return nil, bad
 		}
 		s.end = int(toks[i].end)

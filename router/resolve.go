@@ -99,6 +99,9 @@ type Routing struct {
 	// (Single, InsertSplit), or any slot of the tree for a statement over
 	// several shards.
 	Frozen bool
+	// Explain is Lattice's plan of an Explain, the lines the client gets
+	// before Targets[0]'s: its one target explains the first part.
+	Explain []string
 }
 
 // Resolve resolves p against view v and the client's Bind (nil in the
@@ -109,6 +112,8 @@ func Resolve(v *shardmap.View, p *Plan, b *Bind) (*Routing, error) {
 	switch p.Kind {
 	case RefWrite:
 		return resolveRefWrite(v, p)
+	case Explain:
+		return resolveExplain(v, p, b)
 	case Single, InsertSplit, WriteAll, FanOut, Copy:
 	default:
 		return &Routing{}, nil

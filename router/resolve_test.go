@@ -253,6 +253,9 @@ func describeResolution(t *testing.T, c resolveCase) string {
 	if len(flags) > 0 {
 		b.WriteString("routing: " + strings.Join(flags, " ") + "\n")
 	}
+	for _, line := range r.Explain {
+		b.WriteString("| " + line + "\n")
+	}
 	for _, tg := range r.Targets {
 		b.WriteString("target " + tg.Node)
 		if tg.Shard >= 0 {

@@ -87,9 +87,13 @@ const (
 	// every node that holds their copies, in one transaction across nodes
 	// (reference.go).
 	RefWrite
+	// Explain is EXPLAIN of a statement over several shards (a FanOut or
+	// a WriteAll; Plan.Explain): the proxy sends Lattice's plan of it,
+	// then the first node's EXPLAIN of its part (explain.go).
+	Explain
 )
 
-var kindNames = [...]string{"Catalog", "Single", "InsertSplit", "Function", "Transaction", "SessionSet", "LocalSet", "Discard", "Refused", "FanOut", "WriteAll", "DDL", "Copy", "RefWrite"}
+var kindNames = [...]string{"Catalog", "Single", "InsertSplit", "Function", "Transaction", "SessionSet", "LocalSet", "Discard", "Refused", "FanOut", "WriteAll", "DDL", "Copy", "RefWrite", "Explain"}
 
 func (k Kind) String() string {
 	if k >= 0 && int(k) < len(kindNames) {
@@ -212,6 +216,7 @@ type Plan struct {
 	KeyArray  *Value               // FanOut: when non-nil, only the shards owning the elements of this array value (= ANY($1), = ANY('{...}')) hold matching rows
 	Agg       *AggPlan             // FanOut that aggregates, groups or removes duplicates: partial query per node, final query over the partial rows (Sort, Hidden, Limit and Offset are then unused: the final query applies them)
 	Copy      *CopySpec            // Copy; RefWrite: a COPY FROM STDIN into a reference table
+	Explain   *ExplainPlan         // Explain
 	// References are the reference tables the statement names (a
 	// RefWrite's written one first): every node it runs on must hold their
 	// copies.
@@ -255,6 +260,12 @@ func (p *Plan) String() string {
 		b.WriteString(" " + p.Func.String())
 	case WriteAll:
 		fmt.Fprintf(&b, " tree=%s", p.Tree.Name)
+	case Explain:
+		b.WriteString(" prefix=" + strconv.Quote(p.Explain.Prefix))
+		if p.Explain.Analyze {
+			b.WriteString(" analyze")
+		}
+		b.WriteString(" of " + p.Explain.Query.String())
 	case Transaction:
 		b.WriteString(" " + p.Tx.String())
 		if p.TxOptions != "" {
