@@ -30,6 +30,9 @@ type autoRun struct {
 	load  *reshardLoad
 	stop  func() // ends the workload and fails the test on its first error
 	start time.Time
+	// patience bounds each wait of until (3 minutes unless a test has
+	// more migrations to wait for).
+	patience time.Duration
 }
 
 // autonomicProxy starts a proxy with the monitor and healing on, on short
@@ -65,7 +68,7 @@ func newAutoRun(t *testing.T, ctx context.Context, p *proxyProc, keys, shards in
 	for n := 0; n < keys; n++ {
 		load.ledger.acked["c-"+strconv.Itoa(n)] = loadEntry{}
 	}
-	return &autoRun{t: t, ctx: ctx, proxy: p, pool: pool, store: harnessStore(t), load: load}
+	return &autoRun{t: t, ctx: ctx, proxy: p, pool: pool, store: harnessStore(t), load: load, patience: 3 * time.Minute}
 }
 
 // run starts writers writers and one reader.
@@ -108,10 +111,10 @@ func (a *autoRun) shards() int {
 }
 
 // until polls cond (every 200 ms, each pass also checking the workload's
-// migrations with check) until it holds, failing after 3 minutes.
+// migrations with check) until it holds, failing after a.patience.
 func (a *autoRun) until(what string, cond func() bool, check func()) {
 	a.t.Helper()
-	deadline := time.Now().Add(3 * time.Minute)
+	deadline := time.Now().Add(a.patience)
 	last := time.Now()
 	for !cond() {
 		if time.Since(last) > 5*time.Second {
@@ -122,9 +125,29 @@ func (a *autoRun) until(what string, cond func() bool, check func()) {
 			check()
 		}
 		if time.Now().After(deadline) {
-			a.t.Fatalf("%s: not within 3 minutes (shards %d, status %q)", what, a.shards(), a.status())
+			a.t.Fatalf("%s: not within %s (shards %d, status %q)", what, a.patience, a.shards(), a.status())
 		}
 		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// passes waits for n passes of the monitor and the healer (each stores
+// its status anew, the first one may have been under way) and runs check
+// on the status of each.
+func (a *autoRun) passes(n int, check func(*shardmap.AutonomicStatus)) {
+	a.t.Helper()
+	var at time.Time
+	for range n {
+		var st *shardmap.AutonomicStatus
+		a.until("a further pass of the monitor and the healer", func() bool {
+			var err error
+			if st, err = a.store.Autonomic(a.ctx, "lattice", "catalogue"); err != nil {
+				a.t.Fatal(err)
+			}
+			return st != nil && st.At.After(at)
+		}, nil)
+		at = st.At
+		check(st)
 	}
 }
 
@@ -137,7 +160,12 @@ func (a *autoRun) migrations() []*shardmap.Migration {
 	return migs
 }
 
-var splitLine = regexp.MustCompile(`autonomic: split of a hot shard.*`)
+// The proxy's log lines for each split the monitor starts and each fold
+// healing starts.
+var (
+	autoSplitLine = regexp.MustCompile(`autonomic: split of a hot shard.*`)
+	autoFoldLine  = regexp.MustCompile(`autonomic: healing folds a cold pair.*`)
+)
 
 // TestAutonomicSkewedLoad: 8 shards, 80% of the ledger's writes on the
 // slots of shard 3. The monitor splits that shard at its load midpoint,
@@ -173,7 +201,7 @@ func TestAutonomicSkewedLoad(t *testing.T) {
 		return a.shards() > 8 && len(a.migrations()) == 0 && strings.Contains(a.status(), "monitor watching: no shard is hot")
 	}, nil)
 	a.stop()
-	for _, l := range splitLine.FindAllString(p.Log(), -1) {
+	for _, l := range autoSplitLine.FindAllString(p.Log(), -1) {
 		t.Logf("%s", l)
 	}
 	t.Logf("%d shards; status: %s", a.shards(), a.status())
@@ -279,21 +307,30 @@ func (a *autoRun) holdShardWrites() (release func()) {
 	}
 }
 
-// grownToCap starts a proxy whose monitor finds a shard writing 20 rows/s
-// hot, under a cap of limit shards, creates catalogue with 2000 keys over 4
-// shards, and runs the ledger workload until the monitor has split the
-// tree up to the cap and stopped there.
-func grownToCap(t *testing.T, ctx context.Context, limit int) (*autoRun, *proxyProc) {
+// grownToCap starts a proxy whose monitor splits shards writing a few
+// rows a second, under a cap of limit shards, creates catalogue with 2000
+// keys over created shards, and runs the ledger workload until the monitor
+// has split the tree up to the cap and stopped there. The last splits on
+// the way to the cap are of shards that take 2/limit of the writes, so
+// the threshold is 160/limit rows/s (20 at most): whatever the cap, a
+// workload writing well over 80 rows/s keeps them hot. Each wait allows
+// 3 minutes for every 4 splits (the monitor's concurrency).
+func grownToCap(t *testing.T, ctx context.Context, created, limit int) (*autoRun, *proxyProc) {
 	t.Helper()
-	p := autonomicProxy(t, "--autosplit-rows-per-second=20", "--max-physical-shards-per-tree="+strconv.Itoa(limit))
-	a := newAutoRun(t, ctx, p, 2000, 4)
+	threshold := min(20, 160/float64(limit))
+	p := autonomicProxy(t, "--autosplit-rows-per-second="+strconv.FormatFloat(threshold, 'f', -1, 64),
+		"--max-physical-shards-per-tree="+strconv.Itoa(limit))
+	a := newAutoRun(t, ctx, p, 2000, created)
+	a.patience = 3 * time.Minute * time.Duration(max(1, (limit-created+3)/4))
 	a.run(2)
 	capped := "capped: " + strconv.Itoa(limit) + " shards"
 	a.until("the monitor grows the tree to the cap", func() bool {
 		return a.shards() == limit && len(a.migrations()) == 0 && strings.Contains(a.status(), capped)
 	}, nil)
 	a.stop()
-	t.Logf("grown to the cap of %d in %s; %s", limit, time.Since(a.start).Round(time.Millisecond), a.status())
+	_, m := storedTree(t, ctx, a.store, "catalogue")
+	t.Logf("grown from %d to the cap of %d (threshold %g rows/s) in %s by %d splits, slots per shard %v; %s", created, limit, threshold,
+		time.Since(a.start).Round(time.Millisecond), len(autoSplitLine.FindAllString(p.Log(), -1)), m.SlotCounts(), a.status())
 	return a, p
 }
 
@@ -317,7 +354,7 @@ func TestAutonomicRules(t *testing.T) {
 	// shards in a row of five, two of them adjacent, that the shrink could
 	// fold beside it if it did not wait.
 	begin := time.Now()
-	a, p := grownToCap(t, ctx, 5)
+	a, p := grownToCap(t, ctx, 4, 5)
 
 	release := a.holdShardWrites()
 	a.until("healing starts folding the quiet tree", func() bool {
@@ -367,56 +404,61 @@ func TestAutonomicRules(t *testing.T) {
 // has stopped, healing folds it back through the migrator's folds, in
 // PostgreSQL and Redis, down to the registry's 4, never below, and stops
 // there: further passes start nothing. The ledger holds.
+// LATTICE_HEAL_SHARDS and LATTICE_HEAL_CAP set the creation count and the
+// cap: 16 and 64 run the specification's case, 16 up to 64 and back (about
+// a minute longer than the default).
 func TestAutonomicHealing(t *testing.T) {
+	created, limit := envInt("LATTICE_HEAL_SHARDS", 4), envInt("LATTICE_HEAL_CAP", 8)
+	if limit <= created {
+		t.Fatalf("LATTICE_HEAL_CAP %d is not above LATTICE_HEAL_SHARDS %d: nothing to heal", limit, created)
+	}
 	resetNodes(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute*time.Duration(max(1, (limit-created)/4)))
 	defer cancel()
 	begin := time.Now()
-	a, _ := grownToCap(t, ctx, 8)
+	a, p := grownToCap(t, ctx, created, limit)
+	splits := len(autoSplitLine.FindAllString(p.Log(), -1))
 
 	quiet := time.Now()
-	folds := map[string]bool{}
-	a.until("healing folds the quiet tree back to the registry's 4", func() bool {
-		return a.shards() == 4 && len(a.migrations()) == 0 && strings.Contains(a.status(), "healing idle: 4 shards, the registry's count")
+	var firstFold time.Duration
+	registry := "healing idle: " + strconv.Itoa(created) + " shards, the registry's count"
+	a.until("healing folds the quiet tree back to the registry's count", func() bool {
+		return a.shards() == created && len(a.migrations()) == 0 && strings.Contains(a.status(), registry)
 	}, func() {
 		for _, m := range a.migrations() {
 			if m.Origin == shardmap.OriginAutosplit {
 				t.Fatalf("the monitor split shard %d of a quiet tree", m.Source)
 			}
-			if m.Origin == shardmap.OriginAutoheal {
-				folds[m.ID] = true
+			if m.Origin == shardmap.OriginAutoheal && firstFold == 0 {
+				firstFold = time.Since(quiet)
 			}
 		}
-		if n := a.shards(); n < 4 {
-			t.Fatalf("healing folded the tree to %d shards, below the registry's 4", n)
+		if n := a.shards(); n < created {
+			t.Fatalf("healing folded the tree to %d shards, below the registry's %d", n, created)
 		}
 	})
-	t.Logf("healed back to 4 in %s after the load stopped, by %d folds seen; %s", time.Since(quiet).Round(time.Millisecond), len(folds), a.status())
-	if len(folds) == 0 {
-		t.Fatal("no fold of healing's was seen")
+	folds := len(autoFoldLine.FindAllString(p.Log(), -1))
+	t.Logf("healed back to %d in %s after the load stopped (first fold after %s), by %d folds; %s", created,
+		time.Since(quiet).Round(time.Millisecond), firstFold.Round(time.Millisecond), folds, a.status())
+	// Each fold is one shard fewer and the tree went from the cap to the
+	// registry's count, so exactly that many: none failed, none undone.
+	if folds != limit-created || splits != limit-created {
+		t.Fatalf("%d splits and %d folds; want %d of each", splits, folds, limit-created)
 	}
 	tree, m := storedTree(t, ctx, a.store, "catalogue")
 	t.Logf("healed map: slots per shard %v", m.SlotCounts())
-	if tree.ShardCount != 4 {
-		t.Errorf("registry shard count %d after healing, want 4", tree.ShardCount)
+	if tree.ShardCount != created {
+		t.Errorf("registry shard count %d after healing, want %d", tree.ShardCount, created)
 	}
-	// Stopped: two more passes of the healer (each writes its status anew)
-	// start nothing.
-	var at time.Time
-	for range 3 {
-		var st *shardmap.AutonomicStatus
-		a.until("a further pass of the healer", func() bool {
-			var err error
-			if st, err = a.store.Autonomic(ctx, "lattice", "catalogue"); err != nil {
-				t.Fatal(err)
-			}
-			return st != nil && st.At.After(at)
-		}, nil)
-		at = st.At
-		if migs := a.migrations(); len(migs) != 0 || a.shards() != 4 || !strings.Contains(st.Healer, "idle: 4 shards") {
+	// Stopped: two more passes of the healer start nothing.
+	a.passes(3, func(st *shardmap.AutonomicStatus) {
+		if migs := a.migrations(); len(migs) != 0 || a.shards() != created || !strings.Contains(st.Healer, "idle: "+strconv.Itoa(created)+" shards") {
 			t.Fatalf("after healing stopped: %d migrations, %d shards, healer %q", len(migs), a.shards(), st.Healer)
 		}
+	})
+	if n := len(autoFoldLine.FindAllString(p.Log(), -1)); n != folds {
+		t.Fatalf("healing started %d more folds after it had stopped", n-folds)
 	}
-	verifyReshardedTree(t, ctx, a.pool, a.load.ledger, 4)
+	verifyReshardedTree(t, ctx, a.pool, a.load.ledger, created)
 	t.Logf("took %s", time.Since(begin).Round(time.Millisecond))
 }
