@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"os/exec"
 	"regexp"
@@ -11,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/chromedp"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -227,6 +229,54 @@ func TestAutonomicSkewedLoad(t *testing.T) {
 	}
 	t.Logf("%d shards; status: %s", a.shards(), cool)
 	verifyReshardedTree(t, ctx, a.pool, a.load.ledger, a.shards())
+}
+
+// TestAutonomicHotKeyRange: every write of the ledger workload on one key
+// of a 4-shard tree. Its slot is hot alone, which no split can cool: the
+// monitor reports it as a hot key range (lattice_reshard_status, the log
+// and lattice_autonomic_hot_key_ranges_total once, the page) and splits
+// nothing, pass after pass.
+func TestAutonomicHotKeyRange(t *testing.T) {
+	chrome := chromiumPath(t)
+	resetNodes(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	p := autonomicProxy(t, "--autoheal=false", "--autosplit-rows-per-second=20")
+	a := newAutoRun(t, ctx, p, 400, 4)
+	const key = 100 // writer 0's: a key number n is written by writer n%4
+	slot, err := shardmap.SlotForText(shardmap.KeyText, []byte("c-"+strconv.Itoa(key)), 4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, m := storedTree(t, ctx, a.store, "catalogue")
+	want := fmt.Sprintf("hot key range: slot %d of shard %d carries", slot, m.Slots[slot])
+	a.load.pick = func(*rand.Rand, int) int { return key }
+	a.run(1)
+	a.until("the monitor reports the hot key range", func() bool { return strings.Contains(a.status(), want) }, nil)
+	a.passes(3, func(st *shardmap.AutonomicStatus) {
+		if migs := a.migrations(); len(migs) != 0 || a.shards() != 4 || !strings.Contains(st.Monitor, want) {
+			t.Fatalf("a hot key range: %d migrations, %d shards, monitor %q", len(migs), a.shards(), st.Monitor)
+		}
+	})
+	browser := openPage(t, ctx, chrome, p)
+	const read = `(() => { const s = document.querySelector('section.tree[data-tree="catalogue"] .autonomic');
+  return s && !s.hidden ? s.textContent : ''; })()`
+	var shown string
+	waitUntil(t, ctx, "the page's monitor status", func() bool {
+		if shown, err = chromedp.Run(browser, chromedp.Evaluate[string](read)); err != nil {
+			t.Fatalf("read the page: %v", err)
+		}
+		return strings.Contains(shown, want)
+	})
+	a.stop()
+	if got := metricSum(t, p, "lattice_autonomic_hot_key_ranges_total", map[string]string{"tree": "catalogue"}); got != 1 {
+		t.Errorf("lattice_autonomic_hot_key_ranges_total %v, want 1 (once an episode)", got)
+	}
+	if n := strings.Count(p.Log(), "autonomic: hot key range"); n != 1 {
+		t.Errorf("%d hot key range lines logged, want 1", n)
+	}
+	t.Logf("the page: %s", shown)
+	verifyReshardedTree(t, ctx, a.pool, a.load.ledger, 4)
 }
 
 // reshardIntent is the tree's running reshard, nil when none runs.
