@@ -279,6 +279,44 @@ func TestAutonomicHotKeyRange(t *testing.T) {
 	verifyReshardedTree(t, ctx, a.pool, a.load.ledger, 4)
 }
 
+// TestLoadAwareReshard: with the monitor off, 90% of the ledger's writes
+// on the upper half of shard 2's slots (of 4 equal shards). A grow to 5
+// splits shard 2, the hottest, at its load midpoint, inside that upper
+// half; by slot count alone it would split shard 0 at its slot midpoint.
+func TestLoadAwareReshard(t *testing.T) {
+	resetNodes(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	p := startProxy(t, 3) // the monitor and healing off
+	a := newAutoRun(t, ctx, p, 2000, 4)
+	const lo, hi = 2560, 3071 // shard 2 owns 2048..3071
+	a.skew(lo, hi, 9)
+	a.run(2)
+	var rates []float64
+	a.until("the load signal shows shard 2 hottest", func() bool {
+		rows, err := a.pool.Query(ctx, "SELECT writes_per_s FROM lattice_shards('catalogue') WHERE slot_count > 0 ORDER BY shard")
+		if err != nil {
+			t.Fatal(err)
+		}
+		rates, err = pgx.CollectRows(rows, pgx.RowTo[float64])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(rates) == 4 && rates[2] > 5 && rates[2] > 4*(rates[0]+rates[1]+rates[3])
+	}, nil)
+	a.reshard(5)
+	a.stop()
+	_, m := storedTree(t, ctx, a.store, "catalogue")
+	t.Logf("writes/s per shard before the grow %v; after it, shard 2 owns %v and shard 4 %v", rates, m.SlotRanges(2), m.SlotRanges(4))
+	if got := m.SlotRanges(2); len(got) != 1 || got[0][0] != 2048 || got[0][1] <= lo || got[0][1] >= hi {
+		t.Fatalf("shard 2 owns %v after the grow; want 2048 up to a boundary inside %d..%d, its load midpoint", got, lo, hi)
+	}
+	if m.SlotCounts()[0] != 1024 {
+		t.Fatalf("the grow split shard 0 (%v), the largest by slots, not shard 2, the hottest", m.SlotRanges(0))
+	}
+	verifyReshardedTree(t, ctx, a.pool, a.load.ledger, 5)
+}
+
 // reshardIntent is the tree's running reshard, nil when none runs.
 func (a *autoRun) reshardIntent() *shardmap.Reshard {
 	r, err := a.store.Reshard(a.ctx, "lattice", "catalogue")
