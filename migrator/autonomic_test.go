@@ -370,6 +370,63 @@ func TestSetTreeOption(t *testing.T) {
 	}
 }
 
+// TestAutonomicSwitches: each mechanism is switched off for the deployment
+// (--autosplit, --autoheal) or for one tree (lattice_set_tree_option), and
+// then does nothing, its status says which switch, while the other one
+// goes on.
+func TestAutonomicSwitches(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		off    func(a *autoRig, f *Functions)
+		heal   bool // a quiet tree over-split to 6, else a hot shard
+		shards int  // after the passes
+		says   string
+	}{
+		{"--autosplit=false", func(a *autoRig, _ *Functions) { a.auto.opts.Split = false }, false, 4,
+			"monitor off: --autosplit=false; healing idle: 4 shards"},
+		{"--autoheal=false", func(a *autoRig, _ *Functions) { a.auto.opts.Heal = false }, true, 6,
+			"monitor watching: no shard is hot; healing off: --autoheal=false"},
+		{"autosplit off for the tree", func(a *autoRig, f *Functions) { a.setOption(f, "autosplit") }, false, 4,
+			"monitor off: lattice_set_tree_option('items', 'autosplit', false)"},
+		{"autoheal off for the tree", func(a *autoRig, f *Functions) { a.setOption(f, "autoheal") }, true, 6,
+			"healing off: lattice_set_tree_option('items', 'autoheal', false)"},
+		{"--autoheal=false, autosplit on", func(a *autoRig, _ *Functions) { a.auto.opts.Heal = false }, false, 7,
+			"healing off: --autoheal=false"},
+		{"--autosplit=false, autoheal on", func(a *autoRig, _ *Functions) { a.auto.opts.Split = false }, true, 4,
+			"monitor off: --autosplit=false; healing idle: 4 shards"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a := newAutoRig(t)
+			f := &Functions{store: a.store.Store, coord: a.coord}
+			if tc.heal {
+				a.growTo(6)
+				a.load.set(make([]float64, rigSlots))
+			} else {
+				a.load.set(hotOn(24, 31))
+			}
+			tc.off(a, f)
+			for range 8 {
+				a.pass()
+			}
+			if n := a.mapNow().DistinctShards(); n != tc.shards {
+				t.Fatalf("%d shards, want %d", n, tc.shards)
+			}
+			st, err := f.ReshardStatus(a.ctx, "app", "items")
+			if err != nil || !strings.Contains(st.Autonomic, tc.says) {
+				t.Fatalf("status %q, %v; want %q in it", st.Autonomic, err, tc.says)
+			}
+		})
+	}
+}
+
+// setOption turns option off for the rig's tree.
+func (a *autoRig) setOption(f *Functions, option string) {
+	a.t.Helper()
+	if _, err := f.Call(a.ctx, "app", "lattice_set_tree_option", []*string{ptr("items"), ptr(option), ptr("false")}, nil); err != nil {
+		a.t.Fatal(err)
+	}
+}
+
 // TestAutonomicForgetsDroppedTrees: the leases and timers the monitor
 // keeps go with a dropped tree.
 func TestAutonomicForgetsDroppedTrees(t *testing.T) {
