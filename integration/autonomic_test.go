@@ -187,12 +187,13 @@ func (a *autoRun) migrations() []*shardmap.Migration {
 var (
 	autoSplitLine = regexp.MustCompile(`autonomic: split of a hot shard.*`)
 	autoFoldLine  = regexp.MustCompile(`autonomic: healing folds a cold pair.*`)
-	splitShard    = regexp.MustCompile(` shard=(\d+) from_slot=`)
+	splitAt       = regexp.MustCompile(` shard=(\d+) from_slot=(\d+) `)
 )
 
 // TestAutonomicSkewedLoad: 8 shards, 80% of the ledger's writes on the
-// slots of shard 3. The monitor splits that shard at its load midpoint,
-// then its halves, until no shard writes more than 3 times the mean (the
+// slots of shard 3, on the lower half of them. The monitor splits that
+// shard at its load midpoint, inside that half (its slot midpoint would
+// leave the load on one side), then its halves, until no shard writes more than 3 times the mean (the
 // absolute threshold, 1000 rows/s, is about the whole workload's rate; a
 // tenth of it is the floor under which no shard is hot); the ledger holds
 // and no client sees an error.
@@ -202,7 +203,7 @@ func TestAutonomicSkewedLoad(t *testing.T) {
 	defer cancel()
 	p := autonomicProxy(t, "--autoheal=false", "--autosplit-mean-multiple=3", "--autosplit-rows-per-second=1000")
 	a := newAutoRun(t, ctx, p, 4000, 8)
-	a.skew(1536, 2047, 8) // shard 3 of 8's slots
+	a.skew(1536, 1791, 8) // shard 3 of 8 owns 1536..2047
 	a.run(4)
 	// Until the load window holds the workload from end to end, the rates
 	// read low (a window's count over its whole span): a tree split
@@ -221,8 +222,12 @@ func TestAutonomicSkewedLoad(t *testing.T) {
 	if len(lines) == 0 {
 		t.Fatal("no split logged")
 	}
-	if first := splitShard.FindStringSubmatch(lines[0]); first == nil || first[1] != "3" {
+	first := splitAt.FindStringSubmatch(lines[0])
+	if first == nil || first[1] != "3" {
 		t.Fatalf("the first split was not of shard 3, which takes 80%% of the writes: %s", lines[0])
+	}
+	if from, _ := strconv.Atoi(first[2]); from <= 1536 || from >= 1792 {
+		t.Fatalf("shard 3 split at slot %d, not at its load midpoint inside 1536..1791", from)
 	}
 	if got := metricSum(t, p, "lattice_autonomic_splits_total", map[string]string{"tree": "catalogue"}); got != float64(len(lines)) {
 		t.Errorf("lattice_autonomic_splits_total %v, %d splits logged", got, len(lines))
