@@ -140,6 +140,32 @@ func TestAutonomicSplitsAtLoadMidpoint(t *testing.T) {
 	}
 }
 
+// TestAutonomicPlacesSplitsByLoad: the new shard of the monitor's split
+// goes on the active node whose shards write least. With no load the
+// nodes tie on bytes and slots, and placement by size alone would take n1
+// both times.
+func TestAutonomicPlacesSplitsByLoad(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		lo, hi int // the hot slots
+		node   string
+	}{
+		{"hot shard 0, on n1: the new shard on n2", 8, 15, "n2"},
+		{"hot shard 1, on n2: the new shard on n1", 24, 31, "n1"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a := newAutoRig(t)
+			a.load.set(hotOn(tc.lo, tc.hi))
+			a.pass()
+			a.pass()
+			migs := a.store.started()
+			if len(migs) != 1 || migs[0].TargetNode != tc.node {
+				t.Fatalf("migrations %+v; want one split onto %s", migs, tc.node)
+			}
+		})
+	}
+}
+
 // TestAutonomicHotSlot: all the load on one slot is a hot key range,
 // reported once and never split.
 func TestAutonomicHotSlot(t *testing.T) {
