@@ -91,8 +91,9 @@ func (p *Policy) heal(st *treeState, v View, counts map[int]int, now time.Time, 
 // among the choices of that many the one whose shards come out most even
 // (the least sum of the products of each pair's sizes, which is the least
 // sum of squared sizes after the folds: the smallest pairs first). How
-// cold each pair is does not order them: all of them are cold. The donor
-// is the side with fewer rows (or slots, when rows are unknown).
+// cold each pair is does not order them: all of them are cold. Sizes are
+// slot counts, not the nodes' row estimates, which lag the migrations that
+// just ran (docs/DESIGN.md section 6.1). The donor is the smaller side.
 func (p *Policy) coldPairs(v View, l load, want int) []Fold {
 	type span struct{ idx, lo, hi int }
 	var spans []span
@@ -102,12 +103,7 @@ func (p *Policy) coldPairs(v View, l load, want int) []Fold {
 	}
 	slices.SortFunc(spans, func(a, b span) int { return cmp.Compare(a.lo, b.lo) })
 	counts := v.Map.SlotCounts()
-	size := func(idx int) int64 {
-		if v.Rows != nil {
-			return v.Rows[idx]
-		}
-		return int64(counts[idx])
-	}
+	size := func(idx int) int64 { return int64(counts[idx]) }
 	n := len(spans)
 	if want <= 0 || n < 2 {
 		return nil

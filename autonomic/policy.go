@@ -18,9 +18,6 @@ type View struct {
 	Registry int
 	// Writes are rows written per second per slot; nil without load data.
 	Writes []float64
-	// Rows estimates each shard's rows (nil: unknown); a fold's donor is
-	// the smaller side, since it is the one copied.
-	Rows map[int]int64
 	// Intent names what runs on the tree ("a reshard of t to 32 shards is
 	// in progress"), "" when nothing does: while one runs the monitor and
 	// the healer start nothing.

@@ -423,6 +423,23 @@ func signIn(t *testing.T, ctx context.Context, browser context.Context, p *proxy
 	}
 }
 
+// openPage loads p's admin page in headless Chromium (chrome, from
+// chromiumPath) and signs in; the browser closes when the test ends.
+func openPage(t *testing.T, ctx context.Context, chrome string, p *proxyProc, opts ...chromedp.ExecAllocatorOption) context.Context {
+	t.Helper()
+	opts = append(append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(chrome), chromedp.NoSandbox,
+		chromedp.Flag("disable-dev-shm-usage", true)), opts...)
+	alloc, cancelAlloc := chromedp.NewExecAllocator(ctx, opts...)
+	t.Cleanup(cancelAlloc)
+	browser, cancelBrowser := chromedp.NewContext(alloc, chromedp.WithErrorf(t.Logf))
+	t.Cleanup(cancelBrowser)
+	if err := chromedp.Do(browser, chromedp.Navigate("http://"+p.AdminAddr+"/")); err != nil {
+		t.Fatalf("load the page: %v", err)
+	}
+	signIn(t, ctx, browser, p)
+	return browser
+}
+
 func chromiumPath(t *testing.T) string {
 	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
 		if p, err := exec.LookPath(name); err == nil {
@@ -470,16 +487,7 @@ func TestAdminDashboard(t *testing.T) {
 	p := startProxy(t, 3, "--coordinator=false")
 	createDashTree(t, ctx, p, 2000)
 
-	alloc, cancelAlloc := chromedp.NewExecAllocator(ctx, append(chromedp.DefaultExecAllocatorOptions[:],
-		chromedp.ExecPath(chrome), chromedp.NoSandbox, chromedp.WindowSize(1300, 1100),
-		chromedp.Flag("disable-dev-shm-usage", true))...)
-	defer cancelAlloc()
-	browser, cancelBrowser := chromedp.NewContext(alloc, chromedp.WithErrorf(t.Logf))
-	defer cancelBrowser()
-	if err := chromedp.Do(browser, chromedp.Navigate("http://"+p.AdminAddr+"/")); err != nil {
-		t.Fatalf("load the page: %v", err)
-	}
-	signIn(t, ctx, browser, p)
+	browser := openPage(t, ctx, chrome, p, chromedp.WindowSize(1300, 1100))
 	if _, err := chromedp.Run(browser, chromedp.Evaluate[string](`window.testLoadID = 'first-load'`)); err != nil {
 		t.Fatalf("mark the page: %v", err)
 	}

@@ -258,16 +258,7 @@ func TestLoadSignal(t *testing.T) {
 	}
 
 	t.Run("page", func(t *testing.T) {
-		chrome := chromiumPath(t)
-		alloc, cancelAlloc := chromedp.NewExecAllocator(ctx, append(chromedp.DefaultExecAllocatorOptions[:],
-			chromedp.ExecPath(chrome), chromedp.NoSandbox, chromedp.Flag("disable-dev-shm-usage", true))...)
-		defer cancelAlloc()
-		browser, cancelBrowser := chromedp.NewContext(alloc, chromedp.WithErrorf(t.Logf))
-		defer cancelBrowser()
-		if err := chromedp.Do(browser, chromedp.Navigate("http://"+a.AdminAddr+"/")); err != nil {
-			t.Fatalf("load the page: %v", err)
-		}
-		signIn(t, ctx, browser, a)
+		browser := openPage(t, ctx, chromiumPath(t), a)
 		const read = `(() => { const s = document.querySelector('section.tree[data-tree="hot"]');
   return s && s.querySelector('canvas.heat') ? String(s.dataset.hottest) : 'none'; })()`
 		var got string

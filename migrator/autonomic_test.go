@@ -140,6 +140,32 @@ func TestAutonomicSplitsAtLoadMidpoint(t *testing.T) {
 	}
 }
 
+// TestAutonomicPlacesSplitsByLoad: the new shard of the monitor's split
+// goes on the active node whose shards write least. With no load the
+// nodes tie on bytes and slots, and placement by size alone would take n1
+// both times.
+func TestAutonomicPlacesSplitsByLoad(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		lo, hi int // the hot slots
+		node   string
+	}{
+		{"hot shard 0, on n1: the new shard on n2", 8, 15, "n2"},
+		{"hot shard 1, on n2: the new shard on n1", 24, 31, "n1"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a := newAutoRig(t)
+			a.load.set(hotOn(tc.lo, tc.hi))
+			a.pass()
+			a.pass()
+			migs := a.store.started()
+			if len(migs) != 1 || migs[0].TargetNode != tc.node {
+				t.Fatalf("migrations %+v; want one split onto %s", migs, tc.node)
+			}
+		})
+	}
+}
+
 // TestAutonomicHotSlot: all the load on one slot is a hot key range,
 // reported once and never split.
 func TestAutonomicHotSlot(t *testing.T) {
@@ -367,6 +393,63 @@ func TestSetTreeOption(t *testing.T) {
 	_, err = f.Call(a.ctx, "app", "lattice_set_tree_option", []*string{ptr("items"), ptr("autoscale"), ptr("true")}, nil)
 	if e := sqlstate.As(err); err == nil || e.Code != sqlstate.InvalidParameterValue || e.Hint == "" {
 		t.Fatalf("unknown option: %v", err)
+	}
+}
+
+// TestAutonomicSwitches: each mechanism is switched off for the deployment
+// (--autosplit, --autoheal) or for one tree (lattice_set_tree_option), and
+// then does nothing, its status says which switch, while the other one
+// goes on.
+func TestAutonomicSwitches(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		off    func(a *autoRig, f *Functions)
+		heal   bool // a quiet tree over-split to 6, else a hot shard
+		shards int  // after the passes
+		says   string
+	}{
+		{"--autosplit=false", func(a *autoRig, _ *Functions) { a.auto.opts.Split = false }, false, 4,
+			"monitor off: --autosplit=false; healing idle: 4 shards"},
+		{"--autoheal=false", func(a *autoRig, _ *Functions) { a.auto.opts.Heal = false }, true, 6,
+			"monitor watching: no shard is hot; healing off: --autoheal=false"},
+		{"autosplit off for the tree", func(a *autoRig, f *Functions) { a.setOption(f, "autosplit") }, false, 4,
+			"monitor off: lattice_set_tree_option('items', 'autosplit', false)"},
+		{"autoheal off for the tree", func(a *autoRig, f *Functions) { a.setOption(f, "autoheal") }, true, 6,
+			"healing off: lattice_set_tree_option('items', 'autoheal', false)"},
+		{"--autoheal=false, autosplit on", func(a *autoRig, _ *Functions) { a.auto.opts.Heal = false }, false, 7,
+			"healing off: --autoheal=false"},
+		{"--autosplit=false, autoheal on", func(a *autoRig, _ *Functions) { a.auto.opts.Split = false }, true, 4,
+			"monitor off: --autosplit=false; healing idle: 4 shards"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a := newAutoRig(t)
+			f := &Functions{store: a.store.Store, coord: a.coord}
+			if tc.heal {
+				a.growTo(6)
+				a.load.set(make([]float64, rigSlots))
+			} else {
+				a.load.set(hotOn(24, 31))
+			}
+			tc.off(a, f)
+			for range 8 {
+				a.pass()
+			}
+			if n := a.mapNow().DistinctShards(); n != tc.shards {
+				t.Fatalf("%d shards, want %d", n, tc.shards)
+			}
+			st, err := f.ReshardStatus(a.ctx, "app", "items")
+			if err != nil || !strings.Contains(st.Autonomic, tc.says) {
+				t.Fatalf("status %q, %v; want %q in it", st.Autonomic, err, tc.says)
+			}
+		})
+	}
+}
+
+// setOption turns option off for the rig's tree.
+func (a *autoRig) setOption(f *Functions, option string) {
+	a.t.Helper()
+	if _, err := f.Call(a.ctx, "app", "lattice_set_tree_option", []*string{ptr("items"), ptr(option), ptr("false")}, nil); err != nil {
+		a.t.Fatal(err)
 	}
 }
 

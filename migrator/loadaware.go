@@ -74,6 +74,8 @@ func splitSourcesByLoad(m *shardmap.Map, flying []*shardmap.Migration, writes []
 func (c *Coordinator) growSplit(ctx context.Context, t *shardmap.Tree, m *shardmap.Map, src int, writes []float64) (*shardmap.Migration, error) {
 	if writes != nil {
 		if from, ok := autonomic.Midpoint(m, src, writes); ok {
+			c.log.Info("coordinator: a grow splits a shard at its load midpoint", "tree", t.MapName(), "tenant", t.Tenant,
+				"shard", src, "from_slot", from, "writes_per_second", autonomic.ShardWrites(m, writes)[src])
 			return c.runner.startSplit(ctx, t, src, splitAt{from: from})
 		}
 	}
