@@ -298,16 +298,34 @@ func TestLoadAwareReshard(t *testing.T) {
 	a.skew(lo, hi, 9)
 	a.run(2)
 	var rates []float64
+	// A grow weighs rows written (the coordinator's load source), so wait
+	// for both rates, over three polls in a row: the window is then full
+	// of the skewed load when the grow reads it.
+	hotPolls := 0
 	a.until("the load signal shows shard 2 hottest", func() bool {
-		rows, err := a.pool.Query(ctx, "SELECT writes_per_s FROM lattice_shards('catalogue') WHERE slot_count > 0 ORDER BY shard")
+		var rowRates []float64
+		rates = rates[:0]
+		rows, err := a.pool.Query(ctx, "SELECT writes_per_s, rows_written_per_s FROM lattice_shards('catalogue') WHERE slot_count > 0 ORDER BY shard")
 		if err != nil {
 			t.Fatal(err)
 		}
-		rates, err = pgx.CollectRows(rows, pgx.RowTo[float64])
-		if err != nil {
+		for rows.Next() {
+			var w, r float64
+			if err := rows.Scan(&w, &r); err != nil {
+				t.Fatal(err)
+			}
+			rates, rowRates = append(rates, w), append(rowRates, r)
+		}
+		if err := rows.Err(); err != nil {
 			t.Fatal(err)
 		}
-		return len(rates) == 4 && rates[2] > 5 && rates[2] > 4*(rates[0]+rates[1]+rates[3])
+		hot := func(x []float64) bool { return len(x) == 4 && x[2] > 5 && x[2] > 4*(x[0]+x[1]+x[3]) }
+		if hot(rates) && hot(rowRates) {
+			hotPolls++
+		} else {
+			hotPolls = 0
+		}
+		return hotPolls >= 3
 	}, nil)
 	a.reshard(5)
 	a.stop()
