@@ -663,10 +663,8 @@ func (r *Runner) freezeAndFlip(ctx context.Context, u unit, mig *shardmap.Migrat
 			return false, err
 		}
 	}
-	fs := newFreezeSnapshots(snaps, sh)
 	defer func() {
 		if snaps != nil {
-			fs.wait()
 			snaps.Close()
 		}
 	}()
@@ -700,6 +698,7 @@ func (r *Runner) freezeAndFlip(ctx context.Context, u unit, mig *shardmap.Migrat
 		return false, err
 	}
 	steps := freezeSteps{freeze: start.Sub(begin), last: start}
+	steps.mark(&steps.write)
 	bctx, cancel := context.WithTimeout(ctx, r.opts.FreezeBudget)
 	defer cancel()
 	live, err := r.waitLagging(bctx, t, frozen, acked)
@@ -714,15 +713,11 @@ func (r *Runner) freezeAndFlip(ctx context.Context, u unit, mig *shardmap.Migrat
 		// writes that the freeze holds back anyway.
 		cutOff := make(chan error, 1)
 		go func() { cutOff <- r.waitCutOff(bctx, t, frozen, live) }()
-		fs.besideFence(bctx)
 		// One transaction fences every member table: one barrier, one
 		// WAL position past every write to the moving slots.
 		lsn, err = r.cluster.ArmSlotFences(bctx, mig.SourceNode, fences)
 		if cerr := <-cutOff; err == nil {
 			err = cerr
-		}
-		if err == nil {
-			fs.fenced(ctx)
 		}
 		steps.mark(&steps.fence)
 	}
@@ -734,16 +729,9 @@ func (r *Runner) freezeAndFlip(ctx context.Context, u unit, mig *shardmap.Migrat
 		steps.mark(&steps.drain)
 	}
 	if err == nil {
-		// The source's moving slots are fenced and the target has applied
-		// past the fence: both sides hold the same rows of them now.
-		fs.drained()
-		steps.mark(&steps.snapshots)
-	}
-	if err == nil {
 		r.crash("freeze")
 	}
 	if err != nil {
-		fs.wait()
 		if ctx.Err() != nil {
 			return false, ctx.Err()
 		}
@@ -778,16 +766,18 @@ func (r *Runner) freezeAndFlip(ctx context.Context, u unit, mig *shardmap.Migrat
 		return true, nil
 	})
 	if err != nil {
-		fs.wait()
 		return false, err
 	}
 	r.crash("flip")
 	steps.mark(&steps.flip)
 	pause := time.Since(start)
-	if err := fs.flipped(ctx); err != nil {
-		log.Warn("move not verifiable: a snapshot failed; its comparison will not run", "err", err)
+	if snaps != nil {
+		if err := exportAfterFlip(ctx, snaps); err != nil {
+			log.Warn("move not verifiable: a snapshot failed; its comparison will not run", "err", err)
+		}
+		steps.mark(&steps.snapshots)
 	}
-	log.Info("flipped", append(steps.attrs(), "pause", pause, "epoch", flipped.Epoch, "final_lsn", final, "target_snapshot_retaken", fs.retaken())...)
+	log.Info("flipped", append(steps.attrs(), "pause", pause, "epoch", flipped.Epoch, "final_lsn", final)...)
 	r.metrics.FreezeSeconds.WithLabelValues(mig.Tree, mig.Tenant, "flipped").Observe(pause.Seconds())
 	if mig.Kind == shardmap.Fold {
 		r.metrics.ConsolidationsCommitted.WithLabelValues(mig.Tree, mig.Tenant, strconv.Itoa(mig.Source)).Inc()
@@ -805,12 +795,12 @@ func (r *Runner) freezeAndFlip(ctx context.Context, u unit, mig *shardmap.Migrat
 
 // freezeSteps times one freeze for its log line: the map reads and writes
 // lost to concurrent migrations before the freeze, then the parts of the
-// pause: the proxies' acknowledgements (the frozen map's write included),
-// the fence (with, beside it, the look for proxies cut off from Redis), the
-// final drain and the flip.
+// pause: the frozen map's write, the proxies' acknowledgements, the fence
+// (with, beside it, the look for proxies cut off from Redis), the final
+// drain and the flip; last, out of the pause, the snapshots' exports.
 type freezeSteps struct {
-	last                                        time.Time
-	freeze, acks, fence, drain, snapshots, flip time.Duration
+	last                                               time.Time
+	freeze, write, acks, fence, drain, snapshots, flip time.Duration
 }
 
 // mark sets *d to the time since the previous mark.
@@ -820,7 +810,7 @@ func (s *freezeSteps) mark(d *time.Duration) {
 }
 
 func (s *freezeSteps) attrs() []any {
-	return []any{"freeze_wait", s.freeze, "acks", s.acks, "fence", s.fence, "final_drain", s.drain, "snapshots", s.snapshots, "flip", s.flip}
+	return []any{"freeze_wait", s.freeze, "map_write", s.write, "acks", s.acks, "fence", s.fence, "final_drain", s.drain, "flip", s.flip, "snapshots_after_flip", s.snapshots}
 }
 
 // recordOwnership adds the moved slots to the target's ownership record
