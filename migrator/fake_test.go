@@ -3,6 +3,7 @@ package migrator
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"log/slog"
@@ -40,6 +41,8 @@ type fakeNodes struct {
 	target    int // the shard a test corrupts
 	// compareErr fails comparisons, as a statement timeout would.
 	compareErr error
+	// exportErr fails the snapshots' exports.
+	exportErr error
 
 	// afterCompare runs after a comparison, before the differing slots'
 	// rows written since the flip are read: a client's write.
@@ -401,6 +404,9 @@ func (s *fakeSnapshots) TakeTarget(ctx context.Context) error {
 	s.f.mu.Lock()
 	defer s.f.mu.Unlock()
 	s.f.call("take target %s", s.mig.ID)
+	if s.f.exportErr != nil {
+		return s.f.exportErr
+	}
 	s.tgt = s.take(s.mig.Target)
 	s.logged = nil
 	if l := s.f.logs[s.mig.ID]; l != nil {
@@ -429,6 +435,9 @@ func (s *fakeSnapshots) TakeSource(ctx context.Context) error {
 	s.f.mu.Lock()
 	defer s.f.mu.Unlock()
 	s.f.call("take source %s", s.mig.ID)
+	if s.f.exportErr != nil {
+		return s.f.exportErr
+	}
 	s.src = s.take(s.mig.Source)
 	return nil
 }
@@ -447,6 +456,9 @@ func (s *fakeSnapshots) take(shard int) map[int]map[string]string {
 func (s *fakeSnapshots) Compare(ctx context.Context) (*shardmap.Verification, error) {
 	if s.f.compareErr != nil {
 		return nil, s.f.compareErr
+	}
+	if s.src == nil || s.tgt == nil {
+		return nil, errors.New("fake: a snapshot is missing") // as pgSnapshots.Compare
 	}
 	s.asOfFlip()
 	v := &shardmap.Verification{Exact: true}

@@ -1,6 +1,7 @@
 package migrator
 
 import (
+	"errors"
 	"slices"
 	"testing"
 
@@ -264,6 +265,25 @@ func TestVerifyOff(t *testing.T) {
 	r.checkMoved(mig)
 	if r.nodes.called("opensnapshots") {
 		t.Error("snapshots opened with verification off")
+	}
+}
+
+// TestSnapshotExportFails: a move whose snapshots cannot be exported after
+// the flip is still proven, from the target's write log, and released; it
+// does not wait in verify_failed for an operator.
+func TestSnapshotExportFails(t *testing.T) {
+	r := newRig(t)
+	r.nodes.exportErr = errors.New("fake: export failed")
+	mig := r.start(shardmap.Split)
+	if _, err := r.run(r.runner(""), mig); err != nil {
+		t.Fatal(err)
+	}
+	r.checkMoved(mig)
+	if v := r.stored(mig); v != nil {
+		t.Fatalf("migration left in phase %s: %s", v.Phase, v.LastError)
+	}
+	if mig.Verify == nil || !mig.Verify.FromLog {
+		t.Errorf("verification %+v, want one from the write log", mig.Verify)
 	}
 }
 

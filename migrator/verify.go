@@ -106,9 +106,10 @@ func (r *Runner) verifyMove(ctx context.Context, u unit, mig *shardmap.Migration
 		cmp = snaps
 	} else if !r.opts.SkipVerify {
 		// The snapshots died with the run that took them (a crash after
-		// the flip): the target's write log still shows its rows as of the
-		// flip, under the writes clients made since.
-		log.Info("move compared from the target's write log: the freeze's snapshots were lost with the run that took them")
+		// the flip), or their export failed: the target's write log still
+		// shows its rows as of the flip, under the writes clients made
+		// since.
+		log.Info("move compared from the target's write log: the snapshots were lost with the run that took them, or not exported")
 		var err error
 		if cmp, err = r.cluster.OpenWriteLog(ctx, u.trees, mig, r.opts.VerifyTimeout); err != nil {
 			return err
