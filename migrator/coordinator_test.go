@@ -38,3 +38,35 @@ func TestSplitSourcesSkipInFlight(t *testing.T) {
 		}
 	}
 }
+
+// TestComparisonsAndFreezesApart: a freeze waits while another move of
+// the tree is compared on a node it shares, and a comparison while another
+// move freezes on one, so that the comparison's scans do not take the
+// pause's CPU and I/O; moves on other nodes do not wait for each other.
+func TestComparisonsAndFreezesApart(t *testing.T) {
+	mig := &shardmap.Migration{ID: "m", SourceNode: "n1", TargetNode: "n2"}
+	for _, tc := range []struct {
+		phase          shardmap.MigrationPhase
+		source, target string
+		freeze, cmp    bool // holdsFreeze, holdsComparison
+	}{
+		{shardmap.PhaseFlip, "n2", "n3", true, false},
+		{shardmap.PhaseFlip, "n3", "n1", true, false},
+		{shardmap.PhaseFlip, "n3", "n3", false, false},
+		{shardmap.PhaseFreeze, "n1", "n3", false, true},
+		{shardmap.PhaseFreeze, "n3", "n2", false, true},
+		{shardmap.PhaseFreeze, "n3", "n3", false, false},
+		{shardmap.PhaseCopy, "n3", "n1", true, false},
+		{shardmap.PhaseCopy, "n1", "n2", false, false},
+		{shardmap.PhaseRelease, "n1", "n3", true, false},
+		{shardmap.PhaseDrain, "n1", "n2", false, false},
+	} {
+		o := &shardmap.Migration{ID: "o", Phase: tc.phase, SourceNode: tc.source, TargetNode: tc.target}
+		if got := holdsFreeze(o, mig); got != tc.freeze {
+			t.Errorf("%s %s->%s: holds the freeze %v, want %v", tc.phase, tc.source, tc.target, got, tc.freeze)
+		}
+		if got := holdsComparison(o, mig); got != tc.cmp {
+			t.Errorf("%s %s->%s: holds the comparison %v, want %v", tc.phase, tc.source, tc.target, got, tc.cmp)
+		}
+	}
+}

@@ -532,11 +532,13 @@ const quietWait = 10 * time.Second
 // pause (70 to 220 ms per such freeze in the 500,000-row grow and shrink
 // benchmark, none once freezes waited). The last drain comes after the
 // last look, so a bulk transaction that committed before it is decoded
-// before the freeze.
+// before the freeze. It waits as well while another move of the tree is
+// compared on mig's nodes (phase flip): the comparison's scans would take
+// the CPU and I/O of the fence and the final drain.
 func (r *Runner) drainQuiet(ctx context.Context, t *shardmap.Tree, mig *shardmap.Migration, sh Stream) error {
 	deadline := time.Now().Add(quietWait)
 	for {
-		busy, err := r.bulkWritesOnSource(ctx, mig)
+		busy, err := r.busyBeforeFreeze(ctx, mig)
 		if err != nil {
 			return err
 		}
@@ -554,17 +556,30 @@ func (r *Runner) drainQuiet(ctx context.Context, t *shardmap.Tree, mig *shardmap
 	}
 }
 
-// bulkWritesOnSource reports whether another migration of mig's tree is
-// copying into mig's source node or deleting moved rows from it.
-func (r *Runner) bulkWritesOnSource(ctx context.Context, mig *shardmap.Migration) (bool, error) {
+// busyBeforeFreeze reports whether another migration of mig's tree is
+// copying into mig's source node, deleting moved rows from it, or being
+// compared on a node of mig's.
+func (r *Runner) busyBeforeFreeze(ctx context.Context, mig *shardmap.Migration) (bool, error) {
 	migs, err := r.store.Migrations(ctx, mig.Tenant, mig.Tree)
 	if err != nil {
 		return false, err
 	}
-	return slices.ContainsFunc(migs, func(o *shardmap.Migration) bool {
-		return o.ID != mig.ID && (o.Phase == shardmap.PhaseCopy && o.TargetNode == mig.SourceNode ||
-			o.Phase == shardmap.PhaseRelease && o.SourceNode == mig.SourceNode)
-	}), nil
+	return slices.ContainsFunc(migs, func(o *shardmap.Migration) bool { return o.ID != mig.ID && holdsFreeze(o, mig) }), nil
+}
+
+// holdsFreeze reports whether o's work makes mig wait before it freezes:
+// a copy into mig's source node, a release deleting from it, or o's
+// comparison on a node of mig's.
+func holdsFreeze(o, mig *shardmap.Migration) bool {
+	return o.Phase == shardmap.PhaseCopy && o.TargetNode == mig.SourceNode ||
+		o.Phase == shardmap.PhaseRelease && o.SourceNode == mig.SourceNode ||
+		o.Phase == shardmap.PhaseFlip && sharesNode(o, mig)
+}
+
+// sharesNode reports whether migrations a and b touch a node in common.
+func sharesNode(a, b *shardmap.Migration) bool {
+	return a.SourceNode == b.SourceNode || a.SourceNode == b.TargetNode ||
+		a.TargetNode == b.SourceNode || a.TargetNode == b.TargetNode
 }
 
 // waitAcks waits until every live proxy that serves the tree's tenant
