@@ -150,7 +150,7 @@ has() { grep -qE "^$1(-[0-9]+)?[[:space:]]" "$log"; }
   echo "#### Verification of moves"
   echo
   if has BenchmarkVerifyMoves; then
-    echo "BenchmarkVerifyMoves: four reshards of 200,000-row trees from 8 to 16 shards on 3 nodes under point reads and updates, alternately with \`--verify-moves\` on and off, in one run."
+    echo "BenchmarkVerifyMoves: four reshards of 200,000-row trees from 8 to 16 shards on 3 nodes under point reads and updates, with \`--verify-moves\` on, off, off and on, in one run."
     echo
     echo "| | verification on | off |"
     echo "|---|---|---|"
@@ -158,7 +158,7 @@ has() { grep -qE "^$1(-[0-9]+)?[[:space:]]" "$log"; }
     echo "| freeze pause p99 ms | $(metric BenchmarkVerifyMoves pause_p99_ms_verify) | $(metric BenchmarkVerifyMoves pause_p99_ms_noverify) |"
     echo "| freeze pause max ms | $(metric BenchmarkVerifyMoves pause_max_ms_verify) | $(metric BenchmarkVerifyMoves pause_max_ms_noverify) |"
     echo
-    echo "Snapshots inside the pause: p50 $(metric BenchmarkVerifyMoves snapshots_p50_ms) ms. The comparison after the flip: $(metric BenchmarkVerifyMoves verify_s_per_Mrow) s and $(metric BenchmarkVerifyMoves verify_bytes_per_row | awk '{printf "%.0f", $1}') MB of table scanned per million rows compared."
+    echo "Snapshot exports after the flip, out of the pause: p50 $(metric BenchmarkVerifyMoves snapshots_after_flip_p50_ms) ms. The comparison after the flip: $(metric BenchmarkVerifyMoves verify_s_per_Mrow) s and $(metric BenchmarkVerifyMoves verify_bytes_per_row | awk '{printf "%.0f", $1}') MB of table scanned per million rows compared."
   else
     echo "BenchmarkVerifyMoves did not report (see the failures below)."
   fi

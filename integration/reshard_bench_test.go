@@ -79,7 +79,7 @@ func flipTimes(log, key string) []time.Duration {
 }
 
 // freezeSteps are the parts of a freeze the migrator logs with each flip.
-var freezeSteps = []string{"freeze_wait", "acks", "fence", "final_drain", "snapshots", "flip"}
+var freezeSteps = []string{"freeze_wait", "map_write", "acks", "fence", "final_drain", "flip"}
 
 // BenchmarkReshardPointQueries measures point-query throughput and p99
 // latency through the proxy before and during a reshard of a 200,000-row

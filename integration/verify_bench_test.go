@@ -26,10 +26,12 @@ func verifiedLines(log string) (rows, bytes int64, took time.Duration, n int) {
 }
 
 // BenchmarkVerifyMoves reshards trees of 200,000 rows from 8 to 16 shards
-// on 3 nodes under point-query load, alternately with the verification of
-// moves on and off (--verify-moves), in one run: the freeze pause (p50,
-// p99, max over the migrations of each mode), the snapshots' share of it, and
-// the comparison's time and table bytes scanned per million rows compared.
+// on 3 nodes under point-query load, with the verification of moves on
+// and off (--verify-moves) in rounds on, off, off, on of one run (a load
+// that drifts through the run weighs on both modes alike): the freeze
+// pause (p50, p99, max over the migrations of each mode) and each of its
+// steps, the snapshots' exports after the flip, and the comparison's time
+// and table bytes scanned per million rows compared.
 //
 //	LATTICE_TEST_RACE=0 go test -run '^$' -bench BenchmarkVerifyMoves -benchtime 1x ./integration
 func BenchmarkVerifyMoves(b *testing.B) {
@@ -37,10 +39,11 @@ func BenchmarkVerifyMoves(b *testing.B) {
 		resetNodes(b)
 		ctx := context.Background()
 		pauses := map[bool][]time.Duration{}
+		steps := map[bool]map[string][]time.Duration{true: {}, false: {}}
 		var snaps []time.Duration
 		var vRows, vBytes int64
 		var vTook time.Duration
-		for round, verify := range []bool{true, false, true, false} {
+		for round, verify := range []bool{true, false, false, true} {
 			p := startProxy(b, 3, "--verify-moves="+strconv.FormatBool(verify), "--reshard-tick", "200ms")
 			pool, err := pgxpool.New(ctx, p.DSN("lattice")+"&pool_max_conns=8")
 			if err != nil {
@@ -78,8 +81,11 @@ func BenchmarkVerifyMoves(b *testing.B) {
 			pool.Close()
 			log := p.Log()
 			pauses[verify] = append(pauses[verify], flipTimes(log, "pause")...)
+			for _, k := range freezeSteps {
+				steps[verify][k] = append(steps[verify][k], flipTimes(log, k)...)
+			}
 			if verify {
-				snaps = append(snaps, flipTimes(log, "snapshots")...)
+				snaps = append(snaps, flipTimes(log, "snapshots_after_flip")...)
 				r, by, d, _ := verifiedLines(log)
 				vRows, vBytes, vTook = vRows+r, vBytes+by, vTook+d
 			}
@@ -92,7 +98,7 @@ func BenchmarkVerifyMoves(b *testing.B) {
 		b.ReportMetric(ms(percentile(pauses[false], 0.99)), "pause_p99_ms_noverify")
 		b.ReportMetric(ms(percentile(pauses[true], 1)), "pause_max_ms_verify")
 		b.ReportMetric(ms(percentile(pauses[false], 1)), "pause_max_ms_noverify")
-		b.ReportMetric(ms(percentile(snaps, 0.5)), "snapshots_p50_ms")
+		b.ReportMetric(ms(percentile(snaps, 0.5)), "snapshots_after_flip_p50_ms")
 		if vRows > 0 {
 			b.ReportMetric(vTook.Seconds()/float64(vRows)*1e6, "verify_s_per_Mrow")
 			b.ReportMetric(float64(vBytes)/float64(vRows), "verify_bytes_per_row")
@@ -101,7 +107,14 @@ func BenchmarkVerifyMoves(b *testing.B) {
 		for _, v := range []bool{true, false} {
 			ps = append(ps, fmt.Sprintf("verify=%v: %d migrations, pause p50 %s p99 %s max %s", v, len(pauses[v]), percentile(pauses[v], 0.5), percentile(pauses[v], 0.99), percentile(pauses[v], 1)))
 		}
-		fmt.Printf("%s; snapshots p50 %s; verification: %d rows in %s (%.2f s per million rows, %.0f MB of table scanned per million rows)\n",
+		// The pause's steps side by side, so a step that grows with the
+		// verification shows in the same run.
+		for _, k := range freezeSteps {
+			fmt.Printf("freeze step %s: p50 %s / %s, p99 %s / %s (verify on / off)\n", k,
+				percentile(steps[true][k], 0.5).Round(10*time.Microsecond), percentile(steps[false][k], 0.5).Round(10*time.Microsecond),
+				percentile(steps[true][k], 0.99).Round(10*time.Microsecond), percentile(steps[false][k], 0.99).Round(10*time.Microsecond))
+		}
+		fmt.Printf("%s; snapshot exports after the flip p50 %s; verification: %d rows in %s (%.2f s per million rows, %.0f MB of table scanned per million rows)\n",
 			strings.Join(ps, "; "), percentile(snaps, 0.5), vRows, vTook, vTook.Seconds()/float64(max(vRows, 1))*1e6, float64(vBytes)/float64(max(vRows, 1)))
 	}
 }

@@ -227,9 +227,7 @@ func (sh *Shadow) flush(ctx context.Context, b *applyBatch) error {
 	}
 	pb.ExecParams("UPDATE "+progressTable(sh.spec.Target)+" SET applied_lsn = $1::pg_lsn WHERE migration = $2",
 		[][]byte{[]byte(b.end.String()), []byte(sh.spec.ID)}, nil, nil, nil)
-	sh.commits.Add(1)
 	res, err := sh.target.PgConn().ExecBatch(ctx, pb).ReadAll()
-	sh.commits.Add(1)
 	if err != nil {
 		return fmt.Errorf("migrator: apply batch: %w", err)
 	}

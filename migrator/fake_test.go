@@ -3,6 +3,7 @@ package migrator
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"log/slog"
@@ -35,14 +36,13 @@ type fakeNodes struct {
 	stall   bool // the final drain never reaches the fence's position
 	noSnaps bool // OpenSnapshots fails
 	// lateApply: a source row changes after the copy, and the stream
-	// applies the change to the target only in the final drain, once the
-	// target's snapshot beside the fence has been exported; commits counts
-	// the stream's transactions as Stream.Commits does.
+	// applies the change to the target only in the final drain.
 	lateApply bool
-	commits   uint64
 	target    int // the shard a test corrupts
 	// compareErr fails comparisons, as a statement timeout would.
 	compareErr error
+	// exportErr fails the snapshots' exports.
+	exportErr error
 
 	// afterCompare runs after a comparison, before the differing slots'
 	// rows written since the flip are read: a client's write.
@@ -304,8 +304,8 @@ func (f *fakeNodes) lateKey(mig *shardmap.Migration) string {
 }
 
 // applyLate applies lateApply's change in the final drain (the fence is
-// armed), after the target's first snapshot.
-func (s *fakeStream) applyLate(ctx context.Context) {
+// armed).
+func (s *fakeStream) applyLate() {
 	f := s.f
 	f.mu.Lock()
 	late := f.lateApply && f.fences[fmt.Sprintf("%s/%d", s.mig.ID, s.mig.Source)]
@@ -313,14 +313,10 @@ func (s *fakeStream) applyLate(ctx context.Context) {
 	if !late {
 		return
 	}
-	for !f.called("take target "+s.mig.ID) && ctx.Err() == nil {
-		time.Sleep(time.Millisecond)
-	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	slot, key := s.mig.Slots[0][0], f.lateKey(s.mig)
 	f.tables[s.mig.Target][slot][key] = f.tables[s.mig.Source][slot][key]
-	f.commits += 2
 	f.lateApply = false
 }
 
@@ -346,17 +342,11 @@ func (s *fakeStream) WaitApplied(ctx context.Context, lsn pglogrepl.LSN) error {
 		<-ctx.Done()
 		return ctx.Err()
 	}
-	s.applyLate(ctx)
+	s.applyLate()
 	return nil
 }
 
 func (s *fakeStream) Stop() error { return nil }
-
-func (s *fakeStream) Commits() uint64 {
-	s.f.mu.Lock()
-	defer s.f.mu.Unlock()
-	return s.f.commits
-}
 
 // The verification's side.
 
@@ -414,6 +404,9 @@ func (s *fakeSnapshots) TakeTarget(ctx context.Context) error {
 	s.f.mu.Lock()
 	defer s.f.mu.Unlock()
 	s.f.call("take target %s", s.mig.ID)
+	if s.f.exportErr != nil {
+		return s.f.exportErr
+	}
 	s.tgt = s.take(s.mig.Target)
 	s.logged = nil
 	if l := s.f.logs[s.mig.ID]; l != nil {
@@ -442,6 +435,9 @@ func (s *fakeSnapshots) TakeSource(ctx context.Context) error {
 	s.f.mu.Lock()
 	defer s.f.mu.Unlock()
 	s.f.call("take source %s", s.mig.ID)
+	if s.f.exportErr != nil {
+		return s.f.exportErr
+	}
 	s.src = s.take(s.mig.Source)
 	return nil
 }
@@ -460,6 +456,9 @@ func (s *fakeSnapshots) take(shard int) map[int]map[string]string {
 func (s *fakeSnapshots) Compare(ctx context.Context) (*shardmap.Verification, error) {
 	if s.f.compareErr != nil {
 		return nil, s.f.compareErr
+	}
+	if s.src == nil || s.tgt == nil {
+		return nil, errors.New("fake: a snapshot is missing") // as pgSnapshots.Compare
 	}
 	s.asOfFlip()
 	v := &shardmap.Verification{Exact: true}

@@ -72,10 +72,6 @@ type Stream interface {
 	// WaitApplied waits until every source change before lsn is in the
 	// target.
 	WaitApplied(ctx context.Context, lsn pglogrepl.LSN) error
-	// Commits moves by one as each apply transaction on the target begins
-	// and again as it ends: between two equal even readings the stream
-	// committed nothing there.
-	Commits() uint64
 	// Stop ends the stream; the copy's state on the nodes stays.
 	Stop() error
 }

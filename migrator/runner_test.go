@@ -1,6 +1,7 @@
 package migrator
 
 import (
+	"errors"
 	"slices"
 	"testing"
 
@@ -191,15 +192,21 @@ func TestFreezeRollback(t *testing.T) {
 	r.checkMoved(mig)
 }
 
-// TestTargetSnapshotRetaken: the target's snapshot is exported beside the
-// fence; when the stream commits on the target after that export, before
-// the final drain ends, it is exported again, so the comparison sees what
-// the stream applied and the move is verified.
-func TestTargetSnapshotRetaken(t *testing.T) {
+// TestSnapshotsAfterFlip: no snapshot is exported inside the write pause,
+// so the pause runs the same steps with the verification on as off; both
+// are exported once after the flip, and the comparison sees what the
+// stream applied in the final drain, so the move is verified.
+func TestSnapshotsAfterFlip(t *testing.T) {
 	r := newRig(t)
 	r.nodes.lateApply = true
 	mig := r.start(shardmap.Split)
-	if _, err := r.run(r.runner(""), mig); err != nil {
+	run := r.runner("")
+	run.crash = func(p string) {
+		if p == "flip" && (r.nodes.called("take target "+mig.ID) || r.nodes.called("take source "+mig.ID)) {
+			t.Error("a snapshot was exported before the flip was written")
+		}
+	}
+	if _, err := r.run(run, mig); err != nil {
 		t.Fatal(err)
 	}
 	r.checkMoved(mig)
@@ -212,15 +219,15 @@ func TestTargetSnapshotRetaken(t *testing.T) {
 			takes++
 		}
 	}
-	if takes != 2 {
-		t.Errorf("target snapshot exported %d times, want 2", takes)
+	if takes != 1 {
+		t.Errorf("target snapshot exported %d times, want 1", takes)
 	}
 }
 
 // TestTargetSnapshotAfterClientWrite: the target's snapshot is exported
-// again after the flip, out of the pause, once a client has written a
-// moved row on the target; the comparison reads the row as of the flip
-// through the write log, so the move passes, and the client's row stays.
+// after the flip, out of the pause, once a client has written a moved row
+// on the target; the comparison reads the row as of the flip through the
+// write log, so the move passes, and the client's row stays.
 func TestTargetSnapshotAfterClientWrite(t *testing.T) {
 	r := newRig(t)
 	r.nodes.lateApply = true
@@ -258,6 +265,25 @@ func TestVerifyOff(t *testing.T) {
 	r.checkMoved(mig)
 	if r.nodes.called("opensnapshots") {
 		t.Error("snapshots opened with verification off")
+	}
+}
+
+// TestSnapshotExportFails: a move whose snapshots cannot be exported after
+// the flip is still proven, from the target's write log, and released; it
+// does not wait in verify_failed for an operator.
+func TestSnapshotExportFails(t *testing.T) {
+	r := newRig(t)
+	r.nodes.exportErr = errors.New("fake: export failed")
+	mig := r.start(shardmap.Split)
+	if _, err := r.run(r.runner(""), mig); err != nil {
+		t.Fatal(err)
+	}
+	r.checkMoved(mig)
+	if v := r.stored(mig); v != nil {
+		t.Fatalf("migration left in phase %s: %s", v.Phase, v.LastError)
+	}
+	if mig.Verify == nil || !mig.Verify.FromLog {
+		t.Errorf("verification %+v, want one from the write log", mig.Verify)
 	}
 }
 

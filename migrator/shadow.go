@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -107,9 +106,6 @@ type Shadow struct {
 	// gets its keepalive request sent at once; nil between receives.
 	endReceive context.CancelFunc
 	done       bool
-	// commits moves as an apply transaction begins and as it ends
-	// (Commits).
-	commits atomic.Uint64
 
 	cancel context.CancelFunc
 	exited chan struct{}

@@ -106,9 +106,10 @@ func (r *Runner) verifyMove(ctx context.Context, u unit, mig *shardmap.Migration
 		cmp = snaps
 	} else if !r.opts.SkipVerify {
 		// The snapshots died with the run that took them (a crash after
-		// the flip): the target's write log still shows its rows as of the
-		// flip, under the writes clients made since.
-		log.Info("move compared from the target's write log: the freeze's snapshots were lost with the run that took them")
+		// the flip), or their export failed: the target's write log still
+		// shows its rows as of the flip, under the writes clients made
+		// since.
+		log.Info("move compared from the target's write log: the snapshots were lost with the run that took them, or not exported")
 		var err error
 		if cmp, err = r.cluster.OpenWriteLog(ctx, u.trees, mig, r.opts.VerifyTimeout); err != nil {
 			return err
@@ -117,6 +118,9 @@ func (r *Runner) verifyMove(ctx context.Context, u unit, mig *shardmap.Migration
 		return r.setPhase(ctx, mig, shardmap.PhaseRelease)
 	}
 	defer cmp.Close()
+	if err := r.waitFreezes(ctx, mig); err != nil {
+		return err
+	}
 	v, err := cmp.Compare(ctx)
 	if err != nil {
 		if ctx.Err() != nil {
@@ -151,6 +155,40 @@ func (r *Runner) verifyMove(ctx context.Context, u unit, mig *shardmap.Migration
 	}
 	v.WrittenRead = true
 	return r.store.PutMigration(ctx, mig)
+}
+
+// freezePoll is how often a comparison looks whether the freezes it waits
+// for have ended.
+const freezePoll = 20 * time.Millisecond
+
+// waitFreezes waits, at most a freeze budget, while another migration of
+// mig's tree freezes on a node of mig's, so that the comparison's scans do
+// not take the CPU and I/O of its pause. A freeze that starts during the
+// comparison is the rarer case: freezes wait for comparisons
+// (busyBeforeFreeze).
+func (r *Runner) waitFreezes(ctx context.Context, mig *shardmap.Migration) error {
+	deadline := time.Now().Add(r.opts.FreezeBudget)
+	for time.Now().Before(deadline) {
+		migs, err := r.store.Migrations(ctx, mig.Tenant, mig.Tree)
+		if err != nil {
+			return err
+		}
+		if !slices.ContainsFunc(migs, func(o *shardmap.Migration) bool { return o.ID != mig.ID && holdsComparison(o, mig) }) {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(freezePoll):
+		}
+	}
+	return nil
+}
+
+// holdsComparison reports whether o freezes on a node of mig's, which
+// mig's comparison waits for.
+func holdsComparison(o, mig *shardmap.Migration) bool {
+	return o.Phase == shardmap.PhaseFreeze && sharesNode(o, mig)
 }
 
 // failVerify records mig in verify_failed with v, counts it, logs it and

@@ -204,7 +204,7 @@ func (s *pgSnapshots) Compare(ctx context.Context) (*shardmap.Verification, erro
 	}
 	s.src, s.tgt = nil, nil
 	// One snapshot a side covers every table of the move. The target's may
-	// have been exported after the flip (freezesnap.go): its rows as of the
+	// have been exported after the flip (flipsnap.go): its rows as of the
 	// flip are read through the write log, under the same snapshot.
 	return compareAsOfFlip(ctx, src, tgt, s.trees, s.mig)
 }
