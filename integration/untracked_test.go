@@ -2,9 +2,11 @@ package integration
 
 import (
 	"context"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // stateBody makes, inside a function, every kind of session state the
@@ -47,8 +49,8 @@ func TestPinFunctionState(t *testing.T) {
 	p := startProxy(t, 1, "--pool-size", "1")
 	ctx := context.Background()
 	setup := connect(t, p.DSN("lattice"))
-	mustExec(t, setup, `CREATE FUNCTION make_state() RETURNS void LANGUAGE plpgsql AS $$ BEGIN `+stateBody+` END $$`)
-	mustExec(t, setup, `CREATE PROCEDURE make_state_proc() LANGUAGE plpgsql AS $$ BEGIN `+stateBody+` END $$`)
+	mustExec(t, setup, `CREATE OR REPLACE FUNCTION make_state() RETURNS void LANGUAGE plpgsql AS $$ BEGIN `+stateBody+` END $$`)
+	mustExec(t, setup, `CREATE OR REPLACE PROCEDURE make_state_proc() LANGUAGE plpgsql AS $$ BEGIN `+stateBody+` END $$`)
 	setup.Close(ctx)
 
 	for _, c := range []struct {
@@ -118,7 +120,7 @@ func TestPinFunctionStateTree(t *testing.T) {
 	}
 	// The function on the second node, where the statement runs.
 	direct := connect(t, testNodeDSN(t, 1))
-	mustExec(t, direct, `CREATE FUNCTION public.make_state() RETURNS int LANGUAGE plpgsql AS $$ BEGIN `+stateBody+` RETURN 1; END $$`)
+	mustExec(t, direct, `CREATE OR REPLACE FUNCTION public.make_state() RETURNS int LANGUAGE plpgsql AS $$ BEGIN `+stateBody+` RETURN 1; END $$`)
 	port := oneString(t, direct, `SELECT inet_server_port()::text`)
 	key := 0
 	for k := 1; k <= 16 && key == 0; k++ {
@@ -154,5 +156,45 @@ func TestPinFunctionStateTree(t *testing.T) {
 	var locked bool
 	if err := direct.QueryRow(ctx, `SELECT pg_try_advisory_lock(4242)`).Scan(&locked); err != nil || !locked {
 		t.Fatalf("the advisory lock the function took is still held on the node: %v %v", locked, err)
+	}
+}
+
+// TestPinFunctionStateLimit: past --max-pinned, state a function made on
+// the catalog-node backend cannot pin the session: the backend is reset
+// before it is pooled again, and the client is told with a WARNING
+// (53300), not left to find its temp table gone unannounced.
+func TestPinFunctionStateLimit(t *testing.T) {
+	resetNodes(t)
+	p := startProxy(t, 1, "--pool-size", "2", "--max-pinned", "1")
+	ctx := context.Background()
+	pinned := connect(t, p.DSN("lattice"))
+	mustExec(t, pinned, `CREATE OR REPLACE FUNCTION make_state() RETURNS void LANGUAGE plpgsql AS $$ BEGIN `+stateBody+` END $$`)
+	mustExec(t, pinned, `CREATE TEMP TABLE takes_the_pin (v int)`)
+	wantPinned(t, p, 1)
+
+	cfg, err := pgx.ParseConfig(p.DSN("lattice"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var notices []*pgconn.Notice
+	cfg.OnNotice = func(_ *pgconn.PgConn, n *pgconn.Notice) { notices = append(notices, n) }
+	a, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close(ctx)
+	resetsBefore := untrackedCount(t, p, "reset")
+	if _, err := a.Exec(ctx, `SELECT make_state()`); err != nil {
+		t.Fatal(err)
+	}
+	if len(notices) != 1 || notices[0].Code != "53300" || notices[0].Severity != "WARNING" || !strings.Contains(notices[0].Hint, "--max-pinned") {
+		t.Fatalf("notices %+v, want one WARNING 53300 naming --max-pinned", notices)
+	}
+	wantPinned(t, p, 1)
+	if got := untrackedCount(t, p, "reset") - resetsBefore; got != 4 {
+		t.Errorf("lattice_proxy_untracked_state_total{action=reset} grew by %v, want 4", got)
+	}
+	if got := oneString(t, a, hiddenLeftovers); got != "" {
+		t.Fatalf("the reset backend still holds: %s", got)
 	}
 }
