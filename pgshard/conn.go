@@ -45,6 +45,11 @@ type Conn struct {
 	// whether they wrote; it is cleared when the backend joins a
 	// transaction or goes back to the pool.
 	Wrote bool
+	// Untracked is set while the backend ran a statement that may have
+	// left session state the proxy does not track (a function, DO, CALL:
+	// router.Hides). The proxy probes it before it goes back to the pool
+	// and clears it; Release closes a backend still marked.
+	Untracked bool
 
 	net       net.Conn
 	pid       uint32

@@ -187,6 +187,11 @@ func (p *Pools) Release(c *Conn) {
 		}
 		c.pinned = false
 	}
+	if c.Untracked {
+		// Nobody checked it for session state: the next client must not
+		// get it.
+		c.broken = true
+	}
 	p.mu.Lock()
 	pl := p.pools[poolKey{c.Node, c.Tenant}]
 	p.mu.Unlock()

@@ -319,11 +319,10 @@ func (s *session) finalBackend(f *fanOut, x *exchange) *pgshard.Conn {
 // releaseFinal returns the final backend; one left inside its transaction
 // (an error, a broken COPY) is closed, and its temporary table with it.
 func (s *session) releaseFinal(be *pgshard.Conn) {
-	s.setActive(be, false)
 	if be.TxStatus != 'I' {
 		be.MarkBroken()
 	}
-	s.srv.pools.Release(be)
+	s.putBack(be)
 }
 
 // beginCopy takes the final backend and starts COPY into a temporary table

@@ -73,10 +73,7 @@ func (s *session) helperBackend(ctx context.Context) (*pgshard.Conn, func(), err
 		return nil, nil, acquireError(s.srv.catalogNode, err)
 	}
 	s.setActive(be, true)
-	return be, func() {
-		s.setActive(be, false)
-		s.srv.pools.Release(be)
-	}, nil
+	return be, func() { s.putBack(be) }, nil
 }
 
 // runProbe runs a collation probe on a pooled catalog-node backend, with

@@ -43,6 +43,7 @@ func (s *session) execute(ctx context.Context, v *shardmap.View, portal *clientP
 		s.fail(errAbortedTx)
 		return false
 	}
+	s.noteHides(p)
 	switch p.Kind {
 	case router.Refused:
 		s.fail(p.Err)

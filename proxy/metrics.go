@@ -19,6 +19,9 @@ type Metrics struct {
 	conns   [len(connOutcomeNames)]prometheus.Counter
 	errors  *prometheus.CounterVec
 	pins    map[string]prometheus.Counter // by router.Pin name
+	// untracked counts session state found by the probe after a function,
+	// DO or CALL (untracked.go), by reason and what the proxy did.
+	untracked *prometheus.CounterVec
 }
 
 // queryKindNames label lattice_proxy_query_duration_seconds: the router's
@@ -91,7 +94,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Name: "lattice_proxy_pins_total",
 		Help: "Sessions pinned to a catalog-node backend, by the session state that pinned them (a session counts once per kind of state it takes while pinned).",
 	}, []string{"reason"})
-	m := &Metrics{errors: errs, pins: map[string]prometheus.Counter{}}
+	untracked := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "lattice_proxy_untracked_state_total",
+		Help: "Backends found holding session state made inside a function, DO block or procedure, by the state (or probe_failed) and the action: pinned (the session keeps its catalog-node backend), reset (DISCARD ALL) or closed.",
+	}, []string{"reason", "action"})
+	m := &Metrics{errors: errs, pins: map[string]prometheus.Counter{}, untracked: untracked}
 	for _, r := range router.PinAll.Names() {
 		m.pins[r] = pins.WithLabelValues(r)
 	}
@@ -102,7 +109,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		m.conns[i] = conns.WithLabelValues(name)
 	}
 	if reg != nil {
-		reg.MustRegister(queries, conns, errs, pins)
+		reg.MustRegister(queries, conns, errs, pins, untracked)
 	}
 	return m
 }
@@ -118,6 +125,10 @@ func (m *Metrics) conn(outcome int) { m.conns[outcome].Inc() }
 func (m *Metrics) errorSent(code string) { m.errors.WithLabelValues(code).Inc() }
 
 func (m *Metrics) pinnedFor(reason string) { m.pins[reason].Inc() }
+
+func (m *Metrics) untrackedFound(reason, action string) {
+	m.untracked.WithLabelValues(reason, action).Inc()
+}
 
 // startupFailed counts a connection whose startup failed with err, and the
 // error Handshake sent it, if any.

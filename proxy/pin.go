@@ -37,7 +37,7 @@ import (
 // pool instead).
 const DefaultMaxPinned = 16
 
-// pinResetTimeout bounds the DISCARD ALL that cleans a backend at unpin.
+// pinResetTimeout bounds the DISCARD ALL that cleans a backend (resetBackend).
 const pinResetTimeout = 10 * time.Second
 
 // pinState is the session's pinned backend and the state it holds there.
@@ -58,11 +58,8 @@ func (s *session) pinFor(ctx context.Context, pin router.Pin) error {
 	}
 	s.checkPin()
 	if s.pin.be == nil {
-		if n := s.srv.pinned.Add(1); n > int64(s.srv.cfg.MaxPinned) {
-			s.srv.pinned.Add(-1)
-			e := sqlstate.New(sqlstate.TooManyConnections, "too many sessions pinned to a backend (%d, the --max-pinned limit): this statement creates session state (%s) that would pin this one too", s.srv.cfg.MaxPinned, pin)
-			e.Hint = "raise --max-pinned, or avoid state that lives on one backend: temp tables with ON COMMIT DROP inside a transaction, pg_advisory_xact_lock, set_config(..., true), your driver's prepared statements instead of PREPARE; DISCARD ALL ends a pin"
-			return e
+		if err := s.takePin(pin); err != nil {
+			return err
 		}
 		be, err := s.backend(ctx, s.srv.catalogNode)
 		if err != nil {
@@ -74,15 +71,37 @@ func (s *session) pinFor(ctx context.Context, pin router.Pin) error {
 			s.srv.pinned.Add(-1)
 			return nil
 		}
-		s.srv.pools.Pin(be)
-		s.pin.be = be
-		s.log.Debug("session pinned", "node", be.Node, "pid", be.PID(), "reason", pin.String())
+		s.holdPin(be, pin)
 	}
+	s.addPinReasons(pin)
+	return nil
+}
+
+// takePin counts one more pinned session, or refuses past --max-pinned.
+func (s *session) takePin(pin router.Pin) error {
+	if n := s.srv.pinned.Add(1); n > int64(s.srv.cfg.MaxPinned) {
+		s.srv.pinned.Add(-1)
+		e := sqlstate.New(sqlstate.TooManyConnections, "too many sessions pinned to a backend (%d, the --max-pinned limit): this statement creates session state (%s) that would pin this one too", s.srv.cfg.MaxPinned, pin)
+		e.Hint = "raise --max-pinned, or avoid state that lives on one backend: temp tables with ON COMMIT DROP inside a transaction, pg_advisory_xact_lock, set_config(..., true), your driver's prepared statements instead of PREPARE; DISCARD ALL ends a pin"
+		return e
+	}
+	return nil
+}
+
+// holdPin keeps be, a catalog-node backend counted by takePin, for the
+// session from now on.
+func (s *session) holdPin(be *pgshard.Conn, pin router.Pin) {
+	s.srv.pools.Pin(be)
+	s.pin.be = be
+	s.log.Debug("session pinned", "node", be.Node, "pid", be.PID(), "reason", pin.String())
+}
+
+// addPinReasons records that the pinned backend holds state pin.
+func (s *session) addPinReasons(pin router.Pin) {
 	for _, r := range (pin &^ s.pin.reasons).Names() {
 		s.srv.metrics.pinnedFor(r)
 	}
 	s.pin.reasons |= pin
-	return nil
 }
 
 // pinEnds queues, after a statement, the bookkeeping of the state it ends. Only a
@@ -176,29 +195,36 @@ func (s *session) settlePin() {
 	s.unpin()
 }
 
-// unpin resets the pinned backend with DISCARD ALL and gives it back to
-// the pool; a backend that cannot be reset is closed instead.
+// unpin resets the pinned backend and gives it back to the pool.
 func (s *session) unpin() {
 	be := s.pin.be
 	s.pin = pinState{}
 	s.srv.pinned.Add(-1)
+	s.resetBackend(be)
+	s.log.Debug("session unpinned", "node", be.Node, "pid", be.PID())
+	s.srv.pools.Unpin(be)
+}
+
+// resetBackend brings be back to its startup state with DISCARD ALL; the
+// next session that takes it replays its own settings (prologue). A
+// backend that cannot be reset is marked broken, and the pool closes it.
+func (s *session) resetBackend(be *pgshard.Conn) {
 	if !be.Broken() && be.TxStatus == 'I' {
 		ctx, cancel := context.WithTimeout(context.Background(), pinResetTimeout)
 		err := execAll(ctx, []*pgshard.Conn{be}, "DISCARD ALL")[0]
 		cancel()
 		if err != nil {
-			s.log.Warn("resetting a pinned backend failed; closing it", "node", be.Node, "err", err)
+			s.log.Warn("resetting a backend failed; closing it", "node", be.Node, "err", err)
 			be.MarkBroken()
 		}
 		// DISCARD ALL dropped the proxy's own prepared statements too, and
 		// brought the backend back to its startup settings.
 		be.ForgetAllPrepared()
 		be.Settings = ""
+		be.Untracked = false
 	} else {
 		be.MarkBroken()
 	}
-	s.log.Debug("session unpinned", "node", be.Node, "pid", be.PID())
-	s.srv.pools.Unpin(be)
 }
 
 // releasePin ends the pin of a session that is going away.

@@ -92,6 +92,9 @@ type session struct {
 
 	listener *listener // the session's LISTEN backend, nil until it runs LISTEN
 	pin      pinState  // the catalog-node backend kept for session state (pin.go)
+	// untracked: a statement of this exchange may leave session state the
+	// proxy does not track; the backends it takes are probed (untracked.go).
+	untracked bool
 
 	// views are the views this session's statements planned on since the
 	// last ReadyForQuery (or Flush), each held once from the registration.
@@ -338,6 +341,9 @@ func (s *session) setActive(be *pgshard.Conn, on bool) {
 	defer s.activeMu.Unlock()
 	if on {
 		s.active = append(s.active, be)
+		if s.untracked {
+			be.Untracked = true
+		}
 		return
 	}
 	for i, c := range s.active {
@@ -401,8 +407,7 @@ func (s *session) dropBackend(be *pgshard.Conn) {
 		for i, c := range *list {
 			if c == be {
 				*list = append((*list)[:i], (*list)[i+1:]...)
-				s.setActive(be, false)
-				s.srv.pools.Release(be)
+				s.putBack(be)
 				return
 			}
 		}
@@ -414,23 +419,24 @@ func (s *session) dropBackend(be *pgshard.Conn) {
 // holds the session's transaction from now on. A transaction whose backends
 // all ended it (COMMIT or ROLLBACK forwarded) is over.
 func (s *session) finish() {
-	defer s.settlePin()
+	defer func() {
+		s.untracked = false
+		s.settlePin()
+	}()
 	for _, be := range s.used {
 		if be.TxStatus != 'I' && !be.Broken() && len(s.tx.conns) == 0 {
 			s.tx.conns = append(s.tx.conns, be)
 			s.tx.active = true
 			continue
 		}
-		s.setActive(be, false)
-		s.srv.pools.Release(be)
+		s.putBack(be)
 	}
 	s.used = s.used[:0]
 	for _, be := range s.aux {
 		if be.TxStatus != 'I' {
 			be.MarkBroken()
 		}
-		s.setActive(be, false)
-		s.srv.pools.Release(be)
+		s.putBack(be)
 	}
 	s.aux = s.aux[:0]
 	if len(s.tx.conns) == 0 {
@@ -439,8 +445,7 @@ func (s *session) finish() {
 	kept := s.tx.conns[:0]
 	for _, be := range s.tx.conns {
 		if be.TxStatus == 'I' || be.Broken() {
-			s.setActive(be, false)
-			s.srv.pools.Release(be)
+			s.putBack(be)
 			continue
 		}
 		kept = append(kept, be)
@@ -483,7 +488,7 @@ func (s *session) release() {
 		if be.TxStatus != 'I' {
 			be.MarkBroken()
 		}
-		s.srv.pools.Release(be)
+		s.putBack(be)
 	}
 	s.tx.conns, s.used, s.aux = nil, nil, nil
 	s.releasePin()

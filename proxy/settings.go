@@ -18,6 +18,10 @@ type settings struct {
 	base []setting // from the startup packet: what RESET ALL returns to
 	set  []setting // SET commands since
 	fp   string
+	// catalogLate: a search_path names pg_catalog, so it may come after
+	// another schema, whose functions then take built-ins' names
+	// (router.HidesByPath).
+	catalogLate bool
 }
 
 type setting struct {
@@ -41,6 +45,12 @@ func newSettings(params map[string]string, backendDefaults map[string]string) *s
 }
 
 func (s *settings) refresh() {
+	s.catalogLate = false
+	for _, v := range slices.Concat(s.base, s.set) {
+		if v.name == "search_path" && strings.Contains(strings.ToLower(v.stmt), "pg_catalog") {
+			s.catalogLate = true
+		}
+	}
 	if len(s.base) == 0 && len(s.set) == 0 {
 		s.fp = ""
 		return
@@ -70,6 +80,16 @@ func (s *settings) apply(stmt string) {
 		s.set = append(removeSetting(s.set, name), setting{name: name, stmt: stmt})
 	}
 	s.refresh()
+}
+
+// tracks reports a setting the proxy replays for the session.
+func (s *settings) tracks(name string) bool {
+	for _, v := range slices.Concat(s.base, s.set) {
+		if v.name == name {
+			return true
+		}
+	}
+	return false
 }
 
 // resetsStartup reports a RESET of a setting the session took from its

@@ -123,6 +123,7 @@ func (s *session) simpleMulti(ctx context.Context, v *shardmap.View, plans []*ro
 	for i, p := range plans {
 		var n, sql string
 		pin, unpin = pin|p.Pin, unpin|p.Unpin
+		s.noteHides(p)
 		if p.Kind == router.LocalSet || p.Kind == router.Transaction && p.Tx != router.Begin {
 			txStmts = append(txStmts, p)
 		}

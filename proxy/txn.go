@@ -204,8 +204,7 @@ func (s *session) releaseTx() {
 		if be.TxStatus != 'I' {
 			be.MarkBroken()
 		}
-		s.setActive(be, false)
-		s.srv.pools.Release(be)
+		s.putBack(be)
 	}
 	s.tx.conns = nil
 	s.resetTx()
@@ -245,13 +244,7 @@ func execAll(ctx context.Context, conns []*pgshard.Conn, sql string) (errs []err
 func execEach(ctx context.Context, conns []*pgshard.Conn, sqls []string) (tags []string, errs []error) {
 	tags, errs = make([]string, len(conns)), make([]error, len(conns))
 	for _, be := range conns {
-		// Cancelling ctx interrupts reads and writes through the deadline.
-		stop := context.AfterFunc(ctx, func() { _ = be.SetDeadline(time.Now()) })
-		defer func() {
-			if stop() {
-				_ = be.SetDeadline(time.Time{})
-			}
-		}()
+		defer interruptOnCancel(ctx, be)()
 	}
 	for i, be := range conns {
 		be.Send(&pgproto3.Query{String: sqls[i]})
@@ -262,16 +255,41 @@ func execEach(ctx context.Context, conns []*pgshard.Conn, sqls []string) (tags [
 	}
 	for i, be := range conns {
 		if errs[i] == nil {
-			errs[i] = readResult(be, &tags[i])
+			errs[i] = readResult(be, &tags[i], nil)
 		}
 	}
 	return tags, errs
 }
 
+// interruptOnCancel makes cancelling ctx interrupt be's reads and writes
+// through its deadline; the returned func ends that.
+func interruptOnCancel(ctx context.Context, be *pgshard.Conn) (stop func()) {
+	after := context.AfterFunc(ctx, func() { _ = be.SetDeadline(time.Now()) })
+	return func() {
+		if after() {
+			_ = be.SetDeadline(time.Time{})
+		}
+	}
+}
+
+// queryRow runs sql as a simple Query on be and returns its last row.
+func queryRow(ctx context.Context, be *pgshard.Conn, sql string) ([][]byte, error) {
+	defer interruptOnCancel(ctx, be)()
+	be.Send(&pgproto3.Query{String: sql})
+	if err := be.Flush(); err != nil {
+		be.MarkBroken()
+		return nil, backendLost(be, err)
+	}
+	var tag string
+	var row [][]byte
+	err := readResult(be, &tag, &row)
+	return row, err
+}
+
 // readResult reads a simple Query's responses up to ReadyForQuery, keeps
-// the last command tag in tag, and returns the first error the backend
-// reported.
-func readResult(be *pgshard.Conn, tag *string) error {
+// the last command tag in tag (and, when row is not nil, a copy of the
+// last row in row), and returns the first error the backend reported.
+func readResult(be *pgshard.Conn, tag *string, row *[][]byte) error {
 	var first error
 	for {
 		msg, err := be.Receive()
@@ -282,6 +300,14 @@ func readResult(be *pgshard.Conn, tag *string) error {
 		switch m := msg.(type) {
 		case *pgproto3.CommandComplete:
 			*tag = string(m.CommandTag)
+		case *pgproto3.DataRow:
+			if row != nil {
+				// The message's buffer is the connection's, reused.
+				*row = make([][]byte, len(m.Values))
+				for i, v := range m.Values {
+					(*row)[i] = slices.Clone(v)
+				}
+			}
 		case *pgproto3.ErrorResponse:
 			if first == nil {
 				first = fmt.Errorf("node %s: %w", be.Node, pgconn.ErrorResponseToPgError(m))

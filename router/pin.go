@@ -53,7 +53,8 @@ var sessionAdvisory = map[string]bool{
 // single unlock (pg_advisory_unlock, DEALLOCATE name, CLOSE name, DROP of
 // one temp table) ends nothing: the proxy cannot tell whether it was the
 // last, so the session stays pinned, which is safe.
-func pins(n *pg.Node) (pin, unpin Pin) {
+func pins(n *pg.Node) (pin, unpin Pin, hides Hides) {
+	hides = statementHides(n)
 	switch s := n.Node.(type) {
 	case *pg.Node_CreateStmt:
 		if tempRel(s.CreateStmt.Relation) && s.CreateStmt.Oncommit != pg.OnCommitAction_ONCOMMIT_DROP {
@@ -97,6 +98,9 @@ func pins(n *pg.Node) (pin, unpin Pin) {
 	var visit func(m protoreflect.Message)
 	visit = func(m protoreflect.Message) {
 		if f, ok := m.Interface().(*pg.FuncCall); ok && len(f.Funcname) > 0 {
+			// The same walk classifies every call (untracked.go), so a
+			// statement with no function call pays nothing more.
+			hides |= callHides(f)
 			switch name := strings.ToLower(f.Funcname[len(f.Funcname)-1].GetString_().GetSval()); {
 			case sessionAdvisory[name]:
 				pin |= PinAdvisoryLock
@@ -109,7 +113,7 @@ func pins(n *pg.Node) (pin, unpin Pin) {
 		eachChild(m, visit)
 	}
 	visit(n.ProtoReflect())
-	return pin, unpin &^ pin
+	return pin, unpin &^ pin, hides
 }
 
 // tempRel reports a relation created as temporary: TEMP / TEMPORARY, or
@@ -146,7 +150,10 @@ func applyPins(pl *Plan, n *pg.Node) {
 			pl.Dealloc, pl.Anywhere = s.DeallocateStmt.Name, false
 		}
 	}
-	pin, unpin := pins(n)
+	pin, unpin, hides := pins(n)
+	if pl.Kind != Refused {
+		pl.Hides = hides
+	}
 	if pin == 0 && unpin == 0 {
 		return
 	}

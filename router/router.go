@@ -202,6 +202,7 @@ type Plan struct {
 	Notify    bool                 // Catalog: sends a notification (NOTIFY, pg_notify)
 	Pin       Pin                  // Catalog: session state the statement leaves on its backend (pin.go)
 	Unpin     Pin                  // Catalog: session state the statement ends
+	Hides     Hides                // may leave session state the router cannot see, inside a function, DO or CALL (untracked.go)
 	Reparse   bool                 // Catalog: FETCH or EXECUTE, whose result columns are a cursor's or a SQL-level statement's when parsed: a backend statement of it is parsed for each use, never kept (reparse.go)
 	Prepare   string               // Catalog: the statement SQL PREPARE creates, in the namespace it shares with protocol statements
 	Dealloc   string               // Catalog: the statement DEALLOCATE name drops ("" for DEALLOCATE ALL, whose Unpin has PinPrepare)

@@ -55,6 +55,7 @@ type shapeTemplate struct {
 	anywhere bool     // Catalog: Plan.Anywhere
 	refTabs  []string // Plan.References: names, which no constant changes
 	notify   bool     // Catalog: Plan.Notify
+	hides    Hides    // Plan.Hides: from function names, which are in the shape
 	tree     *shardmap.Tree
 	anyVer   bool
 	semi     int         // index of the trailing ';' token, or -1
@@ -116,7 +117,7 @@ func (p *planner) template(stmt *pg.Node, pl *Plan) *shapeTemplate {
 	if toks == nil {
 		return nil
 	}
-	t := &shapeTemplate{kind: pl.Kind, anywhere: pl.Anywhere, notify: pl.Notify, refTabs: pl.References, tree: pl.Tree, semi: -1}
+	t := &shapeTemplate{kind: pl.Kind, anywhere: pl.Anywhere, notify: pl.Notify, refTabs: pl.References, hides: pl.Hides, tree: pl.Tree, semi: -1}
 	last := -1
 	for i, tk := range toks {
 		if !isComment(tk) {
@@ -255,7 +256,7 @@ func (t *shapeTemplate) derive(sql string, toks []token) ([]*Plan, bool) {
 	}
 	start, end = p.trim(start, end)
 	pl := &one.pl
-	*pl = Plan{Kind: t.kind, SQL: sql[start:end], Anywhere: t.anywhere, Notify: t.notify, References: t.refTabs}
+	*pl = Plan{Kind: t.kind, SQL: sql[start:end], Anywhere: t.anywhere, Notify: t.notify, References: t.refTabs, Hides: t.hides}
 	one.list[0] = pl
 	if t.kind == Catalog {
 		return one.list[:], true
