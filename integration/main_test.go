@@ -698,6 +698,8 @@ func resetNode(ctx context.Context, dsn string) error {
 	for _, r := range rels {
 		drops = append(drops, "DROP "+r)
 	}
+	// The reference tables just dropped from public leave their catalog rows.
+	drops = append(drops, `DO $$ BEGIN IF to_regclass('lattice_meta.reference_tables') IS NOT NULL THEN DELETE FROM lattice_meta.reference_tables; END IF; END $$`)
 	for _, d := range drops {
 		if err := run(d); err != nil {
 			return err

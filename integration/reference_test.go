@@ -19,10 +19,16 @@ import (
 // refDump is a node's copy of the item reference table, in key order.
 func refDump(t *testing.T, ctx context.Context, c *pgx.Conn) string {
 	t.Helper()
+	return itemDump(t, ctx, c, "item")
+}
+
+// itemDump is the rows of public.table, an item-shaped table, in key order.
+func itemDump(t *testing.T, ctx context.Context, c *pgx.Conn, table string) string {
+	t.Helper()
 	var s string
 	if err := c.QueryRow(ctx, `SELECT coalesce(string_agg(format('%s|%s|%s|%s|%s', i_id, i_im_id, i_name, i_price, i_data), ',' ORDER BY i_id), '')
-		FROM public.item`).Scan(&s); err != nil {
-		t.Fatalf("read a copy of item: %v", err)
+		FROM public.`+table).Scan(&s); err != nil {
+		t.Fatalf("read a copy of %s: %v", table, err)
 	}
 	return s
 }

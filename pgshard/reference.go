@@ -41,23 +41,11 @@ const referenceLockKey = -2
 var referenceMetaDDL = []string{
 	`CREATE SCHEMA IF NOT EXISTS lattice_meta`,
 	`CREATE TABLE IF NOT EXISTS ` + referenceMeta + ` (name text PRIMARY KEY, nodes text[] NOT NULL)`,
+	referencePassDDL,
 	`CREATE OR REPLACE FUNCTION ` + referenceFence + ` RETURNS trigger
 	LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fence$
-DECLARE
-    want text := coalesce(current_setting('` + ReferenceSetting + `', true), '');
-    have text[];
 BEGIN
-    IF want = '' THEN
-        RAISE EXCEPTION USING ERRCODE = '` + sqlstate.SlotMoved + `',
-            MESSAGE = format('lattice: relation "%s" is a reference table: its writes go to every node', TG_TABLE_NAME),
-            HINT = 'Write through the Lattice proxy, and retry: it reads the reference tables again.';
-    END IF;
-    SELECT nodes INTO have FROM ` + referenceMeta + ` WHERE name = TG_TABLE_NAME FOR SHARE;
-    IF FOUND AND array_to_string(have, ',') IS DISTINCT FROM want THEN
-        RAISE EXCEPTION USING ERRCODE = '` + sqlstate.SlotMoved + `',
-            MESSAGE = format('lattice: the copies of reference table "%s" are on nodes %s now', TG_TABLE_NAME, array_to_string(have, ', ')),
-            HINT = 'Retry the statement: the proxy reads the reference tables again.';
-    END IF;
+    PERFORM ` + referencePass + `(TG_TABLE_NAME);
     RETURN NULL;
 END
 $fence$`,
@@ -105,7 +93,8 @@ func (c *Cluster) ensureReferenceMeta(ctx context.Context, node, tenant string) 
 		// The tenant's writes run the fence, and its DDL on a copy (CREATE
 		// INDEX) creates in public, as on the catalog node.
 		role := quoteIdent(TenantRole(tenant))
-		for _, s := range append(referenceMetaDDL, "GRANT USAGE ON SCHEMA lattice_meta TO "+role,
+		meta := append(slices.Clone(referenceMetaDDL), referenceGuardDDL(p.Config().ConnConfig.User)...)
+		for _, s := range append(meta, "GRANT USAGE ON SCHEMA lattice_meta TO "+role,
 			"GRANT EXECUTE ON FUNCTION "+referenceFence+" TO "+role, "GRANT USAGE, CREATE ON SCHEMA public TO "+role) {
 			if _, err := tx.Exec(ctx, s); err != nil {
 				return fmt.Errorf("node %s: %w", node, err)
