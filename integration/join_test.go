@@ -120,6 +120,21 @@ func TestJoinsEqualPostgres(t *testing.T) {
 		{sql: `SELECT o.customer_id, o.order_id, rank() OVER (PARTITION BY c.customer_id ORDER BY o.total DESC, o.order_id) AS r, sum(o.total) OVER (PARTITION BY o.customer_id) FROM jc c JOIN jo o USING (customer_id) ORDER BY r, 1, 2 LIMIT 25`, ordered: true},
 		{sql: `SELECT c.customer_id, i.order_id, i.line, count(i.line) OVER w, row_number() OVER (w ORDER BY i.order_id, i.line) FROM jc c LEFT JOIN ji i ON i.cust = c.customer_id WINDOW w AS (PARTITION BY c.customer_id)`},
 		{sql: `SELECT c.customer_id, o.customer_id, count(*) OVER (PARTITION BY c.customer_id, o.customer_id) FROM jc c FULL JOIN jo o ON o.customer_id = c.customer_id AND o.total > 50`},
+		// Set operations over every shard: UNION ALL of any per-shard
+		// branches, the others where every branch outputs the key at one
+		// position; duplicates, NULLs, ORDER BY and LIMIT at the top.
+		{sql: `SELECT customer_id, parent FROM jo WHERE total > 50 UNION ALL SELECT cust, order_id FROM ji WHERE qty > 4 UNION ALL SELECT customer_id, NULL FROM jc WHERE plan IS NULL`},
+		{sql: `SELECT customer_id, parent FROM jo UNION ALL SELECT customer_id, NULL FROM jc ORDER BY 2 DESC NULLS LAST, 1 LIMIT 40 OFFSET 5`, ordered: true},
+		{sql: `SELECT customer_id AS id, name FROM jc WHERE customer_id < 30 UNION ALL SELECT customer_id, name FROM jc WHERE customer_id > 50 ORDER BY name, id`, ordered: true},
+		{sql: `SELECT c.customer_id, p.title FROM jc c JOIN jo_plans p USING (plan) UNION ALL SELECT o.customer_id, o.status FROM jo o WHERE o.total < 10`},
+		{sql: `SELECT customer_id, status FROM jo UNION SELECT customer_id, plan FROM jc`},
+		{sql: `SELECT status, customer_id FROM jo UNION SELECT plan, customer_id FROM jc ORDER BY 2 DESC, 1 NULLS FIRST LIMIT 25`, ordered: true},
+		{sql: `SELECT customer_id FROM jo WHERE status = 'void' INTERSECT SELECT customer_id FROM jc WHERE region = 'north'`},
+		{sql: `SELECT customer_id, status FROM jo INTERSECT ALL SELECT customer_id, status FROM jo WHERE total > 20 ORDER BY 1, 2`, ordered: true},
+		{sql: `SELECT customer_id FROM jc EXCEPT SELECT customer_id FROM jo ORDER BY 1`, ordered: true},
+		{sql: `SELECT cust, order_id FROM ji EXCEPT ALL SELECT customer_id, order_id FROM jo WHERE total > $1`, args: []any{30}},
+		{sql: `SELECT customer_id FROM jc WHERE region = 'north' UNION (SELECT customer_id FROM jo WHERE total > 90 INTERSECT SELECT cust FROM ji WHERE qty = 6) ORDER BY 1 DESC LIMIT 7`, ordered: true},
+		{sql: `SELECT c.customer_id FROM jc c WHERE EXISTS (SELECT 1 FROM jo o WHERE o.customer_id = c.customer_id AND o.status = 'paid') EXCEPT SELECT cust FROM ji WHERE qty > 3`},
 	}
 	// Refused, with a hint that names the fix.
 	refusedCases := []struct{ sql, hint string }{
@@ -134,7 +149,10 @@ func TestJoinsEqualPostgres(t *testing.T) {
 		{`SELECT count(*) FROM jc c JOIN ji i ON i.line = c.customer_id`, "shard keys"},
 		{`SELECT c.customer_id, rank() OVER (ORDER BY c.name) FROM jc c JOIN jo o USING (customer_id)`, "partition every window by the shard key"},
 		{`SELECT c.customer_id, count(*) OVER (PARTITION BY o.customer_id) FROM jc c LEFT JOIN jo o USING (customer_id)`, "partition every window by the shard key"},
-		{`SELECT customer_id FROM jo UNION SELECT customer_id FROM jo`, "customer_id = <value>"},
+		{`SELECT status FROM jo UNION SELECT status FROM jo`, "at the same position in every branch"},
+		{`SELECT customer_id, status FROM jo INTERSECT SELECT order_id, status FROM jo`, "at the same position in every branch"},
+		{`SELECT customer_id FROM jo UNION ALL SELECT 1`, "Read a tree in every branch"},
+		{`SELECT customer_id, count(*) FROM jo GROUP BY 1 UNION ALL SELECT customer_id, 1 FROM jc`, "customer_id = <value>"},
 	}
 
 	// Writes over several references, fixed to one key, compared by their
@@ -312,6 +330,11 @@ func TestJoinsMixedShard(t *testing.T) {
 			"SELECT b.w, count(*) FROM mk b JOIN mj a ON a.k = b.kk GROUP BY b.w HAVING count(*) > 30 ORDER BY 1",
 			// A window partitioned by the key, per shard.
 			"SELECT b.kk, b.n, sum(b.w) OVER (PARTITION BY a.k ORDER BY b.n), count(*) OVER (PARTITION BY b.kk) FROM mj a JOIN mk b ON b.kk = a.k ORDER BY 1, 2",
+			// Set operations, whole per shard, each branch's reference
+			// through its own tree's predicate.
+			"SELECT k, v FROM mj UNION ALL SELECT kk, w FROM mk ORDER BY 1, 2",
+			"SELECT k FROM mj EXCEPT SELECT kk FROM mk WHERE n = 2 ORDER BY 1",
+			"SELECT kk FROM mk INTERSECT ALL SELECT k FROM mj ORDER BY 1",
 		} {
 			gotHead, got, err := queryTyped(t, c, sql, mode)
 			if err != nil {

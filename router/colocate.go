@@ -110,6 +110,7 @@ type level struct {
 	pinned []int          // the references those pins are on
 	in     []inLink
 	keyed  bool // a derived table grouped by its key: anchored by its parent's joins (keyedDerived)
+	arm    bool // a branch of the statement's own set operation: its rows are top-level rows (setop.go)
 	asRef  int  // with keyed: its reference in the parent level
 }
 
@@ -837,7 +838,7 @@ func (c *colocation) conclude() colocResult {
 	// Every shard: the top level's references are joined; each level
 	// below is correlated.
 	for lv := 1; lv < len(c.levels); lv++ {
-		if len(c.levels[lv].refs) > 0 && !corr[lv] && !c.levels[lv].keyed {
+		if len(c.levels[lv].refs) > 0 && !corr[lv] && !c.levels[lv].keyed && !c.levels[lv].arm {
 			r := c.levels[lv].refs[0]
 			other := -1
 			if len(c.refs) > 0 && c.refs[0].level != lv {

@@ -189,18 +189,9 @@ func (p *planner) fanOut(r route, s *pg.SelectStmt) route {
 		if sb == nil {
 			return refusedRoute(fanError(tree.Name))
 		}
-		k := btreeindex.SortKey{Column: -1, Desc: sb.SortbyDir == pg.SortByDir_SORTBY_DESC}
-		switch sb.SortbyDir {
-		case pg.SortByDir_SORTBY_DEFAULT, pg.SortByDir_SORTBY_ASC, pg.SortByDir_SORTBY_DESC:
-		default:
+		k, ok := sortDirection(sb)
+		if !ok {
 			return no(keyHint+", or sort with ASC or DESC.", "ORDER BY ... USING over several shards is not supported")
-		}
-		switch sb.SortbyNulls {
-		case pg.SortByNulls_SORTBY_NULLS_FIRST:
-			k.NullsFirst = true
-		case pg.SortByNulls_SORTBY_NULLS_LAST:
-		default:
-			k.NullsFirst = k.Desc
 		}
 		e := sb.Node
 		var resolved *pg.Node
@@ -280,6 +271,25 @@ func (p *planner) fanOut(r route, s *pg.SelectStmt) route {
 	}
 	r.kind, r.sel, r.fan = FanOut, s, f
 	return r
+}
+
+// sortDirection is an ORDER BY item's direction and NULLS placement as a
+// merge key without its column; false for USING.
+func sortDirection(sb *pg.SortBy) (btreeindex.SortKey, bool) {
+	k := btreeindex.SortKey{Column: -1, Desc: sb.SortbyDir == pg.SortByDir_SORTBY_DESC}
+	switch sb.SortbyDir {
+	case pg.SortByDir_SORTBY_DEFAULT, pg.SortByDir_SORTBY_ASC, pg.SortByDir_SORTBY_DESC:
+	default:
+		return k, false
+	}
+	switch sb.SortbyNulls {
+	case pg.SortByNulls_SORTBY_NULLS_FIRST:
+		k.NullsFirst = true
+	case pg.SortByNulls_SORTBY_NULLS_LAST:
+	default:
+		k.NullsFirst = k.Desc
+	}
+	return k, true
 }
 
 func fanError(tree string) *sqlstate.Error {

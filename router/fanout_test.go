@@ -34,7 +34,7 @@ func TestFanOutRefusals(t *testing.T) {
 		{`SELECT * FROM catalogue FOR UPDATE`, "FOR UPDATE/SHARE"},
 		{`SELECT * FROM catalogue c FOR SHARE OF c SKIP LOCKED`, "FOR UPDATE/SHARE"},
 		// Set operations and nesting: a part that is not correlated on the key.
-		{`SELECT sku FROM catalogue UNION ALL SELECT 'x'`, "inside a subquery, CTE or set operation"},
+		{`SELECT sku FROM catalogue UNION ALL SELECT 'x'`, "reads no tree in its own FROM"},
 		{`SELECT * FROM (SELECT * FROM catalogue) s`, "inside a subquery, CTE or set operation"},
 		{`WITH c AS (SELECT * FROM catalogue) SELECT * FROM c`, "inside a subquery, CTE or set operation"},
 		{`SELECT * FROM catalogue JOIN customers ON true`, "together with"},
@@ -254,6 +254,12 @@ func checkFanOutSQL(t testing.TB, p *Plan) {
 				walk(s.Rarg)
 			}
 			walk(top)
+			if per := setOpBranches(t, p.SQL); per > 1 {
+				// A set operation's part per schema is the whole set
+				// operation: its branches read their trees in that schema.
+				checkSetOpParts(t, p.SQL, sql, leaves, schemas, per)
+				continue
+			}
 			if len(leaves) != len(schemas) {
 				t.Fatalf("%s: renders to %s: %d branches, want %d", p.SQL, sql, len(leaves), len(schemas))
 			}
@@ -462,5 +468,48 @@ func TestRenderFiltered(t *testing.T) {
 	if got, want := agg.RenderPartial([]btreeindex.Source{{Schema: "lattice_s0001"}, {Schema: "lattice_s0002", Filter: "f"}}),
 		"SELECT * FROM lattice_s0001.orders UNION ALL SELECT * FROM lattice_s0002.orders WHERE f"; !strings.Contains(got, want) {
 		t.Errorf("partial %s does not contain %s", got, want)
+	}
+}
+
+// setOpBranches counts the branches of the statement sql: 1 unless it is a
+// set operation.
+func setOpBranches(t testing.TB, sql string) int {
+	t.Helper()
+	res, err := pg.Parse(sql)
+	if err != nil || len(res.Stmts) != 1 {
+		t.Fatalf("%s does not parse: %v", sql, err)
+	}
+	var count func(s *pg.SelectStmt) int
+	count = func(s *pg.SelectStmt) int {
+		if s == nil || s.Op == pg.SetOperation_SETOP_NONE {
+			return 1
+		}
+		return count(s.Larg) + count(s.Rarg)
+	}
+	return count(res.Stmts[0].Stmt.GetSelectStmt())
+}
+
+// checkSetOpParts checks the render of a set operation over schemas: per
+// branches for each schema in turn, every tree they read in that schema.
+func checkSetOpParts(t testing.TB, stmt, sql string, leaves []*pg.SelectStmt, schemas []btreeindex.Source, per int) {
+	t.Helper()
+	if len(leaves) != per*len(schemas) {
+		t.Fatalf("%s: renders to %s: %d branches, want %d", stmt, sql, len(leaves), per*len(schemas))
+	}
+	trees := testTrees()
+	for i, l := range leaves {
+		want := schemas[i/per].Schema
+		found := 0
+		for _, r := range walkStmt(l).rels {
+			if _, ok := trees[r.rv.Relname]; ok && r.rv.Schemaname != "" {
+				if r.rv.Schemaname != want {
+					t.Fatalf("%s: branch %d reads %s.%s, want schema %s", sql, i, r.rv.Schemaname, r.rv.Relname, want)
+				}
+				found++
+			}
+		}
+		if found == 0 {
+			t.Fatalf("%s: branch %d reads no tree", sql, i)
+		}
 	}
 }

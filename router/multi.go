@@ -53,6 +53,10 @@ func (p *planner) multiRoute(root proto.Message, w *walker, name string, trees [
 	if isInsert {
 		return p.insertSelect(c, ins, name)
 	}
+	setOp, _ := root.(*pg.SelectStmt)
+	if setOp != nil && setOp.Op != pg.SetOperation_SETOP_NONE {
+		c.markArms(setOp)
+	}
 	res := c.conclude()
 	refs := c.trees()
 	first := refs[0]
@@ -71,6 +75,9 @@ func (p *planner) multiRoute(root proto.Message, w *walker, name string, trees [
 		if s, ok := root.(*pg.SelectStmt); ok && s.Op == pg.SetOperation_SETOP_NONE {
 			r.keyedWindows = c.windowsByKey(s)
 			return p.fanOut(r, s)
+		}
+		if setOp != nil && setOp.Op != pg.SetOperation_SETOP_NONE {
+			return p.setOpFanOut(c, r, setOp)
 		}
 		k := base.KeyColumn
 		return refusedRoute(refused("Add "+k+" = <value> to the WHERE clause of each part so that the statement runs on one shard.",
