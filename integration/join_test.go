@@ -379,13 +379,18 @@ func TestJoinsMixedShard(t *testing.T) {
 		// writes only the shard's own slots, and each read reference reads
 		// through its own predicate, so no row is written, returned or
 		// inserted twice (an INSERT ... SELECT that read shard 0 whole
-		// would insert shard 1's keys there too).
+		// would insert shard 1's keys there too; a NOT EXISTS without the
+		// written table's filter would delete shard 0's copies).
 		onPlain := func(sql string) string { return plain.ReplaceAllString(sql, "${1}_plain") }
 		for _, w := range []joinWrite{
 			{sql: "UPDATE mk b SET w = b.w + a.v FROM mj a WHERE a.k = b.kk AND a.v % 3 = 0 RETURNING b.kk, b.n, b.w"},
 			{sql: "DELETE FROM mj a USING mk b WHERE b.kk = a.k AND b.n = 3 RETURNING a.k, a.v"},
 			{sql: "DELETE FROM mk b WHERE EXISTS (SELECT 1 FROM mj a WHERE a.k = b.kk AND a.v > $1) RETURNING kk, n", args: []any{350}},
 			{sql: "UPDATE mj SET v = -v WHERE k IN (SELECT kk FROM mk WHERE w = 3) RETURNING k, v"},
+			// Rows that find no partner: only the written table's own
+			// filter keeps the shard's copies of moved rows out.
+			{sql: "DELETE FROM mk b WHERE NOT EXISTS (SELECT 1 FROM mj a WHERE a.k = b.kk AND a.v % 4 = 0) RETURNING kk, n"},
+			{sql: "UPDATE mj SET v = v + 1000 WHERE k NOT IN (SELECT kk FROM mk WHERE n = 2) RETURNING k, v"},
 			{sql: "INSERT INTO mk (kk, n, w) SELECT a.k, 10, a.v FROM mj a WHERE a.v % 5 = 0 RETURNING kk, n, w"},
 		} {
 			t.Run(fmt.Sprintf("%v/%s", mode, w.sql), func(t *testing.T) { w.compare(t, c, mode, onPlain) })
