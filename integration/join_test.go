@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"errors"
+	"fmt"
 	"regexp"
 	"slices"
 	"strings"
@@ -155,15 +156,33 @@ func TestJoinsEqualPostgres(t *testing.T) {
 		{`SELECT customer_id, count(*) FROM jo GROUP BY 1 UNION ALL SELECT customer_id, 1 FROM jc`, "customer_id = <value>"},
 	}
 
-	// Writes over several references, fixed to one key, compared by their
-	// RETURNING rows in a transaction that is rolled back.
-	writes := []string{
-		`UPDATE jo a SET total = b.total FROM jo b WHERE b.customer_id = a.customer_id AND b.order_id = 1 AND a.customer_id = 7 RETURNING a.order_id, a.total`,
-		`DELETE FROM jo a USING jo b WHERE b.customer_id = a.customer_id AND b.order_id = a.order_id + 1 AND a.customer_id = 8 RETURNING a.order_id`,
-		`INSERT INTO jo (customer_id, order_id, total, status) SELECT customer_id, order_id + 100, total, status FROM jo WHERE customer_id = 9 RETURNING order_id, total`,
-		`UPDATE jo a SET status = 'void' WHERE a.customer_id = 14 AND a.total < (SELECT avg(b.total) FROM jo b WHERE b.customer_id = a.customer_id) RETURNING order_id`,
-		`WITH d AS (DELETE FROM jo WHERE customer_id = 11 AND status = 'open' RETURNING total) UPDATE jo SET total = (SELECT coalesce(sum(total), 0) FROM d) WHERE customer_id = 11 AND order_id = 2 RETURNING total`,
+	// Writes over several references, compared by their RETURNING rows,
+	// their tags and the written table's rows afterwards, in a transaction
+	// that is rolled back: fixed to one key, and (after them) over every
+	// shard, each shard's part joining within its shard.
+	writes := []joinWrite{
+		{sql: `UPDATE jo a SET total = b.total FROM jo b WHERE b.customer_id = a.customer_id AND b.order_id = 1 AND a.customer_id = 7 RETURNING a.order_id, a.total`},
+		{sql: `DELETE FROM jo a USING jo b WHERE b.customer_id = a.customer_id AND b.order_id = a.order_id + 1 AND a.customer_id = 8 RETURNING a.order_id`},
+		{sql: `INSERT INTO jo (customer_id, order_id, total, status) SELECT customer_id, order_id + 100, total, status FROM jo WHERE customer_id = 9 RETURNING order_id, total`},
+		{sql: `UPDATE jo a SET status = 'void' WHERE a.customer_id = 14 AND a.total < (SELECT avg(b.total) FROM jo b WHERE b.customer_id = a.customer_id) RETURNING order_id`},
+		{sql: `WITH d AS (DELETE FROM jo WHERE customer_id = 11 AND status = 'open' RETURNING total) UPDATE jo SET total = (SELECT coalesce(sum(total), 0) FROM d) WHERE customer_id = 11 AND order_id = 2 RETURNING total`},
+		{sql: `UPDATE jo o SET total = o.total + c.customer_id FROM jc c WHERE c.customer_id = o.customer_id AND c.region = 'north' RETURNING o.customer_id, o.order_id, o.total`},
+		{sql: `UPDATE jc c SET plan = p.plan FROM jo_plans p, jo o WHERE o.customer_id = c.customer_id AND o.status = 'void' AND p.plan = 'team' RETURNING c.customer_id, c.plan`},
+		{sql: `UPDATE jo o SET status = p.title FROM jc c JOIN jo_plans p USING (plan) WHERE c.customer_id = o.customer_id AND o.total > $1 RETURNING o.customer_id, o.order_id, o.status`, args: []any{50}},
+		{sql: `DELETE FROM ji i USING jo o WHERE o.customer_id = i.cust AND o.order_id = i.order_id AND o.status = 'paid' RETURNING i.cust, i.order_id, i.line`},
+		{sql: `DELETE FROM jo o WHERE NOT EXISTS (SELECT 1 FROM ji i WHERE i.cust = o.customer_id AND i.order_id = o.order_id) RETURNING customer_id, order_id`},
+		{sql: `UPDATE jc SET region = 'west' WHERE customer_id IN (SELECT customer_id FROM jo WHERE total > 90) RETURNING customer_id, region`},
+		{sql: `DELETE FROM jc c WHERE c.customer_id NOT IN (SELECT cust FROM ji) RETURNING customer_id`},
+		{sql: `UPDATE jo o SET total = (SELECT coalesce(sum(i.qty * i.price), 0) FROM ji i WHERE i.cust = o.customer_id AND i.order_id = o.order_id) WHERE o.status = 'open' RETURNING customer_id, order_id, total`},
+		{sql: `INSERT INTO ji (cust, order_id, line, qty, sku, price) SELECT o.customer_id, o.order_id, 100, 1, 'Z', o.total FROM jo o JOIN jc c USING (customer_id) WHERE c.plan = $1 RETURNING cust, order_id, line, price`, args: []any{"pro"}},
+		{sql: `INSERT INTO jo (customer_id, order_id, total, status) SELECT i.cust, 1000 + max(i.order_id), sum(i.price), 'open' FROM ji i GROUP BY i.cust ON CONFLICT DO NOTHING RETURNING customer_id, order_id, total`},
+		{sql: `INSERT INTO jo (customer_id, order_id, total, status) SELECT c.customer_id, 1, 0, 'new' FROM jc c WHERE NOT EXISTS (SELECT 1 FROM jo o WHERE o.customer_id = c.customer_id) RETURNING customer_id, status`},
 	}
+	refusedCases = append(refusedCases, []struct{ sql, hint string }{
+		{`INSERT INTO jo (customer_id, order_id) SELECT c.customer_id, 1 FROM jc c ORDER BY c.name LIMIT 3`, "customer_id from the shard key"},
+		{`UPDATE jo o SET total = 0 FROM ji i WHERE i.order_id = o.order_id`, "shard keys"},
+		{`DELETE FROM jo o WHERE o.total > (SELECT avg(total) FROM jo)`, "equal shard keys"},
+	}...)
 
 	plain := regexp.MustCompile(`\b(jo|jc|ji)\b`)
 	onPlain := func(sql string) string { return plain.ReplaceAllString(sql, "${1}_plain") }
@@ -204,37 +223,68 @@ func TestJoinsEqualPostgres(t *testing.T) {
 				}
 			})
 		}
-		for _, sql := range writes {
-			t.Run(name+"/write/"+sql, func(t *testing.T) {
-				run := func(sql string) (string, []string) {
-					ctx := context.Background()
-					tx, err := c.Begin(ctx)
-					if err != nil {
-						t.Fatal(err)
-					}
-					defer tx.Rollback(ctx)
-					rows, err := tx.Query(ctx, sql, mode)
-					if err != nil {
-						t.Fatalf("%s: %v", sql, err)
-					}
-					var head []string
-					for _, f := range rows.FieldDescriptions() {
-						head = append(head, f.Name)
-					}
-					out, err := collectStrings(rows)
-					if err != nil {
-						t.Fatalf("%s: %v", sql, err)
-					}
-					slices.Sort(out)
-					return strings.Join(head, ","), out
-				}
-				gotHead, got := run(sql)
-				wantHead, want := run(onPlain(sql))
-				if gotHead != wantHead || !slices.Equal(got, want) || len(want) == 0 {
-					t.Fatalf("through the tree %s %v, on one table %s %v", gotHead, got, wantHead, want)
-				}
-			})
+		for _, w := range writes {
+			t.Run(name+"/write/"+w.sql, func(t *testing.T) { w.compare(t, c, mode, onPlain) })
 		}
+	}
+}
+
+// joinWrite is a write compared with plain PostgreSQL.
+type joinWrite struct {
+	sql  string
+	args []any
+}
+
+// compare runs the write through the proxy and, rewritten by onPlain, on
+// the plain tables, each in a transaction that is rolled back, and
+// compares their RETURNING rows, tags and the written table's rows after
+// the write (read in the same transaction).
+func (w joinWrite) compare(t *testing.T, c *pgx.Conn, mode pgx.QueryExecMode, onPlain func(string) string) {
+	t.Helper()
+	target := regexp.MustCompile(`^(?:WITH .*\) )?(?:UPDATE|DELETE FROM|INSERT INTO) (?:ONLY )?(\w+)`).FindStringSubmatch(w.sql)
+	if target == nil {
+		t.Fatalf("no written table in %s", w.sql)
+	}
+	run := func(sql, table string) (string, []string, string, []string) {
+		ctx := context.Background()
+		tx, err := c.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(ctx)
+		rows, err := tx.Query(ctx, sql, append([]any{mode}, w.args...)...)
+		if err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+		var head []string
+		for _, f := range rows.FieldDescriptions() {
+			head = append(head, f.Name)
+		}
+		out, err := collectStrings(rows)
+		if err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+		tag := rows.CommandTag().String()
+		after, err := tx.Query(ctx, "SELECT * FROM "+table, mode)
+		if err != nil {
+			t.Fatal(err)
+		}
+		contents, err := collectStrings(after)
+		if err != nil {
+			t.Fatal(err)
+		}
+		slices.Sort(out)
+		slices.Sort(contents)
+		return strings.Join(head, ",") + " " + tag, out, tag, contents
+	}
+	gotHead, got, gotTag, gotRows := run(w.sql, target[1])
+	wantHead, want, wantTag, wantRows := run(onPlain(w.sql), onPlain(target[1]))
+	if gotHead != wantHead || !slices.Equal(got, want) || len(want) == 0 {
+		t.Fatalf("through the trees %s %v, on the plain tables %s %v", gotHead, got, wantHead, want)
+	}
+	if gotTag != wantTag || !slices.Equal(gotRows, wantRows) {
+		t.Fatalf("%s afterwards: %d rows through the trees (%s), %d on the plain tables (%s); first difference:\n%s",
+			target[1], len(gotRows), gotTag, len(wantRows), wantTag, firstDiff(gotRows, wantRows))
 	}
 }
 
@@ -347,6 +397,26 @@ func TestJoinsMixedShard(t *testing.T) {
 			if gotHead != wantHead || !slices.Equal(got, want) {
 				t.Fatalf("%s (mode %v): through the trees %s %v, on the plain tables %s %v", sql, mode, gotHead, got, wantHead, want)
 			}
+		}
+		// Writes over both trees without the key: the written table's part
+		// writes only the shard's own slots, and each read reference reads
+		// through its own predicate, so no row is written, returned or
+		// inserted twice (an INSERT ... SELECT that read shard 0 whole
+		// would insert shard 1's keys there too; a NOT EXISTS without the
+		// written table's filter would delete shard 0's copies).
+		onPlain := func(sql string) string { return plain.ReplaceAllString(sql, "${1}_plain") }
+		for _, w := range []joinWrite{
+			{sql: "UPDATE mk b SET w = b.w + a.v FROM mj a WHERE a.k = b.kk AND a.v % 3 = 0 RETURNING b.kk, b.n, b.w"},
+			{sql: "DELETE FROM mj a USING mk b WHERE b.kk = a.k AND b.n = 3 RETURNING a.k, a.v"},
+			{sql: "DELETE FROM mk b WHERE EXISTS (SELECT 1 FROM mj a WHERE a.k = b.kk AND a.v > $1) RETURNING kk, n", args: []any{350}},
+			{sql: "UPDATE mj SET v = -v WHERE k IN (SELECT kk FROM mk WHERE w = 3) RETURNING k, v"},
+			// Rows that find no partner: only the written table's own
+			// filter keeps the shard's copies of moved rows out.
+			{sql: "DELETE FROM mk b WHERE NOT EXISTS (SELECT 1 FROM mj a WHERE a.k = b.kk AND a.v % 4 = 0) RETURNING kk, n"},
+			{sql: "UPDATE mj SET v = v + 1000 WHERE k NOT IN (SELECT kk FROM mk WHERE n = 2) RETURNING k, v"},
+			{sql: "INSERT INTO mk (kk, n, w) SELECT a.k, 10, a.v FROM mj a WHERE a.v % 5 = 0 RETURNING kk, n, w"},
+		} {
+			t.Run(fmt.Sprintf("%v/%s", mode, w.sql), func(t *testing.T) { w.compare(t, c, mode, onPlain) })
 		}
 	}
 }

@@ -127,6 +127,10 @@ type colocation struct {
 	levels []level
 	ctes   map[*pg.RangeVar]bool
 	using  []usingLink
+	// source is the level of an INSERT's SELECT (0 for none): over every
+	// shard its rows stand alone, as the top level's do, since each
+	// shard's part inserts what that shard's part of the SELECT gives.
+	source int
 	// problem is what the analysis refuses outright (nil for nothing).
 	problem *sqlstate.Error
 }
@@ -838,7 +842,7 @@ func (c *colocation) conclude() colocResult {
 	// Every shard: the top level's references are joined; each level
 	// below is correlated.
 	for lv := 1; lv < len(c.levels); lv++ {
-		if len(c.levels[lv].refs) > 0 && !corr[lv] && !c.levels[lv].keyed && !c.levels[lv].arm {
+		if len(c.levels[lv].refs) > 0 && !corr[lv] && !c.levels[lv].keyed && !c.levels[lv].arm && lv != c.source {
 			r := c.levels[lv].refs[0]
 			other := -1
 			if len(c.refs) > 0 && c.refs[0].level != lv {

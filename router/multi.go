@@ -79,6 +79,9 @@ func (p *planner) multiRoute(root proto.Message, w *walker, name string, trees [
 		if setOp != nil && setOp.Op != pg.SetOperation_SETOP_NONE {
 			return p.setOpFanOut(c, r, setOp)
 		}
+		if write, ok := writeTarget(root); ok {
+			return writeEveryShard(c, r, write, name)
+		}
 		k := base.KeyColumn
 		return refusedRoute(refused("Add "+k+" = <value> to the WHERE clause of each part so that the statement runs on one shard.",
 			"%s over several tree references that does not fix the shard key %s is not supported yet (only SELECT runs over every shard)", name, qn(k)))
@@ -157,6 +160,15 @@ func (p *planner) insertSelect(c *colocation, s *pg.InsertStmt, name string) rou
 	}
 	// The target is written, not read: it needs no anchor of its own.
 	c.levels[target.level].refs = c.levels[target.level].refs[1:]
+	src := len(c.levels) // the SELECT's level: the first after the INSERT's
+	for i, l := range c.levels {
+		if l.stmt == proto.Message(sel) {
+			src = i
+		}
+	}
+	if src < len(c.levels) {
+		c.source = src
+	}
 	res := c.conclude()
 	val := sel.TargetList[keyIdx].GetResTarget().GetVal()
 	k, isConst := asConstant(val)
@@ -168,17 +180,14 @@ func (p *planner) insertSelect(c *colocation, s *pg.InsertStmt, name string) rou
 		}
 		res.single, res.key = true, v
 	}
+	if !res.single && res.fanOut && src < len(c.levels) {
+		return insertEveryShard(c, s, target, src, keyIdx)
+	}
 	if !res.single {
 		if res.nonKey {
 			return refusedRoute(c.refusal(name, res))
 		}
 		return refuse("INSERT ... SELECT into tree %s does not fix the shard key %s in the SELECT", qn(tree.Name), qn(tree.KeyColumn))
-	}
-	src := len(c.levels) // the SELECT's level: the first after the INSERT's
-	for i, l := range c.levels {
-		if l.stmt == proto.Message(sel) {
-			src = i
-		}
 	}
 	ok := false
 	if isConst {

@@ -185,6 +185,11 @@ func (p *planner) apply(pl *Plan, r route, start, end int) {
 				return
 			}
 			pl.render = rd
+			if r.kind == WriteAll {
+				if pl.write, err = p.multiWriteRenderer(r, start, end); err != nil {
+					pl.Kind, pl.Tree, pl.render, pl.Err = Refused, nil, nil, err
+				}
+			}
 			return
 		}
 		refs, err := p.refSpans(r)
@@ -198,7 +203,7 @@ func (p *planner) apply(pl *Plan, r route, start, end int) {
 		}
 		pl.render = rd
 		if r.kind == WriteAll {
-			if pl.write, err = p.writeRenderer(r, refs, start, end); err != nil {
+			if pl.write, err = p.writeRenderer(r, refs, start, end, true); err != nil {
 				pl.Kind, pl.Tree, pl.render, pl.Err = Refused, nil, nil, err
 				return
 			}
@@ -262,7 +267,10 @@ type route struct {
 	// keyedWindows marks a FanOut over several references whose windows
 	// are all partitioned by the key (window.go): they run on the shards.
 	keyedWindows bool
-	refs         []string // the reference tables named (reference.go)
+	// insert marks a WriteAll of INSERT ... SELECT (multiwrite.go): its
+	// rows' keys come from filtered reads, so its WHERE takes no filter.
+	insert bool
+	refs   []string // the reference tables named (reference.go)
 }
 
 // refTree is the tree of rv when rv is one of the route's tree references.

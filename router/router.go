@@ -71,9 +71,12 @@ const (
 	// the Plan.Hidden trailing columns, and applies Plan.Offset and
 	// Plan.Limit after the merge.
 	FanOut
-	// WriteAll is an UPDATE or DELETE of one tree that does not fix the
-	// shard key: it runs on every shard (Plan.Render per shard schema), all
-	// of them in one transaction, and the proxy adds up the command tags.
+	// WriteAll is an UPDATE or DELETE that does not fix the shard key
+	// (of one tree, or joining or correlating colocated trees), or an
+	// INSERT ... SELECT whose rows' keys are those of the trees it reads on
+	// each shard (multiwrite.go): it runs on every shard (Plan.Render per
+	// shard schema), all of them in one transaction, and the proxy adds up
+	// the command tags.
 	WriteAll
 	// DDL changes a tree (Plan.Tree, Plan.DDL): the proxy runs it on the
 	// template and on every shard (Plan.RenderDDL) and records it in the

@@ -6,6 +6,7 @@ import (
 
 	pg "github.com/pganalyze/pg_query_go/v6"
 
+	"github.com/lattice-db/lattice/btreeindex"
 	"github.com/lattice-db/lattice/sqlstate"
 )
 
@@ -21,6 +22,11 @@ type writeRenderer struct {
 	holes []hole
 	qname string // the tree name, quoted
 	alias string // the target's alias, quoted; "" when it has none
+	// refs are, for a write over several tree references, the reference
+	// of each holeRef in order, and target the index of the written one:
+	// the others are read, on a mixed shard through their own filter.
+	refs   []refHole
+	target int
 }
 
 type hole uint8
@@ -50,23 +56,55 @@ func (p *Plan) RenderFiltered(schema string, filter func(qualifier string) strin
 	}
 	f := filter(qual)
 	var b strings.Builder
+	ref, paren := 0, false
 	for i, t := range w.texts {
-		b.WriteString(t)
+		if i > 0 && w.holes[i-1] == holeRef && w.readRef(ref-1) {
+			t = trimInheritance(t, paren)
+		}
 		if i == len(w.holes) {
+			b.WriteString(t)
 			break
 		}
 		switch w.holes[i] {
 		case holeRef:
-			b.WriteString(q)
+			if !w.readRef(ref) {
+				b.WriteString(t)
+				if w.refs == nil || ref == w.target {
+					b.WriteString(q)
+				} else {
+					b.WriteString(w.refs[ref].qname) // public.tree.col: the tree's name in scope
+				}
+				ref++
+				break
+			}
+			// A read reference: the shard's rows of its slots, under its
+			// own name unless it has an alias.
+			h := w.refs[ref]
+			t, paren = trimOnly(t)
+			b.WriteString(t)
+			b.WriteString(sourceFrom(btreeindex.Source{Schema: schema, Filter: memberFilter(filter(""), p.Tree, h.tree)}, h.qname))
+			if !h.aliased {
+				b.WriteString(" AS " + h.qname)
+			}
+			ref++
 		case holeOpen:
+			b.WriteString(t)
 			b.WriteString("(")
 		case holeClose:
+			b.WriteString(t)
 			b.WriteString(") AND (" + f + ")")
 		case holeWhere:
+			b.WriteString(t)
 			b.WriteString(" WHERE " + f)
 		}
 	}
 	return b.String()
+}
+
+// readRef reports whether holeRef number i of a write over several
+// references is a FROM item read rather than written.
+func (w *writeRenderer) readRef(i int) bool {
+	return w.refs != nil && i != w.target && w.refs[i].rel
 }
 
 // writeRenderer cuts the UPDATE or DELETE in sql[start:end] at the
@@ -76,9 +114,9 @@ func (p *Plan) RenderFiltered(schema string, filter func(qualifier string) strin
 // are at token boundaries, so a comment at the end of the statement never
 // swallows the filter. Nested WHERE and RETURNING keywords (subqueries,
 // CTEs) are inside parentheses.
-func (p *planner) writeRenderer(r route, refs []span, start, end int) (*writeRenderer, *sqlstate.Error) {
+func (p *planner) writeRenderer(r route, refs []span, start, end int, where bool) (*writeRenderer, *sqlstate.Error) {
 	toks := p.tokens()
-	where, condStart, last := -1, -1, -1
+	whereTok, condStart, last := -1, -1, -1
 	depth := 0
 	for i, t := range toks {
 		if int(t.start) < start || isComment(t) {
@@ -96,14 +134,14 @@ func (p *planner) writeRenderer(r route, refs []span, start, end int) (*writeRen
 		case pg.Token_ASCII_41:
 			depth--
 		}
-		if depth == 0 && t.kind == pg.Token_WHERE && where < 0 {
-			where = i
-		} else if where >= 0 && condStart < 0 {
+		if depth == 0 && t.kind == pg.Token_WHERE && whereTok < 0 {
+			whereTok = i
+		} else if whereTok >= 0 && condStart < 0 {
 			condStart = int(t.start)
 		}
 		last = i
 	}
-	if last < 0 || where >= 0 && condStart < 0 {
+	if last < 0 || whereTok >= 0 && condStart < 0 {
 		return nil, internalError(r.tree.Name)
 	}
 	condEnd := int(toks[last].end)
@@ -116,9 +154,13 @@ func (p *planner) writeRenderer(r route, refs []span, start, end int) (*writeRen
 	for _, s := range refs {
 		cuts = append(cuts, cut{s.start, s.end, holeRef})
 	}
-	if where >= 0 {
+	switch {
+	case !where:
+		// An INSERT ... SELECT: its rows' keys come from read references,
+		// each filtered on a mixed shard.
+	case whereTok >= 0:
 		cuts = append(cuts, cut{condStart, condStart, holeOpen}, cut{condEnd, condEnd, holeClose})
-	} else {
+	default:
 		cuts = append(cuts, cut{condEnd, condEnd, holeWhere})
 	}
 	// An insertion at the start of a reference goes before it.
