@@ -64,6 +64,9 @@ type AggPlan struct {
 	// (collation.go), so that the final step groups, compares and sorts
 	// text as the nodes do; "" when no partial column can have one.
 	CollationProbe string
+	// Window marks the final step of windows (windowstep.go): the partial
+	// rows are the statement's rows, with no aggregate to combine.
+	Window bool
 }
 
 const aggSource = "lattice_src"

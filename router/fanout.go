@@ -113,19 +113,17 @@ func (p *planner) fanOut(r route, s *pg.SelectStmt) route {
 	if aggregating(s, scan, r.multi != nil) {
 		return p.aggFanOut(r, s)
 	}
-	// Over several tree references a correlated subquery's window runs
+	// A correlated subquery's window over several tree references runs
 	// per outer row, on its shard, and one partitioned by the key on the
-	// shards (window.go).
-	windowHint, windowWhy := keyHint+", or compute it in the application.", "window functions over several shards are not supported"
-	if r.multi != nil {
-		windowHint, windowWhy = keyHint+", or partition every window by the shard key of the tree references, or compute it in the application.", windowWhy+" unless partitioned by the shard key"
+	// shards (window.go); other windows run in the final step
+	// (windowstep.go).
+	if r.multi == nil {
+		r.keyedWindows = p.treeWindowsByKey(r, s)
 	}
-	if _, window := findAggregates(scan, r.multi != nil); window && !r.keyedWindows {
-		return no(windowHint, "%s", windowWhy)
+	if _, window := findAggregates(scan, r.multi != nil); (window || len(s.WindowClause) > 0) && !r.keyedWindows {
+		return p.windowFanOut(r, s)
 	}
 	switch {
-	case len(s.WindowClause) > 0 && !r.keyedWindows:
-		return no(windowHint, "%s", windowWhy)
 	case len(s.LockingClause) > 0:
 		return no("Lock rows by shard key: SELECT ... WHERE "+tree.KeyColumn+" = <value> FOR UPDATE.", "FOR UPDATE/SHARE over several shards is not supported")
 	case s.LimitOption == pg.LimitOption_LIMIT_OPTION_WITH_TIES:
