@@ -20,7 +20,8 @@ import (
 // tree (self-joins, subqueries, CTEs, set operations, writes with joins)
 // on a tree of 16 shards over 3 nodes, and over three trees of its
 // colocation group and a reference table (joins, outer joins, subqueries,
-// aggregates, GROUP BY, HAVING, DISTINCT, text under an ICU collation),
+// aggregates, GROUP BY, HAVING, DISTINCT, windows, text under an ICU
+// collation),
 // and compares each with the same statement on plain tables holding the
 // same rows: column names, types, rows, and their order where there is an
 // ORDER BY. Refused forms are refused with 0A000 and a hint.
@@ -120,6 +121,15 @@ func TestJoinsEqualPostgres(t *testing.T) {
 		{sql: `SELECT o.customer_id, o.order_id, rank() OVER (PARTITION BY c.customer_id ORDER BY o.total DESC, o.order_id) AS r, sum(o.total) OVER (PARTITION BY o.customer_id) FROM jc c JOIN jo o USING (customer_id) ORDER BY r, 1, 2 LIMIT 25`, ordered: true},
 		{sql: `SELECT c.customer_id, i.order_id, i.line, count(i.line) OVER w, row_number() OVER (w ORDER BY i.order_id, i.line) FROM jc c LEFT JOIN ji i ON i.cust = c.customer_id WINDOW w AS (PARTITION BY c.customer_id)`},
 		{sql: `SELECT c.customer_id, o.customer_id, count(*) OVER (PARTITION BY c.customer_id, o.customer_id) FROM jc c FULL JOIN jo o ON o.customer_id = c.customer_id AND o.total > 50`},
+		// Other windows run in the final step over the nodes' rows, text
+		// ordered and partitioned under its ICU collation.
+		{sql: `SELECT c.customer_id, c.name, rank() OVER (ORDER BY c.name, c.customer_id) AS r FROM jc c ORDER BY r LIMIT 30`, ordered: true},
+		{sql: `SELECT c.customer_id, rank() OVER (ORDER BY c.name) FROM jc c JOIN jo o USING (customer_id)`},
+		{sql: `SELECT c.customer_id, o.order_id, row_number() OVER (PARTITION BY c.region ORDER BY o.total DESC, o.customer_id, o.order_id), sum(o.total) OVER (PARTITION BY c.region) FROM jc c JOIN jo o USING (customer_id)`},
+		{sql: `SELECT i.sku, i.cust, i.order_id, i.line, lag(i.price) OVER (PARTITION BY i.sku ORDER BY i.cust, i.order_id, i.line), dense_rank() OVER (ORDER BY i.sku) FROM jo o JOIN ji i ON i.cust = o.customer_id AND i.order_id = o.order_id ORDER BY i.sku, 2, 3, 4 LIMIT 40 OFFSET 3`, ordered: true},
+		{sql: `SELECT c.name, p.title, rank() OVER (PARTITION BY p.title ORDER BY c.name) FROM jc c JOIN jo_plans p USING (plan) ORDER BY p.title, c.name, 3`, ordered: true},
+		{sql: `SELECT c.customer_id, count(*) OVER (PARTITION BY o.customer_id) FROM jc c LEFT JOIN jo o USING (customer_id)`},
+		{sql: `SELECT o.customer_id, o.order_id, percent_rank() OVER (ORDER BY o.total, o.customer_id, o.order_id) FROM jo o WHERE EXISTS (SELECT 1 FROM ji i WHERE i.cust = o.customer_id AND i.qty > $1) ORDER BY 3 DESC LIMIT 15`, ordered: true, args: []any{4}},
 	}
 	// Refused, with a hint that names the fix.
 	refusedCases := []struct{ sql, hint string }{
@@ -132,8 +142,7 @@ func TestJoinsEqualPostgres(t *testing.T) {
 		{`SELECT c.name, (SELECT count(*) FROM jo o WHERE o.customer_id = c.customer_id) FROM jc c GROUP BY c.name, c.customer_id`, "customer_id = <value>"},
 		{`SELECT p.title, count(o.total) FROM jo_plans p LEFT JOIN jc c USING (plan) LEFT JOIN jo o USING (customer_id) GROUP BY 1`, "customer_id = <value>"},
 		{`SELECT count(*) FROM jc c JOIN ji i ON i.line = c.customer_id`, "shard keys"},
-		{`SELECT c.customer_id, rank() OVER (ORDER BY c.name) FROM jc c JOIN jo o USING (customer_id)`, "partition every window by the shard key"},
-		{`SELECT c.customer_id, count(*) OVER (PARTITION BY o.customer_id) FROM jc c LEFT JOIN jo o USING (customer_id)`, "partition every window by the shard key"},
+		{`SELECT c.region, count(*), rank() OVER (ORDER BY count(*)) FROM jc c JOIN jo o USING (customer_id) GROUP BY c.region`, "customer_id = <value>"},
 		{`SELECT customer_id FROM jo UNION SELECT customer_id FROM jo`, "customer_id = <value>"},
 	}
 

@@ -129,7 +129,10 @@ func (p *planner) fanOut(r route, s *pg.SelectStmt) route {
 	case s.LimitOption == pg.LimitOption_LIMIT_OPTION_WITH_TIES:
 		return no(keyHint+", or use LIMIT without WITH TIES.", "FETCH FIRST ... WITH TIES over several shards is not supported")
 	}
-	f := &fanPlan{calls: findFunctionNames(scan, r.multi != nil)}
+	// Windows here are partitioned by the key and run whole on each shard:
+	// their names are no aggregate to combine (rank is also a
+	// hypothetical-set aggregate in the catalog).
+	f := &fanPlan{calls: callNames(scan, r.multi != nil, true)}
 	var msg string
 	if f.limit, msg = limitValue(s.LimitCount, "LIMIT"); msg != "" {
 		return no(keyHint+", or give LIMIT as an integer constant or a $n parameter.", "%s", msg)
@@ -334,6 +337,13 @@ func functionNames(nodes []*pg.Node) []string { return findFunctionNames(nodes, 
 // window of such a statement over several shards is partitioned by the
 // key: window.go).
 func findFunctionNames(nodes []*pg.Node, top bool) []string {
+	return callNames(nodes, top, top)
+}
+
+// callNames lists the functions nodes call, outside subqueries only when
+// top, and without the window calls (which run whole on the shards or in
+// the final step) when windowless.
+func callNames(nodes []*pg.Node, top, windowless bool) []string {
 	seen := map[string]bool{}
 	var out []string
 	var visit func(m protoreflect.Message)
@@ -344,7 +354,7 @@ func findFunctionNames(nodes []*pg.Node, top bool) []string {
 			}
 			return
 		}
-		if v, ok := m.Interface().(*pg.FuncCall); ok && len(v.Funcname) > 0 && !(top && v.Over != nil) {
+		if v, ok := m.Interface().(*pg.FuncCall); ok && len(v.Funcname) > 0 && !(windowless && v.Over != nil) {
 			name := strings.ToLower(v.Funcname[len(v.Funcname)-1].GetString_().GetSval())
 			if !seen[name] {
 				seen[name] = true
