@@ -1,6 +1,10 @@
 package proxy
 
-import "github.com/lattice-db/lattice/sqlstate"
+import (
+	"fmt"
+
+	"github.com/lattice-db/lattice/sqlstate"
+)
 
 // Windows that run in the final step (router/windowstep.go) gather the
 // statement's rows, not one row per group: their size is the result's,
@@ -10,12 +14,11 @@ import "github.com/lattice-db/lattice/sqlstate"
 
 // overWindowRows reports gathered window rows larger than the server allows.
 func (s *session) overWindowRows(held int64) *sqlstate.Error {
-	limit := s.srv.cfg.MaxMergeMemory
-	if held <= limit {
+	if s.overMemory(held) == nil {
 		return nil
 	}
-	e := sqlstate.New(sqlstate.ProgramLimitExceeded, "window functions over several shards gather more than %d bytes of rows (--max-merge-memory)", limit)
-	e.Detail = "A window not partitioned by the shard key runs over every row the statement reads, gathered in one place."
-	e.Hint = "Partition the windows by the shard key so that they run on the shards, narrow the WHERE clause, select fewer columns, or raise --max-merge-memory."
-	return e
+	return &sqlstate.Error{Code: sqlstate.ProgramLimitExceeded,
+		Message: fmt.Sprintf("window functions over several shards gather more than %d bytes of rows (--max-merge-memory)", s.srv.cfg.MaxMergeMemory),
+		Detail:  "A window not partitioned by the shard key runs over every row the statement reads, gathered in one place.",
+		Hint:    "Partition the windows by the shard key so that they run on the shards, narrow the WHERE clause, select fewer columns, or raise --max-merge-memory."}
 }

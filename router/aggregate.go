@@ -166,11 +166,7 @@ func aggregating(s *pg.SelectStmt, scan []*pg.Node, top bool) bool {
 // aggFanOut plans an aggregating fan-out SELECT.
 func (p *planner) aggFanOut(r route, s *pg.SelectStmt) route {
 	tree := r.tree
-	keyHint := "Add " + tree.KeyColumn + " = <value> (or IN with one value) to the WHERE clause to read one shard"
-	no := func(hint, format string, args ...any) route {
-		return refusedRoute(refused(hint, "SELECT on tree %s does not fix the shard key %s, and %s",
-			qn(tree.Name), qn(tree.KeyColumn), fmt.Sprintf(format, args...)))
-	}
+	keyHint, no := fanRefusal(tree)
 	switch {
 	case len(s.DistinctClause) > 1 || len(s.DistinctClause) == 1 && s.DistinctClause[0].Node != nil:
 		return no(keyHint+", or remove duplicates in the application.", "DISTINCT ON over several shards is not supported")
@@ -216,14 +212,6 @@ func (p *planner) aggFanOut(r route, s *pg.SelectStmt) route {
 		return bad(no, keyHint)
 	}
 	refs, src, where, targets, joined := in.refs, in.src, in.where, in.targets, in.joined
-	isOutputName := func(n string) bool {
-		for _, t := range targets {
-			if t.Name == n {
-				return true
-			}
-		}
-		return false
-	}
 
 	// The grouping keys of the partial query.
 	var groups []*pg.Node
@@ -328,18 +316,8 @@ func (p *planner) aggFanOut(r route, s *pg.SelectStmt) route {
 		final.TargetList = append(final.TargetList, &pg.Node{Node: &pg.Node_ResTarget{ResTarget: t}})
 	}
 	final.HavingClause = rewrite(final.HavingClause)
-	for _, sn := range final.SortClause {
-		sb := sn.GetSortBy()
-		if sb == nil {
-			return refusedRoute(fanError(tree.Name))
-		}
-		if c := sb.Node.GetAConst(); c != nil && c.GetIval() != nil {
-			continue // a position in the final select list
-		}
-		if name, ok := bareName(sb.Node); ok && isOutputName(name) {
-			continue // an output column name takes precedence (SQL92)
-		}
-		sb.Node = rewrite(sb.Node)
+	if !finalSort(final.SortClause, targets, rewrite) {
+		return refusedRoute(fanError(tree.Name))
 	}
 	if problem != "" {
 		return no(keyHint+", or aggregate in the application.", "aggregate %s over several shards is not supported (count, sum, min, max and avg are, without FILTER or ORDER BY)", problem)

@@ -1,6 +1,8 @@
 package router
 
 import (
+	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -184,6 +186,16 @@ var aggWords = stepWords{in: "in an aggregate", sel: "an aggregating SELECT", pl
 // statement does not fix.
 type noFunc func(hint, format string, args ...any) route
 
+// fanRefusal returns the hint that fixes the key and the refusal of a
+// SELECT on tree over several shards.
+func fanRefusal(tree *shardmap.Tree) (string, noFunc) {
+	return "Add " + tree.KeyColumn + " = <value> (or IN with one value) to the WHERE clause to read one shard",
+		func(hint, format string, args ...any) route {
+			return refusedRoute(refused(hint, "SELECT on tree %s does not fix the shard key %s, and %s",
+				qn(tree.Name), qn(tree.KeyColumn), fmt.Sprintf(format, args...)))
+		}
+}
+
 // stepInput reads the statement for a two-step fan-out; on a form it
 // cannot carry it returns the refusal, given the caller's no and key hint.
 func stepInput(r route, s *pg.SelectStmt, w stepWords) (stepIn, func(no noFunc, keyHint string) route) {
@@ -251,4 +263,24 @@ func stepInput(r route, s *pg.SelectStmt, w stepWords) (stepIn, func(no noFunc, 
 		in.targets = append(in.targets, rt)
 	}
 	return in, nil
+}
+
+// finalSort rewrites the final step's ORDER BY in place: a position or an
+// output column name (which takes precedence, SQL92) stays, any other
+// expression goes through rewrite. False on an item that is not a SortBy.
+func finalSort(sorts []*pg.Node, targets []*pg.ResTarget, rewrite func(*pg.Node) *pg.Node) bool {
+	for _, sn := range sorts {
+		sb := sn.GetSortBy()
+		if sb == nil {
+			return false
+		}
+		if c := sb.Node.GetAConst(); c != nil && c.GetIval() != nil {
+			continue
+		}
+		if name, ok := bareName(sb.Node); ok && slices.ContainsFunc(targets, func(t *pg.ResTarget) bool { return t.Name == name }) {
+			continue
+		}
+		sb.Node = rewrite(sb.Node)
+	}
+	return true
 }

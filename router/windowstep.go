@@ -1,7 +1,6 @@
 package router
 
 import (
-	"fmt"
 	"strconv"
 
 	pg "github.com/pganalyze/pg_query_go/v6"
@@ -33,11 +32,7 @@ var windowWords = stepWords{in: "in a window function", sel: "a SELECT with wind
 // windowFanOut plans a fan-out SELECT whose windows run in the final step.
 func (p *planner) windowFanOut(r route, s *pg.SelectStmt) route {
 	tree := r.tree
-	keyHint := "Add " + tree.KeyColumn + " = <value> (or IN with one value) to the WHERE clause to read one shard"
-	no := func(hint, format string, args ...any) route {
-		return refusedRoute(refused(hint, "SELECT on tree %s does not fix the shard key %s, and %s",
-			qn(tree.Name), qn(tree.KeyColumn), fmt.Sprintf(format, args...)))
-	}
+	keyHint, no := fanRefusal(tree)
 	switch {
 	case len(s.LockingClause) > 0:
 		return no("Lock rows by shard key: SELECT ... WHERE "+tree.KeyColumn+" = <value> FOR UPDATE.", "FOR UPDATE/SHARE over several shards is not supported")
@@ -88,28 +83,16 @@ func (p *planner) windowFanOut(r route, s *pg.SelectStmt) route {
 	}
 	final := proto.Clone(s).(*pg.SelectStmt)
 	final.TargetList = nil
-	outputs := map[string]bool{}
 	for _, t := range in.targets {
 		t = proto.Clone(t).(*pg.ResTarget)
-		outputs[t.Name] = true
 		t.Val = rewrite(t.Val)
 		final.TargetList = append(final.TargetList, &pg.Node{Node: &pg.Node_ResTarget{ResTarget: t}})
 	}
 	for _, w := range final.WindowClause {
 		rewriteChildren(w.ProtoReflect(), rewrite)
 	}
-	for _, sn := range final.SortClause {
-		sb := sn.GetSortBy()
-		if sb == nil {
-			return refusedRoute(fanError(tree.Name))
-		}
-		if c := sb.Node.GetAConst(); c != nil && c.GetIval() != nil {
-			continue // a position in the final select list
-		}
-		if name, ok := bareName(sb.Node); ok && outputs[name] {
-			continue // an output column name takes precedence (SQL92)
-		}
-		sb.Node = rewrite(sb.Node)
+	if !finalSort(final.SortClause, in.targets, rewrite) {
+		return refusedRoute(fanError(tree.Name))
 	}
 	final.WhereClause = nil
 	final.FromClause = []*pg.Node{{Node: &pg.Node_RangeVar{RangeVar: &pg.RangeVar{Relname: aggSource, Inh: true, Relpersistence: "p"}}}}
@@ -163,34 +146,31 @@ func shippable(n *pg.Node) bool {
 
 // hasWindow reports whether n calls a window function.
 func hasWindow(n *pg.Node) bool {
-	found := false
-	var visit func(m protoreflect.Message)
-	visit = func(m protoreflect.Message) {
-		if fc, ok := m.Interface().(*pg.FuncCall); ok && fc.Over != nil {
-			found = true
-		}
-		if !found {
-			eachChild(m, visit)
-		}
-	}
-	visit(n.ProtoReflect())
-	return found
+	return anyNode([]*pg.Node{n}, func(m protoreflect.Message) bool {
+		fc, ok := m.Interface().(*pg.FuncCall)
+		return ok && fc.Over != nil
+	})
 }
 
 // hasSubLink reports whether nodes hold a subquery.
 func hasSubLink(nodes []*pg.Node) bool {
+	return anyNode(nodes, func(m protoreflect.Message) bool {
+		_, ok := m.Interface().(*pg.SubLink)
+		return ok
+	})
+}
+
+// anyNode reports whether match holds for a message anywhere in nodes.
+func anyNode(nodes []*pg.Node, match func(protoreflect.Message) bool) bool {
 	found := false
 	var visit func(m protoreflect.Message)
 	visit = func(m protoreflect.Message) {
-		if _, ok := m.Interface().(*pg.SubLink); ok {
-			found = true
-		}
-		if !found {
+		if found = found || match(m); !found {
 			eachChild(m, visit)
 		}
 	}
 	for _, n := range nodes {
-		if n != nil {
+		if n != nil && !found {
 			visit(n.ProtoReflect())
 		}
 	}
