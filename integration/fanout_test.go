@@ -300,7 +300,8 @@ func TestFanOut(t *testing.T) {
 
 	t.Run("aggregates the proxy cannot combine are refused", func(t *testing.T) {
 		for _, sql := range []string{`SELECT string_agg(name, ',') FROM fan`, `SELECT count(*) FILTER (WHERE ok) FROM fan`,
-			`SELECT id, count(*), rank() OVER (ORDER BY qty) FROM fan GROUP BY id`, `SELECT DISTINCT ON (qty) qty, id FROM fan`} {
+			`SELECT id, count(*), rank() OVER (ORDER BY qty) FROM fan GROUP BY id`, `SELECT DISTINCT ON (qty) qty, id FROM fan`,
+			`SELECT id, generate_series(1, 2), row_number() OVER (ORDER BY qty, id) FROM fan`} {
 			for _, mode := range modes {
 				if _, err := queryStrings(t, c, sql, mode); pgCode(err) != "0A000" {
 					t.Fatalf("%s: want 0A000, got %v", sql, err)

@@ -104,6 +104,14 @@ func (p *planner) windowFanOut(r route, s *pg.SelectStmt) route {
 		Op:          pg.SetOperation_SETOP_NONE,
 	}
 	for i, e := range shipped {
+		if hasFuncCall(e) || e.GetAExpr() != nil {
+			// PostgreSQL expands a set-returning function of the select
+			// list after the windows; on the nodes it would multiply the
+			// rows before them. Inside COALESCE it is an error instead
+			// ("set-returning functions are not allowed in COALESCE"),
+			// and any other value passes unchanged, type and typmod too.
+			e = &pg.Node{Node: &pg.Node_CoalesceExpr{CoalesceExpr: &pg.CoalesceExpr{Args: []*pg.Node{e}}}}
+		}
 		partial.TargetList = append(partial.TargetList, resTarget("lattice_c"+strconv.Itoa(i+1), e))
 	}
 	if len(shipped) == 0 {
