@@ -130,6 +130,19 @@ func TestFanOut(t *testing.T) {
 		{sql: `SELECT DISTINCT count(*) FROM fan GROUP BY qty ORDER BY 1`, ordered: true},
 		{sql: `SELECT name, count(*), max(qty) FROM fan GROUP BY name ORDER BY name DESC LIMIT 12`, ordered: true},
 		{sql: `SELECT 1 AS one FROM fan HAVING count(*) > 2999`},
+		// Windows: partitioned by the key they run on the shards; others in
+		// the final step over the nodes' rows.
+		{sql: `SELECT id, qty, rank() OVER (PARTITION BY id ORDER BY qty) AS r FROM fan ORDER BY r, id LIMIT 20`, ordered: true},
+		{sql: `SELECT id, row_number() OVER (ORDER BY qty, id) AS rn FROM fan ORDER BY rn LIMIT 30 OFFSET 7`, ordered: true},
+		{sql: `SELECT id, rank() OVER (ORDER BY qty), dense_rank() OVER (ORDER BY qty DESC) FROM fan WHERE qty < 5`},
+		{sql: `SELECT id, lag(price) OVER (ORDER BY id), lead(name, 2, 'none') OVER (ORDER BY id) FROM fan ORDER BY id DESC LIMIT 40`, ordered: true},
+		{sql: `SELECT id, sum(qty) OVER (PARTITION BY qty % 7 ORDER BY id), avg(price) OVER (PARTITION BY ok) FROM fan`},
+		{sql: `SELECT id, count(*) OVER w, max(created) OVER (w ORDER BY id ROWS BETWEEN 2 PRECEDING AND CURRENT ROW) FROM fan WINDOW w AS (PARTITION BY n) ORDER BY 1`, ordered: true},
+		{sql: `SELECT *, ntile(5) OVER (ORDER BY price NULLS FIRST, id) FROM fan ORDER BY id LIMIT 50`, ordered: true},
+		{sql: `SELECT name, first_value(id) OVER (PARTITION BY name ORDER BY id) FROM fan ORDER BY name, 2 LIMIT 25`, ordered: true},
+		{sql: `SELECT id FROM fan WHERE qty > $1 ORDER BY rank() OVER (ORDER BY price DESC NULLS LAST, id) LIMIT $2`, ordered: true, args: []any{30, 12}},
+		{sql: `SELECT id, lag(qty, $1) OVER (ORDER BY id) FROM fan ORDER BY id LIMIT 10`, ordered: true, args: []any{3}},
+		{sql: `SELECT row_number() OVER () FROM fan WHERE qty = 0`},
 		// IN and ANY on the shard key read only the shards that own the keys.
 		{sql: `SELECT * FROM fan WHERE id IN (1, 2, 3, 500) ORDER BY id`, ordered: true},
 		{sql: `SELECT id, qty FROM fan WHERE id IN (7, 8)`},
@@ -186,6 +199,7 @@ func TestFanOut(t *testing.T) {
 				{`SELECT k, count(*), min(s), max(s) FROM many GROUP BY k ORDER BY k`, true},
 				{`SELECT count(DISTINCT s), count(*), sum(k) FROM many`, false},
 				{`SELECT s FROM many GROUP BY s HAVING count(*) = 1 ORDER BY s DESC LIMIT 5`, true},
+				{`SELECT id, s, row_number() OVER (ORDER BY k DESC, id) AS rn FROM many ORDER BY rn LIMIT 30`, true},
 			} {
 				gotHead, got, err := queryTyped(t, c, tc.sql, mode)
 				if err != nil {
@@ -286,7 +300,8 @@ func TestFanOut(t *testing.T) {
 
 	t.Run("aggregates the proxy cannot combine are refused", func(t *testing.T) {
 		for _, sql := range []string{`SELECT string_agg(name, ',') FROM fan`, `SELECT count(*) FILTER (WHERE ok) FROM fan`,
-			`SELECT id, rank() OVER (ORDER BY qty) FROM fan`, `SELECT DISTINCT ON (qty) qty, id FROM fan`} {
+			`SELECT id, count(*), rank() OVER (ORDER BY qty) FROM fan GROUP BY id`, `SELECT DISTINCT ON (qty) qty, id FROM fan`,
+			`SELECT id, generate_series(1, 2), row_number() OVER (ORDER BY qty, id) FROM fan`} {
 			for _, mode := range modes {
 				if _, err := queryStrings(t, c, sql, mode); pgCode(err) != "0A000" {
 					t.Fatalf("%s: want 0A000, got %v", sql, err)
@@ -302,6 +317,9 @@ func TestFanOut(t *testing.T) {
 			}
 			if rows, err := queryStrings(t, c, `SELECT my_total(qty), count(*) FROM fan`, mode); pgCode(err) != "0A000" {
 				t.Fatalf("user-defined aggregate beside count: want 0A000, got %v %v", rows, err)
+			}
+			if rows, err := queryStrings(t, c, `SELECT my_total(qty), rank() OVER (ORDER BY 1) FROM fan`, mode); pgCode(err) != "0A000" {
+				t.Fatalf("user-defined aggregate beside a window: want 0A000, got %v %v", rows, err)
 			}
 		}
 		if _, err := queryStrings(t, c, `SELECT lower(name) FROM fan LIMIT 1`); err != nil {

@@ -198,7 +198,8 @@ func TestStatementTimeout(t *testing.T) {
 }
 
 // TestMergeMemory: a k-way merge whose held rows exceed --max-merge-memory
-// fails with 53200 and a hint, while results that stream (no ORDER BY) or
+// fails with 53200 and a hint, and so do rows gathered for windows in the
+// final step (54000), while results that stream (no ORDER BY) or
 // aggregate (partials spill to a node) are unaffected by the bound.
 func TestMergeMemory(t *testing.T) {
 	resetNodes(t)
@@ -222,6 +223,8 @@ func TestMergeMemory(t *testing.T) {
 		{"ordered merge of narrow rows", `SELECT id, length(pad) FROM wide ORDER BY id`, "", 30},
 		{"unordered wide rows stream", `SELECT id, pad FROM wide`, "", 30},
 		{"group by with partials beyond the bound", `SELECT g, count(*) FROM many GROUP BY g`, "", 20000},
+		{"window over gathered wide rows", `SELECT id, length(pad), rank() OVER (ORDER BY pad) FROM wide`, "54000", 0},
+		{"window over gathered narrow rows", `SELECT id, rank() OVER (ORDER BY length(pad), id) FROM wide`, "", 30},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

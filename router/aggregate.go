@@ -64,6 +64,9 @@ type AggPlan struct {
 	// (collation.go), so that the final step groups, compares and sorts
 	// text as the nodes do; "" when no partial column can have one.
 	CollationProbe string
+	// Window marks the final step of windows (windowstep.go): the partial
+	// rows are the statement's rows, with no aggregate to combine.
+	Window bool
 }
 
 const aggSource = "lattice_src"
@@ -163,11 +166,7 @@ func aggregating(s *pg.SelectStmt, scan []*pg.Node, top bool) bool {
 // aggFanOut plans an aggregating fan-out SELECT.
 func (p *planner) aggFanOut(r route, s *pg.SelectStmt) route {
 	tree := r.tree
-	keyHint := "Add " + tree.KeyColumn + " = <value> (or IN with one value) to the WHERE clause to read one shard"
-	no := func(hint, format string, args ...any) route {
-		return refusedRoute(refused(hint, "SELECT on tree %s does not fix the shard key %s, and %s",
-			qn(tree.Name), qn(tree.KeyColumn), fmt.Sprintf(format, args...)))
-	}
+	keyHint, no := fanRefusal(tree)
 	switch {
 	case len(s.DistinctClause) > 1 || len(s.DistinctClause) == 1 && s.DistinctClause[0].Node != nil:
 		return no(keyHint+", or remove duplicates in the application.", "DISTINCT ON over several shards is not supported")
@@ -181,16 +180,6 @@ func (p *planner) aggFanOut(r route, s *pg.SelectStmt) route {
 		return no(keyHint+", or run the CTE as its own statement.", "WITH with aggregates over several shards is not supported")
 	}
 	multi := r.multi != nil
-	refs, rvs := aggRefs(r)
-	joined := multi || len(s.FromClause) != 1 || s.FromClause[0].GetRangeVar() != r.rv
-	if len(r.cols) > 0 {
-		return no(keyHint+", or name columns without the schema (tree.column).", "schema-qualified column references in an aggregate over several shards are not supported")
-	}
-	for _, rv := range rvs {
-		if rv.Alias != nil && len(rv.Alias.Colnames) > 0 {
-			return no(keyHint+", or leave out the column aliases of the table alias.", "column aliases on the tree in an aggregate over several shards are not supported")
-		}
-	}
 	for _, g := range s.GroupClause {
 		if g.GetGroupingSet() != nil {
 			return no(keyHint+", or run one statement per grouping set.", "GROUPING SETS, ROLLUP and CUBE over several shards are not supported")
@@ -218,64 +207,11 @@ func (p *planner) aggFanOut(r route, s *pg.SelectStmt) route {
 	if bad := unsupportedNode(scan); bad != "" {
 		return no(keyHint+", or compute it in the application.", "%s over several shards is not supported", bad)
 	}
-
-	// The partial query's FROM and WHERE are the statement's, each tree
-	// reference replaced by its node's shards: joined with reference
-	// tables and colocated trees, each node's part is then the join of
-	// its shards' rows. One tree must be in the FROM list itself or in its
-	// joins; several are placed wherever they are, and must all be in
-	// FROM or WHERE, which the partial query keeps.
-	placer := newRefPlacer(rvs, multi)
-	src := make([]*pg.Node, len(s.FromClause))
-	for i, n := range s.FromClause {
-		src[i] = placer.place(n)
+	in, bad := stepInput(r, s, aggWords)
+	if bad != nil {
+		return bad(no, keyHint)
 	}
-	where := s.WhereClause
-	if multi {
-		where = placer.place(where)
-	}
-	if !placer.once() {
-		if multi {
-			return no(keyHint+".", "a tree reference outside FROM and WHERE in an aggregating SELECT over several shards is not supported")
-		}
-		return no(keyHint+".", "aggregates over several shards need the tree in the FROM list itself or in its joins, not inside a subquery")
-	}
-
-	// The select list, * expanded from the tree's columns, with every
-	// output name explicit: the final step computes other expressions.
-	var targets []*pg.ResTarget
-	for _, t := range s.TargetList {
-		rt := t.GetResTarget()
-		if rt == nil {
-			return refusedRoute(fanError(tree.Name))
-		}
-		if isStar(rt.Val) {
-			if len(tree.Columns) == 0 || len(rt.Val.GetColumnRef().Fields) > 1 || joined {
-				return no(keyHint+", or list the columns instead of *.", "the proxy does not know the columns of * in an aggregate over several shards")
-			}
-			for _, c := range tree.Columns {
-				targets = append(targets, &pg.ResTarget{Name: c, Val: columnNode(c)})
-			}
-			continue
-		}
-		rt = proto.Clone(rt).(*pg.ResTarget)
-		if rt.Name == "" {
-			name, ok := figureName(rt.Val)
-			if !ok {
-				return no(keyHint+", or give every output column an alias.", "the proxy cannot tell the name of an output column")
-			}
-			rt.Name = name
-		}
-		targets = append(targets, rt)
-	}
-	isOutputName := func(n string) bool {
-		for _, t := range targets {
-			if t.Name == n {
-				return true
-			}
-		}
-		return false
-	}
+	refs, src, where, targets, joined := in.refs, in.src, in.where, in.targets, in.joined
 
 	// The grouping keys of the partial query.
 	var groups []*pg.Node
@@ -380,18 +316,8 @@ func (p *planner) aggFanOut(r route, s *pg.SelectStmt) route {
 		final.TargetList = append(final.TargetList, &pg.Node{Node: &pg.Node_ResTarget{ResTarget: t}})
 	}
 	final.HavingClause = rewrite(final.HavingClause)
-	for _, sn := range final.SortClause {
-		sb := sn.GetSortBy()
-		if sb == nil {
-			return refusedRoute(fanError(tree.Name))
-		}
-		if c := sb.Node.GetAConst(); c != nil && c.GetIval() != nil {
-			continue // a position in the final select list
-		}
-		if name, ok := bareName(sb.Node); ok && isOutputName(name) {
-			continue // an output column name takes precedence (SQL92)
-		}
-		sb.Node = rewrite(sb.Node)
+	if !finalSort(final.SortClause, targets, rewrite) {
+		return refusedRoute(fanError(tree.Name))
 	}
 	if problem != "" {
 		return no(keyHint+", or aggregate in the application.", "aggregate %s over several shards is not supported (count, sum, min, max and avg are, without FILTER or ORDER BY)", problem)
@@ -450,33 +376,11 @@ func (p *planner) aggFanOut(r route, s *pg.SelectStmt) route {
 	}
 
 	ap := &AggPlan{aggs: aggs, refs: refs, Columns: len(partial.TargetList)}
-	ptext, err := deparseStmt(partial)
-	if err != nil {
-		return refusedRoute(fanError(tree.Name))
-	}
-	var ok bool
-	if ap.partial, ok = cutRefs(ptext, len(refs)); !ok {
-		return refusedRoute(fanError(tree.Name))
-	}
 	whole := proto.Clone(s).(*pg.SelectStmt)
 	whole.FromClause, whole.WhereClause = src, where
-	wtext, err := deparseStmt(whole)
-	if err != nil {
+	if !ap.texts(partial, whole, final) {
 		return refusedRoute(fanError(tree.Name))
 	}
-	if ap.whole, ok = cutRefs(wtext, len(refs)); !ok {
-		return refusedRoute(fanError(tree.Name))
-	}
-	ftext, err := deparseStmt(final)
-	if err != nil {
-		return refusedRoute(fanError(tree.Name))
-	}
-	pieces, holes, ok := finalPieces(ftext, len(aggs))
-	if !ok {
-		return refusedRoute(fanError(tree.Name))
-	}
-	ap.final, ap.holes = pieces, holes
-	ap.PartialParams, ap.FinalParams = paramNumbers(partial), paramNumbers(final)
 	// Grouping keys and the arguments of min and max carry a collation;
 	// counts, sums and averages do not.
 	probe := append([]*pg.Node(nil), groups...)
@@ -776,4 +680,33 @@ func paramNumbers(s *pg.SelectStmt) []int {
 		}
 	}
 	return out
+}
+
+// texts deparses the two steps and the whole statement into the plan, cut
+// at their holes; false when one of them does not parse back to itself.
+func (a *AggPlan) texts(partial, whole, final *pg.SelectStmt) bool {
+	ptext, err := deparseStmt(partial)
+	if err != nil {
+		return false
+	}
+	var ok bool
+	if a.partial, ok = cutRefs(ptext, len(a.refs)); !ok {
+		return false
+	}
+	wtext, err := deparseStmt(whole)
+	if err != nil {
+		return false
+	}
+	if a.whole, ok = cutRefs(wtext, len(a.refs)); !ok {
+		return false
+	}
+	ftext, err := deparseStmt(final)
+	if err != nil {
+		return false
+	}
+	if a.final, a.holes, ok = finalPieces(ftext, len(a.aggs)); !ok {
+		return false
+	}
+	a.PartialParams, a.FinalParams = paramNumbers(partial), paramNumbers(final)
+	return true
 }

@@ -1,6 +1,8 @@
 package router
 
 import (
+	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -158,4 +160,127 @@ func memberFilter(filter string, base, member *shardmap.Tree) string {
 		return filter
 	}
 	return strings.ReplaceAll(filter, btreeindex.SlotExpr(base, ""), btreeindex.SlotExpr(member, ""))
+}
+
+// stepIn is what the partial query of a two-step fan-out (aggregates,
+// or windows in the final step: windowstep.go) takes from the statement:
+// its tree references, FROM and WHERE with each reference replaced by a
+// placeholder, and its select list with * expanded and every output
+// name explicit, since the final step computes the select list anew.
+type stepIn struct {
+	refs    []aggRef
+	src     []*pg.Node
+	where   *pg.Node
+	targets []*pg.ResTarget
+	joined  bool // the FROM list is more than the one tree
+}
+
+// stepWords name the form in refusals.
+type stepWords struct {
+	in, sel, plural string
+}
+
+var aggWords = stepWords{in: "in an aggregate", sel: "an aggregating SELECT", plural: "aggregates"}
+
+// noFunc is a planner's refusal of a fan-out, prefixed with what the
+// statement does not fix.
+type noFunc func(hint, format string, args ...any) route
+
+// fanRefusal returns the hint that fixes the key and the refusal of a
+// SELECT on tree over several shards.
+func fanRefusal(tree *shardmap.Tree) (string, noFunc) {
+	return "Add " + tree.KeyColumn + " = <value> (or IN with one value) to the WHERE clause to read one shard",
+		func(hint, format string, args ...any) route {
+			return refusedRoute(refused(hint, "SELECT on tree %s does not fix the shard key %s, and %s",
+				qn(tree.Name), qn(tree.KeyColumn), fmt.Sprintf(format, args...)))
+		}
+}
+
+// stepInput reads the statement for a two-step fan-out; on a form it
+// cannot carry it returns the refusal, given the caller's no and key hint.
+func stepInput(r route, s *pg.SelectStmt, w stepWords) (stepIn, func(no noFunc, keyHint string) route) {
+	tree := r.tree
+	refuse := func(hint, why string) func(noFunc, string) route {
+		return func(no noFunc, keyHint string) route { return no(keyHint+hint, "%s", why) }
+	}
+	multi := r.multi != nil
+	refs, rvs := aggRefs(r)
+	in := stepIn{refs: refs, joined: multi || len(s.FromClause) != 1 || s.FromClause[0].GetRangeVar() != r.rv}
+	if len(r.cols) > 0 {
+		return in, refuse(", or name columns without the schema (tree.column).", "schema-qualified column references "+w.in+" over several shards are not supported")
+	}
+	for _, rv := range rvs {
+		if rv.Alias != nil && len(rv.Alias.Colnames) > 0 {
+			return in, refuse(", or leave out the column aliases of the table alias.", "column aliases on the tree "+w.in+" over several shards are not supported")
+		}
+	}
+	// The partial query's FROM and WHERE are the statement's, each tree
+	// reference replaced by its node's shards: joined with reference
+	// tables and colocated trees, each node's part is then the join of
+	// its shards' rows. One tree must be in the FROM list itself or in its
+	// joins; several are placed wherever they are, and must all be in
+	// FROM or WHERE, which the partial query keeps.
+	placer := newRefPlacer(rvs, multi)
+	in.src = make([]*pg.Node, len(s.FromClause))
+	for i, n := range s.FromClause {
+		in.src[i] = placer.place(n)
+	}
+	in.where = s.WhereClause
+	if multi {
+		in.where = placer.place(in.where)
+	}
+	if !placer.once() {
+		if multi {
+			return in, refuse(".", "a tree reference outside FROM and WHERE in "+w.sel+" over several shards is not supported")
+		}
+		return in, refuse(".", w.plural+" over several shards need the tree in the FROM list itself or in its joins, not inside a subquery")
+	}
+
+	// The select list, * expanded from the tree's columns, with every
+	// output name explicit: the final step computes other expressions.
+	for _, t := range s.TargetList {
+		rt := t.GetResTarget()
+		if rt == nil {
+			return in, func(noFunc, string) route { return refusedRoute(fanError(tree.Name)) }
+		}
+		if isStar(rt.Val) {
+			if len(tree.Columns) == 0 || len(rt.Val.GetColumnRef().Fields) > 1 || in.joined {
+				return in, refuse(", or list the columns instead of *.", "the proxy does not know the columns of * "+w.in+" over several shards")
+			}
+			for _, c := range tree.Columns {
+				in.targets = append(in.targets, &pg.ResTarget{Name: c, Val: columnNode(c)})
+			}
+			continue
+		}
+		rt = proto.Clone(rt).(*pg.ResTarget)
+		if rt.Name == "" {
+			name, ok := figureName(rt.Val)
+			if !ok {
+				return in, refuse(", or give every output column an alias.", "the proxy cannot tell the name of an output column")
+			}
+			rt.Name = name
+		}
+		in.targets = append(in.targets, rt)
+	}
+	return in, nil
+}
+
+// finalSort rewrites the final step's ORDER BY in place: a position or an
+// output column name (which takes precedence, SQL92) stays, any other
+// expression goes through rewrite. False on an item that is not a SortBy.
+func finalSort(sorts []*pg.Node, targets []*pg.ResTarget, rewrite func(*pg.Node) *pg.Node) bool {
+	for _, sn := range sorts {
+		sb := sn.GetSortBy()
+		if sb == nil {
+			return false
+		}
+		if c := sb.Node.GetAConst(); c != nil && c.GetIval() != nil {
+			continue
+		}
+		if name, ok := bareName(sb.Node); ok && slices.ContainsFunc(targets, func(t *pg.ResTarget) bool { return t.Name == name }) {
+			continue
+		}
+		sb.Node = rewrite(sb.Node)
+	}
+	return true
 }

@@ -213,7 +213,11 @@ func explainLines(m *shardmap.Map, p *Plan, r *Routing) []string {
 		add(0, "Lattice FanOut: aggregate over "+over+": it runs whole there, with no final step")
 		explainNodes(add, r)
 	case q.Agg != nil:
-		add(0, "Lattice FanOut: two-step aggregate over "+over)
+		if q.Agg.Window {
+			add(0, "Lattice FanOut: rows gathered for window functions over "+over)
+		} else {
+			add(0, "Lattice FanOut: two-step aggregate over "+over)
+		}
 		explainNodes(add, r)
 		add(1, "Final step on the catalog node, over the nodes' partial rows:")
 		add(2, "SQL: "+q.Agg.template())

@@ -113,25 +113,26 @@ func (p *planner) fanOut(r route, s *pg.SelectStmt) route {
 	if aggregating(s, scan, r.multi != nil) {
 		return p.aggFanOut(r, s)
 	}
-	// Over several tree references a correlated subquery's window runs
+	// A correlated subquery's window over several tree references runs
 	// per outer row, on its shard, and one partitioned by the key on the
-	// shards (window.go).
-	windowHint, windowWhy := keyHint+", or compute it in the application.", "window functions over several shards are not supported"
-	if r.multi != nil {
-		windowHint, windowWhy = keyHint+", or partition every window by the shard key of the tree references, or compute it in the application.", windowWhy+" unless partitioned by the shard key"
+	// shards (window.go); other windows run in the final step
+	// (windowstep.go).
+	if r.multi == nil {
+		r.keyedWindows = p.treeWindowsByKey(r, s)
 	}
-	if _, window := findAggregates(scan, r.multi != nil); window && !r.keyedWindows {
-		return no(windowHint, "%s", windowWhy)
+	if _, window := findAggregates(scan, r.multi != nil); (window || len(s.WindowClause) > 0) && !r.keyedWindows {
+		return p.windowFanOut(r, s)
 	}
 	switch {
-	case len(s.WindowClause) > 0 && !r.keyedWindows:
-		return no(windowHint, "%s", windowWhy)
 	case len(s.LockingClause) > 0:
 		return no("Lock rows by shard key: SELECT ... WHERE "+tree.KeyColumn+" = <value> FOR UPDATE.", "FOR UPDATE/SHARE over several shards is not supported")
 	case s.LimitOption == pg.LimitOption_LIMIT_OPTION_WITH_TIES:
 		return no(keyHint+", or use LIMIT without WITH TIES.", "FETCH FIRST ... WITH TIES over several shards is not supported")
 	}
-	f := &fanPlan{calls: findFunctionNames(scan, r.multi != nil)}
+	// Windows here are partitioned by the key and run whole on each shard:
+	// their names are no aggregate to combine (rank is also a
+	// hypothetical-set aggregate in the catalog).
+	f := &fanPlan{calls: callNames(scan, r.multi != nil, true)}
 	var msg string
 	if f.limit, msg = limitValue(s.LimitCount, "LIMIT"); msg != "" {
 		return no(keyHint+", or give LIMIT as an integer constant or a $n parameter.", "%s", msg)
@@ -346,6 +347,13 @@ func functionNames(nodes []*pg.Node) []string { return findFunctionNames(nodes, 
 // window of such a statement over several shards is partitioned by the
 // key: window.go).
 func findFunctionNames(nodes []*pg.Node, top bool) []string {
+	return callNames(nodes, top, top)
+}
+
+// callNames lists the functions nodes call, outside subqueries only when
+// top, and without the window calls (which run whole on the shards or in
+// the final step) when windowless.
+func callNames(nodes []*pg.Node, top, windowless bool) []string {
 	seen := map[string]bool{}
 	var out []string
 	var visit func(m protoreflect.Message)
@@ -356,7 +364,7 @@ func findFunctionNames(nodes []*pg.Node, top bool) []string {
 			}
 			return
 		}
-		if v, ok := m.Interface().(*pg.FuncCall); ok && len(v.Funcname) > 0 && !(top && v.Over != nil) {
+		if v, ok := m.Interface().(*pg.FuncCall); ok && len(v.Funcname) > 0 && !(windowless && v.Over != nil) {
 			name := strings.ToLower(v.Funcname[len(v.Funcname)-1].GetString_().GetSval())
 			if !seen[name] {
 				seen[name] = true

@@ -312,7 +312,11 @@ func (p *Plan) String() string {
 			b.WriteString(" keys=ANY(" + p.KeyArray.String() + ")")
 		}
 		if p.Agg != nil {
-			fmt.Fprintf(&b, " tree=%s agg columns=%d params=%v/%v", p.Tree.Name, p.Agg.Columns, p.Agg.PartialParams, p.Agg.FinalParams)
+			form := "agg"
+			if p.Agg.Window {
+				form = "window"
+			}
+			fmt.Fprintf(&b, " tree=%s %s columns=%d params=%v/%v", p.Tree.Name, form, p.Agg.Columns, p.Agg.PartialParams, p.Agg.FinalParams)
 			break
 		}
 		fmt.Fprintf(&b, " tree=%s sort=[", p.Tree.Name)

@@ -22,6 +22,26 @@ func (c *colocation) windowsByKey(s *pg.SelectStmt) bool {
 	if len(c.levels) == 0 || len(c.levels[0].refs) == 0 {
 		return false
 	}
+	return windowsPartitioned(s, c.partitionedByKey)
+}
+
+// treeWindowsByKey is windowsByKey for one tree reference in the FROM
+// list (beside reference tables, which are never NULL-extended against
+// it: fanout.go refuses that), whose rows are never NULL-extended either.
+func (p *planner) treeWindowsByKey(r route, s *pg.SelectStmt) bool {
+	return windowsPartitioned(s, func(parts []*pg.Node) bool {
+		for _, n := range parts {
+			if p.isKeyColumn(n, r.rv, r.tree) {
+				return true
+			}
+		}
+		return false
+	})
+}
+
+// windowsPartitioned reports whether every window of s (in its select
+// list, ORDER BY and WINDOW clause) has a PARTITION BY that keyed accepts.
+func windowsPartitioned(s *pg.SelectStmt, byKey func([]*pg.Node) bool) bool {
 	named := map[string]*pg.WindowDef{}
 	for _, n := range s.WindowClause {
 		w := n.GetWindowDef()
@@ -38,7 +58,7 @@ func (c *colocation) windowsByKey(s *pg.SelectStmt) bool {
 				return false
 			}
 		}
-		return c.partitionedByKey(w.PartitionClause)
+		return byKey(w.PartitionClause)
 	}
 	for _, w := range named {
 		if !keyed(w) {
