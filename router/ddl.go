@@ -98,6 +98,9 @@ func (p *planner) ddl(pl *Plan, n *pg.Node, start, end int) bool {
 		default:
 			return false
 		}
+		if fk := addedForeignKey(s.AlterTableStmt); fk != nil && p.foreignKeyDDL(pl, s.AlterTableStmt, fk, start, end) {
+			return true
+		}
 		op, target = DDLAlter, s.AlterTableStmt.Relation
 	case *pg.Node_RenameStmt:
 		if s.RenameStmt.RenameType == pg.ObjectType_OBJECT_INDEX {
