@@ -328,6 +328,9 @@ func checkTemplate(ctx context.Context, tx pgx.Tx, store shardmap.Store, t *shar
 			}
 		}
 	}
+	if err := refuseReferenceCycle(ctx, tx, t); err != nil {
+		return nil, err
+	}
 	for _, col := range ti.Columns {
 		if col.Identity != "" || col.FromSequence {
 			return nil, &sqlstate.Error{Code: sqlstate.FeatureNotSupported,
