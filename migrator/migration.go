@@ -464,9 +464,7 @@ func (r *Runner) prepare(ctx context.Context, u unit, mig *shardmap.Migration) e
 		if err != nil {
 			return err
 		}
-		return u.each(func(t *shardmap.Tree) error {
-			return r.cluster.CreateShard(ctx, t, mig.Target, mig.TargetNode, nil, m.Epoch)
-		})
+		return r.createMembers(ctx, u, mig.Target, mig.TargetNode, m.Epoch)
 	}
 	m, err := r.updateMap(ctx, t.Tenant, t.MapName(), func(m *shardmap.Map) (bool, error) {
 		s := m.Shards[mig.Target]
@@ -927,7 +925,7 @@ func (r *Runner) release(ctx context.Context, u unit, mig *shardmap.Migration) e
 				"migration", mig.ID, "donor", mig.Source, "resize", fwd.ID)
 			r.metrics.RoutingOnlyFolds.WithLabelValues(mig.Tree, mig.Tenant, ReasonResizeInFlight).Inc()
 		default:
-			if err := u.each(func(t *shardmap.Tree) error { return r.cluster.DropShard(ctx, t, mig.Source, mig.SourceNode) }); err != nil {
+			if err := r.dropMembers(ctx, u, mig.Source, mig.SourceNode); err != nil {
 				return err
 			}
 		}

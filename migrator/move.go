@@ -101,10 +101,7 @@ func (r *Runner) prepareMove(ctx context.Context, u unit, mig *shardmap.Migratio
 	if err != nil {
 		return err
 	}
-	err = u.each(func(t *shardmap.Tree) error {
-		return r.cluster.CreateShard(ctx, t, mig.Target, mig.TargetNode, nil, m.Epoch)
-	})
-	if err != nil {
+	if err := r.createMembers(ctx, u, mig.Target, mig.TargetNode, m.Epoch); err != nil {
 		return err
 	}
 	r.crash("prepare")
@@ -133,7 +130,7 @@ func movedFlipped(m *shardmap.Map, mig *shardmap.Migration) bool {
 func (r *Runner) releaseMove(ctx context.Context, u unit, m *shardmap.Map, mig *shardmap.Migration) error {
 	if !movedFlipped(m, mig) {
 		r.log.Warn("moved shard is still on its source node; keeping its table", "migration", mig.ID, "shard", mig.Source, "node", mig.SourceNode)
-	} else if err := u.each(func(t *shardmap.Tree) error { return r.cluster.DropShard(ctx, t, mig.Source, mig.SourceNode) }); err != nil {
+	} else if err := r.dropMembers(ctx, u, mig.Source, mig.SourceNode); err != nil {
 		return err
 	}
 	return r.dropFences(ctx, u, mig, false)

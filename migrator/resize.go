@@ -185,7 +185,7 @@ func (r *Runner) abandonResize(ctx context.Context, u unit, mig *shardmap.Migrat
 	if err := r.cluster.DropWriteLog(ctx, u.trees, mig); err != nil {
 		return err
 	}
-	if err := u.each(func(t *shardmap.Tree) error { return r.cluster.DropShard(ctx, t, mig.Target, mig.TargetNode) }); err != nil {
+	if err := r.dropMembers(ctx, u, mig.Target, mig.TargetNode); err != nil {
 		return err
 	}
 	if _, err := r.updateMap(ctx, t.Tenant, t.MapName(), func(m *shardmap.Map) (bool, error) {
@@ -220,7 +220,7 @@ func (r *Runner) abandonResize(ctx context.Context, u unit, mig *shardmap.Migrat
 		return err
 	}
 	if m.Shards[mig.Source].State == shardmap.ShardRetired && m.SlotCounts()[mig.Source] == 0 {
-		if err := u.each(func(t *shardmap.Tree) error { return r.cluster.DropShard(ctx, t, mig.Source, mig.SourceNode) }); err != nil {
+		if err := r.dropMembers(ctx, u, mig.Source, mig.SourceNode); err != nil {
 			return err
 		}
 	}

@@ -155,6 +155,9 @@ func (sh *Shadow) start(ctx context.Context) error {
 		}
 		sh.tables[t.Name] = st
 	}
+	if err := replicaForForeignKeys(ctx, sh.target, shadowTables(sp)); err != nil {
+		return err
+	}
 	if _, err := sh.target.Exec(ctx, "CREATE TABLE IF NOT EXISTS "+progressTable(sp.Target)+
 		` (migration text PRIMARY KEY, applied_lsn pg_lsn NOT NULL, rows_copied bigint NOT NULL)`); err != nil {
 		return fmt.Errorf("migrator: progress table: %w", err)

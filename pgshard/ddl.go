@@ -196,7 +196,7 @@ func (c *Cluster) transactionalDDL(ctx context.Context, store DDLStore, d TreeDD
 			return err
 		}
 		if tg.shard < 0 && (d.Op == DDLAlter || d.Op == DDLCreateIndex) {
-			if columns, err = checkTemplate(ctx, n.tx, t); err != nil {
+			if columns, err = checkTemplate(ctx, n.tx, store, t); err != nil {
 				return err
 			}
 		}
@@ -290,7 +290,7 @@ func tableName(t *shardmap.Tree, tg ddlTarget) string {
 // statement did (the router checks the statement; this catches what only
 // the catalog knows, such as dropping the primary key by its name). It
 // returns the columns in table order.
-func checkTemplate(ctx context.Context, tx pgx.Tx, t *shardmap.Tree) ([]string, error) {
+func checkTemplate(ctx context.Context, tx pgx.Tx, store shardmap.Store, t *shardmap.Tree) ([]string, error) {
 	ti, err := inspectTable(ctx, tx, t.Name)
 	if err != nil {
 		return nil, fmt.Errorf("pgshard: inspect template %s: %w", t.Name, err)
@@ -323,9 +323,13 @@ func checkTemplate(ctx context.Context, tx pgx.Tx, t *shardmap.Tree) ([]string, 
 	}
 	for _, con := range ti.Constraints {
 		if con.Type == "f" {
-			return nil, &sqlstate.Error{Code: sqlstate.FeatureNotSupported,
-				Message: fmt.Sprintf("foreign key %s from %s to %s cannot be enforced across shards", quoted(con.Name), quoted(con.From), quoted(con.To))}
+			if err := checkForeignKey(ctx, store, t, con); err != nil {
+				return nil, err
+			}
 		}
+	}
+	if err := refuseReferenceCycle(ctx, tx, t); err != nil {
+		return nil, err
 	}
 	for _, col := range ti.Columns {
 		if col.Identity != "" || col.FromSequence {

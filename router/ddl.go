@@ -98,6 +98,9 @@ func (p *planner) ddl(pl *Plan, n *pg.Node, start, end int) bool {
 		default:
 			return false
 		}
+		if fk := addedForeignKey(s.AlterTableStmt); fk != nil && p.foreignKeyDDL(pl, s.AlterTableStmt, fk, start, end) {
+			return true
+		}
 		op, target = DDLAlter, s.AlterTableStmt.Relation
 	case *pg.Node_RenameStmt:
 		if s.RenameStmt.RenameType == pg.ObjectType_OBJECT_INDEX {
@@ -335,8 +338,8 @@ func uniqueWithoutKey(t *shardmap.Tree, what string) *sqlstate.Error {
 }
 
 func foreignKey(t *shardmap.Tree) *sqlstate.Error {
-	return refused("Keep the relationship in the application: rows of a tree live on many nodes.",
-		"foreign keys from or to tree %s are not supported: they cannot be enforced across shards", qn(t.Name))
+	return refused("A tree may reference a colocated tree on both shard keys, or a reference table: make the referencing table a tree colocated with "+qn(t.Name)+" (colocate_with), then ALTER TABLE ... ADD FOREIGN KEY (key, ...) REFERENCES ... (key, ...) in a statement of its own.",
+		"foreign keys from or to tree %s are not supported in this form: they cannot be enforced across shards", qn(t.Name))
 }
 
 // checkConstraint checks a constraint added to a tree.

@@ -55,6 +55,29 @@ func TestDDLRender(t *testing.T) {
 		{sql: `ALTER TABLE catalogue RENAME TO x`, errCode: "0A000"},
 		{sql: `ALTER TABLE catalogue OWNER TO bob`, errCode: "0A000"},
 		{sql: `CREATE TABLE x (id int, FOREIGN KEY (id) REFERENCES public.orders (id))`, errCode: "0A000"},
+
+		// Foreign keys (foreignkey.go): within a colocation group on the
+		// paired keys, or to a reference table.
+		{sql: `ALTER TABLE invoices ADD CONSTRAINT inv_acct FOREIGN KEY (account_id) REFERENCES accounts (account_id) ON DELETE CASCADE`, op: DDLAlter, tree: "invoices",
+			render: `ALTER TABLE lattice_s0007.invoices ADD CONSTRAINT inv_acct FOREIGN KEY (account_id) REFERENCES lattice_s0007.accounts (account_id) ON DELETE CASCADE`,
+			public: `ALTER TABLE public.invoices ADD CONSTRAINT inv_acct FOREIGN KEY (account_id) REFERENCES public.accounts (account_id) ON DELETE CASCADE`,
+			log:    `ALTER TABLE {{table}} ADD CONSTRAINT inv_acct FOREIGN KEY (account_id) REFERENCES {{schema}}.accounts (account_id) ON DELETE CASCADE`, tag: "ALTER TABLE"},
+		{sql: `alter table public.payments add foreign key (invoice_id, acct) references invoices(invoice_id, account_id)`, op: DDLAlter, tree: "payments",
+			render: `alter table lattice_s0007.payments add foreign key (invoice_id, acct) references lattice_s0007.invoices(invoice_id, account_id)`,
+			public: `alter table public.payments add foreign key (invoice_id, acct) references public.invoices(invoice_id, account_id)`,
+			log:    `alter table {{table}} add foreign key (invoice_id, acct) references {{schema}}.invoices(invoice_id, account_id)`, tag: "ALTER TABLE"},
+		{sql: `ALTER TABLE accounts ADD FOREIGN KEY (plan_id) REFERENCES plans (plan_id)`, op: DDLAlter, tree: "accounts",
+			render: `ALTER TABLE lattice_s0007.accounts ADD FOREIGN KEY (plan_id) REFERENCES public.plans (plan_id)`,
+			log:    `ALTER TABLE {{table}} ADD FOREIGN KEY (plan_id) REFERENCES public.plans (plan_id)`, tag: "ALTER TABLE"},
+		{sql: `ALTER TABLE invoices ADD FOREIGN KEY (invoice_id) REFERENCES accounts (account_id)`, errCode: "0A000"}, // keys not paired
+		{sql: `ALTER TABLE invoices ADD FOREIGN KEY (account_id) REFERENCES accounts`, errCode: "0A000"},              // referenced columns not named
+		{sql: `ALTER TABLE invoices ADD FOREIGN KEY (account_id) REFERENCES orders (id)`, errCode: "0A000"},           // not colocated
+		{sql: `ALTER TABLE invoices ADD FOREIGN KEY (account_id) REFERENCES customers (id)`, errCode: "0A000"},        // an ordinary table
+		{sql: `ALTER TABLE invoices ADD FOREIGN KEY (account_id) REFERENCES accounts (account_id) ON DELETE SET NULL`, errCode: "0A000"},
+		{sql: `ALTER TABLE invoices ADD FOREIGN KEY (account_id) REFERENCES accounts (account_id) ON UPDATE CASCADE`, errCode: "0A000"},
+		{sql: `ALTER TABLE accounts ADD FOREIGN KEY (plan_id) REFERENCES plans (plan_id) ON DELETE CASCADE`, errCode: "0A000"},
+		{sql: `ALTER TABLE invoices ADD COLUMN n int, ADD FOREIGN KEY (account_id) REFERENCES accounts (account_id)`, errCode: "0A000"},
+		{sql: `ALTER TABLE plans ADD FOREIGN KEY (plan_id) REFERENCES accounts (account_id)`, errCode: "0A000"}, // reference table to a tree
 	}
 	for _, tc := range cases {
 		t.Run(tc.sql, func(t *testing.T) {

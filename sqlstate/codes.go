@@ -162,6 +162,9 @@ const (
 	ReservedName = "42939"
 	// UndefinedTable: a tree or table that does not exist.
 	UndefinedTable = "42P01"
+	// DependentObjectsStillExist: a table a foreign key references, dropped
+	// before the table that references it (looked for in the nodes' errors).
+	DependentObjectsStillExist = "2BP01"
 	// DuplicateDatabase: a tenant's database already exists on a node
 	// (looked for in the node's errors, never sent).
 	DuplicateDatabase = "42P04"

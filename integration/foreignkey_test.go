@@ -1,0 +1,136 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// fkShardConstraints counts, over the nodes, the foreign keys of shard
+// tables, and those whose referenced table is neither in the referencing
+// table's own shard schema nor the reference table plans.
+func fkShardConstraints(t *testing.T, ctx context.Context, nodes []*pgx.Conn) (total, astray int) {
+	t.Helper()
+	for _, n := range nodes {
+		var a, b int
+		if err := n.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE pc.relnamespace <> c.relnamespace AND (pn.nspname, pc.relname) <> ('public', 'plans'))
+FROM pg_constraint con JOIN pg_class c ON c.oid = con.conrelid JOIN pg_namespace ns ON ns.oid = c.relnamespace
+JOIN pg_class pc ON pc.oid = con.confrelid JOIN pg_namespace pn ON pn.oid = pc.relnamespace
+WHERE con.contype = 'f' AND ns.nspname LIKE 'lattice\_s%'`).Scan(&a, &b); err != nil {
+			t.Fatal(err)
+		}
+		total, astray = total+a, astray+b
+	}
+	return total, astray
+}
+
+// fkEnforced checks, through the proxy, that the group's foreign keys hold
+// on every shard: orphans and deletes of referenced rows fail with 23503,
+// a declared cascade deletes, and the rows are all there.
+func fkEnforced(t *testing.T, ctx context.Context, c *pgx.Conn, nodes []*pgx.Conn, shards int, round int) {
+	t.Helper()
+	refused := []struct{ name, sql string }{
+		{"an item of no order", fmt.Sprintf(`INSERT INTO order_items VALUES (%d, 999999, 1, 1)`, 5+round)},
+		{"an order of no customer", `INSERT INTO orders VALUES (100000, 1, 1)`},
+		{"a customer of no plan", `INSERT INTO customers VALUES (100000, 99)`},
+		{"an order that has items", fmt.Sprintf(`DELETE FROM orders WHERE customer_id = %d`, 11+round)},
+		{"a plan that has customers", `DELETE FROM plans WHERE plan_id = 2`},
+	}
+	for _, r := range refused {
+		if _, err := c.Exec(ctx, r.sql); sqlStateOf(err) != "23503" {
+			t.Errorf("round %d, %s: %v, want 23503", round, r.name, err)
+		}
+	}
+	// A customer with an order of no items goes with it (ON DELETE CASCADE).
+	id := 5000 + round
+	mustExec(t, c, fmt.Sprintf(`INSERT INTO customers VALUES (%d, 1)`, id))
+	mustExec(t, c, fmt.Sprintf(`INSERT INTO orders VALUES (%d, 1, 5)`, id))
+	mustExec(t, c, fmt.Sprintf(`DELETE FROM customers WHERE customer_id = %d`, id))
+	var left int
+	if err := c.QueryRow(ctx, `SELECT count(*) FROM orders WHERE customer_id = $1`, id).Scan(&left); err != nil || left != 0 {
+		t.Errorf("round %d: %d orders of a deleted customer, %v; want the cascade", round, left, err)
+	}
+	for table, want := range map[string]int{"customers": 200, "orders": 400, "order_items": 400} {
+		var n int
+		if err := c.QueryRow(ctx, "SELECT count(*) FROM "+table).Scan(&n); err != nil || n != want {
+			t.Errorf("round %d: %d rows in %s, %v; want %d", round, n, table, err, want)
+		}
+	}
+	if total, astray := fkShardConstraints(t, ctx, nodes); total != 3*shards || astray != 0 {
+		t.Errorf("round %d: %d foreign keys on the shard tables (%d astray), want %d", round, total, astray, 3*shards)
+	}
+}
+
+// TestForeignKeys adds foreign keys between the trees of a colocation
+// group and to a reference table through the proxy, checks that every
+// shard enforces them, reshards the group 4 -> 8 -> 4 with rows (the
+// member referenced sorts after the one referencing it, so new shards
+// must be built in reference order) and checks again, with the keys on
+// the shards the reshard made. Forms that cannot be enforced are refused
+// with a hint.
+func TestForeignKeys(t *testing.T) {
+	resetNodes(t)
+	p := startProxy(t, 2, "--reshard-tick", "200ms")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	c := connect(t, p.DSN("lattice"))
+	pool, err := pgxpool.New(ctx, p.DSN("lattice"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	nodes := []*pgx.Conn{connect(t, testNodeDSN(t, 0)), connect(t, testNodeDSN(t, 1))}
+
+	for _, q := range []string{
+		`CREATE TABLE plans (plan_id int PRIMARY KEY, name text)`,
+		`INSERT INTO plans VALUES (1, 'free'), (2, 'pro'), (3, 'team')`,
+		`SELECT lattice_create_reference_table('plans')`,
+		`CREATE TABLE customers (customer_id bigint PRIMARY KEY, plan_id int NOT NULL)`,
+		`CREATE TABLE orders (customer_id bigint, order_id int, total int, PRIMARY KEY (customer_id, order_id))`,
+		`CREATE TABLE order_items (customer_id bigint, order_id int, item int, amount int, PRIMARY KEY (customer_id, order_id, item))`,
+		`INSERT INTO customers SELECT i, 1 + i % 3 FROM generate_series(0, 199) i`,
+		`INSERT INTO orders SELECT i % 200, i, 10 FROM generate_series(0, 399) i`,
+		`INSERT INTO order_items SELECT i % 200, i, 1, 10 FROM generate_series(0, 399) i`,
+		`SELECT lattice_create_tree('customers', 'customer_id', shard_count => 4)`,
+		`SELECT lattice_create_tree('orders', 'customer_id', colocate_with => 'customers')`,
+		`SELECT lattice_create_tree('order_items', 'customer_id', colocate_with => 'customers')`,
+		`ALTER TABLE customers ADD CONSTRAINT customers_plan FOREIGN KEY (plan_id) REFERENCES plans (plan_id)`,
+		`ALTER TABLE orders ADD FOREIGN KEY (customer_id) REFERENCES customers (customer_id) ON DELETE CASCADE`,
+		`ALTER TABLE order_items ADD CONSTRAINT items_order FOREIGN KEY (customer_id, order_id) REFERENCES orders (customer_id, order_id)`,
+	} {
+		mustExec(t, c, q)
+	}
+	fkEnforced(t, ctx, c, nodes, 4, 0)
+
+	refusals := []struct{ name, sql, has string }{
+		{"keys not paired", `ALTER TABLE order_items ADD FOREIGN KEY (order_id) REFERENCES customers (customer_id)`, "FOREIGN KEY (customer_id, ...)"},
+		{"referenced columns unnamed", `ALTER TABLE order_items ADD FOREIGN KEY (customer_id) REFERENCES customers`, "Name the referenced columns"},
+		{"an ordinary table", `ALTER TABLE orders ADD FOREIGN KEY (total) REFERENCES loose (id)`, "lattice_create_reference_table"},
+		{"a tree of another group", `ALTER TABLE orders ADD FOREIGN KEY (customer_id) REFERENCES lone (customer_id)`, "colocate_with"},
+		{"SET NULL", `ALTER TABLE orders ADD FOREIGN KEY (customer_id) REFERENCES customers (customer_id) ON DELETE SET NULL`, "NO ACTION or RESTRICT"},
+		{"cascade from a reference table", `ALTER TABLE customers ADD FOREIGN KEY (plan_id) REFERENCES plans (plan_id) ON DELETE CASCADE`, "NO ACTION or RESTRICT"},
+		{"a reference table to a tree", `ALTER TABLE plans ADD FOREIGN KEY (plan_id) REFERENCES customers (customer_id)`, ""},
+		{"an ordinary table to a tree", `CREATE TABLE notes (customer_id bigint REFERENCES customers (customer_id))`, ""},
+		{"a cycle", `ALTER TABLE customers ADD FOREIGN KEY (customer_id, plan_id) REFERENCES orders (customer_id, order_id)`, "one direction"},
+	}
+	mustExec(t, c, `CREATE TABLE loose (id int PRIMARY KEY)`)
+	mustExec(t, c, `CREATE TABLE lone (customer_id bigint PRIMARY KEY)`)
+	mustExec(t, c, `SELECT lattice_create_tree('lone', 'customer_id', shard_count => 2)`)
+	for _, r := range refusals {
+		_, err := c.Exec(ctx, r.sql)
+		if sqlStateOf(err) != "0A000" || !strings.Contains(hintOf(err), r.has) || hintOf(err) == "" {
+			t.Errorf("%s: %v (hint %q), want 0A000 with a hint naming %q", r.name, err, hintOf(err), r.has)
+		}
+	}
+
+	for round, shards := range []int{8, 4} {
+		mustExec(t, c, fmt.Sprintf(`SELECT lattice_reshard('orders', %d)`, shards))
+		waitReshardComplete(t, ctx, pool, "customers", 4*time.Minute)
+		fkEnforced(t, ctx, c, nodes, shards, round+1)
+	}
+}
