@@ -118,9 +118,14 @@ func TestPinFunctionStateTree(t *testing.T) {
 	for k := 1; k <= 16; k++ {
 		mustExec(t, a, `INSERT INTO ft VALUES ($1, $1)`, k)
 	}
-	// The function on the second node, where the statement runs.
+	// The function on every node, as an application that calls it in
+	// statements on a tree defines it: the catalog node (through the
+	// proxy), which also types the statement's parameters, and the second
+	// node, where the statement runs.
+	makeState := `CREATE OR REPLACE FUNCTION public.make_state() RETURNS int LANGUAGE plpgsql AS $$ BEGIN ` + stateBody + ` RETURN 1; END $$`
+	mustExec(t, a, makeState)
 	direct := connect(t, testNodeDSN(t, 1))
-	mustExec(t, direct, `CREATE OR REPLACE FUNCTION public.make_state() RETURNS int LANGUAGE plpgsql AS $$ BEGIN `+stateBody+` RETURN 1; END $$`)
+	mustExec(t, direct, makeState)
 	port := oneString(t, direct, `SELECT inet_server_port()::text`)
 	key := 0
 	for k := 1; k <= 16 && key == 0; k++ {

@@ -61,6 +61,13 @@ func (b *applyBatch) add(c change) {
 func (sh *Shadow) stream(ctx context.Context) {
 	defer close(sh.exited)
 	err := sh.applyLoop(ctx)
+	if err != nil && ctx.Err() != nil {
+		// Stopped: a read or write the cancel interrupted fails with what
+		// the interrupt did to its connection (a give-up resets it, so
+		// "use of closed network connection"), which is the stop itself.
+		// The batch it was applying did not commit; a resume applies it.
+		err = ctx.Err()
+	}
 	sh.mu.Lock()
 	sh.err, sh.done = err, true
 	sh.advance.Broadcast()
