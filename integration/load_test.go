@@ -258,6 +258,25 @@ func TestLoadSignal(t *testing.T) {
 	}
 
 	t.Run("page", func(t *testing.T) {
+		// The counts above age out 30 s after their writes, and a browser
+		// can take that long to start on a loaded machine: keep the hot
+		// shard hot through the counting proxy while the page loads.
+		hotCtx, stopHot := context.WithCancel(ctx)
+		hotDone := make(chan struct{})
+		go func() {
+			defer close(hotDone)
+			for i := 0; ; i++ {
+				if _, err := ca.Exec(hotCtx, `UPDATE hot SET v = v + 1 WHERE id = $1`, keys[hot][i%120]); err != nil {
+					return
+				}
+				select {
+				case <-hotCtx.Done():
+					return
+				case <-time.After(100 * time.Millisecond):
+				}
+			}
+		}()
+		defer func() { stopHot(); <-hotDone }()
 		browser := openPage(t, ctx, chromiumPath(t), a)
 		const read = `(() => { const s = document.querySelector('section.tree[data-tree="hot"]');
   return s && s.querySelector('canvas.heat') ? String(s.dataset.hottest) : 'none'; })()`
