@@ -13,6 +13,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
+
+	"github.com/lattice-db/lattice/rawsock"
 )
 
 // maxPreparedPerConn bounds the server-side prepared statements one backend
@@ -101,7 +103,8 @@ func connect(ctx context.Context, node, tenant, dsn string, maxMessage int) (*Co
 	// pgconn's Frontend reads through a background reader goroutine; the
 	// proxy reads synchronously, so it talks to the socket directly. The
 	// connection is idle after startup: nothing is left unread.
-	fe := pgproto3.NewFrontend(hj.Conn, hj.Conn)
+	nc := rawsock.Wrap(hj.Conn)
+	fe := pgproto3.NewFrontend(nc, nc)
 	fe.SetMaxBodyLen(maxMessage)
 	c := &Conn{
 		Node:      node,
@@ -109,7 +112,7 @@ func connect(ctx context.Context, node, tenant, dsn string, maxMessage int) (*Co
 		fe:        fe,
 		TxStatus:  hj.TxStatus,
 		Params:    hj.ParameterStatuses,
-		net:       hj.Conn,
+		net:       nc,
 		pid:       hj.PID,
 		secretKey: hj.SecretKey,
 		cancelTo:  hj.Conn.RemoteAddr().String(),

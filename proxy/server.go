@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5/pgproto3"
 
 	"github.com/lattice-db/lattice/pgshard"
+	"github.com/lattice-db/lattice/rawsock"
 	"github.com/lattice-db/lattice/router"
 	"github.com/lattice-db/lattice/shardmap"
 	"github.com/lattice-db/lattice/sqlstate"
@@ -171,6 +172,7 @@ func (s *Server) serveConn(ctx context.Context, conn net.Conn) {
 	if tc, ok := conn.(*net.TCPConn); ok {
 		_ = tc.SetNoDelay(true)
 	}
+	conn = rawsock.Wrap(conn)
 	release, err := s.startups.take(conn.RemoteAddr())
 	if err != nil {
 		s.metrics.conn(connTooMany)
