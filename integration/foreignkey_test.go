@@ -115,7 +115,10 @@ func TestForeignKeys(t *testing.T) {
 		{"SET NULL", `ALTER TABLE orders ADD FOREIGN KEY (customer_id) REFERENCES customers (customer_id) ON DELETE SET NULL`, "NO ACTION or RESTRICT"},
 		{"cascade from a reference table", `ALTER TABLE customers ADD FOREIGN KEY (plan_id) REFERENCES plans (plan_id) ON DELETE CASCADE`, "NO ACTION or RESTRICT"},
 		{"a reference table to a tree", `ALTER TABLE plans ADD FOREIGN KEY (plan_id) REFERENCES customers (customer_id)`, ""},
-		{"an ordinary table to a tree", `CREATE TABLE notes (customer_id bigint REFERENCES customers (customer_id))`, ""},
+		// CREATE TABLE may reference a tree on its key, for lattice_create_tree
+		// to colocate the table (TestCreateTreeForeignKeys); ALTER of an
+		// ordinary table may not.
+		{"an ordinary table to a tree", `ALTER TABLE loose ADD FOREIGN KEY (id) REFERENCES customers (customer_id)`, ""},
 		{"a cycle", `ALTER TABLE customers ADD FOREIGN KEY (customer_id, plan_id) REFERENCES orders (customer_id, order_id)`, "one direction"},
 	}
 	mustExec(t, c, `CREATE TABLE loose (id int PRIMARY KEY)`)
@@ -133,4 +136,93 @@ func TestForeignKeys(t *testing.T) {
 		waitReshardComplete(t, ctx, pool, "customers", 4*time.Minute)
 		fkEnforced(t, ctx, c, nodes, shards, round+1)
 	}
+}
+
+// TestCreateTreeForeignKeys makes trees of tables created with their
+// foreign keys, inline and as table constraints, to a reference table and
+// to the trees they are colocated with: every shard carries them, to its
+// own schema's tables, before and after a reshard. The forms shards could
+// not enforce are refused by lattice_create_tree (or by CREATE TABLE, when
+// no choice of key could make them right) with 0A000 and a hint.
+func TestCreateTreeForeignKeys(t *testing.T) {
+	resetNodes(t)
+	p := startProxy(t, 2, "--reshard-tick", "200ms")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	c := connect(t, p.DSN("lattice"))
+	pool, err := pgxpool.New(ctx, p.DSN("lattice"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	nodes := []*pgx.Conn{connect(t, testNodeDSN(t, 0)), connect(t, testNodeDSN(t, 1))}
+
+	for _, q := range []string{
+		`CREATE TABLE plans (plan_id int PRIMARY KEY, name text)`,
+		`INSERT INTO plans VALUES (1, 'free'), (2, 'pro'), (3, 'team')`,
+		`SELECT lattice_create_reference_table('plans')`,
+		// Rows before the tree: each shard checks its copy against its node's plans.
+		`CREATE TABLE customers (customer_id bigint PRIMARY KEY, plan_id int NOT NULL REFERENCES plans (plan_id))`,
+		`INSERT INTO customers SELECT i, 1 + i % 3 FROM generate_series(0, 199) i`,
+		`SELECT lattice_create_tree('customers', 'customer_id', shard_count => 4)`,
+		`CREATE TABLE orders (customer_id bigint REFERENCES customers (customer_id) ON DELETE CASCADE, order_id int, total int,
+			PRIMARY KEY (customer_id, order_id))`,
+		`SELECT lattice_create_tree('orders', 'customer_id', colocate_with => 'customers')`,
+		`CREATE TABLE order_items (customer_id bigint, order_id int, item int, amount int, PRIMARY KEY (customer_id, order_id, item),
+			CONSTRAINT items_order FOREIGN KEY (customer_id, order_id) REFERENCES orders (customer_id, order_id))`,
+		`SELECT lattice_create_tree('order_items', 'customer_id', colocate_with => 'customers')`,
+	} {
+		mustExec(t, c, q)
+	}
+	// The rows TestForeignKeys has, written through the proxy now that the
+	// tables are trees (each references the empty template until then).
+	var orders, items []string
+	for i := range 400 {
+		orders = append(orders, fmt.Sprintf("(%d, %d, 10)", i%200, i))
+		items = append(items, fmt.Sprintf("(%d, %d, 1, 10)", i%200, i))
+	}
+	mustExec(t, c, `INSERT INTO orders VALUES `+strings.Join(orders, ", "))
+	mustExec(t, c, `INSERT INTO order_items VALUES `+strings.Join(items, ", "))
+	fkEnforced(t, ctx, c, nodes, 4, 0)
+
+	refusals := []struct{ name, create, tree, has string }{
+		{"not colocated", `CREATE TABLE lone (customer_id bigint REFERENCES customers (customer_id), n int, PRIMARY KEY (customer_id, n))`,
+			`SELECT lattice_create_tree('lone', 'customer_id', shard_count => 4)`, "colocate_with"},
+		{"keys not paired", `CREATE TABLE misref (customer_id bigint, other bigint REFERENCES customers (customer_id), PRIMARY KEY (customer_id, other))`,
+			`SELECT lattice_create_tree('misref', 'customer_id', colocate_with => 'customers')`, "FOREIGN KEY (customer_id, ...)"},
+		{"an ordinary table", `CREATE TABLE tagged (customer_id bigint PRIMARY KEY, loose_id int REFERENCES loose (id))`,
+			`SELECT lattice_create_tree('tagged', 'customer_id', colocate_with => 'customers')`, "lattice_create_reference_table"},
+		{"cascade from a reference table", `CREATE TABLE cplans (customer_id bigint PRIMARY KEY, plan_id int REFERENCES plans (plan_id) ON DELETE CASCADE)`,
+			`SELECT lattice_create_tree('cplans', 'customer_id', colocate_with => 'customers')`, "NO ACTION or RESTRICT"},
+		{"not the tree's key", `CREATE TABLE byplan (customer_id bigint PRIMARY KEY, plan_id int REFERENCES customers (plan_id))`,
+			"", "REFERENCES \"customers\" (customer_id, ...)"},
+		{"SET NULL", `CREATE TABLE nulls (customer_id bigint REFERENCES customers (customer_id) ON DELETE SET NULL, n int)`,
+			"", "NO ACTION or RESTRICT"},
+	}
+	mustExec(t, c, `CREATE TABLE loose (id int PRIMARY KEY)`)
+	for _, r := range refusals {
+		q := r.tree
+		if q == "" {
+			q = r.create
+		} else {
+			mustExec(t, c, r.create)
+		}
+		_, err := c.Exec(ctx, q)
+		if sqlStateOf(err) != "0A000" || !strings.Contains(hintOf(err), r.has) {
+			t.Errorf("%s: %v (hint %q), want 0A000 with a hint naming %q", r.name, err, hintOf(err), r.has)
+		}
+	}
+	// A table left ordinary references the tree's empty template: it can
+	// hold no row that refers to a customer.
+	if _, err := c.Exec(ctx, `INSERT INTO lone VALUES (1, 1)`); sqlStateOf(err) != "23503" {
+		t.Errorf("a row of an ordinary table referencing a tree: %v, want 23503", err)
+	}
+	var trees int
+	if err := c.QueryRow(ctx, `SELECT count(*) FROM lattice_trees()`).Scan(&trees); err != nil || trees != 3 {
+		t.Errorf("%d trees, %v; want the three of the group, none of the refused", trees, err)
+	}
+
+	mustExec(t, c, `SELECT lattice_reshard('orders', 8)`)
+	waitReshardComplete(t, ctx, pool, "customers", 4*time.Minute)
+	fkEnforced(t, ctx, c, nodes, 8, 1)
 }
