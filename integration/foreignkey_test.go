@@ -226,3 +226,89 @@ func TestCreateTreeForeignKeys(t *testing.T) {
 	waitReshardComplete(t, ctx, pool, "customers", 4*time.Minute)
 	fkEnforced(t, ctx, c, nodes, 8, 1)
 }
+
+// TestRecoverMapForeignKeys: Redis loses everything while a migration of a
+// group with foreign keys had made its target tables (a split killed in
+// its copy, rolled back: every member's target table dropped) or fenced its
+// source (a move killed in its freeze, finished: every member's source
+// table dropped). Dropping a referenced member's table before the table
+// referencing it fails (2BP01), so recover-map drops the group's tables of
+// a shard in the order the foreign keys allow. Afterwards the rows are
+// served, every shard enforces the foreign keys, and a reshard builds new
+// shards with them (the recovered DDL logs keep them). The reference
+// table's registry entry, lost too, is rebuilt from the catalog.
+func TestRecoverMapForeignKeys(t *testing.T) {
+	for _, tc := range []struct{ point, op string }{
+		{"copy", `SELECT lattice_reshard('orders', 5)`},
+		{"freeze", `SELECT lattice_move_shard('order_items', 0, 'n2')`},
+	} {
+		t.Run(tc.point, func(t *testing.T) {
+			fc := startFaultCluster(t, 2)
+			ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+			defer cancel()
+			// No coordinator: the migration runs in a, which dies at the point.
+			p := fc.proxy(t, nil, "--coordinator=false")
+			a := fc.proxy(t, []string{"LATTICE_TEST_CRASH_AT=" + tc.point}, "--reshard-tick", "200ms")
+			c := connect(t, p.DSN("lattice"))
+			nodes := []*pgx.Conn{connect(t, fc.nodeDSN(0)), connect(t, fc.nodeDSN(1))}
+			for _, q := range []string{
+				`CREATE TABLE plans (plan_id int PRIMARY KEY, name text)`,
+				`INSERT INTO plans VALUES (1, 'free'), (2, 'pro'), (3, 'team')`,
+				`SELECT lattice_create_reference_table('plans')`,
+				`CREATE TABLE customers (customer_id bigint PRIMARY KEY, plan_id int NOT NULL REFERENCES plans (plan_id))`,
+				`INSERT INTO customers SELECT i, 1 + i % 3 FROM generate_series(0, 199) i`,
+				`SELECT lattice_create_tree('customers', 'customer_id', shard_count => 4)`,
+				`CREATE TABLE orders (customer_id bigint REFERENCES customers (customer_id) ON DELETE CASCADE, order_id int, total int,
+					PRIMARY KEY (customer_id, order_id))`,
+				`SELECT lattice_create_tree('orders', 'customer_id', colocate_with => 'customers')`,
+				`CREATE TABLE order_items (customer_id bigint, order_id int, item int, amount int, PRIMARY KEY (customer_id, order_id, item),
+					FOREIGN KEY (customer_id, order_id) REFERENCES orders (customer_id, order_id))`,
+				`SELECT lattice_create_tree('order_items', 'customer_id', colocate_with => 'customers')`,
+			} {
+				mustExec(t, c, q)
+			}
+			var orders, items []string
+			for i := range 400 {
+				orders = append(orders, fmt.Sprintf("(%d, %d, 10)", i%200, i))
+				items = append(items, fmt.Sprintf("(%d, %d, 1, 10)", i%200, i))
+			}
+			mustExec(t, c, `INSERT INTO orders VALUES `+strings.Join(orders, ", "))
+			mustExec(t, c, `INSERT INTO order_items VALUES `+strings.Join(items, ", "))
+
+			mustExec(t, connect(t, a.DSN("lattice")), tc.op)
+			if !a.WaitExit(60 * time.Second) {
+				t.Fatalf("the coordinator's proxy did not reach crash point %s", tc.point)
+			}
+			if err := a.crashedAt(tc.point); err != nil {
+				t.Fatal(err)
+			}
+			fc.flushRedis(t, ctx)
+			out := fc.recoverMap(t, ctx)
+			// Redis lost the reference table's entry too: without it plans
+			// would take no write (the fence: LT001) and join no tree.
+			if !strings.Contains(out, "lattice/plans: reference table rebuilt with copies on n1, n2") {
+				t.Errorf("recover-map did not report plans rebuilt:\n%s", out)
+			}
+			for _, name := range []string{"customers", "orders", "order_items"} {
+				if !strings.Contains(out, "lattice/"+name+": rebuilt at epoch") {
+					t.Errorf("recover-map did not report %s rebuilt:\n%s", name, out)
+				}
+			}
+			b := fc.proxy(t, nil, "--reshard-tick", "200ms")
+			bc := connect(t, b.DSN("lattice"))
+			pool := proxyPool(t, ctx, b)
+			pollUntil(t, 30*time.Second, "the proxy to serve the recovered group", func() (bool, error) {
+				var n int
+				err := pool.QueryRow(ctx, "SELECT count(*) FROM order_items").Scan(&n)
+				if sqlState(err) == "LT002" {
+					return false, nil
+				}
+				return err == nil && n == 400, err
+			})
+			fkEnforced(t, ctx, bc, nodes, 4, 0)
+			mustExec(t, bc, `SELECT lattice_reshard('orders', 8)`)
+			waitReshardComplete(t, ctx, pool, "customers", 3*time.Minute)
+			fkEnforced(t, ctx, bc, nodes, 8, 1)
+		})
+	}
+}
