@@ -312,3 +312,109 @@ func TestRecoverMapForeignKeys(t *testing.T) {
 		})
 	}
 }
+
+// shardForeignKeys lists, over the nodes, the foreign keys of the shard
+// tables of tree as "referenced table's schema (own or other).table",
+// with their count.
+func shardForeignKeys(t *testing.T, ctx context.Context, nodes []*pgx.Conn, tree string) map[string]int {
+	t.Helper()
+	out := map[string]int{}
+	for _, n := range nodes {
+		rows, err := n.Query(ctx, `SELECT CASE WHEN pc.relnamespace = c.relnamespace THEN 'own.' ELSE pn.nspname || '.' END || pc.relname
+FROM pg_constraint con JOIN pg_class c ON c.oid = con.conrelid JOIN pg_namespace ns ON ns.oid = c.relnamespace
+JOIN pg_class pc ON pc.oid = con.confrelid JOIN pg_namespace pn ON pn.oid = pc.relnamespace
+WHERE con.contype = 'f' AND ns.nspname LIKE 'lattice\_s%' AND c.relname = $1`, tree)
+		if err != nil {
+			t.Fatal(err)
+		}
+		names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, name := range names {
+			out[name]++
+		}
+	}
+	return out
+}
+
+// TestSnapshotForeignKeys: a snapshot is a tree of its own, so its copy
+// keeps the foreign keys it can enforce alone: to a reference table
+// (every node holding its shards has a copy) and to the tree itself (the
+// copy has every row it references), not to another member of the group,
+// whose rows are not copied. Every shard of the copy carries them, and so
+// does its template.
+func TestSnapshotForeignKeys(t *testing.T) {
+	resetNodes(t)
+	p := startProxy(t, 2, "--reshard-tick", "200ms")
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	c := connect(t, p.DSN("lattice"))
+	nodes := []*pgx.Conn{connect(t, testNodeDSN(t, 0)), connect(t, testNodeDSN(t, 1))}
+	for _, q := range []string{
+		`CREATE TABLE plans (plan_id int PRIMARY KEY, name text)`,
+		`INSERT INTO plans VALUES (1, 'free'), (2, 'pro'), (3, 'team')`,
+		`SELECT lattice_create_reference_table('plans')`,
+		`CREATE TABLE customers (customer_id bigint PRIMARY KEY, plan_id int NOT NULL REFERENCES plans (plan_id))`,
+		`INSERT INTO customers SELECT i, 1 + i % 3 FROM generate_series(0, 199) i`,
+		`SELECT lattice_create_tree('customers', 'customer_id', shard_count => 4)`,
+		// An order may follow up another of the same customer.
+		`CREATE TABLE orders (customer_id bigint REFERENCES customers (customer_id) ON DELETE CASCADE, order_id int, parent_id int,
+			PRIMARY KEY (customer_id, order_id), FOREIGN KEY (customer_id, parent_id) REFERENCES orders (customer_id, order_id))`,
+		`SELECT lattice_create_tree('orders', 'customer_id', colocate_with => 'customers')`,
+	} {
+		mustExec(t, c, q)
+	}
+	var orders []string
+	for i := range 400 {
+		parent := "NULL"
+		if i >= 200 {
+			parent = fmt.Sprint(i - 200)
+		}
+		orders = append(orders, fmt.Sprintf("(%d, %d, %s)", i%200, i, parent))
+	}
+	mustExec(t, c, `INSERT INTO orders VALUES `+strings.Join(orders, ", "))
+
+	for _, s := range []string{"customers", "orders"} {
+		mustExec(t, c, fmt.Sprintf("SELECT lattice_snapshot('%s', '%s_snap')", s, s))
+		pollUntil(t, 2*time.Minute, "the snapshot of "+s, func() (bool, error) {
+			var done bool
+			err := c.QueryRow(ctx, fmt.Sprintf("SELECT lattice_snapshot_complete('%s_snap')", s)).Scan(&done)
+			return done, err
+		})
+	}
+	for tree, want := range map[string]string{
+		"customers_snap": "map[public.plans:4]",
+		"orders_snap":    "map[own.orders_snap:4]",
+	} {
+		if got := fmt.Sprint(shardForeignKeys(t, ctx, nodes, tree)); got != want {
+			t.Errorf("foreign keys of the shards of %s: %s, want %s", tree, got, want)
+		}
+	}
+	var template string
+	if err := c.QueryRow(ctx, `SELECT coalesce(string_agg(confrelid::regclass::text, ',' ORDER BY conrelid::regclass::text), '')
+FROM pg_constraint WHERE contype = 'f' AND conrelid IN ('customers_snap'::regclass, 'orders_snap'::regclass)`).Scan(&template); err != nil {
+		t.Fatal(err)
+	}
+	if template != "plans,orders_snap" {
+		t.Errorf("foreign keys of the templates of the copies reference %s, want plans,orders_snap", template)
+	}
+
+	for _, r := range []struct{ name, sql, state string }{
+		{"a copied customer of no plan", `INSERT INTO customers_snap VALUES (100000, 99)`, "23503"},
+		{"a plan that copied customers have", `DELETE FROM plans WHERE plan_id = 3`, "23503"},
+		{"a copied order following up no order", `INSERT INTO orders_snap VALUES (5, 100000, 99999)`, "23503"},
+		{"a copied order that another follows up", `DELETE FROM orders_snap WHERE customer_id = 7 AND order_id = 7`, "23503"},
+		// The copy of orders stands alone: no customer is copied with it.
+		{"a copied order of no customer", `INSERT INTO orders_snap VALUES (100000, 1, NULL)`, ""},
+		{"a customer whose orders were copied", `DELETE FROM customers WHERE customer_id = 9`, ""},
+	} {
+		if _, err := c.Exec(ctx, r.sql); sqlStateOf(err) != r.state {
+			t.Errorf("%s: %v, want SQLSTATE %q", r.name, err, r.state)
+		}
+	}
+	var n int
+	if err := c.QueryRow(ctx, `SELECT count(*) FROM orders_snap WHERE customer_id = 9`).Scan(&n); err != nil || n != 2 {
+		t.Errorf("orders of the deleted customer 9 in the copy: %d, %v; want the 2 copied", n, err)
+	}
+}
