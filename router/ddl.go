@@ -117,6 +117,8 @@ func (p *planner) ddl(pl *Plan, n *pg.Node, start, end int) bool {
 		return p.dropDDL(pl, s.DropStmt)
 	case *pg.Node_CreateStmt:
 		return p.createReferencing(pl, n, s.CreateStmt, start, end)
+	case *pg.Node_GrantStmt:
+		return p.grantAllInSchema(pl, s.GrantStmt, start, end)
 	default:
 		return false
 	}
