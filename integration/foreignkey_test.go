@@ -225,6 +225,19 @@ func TestCreateTreeForeignKeys(t *testing.T) {
 	mustExec(t, c, `SELECT lattice_reshard('orders', 8)`)
 	waitReshardComplete(t, ctx, pool, "customers", 4*time.Minute)
 	fkEnforced(t, ctx, c, nodes, 8, 1)
+
+	// The shards check customers against their node's copy of plans: it
+	// stays a reference table until the foreign key is gone.
+	if _, err := c.Exec(ctx, `SELECT lattice_undistribute_table('plans')`); sqlStateOf(err) != "0A000" || !strings.Contains(hintOf(err), "DROP CONSTRAINT") {
+		t.Errorf("undistributing plans that customers references: %v (hint %q), want 0A000 naming DROP CONSTRAINT", err, hintOf(err))
+	}
+	mustExec(t, c, `UPDATE plans SET name = 'gratis' WHERE plan_id = 1`)
+	for i, n := range nodes {
+		var name string
+		if err := n.QueryRow(ctx, `SELECT name FROM public.plans WHERE plan_id = 1`).Scan(&name); err != nil || name != "gratis" {
+			t.Errorf("node %d: plan 1 is %q, %v; want the write on every copy", i, name, err)
+		}
+	}
 }
 
 // TestRecoverMapForeignKeys: Redis loses everything while a migration of a

@@ -424,6 +424,9 @@ func (c *Cluster) UndistributeReference(ctx context.Context, store shardmap.Refe
 	if ref == nil {
 		return sqlstate.New(sqlstate.WrongObjectType, "%s is not a reference table", quoted(name))
 	}
+	if err := c.refuseTreeReferences(ctx, tenant, name); err != nil {
+		return err
+	}
 	if err := store.DeleteReference(ctx, ref); err != nil {
 		return err
 	}
@@ -446,6 +449,34 @@ func (c *Cluster) UndistributeReference(ctx context.Context, store shardmap.Refe
 	}
 	c.log.Info("reference table made ordinary", "tenant", tenant, "table", name)
 	return nil
+}
+
+// refuseTreeReferences refuses to make reference table name ordinary while
+// a tree's foreign key references it: every shard table's key references
+// its own node's copy, which the other copies' drop would then fail on
+// (2BP01), leaving the shards checked against copies no write reaches.
+// A foreign key added between this check and the registry's change fails
+// that drop the same way; checkTemplate refuses one after it.
+func (c *Cluster) refuseTreeReferences(ctx context.Context, tenant, name string) error {
+	p, err := c.Admin(ctx, c.Catalog().Name, tenant)
+	if err != nil {
+		return err
+	}
+	var child, con string
+	err = p.QueryRow(ctx, `SELECT c.conrelid::regclass::text, c.conname FROM pg_catalog.pg_constraint c
+WHERE c.contype = 'f' AND c.confrelid = $1::regclass AND c.conrelid <> c.confrelid
+  AND EXISTS (SELECT 1 FROM pg_catalog.pg_trigger t WHERE t.tgrelid = c.conrelid AND t.tgname = $2)
+ORDER BY 1, 2 LIMIT 1`, referenceQuoted(name), fenceTrigger).Scan(&child, &con)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return nil
+	case err != nil:
+		return fmt.Errorf("pgshard: foreign keys to %s: %w", name, err)
+	}
+	e := sqlstate.New(sqlstate.FeatureNotSupported, "reference table %s is referenced by foreign key %s of tree %s", quoted(name), quoted(con), child)
+	e.Detail = "Every shard of the tree checks its rows against its node's copy."
+	e.Hint = "Drop the foreign key through the proxy first: ALTER TABLE " + child + " DROP CONSTRAINT " + quoteIdent(con) + "."
+	return e
 }
 
 // CopyReferences gives node a copy of each of tenant's reference tables it
