@@ -10,6 +10,7 @@ import (
 
 	"github.com/lattice-db/lattice/pgshard"
 	"github.com/lattice-db/lattice/shardmap"
+	"github.com/lattice-db/lattice/sqlstate"
 )
 
 // RecoverOptions tune RecoverMaps.
@@ -96,6 +97,53 @@ type tenantState struct {
 	// and dropped already: the group's other members only take their
 	// slots (a second drain would find no progress row and copy afresh).
 	carried map[string]bool
+	// drops are the shard tables that own nothing once the migrations are
+	// resolved, dropped by dropPending.
+	drops []pendingDrop
+}
+
+// pendingDrop is a shard table to drop.
+type pendingDrop struct {
+	tree *shardmap.Tree
+	idx  int
+	node string
+}
+
+// dropLater notes shard idx of t on node to be dropped once every member
+// of t's group is rebuilt: the group's tables of one shard are dropped
+// together, in the order their foreign keys allow (a table another member
+// references goes last, else 2BP01), and only once the members' maps
+// agree.
+func (st *tenantState) dropLater(t *shardmap.Tree, idx int, node string) {
+	st.drops = append(st.drops, pendingDrop{t, idx, node})
+}
+
+// dropPending drops the shard tables noted by dropLater, each shard's on
+// each node in reference order.
+func (rc *recovery) dropPending(ctx context.Context, st *tenantState) error {
+	type place struct {
+		idx  int
+		node string
+	}
+	var order []place
+	byPlace := map[place][]*shardmap.Tree{}
+	for _, d := range st.drops {
+		pl := place{d.idx, d.node}
+		if byPlace[pl] == nil {
+			order = append(order, pl)
+		}
+		byPlace[pl] = append(byPlace[pl], d.tree)
+	}
+	st.drops = nil
+	for _, pl := range order {
+		err := inReferenceOrder(byPlace[pl], sqlstate.DependentObjectsStillExist, func(t *shardmap.Tree) error {
+			return rc.cluster.DropShard(ctx, t, pl.idx, pl.node)
+		})
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func (rc *recovery) tenant(ctx context.Context, tenant string) ([]RecoveredTree, error) {
@@ -199,6 +247,9 @@ func (rc *recovery) group(ctx context.Context, tenant, g string, nts []pgshard.N
 		}
 		epoch, high = kept.Epoch, kept.HighWater
 	}
+	if err := rc.dropPending(ctx, st); err != nil {
+		return nil, err
+	}
 	for i, nt := range nts {
 		m := ms[i]
 		m.Tree, m.Epoch, m.HighWater = g, epoch, high
@@ -293,6 +344,9 @@ func (rc *recovery) tree(ctx context.Context, nt pgshard.NodeTree, st *tenantSta
 	if err != nil {
 		return rt, err
 	}
+	if err := rc.dropPending(ctx, st); err != nil {
+		return rt, err
+	}
 	return rc.register(ctx, nt.Tree, m, rt, nil)
 }
 
@@ -372,14 +426,13 @@ func (rc *recovery) rebuild(ctx context.Context, nt pgshard.NodeTree, st *tenant
 	}
 	// A shard that owns nothing now is a split target that never got its
 	// slots, or a fold donor whose release stopped short: nothing routes
-	// to it, and it holds no row that is not also on an owner.
+	// to it, and it holds no row that is not also on an owner. Dropped
+	// with its group's tables of the shard (dropPending).
 	for idx, s := range shards {
 		if len(s.slots) > 0 {
 			continue
 		}
-		if err := rc.cluster.DropShard(ctx, t, idx, s.node); err != nil {
-			return rt, nil, err
-		}
+		st.dropLater(t, idx, s.node)
 		delete(shards, idx)
 	}
 
@@ -456,7 +509,8 @@ func movingMigration(t *shardmap.Tree, mv pgshard.Moving) *shardmap.Migration {
 // writes since), the stream is first drained to the source's current WAL
 // position: the fence has held back every write to the slots, so the
 // target then has all of them. Then the release: the stream's objects,
-// the source's copies of the rows, the fence.
+// the source's copies of the rows (a fold's donor table noted for
+// dropPending), the fence.
 func (rc *recovery) finish(ctx context.Context, t *shardmap.Tree, mv pgshard.Moving, shards map[int]*recShard, st *tenantState, epoch uint64) error {
 	mig := movingMigration(t, mv)
 	tgt, ok := shards[mv.Target]
@@ -469,9 +523,7 @@ func (rc *recovery) finish(ctx context.Context, t *shardmap.Tree, mv pgshard.Mov
 	src := shards[mv.Source]
 	if mig.Kind == shardmap.Fold || mig.Kind == shardmap.Resize {
 		if src != nil && len(src.slots) == 0 {
-			if err := rc.cluster.DropShard(ctx, t, mv.Source, mv.SourceNode); err != nil {
-				return err
-			}
+			st.dropLater(t, mv.Source, mv.SourceNode)
 			delete(shards, mv.Source)
 		}
 	} else if err := rc.runner.deleteMoved(ctx, t, mig); err != nil {

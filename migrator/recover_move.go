@@ -60,9 +60,7 @@ func (rc *recovery) resolveMove(ctx context.Context, t *shardmap.Tree, sr second
 	}
 	// A move that had not fenced: its stream's objects went with the
 	// unfenced migrations; the target table owns nothing.
-	if err := rc.cluster.DropShard(ctx, t, sr.idx, target.node); err != nil {
-		return "", err
-	}
+	st.dropLater(t, sr.idx, target.node)
 	shards[sr.idx] = owner
 	return "", nil
 }
@@ -70,15 +68,14 @@ func (rc *recovery) resolveMove(ctx context.Context, t *shardmap.Tree, sr second
 // finishMove carries a fenced move to its end, as finish does a split or
 // a fold: unless the target's record holds the slots (the flip was
 // written), the stream is drained and the target given them; then the
-// stream's objects and the source table go, and the fence.
+// stream's objects and the fence go, and the source table is noted for
+// dropPending.
 func (rc *recovery) finishMove(ctx context.Context, t *shardmap.Tree, mv pgshard.Moving, tgt *recShard, st *tenantState, epoch uint64) error {
 	mig := movingMigration(t, mv)
 	if err := rc.carry(ctx, t, mig, mv, tgt, st, epoch); err != nil {
 		return err
 	}
-	if err := rc.cluster.DropShard(ctx, t, mv.Source, mv.SourceNode); err != nil {
-		return err
-	}
+	st.dropLater(t, mv.Source, mv.SourceNode)
 	return rc.cluster.DropSlotFence(ctx, mv.SourceNode, rc.runner.fence(t, mig, 0))
 }
 

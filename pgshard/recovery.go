@@ -128,6 +128,15 @@ func nodeTree(ctx context.Context, tx pgx.Tx, tenant, name string, rec *TreeReco
 	if err != nil {
 		return NodeTree{}, err
 	}
+	// buildDDL leaves foreign keys out: their targets are rendered per
+	// shard, as the DDL log had them.
+	fks, err := templateForeignKeys(ctx, tx, ti)
+	if err != nil {
+		return NodeTree{}, err
+	}
+	for _, fk := range fks {
+		ddl = append(ddl, foreignKeyStatement(fk.con, fk.to))
+	}
 	t := &shardmap.Tree{Tenant: tenant, Name: name, DDL: ddl}
 	for _, col := range ti.Columns {
 		t.Columns = append(t.Columns, col.Name)

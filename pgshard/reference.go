@@ -112,6 +112,11 @@ type referenceSource struct {
 	ti    *tableInfo
 	ddl   []string
 	owner string
+	// grants are the catalog copy's grants to other roles than its owner,
+	// table and column ones, as statements: a copy made later (a new
+	// reference table, a node added) must allow what the catalog copy
+	// allows, as GRANT and REVOKE through the proxy keep it on every copy.
+	grants []string
 }
 
 func (s *referenceSource) close(ctx context.Context) {
@@ -159,6 +164,24 @@ func (c *Cluster) lockReference(ctx context.Context, tenant, name string) (*refe
 	if err := tx.QueryRow(ctx, `SELECT pg_catalog.pg_get_userbyid(relowner) FROM pg_catalog.pg_class WHERE oid = $1`, s.ti.OID).Scan(&s.owner); err != nil {
 		return fail(err)
 	}
+	rows, err := tx.Query(ctx, `WITH acl AS (
+    SELECT '' AS col, a.* FROM pg_catalog.pg_class c, pg_catalog.aclexplode(c.relacl) a WHERE c.oid = $1
+  UNION ALL
+    SELECT ' (' || pg_catalog.quote_ident(att.attname) || ')', a.*
+    FROM pg_catalog.pg_attribute att, pg_catalog.aclexplode(att.attacl) a
+    WHERE att.attrelid = $1 AND att.attnum > 0 AND NOT att.attisdropped
+)
+SELECT 'GRANT ' || privilege_type || col || ' ON TABLE ' || $2 || ' TO '
+    || CASE WHEN grantee = 0 THEN 'PUBLIC' ELSE pg_catalog.quote_ident(pg_catalog.pg_get_userbyid(grantee)) END
+    || CASE WHEN is_grantable THEN ' WITH GRANT OPTION' ELSE '' END
+FROM acl WHERE grantee <> (SELECT relowner FROM pg_catalog.pg_class WHERE oid = $1)
+ORDER BY 1`, s.ti.OID, referenceQuoted(name))
+	if err == nil {
+		s.grants, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	}
+	if err != nil {
+		return fail(fmt.Errorf("pgshard: grants of %s: %w", name, err))
+	}
 	return s, nil
 }
 
@@ -202,8 +225,9 @@ func checkReference(ti *tableInfo, refs map[string]bool, perNode ReferenceCheck)
 	return nil
 }
 
-// buildCopy makes node's copy of the table src holds: the table, its rows,
-// its grants and its fence, in that order (the fence would refuse the rows).
+// buildCopy makes node's copy of the table src holds: the table, its
+// owner and grants, its rows and its fence, in that order (the fence would
+// refuse the rows).
 func (c *Cluster) buildCopy(ctx context.Context, src *referenceSource, node, tenant string) (int64, error) {
 	if err := c.ensureReferenceMeta(ctx, node, tenant); err != nil {
 		return 0, err
@@ -221,6 +245,11 @@ func (c *Cluster) buildCopy(ctx context.Context, src *referenceSource, node, ten
 		}
 		if _, err := tx.Exec(ctx, "ALTER TABLE "+table+" OWNER TO "+quoteIdent(src.owner)); err != nil {
 			return err
+		}
+		for _, g := range src.grants {
+			if _, err := tx.Exec(ctx, g); err != nil {
+				return fmt.Errorf("%s: %w", g, err)
+			}
 		}
 		return grantShard(ctx, tx, tenant, "public", table)
 	})
@@ -395,6 +424,9 @@ func (c *Cluster) UndistributeReference(ctx context.Context, store shardmap.Refe
 	if ref == nil {
 		return sqlstate.New(sqlstate.WrongObjectType, "%s is not a reference table", quoted(name))
 	}
+	if err := c.refuseTreeReferences(ctx, tenant, name); err != nil {
+		return err
+	}
 	if err := store.DeleteReference(ctx, ref); err != nil {
 		return err
 	}
@@ -417,6 +449,34 @@ func (c *Cluster) UndistributeReference(ctx context.Context, store shardmap.Refe
 	}
 	c.log.Info("reference table made ordinary", "tenant", tenant, "table", name)
 	return nil
+}
+
+// refuseTreeReferences refuses to make reference table name ordinary while
+// a tree's foreign key references it: every shard table's key references
+// its own node's copy, which the other copies' drop would then fail on
+// (2BP01), leaving the shards checked against copies no write reaches.
+// A foreign key added between this check and the registry's change fails
+// that drop the same way; checkTemplate refuses one after it.
+func (c *Cluster) refuseTreeReferences(ctx context.Context, tenant, name string) error {
+	p, err := c.Admin(ctx, c.Catalog().Name, tenant)
+	if err != nil {
+		return err
+	}
+	var child, con string
+	err = p.QueryRow(ctx, `SELECT c.conrelid::regclass::text, c.conname FROM pg_catalog.pg_constraint c
+WHERE c.contype = 'f' AND c.confrelid = $1::regclass AND c.conrelid <> c.confrelid
+  AND EXISTS (SELECT 1 FROM pg_catalog.pg_trigger t WHERE t.tgrelid = c.conrelid AND t.tgname = $2)
+ORDER BY 1, 2 LIMIT 1`, referenceQuoted(name), fenceTrigger).Scan(&child, &con)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return nil
+	case err != nil:
+		return fmt.Errorf("pgshard: foreign keys to %s: %w", name, err)
+	}
+	e := sqlstate.New(sqlstate.FeatureNotSupported, "reference table %s is referenced by foreign key %s of tree %s", quoted(name), quoted(con), child)
+	e.Detail = "Every shard of the tree checks its rows against its node's copy."
+	e.Hint = "Drop the foreign key through the proxy first: ALTER TABLE " + child + " DROP CONSTRAINT " + quoteIdent(con) + "."
+	return e
 }
 
 // CopyReferences gives node a copy of each of tenant's reference tables it

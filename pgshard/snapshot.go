@@ -163,7 +163,8 @@ func (c *Cluster) RegisterTreeCopy(ctx context.Context, store shardmap.Store, t 
 
 // CopyDDL is the DDL log of a tree named name shaped like tree src: the
 // statements buildDDL writes for a table made LIKE src's template
-// INCLUDING ALL, in a catalog transaction that is rolled back. Index and
+// INCLUDING ALL, in a catalog transaction that is rolled back, and src's
+// foreign keys to reference tables and to itself. Index and
 // constraint names then follow the new name, as PostgreSQL chooses them,
 // so that the copy's shard tables can share the shard schemas with src's.
 func (c *Cluster) CopyDDL(ctx context.Context, tenant, src, name string) ([]string, error) {
@@ -188,5 +189,27 @@ func (c *Cluster) CopyDDL(ctx context.Context, tenant, src, name string) ([]stri
 	if err != nil {
 		return nil, fmt.Errorf("pgshard: DDL of %s like %s: %w", name, src, err)
 	}
-	return buildDDL(ti)
+	ddl, err := buildDDL(ti)
+	if err != nil {
+		return nil, err
+	}
+	// LIKE copies no foreign key. The copy keeps src's to reference tables
+	// (every node holding its shards has their copies) and to src itself
+	// (then to the copy, which has every row src had), not those to
+	// another tree: the copy stands alone, and that tree's rows are not
+	// copied with it.
+	sti, err := inspectTable(ctx, tx, src)
+	if err != nil {
+		return nil, fmt.Errorf("pgshard: DDL of %s like %s: %w", name, src, err)
+	}
+	fks, err := templateForeignKeys(ctx, tx, sti)
+	if err != nil {
+		return nil, fmt.Errorf("pgshard: DDL of %s like %s: %w", name, src, err)
+	}
+	for _, fk := range fks {
+		if fk.to.tree == nil {
+			ddl = append(ddl, foreignKeyStatement(fk.con, fk.to))
+		}
+	}
+	return ddl, nil
 }

@@ -133,6 +133,11 @@ func (c *Cluster) CreateTree(ctx context.Context, store shardmap.Store, spec Tre
 	} else {
 		m = shardmap.NewIdentityMap(spec.Tenant, spec.Table, spec.SlotCount, spec.ShardCount, c.PlacementNodes())
 	}
+	fks, err := createTreeForeignKeys(ctx, store, tree, co, ti)
+	if err != nil {
+		return nil, nil, err
+	}
+	tree.DDL = append(tree.DDL, fks...)
 	log.Info("creating tree", "key", tree.KeyColumn, "key_type", tree.KeyType,
 		"shards", spec.ShardCount, "slots", spec.SlotCount, "nodes", len(c.set().nodes))
 
@@ -552,6 +557,11 @@ type constraintInfo struct {
 	Outgoing bool
 	From, To string
 	FromSQL  string
+	// For a foreign key: the referencing and referenced columns, paired in
+	// order, and the pg_constraint codes of its actions and match type.
+	FkCols, PkCols                  []string
+	DelAction, UpdAction, MatchType string
+	Deferrable, InitiallyDeferred   bool
 }
 
 type indexInfo struct {
@@ -609,7 +619,12 @@ ORDER BY a.attnum`, ti.OID)
 
 	// The primary key first, then by name, so the DDL is stable.
 	rows, err = tx.Query(ctx, `SELECT con.conname, con.contype::text, pg_catalog.pg_get_constraintdef(con.oid), con.convalidated,
-    con.conrelid = $1, fr.relname, coalesce(tr.relname, ''), con.conrelid::regclass::text
+    con.conrelid = $1, fr.relname, coalesce(tr.relname, ''), con.conrelid::regclass::text,
+    ARRAY(SELECT a.attname::text FROM unnest(con.conkey) WITH ORDINALITY k(num, ord)
+          JOIN pg_catalog.pg_attribute a ON a.attrelid = con.conrelid AND a.attnum = k.num ORDER BY k.ord),
+    ARRAY(SELECT a.attname::text FROM unnest(con.confkey) WITH ORDINALITY k(num, ord)
+          JOIN pg_catalog.pg_attribute a ON a.attrelid = con.confrelid AND a.attnum = k.num ORDER BY k.ord),
+    con.confdeltype::text, con.confupdtype::text, con.confmatchtype::text, con.condeferrable, con.condeferred
 FROM pg_catalog.pg_constraint con
 JOIN pg_catalog.pg_class fr ON fr.oid = con.conrelid
 LEFT JOIN pg_catalog.pg_class tr ON tr.oid = con.confrelid
@@ -619,7 +634,8 @@ ORDER BY con.contype <> 'p', con.conname`, ti.OID)
 		return nil, fmt.Errorf("constraints: %w", err)
 	}
 	var con constraintInfo
-	_, err = pgx.ForEachRow(rows, []any{&con.Name, &con.Type, &con.Def, &con.Validated, &con.Outgoing, &con.From, &con.To, &con.FromSQL}, func() error {
+	_, err = pgx.ForEachRow(rows, []any{&con.Name, &con.Type, &con.Def, &con.Validated, &con.Outgoing, &con.From, &con.To, &con.FromSQL,
+		&con.FkCols, &con.PkCols, &con.DelAction, &con.UpdAction, &con.MatchType, &con.Deferrable, &con.InitiallyDeferred}, func() error {
 		ti.Constraints = append(ti.Constraints, con)
 		return nil
 	})
@@ -730,11 +746,7 @@ func checkTable(ti *tableInfo, keyColumn string) (shardmap.KeyType, error) {
 
 	for _, con := range ti.Constraints {
 		switch {
-		case con.Type == "f" && con.Outgoing:
-			return "", unsupported(fmt.Sprintf("table %s has foreign key %s referencing %s", rel, quoted(con.Name), quoted(con.To)),
-				"A foreign key cannot be enforced across shards.",
-				"ALTER TABLE "+quoteIdent(ti.Name)+" DROP CONSTRAINT "+quoteIdent(con.Name))
-		case con.Type == "f":
+		case con.Type == "f" && !con.Outgoing: // the table's own are checked by treeForeignKeys
 			return "", unsupported(fmt.Sprintf("foreign key %s of table %s references %s", quoted(con.Name), quoted(con.From), rel),
 				"A foreign key cannot be enforced across shards.",
 				"ALTER TABLE "+con.FromSQL+" DROP CONSTRAINT "+quoteIdent(con.Name))

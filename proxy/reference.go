@@ -3,6 +3,8 @@ package proxy
 import (
 	"context"
 	"errors"
+	"maps"
+	"slices"
 
 	"github.com/jackc/pgx/v5/pgproto3"
 
@@ -24,6 +26,13 @@ import (
 
 // Reference lets the router plan joins of trees with reference tables.
 func (t viewTrees) Reference(name string) bool { return t.v.References[name] != nil }
+
+// ReferenceNames lets the router send a statement that names no table but
+// changes every table of public (GRANT ... ON ALL TABLES IN SCHEMA) to
+// every copy.
+func (t viewTrees) ReferenceNames() []string {
+	return slices.Sorted(maps.Keys(t.v.References))
+}
 
 // referenceRead is the node a Catalog plan runs on: catalogTarget's,
 // unless that node lacks a copy of a reference table the plan reads.

@@ -142,6 +142,14 @@ func (r *recordingTrees) Reference(name string) bool {
 	return ok && ref.Reference(name)
 }
 
+func (r *recordingTrees) ReferenceNames() []string {
+	*r.used = true
+	if l, ok := r.trees.(ReferenceLister); ok {
+		return l.ReferenceNames()
+	}
+	return nil
+}
+
 // lru is a bounded, LRU-ish map from string to values kept per version.
 // Each of its shards keeps two generations; new keys go to the young one, a
 // hit in the old one moves the entry to the young one, and when the young

@@ -116,7 +116,9 @@ func (p *planner) ddl(pl *Plan, n *pg.Node, start, end int) bool {
 	case *pg.Node_DropStmt:
 		return p.dropDDL(pl, s.DropStmt)
 	case *pg.Node_CreateStmt:
-		return p.createReferencing(pl, s.CreateStmt)
+		return p.createReferencing(pl, n, s.CreateStmt, start, end)
+	case *pg.Node_GrantStmt:
+		return p.grantAllInSchema(pl, s.GrantStmt, start, end)
 	default:
 		return false
 	}
@@ -526,21 +528,4 @@ func indexCheck(pl *Plan, tag string, rv *pg.RangeVar) bool {
 	}
 	pl.Kind, pl.Tag, pl.DDL = DDL, tag, &DDLPlan{Op: DDLIndexCheck, Indexes: []string{rv.Relname}}
 	return true
-}
-
-// createReferencing refuses CREATE TABLE with a foreign key to a tree.
-func (p *planner) createReferencing(pl *Plan, cs *pg.CreateStmt) bool {
-	var tree *shardmap.Tree
-	var visit func(m protoreflect.Message)
-	visit = func(m protoreflect.Message) {
-		if c, ok := m.Interface().(*pg.Constraint); ok && c.Contype == pg.ConstrType_CONSTR_FOREIGN && c.Pktable != nil && tree == nil {
-			tree, _ = p.lookup(c.Pktable)
-		}
-		eachChild(m, visit)
-	}
-	visit(cs.ProtoReflect())
-	if tree == nil {
-		return false
-	}
-	return p.refuse(pl, foreignKey(tree))
 }

@@ -54,7 +54,7 @@ func TestDDLRender(t *testing.T) {
 		{sql: `ALTER TABLE catalogue ADD COLUMN n int DEFAULT nextval('s')`, errCode: "0A000"},
 		{sql: `ALTER TABLE catalogue RENAME TO x`, errCode: "0A000"},
 		{sql: `ALTER TABLE catalogue OWNER TO bob`, errCode: "0A000"},
-		{sql: `CREATE TABLE x (id int, FOREIGN KEY (id) REFERENCES public.orders (id))`, errCode: "0A000"},
+		{sql: `CREATE TABLE x (id int, FOREIGN KEY (id) REFERENCES public.orders (total))`, errCode: "0A000"}, // not the tree's key (on its key: golden, Catalog)
 
 		// Foreign keys (foreignkey.go): within a colocation group on the
 		// paired keys, or to a reference table.

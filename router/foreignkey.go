@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	pg "github.com/pganalyze/pg_query_go/v6"
+	"google.golang.org/protobuf/reflect/protoreflect"
 
 	"github.com/lattice-db/lattice/shardmap"
 	"github.com/lattice-db/lattice/sqlstate"
@@ -84,24 +85,89 @@ func checkForeignKey(trees Trees, child, parent *shardmap.Tree, ref bool, con *p
 			"foreign key of tree %s to tree %s does not pair shard key %s with shard key %s, so a row and the row it references may be on different shards",
 			qn(child.Name), qn(parent.Name), qn(child.KeyColumn), qn(parent.KeyColumn))
 	}
-	// An action writes the referencing rows where the referenced row is:
-	// a cascaded delete from a tree stays in the shard (equal keys). A
-	// reference table's row is on every node, so any action would write
-	// every node's rows of the tree, moved copies included; SET NULL and
-	// SET DEFAULT could set a shard key. Those are refused.
+	return checkActions("tree "+qn(child.Name), target, parent != nil, con)
+}
+
+// checkActions refuses the actions of a foreign key of child (as the
+// message names it) that shards could not carry out exactly. An
+// action writes the referencing rows where the referenced row is: a
+// cascaded delete from a tree stays in the shard (equal keys). A reference
+// table's row is on every node, so any action would write every node's
+// rows of the tree, moved copies included; SET NULL and SET DEFAULT could
+// set a shard key. Those are refused.
+func checkActions(child, target string, toTree bool, con *pg.Constraint) *sqlstate.Error {
 	for _, a := range []struct{ on, action string }{{"DELETE", con.FkDelAction}, {"UPDATE", con.FkUpdAction}} {
 		switch {
 		case a.action == "" || a.action == "a" || a.action == "r":
-		case a.action == "c" && a.on == "DELETE" && parent != nil:
+		case a.action == "c" && a.on == "DELETE" && toTree:
 		default:
 			hint := "Use ON " + a.on + " NO ACTION or RESTRICT, and change the referencing rows in the application."
-			if parent != nil {
+			if toTree {
 				hint = "Use ON " + a.on + " NO ACTION or RESTRICT (ON DELETE CASCADE is supported between trees), and change the referencing rows in the application."
 			}
-			return refused(hint, "foreign key of tree %s to %s: ON %s %s is not supported", qn(child.Name), target, a.on, fkActionName(a.action))
+			return refused(hint, "foreign key of %s to %s: ON %s %s is not supported", child, target, a.on, fkActionName(a.action))
 		}
 	}
 	return nil
+}
+
+// createReferencing plans CREATE TABLE with a foreign key to a tree. The
+// new table is ordinary, on the catalog node, and references the tree's
+// empty template, so it can hold no row the key refers to until
+// lattice_create_tree makes it a tree of the referenced tree's group
+// (pgshard checks the key pairs then, knowing the new tree's key). What
+// that cannot change is refused here, naming the fix. It reports false
+// when the statement is to be planned as usual.
+func (p *planner) createReferencing(pl *Plan, n *pg.Node, cs *pg.CreateStmt, start, end int) bool {
+	var err *sqlstate.Error
+	fkTrees := map[*pg.RangeVar]bool{}
+	var visit func(m protoreflect.Message)
+	visit = func(m protoreflect.Message) {
+		if c, ok := m.Interface().(*pg.Constraint); ok && c.Contype == pg.ConstrType_CONSTR_FOREIGN && c.Pktable != nil && err == nil {
+			if parent, _ := p.lookup(c.Pktable); parent != nil {
+				fkTrees[c.Pktable] = true
+				err = checkCreateReference(cs.Relation.Relname, parent, c)
+			}
+		}
+		eachChild(m, visit)
+	}
+	visit(cs.ProtoReflect())
+	switch {
+	case err != nil:
+		return p.refuse(pl, err)
+	case len(fkTrees) == 0:
+		return false
+	}
+	root, _ := nodeMessage(n)
+	for _, r := range walkStmt(root).rels {
+		if t, _ := p.lookup(r.rv); t != nil && !fkTrees[r.rv] {
+			return false // a tree named otherwise (LIKE, INHERITS): planned as usual
+		}
+	}
+	p.apply(pl, route{kind: Catalog}, start, end)
+	return true
+}
+
+// checkCreateReference checks a foreign key of new table child to tree
+// parent in CREATE TABLE, as far as it can be checked before child's shard
+// key is chosen: the referenced columns include parent's key.
+func checkCreateReference(child string, parent *shardmap.Tree, con *pg.Constraint) *sqlstate.Error {
+	target := qn(parent.Name)
+	keyed := false
+	for _, a := range con.PkAttrs {
+		keyed = keyed || a.GetString_().GetSval() == parent.KeyColumn
+	}
+	switch {
+	case len(con.PkAttrs) == 0:
+		return refused("Name the referenced columns: REFERENCES "+target+" ("+parent.KeyColumn+", ...).",
+			"foreign key of %s to tree %s does not name the referenced columns", qn(child), target)
+	case !keyed:
+		return refused("Reference the shard key: REFERENCES "+target+" ("+parent.KeyColumn+", ...), from the column that will be "+qn(child)+"'s shard key, and make "+qn(child)+" a tree colocated with "+target+" (colocate_with).",
+			"foreign key of %s to tree %s does not reference its shard key %s, so a row and the row it references may be on different shards", qn(child), target, qn(parent.KeyColumn))
+	case con.FkMatchtype == "p":
+		return refused("Use MATCH SIMPLE or MATCH FULL.", "MATCH PARTIAL is not implemented")
+	}
+	return checkActions(qn(child), "tree "+target, true, con)
 }
 
 // pairsKeys reports whether the key column of child is paired with the key

@@ -35,6 +35,8 @@ func (m treeMap) Group(t *shardmap.Tree) string {
 // Reference makes plans and regions reference tables.
 func (m treeMap) Reference(name string) bool { return name == "plans" || name == "regions" }
 
+func (m treeMap) ReferenceNames() []string { return []string{"plans", "regions"} }
+
 func testTrees() treeMap {
 	return treeMap{
 		"accounts":  {Name: "accounts", KeyColumn: "account_id", KeyType: shardmap.KeyInt, Columns: []string{"account_id", "plan_id", "name"}},

@@ -15,8 +15,9 @@ import (
 )
 
 // recoverMapCmd is `lattice recover-map`: it rebuilds, from the nodes, the
-// registry entries and maps of the trees that Redis lost (docs/DESIGN.md
-// section 17), and prints one line per tree.
+// registry entries and maps of the trees, and the registry entries of the
+// reference tables, that Redis lost (docs/DESIGN.md section 17), and
+// prints one line per tree and per reference table.
 func recoverMapCmd(ctx context.Context, args []string, out io.Writer) error {
 	var (
 		redisURL, level string
@@ -55,11 +56,26 @@ func recoverMapCmd(ctx context.Context, args []string, out io.Writer) error {
 	if err := restoreDeployment(ctx, cluster, store, out); err != nil {
 		return err
 	}
+	// Before the trees, whose statements join them.
+	refs, err := migrator.RecoverReferences(ctx, cluster, store, log)
+	for _, r := range refs {
+		fmt.Fprintln(out, recoveredReferenceLine(r))
+	}
+	if err != nil {
+		return err
+	}
 	trees, err := migrator.RecoverMaps(ctx, cluster, store, opts, log)
 	for _, t := range trees {
 		fmt.Fprintln(out, recoveredLine(t))
 	}
 	return err
+}
+
+func recoveredReferenceLine(r migrator.RecoveredReference) string {
+	if r.Skipped != "" {
+		return fmt.Sprintf("%s/%s: reference table skipped (%s)", r.Tenant, r.Name, r.Skipped)
+	}
+	return fmt.Sprintf("%s/%s: reference table rebuilt with copies on %s", r.Tenant, r.Name, strings.Join(r.Nodes, ", "))
 }
 
 func recoveredLine(t migrator.RecoveredTree) string {
