@@ -67,6 +67,9 @@ type AggPlan struct {
 	// Window marks the final step of windows (windowstep.go): the partial
 	// rows are the statement's rows, with no aggregate to combine.
 	Window bool
+	// SetOp marks the final step of a set operation (setopstep.go): the
+	// partial rows are its branches' rows, tagged.
+	SetOp bool
 }
 
 const aggSource = "lattice_src"
