@@ -175,8 +175,6 @@ func (p *planner) aggFanOut(r route, s *pg.SelectStmt) route {
 		return no(keyHint+", or remove duplicates in the application.", "DISTINCT ON over several shards is not supported")
 	case s.GroupDistinct:
 		return no(keyHint+", or group in the application.", "GROUP BY DISTINCT over several shards is not supported")
-	case len(s.WindowClause) > 0:
-		return no(keyHint+", or compute it in the application.", "window functions over several shards are not supported")
 	case len(s.LockingClause) > 0:
 		return no("Lock rows by shard key: SELECT ... WHERE "+tree.KeyColumn+" = <value> FOR UPDATE.", "FOR UPDATE/SHARE over several shards is not supported")
 	case s.WithClause != nil:
@@ -192,6 +190,7 @@ func (p *planner) aggFanOut(r route, s *pg.SelectStmt) route {
 	scan = append(scan, s.TargetList...)
 	scan = append(scan, s.SortClause...)
 	scan = append(scan, s.GroupClause...)
+	scan = append(scan, s.WindowClause...)
 	if s.HavingClause != nil {
 		scan = append(scan, s.HavingClause)
 	}
@@ -254,7 +253,12 @@ func (p *planner) aggFanOut(r route, s *pg.SelectStmt) route {
 		finalGroup = append(finalGroup, addGroup(e))
 	}
 	distinctOnly := len(s.GroupClause) == 0 && len(s.DistinctClause) > 0
-	if agg, _ := findAggregates(scan, multi); agg == "" && distinctOnly {
+	if agg, window := findAggregates(scan, multi); agg == "" && distinctOnly {
+		if window || len(s.WindowClause) > 0 {
+			// Without grouping, windows run over every row before
+			// DISTINCT, not over groups the final step could see.
+			return no(keyHint+", or remove duplicates in an outer SELECT over a subquery with the windows.", "window functions beside DISTINCT over several shards are not supported")
+		}
 		for _, t := range targets {
 			addGroup(t.Val)
 		}
@@ -279,6 +283,12 @@ func (p *planner) aggFanOut(r route, s *pg.SelectStmt) route {
 			if sameExpr(g, n, r) {
 				return columnNode("lattice_c" + strconv.Itoa(i+1))
 			}
+		}
+		if fc := n.GetFuncCall(); fc != nil && fc.Over != nil {
+			// A window runs in the final step over the groups; its
+			// arguments and its window's expressions are the groups'.
+			rewriteChildren(n.ProtoReflect(), rewrite)
+			return n
 		}
 		if fc := n.GetFuncCall(); fc != nil {
 			if kind, ok := aggKind(fc); ok {
@@ -319,6 +329,9 @@ func (p *planner) aggFanOut(r route, s *pg.SelectStmt) route {
 		final.TargetList = append(final.TargetList, &pg.Node{Node: &pg.Node_ResTarget{ResTarget: t}})
 	}
 	final.HavingClause = rewrite(final.HavingClause)
+	for _, w := range final.WindowClause {
+		rewriteChildren(w.ProtoReflect(), rewrite)
+	}
 	if !finalSort(final.SortClause, targets, rewrite) {
 		return refusedRoute(fanError(tree.Name))
 	}
@@ -333,6 +346,7 @@ func (p *planner) aggFanOut(r route, s *pg.SelectStmt) route {
 		outside = append(outside, t.GetResTarget().Val)
 	}
 	outside = append(outside, final.HavingClause)
+	outside = append(outside, final.WindowClause...)
 	if col := strayColumn(outside); col != "" {
 		return no("List the column in GROUP BY, or use it inside an aggregate.", "column %s is neither grouped nor aggregated", qn(col))
 	}
@@ -405,9 +419,10 @@ func (p *planner) aggFanOut(r route, s *pg.SelectStmt) route {
 		}
 	}
 	// The catalog check for user-defined aggregates skips the built-in
-	// ones the two-step form combines.
+	// ones the two-step form combines, and window calls, which run whole
+	// in the final step.
 	var names []string
-	for _, c := range findFunctionNames(scan, multi) {
+	for _, c := range callNames(scan, multi, true) {
 		switch c {
 		case "count", "sum", "min", "max", "avg":
 		default:
@@ -482,7 +497,8 @@ func strayColumn(nodes []*pg.Node) string {
 }
 
 // unsupportedNode names the first construct in nodes the two-step form
-// cannot carry: subqueries and window functions.
+// cannot carry: subqueries. Windows run in its final step, over the
+// groups, as PostgreSQL runs them after grouping.
 func unsupportedNode(nodes []*pg.Node) string {
 	bad := ""
 	var visit func(m protoreflect.Message)
@@ -490,15 +506,9 @@ func unsupportedNode(nodes []*pg.Node) string {
 		if bad != "" {
 			return
 		}
-		switch v := m.Interface().(type) {
-		case *pg.SubLink:
+		if _, ok := m.Interface().(*pg.SubLink); ok {
 			bad = "a subquery in an aggregating SELECT"
 			return
-		case *pg.FuncCall:
-			if v.Over != nil {
-				bad = "a window function"
-				return
-			}
 		}
 		if bad = aggregateSyntax(m); bad != "" {
 			return
