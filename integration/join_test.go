@@ -164,6 +164,11 @@ func TestJoinsEqualPostgres(t *testing.T) {
 		{sql: `SELECT c.name, count(*), dense_rank() OVER (ORDER BY c.name DESC), lag(c.name) OVER w, first_value(max(o.total)) OVER w FROM jc c JOIN jo o USING (customer_id) GROUP BY c.name WINDOW w AS (ORDER BY c.name) ORDER BY c.name`, ordered: true},
 		{sql: `SELECT p.title, count(*) AS n, row_number() OVER (ORDER BY count(*) DESC, p.title) FROM jc c JOIN jo_plans p USING (plan) JOIN jo o ON o.customer_id = c.customer_id WHERE o.total > $1 GROUP BY p.title ORDER BY n DESC LIMIT 2`, ordered: true, args: []any{30}},
 		{sql: `SELECT count(*), avg(i.price), row_number() OVER () FROM jo o JOIN ji i ON i.cust = o.customer_id AND i.order_id = o.order_id`},
+		// WITH beside aggregates and final-step windows: the CTEs go into
+		// each node's partial query.
+		{sql: `WITH big AS (SELECT 50 AS floor) SELECT c.region, count(*), sum(o.total) FROM jc c JOIN jo o USING (customer_id), big WHERE o.total > big.floor GROUP BY c.region ORDER BY 1`, ordered: true},
+		{sql: `WITH paid AS (SELECT plan FROM jo_plans WHERE fee > $1) SELECT count(*), max(c.name), min(c.name) FROM jc c JOIN paid USING (plan)`, args: []any{5}},
+		{sql: `WITH w AS (SELECT 'north'::text AS r) SELECT c.customer_id, rank() OVER (ORDER BY c.name, c.customer_id) FROM jc c, w WHERE c.region = w.r ORDER BY 2 LIMIT 10`, ordered: true},
 	}
 	// Refused, with a hint that names the fix.
 	refusedCases := []struct{ sql, hint string }{
@@ -180,6 +185,7 @@ func TestJoinsEqualPostgres(t *testing.T) {
 		{`SELECT customer_id FROM jo UNION ALL SELECT 1`, "Read a tree in every branch"},
 		{`SELECT customer_id, count(*) FROM jo GROUP BY 1 UNION ALL SELECT customer_id, 1 FROM jc`, "customer_id = <value>"},
 		{`SELECT DISTINCT c.region, rank() OVER (ORDER BY c.name) FROM jc c`, "remove duplicates in an outer SELECT"},
+		{`WITH r AS (SELECT random() AS x) SELECT count(*) FROM jo, r WHERE total > r.x`, "pass it as a parameter"},
 	}
 
 	// Writes over several references, compared by their RETURNING rows,

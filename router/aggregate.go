@@ -177,8 +177,9 @@ func (p *planner) aggFanOut(r route, s *pg.SelectStmt) route {
 		return no(keyHint+", or group in the application.", "GROUP BY DISTINCT over several shards is not supported")
 	case len(s.LockingClause) > 0:
 		return no("Lock rows by shard key: SELECT ... WHERE "+tree.KeyColumn+" = <value> FOR UPDATE.", "FOR UPDATE/SHARE over several shards is not supported")
-	case s.WithClause != nil:
-		return no(keyHint+", or run the CTE as its own statement.", "WITH with aggregates over several shards is not supported")
+	}
+	if hint, why := stepWithProblem(s.WithClause, aggWords.plural); why != "" {
+		return no(keyHint+hint, "%s", why)
 	}
 	multi := r.multi != nil
 	for _, g := range s.GroupClause {
@@ -370,10 +371,11 @@ func (p *planner) aggFanOut(r route, s *pg.SelectStmt) route {
 	for _, g := range finalGroup {
 		final.GroupClause = append(final.GroupClause, columnNode("lattice_c"+strconv.Itoa(g+1)))
 	}
-	final.WhereClause = nil
+	final.WhereClause, final.WithClause = nil, nil
 	final.FromClause = []*pg.Node{{Node: &pg.Node_RangeVar{RangeVar: &pg.RangeVar{Relname: aggSource, Inh: true, Relpersistence: "p"}}}}
 
 	partial := &pg.SelectStmt{
+		WithClause:  s.WithClause,
 		FromClause:  src,
 		WhereClause: where,
 		LimitOption: pg.LimitOption_LIMIT_OPTION_DEFAULT,
