@@ -169,6 +169,9 @@ func TestJoinsEqualPostgres(t *testing.T) {
 		{sql: `WITH big AS (SELECT 50 AS floor) SELECT c.region, count(*), sum(o.total) FROM jc c JOIN jo o USING (customer_id), big WHERE o.total > big.floor GROUP BY c.region ORDER BY 1`, ordered: true},
 		{sql: `WITH paid AS (SELECT plan FROM jo_plans WHERE fee > $1) SELECT count(*), max(c.name), min(c.name) FROM jc c JOIN paid USING (plan)`, args: []any{5}},
 		{sql: `WITH w AS (SELECT 'north'::text AS r) SELECT c.customer_id, rank() OVER (ORDER BY c.name, c.customer_id) FROM jc c, w WHERE c.region = w.r ORDER BY 2 LIMIT 10`, ordered: true},
+		// The join form the refusal of a scalar subquery beside
+		// aggregates names.
+		{sql: `SELECT c.name, c.customer_id, count(o.order_id) FROM jc c LEFT JOIN jo o USING (customer_id) GROUP BY c.name, c.customer_id`},
 	}
 	// Refused, with a hint that names the fix.
 	refusedCases := []struct{ sql, hint string }{
@@ -178,7 +181,7 @@ func TestJoinsEqualPostgres(t *testing.T) {
 		{`SELECT * FROM jo JOIN jo_status USING (status) WHERE customer_id = 1`, "reference table"},
 		{`SELECT * FROM jo a JOIN jo b USING (customer_id) JOIN jo_status s ON s.status = b.status WHERE a.customer_id = 1`, "reference table"},
 		{`SELECT string_agg(c.name, ',') FROM jc c JOIN jo o USING (customer_id)`, "customer_id = <value>"},
-		{`SELECT c.name, (SELECT count(*) FROM jo o WHERE o.customer_id = c.customer_id) FROM jc c GROUP BY c.name, c.customer_id`, "customer_id = <value>"},
+		{`SELECT c.name, (SELECT count(*) FROM jo o WHERE o.customer_id = c.customer_id) FROM jc c GROUP BY c.name, c.customer_id`, "join the subquery's table and group by its columns"},
 		{`SELECT p.title, count(o.total) FROM jo_plans p LEFT JOIN jc c USING (plan) LEFT JOIN jo o USING (customer_id) GROUP BY 1`, "customer_id = <value>"},
 		{`SELECT count(*) FROM jc c JOIN ji i ON i.line = c.customer_id`, "shard keys"},
 		{`SELECT * FROM jo UNION SELECT * FROM jo`, "list the columns instead of *"},

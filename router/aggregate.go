@@ -208,7 +208,11 @@ func (p *planner) aggFanOut(r route, s *pg.SelectStmt) route {
 		scan = append(scan, s.LimitOffset)
 	}
 	if bad := unsupportedNode(scan); bad != "" {
-		return no(keyHint+", or compute it in the application.", "%s over several shards is not supported", bad)
+		// The final step runs over the partial rows alone, so a subquery
+		// there would read no tree; a join brings its rows into the
+		// partial query instead.
+		return no(keyHint+", join the subquery's table and group by its columns instead (FROM a JOIN b ON b.key = a.key ... GROUP BY ..., b.col), or compute it in the application.",
+			"%s over several shards is not supported", bad)
 	}
 	in, bad := stepInput(r, s, aggWords)
 	if bad != nil {
