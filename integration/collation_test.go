@@ -14,8 +14,9 @@ import (
 // under a collation that does not order bytes (ICU's en-US) and under the
 // databases' own (C in the tests), and compares every answer with the
 // same statement on one plain table on the catalog node: PostgreSQL's own
-// order. Char(n), DISTINCT and GROUP BY, min and max, a COLLATE in the
-// statement, and a column's collation changed by DDL are covered, in the
+// order. Char(n), DISTINCT and GROUP BY, min and max, set operations in
+// the final step, a COLLATE in the statement, and a column's collation
+// changed by DDL are covered, in the
 // simple and the extended protocol.
 func TestFanOutCollations(t *testing.T) {
 	resetNodes(t)
@@ -68,6 +69,12 @@ func TestFanOutCollations(t *testing.T) {
 		`SELECT min(t), max(t), min(d), max(d) FROM coll`,
 		`SELECT k, min(t), max(t) FROM coll GROUP BY k ORDER BY k`,
 		`SELECT sum(k) FROM coll WHERE id BETWEEN 10 AND 180`,
+		// Set operations in the final step compare and order under the
+		// collation the set operation gives each column.
+		`SELECT t FROM coll WHERE k < 9 UNION SELECT d COLLATE "en-US-x-icu" FROM coll WHERE k > 3 ORDER BY 1 NULLS FIRST`,
+		`SELECT t FROM coll EXCEPT ALL SELECT t FROM coll WHERE k > 15 ORDER BY 1 DESC`,
+		`SELECT d FROM coll INTERSECT ALL SELECT t COLLATE "C" FROM coll WHERE k % 2 = 0 ORDER BY 1`,
+		`SELECT c FROM coll WHERE k = 1 UNION SELECT c FROM coll WHERE k = 2 ORDER BY 1 LIMIT 5`,
 	}
 	modes := map[string]pgx.QueryExecMode{"extended": pgx.QueryExecModeCacheStatement, "simple": pgx.QueryExecModeSimpleProtocol}
 	check := func(t *testing.T, sql string, mode pgx.QueryExecMode) {

@@ -268,6 +268,12 @@ func TestCreateTreeDistributesRows(t *testing.T) {
 			if code := ctCode(err); code != "42P07" {
 				t.Errorf("second CreateTree: %v, want 42P07", err)
 			}
+			// A registry that lost the tree: the template's fence, an
+			// internal trigger, still marks it a tree.
+			_, _, err = c.CreateTree(ctx, ctStore(t), pgshard.TreeSpec{Table: tc.table, KeyColumn: tc.key, ShardCount: 8})
+			if code := ctCode(err); code != "42P07" {
+				t.Errorf("CreateTree with a registry that lacks the tree: %v, want 42P07", err)
+			}
 		})
 	}
 }

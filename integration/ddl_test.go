@@ -10,7 +10,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/lattice-db/lattice/pgshard"
 	"github.com/lattice-db/lattice/shardmap"
+	"github.com/lattice-db/lattice/sqlstate"
 )
 
 const ddlShards = 16
@@ -346,7 +348,8 @@ func TestDDLCreateIndexConcurrentlyFailure(t *testing.T) {
 
 // TestDDLCatalogQueries runs psql's \d family and the catalog queries
 // drivers run at connect through the proxy: a tree shows as one ordinary
-// table (its template) with its indexes.
+// table (its template) with its indexes, and neither it nor a reference
+// table shows Lattice's fence, which still refuses a direct write.
 func TestDDLCatalogQueries(t *testing.T) {
 	psql, err := exec.LookPath("psql")
 	if err != nil {
@@ -361,6 +364,8 @@ func TestDDLCatalogQueries(t *testing.T) {
 	mustExec(t, c, fmt.Sprintf(`SELECT lattice_create_tree('cat', 'id', shard_count => %d)`, ddlShards))
 	mustExec(t, c, `CREATE INDEX cat_title ON cat (title)`)
 	mustExec(t, c, `CREATE TABLE plain (x int)`)
+	mustExec(t, c, `CREATE TABLE kinds (k int PRIMARY KEY, name text)`)
+	mustExec(t, c, `SELECT lattice_create_reference_table('kinds')`)
 
 	run := func(t *testing.T, cmd string) string {
 		t.Helper()
@@ -378,8 +383,10 @@ func TestDDLCatalogQueries(t *testing.T) {
 		{cmd: `\d`, has: []string{"public | cat", "public | plain"}, hasNot: []string{"lattice_s"}},
 		{cmd: `\dt`, has: []string{"public | cat   | table", "public | plain | table"}, hasNot: []string{"lattice_s", "lattice_owner"}},
 		{cmd: `\d cat`, has: []string{`Table "public.cat"`, "id", "uuid", "title", "not null", "n      | integer", "Default", "| 3",
-			`"cat_pkey" PRIMARY KEY, btree (id)`, `"cat_title" btree (title)`, "lattice_fence"}},
-		{cmd: `\d+ cat`, has: []string{`Table "public.cat"`, "Storage", `"cat_title" btree (title)`, "Access method: heap"}},
+			`"cat_pkey" PRIMARY KEY, btree (id)`, `"cat_title" btree (title)`}, hasNot: []string{"lattice", "Triggers"}},
+		{cmd: `\d+ cat`, has: []string{`Table "public.cat"`, "Storage", `"cat_title" btree (title)`, "Access method: heap"},
+			hasNot: []string{"lattice", "Triggers"}},
+		{cmd: `\d kinds`, has: []string{`Table "public.kinds"`, `"kinds_pkey" PRIMARY KEY, btree (k)`}, hasNot: []string{"lattice", "Triggers"}},
 		{cmd: `\di`, has: []string{"cat_pkey", "cat_title"}, hasNot: []string{"lattice_s"}},
 		{cmd: `\l`, has: []string{"lattice"}},
 		{cmd: `\dn`, has: []string{"public", "lattice_meta"}},
@@ -400,6 +407,39 @@ func TestDDLCatalogQueries(t *testing.T) {
 			}
 		})
 	}
+
+	t.Run("fences", func(t *testing.T) {
+		// Clients other than psql (pgAdmin, DBeaver) filter on tgisinternal
+		// as psql does.
+		for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeSimpleProtocol, pgx.QueryExecModeCacheStatement} {
+			var n int
+			if err := c.QueryRow(ctx, `SELECT count(*) FROM pg_trigger WHERE tgrelid IN ('cat'::regclass, 'kinds'::regclass) AND NOT tgisinternal`,
+				mode).Scan(&n); err != nil || n != 0 {
+				t.Errorf("triggers of cat and kinds that are not internal: %d, %v, want 0", n, err)
+			}
+		}
+		// The tenant's role owns both tables on the catalog node: it may
+		// disable its own triggers of the template, which must leave the
+		// fence on (the reference guard refuses DDL on kinds outright).
+		owner := connect(t, fmt.Sprintf("postgres://%s@127.0.0.1:%d/lattice?sslmode=disable", pgshard.TenantRole("lattice"), testNode(t, 0).Port))
+		for _, table := range []string{"cat", "kinds"} {
+			write := `DELETE FROM ` + table
+			if _, err := owner.Exec(ctx, write); pgCode(err) != sqlstate.SlotMoved {
+				t.Errorf("%s on the catalog node: %v, want %s", write, err, sqlstate.SlotMoved)
+			}
+			if _, err := owner.Exec(ctx, `ALTER TABLE `+table+` DISABLE TRIGGER ALL`); pgCode(err) != sqlstate.InsufficientPrivilege {
+				t.Errorf("ALTER TABLE %s DISABLE TRIGGER ALL as its owner: %v, want %s", table, err, sqlstate.InsufficientPrivilege)
+			}
+			if table == "kinds" {
+				continue
+			}
+			mustExec(t, owner, `ALTER TABLE `+table+` DISABLE TRIGGER USER`)
+			if _, err := owner.Exec(ctx, write); pgCode(err) != sqlstate.SlotMoved {
+				t.Errorf("%s after DISABLE TRIGGER USER: %v, want %s", write, err, sqlstate.SlotMoved)
+			}
+			mustExec(t, owner, `ALTER TABLE `+table+` ENABLE TRIGGER USER`)
+		}
+	})
 
 	t.Run("index of an ordinary table", func(t *testing.T) {
 		// ALTER and DROP INDEX of an index that is not a tree's run on the

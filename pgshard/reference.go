@@ -262,15 +262,27 @@ func (c *Cluster) buildCopy(ctx context.Context, src *referenceSource, node, ten
 	if err != nil {
 		return 0, fmt.Errorf("pgshard: copy the rows of reference table %s to node %s: %w", src.ti.Name, node, err)
 	}
-	if _, err := p.Exec(ctx, fenceReferenceSQL(src.ti.Name)); err != nil {
+	err = pgx.BeginFunc(ctx, p, func(tx pgx.Tx) error {
+		for _, s := range fenceReferenceSQL(src.ti.Name) {
+			if _, err := tx.Exec(ctx, s); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
 		return 0, fmt.Errorf("pgshard: fence the copy of reference table %s on node %s: %w", src.ti.Name, node, err)
 	}
 	return n, nil
 }
 
-func fenceReferenceSQL(name string) string {
-	return "CREATE TRIGGER " + referenceTrigger + " BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON " + referenceQuoted(name) +
-		" FOR EACH STATEMENT EXECUTE FUNCTION " + referenceFence
+// fenceReferenceSQL makes the fence of a copy, an internal trigger.
+func fenceReferenceSQL(name string) []string {
+	return []string{
+		"CREATE TRIGGER " + referenceTrigger + " BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON " + referenceQuoted(name) +
+			" FOR EACH STATEMENT EXECUTE FUNCTION " + referenceFence,
+		hideTriggerSQL(referenceQuoted(name), referenceTrigger),
+	}
 }
 
 // dropCopies drops the copies of name on nodes.
@@ -357,7 +369,7 @@ func (c *Cluster) CreateReference(ctx context.Context, store shardmap.ReferenceS
 			return undo(err)
 		}
 	}
-	for _, s := range []string{fenceReferenceSQL(name), `INSERT INTO ` + referenceMeta + ` (name, nodes) VALUES ($1, $2)`} {
+	for _, s := range append(fenceReferenceSQL(name), `INSERT INTO `+referenceMeta+` (name, nodes) VALUES ($1, $2)`) {
 		var args []any
 		if strings.HasPrefix(s, "INSERT") {
 			args = []any{name, nodes}

@@ -414,6 +414,7 @@ END
 $fence$`,
 		"CREATE TRIGGER " + fenceTrigger + " BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON " + template +
 			" FOR EACH STATEMENT EXECUTE FUNCTION " + fenceFunction,
+		hideTriggerSQL(template, fenceTrigger),
 	}
 	for _, s := range stmts {
 		if _, err := tx.Exec(ctx, s); err != nil {
@@ -667,7 +668,9 @@ ORDER BY ic.relname`, ti.OID)
 		return nil, fmt.Errorf("indexes: %w", err)
 	}
 
-	rows, err = tx.Query(ctx, `SELECT tgname FROM pg_catalog.pg_trigger WHERE tgrelid = $1 AND NOT tgisinternal ORDER BY tgname`, ti.OID)
+	// Lattice's fences are internal triggers (hidetrigger.go) but count.
+	rows, err = tx.Query(ctx, `SELECT tgname FROM pg_catalog.pg_trigger
+WHERE tgrelid = $1 AND (NOT tgisinternal OR tgname IN ($2, $3)) ORDER BY tgname`, ti.OID, fenceTrigger, referenceTrigger)
 	if err != nil {
 		return nil, fmt.Errorf("triggers: %w", err)
 	}

@@ -116,7 +116,7 @@ func (f *fanOut) playAgg(s *session, x *exchange) error {
 	base := len(f.agg.params)
 	var values [][]byte
 	size := 0
-	var held int64       // window rows gathered so far
+	var held int64       // bytes of rows gathered so far
 	var cp *pgshard.Conn // the final backend, once the rows go to a temporary table
 	defer func() {
 		if cp != nil {
@@ -136,14 +136,12 @@ func (f *fanOut) playAgg(s *session, x *exchange) error {
 			if x.errored {
 				continue
 			}
-			if a.Window {
-				held += rowSize(row)
-				if e := s.overWindowRows(held); e != nil {
-					x.errored = true
-					s.send(e.Response())
-					s.stopParts()
-					continue
-				}
+			held += rowSize(row)
+			if e := s.overGathered(a, held); e != nil {
+				x.errored = true
+				s.send(e.Response())
+				s.stopParts()
+				continue
 			}
 			if cp != nil {
 				if copyBuf, err = copyLine(cp, copyBuf, row); err != nil {

@@ -67,6 +67,9 @@ type AggPlan struct {
 	// Window marks the final step of windows (windowstep.go): the partial
 	// rows are the statement's rows, with no aggregate to combine.
 	Window bool
+	// SetOp marks the final step of a set operation (setopstep.go): the
+	// partial rows are its branches' rows, tagged.
+	SetOp bool
 }
 
 const aggSource = "lattice_src"
@@ -172,12 +175,11 @@ func (p *planner) aggFanOut(r route, s *pg.SelectStmt) route {
 		return no(keyHint+", or remove duplicates in the application.", "DISTINCT ON over several shards is not supported")
 	case s.GroupDistinct:
 		return no(keyHint+", or group in the application.", "GROUP BY DISTINCT over several shards is not supported")
-	case len(s.WindowClause) > 0:
-		return no(keyHint+", or compute it in the application.", "window functions over several shards are not supported")
 	case len(s.LockingClause) > 0:
 		return no("Lock rows by shard key: SELECT ... WHERE "+tree.KeyColumn+" = <value> FOR UPDATE.", "FOR UPDATE/SHARE over several shards is not supported")
-	case s.WithClause != nil:
-		return no(keyHint+", or run the CTE as its own statement.", "WITH with aggregates over several shards is not supported")
+	}
+	if hint, why := stepWithProblem(s.WithClause, aggWords.plural); why != "" {
+		return no(keyHint+hint, "%s", why)
 	}
 	multi := r.multi != nil
 	for _, g := range s.GroupClause {
@@ -189,6 +191,7 @@ func (p *planner) aggFanOut(r route, s *pg.SelectStmt) route {
 	scan = append(scan, s.TargetList...)
 	scan = append(scan, s.SortClause...)
 	scan = append(scan, s.GroupClause...)
+	scan = append(scan, s.WindowClause...)
 	if s.HavingClause != nil {
 		scan = append(scan, s.HavingClause)
 	}
@@ -205,7 +208,11 @@ func (p *planner) aggFanOut(r route, s *pg.SelectStmt) route {
 		scan = append(scan, s.LimitOffset)
 	}
 	if bad := unsupportedNode(scan); bad != "" {
-		return no(keyHint+", or compute it in the application.", "%s over several shards is not supported", bad)
+		// The final step runs over the partial rows alone, so a subquery
+		// there would read no tree; a join brings its rows into the
+		// partial query instead.
+		return no(keyHint+", join the subquery's table and group by its columns instead (FROM a JOIN b ON b.key = a.key ... GROUP BY ..., b.col), or compute it in the application.",
+			"%s over several shards is not supported", bad)
 	}
 	in, bad := stepInput(r, s, aggWords)
 	if bad != nil {
@@ -251,7 +258,12 @@ func (p *planner) aggFanOut(r route, s *pg.SelectStmt) route {
 		finalGroup = append(finalGroup, addGroup(e))
 	}
 	distinctOnly := len(s.GroupClause) == 0 && len(s.DistinctClause) > 0
-	if agg, _ := findAggregates(scan, multi); agg == "" && distinctOnly {
+	if agg, window := findAggregates(scan, multi); agg == "" && distinctOnly {
+		if window || len(s.WindowClause) > 0 {
+			// Without grouping, windows run over every row before
+			// DISTINCT, not over groups the final step could see.
+			return no(keyHint+", or remove duplicates in an outer SELECT over a subquery with the windows.", "window functions beside DISTINCT over several shards are not supported")
+		}
 		for _, t := range targets {
 			addGroup(t.Val)
 		}
@@ -276,6 +288,12 @@ func (p *planner) aggFanOut(r route, s *pg.SelectStmt) route {
 			if sameExpr(g, n, r) {
 				return columnNode("lattice_c" + strconv.Itoa(i+1))
 			}
+		}
+		if fc := n.GetFuncCall(); fc != nil && fc.Over != nil {
+			// A window runs in the final step over the groups; its
+			// arguments and its window's expressions are the groups'.
+			rewriteChildren(n.ProtoReflect(), rewrite)
+			return n
 		}
 		if fc := n.GetFuncCall(); fc != nil {
 			if kind, ok := aggKind(fc); ok {
@@ -316,6 +334,9 @@ func (p *planner) aggFanOut(r route, s *pg.SelectStmt) route {
 		final.TargetList = append(final.TargetList, &pg.Node{Node: &pg.Node_ResTarget{ResTarget: t}})
 	}
 	final.HavingClause = rewrite(final.HavingClause)
+	for _, w := range final.WindowClause {
+		rewriteChildren(w.ProtoReflect(), rewrite)
+	}
 	if !finalSort(final.SortClause, targets, rewrite) {
 		return refusedRoute(fanError(tree.Name))
 	}
@@ -330,6 +351,7 @@ func (p *planner) aggFanOut(r route, s *pg.SelectStmt) route {
 		outside = append(outside, t.GetResTarget().Val)
 	}
 	outside = append(outside, final.HavingClause)
+	outside = append(outside, final.WindowClause...)
 	if col := strayColumn(outside); col != "" {
 		return no("List the column in GROUP BY, or use it inside an aggregate.", "column %s is neither grouped nor aggregated", qn(col))
 	}
@@ -353,10 +375,11 @@ func (p *planner) aggFanOut(r route, s *pg.SelectStmt) route {
 	for _, g := range finalGroup {
 		final.GroupClause = append(final.GroupClause, columnNode("lattice_c"+strconv.Itoa(g+1)))
 	}
-	final.WhereClause = nil
+	final.WhereClause, final.WithClause = nil, nil
 	final.FromClause = []*pg.Node{{Node: &pg.Node_RangeVar{RangeVar: &pg.RangeVar{Relname: aggSource, Inh: true, Relpersistence: "p"}}}}
 
 	partial := &pg.SelectStmt{
+		WithClause:  s.WithClause,
 		FromClause:  src,
 		WhereClause: where,
 		LimitOption: pg.LimitOption_LIMIT_OPTION_DEFAULT,
@@ -402,9 +425,10 @@ func (p *planner) aggFanOut(r route, s *pg.SelectStmt) route {
 		}
 	}
 	// The catalog check for user-defined aggregates skips the built-in
-	// ones the two-step form combines.
+	// ones the two-step form combines, and window calls, which run whole
+	// in the final step.
 	var names []string
-	for _, c := range findFunctionNames(scan, multi) {
+	for _, c := range callNames(scan, multi, true) {
 		switch c {
 		case "count", "sum", "min", "max", "avg":
 		default:
@@ -479,7 +503,8 @@ func strayColumn(nodes []*pg.Node) string {
 }
 
 // unsupportedNode names the first construct in nodes the two-step form
-// cannot carry: subqueries and window functions.
+// cannot carry: subqueries. Windows run in its final step, over the
+// groups, as PostgreSQL runs them after grouping.
 func unsupportedNode(nodes []*pg.Node) string {
 	bad := ""
 	var visit func(m protoreflect.Message)
@@ -487,15 +512,9 @@ func unsupportedNode(nodes []*pg.Node) string {
 		if bad != "" {
 			return
 		}
-		switch v := m.Interface().(type) {
-		case *pg.SubLink:
+		if _, ok := m.Interface().(*pg.SubLink); ok {
 			bad = "a subquery in an aggregating SELECT"
 			return
-		case *pg.FuncCall:
-			if v.Over != nil {
-				bad = "a window function"
-				return
-			}
 		}
 		if bad = aggregateSyntax(m); bad != "" {
 			return

@@ -37,8 +37,12 @@ const (
 // be built, and the proxy then treats every text key as one it cannot
 // merge.
 func collationProbe(r route, exprs []*pg.Node) string {
+	var with *pg.WithClause
+	if r.sel.WithClause != nil {
+		with = proto.Clone(r.sel.WithClause).(*pg.WithClause)
+	}
 	s := &pg.SelectStmt{
-		WithClause:  r.sel.WithClause,
+		WithClause:  with,
 		LimitOption: pg.LimitOption_LIMIT_OPTION_DEFAULT,
 		Op:          pg.SetOperation_SETOP_NONE,
 	}
@@ -86,6 +90,10 @@ func collationProbe(r route, exprs []*pg.Node) string {
 		}
 		texts[i] = probeHead + t + probeTail
 	}
+	// The probe runs without the statement's parameters: a parameter in
+	// its WITH or FROM (a CTE's filter, a join condition) reads as NULL,
+	// which changes no column's collation.
+	nullParams(s.ProtoReflect())
 	inner, err := deparseStmt(s)
 	if err != nil {
 		return ""
@@ -125,4 +133,15 @@ func collationProbe(r route, exprs []*pg.Node) string {
 	b.WriteString(inner[last:])
 	b.WriteString(") AS lattice_probe")
 	return b.String()
+}
+
+// nullParams replaces every parameter inside m with NULL.
+func nullParams(m protoreflect.Message) {
+	rewriteChildren(m, func(n *pg.Node) *pg.Node {
+		if n.GetParamRef() != nil {
+			return &pg.Node{Node: &pg.Node_AConst{AConst: &pg.A_Const{Isnull: true}}}
+		}
+		nullParams(n.ProtoReflect())
+		return n
+	})
 }

@@ -233,6 +233,11 @@ func (p *planner) copyQuery(c *CopySpec, s *pg.CopyStmt) route {
 			return refusedRoute(refused("Fix the shard key in WHERE to read one shard, or COPY the rows and aggregate in the application.",
 				"COPY (SELECT ...) over several shards of tree %s with aggregates, GROUP BY, HAVING or DISTINCT is not supported: the proxy does not merge COPY output", qn(r.tree.Name)))
 		}
+		if r.fan.agg != nil {
+			// Each node's COPY would run the statement over its own shards.
+			return refusedRoute(refused("Fix the shard key in WHERE to read one shard, or run the query without COPY.",
+				"COPY (SELECT ...) over several shards of tree %s with window functions or a set operation that run in a final step is not supported: the proxy does not run that step for COPY", qn(r.tree.Name)))
+		}
 		if len(r.fan.sort) > 0 || r.fan.limit != nil || r.fan.offset != nil {
 			return refusedRoute(refused("Fix the shard key in WHERE to read one shard, or drop ORDER BY, LIMIT and OFFSET and sort in the application.",
 				"COPY (SELECT ...) over several shards of tree %s with ORDER BY, LIMIT or OFFSET is not supported: the proxy does not merge COPY output", qn(r.tree.Name)))

@@ -213,9 +213,12 @@ func explainLines(m *shardmap.Map, p *Plan, r *Routing) []string {
 		add(0, "Lattice FanOut: aggregate over "+over+": it runs whole there, with no final step")
 		explainNodes(add, r)
 	case q.Agg != nil:
-		if q.Agg.Window {
+		switch {
+		case q.Agg.Window:
 			add(0, "Lattice FanOut: rows gathered for window functions over "+over)
-		} else {
+		case q.Agg.SetOp:
+			add(0, "Lattice FanOut: branch rows gathered for a set operation over "+over)
+		default:
 			add(0, "Lattice FanOut: two-step aggregate over "+over)
 		}
 		explainNodes(add, r)

@@ -313,8 +313,11 @@ func (p *Plan) String() string {
 		}
 		if p.Agg != nil {
 			form := "agg"
-			if p.Agg.Window {
+			switch {
+			case p.Agg.Window:
 				form = "window"
+			case p.Agg.SetOp:
+				form = "setop"
 			}
 			fmt.Fprintf(&b, " tree=%s %s columns=%d params=%v/%v", p.Tree.Name, form, p.Agg.Columns, p.Agg.PartialParams, p.Agg.FinalParams)
 			break

@@ -7,8 +7,6 @@ import (
 
 	pg "github.com/pganalyze/pg_query_go/v6"
 	"google.golang.org/protobuf/proto"
-
-	"github.com/lattice-db/lattice/btreeindex"
 )
 
 // A set operation (UNION, INTERSECT, EXCEPT, with or without ALL) whose
@@ -30,8 +28,9 @@ import (
 //     trees share one map; a mixed shard reads only the slots it owns).
 //     Each shard then decides the row's presence and count exactly.
 //
-// A set operation that compares rows without such a shared key position is
-// refused: gathering each branch's rows for a final step is not built.
+// A set operation that compares rows without such a shared key position
+// runs its comparisons in a final step over each branch's gathered rows
+// (setopstep.go).
 
 // setOpArm is what one side of a set operation is known to output.
 type setOpArm struct {
@@ -39,6 +38,9 @@ type setOpArm struct {
 	names []string // the leftmost branch's output names, "" where unknown
 	star  bool     // the leftmost branch's select list has *
 	calls []string // functions the branches call
+	// gather: an operator compares rows that may come from different
+	// shards, so the set operation runs in the final step.
+	gather bool
 }
 
 // setOpFanOut plans a set operation over every shard.
@@ -67,6 +69,9 @@ func (p *planner) setOpFanOut(c *colocation, r route, s *pg.SelectStmt) route {
 			hint = keyHint + ", or compute it in the application."
 		}
 		return no(hint, "%s", why)
+	}
+	if arm.gather {
+		return p.setOpStep(r, s, arm, no)
 	}
 	f := &fanPlan{calls: arm.calls}
 	var msg string
@@ -110,7 +115,11 @@ func (p *planner) setOpFanOut(c *colocation, r route, s *pg.SelectStmt) route {
 		f.sort = append(f.sort, key)
 	}
 	if len(f.sort) > 0 {
-		f.probe = setOpProbe(r, s, f.sort)
+		cols := make([]int, len(f.sort))
+		for i, k := range f.sort {
+			cols[i] = k.Column
+		}
+		f.probe = setOpProbe(r, s, cols)
 	}
 	r.kind, r.sel, r.fan = FanOut, s, f
 	return r
@@ -142,11 +151,7 @@ func (c *colocation) setOpSide(s *pg.SelectStmt, root bool) (arm setOpArm, why, 
 			arm.keyed = append(arm.keyed, i)
 		}
 	}
-	if !(s.Op == pg.SetOperation_SETOP_UNION && s.All) && len(arm.keyed) == 0 {
-		k := c.refs[0].tree.KeyColumn
-		return arm, fmt.Sprintf("%s compares rows that may come from different shards", setOpName(s)),
-			"Output the shard key " + k + " at the same position in every branch (equal rows then share a shard), use UNION ALL, or fix the shard key with " + k + " = <value> in each branch."
-	}
+	arm.gather = l.gather || rt.gather || !(s.Op == pg.SetOperation_SETOP_UNION && s.All) && len(arm.keyed) == 0
 	return arm, "", ""
 }
 
@@ -201,16 +206,30 @@ func setOpName(s *pg.SelectStmt) string {
 	return name
 }
 
-// setOpProbe is the collation probe of a set operation's sort keys: the
-// set operation itself, without ORDER BY and LIMIT, as a derived table
-// whose first columns are renamed so that each key can be named.
-func setOpProbe(r route, s *pg.SelectStmt, keys []btreeindex.SortKey) string {
+// setOpProbe is the collation probe of a set operation's output columns
+// cols (0-based; -1 probes nothing): the set operation itself, without
+// ORDER BY and LIMIT, as a derived table whose first columns are renamed
+// so that each can be named.
+func setOpProbe(r route, s *pg.SelectStmt, cols []int) string {
 	inner := proto.Clone(s).(*pg.SelectStmt)
 	inner.SortClause, inner.LimitCount, inner.LimitOffset = nil, nil, nil
 	inner.LimitOption = pg.LimitOption_LIMIT_OPTION_DEFAULT
+	// The probe runs without the statement's parameters. A branch's WHERE
+	// cannot change the collation of what it outputs, and is where they
+	// usually are.
+	var unfilter func(b *pg.SelectStmt)
+	unfilter = func(b *pg.SelectStmt) {
+		if b.Op == pg.SetOperation_SETOP_NONE {
+			b.WhereClause = nil
+			return
+		}
+		unfilter(b.Larg)
+		unfilter(b.Rarg)
+	}
+	unfilter(inner)
 	last := 0
-	for _, k := range keys {
-		last = max(last, k.Column+1)
+	for _, c := range cols {
+		last = max(last, c+1)
 	}
 	alias := &pg.Alias{Aliasname: "lattice_q"}
 	for i := range last {
@@ -220,10 +239,12 @@ func setOpProbe(r route, s *pg.SelectStmt, keys []btreeindex.SortKey) string {
 	probe.sel = &pg.SelectStmt{LimitOption: pg.LimitOption_LIMIT_OPTION_DEFAULT, Op: pg.SetOperation_SETOP_NONE,
 		FromClause: []*pg.Node{{Node: &pg.Node_RangeSubselect{RangeSubselect: &pg.RangeSubselect{
 			Subquery: &pg.Node{Node: &pg.Node_SelectStmt{SelectStmt: inner}}, Alias: alias}}}}}
-	exprs := make([]*pg.Node, len(keys))
-	for i, k := range keys {
-		exprs[i] = &pg.Node{Node: &pg.Node_ColumnRef{ColumnRef: &pg.ColumnRef{Fields: []*pg.Node{
-			pg.MakeStrNode("lattice_q"), pg.MakeStrNode("lattice_k" + strconv.Itoa(k.Column+1))}}}}
+	exprs := make([]*pg.Node, len(cols))
+	for i, c := range cols {
+		if c >= 0 {
+			exprs[i] = &pg.Node{Node: &pg.Node_ColumnRef{ColumnRef: &pg.ColumnRef{Fields: []*pg.Node{
+				pg.MakeStrNode("lattice_q"), pg.MakeStrNode("lattice_k" + strconv.Itoa(c+1))}}}}
+		}
 	}
 	return collationProbe(probe, exprs)
 }

@@ -36,8 +36,9 @@ func (p *planner) windowFanOut(r route, s *pg.SelectStmt) route {
 	switch {
 	case len(s.LockingClause) > 0:
 		return no("Lock rows by shard key: SELECT ... WHERE "+tree.KeyColumn+" = <value> FOR UPDATE.", "FOR UPDATE/SHARE over several shards is not supported")
-	case s.WithClause != nil:
-		return no(keyHint+", or run the CTE as its own statement.", "WITH with window functions over several shards is not supported")
+	}
+	if hint, why := stepWithProblem(s.WithClause, windowWords.plural); why != "" {
+		return no(keyHint+hint, "%s", why)
 	}
 	// What the final step computes must not read a table: it runs over
 	// the gathered rows only.
@@ -94,10 +95,11 @@ func (p *planner) windowFanOut(r route, s *pg.SelectStmt) route {
 	if !finalSort(final.SortClause, in.targets, rewrite) {
 		return refusedRoute(fanError(tree.Name))
 	}
-	final.WhereClause = nil
+	final.WhereClause, final.WithClause = nil, nil
 	final.FromClause = []*pg.Node{{Node: &pg.Node_RangeVar{RangeVar: &pg.RangeVar{Relname: aggSource, Inh: true, Relpersistence: "p"}}}}
 
 	partial := &pg.SelectStmt{
+		WithClause:  s.WithClause,
 		FromClause:  in.src,
 		WhereClause: in.where,
 		LimitOption: pg.LimitOption_LIMIT_OPTION_DEFAULT,
