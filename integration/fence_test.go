@@ -133,3 +133,41 @@ func TestSlotFence(t *testing.T) {
 		t.Fatalf("write after the fence was dropped: %v", err)
 	}
 }
+
+// TestFenceApartFromControlPool: arming a fence, which happens inside a
+// write pause, does not wait for a connection of the node's control pool,
+// which a release's deletes or another migration's work can hold whole.
+func TestFenceApartFromControlPool(t *testing.T) {
+	resetNodes(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cl := ctCluster(t, 1)
+	tree := &shardmap.Tree{Tenant: "lattice", Name: "fenced", KeyColumn: "k", KeyType: shardmap.KeyText, SlotCount: 4096}
+	table := pgshard.ShardTable(tree, 3)
+	conn := connect(t, testNodeDSN(t, 0))
+	mustExec(t, conn, "CREATE SCHEMA "+shardmap.SchemaName(3))
+	mustExec(t, conn, "CREATE TABLE "+table+" (k text PRIMARY KEY, v int)")
+	admin, err := cl.Admin(ctx, "n1", "lattice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Every connection of the control pool, held.
+	for {
+		actx, acancel := context.WithTimeout(ctx, 200*time.Millisecond)
+		c, err := admin.Acquire(actx)
+		acancel()
+		if err != nil {
+			break
+		}
+		defer c.Release()
+	}
+	fence := pgshard.SlotFence{Migration: "f1", Tree: tree, Shard: 3, Slots: [][2]int{{2048, 4095}}, Target: 9, Epoch: 7}
+	fctx, fcancel := context.WithTimeout(ctx, 5*time.Second)
+	defer fcancel()
+	if err := cl.InstallSlotFence(fctx, "n1", fence); err != nil {
+		t.Fatalf("the fence waited for the control pool: %v", err)
+	}
+	if _, err := conn.Exec(ctx, "INSERT INTO "+table+" VALUES ($1, 1)", keyInSlots(t, 2048, 4095, true)); err == nil {
+		t.Fatal("a write to a fenced slot passed")
+	}
+}

@@ -62,7 +62,6 @@ func (c clusterNodes) DeleteSlots(ctx context.Context, t *shardmap.Tree, node st
 		return fmt.Errorf("migrator: release moved rows of shard %d: size: %w", shard, err)
 	}
 	settings := releaseSettings(replica)
-	q := fmt.Sprintf("DELETE FROM %s WHERE ctid >= format('(%%s,0)', $1::int8)::tid AND ctid < format('(%%s,0)', $2::int8)::tid AND %s", table, pred)
 	for lo := int64(0); ; lo += perBatch {
 		if lo >= blocks {
 			// Blocks added since the size was read hold none of the
@@ -75,14 +74,9 @@ func (c clusterNodes) DeleteSlots(ctx context.Context, t *shardmap.Tree, node st
 				return nil
 			}
 		}
-		err := pgx.BeginFunc(ctx, p, func(tx pgx.Tx) error {
-			if _, err := tx.Exec(ctx, settings); err != nil {
-				return err
-			}
-			_, err := tx.Exec(ctx, q, lo, lo+perBatch)
-			return err
-		})
-		if err != nil {
+		// One simple query, one implicit transaction: a round trip a range.
+		q := fmt.Sprintf("%s; DELETE FROM %s WHERE ctid >= '(%d,0)' AND ctid < '(%d,0)' AND %s", settings, table, lo, lo+perBatch, pred)
+		if _, err := p.Exec(ctx, q, pgx.QueryExecModeSimpleProtocol); err != nil {
 			return fmt.Errorf("migrator: release moved rows of shard %d: %w", shard, err)
 		}
 		if lo == 0 && perBatch < blocks {
@@ -93,8 +87,8 @@ func (c clusterNodes) DeleteSlots(ctx context.Context, t *shardmap.Tree, node st
 
 // releaseSettings is what one range of the release sets for its own
 // transaction: the migrator setting the fence lets past, and, when the role
-// may, replica mode, in which the fence's trigger does not fire at all. One
-// simple query, so it costs one round trip.
+// may, replica mode, in which the fence's trigger does not fire at all. It
+// goes in the range's simple query, before its DELETE.
 func releaseSettings(replica bool) string {
 	s := "SET LOCAL " + pgshard.MigratorSetting + " = 'on'"
 	if replica {

@@ -489,10 +489,15 @@ func dropSlot(ctx context.Context, src *pgx.Conn, name string) error {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-time.After(50 * time.Millisecond):
+		case <-time.After(slotReleasePoll):
 		}
 	}
 }
+
+// slotReleasePoll is how often dropping a slot looks again whether the
+// walsender let it go: it usually does within a few milliseconds, and the
+// release of every move waits for it.
+const slotReleasePoll = 5 * time.Millisecond
 
 // tableColumns reads the visible columns of a table in order, and its
 // primary key.

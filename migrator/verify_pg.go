@@ -293,22 +293,34 @@ func diffSides(ctx context.Context, t *shardmap.Tree, a, b side, slots []int, ig
 	return out, nil
 }
 
-// slotSum is one slot's row count and sum of row hashes on one side.
+// slotSum is a row count and sum of row hashes on one side: of one slot,
+// or of all the moving slots.
 type slotSum struct {
 	rows int64
 	sum  string // numeric, as text: a sum of int8 hashes does not fit in one
 }
 
-// checksumSQL sums, per slot of the chunk, the rows and a 64-bit hash of
-// each row's text: order-independent, and unlike XOR a pair of equal rows
+// totalSQL counts the rows of the slots and sums their hashes (rowHashSQL,
+// rowhash_pg.go): order-independent, and unlike XOR a pair of equal rows
 // does not cancel, while the count catches a row lost and another doubled.
-func checksumSQL(t *shardmap.Tree, table string, chunk [2]int) string {
-	return fmt.Sprintf("SELECT %s AS slot, count(*), sum(hashtextextended(x::text, 0))::text FROM %s x WHERE %s GROUP BY 1",
-		btreeindex.SlotExpr(t, "x"), table, btreeindex.SlotPredicate(t, "x", [][2]int{chunk}))
+func totalSQL(t *shardmap.Tree, from, hash string, slots [][2]int) string {
+	return fmt.Sprintf("SELECT count(*), coalesce(sum(%s), 0)::text FROM %s x WHERE %s", hash, from, btreeindex.SlotPredicate(t, "x", slots))
 }
 
-func readSums(ctx context.Context, sd side, t *shardmap.Tree, chunk [2]int) (map[int]slotSum, error) {
-	rows, err := sd.conn.Query(ctx, checksumSQL(t, sd.rows(), chunk))
+// slotSumsSQL is totalSQL per slot of chunk.
+func slotSumsSQL(t *shardmap.Tree, from, hash string, chunk [2]int) string {
+	return fmt.Sprintf("SELECT %s AS slot, count(*), sum(%s)::text FROM %s x WHERE %s GROUP BY 1",
+		btreeindex.SlotExpr(t, "x"), hash, from, btreeindex.SlotPredicate(t, "x", [][2]int{chunk}))
+}
+
+func readTotal(ctx context.Context, sd side, t *shardmap.Tree, hash string, slots [][2]int) (slotSum, error) {
+	var s slotSum
+	err := sd.conn.QueryRow(ctx, totalSQL(t, sd.rows(), hash, slots)).Scan(&s.rows, &s.sum)
+	return s, err
+}
+
+func readSums(ctx context.Context, sd side, t *shardmap.Tree, hash string, chunk [2]int) (map[int]slotSum, error) {
+	rows, err := sd.conn.Query(ctx, slotSumsSQL(t, sd.rows(), hash, chunk))
 	if err != nil {
 		return nil, err
 	}
@@ -324,14 +336,14 @@ func readSums(ctx context.Context, sd side, t *shardmap.Tree, chunk [2]int) (map
 	return out, rows.Err()
 }
 
-// compareSlots compares the slots one range at a time, in one statement a
-// side (the two sides in parallel), each scanning its table once under
-// the statement timeout; then, for each differing slot, it finds the
-// differing rows.
+// compareSlots compares the moving slots in one statement a side (the two
+// sides in parallel), each scanning its table once under the statement
+// timeout: the rows and the sum of their hashes over all the slots. Only
+// when those differ does it sum each range slot by slot (a scan a range and
+// side) to name the differing slots, and then find their differing rows.
 func compareSlots(ctx context.Context, t *shardmap.Tree, mig *shardmap.Migration, src, tgt side, slots [][2]int) (*shardmap.Verification, error) {
 	start := time.Now()
 	v := &shardmap.Verification{At: start.UTC()}
-	// Each range's statement reads both tables whole.
 	var size int64
 	for _, sd := range []side{src, tgt} {
 		var n int64
@@ -340,20 +352,23 @@ func compareSlots(ctx context.Context, t *shardmap.Tree, mig *shardmap.Migration
 		}
 		size += n
 	}
-	v.BytesScanned = size * int64(len(slots))
-	for _, ch := range slots {
-		var a, b map[int]slotSum
-		err := both(func() (err error) { a, err = readSums(ctx, src, t, ch); return },
-			func() (err error) { b, err = readSums(ctx, tgt, t, ch); return })
-		if err != nil {
-			return nil, fmt.Errorf("migrator: verify slots %d-%d of migration %s: %w", ch[0], ch[1], mig.ID, err)
+	v.BytesScanned = size
+	hash, err := rowHashSQL(ctx, src.conn, src.table)
+	if err != nil {
+		return nil, err
+	}
+	var a, b slotSum
+	err = both(func() (err error) { a, err = readTotal(ctx, src, t, hash, slots); return },
+		func() (err error) { b, err = readTotal(ctx, tgt, t, hash, slots); return })
+	if err != nil {
+		return nil, fmt.Errorf("migrator: verify the slots of migration %s: %w", mig.ID, err)
+	}
+	v.Rows = a.rows
+	if a != b {
+		if err := findSlots(ctx, t, mig, src, tgt, hash, slots, v); err != nil {
+			return nil, err
 		}
-		for s := ch[0]; s <= ch[1]; s++ {
-			v.Rows += a[s].rows
-			if a[s] != b[s] {
-				v.Differ = append(v.Differ, shardmap.SlotDiff{Slot: s, SourceRows: a[s].rows, TargetRows: b[s].rows})
-			}
-		}
+		v.BytesScanned += size * int64(len(slots))
 	}
 	for i, d := range v.Differ {
 		// Each differing slot costs a scan of both tables.
@@ -370,6 +385,30 @@ func compareSlots(ctx context.Context, t *shardmap.Tree, mig *shardmap.Migration
 	}
 	v.Seconds = time.Since(start).Seconds()
 	return v, nil
+}
+
+// findSlots sets v.Differ to the slots whose sums differ, for moving slots
+// whose totals differ.
+func findSlots(ctx context.Context, t *shardmap.Tree, mig *shardmap.Migration, src, tgt side, hash string, slots [][2]int, v *shardmap.Verification) error {
+	for _, ch := range slots {
+		var a, b map[int]slotSum
+		err := both(func() (err error) { a, err = readSums(ctx, src, t, hash, ch); return },
+			func() (err error) { b, err = readSums(ctx, tgt, t, hash, ch); return })
+		if err != nil {
+			return fmt.Errorf("migrator: verify slots %d-%d of migration %s: %w", ch[0], ch[1], mig.ID, err)
+		}
+		for s := ch[0]; s <= ch[1]; s++ {
+			if a[s] != b[s] {
+				v.Differ = append(v.Differ, shardmap.SlotDiff{Slot: s, SourceRows: a[s].rows, TargetRows: b[s].rows})
+			}
+		}
+	}
+	if len(v.Differ) == 0 {
+		// The slots' sums add up to the totals read under the same
+		// snapshots: this cannot pass as a match.
+		return fmt.Errorf("migrator: migration %s: the totals of its slots differ but no slot does", mig.ID)
+	}
+	return nil
 }
 
 // keyExpr is the row literal of the primary key columns of alias x.

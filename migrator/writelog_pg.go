@@ -241,6 +241,16 @@ func flipSide(ctx context.Context, tgt *pgx.Conn, t *shardmap.Tree, mig *shardma
 	if !logged {
 		return side{}, fmt.Errorf("migrator: %s: %w", table, errNoWriteLog)
 	}
+	// Under the same snapshot, an empty log means no client wrote the
+	// moving slots since the flip: the rows as of the flip are the table's,
+	// read without probing the log for every row.
+	var written bool
+	if err := tgt.QueryRow(ctx, "SELECT EXISTS (SELECT FROM "+writeLogTable(t, mig)+")").Scan(&written); err != nil {
+		return side{}, err
+	}
+	if !written {
+		return side{conn: tgt, table: table}, nil
+	}
 	_, pkey, err := tableColumns(ctx, tgt, table)
 	if err != nil {
 		return side{}, err

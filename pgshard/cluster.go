@@ -63,7 +63,9 @@ type nodeSet struct {
 	ownDB  []string // each node's own database, in node order
 }
 
-type adminKey struct{ node, tenant string }
+// adminKey names a cached pool: a control pool (role ""), or a pool of
+// another role apart from it.
+type adminKey struct{ node, tenant, role string }
 
 // adminMaxConns bounds each control pool: control work is a few DDL
 // statements and COPY streams at a time, never the request path.
@@ -320,7 +322,17 @@ func controlSession(cfg *pgx.ConnConfig) {
 // Admin returns a small lazily created pgxpool for control work (DDL, COPY)
 // on node for tenant. Pools are cached and closed by Close.
 func (c *Cluster) Admin(ctx context.Context, node, tenant string) (*pgxpool.Pool, error) {
-	return c.pool(ctx, adminKey{node, tenant}, adminMaxConns, func() (string, error) { return c.TenantDSN(node, tenant) })
+	return c.pool(ctx, adminKey{node: node, tenant: tenant}, adminMaxConns, func() (string, error) { return c.TenantDSN(node, tenant) })
+}
+
+// fencePool is a pool of two connections to node for tenant for the fences
+// of freezes, apart from the control pool: a release's deletes, a shadow
+// copy's setup or a drop of another migration can hold all of its
+// connections, and arming a fence happens inside a write pause. Preparing
+// the fence uses it too, just before the pause, so the arm finds a
+// connection open.
+func (c *Cluster) fencePool(ctx context.Context, node, tenant string) (*pgxpool.Pool, error) {
+	return c.pool(ctx, adminKey{node: node, tenant: tenant, role: "fence"}, 2, func() (string, error) { return c.TenantDSN(node, tenant) })
 }
 
 // probePool is a pool of two connections to node's own database for the

@@ -144,7 +144,7 @@ func (c *Cluster) InstallSlotFence(ctx context.Context, node string, f SlotFence
 // before a freeze and keeps it (and the node-wide advisory lock it takes)
 // out of the write pause. It can run again.
 func (c *Cluster) PrepareSlotFence(ctx context.Context, node string, f SlotFence) error {
-	p, err := c.Admin(ctx, node, f.Tree.Tenant)
+	p, err := c.fencePool(ctx, node, f.Tree.Tenant)
 	if err != nil {
 		return err
 	}
@@ -208,7 +208,7 @@ func (c *Cluster) ArmSlotFences(ctx context.Context, node string, fs []SlotFence
 	if len(fs) == 0 {
 		return "", errors.New("pgshard: no fence to arm")
 	}
-	p, err := c.Admin(ctx, node, fs[0].Tree.Tenant)
+	p, err := c.fencePool(ctx, node, fs[0].Tree.Tenant)
 	if err != nil {
 		return "", err
 	}

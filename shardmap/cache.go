@@ -63,11 +63,15 @@ func (c *Cache) changed() {
 }
 
 type tenantCache struct {
-	view  atomic.Pointer[View] // nil until the first successful load
-	mu    sync.Mutex           // serializes view replacement
-	begun atomic.Uint64        // full loads begun; written under mu
+	view atomic.Pointer[View] // nil until the first successful load
+	mu   sync.Mutex           // serializes view replacement
+	// loadMu serializes full loads. It is not mu: a load's store reads
+	// take round trips, and a map an event carries is installed under mu
+	// meanwhile, so a freeze's acknowledgement does not wait for them.
+	loadMu sync.Mutex
+	begun  atomic.Uint64 // full loads begun; written under loadMu
 	// lastOK is the number (begun at its start) of the last full load that
-	// succeeded; guarded by mu.
+	// succeeded; guarded by loadMu.
 	lastOK uint64
 }
 
@@ -86,18 +90,38 @@ func NewCache(s Store, refresh time.Duration, log *slog.Logger) *Cache {
 // Run follows the store's events and re-reads every loaded tenant each
 // refresh interval until ctx ends, then returns nil. It fails only if it
 // cannot subscribe at all; after that the subscription reconnects by itself.
+//
+// A tick's re-read runs beside the events, one at a time: its reads take
+// round trips, and a map event (a freeze's, which every proxy must
+// acknowledge inside the write pause) must not wait for them.
 func (c *Cache) Run(ctx context.Context) error {
+	var ticking sync.WaitGroup
+	var busy atomic.Bool
+	defer ticking.Wait()
 	return follow(ctx, c.store, c.refresh, "cache", func(ev Event) { c.handle(ctx, ev) }, func() {
-		c.tenants.Range(func(k, v any) bool {
-			tc := v.(*tenantCache)
-			if tc.view.Load() == nil {
-				return true // never loaded: the next View call loads it
-			}
-			if _, err := c.load(ctx, k.(string), tc); err != nil && ctx.Err() == nil {
-				c.log.WarnContext(ctx, "shardmap: cache refresh failed", "tenant", k, "err", err)
-			}
-			return ctx.Err() == nil
-		})
+		if !busy.CompareAndSwap(false, true) {
+			return // the last tick's re-read still runs
+		}
+		ticking.Add(1)
+		go func() {
+			defer ticking.Done()
+			defer busy.Store(false)
+			c.refreshLoaded(ctx)
+		}()
+	})
+}
+
+// refreshLoaded re-reads every tenant the cache has loaded.
+func (c *Cache) refreshLoaded(ctx context.Context) {
+	c.tenants.Range(func(k, v any) bool {
+		tc := v.(*tenantCache)
+		if tc.view.Load() == nil {
+			return true // never loaded: the next View call loads it
+		}
+		if _, err := c.load(ctx, k.(string), tc); err != nil && ctx.Err() == nil {
+			c.log.WarnContext(ctx, "shardmap: cache refresh failed", "tenant", k, "err", err)
+		}
+		return ctx.Err() == nil
 	})
 }
 
@@ -200,8 +224,8 @@ func (c *Cache) tenant(name string) *tenantCache {
 // Refresh calls after one stale-routing error costs one read.
 func (c *Cache) load(ctx context.Context, tenant string, tc *tenantCache) (*View, error) {
 	seen := tc.begun.Load()
-	tc.mu.Lock()
-	defer tc.mu.Unlock()
+	tc.loadMu.Lock()
+	defer tc.loadMu.Unlock()
 	if tc.lastOK > seen {
 		return tc.view.Load(), nil
 	}
@@ -238,6 +262,7 @@ func (c *Cache) load(ctx context.Context, tenant string, tc *tenantCache) (*View
 		return nil, err
 	}
 
+	tc.mu.Lock()
 	old := tc.view.Load()
 	c.attachCounters(old, trees, ms)
 	v := &View{Tenant: tenant, Trees: trees, Maps: ms, References: refs, Missing: lost, next: make(chan struct{})}
@@ -259,6 +284,7 @@ func (c *Cache) load(ctx context.Context, tenant string, tc *tenantCache) (*View
 		}
 	}
 	tc.replace(old, v)
+	tc.mu.Unlock()
 	tc.lastOK = seq
 	c.changed()
 	return v, nil

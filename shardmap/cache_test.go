@@ -415,3 +415,47 @@ func TestCacheCarriedMap(t *testing.T) {
 		})
 	}
 }
+
+// stalledStore blocks every full tenant read after the first until
+// released, as a store slow to answer a refresh.
+type stalledStore struct {
+	Store
+	calls   atomic.Int32
+	stalled chan struct{} // closed when a read blocks
+	release chan struct{}
+}
+
+func (s *stalledStore) Trees(ctx context.Context, tenant string) ([]*Tree, error) {
+	if s.calls.Add(1) == 2 {
+		close(s.stalled)
+	}
+	if s.calls.Load() > 1 {
+		<-s.release
+	}
+	return s.Store.Trees(ctx, tenant)
+}
+
+// TestCacheEventDuringRefresh: a map event is installed while a refresh's
+// reads are stalled, so a proxy acknowledges a freeze's map without
+// waiting for them.
+func TestCacheEventDuringRefresh(t *testing.T) {
+	s, _ := newTestStore(t)
+	mustCreate(t, s, "app", "catalogue")
+	ss := &stalledStore{Store: s, stalled: make(chan struct{}), release: make(chan struct{})}
+	defer close(ss.release)
+	c := runSubscribedCache(t, ss, 10*time.Millisecond)
+	before := epochOf(view(t, c, "app"), "catalogue")
+	select {
+	case <-ss.stalled:
+	case <-time.After(5 * time.Second):
+		t.Fatal("no refresh began")
+	}
+	want := swap(t, s, "app", "catalogue")
+	deadline := time.Now().Add(2 * time.Second)
+	for epochOf(view(t, c, "app"), "catalogue") != want {
+		if time.Now().After(deadline) {
+			t.Fatalf("epoch %d, want %d (from %d): the map event waited for the stalled refresh", epochOf(view(t, c, "app"), "catalogue"), want, before)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
