@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"strconv"
+	"sync"
 
 	"github.com/jackc/pgx/v5/pgproto3"
 	"github.com/jackc/pgx/v5/pgtype"
@@ -70,7 +71,12 @@ func (s *session) functionGuard(name string) error {
 	return nil
 }
 
+// typeMap answers type lookups, which only read it. Encoding memoizes its
+// plans in the map it runs on, so concurrent sessions take their own map
+// from encodeMaps.
 var typeMap = pgtype.NewMap()
+
+var encodeMaps = sync.Pool{New: func() any { return pgtype.NewMap() }}
 
 // funcResult is a function's rows encoded for one portal's result formats.
 type funcResult struct {
@@ -102,6 +108,8 @@ func formatFor(formats []int16, i int) int16 {
 }
 
 func encodeRows(fields []pgproto3.FieldDescription, rows [][]any) ([][][]byte, error) {
+	m := encodeMaps.Get().(*pgtype.Map)
+	defer encodeMaps.Put(m)
 	out := make([][][]byte, len(rows))
 	for r, row := range rows {
 		if len(row) != len(fields) {
@@ -112,7 +120,7 @@ func encodeRows(fields []pgproto3.FieldDescription, rows [][]any) ([][][]byte, e
 			if v == nil {
 				continue
 			}
-			b, err := typeMap.Encode(fields[i].DataTypeOID, fields[i].Format, v, []byte{})
+			b, err := m.Encode(fields[i].DataTypeOID, fields[i].Format, v, []byte{})
 			if err != nil {
 				return nil, fmt.Errorf("column %s: %w", fields[i].Name, err)
 			}
