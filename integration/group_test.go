@@ -37,6 +37,10 @@ type groupLoad struct {
 
 	version       atomic.Int64
 	writes, reads atomic.Int64
+	// plans, when set (addPlans), is the row count of the reference table
+	// plans that every read also joins its customer to.
+	plans     int
+	planReads atomic.Int64
 	// stopping ends the writers between transactions, so that every
 	// transaction a writer began is acknowledged or failed, never cut off
 	// with its outcome unknown.
@@ -68,6 +72,42 @@ func newGroupLoad(t *testing.T, ctx context.Context, pools []*pgxpool.Pool, cust
 		g.ver[c], g.lines[[2]int64{c, 0}] = 0, []int{0}
 	}
 	return g
+}
+
+// addPlans makes plans, a reference table of n rows, which customer c
+// joins on plan_id = c % n.
+func (g *groupLoad) addPlans(t *testing.T, ctx context.Context, n int) {
+	t.Helper()
+	for _, q := range []string{
+		"CREATE TABLE plans (plan_id int PRIMARY KEY, name text NOT NULL)",
+		fmt.Sprintf("INSERT INTO plans SELECT g, 'plan-' || g FROM generate_series(0, %d) g", n-1),
+		"SELECT lattice_create_reference_table('plans')",
+	} {
+		if _, err := g.pools[0].Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	g.plans = n
+}
+
+// readPlan joins customer c to its plan and checks the plan and that the
+// version is no older than before.
+func (g *groupLoad) readPlan(ctx context.Context, pool *pgxpool.Pool, c, before int64) error {
+	var ver int64
+	var name string
+	err := pool.QueryRow(ctx, `SELECT c.ver, p.name FROM customers c JOIN plans p ON p.plan_id = c.customer_id % $2
+		WHERE c.customer_id = $1`, c, g.plans).Scan(&ver, &name)
+	if err != nil {
+		return fmt.Errorf("customer %d joined to plans: %w", c, err)
+	}
+	if want := fmt.Sprintf("plan-%d", c%int64(g.plans)); name != want {
+		return fmt.Errorf("customer %d joined to plan %q, want %q", c, name, want)
+	}
+	if ver < before {
+		return fmt.Errorf("stale read of customer %d through plans: version %d, but %d was acknowledged before the read", c, ver, before)
+	}
+	g.planReads.Add(1)
+	return nil
 }
 
 func (g *groupLoad) writer(ctx context.Context, w int) error {
@@ -158,6 +198,9 @@ func (g *groupLoad) reader(ctx context.Context, i int) error {
 		})
 		if err == nil && n == 0 {
 			err = fmt.Errorf("customer %d: the join of its trees found no row", c)
+		}
+		if err == nil && g.plans > 0 {
+			err = g.readPlan(ctx, pool, c, before)
 		}
 		if err != nil {
 			if ctx.Err() != nil {
@@ -438,6 +481,65 @@ func TestGroupReshardUnderLoad(t *testing.T) {
 	}
 	g.check(t, ctx, pools[1], 3)
 	t.Logf("%d writes, %d reads in %s", g.writes.Load(), g.reads.Load(), time.Since(start))
+}
+
+// TestGroupReshardWide reshards a colocation group of three trees 16 -> 64
+// -> 16 through two proxies, each step asked of a different member, while
+// the group's ledger workload writes all three in transactions and its
+// readers check every order's total against its lines and join customers
+// to plans, a reference table. Afterwards every acknowledged write is
+// present once, no read saw a broken total or a stale version, and no
+// client saw an error.
+func TestGroupReshardWide(t *testing.T) {
+	resetNodes(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	var pools []*pgxpool.Pool
+	for range 2 {
+		pool, err := pgxpool.New(ctx, startProxy(t, 3, "--reshard-tick", "200ms").DSN("lattice"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(pool.Close)
+		pools = append(pools, pool)
+	}
+	g := newGroupLoad(t, ctx, pools, 600, 16)
+	g.addPlans(t, ctx, 4)
+	failed, finish := g.run(ctx)
+	start := time.Now()
+	for _, step := range []struct {
+		op, done string
+		shards   int
+	}{
+		{"SELECT lattice_reshard('orders', 64)", "SELECT lattice_reshard_complete('customers')", 64},
+		{"SELECT lattice_reshard('order_lines', 16)", "SELECT lattice_reshard_complete('orders')", 16},
+	} {
+		if _, err := pools[1].Exec(ctx, step.op); err != nil {
+			finish()
+			t.Fatalf("%s: %v", step.op, err)
+		}
+		waitFor(t, ctx, pools[0], step.done, failed, finish)
+		t.Logf("%s: done after %s, %d writes, %d reads so far", step.op, time.Since(start), g.writes.Load(), g.reads.Load())
+		for _, tree := range []string{"customers", "orders", "order_lines"} {
+			active := 0
+			for _, at := range shardNodes(t, ctx, pools[0], tree) {
+				if strings.HasSuffix(at, "/active") {
+					active++
+				}
+			}
+			if active != step.shards {
+				t.Errorf("%s after %s: %d active shards, want %d", tree, step.op, active, step.shards)
+			}
+		}
+	}
+	if err := finish(); err != nil {
+		t.Fatal(err)
+	}
+	if g.writes.Load() == 0 || g.planReads.Load() == 0 {
+		t.Fatalf("the load did nothing: %d writes, %d reads joined to plans", g.writes.Load(), g.planReads.Load())
+	}
+	g.check(t, ctx, pools[1], 3)
+	t.Logf("%d writes, %d reads (%d joined to plans) in %s", g.writes.Load(), g.reads.Load(), g.planReads.Load(), time.Since(start))
 }
 
 // TestGroupMoveCrash kills the coordinator's proxy (SIGKILL, the
