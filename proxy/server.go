@@ -348,7 +348,8 @@ func (sess *session) loop(ctx context.Context) {
 			sess.enterIdle()
 		}
 		idleTx := sess.idleDeadline(ready)
-		msg, err := sess.client.Receive()
+		sess.parseOnPause(ctx)
+		msg, err := sess.receive()
 		if idleTx {
 			if err != nil && idleTimedOut(err) {
 				sess.endIdleTransaction()
@@ -365,6 +366,7 @@ func (sess *session) loop(ctx context.Context) {
 		}
 		switch m := msg.(type) {
 		case *pgproto3.Query:
+			sess.ahead = nil
 			start := time.Now()
 			err = sess.simpleQuery(ctx, m.String)
 			sess.srv.metrics.query(sess.qkind, start)
