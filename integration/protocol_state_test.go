@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"strings"
@@ -586,5 +587,41 @@ func TestProtocolStateCopyError(t *testing.T) {
 	want := copyUntilError(direct)
 	if got := copyUntilError(proxied); got != want {
 		t.Fatalf("\n got  %s\n want %s (PostgreSQL)", got, want)
+	}
+}
+
+// TestProtocolStateOwnBackendTerminated ends the client's own backend with
+// pg_terminate_backend(pg_backend_pid()), in both protocols and as a
+// BeginTx's BEGIN: the client gets PostgreSQL's FATAL, which pgx takes as
+// the end of its connection (pgx's TestBeginTxFatalErrorKillsConn), and the
+// pool serves the next client. Signals to any other backend stay refused.
+func TestProtocolStateOwnBackendTerminated(t *testing.T) {
+	resetNodes(t)
+	p := startProxy(t, 2, "--pool-size", "1")
+	ctx := context.Background()
+	const kill = "select pg_terminate_backend(pg_backend_pid())"
+	for name, run := range map[string]func(c *pgx.Conn) error{
+		"simple":   func(c *pgx.Conn) error { _, err := c.Exec(ctx, kill); return err },
+		"extended": func(c *pgx.Conn) error { _, err := c.Exec(ctx, kill, pgx.QueryExecModeExec); return err },
+		"begin": func(c *pgx.Conn) error {
+			_, err := c.BeginTx(ctx, pgx.TxOptions{BeginQuery: kill})
+			return err
+		},
+	} {
+		c := connect(t, p.DSN("lattice"))
+		err := run(c)
+		var pe *pgconn.PgError
+		if !errors.As(err, &pe) || pe.SeverityUnlocalized != "FATAL" || pe.Code != "57P01" || !c.IsClosed() {
+			t.Fatalf("%s: %v (closed %v), want FATAL 57P01 and a closed connection", name, err, c.IsClosed())
+		}
+		var one int
+		if err := connect(t, p.DSN("lattice")).QueryRow(ctx, "select 1").Scan(&one); err != nil {
+			t.Fatalf("%s: the next client: %v", name, err)
+		}
+	}
+	c := connect(t, p.DSN("lattice"))
+	_, err := c.Exec(ctx, "select pg_terminate_backend(pg_backend_pid() + 1)")
+	if pe := (*pgconn.PgError)(nil); !errors.As(err, &pe) || pe.Code != "42501" {
+		t.Fatalf("another backend: %v, want 42501", err)
 	}
 }
