@@ -481,6 +481,11 @@ func (s *session) resetTx() {
 // rolled back by closing its backend.
 func (s *session) release() {
 	s.releaseViews()
+	if s.copying != nil {
+		// A COPY relay still reading the client must not write to its
+		// backend once that goes back to the pool.
+		s.copyOver(s.copying.be)
+	}
 	if s.listener != nil {
 		// The reader may be writing a notification to the client: closing
 		// the socket ends that write.
