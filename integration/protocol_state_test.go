@@ -562,6 +562,17 @@ func TestProtocolStateParse(t *testing.T) {
 			&pgproto3.Bind{PreparedStatement: name, Parameters: [][]byte{text("x")}}, &pgproto3.Execute{}, &pgproto3.Sync{},
 		})
 	}
+	// A pause after the Bind (pgx's QueryExecModeExec sends Parse, Bind,
+	// Describe, Execute, Sync): the Describe fails as well.
+	direct.send(&pgproto3.Parse{Query: "select 2"}, &pgproto3.Bind{})
+	proxied.send(&pgproto3.Parse{Query: "select 2"}, &pgproto3.Bind{})
+	time.Sleep(time.Second)
+	rest := []pgproto3.FrontendMessage{&pgproto3.Describe{ObjectType: 'P'}, &pgproto3.Execute{}, &pgproto3.Sync{}}
+	if want := direct.round(rest...); !strings.Contains(want, "ErrorResponse:57014") {
+		t.Fatalf("PostgreSQL answered %s", want)
+	} else if got := proxied.round(rest...); got != want {
+		t.Fatalf("Describe after a pause past Bind:\n got  %s\n want %s (PostgreSQL)", got, want)
+	}
 }
 
 // TestProtocolStateCopyError checks that an error PostgreSQL sends in the

@@ -99,19 +99,17 @@ func (s *session) parseAheadMsg(ctx context.Context, m pgproto3.FrontendMessage)
 	s.ahead = nil
 }
 
-// parseOnPause sends a pending Parse to its backend when the client has
-// sent nothing more yet, so that the backend parses it when PostgreSQL
-// would, before the proxy waits for the client.
-func (s *session) parseOnPause(ctx context.Context) {
-	if s.ahead == nil || s.in == nil || s.in.buffered() {
+// sendOnPause sends what the batch so far queued for backends, a pending
+// Parse included, when the client has sent nothing more yet: the backends
+// then run it when PostgreSQL would, as the client sent it, rather than
+// at Sync (a statement_timeout counts from there). A batch that arrives
+// whole, as drivers send it, never pauses.
+func (s *session) sendOnPause(ctx context.Context) {
+	if len(s.x.steps) == 0 || s.in == nil || s.in.buffered() {
 		return
 	}
 	s.parseNow(ctx)
-	for _, st := range s.x.steps {
-		if st.ahead != nil {
-			_ = st.be.Flush() // an I/O error shows when its answer is read
-		}
-	}
+	s.sendBackends() // an I/O error shows when the answers are read
 }
 
 // parseFailed drops the client's statement whose Parse the backend

@@ -348,7 +348,7 @@ func (sess *session) loop(ctx context.Context) {
 			sess.enterIdle()
 		}
 		idleTx := sess.idleDeadline(ready)
-		sess.parseOnPause(ctx)
+		sess.sendOnPause(ctx)
 		msg, err := sess.receive()
 		if idleTx {
 			if err != nil && idleTimedOut(err) {
