@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,13 +13,19 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/lattice-db/lattice/pgshard"
 )
 
 // TestPgxSuite runs pgx's own tests (its root package, pgconn, pgtype and
 // pgxpool) on plain PostgreSQL and through the proxy over ordinary tables,
 // and fails on a test that fails only through the proxy, unless
 // testdata/pgx-pooling.txt lists it as one no transaction-pooling proxy can
-// pass, with the reason. Opt-in, as it takes many minutes:
+// pass, with the reason. Both runs use the tenant's role, as the proxy runs
+// every client session as that role: a test that needs more (a superuser,
+// pg_terminate_backend) fails on both, and objects one run leaves behind
+// belong to the role the other run drops them as. Opt-in, as it takes many
+// minutes:
 //
 //	LATTICE_PGX_SUITE=1 go test -count=1 -timeout 60m -run TestPgxSuite ./integration
 //
@@ -41,10 +48,13 @@ func TestPgxSuite(t *testing.T) {
 		}
 	}
 	p := startProxy(t, 1, "--pool-size", "40")
+	// The first session of the tenant makes its role.
+	connect(t, p.DSN("lattice"))
+	role := pgshard.TenantRole("lattice")
 	src := pgxSource(t)
 	pkgs := []string{".", "./pgconn", "./pgtype", "./pgxpool"}
-	onPostgres := runPgxSuite(t, src, testNodeDSN(t, 0), pkgs)
-	onLattice := runPgxSuite(t, src, p.DSN("lattice"), pkgs)
+	onPostgres := runPgxSuite(t, src, asUser(t, testNodeDSN(t, 0), role), pkgs)
+	onLattice := runPgxSuite(t, src, asUser(t, p.DSN("lattice"), role), pkgs)
 	known := knownPoolingFailures(t)
 	var unexpected []string
 	for name, out := range onLattice {
@@ -61,6 +71,17 @@ func TestPgxSuite(t *testing.T) {
 	if len(unexpected) > 0 {
 		t.Fatalf("%d pgx tests fail only through Lattice: %s", len(unexpected), strings.Join(unexpected, ", "))
 	}
+}
+
+// asUser is dsn with user as its user.
+func asUser(t *testing.T, dsn, user string) string {
+	t.Helper()
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = url.User(user)
+	return u.String()
 }
 
 // pgxSource copies the pgx module the repository uses into a writable dir.

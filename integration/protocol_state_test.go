@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"strings"
@@ -52,9 +53,31 @@ func (w *wire) round(msgs ...pgproto3.FrontendMessage) string {
 	if err := w.fe.Flush(); err != nil {
 		w.t.Fatal(err)
 	}
+	return w.read(func(m pgproto3.BackendMessage) bool {
+		if _, ok := m.(*pgproto3.ReadyForQuery); ok {
+			ends--
+		}
+		return ends == 0
+	})
+}
+
+// send sends msgs at once, reading nothing.
+func (w *wire) send(msgs ...pgproto3.FrontendMessage) {
+	w.t.Helper()
+	for _, m := range msgs {
+		w.fe.Send(m)
+	}
+	if err := w.fe.Flush(); err != nil {
+		w.t.Fatal(err)
+	}
+}
+
+// read sums up responses as round does, up to the one last reports.
+func (w *wire) read(last func(pgproto3.BackendMessage) bool) string {
+	w.t.Helper()
 	_ = w.nc.SetReadDeadline(time.Now().Add(20 * time.Second))
 	var got []string
-	for ends > 0 {
+	for {
 		msg, err := w.fe.Receive()
 		if err != nil {
 			w.t.Fatalf("%v after %v", err, got)
@@ -77,13 +100,14 @@ func (w *wire) round(msgs ...pgproto3.FrontendMessage) string {
 			name += "(" + strings.Join(vals, ",") + ")"
 		case *pgproto3.ReadyForQuery:
 			name += ":" + string(m.TxStatus)
-			ends--
 		case *pgproto3.ParameterStatus, *pgproto3.NoticeResponse:
 			continue
 		}
 		got = append(got, name)
+		if last(msg) {
+			return strings.Join(got, " ")
+		}
 	}
-	return strings.Join(got, " ")
 }
 
 // both runs the same rounds on plain PostgreSQL and through the proxy and
@@ -499,4 +523,116 @@ func TestProtocolStateSessionResults(t *testing.T) {
 		seq(execOne("", `EXECUTE q`), syncMsg),
 		query(`DEALLOCATE q`),
 	)
+}
+
+// TestProtocolStateParse checks that what fails a Parse on PostgreSQL fails
+// it through the proxy too, in its place before ParseComplete, and leaves no
+// statement: an unknown column or relation, and a statement_timeout that
+// runs out while the client pauses between Parse and Describe (pgx's
+// Prepare, TestPrepareHandlesTimeoutBetweenParseAndDescribe).
+func TestProtocolStateParse(t *testing.T) {
+	resetNodes(t)
+	p := startProxy(t, 2, "--pool-size", "1")
+	direct, proxied := dialWire(t, testNodeDSN(t, 0)), dialWire(t, p.DSN("lattice"))
+	prepare := func(name, sql string) []pgproto3.FrontendMessage {
+		return []pgproto3.FrontendMessage{&pgproto3.Parse{Name: name, Query: sql}, &pgproto3.Describe{ObjectType: 'S', Name: name}, &pgproto3.Sync{}}
+	}
+	bothWires(t, direct, proxied,
+		prepare("s1", "select foo"),
+		prepare("s1", "select 1 as foo"),
+		prepare("", "select * from no_such_table"),
+		[]pgproto3.FrontendMessage{&pgproto3.Parse{Name: "s2", Query: "select * from no_such_table"}, &pgproto3.Sync{}},
+		prepare("s2", "select 2 as bar"),
+		[]pgproto3.FrontendMessage{&pgproto3.Query{String: "SET statement_timeout = '50ms'"}},
+	)
+	for _, name := range []string{"s3", "", "s4"} {
+		// PostgreSQL times the Parse from its arrival: the timeout runs
+		// out before the Describe comes, which fails (57014). The
+		// statement was parsed: it runs.
+		direct.send(&pgproto3.Parse{Name: name, Query: "select $1::varchar"})
+		proxied.send(&pgproto3.Parse{Name: name, Query: "select $1::varchar"})
+		time.Sleep(time.Second)
+		describe := []pgproto3.FrontendMessage{&pgproto3.Describe{ObjectType: 'S', Name: name}, &pgproto3.Sync{}}
+		if want := direct.round(describe...); !strings.Contains(want, "ErrorResponse:57014") {
+			t.Fatalf("PostgreSQL answered %s", want)
+		} else if got := proxied.round(describe...); got != want {
+			t.Fatalf("Describe after a pause of %q:\n got  %s\n want %s (PostgreSQL)", name, got, want)
+		}
+		bothWires(t, direct, proxied, []pgproto3.FrontendMessage{
+			&pgproto3.Bind{PreparedStatement: name, Parameters: [][]byte{text("x")}}, &pgproto3.Execute{}, &pgproto3.Sync{},
+		})
+	}
+	// A pause after the Bind (pgx's QueryExecModeExec sends Parse, Bind,
+	// Describe, Execute, Sync): the Describe fails as well.
+	direct.send(&pgproto3.Parse{Query: "select 2"}, &pgproto3.Bind{})
+	proxied.send(&pgproto3.Parse{Query: "select 2"}, &pgproto3.Bind{})
+	time.Sleep(time.Second)
+	rest := []pgproto3.FrontendMessage{&pgproto3.Describe{ObjectType: 'P'}, &pgproto3.Execute{}, &pgproto3.Sync{}}
+	if want := direct.round(rest...); !strings.Contains(want, "ErrorResponse:57014") {
+		t.Fatalf("PostgreSQL answered %s", want)
+	} else if got := proxied.round(rest...); got != want {
+		t.Fatalf("Describe after a pause past Bind:\n got  %s\n want %s (PostgreSQL)", got, want)
+	}
+}
+
+// TestProtocolStateCopyError checks that an error PostgreSQL sends in the
+// middle of a COPY FROM STDIN reaches the client then, before it ends the
+// COPY: a client streaming rows stops at the error (pgx's
+// TestConnCopyFromFailServerSideMidwayAbortsWithoutWaiting).
+func TestProtocolStateCopyError(t *testing.T) {
+	resetNodes(t)
+	p := startProxy(t, 2, "--pool-size", "1")
+	c := connect(t, p.DSN("lattice"))
+	mustExec(t, c, `CREATE TABLE copied (a integer NOT NULL)`)
+	direct, proxied := dialWire(t, testNodeDSN(t, 0)), dialWire(t, p.DSN("lattice"))
+	copyUntilError := func(w *wire, rounds ...[]pgproto3.FrontendMessage) string {
+		w.send(&pgproto3.Query{String: "COPY copied FROM STDIN"})
+		got := w.read(func(m pgproto3.BackendMessage) bool { _, ok := m.(*pgproto3.CopyInResponse); return ok })
+		w.send(&pgproto3.CopyData{Data: []byte("1\n2\n")}, &pgproto3.CopyData{Data: []byte("\\N\n")})
+		// No CopyDone yet: the error must come without it.
+		got += " | " + w.read(func(m pgproto3.BackendMessage) bool { _, ok := m.(*pgproto3.ReadyForQuery); return ok })
+		w.send(&pgproto3.CopyData{Data: []byte("3\n")}, &pgproto3.CopyDone{})
+		got += " | " + w.round(&pgproto3.Query{String: "SELECT count(*) FROM copied"})
+		return got + " | " + w.round(seq(execOne("", "SELECT count(*) FROM copied"), syncMsg)...)
+	}
+	want := copyUntilError(direct)
+	if got := copyUntilError(proxied); got != want {
+		t.Fatalf("\n got  %s\n want %s (PostgreSQL)", got, want)
+	}
+}
+
+// TestProtocolStateOwnBackendTerminated ends the client's own backend with
+// pg_terminate_backend(pg_backend_pid()), in both protocols and as a
+// BeginTx's BEGIN: the client gets PostgreSQL's FATAL, which pgx takes as
+// the end of its connection (pgx's TestBeginTxFatalErrorKillsConn), and the
+// pool serves the next client. Signals to any other backend stay refused.
+func TestProtocolStateOwnBackendTerminated(t *testing.T) {
+	resetNodes(t)
+	p := startProxy(t, 2, "--pool-size", "1")
+	ctx := context.Background()
+	const kill = "select pg_terminate_backend(pg_backend_pid())"
+	for name, run := range map[string]func(c *pgx.Conn) error{
+		"simple":   func(c *pgx.Conn) error { _, err := c.Exec(ctx, kill); return err },
+		"extended": func(c *pgx.Conn) error { _, err := c.Exec(ctx, kill, pgx.QueryExecModeExec); return err },
+		"begin": func(c *pgx.Conn) error {
+			_, err := c.BeginTx(ctx, pgx.TxOptions{BeginQuery: kill})
+			return err
+		},
+	} {
+		c := connect(t, p.DSN("lattice"))
+		err := run(c)
+		var pe *pgconn.PgError
+		if !errors.As(err, &pe) || pe.SeverityUnlocalized != "FATAL" || pe.Code != "57P01" || !c.IsClosed() {
+			t.Fatalf("%s: %v (closed %v), want FATAL 57P01 and a closed connection", name, err, c.IsClosed())
+		}
+		var one int
+		if err := connect(t, p.DSN("lattice")).QueryRow(ctx, "select 1").Scan(&one); err != nil {
+			t.Fatalf("%s: the next client: %v", name, err)
+		}
+	}
+	c := connect(t, p.DSN("lattice"))
+	_, err := c.Exec(ctx, "select pg_terminate_backend(pg_backend_pid() + 1)")
+	if pe := (*pgconn.PgError)(nil); !errors.As(err, &pe) || pe.Code != "42501" {
+		t.Fatalf("another backend: %v, want 42501", err)
+	}
 }

@@ -76,6 +76,9 @@ type step struct {
 	// more are the marks of the step's later statements, one per
 	// CommandComplete after the first (load.go countLoad).
 	more []loadMark
+	// ahead is the client's Parse a stepParse answers: its ParseComplete
+	// or error goes to the client (parseahead.go).
+	ahead *parseAhead
 }
 
 // exchange collects the steps of one client round (a Query, or the extended
@@ -200,9 +203,16 @@ func (s *session) play(x *exchange) error {
 
 func (s *session) playStep(x *exchange, st *step) error {
 	be := st.be
-	hidden := st.hide || st.kind == stepHiddenQuery || st.kind == stepParse || st.kind == stepAbort || st.kind == stepSync
+	hidden := st.hide || st.kind == stepHiddenQuery || (st.kind == stepParse && st.ahead == nil) || st.kind == stepAbort || st.kind == stepSync
 	for {
 		msg, err := be.Receive()
+		if s.copying != nil {
+			switch msg.(type) {
+			case *pgproto3.NoticeResponse, *pgproto3.ParameterStatus, *pgproto3.NotificationResponse:
+			default:
+				s.copyOver(be)
+			}
+		}
 		if err != nil {
 			return err
 		}
@@ -212,6 +222,9 @@ func (s *session) playStep(x *exchange, st *step) error {
 			st.countLoad(m.CommandTag)
 		case *pgproto3.ErrorResponse:
 			x.failed[be] = true
+			if st.ahead != nil {
+				s.parseFailed(st.ahead)
+			}
 			switch {
 			case st.kind == stepAbort:
 			case st.staleRetry && m.Code == sqlstate.SlotMoved:
@@ -360,42 +373,6 @@ func rowsAffected(tag []byte) int64 {
 		mul *= 10
 	}
 	return n
-}
-
-// copyIn relays a client's COPY FROM STDIN data to the backend until the
-// client ends or aborts it.
-func (s *session) copyIn(be *pgshard.Conn) error {
-	if err := s.flush(); err != nil {
-		return errClientGone
-	}
-	for {
-		msg, err := s.client.Receive()
-		if err != nil {
-			be.Send(&pgproto3.CopyFail{Message: "client connection lost"})
-			_ = be.Flush()
-			s.receiveFailed(err)
-			return errClientGone
-		}
-		switch m := msg.(type) {
-		case *pgproto3.CopyData:
-			be.Send(m)
-			s.copyBytes += len(m.Data)
-			if s.copyBytes > 1<<18 {
-				s.copyBytes = 0
-				if err := be.Flush(); err != nil {
-					return err
-				}
-			}
-		case *pgproto3.CopyDone, *pgproto3.CopyFail:
-			be.Send(m)
-			return be.Flush()
-		case *pgproto3.Flush, *pgproto3.Sync:
-			// Ignored during COPY, as PostgreSQL does.
-		default:
-			be.Send(&pgproto3.CopyFail{Message: fmt.Sprintf("unexpected message %T during COPY", m)})
-			return be.Flush()
-		}
-	}
 }
 
 // outMessages are a session's messages to backends on every statement's

@@ -27,6 +27,7 @@ type portalPart struct {
 // the exchange and played back at Sync or Flush, so a pipeline of many
 // Executes costs one round trip to each backend.
 func (s *session) extendedMsg(ctx context.Context, msg pgproto3.FrontendMessage) error {
+	s.parseAheadMsg(ctx, msg)
 	switch msg.(type) {
 	case *pgproto3.Sync:
 		return s.sync(ctx)
@@ -89,6 +90,7 @@ func (s *session) parse(ctx context.Context, m *pgproto3.Parse) {
 	}
 	s.stmts[m.Name] = st
 	s.x.answer(parseCompleteMsgs)
+	s.aheadOf(m.Name, st)
 }
 
 // replan refreshes a statement planned under an older trees version, as a
@@ -551,6 +553,7 @@ func (s *session) flushBatch() error {
 	}
 	// The client may see results before Sync: no retry after a Flush.
 	s.keepRetry(func(step) bool { return false })
+	s.ahead = nil
 	s.sendBackends()
 	if err := s.play(&s.x); err != nil {
 		return err

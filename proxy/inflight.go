@@ -178,6 +178,12 @@ func setMaxBody(b *pgproto3.Backend, br *bodyReader, n int) {
 	}
 }
 
+// buffered reports whether bytes read from the connection wait to be
+// handed out: the client sent more than the messages read so far.
+func (br *bodyReader) buffered() bool {
+	return len(br.pending) > 0 || br.through > 0 || br.r.Buffered() > 0
+}
+
 // dropBuffered drops the bytes read from the connection and not handed
 // out yet, and reports how many.
 func (br *bodyReader) dropBuffered() int {

@@ -350,7 +350,8 @@ func (sess *session) loop(ctx context.Context) {
 			sess.enterIdle()
 		}
 		idleTx := sess.idleDeadline(ready)
-		msg, err := sess.client.Receive()
+		sess.sendOnPause(ctx)
+		msg, err := sess.receive()
 		if idleTx {
 			if err != nil && idleTimedOut(err) {
 				sess.endIdleTransaction()
@@ -367,6 +368,7 @@ func (sess *session) loop(ctx context.Context) {
 		}
 		switch m := msg.(type) {
 		case *pgproto3.Query:
+			sess.ahead = nil
 			start := time.Now()
 			err = sess.simpleQuery(ctx, m.String)
 			sess.srv.metrics.query(sess.qkind, start)

@@ -67,6 +67,9 @@ type session struct {
 	out     outMessages
 	stmts   map[string]*clientStmt
 	portals map[string]*clientPortal
+	// ahead is the client's last Parse while its answer is the proxy's own
+	// and the next message may want the backend's (parseahead.go).
+	ahead *parseAhead
 	// skipping is set after an error in an extended batch: messages are
 	// ignored until Sync, as PostgreSQL does.
 	skipping bool
@@ -88,7 +91,10 @@ type session struct {
 	active   []*pgshard.Conn // backends running this session's work, for CancelRequest
 
 	pendingBytes int
-	copyBytes    int
+	copyBytes    int // the COPY relay's, while it runs
+	// copying is the relay of the client's COPY FROM STDIN to a backend,
+	// until the session has taken its last read (copyin.go).
+	copying *copyRelay
 
 	listener *listener // the session's LISTEN backend, nil until it runs LISTEN
 	pin      pinState  // the catalog-node backend kept for session state (pin.go)
@@ -475,6 +481,11 @@ func (s *session) resetTx() {
 // rolled back by closing its backend.
 func (s *session) release() {
 	s.releaseViews()
+	if s.copying != nil {
+		// A COPY relay still reading the client must not write to its
+		// backend once that goes back to the pool.
+		s.copyOver(s.copying.be)
+	}
 	if s.listener != nil {
 		// The reader may be writing a notification to the client: closing
 		// the socket ends that write.

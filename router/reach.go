@@ -73,6 +73,28 @@ func outsideFunction(name string) bool {
 		strings.HasPrefix(name, "pg_file_") || strings.HasPrefix(name, "dblink")
 }
 
+// ownBackend reports a signal to the backend that runs the call,
+// pg_terminate_backend(pg_backend_pid()): it reaches no one else (that
+// backend serves only this client while it runs the statement), and a
+// client may end its own backend on PostgreSQL too (pgx's
+// TestBeginTxFatalErrorKillsConn). A tenant's own pg_backend_pid ahead of
+// pg_catalog's in its search_path could name another backend, but only
+// one of its own role's, which the role may signal on PostgreSQL.
+func ownBackend(f *pg.FuncCall) bool {
+	name := strings.ToLower(f.Funcname[len(f.Funcname)-1].GetString_().GetSval())
+	if name != "pg_terminate_backend" && name != "pg_cancel_backend" || len(f.Args) == 0 || len(f.Args) > 2 {
+		return false
+	}
+	pid := f.Args[0].GetFuncCall()
+	if pid == nil || len(pid.Args) > 0 || pid.AggStar || pid.Over != nil || len(pid.Funcname) > 2 {
+		return false
+	}
+	if len(pid.Funcname) == 2 && !strings.EqualFold(pid.Funcname[0].GetString_().GetSval(), "pg_catalog") {
+		return false
+	}
+	return strings.EqualFold(pid.Funcname[len(pid.Funcname)-1].GetString_().GetSval(), "pg_backend_pid")
+}
+
 func denied(hint, format string, args ...any) *sqlstate.Error {
 	return &sqlstate.Error{Code: sqlstate.InsufficientPrivilege, Message: fmt.Sprintf(format, args...), Hint: hint}
 }
@@ -133,7 +155,7 @@ func outsideStatement(n *pg.Node) *sqlstate.Error {
 		}
 		if f, ok := m.Interface().(*pg.FuncCall); ok && len(f.Funcname) > 0 {
 			name := f.Funcname[len(f.Funcname)-1].GetString_().GetSval()
-			if outsideFunction(name) {
+			if outsideFunction(name) && !ownBackend(f) {
 				bad = name
 				return
 			}
