@@ -106,6 +106,9 @@ func isSpace(c byte) bool {
 
 // plan plans one statement occupying sql[start:end].
 func (p *planner) plan(n *pg.Node, start, end int) *Plan {
+	if pl := p.planInlined(n, start, end); pl != nil {
+		return pl
+	}
 	pl := &Plan{SQL: p.sql[start:end]}
 	switch s := n.Node.(type) {
 	case *pg.Node_TransactionStmt:
