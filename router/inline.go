@@ -7,21 +7,25 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 )
 
-// A CTE that reads a tree is planned as the derived table PostgreSQL
+// A statement refused as written whose CTE reads a tree is planned
+// again with the CTE as the derived table PostgreSQL
 // itself makes of it: a non-recursive, read-only CTE referenced once, not
 // MATERIALIZED and calling nothing volatile, is inlined by PostgreSQL's
 // planner at its reference, so writing it there as (query) AS name does
 // not change the statement's meaning. The colocation analysis then plans
 // it as it plans derived tables (colocate.go). The router renders shard
 // statements from the text the client sent, so the inlining is done on
-// that text, one CTE at a time, and the new text is planned in its place.
+// that text, one CTE at a time, and the new text is planned in its place;
+// a statement that runs as written (a CTE pinned to a key) is sent as
+// written.
 //
 // Left as written: a CTE referenced twice or never (PostgreSQL evaluates
 // it once), MATERIALIZED, of WITH RECURSIVE, writing, calling a function
 // whose value differs per node or per call (perNodeCall: random(), now(),
-// nextval() ...), a statement that locks rows (FOR UPDATE ignores a CTE
-// but not a derived table), and CTEs that read no tree, which need no
-// inlining to be planned.
+// nextval() ...), naming a relation by the name of a CTE of the statement
+// (at its reference that name could mean another CTE), a statement that
+// locks rows (FOR UPDATE ignores a CTE but not a derived table), and CTEs
+// that read no tree, which need no inlining to be planned.
 
 // cteUse is a CTE in scope and the relation references bound to it.
 type cteUse struct {
@@ -37,7 +41,8 @@ type cteUse struct {
 type cteScan struct {
 	uses  []*cteUse
 	scope []*cteUse
-	locks bool // FOR UPDATE/SHARE somewhere
+	names map[string]bool // every CTE's name
+	locks bool            // FOR UPDATE/SHARE somewhere
 }
 
 func (s *cteScan) msg(m protoreflect.Message) {
@@ -83,6 +88,7 @@ func (s *cteScan) stmt(m protoreflect.Message, with *pg.WithClause) {
 		for _, c := range with.Ctes {
 			if cte := c.GetCommonTableExpr(); cte != nil {
 				u := &cteUse{with: with, cte: cte}
+				s.names[cte.Ctename] = true
 				mine = append(mine, u)
 				s.uses = append(s.uses, u)
 			}
@@ -124,19 +130,38 @@ func (p *planner) inlinable(n *pg.Node) *cteUse {
 	default:
 		return nil
 	}
-	s := &cteScan{}
+	s := &cteScan{names: map[string]bool{}}
 	s.msg(n.ProtoReflect())
 	if s.locks {
 		return nil
 	}
 	for _, u := range s.uses {
 		if u.with.Recursive || len(u.refs) != 1 || !u.refs[0].Inh || u.cte.Ctematerialized == pg.CTEMaterialize_CTEMaterializeAlways ||
-			u.cte.Ctequery.GetSelectStmt() == nil || perNodeCall(u.cte.Ctequery) != "" || !p.readsTree(u.cte.Ctequery, nil) {
+			u.cte.Ctequery.GetSelectStmt() == nil || perNodeCall(u.cte.Ctequery) != "" ||
+			!p.readsTree(u.cte.Ctequery, nil) || namesOneOf(u.cte.Ctequery, s.names) {
 			continue
 		}
 		return u
 	}
 	return nil
+}
+
+// namesOneOf reports whether n names a relation, unqualified, by one of
+// names.
+func namesOneOf(n *pg.Node, names map[string]bool) bool {
+	found := false
+	var visit func(m protoreflect.Message)
+	visit = func(m protoreflect.Message) {
+		if rv, ok := m.Interface().(*pg.RangeVar); ok {
+			found = found || rv.Schemaname == "" && rv.Catalogname == "" && names[rv.Relname]
+			return
+		}
+		if !found {
+			eachChild(m, visit)
+		}
+	}
+	visit(n.ProtoReflect())
+	return found
 }
 
 // edit replaces sql[start:end] with text.
