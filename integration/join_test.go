@@ -169,6 +169,18 @@ func TestJoinsEqualPostgres(t *testing.T) {
 		{sql: `WITH big AS (SELECT 50 AS floor) SELECT c.region, count(*), sum(o.total) FROM jc c JOIN jo o USING (customer_id), big WHERE o.total > big.floor GROUP BY c.region ORDER BY 1`, ordered: true},
 		{sql: `WITH paid AS (SELECT plan FROM jo_plans WHERE fee > $1) SELECT count(*), max(c.name), min(c.name) FROM jc c JOIN paid USING (plan)`, args: []any{5}},
 		{sql: `WITH w AS (SELECT 'north'::text AS r) SELECT c.customer_id, rank() OVER (ORDER BY c.name, c.customer_id) FROM jc c, w WHERE c.region = w.r ORDER BY 2 LIMIT 10`, ordered: true},
+		// A CTE over a tree, referenced once, runs as the derived table
+		// PostgreSQL makes of it: over every shard when its rows are
+		// per-shard rows joined or compared on the key.
+		{sql: `WITH t AS (SELECT customer_id, total FROM jo) SELECT count(*), sum(total) FROM t`},
+		{sql: `WITH t AS (SELECT customer_id, sum(total) AS s FROM jo GROUP BY customer_id) SELECT count(*), max(s), sum(s) FROM t`},
+		{sql: `WITH t AS (SELECT customer_id, total FROM jo WHERE status = 'paid') SELECT c.region, count(*), sum(t.total) FROM jc c JOIN t ON t.customer_id = c.customer_id GROUP BY c.region ORDER BY 1`, ordered: true},
+		{sql: `WITH t AS (SELECT customer_id, order_id FROM jo WHERE total > 50) SELECT customer_id, order_id FROM t ORDER BY 1, 2`, ordered: true},
+		{sql: `WITH t AS (SELECT customer_id, order_id FROM jo WHERE status = 'void') SELECT c.customer_id, t.order_id FROM jc c LEFT JOIN t ON t.customer_id = c.customer_id`},
+		{sql: `WITH t(k, amt) AS (SELECT cust, price FROM ji) SELECT c.customer_id, x.amt FROM jc c JOIN t x ON x.k = c.customer_id WHERE x.amt > $1`, args: []any{20}},
+		{sql: `WITH t AS (SELECT cust FROM ji WHERE qty > 3) SELECT count(*) FROM jc c WHERE c.customer_id IN (SELECT cust FROM t)`},
+		{sql: `WITH o AS (SELECT customer_id, total FROM jo WHERE total > 10), t AS (SELECT customer_id, total * 2 AS twice FROM o) SELECT count(*), sum(twice) FROM t`},
+		{sql: `WITH big AS (SELECT 50 AS floor), t AS NOT MATERIALIZED (SELECT customer_id, total FROM jo) SELECT t.customer_id, t.total FROM t, big WHERE t.total > big.floor ORDER BY 1, 2`, ordered: true},
 		// The join form the refusal of a scalar subquery beside
 		// aggregates names.
 		{sql: `SELECT c.name, c.customer_id, count(o.order_id) FROM jc c LEFT JOIN jo o USING (customer_id) GROUP BY c.name, c.customer_id`},
@@ -189,6 +201,10 @@ func TestJoinsEqualPostgres(t *testing.T) {
 		{`SELECT customer_id, count(*) FROM jo GROUP BY 1 UNION ALL SELECT customer_id, 1 FROM jc`, "customer_id = <value>"},
 		{`SELECT DISTINCT c.region, rank() OVER (ORDER BY c.name) FROM jc c`, "remove duplicates in an outer SELECT"},
 		{`WITH r AS (SELECT random() AS x) SELECT count(*) FROM jo, r WHERE total > r.x`, "pass it as a parameter"},
+		// CTEs over a tree PostgreSQL does not inline: referenced twice,
+		// MATERIALIZED.
+		{`WITH t AS (SELECT customer_id, total FROM jo) SELECT count(*) FROM t a JOIN t b USING (customer_id)`, "customer_id = <value>"},
+		{`WITH t AS MATERIALIZED (SELECT customer_id, total FROM jo) SELECT count(*) FROM t`, "customer_id = <value>"},
 	}
 
 	// Writes over several references, compared by their RETURNING rows,
@@ -427,6 +443,11 @@ func TestJoinsMixedShard(t *testing.T) {
 			"SELECT v % 5 AS r FROM mj UNION SELECT n FROM mk ORDER BY r",
 			// Windows beside aggregates, in the aggregate's final step.
 			"SELECT a.v % 7 AS g, count(*), rank() OVER (ORDER BY count(*) DESC, a.v % 7) FROM mj a JOIN mk b ON b.kk = a.k GROUP BY 1 ORDER BY 1",
+			// CTEs over a tree, inlined: each reference inside them
+			// through its own tree's predicate.
+			"WITH t AS (SELECT kk, w FROM mk WHERE n > 1) SELECT count(*), sum(t.w) FROM mj a JOIN t ON t.kk = a.k",
+			"WITH t AS (SELECT kk, w FROM mk) SELECT kk, w FROM t ORDER BY 1, 2",
+			"WITH t AS (SELECT k FROM mj WHERE v % 2 = 0) SELECT count(*), max(b.kk) FROM mk b WHERE b.kk IN (SELECT k FROM t)",
 		} {
 			gotHead, got, err := queryTyped(t, c, sql, mode)
 			if err != nil {
