@@ -224,6 +224,8 @@ func TestJoinsEqualPostgres(t *testing.T) {
 		{sql: `DELETE FROM jo o WHERE NOT EXISTS (SELECT 1 FROM ji i WHERE i.cust = o.customer_id AND i.order_id = o.order_id) RETURNING customer_id, order_id`},
 		{sql: `UPDATE jc SET region = 'west' WHERE customer_id IN (SELECT customer_id FROM jo WHERE total > 90) RETURNING customer_id, region`},
 		{sql: `DELETE FROM jc c WHERE c.customer_id NOT IN (SELECT cust FROM ji) RETURNING customer_id`},
+		// A CTE over a tree, inlined, read by a write over every shard.
+		{sql: `WITH t AS (SELECT customer_id, total FROM jo WHERE order_id = 1) UPDATE jc c SET region = 'r' || t.total FROM t WHERE t.customer_id = c.customer_id RETURNING c.customer_id, c.region`},
 		{sql: `UPDATE jo o SET total = (SELECT coalesce(sum(i.qty * i.price), 0) FROM ji i WHERE i.cust = o.customer_id AND i.order_id = o.order_id) WHERE o.status = 'open' RETURNING customer_id, order_id, total`},
 		{sql: `INSERT INTO ji (cust, order_id, line, qty, sku, price) SELECT o.customer_id, o.order_id, 100, 1, 'Z', o.total FROM jo o JOIN jc c USING (customer_id) WHERE c.plan = $1 RETURNING cust, order_id, line, price`, args: []any{"pro"}},
 		{sql: `INSERT INTO jo (customer_id, order_id, total, status) SELECT i.cust, 1000 + max(i.order_id), sum(i.price), 'open' FROM ji i GROUP BY i.cust ON CONFLICT DO NOTHING RETURNING customer_id, order_id, total`},
@@ -473,6 +475,7 @@ func TestJoinsMixedShard(t *testing.T) {
 			{sql: "DELETE FROM mj a USING mk b WHERE b.kk = a.k AND b.n = 3 RETURNING a.k, a.v"},
 			{sql: "DELETE FROM mk b WHERE EXISTS (SELECT 1 FROM mj a WHERE a.k = b.kk AND a.v > $1) RETURNING kk, n", args: []any{350}},
 			{sql: "UPDATE mj SET v = -v WHERE k IN (SELECT kk FROM mk WHERE w = 3) RETURNING k, v"},
+			{sql: "WITH t AS (SELECT kk, w FROM mk WHERE n = 1) UPDATE mj a SET v = a.v + t.w FROM t WHERE t.kk = a.k RETURNING a.k, a.v"},
 			// Rows that find no partner: only the written table's own
 			// filter keeps the shard's copies of moved rows out.
 			{sql: "DELETE FROM mk b WHERE NOT EXISTS (SELECT 1 FROM mj a WHERE a.k = b.kk AND a.v % 4 = 0) RETURNING kk, n"},
