@@ -179,6 +179,7 @@ func TestJoinsEqualPostgres(t *testing.T) {
 		{sql: `WITH t AS (SELECT customer_id, order_id FROM jo WHERE status = 'void') SELECT c.customer_id, t.order_id FROM jc c LEFT JOIN t ON t.customer_id = c.customer_id`},
 		{sql: `WITH t(k, amt) AS (SELECT cust, price FROM ji) SELECT c.customer_id, x.amt FROM jc c JOIN t x ON x.k = c.customer_id WHERE x.amt > $1`, args: []any{20}},
 		{sql: `WITH t AS (SELECT cust FROM ji WHERE qty > 3) SELECT count(*) FROM jc c WHERE c.customer_id IN (SELECT cust FROM t)`},
+		{sql: `WITH t AS (SELECT customer_id, order_id, total FROM jo WHERE total > 20) SELECT c.customer_id, t.order_id, t.total FROM jc c LEFT JOIN t USING (customer_id)`},
 		{sql: `WITH o AS (SELECT customer_id, total FROM jo WHERE total > 10), t AS (SELECT customer_id, total * 2 AS twice FROM o) SELECT count(*), sum(twice) FROM t`},
 		{sql: `WITH big AS (SELECT 50 AS floor), t AS NOT MATERIALIZED (SELECT customer_id, total FROM jo) SELECT t.customer_id, t.total FROM t, big WHERE t.total > big.floor ORDER BY 1, 2`, ordered: true},
 		// The join form the refusal of a scalar subquery beside

@@ -484,12 +484,20 @@ func (c *colocation) join(j *pg.JoinExpr, lv int, nullable bool) {
 }
 
 // usingSide is the tree reference whose key is a JOIN side's column col:
-// the side is a tree reference keyed on col, or an inner or left join by
-// USING (col) whose left side is one.
+// the side is a tree reference or a keyed derived table keyed on col, or
+// an inner or left join by USING (col) whose left side is one.
 func (c *colocation) usingSide(n *pg.Node, from, to int, col string) int {
 	if rv := n.GetRangeVar(); rv != nil {
 		for i := from; i < to; i++ {
 			if c.refs[i].rv == rv && c.refs[i].tree.KeyColumn == col {
+				return i
+			}
+		}
+		return -1
+	}
+	if d := n.GetRangeSubselect(); d != nil && d.Alias != nil {
+		for i := from; i < to; i++ {
+			if c.refs[i].derived && c.refs[i].rv.Alias == d.Alias && c.refs[i].tree.KeyColumn == col {
 				return i
 			}
 		}
