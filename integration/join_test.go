@@ -169,6 +169,19 @@ func TestJoinsEqualPostgres(t *testing.T) {
 		{sql: `WITH big AS (SELECT 50 AS floor) SELECT c.region, count(*), sum(o.total) FROM jc c JOIN jo o USING (customer_id), big WHERE o.total > big.floor GROUP BY c.region ORDER BY 1`, ordered: true},
 		{sql: `WITH paid AS (SELECT plan FROM jo_plans WHERE fee > $1) SELECT count(*), max(c.name), min(c.name) FROM jc c JOIN paid USING (plan)`, args: []any{5}},
 		{sql: `WITH w AS (SELECT 'north'::text AS r) SELECT c.customer_id, rank() OVER (ORDER BY c.name, c.customer_id) FROM jc c, w WHERE c.region = w.r ORDER BY 2 LIMIT 10`, ordered: true},
+		// A CTE over a tree, referenced once, runs as the derived table
+		// PostgreSQL makes of it: over every shard when its rows are
+		// per-shard rows joined or compared on the key.
+		{sql: `WITH t AS (SELECT customer_id, total FROM jo) SELECT count(*), sum(total) FROM t`},
+		{sql: `WITH t AS (SELECT customer_id, sum(total) AS s FROM jo GROUP BY customer_id) SELECT count(*), max(s), sum(s) FROM t`},
+		{sql: `WITH t AS (SELECT customer_id, total FROM jo WHERE status = 'paid') SELECT c.region, count(*), sum(t.total) FROM jc c JOIN t ON t.customer_id = c.customer_id GROUP BY c.region ORDER BY 1`, ordered: true},
+		{sql: `WITH t AS (SELECT customer_id, order_id FROM jo WHERE total > 50) SELECT customer_id, order_id FROM t ORDER BY 1, 2`, ordered: true},
+		{sql: `WITH t AS (SELECT customer_id, order_id FROM jo WHERE status = 'void') SELECT c.customer_id, t.order_id FROM jc c LEFT JOIN t ON t.customer_id = c.customer_id`},
+		{sql: `WITH t(k, amt) AS (SELECT cust, price FROM ji) SELECT c.customer_id, x.amt FROM jc c JOIN t x ON x.k = c.customer_id WHERE x.amt > $1`, args: []any{20}},
+		{sql: `WITH t AS (SELECT cust FROM ji WHERE qty > 3) SELECT count(*) FROM jc c WHERE c.customer_id IN (SELECT cust FROM t)`},
+		{sql: `WITH t AS (SELECT customer_id, order_id, total FROM jo WHERE total > 20) SELECT c.customer_id, t.order_id, t.total FROM jc c LEFT JOIN t USING (customer_id)`},
+		{sql: `WITH o AS (SELECT customer_id, total FROM jo WHERE total > 10), t AS (SELECT customer_id, total * 2 AS twice FROM o) SELECT count(*), sum(twice) FROM t`},
+		{sql: `WITH big AS (SELECT 50 AS floor), t AS NOT MATERIALIZED (SELECT customer_id, total FROM jo) SELECT t.customer_id, t.total FROM t, big WHERE t.total > big.floor ORDER BY 1, 2`, ordered: true},
 		// The join form the refusal of a scalar subquery beside
 		// aggregates names.
 		{sql: `SELECT c.name, c.customer_id, count(o.order_id) FROM jc c LEFT JOIN jo o USING (customer_id) GROUP BY c.name, c.customer_id`},
@@ -189,6 +202,10 @@ func TestJoinsEqualPostgres(t *testing.T) {
 		{`SELECT customer_id, count(*) FROM jo GROUP BY 1 UNION ALL SELECT customer_id, 1 FROM jc`, "customer_id = <value>"},
 		{`SELECT DISTINCT c.region, rank() OVER (ORDER BY c.name) FROM jc c`, "remove duplicates in an outer SELECT"},
 		{`WITH r AS (SELECT random() AS x) SELECT count(*) FROM jo, r WHERE total > r.x`, "pass it as a parameter"},
+		// CTEs over a tree PostgreSQL does not inline: referenced twice,
+		// MATERIALIZED.
+		{`WITH t AS (SELECT customer_id, total FROM jo) SELECT count(*) FROM t a JOIN t b USING (customer_id)`, "customer_id = <value>"},
+		{`WITH t AS MATERIALIZED (SELECT customer_id, total FROM jo) SELECT count(*) FROM t`, "customer_id = <value>"},
 	}
 
 	// Writes over several references, compared by their RETURNING rows,
@@ -208,6 +225,8 @@ func TestJoinsEqualPostgres(t *testing.T) {
 		{sql: `DELETE FROM jo o WHERE NOT EXISTS (SELECT 1 FROM ji i WHERE i.cust = o.customer_id AND i.order_id = o.order_id) RETURNING customer_id, order_id`},
 		{sql: `UPDATE jc SET region = 'west' WHERE customer_id IN (SELECT customer_id FROM jo WHERE total > 90) RETURNING customer_id, region`},
 		{sql: `DELETE FROM jc c WHERE c.customer_id NOT IN (SELECT cust FROM ji) RETURNING customer_id`},
+		// A CTE over a tree, inlined, read by a write over every shard.
+		{sql: `WITH t AS (SELECT customer_id, total FROM jo WHERE order_id = 1) UPDATE jc c SET region = 'r' || t.total FROM t WHERE t.customer_id = c.customer_id RETURNING c.customer_id, c.region`},
 		{sql: `UPDATE jo o SET total = (SELECT coalesce(sum(i.qty * i.price), 0) FROM ji i WHERE i.cust = o.customer_id AND i.order_id = o.order_id) WHERE o.status = 'open' RETURNING customer_id, order_id, total`},
 		{sql: `INSERT INTO ji (cust, order_id, line, qty, sku, price) SELECT o.customer_id, o.order_id, 100, 1, 'Z', o.total FROM jo o JOIN jc c USING (customer_id) WHERE c.plan = $1 RETURNING cust, order_id, line, price`, args: []any{"pro"}},
 		{sql: `INSERT INTO jo (customer_id, order_id, total, status) SELECT i.cust, 1000 + max(i.order_id), sum(i.price), 'open' FROM ji i GROUP BY i.cust ON CONFLICT DO NOTHING RETURNING customer_id, order_id, total`},
@@ -427,6 +446,11 @@ func TestJoinsMixedShard(t *testing.T) {
 			"SELECT v % 5 AS r FROM mj UNION SELECT n FROM mk ORDER BY r",
 			// Windows beside aggregates, in the aggregate's final step.
 			"SELECT a.v % 7 AS g, count(*), rank() OVER (ORDER BY count(*) DESC, a.v % 7) FROM mj a JOIN mk b ON b.kk = a.k GROUP BY 1 ORDER BY 1",
+			// CTEs over a tree, inlined: each reference inside them
+			// through its own tree's predicate.
+			"WITH t AS (SELECT kk, w FROM mk WHERE n > 1) SELECT count(*), sum(t.w) FROM mj a JOIN t ON t.kk = a.k",
+			"WITH t AS (SELECT kk, w FROM mk) SELECT kk, w FROM t ORDER BY 1, 2",
+			"WITH t AS (SELECT k FROM mj WHERE v % 2 = 0) SELECT count(*), max(b.kk) FROM mk b WHERE b.kk IN (SELECT k FROM t)",
 		} {
 			gotHead, got, err := queryTyped(t, c, sql, mode)
 			if err != nil {
@@ -452,6 +476,7 @@ func TestJoinsMixedShard(t *testing.T) {
 			{sql: "DELETE FROM mj a USING mk b WHERE b.kk = a.k AND b.n = 3 RETURNING a.k, a.v"},
 			{sql: "DELETE FROM mk b WHERE EXISTS (SELECT 1 FROM mj a WHERE a.k = b.kk AND a.v > $1) RETURNING kk, n", args: []any{350}},
 			{sql: "UPDATE mj SET v = -v WHERE k IN (SELECT kk FROM mk WHERE w = 3) RETURNING k, v"},
+			{sql: "WITH t AS (SELECT kk, w FROM mk WHERE n = 1) UPDATE mj a SET v = a.v + t.w FROM t WHERE t.kk = a.k RETURNING a.k, a.v"},
 			// Rows that find no partner: only the written table's own
 			// filter keeps the shard's copies of moved rows out.
 			{sql: "DELETE FROM mk b WHERE NOT EXISTS (SELECT 1 FROM mj a WHERE a.k = b.kk AND a.v % 4 = 0) RETURNING kk, n"},

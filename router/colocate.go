@@ -109,7 +109,7 @@ type level struct {
 	pins   []Value        // key values its WHERE fixes
 	pinned []int          // the references those pins are on
 	in     []inLink
-	keyed  bool // a derived table grouped by its key: anchored by its parent's joins (keyedDerived)
+	keyed  bool // a derived table of per-shard rows: anchored by its parent's joins (keyedDerived)
 	arm    bool // a branch of the statement's own set operation: its rows are top-level rows (setop.go)
 	asRef  int  // with keyed: its reference in the parent level
 }
@@ -325,53 +325,75 @@ func (c *colocation) rangeVar(v *pg.RangeVar, lv int, nullable bool) {
 }
 
 // keyedDerived makes a derived table in level lv's FROM a reference of lv
-// when its rows are the union of per-shard parts, each row of one key, and
-// it outputs that key: a plain SELECT grouped by (at least) the key of one
-// of its own tree references, not on a nullable side, without LIMIT,
-// OFFSET, DISTINCT ON or window functions (TPC-C's consistency checks join
-// such tables, grouped by the warehouse, to the warehouse's rows). Joined
-// on that output column it is anchored as a tree reference would be. It
-// returns the new reference's index, or noName.
+// when its rows are the union of per-shard parts, each row of one key, not
+// on a nullable side: a plain SELECT without LIMIT, OFFSET, DISTINCT ON or
+// window functions that is either grouped by (at least) the key of one of
+// its own tree references (TPC-C's consistency checks join such tables,
+// grouped by the warehouse, to the warehouse's rows), or that neither
+// groups nor aggregates, so that each row is a row of its FROM (a CTE over
+// a tree, inlined, takes this form). It is keyed on the output column that
+// is that reference's key, named by the alias's column list where it has
+// one; joined on that column it is anchored as a tree reference would be.
+// A grouped table must output its key; one that does not group may leave
+// it out, and then stands alone. It returns the new reference's index, or
+// noName.
 func (c *colocation) keyedDerived(v *pg.RangeSubselect, lv, sub int, nullable bool) int {
-	if v.Lateral || lv < 0 || sub >= len(c.levels) || len(v.Alias.Colnames) > 0 {
+	if v.Lateral || lv < 0 || sub >= len(c.levels) {
 		return noName
 	}
 	s, ok := c.levels[sub].stmt.(*pg.SelectStmt)
-	if !ok || s != v.Subquery.GetSelectStmt() || s.Op != pg.SetOperation_SETOP_NONE || s.LimitCount != nil || s.LimitOffset != nil ||
+	if !ok || s != v.Subquery.GetSelectStmt() || s.Op != pg.SetOperation_SETOP_NONE || len(s.ValuesLists) > 0 || s.LimitCount != nil || s.LimitOffset != nil ||
 		len(s.WindowClause) > 0 || len(s.DistinctClause) > 0 && s.DistinctClause[0].Node != nil || hasWindowCall(s) {
 		return noName
 	}
-	grouped := -1
-	for _, g := range s.GroupClause {
-		if i, key := c.resolve(g, sub); i >= 0 && key && c.refs[i].level == sub && !c.refs[i].nullable && !c.refs[i].derived {
-			grouped = i
-			break
+	own := -1 // the reference whose key each row is of
+	grouped := aggregating(s, append(append([]*pg.Node{s.HavingClause}, s.TargetList...), s.SortClause...), true)
+	if grouped {
+		for _, g := range s.GroupClause {
+			if i, key := c.resolve(g, sub); i >= 0 && key && c.refs[i].level == sub && !c.refs[i].nullable && !c.refs[i].derived {
+				own = i
+				break
+			}
+		}
+	} else {
+		for _, i := range c.levels[sub].refs {
+			if !c.refs[i].nullable {
+				own = i
+				break
+			}
 		}
 	}
-	if grouped < 0 {
+	if own < 0 {
 		return noName
 	}
-	for _, t := range s.TargetList {
+	key := ""
+	for k, t := range s.TargetList {
 		rt := t.GetResTarget()
 		if rt == nil {
 			continue
 		}
-		if i, key := c.resolve(rt.Val, sub); i != grouped || !key {
+		if i, isKey := c.resolve(rt.Val, sub); i != own || !isKey {
 			continue
 		}
-		name := rt.Name
-		if name == "" {
+		key = rt.Name
+		if key == "" {
 			f := rt.Val.GetColumnRef().Fields
-			name = f[len(f)-1].GetString_().GetSval()
+			key = f[len(f)-1].GetString_().GetSval()
 		}
-		tree := *c.refs[grouped].tree
-		tree.KeyColumn = name
-		c.refs = append(c.refs, treeRef{rv: &pg.RangeVar{Relname: v.Alias.Aliasname, Alias: v.Alias}, tree: &tree, level: lv, nullable: nullable, derived: true})
-		c.levels[lv].refs = append(c.levels[lv].refs, len(c.refs)-1)
-		c.levels[sub].keyed, c.levels[sub].asRef = true, len(c.refs)-1
-		return len(c.refs) - 1
+		if k < len(v.Alias.Colnames) {
+			key = v.Alias.Colnames[k].GetString_().GetSval()
+		}
+		break
 	}
-	return noName
+	if key == "" && grouped {
+		return noName
+	}
+	tree := *c.refs[own].tree
+	tree.KeyColumn = key
+	c.refs = append(c.refs, treeRef{rv: &pg.RangeVar{Relname: v.Alias.Aliasname, Alias: v.Alias}, tree: &tree, level: lv, nullable: nullable, derived: true})
+	c.levels[lv].refs = append(c.levels[lv].refs, len(c.refs)-1)
+	c.levels[sub].keyed, c.levels[sub].asRef = true, len(c.refs)-1
+	return len(c.refs) - 1
 }
 
 // hasWindowCall reports whether a SELECT's own target list or HAVING calls
@@ -462,12 +484,20 @@ func (c *colocation) join(j *pg.JoinExpr, lv int, nullable bool) {
 }
 
 // usingSide is the tree reference whose key is a JOIN side's column col:
-// the side is a tree reference keyed on col, or an inner or left join by
-// USING (col) whose left side is one.
+// the side is a tree reference or a keyed derived table keyed on col, or
+// an inner or left join by USING (col) whose left side is one.
 func (c *colocation) usingSide(n *pg.Node, from, to int, col string) int {
 	if rv := n.GetRangeVar(); rv != nil {
 		for i := from; i < to; i++ {
 			if c.refs[i].rv == rv && c.refs[i].tree.KeyColumn == col {
+				return i
+			}
+		}
+		return -1
+	}
+	if d := n.GetRangeSubselect(); d != nil && d.Alias != nil {
+		for i := from; i < to; i++ {
+			if c.refs[i].derived && c.refs[i].rv.Alias == d.Alias && c.refs[i].tree.KeyColumn == col {
 				return i
 			}
 		}

@@ -104,8 +104,20 @@ func isSpace(c byte) bool {
 	return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'
 }
 
-// plan plans one statement occupying sql[start:end].
+// plan plans one statement occupying sql[start:end]: as written, or, when
+// that is refused, with a CTE over a tree inlined (inline.go).
 func (p *planner) plan(n *pg.Node, start, end int) *Plan {
+	pl := p.planWritten(n, start, end)
+	if pl.Kind == Refused {
+		if in := p.planInlined(n, start, end); in != nil && in.Kind != Refused {
+			return in
+		}
+	}
+	return pl
+}
+
+// planWritten plans the statement as written.
+func (p *planner) planWritten(n *pg.Node, start, end int) *Plan {
 	pl := &Plan{SQL: p.sql[start:end]}
 	switch s := n.Node.(type) {
 	case *pg.Node_TransactionStmt:

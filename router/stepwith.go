@@ -6,7 +6,8 @@ import pg "github.com/pganalyze/pg_query_go/v6"
 // goes into each node's partial query, which reads its CTEs as the
 // statement does; the final step reads only the partial rows and has no
 // WITH. A CTE that reads a tree never gets there: the colocation analysis
-// refuses one that is not pinned to a key, and a tree reference outside
+// refuses one that is not pinned to a key (one that can be inlined is a
+// derived table by then: inline.go), and a tree reference outside
 // FROM and WHERE is refused by stepInput, so each node evaluates CTEs of
 // constants, functions and reference tables, whose copies are equal.
 // Evaluated once per node rather than once, a CTE must not call a function
