@@ -66,6 +66,31 @@ func fkEnforced(t *testing.T, ctx context.Context, c *pgx.Conn, nodes []*pgx.Con
 	}
 }
 
+// fkCluster starts a proxy over two nodes with plans, a reference table of
+// three plans, for the foreign-key tests: a context bounded by timeout, a
+// connection and a pool through the proxy, and a connection to each node.
+func fkCluster(t *testing.T, timeout time.Duration) (context.Context, *pgx.Conn, *pgxpool.Pool, []*pgx.Conn) {
+	t.Helper()
+	resetNodes(t)
+	p := startProxy(t, 2, "--reshard-tick", "200ms")
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	t.Cleanup(cancel)
+	c := connect(t, p.DSN("lattice"))
+	pool, err := pgxpool.New(ctx, p.DSN("lattice"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	for _, q := range []string{
+		`CREATE TABLE plans (plan_id int PRIMARY KEY, name text)`,
+		`INSERT INTO plans VALUES (1, 'free'), (2, 'pro'), (3, 'team')`,
+		`SELECT lattice_create_reference_table('plans')`,
+	} {
+		mustExec(t, c, q)
+	}
+	return ctx, c, pool, []*pgx.Conn{connect(t, testNodeDSN(t, 0)), connect(t, testNodeDSN(t, 1))}
+}
+
 // TestForeignKeys adds foreign keys between the trees of a colocation
 // group and to a reference table through the proxy, checks that every
 // shard enforces them, reshards the group 4 -> 8 -> 4 with rows (the
@@ -74,22 +99,8 @@ func fkEnforced(t *testing.T, ctx context.Context, c *pgx.Conn, nodes []*pgx.Con
 // the shards the reshard made. Forms that cannot be enforced are refused
 // with a hint.
 func TestForeignKeys(t *testing.T) {
-	resetNodes(t)
-	p := startProxy(t, 2, "--reshard-tick", "200ms")
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	c := connect(t, p.DSN("lattice"))
-	pool, err := pgxpool.New(ctx, p.DSN("lattice"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	nodes := []*pgx.Conn{connect(t, testNodeDSN(t, 0)), connect(t, testNodeDSN(t, 1))}
-
+	ctx, c, pool, nodes := fkCluster(t, 5*time.Minute)
 	for _, q := range []string{
-		`CREATE TABLE plans (plan_id int PRIMARY KEY, name text)`,
-		`INSERT INTO plans VALUES (1, 'free'), (2, 'pro'), (3, 'team')`,
-		`SELECT lattice_create_reference_table('plans')`,
 		`CREATE TABLE customers (customer_id bigint PRIMARY KEY, plan_id int NOT NULL)`,
 		`CREATE TABLE orders (customer_id bigint, order_id int, total int, PRIMARY KEY (customer_id, order_id))`,
 		`CREATE TABLE order_items (customer_id bigint, order_id int, item int, amount int, PRIMARY KEY (customer_id, order_id, item))`,
@@ -145,22 +156,8 @@ func TestForeignKeys(t *testing.T) {
 // not enforce are refused by lattice_create_tree (or by CREATE TABLE, when
 // no choice of key could make them right) with 0A000 and a hint.
 func TestCreateTreeForeignKeys(t *testing.T) {
-	resetNodes(t)
-	p := startProxy(t, 2, "--reshard-tick", "200ms")
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	c := connect(t, p.DSN("lattice"))
-	pool, err := pgxpool.New(ctx, p.DSN("lattice"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	nodes := []*pgx.Conn{connect(t, testNodeDSN(t, 0)), connect(t, testNodeDSN(t, 1))}
-
+	ctx, c, pool, nodes := fkCluster(t, 5*time.Minute)
 	for _, q := range []string{
-		`CREATE TABLE plans (plan_id int PRIMARY KEY, name text)`,
-		`INSERT INTO plans VALUES (1, 'free'), (2, 'pro'), (3, 'team')`,
-		`SELECT lattice_create_reference_table('plans')`,
 		// Rows before the tree: each shard checks its copy against its node's plans.
 		`CREATE TABLE customers (customer_id bigint PRIMARY KEY, plan_id int NOT NULL REFERENCES plans (plan_id))`,
 		`INSERT INTO customers SELECT i, 1 + i % 3 FROM generate_series(0, 199) i`,
@@ -358,16 +355,8 @@ WHERE con.contype = 'f' AND ns.nspname LIKE 'lattice\_s%' AND c.relname = $1`, t
 // whose rows are not copied. Every shard of the copy carries them, and so
 // does its template.
 func TestSnapshotForeignKeys(t *testing.T) {
-	resetNodes(t)
-	p := startProxy(t, 2, "--reshard-tick", "200ms")
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
-	defer cancel()
-	c := connect(t, p.DSN("lattice"))
-	nodes := []*pgx.Conn{connect(t, testNodeDSN(t, 0)), connect(t, testNodeDSN(t, 1))}
+	ctx, c, _, nodes := fkCluster(t, 4*time.Minute)
 	for _, q := range []string{
-		`CREATE TABLE plans (plan_id int PRIMARY KEY, name text)`,
-		`INSERT INTO plans VALUES (1, 'free'), (2, 'pro'), (3, 'team')`,
-		`SELECT lattice_create_reference_table('plans')`,
 		`CREATE TABLE customers (customer_id bigint PRIMARY KEY, plan_id int NOT NULL REFERENCES plans (plan_id))`,
 		`INSERT INTO customers SELECT i, 1 + i % 3 FROM generate_series(0, 199) i`,
 		`SELECT lattice_create_tree('customers', 'customer_id', shard_count => 4)`,

@@ -60,20 +60,8 @@ func (s *cteScan) msg(m protoreflect.Message) {
 	case *pg.LockingClause:
 		s.locks = true
 		return
-	case *pg.SelectStmt:
-		s.stmt(m, v.WithClause)
-		return
-	case *pg.InsertStmt:
-		s.stmt(m, v.WithClause)
-		return
-	case *pg.UpdateStmt:
-		s.stmt(m, v.WithClause)
-		return
-	case *pg.DeleteStmt:
-		s.stmt(m, v.WithClause)
-		return
-	case *pg.MergeStmt:
-		s.stmt(m, v.WithClause)
+	case interface{ GetWithClause() *pg.WithClause }: // SELECT, INSERT, UPDATE, DELETE, MERGE
+		s.stmt(m, v.GetWithClause())
 		return
 	}
 	eachChild(m, s.msg)
