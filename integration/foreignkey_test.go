@@ -149,14 +149,13 @@ func TestForeignKeys(t *testing.T) {
 	}
 }
 
-// TestCreateTreeForeignKeys makes trees of tables created with their
-// foreign keys, inline and as table constraints, to a reference table and
-// to the trees they are colocated with: every shard carries them, to its
-// own schema's tables, before and after a reshard. The forms shards could
-// not enforce are refused by lattice_create_tree (or by CREATE TABLE, when
-// no choice of key could make them right) with 0A000 and a hint.
-func TestCreateTreeForeignKeys(t *testing.T) {
-	ctx, c, pool, nodes := fkCluster(t, 5*time.Minute)
+// fkGroupInline makes customers, orders and order_items, created with
+// their foreign keys (inline, and as a table constraint) to plans and to
+// each other, a colocation group of 4 shards with the rows TestForeignKeys
+// has. Orders and items are written through the proxy once they are trees:
+// until then each references the empty template.
+func fkGroupInline(t *testing.T, c *pgx.Conn) {
+	t.Helper()
 	for _, q := range []string{
 		// Rows before the tree: each shard checks its copy against its node's plans.
 		`CREATE TABLE customers (customer_id bigint PRIMARY KEY, plan_id int NOT NULL REFERENCES plans (plan_id))`,
@@ -171,8 +170,6 @@ func TestCreateTreeForeignKeys(t *testing.T) {
 	} {
 		mustExec(t, c, q)
 	}
-	// The rows TestForeignKeys has, written through the proxy now that the
-	// tables are trees (each references the empty template until then).
 	var orders, items []string
 	for i := range 400 {
 		orders = append(orders, fmt.Sprintf("(%d, %d, 10)", i%200, i))
@@ -180,6 +177,17 @@ func TestCreateTreeForeignKeys(t *testing.T) {
 	}
 	mustExec(t, c, `INSERT INTO orders VALUES `+strings.Join(orders, ", "))
 	mustExec(t, c, `INSERT INTO order_items VALUES `+strings.Join(items, ", "))
+}
+
+// TestCreateTreeForeignKeys makes trees of tables created with their
+// foreign keys, inline and as table constraints, to a reference table and
+// to the trees they are colocated with: every shard carries them, to its
+// own schema's tables, before and after a reshard. The forms shards could
+// not enforce are refused by lattice_create_tree (or by CREATE TABLE, when
+// no choice of key could make them right) with 0A000 and a hint.
+func TestCreateTreeForeignKeys(t *testing.T) {
+	ctx, c, pool, nodes := fkCluster(t, 5*time.Minute)
+	fkGroupInline(t, c)
 	fkEnforced(t, ctx, c, nodes, 4, 0)
 
 	refusals := []struct{ name, create, tree, has string }{
@@ -265,25 +273,10 @@ func TestRecoverMapForeignKeys(t *testing.T) {
 				`CREATE TABLE plans (plan_id int PRIMARY KEY, name text)`,
 				`INSERT INTO plans VALUES (1, 'free'), (2, 'pro'), (3, 'team')`,
 				`SELECT lattice_create_reference_table('plans')`,
-				`CREATE TABLE customers (customer_id bigint PRIMARY KEY, plan_id int NOT NULL REFERENCES plans (plan_id))`,
-				`INSERT INTO customers SELECT i, 1 + i % 3 FROM generate_series(0, 199) i`,
-				`SELECT lattice_create_tree('customers', 'customer_id', shard_count => 4)`,
-				`CREATE TABLE orders (customer_id bigint REFERENCES customers (customer_id) ON DELETE CASCADE, order_id int, total int,
-					PRIMARY KEY (customer_id, order_id))`,
-				`SELECT lattice_create_tree('orders', 'customer_id', colocate_with => 'customers')`,
-				`CREATE TABLE order_items (customer_id bigint, order_id int, item int, amount int, PRIMARY KEY (customer_id, order_id, item),
-					FOREIGN KEY (customer_id, order_id) REFERENCES orders (customer_id, order_id))`,
-				`SELECT lattice_create_tree('order_items', 'customer_id', colocate_with => 'customers')`,
 			} {
 				mustExec(t, c, q)
 			}
-			var orders, items []string
-			for i := range 400 {
-				orders = append(orders, fmt.Sprintf("(%d, %d, 10)", i%200, i))
-				items = append(items, fmt.Sprintf("(%d, %d, 1, 10)", i%200, i))
-			}
-			mustExec(t, c, `INSERT INTO orders VALUES `+strings.Join(orders, ", "))
-			mustExec(t, c, `INSERT INTO order_items VALUES `+strings.Join(items, ", "))
+			fkGroupInline(t, c)
 
 			mustExec(t, connect(t, a.DSN("lattice")), tc.op)
 			if !a.WaitExit(60 * time.Second) {
