@@ -4,8 +4,9 @@
 # harness), builds lattice without -race, runs pgbouncer, and measures:
 #   - point selects, direct vs pgbouncer vs Lattice, with each proxy's own
 #     CPU per query, in the simple, extended and prepared protocols;
-#   - pgbench select-only and TPC-B-like, direct vs pgbouncer vs Lattice, in
-#     the simple, extended and prepared protocols;
+#   - pgbench select-only and TPC-B-like, direct vs pgbouncer vs Lattice
+#     (the tree on 2 nodes, and on the direct node alone), in the simple,
+#     extended and prepared protocols;
 #   - split and fold throughput against a raw COPY TO | COPY FROM;
 #   - a whole grow and a move, end to end, against the same raw pipe, with
 #     the time each phase of the pipeline takes;

@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/lattice-db/lattice/localnode"
+	"github.com/lattice-db/lattice/pgshard"
 )
 
 // The suite benchmarks below are run by bench/suite.sh, which collects the
@@ -88,16 +89,20 @@ func runProxied(b *testing.B, ctx context.Context, pid int, dsn, mode string, cl
 	return r
 }
 
-// cell renders a result's tps, latency and ratio to direct.
+// cells renders a result's tps, latency, ratio to direct and, for a proxy,
+// its CPU per transaction.
 func (r pgbenchResult) cells(direct pgbenchResult) string {
 	if r.err != "" {
 		return fmt.Sprintf("fails: %s | – | – | –", mdEscape(r.err))
 	}
-	ratio := "–"
+	ratio, cpu := "–", "–"
 	if direct.err == "" && direct.tps > 0 {
 		ratio = fmt.Sprintf("%.2f", r.tps/direct.tps)
 	}
-	return fmt.Sprintf("%.0f | %.2f | %s | %.0f", r.tps, r.latMS, ratio, r.cpuUS)
+	if r.cpuUS > 0 {
+		cpu = fmt.Sprintf("%.0f", r.cpuUS)
+	}
+	return fmt.Sprintf("%.0f | %.2f | %s | %s", r.tps, r.latMS, ratio, cpu)
 }
 
 func mdEscape(s string) string {
@@ -117,82 +122,150 @@ func pgbenchInit(b *testing.B, ctx context.Context, dsn string, scale int) {
 	}
 }
 
+// pgbenchTarget is one server pgbench runs against: its DSN and, for a
+// proxy, its process (0 for PostgreSQL itself), whose CPU is charged to
+// each transaction.
+type pgbenchTarget struct {
+	name, metric string
+	dsn          string
+	pid          int
+}
+
 // BenchmarkSuitePgbench runs pgbench's builtin select-only (-S) and
 // TPC-B-like scripts against one plain PostgreSQL node, against pgbouncer
-// (transaction pooling) in front of it and through Lattice, where
-// pgbench_accounts is a tree of LATTICE_BENCH_SHARDS shards on 2 nodes and
-// the branches, tellers and history are ordinary tables on the catalog
-// node; in each protocol mode, with the same clients and duration.
-// LATTICE_BENCH_SECONDS, LATTICE_BENCH_CLIENTS, LATTICE_BENCH_SCALE.
+// (transaction pooling) in front of it and through Lattice in two
+// configurations: pgbench_accounts a tree of LATTICE_BENCH_SHARDS shards on
+// 2 nodes, and the same tree with every shard on the catalog node, which is
+// the direct node itself (another database of it, and a Lattice of its own
+// with its own redis). The branches, tellers and history are ordinary
+// tables on the catalog node. The one-node row is the proxy's cost on the
+// hardware of direct; the two-node row adds distribution's (two
+// PostgreSQL servers on the same cores, and a commit across them for a
+// TPC-B transaction whose account is on the other node). Each protocol
+// mode, with the same clients and duration, the targets one after the
+// other. LATTICE_BENCH_SECONDS, LATTICE_BENCH_CLIENTS, LATTICE_BENCH_SCALE.
 func BenchmarkSuitePgbench(b *testing.B) {
 	ctx := context.Background()
 	secs := benchSeconds()
 	clients := envInt("LATTICE_BENCH_CLIENTS", 8)
 	scale := envInt("LATTICE_BENCH_SCALE", 4)
 	shards := envInt("LATTICE_BENCH_SHARDS", 16)
+	const oneDB = "pgbench_one"
 	for i := 0; i < b.N; i++ {
 		resetNodes(b)
-		// Direct and pgbouncer: node 3 on its own. Lattice: nodes 1 and 2,
-		// node 1 being the catalog node.
-		direct := testNodeDSN(b, 2)
+		// Direct and pgbouncer: node 3 on its own, database lattice.
+		// Lattice on two nodes: nodes 1 and 2, node 1 being the catalog
+		// node. Lattice on one node: node 3, database oneDB.
+		directNode := testNode(b, 2)
+		direct := directNode.DSN("lattice")
 		pgbenchInit(b, ctx, direct, scale)
 		pgbenchInit(b, ctx, testNodeDSN(b, 0), scale)
+		if err := directNode.CreateDatabase(ctx, oneDB); err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { dropDatabase(b, directNode, oneDB) })
+		pgbenchInit(b, ctx, directNode.DSN(oneDB), scale)
 		p := startProxy(b, 2)
 		start := time.Now()
 		c := connect(b, p.DSN("lattice"))
 		mustExec(b, c, fmt.Sprintf(`SELECT lattice_create_tree('pgbench_accounts', 'aid', shard_count => %d)`, shards))
 		c.Close(ctx)
 		converted := time.Since(start)
-		for n := range 3 {
-			vc := connect(b, testNodeDSN(b, n))
+		p1 := startOneNodeLattice(b, ctx, directNode, oneDB, shards)
+		for _, dsn := range []string{testNodeDSN(b, 0), testNodeDSN(b, 1), direct, directNode.DSN(oneDB)} {
+			vc := connect(b, dsn)
 			mustExec(b, vc, "VACUUM ANALYZE")
 			vc.Close(ctx)
 		}
-		bouncer, bouncerPID := startPgbouncer(b, testNode(b, 2).Port)
+		targets := []pgbenchTarget{{name: "direct", dsn: direct}}
+		bouncer, bouncerPID := startPgbouncer(b, directNode.Port)
 		if bouncer == "" {
-			b.Log("pgbouncer is not installed: its column shows n/a")
+			b.Log("pgbouncer is not installed: its rows show n/a")
+		} else {
+			targets = append(targets, pgbenchTarget{"pgbouncer", "pgbouncer", bouncer, bouncerPID})
 		}
+		targets = append(targets,
+			pgbenchTarget{"Lattice, 2 nodes", "lattice2", p.DSN("lattice"), p.cmd.Process.Pid},
+			pgbenchTarget{"Lattice, 1 node", "lattice1", p1.DSN(oneDB), p1.cmd.Process.Pid})
 
 		// Warm caches and pools on every target before the measured runs.
 		warm := min(secs, 3)
-		for _, dsn := range []string{direct, bouncer, p.DSN("lattice")} {
-			if dsn != "" {
-				runPgbench(ctx, dsn, "simple", clients, warm, "-S")
-			}
+		for _, t := range targets {
+			runPgbench(ctx, t.dsn, "simple", clients, warm, "-S")
 		}
 
-		md("#### pgbench: direct vs pgbouncer vs Lattice\n")
+		md("#### pgbench: direct vs pgbouncer vs Lattice on 2 nodes and on 1\n")
 		md("%d clients, 2 pgbench threads, %d s per run, scale %d (%d accounts). Direct: one PostgreSQL 15 node. "+
-			"pgbouncer: transaction pooling in front of that node. Lattice: pgbench_accounts is a tree of %d shards "+
-			"on 2 nodes (created with lattice_create_tree from a pgbench -i table in %s); pgbench_branches, "+
-			"pgbench_tellers and pgbench_history are ordinary tables on the catalog node. "+
+			"pgbouncer: transaction pooling in front of that node. Lattice, 2 nodes: pgbench_accounts is a tree of %d shards "+
+			"on 2 other nodes (created with lattice_create_tree from a pgbench -i table in %s), so about half of the TPC-B "+
+			"transactions commit across the two (two-phase commit); Lattice, 1 node: the same tree with every shard on "+
+			"the direct node itself (another database of it), the same hardware as direct. "+
+			"pgbench_branches, pgbench_tellers and pgbench_history are ordinary tables on the catalog node. "+
+			"Each (workload, mode) runs the targets one after the other. "+
 			"tps excludes connection time; latency is pgbench's average; ratio is tps / direct tps; "+
 			"CPU µs/tx is the proxy process's own CPU time (utime+stime from /proc/PID/stat) over the run divided by the transactions it processed.\n",
 			clients, secs, scale, scale*100000, shards, converted.Round(time.Millisecond))
-		md("| workload | mode | direct tps | direct ms | pgbouncer tps | pgbouncer ms | pgbouncer/direct | pgbouncer CPU µs/tx | lattice tps | lattice ms | lattice/direct | lattice CPU µs/tx |")
-		md("|---|---|---|---|---|---|---|---|---|---|---|---|")
+		md("| workload | mode | target | tps | ms | ratio to direct | proxy CPU µs/tx |")
+		md("|---|---|---|---|---|---|---|")
 		for _, w := range []struct {
-			name string
-			args []string
-		}{{"select-only (-S)", []string{"-S"}}, {"TPC-B-like (default)", nil}} {
+			name, metric string
+			args         []string
+		}{{"select-only (-S)", "select", []string{"-S"}}, {"TPC-B-like (default)", "tpcb", nil}} {
 			for _, mode := range []string{"simple", "extended", "prepared"} {
-				d := runPgbench(ctx, direct, mode, clients, secs, w.args...)
-				bt := pgbenchResult{err: "pgbouncer not installed"}
-				if bouncer != "" {
-					bt = runProxied(b, ctx, bouncerPID, bouncer, mode, clients, secs, w.args...)
+				var d pgbenchResult
+				for _, t := range targets {
+					var r pgbenchResult
+					if t.pid == 0 {
+						r = runPgbench(ctx, t.dsn, mode, clients, secs, w.args...)
+						d = r
+					} else {
+						r = runProxied(b, ctx, t.pid, t.dsn, mode, clients, secs, w.args...)
+					}
+					md("| %s | %s | %s | %s |", w.name, mode, t.name, r.cells(d))
+					if t.pid != 0 && r.err == "" && d.err == "" && d.tps > 0 {
+						b.ReportMetric(r.tps/d.tps, fmt.Sprintf("%s-%s-%s/direct", w.metric, mode, t.metric))
+					}
 				}
-				l := runProxied(b, ctx, p.cmd.Process.Pid, p.DSN("lattice"), mode, clients, secs, w.args...)
-				directCells := fmt.Sprintf("%.0f | %.2f", d.tps, d.latMS)
-				if d.err != "" {
-					directCells = "fails: " + mdEscape(d.err) + " | –"
-				}
-				md("| %s | %s | %s | %s | %s |", w.name, mode, directCells, bt.cells(d), l.cells(d))
 			}
 		}
 		md("\nAfter the runs, TPC-B's invariant (every delta lands once in each of accounts, tellers, branches and history): "+
-			"direct and pgbouncer %s; Lattice %s.", tpcbInvariant(b, ctx, direct), tpcbInvariant(b, ctx, p.DSN("lattice")))
+			"direct and pgbouncer %s; Lattice on 2 nodes %s; Lattice on 1 node %s.",
+			tpcbInvariant(b, ctx, direct), tpcbInvariant(b, ctx, p.DSN("lattice")), tpcbInvariant(b, ctx, p1.DSN(oneDB)))
 		md("")
 	}
+}
+
+// startOneNodeLattice starts a Lattice whose only node is node, with a
+// redis of its own, and makes pgbench_accounts of database (loaded by
+// pgbench -i) a tree of shards shards there. pgbench's other tables are
+// granted to the tenant's role, as an operator would (the harness does so
+// for the default database only).
+func startOneNodeLattice(b *testing.B, ctx context.Context, node *localnode.Postgres, database string, shards int) *proxyProc {
+	b.Helper()
+	rd, err := localnode.StartRedis(ctx, b.TempDir())
+	if err != nil {
+		b.Fatal(err)
+	}
+	// Registered before the proxy's cleanup, so run after it: the proxy
+	// does not outlive its redis.
+	b.Cleanup(func() { _ = rd.Stop() })
+	p := startProxyOn(b, rd.URL(), []string{node.DSN("lattice")}, nil)
+	c := connect(b, p.DSN(database))
+	defer c.Close(ctx)
+	mustExec(b, c, fmt.Sprintf(`SELECT lattice_create_tree('pgbench_accounts', 'aid', shard_count => %d)`, shards))
+	nc := connect(b, node.DSN(database))
+	defer nc.Close(ctx)
+	mustExec(b, nc, "GRANT ALL ON pgbench_branches, pgbench_tellers, pgbench_history TO "+
+		pgx.Identifier{pgshard.TenantRole(database)}.Sanitize())
+	return p
+}
+
+// dropDatabase drops database on node, ending its sessions first.
+func dropDatabase(b *testing.B, node *localnode.Postgres, database string) {
+	b.Helper()
+	c := connect(b, node.DSN("lattice"))
+	defer c.Close(context.Background())
+	mustExec(b, c, "DROP DATABASE IF EXISTS "+pgx.Identifier{database}.Sanitize()+" WITH (FORCE)")
 }
 
 // tpcbInvariant checks that the sums of the balances of pgbench's four

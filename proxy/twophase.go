@@ -568,9 +568,14 @@ func (t *TwoPhase) decide(ctx context.Context, h participant, gid string, prepar
 	return nil
 }
 
+// arrayElemEscaper escapes a text array literal's element. Built once: a
+// Replacer builds its tables on first use, which a replacer made per call
+// did on every commit across nodes.
+var arrayElemEscaper = strings.NewReplacer(`\`, `\\`, `"`, `\"`)
+
 // quoteIdentArray quotes one element of a text array literal.
 func quoteIdentArray(s string) string {
-	return `"` + strings.NewReplacer(`\`, `\\`, `"`, `\"`).Replace(s) + `"`
+	return `"` + arrayElemEscaper.Replace(s) + `"`
 }
 
 // decisionError explains a decision that could not be recorded: a

@@ -57,3 +57,20 @@ func TestPrepareError(t *testing.T) {
 		t.Errorf("serialization failure became %v", got)
 	}
 }
+
+// TestQuoteIdentArray checks the quoting of the node names in the
+// participants array of a commit decision: the element is PostgreSQL's
+// array syntax, in which only a backslash and a double quote are escaped.
+func TestQuoteIdentArray(t *testing.T) {
+	for _, c := range []struct{ in, want string }{
+		{`n1`, `"n1"`},
+		{`a"b`, `"a\"b"`},
+		{`a\b`, `"a\\b"`},
+		{`{x, y}`, `"{x, y}"`},
+		{`'q'`, `"'q'"`},
+	} {
+		if got := quoteIdentArray(c.in); got != c.want {
+			t.Errorf("quoteIdentArray(%q) = %s, want %s", c.in, got, c.want)
+		}
+	}
+}
