@@ -63,18 +63,25 @@ func (sh *Shadow) copyChunks(ctx context.Context, src *pgx.Conn) ([]copyChunk, e
 			pgshard.ShardTable(t, sp.Source)).Scan(&pages); err != nil {
 			return nil, fmt.Errorf("migrator: size of %s on the source: %w", t.Name, err)
 		}
-		n := max(1, min(copyWorkers, pages/copyChunkMinPages))
-		for i := range n {
-			c := copyChunk{st: st, from: i * pages / n, to: (i + 1) * pages / n}
-			if i == n-1 {
-				// Rows the snapshot sees lie below the size read here; the
-				// last range is open all the same.
-				c.to = -1
-			}
-			chunks = append(chunks, c)
+		for _, r := range pageRanges(pages) {
+			chunks = append(chunks, copyChunk{st: st, from: r[0], to: r[1]})
 		}
 	}
 	return chunks, nil
+}
+
+// pageRanges cuts a table of pages into up to copyWorkers even ranges
+// [from, to) of at least copyChunkMinPages each, or one. The last is open
+// (to = -1): rows the snapshot sees lie below the size read before it, but
+// a range that misses none does not depend on it.
+func pageRanges(pages int64) [][2]int64 {
+	n := max(1, min(copyWorkers, pages/copyChunkMinPages))
+	out := make([][2]int64, n)
+	for i := range n {
+		out[i] = [2]int64{i * pages / n, (i + 1) * pages / n}
+	}
+	out[n-1][1] = -1
+	return out
 }
 
 // copyRows pipes a binary COPY of the moving rows of each table, read
@@ -242,22 +249,7 @@ func (sh *Shadow) copyQueue(ctx context.Context, src *pgx.Conn, tx pgx.Tx, queue
 // table in tx.
 func (sh *Shadow) copyChunk(ctx context.Context, src *pgx.Conn, tx pgx.Tx, c copyChunk) (int64, int64, error) {
 	sp := sh.spec
-	cols := quoteAll(c.st.cols)
-	source := pgshard.ShardTable(c.st.tree, sp.Source)
-	var out string
-	switch {
-	case !sp.Whole:
-		out = "COPY (SELECT " + cols + " FROM " + source + " WHERE " + btreeindex.SlotPredicate(c.st.tree, "", sp.Slots) + ") TO STDOUT (FORMAT binary)"
-	case c.from == 0 && c.to < 0:
-		out = "COPY " + source + " (" + cols + ") TO STDOUT (FORMAT binary)"
-	default:
-		// A TID range scan reads those pages only.
-		where := fmt.Sprintf("ctid >= '(%d,0)'::tid", c.from)
-		if c.to >= 0 {
-			where += fmt.Sprintf(" AND ctid < '(%d,0)'::tid", c.to)
-		}
-		out = "COPY (SELECT " + cols + " FROM " + source + " WHERE " + where + ") TO STDOUT (FORMAT binary)"
-	}
+	out := copyOutSQL(sp, c)
 	pr, pw := io.Pipe()
 	copyOut := make(chan error, 1)
 	go func() {
@@ -267,7 +259,7 @@ func (sh *Shadow) copyChunk(ctx context.Context, src *pgx.Conn, tx pgx.Tx, c cop
 	}()
 	counted := &countingReader{r: pr}
 	target := pgshard.ShardTable(c.st.tree, sp.Target)
-	tag, err := tx.Conn().PgConn().CopyFrom(ctx, counted, "COPY "+target+" ("+cols+") FROM STDIN (FORMAT binary)")
+	tag, err := tx.Conn().PgConn().CopyFrom(ctx, counted, "COPY "+target+" ("+quoteAll(c.st.cols)+") FROM STDIN (FORMAT binary)")
 	pr.CloseWithError(errors.New("migrator: target copy ended"))
 	if outErr := <-copyOut; outErr != nil {
 		return 0, 0, fmt.Errorf("migrator: copy %s from source: %w", c.st.tree.Name, outErr)
@@ -276,4 +268,23 @@ func (sh *Shadow) copyChunk(ctx context.Context, src *pgx.Conn, tx pgx.Tx, c cop
 		return 0, 0, fmt.Errorf("migrator: copy %s into target: %w", c.st.tree.Name, err)
 	}
 	return tag.RowsAffected(), counted.n, nil
+}
+
+// copyOutSQL is the source's COPY of one range: the moving slots of a
+// table the copy filters, a whole table, or a page range of one, which a
+// TID range scan reads alone.
+func copyOutSQL(sp ShadowSpec, c copyChunk) string {
+	cols := quoteAll(c.st.cols)
+	source := pgshard.ShardTable(c.st.tree, sp.Source)
+	switch {
+	case !sp.Whole:
+		return "COPY (SELECT " + cols + " FROM " + source + " WHERE " + btreeindex.SlotPredicate(c.st.tree, "", sp.Slots) + ") TO STDOUT (FORMAT binary)"
+	case c.from == 0 && c.to < 0:
+		return "COPY " + source + " (" + cols + ") TO STDOUT (FORMAT binary)"
+	}
+	where := fmt.Sprintf("ctid >= '(%d,0)'::tid", c.from)
+	if c.to >= 0 {
+		where += fmt.Sprintf(" AND ctid < '(%d,0)'::tid", c.to)
+	}
+	return "COPY (SELECT " + cols + " FROM " + source + " WHERE " + where + ") TO STDOUT (FORMAT binary)"
 }
