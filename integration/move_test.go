@@ -388,3 +388,95 @@ func TestMoveCrash(t *testing.T) {
 		})
 	}
 }
+
+// TestMoveCrashChunks kills the proxy that runs a move of a shard large
+// enough to be copied in several page ranges over several connections, at
+// the copy's crash point: the extra connections have committed their
+// ranges, the last range and the progress row have not. The target then
+// holds part of the shard and no progress row; the new run empties it and
+// copies the shard again, and the target ends with every row exactly once.
+func TestMoveCrashChunks(t *testing.T) {
+	resetNodes(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	fast := []string{"--reshard-lease", "3s", "--reshard-tick", "200ms"}
+	b := startProxy(t, 3, append([]string{"--coordinator=false"}, fast...)...)
+	a := startProxyEnv(t, 3, []string{"LATTICE_TEST_CRASH_AT=copy"}, fast...)
+	pool, err := pgxpool.New(ctx, b.DSN("lattice"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	// 60,000 rows of about 100 bytes in 2 shards: some 400 pages a shard,
+	// several of the copy's page ranges.
+	for _, q := range []string{
+		"CREATE TABLE big (k bigint PRIMARY KEY, n int8 NOT NULL, pad text NOT NULL)",
+		"INSERT INTO big SELECT g, g, repeat(md5(g::text), 2) FROM generate_series(1, 60000) g",
+		"SELECT lattice_create_tree('big', 'k', shard_count => 2)",
+	} {
+		if _, err := pool.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	from := strings.TrimSuffix(shardNodes(t, ctx, pool, "big")[0], "/active")
+	to := map[string]string{"n1": "n3", "n2": "n3", "n3": "n1"}[from]
+	node := func(name string) *pgx.Conn {
+		i, err := strconv.Atoi(strings.TrimPrefix(name, "n"))
+		if err != nil {
+			t.Fatalf("node %q: %v", name, err)
+		}
+		c, err := pgx.Connect(ctx, testNodeDSN(t, i-1))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close(context.Background()) })
+		return c
+	}
+	const shard = "SELECT count(*), count(DISTINCT k), coalesce(sum(n), 0), coalesce(sum(hashtext(pad)), 0) FROM lattice_s0000.big"
+	var want [4]int64
+	if err := node(from).QueryRow(ctx, shard).Scan(&want[0], &want[1], &want[2], &want[3]); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, "SELECT lattice_move_shard('big', 0, $1)", to); err != nil {
+		t.Fatal(err)
+	}
+	if !a.WaitExit(2 * time.Minute) {
+		t.Fatal("the coordinator's proxy did not reach crash point copy")
+	}
+	if err := a.crashedAt("copy"); err != nil {
+		t.Fatal(err)
+	}
+	target := node(to)
+	var partial, progress int64
+	if err := target.QueryRow(ctx, "SELECT (SELECT count(*) FROM lattice_s0000.big), (SELECT count(*) FROM lattice_s0000.lattice_progress)").
+		Scan(&partial, &progress); err != nil {
+		t.Fatal(err)
+	}
+	if partial == 0 || progress != 0 {
+		t.Fatalf("at the crash the target holds %d rows of %d and %d progress rows, want some rows committed by the extra connections and no progress row",
+			partial, want[0], progress)
+	}
+	c := startProxy(t, 3, fast...) // takes the lease over once it expires
+	waitFor(t, ctx, pool, "SELECT lattice_rebalance_complete('big')", nil, func() error { return nil })
+	if got := shardNodes(t, ctx, pool, "big")[0]; got != to+"/active" {
+		t.Fatalf("after the move shard 0 is %s, want %s/active", got, to)
+	}
+	var got [4]int64
+	if err := target.QueryRow(ctx, shard).Scan(&got[0], &got[1], &got[2], &got[3]); err != nil {
+		t.Fatal(err)
+	}
+	if got != want {
+		t.Fatalf("the moved shard holds (rows, keys, sum n, sum hash) %v, the source held %v", got, want)
+	}
+	var rows, sum int64
+	if err := pool.QueryRow(ctx, "SELECT count(*), sum(n) FROM big").Scan(&rows, &sum); err != nil {
+		t.Fatal(err)
+	}
+	if rows != 60000 || sum != 60000*60001/2 {
+		t.Fatalf("tree big holds %d rows summing to %d after the move, want 60000 and %d", rows, sum, 60000*60001/2)
+	}
+	if want := `msg="shadow copy done"`; !strings.Contains(c.Log(), want) {
+		t.Fatalf("the restarted proxy did not copy the shard again (no %q in its log)", want)
+	}
+	t.Logf("at the crash the target held %d of the shard's %d rows", partial, want[0])
+}

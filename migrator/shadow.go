@@ -199,7 +199,8 @@ func connectReplication(ctx context.Context, dsn string) (*pgconn.PgConn, error)
 
 // copyFresh starts from nothing: whatever an earlier run left of the moving
 // slots in the target is deleted, the slot is made anew, and the rows are
-// copied under its snapshot in one target transaction with the progress row.
+// copied under its snapshot and committed with the progress row
+// (copychunks.go).
 func (sh *Shadow) copyFresh(ctx context.Context) error {
 	sp := sh.spec
 	src, err := pgx.Connect(ctx, sp.SourceDSN)
@@ -228,6 +229,7 @@ func (sh *Shadow) copyFresh(ctx context.Context) error {
 	if sh.repl, err = connectReplication(ctx, sp.SourceDSN); err != nil {
 		return err
 	}
+	began := time.Now()
 	slot, err := pglogrepl.CreateReplicationSlot(ctx, sh.repl, sp.Name(), "pgoutput",
 		pglogrepl.CreateReplicationSlotOptions{Mode: pglogrepl.LogicalReplication, SnapshotAction: "EXPORT_SNAPSHOT"})
 	if err != nil {
@@ -237,89 +239,15 @@ func (sh *Shadow) copyFresh(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	slotMade := time.Now()
 	n, bytes, err := sh.copyRows(ctx, src, slot.SnapshotName, start)
 	if err != nil {
 		return err
 	}
 	sh.stats = ShadowStats{RowsCopied: n, BytesCopied: bytes, Applied: start, Copied: true}
-	sh.log.Info("shadow copy done", "rows", n, "consistent_point", start)
+	sh.log.Info("shadow copy done", "rows", n, "consistent_point", start,
+		"slot", slotMade.Sub(began), "copy", time.Since(slotMade))
 	return sh.startReplication(ctx, start)
-}
-
-// copyRows pipes a binary COPY of the moving rows of each table, read
-// under the slot's exported snapshot, into the target tables in one target
-// transaction, and returns the rows and bytes of COPY data it moved.
-func (sh *Shadow) copyRows(ctx context.Context, src *pgx.Conn, snapshot string, start pglogrepl.LSN) (int64, int64, error) {
-	sp := sh.spec
-	if _, err := src.Exec(ctx, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"); err != nil {
-		return 0, 0, err
-	}
-	defer src.Exec(context.Background(), "ROLLBACK")
-	if _, err := src.Exec(ctx, "SET TRANSACTION SNAPSHOT "+quoteLiteral(snapshot)); err != nil {
-		return 0, 0, fmt.Errorf("migrator: use exported snapshot: %w", err)
-	}
-	tx, err := sh.target.Begin(ctx)
-	if err != nil {
-		return 0, 0, err
-	}
-	defer tx.Rollback(context.Background())
-	var rows, bytes int64
-	for _, t := range sp.trees() {
-		n, b, err := sh.copyTable(ctx, src, tx, sh.tables[t.Name])
-		if err != nil {
-			return 0, 0, err
-		}
-		rows, bytes = rows+n, bytes+b
-	}
-	if sp.Reindex {
-		for _, t := range sp.trees() {
-			if _, err := tx.Exec(ctx, "REINDEX TABLE "+pgshard.ShardTable(t, sp.Target)); err != nil {
-				return 0, 0, fmt.Errorf("migrator: rebuild the indexes of %s on the target: %w", t.Name, err)
-			}
-		}
-	}
-	if _, err := tx.Exec(ctx, "INSERT INTO "+progressTable(sp.Target)+" (migration, applied_lsn, rows_copied) VALUES ($1, $2::pg_lsn, $3)",
-		sp.ID, start.String(), rows); err != nil {
-		return 0, 0, err
-	}
-	crashPoint("copy")
-	if err := tx.Commit(ctx); err != nil {
-		return 0, 0, err
-	}
-	return rows, bytes, nil
-}
-
-// copyTable copies one table's moving rows inside copyRows' transactions:
-// whatever the target holds of the moving slots goes first.
-func (sh *Shadow) copyTable(ctx context.Context, src *pgx.Conn, tx pgx.Tx, st *shadowTable) (int64, int64, error) {
-	sp := sh.spec
-	cols := quoteAll(st.cols)
-	target := pgshard.ShardTable(st.tree, sp.Target)
-	if _, err := tx.Exec(ctx, "DELETE FROM "+target+" WHERE "+btreeindex.SlotPredicate(st.tree, "", sp.Slots)); err != nil {
-		return 0, 0, fmt.Errorf("migrator: clear target slots of %s: %w", st.tree.Name, err)
-	}
-	pr, pw := io.Pipe()
-	copyOut := make(chan error, 1)
-	out := "COPY (SELECT " + cols + " FROM " + pgshard.ShardTable(st.tree, sp.Source) +
-		" WHERE " + btreeindex.SlotPredicate(st.tree, "", sp.Slots) + ") TO STDOUT (FORMAT binary)"
-	if sp.Whole {
-		out = "COPY " + pgshard.ShardTable(st.tree, sp.Source) + " (" + cols + ") TO STDOUT (FORMAT binary)"
-	}
-	go func() {
-		_, err := src.PgConn().CopyTo(ctx, pw, out)
-		pw.CloseWithError(err)
-		copyOut <- err
-	}()
-	counted := &countingReader{r: pr}
-	tag, err := tx.Conn().PgConn().CopyFrom(ctx, counted, "COPY "+target+" ("+cols+") FROM STDIN (FORMAT binary)")
-	pr.CloseWithError(errors.New("migrator: target copy ended"))
-	if outErr := <-copyOut; outErr != nil {
-		return 0, 0, fmt.Errorf("migrator: copy %s from source: %w", st.tree.Name, outErr)
-	}
-	if err != nil {
-		return 0, 0, fmt.Errorf("migrator: copy %s into target: %w", st.tree.Name, err)
-	}
-	return tag.RowsAffected(), counted.n, nil
 }
 
 // countingReader counts the bytes read through it.

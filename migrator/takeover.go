@@ -15,8 +15,9 @@ import (
 // already sent may still reach the target later, when the network heals:
 // an apply batch or a copy that then commits after a later run has applied
 // newer changes of the same rows, and puts old values back. So each run
-// labels its target connection with the migration, and ends every earlier
-// run's connection on the target before it reads the progress row: a
+// labels its target connections (the copy's extra ones too, copychunks.go)
+// with the migration, and ends every earlier run's connection on the
+// target before it reads the progress row: a
 // terminated backend rolls its transaction back, and bytes that arrive
 // afterwards find the socket closed.
 
@@ -29,12 +30,10 @@ func shadowAppName(id string) string { return "lattice-shadow " + id }
 // connectShadowTarget connects to the target as migration id's run, after
 // ending the connections of its earlier runs there.
 func connectShadowTarget(ctx context.Context, dsn, id string) (*pgx.Conn, int, error) {
-	cfg, err := pgx.ParseConfig(dsn)
+	cfg, err := shadowTargetConfig(dsn, id)
 	if err != nil {
 		return nil, 0, err
 	}
-	cfg.RuntimeParams["application_name"] = shadowAppName(id)
-	cfg.DialFunc = pgshard.ResetOnGiveUp(cfg.DialFunc)
 	c, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
 		return nil, 0, fmt.Errorf("migrator: connect to target: %w", err)
@@ -51,4 +50,17 @@ func connectShadowTarget(ctx context.Context, dsn, id string) (*pgx.Conn, int, e
 		return nil, 0, fmt.Errorf("migrator: end earlier runs of %s on the target: %w", id, err)
 	}
 	return c, ended, nil
+}
+
+// shadowTargetConfig is the configuration of a target connection of
+// migration id's run: labelled, so that a later run ends it, and reset when
+// the run gives up on it.
+func shadowTargetConfig(dsn, id string) (*pgx.ConnConfig, error) {
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		return nil, err
+	}
+	cfg.RuntimeParams["application_name"] = shadowAppName(id)
+	cfg.DialFunc = pgshard.ResetOnGiveUp(cfg.DialFunc)
+	return cfg, nil
 }

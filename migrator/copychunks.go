@@ -1,0 +1,290 @@
+package migrator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/lattice-db/lattice/btreeindex"
+	"github.com/lattice-db/lattice/pgshard"
+)
+
+// A copy of whole tables (a move, a resize) is split into page ranges of
+// the source tables, copied at once over up to copyWorkers pairs of
+// connections, each pair one source transaction under the slot's exported
+// snapshot and one target transaction: one COPY pipe keeps one core of the
+// target busy parsing and inserting, and the target has more.
+//
+// Restart safety: the target's moving slots are emptied, and committed,
+// before any range is copied. The ranges of the extra connections commit
+// first; the range of the shadow's own target connection commits last, in
+// the transaction that also inserts the progress row, and only once every
+// other range committed. A crash before that commit leaves ranges in the
+// target and no progress row, so the next run empties the moving slots
+// again and copies everything under a new slot's snapshot: exactly once.
+// The extra target connections carry the run's application name, so that a
+// later run ends them as it ends the shadow's own (takeover.go).
+
+// copyWorkers bounds the connection pairs one copy uses (the shadow's own
+// and up to copyWorkers-1 more to each node); --max-concurrent-migrations
+// copies at once use at most that many times as many.
+const copyWorkers = 4
+
+// copyChunkMinPages is the fewest source pages (8 KiB each) a range covers:
+// a smaller table is copied over fewer connections, or the shadow's alone,
+// where opening connections would cost more than it saves.
+const copyChunkMinPages = 128
+
+// copyChunk is one page range [from, to) of a table's source; to < 0 is
+// the table's end, and from = 0 with to < 0 the whole table.
+type copyChunk struct {
+	st       *shadowTable
+	from, to int64
+}
+
+// copyChunks plans the ranges of every table: a table the copy filters by
+// slot (a split or a fold, its source holding other slots too) is one
+// range; a whole table is cut into up to copyWorkers even page ranges.
+func (sh *Shadow) copyChunks(ctx context.Context, src *pgx.Conn) ([]copyChunk, error) {
+	sp := sh.spec
+	var chunks []copyChunk
+	for _, t := range sp.trees() {
+		st := sh.tables[t.Name]
+		if !sp.Whole {
+			chunks = append(chunks, copyChunk{st: st, to: -1})
+			continue
+		}
+		var pages int64
+		if err := src.QueryRow(ctx, `SELECT pg_relation_size($1::regclass) / current_setting('block_size')::bigint`,
+			pgshard.ShardTable(t, sp.Source)).Scan(&pages); err != nil {
+			return nil, fmt.Errorf("migrator: size of %s on the source: %w", t.Name, err)
+		}
+		for _, r := range pageRanges(pages) {
+			chunks = append(chunks, copyChunk{st: st, from: r[0], to: r[1]})
+		}
+	}
+	return chunks, nil
+}
+
+// pageRanges cuts a table of pages into up to copyWorkers even ranges
+// [from, to) of at least copyChunkMinPages each, or one. The last is open
+// (to = -1): rows the snapshot sees lie below the size read before it, but
+// a range that misses none does not depend on it.
+func pageRanges(pages int64) [][2]int64 {
+	n := max(1, min(copyWorkers, pages/copyChunkMinPages))
+	out := make([][2]int64, n)
+	for i := range n {
+		out[i] = [2]int64{i * pages / n, (i + 1) * pages / n}
+	}
+	out[n-1][1] = -1
+	return out
+}
+
+// copyRows pipes a binary COPY of the moving rows of each table, read
+// under the slot's exported snapshot, into the target tables, and commits
+// them with the progress row (see the top of this file), and returns the
+// rows and bytes of COPY data it moved.
+func (sh *Shadow) copyRows(ctx context.Context, src *pgx.Conn, snapshot string, start pglogrepl.LSN) (int64, int64, error) {
+	sp := sh.spec
+	chunks, err := sh.copyChunks(ctx, src)
+	if err != nil {
+		return 0, 0, err
+	}
+	for _, t := range sp.trees() {
+		if _, err := sh.target.Exec(ctx, "DELETE FROM "+pgshard.ShardTable(t, sp.Target)+" WHERE "+btreeindex.SlotPredicate(t, "", sp.Slots)); err != nil {
+			return 0, 0, fmt.Errorf("migrator: clear target slots of %s: %w", t.Name, err)
+		}
+	}
+	queue := make(chan copyChunk, len(chunks))
+	for _, c := range chunks {
+		queue <- c
+	}
+	close(queue)
+	copyCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	type result struct {
+		rows, bytes int64
+		err         error
+	}
+	extra := min(copyWorkers, len(chunks)) - 1
+	results := make(chan result, extra)
+	for range extra {
+		go func() {
+			n, b, err := sh.copyOnNewConns(copyCtx, snapshot, queue)
+			if err != nil {
+				cancel()
+			}
+			results <- result{n, b, err}
+		}()
+	}
+	tx, rows, bytes, err := sh.copyOwn(copyCtx, src, snapshot, queue)
+	if tx != nil {
+		defer tx.Rollback(context.Background())
+	}
+	if err != nil {
+		cancel()
+	}
+	errs := []error{err}
+	for range extra {
+		r := <-results
+		rows, bytes, errs = rows+r.rows, bytes+r.bytes, append(errs, r.err)
+	}
+	if err := firstCause(errs); err != nil {
+		return 0, 0, err
+	}
+	if sp.Reindex {
+		for _, t := range sp.trees() {
+			if _, err := tx.Exec(ctx, "REINDEX TABLE "+pgshard.ShardTable(t, sp.Target)); err != nil {
+				return 0, 0, fmt.Errorf("migrator: rebuild the indexes of %s on the target: %w", t.Name, err)
+			}
+		}
+	}
+	if _, err := tx.Exec(ctx, "INSERT INTO "+progressTable(sp.Target)+" (migration, applied_lsn, rows_copied) VALUES ($1, $2::pg_lsn, $3)",
+		sp.ID, start.String(), rows); err != nil {
+		return 0, 0, err
+	}
+	crashPoint("copy")
+	if err := tx.Commit(ctx); err != nil {
+		return 0, 0, err
+	}
+	return rows, bytes, nil
+}
+
+// firstCause is the first error of errs that is not the cancellation
+// another worker's failure caused, or the first error.
+func firstCause(errs []error) error {
+	var first error
+	for _, err := range errs {
+		if err != nil && !errors.Is(err, context.Canceled) {
+			return err
+		}
+		if first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+// copyOwn copies ranges from the queue over the shadow's own connections,
+// in the target transaction it returns open, for copyRows to commit last.
+func (sh *Shadow) copyOwn(ctx context.Context, src *pgx.Conn, snapshot string, queue <-chan copyChunk) (pgx.Tx, int64, int64, error) {
+	if err := useSnapshot(ctx, src, snapshot); err != nil {
+		return nil, 0, 0, err
+	}
+	defer src.Exec(context.Background(), "ROLLBACK")
+	tx, err := sh.target.Begin(ctx)
+	if err != nil {
+		return nil, 0, 0, err
+	}
+	rows, bytes, err := sh.copyQueue(ctx, src, tx, queue)
+	return tx, rows, bytes, err
+}
+
+// copyOnNewConns copies ranges from the queue over a new pair of
+// connections and commits them on the target.
+func (sh *Shadow) copyOnNewConns(ctx context.Context, snapshot string, queue <-chan copyChunk) (int64, int64, error) {
+	sp := sh.spec
+	src, err := pgx.Connect(ctx, sp.SourceDSN)
+	if err != nil {
+		return 0, 0, fmt.Errorf("migrator: connect to source: %w", err)
+	}
+	defer src.Close(context.Background())
+	if err := useSnapshot(ctx, src, snapshot); err != nil {
+		return 0, 0, err
+	}
+	cfg, err := shadowTargetConfig(sp.TargetDSN, sp.ID)
+	if err != nil {
+		return 0, 0, err
+	}
+	tgt, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return 0, 0, fmt.Errorf("migrator: connect to target: %w", err)
+	}
+	defer tgt.Close(context.Background())
+	if err := replicaForForeignKeys(ctx, tgt, shadowTables(sp)); err != nil {
+		return 0, 0, err
+	}
+	tx, err := tgt.Begin(ctx)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer tx.Rollback(context.Background())
+	rows, bytes, err := sh.copyQueue(ctx, src, tx, queue)
+	if err != nil {
+		return 0, 0, err
+	}
+	return rows, bytes, tx.Commit(ctx)
+}
+
+// useSnapshot opens a read-only transaction on src that sees what the
+// slot's exported snapshot sees.
+func useSnapshot(ctx context.Context, src *pgx.Conn, snapshot string) error {
+	if _, err := src.Exec(ctx, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"); err != nil {
+		return err
+	}
+	if _, err := src.Exec(ctx, "SET TRANSACTION SNAPSHOT "+quoteLiteral(snapshot)); err != nil {
+		return fmt.Errorf("migrator: use exported snapshot: %w", err)
+	}
+	return nil
+}
+
+// copyQueue copies ranges from the queue until it is empty.
+func (sh *Shadow) copyQueue(ctx context.Context, src *pgx.Conn, tx pgx.Tx, queue <-chan copyChunk) (int64, int64, error) {
+	var rows, bytes int64
+	for c := range queue {
+		n, b, err := sh.copyChunk(ctx, src, tx, c)
+		if err != nil {
+			return 0, 0, err
+		}
+		rows, bytes = rows+n, bytes+b
+	}
+	return rows, bytes, nil
+}
+
+// copyChunk pipes one range's rows from src's transaction into the target
+// table in tx.
+func (sh *Shadow) copyChunk(ctx context.Context, src *pgx.Conn, tx pgx.Tx, c copyChunk) (int64, int64, error) {
+	sp := sh.spec
+	out := copyOutSQL(sp, c)
+	pr, pw := io.Pipe()
+	copyOut := make(chan error, 1)
+	go func() {
+		_, err := src.PgConn().CopyTo(ctx, pw, out)
+		pw.CloseWithError(err)
+		copyOut <- err
+	}()
+	counted := &countingReader{r: pr}
+	target := pgshard.ShardTable(c.st.tree, sp.Target)
+	tag, err := tx.Conn().PgConn().CopyFrom(ctx, counted, "COPY "+target+" ("+quoteAll(c.st.cols)+") FROM STDIN (FORMAT binary)")
+	pr.CloseWithError(errors.New("migrator: target copy ended"))
+	if outErr := <-copyOut; outErr != nil {
+		return 0, 0, fmt.Errorf("migrator: copy %s from source: %w", c.st.tree.Name, outErr)
+	}
+	if err != nil {
+		return 0, 0, fmt.Errorf("migrator: copy %s into target: %w", c.st.tree.Name, err)
+	}
+	return tag.RowsAffected(), counted.n, nil
+}
+
+// copyOutSQL is the source's COPY of one range: the moving slots of a
+// table the copy filters, a whole table, or a page range of one, which a
+// TID range scan reads alone.
+func copyOutSQL(sp ShadowSpec, c copyChunk) string {
+	cols := quoteAll(c.st.cols)
+	source := pgshard.ShardTable(c.st.tree, sp.Source)
+	switch {
+	case !sp.Whole:
+		return "COPY (SELECT " + cols + " FROM " + source + " WHERE " + btreeindex.SlotPredicate(c.st.tree, "", sp.Slots) + ") TO STDOUT (FORMAT binary)"
+	case c.from == 0 && c.to < 0:
+		return "COPY " + source + " (" + cols + ") TO STDOUT (FORMAT binary)"
+	}
+	where := fmt.Sprintf("ctid >= '(%d,0)'::tid", c.from)
+	if c.to >= 0 {
+		where += fmt.Sprintf(" AND ctid < '(%d,0)'::tid", c.to)
+	}
+	return "COPY (SELECT " + cols + " FROM " + source + " WHERE " + where + ") TO STDOUT (FORMAT binary)"
+}
