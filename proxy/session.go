@@ -112,6 +112,8 @@ type session struct {
 	retryBuf extRetry
 	// keyBuf is where prepareOn builds the key of a backend statement.
 	keyBuf []byte
+	// rt is the routing of the session's point statements (route).
+	rt router.Routing
 
 	// qkind is the route kind of the current Query message, and execs the
 	// Executes of the current extended batch, for the query metrics.
@@ -546,12 +548,12 @@ func (s *session) fail(err error) {
 
 // route finds the node and the rendered statement of a Single plan,
 // reading the key from the plan's literal or from Bind parameters.
+// It resolves into the session's one Routing, which nothing keeps.
 func (s *session) route(v *shardmap.View, p *router.Plan, bind *pgproto3.Bind, oids []uint32) (router.Target, error) {
-	r, err := router.Resolve(v, p, routerBind(bind, oids))
-	if err != nil {
+	if err := router.ResolveTo(&s.rt, v, p, routerBind(bind, oids)); err != nil {
 		return router.Target{}, err
 	}
-	return r.Targets[0], nil
+	return s.rt.Targets[0], nil
 }
 
 // routerBind is what the router reads of a Bind; nil when there is none (a
