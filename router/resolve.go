@@ -109,7 +109,7 @@ type Routing struct {
 // DDL, which the proxy runs on every shard itself, resolve to no target.
 // Errors carry the SQLSTATE to send the client.
 func Resolve(v *shardmap.View, p *Plan, b *Bind) (*Routing, error) {
-	r := &Routing{}
+	var r *Routing
 	if p.Kind == Single {
 		// The routing of one statement and its target in one allocation.
 		one := &struct {
@@ -118,6 +118,8 @@ func Resolve(v *shardmap.View, p *Plan, b *Bind) (*Routing, error) {
 		}{}
 		r = &one.r
 		r.Targets = one.t[:0]
+	} else {
+		r = &Routing{}
 	}
 	if err := ResolveTo(r, v, p, b); err != nil {
 		return nil, err

@@ -383,7 +383,8 @@ func TestSchemaName(t *testing.T) {
 }
 
 // TestResolveToAllocs: a point statement resolved into a reused Routing
-// allocates only its rendered text, and gives the target Resolve gives.
+// allocates only its rendered text, and gives the target Resolve gives,
+// which allocates the Routing and its one target together.
 func TestResolveToAllocs(t *testing.T) {
 	plans, err := NewPlanner(0).Plan("SELECT id, customer, total FROM orders WHERE id = $1", testTrees(), 1)
 	if err != nil {
@@ -404,5 +405,8 @@ func TestResolveToAllocs(t *testing.T) {
 	want, err := Resolve(v, plans[0], bind)
 	if err != nil || !reflect.DeepEqual(r, *want) {
 		t.Errorf("ResolveTo gave %+v, Resolve %+v (%v)", r, want, err)
+	}
+	if n := testing.AllocsPerRun(100, func() { _, _ = Resolve(v, plans[0], bind) }); n != 2 {
+		t.Errorf("Resolve: %v allocations, want 2 (the routing with its target, the rendered statement)", n)
 	}
 }
