@@ -186,9 +186,11 @@ func (c *Conn) Close() {
 }
 
 // Prepared returns the server-side name under which key (a rendered statement
-// and its parameter types) is prepared on this backend.
-func (c *Conn) Prepared(key string) (string, bool) {
-	name, ok := c.prepared[key]
+// and its parameter types) is prepared on this backend. The key is a byte
+// buffer the caller reuses: the lookup makes no string of it, and every Bind
+// of the extended protocol looks one up.
+func (c *Conn) Prepared(key []byte) (string, bool) {
+	name, ok := c.prepared[string(key)]
 	return name, ok
 }
 

@@ -130,12 +130,12 @@ func TestReceiveTracksState(t *testing.T) {
 				}
 			}
 			for _, k := range tc.prepared {
-				if _, ok := c.Prepared(k); !ok {
+				if _, ok := c.Prepared([]byte(k)); !ok {
 					t.Errorf("%q: not prepared, want prepared", k)
 				}
 			}
 			for _, k := range tc.gone {
-				if _, ok := c.Prepared(k); ok {
+				if _, ok := c.Prepared([]byte(k)); ok {
 					t.Errorf("%q: prepared, want forgotten", k)
 				}
 			}

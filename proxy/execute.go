@@ -107,7 +107,7 @@ func (s *session) execute(ctx context.Context, v *shardmap.View, portal *clientP
 		}
 		portal.parts[len(portal.parts)-1].load = markLoad(p, sh)
 		if !s.simple && !s.tx.active {
-			portal.bind = copyBind(m)
+			portal.bind = portal.bound.copyOf(m)
 		}
 		return true
 	case router.InsertSplit:
@@ -182,6 +182,9 @@ func (s *session) bindOn(ctx context.Context, portal *clientPortal, node, sql st
 	}
 	s.out.sendBind(be, m, portalName, name)
 	s.x.add(step{kind: stepBind, be: be, hide: hide})
+	if portal.parts == nil {
+		portal.parts = portal.partBuf[:0:len(portal.partBuf)]
+	}
 	portal.parts = append(portal.parts, portalPart{be: be, name: portalName})
 	return true
 }
@@ -242,7 +245,8 @@ func (s *session) runParts(portal *clientPortal, maxRows uint32) {
 	} else {
 		retry := s.retryable(portal, maxRows)
 		if retry {
-			s.extRetry = &extRetry{stmt: portal.stmt, bind: portal.bind, step: len(s.x.steps)}
+			s.retryBuf = extRetry{stmt: portal.stmt, bind: portal.bind, step: len(s.x.steps)}
+			s.extRetry = &s.retryBuf
 		}
 		for i, part := range portal.parts {
 			s.out.sendExecute(part.be, part.name, maxRows)

@@ -3,7 +3,6 @@ package proxy
 import (
 	"context"
 	"strconv"
-	"strings"
 
 	"github.com/jackc/pgx/v5/pgproto3"
 
@@ -80,7 +79,10 @@ func (s *session) parse(ctx context.Context, m *pgproto3.Parse) {
 		s.fail(sqlstate.New(sqlstate.SyntaxError, "cannot insert multiple commands into a prepared statement"))
 		return
 	}
-	st := &clientStmt{sql: m.Query, oids: append([]uint32(nil), m.ParameterOIDs...), trees: v.TreesVersion, epoch: pgshard.ResultEpoch()}
+	st := &clientStmt{sql: m.Query, trees: v.TreesVersion, epoch: pgshard.ResultEpoch()}
+	if len(m.ParameterOIDs) > 0 {
+		st.oids = append(st.oidBuf[:0:len(st.oidBuf)], m.ParameterOIDs...)
+	}
 	if len(plans) == 1 {
 		st.plan = plans[0]
 		if st.plan.Kind == router.Refused {
@@ -138,7 +140,10 @@ func (s *session) bind(ctx context.Context, m *pgproto3.Bind) {
 	if v, ok = s.bindHeld(ctx, st, v, m); !ok {
 		return
 	}
-	portal := &clientPortal{stmt: st, resultFmt: append([]int16(nil), m.ResultFormatCodes...)}
+	portal := &clientPortal{stmt: st}
+	if len(m.ResultFormatCodes) > 0 {
+		portal.resultFmt = append(portal.fmtBuf[:0:len(portal.fmtBuf)], m.ResultFormatCodes...)
+	}
 	if s.execute(ctx, v, portal, m) {
 		s.portals[m.DestinationPortal] = portal
 	}
@@ -186,10 +191,10 @@ func (s *session) funcArg(v router.Value, m *pgproto3.Bind, oids []uint32) (*str
 // prepareOn names the backend statement for sql with these parameter types,
 // queueing its Parse on be the first time this backend sees it.
 func (s *session) prepareOn(be *pgshard.Conn, sql string, oids []uint32, epoch uint64) string {
-	key := preparedKey(sql, oids, epoch)
-	name, ok := be.Prepared(key)
+	s.keyBuf = appendPreparedKey(s.keyBuf[:0], sql, oids, epoch)
+	name, ok := be.Prepared(s.keyBuf)
 	if !ok {
-		name = be.AddPrepared(key)
+		name = be.AddPrepared(string(s.keyBuf))
 		be.Send(&pgproto3.Parse{Name: name, Query: sql, ParameterOIDs: oids})
 		s.x.add(step{kind: stepParse, be: be})
 	}
@@ -210,21 +215,23 @@ func (s *session) statementOn(be *pgshard.Conn, st *clientStmt, sql string) stri
 	return s.prepareOn(be, sql, st.oids, st.epoch)
 }
 
-// preparedKey names a backend statement: its text, parameter types and the
-// result epoch of the client statement it serves.
-func preparedKey(sql string, oids []uint32, epoch uint64) string {
+// appendPreparedKey appends the name of a backend statement to b: its
+// text, parameter types and the result epoch of the client statement it
+// serves. The key is built in the session's buffer and looked up without
+// a string of its own, so a Bind of a statement the backend already holds
+// allocates nothing for it.
+func appendPreparedKey(b []byte, sql string, oids []uint32, epoch uint64) []byte {
+	b = append(b, sql...)
 	if len(oids) == 0 && epoch == 0 {
-		return sql
+		return b
 	}
-	var b strings.Builder
-	b.WriteString(sql)
-	b.WriteByte(0)
-	b.WriteString(strconv.FormatUint(epoch, 36))
+	b = append(b, 0)
+	b = strconv.AppendUint(b, epoch, 36)
 	for _, o := range oids {
-		b.WriteByte(0)
-		b.WriteString(strconv.FormatUint(uint64(o), 10))
+		b = append(b, 0)
+		b = strconv.AppendUint(b, uint64(o), 10)
 	}
-	return b.String()
+	return b
 }
 
 // bindSplit binds one part per shard of a multi-row INSERT, each with only

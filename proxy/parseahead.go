@@ -46,7 +46,8 @@ func describedOnBackend(p *router.Plan) bool {
 func (s *session) aheadOf(name string, st *clientStmt) {
 	s.ahead = nil
 	if describedOnBackend(st.plan) {
-		s.ahead = &parseAhead{name: name, st: st, step: len(s.x.steps) - 1}
+		st.ahead = parseAhead{name: name, st: st, step: len(s.x.steps) - 1}
+		s.ahead = &st.ahead
 	}
 }
 
@@ -70,7 +71,8 @@ func (s *session) parseNow(ctx context.Context) {
 		return
 	}
 	n := len(s.x.steps)
-	if _, ok := be.Prepared(preparedKey(a.st.sql, a.st.oids, a.st.epoch)); ok {
+	s.keyBuf = appendPreparedKey(s.keyBuf[:0], a.st.sql, a.st.oids, a.st.epoch)
+	if _, ok := be.Prepared(s.keyBuf); ok {
 		// Parsed there before; parsed again as the unnamed statement,
 		// which the proxy keeps nothing in, so that it fails as the
 		// client's Parse would now.

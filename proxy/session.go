@@ -106,8 +106,14 @@ type session struct {
 	// last ReadyForQuery (or Flush), each held once from the registration.
 	views []*shardmap.View
 	// extRetry is the statement of the current extended batch that is
-	// routed again after LT001, or nil.
+	// routed again after LT001, or nil; it points at retryBuf, as a batch
+	// has at most one.
 	extRetry *extRetry
+	retryBuf extRetry
+	// keyBuf is where prepareOn builds the key of a backend statement.
+	keyBuf []byte
+	// rt is the routing of the session's point statements (route).
+	rt router.Routing
 
 	// qkind is the route kind of the current Query message, and execs the
 	// Executes of the current extended batch, for the query metrics.
@@ -125,6 +131,11 @@ type clientStmt struct {
 	// after DDL, the statement gets backend statements of its own, whose
 	// result columns are the new ones.
 	epoch uint64
+	// oidBuf and ahead are the parameter types and the pending Parse of a
+	// client's Parse (parse, aheadOf), in the statement's own allocation:
+	// the extended protocol parses the unnamed statement for every query.
+	oidBuf [4]uint32
+	ahead  parseAhead
 }
 
 // clientPortal is a bound statement: on backends, or answered by the proxy.
@@ -138,6 +149,12 @@ type clientPortal struct {
 	fan   *fanOut
 	parts []portalPart
 	bind  *pgproto3.Bind // a Single plan's Bind, kept to route it again after LT001
+	// fmtBuf, partBuf and bound hold the result formats, the one part and
+	// the copied Bind of a point statement in the portal's own allocation:
+	// the extended protocol binds a portal for every query.
+	fmtBuf  [1]int16
+	partBuf [1]portalPart
+	bound   boundCopy
 }
 
 // splitState accumulates the parts of a statement split across shards: a
@@ -531,12 +548,12 @@ func (s *session) fail(err error) {
 
 // route finds the node and the rendered statement of a Single plan,
 // reading the key from the plan's literal or from Bind parameters.
+// It resolves into the session's one Routing, which nothing keeps.
 func (s *session) route(v *shardmap.View, p *router.Plan, bind *pgproto3.Bind, oids []uint32) (router.Target, error) {
-	r, err := router.Resolve(v, p, routerBind(bind, oids))
-	if err != nil {
+	if err := router.ResolveTo(&s.rt, v, p, routerBind(bind, oids)); err != nil {
 		return router.Target{}, err
 	}
-	return r.Targets[0], nil
+	return s.rt.Targets[0], nil
 }
 
 // routerBind is what the router reads of a Bind; nil when there is none (a

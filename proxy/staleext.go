@@ -20,12 +20,11 @@ type extRetry struct {
 	step int            // index of its Execute step in the exchange
 }
 
-// copyBind keeps a client's Bind beyond the next read from the client. It
-// runs for every point statement outside a transaction: the copy of a Bind
-// of a few parameters is two allocations, one for the message and its
-// lists, one for the parameters' bytes.
-func copyBind(m *pgproto3.Bind) *pgproto3.Bind {
-	c := &boundCopy{b: *m}
+// copyOf keeps a client's Bind beyond the next read from the client, in c.
+// It runs for every point statement outside a transaction: a Bind of a
+// few short parameters fits c, which lives in its portal's allocation.
+func (c *boundCopy) copyOf(m *pgproto3.Bind) *pgproto3.Bind {
+	*c = boundCopy{b: *m}
 	c.b.ParameterFormatCodes = append(c.pfc[:0:len(c.pfc)], m.ParameterFormatCodes...)
 	c.b.ResultFormatCodes = append(c.rfc[:0:len(c.rfc)], m.ResultFormatCodes...)
 	if m.ParameterFormatCodes == nil {
@@ -39,7 +38,10 @@ func copyBind(m *pgproto3.Bind) *pgproto3.Bind {
 	for _, p := range m.Parameters {
 		size += len(p)
 	}
-	arena := make([]byte, 0, size)
+	arena := c.arena[:0:len(c.arena)]
+	if size > len(c.arena) {
+		arena = make([]byte, 0, size)
+	}
 	for _, p := range m.Parameters {
 		if p == nil {
 			c.b.Parameters = append(c.b.Parameters, nil)
@@ -57,6 +59,7 @@ type boundCopy struct {
 	pfc    [2]int16
 	rfc    [2]int16
 	params [4][]byte
+	arena  [32]byte
 }
 
 // retryable reports whether the Execute of portal about to be queued may be

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"fmt"
 	"reflect"
 	"testing"
 
@@ -9,7 +10,7 @@ import (
 
 // TestCopyBind: the copy equals the Bind, NULL and empty parameters stay
 // apart, and it does not change when the read buffer it came from is
-// reused.
+// reused, nor when the copy is made again into another Bind's room.
 func TestCopyBind(t *testing.T) {
 	cases := []struct {
 		name string
@@ -21,6 +22,7 @@ func TestCopyBind(t *testing.T) {
 		{"more than fit inline", pgproto3.Bind{DestinationPortal: "p",
 			Parameters:           [][]byte{[]byte("a"), []byte("bb"), nil, []byte("ccc"), []byte("d"), {}},
 			ParameterFormatCodes: []int16{0, 1, 0, 1, 0, 1}, ResultFormatCodes: []int16{1, 0, 1}}},
+		{"bytes beyond the inline arena", pgproto3.Bind{Parameters: [][]byte{[]byte("0123456789abcdef0123456789abcdef"), []byte("x")}}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -37,7 +39,9 @@ func TestCopyBind(t *testing.T) {
 			}
 			src.ParameterFormatCodes = append([]int16(nil), tc.bind.ParameterFormatCodes...)
 			src.ResultFormatCodes = append([]int16(nil), tc.bind.ResultFormatCodes...)
-			got := copyBind(&src)
+			var c boundCopy
+			c.copyOf(&pgproto3.Bind{Parameters: [][]byte{[]byte("earlier bind")}, ResultFormatCodes: []int16{1}})
+			got := c.copyOf(&src)
 			for _, p := range src.Parameters {
 				for i := range p {
 					p[i] = 'X'
@@ -64,5 +68,58 @@ func TestCopyBind(t *testing.T) {
 				t.Fatalf("names %q %q, want %q %q", got.PreparedStatement, got.DestinationPortal, want.PreparedStatement, want.DestinationPortal)
 			}
 		})
+	}
+}
+
+// TestPointBindAllocs: what the extended protocol does for every Bind of a
+// point statement allocates nothing of its own: the copy of a Bind of a few
+// short parameters (kept for a retry after LT001), and the key under which
+// a backend holds the statement.
+func TestPointBindAllocs(t *testing.T) {
+	m := &pgproto3.Bind{Parameters: [][]byte{[]byte("42"), nil}, ParameterFormatCodes: []int16{0}, ResultFormatCodes: []int16{0}}
+	var c boundCopy
+	var key []byte
+	cases := []struct {
+		name string
+		run  func()
+	}{
+		{"copy of a Bind", func() { c.copyOf(m) }},
+		{"backend statement key", func() {
+			key = appendPreparedKey(key[:0], `SELECT v FROM "lattice_s0001".kv WHERE k = $1`, []uint32{23}, 7)
+		}},
+	}
+	for _, tc := range cases {
+		tc.run() // sizes the reused buffers
+		if n := testing.AllocsPerRun(100, tc.run); n != 0 {
+			t.Errorf("%s: %v allocations, want 0", tc.name, n)
+		}
+	}
+}
+
+// TestPreparedKey: statements differing in text, parameter types or result
+// epoch get different keys; a statement without either is its text.
+func TestPreparedKey(t *testing.T) {
+	keys := map[string]string{}
+	for _, tc := range []struct {
+		sql   string
+		oids  []uint32
+		epoch uint64
+	}{
+		{"SELECT 1", nil, 0},
+		{"SELECT 1", nil, 1},
+		{"SELECT 1", []uint32{23}, 0},
+		{"SELECT 1", []uint32{23}, 1},
+		{"SELECT 1", []uint32{2, 3}, 1},
+		{"SELECT 1", []uint32{23, 0}, 1},
+		{"SELECT 2", nil, 0},
+	} {
+		k := string(appendPreparedKey([]byte("stale"), tc.sql, tc.oids, tc.epoch)[len("stale"):])
+		if prev, dup := keys[k]; dup {
+			t.Errorf("%q %v %d: same key as %s", tc.sql, tc.oids, tc.epoch, prev)
+		}
+		keys[k] = fmt.Sprint(tc.sql, tc.oids, tc.epoch)
+		if len(tc.oids) == 0 && tc.epoch == 0 && k != tc.sql {
+			t.Errorf("%q: key %q, want the text", tc.sql, k)
+		}
 	}
 }

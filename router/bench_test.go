@@ -176,3 +176,37 @@ func BenchmarkResolveSingle(b *testing.B) {
 		}
 	}
 }
+
+// TestPlanShapeAllocs: a statement of a known shape is planned in one
+// allocation, its plan's: the scan for its shape key reuses its buffers
+// (scanBuf) and the lookup makes no string of the key. An int key; every
+// simple-protocol point select takes this path.
+func TestPlanShapeAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector's sync.Pool drops buffers at random")
+	}
+	p := NewPlanner(10000)
+	trees := testTrees()
+	if _, err := p.Plan("SELECT id, customer, total FROM orders WHERE id = 1", trees, 1); err != nil {
+		t.Fatal(err)
+	}
+	sqls := make([]string, 100)
+	for i := range sqls {
+		sqls[i] = fmt.Sprintf("SELECT id, customer, total FROM orders WHERE id = %d", i+2)
+	}
+	i := 0
+	run := func() {
+		plans, err := p.Plan(sqls[i%len(sqls)], trees, 1)
+		if err != nil || plans[0].Kind != Single {
+			t.Fatal(plans, err)
+		}
+		i++
+	}
+	run()
+	if n := testing.AllocsPerRun(1000, run); n > 1 {
+		t.Errorf("%v allocations, want 1 (the plan)", n)
+	}
+	if hits := p.shapeHits.Load(); hits < 1000 {
+		t.Errorf("%d shape hits, want every statement derived", hits)
+	}
+}

@@ -2,6 +2,7 @@ package router
 
 import (
 	"hash/maphash"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -73,11 +74,13 @@ func (p *Planner) Plan(sql string, trees Trees, version uint64) ([]*Plan, error)
 
 	// A statement of a known shape: scan it and derive the plan.
 	var toks []token
-	var key string
+	var key []byte
 	if utf8.ValidString(sql) && strings.IndexByte(sql, 0) < 0 {
+		buf := scanBufs.Get().(*scanBuf)
+		defer scanBufs.Put(buf)
 		var ok bool
-		if toks, key, ok = scan(sql); ok {
-			if t, ok := p.shapes.get(key, version); ok {
+		if toks, key, ok = buf.scan(sql); ok {
+			if t, ok := p.shapes.getBytes(key, version); ok {
 				// Not cached by exact text: statements of one shape
 				// differ mostly in their literals (a point select's key),
 				// so each would be a new entry pushing out plans that are
@@ -90,12 +93,15 @@ func (p *Planner) Plan(sql string, trees Trees, version uint64) ([]*Plan, error)
 		}
 	}
 
+	// Planned in full: what planning keeps of the tokens must not be the
+	// reused buffer's.
+	toks = slices.Clone(toks)
 	var used bool
 	plans, tmpl, perr := planFull(sql, &recordingTrees{trees: trees, used: &used}, toks, toks != nil)
 	p.exact.put(sql, version, !used, planned{plans: plans, err: perr})
 	if tmpl != nil {
 		tmpl.anyVer = !used
-		p.shapes.put(key, version, !used, tmpl)
+		p.shapes.put(string(key), version, !used, tmpl)
 	}
 	if perr != nil {
 		return nil, perr
@@ -214,6 +220,29 @@ func (c *lru[T]) get(key string, version uint64) (T, bool) {
 	if !young {
 		e = s.old[key]
 	}
+	return s.found(c, e, young, version, func() string { return key })
+}
+
+// getBytes is get of a key in a reused byte buffer (the shape key): the
+// lookups make no string of it; only a hit in the old generation, which
+// keeps the key, copies it.
+func (c *lru[T]) getBytes(key []byte, version uint64) (T, bool) {
+	s := &c.shards[0]
+	if len(c.shards) > 1 {
+		s = &c.shards[maphash.Bytes(c.seed, key)&uint64(len(c.shards)-1)]
+	}
+	s.mu.RLock()
+	e, young := s.young[string(key)]
+	if !young {
+		e = s.old[string(key)]
+	}
+	return s.found(c, e, young, version, func() string { return string(key) })
+}
+
+// found ends a lookup begun under the read lock: e is the entry found (or
+// nil), young whether in the young generation; an old one's entry is
+// moved to the young one under the key keyOf gives.
+func (s *lruShard[T]) found(c *lru[T], e *lruEntry[T], young bool, version uint64, keyOf func() string) (T, bool) {
 	var v variant[T]
 	var hit bool
 	if e != nil {
@@ -222,7 +251,7 @@ func (c *lru[T]) get(key string, version uint64) (T, bool) {
 	s.mu.RUnlock()
 	if e != nil && !young {
 		s.mu.Lock()
-		s.promoteLocked(key, c)
+		s.promoteLocked(keyOf(), c)
 		s.mu.Unlock()
 	}
 	return v.val, hit

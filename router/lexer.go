@@ -29,6 +29,32 @@ func scan(sql string) ([]token, string, bool) {
 	return pgScan(sql)
 }
 
+// scanBuf is scan into buffers reused from statement to statement: every
+// simple-protocol statement is scanned for its shape key (Planner.Plan),
+// and a hit in the shape cache then allocates neither the token list nor
+// the key. What scanBuf returns is valid until its next scan.
+type scanBuf struct {
+	toks []token
+	key  []byte
+}
+
+var scanBufs = sync.Pool{New: func() any { return new(scanBuf) }}
+
+func (b *scanBuf) scan(sql string) ([]token, []byte, bool) {
+	toks, key, ok := lexTo(b.toks[:0], b.key[:0], sql)
+	if !ok {
+		var k string
+		if toks, k, ok = pgScan(sql); !ok {
+			return nil, nil, false
+		}
+		key = append(b.key[:0], k...)
+	} else {
+		b.toks = toks
+	}
+	b.key = key
+	return toks, key, true
+}
+
 // pgScan is scan by pg_query alone.
 func pgScan(sql string) ([]token, string, bool) {
 	res, err := pg.Scan(sql)
@@ -148,22 +174,24 @@ func isDigit(c byte) bool { return c >= '0' && c <= '9' }
 // or -), "..", vertical tabs, backslashes outside strings, and anything
 // unterminated or malformed. The fuzzer FuzzLexer holds it to Scan.
 func lex(sql string) ([]token, string, bool) {
+	toks, key, ok := lexTo(make([]token, 0, 8+len(sql)/4), make([]byte, 0, len(sql)+len(sql)/2), sql)
+	return toks, string(key), ok
+}
+
+// lexTo is lex appending the tokens to toks and the shape key to key.
+func lexTo(toks []token, key []byte, sql string) ([]token, []byte, bool) {
 	kw := keywordIndex()
-	toks := make([]token, 0, 8+len(sql)/4)
-	var key strings.Builder
-	key.Grow(len(sql) + len(sql)/2)
 	emit := func(kind pg.Token, kwk pg.KeywordKind, start, end int) {
 		toks = append(toks, token{kind: kind, kw: kwk, start: int32(start), end: int32(end)})
-		key.WriteByte(byte(kind >> 8))
-		key.WriteByte(byte(kind))
+		key = append(key, byte(kind>>8), byte(kind))
 		if !isConstToken(kind) && kwk == pg.KeywordKind_NO_KEYWORD {
-			key.WriteString(sql[start:end])
-			key.WriteByte(0)
+			key = append(key, sql[start:end]...)
+			key = append(key, 0)
 		}
 	}
 	n := len(sql)
 	if n > 1<<30 {
-		return nil, "", false
+		return nil, nil, false
 	}
 	for i := 0; i < n; {
 		c := sql[i]
@@ -180,21 +208,21 @@ func lex(sql string) ([]token, string, bool) {
 		case c == '/' && i+1 < n && sql[i+1] == '*':
 			j, ok := comment(sql, i)
 			if !ok {
-				return nil, "", false // unterminated, or nested
+				return nil, nil, false // unterminated, or nested
 			}
 			emit(pg.Token_C_COMMENT, 0, i, j)
 			i = j
 		case c == '\'':
 			j, ok := quoted(sql, i, '\'')
 			if !ok || continued(sql, j) {
-				return nil, "", false
+				return nil, nil, false
 			}
 			emit(pg.Token_SCONST, 0, i, j)
 			i = j
 		case c == '"':
 			j, ok := quoted(sql, i, '"')
 			if !ok || j == i+2 {
-				return nil, "", false // unterminated, or a zero-length name
+				return nil, nil, false // unterminated, or a zero-length name
 			}
 			emit(pg.Token_IDENT, 0, i, j)
 			i = j
@@ -204,7 +232,7 @@ func lex(sql string) ([]token, string, bool) {
 				j++
 			}
 			if j < n && (sql[j] == '\'' || sql[j] == '"' || sql[j] == '&') && j == i+1 && strings.IndexByte("bBxXeEnNuU", c) >= 0 {
-				return nil, "", false // B'', X'', E'', N'', U&'' or U&""
+				return nil, nil, false // B'', X'', E'', N'', U&'' or U&""
 			}
 			if j-i <= maxKeywordLen {
 				var buf [maxKeywordLen]byte
@@ -224,7 +252,7 @@ func lex(sql string) ([]token, string, bool) {
 		case isDigit(c) || c == '.' && i+1 < n && isDigit(sql[i+1]):
 			j, kind, ok := number(sql, i)
 			if !ok {
-				return nil, "", false
+				return nil, nil, false
 			}
 			emit(kind, 0, i, j)
 			i = j
@@ -234,7 +262,7 @@ func lex(sql string) ([]token, string, bool) {
 				j++
 			}
 			if j == i+1 || j < n && isIdentCont(sql[j]) {
-				return nil, "", false // a $$ quote, or $1abc
+				return nil, nil, false // a $$ quote, or $1abc
 			}
 			emit(pg.Token_PARAM, 0, i, j)
 			i = j
@@ -252,7 +280,7 @@ func lex(sql string) ([]token, string, bool) {
 			}
 		case c == '.':
 			if i+1 < n && sql[i+1] == '.' {
-				return nil, "", false
+				return nil, nil, false
 			}
 			emit(pg.Token('.'), 0, i, i+1)
 			i++
@@ -264,7 +292,7 @@ func lex(sql string) ([]token, string, bool) {
 			op := sql[i:j]
 			if len(op) > 1 && (strings.Contains(op, "--") || strings.Contains(op, "/*") ||
 				op[len(op)-1] == '+' || op[len(op)-1] == '-') || len(op) >= 63 {
-				return nil, "", false // the scanner would cut it shorter
+				return nil, nil, false // the scanner would cut it shorter
 			}
 			emit(opToken(op), 0, i, j)
 			i = j
@@ -272,10 +300,10 @@ func lex(sql string) ([]token, string, bool) {
 			emit(pg.Token(c), 0, i, i+1)
 			i++
 		default:
-			return nil, "", false
+			return nil, nil, false
 		}
 	}
-	return toks, key.String(), true
+	return toks, key, true
 }
 
 // quoted returns the end of the quoted string or name starting at sql[i],

@@ -109,23 +109,9 @@ type Routing struct {
 // DDL, which the proxy runs on every shard itself, resolve to no target.
 // Errors carry the SQLSTATE to send the client.
 func Resolve(v *shardmap.View, p *Plan, b *Bind) (*Routing, error) {
-	switch p.Kind {
-	case RefWrite:
-		return resolveRefWrite(v, p)
-	case Explain:
-		return resolveExplain(v, p, b)
-	case Single, InsertSplit, WriteAll, FanOut, Copy:
-	default:
-		return &Routing{}, nil
-	}
-	m := v.Maps[p.Tree.Name]
-	if m == nil {
-		return nil, &sqlstate.Error{Code: sqlstate.SystemError, Message: "tree " + strconv.Quote(p.Tree.Name) + " has no shard map"}
-	}
 	var r *Routing
 	if p.Kind == Single {
-		// The routing of one statement and its target in one allocation:
-		// this is every point query's path.
+		// The routing of one statement and its target in one allocation.
 		one := &struct {
 			r Routing
 			t [1]Target
@@ -134,6 +120,45 @@ func Resolve(v *shardmap.View, p *Plan, b *Bind) (*Routing, error) {
 		r.Targets = one.t[:0]
 	} else {
 		r = &Routing{}
+	}
+	if err := ResolveTo(r, v, p, b); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// ResolveTo is Resolve into r, reusing the array of its Targets: the proxy
+// resolves every point statement into one Routing of its session, so that
+// the routing allocates nothing. r is overwritten, also on error.
+func ResolveTo(r *Routing, v *shardmap.View, p *Plan, b *Bind) error {
+	*r = Routing{Targets: r.Targets[:0]}
+	var got *Routing
+	var err error
+	switch p.Kind {
+	case RefWrite:
+		got, err = resolveRefWrite(v, p)
+	case Explain:
+		got, err = resolveExplain(v, p, b)
+	case Single, InsertSplit, WriteAll, FanOut, Copy:
+		if e := resolveTree(r, v, p, b); e != nil {
+			return e
+		}
+		return nil
+	default:
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	*r = *got
+	return nil
+}
+
+// resolveTree is ResolveTo of a plan over the shards of a tree.
+func resolveTree(r *Routing, v *shardmap.View, p *Plan, b *Bind) *sqlstate.Error {
+	m := v.Maps[p.Tree.Name]
+	if m == nil {
+		return &sqlstate.Error{Code: sqlstate.SystemError, Message: "tree " + strconv.Quote(p.Tree.Name) + " has no shard map"}
 	}
 	r.Limit, r.PerNode = -1, -1
 	var err *sqlstate.Error
@@ -150,14 +175,12 @@ func Resolve(v *shardmap.View, p *Plan, b *Bind) (*Routing, error) {
 		err = r.copyPlan(m, p)
 	}
 	if err != nil {
-		return nil, err
+		return err
 	}
 	if len(p.References) > 0 {
-		if err := copiesOn(v, p, r); err != nil {
-			return nil, err
-		}
+		return copiesOn(v, p, r)
 	}
-	return r, nil
+	return nil
 }
 
 // Nodes are the nodes of the targets, in order of their first target.

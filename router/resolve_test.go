@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -378,5 +379,34 @@ func TestSchemaName(t *testing.T) {
 		if got, want := schemaName(idx), shardmap.SchemaName(idx); got != want {
 			t.Errorf("schemaName(%d) = %q, want %q", idx, got, want)
 		}
+	}
+}
+
+// TestResolveToAllocs: a point statement resolved into a reused Routing
+// allocates only its rendered text, and gives the target Resolve gives,
+// which allocates the Routing and its one target together.
+func TestResolveToAllocs(t *testing.T) {
+	plans, err := NewPlanner(0).Plan("SELECT id, customer, total FROM orders WHERE id = $1", testTrees(), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := &shardmap.View{Maps: map[string]*shardmap.Map{"orders": shardmap.NewIdentityMap("t", "orders", 4096, 16, []string{"n1"})}}
+	bind := &Bind{Params: [][]byte{be8(42)}, Formats: []int16{1}, OIDs: []uint32{20}}
+	var r Routing
+	run := func() {
+		if err := ResolveTo(&r, v, plans[0], bind); err != nil || len(r.Targets) != 1 {
+			t.Fatal(err)
+		}
+	}
+	run()
+	if n := testing.AllocsPerRun(100, run); n != 1 {
+		t.Errorf("%v allocations, want 1 (the rendered statement)", n)
+	}
+	want, err := Resolve(v, plans[0], bind)
+	if err != nil || !reflect.DeepEqual(r, *want) {
+		t.Errorf("ResolveTo gave %+v, Resolve %+v (%v)", r, want, err)
+	}
+	if n := testing.AllocsPerRun(100, func() { _, _ = Resolve(v, plans[0], bind) }); n != 2 {
+		t.Errorf("Resolve: %v allocations, want 2 (the routing with its target, the rendered statement)", n)
 	}
 }
