@@ -122,7 +122,7 @@ func TestPinFunctionStateTree(t *testing.T) {
 	// statements on a tree defines it: the catalog node (through the
 	// proxy), which also types the statement's parameters, and the second
 	// node, where the statement runs.
-	makeState := `CREATE OR REPLACE FUNCTION public.make_state() RETURNS int LANGUAGE plpgsql AS $$ BEGIN ` + stateBody + ` RETURN 1; END $$`
+	makeState := `CREATE OR REPLACE FUNCTION public.make_state_row() RETURNS int LANGUAGE plpgsql AS $$ BEGIN ` + stateBody + ` RETURN 1; END $$`
 	mustExec(t, a, makeState)
 	direct := connect(t, testNodeDSN(t, 1))
 	mustExec(t, direct, makeState)
@@ -140,7 +140,7 @@ func TestPinFunctionStateTree(t *testing.T) {
 
 	resetsBefore := untrackedCount(t, p, "reset")
 	var one int
-	if err := a.QueryRow(ctx, `SELECT public.make_state() FROM ft WHERE k = $1`, key).Scan(&one); err != nil || one != 1 {
+	if err := a.QueryRow(ctx, `SELECT public.make_state_row() FROM ft WHERE k = $1`, key).Scan(&one); err != nil || one != 1 {
 		t.Fatalf("function on the tree: %v %v", one, err)
 	}
 	wantPinned(t, p, 0)
