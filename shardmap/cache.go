@@ -231,30 +231,9 @@ func (c *Cache) load(ctx context.Context, tenant string, tc *tenantCache) (*View
 	}
 	seq := tc.begun.Add(1)
 
-	list, err := c.store.Trees(ctx, tenant)
+	trees, ms, lost, err := c.readTrees(ctx, tenant)
 	if err != nil {
 		return nil, err
-	}
-	lost, err := c.missing(ctx, tenant, list)
-	if err != nil {
-		return nil, err
-	}
-	trees := make(map[string]*Tree, len(list))
-	ms := make(map[string]*Map, len(list))
-	shared := make(map[string]*Map) // by map name: one read per colocation group
-	for _, t := range list {
-		m, ok := shared[t.MapName()]
-		if !ok {
-			m, err = c.store.Map(ctx, tenant, t.MapName())
-			if errors.Is(err, ErrNotFound) {
-				continue // dropped since Trees: leave it out like the drop will
-			}
-			if err != nil {
-				return nil, err
-			}
-			shared[t.MapName()] = m
-		}
-		trees[t.Name], ms[t.Name] = t, memberMap(m, t.Name)
 	}
 
 	refs, err := c.loadReferences(ctx, tenant)
@@ -288,6 +267,48 @@ func (c *Cache) load(ctx context.Context, tenant string, tc *tenantCache) (*View
 	tc.lastOK = seq
 	c.changed()
 	return v, nil
+}
+
+// readTrees reads a tenant's trees and their maps. A tree listed whose map
+// is then not found was dropped since the list was read, or the store lost
+// everything in between (a FLUSHALL, a failover to an empty replica): the
+// list is read again, so that a loss is seen as one (an empty list while
+// the nodes hold templates) instead of as a drop, which would send the
+// tree's statements to its empty template on the catalog node. A tree still
+// listed without a map on the second read is left out, as a drop leaves it.
+func (c *Cache) readTrees(ctx context.Context, tenant string) (map[string]*Tree, map[string]*Map, bool, error) {
+	for attempt := 0; ; attempt++ {
+		list, err := c.store.Trees(ctx, tenant)
+		if err != nil {
+			return nil, nil, false, err
+		}
+		lost, err := c.missing(ctx, tenant, list)
+		if err != nil {
+			return nil, nil, false, err
+		}
+		trees := make(map[string]*Tree, len(list))
+		ms := make(map[string]*Map, len(list))
+		shared := make(map[string]*Map) // by map name: one read per colocation group
+		unmapped := false
+		for _, t := range list {
+			m, ok := shared[t.MapName()]
+			if !ok {
+				m, err = c.store.Map(ctx, tenant, t.MapName())
+				if errors.Is(err, ErrNotFound) {
+					unmapped = true
+					continue
+				}
+				if err != nil {
+					return nil, nil, false, err
+				}
+				shared[t.MapName()] = m
+			}
+			trees[t.Name], ms[t.Name] = t, memberMap(m, t.Name)
+		}
+		if !unmapped || attempt > 0 {
+			return trees, ms, lost, nil
+		}
+	}
 }
 
 // loadMap re-reads the map stored under name (a tree's, or a colocation

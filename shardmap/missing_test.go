@@ -77,3 +77,43 @@ func TestPutMigrationOnlyCreatesInPrepare(t *testing.T) {
 		t.Fatalf("records after the refused write: %v, %v", migs, err)
 	}
 }
+
+// flushOnMap is a store that loses everything just before its first Map
+// read: the tree list was read while the tree was still there.
+type flushOnMap struct {
+	Store
+	flush func()
+	done  bool
+}
+
+func (f *flushOnMap) Map(ctx context.Context, tenant, name string) (*Map, error) {
+	if !f.done {
+		f.done = true
+		f.flush()
+	}
+	return f.Store.Map(ctx, tenant, name)
+}
+
+// TestCacheLossBetweenReads: the store is flushed between the read of the
+// tree list and the read of a listed tree's map. The view must be Missing,
+// not a view without the tree, which would send its statements to the
+// empty template on the catalog node (a read that finds no row).
+func TestCacheLossBetweenReads(t *testing.T) {
+	ctx := context.Background()
+	s, mr := newTestStore(t)
+	mustCreate(t, s, "app", "catalogue")
+	racy := &flushOnMap{Store: s, done: true, flush: mr.FlushAll}
+	c := newTestCache(t, racy, 0)
+	c.CheckNodes(nodeTrees{"app": true})
+	if v := view(t, c, "app"); v.Missing || v.Trees["catalogue"] == nil {
+		t.Fatalf("first view: missing %v, trees %v", v.Missing, v.Trees)
+	}
+	racy.done = false
+	v, err := c.Refresh(ctx, "app")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !v.Missing {
+		t.Fatalf("the store lost the tree between its reads, but the view is not Missing (trees %v)", v.Trees)
+	}
+}
