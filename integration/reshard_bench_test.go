@@ -78,9 +78,8 @@ func flipTimes(log, key string) []time.Duration {
 	return out
 }
 
-// freezeSteps are the parts of a freeze the migrator logs with each flip:
-// before the pause (prepare, freeze_wait), then the pause's.
-var freezeSteps = []string{"prepare", "freeze_wait", "map_write", "acks", "fence", "final_drain", "flip"}
+// freezeSteps are the parts of a freeze the migrator logs with each flip.
+var freezeSteps = []string{"freeze_wait", "map_write", "acks", "fence", "final_drain", "flip"}
 
 // BenchmarkReshardPointQueries measures point-query throughput and p99
 // latency through the proxy before and during a reshard of a 200,000-row

@@ -48,9 +48,6 @@ type fakeNodes struct {
 	// rows written since the flip are read: a client's write.
 	afterCompare func(f *fakeNodes)
 	crash        func(point string) // called at the copy's crash point
-	// opened runs as a freeze's preparation opens its snapshots, the
-	// last step before its pause.
-	opened func()
 	// logs are the targets' write logs, by migration id.
 	logs map[string]*fakeWriteLog
 }
@@ -356,9 +353,6 @@ func (s *fakeStream) Stop() error { return nil }
 func (f *fakeNodes) OpenSnapshots(ctx context.Context, ts []*shardmap.Tree, mig *shardmap.Migration, timeout time.Duration) (Snapshots, error) {
 	if f.noSnaps {
 		return nil, fmt.Errorf("fake: no connection")
-	}
-	if f.opened != nil {
-		f.opened()
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()

@@ -90,10 +90,6 @@ type Runner struct {
 	// the freeze until their comparison (verify.go).
 	snapMu sync.Mutex
 	snaps  map[string]Snapshots
-
-	// pauses are the write pauses in flight here, which the other
-	// migrations' bulk steps and pauses wait for on a shared node.
-	pauses pauses
 }
 
 // NewRunner returns a runner. metrics and log may be nil.
@@ -341,9 +337,6 @@ func (r *Runner) Run(ctx context.Context, mig *shardmap.Migration) error {
 			}
 		case shardmap.PhaseCopy, shardmap.PhaseDrain:
 			if sh == nil {
-				if err := r.pauses.hold(ctx, pauseNodes(mig), r.opts.FreezeBudget); err != nil {
-					return err
-				}
 				if sh, err = r.cluster.StartShadow(ctx, u.trees, mig, log); err != nil {
 					return err
 				}
@@ -422,9 +415,6 @@ func (r *Runner) Run(ctx context.Context, mig *shardmap.Migration) error {
 			}
 		case shardmap.PhaseFlip:
 			// Recorded, so that a crash from here on resumes after the flip.
-			if err := r.pauses.hold(ctx, pauseNodes(mig), r.opts.FreezeBudget); err != nil {
-				return err
-			}
 			if err := r.verifyMove(ctx, u, mig, log); err != nil {
 				return err
 			}
@@ -441,9 +431,6 @@ func (r *Runner) Run(ctx context.Context, mig *shardmap.Migration) error {
 			if sh != nil {
 				_ = sh.Stop()
 				sh = nil
-			}
-			if err := r.pauses.hold(ctx, pauseNodes(mig), r.opts.FreezeBudget); err != nil {
-				return err
 			}
 			if err := r.release(ctx, u, mig); err != nil {
 				return err
@@ -661,11 +648,7 @@ func (r *Runner) waitCutOff(ctx context.Context, t *shardmap.Tree, m *shardmap.M
 func (r *Runner) freezeAndFlip(ctx context.Context, u unit, mig *shardmap.Migration, sh Stream, log *slog.Logger) (bool, error) {
 	t := u.lead
 	// Everything that does not need the slots frozen happens before the
-	// pause starts, and not beside another pause on its nodes.
-	held := time.Now()
-	if err := r.pauses.hold(ctx, pauseNodes(mig), r.opts.FreezeBudget); err != nil {
-		return false, err
-	}
+	// pause starts.
 	fences := r.fences(u, mig, 0)
 	for _, f := range fences {
 		if err := r.cluster.PrepareSlotFence(ctx, mig.SourceNode, f); err != nil {
@@ -706,19 +689,6 @@ func (r *Runner) freezeAndFlip(ctx context.Context, u unit, mig *shardmap.Migrat
 	if err != nil {
 		log.Warn("acknowledgements not watched; the freeze polls for them", "err", err)
 	}
-	// One pause at a time on a node: pauses side by side took each
-	// other's CPU, and each held its slots the longer.
-	leave, waited, err := r.pauses.enter(ctx, pauseNodes(mig), r.opts.FreezeBudget)
-	if err != nil {
-		return false, err
-	}
-	defer leave()
-	if waited {
-		// The stream may have fallen behind meanwhile.
-		if err := r.drain(ctx, t, mig, sh); err != nil {
-			return false, err
-		}
-	}
 	begin := time.Now()
 	var start time.Time
 	mig.Freezes++
@@ -740,7 +710,7 @@ func (r *Runner) freezeAndFlip(ctx context.Context, u unit, mig *shardmap.Migrat
 	if err != nil {
 		return false, err
 	}
-	steps := freezeSteps{held: begin.Sub(held), freeze: start.Sub(begin), last: start}
+	steps := freezeSteps{freeze: start.Sub(begin), last: start}
 	steps.mark(&steps.write)
 	bctx, cancel := context.WithTimeout(ctx, r.opts.FreezeBudget)
 	defer cancel()
@@ -814,7 +784,6 @@ func (r *Runner) freezeAndFlip(ctx context.Context, u unit, mig *shardmap.Migrat
 	r.crash("flip")
 	steps.mark(&steps.flip)
 	pause := time.Since(start)
-	leave()
 	if snaps != nil {
 		if err := exportAfterFlip(ctx, snaps); err != nil {
 			// The write log proves the move without them, as after a crash.
@@ -840,15 +809,14 @@ func (r *Runner) freezeAndFlip(ctx context.Context, u unit, mig *shardmap.Migrat
 	return true, nil
 }
 
-// freezeSteps times one freeze for its log line: the waits for the other
-// pauses on its nodes (with the preparation between them), the map reads
-// and writes lost to concurrent migrations before the freeze, then the parts of the
+// freezeSteps times one freeze for its log line: the map reads and writes
+// lost to concurrent migrations before the freeze, then the parts of the
 // pause: the frozen map's write, the proxies' acknowledgements, the fence
 // (with, beside it, the look for proxies cut off from Redis), the final
 // drain and the flip; last, out of the pause, the snapshots' exports.
 type freezeSteps struct {
-	last                                                     time.Time
-	held, freeze, write, acks, fence, drain, snapshots, flip time.Duration
+	last                                               time.Time
+	freeze, write, acks, fence, drain, snapshots, flip time.Duration
 }
 
 // mark sets *d to the time since the previous mark.
@@ -858,7 +826,7 @@ func (s *freezeSteps) mark(d *time.Duration) {
 }
 
 func (s *freezeSteps) attrs() []any {
-	return []any{"prepare", s.held, "freeze_wait", s.freeze, "map_write", s.write, "acks", s.acks, "fence", s.fence, "final_drain", s.drain, "flip", s.flip, "snapshots_after_flip", s.snapshots}
+	return []any{"freeze_wait", s.freeze, "map_write", s.write, "acks", s.acks, "fence", s.fence, "final_drain", s.drain, "flip", s.flip, "snapshots_after_flip", s.snapshots}
 }
 
 // recordOwnership adds the moved slots to the target's ownership record
