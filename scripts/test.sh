@@ -9,7 +9,7 @@
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 GO=${GO:-go}
-TIMEOUT=${TEST_TIMEOUT:-25m}
+TIMEOUT=${TEST_TIMEOUT:-45m}
 
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
