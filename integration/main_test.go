@@ -499,6 +499,9 @@ func (p *proxyProc) waitReady(timeout time.Duration) error {
 
 func (p *proxyProc) cleanup(t testing.TB) {
 	diedOnItsOwn := p.exited() && !p.killed.Load()
+	if t.Failed() {
+		logNodeActivity(t)
+	}
 	if !p.exited() {
 		p.killed.Store(true)
 		_ = p.cmd.Process.Signal(syscall.SIGTERM)
@@ -840,4 +843,53 @@ func TestHarnessReset(t *testing.T) {
 	if k, err := rdb.DBSize(ctx).Result(); err != nil || k != 0 {
 		t.Errorf("redis DBSIZE after reset = %d, %v", k, err)
 	}
+}
+
+// logNodeActivity logs, for a failed test, what every node's backends are
+// doing and who blocks them, before the proxy and its sessions go: a
+// session that waits on a backend's answer shows here as running, waiting
+// on a lock (with the pids that hold it), or idle (never asked to answer).
+func logNodeActivity(t testing.TB) {
+	const q = `SELECT a.datname, a.pid, a.state, coalesce(a.wait_event_type || ':' || a.wait_event, ''),
+	 pg_blocking_pids(a.pid)::text, round(extract(epoch FROM now() - a.state_change)::numeric, 1)::text,
+	 left(regexp_replace(coalesce(a.query, ''), '\s+', ' ', 'g'), 160)
+	FROM pg_stat_activity a
+	WHERE a.backend_type = 'client backend' AND a.pid <> pg_backend_pid() AND a.state IS DISTINCT FROM 'idle'
+	ORDER BY a.state_change`
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for i, n := range harness.nodes {
+		conn, err := pgx.Connect(ctx, n.DSN(localnode.DefaultDatabase))
+		if err != nil {
+			t.Logf("node %d activity: %v", i+1, err)
+			continue
+		}
+		rows, err := conn.Query(ctx, q)
+		if err == nil {
+			var b strings.Builder
+			for rows.Next() {
+				var db, state, wait, blockers, secs, query *string
+				var pid int32
+				if err = rows.Scan(&db, &pid, &state, &wait, &blockers, &secs, &query); err != nil {
+					break
+				}
+				fmt.Fprintf(&b, "\n  db=%s pid=%d state=%s wait=%s blocked_by=%s for=%ss %s", deref(db), pid, deref(state), deref(wait), deref(blockers), deref(secs), deref(query))
+			}
+			if err == nil {
+				err = rows.Err()
+			}
+			t.Logf("node %d: backends not idle:%s", i+1, b.String())
+		}
+		if err != nil {
+			t.Logf("node %d activity: %v", i+1, err)
+		}
+		conn.Close(ctx)
+	}
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return "-"
+	}
+	return *s
 }
