@@ -21,7 +21,11 @@
 # LATTICE_CPU_PROFILE=DIR saves a CPU profile of each build's first run in
 # each mode there (go tool pprof -top DIR/NAME-extended.pprof).
 # The "user" figure is the utime part: the rest is the kernel's (system
-# calls, most of it loopback TCP).
+# calls, most of it loopback TCP). The last lines give each process's peak
+# resident memory (VmHWM), so that a runtime setting such as GOGC is judged
+# on memory too, and its context switches per query over all runs (every
+# thread's, voluntary and not): the Go scheduler parks and wakes threads
+# where pgbouncer's one thread loops over epoll.
 # pgbouncer 1.18 cannot run -M prepared in transaction mode: the prepared
 # row's ratio is against its extended run.
 set -euo pipefail
@@ -122,22 +126,40 @@ fi
 
 hz=$(getconf CLK_TCK)
 stat() { awk '{print $14, $15}' "/proc/$1/stat"; }
-# counted PID DSN MODE SCRIPT: "µs/query user-µs/query tps" of one
-# fixed-count run, or "failed failed failed" with pgbench's first error on
-# stderr: one failed cell, not an empty table.
+# switches PID: the context switches of all the process's threads so far.
+switches() { cat /proc/"$1"/task/*/status 2>/dev/null | awk '/^(non)?voluntary_ctxt_switches/ {n += $2} END {print n + 0}'; }
+# counted PID DSN MODE SCRIPT: "µs/query user-µs/query tps
+# switches/query" of one fixed-count run, or "failed failed failed failed"
+# with pgbench's first error on stderr: one failed cell, not an empty table.
 counted() {
-  local u0 s0 u1 s1 out n tps
+  local u0 s0 u1 s1 out n tps c0 c1
   read -r u0 s0 <<<"$(stat "$1")"
+  c0=$(switches "$1")
   if ! out=$(pgbench -n -c 8 -j 2 -t "$tx" -M "$3" -f "$4" "$2" 2>&1); then
     echo "pgbench -M $3 against $2 failed: $(echo "$out" | grep -m1 -i error)" >&2
-    echo "failed failed failed"
+    echo "failed failed failed failed"
     return
   fi
   read -r u1 s1 <<<"$(stat "$1")"
+  c1=$(switches "$1")
   n=$(echo "$out" | awk '/number of transactions actually processed/ {split($NF,a,"/"); print a[1]}')
   tps=$(echo "$out" | awk '/^tps/ {printf "%.0f", $3}')
-  awk -v d=$((u1 + s1 - u0 - s0)) -v u=$((u1 - u0)) -v hz="$hz" -v n="$n" -v tps="$tps" \
-    'BEGIN {printf "%.1f %.1f %s", d * 1e6 / hz / n, u * 1e6 / hz / n, tps}'
+  awk -v d=$((u1 + s1 - u0 - s0)) -v u=$((u1 - u0)) -v hz="$hz" -v n="$n" -v tps="$tps" -v c=$((c1 - c0)) \
+    'BEGIN {printf "%.1f %.1f %s %.2f", d * 1e6 / hz / n, u * 1e6 / hz / n, tps, c / n}'
+}
+# switches per query of each measured run, by process, for the last lines.
+declare -A swsum swn
+addsw() {
+  [ "$2" = failed ] && return
+  swsum[$1]=$(awk -v a="${swsum[$1]:-0}" -v b="$2" 'BEGIN {print a + b}')
+  swn[$1]=$((${swn[$1]:-0} + 1))
+}
+# memline NAME PID: the process's peak resident memory and its mean context
+# switches per query.
+memline() {
+  local hwm
+  hwm=$(awk '/^VmHWM/ {printf "%.1f MB", $2 / 1024}' "/proc/$2/status" 2>/dev/null || echo "n/a")
+  echo "$1: peak RSS $hwm, context switches/query $(awk -v s="${swsum[$1]:-0}" -v n="${swn[$1]:-0}" 'BEGIN {if (n > 0) printf "%.2f", s / n; else print "n/a"}')"
 }
 echo "transactions per run: $((8 * tx)), 8 clients; CPU µs/query = proxy utime+stime / transactions (user: the utime part); load at start $(cut -d' ' -f1-3 /proc/loadavg)"
 echo
@@ -155,7 +177,10 @@ for mode in simple extended prepared; do
   done
   for r in $(seq "$reps"); do
     bus="" bu="" btps=""
-    if [ -n "$bx" ]; then read -r bus bu btps <<<"$(counted "$bpid" "$bx" "$bmode" "$work/plain.sql")"; fi
+    if [ -n "$bx" ]; then
+      read -r bus bu btps bsw <<<"$(counted "$bpid" "$bx" "$bmode" "$work/plain.sql")"
+      addsw pgbouncer "$bsw"
+    fi
     [ "$mode" = prepared ] && [ -n "$bx" ] && btps="$btps (extended)"
     line="| $mode | $r | ${bus:-n/a} (${bu:-n/a}) | ${btps:-n/a} |"
     for i in "${!names[@]}"; do
@@ -167,7 +192,8 @@ for mode in simple extended prepared; do
           "http://127.0.0.1:${aports[$i]}/debug/pprof/profile?seconds=${LATTICE_CPU_PROFILE_SECONDS:-10}" &
         cpid=$!
       fi
-      read -r lus lu ltps <<<"$(counted "${lpids[$i]}" "${dsns[$i]}" "$mode" "$work/f.sql")"
+      read -r lus lu ltps lsw <<<"$(counted "${lpids[$i]}" "${dsns[$i]}" "$mode" "$work/f.sql")"
+      addsw "${names[$i]}" "$lsw"
       if [ -n "$cpid" ]; then wait "$cpid" || echo "profile of ${names[$i]} $mode failed" >&2; fi
       ratio=$(awk -v l="$lus" -v b="${bus:-0}" 'BEGIN {if (b+0 > 0 && l+0 > 0) printf "%.2f×", l / b; else print "n/a"}')
       line="$line $lus ($lu) | $ltps | $ratio |"
@@ -176,4 +202,6 @@ for mode in simple extended prepared; do
   done
 done
 echo
+[ -n "$bx" ] && memline pgbouncer "$bpid"
+for i in "${!names[@]}"; do memline "${names[$i]}" "${lpids[$i]}"; done
 echo "load at end $(cut -d' ' -f1-3 /proc/loadavg)"
