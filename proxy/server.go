@@ -313,21 +313,47 @@ func (s *Server) unregister(sess *session) {
 	}
 }
 
+// shutdownGrace is how long a session may take to end at shutdown once its
+// backends' work was cancelled and its client closed.
+const shutdownGrace = 10 * time.Second
+
 // closeSessions ends every session at shutdown: work running on a backend
-// is cancelled, and closing the client socket ends the session's loop.
+// is cancelled, and closing the client socket ends the session's loop. A
+// session still waiting after shutdownGrace on a backend that answers
+// neither its statement nor the cancel (a stopped node, a lost network)
+// has its backends' sockets cut, so that the proxy exits.
 func (s *Server) closeSessions() {
-	s.mu.Lock()
-	sessions := make([]*session, 0, len(s.sessions))
-	for _, sess := range s.sessions {
-		sessions = append(sessions, sess)
-	}
-	s.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	for _, sess := range sessions {
+	for _, sess := range s.liveSessions() {
 		sess.cancel(ctx)
 		sess.conn.Close()
 	}
+	for deadline := time.Now().Add(shutdownGrace); ; time.Sleep(50 * time.Millisecond) {
+		live := s.liveSessions()
+		if len(live) == 0 {
+			return
+		}
+		if time.Now().Before(deadline) {
+			continue
+		}
+		for _, sess := range live {
+			if n := sess.interrupt(); n > 0 {
+				s.log.Warn("a session did not end at shutdown; cutting its backends", "pid", sess.key.ProcessID, "backends", n, "grace", shutdownGrace)
+			}
+		}
+		deadline = time.Now().Add(time.Second)
+	}
+}
+
+func (s *Server) liveSessions() []*session {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]*session, 0, len(s.sessions))
+	for _, sess := range s.sessions {
+		out = append(out, sess)
+	}
+	return out
 }
 
 // cancel serves a CancelRequest: the secret must match, as in PostgreSQL.

@@ -398,6 +398,18 @@ func (s *session) cancel(ctx context.Context) {
 	}
 }
 
+// interrupt makes every read and write the session's backends are blocked
+// in return at once, with an error that breaks them: shutdown's last resort
+// for a session whose backend never answers. It returns how many it cut.
+func (s *session) interrupt() int {
+	s.activeMu.Lock()
+	defer s.activeMu.Unlock()
+	for _, be := range s.active {
+		_ = be.SetDeadline(time.Now())
+	}
+	return len(s.active)
+}
+
 // sendBackends writes out what was queued for each backend of the exchange.
 func (s *session) sendBackends() {
 	for _, list := range s.backendLists() {
