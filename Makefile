@@ -21,12 +21,11 @@ demo: tools build
 vet:
 	$(GO) vet ./...
 
-# scripts/test.sh: every package with -race, the integration package as
-# two halves at once (each with its own servers).
+# scripts/test.sh: every package with -race, then the fuzz targets, beside
+# the integration package in three parts at once (each with its own servers).
 test: tools
 	$(GO) vet ./...
 	GO="$(GO)" bash scripts/test.sh
-	$(MAKE) fuzz
 
 # Each fuzz target for a fixed number of executions (pkg:Target:count), sized
 # to about 20 s each on a loaded 2-core machine (measured over 12-second runs
