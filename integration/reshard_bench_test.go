@@ -94,16 +94,29 @@ func slowestPauses(log string, n int) string {
 		order[i] = i
 	}
 	slices.SortFunc(order, func(a, b int) int { return int(pauses[b] - pauses[a]) })
+	// The fence's halves, where the log has them.
+	var parts [][]time.Duration
+	for _, k := range fenceParts {
+		if d := flipTimes(log, k); len(d) == len(pauses) {
+			parts = append(parts, d)
+		}
+	}
 	var sb strings.Builder
 	fmt.Fprintf(&sb, "slowest pauses (ms): %8s", "pause")
 	for _, k := range freezeSteps {
 		fmt.Fprintf(&sb, " %11s", k)
+	}
+	for _, k := range fenceParts[:len(parts)] {
+		fmt.Fprintf(&sb, " %12s", k)
 	}
 	sb.WriteString("\n")
 	for _, i := range order[:min(n, len(order))] {
 		fmt.Fprintf(&sb, "                     %8.1f", float64(pauses[i].Microseconds())/1000)
 		for c := range freezeSteps {
 			fmt.Fprintf(&sb, " %11.1f", float64(cols[c][i].Microseconds())/1000)
+		}
+		for _, d := range parts {
+			fmt.Fprintf(&sb, " %12.1f", float64(d[i].Microseconds())/1000)
 		}
 		sb.WriteString("\n")
 	}
@@ -112,6 +125,10 @@ func slowestPauses(log string, n int) string {
 
 // freezeSteps are the parts of a freeze the migrator logs with each flip.
 var freezeSteps = []string{"freeze_wait", "map_write", "acks", "fence", "final_drain", "flip"}
+
+// fenceParts are the fence step's two halves, which run side by side: the
+// fence's transaction and the look for proxies cut off from Redis.
+var fenceParts = []string{"fence_arm", "cut_off_look"}
 
 // BenchmarkReshardPointQueries measures point-query throughput and p99
 // latency through the proxy before and during a reshard of a 200,000-row
