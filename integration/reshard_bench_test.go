@@ -78,8 +78,57 @@ func flipTimes(log, key string) []time.Duration {
 	return out
 }
 
+// slowestPauses is a table of the n longest pauses of a proxy log with
+// their steps, so the steps that make the tail, not the median, show.
+func slowestPauses(log string, n int) string {
+	pauses := flipTimes(log, "pause")
+	cols := make([][]time.Duration, len(freezeSteps))
+	for i, k := range freezeSteps {
+		cols[i] = flipTimes(log, k)
+		if len(cols[i]) != len(pauses) {
+			return "slowest pauses: the flipped lines lack a step\n"
+		}
+	}
+	order := make([]int, len(pauses))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortFunc(order, func(a, b int) int { return int(pauses[b] - pauses[a]) })
+	// The fence's halves, where the log has them.
+	var parts [][]time.Duration
+	for _, k := range fenceParts {
+		if d := flipTimes(log, k); len(d) == len(pauses) {
+			parts = append(parts, d)
+		}
+	}
+	var sb strings.Builder
+	fmt.Fprintf(&sb, "slowest pauses (ms): %8s", "pause")
+	for _, k := range freezeSteps {
+		fmt.Fprintf(&sb, " %11s", k)
+	}
+	for _, k := range fenceParts[:len(parts)] {
+		fmt.Fprintf(&sb, " %12s", k)
+	}
+	sb.WriteString("\n")
+	for _, i := range order[:min(n, len(order))] {
+		fmt.Fprintf(&sb, "                     %8.1f", float64(pauses[i].Microseconds())/1000)
+		for c := range freezeSteps {
+			fmt.Fprintf(&sb, " %11.1f", float64(cols[c][i].Microseconds())/1000)
+		}
+		for _, d := range parts {
+			fmt.Fprintf(&sb, " %12.1f", float64(d[i].Microseconds())/1000)
+		}
+		sb.WriteString("\n")
+	}
+	return sb.String()
+}
+
 // freezeSteps are the parts of a freeze the migrator logs with each flip.
 var freezeSteps = []string{"freeze_wait", "map_write", "acks", "fence", "final_drain", "flip"}
+
+// fenceParts are the fence step's two halves, which run side by side: the
+// fence's transaction and the look for proxies cut off from Redis.
+var fenceParts = []string{"fence_arm", "cut_off_look"}
 
 // BenchmarkReshardPointQueries measures point-query throughput and p99
 // latency through the proxy before and during a reshard of a 200,000-row
@@ -167,5 +216,6 @@ func BenchmarkReshardPointQueries(b *testing.B) {
 			keys, tookDuring.Round(time.Millisecond), len(pauses), tpsBefore, percentile(latBefore, 0.99), tpsDuring, percentile(latDuring, 0.99),
 			percentile(pauses, 0.5), percentile(pauses, 0.99), percentile(pauses, 1))
 		fmt.Printf("freeze steps: %s\n", strings.Join(steps, "; "))
+		fmt.Print(slowestPauses(log, 10))
 	}
 }

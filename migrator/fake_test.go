@@ -50,6 +50,8 @@ type fakeNodes struct {
 	crash        func(point string) // called at the copy's crash point
 	// logs are the targets' write logs, by migration id.
 	logs map[string]*fakeWriteLog
+	// reserves counts ReserveMap calls: upserts on the catalog node.
+	reserves int
 }
 
 // fakeWriteLog is a target's write log: each key's row before the first
@@ -172,6 +174,9 @@ func (f *fakeNodes) ClaimSlots(ctx context.Context, t *shardmap.Tree, idx int, n
 // ReserveMap grants what is asked, as a catalog node whose record lies
 // ahead of every map write.
 func (f *fakeNodes) ReserveMap(ctx context.Context, t *shardmap.Tree, epoch uint64, highWater int) (uint64, int, error) {
+	f.mu.Lock()
+	f.reserves++
+	f.mu.Unlock()
 	return epoch + 1024, highWater, nil
 }
 

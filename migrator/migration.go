@@ -725,10 +725,17 @@ func (r *Runner) freezeAndFlip(ctx context.Context, u unit, mig *shardmap.Migrat
 		// the fence: it must hold up the flip, and the fence only rejects
 		// writes that the freeze holds back anyway.
 		cutOff := make(chan error, 1)
-		go func() { cutOff <- r.waitCutOff(bctx, t, frozen, live) }()
+		go func() {
+			begin := time.Now()
+			err := r.waitCutOff(bctx, t, frozen, live)
+			steps.look = time.Since(begin) // read after the receive below
+			cutOff <- err
+		}()
 		// One transaction fences every member table: one barrier, one
 		// WAL position past every write to the moving slots.
+		armed := time.Now()
 		lsn, err = r.cluster.ArmSlotFences(bctx, mig.SourceNode, fences)
+		steps.arm = time.Since(armed)
 		if cerr := <-cutOff; err == nil {
 			err = cerr
 		}
@@ -814,9 +821,13 @@ func (r *Runner) freezeAndFlip(ctx context.Context, u unit, mig *shardmap.Migrat
 // pause: the frozen map's write, the proxies' acknowledgements, the fence
 // (with, beside it, the look for proxies cut off from Redis), the final
 // drain and the flip; last, out of the pause, the snapshots' exports.
+// The fence's two halves, which run side by side, are timed apart too
+// (arm: the fence's transaction; look: the look for cut-off proxies), so
+// a slow fence step says which of them held it.
 type freezeSteps struct {
 	last                                               time.Time
 	freeze, write, acks, fence, drain, snapshots, flip time.Duration
+	arm, look                                          time.Duration
 }
 
 // mark sets *d to the time since the previous mark.
@@ -826,7 +837,8 @@ func (s *freezeSteps) mark(d *time.Duration) {
 }
 
 func (s *freezeSteps) attrs() []any {
-	return []any{"freeze_wait", s.freeze, "map_write", s.write, "acks", s.acks, "fence", s.fence, "final_drain", s.drain, "flip", s.flip, "snapshots_after_flip", s.snapshots}
+	return []any{"freeze_wait", s.freeze, "map_write", s.write, "acks", s.acks, "fence", s.fence, "final_drain", s.drain, "flip", s.flip, "snapshots_after_flip", s.snapshots,
+		"fence_arm", s.arm, "cut_off_look", s.look}
 }
 
 // recordOwnership adds the moved slots to the target's ownership record
