@@ -279,8 +279,10 @@ func checkFanOutSQL(t testing.TB, p *Plan) {
 						found++
 					}
 				}
-				if found != 1 {
-					t.Fatalf("%s: branch %d reads the tree %d times", sql, i, found)
+				// A join of the tree with itself on its key reads it once per
+				// reference, each checked above for its schema and filter.
+				if found == 0 {
+					t.Fatalf("%s: branch %d does not read the tree", sql, i)
 				}
 				if schemas[i].Filter != "" {
 					checkFiltered(t, sql, l, p.Tree.Name)
