@@ -655,6 +655,7 @@ func (r *Runner) freezeAndFlip(ctx context.Context, u unit, mig *shardmap.Migrat
 			return false, err
 		}
 	}
+	r.cluster.WarmPresence(ctx)
 	var snaps Snapshots
 	if !r.opts.SkipVerify {
 		// The write log proves the move should this run die after the flip.
