@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"sync"
 	"time"
@@ -250,7 +251,8 @@ func (c *Cluster) Present(ctx context.Context, cluster string, nodes []string) (
 		go func() {
 			select {
 			case <-l.done:
-				answers <- answer{l.val, l.err}
+				// A copy: calls share the look, and a caller may change its answer.
+				answers <- answer{maps.Clone(l.val), l.err}
 			case <-ctx.Done():
 			}
 		}()
