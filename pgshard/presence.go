@@ -338,6 +338,9 @@ func (c *Cluster) WarmPresence(ctx context.Context) {
 		if err != nil {
 			return err
 		}
+		if s := p.Stat(); s.IdleConns()+s.AcquiredConns() > 0 {
+			return nil // open; a look may hold it meanwhile
+		}
 		conn, err := p.Acquire(ctx)
 		if err != nil {
 			return err
