@@ -238,7 +238,7 @@ func (f *fakeNodes) Present(ctx context.Context, cluster string, nodes []string)
 	return map[string]bool{}, nil
 }
 
-func (f *fakeNodes) WarmPresence(ctx context.Context) {}
+func (f *fakeNodes) WarmPresence(ctx context.Context, cluster string) {}
 
 func (f *fakeNodes) WALPosition(ctx context.Context, node, tenant string) (pglogrepl.LSN, error) {
 	return 0x100, nil

@@ -50,8 +50,8 @@ type Nodes interface {
 	// nodes (section 12).
 	Present(ctx context.Context, cluster string, nodes []string) (map[string]bool, error)
 	// WarmPresence opens, before a freeze's pause, the connections that
-	// Present's looks take.
-	WarmPresence(ctx context.Context)
+	// Present's looks take, and looks once on each.
+	WarmPresence(ctx context.Context, cluster string)
 	// WALPosition is node's current WAL position.
 	WALPosition(ctx context.Context, node, tenant string) (pglogrepl.LSN, error)
 	// DeleteSlots deletes the rows of slots from a shard table in
