@@ -123,3 +123,27 @@ func TestPresentFirstAnswer(t *testing.T) {
 		t.Fatalf("present: %v, want only %q", got, name)
 	}
 }
+
+// TestPresentAfterLookConnectionEnds: the connection a node's looks keep
+// is never pinged before a look, so a look that finds it ended (the node
+// restarted, or ended the session) opens a new one and looks again, and
+// the freeze waiting for it does not fail.
+func TestPresentAfterLookConnectionEnds(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	const cluster = "present-look-ends"
+	c := ctCluster(t, 1)
+	c.WarmPresence(ctx, cluster)
+	admin := connect(t, testNodeDSN(t, 0))
+	var ended int
+	if err := admin.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+WHERE pid <> pg_backend_pid() AND application_name = 'lattice-admin' AND query LIKE '%FROM pg_stat_activity WHERE application_name LIKE%'`).Scan(&ended); err != nil {
+		t.Fatal(err)
+	}
+	if ended != 1 {
+		t.Fatalf("ended %d look connections, want 1", ended)
+	}
+	if _, err := c.Present(ctx, cluster, []string{"n1"}); err != nil {
+		t.Fatalf("present after the look connection ended: %v", err)
+	}
+}

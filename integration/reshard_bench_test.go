@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"regexp"
 	"slices"
 	"strconv"
@@ -136,6 +137,9 @@ var fenceParts = []string{"fence_arm", "cut_off_look"}
 // each migration (p50, p99) from the proxy's log.
 //
 //	LATTICE_TEST_RACE=0 go test -run '^$' -bench BenchmarkReshardPointQueries -benchtime 1x ./integration
+//
+// LATTICE_BENCH_LOG=file keeps the proxy's log there, to line up a slow
+// pause with what else the proxy logged.
 func BenchmarkReshardPointQueries(b *testing.B) {
 	for i := 0; i < b.N; i++ {
 		resetNodes(b)
@@ -194,6 +198,9 @@ func BenchmarkReshardPointQueries(b *testing.B) {
 			b.Fatal(loadErr)
 		}
 		log := p.Log()
+		if f := os.Getenv("LATTICE_BENCH_LOG"); f != "" {
+			_ = os.WriteFile(f, []byte(log), 0o644)
+		}
 		pauses := flipTimes(log, "pause")
 		var steps []string
 		for _, k := range freezeSteps {

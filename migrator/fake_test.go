@@ -238,6 +238,8 @@ func (f *fakeNodes) Present(ctx context.Context, cluster string, nodes []string)
 	return map[string]bool{}, nil
 }
 
+func (f *fakeNodes) WarmPresence(ctx context.Context, cluster string) {}
+
 func (f *fakeNodes) WALPosition(ctx context.Context, node, tenant string) (pglogrepl.LSN, error) {
 	return 0x100, nil
 }

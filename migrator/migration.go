@@ -655,6 +655,10 @@ func (r *Runner) freezeAndFlip(ctx context.Context, u unit, mig *shardmap.Migrat
 			return false, err
 		}
 	}
+	// Without the id the look fails too, and says why.
+	if cluster, err := r.clusterID.get(ctx, r.store); err == nil {
+		r.cluster.WarmPresence(ctx, cluster)
+	}
 	var snaps Snapshots
 	if !r.opts.SkipVerify {
 		// The write log proves the move should this run die after the flip.

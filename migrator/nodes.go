@@ -49,6 +49,9 @@ type Nodes interface {
 	// Present lists the presence sessions of cluster's proxies on one of
 	// nodes (section 12).
 	Present(ctx context.Context, cluster string, nodes []string) (map[string]bool, error)
+	// WarmPresence opens, before a freeze's pause, the connections that
+	// Present's looks take, and looks once on each.
+	WarmPresence(ctx context.Context, cluster string)
 	// WALPosition is node's current WAL position.
 	WALPosition(ctx context.Context, node, tenant string) (pglogrepl.LSN, error)
 	// DeleteSlots deletes the rows of slots from a shard table in

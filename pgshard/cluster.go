@@ -54,6 +54,8 @@ type Cluster struct {
 	admin   map[adminKey]*pgxpool.Pool
 	closed  bool
 	changed chan struct{} // closed and replaced by every SetNodes that changes the set
+
+	looks *looks[lookKey, map[string]bool] // Present's, per node
 }
 
 // nodeSet is one immutable version of the node set.
@@ -88,6 +90,7 @@ func NewCluster(nodes []Node, log *slog.Logger) (*Cluster, error) {
 		log = slog.Default()
 	}
 	c := &Cluster{seed: set.nodes, log: log, admin: make(map[adminKey]*pgxpool.Pool), changed: make(chan struct{})}
+	c.looks = newLooks(c.look)
 	c.nodes.Store(set)
 	return c, nil
 }
@@ -322,7 +325,7 @@ func controlSession(cfg *pgx.ConnConfig) {
 // Admin returns a small lazily created pgxpool for control work (DDL, COPY)
 // on node for tenant. Pools are cached and closed by Close.
 func (c *Cluster) Admin(ctx context.Context, node, tenant string) (*pgxpool.Pool, error) {
-	return c.pool(ctx, adminKey{node: node, tenant: tenant}, adminMaxConns, func() (string, error) { return c.TenantDSN(node, tenant) })
+	return c.pool(ctx, adminKey{node: node, tenant: tenant}, adminMaxConns, func() (string, error) { return c.TenantDSN(node, tenant) }, nil)
 }
 
 // fencePool is a pool of two connections to node for tenant for the fences
@@ -332,22 +335,39 @@ func (c *Cluster) Admin(ctx context.Context, node, tenant string) (*pgxpool.Pool
 // the fence uses it too, just before the pause, so the arm finds a
 // connection open.
 func (c *Cluster) fencePool(ctx context.Context, node, tenant string) (*pgxpool.Pool, error) {
-	return c.pool(ctx, adminKey{node: node, tenant: tenant, role: "fence"}, 2, func() (string, error) { return c.TenantDSN(node, tenant) })
+	return c.pool(ctx, adminKey{node: node, tenant: tenant, role: "fence"}, 2, func() (string, error) { return c.TenantDSN(node, tenant) }, nil)
 }
 
 // probePool is a pool of two connections to node's own database for the
-// quick reads of a freeze (Present), apart from the control pools, whose
+// quick reads of lattice_nodes (Usage), apart from the control pools, whose
 // connections a shadow copy or a release can hold for long.
 func (c *Cluster) probePool(ctx context.Context, node string) (*pgxpool.Pool, error) {
 	// No tenant in the key: apart from every control pool.
 	return c.pool(ctx, adminKey{node: node}, 2, func() (string, error) {
 		return c.OwnDSN(node)
+	}, nil)
+}
+
+// lookPool is the one connection to node's own database that Present's
+// looks take, one at a time (looks), apart from every other pool. Once
+// opened it is kept: never closed for idleness or age, opened again in the
+// background if it breaks, and never pinged before a look, which would
+// double the look's round trips (pgxpool pings a connection idle for over a
+// second, and freezes come seconds apart). A look that finds it broken
+// opens a new one (Cluster.look).
+func (c *Cluster) lookPool(ctx context.Context, node string) (*pgxpool.Pool, error) {
+	return c.pool(ctx, adminKey{node: node, role: "look"}, 1, func() (string, error) {
+		return c.OwnDSN(node)
+	}, func(cfg *pgxpool.Config) {
+		cfg.MinConns = 1
+		cfg.MaxConnLifetime = 0
+		cfg.ShouldPing = func(context.Context, pgxpool.ShouldPingParams) bool { return false }
 	})
 }
 
 // pool returns the cached pool under k, creating it over dsn() with at
-// most maxConns connections.
-func (c *Cluster) pool(ctx context.Context, k adminKey, maxConns int32, dsn func() (string, error)) (*pgxpool.Pool, error) {
+// most maxConns connections, and tune, if not nil, applied to its config.
+func (c *Cluster) pool(ctx context.Context, k adminKey, maxConns int32, dsn func() (string, error), tune func(*pgxpool.Config)) (*pgxpool.Pool, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
@@ -367,7 +387,11 @@ func (c *Cluster) pool(ctx context.Context, k adminKey, maxConns int32, dsn func
 	controlSession(cfg.ConnConfig)
 	cfg.MaxConns = maxConns
 	cfg.MaxConnIdleTime = time.Minute
-	// NewWithConfig does not connect (MinConns is 0), so holding c.mu is cheap.
+	if tune != nil {
+		tune(cfg)
+	}
+	// NewWithConfig does not connect (MinConns connects in the background),
+	// so holding c.mu is cheap.
 	p, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("pgshard: node %s: %w", k.node, err)

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"sync"
 	"time"
@@ -226,32 +227,36 @@ func (p *Presence) connect(ctx context.Context, n Node) (*pgx.Conn, error) {
 
 // Present returns the application_names of the presence sessions of the
 // deployment cluster, as the first of nodes that answers lists them (every
-// database's sessions): a proxy serves from its cached maps only while it
-// is present on every node, so any one node shows all such proxies. It
-// asks every node at once and takes the first answer: a freeze's flip
-// waits for it, and one node's busy CPU (the fence's node's, often) made
-// the look take up to 400 ms in make bench's point-select run, ten times
-// its median. It uses a pool of its own, so that it never queues behind
-// control work.
+// database's sessions), read after Present was called: a proxy serves from
+// its cached maps only while it is present on every node, so any one node
+// shows all such proxies. It asks every node at once and takes the first
+// answer: a freeze's flip waits for it, and one node's busy CPU (the
+// fence's node's, often) made the look take up to 400 ms in make bench's
+// point-select run, ten times its median.
+//
+// A node's looks run one at a time on a connection of their own, kept
+// open (lookPool), and calls share them (looks): a call waits for the
+// node's next look, never one already under way, which would have read
+// the sessions before the call.
 func (c *Cluster) Present(ctx context.Context, cluster string, nodes []string) (map[string]bool, error) {
 	type answer struct {
 		names map[string]bool
 		err   error
 	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	answers := make(chan answer, len(nodes))
-	// The looks that lose run to their end: a query cancelled midway
-	// closes its connection, and the next look would open a new one.
-	qctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), presentTimeout)
-	var wg sync.WaitGroup
 	for _, node := range nodes {
-		wg.Add(1)
+		l := c.looks.join(lookKey{node: node, cluster: cluster})
 		go func() {
-			defer wg.Done()
-			names, err := c.present(qctx, cluster, node)
-			answers <- answer{names, err}
+			select {
+			case <-l.done:
+				// A copy: calls share the look, and a caller may change its answer.
+				answers <- answer{maps.Clone(l.val), l.err}
+			case <-ctx.Done():
+			}
 		}()
 	}
-	go func() { wg.Wait(); cancel() }()
 	var errs []error
 	for range nodes {
 		select {
@@ -267,30 +272,79 @@ func (c *Cluster) Present(ctx context.Context, cluster string, nodes []string) (
 	return nil, fmt.Errorf("pgshard: presence sessions: %w", errors.Join(errs...))
 }
 
-// presentTimeout bounds the looks of Present that its caller no longer
-// waits for.
+// lookKey names a node's looks for one deployment's presence sessions.
+type lookKey struct{ node, cluster string }
+
+// presentTimeout bounds one look. No caller cancels a look, which others
+// may share: a query cancelled midway closes its connection, and the next
+// look would open a new one.
 const presentTimeout = 10 * time.Second
 
-func (c *Cluster) present(ctx context.Context, cluster, node string) (map[string]bool, error) {
-	p, err := c.probePool(ctx, node)
-	if err != nil {
-		return nil, err
+// look reads k.node's presence sessions, once more on a new connection if
+// the kept one turned out broken (the node restarted since the last look).
+func (c *Cluster) look(k lookKey) (map[string]bool, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), presentTimeout)
+	defer cancel()
+	names, broken, err := c.present(ctx, k.cluster, k.node)
+	if err != nil && broken && ctx.Err() == nil {
+		names, _, err = c.present(ctx, k.cluster, k.node)
 	}
+	return names, err
+}
+
+// present reads node's presence sessions; broken reports a failure that
+// closed the connection.
+func (c *Cluster) present(ctx context.Context, cluster, node string) (_ map[string]bool, broken bool, _ error) {
+	p, err := c.lookPool(ctx, node)
+	if err != nil {
+		return nil, false, err
+	}
+	conn, err := p.Acquire(ctx)
+	if err != nil {
+		return nil, false, fmt.Errorf("node %s: %w", node, err)
+	}
+	defer conn.Release()
 	// The proxy refuses the prefix in clients' application_name; the role
 	// check keeps sessions of other roles out too (presence and this probe
 	// connect as the node's own user).
-	rows, err := p.Query(ctx, `SELECT DISTINCT application_name FROM pg_stat_activity WHERE application_name LIKE $1 AND usename = current_user`,
+	rows, err := conn.Query(ctx, `SELECT DISTINCT application_name FROM pg_stat_activity WHERE application_name LIKE $1 AND usename = current_user`,
 		presencePrefix+cluster+"/%")
-	if err != nil {
-		return nil, fmt.Errorf("node %s: %w", node, err)
+	if err == nil {
+		var names []string
+		if names, err = pgx.CollectRows(rows, pgx.RowTo[string]); err == nil {
+			out := make(map[string]bool, len(names))
+			for _, n := range names {
+				out[n] = true
+			}
+			return out, false, nil
+		}
 	}
-	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return nil, fmt.Errorf("node %s: %w", node, err)
-	}
-	out := make(map[string]bool, len(names))
-	for _, n := range names {
-		out[n] = true
-	}
-	return out, nil
+	return nil, conn.Conn().IsClosed(), fmt.Errorf("node %s: %w", node, err)
+}
+
+// warmTimeout bounds WarmPresence: opening a connection took up to 400 ms
+// in make bench's point-select run, and a node that does not answer must
+// not hold up a freeze, whose look then asks the others.
+const warmTimeout = 2 * time.Second
+
+// WarmPresence opens the connections of Present's looks on every node that
+// has none, and looks once on each, so that a freeze's first look neither
+// opens a connection inside its write pause nor runs as a new backend's
+// first query (prepared, over cold catalog caches): measured, those made
+// the first freezes of a reshard the slowest. A node that cannot be
+// reached is left to the look to report.
+func (c *Cluster) WarmPresence(ctx context.Context, cluster string) {
+	ctx, cancel := context.WithTimeout(ctx, warmTimeout)
+	defer cancel()
+	_ = forEachNode(ctx, c.NodeNames(), func(ctx context.Context, node string) error {
+		p, err := c.lookPool(ctx, node)
+		if err != nil {
+			return err
+		}
+		if s := p.Stat(); s.IdleConns()+s.AcquiredConns() > 0 {
+			return nil // open; a look may hold it meanwhile
+		}
+		_, _, err = c.present(ctx, cluster, node)
+		return err
+	})
 }
