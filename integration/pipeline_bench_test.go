@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"regexp"
+	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -80,10 +81,12 @@ func BenchmarkPipeline(b *testing.B) {
 			md("| %s | %d | %d | %.2f | %.0f | %.0f | %.2f |", step.name, len(phases), copied, took.Seconds(), rate, raw, rate/raw)
 			b.ReportMetric(rate/raw, step.metric)
 			for _, l := range strings.Split(stepLog, "\n") {
-				if strings.Contains(l, `msg="moved rows released"`) || strings.Contains(l, `msg="move verified"`) {
+				if strings.Contains(l, `msg="moved rows released"`) || strings.Contains(l, `msg="move verified"`) ||
+					strings.Contains(l, `msg="shadow copy done"`) || strings.Contains(l, `msg=flipped`) {
 					fmt.Println(l)
 				}
 			}
+			fmt.Print(phaseTimeline(step.name, phases, start, took))
 			breakdowns = append(breakdowns, "| "+step.name+" | "+phaseBreakdown(phases, start, took)+" |")
 		}
 		md("\nWhere the time goes (ms):\n")
@@ -128,6 +131,28 @@ func phaseTimes(log string) map[string]map[string]time.Time {
 		}
 	}
 	return out
+}
+
+// phaseTimeline prints, per migration, when it entered each phase, in ms
+// from the call: which phases overlap, and which one ends the step.
+func phaseTimeline(step string, phases map[string]map[string]time.Time, start time.Time, took time.Duration) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "timeline of %s (ms from the call; complete seen at %d):\n", step, took.Milliseconds())
+	ids := make([]string, 0, len(phases))
+	for id := range phases {
+		ids = append(ids, id)
+	}
+	sort.Slice(ids, func(i, j int) bool { return phases[ids[i]]["run"].Before(phases[ids[j]]["run"]) })
+	for _, id := range ids {
+		fmt.Fprintf(&b, "  %s", id)
+		for _, ph := range pipelinePhases {
+			if at, ok := phases[id][ph]; ok {
+				fmt.Fprintf(&b, " %s=%d", ph, at.Sub(start).Milliseconds())
+			}
+		}
+		b.WriteString("\n")
+	}
+	return b.String()
 }
 
 // phaseBreakdown is the table cells of one step: wait, the mean of each

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"sync"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
@@ -87,8 +88,10 @@ func pageRanges(pages int64) [][2]int64 {
 // copyRows pipes a binary COPY of the moving rows of each table, read
 // under the slot's exported snapshot, into the target tables, and commits
 // them with the progress row (see the top of this file), and returns the
-// rows and bytes of COPY data it moved.
-func (sh *Shadow) copyRows(ctx context.Context, src *pgx.Conn, snapshot string, start pglogrepl.LSN) (int64, int64, error) {
+// rows and bytes of COPY data it moved. It calls imported once every
+// source transaction has imported the snapshot, before its own copies
+// begin.
+func (sh *Shadow) copyRows(ctx context.Context, src *pgx.Conn, snapshot string, start pglogrepl.LSN, imported func() error) (int64, int64, error) {
 	sp := sh.spec
 	chunks, err := sh.copyChunks(ctx, src)
 	if err != nil {
@@ -112,16 +115,24 @@ func (sh *Shadow) copyRows(ctx context.Context, src *pgx.Conn, snapshot string, 
 	}
 	extra := min(copyWorkers, len(chunks)) - 1
 	results := make(chan result, extra)
+	var importing sync.WaitGroup
+	importing.Add(extra)
 	for range extra {
 		go func() {
-			n, b, err := sh.copyOnNewConns(copyCtx, snapshot, queue)
+			n, b, err := sh.copyOnNewConns(copyCtx, snapshot, queue, importing.Done)
 			if err != nil {
 				cancel()
 			}
 			results <- result{n, b, err}
 		}()
 	}
-	tx, rows, bytes, err := sh.copyOwn(copyCtx, src, snapshot, queue)
+	tx, rows, bytes, err := sh.copyOwn(copyCtx, src, snapshot, queue, func() error {
+		importing.Wait()
+		if err := copyCtx.Err(); err != nil {
+			return err // a worker failed; its error is the cause
+		}
+		return imported()
+	})
 	if tx != nil {
 		defer tx.Rollback(context.Background())
 	}
@@ -171,8 +182,14 @@ func firstCause(errs []error) error {
 
 // copyOwn copies ranges from the queue over the shadow's own connections,
 // in the target transaction it returns open, for copyRows to commit last.
-func (sh *Shadow) copyOwn(ctx context.Context, src *pgx.Conn, snapshot string, queue <-chan copyChunk) (pgx.Tx, int64, int64, error) {
-	if err := useSnapshot(ctx, src, snapshot); err != nil {
+// It calls imported once its source transaction has imported the
+// snapshot.
+func (sh *Shadow) copyOwn(ctx context.Context, src *pgx.Conn, snapshot string, queue <-chan copyChunk, imported func() error) (pgx.Tx, int64, int64, error) {
+	err := useSnapshot(ctx, src, snapshot)
+	if err == nil {
+		err = imported()
+	}
+	if err != nil {
 		return nil, 0, 0, err
 	}
 	defer src.Exec(context.Background(), "ROLLBACK")
@@ -185,9 +202,12 @@ func (sh *Shadow) copyOwn(ctx context.Context, src *pgx.Conn, snapshot string, q
 }
 
 // copyOnNewConns copies ranges from the queue over a new pair of
-// connections and commits them on the target.
-func (sh *Shadow) copyOnNewConns(ctx context.Context, snapshot string, queue <-chan copyChunk) (int64, int64, error) {
+// connections and commits them on the target. It calls imported once its
+// source transaction has imported the snapshot, or failed to.
+func (sh *Shadow) copyOnNewConns(ctx context.Context, snapshot string, queue <-chan copyChunk, imported func()) (int64, int64, error) {
 	sp := sh.spec
+	var once sync.Once
+	defer once.Do(imported)
 	src, err := pgx.Connect(ctx, sp.SourceDSN)
 	if err != nil {
 		return 0, 0, fmt.Errorf("migrator: connect to source: %w", err)
@@ -196,6 +216,7 @@ func (sh *Shadow) copyOnNewConns(ctx context.Context, snapshot string, queue <-c
 	if err := useSnapshot(ctx, src, snapshot); err != nil {
 		return 0, 0, err
 	}
+	once.Do(imported)
 	cfg, err := shadowTargetConfig(sp.TargetDSN, sp.ID)
 	if err != nil {
 		return 0, 0, err

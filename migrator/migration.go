@@ -316,7 +316,23 @@ func (r *Runner) Run(ctx context.Context, mig *shardmap.Migration) error {
 		return r.abandonResize(ctx, u, mig)
 	}
 	var sh Stream
+	// dropping reports the drop of the shadow copy's objects that this run
+	// started after its flip (nil: none); dropped waits for it and says
+	// whether it succeeded.
+	var dropping chan error
+	dropped := func() bool {
+		if dropping == nil {
+			return false
+		}
+		err := <-dropping
+		dropping = nil
+		if err != nil {
+			log.Warn("shadow copy not dropped after the flip; the release drops it", "err", err)
+		}
+		return err == nil
+	}
 	defer func() {
+		dropped()
 		if sh != nil {
 			_ = sh.Stop()
 		}
@@ -415,6 +431,16 @@ func (r *Runner) Run(ctx context.Context, mig *shardmap.Migration) error {
 			}
 		case shardmap.PhaseFlip:
 			// Recorded, so that a crash from here on resumes after the flip.
+			// The stream's part ended with the final drain (the fence holds
+			// back every later write to the moving slots), so this run,
+			// which flipped, drops its slot and publication while the move
+			// is compared, off the release's path.
+			if sh != nil {
+				_ = sh.Stop()
+				sh = nil
+				dropping = make(chan error, 1)
+				go func() { dropping <- r.dropShadowAfterFlip(ctx, u, mig) }()
+			}
 			if err := r.verifyMove(ctx, u, mig, log); err != nil {
 				return err
 			}
@@ -432,7 +458,7 @@ func (r *Runner) Run(ctx context.Context, mig *shardmap.Migration) error {
 				_ = sh.Stop()
 				sh = nil
 			}
-			if err := r.release(ctx, u, mig); err != nil {
+			if err := r.release(ctx, u, mig, dropped()); err != nil {
 				return err
 			}
 			// Before the phase change: the coordinator completes the
@@ -896,11 +922,30 @@ func removeRanges(frozen, rm [][2]int) [][2]int {
 	return out
 }
 
+// dropShadowAfterFlip drops the slot, publication and progress row of a
+// flipped migration, once the target's ownership record holds the moved
+// slots: a recovery (section 17 of docs/DESIGN.md) drains the stream from
+// the progress row only for a fenced migration whose target's record does
+// not hold them.
+func (r *Runner) dropShadowAfterFlip(ctx context.Context, u unit, mig *shardmap.Migration) error {
+	m, err := r.store.Map(ctx, mig.Tenant, mig.Tree)
+	if err != nil {
+		return err
+	}
+	if err := r.recordOwnership(ctx, u, m, mig); err != nil {
+		return err
+	}
+	return r.cluster.DropShadow(ctx, u.trees, mig)
+}
+
 // release runs once every live proxy routes by the flipped map (a proxy
 // acknowledges an epoch only after its scans planned on older epochs end):
 // the stream, slot, publication and fence go, and the moved rows are deleted
 // from a split source in batches, or the donor table of a fold is dropped.
-func (r *Runner) release(ctx context.Context, u unit, mig *shardmap.Migration) error {
+// shadowGone says this run dropped the slot and publication after the
+// flip (a run that resumes here drops them again: every drop accepts
+// missing pieces).
+func (r *Runner) release(ctx context.Context, u unit, mig *shardmap.Migration, shadowGone bool) error {
 	t := u.lead
 	m, err := r.store.Map(ctx, t.Tenant, t.MapName())
 	if err != nil {
@@ -918,8 +963,10 @@ func (r *Runner) release(ctx context.Context, u unit, mig *shardmap.Migration) e
 	if err := r.cluster.DropWriteLog(ctx, u.trees, mig); err != nil {
 		return err
 	}
-	if err := r.cluster.DropShadow(ctx, u.trees, mig); err != nil {
-		return err
+	if !shadowGone {
+		if err := r.cluster.DropShadow(ctx, u.trees, mig); err != nil {
+			return err
+		}
 	}
 	dropped := time.Now()
 	r.crash("release")
@@ -953,7 +1000,7 @@ func (r *Runner) release(ctx context.Context, u unit, mig *shardmap.Migration) e
 	if err := u.each(func(t *shardmap.Tree) error { return r.deleteMoved(ctx, t, mig) }); err != nil {
 		return err
 	}
-	r.log.Info("moved rows released", "migration", mig.ID, "acks", acked.Sub(start), "drop_shadow", dropped.Sub(acked), "delete", time.Since(dropped))
+	r.log.Info("moved rows released", "migration", mig.ID, "acks", acked.Sub(start), "drops", dropped.Sub(acked), "delete", time.Since(dropped))
 	if err := r.dropFences(ctx, u, mig, false); err != nil {
 		return err
 	}

@@ -240,14 +240,74 @@ func (sh *Shadow) copyFresh(ctx context.Context) error {
 		return err
 	}
 	slotMade := time.Now()
-	n, bytes, err := sh.copyRows(ctx, src, slot.SnapshotName, start)
+	// The stream starts as soon as every copy transaction has imported the
+	// snapshot (the export ends with the next command on the replication
+	// connection), so the source decodes its WAL while the rows are copied:
+	// logical decoding reads every transaction of the database, published
+	// or not (a concurrent copy into the node, a release's deletes), and
+	// that reading was otherwise the drain after the copy. Nothing is read
+	// from the stream until the copy commits; the source blocks once the
+	// socket is full, and the status updates keep wal_sender_timeout from
+	// ending the stream meanwhile.
+	var keeper *streamKeeper
+	startStream := func() error {
+		if err := sh.startReplication(ctx, start); err != nil {
+			return err
+		}
+		keeper = sh.keepStream(start)
+		return nil
+	}
+	n, bytes, err := sh.copyRows(ctx, src, slot.SnapshotName, start, startStream)
+	if keeper != nil {
+		if kerr := keeper.stop(); err == nil {
+			err = kerr
+		}
+	}
 	if err != nil {
 		return err
 	}
 	sh.stats = ShadowStats{RowsCopied: n, BytesCopied: bytes, Applied: start, Copied: true}
 	sh.log.Info("shadow copy done", "rows", n, "consistent_point", start,
 		"slot", slotMade.Sub(began), "copy", time.Since(slotMade))
-	return sh.startReplication(ctx, start)
+	return nil
+}
+
+// streamKeeper sends standby status updates on a started stream that is
+// not read yet (the copy runs), every statusInterval, reporting the
+// consistent point: the source ends a stream it hears nothing from for
+// wal_sender_timeout (60 s by default), which a long copy outlasts.
+type streamKeeper struct {
+	cancel context.CancelFunc
+	done   chan error
+}
+
+func (sh *Shadow) keepStream(at pglogrepl.LSN) *streamKeeper {
+	ctx, cancel := context.WithCancel(context.Background())
+	k := &streamKeeper{cancel: cancel, done: make(chan error, 1)}
+	go func() {
+		tick := time.NewTicker(statusInterval)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				k.done <- nil
+				return
+			case <-tick.C:
+				if err := pglogrepl.SendStandbyStatusUpdate(ctx, sh.repl, pglogrepl.StandbyStatusUpdate{WALWritePosition: at}); err != nil {
+					k.done <- fmt.Errorf("migrator: standby status during the copy: %w", err)
+					return
+				}
+			}
+		}
+	}()
+	return k
+}
+
+// stop ends the updates, before the stream's own loop takes the
+// connection, and returns why they failed, if they did.
+func (k *streamKeeper) stop() error {
+	k.cancel()
+	return <-k.done
 }
 
 // countingReader counts the bytes read through it.
