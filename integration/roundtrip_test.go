@@ -103,9 +103,9 @@ func (r *wireRelay) relayFrontend(id int, front, back net.Conn, newFlight func()
 	for {
 		n, err := front.Read(buf)
 		if n > 0 {
-			if _, werr := back.Write(buf[:n]); werr != nil {
-				return
-			}
+			// Record before forwarding: once the node has the bytes, its
+			// answer may reach the proxy (and the test) before a record
+			// made afterwards, and would count towards this flight.
 			fresh := newFlight()
 			pending = append(pending, buf[:n]...)
 			for {
@@ -142,6 +142,9 @@ func (r *wireRelay) relayFrontend(id int, front, back net.Conn, newFlight func()
 					r.record(id, stmt, fresh)
 					fresh = false
 				}
+			}
+			if _, werr := back.Write(buf[:n]); werr != nil {
+				return
 			}
 		}
 		if err != nil {
