@@ -102,6 +102,11 @@ func (s *session) execute(ctx context.Context, v *shardmap.View, portal *clientP
 			s.fail(err)
 			return false
 		}
+		if len(p.References) == 0 {
+			// One slot of one tree (or of its colocation group) is all the
+			// statement routes by.
+			s.narrowView(v, p.Tree.Name, sh.Slot)
+		}
 		if !s.bindOn(ctx, portal, sh.Node, sh.SQL, m, m.DestinationPortal, false) {
 			return false
 		}

@@ -36,10 +36,12 @@ func (s *session) acquireView(ctx context.Context) (*shardmap.View, error) {
 		v, err := reg.Hold(ctx, s.tenant)
 		switch {
 		case err == nil:
-			if slices.Contains(s.views, v) {
-				reg.Release(v) // counted once per session is enough
+			if slices.Contains(s.views, viewHold{v: v}) {
+				reg.Release(v) // held whole once per session is enough
+				s.freshView = -1
 			} else {
-				s.views = append(s.views, v)
+				s.views = append(s.views, viewHold{v: v})
+				s.freshView = len(s.views) - 1
 			}
 			return v, nil
 		case !errors.Is(err, shardmap.ErrLeaseExpired):
@@ -76,11 +78,47 @@ func (s *session) acquireView(ctx context.Context) (*shardmap.View, error) {
 // within its budget is rolled back, which releases statements held for
 // it (holdFrozen) and with them anything they occupy.
 func (s *session) releaseViews() {
-	for _, v := range s.views {
-		s.srv.cfg.Registration.Release(v)
+	reg := s.srv.cfg.Registration
+	for _, h := range s.views {
+		if h.tree == "" {
+			reg.Release(h.v)
+		} else {
+			reg.ReleaseSlot(h.v, h.tree, h.slot)
+		}
 	}
 	clear(s.views)
 	s.views = s.views[:0]
+	s.freshView = -1
+}
+
+// viewHold is a view held for the session's statements: the whole view
+// (tree ""), or one slot of one tree's map.
+type viewHold struct {
+	v    *shardmap.View
+	tree string
+	slot int
+}
+
+// narrowView narrows the hold the current statement took on v to the one
+// slot of tree it routes by: a freeze of other slots then does not wait
+// for it (shardmap.Registration.Narrow). Only a hold the statement took
+// for itself can be narrowed; one it shares with an earlier statement of
+// the batch covers that statement too, and stays whole.
+func (s *session) narrowView(v *shardmap.View, tree string, slot int) {
+	i := s.freshView
+	s.freshView = -1
+	if s.srv.cfg.Registration == nil || i < 0 || i >= len(s.views) || s.views[i] != (viewHold{v: v}) {
+		return
+	}
+	h := viewHold{v: v, tree: tree, slot: slot}
+	if slices.Contains(s.views, h) {
+		// The batch already holds that slot: the statement's own hold goes.
+		s.srv.cfg.Registration.Release(v)
+		s.views = slices.Delete(s.views, i, i+1)
+		return
+	}
+	s.srv.cfg.Registration.Narrow(v, tree, slot)
+	s.views[i] = h
 }
 
 // frozenTree reports the tree of p, and its map, when p would touch a

@@ -103,8 +103,12 @@ type session struct {
 	untracked bool
 
 	// views are the views this session's statements planned on since the
-	// last ReadyForQuery (or Flush), each held once from the registration.
-	views []*shardmap.View
+	// last ReadyForQuery (or Flush), each held from the registration over
+	// the whole view once, or narrowed to one slot (narrowView).
+	views []viewHold
+	// freshView indexes the hold in views that the current statement took
+	// for itself, which it may narrow; -1 when it shares an earlier one.
+	freshView int
 	// extRetry is the statement of the current extended batch that is
 	// routed again after LT001, or nil; it points at retryBuf, as a batch
 	// has at most one.

@@ -55,8 +55,12 @@ type Registration struct {
 	cached    atomic.Bool  // serving from the cached maps through a lapse
 
 	mu    sync.Mutex
-	inUse map[*View]int     // views statements are running on
-	acked map[treeID]uint64 // last epoch acknowledged per tree
+	inUse map[*View]int // views statements are running on, every map of them
+	// slotsInUse are the statements narrowed to one slot of one tree
+	// (Narrow): they hold up an epoch only where that slot's routing
+	// changed, so a freeze does not wait for point statements elsewhere.
+	slotsInUse map[slotUse]int
+	acked      map[treeID]uint64 // last epoch acknowledged per tree
 	// served holds the tenants registered as served: false while the
 	// first registration and map read are under way, true once done.
 	served map[string]bool
@@ -64,6 +68,13 @@ type Registration struct {
 }
 
 type treeID struct{ tenant, tree string }
+
+// slotUse is a statement's use of one slot of a view's map of tree.
+type slotUse struct {
+	v    *View
+	tree string
+	slot int
+}
 
 // NewRegistration returns a registration of proxy id over cache. Zero
 // durations take the defaults; log may be nil.
@@ -78,7 +89,7 @@ func NewRegistration(id string, coord Coordination, cache *Cache, ttl, heartbeat
 		log = slog.Default()
 	}
 	r := &Registration{id: id, coord: coord, cache: cache, ttl: ttl, heartbeat: heartbeat, log: log,
-		inUse: map[*View]int{}, acked: map[treeID]uint64{}, served: map[string]bool{}, poke: make(chan struct{}, 1)}
+		inUse: map[*View]int{}, slotsInUse: map[slotUse]int{}, acked: map[treeID]uint64{}, served: map[string]bool{}, poke: make(chan struct{}, 1)}
 	cache.onChange = r.wake
 	return r
 }
@@ -229,6 +240,40 @@ func (r *Registration) Release(v *View) {
 	}
 }
 
+// Narrow turns one Hold of v into a hold of one slot of tree's map in v:
+// the caller knows its statement routes by that slot alone. From then on
+// the statement holds up the acknowledgement of a newer epoch only if the
+// slot routes differently under it (slotMoved). Give it back with
+// ReleaseSlot, not Release.
+func (r *Registration) Narrow(v *View, tree string, slot int) {
+	r.mu.Lock()
+	r.inUse[v]--
+	if r.inUse[v] == 0 {
+		delete(r.inUse, v)
+	}
+	r.slotsInUse[slotUse{v, tree, slot}]++
+	r.mu.Unlock()
+	// The whole hold may have been what an acknowledgement waited for.
+	if r.cache.tenant(v.Tenant).view.Load() != v {
+		r.wake()
+	}
+}
+
+// ReleaseSlot ends one narrowed hold of slot of tree's map in v.
+func (r *Registration) ReleaseSlot(v *View, tree string, slot int) {
+	u := slotUse{v, tree, slot}
+	r.mu.Lock()
+	r.slotsInUse[u]--
+	last := r.slotsInUse[u] == 0
+	if last {
+		delete(r.slotsInUse, u)
+	}
+	r.mu.Unlock()
+	if last && r.cache.tenant(v.Tenant).view.Load() != v {
+		r.wake()
+	}
+}
+
 // Run heartbeats and acknowledges until ctx ends, then unregisters.
 func (r *Registration) Run(ctx context.Context) {
 	hb := time.NewTicker(r.heartbeat)
@@ -305,7 +350,7 @@ func (r *Registration) acknowledge(ctx context.Context) {
 		for name, m := range v.Maps {
 			// A colocation group's members share one map and one set of acks.
 			id := treeID{v.Tenant, v.Trees[name].MapName()}
-			if queued[id] || r.acked[id] >= m.Epoch || r.olderInUse(id.tree, m.Epoch) {
+			if queued[id] || r.acked[id] >= m.Epoch || r.olderInUse(id.tree, m) {
 				continue
 			}
 			queued[id] = true
@@ -327,16 +372,34 @@ func (r *Registration) acknowledge(ctx context.Context) {
 	}
 }
 
-// olderInUse reports whether a running statement planned on a map stored
-// under name (a tree's, or its colocation group's) older than epoch.
+// olderInUse reports whether a running statement was planned on a map
+// stored under name (a tree's, or its colocation group's) older than cur
+// and may route differently under cur: any such statement holding the
+// whole view, and one narrowed to a slot whose routing cur changed.
 // Called with mu held.
-func (r *Registration) olderInUse(name string, epoch uint64) bool {
+func (r *Registration) olderInUse(name string, cur *Map) bool {
 	for v := range r.inUse {
-		if m := v.Maps[v.memberOf(name)]; m != nil && m.Epoch < epoch {
+		if m := v.Maps[v.memberOf(name)]; m != nil && m.Epoch < cur.Epoch {
+			return true
+		}
+	}
+	for u := range r.slotsInUse {
+		t, m := u.v.Trees[u.tree], u.v.Maps[u.tree]
+		if t != nil && m != nil && t.MapName() == name && m.Epoch < cur.Epoch && slotMoved(m, cur, u.slot) {
 			return true
 		}
 	}
 	return false
+}
+
+// slotMoved reports whether a statement on slot routes differently under
+// cur than under old: another owner, or the owner's node, state or
+// mixedness changed, or the slot froze or thawed.
+func slotMoved(old, cur *Map, slot int) bool {
+	if len(old.Slots) != len(cur.Slots) || slot < 0 || slot >= len(cur.Slots) {
+		return true
+	}
+	return old.Slots[slot] != cur.Slots[slot] || old.Owner(slot) != cur.Owner(slot) || old.IsFrozen(slot) != cur.IsFrozen(slot)
 }
 
 // refreshAll re-reads every tenant the cache has loaded.

@@ -280,3 +280,53 @@ func TestRegistrationReReadsAfterLateRenewal(t *testing.T) {
 		t.Fatalf("after a late renewal the cache holds epoch %d (%v), want %d: the maps were not re-read", v.Maps["x"].Epoch, err, next.Epoch)
 	}
 }
+
+// A statement narrowed to one slot holds up a newer epoch only when that
+// slot routes differently under it: a freeze of other slots goes on.
+func TestRegistrationNarrowedHoldWaitsOnlyForItsSlot(t *testing.T) {
+	s, _ := newTestStore(t)
+	ctx := context.Background()
+	mustCreate(t, s, "t", "x")
+	c := NewCache(s, time.Hour, nil)
+	r := NewRegistration("p1", s, c, time.Minute, time.Hour, nil)
+	r.beat(ctx)
+
+	for _, tc := range []struct {
+		name    string
+		freeze  [2]int
+		slot    int
+		holdsUp bool
+	}{
+		{"a slot outside the freeze", [2]int{0, 10}, 500, false},
+		{"a frozen slot", [2]int{20, 30}, 25, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			old, err := r.Hold(ctx, "t")
+			if err != nil {
+				t.Fatal(err)
+			}
+			r.Narrow(old, "x", tc.slot)
+			r.acknowledge(ctx)
+			before, _ := s.Acks(ctx, "t", "x")
+			cur := old.Maps["x"]
+			next := cur.Clone()
+			next.Frozen = append(slices.Clone(cur.Frozen), tc.freeze)
+			if err := s.SwapMap(ctx, next, cur.Epoch); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := c.Refresh(ctx, "t"); err != nil {
+				t.Fatal(err)
+			}
+			r.acknowledge(ctx)
+			acks, _ := s.Acks(ctx, "t", "x")
+			if held := acks["p1"] == before["p1"]; held != tc.holdsUp {
+				t.Fatalf("slot %d of epoch %d running: acks %v, held up %v, want %v", tc.slot, cur.Epoch, acks, held, tc.holdsUp)
+			}
+			r.ReleaseSlot(old, "x", tc.slot)
+			r.acknowledge(ctx)
+			if acks, _ := s.Acks(ctx, "t", "x"); acks["p1"] != next.Epoch {
+				t.Fatalf("after the statement ended: acks %v, want %d", acks, next.Epoch)
+			}
+		})
+	}
+}
