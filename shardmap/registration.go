@@ -224,19 +224,10 @@ func (r *Registration) tenants() []string {
 // Release ends one Hold of v.
 func (r *Registration) Release(v *View) {
 	r.mu.Lock()
-	r.inUse[v]--
-	last := r.inUse[v] == 0
-	if last {
-		delete(r.inUse, v)
-	}
+	last := drop(r.inUse, v)
 	r.mu.Unlock()
-	// Only the drain of a view that is no longer the tenant's current one
-	// can let an epoch be acknowledged; the current view's maps are the
-	// newest. Waking the acknowledger for it would cost a goroutine
-	// hand-off per statement. A view replaced after this check wakes the
-	// acknowledger itself (Cache.changed), which then sees the count above.
-	if last && r.cache.tenant(v.Tenant).view.Load() != v {
-		r.wake()
+	if last {
+		r.wakeForOld(v)
 	}
 }
 
@@ -247,29 +238,41 @@ func (r *Registration) Release(v *View) {
 // ReleaseSlot, not Release.
 func (r *Registration) Narrow(v *View, tree string, slot int) {
 	r.mu.Lock()
-	r.inUse[v]--
-	if r.inUse[v] == 0 {
-		delete(r.inUse, v)
-	}
+	drop(r.inUse, v)
 	r.slotsInUse[slotUse{v, tree, slot}]++
 	r.mu.Unlock()
 	// The whole hold may have been what an acknowledgement waited for.
-	if r.cache.tenant(v.Tenant).view.Load() != v {
-		r.wake()
-	}
+	r.wakeForOld(v)
 }
 
 // ReleaseSlot ends one narrowed hold of slot of tree's map in v.
 func (r *Registration) ReleaseSlot(v *View, tree string, slot int) {
-	u := slotUse{v, tree, slot}
 	r.mu.Lock()
-	r.slotsInUse[u]--
-	last := r.slotsInUse[u] == 0
-	if last {
-		delete(r.slotsInUse, u)
-	}
+	last := drop(r.slotsInUse, slotUse{v, tree, slot})
 	r.mu.Unlock()
-	if last && r.cache.tenant(v.Tenant).view.Load() != v {
+	if last {
+		r.wakeForOld(v)
+	}
+}
+
+// drop takes one count of k off counts, and reports whether it was the last.
+func drop[K comparable](counts map[K]int, k K) bool {
+	counts[k]--
+	if counts[k] > 0 {
+		return false
+	}
+	delete(counts, k)
+	return true
+}
+
+// wakeForOld wakes the acknowledger once a hold of v ended, if v is no
+// longer the tenant's current view: only the end of a statement on an
+// older view can let an epoch be acknowledged; the current view's maps are
+// the newest. Waking the acknowledger for it would cost a goroutine
+// hand-off per statement. A view replaced after this check wakes the
+// acknowledger itself (Cache.changed), which then sees the count.
+func (r *Registration) wakeForOld(v *View) {
+	if r.cache.tenant(v.Tenant).view.Load() != v {
 		r.wake()
 	}
 }
