@@ -274,14 +274,43 @@ func armOnce(ctx context.Context, p *pgxpool.Pool, sql string) (string, error) {
 	return "", errors.New("no WAL position in the reply")
 }
 
-// DropSlotFence removes a fence; a missing one is fine.
+// dropRetryMax caps the wait between attempts to drop a fence.
+const dropRetryMax = time.Second
+
+// DropSlotFence removes a fence; a missing one is fine. Dropping a trigger
+// takes the table's ACCESS EXCLUSIVE lock, which waits for every running
+// statement on the shard, a long read included, and every later statement
+// on the shard would queue behind that wait. So each attempt waits at most
+// fenceLockTimeout, and the attempts back off (up to dropRetryMax) to let
+// the queued statements through, until ctx ends.
 func (c *Cluster) DropSlotFence(ctx context.Context, node string, f SlotFence) error {
 	p, err := c.Admin(ctx, node, f.Tree.Tenant)
 	if err != nil {
 		return err
 	}
+	for wait := fenceLockTimeout; ; wait = min(2*wait, dropRetryMax) {
+		err = dropFenceOnce(ctx, p, f)
+		if !sqlstate.Is(err, sqlstate.LockNotAvailable) || ctx.Err() != nil {
+			break
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(wait):
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("pgshard: drop fence of shard %d on %s: %w", f.Shard, node, err)
+	}
+	return nil
+}
+
+// dropFenceOnce is one attempt of DropSlotFence, in one transaction.
+func dropFenceOnce(ctx context.Context, p *pgxpool.Pool, f SlotFence) error {
 	table := ShardTable(f.Tree, f.Shard)
-	err = pgx.BeginFunc(ctx, p, func(tx pgx.Tx) error {
+	return pgx.BeginFunc(ctx, p, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL lock_timeout = '%dms'", fenceLockTimeout.Milliseconds())); err != nil {
+			return err
+		}
 		var exists bool
 		if err := tx.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, table).Scan(&exists); err != nil {
 			return err
@@ -302,10 +331,6 @@ func (c *Cluster) DropSlotFence(ctx context.Context, node string, f SlotFence) e
 		}
 		return dropHandover(ctx, tx, f)
 	})
-	if err != nil {
-		return fmt.Errorf("pgshard: drop fence of shard %d on %s: %w", f.Shard, node, err)
-	}
-	return nil
 }
 
 // dropHandover deletes the fence's MovingTable row and, for a rolled-back
