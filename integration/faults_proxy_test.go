@@ -46,21 +46,26 @@ func TestProxyKilledDuringFreeze(t *testing.T) {
 	movingKeys := keysOn(t, tr, m, "held-", 12, func(slot int, _ shardmap.Shard) bool {
 		return slot >= moving[0] && slot <= moving[1]
 	})
-	otherKey := keysOn(t, tr, m, "k-", 1, func(_ int, sh shardmap.Shard) bool { return sh.Index == 1 })[0]
+	// A key of the initial rows in the moving slots.
+	slowKey := keysOn(t, tr, m, "k-", 1, func(slot int, _ shardmap.Shard) bool {
+		return slot >= moving[0] && slot <= moving[1]
+	})[0]
 
 	// B's long statement plans on the map before the reshard and runs on
-	// through the freeze, so B cannot acknowledge the freeze's epoch.
+	// through the freeze, on a slot that freezes, so B cannot acknowledge
+	// the freeze's epoch (a statement on another slot would not hold it:
+	// TestFreezeWaitsOnlyForItsSlots).
 	connB, err := pgx.Connect(ctx, b.DSN("lattice"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	slowErr := make(chan error, 1)
 	go func() {
-		_, err := connB.Exec(ctx, "SELECT pg_sleep(60), v FROM pk WHERE k = $1", otherKey)
+		_, err := connB.Exec(ctx, "SELECT pg_sleep(60), v FROM pk WHERE k = $1", slowKey)
 		slowErr <- err
 	}()
-	node1 := int(m.Shards[1].Node[1] - '1')
-	watch, err := pgx.Connect(ctx, fc.nodeDSN(node1))
+	node0 := int(m.Shards[0].Node[1] - '1')
+	watch, err := pgx.Connect(ctx, fc.nodeDSN(node0))
 	if err != nil {
 		t.Fatal(err)
 	}

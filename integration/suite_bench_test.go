@@ -328,11 +328,13 @@ func BenchmarkSuiteReshardCycle(b *testing.B) {
 			after := scrapeMetrics(b, p)
 			copied := int64(after.sum("lattice_migrator_rows_copied_total") - before.sum("lattice_migrator_rows_copied_total"))
 			log := p.Log()
-			logged := pausesFromLog(log[logFrom:])
+			stepLog := log[logFrom:]
+			logged := pausesFromLog(stepLog)
 			logFrom = len(log)
 			raw := rawCopyRate(b, ctx, "cycle", copied)
 			rate := float64(copied) / took.Seconds()
 			md("| %s | %d | %d | %.1f | %.0f | %.0f | %.2f |", step.name, len(logged), copied, took.Seconds(), rate, raw, rate/raw)
+			fmt.Print(phaseTimeline(step.name, phaseTimes(stepLog), start, took))
 			pauses = append(pauses, fmt.Sprintf("| %s | %s | %s |", step.name, freezeHistogram(before, after), pauseStats(logged)))
 		}
 		md("\nFreeze pause (write pause of each migration, freeze to flip) of the same reshards:\n")
