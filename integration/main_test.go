@@ -236,6 +236,22 @@ func testNodeDSN(t testing.TB, i int) string {
 	return testNode(t, i).DSN("lattice")
 }
 
+// setNodeSetting sets a reloadable server setting on the first nodes test
+// nodes (ALTER SYSTEM, then a reload) until the test ends.
+func setNodeSetting(t testing.TB, nodes int, name, value string) {
+	t.Helper()
+	for n := range nodes {
+		c := connect(t, testNodeDSN(t, n))
+		mustExec(t, c, fmt.Sprintf("ALTER SYSTEM SET %s = %s", name, quoteLiteral(value)))
+		mustExec(t, c, "SELECT pg_reload_conf()")
+		t.Cleanup(func() {
+			mustExec(t, c, "ALTER SYSTEM RESET "+name)
+			mustExec(t, c, "SELECT pg_reload_conf()")
+			c.Close(context.Background())
+		})
+	}
+}
+
 // testRedisURL returns redis://127.0.0.1:PORT/0 of the harness's redis.
 func testRedisURL(t testing.TB) string {
 	t.Helper()

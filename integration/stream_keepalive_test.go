@@ -22,16 +22,7 @@ func TestStreamOutlivesCopy(t *testing.T) {
 	resetNodes(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	for n := range 2 {
-		c := connect(t, testNodeDSN(t, n))
-		mustExec(t, c, "ALTER SYSTEM SET wal_sender_timeout = '2s'")
-		mustExec(t, c, "SELECT pg_reload_conf()")
-		t.Cleanup(func() {
-			mustExec(t, c, "ALTER SYSTEM RESET wal_sender_timeout")
-			mustExec(t, c, "SELECT pg_reload_conf()")
-			c.Close(context.Background())
-		})
-	}
+	setNodeSetting(t, 2, "wal_sender_timeout", "2s")
 	hold := holdFile(t)
 	p := startProxyEnv(t, 2, []string{"LATTICE_TEST_HOLD_AT=copy:" + hold}, "--reshard-tick", "200ms")
 	pool := proxyPool(t, ctx, p)

@@ -75,6 +75,9 @@ func (sh *Shadow) stream(ctx context.Context) {
 	if err != nil && !errors.Is(err, context.Canceled) {
 		sh.log.Error("shadow copy stream stopped", "err", err)
 	}
+	if errors.Is(err, errSlotUndecodable) {
+		sh.dropUndecodableSlot(err)
+	}
 }
 
 func (sh *Shadow) applied() pglogrepl.LSN {
@@ -147,7 +150,7 @@ func (sh *Shadow) applyLoop(ctx context.Context) error {
 		case *pgproto3.CopyData:
 			data = m.Data
 		case *pgproto3.ErrorResponse:
-			return fmt.Errorf("migrator: replication stream: %w", pgconn.ErrorResponseToPgError(m))
+			return streamError(pgconn.ErrorResponseToPgError(m))
 		default:
 			return fmt.Errorf("migrator: unexpected %T on the replication stream", msg)
 		}

@@ -176,10 +176,23 @@ func (sh *Shadow) start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	sh.stats = ShadowStats{RowsCopied: copied, Applied: lsn, Copied: true}
 	if sh.repl, err = connectReplication(ctx, sp.SourceDSN); err != nil {
 		return err
 	}
+	trouble, err := slotTrouble(ctx, sh.repl, sp.Name())
+	if err != nil {
+		return err
+	}
+	if trouble != "" {
+		sh.log.Warn("the shadow copy's replication slot cannot serve; copying the moving rows again under a new slot", "why", trouble)
+		if _, err := sh.target.Exec(ctx, "DELETE FROM "+progressTable(sp.Target)+" WHERE migration = $1", sp.ID); err != nil {
+			return fmt.Errorf("migrator: forget the copy: %w", err)
+		}
+		sh.repl.Close(ctx)
+		sh.repl = nil
+		return sh.copyFresh(ctx)
+	}
+	sh.stats = ShadowStats{RowsCopied: copied, Applied: lsn, Copied: true}
 	return sh.startReplication(ctx, lsn)
 }
 
