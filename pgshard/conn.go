@@ -86,11 +86,24 @@ type Conn struct {
 	head    int
 }
 
+// backendUserTimeout bounds how long a statement's bytes may wait unacknowledged
+// for a node before the backend's socket fails: a proxy cut off from Redis
+// and from a node stops serving about 4 s after the partition began
+// (presenceUserTimeout), and what it sent before then is in the node or
+// dropped 4 s later still, before the node can end its presence session
+// (13 s at the soonest) and a coordinator count the proxy as not serving.
+// Without it a statement held back by the partition was retransmitted once
+// it healed and ran after the flip and the release: TestPartitions saw an
+// INSERT reach a fold's dropped source 5 s after the partition ended.
+const backendUserTimeout = 4 * time.Second
+
 func connect(ctx context.Context, node, tenant, dsn string, maxMessage int) (*Conn, error) {
 	cfg, err := pgconn.ParseConfig(dsn)
 	if err != nil {
 		return nil, fmt.Errorf("node %s: %w", node, err)
 	}
+	// pgconn's own dialer, with the user timeout.
+	cfg.DialFunc = withUserTimeout(&net.Dialer{KeepAlive: 5 * time.Minute, Timeout: cfg.ConnectTimeout}, backendUserTimeout).DialContext
 	pc, err := pgconn.ConnectConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("node %s: %w", node, err)

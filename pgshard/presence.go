@@ -26,13 +26,25 @@ import (
 const presenceRetry = time.Second
 
 // presenceParams make the node end a presence session whose proxy host went
-// silent within about ten seconds, rather than the system's two hours.
+// silent within about 20 to 30 s, rather than the system's two hours, and
+// no sooner than 13 s after the partition began: the node counts from
+// the last packet it took for a sign of life, which can be its own last
+// probe's answer, up to 7 s before the partition.
 var presenceParams = map[string]string{
 	"tcp_keepalives_idle":     "5",
 	"tcp_keepalives_interval": "2",
 	"tcp_keepalives_count":    "3",
-	"tcp_user_timeout":        "10000",
+	"tcp_user_timeout":        "20000",
 }
+
+// presenceUserTimeout is how long the proxy's side of a presence session
+// waits for the node to answer its keepalive probes before the socket fails
+// and the proxy stops serving from its cached maps: with a probe each
+// second, at most about 4 s after the partition began, where the node ends
+// the session no sooner than 13 s after it (presenceParams). The
+// proxy must stop first: a coordinator that sees the session gone counts
+// the proxy as not serving.
+const presenceUserTimeout = 3 * time.Second
 
 // presencePrefix starts the application_name of every presence session.
 const presencePrefix = "lattice proxy "
@@ -213,8 +225,10 @@ func (p *Presence) connect(ctx context.Context, n Node) (*pgx.Conn, error) {
 	for k, v := range presenceParams {
 		cfg.RuntimeParams[k] = v
 	}
-	// The proxy's side notices a silent node as quickly.
-	d := &net.Dialer{KeepAliveConfig: net.KeepAliveConfig{Enable: true, Idle: 5 * time.Second, Interval: 2 * time.Second, Count: 3}}
+	// The proxy's side gives up on a silent node well before the node gives
+	// up on it: probes every second, and the socket fails once one has gone
+	// unanswered for presenceUserTimeout (docs/DESIGN.md section 12).
+	d := withUserTimeout(&net.Dialer{KeepAliveConfig: net.KeepAliveConfig{Enable: true, Idle: time.Second, Interval: time.Second, Count: 3}}, presenceUserTimeout)
 	cfg.DialFunc = d.DialContext
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
