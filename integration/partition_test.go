@@ -18,7 +18,7 @@ import (
 // Each reshard completes once its partition heals; the clients see only
 // refusals with a SQLSTATE that says the statement did not run, or 08006
 // for a statement the partition held back on its way to a node (its
-// backend's socket gives up after 4 s, so that it cannot arrive after the
+// backend's socket gives up after 8 s, so that it cannot arrive after the
 // heal), and only while a partition lasts (a held statement fails up to
 // its 10 s hold later); and the ledger check passes at the end: nothing
 // acknowledged is lost, duplicated or read stale.

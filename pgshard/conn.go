@@ -90,12 +90,15 @@ type Conn struct {
 // for a node before the backend's socket fails: a proxy cut off from Redis
 // and from a node stops serving about 4 s after the partition began
 // (presenceUserTimeout), and what it sent before then is in the node or
-// dropped 4 s later still, before the node can end its presence session
-// (13 s at the soonest) and a coordinator count the proxy as not serving.
-// Without it a statement held back by the partition was retransmitted once
-// it healed and ran after the flip and the release: TestPartitions saw an
-// INSERT reach a fold's dropped source 5 s after the partition ended.
-const backendUserTimeout = 4 * time.Second
+// dropped 8 s later still, well before the node can end its presence
+// session (23 s at the soonest) and a coordinator count the proxy as not
+// serving. Without it a statement held back by the partition was
+// retransmitted once it healed and ran after the flip and the release:
+// TestPartitions saw an INSERT reach a fold's dropped source 5 s after the
+// partition ended. Not shorter: the kernel also fails a socket whose node
+// reads nothing for that long with its buffer full (a large pipeline or
+// COPY behind a lock wait), a statement that would otherwise have run.
+const backendUserTimeout = 8 * time.Second
 
 func connect(ctx context.Context, node, tenant, dsn string, maxMessage int) (*Conn, error) {
 	cfg, err := pgconn.ParseConfig(dsn)
