@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"maps"
 	"net"
+	"strconv"
 	"sync"
 	"time"
 
@@ -25,23 +26,27 @@ import (
 // presenceRetry is the pause between attempts to open a presence session.
 const presenceRetry = time.Second
 
-// presenceParams make the node end a presence session whose proxy host went
-// silent within about 30 to 40 s, rather than the system's two hours, and
-// no sooner than 23 s after the partition began: the node counts from the
-// last packet it took for a sign of life, which can be its own last
-// probe's answer, up to 7 s before the partition.
+// presenceNodeTimeout makes the node end a presence session whose proxy
+// host went silent within about 30 to 40 s, rather than the system's two
+// hours, and no sooner than 23 s after the partition began: the node
+// counts from the last packet it took for a sign of life, which can be its
+// own last probe's answer, up to 7 s before the partition
+// (presenceParams' keepalives).
+const presenceNodeTimeout = 30 * time.Second
+
+// presenceParams are the presence session's settings on the node.
 var presenceParams = map[string]string{
 	"tcp_keepalives_idle":     "5",
 	"tcp_keepalives_interval": "2",
 	"tcp_keepalives_count":    "3",
-	"tcp_user_timeout":        "30000",
+	"tcp_user_timeout":        strconv.FormatInt(presenceNodeTimeout.Milliseconds(), 10),
 }
 
 // presenceUserTimeout is how long the proxy's side of a presence session
 // waits for the node to answer its keepalive probes before the socket fails
 // and the proxy stops serving from its cached maps: with a probe each
 // second, at most about 4 s after the partition began, where the node ends
-// the session no sooner than 23 s after it (presenceParams). The
+// the session no sooner than 23 s after it (presenceNodeTimeout). The
 // proxy must stop first: a coordinator that sees the session gone counts
 // the proxy as not serving.
 const presenceUserTimeout = 3 * time.Second
