@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // Real network partitions for the fault tests. Each proxy under test runs
@@ -288,4 +289,26 @@ func netUsers(t *testing.T) string {
 // proxyInDSN is the DSN of a proxy started by proxyIn.
 func proxyInDSN(p *proxyProc) string {
 	return fmt.Sprintf("postgres://lt:lt-pw@%s/lattice?sslmode=disable", p.Addr)
+}
+
+// startNetPair starts a fault cluster of 3 nodes reachable from two
+// network namespaces, and a proxy in each: A coordinates, B does not. It
+// returns the cluster, the namespaces and a pool on each proxy.
+func startNetPair(t *testing.T, ctx context.Context) (fc *faultCluster, nsA, nsB *netNS, a, b *pgxpool.Pool) {
+	t.Helper()
+	fc = startFaultCluster(t, 3)
+	setupBridge(t)
+	nsA, nsB = newNetNS(t, 1), newNetNS(t, 2)
+	fc.exposeToNetNS(t, ctx)
+	users := netUsers(t)
+	var pools []*pgxpool.Pool
+	for _, p := range []*proxyProc{fc.proxyIn(t, nsA, users), fc.proxyIn(t, nsB, users, "--coordinator=false")} {
+		pool, err := pgxpool.New(ctx, proxyInDSN(p))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(pool.Close)
+		pools = append(pools, pool)
+	}
+	return fc, nsA, nsB, pools[0], pools[1]
 }

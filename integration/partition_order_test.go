@@ -6,8 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/lattice-db/lattice/shardmap"
 )
 
@@ -24,25 +22,9 @@ import (
 //     waiting for it.
 func TestPartitionOrder(t *testing.T) {
 	requireNetNS(t)
-	fc := startFaultCluster(t, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	setupBridge(t)
-	nsA, nsB := newNetNS(t, 1), newNetNS(t, 2)
-	fc.exposeToNetNS(t, ctx)
-	users := netUsers(t)
-	pA := fc.proxyIn(t, nsA, users)
-	pB := fc.proxyIn(t, nsB, users, "--coordinator=false")
-	var pools []*pgxpool.Pool
-	for _, p := range []*proxyProc{pA, pB} {
-		pool, err := pgxpool.New(ctx, proxyInDSN(p))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(pool.Close)
-		pools = append(pools, pool)
-	}
-	a, b := pools[0], pools[1]
+	fc, _, nsB, a, b := startNetPair(t, ctx)
 	createFaultTreeIn(t, ctx, a, "ghost", 100, 3)
 	tr, m, err := fc.shardMap(ctx, "ghost")
 	if err != nil {

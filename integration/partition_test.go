@@ -24,26 +24,11 @@ import (
 // acknowledged is lost, duplicated or read stale.
 func TestPartitions(t *testing.T) {
 	requireNetNS(t)
-	fc := startFaultCluster(t, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	setupBridge(t)
-	nsA, nsB := newNetNS(t, 1), newNetNS(t, 2)
-	fc.exposeToNetNS(t, ctx)
-	users := netUsers(t)
-	pA := fc.proxyIn(t, nsA, users)
-	pB := fc.proxyIn(t, nsB, users, "--coordinator=false")
-
+	fc, nsA, nsB, poolA, poolB := startNetPair(t, ctx)
 	load := &reshardLoad{keys: 20_000, ledger: &loadLedger{acked: map[string]loadEntry{}, deletes: map[string]int64{}},
-		tolerate: []string{"57P03", "55000", "08006"}}
-	for _, p := range []*proxyProc{pA, pB} {
-		pool, err := pgxpool.New(ctx, proxyInDSN(p))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(pool.Close)
-		load.pools = append(load.pools, pool)
-	}
+		tolerate: []string{"57P03", "55000", "08006"}, pools: []*pgxpool.Pool{poolA, poolB}}
 	admin := load.pools[0]
 	stop, wg, errs := load.seedAndRun(t, ctx, 4)
 	defer stop()

@@ -2,11 +2,8 @@ package integration
 
 import (
 	"context"
-	"fmt"
-	"os"
 	"strings"
 	"testing"
-	"time"
 )
 
 // TestShadowSlotLost: a split's replication slot stops being able to serve
@@ -32,44 +29,8 @@ func TestShadowSlotLost(t *testing.T) {
 
 func loseSlotMidCopy(t *testing.T, lose func(t *testing.T, ctx context.Context)) {
 	resetNodes(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	hold := holdFile(t)
-	p := startProxyEnv(t, 2, []string{"LATTICE_TEST_HOLD_AT=copy:" + hold}, "--reshard-tick", "200ms")
-	pool := proxyPool(t, ctx, p)
-	const rows = 2000
-	admin := connect(t, p.DSN("lattice"))
-	mustExec(t, admin, "CREATE TABLE items (k text PRIMARY KEY, v bigint NOT NULL)")
-	mustExec(t, admin, fmt.Sprintf("INSERT INTO items SELECT 'k' || g, g FROM generate_series(1, %d) g", rows))
-	mustExec(t, admin, "SELECT lattice_create_tree('items', 'k', shard_count => 2)")
-
-	mustExec(t, admin, "SELECT lattice_reshard('items', 3)")
-	waitHeld(t, hold, "the split's copy to be held before its commit")
-	const added = 200
-	for g := range added {
-		if _, err := pool.Exec(ctx, "INSERT INTO items VALUES ($1, $2)", fmt.Sprintf("n%d", g), g); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if _, err := pool.Exec(ctx, "UPDATE items SET v = v + 1000000 WHERE k LIKE 'k%'"); err != nil {
-		t.Fatal(err)
-	}
-	lose(t, ctx)
-	if err := os.Remove(hold); err != nil {
-		t.Fatal(err)
-	}
-	waitReshardComplete(t, ctx, pool, "items", 90*time.Second)
-
-	if log := p.Log(); !strings.Contains(log, "slot cannot serve; copying the moving rows again") {
+	if log := splitWithHeldCopy(t, 2000, lose); !strings.Contains(log, "slot cannot serve; copying the moving rows again") {
 		t.Errorf("no run said it copies again under a new slot:\n%s", grepLines(log, "migration run|level=ERROR|level=WARN"))
-	}
-	var count, sum int64
-	if err := pool.QueryRow(ctx, "SELECT count(*), sum(v) FROM items").Scan(&count, &sum); err != nil {
-		t.Fatal(err)
-	}
-	wantSum := int64(rows)*(rows+1)/2 + rows*1000000 + added*(added-1)/2
-	if count != rows+added || sum != wantSum {
-		t.Fatalf("%d rows summing to %d after the split, want %d summing to %d", count, sum, rows+added, wantSum)
 	}
 }
 
