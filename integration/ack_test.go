@@ -3,6 +3,9 @@ package integration
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"maps"
+	"slices"
 	"testing"
 	"time"
 
@@ -109,4 +112,41 @@ func TestAckAfterApply(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestAckRecreatedTree: a tree dropped and made again under its name
+// starts its epochs over, and the drop took its acknowledgements. The
+// proxy acknowledges the new tree's epochs from the first. Before, it kept
+// the old tree's last epoch as already acknowledged and stayed silent
+// until the new tree's epochs passed it: each freeze of the new tree
+// waited its whole budget for the proxy, paused writes that long and
+// rolled back (six freezes in a row for each split of a reshard after
+// 2 -> 4 -> 2 -> 4, drop and create).
+func TestAckRecreatedTree(t *testing.T) {
+	resetNodes(t)
+	p := startProxy(t, 2)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c := connect(t, p.DSN("lattice"))
+	observedTree(t, c, 100, 2)
+	reshardAndWait(t, c, 4)
+	mustExec(t, c, `DROP TABLE items`)
+	observedTree(t, c, 100, 2)
+	store, err := shardmap.OpenRedis(ctx, testRedisURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	// A map write as a freeze makes one: the epoch moves on by one.
+	m, err := store.Map(ctx, "lattice", "items")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.SwapMap(ctx, m, m.Epoch); err != nil {
+		t.Fatal(err)
+	}
+	pollUntil(t, 30*time.Second, fmt.Sprintf("the proxy to acknowledge epoch %d of the new tree", m.Epoch), func() (bool, error) {
+		acks, err := store.Acks(ctx, "lattice", "items")
+		return len(acks) == 1 && slices.Collect(maps.Values(acks))[0] == m.Epoch, err
+	})
 }

@@ -344,6 +344,7 @@ func (r *Registration) acknowledge(ctx context.Context) {
 	}
 	var acks []ack
 	queued := map[treeID]bool{}
+	seen := map[treeID]bool{}
 	r.mu.Lock()
 	r.cache.tenants.Range(func(k, val any) bool {
 		v := val.(*tenantCache).view.Load()
@@ -353,6 +354,12 @@ func (r *Registration) acknowledge(ctx context.Context) {
 		for name, m := range v.Maps {
 			// A colocation group's members share one map and one set of acks.
 			id := treeID{v.Tenant, v.Trees[name].MapName()}
+			seen[id] = true
+			if r.acked[id] > m.Epoch {
+				// The map was dropped and made again (its epochs start
+				// over) and the drop took its acknowledgements along.
+				delete(r.acked, id)
+			}
 			if queued[id] || r.acked[id] >= m.Epoch || r.olderInUse(id.tree, m) {
 				continue
 			}
@@ -361,6 +368,13 @@ func (r *Registration) acknowledge(ctx context.Context) {
 		}
 		return true
 	})
+	// A dropped map's acknowledgements went with it; one made again under
+	// its name starts from epoch 1 and must be acknowledged from there.
+	for id := range r.acked {
+		if !seen[id] {
+			delete(r.acked, id)
+		}
+	}
 	r.mu.Unlock()
 	for _, a := range acks {
 		if err := r.coord.AckEpoch(ctx, a.id.tenant, a.id.tree, r.id, a.epoch); err != nil {

@@ -330,3 +330,53 @@ func TestRegistrationNarrowedHoldWaitsOnlyForItsSlot(t *testing.T) {
 		})
 	}
 }
+
+// A tree dropped and made again under its name has a new map whose epochs
+// start over, and the drop took its acknowledgements. The proxy
+// acknowledges the new map from its first epoch, whether it saw the tree
+// gone in between or only the new map, so the new tree's first freeze
+// does not wait for an acknowledgement that would come only once its
+// epochs passed the old tree's (TestRecreatedTreeReshards).
+func TestRegistrationAcknowledgesARecreatedTree(t *testing.T) {
+	for _, sawDrop := range []bool{true, false} {
+		s, _ := newTestStore(t)
+		ctx := context.Background()
+		_, m := mustCreate(t, s, "t", "x")
+		c := NewCache(s, time.Hour, nil)
+		r := NewRegistration("p1", s, c, time.Minute, time.Hour, nil)
+		r.beat(ctx)
+		_, release, err := r.Acquire(ctx, "t")
+		if err != nil {
+			t.Fatal(err)
+		}
+		release()
+		for range 3 {
+			next := m.Clone()
+			if err := s.SwapMap(ctx, next, m.Epoch); err != nil {
+				t.Fatal(err)
+			}
+			m = next
+		}
+		if _, err := c.Refresh(ctx, "t"); err != nil {
+			t.Fatal(err)
+		}
+		r.acknowledge(ctx)
+		if err := s.DeleteTree(ctx, "t", "x"); err != nil {
+			t.Fatal(err)
+		}
+		if sawDrop {
+			if _, err := c.Refresh(ctx, "t"); err != nil {
+				t.Fatal(err)
+			}
+			r.acknowledge(ctx)
+		}
+		_, again := mustCreate(t, s, "t", "x")
+		if _, err := c.Refresh(ctx, "t"); err != nil {
+			t.Fatal(err)
+		}
+		r.acknowledge(ctx)
+		if acks, _ := s.Acks(ctx, "t", "x"); acks["p1"] != again.Epoch {
+			t.Errorf("saw the drop %v: acks of the tree made again %v, want p1 at %d (the old tree reached %d)", sawDrop, acks, again.Epoch, m.Epoch)
+		}
+	}
+}
