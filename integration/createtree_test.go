@@ -12,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/redis/go-redis/v9"
@@ -39,11 +38,21 @@ func ctCluster(t *testing.T, n int) *pgshard.Cluster {
 	return c
 }
 
-// ctStore is a shard map store over an in-process miniredis.
+// ctStore is a shard map store of its own for these tests of pgshard
+// alone: database 1 of the harness's redis-server, emptied, under a prefix
+// (and so an event channel) no proxy listens to.
 func ctStore(t *testing.T) shardmap.Store {
 	t.Helper()
-	mr := miniredis.RunT(t)
-	s := shardmap.NewRedisStore(redis.NewClient(&redis.Options{Addr: mr.Addr()}), "lattice")
+	opts, err := redis.ParseURL(testRedisURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts.DB = 1
+	client := redis.NewClient(opts)
+	if err := client.FlushDB(context.Background()).Err(); err != nil {
+		t.Fatalf("redis FLUSHDB: %v", err)
+	}
+	s := shardmap.NewRedisStore(client, "lattice_ct")
 	t.Cleanup(func() { s.Close() })
 	return s
 }
