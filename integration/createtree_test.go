@@ -574,6 +574,96 @@ func TestCreateTreeWaitsForWriters(t *testing.T) {
 	}
 }
 
+// TestCreateTreeRetriesStaleWrites: writes through a proxy that planned
+// them before the table became a tree (here, while they waited for the
+// creation's lock; in TestNodePoolsFollowRegistry, just after another
+// proxy made the tree) get LT001 from the template's fence. The proxy
+// routes them again on its refreshed map, in both protocols, so each lands
+// once in the tree and the client sees no error.
+func TestCreateTreeRetriesStaleWrites(t *testing.T) {
+	resetNodes(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	writer, creator := startProxy(t, 2), startProxy(t, 2)
+	cw := connect(t, writer.DSN("lattice"))
+	mustExec(t, cw, `CREATE TABLE stock (sku text PRIMARY KEY, n int)`)
+	mustExec(t, cw, `INSERT INTO stock SELECT 's' || i, i FROM generate_series(1, 10) i`)
+	// Each writer's statement is prepared before the creation: a Parse of
+	// the INSERT would wait for its lock and so be planned afterwards.
+	modes := map[string]pgx.QueryExecMode{"simple": pgx.QueryExecModeSimpleProtocol, "extended": pgx.QueryExecModeCacheStatement}
+	writers := map[string]*pgx.Conn{}
+	for name, mode := range modes {
+		writers[name] = connect(t, writer.DSN("lattice"))
+		mustExec(t, writers[name], `INSERT INTO stock VALUES ($1, $2)`, mode, name+" before", 1)
+	}
+	// A prepared statement that becomes one for several shards cannot be
+	// bound again behind the client's back: it gets LT001 with a hint.
+	many := connect(t, writer.DSN("lattice"))
+	mustExec(t, many, `DELETE FROM stock WHERE n = $1`, 99)
+	cat := ctConnect(t, ctx, testNodeDSN(t, 0))
+	early, err := cat.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := early.Exec(ctx, `INSERT INTO stock VALUES ('early', 1)`); err != nil {
+		t.Fatal(err)
+	}
+	created := make(chan error, 1)
+	go func() {
+		_, err := connect(t, creator.DSN("lattice")).Exec(ctx, `SELECT lattice_create_tree('stock', 'sku', shard_count => 2)`)
+		created <- err
+	}()
+	ctWaitLock(t, ctx, cat, "ExclusiveLock")
+
+	late := make(chan error, len(modes))
+	for name, mode := range modes {
+		go func() {
+			_, err := writers[name].Exec(ctx, `INSERT INTO stock VALUES ($1, $2)`, mode, name, 0)
+			if err != nil {
+				err = fmt.Errorf("%s protocol: %w", name, err)
+			}
+			late <- err
+		}()
+	}
+	manyErr := make(chan error, 1)
+	go func() {
+		_, err := many.Exec(ctx, `DELETE FROM stock WHERE n = $1`, 99)
+		manyErr <- err
+	}()
+	pollUntil(t, time.Minute, "the writes to wait for the creation's lock", func() (bool, error) {
+		var n int
+		err := cat.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE NOT granted AND locktype = 'relation' AND mode = 'RowExclusiveLock'`).Scan(&n)
+		return n == len(modes)+1, err
+	})
+	if err := early.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-created; err != nil {
+		t.Fatalf("lattice_create_tree: %v", err)
+	}
+	for range modes {
+		if err := <-late; err != nil {
+			t.Errorf("a write planned before the table was a tree: %v, want it routed again", err)
+		}
+	}
+	var pgErr *pgconn.PgError
+	if err := <-manyErr; !errors.As(err, &pgErr) || pgErr.Code != sqlstate.SlotMoved || !strings.Contains(pgErr.Hint, "run it again") {
+		t.Errorf("a prepared write for several shards: %v, want LT001 with a hint to run it again", err)
+	}
+	mustExec(t, many, `DELETE FROM stock WHERE n = $1`, 99)
+	for _, p := range []*proxyProc{writer, creator} {
+		var n int
+		c := connect(t, p.DSN("lattice"))
+		if err := c.QueryRow(ctx, `SELECT count(*) FROM stock`).Scan(&n); err != nil || n != 15 {
+			t.Errorf("rows of the tree = %d, %v; want 15", n, err)
+		}
+		rows, _ := c.Query(ctx, `SELECT sku FROM stock WHERE n = 0 ORDER BY sku`)
+		if late, err := pgx.CollectRows(rows, pgx.RowTo[string]); err != nil || !slices.Equal(late, []string{"extended", "simple"}) {
+			t.Errorf("late rows of the tree = %v, %v; want the two writes", late, err)
+		}
+	}
+}
+
 // ctWaitLock waits until some session waits for a lock of mode on a table.
 func ctWaitLock(t *testing.T, ctx context.Context, conn *pgx.Conn, mode string) {
 	t.Helper()

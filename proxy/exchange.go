@@ -266,6 +266,7 @@ func (s *session) playStep(x *exchange, st *step) error {
 			if st.kind != stepQuery && st.kind != stepExecute {
 				return fmt.Errorf("unexpected CopyInResponse")
 			}
+			st.staleRetry = false // the client's rows cannot be sent twice
 			s.send(m)
 			if err := s.copyIn(be); err != nil {
 				return err
@@ -310,6 +311,8 @@ func (s *session) playStep(x *exchange, st *step) error {
 			}
 		}
 		if !hidden && !(st.rowsOnly && st.split.suppressed(msg)) {
+			// What reached the client cannot be taken back by a retry.
+			st.staleRetry = false
 			s.send(msg)
 		}
 		if stepDone(st.kind, msg) {

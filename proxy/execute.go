@@ -88,6 +88,10 @@ func (s *session) execute(ctx context.Context, v *shardmap.View, portal *clientP
 		if !s.bindOn(ctx, portal, s.referenceRead(v, p), p.SQL, m, m.DestinationPortal, false) {
 			return false
 		}
+		if !s.simple && !s.tx.active && p.Pin|p.Unpin == 0 {
+			// Kept for a write that finds the table became a tree (retryable).
+			portal.bind = portal.bound.copyOf(m)
+		}
 		if p.Unpin&router.PinPrepare != 0 && s.txStatus() != 'E' {
 			// DEALLOCATE ALL: the SQL-level statements go on the backend.
 			portal.run = func(context.Context) {
@@ -277,12 +281,13 @@ func (s *session) runParts(portal *clientPortal, maxRows uint32) {
 // one Query, in order of their first part: on one node PostgreSQL's
 // implicit transaction keeps them atomic, over several the session's
 // transaction (spanNodes) does. A statement on one shard outside a
-// transaction is routed again after LT001 (simpleQuery).
+// transaction is routed again after LT001 (simpleQuery), and so is one on
+// the catalog node (staleCatalog).
 func (s *session) queryParts(portal *clientPortal) {
 	parts, sp := portal.parts, portal.split
 	if len(parts) == 1 {
 		k := portal.stmt.plan.Kind
-		retry := s.simpleRetry && !s.tx.active && sp == nil && (k == router.Single || k == router.InsertSplit)
+		retry := s.simpleRetry && !s.tx.active && sp == nil && (k == router.Single || k == router.InsertSplit || staleCatalog(portal.stmt.plan))
 		s.out.sendQuery(parts[0].be, parts[0].sql)
 		s.x.add(step{kind: stepQuery, be: parts[0].be, staleRetry: retry, rowsOnly: sp != nil, split: sp, load: parts[0].load, lead: parts[0].lead})
 		return

@@ -62,11 +62,21 @@ type boundCopy struct {
 	arena  [32]byte
 }
 
+// staleCatalog reports whether p, a statement for the catalog node, may be
+// planned and routed again after LT001: the fence of a template answers so
+// to a write planned before this proxy knew the table is a tree (a tree
+// made through another proxy, or whose creation the write waited for).
+// Nothing of it ran, and the map refreshed for the retry names the tree. A
+// statement that pins session state to its backend is left alone.
+func staleCatalog(p *router.Plan) bool {
+	return p.Kind == router.Catalog && p.Pin|p.Unpin == 0
+}
+
 // retryable reports whether the Execute of portal about to be queued may be
 // routed again after LT001.
 func (s *session) retryable(portal *clientPortal, maxRows uint32) bool {
 	p := portal.stmt.plan
-	if p == nil || p.Kind != router.Single || portal.bind == nil || len(portal.parts) != 1 ||
+	if p == nil || p.Kind != router.Single && !staleCatalog(p) || portal.bind == nil || len(portal.parts) != 1 ||
 		portal.split != nil || portal.fan != nil || maxRows != 0 || s.tx.active ||
 		s.extRetry != nil || len(s.x.sentSinceSync) > 0 {
 		return false
@@ -91,13 +101,14 @@ func (s *session) retryStale(ctx context.Context) error {
 		return nil
 	}
 	for attempt := 1; s.x.stale != nil; attempt++ {
+		held := s.x.stale
 		s.x.reset()
 		s.finish()
 		if _, err := s.srv.cache.Refresh(ctx, s.tenant); err != nil {
 			s.log.Warn("map refresh after LT001 failed", "err", err)
 		}
 		s.releaseViews()
-		if be := s.rebindStale(ctx, r); be != nil {
+		if be := s.rebindStale(ctx, r, held); be != nil {
 			be.Send(&pgproto3.Execute{Portal: r.bind.DestinationPortal})
 			s.x.add(step{kind: stepExecute, be: be, staleRetry: attempt < maxStaleRetries})
 			be.Send(&pgproto3.Sync{})
@@ -112,8 +123,10 @@ func (s *session) retryStale(ctx context.Context) error {
 }
 
 // rebindStale binds r on its shard under a fresh view, holding it while
-// its slot is frozen; nil when that failed (the error is queued).
-func (s *session) rebindStale(ctx context.Context, r *extRetry) *pgshard.Conn {
+// its slot is frozen; nil when that failed (the error is queued). A
+// statement whose new plan is not for one shard (a write to a table that
+// became a tree, planned again, may touch several) gets held, its LT001.
+func (s *session) rebindStale(ctx context.Context, r *extRetry, held *pgproto3.ErrorResponse) *pgshard.Conn {
 	v, err := s.view(ctx)
 	if err == nil {
 		err = s.replan(r.stmt, v)
@@ -128,7 +141,7 @@ func (s *session) rebindStale(ctx context.Context, r *extRetry) *pgshard.Conn {
 	}
 	p := r.stmt.plan
 	if p.Kind != router.Single {
-		s.fail(sqlstate.New(sqlstate.InternalError, "a statement routed again after its slot moved changed its plan"))
+		s.fail(staleAgain(held))
 		return nil
 	}
 	sh, err := s.route(v, p, r.bind, r.stmt.oids)
@@ -158,4 +171,11 @@ func (s *session) keepRetry(after func(step) bool) {
 			return
 		}
 	}
+}
+
+// staleAgain is the LT001 a statement that cannot be routed again by the
+// proxy gets, with a hint that running it again routes it.
+func staleAgain(held *pgproto3.ErrorResponse) *sqlstate.Error {
+	return &sqlstate.Error{Severity: "ERROR", Code: held.Code, Message: held.Message, Detail: held.Detail,
+		Hint: "The table is a tree now, or its rows moved, since the statement was planned: run it again."}
 }
