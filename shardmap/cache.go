@@ -282,7 +282,7 @@ func (c *Cache) readTrees(ctx context.Context, tenant string) (map[string]*Tree,
 		if err != nil {
 			return nil, nil, false, err
 		}
-		lost, err := c.missing(ctx, tenant, list)
+		list, lost, err := c.missing(ctx, tenant, list)
 		if err != nil {
 			return nil, nil, false, err
 		}

@@ -117,3 +117,32 @@ func TestCacheLossBetweenReads(t *testing.T) {
 		t.Fatalf("the store lost the tree between its reads, but the view is not Missing (trees %v)", v.Trees)
 	}
 }
+
+// madeMeanwhile is the nodes' answer when a tree is made between the
+// cache's read of the empty list and its question to the nodes: the tree
+// registers, then its template commits, then the nodes answer.
+type madeMeanwhile struct {
+	t *testing.T
+	s *RedisStore
+}
+
+func (n madeMeanwhile) HasTrees(_ context.Context, tenant string) (bool, error) {
+	mustCreate(n.t, n.s, tenant, "made")
+	return true, nil
+}
+
+// TestCacheTreeMadeWhileChecking: a tree made between the read of an
+// empty list and the nodes' answer is served, not taken for a loss of the
+// tenant's maps.
+func TestCacheTreeMadeWhileChecking(t *testing.T) {
+	s, _ := newTestStore(t)
+	c := newTestCache(t, s, 0)
+	c.CheckNodes(madeMeanwhile{t, s})
+	v, err := c.Refresh(context.Background(), "app")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v.Missing || v.Trees["made"] == nil {
+		t.Fatalf("Missing = %v, trees %v; want the new tree served", v.Missing, v.Trees)
+	}
+}
