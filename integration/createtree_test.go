@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -661,6 +662,73 @@ func TestCreateTreeRetriesStaleWrites(t *testing.T) {
 		if late, err := pgx.CollectRows(rows, pgx.RowTo[string]); err != nil || !slices.Equal(late, []string{"extended", "simple"}) {
 			t.Errorf("late rows of the tree = %v, %v; want the two writes", late, err)
 		}
+	}
+}
+
+// TestCreateTreeWaitsForProxies: lattice_create_tree returns once every
+// proxy routes by the new tree, so that a statement through any proxy
+// after it reads the tree, not the emptied template. Proxy A is stopped
+// (SIGSTOP) while B makes the tree: A can neither learn of it nor
+// acknowledge, so B's call waits until A runs again. Before, it returned
+// at once, and a read through A before A's cache caught up found no rows.
+// A tree joining a colocation group is waited for under its own name: its
+// group's map, and so its epoch, A knows already.
+func TestCreateTreeWaitsForProxies(t *testing.T) {
+	for _, tc := range []struct{ name, create string }{
+		{"alone", `SELECT lattice_create_tree('stock', 'sku', shard_count => 2)`},
+		{"colocated", `SELECT lattice_create_tree('stock', 'sku', colocate_with => 'anchor')`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			resetNodes(t)
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			a, b := startProxy(t, 2), startProxy(t, 2)
+			ca := connect(t, a.DSN("lattice"))
+			mustExec(t, ca, `CREATE TABLE anchor (sku text PRIMARY KEY)`)
+			mustExec(t, ca, `SELECT lattice_create_tree('anchor', 'sku', shard_count => 2)`)
+			mustExec(t, ca, `CREATE TABLE stock (sku text PRIMARY KEY, n int)`)
+			mustExec(t, ca, `INSERT INTO stock SELECT 's' || i, i FROM generate_series(1, 100) i`)
+			store, err := shardmap.OpenRedis(ctx, testRedisURL(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer store.Close()
+
+			pid := a.cmd.Process.Pid
+			if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+				t.Fatal(err)
+			}
+			resumed := false
+			resume := func() {
+				if !resumed {
+					resumed = true
+					_ = syscall.Kill(pid, syscall.SIGCONT)
+				}
+			}
+			defer resume()
+			created := make(chan error, 1)
+			go func() {
+				_, err := connect(t, b.DSN("lattice")).Exec(ctx, tc.create)
+				created <- err
+			}()
+			pollUntil(t, time.Minute, "the tree to be registered", func() (bool, error) {
+				_, err := store.Tree(ctx, "lattice", "stock")
+				return err == nil, nil
+			})
+			select {
+			case err := <-created:
+				t.Fatalf("lattice_create_tree returned (%v) while proxy A could not know the tree", err)
+			case <-time.After(2 * time.Second):
+			}
+			resume()
+			if err := <-created; err != nil {
+				t.Fatalf("lattice_create_tree: %v", err)
+			}
+			var n int
+			if err := ca.QueryRow(ctx, `SELECT count(*) FROM stock`).Scan(&n); err != nil || n != 100 {
+				t.Errorf("through proxy A after the creation: %d rows, %v; want 100", n, err)
+			}
+		})
 	}
 }
 

@@ -257,6 +257,9 @@ func (f *Functions) createTree(ctx context.Context, tenant string, a map[string]
 	if v := a["colocate_with"]; v != nil {
 		spec.ColocateWith = foldName(*v)
 	}
+	if f.coord != nil {
+		spec.AwaitProxies = f.coord.runner.WaitKnown
+	}
 	t, m, err := f.cluster.CreateTree(ctx, f.store, spec)
 	if err != nil {
 		return nil, err

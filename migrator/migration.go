@@ -620,6 +620,17 @@ func (r *Runner) waitAcks(ctx context.Context, t *shardmap.Tree, m *shardmap.Map
 	return r.waitCutOff(ctx, t, m, live)
 }
 
+// WaitKnown waits until every live proxy that serves t's tenant routes by
+// t, a tree just registered, and no proxy cut off from Redis is seen on
+// its nodes (as waitAcks). A proxy acknowledges a tree under its own name
+// once its view holds it, also for a member of a colocation group, whose
+// map and freezes are acknowledged under the group's name.
+func (r *Runner) WaitKnown(ctx context.Context, t *shardmap.Tree, m *shardmap.Map) error {
+	own := *t
+	own.Group = "" // the acknowledgements under the tree's own name
+	return r.waitAcks(ctx, &own, m)
+}
+
 // waitLagging waits until no proxy registered for the tree's tenant lags
 // behind m's epoch, and returns the live proxies of the last read. It reads
 // again every AckPoll, and at once on a signal from acked (WatchAcks; nil

@@ -406,7 +406,7 @@ func (s *Snapshotter) register(ctx context.Context, run *TreeOpRun, src, dst *sh
 		// In microseconds, as the catalog record keeps it.
 		dst.DDL, dst.Created = st.DDL, time.Now().UTC().Truncate(time.Microsecond)
 		dst.ShardCount = st.Map.DistinctShards()
-		if err := s.cluster.RegisterTreeCopy(ctx, s.store, dst, st.Map); err != nil {
+		if err := s.cluster.RegisterTreeCopy(ctx, s.store, dst, st.Map, s.runner.WaitKnown); err != nil {
 			var se *sqlstate.Error
 			if errors.As(err, &se) {
 				log.Error("snapshot dropped: its name was taken before it could be registered", "err", err)

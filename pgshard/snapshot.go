@@ -126,15 +126,17 @@ func (c *Cluster) TableExists(ctx context.Context, tenant, name string) (bool, e
 // with its map m: on the catalog node its empty, fenced template (built
 // from its DDL log) and its record, then the registry entry in store, in
 // the catalog transaction, so that a failure leaves neither. A table of
-// the name is refused with 42P07.
-func (c *Cluster) RegisterTreeCopy(ctx context.Context, store shardmap.Store, t *shardmap.Tree, m *shardmap.Map) error {
+// the name is refused with 42P07. await, when set, then waits as
+// TreeSpec.AwaitProxies does.
+func (c *Cluster) RegisterTreeCopy(ctx context.Context, store shardmap.Store, t *shardmap.Tree, m *shardmap.Map,
+	await func(context.Context, *shardmap.Tree, *shardmap.Map) error) error {
 	conn, err := c.connect(ctx, c.Catalog().Name, t.Tenant)
 	if err != nil {
 		return err
 	}
 	defer closeConn(conn)
 	template := pgx.Identifier{"public", t.Name}.Sanitize()
-	return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
 		r := strings.NewReplacer("{{table}}", template, "{{schema}}", quoteIdent("public"))
 		for _, stmt := range t.DDL {
 			if _, err := tx.Exec(ctx, r.Replace(stmt)); err != nil {
@@ -159,6 +161,13 @@ func (c *Cluster) RegisterTreeCopy(ctx context.Context, store shardmap.Store, t 
 		}
 		return nil
 	})
+	if err != nil || await == nil {
+		return err
+	}
+	if err := await(ctx, t, m); err != nil {
+		return fmt.Errorf("pgshard: tree %s is registered, but not every proxy routes by it yet: %w", t.Name, err)
+	}
+	return nil
 }
 
 // CopyDDL is the DDL log of a tree named name shaped like tree src: the

@@ -45,6 +45,10 @@ type TreeSpec struct {
 	// ColocateWith names a tree whose colocation group the new tree joins
 	// (colocate.go); its shard and slot counts are the group's.
 	ColocateWith string
+	// AwaitProxies, when set, waits after the creation until every proxy
+	// routes by the new tree, so that once CreateTree returns no proxy
+	// reads the emptied template for it.
+	AwaitProxies func(ctx context.Context, t *shardmap.Tree, m *shardmap.Map) error
 }
 
 func (c *Cluster) normalizeSpec(spec TreeSpec) (TreeSpec, error) {
@@ -186,7 +190,7 @@ func (c *Cluster) CreateTree(ctx context.Context, store shardmap.Store, spec Tre
 		}
 		return undo(fmt.Errorf("pgshard: register tree %s: %w", tree.Name, err))
 	}
-	if err := tx.Commit(ctx); err != nil {
+	if err := tx.Commit(context.WithoutCancel(ctx)); err != nil {
 		// The tree is registered and its rows are on the shards: proxies may
 		// already write there, so finish forwards rather than undo.
 		log.Warn("catalog commit failed after the tree was registered; fencing the template again", "err", err)
@@ -195,7 +199,18 @@ func (c *Cluster) CreateTree(ctx context.Context, store shardmap.Store, spec Tre
 				tree.Name, pgx.Identifier{"public", tree.Name}.Sanitize(), err)
 		}
 	}
-	log.Info("tree created", "rows", rows, "elapsed", time.Since(start).Round(time.Millisecond))
+	var waited time.Duration
+	if spec.AwaitProxies != nil {
+		began := time.Now()
+		err := spec.AwaitProxies(ctx, tree, m)
+		waited = time.Since(began)
+		if err != nil {
+			log.Warn("not every proxy routes by the new tree yet; a read through one that does not finds its empty template", "err", err)
+			return nil, nil, fmt.Errorf("pgshard: tree %s is created, but not every proxy routes by it yet: %w", tree.Name, err)
+		}
+	}
+	log.Info("tree created", "rows", rows, "elapsed", time.Since(start).Round(time.Millisecond),
+		"proxies_wait", waited.Round(time.Millisecond))
 	return tree, m, nil
 }
 

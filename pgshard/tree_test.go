@@ -2,6 +2,7 @@ package pgshard
 
 import (
 	"errors"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -19,7 +20,7 @@ func TestNormalizeSpec(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := (TreeSpec{Tenant: "shop", Table: "t", KeyColumn: "k", ShardCount: 64, SlotCount: 4096}); got != want {
+	if want := (TreeSpec{Tenant: "shop", Table: "t", KeyColumn: "k", ShardCount: 64, SlotCount: 4096}); !reflect.DeepEqual(got, want) {
 		t.Errorf("defaults: %+v, want %+v", got, want)
 	}
 	for _, tc := range []struct {

@@ -117,16 +117,18 @@ redis.call('SADD', KEYS[4], ARGV[3], ARGV[1])
 redis.call('PUBLISH', ARGV[7], ARGV[8])
 return 1`)
 
-	// KEYS: trees, group members, then the map and coordination keys,
-	// dropped with the last member. ARGV: name, group ("" for a tree
-	// alone), channel, event. Returns 0 if the tree is gone, -1 when a tree
-	// alone has just become a group's first member (read it again).
+	// KEYS: trees, group members, the member's own acknowledgements, then
+	// the map and coordination keys, dropped with the last member. ARGV:
+	// name, group ("" for a tree alone), channel, event. Returns 0 if the
+	// tree is gone, -1 when a tree alone has just become a group's first
+	// member (read it again).
 	dropScript = redis.NewScript(`
 if ARGV[2] == '' and redis.call('EXISTS', KEYS[2]) == 1 then return -1 end
 if redis.call('HDEL', KEYS[1], ARGV[1]) == 0 then return 0 end
 redis.call('SREM', KEYS[2], ARGV[1])
+if ARGV[2] ~= '' and ARGV[2] ~= ARGV[1] then redis.call('DEL', KEYS[3]) end
 if redis.call('SCARD', KEYS[2]) == 0 then
-  for i = 3, #KEYS do redis.call('DEL', KEYS[i]) end
+  for i = 4, #KEYS do redis.call('DEL', KEYS[i]) end
 end
 redis.call('PUBLISH', ARGV[3], ARGV[4])
 return 1`)
@@ -191,7 +193,7 @@ func (s *RedisStore) DeleteTree(ctx context.Context, tenant, name string) error 
 		}
 		g := t.MapName()
 		n, err := dropScript.Run(ctx, s.client,
-			[]string{s.treesKey(tenant), s.groupKey(tenant, g), s.mapKey(tenant, g), s.migsKey(tenant, g),
+			[]string{s.treesKey(tenant), s.groupKey(tenant, g), s.acksKey(tenant, name), s.mapKey(tenant, g), s.migsKey(tenant, g),
 				s.reshardKey(tenant, g), s.leaseKey(tenant, g), s.acksKey(tenant, g)},
 			name, t.Group, s.channel, s.event(EventTree, tenant, name, 0)).Int()
 		if err != nil {

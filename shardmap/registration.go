@@ -336,7 +336,11 @@ func (r *Registration) beat(ctx context.Context) {
 }
 
 // acknowledge sends, for every tree whose cached epoch moved, the epoch
-// once no statement runs on a view with an older map of that tree.
+// once no statement runs on a view with an older map of that tree. A
+// colocation group's members share one map and one set of acks under the
+// group's name; each member is also acknowledged under its own name as
+// soon as this proxy routes by it, which is what the creation of a tree
+// waits for (a tree alone is acknowledged so under its map's name).
 func (r *Registration) acknowledge(ctx context.Context) {
 	type ack struct {
 		id    treeID
@@ -345,6 +349,19 @@ func (r *Registration) acknowledge(ctx context.Context) {
 	var acks []ack
 	queued := map[treeID]bool{}
 	seen := map[treeID]bool{}
+	consider := func(id treeID, m *Map, known bool) {
+		seen[id] = true
+		if r.acked[id] > m.Epoch {
+			// The map was dropped and made again (its epochs start
+			// over) and the drop took its acknowledgements along.
+			delete(r.acked, id)
+		}
+		if queued[id] || r.acked[id] >= m.Epoch || !known && r.olderInUse(id.tree, m) {
+			return
+		}
+		queued[id] = true
+		acks = append(acks, ack{id, m.Epoch})
+	}
 	r.mu.Lock()
 	r.cache.tenants.Range(func(k, val any) bool {
 		v := val.(*tenantCache).view.Load()
@@ -352,19 +369,11 @@ func (r *Registration) acknowledge(ctx context.Context) {
 			return true
 		}
 		for name, m := range v.Maps {
-			// A colocation group's members share one map and one set of acks.
-			id := treeID{v.Tenant, v.Trees[name].MapName()}
-			seen[id] = true
-			if r.acked[id] > m.Epoch {
-				// The map was dropped and made again (its epochs start
-				// over) and the drop took its acknowledgements along.
-				delete(r.acked, id)
+			group := v.Trees[name].MapName()
+			consider(treeID{v.Tenant, group}, m, false)
+			if group != name {
+				consider(treeID{v.Tenant, name}, m, true)
 			}
-			if queued[id] || r.acked[id] >= m.Epoch || r.olderInUse(id.tree, m) {
-				continue
-			}
-			queued[id] = true
-			acks = append(acks, ack{id, m.Epoch})
 		}
 		return true
 	})

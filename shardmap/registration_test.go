@@ -380,3 +380,40 @@ func TestRegistrationAcknowledgesARecreatedTree(t *testing.T) {
 		}
 	}
 }
+
+// A tree is acknowledged under its own name once the proxy routes by it,
+// which tree creation waits for. A member of a colocation group shares
+// the group's map, so its own name gets the group map's epoch, and the
+// member's drop takes those acknowledgements along while the group's stay.
+func TestRegistrationAcknowledgesNewMembers(t *testing.T) {
+	s, _ := newTestStore(t)
+	ctx := context.Background()
+	mustCreate(t, s, "t", "x")
+	c := NewCache(s, time.Hour, nil)
+	r := NewRegistration("p1", s, c, time.Minute, time.Hour, nil)
+	r.beat(ctx)
+	v, release, err := r.Acquire(ctx, "t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release() // a statement planned before the member existed does not hold it up
+	y := colocate(t, s, "t", "y", "x")
+	if _, err := c.Refresh(ctx, "t"); err != nil {
+		t.Fatal(err)
+	}
+	r.acknowledge(ctx)
+	group, _ := s.Acks(ctx, "t", y.Group)
+	member, _ := s.Acks(ctx, "t", "y")
+	if member["p1"] != group["p1"] || member["p1"] < v.Maps["x"].Epoch {
+		t.Fatalf("acks of the member %v, of its group %v; want the member at the group's epoch", member, group)
+	}
+	if err := s.DeleteTree(ctx, "t", "y"); err != nil {
+		t.Fatal(err)
+	}
+	if member, _ := s.Acks(ctx, "t", "y"); len(member) != 0 {
+		t.Errorf("acks of the dropped member: %v, want none", member)
+	}
+	if group, _ := s.Acks(ctx, "t", y.Group); group["p1"] == 0 {
+		t.Errorf("acks of the group after a member's drop: %v, want them kept", group)
+	}
+}
