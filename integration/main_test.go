@@ -292,10 +292,15 @@ func goTool() string {
 
 // latticeBinary builds ./cmd/lattice with -race once per package run, on
 // first use, so that tests which do not need it run even if it fails to
-// build.
+// build. LATTICE_TEST_BINARY names one built already (scripts/test.sh
+// builds it once for its parts, which would otherwise each link their own).
 func latticeBinary(t testing.TB) string {
 	t.Helper()
 	harness.buildOnce.Do(func() {
+		if bin := os.Getenv("LATTICE_TEST_BINARY"); bin != "" {
+			harness.binary = bin
+			return
+		}
 		start := time.Now()
 		root, err := repoRoot()
 		if err != nil {

@@ -23,6 +23,11 @@ if ! $GO test -race -c -o "$out/integration.test" ./integration; then
 	echo "scripts/test.sh: building the integration tests failed" >&2
 	exit 1
 fi
+# The proxy the parts start, built once rather than linked by each part.
+if ! $GO build -race -o "$out/lattice" ./cmd/lattice; then
+	echo "scripts/test.sh: building lattice with -race failed" >&2
+	exit 1
+fi
 # Balance the parts by the tests' recorded times: the longest first, each
 # to the part with the least so far.
 mapfile -t tests < <(grep -ho '^func Test[A-Za-z0-9_]*(t \*testing.T)' integration/*_test.go | sed 's/^func \(Test[A-Za-z0-9_]*\).*/\1/')
@@ -53,7 +58,7 @@ units() {
 }
 run packages units
 for h in "${!part[@]}"; do
-	run "integration-$((h + 1))" env LATTICE_NETNS_ID=$((h + 1)) bash -c \
+	run "integration-$((h + 1))" env LATTICE_NETNS_ID=$((h + 1)) LATTICE_TEST_BINARY="$out/lattice" bash -c \
 		'cd integration && exec "$0" -test.v -test.run "^($1)\$" -test.timeout "$2"' "$out/integration.test" "${part[h]}" "$TIMEOUT"
 done
 
