@@ -528,13 +528,7 @@ func TestCreateTreeWaitsForWriters(t *testing.T) {
 	ctExec(t, ctx, cat, `CREATE TABLE stock (sku text PRIMARY KEY, n int)`,
 		`INSERT INTO stock SELECT 's' || i, i FROM generate_series(1, 100) i`)
 
-	early, err := cat.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := early.Exec(ctx, `INSERT INTO stock VALUES ('early', 1)`); err != nil {
-		t.Fatal(err)
-	}
+	early := ctEarlyWrite(t, ctx, cat)
 	created := make(chan error, 1)
 	go func() {
 		_, _, err := c.CreateTree(ctx, store, pgshard.TreeSpec{Table: "stock", KeyColumn: "sku", ShardCount: 2})
@@ -602,13 +596,7 @@ func TestCreateTreeRetriesStaleWrites(t *testing.T) {
 	many := connect(t, writer.DSN("lattice"))
 	mustExec(t, many, `DELETE FROM stock WHERE n = $1`, 99)
 	cat := ctConnect(t, ctx, testNodeDSN(t, 0))
-	early, err := cat.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := early.Exec(ctx, `INSERT INTO stock VALUES ('early', 1)`); err != nil {
-		t.Fatal(err)
-	}
+	early := ctEarlyWrite(t, ctx, cat)
 	created := make(chan error, 1)
 	go func() {
 		_, err := connect(t, creator.DSN("lattice")).Exec(ctx, `SELECT lattice_create_tree('stock', 'sku', shard_count => 2)`)
@@ -730,6 +718,20 @@ func TestCreateTreeWaitsForProxies(t *testing.T) {
 			}
 		})
 	}
+}
+
+// ctEarlyWrite opens a transaction on the catalog node that has written
+// the row 'early' to stock, so that a creation of the tree waits for it.
+func ctEarlyWrite(t *testing.T, ctx context.Context, cat *pgx.Conn) pgx.Tx {
+	t.Helper()
+	early, err := cat.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := early.Exec(ctx, `INSERT INTO stock VALUES ('early', 1)`); err != nil {
+		t.Fatal(err)
+	}
+	return early
 }
 
 // ctWaitLock waits until some session waits for a lock of mode on a table.

@@ -256,15 +256,8 @@ func TestRegistrationReReadsAfterLateRenewal(t *testing.T) {
 	s, _ := newTestStore(t)
 	ctx := context.Background()
 	_, m := mustCreate(t, s, "t", "x")
-	c := NewCache(s, time.Hour, nil)
 	slow := &slowRenewal{Coordination: s}
-	r := NewRegistration("p1", slow, c, time.Minute, time.Hour, nil)
-	r.beat(ctx)
-	_, release, err := r.Acquire(ctx, "t")
-	if err != nil {
-		t.Fatal(err)
-	}
-	release()
+	c, r := servingProxy(t, s, slow)
 	next := m.Clone()
 	next.Frozen = [][2]int{{0, 10}}
 	if err := s.SwapMap(ctx, next, m.Epoch); err != nil { // the cache is not told
@@ -342,14 +335,7 @@ func TestRegistrationAcknowledgesARecreatedTree(t *testing.T) {
 		s, _ := newTestStore(t)
 		ctx := context.Background()
 		_, m := mustCreate(t, s, "t", "x")
-		c := NewCache(s, time.Hour, nil)
-		r := NewRegistration("p1", s, c, time.Minute, time.Hour, nil)
-		r.beat(ctx)
-		_, release, err := r.Acquire(ctx, "t")
-		if err != nil {
-			t.Fatal(err)
-		}
-		release()
+		c, r := servingProxy(t, s, s)
 		for range 3 {
 			next := m.Clone()
 			if err := s.SwapMap(ctx, next, m.Epoch); err != nil {
@@ -416,4 +402,20 @@ func TestRegistrationAcknowledgesNewMembers(t *testing.T) {
 	if group, _ := s.Acks(ctx, "t", y.Group); group["p1"] == 0 {
 		t.Errorf("acks of the group after a member's drop: %v, want them kept", group)
 	}
+}
+
+// servingProxy is proxy p1 over coord, with a cache of s, its first
+// heartbeat done and tenant "t" served once, as after a first statement.
+func servingProxy(t *testing.T, s *RedisStore, coord Coordination) (*Cache, *Registration) {
+	t.Helper()
+	ctx := context.Background()
+	c := NewCache(s, time.Hour, nil)
+	r := NewRegistration("p1", coord, c, time.Minute, time.Hour, nil)
+	r.beat(ctx)
+	_, release, err := r.Acquire(ctx, "t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	release()
+	return c, r
 }
