@@ -349,14 +349,14 @@ func (r *Registration) acknowledge(ctx context.Context) {
 	var acks []ack
 	queued := map[treeID]bool{}
 	seen := map[treeID]bool{}
-	consider := func(id treeID, m *Map, known bool) {
+	consider := func(id treeID, m *Map) {
 		seen[id] = true
 		if r.acked[id] > m.Epoch {
 			// The map was dropped and made again (its epochs start
 			// over) and the drop took its acknowledgements along.
 			delete(r.acked, id)
 		}
-		if queued[id] || r.acked[id] >= m.Epoch || !known && r.olderInUse(id.tree, m) {
+		if queued[id] || r.acked[id] >= m.Epoch || r.olderInUse(id.tree, m) {
 			return
 		}
 		queued[id] = true
@@ -370,9 +370,11 @@ func (r *Registration) acknowledge(ctx context.Context) {
 		}
 		for name, m := range v.Maps {
 			group := v.Trees[name].MapName()
-			consider(treeID{v.Tenant, group}, m, false)
+			consider(treeID{v.Tenant, group}, m)
 			if group != name {
-				consider(treeID{v.Tenant, name}, m, true)
+				// No statement holds a map by a member's name, so
+				// olderInUse never holds this one up.
+				consider(treeID{v.Tenant, name}, m)
 			}
 		}
 		return true

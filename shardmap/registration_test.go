@@ -375,9 +375,7 @@ func TestRegistrationAcknowledgesNewMembers(t *testing.T) {
 	s, _ := newTestStore(t)
 	ctx := context.Background()
 	mustCreate(t, s, "t", "x")
-	c := NewCache(s, time.Hour, nil)
-	r := NewRegistration("p1", s, c, time.Minute, time.Hour, nil)
-	r.beat(ctx)
+	c, r := servingProxy(t, s, s)
 	v, release, err := r.Acquire(ctx, "t")
 	if err != nil {
 		t.Fatal(err)
