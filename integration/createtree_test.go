@@ -720,6 +720,37 @@ func TestCreateTreeWaitsForProxies(t *testing.T) {
 	}
 }
 
+// TestStaleRetryNotAfterRows: a statement whose LT001 comes after some of
+// its rows reached the client is not routed again: the client would get
+// those rows twice. Here a SELECT on the catalog node sends two rows and
+// then calls a function that writes to a tree's fenced template, which
+// stands for any statement that finds a template fenced midway.
+func TestStaleRetryNotAfterRows(t *testing.T) {
+	resetNodes(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c := connect(t, startProxy(t, 2).DSN("lattice"))
+	mustExec(t, c, `CREATE TABLE fenced (k int PRIMARY KEY)`)
+	mustExec(t, c, `SELECT lattice_create_tree('fenced', 'k', shard_count => 2)`)
+	mustExec(t, c, `CREATE FUNCTION write_template(g int) RETURNS int LANGUAGE sql AS
+		'INSERT INTO public.fenced VALUES (g) RETURNING k'`)
+	for name, mode := range map[string]pgx.QueryExecMode{"simple": pgx.QueryExecModeSimpleProtocol, "extended": pgx.QueryExecModeCacheStatement} {
+		rows, _ := c.Query(ctx, `SELECT CASE WHEN g < 3 THEN g ELSE write_template(g) END FROM generate_series(1, 5) g`, mode)
+		var got []int32
+		for rows.Next() {
+			var g int32
+			if err := rows.Scan(&g); err != nil {
+				t.Fatal(err)
+			}
+			got = append(got, g)
+		}
+		err := rows.Err()
+		if pgCode(err) != sqlstate.SlotMoved || !slices.Equal(got, []int32{1, 2}) {
+			t.Errorf("%s protocol: rows %v, %v; want 1 and 2 once, then LT001", name, got, err)
+		}
+	}
+}
+
 // ctEarlyWrite opens a transaction on the catalog node that has written
 // the row 'early' to stock, so that a creation of the tree waits for it.
 func ctEarlyWrite(t *testing.T, ctx context.Context, cat *pgx.Conn) pgx.Tx {
