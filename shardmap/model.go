@@ -94,7 +94,7 @@ type Map struct {
 	Tenant    string        `json:"tenant"`
 	Tree      string        `json:"tree"`
 	Epoch     uint64        `json:"epoch"`
-	Slots     []int         `json:"slots"` // slot -> shard index
+	Slots     SlotList      `json:"slots"` // slot -> shard index
 	Shards    map[int]Shard `json:"shards"`
 	HighWater int           `json:"high_water"` // next shard index to allocate; never goes back
 	// Frozen slots are moving: proxies hold statements for them until a
