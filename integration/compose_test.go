@@ -310,3 +310,36 @@ func TestFunctionsInTransaction(t *testing.T) {
 		}
 	}
 }
+
+// TestRowEstimateBeforeAnalyse: a shard that was never analysed
+// (pg_class.reltuples = -1) is estimated by the live rows the statistics
+// system counts, in lattice_shards and in the migrator's placement, which
+// share pgshard.ShardSizes.
+func TestRowEstimateBeforeAnalyse(t *testing.T) {
+	resetNodes(t)
+	p := startProxy(t, 2)
+	c := connect(t, p.DSN("lattice"))
+	// Autovacuum would analyse the shards at its own time and hide the
+	// fallback.
+	mustExec(t, c, `CREATE TABLE fresh (id bigint PRIMARY KEY) WITH (autovacuum_enabled = false)`)
+	mustExec(t, c, `SELECT lattice_create_tree('fresh', 'id', shard_count => 2)`)
+	ids := make([][]any, 300)
+	for i := range ids {
+		ids[i] = []any{int64(i + 1)}
+	}
+	if _, err := c.CopyFrom(context.Background(), pgx.Identifier{"fresh"}, []string{"id"}, pgx.CopyFromRows(ids)); err != nil {
+		t.Fatal(err)
+	}
+	// An idle backend reports its counts to the statistics system about
+	// 10 s after its transaction's end (PGSTAT_IDLE_INTERVAL).
+	var sum int64
+	for deadline := time.Now().Add(40 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		if err := c.QueryRow(context.Background(), `SELECT coalesce(sum(rows_estimate), 0) FROM lattice_shards('fresh')`).Scan(&sum); err != nil {
+			t.Fatal(err)
+		}
+		if sum == 300 {
+			return
+		}
+	}
+	t.Fatalf("the unanalysed shards' row estimates add up to %d, want the 300 live rows", sum)
+}

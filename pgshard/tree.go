@@ -505,12 +505,14 @@ func (c *Cluster) ShardSizes(ctx context.Context, t *shardmap.Tree, m *shardmap.
 		if err != nil {
 			return err
 		}
+		// The live-row count is read with the statistics function itself:
+		// joined, the pg_stat_user_tables view computes every relation's
+		// statistics first (15 ms a call at 750 relations, against 2).
 		rows, err := p.Query(ctx, `SELECT n.nspname,
-    CASE WHEN c.reltuples >= 0 THEN c.reltuples::int8 ELSE coalesce(s.n_live_tup, 0) END,
+    CASE WHEN c.reltuples >= 0 THEN c.reltuples::int8 ELSE pg_catalog.pg_stat_get_live_tuples(c.oid) END,
     coalesce(pg_catalog.pg_total_relation_size(c.oid), 0) -- NULL once a concurrent fold drops the table
 FROM pg_catalog.pg_class c
 JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-LEFT JOIN pg_catalog.pg_stat_user_tables s ON s.relid = c.oid
 WHERE c.relname = $1 AND c.relkind = 'r' AND n.nspname = ANY($2)`, t.Name, schemas)
 		if err != nil {
 			return fmt.Errorf("pgshard: node %s: size estimates of %s: %w", node, t.Name, err)
