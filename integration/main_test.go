@@ -520,8 +520,10 @@ func (p *proxyProc) waitReady(timeout time.Duration) error {
 
 func (p *proxyProc) cleanup(t testing.TB) {
 	diedOnItsOwn := p.exited() && !p.killed.Load()
+	var stacks string
 	if t.Failed() {
 		logNodeActivity(t)
+		stacks = p.workStacks()
 	}
 	if !p.exited() {
 		p.killed.Store(true)
@@ -551,7 +553,42 @@ func (p *proxyProc) cleanup(t testing.TB) {
 	}
 	if t.Failed() {
 		t.Logf("lattice serve %q exit: %v\n--- proxy log (%s) ---\n%s", p.Args, p.waitErr, p.logPath, log)
+		if stacks != "" {
+			t.Logf("--- the proxy's sessions and migrations when the test failed ---\n%s", stacks)
+		}
 	}
+}
+
+// workStacks is the stacks of the running proxy's goroutines that serve a
+// session or run a migration, from its pprof endpoint: a statement or a
+// migration that stalls shows where it waits, which its log does not.
+func (p *proxyProc) workStacks() string {
+	if p.exited() || p.AdminToken == "" {
+		return ""
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+p.AdminAddr+"/debug/pprof/goroutine?debug=2", nil)
+	if err != nil {
+		return ""
+	}
+	p.Authorize(req)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return fmt.Sprintf("(no goroutine dump: %v)", err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
+	if err != nil || resp.StatusCode != http.StatusOK {
+		return fmt.Sprintf("(no goroutine dump: %s %v)", resp.Status, err)
+	}
+	var work []string
+	for _, g := range strings.Split(string(body), "\n\n") {
+		if strings.Contains(g, "proxy.(*session)") || strings.Contains(g, "migrator.(*Runner)") {
+			work = append(work, g)
+		}
+	}
+	return strings.Join(work, "\n\n")
 }
 
 // DSN returns postgres://lattice@ADDR/DATABASE?sslmode=disable.
