@@ -109,12 +109,20 @@ func TestDoS(t *testing.T) {
 			sku := fmt.Sprintf("sku%d", 1+i%100)
 			start := time.Now()
 			var qty int
-			err := c.QueryRow(ctx, `SELECT qty FROM catalogue WHERE sku = $1`, sku).Scan(&qty)
+			// A select left unanswered fails the test, rather than hanging
+			// it, so that the harness shows where the proxy's session waits
+			// (ci-14 hung here once, for 22 minutes).
+			qctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			err := c.QueryRow(qctx, `SELECT qty FROM catalogue WHERE sku = $1`, sku).Scan(&qty)
+			cancel()
 			d := time.Since(start)
 			selects.Add(1)
 			if err != nil || qty != 1+i%100 {
 				failures.Add(1)
-				firstErr.CompareAndSwap(nil, fmt.Sprintf("%s: qty %d, %v", sku, qty, err))
+				firstErr.CompareAndSwap(nil, fmt.Sprintf("%s after %v: qty %d, %v", sku, d.Round(time.Millisecond), qty, err))
+				if c.IsClosed() {
+					return // a timeout closes the connection
+				}
 				continue
 			}
 			latMu.Lock()
