@@ -420,30 +420,7 @@ func (s *session) beginCopy(f *fanOut, x *exchange) *pgshard.Conn {
 // copyLine appends one row in COPY text format to buf and sends buf once it
 // is large.
 func copyLine(be *pgshard.Conn, buf []byte, row [][]byte) ([]byte, error) {
-	for i, v := range row {
-		if i > 0 {
-			buf = append(buf, '\t')
-		}
-		if v == nil {
-			buf = append(buf, '\\', 'N')
-			continue
-		}
-		for _, c := range v {
-			switch c {
-			case '\\':
-				buf = append(buf, '\\', '\\')
-			case '\n':
-				buf = append(buf, '\\', 'n')
-			case '\r':
-				buf = append(buf, '\\', 'r')
-			case '\t':
-				buf = append(buf, '\\', 't')
-			default:
-				buf = append(buf, c)
-			}
-		}
-	}
-	buf = append(buf, '\n')
+	buf = appendCopyText(buf, row)
 	if len(buf) < 1<<16 {
 		return buf, nil
 	}

@@ -53,6 +53,8 @@ type copyIn struct {
 	shards map[int]*copyShard
 	total  int // bytes buffered over all shards
 	err    *pgproto3.ErrorResponse
+	pull   *pullSource      // an INSERT ... SELECT's rows come from its SELECT, not the client
+	spec   *router.CopySpec // the plan's, or its first columns (router.CopySpec.FirstColumns)
 }
 
 // copyOut is one COPY ... TO STDOUT over the nodes.
@@ -63,7 +65,7 @@ type copyOut struct {
 
 // startCopy queues a COPY of a tree. With the extended protocol the nodes
 // still get simple Queries: a COPY takes no parameters.
-func (s *session) startCopy(ctx context.Context, v *shardmap.View, p *router.Plan) {
+func (s *session) startCopy(ctx context.Context, v *shardmap.View, p *router.Plan, pull *pullSource) {
 	fail := func(err error) {
 		s.fail(err)
 	}
@@ -79,7 +81,7 @@ func (s *session) startCopy(ctx context.Context, v *shardmap.View, p *router.Pla
 	if p.Copy.From {
 		s.x.add(step{kind: stepCopy, copyIn: &copyIn{
 			ctx: ctx, plan: p, m: m, inTx: s.tx.active,
-			nodes: map[string]*copyNode{}, shards: map[int]*copyShard{},
+			nodes: map[string]*copyNode{}, shards: map[int]*copyShard{}, pull: pull, spec: p.Copy,
 		}})
 		return
 	}
@@ -124,11 +126,14 @@ func (s *session) playCopy(x *exchange, st *step) error {
 	if st.refCopy != nil {
 		return s.playRefCopy(x, st.refCopy)
 	}
+	if st.copyIn.pull != nil {
+		return s.playInsertPull(x, st.copyIn)
+	}
 	return s.playCopyIn(x, st.copyIn)
 }
 
 func (s *session) playCopyIn(x *exchange, ci *copyIn) error {
-	c := ci.plan.Copy
+	c := ci.spec
 	format := int16(0)
 	if c.Format == router.CopyBinary {
 		format = 1
@@ -174,6 +179,13 @@ func (s *session) playCopyIn(x *exchange, ci *copyIn) error {
 		}
 		break
 	}
+	return s.endCopyIn(x, ci, "COPY ")
+}
+
+// endCopyIn sends the rows still buffered, reads every node's results and
+// commits (outside the client's transaction), or rolls back after an
+// error, and answers the client: the error, or tag and the rows loaded.
+func (s *session) endCopyIn(x *exchange, ci *copyIn, tag string) error {
 	if ci.err == nil {
 		for _, sh := range ci.shards {
 			if len(sh.data) > 0 {
@@ -197,7 +209,7 @@ func (s *session) playCopyIn(x *exchange, ci *copyIn) error {
 	for _, cn := range ci.order {
 		n += cn.count
 	}
-	s.send(commandComplete("COPY " + strconv.FormatInt(n, 10)))
+	s.send(commandComplete(tag + strconv.FormatInt(n, 10)))
 	return nil
 }
 
@@ -232,7 +244,7 @@ func (ci *copyIn) route(s *session, rp *rowParser, final bool) {
 		if sh == nil {
 			return
 		}
-		if len(sh.data) == 0 && ci.plan.Copy.Format == router.CopyBinary {
+		if len(sh.data) == 0 && ci.spec.Format == router.CopyBinary {
 			sh.data = append(sh.data, binaryHeader...)
 			ci.total += len(binaryHeader)
 		}
@@ -272,14 +284,25 @@ func (ci *copyIn) shard(s *session, owner shardmap.Shard) *copyShard {
 	if sh, ok := ci.shards[owner.Index]; ok {
 		return sh
 	}
-	cn, ok := ci.nodes[owner.Node]
+	cn := ci.node(s, owner.Node)
+	if cn == nil {
+		return nil
+	}
+	sh := &copyShard{schema: shardmap.SchemaName(owner.Index), node: cn}
+	ci.shards[owner.Index] = sh
+	return sh
+}
+
+// node returns the load's backend on node, taking it on first use.
+func (ci *copyIn) node(s *session, node string) *copyNode {
+	cn, ok := ci.nodes[node]
 	if !ok {
 		// s.backend queues what brings the backend to the session's
 		// settings (and, in a client transaction, its BEGIN) as steps of
 		// the exchange being played; they are read here instead, as
 		// commands whose results are pending.
 		mark := len(s.x.steps)
-		be, err := s.backend(ci.ctx, owner.Node)
+		be, err := s.backend(ci.ctx, node)
 		queued := len(s.x.steps) - mark
 		s.x.steps = s.x.steps[:mark]
 		if err != nil {
@@ -291,28 +314,26 @@ func (ci *copyIn) shard(s *session, owner shardmap.Shard) *copyShard {
 			be.Send(&pgproto3.Query{String: "BEGIN"})
 			cn.pending++
 		}
-		ci.nodes[owner.Node] = cn
+		ci.nodes[node] = cn
 		ci.order = append(ci.order, cn)
 	}
-	sh := &copyShard{schema: shardmap.SchemaName(owner.Index), node: cn}
-	ci.shards[owner.Index] = sh
-	return sh
+	return cn
 }
 
 // flushShard sends a shard's buffered rows as one COPY, without waiting for
 // its result unless too many are pending on the backend.
 func (ci *copyIn) flushShard(s *session, sh *copyShard) {
 	cn := sh.node
-	if ci.plan.Copy.Format == router.CopyBinary {
+	if ci.spec.Format == router.CopyBinary {
 		sh.data = append(sh.data, 0xff, 0xff)
 	}
 	fe := cn.be
-	fe.Send(&pgproto3.Query{String: ci.plan.RenderCopyFrom(sh.schema)})
+	fe.Send(&pgproto3.Query{String: ci.spec.RenderFrom(sh.schema)})
 	fe.Send(&pgproto3.CopyData{Data: sh.data})
 	fe.Send(&pgproto3.CopyDone{})
 	cn.pending++
 	ci.total -= len(sh.data)
-	if ci.plan.Copy.Format == router.CopyBinary {
+	if ci.spec.Format == router.CopyBinary {
 		ci.total += 2
 	}
 	sh.data = sh.data[:0]
@@ -326,7 +347,13 @@ func (ci *copyIn) flushShard(s *session, sh *copyShard) {
 }
 
 // readResult reads one command's responses from a node, up to ReadyForQuery.
-func (ci *copyIn) readResult(s *session, cn *copyNode) {
+func (ci *copyIn) readResult(s *session, cn *copyNode) { ci.readReply(s, cn, nil) }
+
+// readReply reads one command's responses from a node, up to ReadyForQuery;
+// the first error becomes the COPY's. see, when given, gets every other
+// message but notices (rows, descriptions, the CommandComplete); without
+// it the CommandComplete counts the rows loaded.
+func (ci *copyIn) readReply(s *session, cn *copyNode, see func(pgproto3.BackendMessage)) {
 	// Commands may still sit in the buffer: the BEGIN of a node whose rows
 	// were never sent.
 	if err := cn.be.Flush(); err != nil {
@@ -340,9 +367,6 @@ func (ci *copyIn) readResult(s *session, cn *copyNode) {
 			return
 		}
 		switch m := msg.(type) {
-		case *pgproto3.CommandComplete:
-			cn.count += rowsAffected(m.CommandTag)
-			cn.be.NoteCommand(m.CommandTag)
 		case *pgproto3.ErrorResponse:
 			if ci.err == nil {
 				cp := *m // the message is reused by the next Receive
@@ -350,10 +374,21 @@ func (ci *copyIn) readResult(s *session, cn *copyNode) {
 			}
 		case *pgproto3.NoticeResponse:
 			s.send(m)
-		case *pgproto3.ParameterStatus:
 		case *pgproto3.ReadyForQuery:
 			cn.pending--
 			return
+		case *pgproto3.CommandComplete:
+			cn.be.NoteCommand(m.CommandTag)
+			if see == nil {
+				cn.count += rowsAffected(m.CommandTag)
+				continue
+			}
+			see(m)
+		case *pgproto3.ParameterStatus:
+		default:
+			if see != nil {
+				see(m)
+			}
 		}
 	}
 }

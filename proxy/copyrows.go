@@ -511,3 +511,32 @@ func (p *rowParser) copyError(code, format string, args ...any) *sqlstate.Error 
 	e.Where = "COPY, line " + strconv.FormatInt(p.line+1, 10)
 	return e
 }
+
+// appendCopyText appends a row in COPY's text format: tab-separated, \N
+// for NULL, backslash escapes for what would end a field or a line.
+func appendCopyText(dst []byte, values [][]byte) []byte {
+	for i, v := range values {
+		if i > 0 {
+			dst = append(dst, '\t')
+		}
+		if v == nil {
+			dst = append(dst, '\\', 'N')
+			continue
+		}
+		for _, b := range v {
+			switch b {
+			case '\\':
+				dst = append(dst, '\\', '\\')
+			case '\t':
+				dst = append(dst, '\\', 't')
+			case '\n':
+				dst = append(dst, '\\', 'n')
+			case '\r':
+				dst = append(dst, '\\', 'r')
+			default:
+				dst = append(dst, b)
+			}
+		}
+	}
+	return append(dst, '\n')
+}

@@ -224,3 +224,21 @@ func (testTrees) Tree(name string) (*shardmap.Tree, bool) {
 	}
 	return &shardmap.Tree{Name: "t", KeyColumn: "a", KeyType: shardmap.KeyText, Columns: []string{"a", "b", "c"}}, true
 }
+
+func TestAppendCopyText(t *testing.T) {
+	for _, tc := range []struct {
+		values [][]byte
+		want   string
+	}{
+		{[][]byte{[]byte("1"), []byte("plain")}, "1\tplain\n"},
+		{[][]byte{[]byte("1"), nil}, "1\t\\N\n"},
+		{[][]byte{[]byte("1"), {}}, "1\t\n"},
+		{[][]byte{[]byte(`\N`)}, `\\N` + "\n"},
+		{[][]byte{[]byte("a\tb\nc\rd\\e")}, `a\tb\nc\rd\\e` + "\n"},
+		{[][]byte{[]byte("ünï")}, "ünï\n"},
+	} {
+		if got := string(appendCopyText(nil, tc.values)); got != tc.want {
+			t.Errorf("%q: got %q, want %q", tc.values, got, tc.want)
+		}
+	}
+}

@@ -140,7 +140,8 @@ func (s *session) execute(ctx context.Context, v *shardmap.View, portal *clientP
 	case router.DDL:
 		return s.bindDDL(ctx, v, portal, m)
 	case router.Copy:
-		portal.run = func(ctx context.Context) { s.runCopy(ctx, portal, v) }
+		pull := newPullSource(st, m)
+		portal.run = func(ctx context.Context) { s.runCopy(ctx, portal, v, pull) }
 	case router.Function:
 		if p.Compose != nil {
 			return s.bindComposed(ctx, portal, m)
@@ -310,7 +311,7 @@ func (s *session) queryParts(portal *clientPortal) {
 
 // runCopy starts the COPY of portal. A portal of the extended protocol may
 // run in a later batch than its Bind: it is held again on a current map.
-func (s *session) runCopy(ctx context.Context, portal *clientPortal, v *shardmap.View) {
+func (s *session) runCopy(ctx context.Context, portal *clientPortal, v *shardmap.View, pull *pullSource) {
 	if !s.simple {
 		var err error
 		if v, err = s.view(ctx); err != nil {
@@ -322,5 +323,5 @@ func (s *session) runCopy(ctx context.Context, portal *clientPortal, v *shardmap
 			return
 		}
 	}
-	s.startCopy(ctx, v, portal.stmt.plan)
+	s.startCopy(ctx, v, portal.stmt.plan, pull)
 }

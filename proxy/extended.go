@@ -46,7 +46,7 @@ func (s *session) extendedMsg(ctx context.Context, msg pgproto3.FrontendMessage)
 	case *pgproto3.Execute:
 		s.noteExecute(m.Portal)
 		s.executeMsg(ctx, m)
-		if p := s.portals[m.Portal]; p != nil && p.stmt.plan != nil && p.stmt.plan.Copy != nil && p.stmt.plan.Copy.From && !s.skipping {
+		if p := s.portals[m.Portal]; p != nil && p.stmt.plan != nil && p.stmt.plan.Copy != nil && p.stmt.plan.Copy.From && p.stmt.plan.Copy.Select == "" && !s.skipping {
 			// PostgreSQL answers CopyInResponse at once, and clients wait
 			// for it before they send the data (a Sync sent in between
 			// is ignored during COPY, here as there).

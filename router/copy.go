@@ -7,6 +7,7 @@ import (
 	pg "github.com/pganalyze/pg_query_go/v6"
 
 	"github.com/lattice-db/lattice/btreeindex"
+	"github.com/lattice-db/lattice/shardmap"
 	"github.com/lattice-db/lattice/sqlstate"
 )
 
@@ -43,6 +44,12 @@ type CopySpec struct {
 	// in FORCE_NULL or FORCE_NOT_NULL (CSV FROM), which change when the
 	// key's field reads as NULL.
 	KeyForceNull, KeyForceNotNull bool
+	// Select, for an INSERT ... SELECT loaded as a COPY FROM (insertpull.go),
+	// is the SELECT whose rows the proxy runs on the catalog node and
+	// loads, in text format, into Columns. Without a column list
+	// (AllColumns) the SELECT may give fewer: FirstColumns.
+	Select     string
+	AllColumns bool
 	// Query marks COPY (query) TO STDOUT. QueryKind is Single (Plan.Key
 	// fixes the one shard; Plan.Render renders the whole statement) or
 	// FanOut (RenderCopyTo glues the node's shards with UNION ALL).
@@ -56,9 +63,29 @@ type CopySpec struct {
 
 // RenderCopyFrom is the statement that loads rows of the client's format,
 // without a header line, into the tree's table in schema.
-func (p *Plan) RenderCopyFrom(schema string) string {
-	c := p.Copy
+func (p *Plan) RenderCopyFrom(schema string) string { return p.Copy.RenderFrom(schema) }
+
+// RenderFrom is RenderCopyFrom of c.
+func (c *CopySpec) RenderFrom(schema string) string {
 	return "COPY " + quoteIdent(schema) + "." + c.tree + " (" + c.qcols + ") FROM STDIN" + c.options(false)
+}
+
+// FirstColumns is c over its first n columns: an INSERT without a column
+// list fills the columns its SELECT gives, in order, and the rest take
+// their defaults.
+func (c *CopySpec) FirstColumns(n int) (*CopySpec, *sqlstate.Error) {
+	cp := *c
+	cp.Columns = c.Columns[:n]
+	quoted := make([]string, n)
+	for i, col := range cp.Columns {
+		quoted[i] = quoteIdent(col)
+	}
+	cp.qcols = strings.Join(quoted, ", ")
+	if cp.KeyIndex >= n {
+		return nil, refused("Give the shard key column in the SELECT, or name the columns: INSERT INTO "+c.tree+" (col, ...).",
+			"INSERT ... SELECT into tree %s gives %d of its columns, without its shard key", c.tree, n)
+	}
+	return &cp, nil
 }
 
 // RenderCopyTo is the statement one node runs for COPY ... TO STDOUT over
@@ -110,6 +137,9 @@ func (c *CopySpec) String() string {
 	if c.Query {
 		s += " query=" + c.QueryKind.String()
 	}
+	if c.Select != "" {
+		s += " select=" + c.Select
+	}
 	if len(c.opts) > 0 {
 		s += " opts=[" + strings.Join(c.opts, ", ") + "]"
 	}
@@ -153,36 +183,12 @@ func (p *planner) copyRoute(s *pg.CopyStmt) route {
 		return p.copyQuery(c, s)
 	}
 	tree, _ := p.lookup(s.Relation)
-	c.tree = quoteIdent(tree.Name)
+	var names []string
 	for _, n := range s.Attlist {
-		col := n.GetString_().GetSval()
-		if len(tree.Columns) > 0 && !contains(tree.Columns, col) {
-			return refusedRoute(&sqlstate.Error{Code: sqlstate.UndefinedColumn, Message: fmt.Sprintf("column %s of relation %s does not exist", qn(col), qn(tree.Name))})
-		}
-		if contains(c.Columns, col) {
-			return refusedRoute(&sqlstate.Error{Code: sqlstate.DuplicateColumn, Message: fmt.Sprintf("column %s specified more than once", qn(col))})
-		}
-		c.Columns = append(c.Columns, col)
+		names = append(names, n.GetString_().GetSval())
 	}
-	if len(c.Columns) == 0 {
-		if len(tree.Columns) == 0 {
-			return refusedRoute(refused("Name the columns: COPY "+qn(tree.Name)+" (col, ...).",
-				"the columns of tree %s are not known to the proxy", qn(tree.Name)))
-		}
-		c.Columns = append([]string(nil), tree.Columns...)
-	}
-	quoted := make([]string, len(c.Columns))
-	c.KeyIndex = -1
-	for i, col := range c.Columns {
-		quoted[i] = quoteIdent(col)
-		if col == tree.KeyColumn {
-			c.KeyIndex = i
-		}
-	}
-	c.qcols = strings.Join(quoted, ", ")
-	if c.From && c.KeyIndex < 0 {
-		return refusedRoute(refused("Include "+tree.KeyColumn+" in the column list: every row needs its shard key.",
-			"COPY into tree %s without its shard key column %s is not supported", qn(tree.Name), qn(tree.KeyColumn)))
+	if err := c.setColumns(tree, names, "COPY"); err != nil {
+		return refusedRoute(err)
 	}
 	for i, o := range c.opts {
 		// FORCE_NULL / FORCE_NOT_NULL name columns: record what they do to the key.
@@ -204,6 +210,42 @@ func (p *planner) copyRoute(s *pg.CopyStmt) route {
 		}
 	}
 	return route{kind: Copy, tree: tree, rv: s.Relation, cp: c}
+}
+
+// setColumns sets the columns of a COPY (or of an INSERT loaded as one,
+// verb) of tree: names, or every column of the tree when there are none.
+func (c *CopySpec) setColumns(tree *shardmap.Tree, names []string, verb string) *sqlstate.Error {
+	c.tree = quoteIdent(tree.Name)
+	for _, col := range names {
+		if len(tree.Columns) > 0 && !contains(tree.Columns, col) {
+			return &sqlstate.Error{Code: sqlstate.UndefinedColumn, Message: fmt.Sprintf("column %s of relation %s does not exist", qn(col), qn(tree.Name))}
+		}
+		if contains(c.Columns, col) {
+			return &sqlstate.Error{Code: sqlstate.DuplicateColumn, Message: fmt.Sprintf("column %s specified more than once", qn(col))}
+		}
+		c.Columns = append(c.Columns, col)
+	}
+	if len(c.Columns) == 0 {
+		if len(tree.Columns) == 0 {
+			return refused("Name the columns: "+verb+" "+qn(tree.Name)+" (col, ...).",
+				"the columns of tree %s are not known to the proxy", qn(tree.Name))
+		}
+		c.Columns = append([]string(nil), tree.Columns...)
+	}
+	quoted := make([]string, len(c.Columns))
+	c.KeyIndex = -1
+	for i, col := range c.Columns {
+		quoted[i] = quoteIdent(col)
+		if col == tree.KeyColumn {
+			c.KeyIndex = i
+		}
+	}
+	c.qcols = strings.Join(quoted, ", ")
+	if c.From && c.KeyIndex < 0 {
+		return refused("Include "+tree.KeyColumn+" in the column list: every row needs its shard key.",
+			"%s into tree %s without its shard key column %s is not supported", verb, qn(tree.Name), qn(tree.KeyColumn))
+	}
+	return nil
 }
 
 func contains(list []string, s string) bool {

@@ -144,6 +144,11 @@ func (p *planner) planWritten(n *pg.Node, start, end int) *Plan {
 				"EXPLAIN of %s is not supported: lattice functions run in the proxy", fn.Name)
 		case FanOut, WriteAll, InsertSplit:
 			p.explain(pl, s.ExplainStmt, r, start, end)
+		case Copy:
+			// Only an INSERT ... SELECT the proxy loads routes so here:
+			// the load is the proxy's, with no plan of PostgreSQL's.
+			pl.Kind, pl.Err = Refused, refused("EXPLAIN the SELECT on its own: the proxy runs it on the catalog node and loads its rows as COPY FROM STDIN does.",
+				"EXPLAIN of INSERT ... SELECT into tree %s from a SELECT that reads no tree is not supported", qn(r.tree.Name))
 		default:
 			p.apply(pl, r, start, end)
 		}
@@ -451,7 +456,11 @@ func (p *planner) route(n *pg.Node) (out route) {
 		multi = multi || ref.nested
 	}
 	if multi {
-		return p.multiRoute(root, w, name, trees, ordinary)
+		r := p.multiRoute(root, w, name, trees, ordinary)
+		if ins, ok := root.(*pg.InsertStmt); ok && r.kind == Refused && pullable(ins, treeRefs) {
+			return p.insertPull(ins, tree)
+		}
+		return r
 	}
 	ref := treeRefs[0]
 	if ordinary != nil {
