@@ -93,8 +93,10 @@ func TestInsertSelectPulled(t *testing.T) {
 		{`INSERT INTO pulled (k, v) SELECT g FROM generate_series(3200, 3201) g`, "42601"},
 		{`INSERT INTO pulled (k) SELECT g, 'x' FROM generate_series(3200, 3201) g`, "42601"},
 		{`INSERT INTO pulled (k) SELECT g / 0 FROM generate_series(3200, 3201) g`, "22012"},
-		{`INSERT INTO pulled (k) SELECT g FROM generate_series(3200, 3201) g ON CONFLICT DO NOTHING`, "0A000"},
 		{`INSERT INTO pulled (k) SELECT g FROM generate_series(3200, 3201) g RETURNING k`, "0A000"},
+		// A key given twice, as PostgreSQL refuses it in one statement.
+		{`INSERT INTO pulled (k, v) SELECT 1, 'twice' UNION ALL SELECT 1, 'twice' ON CONFLICT (k) DO UPDATE SET v = excluded.v`, "21000"},
+		{`INSERT INTO pulled (k, v) SELECT g, 'x' FROM generate_series(1, 3) g ON CONFLICT (k) DO UPDATE SET k = excluded.k`, "0A000"},
 		// 40,000 rows of 100 bytes pass --max-message-memory 1MB.
 		{`INSERT INTO pulled (k, v) SELECT g, repeat('x', 100) FROM generate_series(10000, 50000) g`, "53200"},
 	} {
@@ -104,6 +106,26 @@ func TestInsertSelectPulled(t *testing.T) {
 	}
 	if n := count("true"); n != total {
 		t.Fatalf("%d rows in the tree after the failed inserts, want %d", n, total)
+	}
+
+	// ON CONFLICT: each shard's rows are one INSERT with the clause, and
+	// the tag counts what PostgreSQL counts (inserted or updated rows).
+	for _, tc := range []struct{ sql, tag string }{
+		// 1041 to 1050 exist: ten are skipped, ten are new.
+		{`INSERT INTO pulled (k, v) SELECT g, 'new' FROM generate_series(1041, 1060) g ON CONFLICT DO NOTHING`, "INSERT 0 10"},
+		{`INSERT INTO pulled AS p (k, v) SELECT k, 'it''s ' || k FROM staging ON CONFLICT (k) DO UPDATE SET v = excluded.v, n = p.n + 1`, "INSERT 0 50"},
+	} {
+		if tag, err := c.Exec(ctx, tc.sql); err != nil || tag.String() != tc.tag {
+			t.Fatalf("%s: %v, %v; want %s", tc.sql, tag, err, tc.tag)
+		}
+	}
+	var v string
+	var n int
+	if err := c.QueryRow(ctx, `SELECT v, n FROM pulled WHERE k = 1045`).Scan(&v, &n); err != nil || v != "it's 1045" || n != 8 {
+		t.Fatalf("k = 1045 after the upserts: %q, %d, %v; want \"it's 1045\", 8", v, n, err)
+	}
+	if got := count("true"); got != total+10 {
+		t.Fatalf("%d rows in the tree after the upserts, want %d", got, total+10)
 	}
 
 	// In a transaction the SELECT sees the transaction's own writes, and
@@ -119,8 +141,8 @@ func TestInsertSelectPulled(t *testing.T) {
 		}
 	}
 	mustExecTx(`INSERT INTO staging VALUES (4001, 'uncommitted')`)
+	v = ""
 	mustExecTx(`INSERT INTO pulled (k, v) SELECT k, v FROM staging WHERE k = 4001`)
-	var v string
 	if err := tx.QueryRow(ctx, `SELECT v FROM pulled WHERE k = 4001`).Scan(&v); err != nil || v != "uncommitted" {
 		t.Fatalf("in the transaction: %q, %v", v, err)
 	}

@@ -250,6 +250,11 @@ func (ci *copyIn) route(s *session, rp *rowParser, final bool) {
 		}
 		sh.data = append(sh.data, row...)
 		ci.total += len(row)
+		if ci.spec.Conflict != "" {
+			// One statement per shard: a key given twice then fails as
+			// PostgreSQL fails it (21000), rather than updating twice.
+			continue
+		}
 		if len(sh.data) >= copyShardBuffer {
 			ci.flushShard(s, sh)
 		} else if ci.total >= copyBufferTotal {
@@ -328,9 +333,13 @@ func (ci *copyIn) flushShard(s *session, sh *copyShard) {
 		sh.data = append(sh.data, 0xff, 0xff)
 	}
 	fe := cn.be
-	fe.Send(&pgproto3.Query{String: ci.spec.RenderFrom(sh.schema)})
-	fe.Send(&pgproto3.CopyData{Data: sh.data})
-	fe.Send(&pgproto3.CopyDone{})
+	if ci.spec.Conflict != "" {
+		fe.Send(&pgproto3.Query{String: ci.spec.RenderUpsert(sh.schema, copyTextValues(sh.data))})
+	} else {
+		fe.Send(&pgproto3.Query{String: ci.spec.RenderFrom(sh.schema)})
+		fe.Send(&pgproto3.CopyData{Data: sh.data})
+		fe.Send(&pgproto3.CopyDone{})
+	}
 	cn.pending++
 	ci.total -= len(sh.data)
 	if ci.spec.Format == router.CopyBinary {

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"strconv"
+	"strings"
 
 	"github.com/lattice-db/lattice/router"
 	"github.com/lattice-db/lattice/shardmap"
@@ -539,4 +540,54 @@ func appendCopyText(dst []byte, values [][]byte) []byte {
 		}
 	}
 	return append(dst, '\n')
+}
+
+// copyTextValues turns rows in COPY's text format, as appendCopyText
+// writes them, into a VALUES list of string literals, which INSERT
+// coerces to the columns' types as it would the SELECT's text.
+func copyTextValues(rows []byte) string {
+	var b strings.Builder
+	b.Grow(len(rows) + len(rows)/4)
+	for len(rows) > 0 {
+		end := bytes.IndexByte(rows, '\n')
+		line := rows[:end]
+		rows = rows[end+1:]
+		if b.Len() > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteByte('(')
+		for i, f := range bytes.Split(line, []byte{'\t'}) {
+			if i > 0 {
+				b.WriteString(", ")
+			}
+			if string(f) == `\N` {
+				b.WriteString("NULL")
+				continue
+			}
+			b.WriteString("E'")
+			for j := 0; j < len(f); j++ {
+				switch c := f[j]; {
+				case c == '\\' && j+1 < len(f):
+					j++
+					switch f[j] {
+					case 't':
+						b.WriteString(`\t`)
+					case 'n':
+						b.WriteString(`\n`)
+					case 'r':
+						b.WriteString(`\r`)
+					default:
+						b.WriteString(`\\`)
+					}
+				case c == '\'':
+					b.WriteString("''")
+				default:
+					b.WriteByte(c)
+				}
+			}
+			b.WriteByte('\'')
+		}
+		b.WriteByte(')')
+	}
+	return b.String()
 }

@@ -242,3 +242,24 @@ func TestAppendCopyText(t *testing.T) {
 		}
 	}
 }
+
+func TestCopyTextValues(t *testing.T) {
+	for _, tc := range []struct {
+		rows [][][]byte
+		want string
+	}{
+		{[][][]byte{{[]byte("1"), []byte("plain")}}, "(E'1', E'plain')"},
+		{[][][]byte{{[]byte("1"), nil}, {[]byte("2"), {}}}, "(E'1', NULL), (E'2', E'')"},
+		{[][][]byte{{[]byte("it's"), []byte(`\N`)}}, `(E'it''s', E'\\N')`},
+		{[][][]byte{{[]byte("a\tb\nc\rd\\e")}}, `(E'a\tb\nc\rd\\e')`},
+		{[][][]byte{{[]byte("ünï")}}, "(E'ünï')"},
+	} {
+		var text []byte
+		for _, r := range tc.rows {
+			text = appendCopyText(text, r)
+		}
+		if got := copyTextValues(text); got != tc.want {
+			t.Errorf("%q: got %s, want %s", tc.rows, got, tc.want)
+		}
+	}
+}

@@ -17,6 +17,9 @@ import (
 // backend may also take rows for its shards. They are charged to
 // --max-message-memory, the bound of what the proxy holds for clients.
 //
+// With ON CONFLICT, each shard's rows go at the end as one INSERT ... VALUES
+// under the clause (copyTextValues, router.CopySpec.RenderUpsert).
+//
 // Values pass through their text form, as with COPY: PostgreSQL's INSERT
 // would apply an assignment cast instead, so a value whose text the column
 // type does not accept (2.5 into an integer) fails the statement where

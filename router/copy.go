@@ -50,6 +50,11 @@ type CopySpec struct {
 	// (AllColumns) the SELECT may give fewer: FirstColumns.
 	Select     string
 	AllColumns bool
+	// Conflict is the INSERT's ON CONFLICT clause (with a leading space):
+	// its rows then go to each shard as one INSERT ... VALUES with it
+	// (RenderUpsert), rather than as COPY.
+	Conflict string
+	alias    string // " AS alias" of the INSERT's target, for Conflict
 	// Query marks COPY (query) TO STDOUT. QueryKind is Single (Plan.Key
 	// fixes the one shard; Plan.Render renders the whole statement) or
 	// FanOut (RenderCopyTo glues the node's shards with UNION ALL).
@@ -68,6 +73,12 @@ func (p *Plan) RenderCopyFrom(schema string) string { return p.Copy.RenderFrom(s
 // RenderFrom is RenderCopyFrom of c.
 func (c *CopySpec) RenderFrom(schema string) string {
 	return "COPY " + quoteIdent(schema) + "." + c.tree + " (" + c.qcols + ") FROM STDIN" + c.options(false)
+}
+
+// RenderUpsert is the statement that inserts rows, a VALUES list, into
+// the tree's table in schema under the INSERT's ON CONFLICT clause.
+func (c *CopySpec) RenderUpsert(schema, rows string) string {
+	return "INSERT INTO " + quoteIdent(schema) + "." + c.tree + c.alias + " (" + c.qcols + ") VALUES " + rows + c.Conflict
 }
 
 // FirstColumns is c over its first n columns: an INSERT without a column
@@ -139,6 +150,9 @@ func (c *CopySpec) String() string {
 	}
 	if c.Select != "" {
 		s += " select=" + c.Select
+	}
+	if c.Conflict != "" {
+		s += " conflict=" + strings.TrimSpace(c.Conflict)
 	}
 	if len(c.opts) > 0 {
 		s += " opts=[" + strings.Join(c.opts, ", ") + "]"

@@ -127,7 +127,9 @@ func describe(p *Planner, sql string) string {
 				b.WriteString("   collations: " + shortProbe(pl.CollationProbe) + "\n")
 			}
 		case Copy:
-			if pl.Copy.From {
+			if pl.Copy.Conflict != "" {
+				b.WriteString("   " + indent(pl.Copy.RenderUpsert(goldenSchema, "(E'1', E'it''s')")) + "\n")
+			} else if pl.Copy.From {
 				b.WriteString("   " + indent(pl.RenderCopyFrom(goldenSchema)) + "\n")
 			} else {
 				b.WriteString("   " + indent(pl.RenderCopyTo(goldenSources, true)) + "\n")

@@ -1,6 +1,8 @@
 package router
 
 import (
+	"strings"
+
 	pg "github.com/pganalyze/pg_query_go/v6"
 	"google.golang.org/protobuf/proto"
 
@@ -26,9 +28,9 @@ func pullable(ins *pg.InsertStmt, treeRefs []relRef) bool {
 // SELECT gives, or refuses it with the reason.
 func (p *planner) insertPull(ins *pg.InsertStmt, tree *shardmap.Tree) route {
 	name := qn(tree.Name)
-	if len(ins.ReturningList) > 0 || ins.OnConflictClause != nil {
-		return refusedRoute(refused("Insert the rows with INSERT ... VALUES, which takes ON CONFLICT and RETURNING, or read them back by key after the INSERT ... SELECT.",
-			"INSERT ... SELECT into tree %s with ON CONFLICT or RETURNING is not supported when the SELECT reads no tree: the proxy loads its rows as a COPY", name))
+	if len(ins.ReturningList) > 0 {
+		return refusedRoute(refused("Insert the rows with INSERT ... VALUES, which takes RETURNING, or read them back by key after the INSERT ... SELECT.",
+			"INSERT ... SELECT into tree %s with RETURNING is not supported when the SELECT reads no tree: the proxy loads its rows itself", name))
 	}
 	if ins.Override != pg.OverridingKind_OVERRIDING_NOT_SET {
 		return refusedRoute(refused("Leave out OVERRIDING; give the column's values in the SELECT.",
@@ -57,6 +59,16 @@ func (p *planner) insertPull(ins *pg.InsertStmt, tree *shardmap.Tree) route {
 		names = append(names, rt.Name)
 	}
 	c := &CopySpec{From: true, Select: text, AllColumns: len(names) == 0}
+	if oc := ins.OnConflictClause; oc != nil {
+		conflict, e := conflictText(ins, tree)
+		if e != nil {
+			return refusedRoute(e)
+		}
+		c.Conflict = conflict
+		if a := ins.Relation.Alias; a != nil {
+			c.alias = " AS " + quoteIdent(a.Aliasname)
+		}
+	}
 	if _, e := c.parseOptions(nil); e != nil {
 		return refusedRoute(e)
 	}
@@ -65,3 +77,40 @@ func (p *planner) insertPull(ins *pg.InsertStmt, tree *shardmap.Tree) route {
 	}
 	return route{kind: Copy, tree: tree, rv: ins.Relation, cp: c}
 }
+
+// conflictPlaceholder stands for the rows in the INSERT deparsed to find the
+// text of its ON CONFLICT clause.
+const conflictPlaceholder = "VALUES ('lattice pulled rows')"
+
+// conflictText is the ON CONFLICT clause of ins as text, to follow each
+// shard's VALUES: the clause names the target by its table name or alias,
+// which are the same on every shard.
+func conflictText(ins *pg.InsertStmt, tree *shardmap.Tree) (string, *sqlstate.Error) {
+	name := qn(tree.Name)
+	for _, t := range ins.OnConflictClause.TargetList {
+		if rt := t.GetResTarget(); rt != nil && rt.Name == tree.KeyColumn {
+			return "", refused("Leave the key out of DO UPDATE SET: the conflicting row already has it.",
+				"INSERT ... ON CONFLICT DO UPDATE on tree %s assigns the shard key %s", name, qn(tree.KeyColumn))
+		}
+	}
+	values := &pg.Node{Node: &pg.Node_SelectStmt{SelectStmt: &pg.SelectStmt{
+		ValuesLists: []*pg.Node{pg.MakeListNode([]*pg.Node{pg.MakeAConstStrNode("lattice pulled rows", -1)})},
+		Op:          pg.SetOperation_SETOP_NONE,
+	}}}
+	synth := &pg.InsertStmt{Relation: ins.Relation, Cols: ins.Cols, SelectStmt: values,
+		OnConflictClause: ins.OnConflictClause, Override: ins.Override}
+	text, err := pg.Deparse(&pg.ParseResult{Version: parseVersion, Stmts: []*pg.RawStmt{{Stmt: &pg.Node{Node: &pg.Node_InsertStmt{InsertStmt: synth}}}}})
+	i := strings.Index(text, conflictPlaceholder)
+	if err != nil || i < 0 || strings.Count(text, conflictPlaceholder) != 1 {
+		return "", &sqlstate.Error{Code: sqlstate.InternalError, Message: "cannot render the ON CONFLICT clause of an INSERT into tree " + name}
+	}
+	clause := text[i+len(conflictPlaceholder):]
+	if strings.Contains(clause, "$") {
+		// Each shard's rows go as a Query of their own, without the
+		// client's parameters.
+		return "", refused("Give the values of ON CONFLICT ... DO UPDATE as constants or from EXCLUDED.",
+			"INSERT ... SELECT into tree %s with parameters in ON CONFLICT is not supported when the SELECT reads no tree", name)
+	}
+	return clause, nil
+}
+
