@@ -15,7 +15,8 @@ import (
 // cannot run on the shards: which shard takes a row is known only from the
 // key value the SELECT computes. The proxy runs the SELECT on the catalog
 // node and loads its rows into the tree as a COPY FROM is loaded: split by
-// slot, one COPY per shard, committed together (proxy/insertpull.go).
+// slot, one COPY per shard (with ON CONFLICT, one INSERT ... VALUES under
+// the clause), committed together (proxy/insertpull.go).
 
 // pullable reports whether an INSERT whose tree references are treeRefs
 // reads no tree: the one reference is the INSERT's target.
