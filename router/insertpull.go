@@ -114,4 +114,3 @@ func conflictText(ins *pg.InsertStmt, tree *shardmap.Tree) (string, *sqlstate.Er
 	}
 	return clause, nil
 }
-
