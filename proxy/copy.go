@@ -325,8 +325,9 @@ func (ci *copyIn) node(s *session, node string) *copyNode {
 	return cn
 }
 
-// flushShard sends a shard's buffered rows as one COPY, without waiting for
-// its result unless too many are pending on the backend.
+// flushShard sends a shard's buffered rows as one COPY (as one INSERT under
+// the ON CONFLICT clause of an INSERT ... SELECT), without waiting for its
+// result unless too many are pending on the backend.
 func (ci *copyIn) flushShard(s *session, sh *copyShard) {
 	cn := sh.node
 	if ci.spec.Format == router.CopyBinary {
