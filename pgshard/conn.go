@@ -107,8 +107,22 @@ func connect(ctx context.Context, node, tenant, dsn string, maxMessage int) (*Co
 	}
 	// pgconn's own dialer, with the user timeout.
 	cfg.DialFunc = withUserTimeout(&net.Dialer{KeepAlive: 5 * time.Minute, Timeout: cfg.ConnectTimeout}, backendUserTimeout).DialContext
+	return connectConfig(ctx, node, tenant, cfg, maxMessage)
+}
+
+// connectConfig opens a backend with pgconn and takes its socket over.
+func connectConfig(ctx context.Context, node, tenant string, cfg *pgconn.Config, maxMessage int) (*Conn, error) {
 	pc, err := pgconn.ConnectConfig(ctx, cfg)
 	if err != nil {
+		return nil, fmt.Errorf("node %s: %w", node, err)
+	}
+	// A write of startup that took pgconn more than 15 ms (a loaded
+	// machine deschedules the writer) started pgconn's background reader,
+	// which may still sit in a read of the socket: it would take the
+	// backend's first answer to the proxy, and the session would wait for
+	// it forever. SyncConn waits that reader out.
+	if err := pc.SyncConn(ctx); err != nil {
+		pc.Close(ctx)
 		return nil, fmt.Errorf("node %s: %w", node, err)
 	}
 	hj, err := pc.Hijack()
@@ -116,9 +130,8 @@ func connect(ctx context.Context, node, tenant, dsn string, maxMessage int) (*Co
 		pc.Close(ctx)
 		return nil, fmt.Errorf("node %s: %w", node, err)
 	}
-	// pgconn's Frontend reads through a background reader goroutine; the
-	// proxy reads synchronously, so it talks to the socket directly. The
-	// connection is idle after startup: nothing is left unread.
+	// The proxy reads synchronously, so it talks to the socket directly:
+	// nothing is left unread and no other reader is left.
 	nc := rawsock.Wrap(hj.Conn)
 	fe := pgproto3.NewFrontend(nc, nc)
 	fe.SetMaxBodyLen(maxMessage)
