@@ -99,6 +99,9 @@ func TestInsertSelectPulled(t *testing.T) {
 		{`INSERT INTO pulled (k, v) SELECT g, 'x' FROM generate_series(1, 3) g ON CONFLICT (k) DO UPDATE SET k = excluded.k`, "0A000"},
 		// 40,000 rows of 100 bytes pass --max-message-memory 1MB.
 		{`INSERT INTO pulled (k, v) SELECT g, repeat('x', 100) FROM generate_series(10000, 50000) g`, "53200"},
+		// 5,600 such rows (600 kB) fit once, but ON CONFLICT holds them
+		// twice (each shard's own statement): the plain load below passes.
+		{`INSERT INTO pulled (k, v) SELECT g, repeat('x', 100) FROM generate_series(20000, 25599) g ON CONFLICT DO NOTHING`, "53200"},
 	} {
 		if _, err := c.Exec(ctx, tc.sql); pgCode(err) != tc.code {
 			t.Errorf("%s: got %v, want SQLSTATE %s", tc.sql, err, tc.code)
@@ -107,6 +110,16 @@ func TestInsertSelectPulled(t *testing.T) {
 	if n := count("true"); n != total {
 		t.Fatalf("%d rows in the tree after the failed inserts, want %d", n, total)
 	}
+	func() {
+		tx, err := c.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(ctx)
+		if tag, err := tx.Exec(ctx, `INSERT INTO pulled (k, v) SELECT g, repeat('x', 100) FROM generate_series(20000, 25599) g`); err != nil || tag.String() != "INSERT 0 5600" {
+			t.Fatalf("the rows held once: %v, %v; want INSERT 0 5600", tag, err)
+		}
+	}()
 
 	// ON CONFLICT: each shard's rows are one INSERT with the clause, and
 	// the tag counts what PostgreSQL counts (inserted or updated rows).

@@ -73,6 +73,10 @@ func (p *rowParser) feed(data []byte) error {
 	return nil
 }
 
+// adopt takes data, which the caller no longer uses, as a fresh parser's
+// buffer: rows held whole (an INSERT ... SELECT's) are not copied again.
+func (p *rowParser) adopt(data []byte) { p.buf = data }
+
 // copyKey is one row's shard key field as read from the data.
 type copyKey struct {
 	val  []byte // text form (text/CSV) or binary value; valid until the next call

@@ -67,15 +67,29 @@ func (s *session) playInsertPull(x *exchange, ci *copyIn) error {
 	if ci.err == nil {
 		rows, held = ci.selectRows(s, src, budget)
 	}
-	if ci.err == nil {
-		rp := newRowParser(ci.spec, ci.plan.Tree.KeyColumn)
-		if err := rp.feed(rows); err != nil {
-			ci.setErr(err)
+	if ci.err == nil && ci.spec.Conflict != "" {
+		// Each shard's rows wait in a buffer of their own until its one
+		// statement: the rows are held twice.
+		if n := int64(len(rows)); budget.take(n) {
+			held += n
 		} else {
-			ci.route(s, rp, true)
+			ci.setErr(pullOverBudget(ci, budget, len(rows), "With ON CONFLICT the proxy also holds each shard's rows until it writes them: the rows are held twice."))
 		}
 	}
+	if ci.err == nil {
+		rp := newRowParser(ci.spec, ci.plan.Tree.KeyColumn)
+		rp.adopt(rows)
+		ci.route(s, rp, true)
+	}
 	return s.endCopyIn(x, ci, "INSERT 0 ")
+}
+
+// pullOverBudget is the error of rows that pass --max-message-memory.
+func pullOverBudget(ci *copyIn, budget *Budget, read int, detail string) *sqlstate.Error {
+	e := sqlstate.New(sqlstate.OutOfMemory, "out of memory: the rows of INSERT ... SELECT into tree %q pass what the proxy holds for clients (%d bytes, the --max-message-memory limit)", ci.plan.Tree.Name, budget.limit)
+	e.Detail = fmt.Sprintf("%s %d bytes of rows were read.", detail, read)
+	e.Hint = "Insert the rows in smaller ranges, load them with COPY FROM STDIN, or raise --max-message-memory."
+	return e
 }
 
 // settle reads the results of what was queued on cn before the SELECT (the
@@ -142,10 +156,7 @@ func (ci *copyIn) selectRows(s *session, cn *copyNode, budget *Budget) ([]byte, 
 			rows = appendCopyText(rows, m.Values)
 			if grow := int64(cap(rows)) - held; grow > 0 {
 				if !budget.take(grow) {
-					e := sqlstate.New(sqlstate.OutOfMemory, "out of memory: the rows of INSERT ... SELECT into tree %q pass what the proxy holds for clients (%d bytes, the --max-message-memory limit)", ci.plan.Tree.Name, budget.limit)
-					e.Detail = fmt.Sprintf("The proxy holds the SELECT's rows until it ends; %d bytes of rows were read.", n)
-					e.Hint = "Insert the rows in smaller ranges, load them with COPY FROM STDIN, or raise --max-message-memory."
-					ci.setErr(e)
+					ci.setErr(pullOverBudget(ci, budget, n, "The proxy holds the SELECT's rows until it ends;"))
 					rows = nil
 					return
 				}
