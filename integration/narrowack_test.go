@@ -16,7 +16,9 @@ import (
 // it. A proxy acknowledges a freeze while older statements run on other
 // slots (shardmap.Registration.Narrow), so the first move completes while
 // the statement still runs; a statement on the moving shard's own slots
-// holds the freeze back until it ends.
+// holds the freeze back until it ends, and the freeze is not even tried
+// meanwhile (the slots are only marked about to freeze, which holds no
+// write): none is rolled back.
 func TestFreezeWaitsOnlyForItsSlots(t *testing.T) {
 	resetNodes(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -109,13 +111,25 @@ func TestFreezeWaitsOnlyForItsSlots(t *testing.T) {
 	}
 	pollUntil(t, 60*time.Second, "the move to be released", moveDone)
 
-	// On the moving shard itself: its freezes wait for the statement, and
-	// roll back, until it ends.
+	// On the moving shard itself: its freeze waits for the statement
+	// before it freezes anything.
+	rolledBack := func() float64 {
+		fam := scrape(t, p)["lattice_migrator_freeze_seconds"]
+		if fam == nil {
+			return 0
+		}
+		n, _ := familySum(fam, map[string]string{"outcome": "rolled_back"})
+		return n
+	}
+	before := rolledBack()
 	done = sleep(on)
 	mustExec(t, ctl, "SELECT lattice_move_shard('na', 0, 'n1')")
 	time.Sleep(5 * time.Second) // five freeze budgets
 	if n, err := nodeOf(0); err != nil || n != "n2" {
 		t.Fatalf("shard 0 on %q (%v) while a statement on its slots ran, want it held on n2", n, err)
+	}
+	if n := rolledBack() - before; n != 0 {
+		t.Fatalf("%v freezes rolled back while a statement on the moving slots ran, want none tried", n)
 	}
 	stopSleep(done)
 	pollUntil(t, 60*time.Second, "shard 0 to move back to n1", func() (bool, error) {
@@ -123,4 +137,7 @@ func TestFreezeWaitsOnlyForItsSlots(t *testing.T) {
 		return n == "n1", err
 	})
 	pollUntil(t, 60*time.Second, "the move back to be released", moveDone)
+	if n := rolledBack() - before; n != 0 {
+		t.Fatalf("%v freezes rolled back in the move back, want none", n)
+	}
 }

@@ -100,11 +100,26 @@ type Map struct {
 	// Frozen slots are moving: proxies hold statements for them until a
 	// later map unfreezes them.
 	Frozen [][2]int `json:"frozen,omitempty"`
+	// Freezing slots are about to freeze: no statement is held for them,
+	// but a proxy acknowledges the map only once the statements it planned
+	// on them before it have ended, so the freeze that follows finds none
+	// left to wait for (docs/DESIGN.md section 5, step 4).
+	Freezing [][2]int `json:"freezing,omitempty"`
 }
 
 // IsFrozen reports whether slot is frozen.
 func (m *Map) IsFrozen(slot int) bool {
 	for _, r := range m.Frozen {
+		if slot >= r[0] && slot <= r[1] {
+			return true
+		}
+	}
+	return false
+}
+
+// IsFreezing reports whether slot is about to freeze.
+func (m *Map) IsFreezing(slot int) bool {
+	for _, r := range m.Freezing {
 		if slot >= r[0] && slot <= r[1] {
 			return true
 		}
@@ -200,6 +215,7 @@ func (m *Map) Clone() *Map {
 	c := *m
 	c.Slots = append([]int(nil), m.Slots...)
 	c.Frozen = append([][2]int(nil), m.Frozen...)
+	c.Freezing = append([][2]int(nil), m.Freezing...)
 	c.Shards = make(map[int]Shard, len(m.Shards))
 	for k, v := range m.Shards {
 		c.Shards[k] = v

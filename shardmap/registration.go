@@ -422,12 +422,16 @@ func (r *Registration) olderInUse(name string, cur *Map) bool {
 
 // slotMoved reports whether a statement on slot routes differently under
 // cur than under old: another owner, or the owner's node, state or
-// mixedness changed, or the slot froze or thawed.
+// mixedness changed, or the slot froze or thawed. A slot marked about to
+// freeze counts too: the mark routes nothing differently, but its
+// acknowledgement is how the migrator learns that no statement planned
+// before it still runs there.
 func slotMoved(old, cur *Map, slot int) bool {
 	if len(old.Slots) != len(cur.Slots) || slot < 0 || slot >= len(cur.Slots) {
 		return true
 	}
-	return old.Slots[slot] != cur.Slots[slot] || old.Owner(slot) != cur.Owner(slot) || old.IsFrozen(slot) != cur.IsFrozen(slot)
+	return old.Slots[slot] != cur.Slots[slot] || old.Owner(slot) != cur.Owner(slot) || old.IsFrozen(slot) != cur.IsFrozen(slot) ||
+		old.IsFreezing(slot) != cur.IsFreezing(slot)
 }
 
 // refreshAll re-reads every tenant the cache has loaded.

@@ -285,13 +285,16 @@ func TestRegistrationNarrowedHoldWaitsOnlyForItsSlot(t *testing.T) {
 	r.beat(ctx)
 
 	for _, tc := range []struct {
-		name    string
-		freeze  [2]int
-		slot    int
-		holdsUp bool
+		name     string
+		freeze   [2]int
+		freezing bool // marked about to freeze rather than frozen
+		slot     int
+		holdsUp  bool
 	}{
-		{"a slot outside the freeze", [2]int{0, 10}, 500, false},
-		{"a frozen slot", [2]int{20, 30}, 25, true},
+		{"a slot outside the freeze", [2]int{0, 10}, false, 500, false},
+		{"a frozen slot", [2]int{20, 30}, false, 25, true},
+		{"a slot outside the mark", [2]int{40, 50}, true, 600, false},
+		{"a slot about to freeze", [2]int{60, 70}, true, 65, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			old, err := r.Hold(ctx, "t")
@@ -303,7 +306,11 @@ func TestRegistrationNarrowedHoldWaitsOnlyForItsSlot(t *testing.T) {
 			before, _ := s.Acks(ctx, "t", "x")
 			cur := old.Maps["x"]
 			next := cur.Clone()
-			next.Frozen = append(slices.Clone(cur.Frozen), tc.freeze)
+			if tc.freezing {
+				next.Freezing = append(slices.Clone(cur.Freezing), tc.freeze)
+			} else {
+				next.Frozen = append(slices.Clone(cur.Frozen), tc.freeze)
+			}
 			if err := s.SwapMap(ctx, next, cur.Epoch); err != nil {
 				t.Fatal(err)
 			}
