@@ -17,7 +17,10 @@ import (
 // coordinator (with a freeze budget long enough that the freeze waits for
 // acknowledgements rather than rolling back), B only serves clients. A
 // statement on B that planned on the map before the freeze keeps B from
-// acknowledging it, and clients on B and A send writes for the frozen
+// acknowledging it (one planned before the slots were marked about to
+// freeze would be waited for before the freeze: B's starts after the mark,
+// while a statement on A holds the freeze back, and A's is cancelled
+// once B's runs), and clients on B and A send writes for the frozen
 // slots, which the proxies hold. B is then killed with SIGKILL: its
 // registration lease expires, the coordinator stops waiting for it, the
 // freeze flips within a bounded time, the writes A held are served, the
@@ -51,30 +54,42 @@ func TestProxyKilledDuringFreeze(t *testing.T) {
 		return slot >= moving[0] && slot <= moving[1]
 	})[0]
 
-	// B's long statement plans on the map before the reshard and runs on
-	// through the freeze, on a slot that freezes, so B cannot acknowledge
-	// the freeze's epoch (a statement on another slot would not hold it:
-	// TestFreezeWaitsOnlyForItsSlots).
-	connB, err := pgx.Connect(ctx, b.DSN("lattice"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	slowErr := make(chan error, 1)
-	go func() {
-		_, err := connB.Exec(ctx, "SELECT pg_sleep(60), v FROM pk WHERE k = $1", slowKey)
-		slowErr <- err
-	}()
+	// B's long statement must plan on the map that marks the slots about
+	// to freeze, and run on through the freeze, on a slot that freezes, so
+	// that B cannot acknowledge the freeze's epoch (a statement on another
+	// slot would not hold it: TestFreezeWaitsOnlyForItsSlots). A statement
+	// on A planned before the mark holds the freeze back until B's runs.
 	node0 := int(m.Shards[0].Node[1] - '1')
 	watch, err := pgx.Connect(ctx, fc.nodeDSN(node0))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer watch.Close(ctx)
-	pollUntil(t, 30*time.Second, "B's long statement to run on its node", func() (bool, error) {
-		var n int
-		err := watch.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%pg_sleep(60)%' AND state = 'active' AND pid <> pg_backend_pid()`).Scan(&n)
-		return n > 0, err
-	})
+	running := func(what, sleep string) {
+		pollUntil(t, 30*time.Second, what, func() (bool, error) {
+			var n int
+			err := watch.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE query LIKE $1 AND state = 'active' AND pid <> pg_backend_pid()`, "%"+sleep+"%").Scan(&n)
+			return n > 0, err
+		})
+	}
+	// B serves the tenant, and so acknowledges its maps, from its first
+	// statement on.
+	connB, err := pgx.Connect(ctx, b.DSN("lattice"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustExec(t, connB, "SELECT v FROM pk WHERE k = $1", slowKey)
+	slowA, err := pgx.Connect(ctx, a.DSN("lattice"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer slowA.Close(context.Background())
+	slowAErr := make(chan error, 1)
+	go func() {
+		_, err := slowA.Exec(ctx, "SELECT pg_sleep(600), v FROM pk WHERE k = $1", slowKey)
+		slowAErr <- err
+	}()
+	running("A's long statement to run on its node", "pg_sleep(600)")
 
 	l := newInsertLedger()
 	stopA := startWriters(ctx, poolA, "pk", 2, l)
@@ -82,6 +97,31 @@ func TestProxyKilledDuringFreeze(t *testing.T) {
 	if _, err := poolA.Exec(ctx, "SELECT lattice_reshard('pk', 5)"); err != nil {
 		t.Fatal(err)
 	}
+	bTag := fmt.Sprintf("-%d-", b.cmd.Process.Pid) // a proxy's id holds its pid
+	pollUntil(t, 60*time.Second, "B to acknowledge the mark of the moving slots", func() (bool, error) {
+		_, m, err := fc.shardMap(ctx, "pk")
+		if err != nil || !m.IsFreezing(moving[0]) {
+			return false, err
+		}
+		acks, err := fc.store.Acks(ctx, "lattice", "pk")
+		for id, epoch := range acks {
+			if strings.Contains(id, bTag) && epoch >= m.Epoch {
+				return true, err
+			}
+		}
+		return false, err
+	})
+	slowErr := make(chan error, 1)
+	go func() {
+		_, err := connB.Exec(ctx, "SELECT pg_sleep(60), v FROM pk WHERE k = $1", slowKey)
+		slowErr <- err
+	}()
+	running("B's long statement to run on its node", "pg_sleep(60)")
+	mustExec(t, watch, "SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE query LIKE '%pg_sleep(600)%' AND pid <> pg_backend_pid()")
+	if err := <-slowAErr; sqlState(err) != "57014" {
+		t.Fatalf("A's long statement ended with %v, want a cancel (57014)", err)
+	}
+
 	var frozen *shardmap.Map
 	pollUntil(t, 60*time.Second, "the moving slots to freeze", func() (bool, error) {
 		_, m, err := fc.shardMap(ctx, "pk")
@@ -92,8 +132,7 @@ func TestProxyKilledDuringFreeze(t *testing.T) {
 		return m.IsFrozen(moving[0]), nil
 	})
 	// A acknowledges the freeze at once; B cannot while its long
-	// statement runs. (A proxy's id holds its pid.)
-	bTag := fmt.Sprintf("-%d-", b.cmd.Process.Pid)
+	// statement runs.
 	pollUntil(t, 20*time.Second, "every proxy but B to acknowledge the freeze", func() (bool, error) {
 		acks, err := fc.store.Acks(ctx, "lattice", "pk")
 		if err != nil {
