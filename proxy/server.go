@@ -426,12 +426,14 @@ func (sess *session) loop(ctx context.Context) {
 }
 
 // discardInput reads and drops up to n bytes, stopping when the client
-// pauses for half a second or after ten seconds in all.
+// pauses for two seconds or after ten seconds in all. Half a second was
+// too short on a loaded machine: a client still writing an oversize
+// message was cut off and saw a broken pipe, not the error (ci-22).
 func discardInput(conn net.Conn, n int64) {
 	buf := make([]byte, 64<<10)
 	stop := time.Now().Add(10 * time.Second)
 	for n > 0 && time.Now().Before(stop) {
-		_ = conn.SetReadDeadline(time.Now().Add(500 * time.Millisecond))
+		_ = conn.SetReadDeadline(time.Now().Add(2 * time.Second))
 		read, err := conn.Read(buf)
 		n -= int64(read)
 		if err != nil {
