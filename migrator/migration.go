@@ -968,10 +968,11 @@ func (r *Runner) settleFreeze(ctx context.Context, t *shardmap.Tree, mig *shardm
 	}
 }
 
-// removeRanges drops the ranges of rm from frozen (each was added whole).
-func removeRanges(frozen, rm [][2]int) [][2]int {
-	out := make([][2]int, 0, len(frozen))
-	for _, f := range frozen {
+// removeRanges drops the ranges of rm from ranges (frozen or freezing
+// slots; each was added whole).
+func removeRanges(ranges, rm [][2]int) [][2]int {
+	out := make([][2]int, 0, len(ranges))
+	for _, f := range ranges {
 		if !slices.Contains(rm, f) {
 			out = append(out, f)
 		}

@@ -108,18 +108,14 @@ type Map struct {
 }
 
 // IsFrozen reports whether slot is frozen.
-func (m *Map) IsFrozen(slot int) bool {
-	for _, r := range m.Frozen {
-		if slot >= r[0] && slot <= r[1] {
-			return true
-		}
-	}
-	return false
-}
+func (m *Map) IsFrozen(slot int) bool { return inRanges(m.Frozen, slot) }
 
 // IsFreezing reports whether slot is about to freeze.
-func (m *Map) IsFreezing(slot int) bool {
-	for _, r := range m.Freezing {
+func (m *Map) IsFreezing(slot int) bool { return inRanges(m.Freezing, slot) }
+
+// inRanges reports whether slot lies in one of the inclusive ranges.
+func inRanges(ranges [][2]int, slot int) bool {
+	for _, r := range ranges {
 		if slot >= r[0] && slot <= r[1] {
 			return true
 		}
