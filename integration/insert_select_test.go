@@ -3,7 +3,11 @@ package integration
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // TestInsertSelectPulled: INSERT ... SELECT into a tree from a SELECT that
@@ -24,13 +28,7 @@ func TestInsertSelectPulled(t *testing.T) {
 	mustExec(t, c, `INSERT INTO kinds VALUES (2001, 'ref a'), (2002, 'ref b')`)
 	mustExec(t, c, `SELECT lattice_create_reference_table('kinds')`)
 
-	count := func(where string) (n int64) {
-		t.Helper()
-		if err := c.QueryRow(ctx, `SELECT count(*) FROM pulled WHERE `+where).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
+	count := func(where string) int64 { t.Helper(); return countWhere(t, c, "pulled", where) }
 	for _, tc := range []struct {
 		sql  string
 		args []any
@@ -168,3 +166,164 @@ func TestInsertSelectPulled(t *testing.T) {
 }
 
 func ptr(s string) *string { return &s }
+
+// countWhere counts the rows of table that match where, through c.
+func countWhere(t *testing.T, c *pgx.Conn, table, where string) (n int64) {
+	t.Helper()
+	if err := c.QueryRow(context.Background(), `SELECT count(*) FROM `+table+` WHERE `+where).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// TestInsertSelectFromTree copies and re-keys rows between trees that are
+// not colocated: the proxy reads the SELECT as it reads a client's (one
+// shard, or every shard's rows) and loads the rows by the target's key.
+// During a split of the source, every copy still takes each row once.
+func TestInsertSelectFromTree(t *testing.T) {
+	resetNodes(t)
+	p := startProxy(t, 3, "--max-message-memory", "1MB")
+	ctx := context.Background()
+	c := connect(t, p.DSN("lattice"))
+	mustExec(t, c, `CREATE TABLE src (k bigint PRIMARY KEY, v text)`)
+	mustExec(t, c, `SELECT lattice_create_tree('src', 'k', shard_count => 4)`)
+	mustExec(t, c, `INSERT INTO src SELECT g, 'v' || g FROM generate_series(1, 300) g`)
+	mustExec(t, c, `CREATE TABLE dst (id text PRIMARY KEY, k bigint, v text, batch int)`)
+	mustExec(t, c, fmt.Sprintf(`SELECT lattice_create_tree('dst', 'id', shard_count => %d)`, copyShards))
+
+	count := func(tree, where string) int64 { t.Helper(); return countWhere(t, c, tree, where) }
+	for _, tc := range []struct {
+		sql  string
+		args []any
+		tag  string
+	}{
+		// Every shard's rows, re-keyed by text.
+		{sql: `INSERT INTO dst (id, k, v, batch) SELECT 'a-' || k, k, v, 1 FROM src`, tag: "INSERT 0 300"},
+		// One shard's, by a bound key.
+		{sql: `INSERT INTO dst (id, k, v, batch) SELECT 'b-' || k, k, v, 2 FROM src WHERE k = $1`, args: []any{7}, tag: "INSERT 0 1"},
+		// A filter on every shard, and ORDER BY, which changes nothing.
+		{sql: `INSERT INTO dst (id, k, v, batch) SELECT 'c-' || k, k, v, 3 FROM src WHERE k % 10 = 0 ORDER BY k`, tag: "INSERT 0 30"},
+		// A WITH before INSERT, over the source tree.
+		{sql: `WITH s AS (SELECT k, v FROM src WHERE k <= 5) INSERT INTO dst (id, k, v, batch) SELECT 'd-' || k, k, v, 4 FROM s`, tag: "INSERT 0 5"},
+		// A tree into itself under new keys.
+		{sql: `INSERT INTO src (k, v) SELECT k + 100000, 'moved ' || v FROM src WHERE k <= 50`, tag: "INSERT 0 50"},
+		// ON CONFLICT: 300 'a-' ids exist.
+		{sql: `INSERT INTO dst AS d (id, k, v, batch) SELECT 'a-' || k, k, 'again', 1 FROM src WHERE k <= 300 ON CONFLICT (id) DO UPDATE SET v = excluded.v`, tag: "INSERT 0 300"},
+	} {
+		tag, err := c.Exec(ctx, tc.sql, tc.args...)
+		if err != nil || tag.String() != tc.tag {
+			t.Fatalf("%s: %v, %v; want %s", tc.sql, tag, err, tc.tag)
+		}
+	}
+	// The simple protocol, as psql sends it.
+	res, err := c.PgConn().Exec(ctx, `INSERT INTO dst (id, k, v, batch) SELECT 'e-' || k, k, v, 5 FROM src WHERE k <= 10`).ReadAll()
+	if err != nil || len(res) != 1 || res[0].CommandTag.String() != "INSERT 0 10" {
+		t.Fatalf("in the simple protocol: %v, %v; want INSERT 0 10", res, err)
+	}
+	mustExec(t, c, `DELETE FROM dst WHERE batch = 5`)
+	if n := count("dst", "true"); n != 336 {
+		t.Fatalf("%d rows in dst, want 336", n)
+	}
+	if n := count("dst", "v = 'again'"); n != 300 {
+		t.Fatalf("%d rows of dst upserted, want 300", n)
+	}
+	if n := count("src", "true"); n != 350 {
+		t.Fatalf("%d rows in src, want 350", n)
+	}
+	if got := checkCopyPlacement(t, "dst", "hashtextextended(id, 0)"); got != 336 {
+		t.Fatalf("%d rows of dst on the nodes, want 336", got)
+	}
+	var v string
+	if err := c.QueryRow(ctx, `SELECT v FROM src WHERE k = 100042`).Scan(&v); err != nil || v != "moved v42" {
+		t.Fatalf("k = 100042: %q, %v", v, err)
+	}
+
+	// Errors change nothing.
+	for _, tc := range []struct{ sql, code string }{
+		// 'b-7' exists: every shard's rows are rolled back.
+		{`INSERT INTO dst (id, k) SELECT 'b-' || k, k FROM src`, "23505"},
+		{`INSERT INTO dst (id, k) SELECT 'x-' || count(*), 0 FROM src`, "0A000"},
+		{`INSERT INTO dst (id, k) SELECT 'x-' || k, k FROM src ORDER BY k LIMIT 3`, "0A000"},
+		{`INSERT INTO dst (id, k) SELECT 'x-' || k, k FROM src RETURNING id`, "0A000"},
+		{`INSERT INTO dst (id, k) SELECT 'x-' || k, k / 0 FROM src`, "22012"},
+		// 20,000 rows of 100 bytes (loaded below in parts that fit) pass
+		// --max-message-memory 1MB.
+		{`INSERT INTO src (k, v) SELECT g, repeat('x', 100) FROM generate_series(200000, 204999) g`, ""},
+		{`INSERT INTO src (k, v) SELECT g, repeat('x', 100) FROM generate_series(205000, 209999) g`, ""},
+		{`INSERT INTO src (k, v) SELECT g, repeat('x', 100) FROM generate_series(210000, 214999) g`, ""},
+		{`INSERT INTO src (k, v) SELECT g, repeat('x', 100) FROM generate_series(215000, 219999) g`, ""},
+		{`INSERT INTO dst (id, v) SELECT 'big-' || k, v FROM src WHERE k >= 200000`, "53200"},
+	} {
+		if _, err := c.Exec(ctx, tc.sql); pgCode(err) != tc.code {
+			t.Errorf("%s: got %v, want SQLSTATE %q", tc.sql, err, tc.code)
+		}
+	}
+	mustExec(t, c, `DELETE FROM src WHERE k >= 200000`)
+	if n := count("dst", "true"); n != 336 {
+		t.Fatalf("%d rows in dst after the failed inserts, want 336", n)
+	}
+
+	// In a transaction the SELECT sees the transaction's own writes, and
+	// both go when it rolls back.
+	tx, err := c.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO src VALUES (5001, 'uncommitted')`); err != nil {
+		t.Fatal(err)
+	}
+	if tag, err := tx.Exec(ctx, `INSERT INTO dst (id, k, v) SELECT 'tx-' || k, k, v FROM src WHERE k > 5000 AND k < 6000`); err != nil || tag.String() != "INSERT 0 1" {
+		t.Fatalf("in the transaction: %v, %v", tag, err)
+	}
+	if err := tx.QueryRow(ctx, `SELECT v FROM dst WHERE id = 'tx-5001'`).Scan(&v); err != nil || v != "uncommitted" {
+		t.Fatalf("in the transaction: %q, %v", v, err)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := count("dst", "id = 'tx-5001'"); n != 0 {
+		t.Fatalf("%d rows of the rolled-back INSERT ... SELECT", n)
+	}
+
+	// While src splits from 4 to 8 shards, copy it whole again and again:
+	// each copy must take each of its 350 rows once, whichever of a moving
+	// slot's shards holds it at the time.
+	mustExec(t, c, `SELECT lattice_reshard('src', 8)`)
+	poll := connect(t, p.DSN("lattice"))
+	done := make(chan error, 1)
+	go func() {
+		defer close(done)
+		deadline := time.Now().Add(3 * time.Minute)
+		for time.Now().Before(deadline) {
+			var complete bool
+			if err := poll.QueryRow(ctx, "SELECT lattice_reshard_complete('src')").Scan(&complete); err != nil || complete {
+				done <- err
+				return
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		done <- fmt.Errorf("the reshard of src did not complete in 3 minutes")
+	}()
+	batches := 0
+	for finished := false; !finished; {
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatal(err)
+			}
+			finished = true
+		default:
+		}
+		batches++
+		b := 100 + batches
+		tag, err := c.Exec(ctx, `INSERT INTO dst (id, k, v, batch) SELECT $1::text || '-' || k, k, v, $2 FROM src`, strconv.Itoa(b), b)
+		if err != nil || tag.String() != "INSERT 0 350" {
+			t.Fatalf("copy %d during the reshard: %v, %v; want INSERT 0 350", batches, tag, err)
+		}
+		var n, distinct int64
+		if err := c.QueryRow(ctx, `SELECT count(*), count(DISTINCT k) FROM dst WHERE batch = $1`, b).Scan(&n, &distinct); err != nil || n != 350 || distinct != 350 {
+			t.Fatalf("copy %d during the reshard: %d rows, %d keys, %v; want 350 of each", batches, n, distinct, err)
+		}
+	}
+	t.Logf("%d whole copies of src during its reshard", batches)
+}

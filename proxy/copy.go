@@ -79,6 +79,9 @@ func (s *session) startCopy(ctx context.Context, v *shardmap.View, p *router.Pla
 		return
 	}
 	if p.Copy.From {
+		if pull != nil {
+			pull.view = v
+		}
 		s.x.add(step{kind: stepCopy, copyIn: &copyIn{
 			ctx: ctx, plan: p, m: m, inTx: s.tx.active,
 			nodes: map[string]*copyNode{}, shards: map[int]*copyShard{}, pull: pull, spec: p.Copy,

@@ -6,6 +6,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgproto3"
 
+	"github.com/lattice-db/lattice/router"
+	"github.com/lattice-db/lattice/shardmap"
 	"github.com/lattice-db/lattice/sqlstate"
 )
 
@@ -13,6 +15,11 @@ import (
 // (router/insertpull.go) runs in two steps inside the load's transaction on
 // the catalog node: the SELECT there, its rows held in the proxy in COPY's
 // text format, then those rows loaded as a COPY FROM STDIN is (copy.go).
+// A SELECT that reads other trees (router.CopySpec.Source) is read the same
+// way from the nodes its own routing names, each in the load's
+// transaction, under the view the statement holds: a shard being split is
+// read through its filter, and no migration removes rows the statement
+// may still read until it ends.
 // The rows are held until the SELECT ends because the catalog node's
 // backend may also take rows for its shards. They are charged to
 // --max-message-memory, the bound of what the proxy holds for clients.
@@ -33,6 +40,7 @@ type pullSource struct {
 	oids    []uint32
 	params  [][]byte
 	formats []int16
+	view    *shardmap.View // the statement's, to route a SELECT that reads trees
 }
 
 // newPullSource copies what the pull needs from the statement and its Bind,
@@ -57,15 +65,19 @@ func (s *session) playInsertPull(x *exchange, ci *copyIn) error {
 	var held int64
 	defer func() { budget.give(held) }()
 	var rows []byte
-	src := ci.node(s, s.srv.catalogNode)
-	if src != nil {
-		ci.settle(s, src)
+	var src *copyNode
+	if ci.plan.Copy.Source == nil || len(ci.pull.params) > 0 {
+		// The SELECT runs there, or the parameters are typed there; a
+		// SELECT that reads trees leaves the catalog node out otherwise.
+		if src = ci.node(s, s.srv.catalogNode); src != nil {
+			ci.settle(s, src)
+		}
 	}
 	if ci.err == nil && len(ci.pull.params) > 0 {
 		ci.paramTypes(s, src)
 	}
 	if ci.err == nil {
-		rows, held = ci.selectRows(s, src, budget)
+		rows, held = ci.pullRows(s, src, budget)
 	}
 	if ci.err == nil && ci.spec.Conflict != "" {
 		// Each shard's rows wait in a buffer of their own until its one
@@ -116,18 +128,48 @@ func (ci *copyIn) paramTypes(s *session, cn *copyNode) {
 	})
 }
 
-// selectRows runs the SELECT on cn and returns its rows in COPY's text
-// format, with the bytes charged to budget for them.
-func (ci *copyIn) selectRows(s *session, cn *copyNode, budget *Budget) ([]byte, int64) {
-	be, cols := cn.be, len(ci.plan.Copy.Columns)
-	be.Send(&pgproto3.Parse{Query: ci.plan.Copy.Select, ParameterOIDs: ci.pull.oids})
+// pullRows runs the SELECT, on the catalog node's cn or, when it reads
+// trees, on each node its routing names, and returns its rows in COPY's
+// text format with the bytes charged to budget for them.
+func (ci *copyIn) pullRows(s *session, catalog *copyNode, budget *Budget) (rows []byte, held int64) {
+	src := ci.plan.Copy.Source
+	if src == nil {
+		return ci.selectRows(s, catalog, ci.plan.Copy.Select, nil, 0, budget)
+	}
+	bind := &pgproto3.Bind{Parameters: ci.pull.params, ParameterFormatCodes: ci.pull.formats}
+	r, err := router.Resolve(ci.pull.view, src, routerBind(bind, ci.pull.oids))
+	if err != nil {
+		ci.setErr(err)
+		return nil, 0
+	}
+	for _, t := range r.Targets {
+		cn := ci.node(s, t.Node)
+		if cn == nil {
+			break
+		}
+		ci.settle(s, cn)
+		if ci.err != nil {
+			break
+		}
+		rows, held = ci.selectRows(s, cn, t.SQL, rows, held, budget)
+		if ci.err != nil {
+			break
+		}
+	}
+	return rows, held
+}
+
+// selectRows runs sql, the SELECT or a node's part of it, on cn and appends
+// its rows to rows in COPY's text format, with the bytes charged to budget
+// for them (held so far).
+func (ci *copyIn) selectRows(s *session, cn *copyNode, sql string, rows []byte, held int64, budget *Budget) ([]byte, int64) {
+	be, cols := cn.be, len(ci.spec.Columns)
+	be.Send(&pgproto3.Parse{Query: sql, ParameterOIDs: ci.pull.oids})
 	be.Send(&pgproto3.Bind{Parameters: ci.pull.params, ParameterFormatCodes: ci.pull.formats})
 	be.Send(&pgproto3.Describe{ObjectType: 'P'})
 	be.Send(&pgproto3.Execute{})
 	be.Send(&pgproto3.Sync{})
 	cn.pending++
-	var rows []byte
-	var held int64
 	ci.readReply(s, cn, func(m pgproto3.BackendMessage) {
 		switch m := m.(type) {
 		case *pgproto3.RowDescription:

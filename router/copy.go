@@ -50,6 +50,10 @@ type CopySpec struct {
 	// (AllColumns) the SELECT may give fewer: FirstColumns.
 	Select     string
 	AllColumns bool
+	// Source, when the SELECT reads trees, is its plan: Single, or a
+	// FanOut whose rows are every shard's put together. The proxy reads
+	// it as a client's SELECT is read, rather than on the catalog node.
+	Source *Plan
 	// Conflict is the INSERT's ON CONFLICT clause (with a leading space):
 	// its rows then go to each shard as one INSERT ... VALUES with it
 	// (RenderUpsert), rather than as COPY.
@@ -150,6 +154,9 @@ func (c *CopySpec) String() string {
 	}
 	if c.Select != "" {
 		s += " select=" + c.Select
+	}
+	if c.Source != nil {
+		s += " source=(" + c.Source.String() + ")"
 	}
 	if c.Conflict != "" {
 		s += " conflict=" + strings.TrimSpace(c.Conflict)

@@ -147,8 +147,8 @@ func (p *planner) planWritten(n *pg.Node, start, end int) *Plan {
 		case Copy:
 			// Only an INSERT ... SELECT the proxy loads routes so here:
 			// the load is the proxy's, with no plan of PostgreSQL's.
-			pl.Kind, pl.Err = Refused, refused("EXPLAIN the SELECT on its own: the proxy runs it on the catalog node and loads its rows as COPY FROM STDIN does.",
-				"EXPLAIN of INSERT ... SELECT into tree %s from a SELECT that reads no tree is not supported", qn(r.tree.Name))
+			pl.Kind, pl.Err = Refused, refused("EXPLAIN the SELECT on its own: the proxy reads its rows and loads them as COPY FROM STDIN does.",
+				"EXPLAIN of INSERT ... SELECT into tree %s whose rows the proxy loads itself is not supported", qn(r.tree.Name))
 		default:
 			p.apply(pl, r, start, end)
 		}
@@ -457,8 +457,17 @@ func (p *planner) route(n *pg.Node) (out route) {
 	}
 	if multi {
 		r := p.multiRoute(root, w, name, trees, ordinary)
-		if ins, ok := root.(*pg.InsertStmt); ok && r.kind == Refused && pullable(ins, treeRefs) {
-			return p.insertPull(ins, tree)
+		if ins, ok := root.(*pg.InsertStmt); ok && r.kind == Refused {
+			if pullable(ins, treeRefs) {
+				return p.insertPull(ins, tree)
+			}
+			if target, ok := pullableFromTrees(ins, treeRefs); ok {
+				if t, _ := p.lookup(target.rv); t != nil {
+					if pr, ok := p.insertPullTrees(ins, t); ok {
+						return pr
+					}
+				}
+			}
 		}
 		return r
 	}

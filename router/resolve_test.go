@@ -272,6 +272,11 @@ func describeResolution(t *testing.T, c resolveCase) string {
 		}
 		b.WriteString("\n  " + strings.ReplaceAll(tg.SQL, "\n", "\n  ") + "\n")
 	}
+	if p.Kind == Copy && p.Copy.Source != nil {
+		// The SELECT the proxy reads for the load, as it would for a client.
+		src := describeResolution(t, resolveCase{name: c.name, sql: p.Copy.Source.SQL, mapKind: c.mapKind, bind: c.bind})
+		b.WriteString("source " + strings.ReplaceAll(strings.TrimSuffix(src, "\n"), "\n", "\nsource ") + "\n")
+	}
 	return b.String()
 }
 
