@@ -179,7 +179,8 @@ func countWhere(t *testing.T, c *pgx.Conn, table, where string) (n int64) {
 // TestInsertSelectFromTree copies and re-keys rows between trees that are
 // not colocated: the proxy reads the SELECT as it reads a client's (one
 // shard, or every shard's rows) and loads the rows by the target's key.
-// During a split of the source, every copy still takes each row once.
+// While the source splits and the target folds, every copy still takes
+// each row once.
 func TestInsertSelectFromTree(t *testing.T) {
 	resetNodes(t)
 	p := startProxy(t, 3, "--max-message-memory", "1MB")
@@ -285,10 +286,12 @@ func TestInsertSelectFromTree(t *testing.T) {
 		t.Fatalf("%d rows of the rolled-back INSERT ... SELECT", n)
 	}
 
-	// While src splits from 4 to 8 shards, copy it whole again and again:
-	// each copy must take each of its 350 rows once, whichever of a moving
-	// slot's shards holds it at the time.
+	// While src splits from 4 to 8 shards and dst folds from 16 to 8,
+	// copy src whole into dst again and again: each copy must read each of
+	// src's 350 rows once, whichever of a moving slot's shards holds it at
+	// the time, and load it once, whichever of dst's shards owns it then.
 	mustExec(t, c, `SELECT lattice_reshard('src', 8)`)
+	mustExec(t, c, `SELECT lattice_reshard('dst', 8)`)
 	poll := connect(t, p.DSN("lattice"))
 	done := make(chan error, 1)
 	go func() {
@@ -296,13 +299,13 @@ func TestInsertSelectFromTree(t *testing.T) {
 		deadline := time.Now().Add(3 * time.Minute)
 		for time.Now().Before(deadline) {
 			var complete bool
-			if err := poll.QueryRow(ctx, "SELECT lattice_reshard_complete('src')").Scan(&complete); err != nil || complete {
+			if err := poll.QueryRow(ctx, "SELECT lattice_reshard_complete('src') AND lattice_reshard_complete('dst')").Scan(&complete); err != nil || complete {
 				done <- err
 				return
 			}
 			time.Sleep(20 * time.Millisecond)
 		}
-		done <- fmt.Errorf("the reshard of src did not complete in 3 minutes")
+		done <- fmt.Errorf("the reshards of src and dst did not complete in 3 minutes")
 	}()
 	batches := 0
 	for finished := false; !finished; {
@@ -318,12 +321,15 @@ func TestInsertSelectFromTree(t *testing.T) {
 		b := 100 + batches
 		tag, err := c.Exec(ctx, `INSERT INTO dst (id, k, v, batch) SELECT $1::text || '-' || k, k, v, $2 FROM src`, strconv.Itoa(b), b)
 		if err != nil || tag.String() != "INSERT 0 350" {
-			t.Fatalf("copy %d during the reshard: %v, %v; want INSERT 0 350", batches, tag, err)
+			t.Fatalf("copy %d during the reshards: %v, %v; want INSERT 0 350", batches, tag, err)
 		}
 		var n, distinct int64
 		if err := c.QueryRow(ctx, `SELECT count(*), count(DISTINCT k) FROM dst WHERE batch = $1`, b).Scan(&n, &distinct); err != nil || n != 350 || distinct != 350 {
-			t.Fatalf("copy %d during the reshard: %d rows, %d keys, %v; want 350 of each", batches, n, distinct, err)
+			t.Fatalf("copy %d during the reshards: %d rows, %d keys, %v; want 350 of each", batches, n, distinct, err)
 		}
 	}
-	t.Logf("%d whole copies of src during its reshard", batches)
+	if n := count("dst", "batch > 100"); n != int64(350*batches) {
+		t.Fatalf("%d copied rows in dst after the reshards, want %d", n, 350*batches)
+	}
+	t.Logf("%d whole copies of src during the reshards", batches)
 }
