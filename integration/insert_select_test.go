@@ -239,6 +239,9 @@ func TestInsertSelectFromTree(t *testing.T) {
 		t.Fatalf("k = 100042: %q, %v", v, err)
 	}
 
+	for node := 0; node < 3; node++ {
+		mustExec(t, connect(t, testNodeDSN(t, node)), `CREATE OR REPLACE AGGREGATE my_sum(bigint) (sfunc = int8pl, stype = bigint, initcond = '0')`)
+	}
 	// Errors change nothing.
 	for _, tc := range []struct{ sql, code string }{
 		// 'b-7' exists: every shard's rows are rolled back.
@@ -246,6 +249,11 @@ func TestInsertSelectFromTree(t *testing.T) {
 		{`INSERT INTO dst (id, k) SELECT 'x-' || count(*), 0 FROM src`, "0A000"},
 		{`INSERT INTO dst (id, k) SELECT 'x-' || k, k FROM src ORDER BY k LIMIT 3`, "0A000"},
 		{`INSERT INTO dst (id, k) SELECT 'x-' || k, k FROM src RETURNING id`, "0A000"},
+		{`INSERT INTO dst (id, k) SELECT 'x-' || string_agg(v, ','), 0 FROM src`, "0A000"},
+		// A user-defined aggregate looks like any function to the router:
+		// each node's part would give its own total (the aggregate is on
+		// every node, below).
+		{`INSERT INTO dst (id, k) SELECT 'x-' || my_sum(k), 0 FROM src`, "0A000"},
 		{`INSERT INTO dst (id, k) SELECT 'x-' || k, k / 0 FROM src`, "22012"},
 		// 20,000 rows of 100 bytes (loaded below in parts that fit) pass
 		// --max-message-memory 1MB.

@@ -81,6 +81,13 @@ func (s *session) startCopy(ctx context.Context, v *shardmap.View, p *router.Pla
 	if p.Copy.From {
 		if pull != nil {
 			pull.view = v
+			if src := p.Copy.Source; src != nil && src.Kind == router.FanOut {
+				// Each node's part would aggregate its own shards.
+				if err := s.uncombinedAggregate(ctx, src); err != nil {
+					fail(err)
+					return
+				}
+			}
 		}
 		s.x.add(step{kind: stepCopy, copyIn: &copyIn{
 			ctx: ctx, plan: p, m: m, inTx: s.tx.active,
