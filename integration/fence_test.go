@@ -171,3 +171,37 @@ func TestFenceApartFromControlPool(t *testing.T) {
 		t.Fatal("a write to a fenced slot passed")
 	}
 }
+
+// TestFenceArmAfterConnectionLoss: the arm's connection is never pinged
+// (a ping would add a round trip to the write pause), so an arm that finds
+// it broken, here by pg_terminate_backend between the prepare and the arm,
+// goes again on a new connection rather than failing the freeze.
+func TestFenceArmAfterConnectionLoss(t *testing.T) {
+	resetNodes(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cl := ctCluster(t, 1)
+	tree := &shardmap.Tree{Tenant: "lattice", Name: "fenced", KeyColumn: "k", KeyType: shardmap.KeyText, SlotCount: 4096}
+	table := pgshard.ShardTable(tree, 3)
+	conn := connect(t, testNodeDSN(t, 0))
+	mustExec(t, conn, "CREATE SCHEMA "+shardmap.SchemaName(3))
+	mustExec(t, conn, "CREATE TABLE "+table+" (k text PRIMARY KEY, v int)")
+	fence := pgshard.SlotFence{Migration: "f1", Tree: tree, Shard: 3, Slots: [][2]int{{2048, 4095}}, Target: 9, Epoch: 7}
+	if err := cl.PrepareSlotFence(ctx, "n1", fence); err != nil {
+		t.Fatal(err)
+	}
+	var ended int
+	if err := conn.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid, 5000)) FROM pg_stat_activity
+		WHERE application_name = 'lattice-admin' AND pid <> pg_backend_pid()`).Scan(&ended); err != nil {
+		t.Fatal(err)
+	}
+	if ended == 0 {
+		t.Fatal("no connection of the cluster's pools to end")
+	}
+	if _, err := cl.ArmSlotFence(ctx, "n1", fence); err != nil {
+		t.Fatalf("arm after its connection was ended: %v", err)
+	}
+	if _, err := conn.Exec(ctx, "INSERT INTO "+table+" VALUES ($1, 1)", keyInSlots(t, 2048, 4095, true)); err == nil {
+		t.Fatal("a write to a fenced slot passed")
+	}
+}

@@ -328,14 +328,30 @@ func (c *Cluster) Admin(ctx context.Context, node, tenant string) (*pgxpool.Pool
 	return c.pool(ctx, adminKey{node: node, tenant: tenant}, adminMaxConns, func() (string, error) { return c.TenantDSN(node, tenant) }, nil)
 }
 
-// fencePool is a pool of two connections to node for tenant for the fences
-// of freezes, apart from the control pool: a release's deletes, a shadow
-// copy's setup or a drop of another migration can hold all of its
-// connections, and arming a fence happens inside a write pause. Preparing
-// the fence uses it too, just before the pause, so the arm finds a
-// connection open.
+// fencePool is a pool of two connections to node for tenant for preparing
+// the fences of freezes, apart from the control pool: a release's deletes,
+// a shadow copy's setup or a drop of another migration can hold all of its
+// connections.
 func (c *Cluster) fencePool(ctx context.Context, node, tenant string) (*pgxpool.Pool, error) {
 	return c.pool(ctx, adminKey{node: node, tenant: tenant, role: "fence"}, 2, func() (string, error) { return c.TenantDSN(node, tenant) }, nil)
+}
+
+// armMaxConns bounds the arms of one node and tenant at once: one per
+// migration in flight from that node, which --max-concurrent-migrations
+// bounds (4 by default); a fifth waits for a connection.
+const armMaxConns = 4
+
+// armPool is the connections that arm fences on node for tenant, and
+// nothing else, since an arm runs inside a write pause: a prepare of
+// another migration, which waits for a node-wide lock, must not hold the
+// connection an arm needs. PrepareSlotFence opens one before the pause,
+// and a connection is never pinged before an arm: pgxpool pings one idle
+// for over a second, and the pause would pay that round trip. An arm on a
+// broken connection is sent again on another (ArmSlotFences).
+func (c *Cluster) armPool(ctx context.Context, node, tenant string) (*pgxpool.Pool, error) {
+	return c.pool(ctx, adminKey{node: node, tenant: tenant, role: "arm"}, armMaxConns, func() (string, error) { return c.TenantDSN(node, tenant) }, func(cfg *pgxpool.Config) {
+		cfg.ShouldPing = func(context.Context, pgxpool.ShouldPingParams) bool { return false }
+	})
 }
 
 // probePool is a pool of two connections to node's own database for the

@@ -148,6 +148,16 @@ func (c *Cluster) PrepareSlotFence(ctx context.Context, node string, f SlotFence
 	if err != nil {
 		return err
 	}
+	// The arm's connection opens now, before the pause.
+	ap, err := c.armPool(ctx, node, f.Tree.Tenant)
+	if err != nil {
+		return err
+	}
+	conn, err := ap.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("pgshard: prepare fence of shard %d on %s: %w", f.Shard, node, err)
+	}
+	conn.Release()
 	pred := func(rec string) string { return btreeindex.SlotPredicate(f.Tree, rec, f.Slots) }
 	// The epoch comes from the trigger's argument: it is only known once
 	// the slots are frozen.
@@ -208,7 +218,7 @@ func (c *Cluster) ArmSlotFences(ctx context.Context, node string, fs []SlotFence
 	if len(fs) == 0 {
 		return "", errors.New("pgshard: no fence to arm")
 	}
-	p, err := c.fencePool(ctx, node, fs[0].Tree.Tenant)
+	p, err := c.armPool(ctx, node, fs[0].Tree.Tenant)
 	if err != nil {
 		return "", err
 	}
@@ -229,8 +239,16 @@ func (c *Cluster) ArmSlotFences(ctx context.Context, node string, fs []SlotFence
 		}
 	}
 	sql := strings.Join(append(stmts, "SELECT pg_current_wal_lsn()::text"), ";\n")
+	resent := false
 	for {
-		lsn, err := armOnce(ctx, p, sql)
+		lsn, broken, err := armOnce(ctx, p, sql)
+		// A connection that broke while idle (never pinged) is closed by
+		// the pool; the arm, which can run again, goes once more on
+		// another.
+		if broken && ctx.Err() == nil && !resent {
+			resent = true
+			continue
+		}
 		if !sqlstate.Is(err, sqlstate.LockNotAvailable) || ctx.Err() != nil {
 			if err != nil {
 				return "", fmt.Errorf("pgshard: fence slots of shard %d on %s: %w", fs[0].Shard, node, err)
@@ -257,21 +275,22 @@ func (f SlotFence) handoverSQL() []string {
 }
 
 // armOnce runs the statements of ArmSlotFence as one simple query (one
-// implicit transaction) and returns the value of the last one.
-func armOnce(ctx context.Context, p *pgxpool.Pool, sql string) (string, error) {
+// implicit transaction) and returns the value of the last one; broken says
+// the error came with the connection's end.
+func armOnce(ctx context.Context, p *pgxpool.Pool, sql string) (lsn string, broken bool, err error) {
 	conn, err := p.Acquire(ctx)
 	if err != nil {
-		return "", err
+		return "", false, err
 	}
 	defer conn.Release()
 	res, err := conn.Conn().PgConn().Exec(ctx, sql).ReadAll()
 	if err != nil {
-		return "", err
+		return "", conn.Conn().IsClosed(), err
 	}
 	if last := res[len(res)-1]; len(last.Rows) == 1 && len(last.Rows[0]) == 1 {
-		return string(last.Rows[0][0]), nil
+		return string(last.Rows[0][0]), false, nil
 	}
-	return "", errors.New("no WAL position in the reply")
+	return "", false, errors.New("no WAL position in the reply")
 }
 
 // dropRetryMax caps the wait between attempts to drop a fence.
