@@ -95,8 +95,12 @@ func TestInsertSelectPulled(t *testing.T) {
 		// A key given twice, as PostgreSQL refuses it in one statement.
 		{`INSERT INTO pulled (k, v) SELECT 1, 'twice' UNION ALL SELECT 1, 'twice' ON CONFLICT (k) DO UPDATE SET v = excluded.v`, "21000"},
 		{`INSERT INTO pulled (k, v) SELECT g, 'x' FROM generate_series(1, 3) g ON CONFLICT (k) DO UPDATE SET k = excluded.k`, "0A000"},
-		// 40,000 rows of 100 bytes pass --max-message-memory 1MB.
-		{`INSERT INTO pulled (k, v) SELECT g, repeat('x', 100) FROM generate_series(10000, 50000) g`, "53200"},
+		// 40,000 rows of 100 bytes pass --max-message-memory 1MB: loaded
+		// as they are read, they fit (below), but ON CONFLICT holds them.
+		{`INSERT INTO pulled (k, v) SELECT g, repeat('x', 100) FROM generate_series(10000, 50000) g ON CONFLICT DO NOTHING`, "53200"},
+		// Errors after many batches were loaded roll every batch back.
+		{`INSERT INTO pulled (k, v) SELECT g, repeat('x', 100) FROM generate_series(10000, 50000) g UNION ALL SELECT 3, 'dup'`, "23505"},
+		{`INSERT INTO pulled (k, v) SELECT CASE WHEN g < 49000 THEN g ELSE g / 0 END, repeat('x', 100) FROM generate_series(10000, 50000) g`, "22012"},
 		// 5,600 such rows (600 kB) fit once, but ON CONFLICT holds them
 		// twice (each shard's own statement): the plain load below passes.
 		{`INSERT INTO pulled (k, v) SELECT g, repeat('x', 100) FROM generate_series(20000, 25599) g ON CONFLICT DO NOTHING`, "53200"},
@@ -108,16 +112,42 @@ func TestInsertSelectPulled(t *testing.T) {
 	if n := count("true"); n != total {
 		t.Fatalf("%d rows in the tree after the failed inserts, want %d", n, total)
 	}
+	// Rows past --max-message-memory are loaded as they are read, in a
+	// transaction of the proxy's own or in the client's.
+	big := `INSERT INTO pulled (k, v) SELECT g, repeat('x', 100) FROM generate_series(10000, 50000) g`
+	if tag, err := c.Exec(ctx, big); err != nil || tag.String() != "INSERT 0 40001" {
+		t.Fatalf("%s: %v, %v; want INSERT 0 40001", big, tag, err)
+	}
+	if n := count("k >= 10000 AND v = repeat('x', 100)"); n != 40001 {
+		t.Fatalf("%d streamed rows in the tree, want 40001", n)
+	}
+	// Into itself, fetch after fetch on the backends that take the rows:
+	// the SELECT does not see the rows the statement loads.
+	self := `INSERT INTO pulled (k, v) SELECT k + 1000000, v FROM pulled WHERE k >= 10000`
+	if tag, err := c.Exec(ctx, self); err != nil || tag.String() != "INSERT 0 40001" {
+		t.Fatalf("%s: %v, %v; want INSERT 0 40001", self, tag, err)
+	}
+	if n := count("k >= 1000000"); n != 40001 {
+		t.Fatalf("%d rows copied into the tree itself, want 40001", n)
+	}
+	mustExec(t, c, `DELETE FROM pulled WHERE k >= 10000`)
 	func() {
 		tx, err := c.Begin(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer tx.Rollback(ctx)
-		if tag, err := tx.Exec(ctx, `INSERT INTO pulled (k, v) SELECT g, repeat('x', 100) FROM generate_series(20000, 25599) g`); err != nil || tag.String() != "INSERT 0 5600" {
-			t.Fatalf("the rows held once: %v, %v; want INSERT 0 5600", tag, err)
+		if tag, err := tx.Exec(ctx, big); err != nil || tag.String() != "INSERT 0 40001" {
+			t.Fatalf("%s in a transaction: %v, %v; want INSERT 0 40001", big, tag, err)
+		}
+		var n int64
+		if err := tx.QueryRow(ctx, `SELECT count(*) FROM pulled WHERE k >= 10000`).Scan(&n); err != nil || n != 40001 {
+			t.Fatalf("%d streamed rows seen in the transaction (%v), want 40001", n, err)
 		}
 	}()
+	if n := count("true"); n != total {
+		t.Fatalf("%d rows in the tree after a rolled back load, want %d", n, total)
+	}
 
 	// ON CONFLICT: each shard's rows are one INSERT with the clause, and
 	// the tag counts what PostgreSQL counts (inserted or updated rows).
@@ -261,7 +291,10 @@ func TestInsertSelectFromTree(t *testing.T) {
 		{`INSERT INTO src (k, v) SELECT g, repeat('x', 100) FROM generate_series(205000, 209999) g`, ""},
 		{`INSERT INTO src (k, v) SELECT g, repeat('x', 100) FROM generate_series(210000, 214999) g`, ""},
 		{`INSERT INTO src (k, v) SELECT g, repeat('x', 100) FROM generate_series(215000, 219999) g`, ""},
-		{`INSERT INTO dst (id, v) SELECT 'big-' || k, v FROM src WHERE k >= 200000`, "53200"},
+		{`INSERT INTO dst (id, v) SELECT 'big-' || k, v FROM src WHERE k >= 200000 ON CONFLICT DO NOTHING`, "53200"},
+		// Loaded as they are read, they fit.
+		{`INSERT INTO dst (id, v) SELECT 'big-' || k, v FROM src WHERE k >= 200000`, ""},
+		{`DELETE FROM dst WHERE id LIKE 'big-%'`, ""},
 	} {
 		if _, err := c.Exec(ctx, tc.sql); pgCode(err) != tc.code {
 			t.Errorf("%s: got %v, want SQLSTATE %q", tc.sql, err, tc.code)

@@ -54,6 +54,7 @@ type copyIn struct {
 	total  int // bytes buffered over all shards
 	err    *pgproto3.ErrorResponse
 	pull   *pullSource      // an INSERT ... SELECT's rows come from its SELECT, not the client
+	held   []byte           // the SELECT's rows the proxy holds (insertpull.go)
 	spec   *router.CopySpec // the plan's, or its first columns (router.CopySpec.FirstColumns)
 }
 

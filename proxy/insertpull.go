@@ -20,12 +20,19 @@ import (
 // transaction, under the view the statement holds: a shard being split is
 // read through its filter, and no migration removes rows the statement
 // may still read until it ends.
-// The rows are held until the SELECT ends because the catalog node's
-// backend may also take rows for its shards. They are charged to
-// --max-message-memory, the bound of what the proxy holds for clients.
+// The SELECT is read through a portal of the load's transaction,
+// pullFetchRows rows at a time, and each batch is loaded before the next is
+// fetched: the node that runs the SELECT may also take rows for its
+// shards, on the same backend, and the portal's snapshot, taken before the
+// first row is loaded, keeps the load out of what the SELECT reads (a tree
+// into itself). So the proxy holds one batch at a time, charged to
+// --max-message-memory, the bound of what the proxy holds for clients, and
+// the shards' buffers of COPY FROM (copyBufferTotal).
 //
 // With ON CONFLICT, each shard's rows go at the end as one INSERT ... VALUES
-// under the clause (copyTextValues, router.CopySpec.RenderUpsert).
+// under the clause (copyTextValues, router.CopySpec.RenderUpsert), as
+// PostgreSQL checks a key given twice within one statement (21000): those
+// rows are held until the SELECT ends.
 //
 // Values pass through their text form, as with COPY: PostgreSQL's INSERT
 // would apply an assignment cast instead, so a value whose text the column
@@ -64,7 +71,6 @@ func (s *session) playInsertPull(x *exchange, ci *copyIn) error {
 	budget := s.srv.cfg.Startup.Budget
 	var held int64
 	defer func() { budget.give(held) }()
-	var rows []byte
 	var src *copyNode
 	if ci.plan.Copy.Source == nil || len(ci.pull.params) > 0 {
 		// The SELECT runs there, or the parameters are typed there; a
@@ -76,24 +82,27 @@ func (s *session) playInsertPull(x *exchange, ci *copyIn) error {
 	if ci.err == nil && len(ci.pull.params) > 0 {
 		ci.paramTypes(s, src)
 	}
-	if ci.err == nil {
-		rows, held = ci.pullRows(s, src, budget)
-	}
-	if ci.err == nil && ci.spec.Conflict != "" {
+	if ci.err == nil && ci.spec.Conflict == "" {
+		held = ci.pullParts(s, src, budget, ci.streamRows)
+	} else if ci.err == nil {
+		held = ci.pullParts(s, src, budget, ci.selectRows)
 		// Each shard's rows wait in a buffer of their own until its one
 		// statement: the rows are held twice.
-		if n := int64(len(rows)); budget.take(n) {
+		if n := int64(len(ci.held)); ci.err == nil && !budget.take(n) {
+			ci.setErr(pullOverBudget(ci, budget, len(ci.held), "With ON CONFLICT the proxy holds the SELECT's rows until it ends, and each shard's rows until it writes them: the rows are held twice."))
+		} else if ci.err == nil {
 			held += n
-		} else {
-			ci.setErr(pullOverBudget(ci, budget, len(rows), "With ON CONFLICT the proxy also holds each shard's rows until it writes them: the rows are held twice."))
+			ci.load(s, ci.held)
 		}
 	}
-	if ci.err == nil {
-		rp := newRowParser(ci.spec, ci.plan.Tree.KeyColumn)
-		rp.adopt(rows)
-		ci.route(s, rp, true)
-	}
 	return s.endCopyIn(x, ci, "INSERT 0 ")
+}
+
+// load routes rows, complete rows in COPY's text format, to their shards.
+func (ci *copyIn) load(s *session, rows []byte) {
+	rp := newRowParser(ci.spec, ci.plan.Tree.KeyColumn)
+	rp.adopt(rows)
+	ci.route(s, rp, true)
 }
 
 // pullOverBudget is the error of rows that pass --max-message-memory.
@@ -101,6 +110,9 @@ func pullOverBudget(ci *copyIn, budget *Budget, read int, detail string) *sqlsta
 	e := sqlstate.New(sqlstate.OutOfMemory, "out of memory: the rows of INSERT ... SELECT into tree %q pass what the proxy holds for clients (%d bytes, the --max-message-memory limit)", ci.plan.Tree.Name, budget.limit)
 	e.Detail = fmt.Sprintf("%s %d bytes of rows were read.", detail, read)
 	e.Hint = "Insert the rows in smaller ranges, load them with COPY FROM STDIN, or raise --max-message-memory."
+	if ci.spec.Conflict != "" {
+		e.Hint = "Insert the rows in smaller ranges, or without ON CONFLICT (the rows are then loaded as they are read), or raise --max-message-memory."
+	}
 	return e
 }
 
@@ -128,19 +140,19 @@ func (ci *copyIn) paramTypes(s *session, cn *copyNode) {
 	})
 }
 
-// pullRows runs the SELECT, on the catalog node's cn or, when it reads
-// trees, on each node its routing names, and returns its rows in COPY's
-// text format with the bytes charged to budget for them.
-func (ci *copyIn) pullRows(s *session, catalog *copyNode, budget *Budget) (rows []byte, held int64) {
+// pullParts runs the SELECT through read, on the catalog node's cn or,
+// when it reads trees, on each node its routing names, and returns the
+// bytes charged to budget for the rows it holds.
+func (ci *copyIn) pullParts(s *session, catalog *copyNode, budget *Budget, read func(s *session, cn *copyNode, sql string, held int64, budget *Budget) int64) (held int64) {
 	src := ci.plan.Copy.Source
 	if src == nil {
-		return ci.selectRows(s, catalog, ci.plan.Copy.Select, nil, 0, budget)
+		return read(s, catalog, ci.plan.Copy.Select, 0, budget)
 	}
 	bind := &pgproto3.Bind{Parameters: ci.pull.params, ParameterFormatCodes: ci.pull.formats}
 	r, err := router.Resolve(ci.pull.view, src, routerBind(bind, ci.pull.oids))
 	if err != nil {
 		ci.setErr(err)
-		return nil, 0
+		return 0
 	}
 	for _, t := range r.Targets {
 		cn := ci.node(s, t.Node)
@@ -151,25 +163,82 @@ func (ci *copyIn) pullRows(s *session, catalog *copyNode, budget *Budget) (rows 
 		if ci.err != nil {
 			break
 		}
-		rows, held = ci.selectRows(s, cn, t.SQL, rows, held, budget)
-		if ci.err != nil {
+		if held = read(s, cn, t.SQL, held, budget); ci.err != nil {
 			break
 		}
 	}
-	return rows, held
+	return held
+}
+
+// pullPortal is the backend portal a streamed SELECT is read through, in
+// the load's transaction (so it outlives each fetch's Sync) until it is
+// closed after the last fetch.
+const pullPortal = "lattice_pull"
+
+// pullFetchRows is how many of the SELECT's rows one fetch reads: few
+// enough that a batch of wide rows fits the memory bound, enough that the
+// round trip per batch costs little.
+const pullFetchRows = 1000
+
+// streamRows reads sql, the SELECT or a node's part of it, on cn through
+// pullPortal, and loads each fetch's rows before the next fetch. ci.held
+// is the one batch's buffer, whose bytes are charged to budget (held so
+// far).
+func (ci *copyIn) streamRows(s *session, cn *copyNode, sql string, held int64, budget *Budget) int64 {
+	be := cn.be
+	be.Send(&pgproto3.Parse{Query: sql, ParameterOIDs: ci.pull.oids})
+	be.Send(&pgproto3.Bind{DestinationPortal: pullPortal, Parameters: ci.pull.params, ParameterFormatCodes: ci.pull.formats})
+	be.Send(&pgproto3.Describe{ObjectType: 'P', Name: pullPortal})
+	for ci.err == nil {
+		be.Send(&pgproto3.Execute{Portal: pullPortal, MaxRows: pullFetchRows})
+		be.Send(&pgproto3.Sync{})
+		cn.pending++
+		more := false
+		ci.held = ci.held[:0]
+		held = ci.readRows(s, cn, held, budget, fmt.Sprintf("The proxy holds %d of the SELECT's rows at a time;", pullFetchRows), func(m pgproto3.BackendMessage) {
+			if _, ok := m.(*pgproto3.PortalSuspended); ok {
+				more = true
+			}
+		})
+		if ci.err != nil {
+			return held
+		}
+		ci.load(s, ci.held)
+		if !more {
+			break
+		}
+		// The COPYs this batch sent to cn end before the next fetch's
+		// reply is read.
+		ci.settle(s, cn)
+	}
+	if ci.err == nil {
+		be.Send(&pgproto3.Close{ObjectType: 'P', Name: pullPortal})
+		be.Send(&pgproto3.Sync{})
+		cn.pending++
+	}
+	return held
 }
 
 // selectRows runs sql, the SELECT or a node's part of it, on cn and appends
-// its rows to rows in COPY's text format, with the bytes charged to budget
-// for them (held so far).
-func (ci *copyIn) selectRows(s *session, cn *copyNode, sql string, rows []byte, held int64, budget *Budget) ([]byte, int64) {
-	be, cols := cn.be, len(ci.spec.Columns)
+// its rows to ci.held, with the bytes charged to budget for them (held so
+// far).
+func (ci *copyIn) selectRows(s *session, cn *copyNode, sql string, held int64, budget *Budget) int64 {
+	be := cn.be
 	be.Send(&pgproto3.Parse{Query: sql, ParameterOIDs: ci.pull.oids})
 	be.Send(&pgproto3.Bind{Parameters: ci.pull.params, ParameterFormatCodes: ci.pull.formats})
 	be.Send(&pgproto3.Describe{ObjectType: 'P'})
 	be.Send(&pgproto3.Execute{})
 	be.Send(&pgproto3.Sync{})
 	cn.pending++
+	return ci.readRows(s, cn, held, budget, "The proxy holds the SELECT's rows until it ends;", nil)
+}
+
+// readRows reads the reply to a SELECT's Execute on cn, appending its rows
+// to ci.held in COPY's text format, charged to budget (held so far; the
+// new total is returned); past the budget the error's detail starts with
+// over. other, if set, sees the reply's other messages.
+func (ci *copyIn) readRows(s *session, cn *copyNode, held int64, budget *Budget, over string, other func(pgproto3.BackendMessage)) int64 {
+	cols := len(ci.spec.Columns)
 	ci.readReply(s, cn, func(m pgproto3.BackendMessage) {
 		switch m := m.(type) {
 		case *pgproto3.RowDescription:
@@ -194,17 +263,21 @@ func (ci *copyIn) selectRows(s *session, cn *copyNode, sql string, rows []byte, 
 			if ci.err != nil {
 				return
 			}
-			n := len(rows)
-			rows = appendCopyText(rows, m.Values)
-			if grow := int64(cap(rows)) - held; grow > 0 {
+			n := len(ci.held)
+			ci.held = appendCopyText(ci.held, m.Values)
+			if grow := int64(cap(ci.held)) - held; grow > 0 {
 				if !budget.take(grow) {
-					ci.setErr(pullOverBudget(ci, budget, n, "The proxy holds the SELECT's rows until it ends;"))
-					rows = nil
+					ci.setErr(pullOverBudget(ci, budget, n, over))
+					ci.held = nil
 					return
 				}
 				held += grow
 			}
+		default:
+			if other != nil {
+				other(m)
+			}
 		}
 	})
-	return rows, held
+	return held
 }
