@@ -3,6 +3,7 @@ package proxy
 import (
 	"fmt"
 	"slices"
+	"strconv"
 
 	"github.com/jackc/pgx/v5/pgproto3"
 
@@ -82,10 +83,14 @@ func (s *session) playInsertPull(x *exchange, ci *copyIn) error {
 	if ci.err == nil && len(ci.pull.params) > 0 {
 		ci.paramTypes(s, src)
 	}
+	var parts []pullPart
+	if ci.err == nil {
+		parts = ci.pullParts(s, src)
+	}
 	if ci.err == nil && ci.spec.Conflict == "" {
-		held = ci.pullParts(s, src, budget, ci.streamRows)
+		held = ci.streamRows(s, parts, budget)
 	} else if ci.err == nil {
-		held = ci.pullParts(s, src, budget, ci.selectRows)
+		held = ci.selectRows(s, parts, budget)
 		// Each shard's rows wait in a buffer of their own until its one
 		// statement: the rows are held twice.
 		if n := int64(len(ci.held)); ci.err == nil && !budget.take(n) {
@@ -140,97 +145,136 @@ func (ci *copyIn) paramTypes(s *session, cn *copyNode) {
 	})
 }
 
-// pullParts runs the SELECT through read, on the catalog node's cn or,
-// when it reads trees, on each node its routing names, and returns the
-// bytes charged to budget for the rows it holds.
-func (ci *copyIn) pullParts(s *session, catalog *copyNode, budget *Budget, read func(s *session, cn *copyNode, sql string, held int64, budget *Budget) int64) (held int64) {
+// pullPart is one node's part of the SELECT: the whole SELECT on the
+// catalog node, or a node's part of a SELECT that reads trees.
+type pullPart struct {
+	cn  *copyNode
+	sql string
+}
+
+// pullParts returns the SELECT's parts: on the catalog node's cn or, when
+// it reads trees, on each node its routing names. Each node's backend has
+// settled what was queued on it before.
+func (ci *copyIn) pullParts(s *session, catalog *copyNode) []pullPart {
 	src := ci.plan.Copy.Source
 	if src == nil {
-		return read(s, catalog, ci.plan.Copy.Select, 0, budget)
+		return []pullPart{{cn: catalog, sql: ci.plan.Copy.Select}}
 	}
 	bind := &pgproto3.Bind{Parameters: ci.pull.params, ParameterFormatCodes: ci.pull.formats}
 	r, err := router.Resolve(ci.pull.view, src, routerBind(bind, ci.pull.oids))
 	if err != nil {
 		ci.setErr(err)
-		return 0
+		return nil
 	}
+	var parts []pullPart
 	for _, t := range r.Targets {
 		cn := ci.node(s, t.Node)
 		if cn == nil {
-			break
+			return nil
 		}
-		ci.settle(s, cn)
-		if ci.err != nil {
-			break
+		if ci.settle(s, cn); ci.err != nil {
+			return nil
 		}
-		if held = read(s, cn, t.SQL, held, budget); ci.err != nil {
-			break
-		}
+		parts = append(parts, pullPart{cn: cn, sql: t.SQL})
 	}
-	return held
+	return parts
 }
 
-// pullPortal is the backend portal a streamed SELECT is read through, in
-// the load's transaction (so it outlives each fetch's Sync) until it is
-// closed after the last fetch.
-const pullPortal = "lattice_pull"
+// pullPortal names the backend portal part i of a streamed SELECT is read
+// through, in the load's transaction (so it outlives each fetch's Sync)
+// until it is closed after its last fetch.
+func pullPortal(i int) string { return "lattice_pull_" + strconv.Itoa(i) }
 
-// pullFetchRows is how many of the SELECT's rows one fetch reads: few
-// enough that a batch of wide rows fits the memory bound, enough that the
-// round trip per batch costs little.
-const pullFetchRows = 1000
+// A fetch reads about pullFetchBytes of the SELECT's rows, at most
+// pullFetchRows of them: little memory per session, and few enough round
+// trips. The first fetch, before the rows' width is known, reads
+// pullFirstRows.
+const (
+	pullFetchBytes = 256 << 10
+	pullFetchRows  = 1000
+	pullFirstRows  = 100
+)
 
-// streamRows reads sql, the SELECT or a node's part of it, on cn through
-// pullPortal, and loads each fetch's rows before the next fetch. ci.held
-// is the one batch's buffer, whose bytes are charged to budget (held so
-// far).
-func (ci *copyIn) streamRows(s *session, cn *copyNode, sql string, held int64, budget *Budget) int64 {
-	be := cn.be
-	be.Send(&pgproto3.Parse{Query: sql, ParameterOIDs: ci.pull.oids})
-	be.Send(&pgproto3.Bind{DestinationPortal: pullPortal, Parameters: ci.pull.params, ParameterFormatCodes: ci.pull.formats})
-	be.Send(&pgproto3.Describe{ObjectType: 'P', Name: pullPortal})
-	for ci.err == nil {
-		be.Send(&pgproto3.Execute{Portal: pullPortal, MaxRows: pullFetchRows})
+// nextFetch is how many rows the next fetch reads, after one that read
+// rows rows in size bytes.
+func nextFetch(rows, size int) uint32 {
+	if rows == 0 || size == 0 {
+		return pullFetchRows
+	}
+	return uint32(min(pullFetchRows, max(1, pullFetchBytes*rows/size)))
+}
+
+// streamRows reads the parts through portals and loads each fetch's rows
+// before the next fetch. Every part's portal is bound, which takes its
+// snapshot, before any row is loaded: a part read after rows were loaded
+// into its node would otherwise see them (a tree into itself). ci.held is
+// the one batch's buffer, whose bytes are charged to budget; the bytes
+// charged are returned.
+func (ci *copyIn) streamRows(s *session, parts []pullPart, budget *Budget) (held int64) {
+	for i, pt := range parts {
+		be := pt.cn.be
+		be.Send(&pgproto3.Parse{Query: pt.sql, ParameterOIDs: ci.pull.oids})
+		be.Send(&pgproto3.Bind{DestinationPortal: pullPortal(i), Parameters: ci.pull.params, ParameterFormatCodes: ci.pull.formats})
+		be.Send(&pgproto3.Describe{ObjectType: 'P', Name: pullPortal(i)})
 		be.Send(&pgproto3.Sync{})
-		cn.pending++
-		more := false
-		ci.held = ci.held[:0]
-		held = ci.readRows(s, cn, held, budget, fmt.Sprintf("The proxy holds %d of the SELECT's rows at a time;", pullFetchRows), func(m pgproto3.BackendMessage) {
-			if _, ok := m.(*pgproto3.PortalSuspended); ok {
-				more = true
-			}
-		})
-		if ci.err != nil {
+		pt.cn.pending++
+	}
+	for _, pt := range parts {
+		if held = ci.readRows(s, pt.cn, held, budget, "", nil); ci.err != nil {
 			return held
 		}
-		ci.load(s, ci.held)
-		if !more {
-			break
-		}
-		// The COPYs this batch sent to cn end before the next fetch's
-		// reply is read.
-		ci.settle(s, cn)
 	}
-	if ci.err == nil {
-		be.Send(&pgproto3.Close{ObjectType: 'P', Name: pullPortal})
+	over := fmt.Sprintf("The proxy holds about %d bytes of the SELECT's rows at a time, and at least one row;", pullFetchBytes)
+	fetch := uint32(pullFirstRows)
+	for i, pt := range parts {
+		be := pt.cn.be
+		for more := true; more; {
+			// The COPYs the last batch sent to this backend end before
+			// the fetch's reply is read.
+			if ci.settle(s, pt.cn); ci.err != nil {
+				return held
+			}
+			be.Send(&pgproto3.Execute{Portal: pullPortal(i), MaxRows: fetch})
+			be.Send(&pgproto3.Sync{})
+			pt.cn.pending++
+			more = false
+			ci.held = ci.held[:0]
+			held = ci.readRows(s, pt.cn, held, budget, over, func(m pgproto3.BackendMessage) {
+				if _, ok := m.(*pgproto3.PortalSuspended); ok {
+					more = true
+				}
+			})
+			if ci.err != nil {
+				return held
+			}
+			if more {
+				fetch = nextFetch(int(fetch), len(ci.held))
+			}
+			ci.load(s, ci.held)
+		}
+		be.Send(&pgproto3.Close{ObjectType: 'P', Name: pullPortal(i)})
 		be.Send(&pgproto3.Sync{})
-		cn.pending++
+		pt.cn.pending++
 	}
 	return held
 }
 
-// selectRows runs sql, the SELECT or a node's part of it, on cn and appends
-// its rows to ci.held, with the bytes charged to budget for them (held so
-// far).
-func (ci *copyIn) selectRows(s *session, cn *copyNode, sql string, held int64, budget *Budget) int64 {
-	be := cn.be
-	be.Send(&pgproto3.Parse{Query: sql, ParameterOIDs: ci.pull.oids})
-	be.Send(&pgproto3.Bind{Parameters: ci.pull.params, ParameterFormatCodes: ci.pull.formats})
-	be.Send(&pgproto3.Describe{ObjectType: 'P'})
-	be.Send(&pgproto3.Execute{})
-	be.Send(&pgproto3.Sync{})
-	cn.pending++
-	return ci.readRows(s, cn, held, budget, "The proxy holds the SELECT's rows until it ends;", nil)
+// selectRows runs the parts one after the other and appends their rows to
+// ci.held, charged to budget; the bytes charged are returned.
+func (ci *copyIn) selectRows(s *session, parts []pullPart, budget *Budget) (held int64) {
+	for _, pt := range parts {
+		be := pt.cn.be
+		be.Send(&pgproto3.Parse{Query: pt.sql, ParameterOIDs: ci.pull.oids})
+		be.Send(&pgproto3.Bind{Parameters: ci.pull.params, ParameterFormatCodes: ci.pull.formats})
+		be.Send(&pgproto3.Describe{ObjectType: 'P'})
+		be.Send(&pgproto3.Execute{})
+		be.Send(&pgproto3.Sync{})
+		pt.cn.pending++
+		if held = ci.readRows(s, pt.cn, held, budget, "The proxy holds the SELECT's rows until it ends;", nil); ci.err != nil {
+			break
+		}
+	}
+	return held
 }
 
 // readRows reads the reply to a SELECT's Execute on cn, appending its rows
