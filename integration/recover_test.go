@@ -537,3 +537,34 @@ func recoverVerifyFailed(t *testing.T, crash bool) {
 		t.Fatalf("the second recover-map did not refuse the migration its first found differing:\n%s", again)
 	}
 }
+
+// TestEmbeddedRedisRestart: without --redis the shard maps live in the
+// process only. A proxy started again over the same nodes, as `make demo`
+// run twice is, rebuilds them from the nodes before it serves: the tree
+// and its rows are there, and it takes new writes.
+func TestEmbeddedRedisRestart(t *testing.T) {
+	resetNodes(t)
+	ctx := context.Background()
+	nodes := []string{testNodeDSN(t, 0), testNodeDSN(t, 1)}
+	first := startProxyOn(t, "", nodes, nil)
+	c := connect(t, first.DSN("lattice"))
+	mustExec(t, c, `CREATE TABLE kept (k bigint PRIMARY KEY, v text)`)
+	mustExec(t, c, `SELECT lattice_create_tree('kept', 'k', shard_count => 4)`)
+	mustExec(t, c, `INSERT INTO kept SELECT g, 'v' || g FROM generate_series(1, 200) g`)
+	c.Close(ctx)
+	first.Kill()
+
+	again := startProxyOn(t, "", nodes, nil)
+	if !strings.Contains(again.Log(), "shard maps rebuilt from the nodes") {
+		t.Errorf("the second proxy logged no rebuilt map:\n%s", again.Log())
+	}
+	c = connect(t, again.DSN("lattice"))
+	mustExec(t, c, `INSERT INTO kept VALUES (201, 'after the restart')`)
+	var n, shards int64
+	if err := c.QueryRow(ctx, `SELECT count(*) FROM kept`).Scan(&n); err != nil || n != 201 {
+		t.Fatalf("count after the restart: %d, %v; want 201", n, err)
+	}
+	if err := c.QueryRow(ctx, `SELECT count(*) FROM lattice_shards('kept')`).Scan(&shards); err != nil || shards != 4 {
+		t.Fatalf("shards after the restart: %d, %v; want 4", shards, err)
+	}
+}

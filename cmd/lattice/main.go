@@ -314,14 +314,15 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, ready func(pg
 	if err != nil {
 		return err
 	}
-	if redisURL == "" {
+	embedded := redisURL == ""
+	if embedded {
 		url, stopRedis, err := shardmap.StartEmbedded()
 		if err != nil {
 			return fmt.Errorf("embedded redis: %w", err)
 		}
 		defer stopRedis()
 		redisURL = url
-		log.Warn("no --redis given: running an embedded in-process Redis; the shard map is lost when this process exits")
+		log.Warn("no --redis given: running an embedded in-process Redis; the shard maps live in this process only, and are rebuilt from the nodes at its next start")
 	}
 	store, err := shardmap.OpenRedis(ctx, redisURL)
 	if err != nil {
@@ -334,6 +335,14 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, ready func(pg
 		return err
 	}
 	defer cluster.Close()
+	if embedded {
+		// The embedded Redis starts empty on every run, while the nodes
+		// keep the trees of the last one (make demo, run again): their
+		// maps are rebuilt as recover-map rebuilds them.
+		if err := rebuildMaps(ctx, cluster, store, migrator.RecoverOptions{}, log, logLines{log: log, msg: "shard maps rebuilt from the nodes for the embedded Redis"}); err != nil {
+			return fmt.Errorf("rebuild the shard maps from the nodes for the embedded Redis: %w", err)
+		}
+	}
 
 	cache := shardmap.NewCache(store, time.Second, log)
 	cache.CheckNodes(cluster)

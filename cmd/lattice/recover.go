@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"strings"
 	"time"
 
@@ -53,6 +54,13 @@ func recoverMapCmd(ctx context.Context, args []string, out io.Writer) error {
 		return err
 	}
 	defer cluster.Close()
+	return rebuildMaps(ctx, cluster, store, opts, log, out)
+}
+
+// rebuildMaps gives Redis back, from the nodes, the deployment id, the
+// registry entries of the reference tables and the maps of the trees, and
+// writes a line for each to out.
+func rebuildMaps(ctx context.Context, cluster *pgshard.Cluster, store *shardmap.RedisStore, opts migrator.RecoverOptions, log *slog.Logger, out io.Writer) error {
 	if err := restoreDeployment(ctx, cluster, store, out); err != nil {
 		return err
 	}
@@ -69,6 +77,19 @@ func recoverMapCmd(ctx context.Context, args []string, out io.Writer) error {
 		fmt.Fprintln(out, recoveredLine(t))
 	}
 	return err
+}
+
+// logLines is an io.Writer that logs each line written to it.
+type logLines struct {
+	log *slog.Logger
+	msg string
+}
+
+func (l logLines) Write(p []byte) (int, error) {
+	for _, line := range strings.Split(strings.TrimRight(string(p), "\n"), "\n") {
+		l.log.Info(l.msg, "result", line)
+	}
+	return len(p), nil
 }
 
 func recoveredReferenceLine(r migrator.RecoveredReference) string {
