@@ -134,19 +134,33 @@ func TestSlotFence(t *testing.T) {
 	}
 }
 
+// fencedShard makes shard table 3 of tree "fenced" on the first node,
+// empty, and a cluster over that node.
+func fencedShard(t *testing.T) (*pgshard.Cluster, string, *pgx.Conn) {
+	t.Helper()
+	resetNodes(t)
+	table := pgshard.ShardTable(fencedTree, 3)
+	conn := connect(t, testNodeDSN(t, 0))
+	mustExec(t, conn, "CREATE SCHEMA "+shardmap.SchemaName(3))
+	mustExec(t, conn, "CREATE TABLE "+table+" (k text PRIMARY KEY, v int)")
+	return ctCluster(t, 1), table, conn
+}
+
+// fencedTree is the tree of fencedShard.
+var fencedTree = &shardmap.Tree{Tenant: "lattice", Name: "fenced", KeyColumn: "k", KeyType: shardmap.KeyText, SlotCount: 4096}
+
+// fencedSlots is a fence of the upper half of fencedShard's slots.
+func fencedSlots() pgshard.SlotFence {
+	return pgshard.SlotFence{Migration: "f1", Tree: fencedTree, Shard: 3, Slots: [][2]int{{2048, 4095}}, Target: 9, Epoch: 7}
+}
+
 // TestFenceApartFromControlPool: arming a fence, which happens inside a
 // write pause, does not wait for a connection of the node's control pool,
 // which a release's deletes or another migration's work can hold whole.
 func TestFenceApartFromControlPool(t *testing.T) {
-	resetNodes(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	cl := ctCluster(t, 1)
-	tree := &shardmap.Tree{Tenant: "lattice", Name: "fenced", KeyColumn: "k", KeyType: shardmap.KeyText, SlotCount: 4096}
-	table := pgshard.ShardTable(tree, 3)
-	conn := connect(t, testNodeDSN(t, 0))
-	mustExec(t, conn, "CREATE SCHEMA "+shardmap.SchemaName(3))
-	mustExec(t, conn, "CREATE TABLE "+table+" (k text PRIMARY KEY, v int)")
+	cl, table, conn := fencedShard(t)
 	admin, err := cl.Admin(ctx, "n1", "lattice")
 	if err != nil {
 		t.Fatal(err)
@@ -161,7 +175,7 @@ func TestFenceApartFromControlPool(t *testing.T) {
 		}
 		defer c.Release()
 	}
-	fence := pgshard.SlotFence{Migration: "f1", Tree: tree, Shard: 3, Slots: [][2]int{{2048, 4095}}, Target: 9, Epoch: 7}
+	fence := fencedSlots()
 	fctx, fcancel := context.WithTimeout(ctx, 5*time.Second)
 	defer fcancel()
 	if err := cl.InstallSlotFence(fctx, "n1", fence); err != nil {
@@ -177,16 +191,10 @@ func TestFenceApartFromControlPool(t *testing.T) {
 // it broken, here by pg_terminate_backend between the prepare and the arm,
 // goes again on a new connection rather than failing the freeze.
 func TestFenceArmAfterConnectionLoss(t *testing.T) {
-	resetNodes(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	cl := ctCluster(t, 1)
-	tree := &shardmap.Tree{Tenant: "lattice", Name: "fenced", KeyColumn: "k", KeyType: shardmap.KeyText, SlotCount: 4096}
-	table := pgshard.ShardTable(tree, 3)
-	conn := connect(t, testNodeDSN(t, 0))
-	mustExec(t, conn, "CREATE SCHEMA "+shardmap.SchemaName(3))
-	mustExec(t, conn, "CREATE TABLE "+table+" (k text PRIMARY KEY, v int)")
-	fence := pgshard.SlotFence{Migration: "f1", Tree: tree, Shard: 3, Slots: [][2]int{{2048, 4095}}, Target: 9, Epoch: 7}
+	cl, table, conn := fencedShard(t)
+	fence := fencedSlots()
 	if err := cl.PrepareSlotFence(ctx, "n1", fence); err != nil {
 		t.Fatal(err)
 	}
