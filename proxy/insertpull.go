@@ -21,14 +21,14 @@ import (
 // transaction, under the view the statement holds: a shard being split is
 // read through its filter, and no migration removes rows the statement
 // may still read until it ends.
-// The SELECT is read through a portal of the load's transaction,
-// pullFetchRows rows at a time, and each batch is loaded before the next is
-// fetched: the node that runs the SELECT may also take rows for its
-// shards, on the same backend, and the portal's snapshot, taken before the
-// first row is loaded, keeps the load out of what the SELECT reads (a tree
-// into itself). So the proxy holds one batch at a time, charged to
-// --max-message-memory, the bound of what the proxy holds for clients, and
-// the shards' buffers of COPY FROM (copyBufferTotal).
+// The SELECT is read through a portal of the load's transaction on each
+// node it runs on, about pullFetchBytes at a time, and each batch is loaded
+// before the next is fetched: the node that runs the SELECT may also take
+// rows for its shards, on the same backend, and the portals' snapshots,
+// all taken before the first row is loaded, keep the load out of what the
+// SELECT reads (a tree into itself). So the proxy holds one batch at a
+// time, charged to --max-message-memory, the bound of what the proxy holds
+// for clients, and the shards' buffers of COPY FROM (copyBufferTotal).
 //
 // With ON CONFLICT, each shard's rows go at the end as one INSERT ... VALUES
 // under the clause (copyTextValues, router.CopySpec.RenderUpsert), as
