@@ -284,7 +284,7 @@ func TestInsertSelectFromTree(t *testing.T) {
 		{`INSERT INTO dst (id, k) SELECT 'x-' || string_agg(v, ','), 0 FROM src`, "0A000"},
 		// A user-defined aggregate looks like any function to the router:
 		// each node's part would give its own total (the aggregate is on
-		// every node, below).
+		// every node, above).
 		{`INSERT INTO dst (id, k) SELECT 'x-' || my_sum(k), 0 FROM src`, "0A000"},
 		{`INSERT INTO dst (id, k) SELECT 'x-' || k, k / 0 FROM src`, "22012"},
 		// 20,000 rows of 100 bytes (loaded below in parts that fit) pass

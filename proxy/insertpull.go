@@ -212,11 +212,8 @@ func nextFetch(rows, size int) uint32 {
 // charged are returned.
 func (ci *copyIn) streamRows(s *session, parts []pullPart, budget *Budget) (held int64) {
 	for i, pt := range parts {
-		be := pt.cn.be
-		be.Send(&pgproto3.Parse{Query: pt.sql, ParameterOIDs: ci.pull.oids})
-		be.Send(&pgproto3.Bind{DestinationPortal: pullPortal(i), Parameters: ci.pull.params, ParameterFormatCodes: ci.pull.formats})
-		be.Send(&pgproto3.Describe{ObjectType: 'P', Name: pullPortal(i)})
-		be.Send(&pgproto3.Sync{})
+		ci.bindPart(pt, pullPortal(i))
+		pt.cn.be.Send(&pgproto3.Sync{})
 		pt.cn.pending++
 	}
 	for _, pt := range parts {
@@ -259,16 +256,22 @@ func (ci *copyIn) streamRows(s *session, parts []pullPart, budget *Budget) (held
 	return held
 }
 
+// bindPart queues the Parse, Bind (into portal) and Describe of part pt
+// with the client's parameters.
+func (ci *copyIn) bindPart(pt pullPart, portal string) {
+	be := pt.cn.be
+	be.Send(&pgproto3.Parse{Query: pt.sql, ParameterOIDs: ci.pull.oids})
+	be.Send(&pgproto3.Bind{DestinationPortal: portal, Parameters: ci.pull.params, ParameterFormatCodes: ci.pull.formats})
+	be.Send(&pgproto3.Describe{ObjectType: 'P', Name: portal})
+}
+
 // selectRows runs the parts one after the other and appends their rows to
 // ci.held, charged to budget; the bytes charged are returned.
 func (ci *copyIn) selectRows(s *session, parts []pullPart, budget *Budget) (held int64) {
 	for _, pt := range parts {
-		be := pt.cn.be
-		be.Send(&pgproto3.Parse{Query: pt.sql, ParameterOIDs: ci.pull.oids})
-		be.Send(&pgproto3.Bind{Parameters: ci.pull.params, ParameterFormatCodes: ci.pull.formats})
-		be.Send(&pgproto3.Describe{ObjectType: 'P'})
-		be.Send(&pgproto3.Execute{})
-		be.Send(&pgproto3.Sync{})
+		ci.bindPart(pt, "")
+		pt.cn.be.Send(&pgproto3.Execute{})
+		pt.cn.be.Send(&pgproto3.Sync{})
 		pt.cn.pending++
 		if held = ci.readRows(s, pt.cn, held, budget, "The proxy holds the SELECT's rows until it ends;", nil); ci.err != nil {
 			break
