@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"regexp"
 	"testing"
 	"time"
 
@@ -13,6 +15,7 @@ import (
 	"github.com/lattice-db/lattice/btreeindex"
 	"github.com/lattice-db/lattice/pgshard"
 	"github.com/lattice-db/lattice/shardmap"
+	"github.com/lattice-db/lattice/sqlstate"
 )
 
 // keyInSlots returns a key whose slot lies in [lo, hi] (inside == true) or
@@ -211,5 +214,51 @@ func TestFenceArmAfterConnectionLoss(t *testing.T) {
 	}
 	if _, err := conn.Exec(ctx, "INSERT INTO "+table+" VALUES ($1, 1)", keyInSlots(t, 2048, 4095, true)); err == nil {
 		t.Fatal("a write to a fenced slot passed")
+	}
+}
+
+// TestFenceArmConnectionWarmed: a prepare readies the connection the arm
+// will take, so the arm inside the pause reads no catalog from disk pages:
+// its first prepare on a connection runs the arm's statements on a
+// temporary table and rolls them back, and every prepare opens the
+// fence's tables. The dry run leaves nothing behind, and the arm after it
+// still fences.
+func TestFenceArmConnectionWarmed(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	_, table, conn := fencedShard(t)
+	schema := shardmap.SchemaName(3)
+	mustExec(t, conn, "CREATE TABLE "+schema+"."+pgshard.OwnerTable+" (tree text PRIMARY KEY, epoch bigint NOT NULL, slots int4multirange NOT NULL, updated timestamptz NOT NULL DEFAULT now())")
+	mustExec(t, conn, "INSERT INTO "+schema+"."+pgshard.OwnerTable+" VALUES ('fenced', 1, '{[0,4096)}')")
+	var logged syncBuffer
+	cl, err := pgshard.NewCluster([]pgshard.Node{{Name: "n1", DSN: testNodeDSN(t, 0)}},
+		slog.New(slog.NewTextHandler(&logged, &slog.HandlerOptions{Level: slog.LevelDebug})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	fence := fencedSlots()
+	fence.Handover = &pgshard.Handover{Kind: "split", TargetNode: "n1"}
+	for range 2 {
+		if err := cl.PrepareSlotFence(ctx, "n1", fence); err != nil {
+			t.Fatal(err)
+		}
+	}
+	warmed := regexp.MustCompile(`arm connection warmed" shard=3 first=(\w+)`).FindAllStringSubmatch(logged.String(), -1)
+	if len(warmed) != 2 || warmed[0][1] != "true" || warmed[1][1] != "false" {
+		t.Fatalf("want a first warm-up with the dry run, then one without; the log:\n%s", logged.String())
+	}
+	if _, err := cl.ArmSlotFence(ctx, "n1", fence); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, "INSERT INTO "+table+" VALUES ($1, 1)", keyInSlots(t, 2048, 4095, true)); !sqlstate.Is(err, sqlstate.SlotMoved) {
+		t.Fatalf("a write to a fenced slot after the arm: %v, want %s", err, sqlstate.SlotMoved)
+	}
+	var triggers int
+	if err := conn.QueryRow(ctx, "SELECT count(*) FROM pg_trigger WHERE tgname LIKE 'lattice_arm_warm%'").Scan(&triggers); err != nil {
+		t.Fatal(err)
+	}
+	if triggers != 0 {
+		t.Fatalf("the dry run left %d triggers", triggers)
 	}
 }

@@ -56,6 +56,8 @@ type Cluster struct {
 	changed chan struct{} // closed and replaced by every SetNodes that changes the set
 
 	looks *looks[lookKey, map[string]bool] // Present's, per node
+
+	armWarm sync.Map // *pgx.Conn -> struct{}: an arm connection warmArm readied
 }
 
 // nodeSet is one immutable version of the node set.
@@ -351,6 +353,7 @@ const armMaxConns = 4
 func (c *Cluster) armPool(ctx context.Context, node, tenant string) (*pgxpool.Pool, error) {
 	return c.pool(ctx, adminKey{node: node, tenant: tenant, role: "arm"}, armMaxConns, func() (string, error) { return c.TenantDSN(node, tenant) }, func(cfg *pgxpool.Config) {
 		cfg.ShouldPing = func(context.Context, pgxpool.ShouldPingParams) bool { return false }
+		cfg.BeforeClose = func(conn *pgx.Conn) { c.armWarm.Delete(conn) }
 	})
 }
 
