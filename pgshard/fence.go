@@ -148,16 +148,6 @@ func (c *Cluster) PrepareSlotFence(ctx context.Context, node string, f SlotFence
 	if err != nil {
 		return err
 	}
-	// The arm's connection opens now, before the pause.
-	ap, err := c.armPool(ctx, node, f.Tree.Tenant)
-	if err != nil {
-		return err
-	}
-	conn, err := ap.Acquire(ctx)
-	if err != nil {
-		return fmt.Errorf("pgshard: prepare fence of shard %d on %s: %w", f.Shard, node, err)
-	}
-	defer conn.Release()
 	pred := func(rec string) string { return btreeindex.SlotPredicate(f.Tree, rec, f.Slots) }
 	// The epoch comes from the trigger's argument: it is only known once
 	// the slots are frozen.
@@ -193,6 +183,18 @@ $fence$`
 	if _, err := p.Exec(ctx, sql); err != nil {
 		return fmt.Errorf("pgshard: prepare fence of shard %d on %s: %w", f.Shard, node, err)
 	}
+	// The arm's connection opens now, before the pause. It is held only
+	// while warmed: an arm of another migration, inside its pause, may
+	// need it.
+	ap, err := c.armPool(ctx, node, f.Tree.Tenant)
+	if err != nil {
+		return err
+	}
+	conn, err := ap.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("pgshard: prepare fence of shard %d on %s: %w", f.Shard, node, err)
+	}
+	defer conn.Release()
 	c.warmArm(ctx, conn.Conn(), f)
 	return nil
 }
