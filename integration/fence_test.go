@@ -218,11 +218,11 @@ func TestFenceArmAfterConnectionLoss(t *testing.T) {
 }
 
 // TestFenceArmConnectionWarmed: a prepare readies the connection the arm
-// will take, so the arm inside the pause reads no catalog from disk pages:
-// its first prepare on a connection runs the arm's statements on a
-// temporary table and rolls them back, and every prepare opens the
-// fence's tables. The dry run leaves nothing behind, and the arm after it
-// still fences.
+// will take, so the arm inside the pause loads no catalog cache: its
+// first prepare on a connection runs the arm's statements on a temporary
+// table, and every prepare opens the fence's tables, in a transaction
+// rolled back. A lock held on the table does not hold the prepare, the
+// dry run leaves nothing behind, and the arm after it still fences.
 func TestFenceArmConnectionWarmed(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -247,6 +247,31 @@ func TestFenceArmConnectionWarmed(t *testing.T) {
 	warmed := regexp.MustCompile(`arm connection warmed" shard=3 first=(\w+)`).FindAllStringSubmatch(logged.String(), -1)
 	if len(warmed) != 2 || warmed[0][1] != "true" || warmed[1][1] != "false" {
 		t.Fatalf("want a first warm-up with the dry run, then one without; the log:\n%s", logged.String())
+	}
+	// A DDL statement holding the table does not hold the prepare: the
+	// warm-up gives up after its lock_timeout.
+	lock, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := lock.Exec(ctx, "LOCK TABLE "+table+" IN ACCESS EXCLUSIVE MODE"); err != nil {
+		t.Fatal(err)
+	}
+	prepared := make(chan error, 1)
+	go func() { prepared <- cl.PrepareSlotFence(ctx, "n1", fence) }()
+	select {
+	case err := <-prepared:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("a prepare waited for the table's lock")
+	}
+	if err := lock.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !regexp.MustCompile(`arm connection not warmed" shard=3 first=false err=.*55P03`).MatchString(logged.String()) {
+		t.Fatalf("want a warm-up that gave up on the lock; the log:\n%s", logged.String())
 	}
 	if _, err := cl.ArmSlotFence(ctx, "n1", fence); err != nil {
 		t.Fatal(err)

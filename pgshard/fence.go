@@ -205,25 +205,25 @@ $fence$`
 // the multirange type and the tables' descriptors into its caches: 10 ms
 // of CPU against 1.5 ms warm on a quiet machine, and inside the pause on
 // a busy one the run queue multiplies it. So a connection's first prepare
-// runs an arm's statements on a temporary table and rolls them back, and
-// every prepare opens the tables the arm writes to, with locks that wait
-// for no writer. A failure costs the arm its speed only.
+// runs an arm's statements on a temporary table, and every prepare opens
+// the tables the arm writes to, with locks that wait for no writer, all
+// in one transaction that is rolled back. Its lock_timeout keeps a DDL
+// statement on the shard from holding the prepare: a failure costs the
+// arm its speed only.
 func (c *Cluster) warmArm(ctx context.Context, conn *pgx.Conn, f SlotFence) {
 	begin := time.Now()
-	var stmts []string
+	stmts := []string{"BEGIN", fmt.Sprintf("SET LOCAL lock_timeout = '%dms'", fenceLockTimeout.Milliseconds())}
 	_, warm := c.armWarm.Load(conn)
 	if !warm {
 		slots := quoteLiteral(multirange(f.Slots)) + "::int4multirange"
 		stmts = append(stmts,
-			"BEGIN",
 			"CREATE TEMP TABLE lattice_arm_warm (k int PRIMARY KEY, slots int4multirange, updated timestamptz)",
 			"INSERT INTO lattice_arm_warm VALUES (1, "+slots+", now()) ON CONFLICT (k) DO NOTHING",
 			"UPDATE lattice_arm_warm SET slots = slots - "+slots+", updated = now() WHERE k = 1",
 			// After the writes: the fence's function reads the tree's key.
 			"CREATE OR REPLACE TRIGGER lattice_arm_warm BEFORE INSERT OR UPDATE OR DELETE ON lattice_arm_warm FOR EACH ROW EXECUTE FUNCTION "+f.funcName()+"('0')",
 			"CREATE OR REPLACE TRIGGER lattice_arm_warm_t BEFORE TRUNCATE ON lattice_arm_warm FOR EACH STATEMENT EXECUTE FUNCTION "+f.funcName()+"('0')",
-			"SELECT pg_current_wal_lsn()::text",
-			"ROLLBACK")
+			"SELECT pg_current_wal_lsn()::text")
 		// Tried once per connection: one that cannot make a temporary
 		// table would fail each time.
 		c.armWarm.Store(conn, struct{}{})
@@ -233,11 +233,12 @@ func (c *Cluster) warmArm(ctx context.Context, conn *pgx.Conn, f SlotFence) {
 	if f.Handover != nil {
 		stmts = append(stmts, "SELECT FROM "+schema+"."+MovingTable+" LIMIT 0")
 	}
-	_, err := conn.PgConn().Exec(ctx, strings.Join(stmts, ";\n")).ReadAll()
+	_, err := conn.PgConn().Exec(ctx, strings.Join(append(stmts, "ROLLBACK"), ";\n")).ReadAll()
 	if err != nil {
 		c.log.Debug("pgshard: arm connection not warmed", "shard", f.Shard, "first", !warm, "err", err)
 		if conn.PgConn().TxStatus() != 'I' {
-			// Stopped inside the dry run's transaction.
+			// Stopped inside the transaction; the pool would close the
+			// connection rather than hand it out in one.
 			_, _ = conn.PgConn().Exec(ctx, "ROLLBACK").ReadAll()
 		}
 		return
