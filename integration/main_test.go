@@ -624,6 +624,18 @@ func (p *proxyProc) RunCLI(t *testing.T, ctx context.Context, args ...string) (s
 // Log returns everything the proxy has logged so far.
 func (p *proxyProc) Log() string { return p.log.String() }
 
+// WaitLog waits until the proxy's log holds substr n times.
+func (p *proxyProc) WaitLog(t testing.TB, ctx context.Context, substr string, n int) {
+	t.Helper()
+	for strings.Count(p.Log(), substr) < n {
+		select {
+		case <-ctx.Done():
+			t.Fatalf("the proxy's log holds %q %d times, want %d:\n%s", substr, strings.Count(p.Log(), substr), n, p.Log())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
 // WaitExit waits up to timeout for a proxy that is expected to end by
 // itself (a test hook that crashes it) and reports whether it did.
 func (p *proxyProc) WaitExit(timeout time.Duration) bool {

@@ -52,6 +52,9 @@ type fakeNodes struct {
 	logs map[string]*fakeWriteLog
 	// reserves counts ReserveMap calls: upserts on the catalog node.
 	reserves int
+	// held is how many looks before a freeze find a long transaction on
+	// the source table.
+	held int
 }
 
 // fakeWriteLog is a target's write log: each key's row before the first
@@ -192,6 +195,21 @@ func (f *fakeNodes) ArmSlotFences(ctx context.Context, node string, fs []pgshard
 		f.fences[fmt.Sprintf("%s/%d", fc.Migration, fc.Shard)] = true
 	}
 	return "0/100", nil
+}
+
+func (f *fakeNodes) LongHolders(ctx context.Context, node string, fs []pgshard.SlotFence, older time.Duration) ([]pgshard.Blocker, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.held == 0 {
+		return nil, nil
+	}
+	f.held--
+	f.call("held %s", fs[0].Migration)
+	return []pgshard.Blocker{{Pid: 42, State: "idle in transaction", Age: time.Minute}}, nil
+}
+
+func (f *fakeNodes) SlotBlockers(ctx context.Context, node, tenant, slot string) ([]pgshard.Blocker, error) {
+	return nil, nil
 }
 
 func (f *fakeNodes) DropSlotFence(ctx context.Context, node string, fc pgshard.SlotFence) error {

@@ -63,7 +63,7 @@ var signatures = map[string][]pgproto3.FieldDescription{
 		field("migrations_in_flight", pgtype.Int4OID), field("rows_copied", pgtype.Int8OID), field("lag_bytes", pgtype.Int8OID),
 		field("eta_seconds", pgtype.Float8OID),
 		field("verify_failed_migration", pgtype.TextOID), field("verify_failed_slots", pgtype.TextOID),
-		field("autonomic", pgtype.TextOID),
+		field("autonomic", pgtype.TextOID), field("last_error", pgtype.TextOID),
 	},
 	"lattice_shards": {
 		field("shard", pgtype.Int4OID), field("node", pgtype.TextOID), field("schema", pgtype.TextOID),
@@ -404,6 +404,9 @@ type ReshardStatus struct {
 	// Autonomic says what the tree's split monitor and healing do and why
 	// (autonomic_functions.go), whether or not a reshard runs.
 	Autonomic string
+	// LastError is what last held back a migration in flight: a freeze
+	// rolled back or put off, a failed verification.
+	LastError string
 }
 
 // ReshardStatus reports a tree (named exactly) whose reshard may or may not
@@ -472,6 +475,9 @@ func (f *Functions) statusOf(ctx context.Context, tenant, tree string, r *shardm
 	for _, m := range flying {
 		st.RowsCopied += m.RowsCopied
 		st.LagBytes += m.LagBytes
+		if st.LastError == "" {
+			st.LastError = m.LastError
+		}
 		if m.Phase == shardmap.PhaseVerifyFailed && st.VerifyFailed == "" && m.Verify != nil {
 			st.Phase, st.VerifyFailed, st.VerifyFailedSlots = string(shardmap.PhaseVerifyFailed), m.ID, formatSlots(m.Verify.Differ)
 		}
@@ -499,7 +505,11 @@ func (f *Functions) reshardStatus(ctx context.Context, tenant, tree string) ([][
 	if st.VerifyFailed != "" {
 		failed, slots = st.VerifyFailed, st.VerifyFailedSlots
 	}
-	return [][]any{{st.Phase, int32(st.Target), int32(st.Shards), int32(st.MigrationsInFlight), st.RowsCopied, st.LagBytes, eta, failed, slots, st.Autonomic}}, nil
+	var lastErr any // NULL when nothing holds a migration back
+	if st.LastError != "" {
+		lastErr = st.LastError
+	}
+	return [][]any{{st.Phase, int32(st.Target), int32(st.Shards), int32(st.MigrationsInFlight), st.RowsCopied, st.LagBytes, eta, failed, slots, st.Autonomic, lastErr}}, nil
 }
 
 func abs(x int) int {

@@ -353,7 +353,7 @@ func (r *Runner) Run(ctx context.Context, mig *shardmap.Migration) error {
 			}
 		case shardmap.PhaseCopy, shardmap.PhaseDrain:
 			if sh == nil {
-				if sh, err = r.cluster.StartShadow(ctx, u.trees, mig, log); err != nil {
+				if sh, err = r.startShadow(ctx, u, mig, log); err != nil {
 					return err
 				}
 				if mig.Phase == shardmap.PhaseCopy {
@@ -733,6 +733,10 @@ func (r *Runner) freezeAndFlip(ctx context.Context, u unit, mig *shardmap.Migrat
 	if err := r.settleFreeze(ctx, t, mig, acked, log); err != nil {
 		return false, err
 	}
+	// Looked for after the settling, which can wait for long statements.
+	if r.sourceHeld(ctx, mig, fences, log) {
+		return false, r.clearFreezing(ctx, t, mig)
+	}
 	begin := time.Now()
 	var start time.Time
 	mig.Freezes++
@@ -846,6 +850,7 @@ func (r *Runner) freezeAndFlip(ctx context.Context, u unit, mig *shardmap.Migrat
 		steps.mark(&steps.snapshots)
 	}
 	log.Info("flipped", append(steps.attrs(), "pause", pause, "epoch", flipped.Epoch, "final_lsn", final)...)
+	mig.LastError = "" // what held earlier freezes back is past
 	r.metrics.FreezeSeconds.WithLabelValues(mig.Tree, mig.Tenant, "flipped").Observe(pause.Seconds())
 	if mig.Kind == shardmap.Fold {
 		r.metrics.ConsolidationsCommitted.WithLabelValues(mig.Tree, mig.Tenant, strconv.Itoa(mig.Source)).Inc()
@@ -940,14 +945,7 @@ func (r *Runner) unfreeze(ctx context.Context, u unit, mig *shardmap.Migration) 
 // it) is taken away first, so that the statements planned under it are
 // waited for too.
 func (r *Runner) settleFreeze(ctx context.Context, t *shardmap.Tree, mig *shardmap.Migration, acked <-chan struct{}, log *slog.Logger) error {
-	if _, err := r.updateMap(ctx, t.Tenant, t.MapName(), func(m *shardmap.Map) (bool, error) {
-		kept := removeRanges(m.Freezing, mig.Slots)
-		if len(kept) == len(m.Freezing) {
-			return false, nil
-		}
-		m.Freezing = kept
-		return true, nil
-	}); err != nil {
+	if err := r.clearFreezing(ctx, t, mig); err != nil {
 		return err
 	}
 	marked, err := r.updateMap(ctx, t.Tenant, t.MapName(), func(m *shardmap.Map) (bool, error) {
@@ -966,6 +964,20 @@ func (r *Runner) settleFreeze(ctx context.Context, t *shardmap.Tree, mig *shardm
 		}
 		log.Info("freeze waits for statements planned before it on the moving slots; writes go on", "waited", time.Since(start).Round(time.Millisecond))
 	}
+}
+
+// clearFreezing takes the migration's mark of slots about to freeze out of
+// the map.
+func (r *Runner) clearFreezing(ctx context.Context, t *shardmap.Tree, mig *shardmap.Migration) error {
+	_, err := r.updateMap(ctx, t.Tenant, t.MapName(), func(m *shardmap.Map) (bool, error) {
+		kept := removeRanges(m.Freezing, mig.Slots)
+		if len(kept) == len(m.Freezing) {
+			return false, nil
+		}
+		m.Freezing = kept
+		return true, nil
+	})
+	return err
 }
 
 // removeRanges drops the ranges of rm from ranges (frozen or freezing

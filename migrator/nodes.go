@@ -3,6 +3,7 @@ package migrator
 import (
 	"context"
 	"log/slog"
+	"time"
 
 	"github.com/jackc/pglogrepl"
 
@@ -34,6 +35,9 @@ type Nodes interface {
 	// ArmSlotFences arms fences of one node's tables in one transaction and
 	// returns the WAL position read in it.
 	ArmSlotFences(ctx context.Context, node string, fs []pgshard.SlotFence) (string, error)
+	// LongHolders lists the transactions older than older that hold a lock
+	// on the fences' tables that their arm would wait for.
+	LongHolders(ctx context.Context, node string, fs []pgshard.SlotFence, older time.Duration) ([]pgshard.Blocker, error)
 	DropSlotFence(ctx context.Context, node string, f pgshard.SlotFence) error
 	// InstallSlotFence prepares and arms a fence (the empty-tree re-pin).
 	InstallSlotFence(ctx context.Context, node string, f pgshard.SlotFence) error
@@ -64,6 +68,9 @@ type Nodes interface {
 	// ts: the trees of mig's map (a colocation group's members, or one
 	// tree).
 	StartShadow(ctx context.Context, ts []*shardmap.Tree, mig *shardmap.Migration, log *slog.Logger) (Stream, error)
+	// SlotBlockers lists the transactions the creation of the replication
+	// slot named slot on node is waiting for, if it is.
+	SlotBlockers(ctx context.Context, node, tenant, slot string) ([]pgshard.Blocker, error)
 	// DropShadow removes what mig's shadow copy made; missing pieces are
 	// fine.
 	DropShadow(ctx context.Context, ts []*shardmap.Tree, mig *shardmap.Migration) error

@@ -37,7 +37,7 @@ var rebalanceSignatures = map[string][]pgproto3.FieldDescription{
 		field("phase", pgtype.TextOID), field("by", pgtype.TextOID), field("node", pgtype.TextOID),
 		field("moves_done", pgtype.Int4OID), field("moves_left", pgtype.Int4OID),
 		field("migrations_in_flight", pgtype.Int4OID), field("rows_copied", pgtype.Int8OID), field("lag_bytes", pgtype.Int8OID),
-		field("eta_seconds", pgtype.Float8OID),
+		field("eta_seconds", pgtype.Float8OID), field("last_error", pgtype.TextOID),
 	},
 }
 
@@ -449,7 +449,7 @@ func (f *Functions) rebalanceStatus(ctx context.Context, tenant string, a map[st
 	}
 	r, err := f.store.Reshard(ctx, tenant, t.MapName())
 	if errors.Is(err, shardmap.ErrNotFound) || err == nil && r.Kind == shardmap.IntentReshard {
-		return [][]any{{"idle", nil, nil, int32(0), int32(0), int32(0), int64(0), int64(0), float64(0)}}, nil
+		return [][]any{{"idle", nil, nil, int32(0), int32(0), int32(0), int64(0), int64(0), float64(0), nil}}, nil
 	}
 	if err != nil {
 		return nil, err
@@ -468,9 +468,13 @@ func (f *Functions) rebalanceStatus(ctx context.Context, tenant string, a map[st
 		return nil, err
 	}
 	var rows, lag int64
+	var lastErr any // NULL when nothing holds a move back
 	for _, mg := range flying {
 		rows += mg.RowsCopied
 		lag += mg.LagBytes
+		if lastErr == nil && mg.LastError != "" {
+			lastErr = mg.LastError
+		}
 	}
 	done := max(len(r.Moved)-len(flying), 0)
 	left := len(plan) + len(flying)
@@ -482,5 +486,5 @@ func (f *Functions) rebalanceStatus(ctx context.Context, tenant string, a map[st
 	if r.Node != "" {
 		node = r.Node
 	}
-	return [][]any{{string(r.Kind), r.By, node, int32(done), int32(left), int32(len(flying)), rows, lag, eta}}, nil
+	return [][]any{{string(r.Kind), r.By, node, int32(done), int32(left), int32(len(flying)), rows, lag, eta, lastErr}}, nil
 }

@@ -3,6 +3,7 @@ package migrator
 import (
 	"errors"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/lattice-db/lattice/shardmap"
@@ -186,6 +187,43 @@ func TestFreezeRollback(t *testing.T) {
 		t.Fatalf("rollback left fences %v", r.nodes.fences)
 	}
 	r.nodes.stall = false
+	if _, err := r.run(r.runner(""), rec); err != nil {
+		t.Fatal(err)
+	}
+	r.checkMoved(mig)
+}
+
+// TestFreezePutOffWhileSourceHeld: while a transaction older than the
+// freeze budget holds the source table, a freeze would only pause writes
+// and roll back, so none is tried (the map is never frozen, no fence is
+// armed), and the record names the transaction. Once it is gone, the
+// migration freezes and finishes.
+func TestFreezePutOffWhileSourceHeld(t *testing.T) {
+	r := newRig(t)
+	mig := r.start(shardmap.Split)
+	r.nodes.held = 2
+	run := r.runner("")
+	drains := 0
+	run.crash = func(p string) {
+		if p == "drain" {
+			if drains++; drains == 3 {
+				panic(crashed{p})
+			}
+		}
+	}
+	if point, err := r.run(run, mig); point != "drain" || err != nil {
+		t.Fatalf("run stopped at %q (%v), want the third drain", point, err)
+	}
+	rec := r.stored(mig)
+	if rec.Phase != shardmap.PhaseDrain || rec.Freezes != 0 || !strings.HasPrefix(rec.LastError, heldPrefix) || !strings.Contains(rec.LastError, "pid 42") {
+		t.Fatalf("after two looks that found the source held: phase %s, freezes %d, last error %q", rec.Phase, rec.Freezes, rec.LastError)
+	}
+	if r.nodes.called("fence " + mig.ID) {
+		t.Fatal("a fence was armed while the source was held")
+	}
+	if m := r.mapNow(); len(m.Frozen) != 0 || len(m.Freezing) != 0 {
+		t.Fatalf("the map was left frozen %v, freezing %v while the source was held", m.Frozen, m.Freezing)
+	}
 	if _, err := r.run(r.runner(""), rec); err != nil {
 		t.Fatal(err)
 	}

@@ -289,7 +289,7 @@ func (c *Cluster) ArmSlotFences(ctx context.Context, node string, fs []SlotFence
 		}
 	}
 	sql := strings.Join(append(stmts, "SELECT pg_current_wal_lsn()::text"), ";\n")
-	resent := false
+	resent, lockWaits := false, 0
 	for {
 		lsn, broken, err := armOnce(ctx, p, sql)
 		// A connection that broke while idle (never pinged) is closed by
@@ -300,11 +300,16 @@ func (c *Cluster) ArmSlotFences(ctx context.Context, node string, fs []SlotFence
 			continue
 		}
 		if !sqlstate.Is(err, sqlstate.LockNotAvailable) || ctx.Err() != nil {
+			if err != nil && lockWaits > 0 && ctx.Err() != nil {
+				return "", fmt.Errorf("pgshard: fence slots of shard %d on %s: transactions writing to the table held its lock through %d attempts of %s each, until the freeze's budget ended: %w",
+					fs[0].Shard, node, lockWaits, fenceLockTimeout, err)
+			}
 			if err != nil {
 				return "", fmt.Errorf("pgshard: fence slots of shard %d on %s: %w", fs[0].Shard, node, err)
 			}
 			return lsn, nil
 		}
+		lockWaits++
 	}
 }
 

@@ -1,0 +1,177 @@
+package integration
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// TestFreezePutOffWhileSourceHeld leaves a session through the proxy idle
+// in a transaction that wrote a row of a shard, then reshards. Arming that
+// shard's fence would wait for the transaction inside the write pause, so
+// a freeze would hold the moving slots' writes for its whole budget and
+// roll back, over and over. The migrator puts the freeze off instead:
+// no freeze is rolled back, lattice_reshard_status names the session, and
+// once it commits the reshard completes with its write in place.
+func TestFreezePutOffWhileSourceHeld(t *testing.T) {
+	resetNodes(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	p := startProxy(t, 2)
+	c := connect(t, p.DSN("lattice"))
+	defer c.Close(ctx)
+	mustExec(t, c, `CREATE TABLE held (k int PRIMARY KEY, v int NOT NULL)`)
+	mustExec(t, c, `INSERT INTO held SELECT g, 0 FROM generate_series(1, 1000) g`)
+	mustExec(t, c, `SELECT lattice_create_tree('held', 'k', shard_count => 2)`)
+
+	// A read over the whole tree holds both freezes back (it was planned
+	// before their marks) without an xid, so the replication slots are
+	// made meanwhile; a transaction with an xid running then would hold
+	// the slots' creation instead.
+	reader := connect(t, p.DSN("lattice"))
+	defer reader.Close(ctx)
+	rctx, stopRead := context.WithCancel(ctx)
+	defer stopRead()
+	read := make(chan error, 1)
+	go func() {
+		_, err := reader.Exec(rctx, `SELECT k, pg_sleep(60) FROM held LIMIT 1`)
+		read <- err
+	}()
+	waitNodeQueries(t, ctx, 2, "%pg_sleep(60)%", 2)
+	mustExec(t, c, `SELECT lattice_reshard('held', 4)`)
+	p.WaitLog(t, ctx, "phase=drain", 2)
+
+	// Keys 1 to 8 cover both shards: the transaction holds both sources.
+	holder := connect(t, p.DSN("lattice"))
+	defer holder.Close(ctx)
+	mustExec(t, holder, `BEGIN`)
+	mustExec(t, holder, `UPDATE held SET v = v + 1 WHERE k BETWEEN 1 AND 8`)
+	// Older than the freeze budget (2 s) before a freeze looks.
+	time.Sleep(2500 * time.Millisecond)
+	stopRead()
+	<-read
+
+	lastErr := waitLastError(t, ctx, p, c, "held", "idle in transaction")
+	t.Logf("last_error: %s", lastErr)
+	for _, want := range []string{"freeze put off", "idle_in_transaction_session_timeout"} {
+		if !strings.Contains(lastErr, want) {
+			t.Errorf("last_error %q does not say %q", lastErr, want)
+		}
+	}
+	mustExec(t, holder, `COMMIT`)
+	waitComplete(t, ctx, p, c, "held")
+	if strings.Contains(p.Log(), "freeze rolled back") {
+		t.Errorf("a freeze was tried, and rolled back, while the transaction held the source:\n%s", p.Log())
+	}
+	var rows, v int
+	if err := c.QueryRow(ctx, `SELECT count(*), sum(v) FROM held`).Scan(&rows, &v); err != nil || rows != 1000 || v != 8 {
+		t.Fatalf("after the reshard: %d rows, sum %d (%v); want 1000 rows, sum 8", rows, v, err)
+	}
+	noLastError(t, ctx, c, "held")
+}
+
+// TestShadowCopyWaitNamed leaves a session idle in a transaction that wrote
+// to both shards, then reshards. Creating the migrations' replication
+// slots waits for that transaction to end, so the copies cannot begin:
+// lattice_reshard_status names the session as what they wait for, and
+// once it commits the reshard completes with its writes in place.
+func TestShadowCopyWaitNamed(t *testing.T) {
+	resetNodes(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	p := startProxy(t, 2)
+	c := connect(t, p.DSN("lattice"))
+	defer c.Close(ctx)
+	mustExec(t, c, `CREATE TABLE slotheld (k int PRIMARY KEY, v int NOT NULL)`)
+	mustExec(t, c, `INSERT INTO slotheld SELECT g, 0 FROM generate_series(1, 1000) g`)
+	mustExec(t, c, `SELECT lattice_create_tree('slotheld', 'k', shard_count => 2)`)
+	holder := connect(t, p.DSN("lattice"))
+	defer holder.Close(ctx)
+	mustExec(t, holder, `BEGIN`)
+	mustExec(t, holder, `UPDATE slotheld SET v = v + 1 WHERE k BETWEEN 1 AND 8`)
+	mustExec(t, c, `SELECT lattice_reshard('slotheld', 4)`)
+	lastErr := waitLastError(t, ctx, p, c, "slotheld", "idle in transaction")
+	t.Logf("last_error: %s", lastErr)
+	for _, want := range []string{"shadow copy waits", "replication slot", "idle_in_transaction_session_timeout"} {
+		if !strings.Contains(lastErr, want) {
+			t.Errorf("last_error %q does not say %q", lastErr, want)
+		}
+	}
+	mustExec(t, holder, `COMMIT`)
+	waitComplete(t, ctx, p, c, "slotheld")
+	var rows, v int
+	if err := c.QueryRow(ctx, `SELECT count(*), sum(v) FROM slotheld`).Scan(&rows, &v); err != nil || rows != 1000 || v != 8 {
+		t.Fatalf("after the reshard: %d rows, sum %d (%v); want 1000 rows, sum 8", rows, v, err)
+	}
+	noLastError(t, ctx, c, "slotheld")
+}
+
+// waitLastError waits until lattice_reshard_status(tree) reports a
+// last_error that holds substr, and returns it.
+func waitLastError(t *testing.T, ctx context.Context, p *proxyProc, c *pgx.Conn, tree, substr string) string {
+	t.Helper()
+	for {
+		var s *string
+		if err := c.QueryRow(ctx, `SELECT last_error FROM lattice_reshard_status($1)`, tree).Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		if s != nil && strings.Contains(*s, substr) {
+			return *s
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("lattice_reshard_status(%s) never said %q; last error %v\n%s", tree, substr, deref(s), p.Log())
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// waitComplete waits through c until the reshard of tree completes.
+func waitComplete(t *testing.T, ctx context.Context, p *proxyProc, c *pgx.Conn, tree string) {
+	t.Helper()
+	for done := false; !done; {
+		if err := c.QueryRow(ctx, `SELECT lattice_reshard_complete($1)`, tree).Scan(&done); err != nil {
+			t.Fatalf("the reshard of %s: %v\n%s", tree, err, p.Log())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// noLastError checks that lattice_reshard_status(tree) reports no error.
+func noLastError(t *testing.T, ctx context.Context, c *pgx.Conn, tree string) {
+	t.Helper()
+	var s *string
+	if err := c.QueryRow(ctx, `SELECT last_error FROM lattice_reshard_status($1)`, tree).Scan(&s); err != nil || s != nil {
+		t.Fatalf("last_error of %s after the reshard: %v (%v), want NULL", tree, deref(s), err)
+	}
+}
+
+// waitNodeQueries waits until n statements like pattern run on the first
+// nodes nodes.
+func waitNodeQueries(t *testing.T, ctx context.Context, nodes int, pattern string, n int) {
+	t.Helper()
+	for {
+		seen := 0
+		for i := range nodes {
+			nc := connect(t, testNodeDSN(t, i))
+			var k int
+			err := nc.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE query LIKE $1 AND pid <> pg_backend_pid()`, pattern).Scan(&k)
+			nc.Close(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			seen += k
+		}
+		if seen >= n {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("%d statements like %q run on the nodes, want %d", seen, pattern, n)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
