@@ -17,15 +17,9 @@ import (
 // no freeze is rolled back, lattice_reshard_status names the session, and
 // once it commits the reshard completes with its write in place.
 func TestFreezePutOffWhileSourceHeld(t *testing.T) {
-	resetNodes(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	p := startProxy(t, 2)
-	c := connect(t, p.DSN("lattice"))
-	defer c.Close(ctx)
-	mustExec(t, c, `CREATE TABLE held (k int PRIMARY KEY, v int NOT NULL)`)
-	mustExec(t, c, `INSERT INTO held SELECT g, 0 FROM generate_series(1, 1000) g`)
-	mustExec(t, c, `SELECT lattice_create_tree('held', 'k', shard_count => 2)`)
+	p, c := heldTree(t, ctx, "held")
 
 	// A read over the whole tree holds both freezes back (it was planned
 	// before their marks) without an xid, so the replication slots are
@@ -45,10 +39,7 @@ func TestFreezePutOffWhileSourceHeld(t *testing.T) {
 	p.WaitLog(t, ctx, "phase=drain", 2)
 
 	// Keys 1 to 8 cover both shards: the transaction holds both sources.
-	holder := connect(t, p.DSN("lattice"))
-	defer holder.Close(ctx)
-	mustExec(t, holder, `BEGIN`)
-	mustExec(t, holder, `UPDATE held SET v = v + 1 WHERE k BETWEEN 1 AND 8`)
+	holder := holdRows(t, ctx, p, "held")
 	// Older than the freeze budget (2 s) before a freeze looks.
 	time.Sleep(2500 * time.Millisecond)
 	stopRead()
@@ -79,19 +70,10 @@ func TestFreezePutOffWhileSourceHeld(t *testing.T) {
 // lattice_reshard_status names the session as what they wait for, and
 // once it commits the reshard completes with its writes in place.
 func TestShadowCopyWaitNamed(t *testing.T) {
-	resetNodes(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	p := startProxy(t, 2)
-	c := connect(t, p.DSN("lattice"))
-	defer c.Close(ctx)
-	mustExec(t, c, `CREATE TABLE slotheld (k int PRIMARY KEY, v int NOT NULL)`)
-	mustExec(t, c, `INSERT INTO slotheld SELECT g, 0 FROM generate_series(1, 1000) g`)
-	mustExec(t, c, `SELECT lattice_create_tree('slotheld', 'k', shard_count => 2)`)
-	holder := connect(t, p.DSN("lattice"))
-	defer holder.Close(ctx)
-	mustExec(t, holder, `BEGIN`)
-	mustExec(t, holder, `UPDATE slotheld SET v = v + 1 WHERE k BETWEEN 1 AND 8`)
+	p, c := heldTree(t, ctx, "slotheld")
+	holder := holdRows(t, ctx, p, "slotheld")
 	mustExec(t, c, `SELECT lattice_reshard('slotheld', 4)`)
 	lastErr := waitLastError(t, ctx, p, c, "slotheld", "idle in transaction")
 	t.Logf("last_error: %s", lastErr)
@@ -107,6 +89,31 @@ func TestShadowCopyWaitNamed(t *testing.T) {
 		t.Fatalf("after the reshard: %d rows, sum %d (%v); want 1000 rows, sum 8", rows, v, err)
 	}
 	noLastError(t, ctx, c, "slotheld")
+}
+
+// heldTree starts a proxy over 2 nodes and makes tree name of 1000 rows
+// (k 1 to 1000, v 0) in 2 shards, one on each node.
+func heldTree(t *testing.T, ctx context.Context, name string) (*proxyProc, *pgx.Conn) {
+	t.Helper()
+	resetNodes(t)
+	p := startProxy(t, 2)
+	c := connect(t, p.DSN("lattice"))
+	t.Cleanup(func() { c.Close(context.Background()) })
+	mustExec(t, c, `CREATE TABLE `+name+` (k int PRIMARY KEY, v int NOT NULL)`)
+	mustExec(t, c, `INSERT INTO `+name+` SELECT g, 0 FROM generate_series(1, 1000) g`)
+	mustExec(t, c, `SELECT lattice_create_tree($1, 'k', shard_count => 2)`, name)
+	return p, c
+}
+
+// holdRows opens a session through p that adds 1 to v of keys 1 to 8 of
+// tree, which lie on both shards, and leaves its transaction open.
+func holdRows(t *testing.T, ctx context.Context, p *proxyProc, tree string) *pgx.Conn {
+	t.Helper()
+	holder := connect(t, p.DSN("lattice"))
+	t.Cleanup(func() { holder.Close(context.Background()) })
+	mustExec(t, holder, `BEGIN`)
+	mustExec(t, holder, `UPDATE `+tree+` SET v = v + 1 WHERE k BETWEEN 1 AND 8`)
+	return holder
 }
 
 // waitLastError waits until lattice_reshard_status(tree) reports a

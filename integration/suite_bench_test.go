@@ -272,7 +272,7 @@ func dropDatabase(b *testing.B, node *localnode.Postgres, database string) {
 // tables agree, as they must after any number of committed TPC-B
 // transactions from a fresh pgbench -i; through Lattice the accounts sum is
 // a fan-out over the shards.
-func tpcbInvariant(b *testing.B, ctx context.Context, dsn string) string {
+func tpcbInvariant(b testing.TB, ctx context.Context, dsn string) string {
 	b.Helper()
 	c := connect(b, dsn)
 	defer c.Close(ctx)
