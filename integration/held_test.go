@@ -2,11 +2,14 @@ package integration
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/lattice-db/lattice/pgshard"
 )
 
 // TestFreezePutOffWhileSourceHeld leaves a session through the proxy idle
@@ -180,5 +183,57 @@ func waitNodeQueries(t *testing.T, ctx context.Context, nodes int, pattern strin
 			t.Fatalf("%d statements like %q run on the nodes, want %d", seen, pattern, n)
 		case <-time.After(50 * time.Millisecond):
 		}
+	}
+}
+
+// TestFenceBlockers reads on a real node what a fence's arm and its removal
+// would wait for: a writer's open transaction holds both back, a reader's
+// only the removal, and a prepared transaction is named by its gid.
+func TestFenceBlockers(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cl, table, conn := fencedShard(t)
+	fence := []pgshard.SlotFence{fencedSlots()}
+	pidOf := func(c *pgx.Conn) int32 {
+		var pid int32
+		if err := c.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+			t.Fatal(err)
+		}
+		return pid
+	}
+	reader, writer := connect(t, testNodeDSN(t, 0)), connect(t, testNodeDSN(t, 0))
+	defer reader.Close(ctx)
+	defer writer.Close(ctx)
+	mustExec(t, reader, "BEGIN")
+	mustExec(t, reader, "SELECT count(*) FROM "+table)
+	mustExec(t, writer, "BEGIN")
+	mustExec(t, writer, "INSERT INTO "+table+" VALUES ('w', 1)")
+	// A prepared transaction holds its locks with no session.
+	mustExec(t, conn, "BEGIN")
+	mustExec(t, conn, "INSERT INTO "+table+" VALUES ('p', 1)")
+	mustExec(t, conn, "PREPARE TRANSACTION 'lattice_test_blocker'")
+	defer conn.Exec(context.Background(), "ROLLBACK PREPARED 'lattice_test_blocker'")
+
+	got := func(bs []pgshard.Blocker, err error) string {
+		if err != nil {
+			t.Fatal(err)
+		}
+		var named []string
+		for _, b := range bs {
+			named = append(named, b.String())
+		}
+		return strings.Join(named, "; ")
+	}
+	readerPid, writerPid := fmt.Sprintf("pid %d,", pidOf(reader)), fmt.Sprintf("pid %d,", pidOf(writer))
+	arm := got(cl.ArmBlockers(ctx, "n1", fence, 0))
+	if !strings.Contains(arm, writerPid) || strings.Contains(arm, readerPid) || !strings.Contains(arm, `prepared transaction "lattice_test_blocker"`) {
+		t.Errorf("the arm's blockers are %q; want the writer (%s) and the prepared transaction, not the reader (%s)", arm, writerPid, readerPid)
+	}
+	drop := got(cl.DropBlockers(ctx, "n1", fence, 0))
+	if !strings.Contains(drop, writerPid) || !strings.Contains(drop, readerPid) || !strings.Contains(drop, "idle in transaction") {
+		t.Errorf("the removal's blockers are %q; want the writer (%s) and the reader (%s)", drop, writerPid, readerPid)
+	}
+	if none := got(cl.ArmBlockers(ctx, "n1", fence, time.Hour)); none != "" {
+		t.Errorf("blockers older than an hour: %q", none)
 	}
 }

@@ -55,6 +55,9 @@ type fakeNodes struct {
 	// held is how many looks before a freeze find a long transaction on
 	// the source table.
 	held int
+	// dropBlocked, when set, holds every fence's removal until it is
+	// closed, as a long transaction on the table would.
+	dropBlocked chan struct{}
 }
 
 // fakeWriteLog is a target's write log: each key's row before the first
@@ -197,7 +200,7 @@ func (f *fakeNodes) ArmSlotFences(ctx context.Context, node string, fs []pgshard
 	return "0/100", nil
 }
 
-func (f *fakeNodes) LongHolders(ctx context.Context, node string, fs []pgshard.SlotFence, older time.Duration) ([]pgshard.Blocker, error) {
+func (f *fakeNodes) ArmBlockers(ctx context.Context, node string, fs []pgshard.SlotFence, older time.Duration) ([]pgshard.Blocker, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.held == 0 {
@@ -212,7 +215,27 @@ func (f *fakeNodes) SlotBlockers(ctx context.Context, node, tenant, slot string)
 	return nil, nil
 }
 
+// DropBlockers finds a reader on the table while dropBlocked is open.
+func (f *fakeNodes) DropBlockers(ctx context.Context, node string, fs []pgshard.SlotFence, older time.Duration) ([]pgshard.Blocker, error) {
+	if f.dropBlocked == nil {
+		return nil, nil
+	}
+	select {
+	case <-f.dropBlocked:
+		return nil, nil
+	default:
+		return []pgshard.Blocker{{Pid: 43, State: "active", Age: time.Minute}}, nil
+	}
+}
+
 func (f *fakeNodes) DropSlotFence(ctx context.Context, node string, fc pgshard.SlotFence) error {
+	if f.dropBlocked != nil {
+		select {
+		case <-f.dropBlocked:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	delete(f.fences, fmt.Sprintf("%s/%d", fc.Migration, fc.Shard))

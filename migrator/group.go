@@ -96,9 +96,9 @@ func (r *Runner) fences(u unit, mig *shardmap.Migration, epoch uint64) []pgshard
 	return out
 }
 
-// dropFences drops the fence of every member table; give back, for a
+// dropFenceTables drops the fence of every member table; give back, for a
 // freeze rolled back, returns each table's slots to its ownership record.
-func (r *Runner) dropFences(ctx context.Context, u unit, mig *shardmap.Migration, giveBack bool) error {
+func (r *Runner) dropFenceTables(ctx context.Context, u unit, mig *shardmap.Migration, giveBack bool) error {
 	for _, f := range r.fences(u, mig, 0) {
 		f.Handover.GiveBack = giveBack
 		if err := r.cluster.DropSlotFence(ctx, mig.SourceNode, f); err != nil {

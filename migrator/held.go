@@ -11,9 +11,9 @@ import (
 	"github.com/lattice-db/lattice/shardmap"
 )
 
-// slotWaitPoll is how often a shadow copy's start looks for transactions
-// its replication slot waits for.
-const slotWaitPoll = 2 * time.Second
+// watchPoll is how often a watched step (Runner.watched) looks for the
+// transactions it waits for.
+const watchPoll = 2 * time.Second
 
 // heldPrefix begins the LastError of a migration whose freeze is put off
 // because transactions hold its source table.
@@ -30,7 +30,7 @@ const heldPrefix = "freeze put off: "
 // end them. A failed look does not hold the freeze back: the arm's own
 // bounded wait still applies.
 func (r *Runner) sourceHeld(ctx context.Context, mig *shardmap.Migration, fences []pgshard.SlotFence, log *slog.Logger) bool {
-	blockers, err := r.cluster.LongHolders(ctx, mig.SourceNode, fences, r.opts.FreezeBudget)
+	blockers, err := r.cluster.ArmBlockers(ctx, mig.SourceNode, fences, r.opts.FreezeBudget)
 	if err != nil {
 		log.Warn("long transactions on the source not looked for before the freeze", "err", err)
 		return false
@@ -49,47 +49,85 @@ func (r *Runner) sourceHeld(ctx context.Context, mig *shardmap.Migration, fences
 	return true
 }
 
-// startShadow starts the migration's shadow copy. Meanwhile it looks every
-// slotWaitPoll for transactions the creation of its replication slot waits
-// for, and when it finds any, logs them once and stores them as the
-// migration's last error (lattice_reshard_status), so that a copy that
-// makes no progress says why. The next record of the migration clears it.
+// startShadow starts the migration's shadow copy, naming what its
+// replication slot waits for while it does.
 func (r *Runner) startShadow(ctx context.Context, u unit, mig *shardmap.Migration, log *slog.Logger) (Stream, error) {
+	var sh Stream
+	slot := ShadowSpec{ID: mig.ID}.Name()
+	err := r.watched(ctx, mig, log, func(ctx context.Context) ([]pgshard.Blocker, error) {
+		return r.cluster.SlotBlockers(ctx, mig.SourceNode, mig.Tenant, slot)
+	}, func(named string) string {
+		return fmt.Sprintf("shadow copy waits: creating its replication slot on node %s waits for every transaction that was writing when it began, and these have not ended: %s. "+
+			"End or commit them (idle_in_transaction_session_timeout bounds idle ones; a prepared transaction needs COMMIT PREPARED or ROLLBACK PREPARED).",
+			mig.SourceNode, named)
+	}, func() error {
+		var err error
+		sh, err = r.cluster.StartShadow(ctx, u.trees, mig, log)
+		return err
+	})
+	return sh, err
+}
+
+// dropFences is dropFenceTables naming, while it waits, the transactions
+// that hold the tables: removing a fence's trigger waits for every one,
+// readers included. Until it is done a migration cannot finish, and a
+// rolled-back freeze keeps the moving slots' writes held.
+func (r *Runner) dropFences(ctx context.Context, u unit, mig *shardmap.Migration, giveBack bool) error {
+	fences := r.fences(u, mig, 0)
+	held := "the migration cannot finish"
+	if giveBack {
+		held = "the freeze being rolled back keeps holding writes to the moving slots"
+	}
+	return r.watched(ctx, mig, r.log.With("migration", mig.ID), func(ctx context.Context) ([]pgshard.Blocker, error) {
+		return r.cluster.DropBlockers(ctx, mig.SourceNode, fences, r.watchPoll)
+	}, func(named string) string {
+		return fmt.Sprintf("fence removal waits: dropping the fence's triggers on shard %d on node %s waits for every transaction that holds the table, and meanwhile %s: %s. "+
+			"End or commit them (idle_in_transaction_session_timeout bounds idle ones).", mig.Source, mig.SourceNode, held, named)
+	}, func() error {
+		return r.dropFenceTables(ctx, u, mig, giveBack)
+	})
+}
+
+// watched runs work. Meanwhile, every watchPoll, it looks for transactions
+// work waits for (look), and when it finds any, logs them once and stores
+// them in the migration's last error (message), so that a step that makes
+// no progress says why in lattice_reshard_status. It stores a copy of the
+// record, since work reads mig; the migration's next record replaces it.
+func (r *Runner) watched(ctx context.Context, mig *shardmap.Migration, log *slog.Logger,
+	look func(context.Context) ([]pgshard.Blocker, error), message func(named string) string, work func() error) error {
 	done := make(chan struct{})
-	watched := make(chan struct{})
-	// The record the look stores, apart from mig, which the copy reads.
+	stopped := make(chan struct{})
 	rec := *mig
 	go func() {
-		defer close(watched)
-		slot := ShadowSpec{ID: rec.ID}.Name()
+		defer close(stopped)
 		for logged := false; ; {
 			select {
 			case <-done:
 				return
-			case <-time.After(slotWaitPoll):
+			case <-time.After(r.watchPoll):
 			}
-			blockers, err := r.cluster.SlotBlockers(ctx, rec.SourceNode, rec.Tenant, slot)
+			blockers, err := look(ctx)
 			if err != nil || len(blockers) == 0 {
 				continue
 			}
-			named := names(blockers)
+			rec.LastError = message(strings.Join(names(blockers), "; "))
 			if !logged {
-				log.Warn("shadow copy waits: its replication slot waits for transactions that were writing when it was created",
-					"node", rec.SourceNode, "blockers", named)
+				log.Warn(rec.LastError)
 				logged = true
 			}
-			rec.LastError = fmt.Sprintf("shadow copy waits: creating its replication slot on node %s waits for every transaction that was writing when it began, and these have not ended: %s. "+
-				"End or commit them (idle_in_transaction_session_timeout bounds idle ones; a prepared transaction needs COMMIT PREPARED or ROLLBACK PREPARED).",
-				rec.SourceNode, strings.Join(named, "; "))
+			// A record in phase prepare would be created anew were it gone.
+			if rec.Phase == shardmap.PhasePrepare {
+				continue
+			}
 			if err := r.store.PutMigration(ctx, &rec); err != nil {
-				log.Warn("what the shadow copy waits for not recorded", "err", err)
+				log.Warn("what the migration waits for not recorded", "err", err)
 			}
 		}
 	}()
-	sh, err := r.cluster.StartShadow(ctx, u.trees, mig, log)
+	err := work()
 	close(done)
-	<-watched
-	return sh, err
+	<-stopped
+	return err
 }
 
 func names(blockers []pgshard.Blocker) []string {

@@ -85,6 +85,8 @@ type Runner struct {
 	// crash is called at each LATTICE_TEST_CRASH_AT point (crashPoint);
 	// the unit tests stop a run there instead of killing the process.
 	crash func(point string)
+	// watchPoll is watchPoll, shorter in the unit tests.
+	watchPoll time.Duration
 
 	// snaps are the snapshots of the moves this process flipped, from
 	// the freeze until their comparison (verify.go).
@@ -106,7 +108,7 @@ func newRunner(nodes Nodes, store Store, opts Options, metrics *Metrics, log *sl
 		metrics = NewMetrics(nil)
 	}
 	return &Runner{cluster: nodes, store: store, log: log, opts: opts.withDefaults(), metrics: metrics, crash: crashPoint,
-		interlocks: NoInterlocks{}}
+		interlocks: NoInterlocks{}, watchPoll: watchPoll}
 }
 
 func newID() string {

@@ -35,9 +35,11 @@ type Nodes interface {
 	// ArmSlotFences arms fences of one node's tables in one transaction and
 	// returns the WAL position read in it.
 	ArmSlotFences(ctx context.Context, node string, fs []pgshard.SlotFence) (string, error)
-	// LongHolders lists the transactions older than older that hold a lock
-	// on the fences' tables that their arm would wait for.
-	LongHolders(ctx context.Context, node string, fs []pgshard.SlotFence, older time.Duration) ([]pgshard.Blocker, error)
+	// ArmBlockers lists the transactions older than older that hold a lock
+	// on the fences' tables that their arm would wait for; DropBlockers,
+	// those their removal would wait for.
+	ArmBlockers(ctx context.Context, node string, fs []pgshard.SlotFence, older time.Duration) ([]pgshard.Blocker, error)
+	DropBlockers(ctx context.Context, node string, fs []pgshard.SlotFence, older time.Duration) ([]pgshard.Blocker, error)
 	DropSlotFence(ctx context.Context, node string, f pgshard.SlotFence) error
 	// InstallSlotFence prepares and arms a fence (the empty-tree re-pin).
 	InstallSlotFence(ctx context.Context, node string, f pgshard.SlotFence) error

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/lattice-db/lattice/shardmap"
 )
@@ -225,6 +226,43 @@ func TestFreezePutOffWhileSourceHeld(t *testing.T) {
 		t.Fatalf("the map was left frozen %v, freezing %v while the source was held", m.Frozen, m.Freezing)
 	}
 	if _, err := r.run(r.runner(""), rec); err != nil {
+		t.Fatal(err)
+	}
+	r.checkMoved(mig)
+}
+
+// TestFenceRemovalWaitNamed: while the release's removal of the fence waits
+// for transactions on the source table, the record names them; once they
+// end, the migration finishes.
+func TestFenceRemovalWaitNamed(t *testing.T) {
+	r := newRig(t)
+	mig := r.start(shardmap.Split)
+	r.nodes.dropBlocked = make(chan struct{})
+	run := r.runner("")
+	run.watchPoll = 10 * time.Millisecond
+	ran := make(chan error, 1)
+	go func() {
+		_, err := r.run(run, mig)
+		ran <- err
+	}()
+	deadline := time.After(30 * time.Second)
+	for {
+		if rec := r.stored(mig); rec != nil && strings.HasPrefix(rec.LastError, "fence removal waits") && strings.Contains(rec.LastError, "pid 43") {
+			if rec.Phase != shardmap.PhaseRelease {
+				t.Fatalf("the wait was named in phase %s, want release", rec.Phase)
+			}
+			break
+		}
+		select {
+		case err := <-ran:
+			t.Fatalf("the run ended (%v) before the wait was named", err)
+		case <-deadline:
+			t.Fatal("the fence removal's wait was never named")
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	close(r.nodes.dropBlocked)
+	if err := <-ran; err != nil {
 		t.Fatal(err)
 	}
 	r.checkMoved(mig)

@@ -41,15 +41,17 @@ func (x Blocker) String() string {
 	return b.String()
 }
 
-// armConflictModes are the table lock modes that conflict with the SHARE ROW
+// armConflicts are the table lock modes that conflict with the SHARE ROW
 // EXCLUSIVE lock CREATE TRIGGER takes: a fence's arm waits for every
 // transaction holding one of them on the shard table, writers included.
-const armConflictModes = `'RowExclusiveLock', 'ShareUpdateExclusiveLock', 'ShareLock', 'ShareRowExclusiveLock', 'ExclusiveLock', 'AccessExclusiveLock'`
+// Dropping the trigger takes ACCESS EXCLUSIVE, which every mode conflicts
+// with, readers' included.
+var armConflicts = []string{"RowExclusiveLock", "ShareUpdateExclusiveLock", "ShareLock", "ShareRowExclusiveLock", "ExclusiveLock", "AccessExclusiveLock"}
 
 // maxBlockers bounds how many blockers a look reports.
 const maxBlockers = 5
 
-// LongHolders returns the transactions on node that began more than older
+// ArmBlockers returns the transactions on node that began more than older
 // ago and hold a lock on a shard table of fs that the fences' arm would
 // wait for, oldest first. A fence is armed inside the write pause and
 // waits for all of them; a transaction that is already older than the
@@ -57,7 +59,19 @@ const maxBlockers = 5
 // the migrator looks before it freezes. Autovacuum counts: its lock
 // conflicts too, and PostgreSQL cancels it only for a lock wait longer
 // than deadlock_timeout, which the arm's lock_timeout never reaches.
-func (c *Cluster) LongHolders(ctx context.Context, node string, fs []SlotFence, older time.Duration) ([]Blocker, error) {
+func (c *Cluster) ArmBlockers(ctx context.Context, node string, fs []SlotFence, older time.Duration) ([]Blocker, error) {
+	return c.tableBlockers(ctx, node, fs, older, armConflicts)
+}
+
+// DropBlockers is ArmBlockers for the removal of the fences, which waits
+// for a transaction holding any lock on the tables, a reader's too.
+func (c *Cluster) DropBlockers(ctx context.Context, node string, fs []SlotFence, older time.Duration) ([]Blocker, error) {
+	return c.tableBlockers(ctx, node, fs, older, nil)
+}
+
+// tableBlockers returns the transactions older than older that hold a
+// lock on a table of fs in one of modes (nil: any).
+func (c *Cluster) tableBlockers(ctx context.Context, node string, fs []SlotFence, older time.Duration, modes []string) ([]Blocker, error) {
 	if len(fs) == 0 {
 		return nil, nil
 	}
@@ -69,23 +83,24 @@ func (c *Cluster) LongHolders(ctx context.Context, node string, fs []SlotFence, 
 	for i, f := range fs {
 		tables[i] = ShardTable(f.Tree, f.Shard)
 	}
-	// A prepared transaction's locks have no pid; pg_locks names it by the
-	// virtual transaction -1/xid.
+	// A prepared transaction's locks have no pid; the lock on its own xid,
+	// in the same virtual transaction, names it.
 	return queryBlockers(ctx, p, fmt.Sprintf("look for long transactions on shard %d on %s", fs[0].Shard, node), `
 SELECT coalesce(a.pid, 0), coalesce(x.gid, ''), coalesce(a.backend_type, ''), coalesce(a.state, ''),
        coalesce(a.application_name, ''), extract(epoch FROM now() - min(coalesce(a.xact_start, x.prepared)))::float8
 FROM pg_locks l
 LEFT JOIN pg_stat_activity a ON a.pid = l.pid
-LEFT JOIN pg_prepared_xacts x ON l.pid IS NULL AND l.virtualtransaction = '-1/' || x.transaction::text
+LEFT JOIN pg_locks xl ON l.pid IS NULL AND xl.pid IS NULL AND xl.locktype = 'transactionid' AND xl.virtualtransaction = l.virtualtransaction
+LEFT JOIN pg_prepared_xacts x ON x.transaction = xl.transactionid
 WHERE l.locktype = 'relation' AND l.granted
   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
   AND l.relation = ANY (SELECT to_regclass(t) FROM unnest($1::text[]) t)
-  AND l.mode IN (`+armConflictModes+`)
+  AND ($3::text[] IS NULL OR l.mode = ANY ($3))
   AND l.pid IS DISTINCT FROM pg_backend_pid()
   AND coalesce(a.xact_start, x.prepared) < now() - make_interval(secs => $2)
 GROUP BY 1, 2, 3, 4, 5
 ORDER BY 6 DESC
-LIMIT `+fmt.Sprint(maxBlockers), tables, older.Seconds())
+LIMIT `+fmt.Sprint(maxBlockers), tables, older.Seconds(), modes)
 }
 
 // SlotBlockers returns the transactions on node that the creation of the
