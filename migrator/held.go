@@ -15,6 +15,10 @@ import (
 // transactions it waits for.
 const watchPoll = 2 * time.Second
 
+// endThem is the hint of every report of transactions a migration waits for.
+const endThem = "End them, or commit them: Lattice ends a session idle in a transaction after --idle-in-transaction-timeout (5 min by default), " +
+	"PostgreSQL's idle_in_transaction_session_timeout bounds sessions of other clients, and a prepared transaction needs COMMIT PREPARED or ROLLBACK PREPARED."
+
 // heldPrefix begins the LastError of a migration whose freeze is put off
 // because transactions hold its source table.
 const heldPrefix = "freeze put off: "
@@ -44,7 +48,7 @@ func (r *Runner) sourceHeld(ctx context.Context, mig *shardmap.Migration, fences
 			"node", mig.SourceNode, "shard", mig.Source, "budget", r.opts.FreezeBudget, "holders", named)
 	}
 	mig.LastError = fmt.Sprintf("%sthe fence of shard %d on node %s would wait inside the write pause for transactions that have held its table for longer than the freeze budget (%s): %s. "+
-		"End or commit them (idle_in_transaction_session_timeout bounds idle ones); the migration freezes once none is left.",
+		endThem+" The migration freezes once none is left.",
 		heldPrefix, mig.Source, mig.SourceNode, r.opts.FreezeBudget, strings.Join(named, "; "))
 	return true
 }
@@ -58,7 +62,7 @@ func (r *Runner) startShadow(ctx context.Context, u unit, mig *shardmap.Migratio
 		return r.cluster.SlotBlockers(ctx, mig.SourceNode, mig.Tenant, slot)
 	}, func(named string) string {
 		return fmt.Sprintf("shadow copy waits: creating its replication slot on node %s waits for every transaction that was writing when it began, and these have not ended: %s. "+
-			"End or commit them (idle_in_transaction_session_timeout bounds idle ones; a prepared transaction needs COMMIT PREPARED or ROLLBACK PREPARED).",
+			endThem,
 			mig.SourceNode, named)
 	}, func() error {
 		var err error
@@ -82,7 +86,7 @@ func (r *Runner) dropFences(ctx context.Context, u unit, mig *shardmap.Migration
 		return r.cluster.DropBlockers(ctx, mig.SourceNode, fences, r.watchPoll)
 	}, func(named string) string {
 		return fmt.Sprintf("fence removal waits: dropping the fence's triggers on shard %d on node %s waits for every transaction that holds the table, and meanwhile %s: %s. "+
-			"End or commit them (idle_in_transaction_session_timeout bounds idle ones).", mig.Source, mig.SourceNode, held, named)
+			endThem, mig.Source, mig.SourceNode, held, named)
 	}, func() error {
 		return r.dropFenceTables(ctx, u, mig, giveBack)
 	})
