@@ -54,12 +54,14 @@ func TestPgbenchTPCBThroughReshard(t *testing.T) {
 	}()
 
 	// Runs of a few seconds in each protocol in turn, until both reshards
-	// are done: pgbench prints its counts only at the end of a run.
+	// are done: pgbench prints its counts only at the end of a run. The
+	// rate limit keeps the test's CPU, on a machine that runs others
+	// beside it, to what a steady workload needs.
 	modes := []string{"simple", "extended", "prepared"}
 	var transactions, runs int
 	for done := false; !done || runs < len(modes); runs++ {
 		mode := modes[runs%len(modes)]
-		out, err := exec.CommandContext(ctx, pgbench, "-n", "-M", mode, "-c", "4", "-j", "2", "-T", "3", dsn).CombinedOutput()
+		out, err := exec.CommandContext(ctx, pgbench, "-n", "-M", mode, "-c", "4", "-j", "2", "-R", "100", "-T", "3", dsn).CombinedOutput()
 		if err != nil {
 			t.Fatalf("pgbench -M %s during the reshard: %v\n%s", mode, err, out)
 		}
