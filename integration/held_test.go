@@ -237,3 +237,26 @@ func TestFenceBlockers(t *testing.T) {
 		t.Errorf("blockers older than an hour: %q", none)
 	}
 }
+
+// TestFenceArmLockWaitsSaid: an arm that spends its budget waiting for the
+// table's writers says so, rather than only that its context ended.
+func TestFenceArmLockWaitsSaid(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cl, table, _ := fencedShard(t)
+	fence := fencedSlots()
+	if err := cl.PrepareSlotFence(ctx, "n1", fence); err != nil {
+		t.Fatal(err)
+	}
+	writer := connect(t, testNodeDSN(t, 0))
+	defer writer.Close(ctx)
+	mustExec(t, writer, "BEGIN")
+	mustExec(t, writer, "INSERT INTO "+table+" VALUES ('w', 1)")
+	actx, acancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	defer acancel()
+	_, err := cl.ArmSlotFence(actx, "n1", fence)
+	if err == nil || !strings.Contains(err.Error(), "transactions writing to the table held its lock through") {
+		t.Fatalf("the arm's error: %v; want it to say the table's writers held the lock", err)
+	}
+	mustExec(t, writer, "ROLLBACK")
+}
