@@ -21,10 +21,10 @@ demo: tools build
 vet:
 	$(GO) vet ./...
 
-# scripts/test.sh: every package with -race, then the fuzz targets, beside
-# the integration package in three parts at once (each with its own servers).
+# scripts/test.sh: go vet, every package with -race, then the fuzz targets,
+# beside the integration package in three parts at once (each with its own
+# servers).
 test: tools
-	$(GO) vet ./...
 	GO="$(GO)" bash scripts/test.sh
 
 # Each fuzz target for a fixed number of executions (pkg:Target:count), sized
