@@ -14,6 +14,18 @@ type wireEvent struct {
 	Map     json.RawMessage `json:"map,omitempty"`
 }
 
+// Decoded is the carried map, decoded.
+func (c *CarriedMap) Decoded() (*Map, error) {
+	if c.decode != nil {
+		return c.decode(c.Map)
+	}
+	m := new(Map)
+	if err := json.Unmarshal(c.Map, m); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
 func decodeEvent(payload string) (Event, error) {
 	var w wireEvent
 	if err := json.Unmarshal([]byte(payload), &w); err != nil {
@@ -35,8 +47,8 @@ func (c *Cache) installCarried(ctx context.Context, tc *tenantCache, ev Event) b
 	if ev.Carried == nil {
 		return false
 	}
-	m := new(Map)
-	if err := json.Unmarshal(ev.Carried.Map, m); err != nil || m.Tenant != ev.Tenant || m.Tree != ev.Tree || m.Epoch != ev.Epoch {
+	m, err := ev.Carried.Decoded()
+	if err != nil || m.Tenant != ev.Tenant || m.Tree != ev.Tree || m.Epoch != ev.Epoch {
 		c.log.WarnContext(ctx, "shardmap: a map event carried a map that is not its own; reading the store", "tenant", ev.Tenant, "tree", ev.Tree, "epoch", ev.Epoch, "err", err)
 		return false
 	}

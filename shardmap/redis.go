@@ -40,6 +40,7 @@ type RedisStore struct {
 	client  redis.UniversalClient
 	prefix  string
 	channel string
+	decoded decodedMaps
 }
 
 var _ Store = (*RedisStore)(nil)
@@ -276,15 +277,17 @@ func (s *RedisStore) Tree(ctx context.Context, tenant, name string) (*Tree, erro
 
 // Map implements Store.
 func (s *RedisStore) Map(ctx context.Context, tenant, tree string) (*Map, error) {
-	v, err := s.client.HGet(ctx, s.mapKey(tenant, tree), "map").Result()
+	key := s.mapKey(tenant, tree)
+	v, err := s.client.HGet(ctx, key, "map").Result()
 	if errors.Is(err, redis.Nil) {
+		s.decoded.forget(key)
 		return nil, fmt.Errorf("shardmap: map of %s/%s: %w", tenant, tree, ErrNotFound)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("shardmap: read map of %s/%s: %w", tenant, tree, err)
 	}
-	m := new(Map)
-	if err := json.Unmarshal([]byte(v), m); err != nil {
+	m, err := s.decoded.decode(key, v)
+	if err != nil {
 		return nil, fmt.Errorf("shardmap: decode map of %s/%s: %w", tenant, tree, err)
 	}
 	return m, nil
@@ -377,7 +380,8 @@ func (s *RedisStore) SwapMap(ctx context.Context, m *Map, expected uint64) error
 		return fmt.Errorf("shardmap: encode map of %s/%s: %w", m.Tenant, m.Tree, err)
 	}
 	ev := s.event(EventMap, m.Tenant, m.Tree, next.Epoch)
-	n, err := swapScript.Run(ctx, s.client, []string{s.mapKey(m.Tenant, m.Tree), s.treesKey(m.Tenant)},
+	key := s.mapKey(m.Tenant, m.Tree)
+	n, err := swapScript.Run(ctx, s.client, []string{key, s.treesKey(m.Tenant)},
 		strconv.FormatUint(expected, 10), strconv.FormatUint(next.Epoch, 10), mj,
 		s.channel, ev[:len(ev)-1], m.Tree).Int()
 	if err != nil {
@@ -390,6 +394,7 @@ func (s *RedisStore) SwapMap(ctx context.Context, m *Map, expected uint64) error
 		return fmt.Errorf("shardmap: swap map of %s/%s at epoch %d: %w", m.Tenant, m.Tree, expected, ErrConflict)
 	}
 	m.Epoch = next.Epoch
+	s.decoded.put(key, string(mj), &next)
 	return nil
 }
 
@@ -424,6 +429,10 @@ func (s *RedisStore) Subscribe(ctx context.Context) (<-chan Event, error) {
 				if err != nil {
 					slog.WarnContext(ctx, "shardmap: ignoring malformed event", "channel", s.channel, "err", err)
 					continue
+				}
+				if ev.Carried != nil {
+					key := s.mapKey(ev.Tenant, ev.Tree)
+					ev.Carried.decode = func(raw []byte) (*Map, error) { return s.decoded.decode(key, string(raw)) }
 				}
 				select {
 				case out <- ev:

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -403,5 +404,70 @@ func TestOpenRedisRedactsPassword(t *testing.T) {
 		if strings.Contains(err.Error(), "s3cret") {
 			t.Errorf("OpenRedis error quotes the password: %v", err)
 		}
+	}
+}
+
+// TestMapReadsIndependent: a map read is the caller's to change (the
+// store keeps its decoded maps), and a change stored by another process
+// is seen at once.
+func TestMapReadsIndependent(t *testing.T) {
+	ctx := context.Background()
+	s, mr := newTestStore(t)
+	other := NewRedisStore(redis.NewClient(&redis.Options{Addr: mr.Addr()}), "test")
+	t.Cleanup(func() { other.Close() })
+	tr, _ := mustCreate(t, s, "app", "catalogue")
+
+	stored := func() *Map {
+		t.Helper()
+		m := new(Map)
+		if err := json.Unmarshal([]byte(mr.HGet(s.mapKey("app", "catalogue"), "map")), m); err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	read := func(st *RedisStore) *Map {
+		t.Helper()
+		m, err := st.Map(ctx, "app", "catalogue")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := stored(); !reflect.DeepEqual(m, want) {
+			t.Fatalf("Map returned a map other than the stored one: epoch %d, slot 0 on %d, shard 0 %+v, frozen %v; stored: %d, %d, %+v, %v",
+				m.Epoch, m.Slots[0], m.Shards[0], m.Frozen, want.Epoch, want.Slots[0], want.Shards[0], want.Frozen)
+		}
+		return m
+	}
+
+	for range 2 { // the first read decodes, the second finds it kept
+		m := read(s)
+		m.Slots[0], m.Shards[0] = 3, Shard{Index: 0, Node: "elsewhere"}
+		m.Frozen = append(m.Frozen, [2]int{0, 9})
+		read(s) // the change above was the caller's alone
+	}
+
+	m := read(s)
+	m.Slots[1] = 2
+	if err := s.SwapMap(ctx, m, m.Epoch); err != nil {
+		t.Fatal(err)
+	}
+	m.Slots[1] = 1 // after the swap: not what is stored
+	if got := read(s); got.Slots[1] != 2 || got.Epoch != 2 {
+		t.Fatalf("after a swap: slot 1 on %d at epoch %d, want 2 at 2", got.Slots[1], got.Epoch)
+	}
+
+	m = read(other)
+	m.Slots[2] = 1
+	if err := other.SwapMap(ctx, m, m.Epoch); err != nil {
+		t.Fatal(err)
+	}
+	if got := read(s); got.Slots[2] != 1 || got.Epoch != 3 {
+		t.Fatalf("another store's swap not seen: slot 2 on %d at epoch %d", got.Slots[2], got.Epoch)
+	}
+
+	if err := other.DeleteTree(ctx, tr.Tenant, tr.Name); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Map(ctx, "app", "catalogue"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("Map of a dropped tree: %v, want ErrNotFound", err)
 	}
 }

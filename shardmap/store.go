@@ -46,6 +46,9 @@ type Event struct {
 type CarriedMap struct {
 	Map     []byte
 	Created time.Time
+	// decode is the store's, which keeps what it decoded (the proxy that
+	// wrote the map has it already); nil: plain JSON.
+	decode func(raw []byte) (*Map, error)
 }
 
 // Store keeps the tree registry and the shard maps of every tenant.
