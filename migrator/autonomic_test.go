@@ -3,6 +3,7 @@ package migrator
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -20,11 +21,13 @@ import (
 type fakeLoad struct {
 	mu     sync.Mutex
 	writes []float64
+	reads  int
 }
 
 func (f *fakeLoad) SlotWrites(context.Context, string, string) ([]float64, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.reads++
 	return f.writes, nil
 }
 
@@ -355,6 +358,28 @@ func TestGrowSplitsHottestFirst(t *testing.T) {
 				t.Fatalf("grow split %+v; want shard %d, slots %v", migs[0], tc.source, tc.slots)
 			}
 		})
+	}
+}
+
+// TestGrowReadsLoadOncePerSecond: the ticks of a grow within writesFresh
+// plan with the writes the first one read.
+func TestGrowReadsLoadOncePerSecond(t *testing.T) {
+	r := newRig(t)
+	c := NewCoordinator("c1", r.runner(""), CoordinatorOptions{Tick: time.Hour}, nil)
+	load := &fakeLoad{writes: hotOn(52, 63)}
+	c.SetLoad(load)
+	u, err := c.runner.unitOf(r.ctx, "app", "items")
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := c.slotWrites(r.ctx, u)
+	load.set(hotOn(0, 7))
+	if got := c.slotWrites(r.ctx, u); load.reads != 1 || !slices.Equal(got, first) {
+		t.Fatalf("a second tick at once read the load again (%d reads)", load.reads)
+	}
+	c.seen["app/items"] = seenWrites{at: time.Now().Add(-writesFresh), w: first}
+	if got := c.slotWrites(r.ctx, u); load.reads != 2 || slices.Equal(got, first) {
+		t.Fatalf("a tick after writesFresh planned with the old writes (%d reads)", load.reads)
 	}
 }
 

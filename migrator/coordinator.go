@@ -82,6 +82,9 @@ type Coordinator struct {
 	// load, when set, makes a grow split the hottest shards first, at
 	// their load midpoints (loadaware.go).
 	load autonomic.LoadSource
+	// seen keeps each unit's writes per slot for writesFresh.
+	seenMu sync.Mutex
+	seen   map[string]seenWrites
 
 	mu      sync.Mutex
 	running map[string]bool // migration ids running in this process
