@@ -3,16 +3,22 @@ package shardmap
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"strings"
 	"time"
 )
 
 // wireEvent is an event as published: a map event of SwapMap also carries
-// the map and its tree's creation time.
+// the map and its tree's creation time. The swap script appends the map
+// last, as `,"map":<map>}`.
 type wireEvent struct {
 	Event
-	Created *time.Time      `json:"created,omitempty"`
-	Map     json.RawMessage `json:"map,omitempty"`
+	Created *time.Time `json:"created,omitempty"`
 }
+
+// mapKey is where a carried map begins. It cannot occur earlier in the
+// event: a quote inside a JSON string is always escaped.
+const mapKey = `,"map":`
 
 // Decoded is the carried map, decoded.
 func (c *CarriedMap) Decoded() (*Map, error) {
@@ -26,14 +32,25 @@ func (c *CarriedMap) Decoded() (*Map, error) {
 	return m, nil
 }
 
+// decodeEvent reads an event. A carried map is cut out, not parsed: its
+// JSON is read (once) only by a cache that installs it, and the proxy that
+// wrote it finds it kept (decodedMaps); the event itself is a few fields.
 func decodeEvent(payload string) (Event, error) {
+	head, carried, hasMap := strings.Cut(payload, mapKey)
+	if hasMap {
+		var ok bool
+		if carried, ok = strings.CutSuffix(carried, "}"); !ok {
+			return Event{}, errors.New("a carried map that does not end the event")
+		}
+		head += "}"
+	}
 	var w wireEvent
-	if err := json.Unmarshal([]byte(payload), &w); err != nil {
+	if err := json.Unmarshal([]byte(head), &w); err != nil {
 		return Event{}, err
 	}
 	ev := w.Event
-	if ev.Kind == EventMap && len(w.Map) > 0 && w.Created != nil {
-		ev.Carried = &CarriedMap{Map: w.Map, Created: *w.Created}
+	if ev.Kind == EventMap && carried != "" && w.Created != nil {
+		ev.Carried = &CarriedMap{Map: []byte(carried), Created: *w.Created}
 	}
 	return ev, nil
 }
