@@ -172,6 +172,10 @@ func startServers(ctx context.Context) error {
 // startCluster starts n PostgreSQL nodes (n1, n2, ... under dir) and a
 // redis-server (dir/redis) in parallel. On error it returns what did start,
 // for the caller to stop: the nodes slice has a nil for each that did not.
+// nodeTemplate is where the harness keeps the data directory that every
+// node it starts copies (localnode.PostgresOptions.Template).
+func nodeTemplate() string { return filepath.Join(harness.dir, "template") }
+
 func startCluster(ctx context.Context, dir string, n int) ([]*localnode.Postgres, *localnode.Redis, error) {
 	nodes := make([]*localnode.Postgres, n)
 	var rd *localnode.Redis
@@ -183,7 +187,7 @@ func startCluster(ctx context.Context, dir string, n int) ([]*localnode.Postgres
 			defer wg.Done()
 			name := fmt.Sprintf("n%d", i+1)
 			nodes[i], errs[i] = localnode.StartPostgres(ctx, filepath.Join(dir, name), name,
-				localnode.PostgresOptions{Fast: true})
+				localnode.PostgresOptions{Fast: true, Template: nodeTemplate()})
 		}()
 	}
 	wg.Add(1)

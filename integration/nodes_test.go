@@ -29,7 +29,7 @@ func startExtraNode(t testing.TB, name string, settings map[string]string) *loca
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	dir := filepath.Join(harness.dir, fmt.Sprintf("extra-%03d-%s", extraNodeSeq.Add(1), name))
-	pg, err := localnode.StartPostgres(ctx, dir, name, localnode.PostgresOptions{Fast: true, Settings: settings})
+	pg, err := localnode.StartPostgres(ctx, dir, name, localnode.PostgresOptions{Fast: true, Settings: settings, Template: nodeTemplate()})
 	if err != nil {
 		t.Fatalf("start node %s: %v", name, err)
 	}

@@ -394,3 +394,59 @@ func TestHelperStartServers(t *testing.T) {
 	fmt.Printf("SERVERPID %d\n", p.proc.pid())
 	time.Sleep(time.Minute) // killed by the parent test
 }
+
+// TestStartPostgresFromTemplate: nodes with a Template copy one initdb's
+// data directory (a half-made template is made again), and each is a
+// server of its own.
+func TestStartPostgresFromTemplate(t *testing.T) {
+	requireTools(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	base := serverTempDir(t)
+	tmpl := filepath.Join(base, "template")
+	if err := os.MkdirAll(tmpl, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(tmpl, "left-by-a-killed-initdb"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var nodes []*Postgres
+	for _, name := range []string{"a", "b"} {
+		p, err := StartPostgres(ctx, filepath.Join(base, name), name, PostgresOptions{Fast: true, Template: tmpl})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer p.Stop()
+		nodes = append(nodes, p)
+	}
+	if _, err := os.Stat(filepath.Join(tmpl, "left-by-a-killed-initdb")); !os.IsNotExist(err) {
+		t.Errorf("the half-made template was kept: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(tmpl, "postmaster.pid")); !os.IsNotExist(err) {
+		t.Errorf("the template was started: %v", err)
+	}
+	for _, p := range nodes {
+		for path, want := range map[string]os.FileMode{p.Dir: 0o700, filepath.Join(p.Dir, "PG_VERSION"): 0o600} {
+			if st, err := os.Stat(path); err != nil || st.Mode().Perm() != want {
+				t.Errorf("%s: mode %v, %v; want %v", path, st.Mode().Perm(), err, want)
+			}
+		}
+	}
+	a, err := pgx.Connect(ctx, nodes[0].DSN(DefaultDatabase))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close(ctx)
+	if _, err := a.Exec(ctx, "CREATE TABLE only_on_a (k int)"); err != nil {
+		t.Fatal(err)
+	}
+	b, err := pgx.Connect(ctx, nodes[1].DSN(DefaultDatabase))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close(ctx)
+	var n int
+	if err := b.QueryRow(ctx, "SELECT count(*) FROM pg_class WHERE relname = 'only_on_a'").Scan(&n); err != nil || n != 0 {
+		t.Fatalf("node b sees node a's table: %d, %v", n, err)
+	}
+}
