@@ -11,10 +11,15 @@ import (
 // functions), and decoding 4,096 slots and every shard each time was most
 // of the migrator's CPU; comparing the stored bytes with the kept ones is
 // a memcmp. Callers get a clone, since they change the maps they read.
+//
+// At most maxDecodedMaps are kept: a tree dropped by another proxy is
+// never read here again, so nothing else would let its entry go.
 type decodedMaps struct {
 	mu    sync.Mutex
 	byKey map[string]decodedMap
 }
+
+const maxDecodedMaps = 1024
 
 type decodedMap struct {
 	raw string
@@ -54,6 +59,12 @@ func (d *decodedMaps) put(key, raw string, m *Map) {
 	defer d.mu.Unlock()
 	if d.byKey == nil {
 		d.byKey = make(map[string]decodedMap)
+	}
+	if _, ok := d.byKey[key]; !ok && len(d.byKey) >= maxDecodedMaps {
+		for k := range d.byKey { // any one: the next read of it decodes
+			delete(d.byKey, k)
+			break
+		}
 	}
 	d.byKey[key] = decodedMap{raw: raw, m: c}
 }

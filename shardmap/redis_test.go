@@ -471,3 +471,28 @@ func TestMapReadsIndependent(t *testing.T) {
 		t.Fatalf("Map of a dropped tree: %v, want ErrNotFound", err)
 	}
 }
+
+// TestDecodedMapsBounded: the store keeps at most maxDecodedMaps maps, and
+// a map it let go is decoded again.
+func TestDecodedMapsBounded(t *testing.T) {
+	var d decodedMaps
+	m := NewIdentityMap("app", "t", 16, 2, []string{"n1"})
+	raw, err := json.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range maxDecodedMaps + 10 {
+		if _, err := d.decode(fmt.Sprint("k", i), string(raw)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := len(d.byKey); n != maxDecodedMaps {
+		t.Fatalf("%d maps kept, want %d", n, maxDecodedMaps)
+	}
+	for i := range maxDecodedMaps + 10 {
+		got, err := d.decode(fmt.Sprint("k", i), string(raw))
+		if err != nil || !reflect.DeepEqual(got, m) {
+			t.Fatalf("map %d after the bound: %v", i, err)
+		}
+	}
+}
