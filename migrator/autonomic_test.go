@@ -378,8 +378,12 @@ func TestGrowReadsLoadOncePerSecond(t *testing.T) {
 		t.Fatalf("a second tick at once read the load again (%d reads)", load.reads)
 	}
 	c.seen["app/items"] = seenWrites{at: time.Now().Add(-writesFresh), w: first}
+	c.seen["app/dropped"] = seenWrites{at: time.Now().Add(-writesFresh)}
 	if got := c.slotWrites(r.ctx, u); load.reads != 2 || slices.Equal(got, first) {
 		t.Fatalf("a tick after writesFresh planned with the old writes (%d reads)", load.reads)
+	}
+	if _, ok := c.seen["app/dropped"]; ok {
+		t.Fatal("the writes of a tree no longer ticked were kept")
 	}
 }
 

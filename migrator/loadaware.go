@@ -34,6 +34,11 @@ func (c *Coordinator) slotWrites(ctx context.Context, u unit) []float64 {
 	if c.seen == nil {
 		c.seen = map[string]seenWrites{}
 	}
+	for k, s := range c.seen { // a tree whose grow ended is not read again
+		if time.Since(s.at) >= writesFresh {
+			delete(c.seen, k)
+		}
+	}
 	c.seen[key] = seenWrites{at: time.Now(), w: w}
 	c.seenMu.Unlock()
 	return w
