@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Every test, with the race detector, and the fuzz targets. The integration
-# package runs as LATTICE_TEST_PARTS (3) test processes at once, each with
-# its own PostgreSQL nodes, redis-server and partition network
-# (LATTICE_NETNS_ID). On 2 cores the run is bound by CPU (load 10-18 with
-# three parts, 31.8 min in all), so more parts would not end it sooner;
-# balance is what matters: the parts are balanced by each test's time in
-# integration/testdata/durations.txt (a test missing there counts as 10 s). The other packages, then `make fuzz`, run beside them.
+# go vet, then every test with the race detector, and the fuzz targets. The
+# integration package runs as LATTICE_TEST_PARTS (3) test processes at once,
+# each with its own PostgreSQL nodes, redis-server and partition network
+# (LATTICE_NETNS_ID). On 2 cores the run is bound by CPU (1.85 of the 2
+# cores over a whole run), so more parts would not end it sooner; balance is
+# what matters: the parts are balanced by each test's time in
+# integration/testdata/durations.txt (a test missing there counts as 10 s).
+# The other packages, then `make fuzz`, run beside them.
 # A part's output is printed when it ends (a passing part's as a summary);
 # the script fails if any part failed. LATTICE_TEST_DURATIONS=FILE writes
 # every integration test's time in this run there, the format of
