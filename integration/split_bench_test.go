@@ -86,8 +86,7 @@ func benchShadowCopy(b *testing.B, kind shardmap.MigrationKind) {
 		pr, pw := io.Pipe()
 		done := make(chan error, 1)
 		go func() {
-			_, err := src.PgConn().CopyTo(ctx, pw, "COPY (SELECT * FROM "+pgshard.ShardTable(tree, 0)+" WHERE "+pred+") TO STDOUT (FORMAT binary)")
-			pw.CloseWithError(err)
+			_, err := pgshard.CopyOut(ctx, src.PgConn(), pw, "COPY (SELECT * FROM "+pgshard.ShardTable(tree, 0)+" WHERE "+pred+") TO STDOUT (FORMAT binary)")
 			done <- err
 		}()
 		tag, err := dst.PgConn().CopyFrom(ctx, pr, "COPY raw.bench FROM STDIN (FORMAT binary)")

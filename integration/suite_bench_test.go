@@ -382,8 +382,7 @@ func rawCopyRate(b *testing.B, ctx context.Context, tree string, n int64) float6
 	pr, pw := io.Pipe()
 	done := make(chan error, 1)
 	go func() {
-		_, err := src.PgConn().CopyTo(ctx, pw, fmt.Sprintf("COPY (%s LIMIT %d) TO STDOUT (FORMAT binary)", strings.Join(parts, " UNION ALL "), n))
-		pw.CloseWithError(err)
+		_, err := pgshard.CopyOut(ctx, src.PgConn(), pw, fmt.Sprintf("COPY (%s LIMIT %d) TO STDOUT (FORMAT binary)", strings.Join(parts, " UNION ALL "), n))
 		done <- err
 	}()
 	tag, err := dst.PgConn().CopyFrom(ctx, pr, "COPY public.raw_copy FROM STDIN (FORMAT binary)")

@@ -274,8 +274,7 @@ func (sh *Shadow) copyChunk(ctx context.Context, src *pgx.Conn, tx pgx.Tx, c cop
 	pr, pw := io.Pipe()
 	copyOut := make(chan error, 1)
 	go func() {
-		_, err := src.PgConn().CopyTo(ctx, pw, out)
-		pw.CloseWithError(err)
+		_, err := pgshard.CopyOut(ctx, src.PgConn(), pw, out)
 		copyOut <- err
 	}()
 	counted := &countingReader{r: pr}

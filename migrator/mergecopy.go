@@ -217,8 +217,7 @@ func (mc *MergeCopy) transfer(ctx context.Context, conns *mergeConns, spec Merge
 		pr, pw := io.Pipe()
 		copyOut := make(chan error, 1)
 		go func() {
-			_, err := srcConn.PgConn().CopyTo(ctx, pw, out)
-			pw.CloseWithError(err)
+			_, err := pgshard.CopyOut(ctx, srcConn.PgConn(), pw, out)
 			copyOut <- err
 		}()
 		_, err = tx.Conn().PgConn().CopyFrom(ctx, pr, "COPY "+stageTable+" ("+cols+") FROM STDIN")

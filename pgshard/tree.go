@@ -388,8 +388,7 @@ func (c *Cluster) pipeCopy(ctx context.Context, src *pgconn.PgConn, node, tenant
 	}
 	done := make(chan result, 1)
 	go func() {
-		tag, err := src.CopyTo(ctx, pw, out)
-		pw.CloseWithError(err) // nil: the reader sees EOF
+		tag, err := CopyOut(ctx, src, pw, out)
 		done <- result{tag, err}
 	}()
 	inTag, inErr := dst.Conn().PgConn().CopyFrom(ctx, pr, in)
