@@ -115,7 +115,7 @@ has() { grep -qE "^$1(-[0-9]+)?[[:space:]]" "$log"; }
     awk -v b="$b" '$1 ~ "^"b"(-[0-9]+)?$" { for (i = 5; i < NF; i += 2) printf "| %s | %s | %s |\n", b, $(i+1), $i }' "$log"
   done
   if [ "$found" = 0 ]; then echo "| (none ran) | | |"; fi
-  if ! has BenchmarkFold; then
+  if ! has 'BenchmarkFold[A-Za-z0-9_]*'; then
     echo
     echo "No BenchmarkFold* on this branch: fold throughput is in the grow/shrink table below."
   fi
