@@ -2,7 +2,6 @@ package integration
 
 import (
 	"context"
-	"io"
 	"log/slog"
 	"os"
 	"strconv"
@@ -83,14 +82,9 @@ func benchShadowCopy(b *testing.B, kind shardmap.MigrationKind) {
 		}
 		// Raw: the same rows, piped.
 		start := time.Now()
-		pr, pw := io.Pipe()
-		done := make(chan error, 1)
-		go func() {
-			_, err := pgshard.CopyOut(ctx, src.PgConn(), pw, "COPY (SELECT * FROM "+pgshard.ShardTable(tree, 0)+" WHERE "+pred+") TO STDOUT (FORMAT binary)")
-			done <- err
-		}()
-		tag, err := dst.PgConn().CopyFrom(ctx, pr, "COPY raw.bench FROM STDIN (FORMAT binary)")
-		if err != nil || <-done != nil {
+		rawCopy := pgshard.PipeCopy(ctx, src.PgConn(), "COPY (SELECT * FROM "+pgshard.ShardTable(tree, 0)+" WHERE "+pred+") TO STDOUT (FORMAT binary)",
+			dst.PgConn(), "COPY raw.bench FROM STDIN (FORMAT binary)")
+		if err := rawCopy.Err(); err != nil {
 			b.Fatal(err)
 		}
 		raw := time.Since(start)
@@ -110,8 +104,8 @@ func benchShadowCopy(b *testing.B, kind shardmap.MigrationKind) {
 		if err := migrator.DropShadow(ctx, spec); err != nil {
 			b.Fatal(err)
 		}
-		if copied != tag.RowsAffected() {
-			b.Fatalf("%s copied %d rows, raw %d", kind, copied, tag.RowsAffected())
+		if copied != rawCopy.Written {
+			b.Fatalf("%s copied %d rows, raw %d", kind, copied, rawCopy.Written)
 		}
 		b.ReportMetric(float64(copied)/raw.Seconds(), "raw_rows/s")
 		b.ReportMetric(float64(copied)/shadow.Seconds(), string(kind)+"_rows/s")

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"fmt"
-	"io"
 	"math"
 	"net/http"
 	"os"
@@ -379,17 +378,12 @@ func rawCopyRate(b *testing.B, ctx context.Context, tree string, n int64) float6
 	mustExec(b, dst, `CREATE TABLE public.raw_copy (k bigint PRIMARY KEY, n int8 NOT NULL, pad text NOT NULL)`)
 	defer mustExec(b, dst, `DROP TABLE public.raw_copy`)
 	start := time.Now()
-	pr, pw := io.Pipe()
-	done := make(chan error, 1)
-	go func() {
-		_, err := pgshard.CopyOut(ctx, src.PgConn(), pw, fmt.Sprintf("COPY (%s LIMIT %d) TO STDOUT (FORMAT binary)", strings.Join(parts, " UNION ALL "), n))
-		done <- err
-	}()
-	tag, err := dst.PgConn().CopyFrom(ctx, pr, "COPY public.raw_copy FROM STDIN (FORMAT binary)")
-	if cerr := <-done; err != nil || cerr != nil {
-		b.Fatalf("raw copy: %v %v", err, cerr)
+	r := pgshard.PipeCopy(ctx, src.PgConn(), fmt.Sprintf("COPY (%s LIMIT %d) TO STDOUT (FORMAT binary)", strings.Join(parts, " UNION ALL "), n),
+		dst.PgConn(), "COPY public.raw_copy FROM STDIN (FORMAT binary)")
+	if err := r.Err(); err != nil {
+		b.Fatalf("raw copy: %v", err)
 	}
-	return float64(tag.RowsAffected()) / time.Since(start).Seconds()
+	return float64(r.Written) / time.Since(start).Seconds()
 }
 
 // metricsSample is one scrape of /metrics: series (name{labels}) to value.

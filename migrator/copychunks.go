@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"sync"
 
 	"github.com/jackc/pglogrepl"
@@ -271,23 +270,12 @@ func (sh *Shadow) copyQueue(ctx context.Context, src *pgx.Conn, tx pgx.Tx, queue
 func (sh *Shadow) copyChunk(ctx context.Context, src *pgx.Conn, tx pgx.Tx, c copyChunk) (int64, int64, error) {
 	sp := sh.spec
 	out := copyOutSQL(sp, c)
-	pr, pw := io.Pipe()
-	copyOut := make(chan error, 1)
-	go func() {
-		_, err := pgshard.CopyOut(ctx, src.PgConn(), pw, out)
-		copyOut <- err
-	}()
-	counted := &countingReader{r: pr}
 	target := pgshard.ShardTable(c.st.tree, sp.Target)
-	tag, err := tx.Conn().PgConn().CopyFrom(ctx, counted, "COPY "+target+" ("+quoteAll(c.st.cols)+") FROM STDIN (FORMAT binary)")
-	pr.CloseWithError(errors.New("migrator: target copy ended"))
-	if outErr := <-copyOut; outErr != nil {
-		return 0, 0, fmt.Errorf("migrator: copy %s from source: %w", c.st.tree.Name, outErr)
+	r := pgshard.PipeCopy(ctx, src.PgConn(), out, tx.Conn().PgConn(), "COPY "+target+" ("+quoteAll(c.st.cols)+") FROM STDIN (FORMAT binary)")
+	if err := r.Err(); err != nil {
+		return 0, 0, fmt.Errorf("migrator: copy %s from shard %d into %d: %w", c.st.tree.Name, sp.Source, sp.Target, err)
 	}
-	if err != nil {
-		return 0, 0, fmt.Errorf("migrator: copy %s into target: %w", c.st.tree.Name, err)
-	}
-	return tag.RowsAffected(), counted.n, nil
+	return r.Written, r.Bytes, nil
 }
 
 // copyOutSQL is the source's COPY of one range: the moving slots of a

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"slices"
 	"strings"
@@ -214,22 +213,12 @@ func (mc *MergeCopy) transfer(ctx context.Context, conns *mergeConns, spec Merge
 		if _, err := tx.Exec(ctx, "CREATE TEMP TABLE "+stageTable+" ON COMMIT DROP AS SELECT "+cols+" FROM "+target+" WITH NO DATA"); err != nil {
 			return err
 		}
-		pr, pw := io.Pipe()
-		copyOut := make(chan error, 1)
-		go func() {
-			_, err := pgshard.CopyOut(ctx, srcConn.PgConn(), pw, out)
-			copyOut <- err
-		}()
-		_, err = tx.Conn().PgConn().CopyFrom(ctx, pr, "COPY "+stageTable+" ("+cols+") FROM STDIN")
-		pr.CloseWithError(errors.New("migrator: merge staging ended"))
-		if outErr := <-copyOut; outErr != nil {
-			if sqlstate.Is(outErr, sqlstate.UndefinedTable) {
-				return fmt.Errorf("%w: shard %d of tree %s on %s: %v", ErrSourceGone, src.Shard, spec.Source.Name, src.Node, outErr)
+		r := pgshard.PipeCopy(ctx, srcConn.PgConn(), out, tx.Conn().PgConn(), "COPY "+stageTable+" ("+cols+") FROM STDIN")
+		if err := r.Err(); err != nil {
+			if sqlstate.Is(r.ReadErr, sqlstate.UndefinedTable) {
+				return fmt.Errorf("%w: shard %d of tree %s on %s: %v", ErrSourceGone, src.Shard, spec.Source.Name, src.Node, r.ReadErr)
 			}
-			return fmt.Errorf("migrator: merge: read source shard %d: %w", src.Shard, outErr)
-		}
-		if err != nil {
-			return fmt.Errorf("migrator: merge: stage into %s: %w", target, err)
+			return fmt.Errorf("migrator: merge: shard %d into %s: %w", src.Shard, target, err)
 		}
 		crashPoint("merge_copy")
 		// Table lock before the record's row lock, the fence's order, so the

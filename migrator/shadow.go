@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"strings"
 	"sync"
@@ -321,18 +320,6 @@ func (sh *Shadow) keepStream(at pglogrepl.LSN) *streamKeeper {
 func (k *streamKeeper) stop() error {
 	k.cancel()
 	return <-k.done
-}
-
-// countingReader counts the bytes read through it.
-type countingReader struct {
-	r io.Reader
-	n int64
-}
-
-func (c *countingReader) Read(p []byte) (int, error) {
-	n, err := c.r.Read(p)
-	c.n += int64(n)
-	return n, err
 }
 
 func (sh *Shadow) startReplication(ctx context.Context, from pglogrepl.LSN) error {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"slices"
 	"sort"
@@ -366,9 +365,6 @@ func (c *Cluster) copyRows(ctx context.Context, src *pgconn.PgConn, t *shardmap.
 	return total, nil
 }
 
-// errCopyAborted stops a COPY TO whose reader has gone.
-var errCopyAborted = errors.New("pgshard: copy target stopped reading")
-
 // pipeCopy runs the COPY TO out on src and streams it into the COPY FROM in on
 // node; it returns the row count both agree on.
 func (c *Cluster) pipeCopy(ctx context.Context, src *pgconn.PgConn, node, tenant, out, in string) (int64, error) {
@@ -381,30 +377,11 @@ func (c *Cluster) pipeCopy(ctx context.Context, src *pgconn.PgConn, node, tenant
 		return 0, fmt.Errorf("node %s: %w", node, err)
 	}
 	defer dst.Release()
-	pr, pw := io.Pipe()
-	type result struct {
-		tag pgconn.CommandTag
-		err error
+	r := PipeCopy(ctx, src, out, dst.Conn().PgConn(), in)
+	if err := r.Err(); err != nil {
+		return 0, err
 	}
-	done := make(chan result, 1)
-	go func() {
-		tag, err := CopyOut(ctx, src, pw, out)
-		done <- result{tag, err}
-	}()
-	inTag, inErr := dst.Conn().PgConn().CopyFrom(ctx, pr, in)
-	// Unblock the writer if COPY FROM stopped before the end.
-	pr.CloseWithError(errCopyAborted)
-	res := <-done
-	// When both sides failed, the one that failed first is the cause.
-	switch {
-	case res.err != nil && (inErr == nil || !errors.Is(res.err, errCopyAborted)):
-		return 0, fmt.Errorf("read: %w", res.err)
-	case inErr != nil:
-		return 0, fmt.Errorf("write: %w", inErr)
-	case res.tag.RowsAffected() != inTag.RowsAffected():
-		return 0, fmt.Errorf("read %d rows but wrote %d", res.tag.RowsAffected(), inTag.RowsAffected())
-	}
-	return inTag.RowsAffected(), nil
+	return r.Written, nil
 }
 
 // fenceTemplate empties the template and installs the fence. TRUNCATE comes
