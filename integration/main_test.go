@@ -406,7 +406,32 @@ func startProxyOn(t testing.TB, redisURL string, nodeDSNs []string, env []string
 
 // startProxyAt is startProxyOn listening on host, the command run under
 // wrap (e.g. "ip netns exec NS", for the partition tests).
+//
+// The ports are free when chosen, but the proxy binds them a moment later,
+// and meanwhile another test process or any outgoing connection (whose
+// local port the kernel takes from the same range) may have taken one: a
+// proxy that exits on "address already in use" before it is ready is
+// started again on other ports.
 func startProxyAt(t testing.TB, host string, wrap []string, redisURL string, nodeDSNs []string, env []string, extraArgs ...string) *proxyProc {
+	t.Helper()
+	for attempt := 1; ; attempt++ {
+		p := launchProxy(t, host, wrap, redisURL, nodeDSNs, env, extraArgs...)
+		err := p.waitReady(60 * time.Second)
+		if err != nil && attempt < 3 && p.exited() && strings.Contains(p.log.String(), "address already in use") {
+			t.Logf("lattice serve could not bind %s or %s; starting it again on other ports", p.Addr, p.AdminAddr)
+			continue
+		}
+		t.Cleanup(func() { p.cleanup(t) })
+		if err != nil {
+			t.Fatalf("lattice serve did not become ready: %v\nargs: %q\n--- log ---\n%s", err, p.Args, p.log.String())
+		}
+		return p
+	}
+}
+
+// launchProxy starts `lattice serve` on free ports, as startProxyAt says,
+// without waiting for it.
+func launchProxy(t testing.TB, host string, wrap []string, redisURL string, nodeDSNs []string, env []string, extraArgs ...string) *proxyProc {
 	t.Helper()
 	bin := latticeBinary(t)
 	port, err := localnode.FreePort()
@@ -462,11 +487,6 @@ func startProxyAt(t testing.TB, host string, wrap []string, redisURL string, nod
 		p.waitErr = p.cmd.Wait()
 		close(p.done)
 	}()
-	t.Cleanup(func() { p.cleanup(t) })
-
-	if err := p.waitReady(60 * time.Second); err != nil {
-		t.Fatalf("lattice serve did not become ready: %v\nargs: %q\n--- log ---\n%s", err, p.Args, p.log.String())
-	}
 	return p
 }
 
@@ -862,6 +882,21 @@ func TestHarnessNodesUp(t *testing.T) {
 	}
 	if aof != "yes" {
 		t.Errorf("redis appendonly = %q, want yes", aof)
+	}
+}
+
+// TestProxyStartRetriesTakenPort: a proxy whose first start finds a port
+// taken is started again, on other ports, and serves. The first start is
+// a stand-in that says what lattice says when a bind fails and exits.
+func TestProxyStartRetriesTakenPort(t *testing.T) {
+	once := filepath.Join(t.TempDir(), "started")
+	wrap := []string{"bash", "-c", `if [ ! -e "$0" ]; then touch "$0"; echo "lattice: listen tcp: bind: address already in use"; exit 1; fi; exec "$@"`, once}
+	p := startProxyAt(t, "127.0.0.1", wrap, testRedisURL(t), []string{testNodeDSN(t, 0)}, nil)
+	c := connect(t, p.DSN("lattice"))
+	defer c.Close(context.Background())
+	var one int
+	if err := c.QueryRow(context.Background(), "SELECT 1").Scan(&one); err != nil || one != 1 {
+		t.Fatalf("the proxy started again does not serve: %d, %v", one, err)
 	}
 }
 
