@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -16,41 +15,14 @@ import (
 	"github.com/lattice-db/lattice/sqlstate"
 )
 
-// copyServer accepts one connection, lets it in, and answers each simple
-// Query with serve; it returns a connection to it.
+// copyServer is a fakeServer whose Queries serve answers, and a
+// connection to it.
 func copyServer(t *testing.T, serve func(be *pgproto3.Backend) error) *pgconn.PgConn {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		nc, err := ln.Accept()
-		if err != nil {
-			return
-		}
-		defer nc.Close()
-		be := pgproto3.NewBackend(nc, nc)
-		if _, err := be.ReceiveStartupMessage(); err != nil {
-			return
-		}
-		be.Send(&pgproto3.AuthenticationOk{})
-		be.Send(&pgproto3.BackendKeyData{ProcessID: 7, SecretKey: []byte{1, 2, 3, 4}})
-		be.Send(&pgproto3.ReadyForQuery{TxStatus: 'I'})
-		for be.Flush() == nil {
-			msg, err := be.Receive()
-			if err != nil {
-				return
-			}
-			if _, ok := msg.(*pgproto3.Query); ok && serve(be) != nil {
-				return
-			}
-		}
-	}()
+	addr := fakeServer(t, serve)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	c, err := pgconn.Connect(ctx, "postgres://u@"+ln.Addr().String()+"/db?sslmode=disable")
+	c, err := pgconn.Connect(ctx, "postgres://u@"+addr+"/db?sslmode=disable")
 	if err != nil {
 		t.Fatal(err)
 	}

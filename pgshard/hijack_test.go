@@ -28,52 +28,17 @@ func (c *slowFirstWrite) Write(b []byte) (int, error) {
 	return n, err
 }
 
-// fakeServer accepts one connection, lets it in without a password, and
-// answers every simple Query with a command tag.
-func fakeServer(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		nc, err := ln.Accept()
-		if err != nil {
-			return
-		}
-		defer nc.Close()
-		be := pgproto3.NewBackend(nc, nc)
-		if _, err := be.ReceiveStartupMessage(); err != nil {
-			return
-		}
-		be.Send(&pgproto3.AuthenticationOk{})
-		be.Send(&pgproto3.BackendKeyData{ProcessID: 7, SecretKey: []byte{1, 2, 3, 4}})
-		be.Send(&pgproto3.ReadyForQuery{TxStatus: 'I'})
-		for {
-			if err := be.Flush(); err != nil {
-				return
-			}
-			msg, err := be.Receive()
-			if err != nil {
-				return
-			}
-			if _, ok := msg.(*pgproto3.Query); ok {
-				be.Send(&pgproto3.CommandComplete{CommandTag: []byte("SELECT 1")})
-				be.Send(&pgproto3.ReadyForQuery{TxStatus: 'I'})
-			}
-		}
-	}()
-	return ln.Addr().String()
-}
-
 // TestTakeOverStopsBackgroundReader: a backend whose startup left pgconn's
 // background reader in a read of the socket must not lose its first answer
 // to that reader once the proxy reads the socket itself. It did: the
 // session waited for an answer the reader had taken, holding its view, and
 // a reshard waited on it (the stalls of TestReshardUnderLoadTwoProxies).
 func TestTakeOverStopsBackgroundReader(t *testing.T) {
-	addr := fakeServer(t)
+	addr := fakeServer(t, func(be *pgproto3.Backend) error {
+		be.Send(&pgproto3.CommandComplete{CommandTag: []byte("SELECT 1")})
+		be.Send(&pgproto3.ReadyForQuery{TxStatus: 'I'})
+		return nil
+	})
 	cfg, err := pgconn.ParseConfig("postgres://u@" + addr + "/db?sslmode=disable")
 	if err != nil {
 		t.Fatal(err)
