@@ -201,7 +201,7 @@ func TestAdminNonLoopbackNeedsToken(t *testing.T) {
 	// startProxyAt does.
 	for attempt := 1; ; attempt++ {
 		out, exited = runServe(t, 5*time.Second, []string{"LATTICE_ADMIN_TOKEN=a-token-from-the-environment"}, args()...)
-		if !exited || attempt == 3 || !strings.Contains(out, "address already in use") {
+		if !exited || attempt == 3 || !portTaken(out) {
 			break
 		}
 	}

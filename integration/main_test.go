@@ -169,13 +169,13 @@ func startServers(ctx context.Context) error {
 	return nil
 }
 
-// startCluster starts n PostgreSQL nodes (n1, n2, ... under dir) and a
-// redis-server (dir/redis) in parallel. On error it returns what did start,
-// for the caller to stop: the nodes slice has a nil for each that did not.
 // nodeTemplate is where the harness keeps the data directory that every
 // node it starts copies (localnode.PostgresOptions.Template).
 func nodeTemplate() string { return filepath.Join(harness.dir, "template") }
 
+// startCluster starts n PostgreSQL nodes (n1, n2, ... under dir) and a
+// redis-server (dir/redis) in parallel. On error it returns what did start,
+// for the caller to stop: the nodes slice has a nil for each that did not.
 func startCluster(ctx context.Context, dir string, n int) ([]*localnode.Postgres, *localnode.Redis, error) {
 	nodes := make([]*localnode.Postgres, n)
 	var rd *localnode.Redis
@@ -417,7 +417,7 @@ func startProxyAt(t testing.TB, host string, wrap []string, redisURL string, nod
 	for attempt := 1; ; attempt++ {
 		p := launchProxy(t, host, wrap, redisURL, nodeDSNs, env, extraArgs...)
 		err := p.waitReady(60 * time.Second)
-		if err != nil && attempt < 3 && p.exited() && strings.Contains(p.log.String(), "address already in use") {
+		if err != nil && attempt < 3 && p.exited() && portTaken(p.log.String()) {
 			t.Logf("lattice serve could not bind %s or %s; starting it again on other ports", p.Addr, p.AdminAddr)
 			continue
 		}
@@ -428,6 +428,10 @@ func startProxyAt(t testing.TB, host string, wrap []string, redisURL string, nod
 		return p
 	}
 }
+
+// portTaken reports whether a proxy's output says that it could not bind
+// a port.
+func portTaken(out string) bool { return strings.Contains(out, "address already in use") }
 
 // launchProxy starts `lattice serve` on free ports, as startProxyAt says,
 // without waiting for it.
