@@ -32,11 +32,12 @@ func copyServer(t *testing.T, serve func(be *pgproto3.Backend) error) *pgconn.Pg
 
 // copyOutServer sends rows rows of COPY TO data, one CopyData message a
 // row as PostgreSQL does, failing with SQLSTATE 22012 after failAt rows if
-// failAt > 0.
+// failAt > 0. With rows < 0 it sends until the client goes, so the copy
+// can end only by the client's abort.
 func copyOutServer(t *testing.T, rows, failAt int) *pgconn.PgConn {
 	return copyServer(t, func(be *pgproto3.Backend) error {
 		be.Send(&pgproto3.CopyOutResponse{})
-		for i := 1; i <= rows; i++ {
+		for i := 1; rows < 0 || i <= rows; i++ {
 			if i == failAt {
 				be.Send(&pgproto3.ErrorResponse{Severity: "ERROR", Code: "22012", Message: "division by zero"})
 				be.Send(&pgproto3.ReadyForQuery{TxStatus: 'I'})
@@ -127,7 +128,11 @@ func TestPipeCopy(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var sink copyInSink
-			src := copyOutServer(t, rows, tc.failAt)
+			n := rows
+			if tc.failAfter > 0 {
+				n = -1 // a source that ended first would not show the abort
+			}
+			src := copyOutServer(t, n, tc.failAt)
 			dst := copyInServer(t, &sink, tc.failAfter)
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
