@@ -139,12 +139,14 @@ var fenceParts = []string{"fence_arm", "cut_off_look"}
 //	LATTICE_TEST_RACE=0 go test -run '^$' -bench BenchmarkReshardPointQueries -benchtime 1x ./integration
 //
 // LATTICE_BENCH_LOG=file keeps the proxy's log there, to line up a slow
-// pause with what else the proxy logged.
+// pause with what else the proxy logged. LATTICE_BENCH_PROXY_ARGS adds
+// flags to the proxy's command line, to weigh a setting against the
+// default in the same conditions (--max-concurrent-migrations=2, say).
 func BenchmarkReshardPointQueries(b *testing.B) {
 	for i := 0; i < b.N; i++ {
 		resetNodes(b)
 		ctx := context.Background()
-		p := startProxy(b, 3)
+		p := startProxy(b, 3, strings.Fields(os.Getenv("LATTICE_BENCH_PROXY_ARGS"))...)
 		pool, err := pgxpool.New(ctx, p.DSN("lattice")+"&pool_max_conns=8")
 		if err != nil {
 			b.Fatal(err)
