@@ -262,7 +262,7 @@ func checkFanOutSQL(t testing.TB, p *Plan) {
 				checkSetOpParts(t, p.SQL, sql, leaves, schemas, per)
 				continue
 			}
-			queryNested := nestedRefs(t, p.SQL, p.Tree.Name)
+			_, queryNested := treeRefs(t, p.SQL, p.Tree.Name)
 			if len(leaves) != len(schemas) {
 				t.Fatalf("%s: renders to %s: %d branches, want %d", p.SQL, sql, len(leaves), len(schemas))
 			}
@@ -373,10 +373,13 @@ func TestFanOutCalls(t *testing.T) {
 }
 
 // checkAggSQL checks that the partial and the whole statement of an
-// aggregating plan parse and read the tree once in each schema, and that
-// the final statement parses over a VALUES source.
+// aggregating plan parse and read the tree in each schema once for each
+// reference the statement makes to it (each branch of a set operation
+// reads every schema), and that the final statement parses over a VALUES
+// source.
 func checkAggSQL(t testing.TB, p *Plan) {
 	t.Helper()
+	refs, _ := treeRefs(t, p.SQL, p.Tree.Name)
 	for _, schemas := range [][]btreeindex.Source{btreeindex.Schemas("lattice_s0001"), btreeindex.Schemas("lattice_s0001", "Odd Schema", "lattice_s0003"),
 		{{Schema: "lattice_s0001"}, {Schema: "Odd Schema", Filter: filtered}}} {
 		for _, sql := range []string{p.RenderPartial(schemas), p.RenderWhole(schemas)} {
@@ -390,11 +393,11 @@ func checkAggSQL(t testing.TB, p *Plan) {
 					seen[r.rv.Schemaname]++
 				}
 			}
-			if want := strings.Count(sql, " WHERE "+filtered); want != 1 && schemas[len(schemas)-1].Filter != "" {
-				t.Fatalf("%s: renders to %s: the filter appears %d times", p.SQL, sql, want)
+			if got := strings.Count(sql, " WHERE "+filtered); got != refs && schemas[len(schemas)-1].Filter != "" {
+				t.Fatalf("%s: renders to %s: the filter appears %d times, want %d", p.SQL, sql, got, refs)
 			}
 			for _, sc := range schemas {
-				if seen[sc.Schema] != 1 || len(seen) != len(schemas) {
+				if seen[sc.Schema] != refs || len(seen) != len(schemas) {
 					t.Fatalf("%s: renders to %s: reads %v", p.SQL, sql, seen)
 				}
 			}
@@ -489,24 +492,27 @@ func TestRenderFiltered(t *testing.T) {
 	}
 }
 
-// setOpBranches counts the branches of the statement sql: 1 unless it is a
-// set operation.
-// nestedRefs counts the query's references to the tree inside a subquery.
-func nestedRefs(t testing.TB, sql, tree string) int {
+// treeRefs counts the query's references to the tree, and those of them
+// inside a subquery.
+func treeRefs(t testing.TB, sql, tree string) (all, nested int) {
 	t.Helper()
 	res, err := pg.Parse(sql)
 	if err != nil || len(res.Stmts) != 1 {
 		t.Fatalf("%s does not parse: %v", sql, err)
 	}
-	n := 0
 	for _, r := range walkStmt(res.Stmts[0].Stmt.GetSelectStmt()).rels {
-		if r.rv.Relname == tree && r.nested {
-			n++
+		if r.rv.Relname == tree {
+			all++
+			if r.nested {
+				nested++
+			}
 		}
 	}
-	return n
+	return all, nested
 }
 
+// setOpBranches counts the branches of the statement sql: 1 unless it is a
+// set operation.
 func setOpBranches(t testing.TB, sql string) int {
 	t.Helper()
 	res, err := pg.Parse(sql)
