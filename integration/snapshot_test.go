@@ -51,8 +51,19 @@ func createBank(t testing.TB, ctx context.Context, pool *pgxpool.Pool, name, pla
 // copy holds a prefix of them.
 type bankLoad struct {
 	transfers, inserts atomic.Int64
-	stop               func() error
+	stopping           atomic.Bool
+	// stop lets every statement in flight finish, then stops the load.
+	// Cancelling one instead would make pgx return at once while the
+	// proxy may still be committing it across nodes, and a read of the
+	// totals right after could see that commit done on one node and not
+	// yet on the other (ci-53: total 199999): a two-phase commit is
+	// atomic, but no read spans the nodes' commits.
+	stop func() error
 }
+
+// bankStopWait bounds the wait for the load's statements in flight; past
+// it they are cancelled.
+const bankStopWait = time.Minute
 
 func startBankLoad(ctx context.Context, pool *pgxpool.Pool, tree string, writers int) *bankLoad {
 	l := &bankLoad{}
@@ -62,7 +73,7 @@ func startBankLoad(ctx context.Context, pool *pgxpool.Pool, tree string, writers
 	for i := range writers {
 		wg.Go(func() {
 			rng := rand.New(rand.NewPCG(uint64(i), 11))
-			for runCtx.Err() == nil {
+			for runCtx.Err() == nil && !l.stopping.Load() {
 				a, b := 1+rng.IntN(bankRows), 1+rng.IntN(bankRows)
 				if a == b {
 					continue
@@ -79,7 +90,7 @@ func startBankLoad(ctx context.Context, pool *pgxpool.Pool, tree string, writers
 		})
 	}
 	wg.Go(func() {
-		for i := 0; runCtx.Err() == nil; i++ {
+		for i := 0; runCtx.Err() == nil && !l.stopping.Load(); i++ {
 			if _, err := pool.Exec(runCtx, fmt.Sprintf("INSERT INTO %s VALUES (%d, 0)", tree, bankInsert+i)); err != nil {
 				if runCtx.Err() == nil {
 					errs <- fmt.Errorf("insert: %w", err)
@@ -90,8 +101,19 @@ func startBankLoad(ctx context.Context, pool *pgxpool.Pool, tree string, writers
 		}
 	})
 	l.stop = func() error {
+		l.stopping.Store(true)
+		done := make(chan struct{})
+		go func() {
+			wg.Wait()
+			close(done)
+		}()
+		select {
+		case <-done:
+		case <-time.After(bankStopWait):
+			cancel()
+			<-done
+		}
 		cancel()
-		wg.Wait()
 		close(errs)
 		return <-errs
 	}
