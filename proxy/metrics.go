@@ -63,6 +63,7 @@ const (
 	connStartupFailed
 	connTooMany
 	connRejected
+	connGone
 )
 
 var connOutcomeNames = [...]string{
@@ -71,7 +72,8 @@ var connOutcomeNames = [...]string{
 	connAuthFailed:    "auth_failed",    // wrong password, unknown user, database not granted
 	connStartupFailed: "startup_failed", // malformed, unsupported, timed out or abandoned startup
 	connTooMany:       "too_many_clients",
-	connRejected:      "rejected", // the tenant's database did not answer (e.g. 3D000)
+	connRejected:      "rejected",           // the tenant's database did not answer (e.g. 3D000)
+	connGone:          "gone_mid_statement", // the client left while a statement ran; its backend work was cancelled
 }
 
 // NewMetrics creates the instruments and registers them with reg (nil: not

@@ -152,6 +152,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		ln.Close()
 		s.closeSessions()
 	}()
+	go s.watchClients(ctx)
 	err := acceptLoop(ctx, ln, func(err error, delay time.Duration) {
 		s.log.Warn("accepting a client connection failed; retrying", "err", err, "retry_in", delay)
 	}, func(conn net.Conn) {
@@ -377,7 +378,10 @@ func (sess *session) loop(ctx context.Context) {
 		}
 		idleTx := sess.idleDeadline(ready)
 		sess.sendOnPause(ctx)
+		sess.serving.Store(0)
 		msg, err := sess.receive()
+		sess.served++
+		sess.serving.Store(sess.served)
 		if idleTx {
 			if err != nil && idleTimedOut(err) {
 				sess.endIdleTransaction()

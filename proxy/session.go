@@ -6,6 +6,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgproto3"
@@ -89,6 +90,13 @@ type session struct {
 
 	activeMu sync.Mutex
 	active   []*pgshard.Conn // backends running this session's work, for CancelRequest
+
+	// serving counts the client's messages, and is 0 while the session
+	// waits for the next: the server's look for clients gone in the
+	// middle of a statement reads it (clientgone.go).
+	serving atomic.Uint64
+	served  uint64
+	gone    atomic.Bool // the client went away in the middle of a statement
 
 	pendingBytes int
 	copyBytes    int // the COPY relay's, while it runs

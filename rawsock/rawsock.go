@@ -111,3 +111,33 @@ func renameOp(err error, op string) error {
 	}
 	return err
 }
+
+// PeerClosed reports whether the peer of c, a connection Wrap made or one
+// wrapping such (a TLS connection), has closed or reset it, without
+// reading anything: what it sent and nobody read yet stays. Where it
+// cannot tell (not a socket, another platform) it reports false.
+func PeerClosed(c net.Conn) bool {
+	for inner := true; inner; {
+		switch w := c.(type) {
+		case *Conn:
+			c = w.Conn
+		case interface{ NetConn() net.Conn }:
+			c = w.NetConn()
+		default:
+			inner = false
+		}
+	}
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		return false
+	}
+	raw, err := sc.SyscallConn()
+	if err != nil {
+		return false
+	}
+	closed := false
+	if err := raw.Control(func(fd uintptr) { closed = peerClosed(fd) }); err != nil {
+		return false
+	}
+	return closed
+}

@@ -49,3 +49,22 @@ func (c *Conn) writeSome(fd uintptr) bool {
 	}
 	return true
 }
+
+// peerClosed peeks at the socket fd without taking data: an end of
+// stream or a reset means the peer is gone; data waiting, or none yet
+// (EAGAIN), means it is still there.
+func peerClosed(fd uintptr) bool {
+	var b [1]byte
+	for {
+		n, _, err := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+		switch err {
+		case nil:
+			return n == 0
+		case syscall.EINTR:
+		case syscall.ECONNRESET, syscall.EPIPE, syscall.ENOTCONN:
+			return true
+		default:
+			return false
+		}
+	}
+}

@@ -2,6 +2,7 @@ package rawsock
 
 import (
 	"bytes"
+	"crypto/tls"
 	"errors"
 	"io"
 	"net"
@@ -197,3 +198,50 @@ func TestNoAllocs(t *testing.T) {
 		t.Fatalf("%.1f allocations per round trip", allocs)
 	}
 }
+
+// TestPeerClosed: a peer that is there, with or without data waiting, is
+// not closed, and the data stays to be read; a peer that closed or reset
+// the connection is, behind TLS too.
+func TestPeerClosed(t *testing.T) {
+	if !supported {
+		t.Skip("no raw sockets on this platform")
+	}
+	for _, end := range []string{"close", "reset"} {
+		t.Run(end, func(t *testing.T) {
+			c, peer := pair(t)
+			defer c.Close()
+			if PeerClosed(c) {
+				t.Fatal("closed with the peer there and nothing sent")
+			}
+			if _, err := peer.Write([]byte("x")); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(10 * time.Millisecond)
+			if PeerClosed(c) {
+				t.Fatal("closed with the peer there and a byte waiting")
+			}
+			b := make([]byte, 1)
+			if _, err := io.ReadFull(c, b); err != nil || b[0] != 'x' {
+				t.Fatalf("the byte waiting was taken: read %q, %v", b, err)
+			}
+			if end == "reset" {
+				_ = peer.(*net.TCPConn).SetLinger(0)
+			}
+			peer.Close()
+			deadline := time.Now().Add(2 * time.Second)
+			for !PeerClosed(c) {
+				if time.Now().After(deadline) {
+					t.Fatalf("not closed 2 s after the peer's %s", end)
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+			if PeerClosed(tlsOver(c)) != true {
+				t.Fatal("not closed when seen through a TLS connection")
+			}
+		})
+	}
+}
+
+// tlsOver wraps c as a TLS client would, without a handshake: PeerClosed
+// looks through it to the socket.
+func tlsOver(c net.Conn) net.Conn { return tls.Client(c, &tls.Config{InsecureSkipVerify: true}) }
