@@ -113,9 +113,10 @@ func renameOp(err error, op string) error {
 }
 
 // PeerClosed reports whether the peer of c, a connection Wrap made or one
-// wrapping such (a TLS connection), has closed or reset it, without
-// reading anything: what it sent and nobody read yet stays. Where it
-// cannot tell (not a socket, another platform) it reports false.
+// wrapping such (a TLS connection), has closed, shut down its side of, or
+// reset it, data it sent before included, without reading anything: what
+// it sent and nobody read yet stays. Where it cannot tell (not a socket,
+// another platform) it reports false.
 func PeerClosed(c net.Conn) bool {
 	for inner := true; inner; {
 		switch w := c.(type) {

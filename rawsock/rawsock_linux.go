@@ -4,6 +4,8 @@ import (
 	"io"
 	"syscall"
 	"unsafe"
+
+	"golang.org/x/sys/unix"
 )
 
 const supported = true
@@ -50,21 +52,21 @@ func (c *Conn) writeSome(fd uintptr) bool {
 	return true
 }
 
-// peerClosed peeks at the socket fd without taking data: an end of
-// stream or a reset means the peer is gone; data waiting, or none yet
-// (EAGAIN), means it is still there.
+// peerClosed polls the socket fd for the peer's end, without waiting and
+// without reading: POLLRDHUP reports a peer that shut its side down even
+// while data it sent is still unread (a TLS close_notify, messages it
+// pipelined before it died), as PostgreSQL's client_connection_check_interval
+// looks for it.
 func peerClosed(fd uintptr) bool {
-	var b [1]byte
+	fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLRDHUP}}
 	for {
-		n, _, err := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
-		switch err {
-		case nil:
-			return n == 0
-		case syscall.EINTR:
-		case syscall.ECONNRESET, syscall.EPIPE, syscall.ENOTCONN:
-			return true
-		default:
+		n, err := unix.Poll(fds, 0)
+		switch {
+		case err == unix.EINTR:
+		case err != nil || n == 0:
 			return false
+		default:
+			return fds[0].Revents&(unix.POLLRDHUP|unix.POLLHUP|unix.POLLERR) != 0
 		}
 	}
 }

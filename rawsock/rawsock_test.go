@@ -200,13 +200,14 @@ func TestNoAllocs(t *testing.T) {
 }
 
 // TestPeerClosed: a peer that is there, with or without data waiting, is
-// not closed, and the data stays to be read; a peer that closed or reset
-// the connection is, behind TLS too.
+// not closed, and the data stays to be read; a peer that closed, shut its
+// side down or reset the connection is, with data it sent still unread
+// (a TLS close_notify, pipelined messages), and behind TLS too.
 func TestPeerClosed(t *testing.T) {
 	if !supported {
 		t.Skip("no raw sockets on this platform")
 	}
-	for _, end := range []string{"close", "reset"} {
+	for _, end := range []string{"close", "close after data", "shutdown", "reset"} {
 		t.Run(end, func(t *testing.T) {
 			c, peer := pair(t)
 			defer c.Close()
@@ -224,10 +225,20 @@ func TestPeerClosed(t *testing.T) {
 			if _, err := io.ReadFull(c, b); err != nil || b[0] != 'x' {
 				t.Fatalf("the byte waiting was taken: read %q, %v", b, err)
 			}
-			if end == "reset" {
+			switch end {
+			case "close after data":
+				if _, err := peer.Write([]byte("unread")); err != nil {
+					t.Fatal(err)
+				}
+			case "reset":
 				_ = peer.(*net.TCPConn).SetLinger(0)
 			}
-			peer.Close()
+			if end == "shutdown" {
+				_ = peer.(*net.TCPConn).CloseWrite()
+				defer peer.Close()
+			} else {
+				peer.Close()
+			}
 			deadline := time.Now().Add(2 * time.Second)
 			for !PeerClosed(c) {
 				if time.Now().After(deadline) {
