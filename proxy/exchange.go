@@ -219,6 +219,7 @@ func (s *session) playStep(x *exchange, st *step) error {
 		switch m := msg.(type) {
 		case *pgproto3.CommandComplete:
 			be.NoteCommand(m.CommandTag) // and on below
+			s.noteWrite(st.load, m.CommandTag)
 			st.countLoad(m.CommandTag)
 		case *pgproto3.ErrorResponse:
 			x.failed[be] = true

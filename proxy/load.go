@@ -18,10 +18,14 @@ type loadMark struct {
 	// counted by SlotCounters.Shards.
 	m      *shardmap.Map
 	shards []int
+	// shard is the one shard a statement by its key runs on, and tree
+	// the tree it names, for noteWrite (freezepass.go), counted or not.
+	shard shardRef
+	tree  string
 }
 
 func markLoad(p *router.Plan, t router.Target) loadMark {
-	return loadMark{c: p.Tree.Counters(), slot: t.Slot}
+	return loadMark{c: p.Tree.Counters(), slot: t.Slot, shard: shardRef{p.Tree.MapName(), t.Shard, t.Node}, tree: p.Tree.Name}
 }
 
 // markShards marks a statement of p over shards of v's map of its tree.

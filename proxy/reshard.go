@@ -169,7 +169,7 @@ func (s *session) holdFrozen(ctx context.Context, m *shardmap.Map, start time.Ti
 func (s *session) planHeld(ctx context.Context, sql string) ([]*router.Plan, *shardmap.View, error) {
 	plans, v, err := s.plan(ctx, sql)
 	for start := time.Now(); err == nil; {
-		m := frozenPlans(v, plans)
+		m := s.frozenPlans(v, plans)
 		if m == nil {
 			break
 		}
@@ -180,9 +180,9 @@ func (s *session) planHeld(ctx context.Context, sql string) ([]*router.Plan, *sh
 	return plans, v, err
 }
 
-func frozenPlans(v *shardmap.View, plans []*router.Plan) *shardmap.Map {
+func (s *session) frozenPlans(v *shardmap.View, plans []*router.Plan) *shardmap.Map {
 	for _, p := range plans {
-		if m, frozen := frozenTree(v, p, nil, nil); frozen {
+		if m, frozen := frozenTree(v, p, nil, nil); frozen && !s.passesFreeze(v, p, nil, nil) {
 			return m
 		}
 	}
@@ -195,7 +195,7 @@ func frozenPlans(v *shardmap.View, plans []*router.Plan) *shardmap.Map {
 func (s *session) bindHeld(ctx context.Context, st *clientStmt, v *shardmap.View, m *pgproto3.Bind) (*shardmap.View, bool) {
 	for start := time.Now(); ; {
 		fm, frozen := frozenTree(v, st.plan, m, st.oids)
-		if !frozen {
+		if !frozen || s.passesFreeze(v, st.plan, m, st.oids) {
 			return v, true
 		}
 		if err := s.holdFrozen(ctx, fm, start, s.flushBatch); err != nil {

@@ -60,6 +60,10 @@ type session struct {
 		// transaction: a rollback undoes that SET, so they are restored.
 		setsBefore []setting
 		setInTx    bool
+		// wrote are the shards the transaction wrote to before any of
+		// their slots froze: it holds their tables' locks, which a
+		// freeze's fence waits for (freezepass.go).
+		wrote []shardRef
 	}
 	used []*pgshard.Conn // backends taken for the current exchange, outside any transaction
 	aux  []*pgshard.Conn // backends that only describe statements, outside any transaction
@@ -516,6 +520,7 @@ func (s *session) finish() {
 func (s *session) resetTx() {
 	s.tx.active, s.tx.failed, s.tx.implicit = false, false, false
 	s.tx.deferred, s.tx.local, s.tx.begin = nil, nil, ""
+	s.tx.wrote = s.tx.wrote[:0]
 }
 
 // release returns everything at session end; a transaction left open is

@@ -256,6 +256,11 @@ func (s *session) catalogGuard(p *router.Plan) error {
 // backend: each node the transaction touches gets BEGIN replayed before its
 // first statement. COMMIT over several nodes is a two-phase commit.
 func (s *session) txControl(ctx context.Context, p *router.Plan) {
+	if p.Tx != router.Savepoint && p.Tx != router.Release {
+		// The transaction ends or rolls back to a savepoint: the locks
+		// its writes took may go.
+		s.tx.wrote = s.tx.wrote[:0]
+	}
 	if p.Chain {
 		s.txChain(ctx, p)
 		return

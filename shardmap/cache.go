@@ -166,6 +166,10 @@ func (c *Cache) View(ctx context.Context, tenant string) (*View, error) {
 	return c.load(ctx, tenant, tc)
 }
 
+// Current returns the tenant's snapshot as cached, nil before its first
+// read; it never reads the store.
+func (c *Cache) Current(tenant string) *View { return c.tenant(tenant).view.Load() }
+
 // Refresh re-reads the tenant from the store, for a caller that has seen
 // proof of a stale view (a stale-routing error). Concurrent calls share
 // one read, as long as it began after they were made.
