@@ -15,9 +15,10 @@ import (
 )
 
 // TestFreezePassesTransactionThatWrote: a transaction that wrote to a
-// split's source before the freeze, and whose next statement reaches a
-// moving slot while the slots are frozen, goes on on the source, in the
-// extended and the simple protocol. Held, it would keep its lock, which
+// split's source before the freeze, and whose next statements reach the
+// moving slots while they are frozen (by the key, a read over every shard,
+// a write without the key), goes on on the source, in the extended and the
+// simple protocol. Held, it would keep its lock, which
 // the fence waits for, until the freeze's budget rolled the freeze back
 // (under TPC-C 9 of 31 freezes rolled back so). Here no freeze rolls back,
 // and both of the transaction's writes land once.
@@ -64,6 +65,14 @@ func TestFreezePassesTransactionThatWrote(t *testing.T) {
 			return err == nil && m.IsFrozen(slot), err
 		})
 		if _, err := tx.Exec(ctx, update, mode, key); err != nil {
+			t.Fatal(err)
+		}
+		// Over every shard: a read, and a write without the key.
+		var sum int64
+		if err := tx.QueryRow(ctx, "SELECT sum(v) FROM passing WHERE k > $1", mode, 0).Scan(&sum); err != nil || sum != 2 {
+			t.Fatalf("protocol %v: sum %d, %v inside the transaction; want 2", mode, sum, err)
+		}
+		if _, err := tx.Exec(ctx, "UPDATE passing SET v = v + 1 WHERE v < $1", mode, 0); err != nil {
 			t.Fatal(err)
 		}
 		mustExec(t, tx, "COMMIT")

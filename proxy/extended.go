@@ -321,7 +321,9 @@ func (s *session) bindWriteAll(ctx context.Context, v *shardmap.View, portal *cl
 		if !s.bindOn(ctx, part, t.Node, part.stmt.sql, m, partPortal(m.DestinationPortal, i), i > 0) {
 			return false
 		}
-		part.parts[len(part.parts)-1].load = markShards(v, p, []int{t.Shard})
+		mark := markShards(v, p, []int{t.Shard})
+		mark.shard, mark.tree = shardRef{p.Tree.MapName(), t.Shard, t.Node}, p.Tree.Name
+		part.parts[len(part.parts)-1].load = mark
 		portal.parts = append(portal.parts, part.parts...)
 	}
 	return true

@@ -19,7 +19,9 @@ import (
 // rolled back, holding the moving slots' statements for 2 s each.
 //
 // So a statement of such a transaction on a frozen slot of that shard is
-// not held: it runs on the shard, as before the freeze. It cannot meet the
+// not held: it runs on the shard, as before the freeze; one over several
+// shards (a fan-out, a write without the key) is not held when the
+// transaction wrote so to the shard of every frozen slot. It cannot meet the
 // fence, which cannot be armed before the transaction ends, and what it
 // writes commits before the fence's WAL position, which the final drain
 // reaches (docs/DESIGN.md 5.1 step 4). A write counts only if this proxy's
@@ -72,17 +74,38 @@ func frozenOwnedBy(m *shardmap.Map, shard int) bool {
 	return false
 }
 
-// passesFreeze reports whether p, a statement by its key on a frozen slot
-// under v, goes on to the slot's shard rather than wait: the session's
-// transaction wrote to that shard before its slots froze.
+// passesFreeze reports whether p, held under v for a frozen slot, goes on
+// to the slots' shards rather than wait: the session's transaction wrote,
+// before its slots froze, to the shard of the frozen slot p names (a
+// statement by its key), or to the shard of every frozen slot of the tree
+// (a statement over several shards, which reads or writes them all).
 func (s *session) passesFreeze(v *shardmap.View, p *router.Plan, bind *pgproto3.Bind, oids []uint32) bool {
-	if len(s.tx.wrote) == 0 || !s.tx.active || p == nil || p.Kind != router.Single {
+	if len(s.tx.wrote) == 0 || !s.tx.active || p == nil || p.Tree == nil {
 		return false
 	}
-	r, err := router.Resolve(v, p, routerBind(bind, oids))
-	if err != nil || len(r.Targets) != 1 {
+	m := v.Maps[p.Tree.Name]
+	if m == nil {
 		return false
 	}
-	t := r.Targets[0]
-	return slices.Contains(s.tx.wrote, shardRef{p.Tree.MapName(), t.Shard, t.Node})
+	wrote := func(shard int) bool {
+		return slices.Contains(s.tx.wrote, shardRef{p.Tree.MapName(), shard, m.Shards[shard].Node})
+	}
+	switch p.Kind {
+	case router.Single:
+		r, err := router.Resolve(v, p, routerBind(bind, oids))
+		if err != nil || len(r.Targets) != 1 || r.Targets[0].Node != m.Shards[r.Targets[0].Shard].Node {
+			return false
+		}
+		return wrote(r.Targets[0].Shard)
+	case router.FanOut, router.WriteAll:
+		for _, rg := range m.Frozen {
+			for slot := rg[0]; slot <= rg[1]; slot++ {
+				if !wrote(m.Slots[slot]) {
+					return false
+				}
+			}
+		}
+		return len(m.Frozen) > 0
+	}
+	return false
 }
