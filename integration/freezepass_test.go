@@ -17,7 +17,7 @@ import (
 // TestFreezePassesTransactionThatWrote: a transaction that wrote to a
 // split's source before the freeze, and whose next statements reach the
 // moving slots while they are frozen (by the key, a read over every shard,
-// a write without the key), goes on on the source, in the extended and the
+// a write without the key, an INSERT of several rows), goes on on the source, in the extended and the
 // simple protocol. Held, it would keep its lock, which
 // the fence waits for, until the freeze's budget rolled the freeze back
 // (under TPC-C 9 of 31 freezes rolled back so). Here no freeze rolls back,
@@ -49,7 +49,8 @@ func TestFreezePassesTransactionThatWrote(t *testing.T) {
 		if err != nil || len(migs) != 1 {
 			t.Fatalf("migrations %v, %v", migs, err)
 		}
-		key, slot := movingKey(t, tr, migs[0].Slots, rows)
+		key, slot := movingKey(t, tr, migs[0].Slots, 1, rows)
+		added, _ := movingKey(t, tr, migs[0].Slots, rows*(2+i)+1, rows*(3+i))
 
 		tx := connect(t, p.DSN("lattice"))
 		update := "UPDATE passing SET v = v + 1 WHERE k = $1"
@@ -75,6 +76,10 @@ func TestFreezePassesTransactionThatWrote(t *testing.T) {
 		if _, err := tx.Exec(ctx, "UPDATE passing SET v = v + 1 WHERE v < $1", mode, 0); err != nil {
 			t.Fatal(err)
 		}
+		// An INSERT of several rows, one of them in a moving slot.
+		if _, err := tx.Exec(ctx, "INSERT INTO passing VALUES ($1, 0), ($2, 0)", mode, added, rows+1+i); err != nil {
+			t.Fatal(err)
+		}
 		mustExec(t, tx, "COMMIT")
 		tx.Close(ctx)
 		pollUntil(t, time.Minute, "the reshard to complete", func() (bool, error) {
@@ -92,15 +97,15 @@ func TestFreezePassesTransactionThatWrote(t *testing.T) {
 		t.Fatalf("%d freezes rolled back: the transaction's statement waited for its own lock", n)
 	}
 	var n int64
-	if err := admin.QueryRow(ctx, "SELECT count(*) FROM passing").Scan(&n); err != nil || n != rows {
-		t.Fatalf("count %d, %v; want %d", n, err, rows)
+	if err := admin.QueryRow(ctx, "SELECT count(*) FROM passing").Scan(&n); err != nil || n != rows+4 {
+		t.Fatalf("count %d, %v; want %d", n, err, rows+4)
 	}
 }
 
-// movingKey is a key of 1..rows whose slot is among slots, and its slot.
-func movingKey(t *testing.T, tr *shardmap.Tree, slots [][2]int, rows int) (key, slot int) {
+// movingKey is a key of from..to whose slot is among slots, and its slot.
+func movingKey(t *testing.T, tr *shardmap.Tree, slots [][2]int, from, to int) (key, slot int) {
 	t.Helper()
-	for k := 1; k <= rows; k++ {
+	for k := from; k <= to; k++ {
 		s, err := shardmap.SlotForText(tr.KeyType, []byte(strconv.Itoa(k)), tr.SlotCount)
 		if err != nil {
 			t.Fatal(err)
@@ -111,6 +116,6 @@ func movingKey(t *testing.T, tr *shardmap.Tree, slots [][2]int, rows int) (key, 
 			}
 		}
 	}
-	t.Fatalf("no key of 1..%d in the moving slots %v", rows, slots)
+	t.Fatalf("no key of %d..%d in the moving slots %v", from, to, slots)
 	return 0, 0
 }

@@ -260,6 +260,8 @@ func (s *session) bindSplit(ctx context.Context, v *shardmap.View, portal *clien
 		if !s.bindOn(ctx, part, sh.Node, sh.SQL, b, name, i > 0) {
 			return false
 		}
+		// Counted by countSplitRows; the mark only records the write.
+		part.parts[len(part.parts)-1].load = loadMark{shard: shardRef{p.Tree.MapName(), sh.Shard, sh.Node}, tree: p.Tree.Name}
 		portal.parts = append(portal.parts, part.parts...)
 	}
 	return true

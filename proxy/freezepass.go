@@ -20,8 +20,9 @@ import (
 //
 // So a statement of such a transaction on a frozen slot of that shard is
 // not held: it runs on the shard, as before the freeze; one over several
-// shards (a fan-out, a write without the key) is not held when the
-// transaction wrote so to the shard of every frozen slot. It cannot meet the
+// shards (a fan-out, a write without the key, an INSERT of several rows)
+// is not held when the transaction wrote so to the shard of every frozen
+// slot. It cannot meet the
 // fence, which cannot be armed before the transaction ends, and what it
 // writes commits before the fence's WAL position, which the final drain
 // reaches (docs/DESIGN.md 5.1 step 4). A write counts only if this proxy's
@@ -78,7 +79,7 @@ func frozenOwnedBy(m *shardmap.Map, shard int) bool {
 // to the slots' shards rather than wait: the session's transaction wrote,
 // before its slots froze, to the shard of the frozen slot p names (a
 // statement by its key), or to the shard of every frozen slot of the tree
-// (a statement over several shards, which reads or writes them all).
+// (a statement that may reach several shards).
 func (s *session) passesFreeze(v *shardmap.View, p *router.Plan, bind *pgproto3.Bind, oids []uint32) bool {
 	if len(s.tx.wrote) == 0 || !s.tx.active || p == nil || p.Tree == nil {
 		return false
@@ -97,7 +98,7 @@ func (s *session) passesFreeze(v *shardmap.View, p *router.Plan, bind *pgproto3.
 			return false
 		}
 		return wrote(r.Targets[0].Shard)
-	case router.FanOut, router.WriteAll:
+	case router.FanOut, router.WriteAll, router.InsertSplit:
 		for _, rg := range m.Frozen {
 			for slot := rg[0]; slot <= rg[1]; slot++ {
 				if !wrote(m.Slots[slot]) {
