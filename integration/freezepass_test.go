@@ -17,11 +17,11 @@ import (
 // TestFreezePassesTransactionThatWrote: a transaction that wrote to a
 // split's source before the freeze, and whose next statements reach the
 // moving slots while they are frozen (by the key, a read over every shard,
-// a write without the key, an INSERT of several rows), goes on on the source, in the extended and the
-// simple protocol. Held, it would keep its lock, which
-// the fence waits for, until the freeze's budget rolled the freeze back
-// (under TPC-C 9 of 31 freezes rolled back so). Here no freeze rolls back,
-// and both of the transaction's writes land once.
+// a write without the key, an INSERT of several rows), goes on on the
+// source, in the extended and the simple protocol. Held, it would keep its
+// lock, which the fence waits for, until the freeze's budget rolled the
+// freeze back (under TPC-C 9 of 31 freezes rolled back so). Here no freeze
+// rolls back, and every write lands once.
 func TestFreezePassesTransactionThatWrote(t *testing.T) {
 	resetNodes(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)

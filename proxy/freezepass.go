@@ -19,19 +19,18 @@ import (
 // rolled back, holding the moving slots' statements for 2 s each.
 //
 // So a statement of such a transaction on a frozen slot of that shard is
-// not held: it runs on the shard, as before the freeze; one over several
-// shards (a fan-out, a write without the key, an INSERT of several rows)
-// is not held when the transaction wrote so to the shard of every frozen
-// slot. It cannot meet the
-// fence, which cannot be armed before the transaction ends, and what it
-// writes commits before the fence's WAL position, which the final drain
-// reaches (docs/DESIGN.md 5.1 step 4). A write counts only if this proxy's
-// map showed no frozen slot of the shard when it completed: a fence is
-// armed only once every proxy has acknowledged its frozen map, and a proxy
-// acknowledges only maps it holds, so the fence was not armed then, and
-// the write's lock came first. A fence armed before the write would let the
-// write in (its slot was not moving) and stop the held statement with
-// LT001; that cannot happen here.
+// not held: it runs on the shard, as before the freeze. One that may reach
+// several shards (a fan-out, a write without the key, an INSERT of several
+// rows) is not held when the transaction wrote so to the shard of every
+// frozen slot. Such a statement cannot meet the fence, which cannot be
+// armed before the transaction ends, and what it writes commits before the
+// fence's WAL position, which the final drain reaches (docs/DESIGN.md 5.1
+// step 4, 5.3). A write counts only if this proxy's map showed no frozen
+// slot of the shard when it completed: a fence is armed only once every
+// proxy has acknowledged its frozen map, and a proxy acknowledges only maps
+// it holds, so the fence was not armed then and the write's lock came
+// first. (A fence armed before the write would have let it in, its slot not
+// moving, and stopped the statement let through with LT001.)
 
 // shardRef names one shard: its map (the tree's, or its colocation
 // group's), its index and its node.
