@@ -11,6 +11,10 @@
 # TPCC_WAREHOUSES warehouses (default 1), the consistency check again.
 # Any error the kit reports (its 1% New-Order rollbacks are not errors)
 # fails the script. TPCC_SIDES="lattice" (or "postgres") runs one side.
+# TPCC_RESHARD="16 4" reshards the warehouse group to each shard count in
+# turn while the kit runs on Lattice (the first 15 s into the run, each
+# once the last completed), and reports each reshard's time and how many
+# freezes flipped and rolled back (lattice_migrator_freeze_seconds).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/pglocal.sh
@@ -38,6 +42,19 @@ lpid=$!
 for _ in $(seq 100); do psql -qAt "postgres://lattice@127.0.0.1:$lport/postgres" -c 'select 1' >/dev/null 2>&1 && break; sleep 0.2; done
 ticks() { awk '{print $14+$15}' "/proc/$1/stat"; } # utime+stime of a process, in clock ticks
 failed=0
+# reshards DSN: the warehouse group to each count of TPCC_RESHARD in turn.
+reshards() {
+  sleep 15
+  for n in $TPCC_RESHARD; do
+    local t0; t0=$(date +%s)
+    psql -qAt "$1" -c "SELECT lattice_reshard('warehouse', $n)" >/dev/null || { failed=1; return; }
+    until [ "$(psql -qAt "$1" -c "SELECT lattice_reshard_complete('warehouse')")" = t ]; do sleep 1; done
+    echo "lattice reshard of warehouse to $n shards: $(( $(date +%s) - t0 )) s"
+  done
+  curl -s "http://127.0.0.1:$aport/metrics" | awk '/^lattice_migrator_freeze_seconds_count/ && /tree="warehouse"/ {
+    o = $0; sub(/.*outcome="/, "", o); sub(/".*/, "", o); n[o] += $NF }
+    END { printf "lattice freezes during the run so far: %d flipped, %d rolled back\n", n["flipped"], n["rolled_back"] }'
+}
 side() { # label port [extra prepare args]
   local label=$1 dsn="postgres://lattice@127.0.0.1:$2/postgres?sslmode=disable"; shift 2
   tp() { "$work/tpcc" -dsn "$dsn" -warehouses "$wh" -threads "$threads" "$@"; }
@@ -45,7 +62,10 @@ side() { # label port [extra prepare args]
   # A failed check is reported and the run goes on, so one run shows
   # everything that fails (the kit stops a check at its first failure).
   tp check >"$work/$label.check0" 2>&1 || { grep -v '^begin to check' "$work/$label.check0" | tail -5 | sed "s/^/$label check after load: /"; failed=1; }
-  tp -time "$secs" run >"$work/$label.run" 2>&1 || { grep -vE '^\[|^tpmC|errors:' "$work/$label.run" | head -20 | sed "s/^/$label run: /"; failed=1; }
+  tp -time "$secs" run >"$work/$label.run" 2>&1 &
+  local run=$!
+  [ "$label" = lattice ] && [ -n "${TPCC_RESHARD:-}" ] && reshards "$dsn"
+  wait "$run" || { grep -vE '^\[|^tpmC|errors:' "$work/$label.run" | head -20 | sed "s/^/$label run: /"; failed=1; }
   grep -E '^\[Summary\]|^tpmC|errors:' "$work/$label.run" | sed "s/^/$label /" || true
   if tp check >"$work/$label.check" 2>&1; then
     echo "$label consistency after the run: $(grep -c 'begin to check' "$work/$label.check") conditions checked, all held"
