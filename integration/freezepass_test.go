@@ -27,7 +27,12 @@ func TestFreezePassesTransactionThatWrote(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	hold := holdFile(t)
-	p := startProxyEnv(t, 2, []string{"LATTICE_TEST_HOLD_AT=drain:" + hold}, "--reshard-tick", "200ms")
+	// The transaction is open from before the drain ends until after the
+	// freeze: a freeze puts itself off while a transaction older than its
+	// budget holds the source (ci-58: 3 s on a loaded machine), so the
+	// budget is long here. Without the rule the freeze still rolls back,
+	// after it.
+	p := startProxyEnv(t, 2, []string{"LATTICE_TEST_HOLD_AT=drain:" + hold}, "--reshard-tick", "200ms", "--freeze-budget", "15s")
 	admin := connect(t, p.DSN("lattice"))
 	const rows = 2000
 	mustExec(t, admin, "CREATE TABLE passing (k int PRIMARY KEY, v bigint NOT NULL)")
