@@ -19,6 +19,8 @@ type wire struct {
 	t  testing.TB
 	nc net.Conn
 	fe *pgproto3.Frontend
+	// types adds each column's type to a RowDescription's summary.
+	types bool
 }
 
 func dialWire(t testing.TB, dsn string) *wire {
@@ -89,7 +91,11 @@ func (w *wire) read(last func(pgproto3.BackendMessage) bool) string {
 		case *pgproto3.RowDescription:
 			var cols []string
 			for _, f := range m.Fields {
-				cols = append(cols, string(f.Name))
+				col := string(f.Name)
+				if w.types {
+					col += ":" + fmt.Sprint(f.DataTypeOID)
+				}
+				cols = append(cols, col)
 			}
 			name += "(" + strings.Join(cols, ",") + ")"
 		case *pgproto3.DataRow:

@@ -42,6 +42,12 @@ func ResultEpoch() uint64 { return resultEpoch.Load() }
 // the columns of prepared statements.
 func ResultsChanged() { resultEpoch.Add(1) }
 
+// ResultTypeChanged reports PostgreSQL's refusal to run a prepared
+// statement whose result columns changed since it was parsed.
+func ResultTypeChanged(e *pgproto3.ErrorResponse) bool {
+	return e.Code == sqlstate.FeatureNotSupported && strings.HasPrefix(e.Message, "cached plan must not change result type")
+}
+
 // Send queues msg for the backend and notes the requests whose answers
 // Receive must match.
 func (c *Conn) Send(msg pgproto3.FrontendMessage) {
@@ -176,7 +182,7 @@ func (c *Conn) failed(e *pgproto3.ErrorResponse) {
 	if e.Severity == "FATAL" || e.Severity == "PANIC" {
 		c.broken = true
 	}
-	if e.Code == sqlstate.FeatureNotSupported && strings.HasPrefix(e.Message, "cached plan must not change result type") {
+	if ResultTypeChanged(e) {
 		// The statement's columns changed under it: PostgreSQL will fail
 		// every Bind of it from now on, so it is prepared anew next time.
 		if q := c.queued(); len(q) > 0 && q[0].kind == reqBind {

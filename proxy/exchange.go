@@ -79,6 +79,9 @@ type step struct {
 	// ahead is the client's Parse a stepParse answers: its ParseComplete
 	// or error goes to the client (parseahead.go).
 	ahead *parseAhead
+	// leadTo is, for a hidden portal Describe, the index of the step whose
+	// lead its RowDescription becomes (simpleprepared.go); 0 for none.
+	leadTo int
 }
 
 // exchange collects the steps of one client round (a Query, or the extended
@@ -228,7 +231,7 @@ func (s *session) playStep(x *exchange, st *step) error {
 			}
 			switch {
 			case st.kind == stepAbort:
-			case st.staleRetry && m.Code == sqlstate.SlotMoved:
+			case st.staleRetry && (m.Code == sqlstate.SlotMoved || st.kind == stepBind && pgshard.ResultTypeChanged(m)):
 				cp := *m
 				x.stale = &cp
 			case !x.errored:
@@ -258,6 +261,10 @@ func (s *session) playStep(x *exchange, st *step) error {
 		case *pgproto3.NotificationResponse:
 			s.send(m)
 			continue
+		case *pgproto3.RowDescription:
+			if st.leadTo > 0 {
+				s.holdRowDescription(x, st.leadTo, m)
+			}
 		case *pgproto3.ReadyForQuery:
 			if st.kind == stepQuery || st.kind == stepHiddenQuery || st.kind == stepSync || st.query {
 				return nil
@@ -389,6 +396,9 @@ type outMessages struct {
 	exec pgproto3.Execute
 	desc pgproto3.Describe
 	q    pgproto3.Query
+	// params and paramBytes hold the parameters of sendBindText.
+	params     [][]byte
+	paramBytes []byte
 }
 
 // sendBind sends the client's Bind m to be, for its statement stmt and
@@ -398,6 +408,36 @@ func (o *outMessages) sendBind(be *pgshard.Conn, m *pgproto3.Bind, portal, stmt 
 	o.bind.DestinationPortal, o.bind.PreparedStatement = portal, stmt
 	be.Send(&o.bind)
 	o.bind = pgproto3.Bind{}
+}
+
+// maxKeptParamBytes bounds the buffer sendBindText keeps between
+// statements: a larger statement's parameters get a buffer of their own.
+const maxKeptParamBytes = 64 << 10
+
+// sendBindText binds statement stmt on be to the unnamed portal, with
+// values as its text parameters and text results.
+func (o *outMessages) sendBindText(be *pgshard.Conn, stmt string, values []string) {
+	n := 0
+	for _, v := range values {
+		n += len(v)
+	}
+	buf, params := o.paramBytes[:0], o.params[:0]
+	if cap(buf) < n {
+		buf = make([]byte, 0, n)
+		if n <= maxKeptParamBytes {
+			o.paramBytes = buf
+		}
+	}
+	for _, v := range values {
+		at := len(buf)
+		buf = append(buf, v...)
+		params = append(params, buf[at:len(buf):len(buf)])
+	}
+	o.bind = pgproto3.Bind{PreparedStatement: stmt, Parameters: params}
+	be.Send(&o.bind)
+	o.bind = pgproto3.Bind{}
+	clear(params)
+	o.params = params[:0]
 }
 
 func (o *outMessages) sendExecute(be *pgshard.Conn, portal string, maxRows uint32) {

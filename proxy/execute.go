@@ -101,7 +101,8 @@ func (s *session) execute(ctx context.Context, v *shardmap.View, portal *clientP
 		}
 		return true
 	case router.Single:
-		sh, err := s.route(v, p, m, st.oids)
+		prepared := s.simple && p.Prepared != nil && !s.srv.cfg.SimpleAsText
+		sh, err := s.routeAs(v, p, m, st.oids, prepared)
 		if err != nil {
 			s.fail(err)
 			return false
@@ -115,6 +116,9 @@ func (s *session) execute(ctx context.Context, v *shardmap.View, portal *clientP
 			return false
 		}
 		portal.parts[len(portal.parts)-1].load = markLoad(p, sh)
+		if prepared {
+			portal.parts[len(portal.parts)-1].prepared = p.Prepared
+		}
 		if !s.simple && !s.tx.active {
 			portal.bind = portal.bound.copyOf(m)
 		}
@@ -289,6 +293,10 @@ func (s *session) queryParts(portal *clientPortal) {
 	if len(parts) == 1 {
 		k := portal.stmt.plan.Kind
 		retry := s.simpleRetry && !s.tx.active && sp == nil && (k == router.Single || k == router.InsertSplit || staleCatalog(portal.stmt.plan))
+		if parts[0].prepared != nil {
+			s.queryPrepared(parts[0], retry)
+			return
+		}
 		s.out.sendQuery(parts[0].be, parts[0].sql)
 		s.x.add(step{kind: stepQuery, be: parts[0].be, staleRetry: retry, rowsOnly: sp != nil, split: sp, load: parts[0].load, lead: parts[0].lead})
 		return

@@ -18,8 +18,11 @@ type portalPart struct {
 	be   *pgshard.Conn
 	name string
 	sql  string // the simple protocol's statement, sent at run
-	load loadMark
-	lead []pgproto3.BackendMessage // rows the proxy sends before the part's own (an Explain's plan)
+	// prepared runs the simple protocol's statement as sql prepared, with
+	// these parameters (simpleprepared.go); nil runs sql as a Query.
+	prepared *router.Prepared
+	load     loadMark
+	lead     []pgproto3.BackendMessage // rows the proxy sends before the part's own (an Explain's plan)
 }
 
 // extendedMsg serves one extended-protocol message. Responses are queued in

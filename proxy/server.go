@@ -56,6 +56,10 @@ type Config struct {
 	// across sessions (inflight.go), unless Startup.Budget is set; 0 means
 	// DefaultMaxMessageMemory.
 	MaxMessageMemory int64
+	// SimpleAsText runs every simple-protocol statement as its text. By
+	// default one on one shard runs as a statement prepared once per
+	// backend, its constants bound as parameters (simpleprepared.go).
+	SimpleAsText bool
 	// CatalogNode is the node that holds ordinary tables and tree templates.
 	CatalogNode string
 	// Aggregates tells which of the named functions are aggregates in a

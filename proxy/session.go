@@ -128,6 +128,11 @@ type session struct {
 	retryBuf extRetry
 	// keyBuf is where prepareOn builds the key of a backend statement.
 	keyBuf []byte
+	// heldDesc, heldNames and heldLead hold a prepared simple statement's
+	// RowDescription until its rows (simpleprepared.go).
+	heldDesc  pgproto3.RowDescription
+	heldNames []byte
+	heldLead  [1]pgproto3.BackendMessage
 	// rt is the routing of the session's point statements (route).
 	rt router.Routing
 
@@ -579,7 +584,17 @@ func (s *session) fail(err error) {
 // reading the key from the plan's literal or from Bind parameters.
 // It resolves into the session's one Routing, which nothing keeps.
 func (s *session) route(v *shardmap.View, p *router.Plan, bind *pgproto3.Bind, oids []uint32) (router.Target, error) {
-	if err := router.ResolveTo(&s.rt, v, p, routerBind(bind, oids)); err != nil {
+	return s.routeAs(v, p, bind, oids, false)
+}
+
+// routeAs is route, the target's SQL the plan's prepared statement when
+// prepared is set.
+func (s *session) routeAs(v *shardmap.View, p *router.Plan, bind *pgproto3.Bind, oids []uint32, prepared bool) (router.Target, error) {
+	b := routerBind(bind, oids)
+	if b != nil {
+		b.AsPrepared = prepared
+	}
+	if err := router.ResolveTo(&s.rt, v, p, b); err != nil {
 		return router.Target{}, err
 	}
 	return s.rt.Targets[0], nil

@@ -73,7 +73,9 @@ func (s *session) runQuery(ctx context.Context, sql string, allowRetry bool) {
 // abortedTx reports the 25P02 PostgreSQL gives for statements in a failed
 // transaction, when the proxy itself holds that transaction.
 func (s *session) abortedTx(p *router.Plan) bool {
-	if !s.tx.failed {
+	if !s.tx.failed && s.txStatus() != 'E' {
+		// A participant's own error leaves it 'E': the statement may
+		// be routed to a node the transaction has not reached yet.
 		return false
 	}
 	if p.Kind == router.Transaction && (p.Tx == router.Commit || p.Tx == router.Rollback || p.Tx == router.RollbackTo) {

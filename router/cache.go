@@ -98,6 +98,13 @@ func (p *Planner) Plan(sql string, trees Trees, version uint64) ([]*Plan, error)
 	toks = slices.Clone(toks)
 	var used bool
 	plans, tmpl, perr := planFull(sql, &recordingTrees{trees: trees, used: &used}, toks, toks != nil)
+	if tmpl != nil && tmpl.prep != nil {
+		// The derived plan is the full one (the template checked) and
+		// carries the parameters.
+		if d, ok := tmpl.derive(sql, toks); ok {
+			plans = d
+		}
+	}
 	p.exact.put(sql, version, !used, planned{plans: plans, err: perr})
 	if tmpl != nil {
 		tmpl.anyVer = !used

@@ -30,6 +30,9 @@ type Bind struct {
 	Params  [][]byte
 	Formats []int16
 	OIDs    []uint32
+	// AsPrepared says a Single plan runs as its Prepared statement:
+	// Target.SQL is then its text with parameters.
+	AsPrepared bool
 }
 
 func (b *Bind) count() int {
@@ -214,7 +217,13 @@ func (r *Routing) single(m *shardmap.Map, p *Plan, b *Bind) *sqlstate.Error {
 	}
 	sh := m.Owner(slot)
 	r.Frozen = m.IsFrozen(slot)
-	r.Targets = append(r.Targets, Target{Node: sh.Node, Shard: sh.Index, Slot: slot, SQL: p.Render(schemaName(sh.Index))})
+	var sql string
+	if b != nil && b.AsPrepared && p.Prepared != nil {
+		sql = p.Prepared.SQL(sh.Index)
+	} else {
+		sql = p.Render(schemaName(sh.Index))
+	}
+	r.Targets = append(r.Targets, Target{Node: sh.Node, Shard: sh.Index, Slot: slot, SQL: sql})
 	return nil
 }
 

@@ -233,6 +233,11 @@ type Plan struct {
 	// no key needs it.
 	CollationProbe string
 
+	// Prepared is, for a Single plan of a simple-protocol statement, the
+	// statement with its constants as parameters (prepared.go); nil when
+	// it must run as its text.
+	Prepared *Prepared
+
 	render *renderer      // Single, InsertSplit, WriteAll: the statement in pieces around each reference to the tree
 	fan    *fanRender     // FanOut: the per-shard branch and the outer ORDER BY
 	split  *splitter      // InsertSplit: head, rows and tail for RenderRows

@@ -58,11 +58,12 @@ type shapeTemplate struct {
 	hides    Hides    // Plan.Hides: from function names, which are in the shape
 	tree     *shardmap.Tree
 	anyVer   bool
-	semi     int         // index of the trailing ';' token, or -1
-	fixed    []fixedTok  // constant tokens that must keep their text
-	keys     []keySource // Single: the key; InsertSplit: each row's key
-	refs     [][2]int    // token index range (first, last) of each reference to the tree
-	rows     [][2]int    // InsertSplit: token index of each row's ( and )
+	semi     int            // index of the trailing ';' token, or -1
+	fixed    []fixedTok     // constant tokens that must keep their text
+	keys     []keySource    // Single: the key; InsertSplit: each row's key
+	refs     [][2]int       // token index range (first, last) of each reference to the tree
+	rows     [][2]int       // InsertSplit: token index of each row's ( and )
+	prep     *preparedShape // Single: how its statements run prepared (prepared.go), or nil
 }
 
 type fixedTok struct {
@@ -211,6 +212,12 @@ func (p *planner) template(stmt *pg.Node, pl *Plan) *shapeTemplate {
 	if !ok || !samePlan(got[0], pl) {
 		return nil
 	}
+	start, end := 0, len(p.sql)
+	if t.semi >= 0 {
+		end = int(toks[t.semi].start)
+	}
+	start, end = p.trim(start, end)
+	t.prep = p.preparedShape(stmt, t, free, start, end)
 	return t
 }
 
@@ -248,6 +255,9 @@ func (t *shapeTemplate) derive(sql string, toks []token) ([]*Plan, bool) {
 		rd    renderer
 		texts [3]string
 		vals  [1]Value
+		prep  Prepared
+		pvals [4]string
+		poids [4]uint32
 	}{}
 	p := &planner{sql: sql, toks: toks, scanned: true}
 	start, end := 0, len(sql)
@@ -296,6 +306,9 @@ func (t *shapeTemplate) derive(sql string, toks []token) ([]*Plan, bool) {
 	pl.Tree, pl.render = t.tree, rd
 	if t.kind == Single {
 		pl.Key = vals[0]
+		if t.prep != nil {
+			pl.Prepared = t.prep.bind(&one.prep, sql, toks, one.pvals[:0], one.poids[:0])
+		}
 		return one.list[:], true
 	}
 	rows := make([]span, len(t.rows))

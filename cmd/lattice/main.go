@@ -125,6 +125,7 @@ type serveConfig struct {
 	Nodes                                     nodeFlags
 	MaxClients, PoolSize, MaxListeners        int
 	MaxPinned                                 int
+	PrepareSimple                             bool
 	MaxNodeBackends, MaxUserBackends          int
 	PoolAcquireTimeout                        time.Duration
 	MaxStartups, MaxStartupsPerHost           int
@@ -170,6 +171,7 @@ func (c *serveConfig) flags(fs *flag.FlagSet) {
 	fs.IntVar(&c.MaxUserBackends, "max-user-backends", 0, "most backend connections one user's sessions use at once, across nodes and tenants; past it a statement waits, then fails with SQLSTATE 53300 (default: the larger of --pool-size and --max-node-backends)")
 	fs.DurationVar(&c.PoolAcquireTimeout, "pool-acquire-timeout", 10*time.Second, "how long a statement waits for a backend (a free one of --pool-size, room on the node, the user's share) before it fails with SQLSTATE 53300")
 	fs.IntVar(&c.MaxListeners, "max-listeners", 0, "most sessions per tenant that hold a catalog-node backend for LISTEN, counted within --pool-size; 0 means half of --pool-size")
+	fs.BoolVar(&c.PrepareSimple, "prepare-simple", true, "run a simple-protocol statement on one shard as a statement prepared once per backend, its constants bound as parameters of the literals' own types, so that PostgreSQL does not parse and plan it for every query (docs/DESIGN.md, the request path); false runs every statement as its text")
 	fs.IntVar(&c.MaxPinned, "max-pinned", 0, "most sessions at once that keep a catalog-node backend for session state the proxy cannot replay (temp tables, session advisory locks, PREPARE, WITH HOLD cursors, set_config(..., false)), counted within --pool-size; more are refused with SQLSTATE 53300 (default: half of --pool-size, so pinned sessions never take every catalog-node backend)")
 	fs.DurationVar(&c.StartupTimeout, "startup-timeout", 10*time.Second, "a client must finish startup and authentication within this")
 	fs.DurationVar(&c.IdleInTransactionTimeout, "idle-in-transaction-timeout", proxy.DefaultIdleInTransactionTimeout, "end a session that waits inside a transaction for longer than this (SQLSTATE 25P03), rolling back and returning its backends; no client setting lifts it; 0 turns it off")
@@ -472,6 +474,7 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, ready func(pg
 		MaxMessageMemory:         int64(cfg.MaxMessageMemory),
 		IdleInTransactionTimeout: idleTimeout(cfg.IdleInTransactionTimeout),
 		MaxPinned:                maxPinned(cfg.MaxPinned, cfg.PoolSize),
+		SimpleAsText:             !cfg.PrepareSimple,
 		StatementTimeout:         cfg.StatementTimeout,
 		MaxMergeMemory:           int64(cfg.MaxMergeMemory),
 		CatalogNode:              cluster.Catalog().Name,

@@ -1,0 +1,122 @@
+package integration
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgproto3"
+)
+
+// simpleTable is the table TestSimplePrepared reads: a tree through the
+// proxy, a plain table on a node of its own.
+const simpleTable = `CREATE TABLE typed (k bigint PRIMARY KEY, i integer, n numeric, f float8, s text, vc varchar(5), d date, b boolean, j jsonb, a integer[])`
+
+const simpleRows = `INSERT INTO typed SELECT g, g % 7 - 3, g / 4.0, g / 8.0, 'v' || g, left('w' || g, 5), date '2026-01-01' + g, g % 2 = 0, jsonb_build_object('a', g % 3), ARRAY[g % 3, 2] FROM generate_series(1, 200) g`
+
+// TestSimplePrepared sends simple-protocol statements on one shard, which
+// the proxy runs as statements prepared once per backend with their
+// constants as parameters, and checks that every answer is PostgreSQL's
+// for the literal text: rows, column types, command tags and errors, in
+// and out of transactions. Then it checks that they did run prepared, and
+// that a statement whose result columns changed under it through another
+// proxy is run again outside a transaction.
+func TestSimplePrepared(t *testing.T) {
+	resetNodes(t)
+	ctx := context.Background()
+	// One backend per node, so that the check at the end sees the
+	// backend every statement ran on.
+	p := startProxy(t, 2, "--pool-size", "1")
+	c := connect(t, p.DSN("lattice"))
+	mustExec(t, c, simpleTable)
+	mustExec(t, c, `SELECT lattice_create_tree('typed', 'k', shard_count => 8)`)
+	mustExec(t, c, simpleRows)
+	plain := connect(t, testNodeDSN(t, 2))
+	mustExec(t, plain, simpleTable)
+	mustExec(t, plain, simpleRows)
+
+	direct, proxied := dialWire(t, testNodeDSN(t, 2)), dialWire(t, p.DSN("lattice"))
+	direct.types, proxied.types = true, true
+	query := func(sqls ...string) [][]pgproto3.FrontendMessage {
+		var out [][]pgproto3.FrontendMessage
+		for _, sql := range sqls {
+			out = append(out, []pgproto3.FrontendMessage{&pgproto3.Query{String: sql}})
+		}
+		return out
+	}
+	// Each statement twice, with other constants: the first plans the
+	// shape, the second takes the derived plan.
+	statements := []string{
+		`SELECT * FROM typed WHERE k = 5`, `SELECT * FROM typed WHERE k = 6`,
+		`SELECT k, i FROM typed WHERE k = 10000000000`, `SELECT k, i FROM typed WHERE k = 10000000001`,
+		`SELECT k + 1, i * 2 FROM typed WHERE k = 7 AND n = 1.75`, `SELECT k + 1, i * 2 FROM typed WHERE k = 8 AND f = 1e0`,
+		`SELECT k FROM typed WHERE k = '9' AND i = '1'`, `SELECT k FROM typed WHERE k = '10' AND i = 'x'`,
+		`SELECT i + 1, n * 2, f / 2, 1.5 + i, 3 FROM typed WHERE k = 11 AND i > -5`, `SELECT i + 1, n * 2, f / 2, 1.5 + i, 4 FROM typed WHERE k = 12 AND i > -2`,
+		`SELECT s FROM typed WHERE k = 13 AND s LIKE 'v%'`, `SELECT s FROM typed WHERE k = 14 AND s LIKE 'x%'`,
+		`SELECT s FROM typed WHERE k = 15 AND s IN ('v15', 'it''s')`, `SELECT s FROM typed WHERE k = 16 AND s IN ('a', 'v16')`,
+		`SELECT vc FROM typed WHERE k = 17 AND vc = 'w17'`, `SELECT vc FROM typed WHERE k = 17 AND vc = 'w17xxxx'`,
+		`SELECT d FROM typed WHERE k = 18 AND d = '2026-01-19'`, `SELECT d FROM typed WHERE k = 18 AND d > '2026-13-01'`,
+		`SELECT j FROM typed WHERE k = 19 AND j = '{"a": 1}'`, `SELECT j FROM typed WHERE k = 20 AND j = '{"a": 2}'`,
+		`SELECT b FROM typed WHERE k = 21 AND b = 'no'`, `SELECT b FROM typed WHERE k = 22 AND b = 'yes'`,
+		`SELECT a FROM typed WHERE k = 23 AND a = '{2,2}'`, `SELECT a FROM typed WHERE k = 24 AND a = '{0,2}'`,
+		`SELECT i FROM typed WHERE k = 25 AND i BETWEEN -3 AND 3`, `SELECT i FROM typed WHERE k = 26 AND i BETWEEN 5 AND 9`,
+		`SELECT i FROM typed WHERE k = 27 AND s IS DISTINCT FROM 'v27'`, `SELECT i FROM typed WHERE k = 28 AND s IS DISTINCT FROM 'v0'`,
+		`SELECT k, i FROM typed WHERE k = 29 LIMIT 1 OFFSET 0`, `SELECT k, i FROM typed WHERE k = 30 LIMIT 0 OFFSET 1`,
+		`SELECT k, i FROM typed WHERE k = 31 ORDER BY 1`, `SELECT k, i FROM typed WHERE k = 32 ORDER BY 2`,
+		`SELECT i FROM typed WHERE k = -2147483648`, `SELECT i FROM typed WHERE k = 2147483648`,
+		`UPDATE typed SET vc = 'short' WHERE k = 33`, `UPDATE typed SET vc = 'too long' WHERE k = 34`,
+		`UPDATE typed SET i = i + -1, s = 'upd' WHERE k = 35 RETURNING i, s, k`, `UPDATE typed SET i = i + 2, s = 'upd2' WHERE k = 36 RETURNING i, s, k`,
+		`INSERT INTO typed (k, i, s, vc, n) VALUES (1000, 1, 'ins', 'x', 1.25) RETURNING *`, `INSERT INTO typed (k, i, s, vc, n) VALUES (1001, 2, 'ins2', 'y', 2) RETURNING *`,
+		`INSERT INTO typed (k, i) VALUES (1000, 3)`, `INSERT INTO typed (k, i, s) VALUES (1002, 99999999999, 'big')`,
+		`DELETE FROM typed WHERE k = 1000`, `DELETE FROM typed WHERE k = 1001 RETURNING k`,
+		`SELECT count(*) FROM typed WHERE k = 37 AND concat(s, 'x') = 'v37x'`, `SELECT count(*) FROM typed WHERE k = 38 AND concat(s, 'y') = 'v38y'`,
+	}
+	t.Run("outside a transaction", func(t *testing.T) {
+		bothWires(t, direct, proxied, query(statements...)...)
+	})
+	t.Run("in a transaction", func(t *testing.T) {
+		bothWires(t, direct, proxied, query(append(append([]string{"BEGIN"}, statements[:12]...), "COMMIT")...)...)
+		bothWires(t, direct, proxied, query("BEGIN", `UPDATE typed SET i = 5 WHERE k = 40`, `SELECT k FROM typed WHERE k = 40 AND i = 'x'`, `SELECT i FROM typed WHERE k = 40`, "ROLLBACK", `SELECT i FROM typed WHERE k = 40`)...)
+	})
+
+	// The check: the statements are on the backend, with parameters.
+	var prepared []string
+	rows, err := c.Query(ctx, `SELECT statement FROM pg_prepared_statements WHERE statement LIKE '%.typed %' AND statement NOT LIKE '%pg_prepared_statements%' ORDER BY statement`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var s string
+		if err := rows.Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		prepared = append(prepared, s)
+	}
+	if rows.Err() != nil {
+		t.Fatal(rows.Err())
+	}
+	withParams := 0
+	for _, s := range prepared {
+		if strings.Contains(s, "ORDER BY") || strings.Contains(s, "concat") {
+			t.Fatalf("a shape that must run as its text was prepared: %s", s)
+		}
+		if strings.Contains(s, "WHERE k = $1") {
+			withParams++
+		}
+	}
+	if withParams < 5 {
+		t.Fatalf("%d statements with parameters prepared on the catalog node's backend, want at least 5; it holds:\n%s", withParams, strings.Join(prepared, "\n"))
+	}
+	t.Logf("%d statements prepared on the catalog node's backend", len(prepared))
+
+	t.Run("result columns changed through another proxy", func(t *testing.T) {
+		other := startProxy(t, 2)
+		oc := connect(t, other.DSN("lattice"))
+		before := proxied.round(&pgproto3.Query{String: `SELECT * FROM typed WHERE k = 50`})
+		mustExec(t, oc, `ALTER TABLE typed ADD COLUMN extra integer DEFAULT 7`)
+		after := proxied.round(&pgproto3.Query{String: `SELECT * FROM typed WHERE k = 50`})
+		if !strings.Contains(after, ",7)") || strings.Contains(after, "Error") {
+			t.Fatalf("after ALTER through another proxy:\n got  %s\n before %s", after, before)
+		}
+	})
+}
