@@ -47,13 +47,14 @@ func TestFreezeWaitsOnlyForItsSlots(t *testing.T) {
 
 	sleeper := connect(t, p.DSN("lattice"))
 	const sleepSQL = "SELECT pg_sleep(60), bal FROM na WHERE id = "
-	// running counts the point statement on the nodes themselves.
+	// running counts the point statement on the nodes themselves, where it
+	// runs prepared: SELECT pg_sleep($1), bal FROM ... WHERE id = $2.
 	running := func() (int, error) {
 		n := 0
 		for i := range 2 {
 			c := connect(t, testNodeDSN(t, i))
 			var k int
-			err := c.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE query LIKE $1", "SELECT pg_sleep(60)%").Scan(&k)
+			err := c.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE query LIKE $1", "SELECT pg_sleep(%").Scan(&k)
 			c.Close(ctx)
 			if err != nil {
 				return 0, err
@@ -77,7 +78,7 @@ func TestFreezeWaitsOnlyForItsSlots(t *testing.T) {
 	stopSleep := func(done chan error) {
 		for i := range 2 {
 			c := connect(t, testNodeDSN(t, i))
-			mustExec(t, c, "SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE query LIKE $1", "SELECT pg_sleep(60)%")
+			mustExec(t, c, "SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE query LIKE $1", "SELECT pg_sleep(%")
 			c.Close(ctx)
 		}
 		if err := <-done; sqlState(err) != "57014" {

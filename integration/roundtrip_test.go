@@ -99,6 +99,7 @@ func startWireRelay(t *testing.T, target string) *wireRelay {
 func (r *wireRelay) relayFrontend(id int, front, back net.Conn, newFlight func() bool) {
 	var pending []byte
 	started := false
+	prepared := map[string]string{} // the text of each statement parsed on this connection
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := front.Read(buf)
@@ -129,8 +130,14 @@ func (r *wireRelay) relayFrontend(id int, front, back net.Conn, newFlight func()
 						case 'Q':
 							stmt, _, _ = strings.Cut(string(body), "\x00")
 						case 'P':
+							name, rest, _ := strings.Cut(string(body), "\x00")
+							prepared[name], _, _ = strings.Cut(rest, "\x00")
+						case 'B':
+							// A statement runs at its Bind, prepared in
+							// this flight or an earlier one.
 							_, rest, _ := strings.Cut(string(body), "\x00")
-							stmt, _, _ = strings.Cut(rest, "\x00")
+							name, _, _ := strings.Cut(rest, "\x00")
+							stmt = prepared[name]
 						}
 					}
 				}

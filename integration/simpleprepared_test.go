@@ -2,15 +2,20 @@ package integration
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgproto3"
 )
 
 // simpleTable is the table TestSimplePrepared reads: a tree through the
 // proxy, a plain table on a node of its own.
 const simpleTable = `CREATE TABLE typed (k bigint PRIMARY KEY, i integer, n numeric, f float8, s text, vc varchar(5), d date, b boolean, j jsonb, a integer[])`
+
+// simplePlain is an ordinary table, on the catalog node through the proxy.
+const simplePlain = `CREATE TABLE plainw (k integer PRIMARY KEY, v text, n integer NOT NULL DEFAULT 0)`
 
 const simpleRows = `INSERT INTO typed SELECT g, g % 7 - 3, g / 4.0, g / 8.0, 'v' || g, left('w' || g, 5), date '2026-01-01' + g, g % 2 = 0, jsonb_build_object('a', g % 3), ARRAY[g % 3, 2] FROM generate_series(1, 200) g`
 
@@ -34,6 +39,10 @@ func TestSimplePrepared(t *testing.T) {
 	plain := connect(t, testNodeDSN(t, 2))
 	mustExec(t, plain, simpleTable)
 	mustExec(t, plain, simpleRows)
+	for _, conn := range []*pgx.Conn{c, plain} {
+		mustExec(t, conn, simplePlain)
+		mustExec(t, conn, `INSERT INTO plainw SELECT g, 'p' || g FROM generate_series(1, 20) g`)
+	}
 
 	direct, proxied := dialWire(t, testNodeDSN(t, 2)), dialWire(t, p.DSN("lattice"))
 	direct.types, proxied.types = true, true
@@ -70,6 +79,11 @@ func TestSimplePrepared(t *testing.T) {
 		`INSERT INTO typed (k, i) VALUES (1000, 3)`, `INSERT INTO typed (k, i, s) VALUES (1002, 99999999999, 'big')`,
 		`DELETE FROM typed WHERE k = 1000`, `DELETE FROM typed WHERE k = 1001 RETURNING k`,
 		`SELECT count(*) FROM typed WHERE k = 37 AND concat(s, 'x') = 'v37x'`, `SELECT count(*) FROM typed WHERE k = 38 AND concat(s, 'y') = 'v38y'`,
+		// On the catalog node, writes without a result run prepared.
+		`UPDATE plainw SET n = n + 1, v = 'u' WHERE k = 3`, `UPDATE plainw SET n = n + -4, v = 'it''s' WHERE k = 4`,
+		`INSERT INTO plainw (k, v) VALUES (100, 'new')`, `INSERT INTO plainw (k, v) VALUES (4, 'dup')`,
+		`DELETE FROM plainw WHERE k = 100`, `DELETE FROM plainw WHERE k = 5 AND v = 'x'`,
+		`UPDATE plainw SET n = 9 WHERE k = 6 RETURNING n`, `SELECT n, v FROM plainw WHERE k = 4`,
 	}
 	t.Run("outside a transaction", func(t *testing.T) {
 		bothWires(t, direct, proxied, query(statements...)...)
@@ -81,7 +95,7 @@ func TestSimplePrepared(t *testing.T) {
 
 	// The check: the statements are on the backend, with parameters.
 	var prepared []string
-	rows, err := c.Query(ctx, `SELECT statement FROM pg_prepared_statements WHERE statement LIKE '%.typed %' AND statement NOT LIKE '%pg_prepared_statements%' ORDER BY statement`)
+	rows, err := c.Query(ctx, `SELECT statement FROM pg_prepared_statements WHERE (statement LIKE '%.typed %' OR statement LIKE '%plainw%') AND statement NOT LIKE '%pg_prepared_statements%' ORDER BY statement`)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -97,12 +111,15 @@ func TestSimplePrepared(t *testing.T) {
 	}
 	withParams := 0
 	for _, s := range prepared {
-		if strings.Contains(s, "ORDER BY") || strings.Contains(s, "concat") {
+		if strings.Contains(s, "ORDER BY") || strings.Contains(s, "concat") || strings.Contains(s, "plainw") && (strings.Contains(s, "RETURNING") || strings.HasPrefix(s, "SELECT")) {
 			t.Fatalf("a shape that must run as its text was prepared: %s", s)
 		}
-		if strings.Contains(s, "WHERE k = $1") {
+		if strings.Contains(s, "WHERE k = $1") || strings.Contains(s, "WHERE k = $3") {
 			withParams++
 		}
+	}
+	if !slices.Contains(prepared, `UPDATE plainw SET n = n + $1, v = $2 WHERE k = $3`) {
+		t.Fatalf("the UPDATE of a table on the catalog node did not run prepared; the backend holds:\n%s", strings.Join(prepared, "\n"))
 	}
 	if withParams < 5 {
 		t.Fatalf("%d statements with parameters prepared on the catalog node's backend, want at least 5; it holds:\n%s", withParams, strings.Join(prepared, "\n"))

@@ -85,8 +85,16 @@ func (s *session) execute(ctx context.Context, v *shardmap.View, portal *clientP
 			s.fail(err)
 			return false
 		}
-		if !s.bindOn(ctx, portal, s.referenceRead(v, p), p.SQL, m, m.DestinationPortal, false) {
+		sql := p.SQL
+		prepared := s.simple && p.Prepared != nil && !s.srv.cfg.SimpleAsText
+		if prepared {
+			sql = p.Prepared.SQL(0)
+		}
+		if !s.bindOn(ctx, portal, s.referenceRead(v, p), sql, m, m.DestinationPortal, false) {
 			return false
+		}
+		if prepared {
+			portal.parts[len(portal.parts)-1].prepared = p.Prepared
 		}
 		if !s.simple && !s.tx.active && p.Pin|p.Unpin == 0 {
 			// Kept for a write that finds the table became a tree (retryable).

@@ -44,7 +44,8 @@ import (
 type preparedShape struct {
 	toks []int  // token index of the constant each parameter replaces, $1 first
 	strs []bool // whether parameter i is a string
-	rd   *renderer
+	text string // the statement with parameters
+	rd   *renderer // text cut at the tree's references; nil on the catalog node
 	// bySchema is the text with parameters for each shard index, made on
 	// first use: one atomic load per statement after that.
 	bySchema atomic.Pointer[[]string]
@@ -80,9 +81,13 @@ const (
 	oidInt4    = 23
 )
 
-// SQL is the statement with parameters for the shard with index idx.
+// SQL is the statement with parameters for the shard with index idx (any
+// index for a statement on the catalog node).
 func (pr *Prepared) SQL(idx int) string {
 	ps := pr.shape
+	if ps.rd == nil {
+		return ps.text
+	}
 	if all := ps.bySchema.Load(); all != nil && idx < len(*all) && (*all)[idx] != "" {
 		return (*all)[idx]
 	}
@@ -119,7 +124,7 @@ var comparisons = map[string]bool{"=": true, "<>": true, "!=": true, "<": true, 
 // when they cannot. free holds the token index of each constant that may
 // vary; start and end bound the statement in the template's text.
 func (p *planner) preparedShape(stmt *pg.Node, t *shapeTemplate, free map[int]bool, start, end int) *preparedShape {
-	if t.kind != Single || len(free) == 0 || len(free) > 65535 {
+	if len(free) == 0 || len(free) > 65535 || t.kind != Single && !(t.kind == Catalog && returnsNothing(stmt)) {
 		return nil
 	}
 	switch n := stmt.Node.(type) {
@@ -237,12 +242,36 @@ func (p *planner) preparedShape(stmt *pg.Node, t *shapeTemplate, free map[int]bo
 	for _, r := range t.refs {
 		spans = append(spans, span{moved(int(toks[r[0]].start)), moved(int(toks[r[1]].end))})
 	}
-	q := &planner{sql: text}
-	ps.rd = new(renderer)
-	if q.fillRenderer(ps.rd, t.tree, spans, 0, len(text)) != nil || !sameStatement(stmt, text, len(ps.toks)) {
+	ps.text = text
+	if t.kind == Single {
+		q := &planner{sql: text}
+		ps.rd = new(renderer)
+		if q.fillRenderer(ps.rd, t.tree, spans, 0, len(text)) != nil {
+			return nil
+		}
+	}
+	if !sameStatement(stmt, text, len(ps.toks)) {
 		return nil
 	}
 	return ps
+}
+
+// returnsNothing reports an INSERT, UPDATE or DELETE without RETURNING. A
+// statement on the catalog node runs prepared only then: its tables may
+// change under it by DDL that no proxy sees (run on the node itself), and
+// PostgreSQL refuses a prepared statement whose result columns changed
+// (0A000), where the text would run. A statement without a result has no
+// columns to change.
+func returnsNothing(stmt *pg.Node) bool {
+	switch n := stmt.Node.(type) {
+	case *pg.Node_InsertStmt:
+		return len(n.InsertStmt.ReturningList) == 0
+	case *pg.Node_UpdateStmt:
+		return len(n.UpdateStmt.ReturningList) == 0
+	case *pg.Node_DeleteStmt:
+		return len(n.DeleteStmt.ReturningList) == 0
+	}
+	return false
 }
 
 // childContext is the context of the constants in field name of m, a node

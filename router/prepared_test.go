@@ -37,6 +37,13 @@ func TestPrepared(t *testing.T) {
 		{"SELECT name FROM accounts WHERE account_id = 1 AND plan_id = -1", "SELECT name FROM accounts WHERE account_id = 1 AND plan_id = -2147483648", "", true},
 		{"SELECT name FROM catalogue WHERE sku = 'a' AND name = 'b'", `SELECT name FROM catalogue WHERE sku = 'a' AND name = 'back\slash'`, "", true},
 		{"SELECT name FROM catalogue WHERE sku = 'a' AND name = 'b'", `SELECT name FROM catalogue WHERE sku = 'a' AND name = E'e'`, "", true},
+		// On the catalog node: writes without a result only.
+		{"UPDATE plain SET v = v + 1 WHERE k = 5", "UPDATE plain SET v = v + 2 WHERE k = 6",
+			`UPDATE plain SET v = v + $1 WHERE k = $2|2:23 6:23`, false},
+		{"INSERT INTO plain (k, v) VALUES (1, 'x')", "INSERT INTO plain (k, v) VALUES (2, 'y');",
+			`INSERT INTO plain (k, v) VALUES ($1, $2)|2:23 y:0`, false},
+		{"UPDATE plain SET v = 1 WHERE k = 5 RETURNING v", "UPDATE plain SET v = 2 WHERE k = 6 RETURNING v", "", false},
+		{"SELECT v FROM plain WHERE k = 1", "SELECT v FROM plain WHERE k = 2", "", false},
 		// Shapes that never run prepared.
 		{"SELECT name FROM accounts WHERE account_id = 1 ORDER BY 1", "SELECT name FROM accounts WHERE account_id = 2 ORDER BY 1", "", false},
 		{"SELECT plan_id FROM accounts WHERE account_id = 1 GROUP BY 1", "SELECT plan_id FROM accounts WHERE account_id = 2 GROUP BY 1", "", false},

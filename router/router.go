@@ -233,9 +233,10 @@ type Plan struct {
 	// no key needs it.
 	CollationProbe string
 
-	// Prepared is, for a Single plan of a simple-protocol statement, the
-	// statement with its constants as parameters (prepared.go); nil when
-	// it must run as its text.
+	// Prepared is, for a Single plan of a simple-protocol statement, or a
+	// Catalog INSERT, UPDATE or DELETE without RETURNING, the statement
+	// with its constants as parameters (prepared.go); nil when it must run
+	// as its text.
 	Prepared *Prepared
 
 	render *renderer      // Single, InsertSplit, WriteAll: the statement in pieces around each reference to the tree

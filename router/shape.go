@@ -269,6 +269,9 @@ func (t *shapeTemplate) derive(sql string, toks []token) ([]*Plan, bool) {
 	*pl = Plan{Kind: t.kind, SQL: sql[start:end], Anywhere: t.anywhere, Notify: t.notify, References: t.refTabs, Hides: t.hides}
 	one.list[0] = pl
 	if t.kind == Catalog {
+		if t.prep != nil {
+			pl.Prepared = t.prep.bind(&one.prep, sql, toks, one.pvals[:0], one.poids[:0])
+		}
 		return one.list[:], true
 	}
 	var vals []Value
