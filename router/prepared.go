@@ -42,9 +42,9 @@ import (
 // shard. Its text with parameters is parsed once: it must be one statement
 // of the same kind with exactly those parameters.
 type preparedShape struct {
-	toks []int  // token index of the constant each parameter replaces, $1 first
-	strs []bool // whether parameter i is a string
-	text string // the statement with parameters
+	toks []int     // token index of the constant each parameter replaces, $1 first
+	strs []bool    // whether parameter i is a string
+	text string    // the statement with parameters
 	rd   *renderer // text cut at the tree's references; nil on the catalog node
 	// bySchema is the text with parameters for each shard index, made on
 	// first use: one atomic load per statement after that.
