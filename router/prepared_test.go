@@ -2,8 +2,12 @@ package router
 
 import (
 	"fmt"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
+
+	pg "github.com/pganalyze/pg_query_go/v6"
 )
 
 // TestPrepared plans each statement twice through one Planner, the second
@@ -65,6 +69,9 @@ func TestPrepared(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
+				if d := preparedMismatch(plans[0]); d != "" {
+					t.Fatal(d)
+				}
 				got := ""
 				if pr := plans[0].Prepared; pr != nil {
 					var vals []string
@@ -82,4 +89,68 @@ func TestPrepared(t *testing.T) {
 			}
 		})
 	}
+}
+
+// preparedMismatch checks a plan's prepared form against its text: with
+// each parameter written back as a literal of its value, the prepared
+// statement must scan into the tokens of the statement the plan renders.
+// Keywords may differ in case, and white space and comments not at all, as
+// between the statements of one shape. It returns "" when they agree (or
+// the plan has no prepared form).
+func preparedMismatch(pl *Plan) string {
+	pr := pl.Prepared
+	if pr == nil {
+		return ""
+	}
+	prepared, err := pg.Scan(pr.SQL(5))
+	if err != nil {
+		return fmt.Sprintf("prepared text %q does not scan: %v", pr.SQL(5), err)
+	}
+	var b strings.Builder
+	text := pr.SQL(5)
+	at := 0
+	for _, tk := range prepared.Tokens {
+		if tk.Token != pg.Token_PARAM {
+			continue
+		}
+		n, err := strconv.Atoi(text[tk.Start+1 : tk.End])
+		if err != nil || n < 1 || n > len(pr.Values) {
+			return fmt.Sprintf("parameter %q of %q", text[tk.Start:tk.End], text)
+		}
+		b.WriteString(text[at:tk.Start])
+		v := pr.Values[n-1]
+		if pr.OIDs[n-1] == oidUnknown {
+			v = "'" + strings.ReplaceAll(v, "'", "''") + "'"
+		}
+		b.WriteString(v)
+		at = int(tk.End)
+	}
+	b.WriteString(text[at:])
+	schema := "lattice_s0005"
+	if pl.Kind == Catalog {
+		schema = ""
+	}
+	want := pl.Render(schema)
+	tokens := func(sql string) []string {
+		res, err := pg.Scan(sql)
+		if err != nil {
+			return []string{err.Error()}
+		}
+		var out []string
+		for _, tk := range res.Tokens {
+			text := sql[tk.Start:tk.End]
+			if tk.KeywordKind != pg.KeywordKind_NO_KEYWORD {
+				// A shape's statements may spell keywords in any case.
+				text = strings.ToUpper(text)
+			}
+			if tk.Token != pg.Token_SQL_COMMENT && tk.Token != pg.Token_C_COMMENT {
+				out = append(out, tk.Token.String()+" "+text)
+			}
+		}
+		return out
+	}
+	if got, want := tokens(b.String()), tokens(want); !slices.Equal(got, want) {
+		return fmt.Sprintf("prepared %q with its values is %q, the text is %q", text, b.String(), pl.Render(schema))
+	}
+	return ""
 }

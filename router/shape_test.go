@@ -133,7 +133,7 @@ func TestShapeDifferential(t *testing.T) {
 	trees := testTrees()
 	rng := rand.New(rand.NewSource(1))
 	p := NewPlanner(100000)
-	checked := 0
+	checked, prepared := 0, 0
 	for _, sql := range shapeCorpus(t) {
 		p.Plan(sql, trees, 1)
 		for i := 0; i < 30; i++ {
@@ -144,6 +144,14 @@ func TestShapeDifferential(t *testing.T) {
 			if d := sameOutcome(t, got, gerr, want, werr); d != "" {
 				t.Fatalf("%s\nvariant %s\n%s", sql, v, d)
 			}
+			if gerr == nil && len(got) > 0 {
+				if d := preparedMismatch(got[0]); d != "" {
+					t.Fatalf("%s\nvariant %s\n%s", sql, v, d)
+				}
+				if got[0].Prepared != nil {
+					prepared++
+				}
+			}
 			if p.shapeHits.Load() > before {
 				checked++
 			}
@@ -152,7 +160,7 @@ func TestShapeDifferential(t *testing.T) {
 	if checked < 500 {
 		t.Fatalf("only %d variants derived from shapes", checked)
 	}
-	t.Logf("%d variants derived from shapes", checked)
+	t.Logf("%d variants derived from shapes, %d of them with a prepared form", checked, prepared)
 }
 
 func TestShapeHits(t *testing.T) {
@@ -219,6 +227,11 @@ func FuzzShape(f *testing.F) {
 			want, werr := NewPlanner(0).Plan(v, trees, 1)
 			if d := sameOutcome(t, got, gerr, want, werr); d != "" {
 				t.Fatalf("%q\nvariant %q\n%s", sql, v, d)
+			}
+			if gerr == nil && len(got) > 0 {
+				if d := preparedMismatch(got[0]); d != "" {
+					t.Fatalf("%q\nvariant %q\n%s", sql, v, d)
+				}
 			}
 		}
 	})
