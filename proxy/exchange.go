@@ -414,9 +414,9 @@ func (o *outMessages) sendBind(be *pgshard.Conn, m *pgproto3.Bind, portal, stmt 
 // statements: a larger statement's parameters get a buffer of their own.
 const maxKeptParamBytes = 64 << 10
 
-// sendBindText binds statement stmt on be to the unnamed portal, with
-// values as its text parameters and text results.
-func (o *outMessages) sendBindText(be *pgshard.Conn, stmt string, values []string) {
+// sendBindText binds statement stmt on be to portal, with values as its
+// text parameters and results in formats.
+func (o *outMessages) sendBindText(be *pgshard.Conn, stmt string, values []string, portal string, formats []int16) {
 	n := 0
 	for _, v := range values {
 		n += len(v)
@@ -433,7 +433,7 @@ func (o *outMessages) sendBindText(be *pgshard.Conn, stmt string, values []strin
 		buf = append(buf, v...)
 		params = append(params, buf[at:len(buf):len(buf)])
 	}
-	o.bind = pgproto3.Bind{PreparedStatement: stmt, Parameters: params}
+	o.bind = pgproto3.Bind{DestinationPortal: portal, PreparedStatement: stmt, Parameters: params, ResultFormatCodes: formats}
 	be.Send(&o.bind)
 	o.bind = pgproto3.Bind{}
 	clear(params)

@@ -85,16 +85,12 @@ func (s *session) execute(ctx context.Context, v *shardmap.View, portal *clientP
 			s.fail(err)
 			return false
 		}
-		sql := p.SQL
-		prepared := s.simple && p.Prepared != nil && !s.srv.cfg.SimpleAsText
-		if prepared {
-			sql = p.Prepared.SQL(0)
+		sql, pr := p.SQL, s.asPrepared(st, m)
+		if pr != nil {
+			sql = pr.SQL(0)
 		}
-		if !s.bindOn(ctx, portal, s.referenceRead(v, p), sql, m, m.DestinationPortal, false) {
+		if !s.bindWith(ctx, portal, s.referenceRead(v, p), sql, m, m.DestinationPortal, false, pr) {
 			return false
-		}
-		if prepared {
-			portal.parts[len(portal.parts)-1].prepared = p.Prepared
 		}
 		if !s.simple && !s.tx.active && p.Pin|p.Unpin == 0 {
 			// Kept for a write that finds the table became a tree (retryable).
@@ -109,8 +105,8 @@ func (s *session) execute(ctx context.Context, v *shardmap.View, portal *clientP
 		}
 		return true
 	case router.Single:
-		prepared := s.simple && p.Prepared != nil && !s.srv.cfg.SimpleAsText
-		sh, err := s.routeAs(v, p, m, st.oids, prepared)
+		pr := s.asPrepared(st, m)
+		sh, err := s.routeAs(v, p, m, st.oids, pr != nil)
 		if err != nil {
 			s.fail(err)
 			return false
@@ -120,13 +116,10 @@ func (s *session) execute(ctx context.Context, v *shardmap.View, portal *clientP
 			// statement routes by.
 			s.narrowView(v, p.Tree.Name, sh.Slot)
 		}
-		if !s.bindOn(ctx, portal, sh.Node, sh.SQL, m, m.DestinationPortal, false) {
+		if !s.bindWith(ctx, portal, sh.Node, sh.SQL, m, m.DestinationPortal, false, pr) {
 			return false
 		}
 		portal.parts[len(portal.parts)-1].load = markLoad(p, sh)
-		if prepared {
-			portal.parts[len(portal.parts)-1].prepared = p.Prepared
-		}
 		if !s.simple && !s.tx.active {
 			portal.bind = portal.bound.copyOf(m)
 		}
@@ -186,23 +179,39 @@ func (s *session) bindComplete() {
 // client (the extra parts of a split INSERT). In the simple protocol
 // nothing is sent yet: run sends sql as a Query.
 func (s *session) bindOn(ctx context.Context, portal *clientPortal, node, sql string, m *pgproto3.Bind, portalName string, hide bool) bool {
+	return s.bindWith(ctx, portal, node, sql, m, portalName, hide, nil)
+}
+
+// bindWith is bindOn for sql, the text of pr when pr is not nil: the
+// statement then runs prepared with pr's values as its parameters
+// (simpleprepared.go).
+func (s *session) bindWith(ctx context.Context, portal *clientPortal, node, sql string, m *pgproto3.Bind, portalName string, hide bool, pr *router.Prepared) bool {
 	be, err := s.backend(ctx, node)
 	if err != nil {
 		s.fail(err)
 		return false
 	}
 	if s.simple {
-		portal.parts = append(portal.parts, portalPart{be: be, sql: sql})
+		portal.parts = append(portal.parts, portalPart{be: be, sql: sql, prepared: pr})
 		return true
 	}
-	name := s.statementOn(be, portal.stmt, sql)
+	var name string
+	if pr != nil {
+		name = s.prepareOn(be, sql, pr.OIDs, portal.stmt.epoch)
+	} else {
+		name = s.statementOn(be, portal.stmt, sql)
+	}
 	if portalName != "" && be.PortalOpen(portalName) {
 		// A portal of an earlier statement of this transaction (a part of
 		// a fan-out, or one the client closed) still holds the name.
 		be.Send(&pgproto3.Close{ObjectType: 'P', Name: portalName})
 		s.x.add(step{kind: stepClose, be: be, hide: true})
 	}
-	s.out.sendBind(be, m, portalName, name)
+	if pr != nil {
+		s.out.sendBindText(be, name, pr.Values, portalName, m.ResultFormatCodes)
+	} else {
+		s.out.sendBind(be, m, portalName, name)
+	}
 	s.x.add(step{kind: stepBind, be: be, hide: hide})
 	if portal.parts == nil {
 		portal.parts = portal.partBuf[:0:len(portal.partBuf)]

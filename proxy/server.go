@@ -402,6 +402,18 @@ func (sess *session) loop(ctx context.Context) {
 		}
 		switch m := msg.(type) {
 		case *pgproto3.Query:
+			if len(sess.x.steps) > 0 {
+				// An extended batch without its Sync: PostgreSQL answers
+				// its messages before the Query.
+				if err = sess.flushBatch(); err != nil {
+					break
+				}
+			}
+			if sess.skipping {
+				// After an error in the batch PostgreSQL discards
+				// everything up to its Sync, a Query too.
+				break
+			}
 			sess.ahead = nil
 			start := time.Now()
 			err = sess.simpleQuery(ctx, m.String)

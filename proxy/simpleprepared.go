@@ -4,6 +4,7 @@ import (
 	"github.com/jackc/pgx/v5/pgproto3"
 
 	"github.com/lattice-db/lattice/pgshard"
+	"github.com/lattice-db/lattice/router"
 )
 
 // A simple-protocol statement on one shard whose plan has a prepared form
@@ -22,12 +23,27 @@ import (
 // is run again outside a transaction block, prepared anew; inside one the
 // error reaches the client, as it would reach an extended-protocol client.
 
+// asPrepared is the prepared form p runs as, or nil. An extended-protocol
+// statement whose values are literals (a driver's statement without
+// parameters: JDBC's Statement, Npgsql's unparameterized command) runs so
+// too, its result formats the client's: it shares one backend statement
+// per shard with the others of its shape instead of one per text.
+// A client's Bind with parameters, or a Parse that declared some, keeps
+// the statement's own path, where PostgreSQL checks them against it.
+func (s *session) asPrepared(st *clientStmt, m *pgproto3.Bind) *router.Prepared {
+	p := st.plan
+	if p.Prepared == nil || s.srv.cfg.SimpleAsText || !s.simple && (len(m.Parameters) > 0 || len(st.oids) > 0) {
+		return nil
+	}
+	return p.Prepared
+}
+
 // queryPrepared sends part's statement prepared. retry marks it to be
 // routed again after LT001 or a changed result type.
 func (s *session) queryPrepared(part portalPart, retry bool) {
 	be, pr := part.be, part.prepared
 	name := s.prepareOn(be, part.sql, pr.OIDs, pgshard.ResultEpoch())
-	s.out.sendBindText(be, name, pr.Values)
+	s.out.sendBindText(be, name, pr.Values, "", nil)
 	s.x.add(step{kind: stepBind, be: be, hide: true, staleRetry: retry})
 	s.out.sendDescribe(be, 'P', "")
 	s.x.add(step{kind: stepDescribePortal, be: be, hide: true, leadTo: len(s.x.steps) + 1})

@@ -164,6 +164,11 @@ func (s *session) keepRetry(after func(step) bool) {
 	if r == nil {
 		return
 	}
+	if r.step >= len(s.x.steps) {
+		// Played before the Sync (settle, flushBatch).
+		s.extRetry = nil
+		return
+	}
 	for _, st := range s.x.steps[r.step+1:] {
 		if !after(st) {
 			s.x.steps[r.step].staleRetry = false

@@ -151,6 +151,9 @@ func (s *session) commitMulti(ctx context.Context) {
 // reached the client or the client is gone.
 func (s *session) settle() bool {
 	if !s.simple {
+		// What is played now is over before Sync: no statement of it is
+		// routed again then.
+		s.keepRetry(func(step) bool { return false })
 		for _, be := range s.backends() {
 			if s.inBatch(be) {
 				be.Send(&pgproto3.Sync{})
