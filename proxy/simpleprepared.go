@@ -23,7 +23,7 @@ import (
 // is run again outside a transaction block, prepared anew; inside one the
 // error reaches the client, as it would reach an extended-protocol client.
 
-// asPrepared is the prepared form p runs as, or nil. An extended-protocol
+// asPrepared is the prepared form st's plan runs as, or nil. An extended-protocol
 // statement whose values are literals (a driver's statement without
 // parameters: JDBC's Statement, Npgsql's unparameterized command) runs so
 // too, its result formats the client's: it shares one backend statement
