@@ -141,6 +141,17 @@ func TestSimplePrepared(t *testing.T) {
 		bothWires(t, direct, proxied,
 			seq(execOne("", "SELECT i FROM typed WHERE k = 5"), []pgproto3.FrontendMessage{&pgproto3.Query{String: "SELECT s FROM typed WHERE k = 6"}}, syncMsg),
 			seq(execOne("", "SELECT i FROM typed WHERE k = 7"), syncMsg))
+		// After an error in the batch the Query is discarded with the
+		// rest up to the Sync: one ReadyForQuery, then the session goes
+		// on in step.
+		for _, w := range []*wire{direct, proxied} {
+			w.send(seq(execOne("", "SELECT i FROM typed WHERE k = 5 AND i = 1/0"), []pgproto3.FrontendMessage{&pgproto3.Query{String: "SELECT s FROM typed WHERE k = 6"}}, syncMsg)...)
+		}
+		ready := func(m pgproto3.BackendMessage) bool { _, ok := m.(*pgproto3.ReadyForQuery); return ok }
+		if got, want := proxied.read(ready), direct.read(ready); got != want {
+			t.Fatalf("a Query after an error in the batch:\n got  %s\n want %s (PostgreSQL)", got, want)
+		}
+		bothWires(t, direct, proxied, seq(execOne("", "SELECT i FROM typed WHERE k = 8"), syncMsg))
 	})
 	t.Run("in a transaction", func(t *testing.T) {
 		bothWires(t, direct, proxied, query(append(append([]string{"BEGIN"}, statements[:12]...), "COMMIT")...)...)
