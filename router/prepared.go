@@ -370,9 +370,6 @@ func preparedValue(sql string, tk token, str bool) (string, uint32, bool) {
 		if tk.kind != pg.Token_SCONST || strings.IndexByte(text, '\\') >= 0 {
 			return "", 0, false
 		}
-		if len(text) >= 2 && text[0] == '\'' && text[len(text)-1] == '\'' && strings.IndexByte(text[1:len(text)-1], '\'') < 0 {
-			return text[1 : len(text)-1], oidUnknown, true
-		}
 		c, ok := tokenConstant(sql, tk, false)
 		return c.text, oidUnknown, ok
 	}

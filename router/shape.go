@@ -337,6 +337,9 @@ func tokenConstant(sql string, tk token, neg bool) (constant, bool) {
 			return constant{}, false
 		}
 		in := text[1 : len(text)-1]
+		if strings.IndexByte(in, '\'') < 0 {
+			return constant{kind: litString, text: in}, true // no copy
+		}
 		var b strings.Builder
 		for i := 0; i < len(in); i++ {
 			if in[i] == '\'' {
