@@ -29,7 +29,6 @@ const simpleRows = `INSERT INTO typed SELECT g, g % 7 - 3, g / 4.0, g / 8.0, 'v'
 // proxy is run again outside a transaction.
 func TestSimplePrepared(t *testing.T) {
 	resetNodes(t)
-	ctx := context.Background()
 	// One backend per node, so that the check at the end sees the
 	// backend every statement ran on.
 	p := startProxy(t, 2, "--pool-size", "1")
@@ -159,20 +158,9 @@ func TestSimplePrepared(t *testing.T) {
 	})
 
 	// The check: the statements are on the backend, with parameters.
-	var prepared []string
-	rows, err := c.Query(ctx, `SELECT statement FROM pg_prepared_statements WHERE (statement LIKE '%.typed %' OR statement LIKE '%plainw%') AND statement NOT LIKE '%pg_prepared_statements%' ORDER BY statement`)
+	prepared, err := queryStrings(t, c, `SELECT statement FROM pg_prepared_statements WHERE (statement LIKE '%.typed %' OR statement LIKE '%plainw%') AND statement NOT LIKE '%pg_prepared_statements%' ORDER BY statement`)
 	if err != nil {
 		t.Fatal(err)
-	}
-	for rows.Next() {
-		var s string
-		if err := rows.Scan(&s); err != nil {
-			t.Fatal(err)
-		}
-		prepared = append(prepared, s)
-	}
-	if rows.Err() != nil {
-		t.Fatal(rows.Err())
 	}
 	withParams := 0
 	for _, s := range prepared {
