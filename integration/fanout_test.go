@@ -130,6 +130,19 @@ func TestFanOut(t *testing.T) {
 		{sql: `SELECT DISTINCT count(*) FROM fan GROUP BY qty ORDER BY 1`, ordered: true},
 		{sql: `SELECT name, count(*), max(qty) FROM fan GROUP BY name ORDER BY name DESC LIMIT 12`, ordered: true},
 		{sql: `SELECT 1 AS one FROM fan HAVING count(*) > 2999`},
+		// Aggregates the partial rows cannot combine, grouping sets and
+		// DISTINCT ON run whole in the final step, over the gathered rows.
+		{sql: `SELECT qty % 5 AS m, count(*) FILTER (WHERE price > $1), sum(n) FILTER (WHERE ok) FROM fan GROUP BY m`, args: []any{40}},
+		{sql: `SELECT ok, string_agg(name, ',' ORDER BY name, id) FROM fan WHERE id < 60 GROUP BY ok ORDER BY ok`, ordered: true},
+		{sql: `SELECT qty, array_agg(id ORDER BY id DESC) FROM fan WHERE qty < 3 GROUP BY qty HAVING bool_and(id > $1) ORDER BY 1`, ordered: true, args: []any{0}},
+		{sql: `SELECT ok, qty % 2 AS p, count(*), sum(price) FROM fan GROUP BY ROLLUP (ok, p) ORDER BY 1, 2, 3`, ordered: true},
+		{sql: `SELECT ok, grouping(ok) AS g, count(*) FROM fan GROUP BY CUBE (ok) ORDER BY 1 NULLS FIRST`, ordered: true},
+		{sql: `SELECT DISTINCT ON (qty) qty, id, price FROM fan ORDER BY qty, price DESC NULLS LAST, id LIMIT $1`, ordered: true, args: []any{20}},
+		{sql: `SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY price), percentile_disc(ARRAY[0.1, 0.9]) WITHIN GROUP (ORDER BY qty), mode() WITHIN GROUP (ORDER BY qty) FROM fan`},
+		{sql: `SELECT ok, stddev(qty)::numeric(20,6), var_samp(price)::numeric(30,6), bool_or(name LIKE '%7'), bit_or(qty) FROM fan GROUP BY ok`},
+		{sql: `SELECT count(DISTINCT (qty, ok)), jsonb_agg(id ORDER BY id) FILTER (WHERE id < 12) FROM fan`},
+		{sql: `SELECT qty + 1 AS q1, string_agg(DISTINCT name, '|' ORDER BY name) FROM fan WHERE qty > 45 GROUP BY qty ORDER BY q1`, ordered: true},
+		{sql: `SELECT string_agg(name, ',') FROM fan WHERE id < 0`},
 		// Windows: partitioned by the key they run on the shards; others in
 		// the final step over the nodes' rows.
 		{sql: `SELECT id, qty, rank() OVER (PARTITION BY id ORDER BY qty) AS r FROM fan ORDER BY r, id LIMIT 20`, ordered: true},
@@ -298,9 +311,9 @@ func TestFanOut(t *testing.T) {
 		}
 	})
 
-	t.Run("aggregates the proxy cannot combine are refused", func(t *testing.T) {
-		for _, sql := range []string{`SELECT string_agg(name, ',') FROM fan`, `SELECT count(*) FILTER (WHERE ok) FROM fan`,
-			`SELECT id, count(*), rank() OVER (ORDER BY qty) FROM fan GROUP BY id`, `SELECT DISTINCT ON (qty) qty, id FROM fan`,
+	t.Run("what the final step cannot compute is refused", func(t *testing.T) {
+		for _, sql := range []string{`SELECT qty, name, string_agg(name, ',') FROM fan GROUP BY qty`, `SELECT array_agg(fan.*) FROM fan`,
+			`SELECT id, count(*), rank() OVER (ORDER BY qty) FROM fan GROUP BY id`,
 			`SELECT id, generate_series(1, 2), row_number() OVER (ORDER BY qty, id) FROM fan`} {
 			for _, mode := range modes {
 				if _, err := queryStrings(t, c, sql, mode); pgCode(err) != "0A000" {
@@ -324,6 +337,22 @@ func TestFanOut(t *testing.T) {
 		}
 		if _, err := queryStrings(t, c, `SELECT lower(name) FROM fan LIMIT 1`); err != nil {
 			t.Fatalf("ordinary function refused: %v", err)
+		}
+		// Beside an aggregate that runs in the final step it is refused
+		// too: its argument is neither grouped nor aggregated there.
+		for _, mode := range modes {
+			if rows, err := queryStrings(t, c, `SELECT my_total(qty), string_agg(name, ',') FROM fan`, mode); pgCode(err) != "0A000" {
+				t.Fatalf("user-defined aggregate beside string_agg: want 0A000, got %v %v", rows, err)
+			}
+		}
+		// Written with an aggregate's own syntax it runs whole, in the
+		// final step on the catalog node.
+		for _, mode := range modes {
+			got, err := queryStrings(t, c, `SELECT my_total(qty ORDER BY qty) FROM fan`, mode)
+			want, werr := queryStrings(t, c, `SELECT my_total(qty ORDER BY qty) FROM plain`, mode)
+			if err != nil || werr != nil || !slices.Equal(got, want) {
+				t.Fatalf("user-defined aggregate with ORDER BY: tree %v %v, table %v %v", got, err, want, werr)
+			}
 		}
 	})
 }

@@ -203,8 +203,8 @@ func TestStatementTimeout(t *testing.T) {
 }
 
 // TestMergeMemory: a k-way merge whose held rows exceed --max-merge-memory
-// fails with 53200 and a hint, and so do rows gathered for windows or set
-// operations in the final step (54000), while results that stream (no ORDER BY) or
+// fails with 53200 and a hint, and so do rows gathered for windows,
+// aggregates or set operations in the final step (54000), while results that stream (no ORDER BY) or
 // aggregate (partials spill to a node) are unaffected by the bound.
 func TestMergeMemory(t *testing.T) {
 	resetNodes(t)
@@ -230,6 +230,8 @@ func TestMergeMemory(t *testing.T) {
 		{"group by with partials beyond the bound", `SELECT g, count(*) FROM many GROUP BY g`, "", 20000},
 		{"window over gathered wide rows", `SELECT id, length(pad), rank() OVER (ORDER BY pad) FROM wide`, "54000", 0},
 		{"window over gathered narrow rows", `SELECT id, rank() OVER (ORDER BY length(pad), id) FROM wide`, "", 30},
+		{"aggregate over gathered wide rows", `SELECT length(string_agg(pad, ',')) FROM wide`, "54000", 0},
+		{"aggregate over gathered narrow rows", `SELECT g % 10, count(*) FILTER (WHERE g > 100) FROM many GROUP BY 1`, "", 10},
 		{"set operation over gathered wide rows", `SELECT pad FROM wide UNION SELECT pad FROM wide WHERE id < 3`, "54000", 0},
 		{"set operation over gathered narrow rows", `SELECT length(pad) FROM wide EXCEPT ALL SELECT id FROM wide WHERE id > 100`, "", 30},
 	}

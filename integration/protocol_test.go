@@ -56,7 +56,7 @@ func TestProtocol(t *testing.T) {
 		if pgCode(err) != "23505" {
 			t.Fatalf("duplicate key: got %v, want 23505", err)
 		}
-		_, err = c.Exec(ctx, `SELECT string_agg(sku, ',') FROM catalogue WHERE name = 'x'`)
+		_, err = c.Exec(ctx, `SELECT sku FROM catalogue WHERE name = 'x' FOR UPDATE`)
 		if pgCode(err) != "0A000" {
 			t.Fatalf("unroutable: got %v, want 0A000", err)
 		}
@@ -94,7 +94,7 @@ func TestProtocol(t *testing.T) {
 		// an error in it undoes the writes before it.
 		b := &pgx.Batch{}
 		b.Queue(`INSERT INTO catalogue (sku, name) VALUES ($1, 'pipelined')`, "pipe-1")
-		b.Queue(`SELECT string_agg(sku, ',') FROM catalogue WHERE name = 'unroutable'`)
+		b.Queue(`SELECT sku FROM catalogue WHERE name = 'unroutable' FOR UPDATE`)
 		err := c.SendBatch(ctx, b).Close()
 		if pgCode(err) != "0A000" {
 			t.Fatalf("want 0A000, got %v", err)

@@ -64,9 +64,10 @@ type AggPlan struct {
 	// (collation.go), so that the final step groups, compares and sorts
 	// text as the nodes do; "" when no partial column can have one.
 	CollationProbe string
-	// Window marks the final step of windows (windowstep.go): the partial
-	// rows are the statement's rows, with no aggregate to combine.
-	Window bool
+	// Gathered marks a final step over the statement's own rows rather
+	// than one partial row per group (windowstep.go): windows, or
+	// aggregates the partial rows could not combine. Window tells which.
+	Gathered, Window bool
 	// SetOp marks the final step of a set operation (setopstep.go): the
 	// partial rows are its branches' rows, tagged.
 	SetOp bool
@@ -171,10 +172,10 @@ func (p *planner) aggFanOut(r route, s *pg.SelectStmt) route {
 	tree := r.tree
 	keyHint, no := fanRefusal(tree)
 	switch {
-	case len(s.DistinctClause) > 1 || len(s.DistinctClause) == 1 && s.DistinctClause[0].Node != nil:
-		return no(keyHint+", or remove duplicates in the application.", "DISTINCT ON over several shards is not supported")
-	case s.GroupDistinct:
-		return no(keyHint+", or group in the application.", "GROUP BY DISTINCT over several shards is not supported")
+	case len(s.DistinctClause) > 1 || len(s.DistinctClause) == 1 && s.DistinctClause[0].Node != nil, s.GroupDistinct:
+		// DISTINCT ON and GROUP BY DISTINCT run in a final step over
+		// the gathered rows (windowstep.go).
+		return p.rowsFanOut(r, s, aggWords)
 	case len(s.LockingClause) > 0:
 		return no("Lock rows by shard key: SELECT ... WHERE "+tree.KeyColumn+" = <value> FOR UPDATE.", "FOR UPDATE/SHARE over several shards is not supported")
 	}
@@ -184,7 +185,7 @@ func (p *planner) aggFanOut(r route, s *pg.SelectStmt) route {
 	multi := r.multi != nil
 	for _, g := range s.GroupClause {
 		if g.GetGroupingSet() != nil {
-			return no(keyHint+", or run one statement per grouping set.", "GROUPING SETS, ROLLUP and CUBE over several shards are not supported")
+			return p.rowsFanOut(r, s, aggWords)
 		}
 	}
 	var scan []*pg.Node
@@ -305,6 +306,11 @@ func (p *planner) aggFanOut(r route, s *pg.SelectStmt) route {
 				calls = append(calls, fc)
 				call := len(aggs)
 				switch {
+				case kind == AggDistinct && fc.Args[0].GetRowExpr() != nil:
+					// A row value cannot be a partial column: it has no
+					// type the final step could read back.
+					problem = funcName(fc) + "()"
+					return n
 				case kind == AggDistinct:
 					aggs = append(aggs, aggCall{kind: kind})
 					distinctCalls = append(distinctCalls, pending{fc, call})
@@ -341,7 +347,9 @@ func (p *planner) aggFanOut(r route, s *pg.SelectStmt) route {
 		return refusedRoute(fanError(tree.Name))
 	}
 	if problem != "" {
-		return no(keyHint+", or aggregate in the application.", "aggregate %s over several shards is not supported (count, sum, min, max and avg are, without FILTER or ORDER BY)", problem)
+		// An aggregate the partial rows cannot combine runs whole, over
+		// the gathered rows.
+		return p.rowsFanOut(r, s, aggWords)
 	}
 	// What is left of a column outside the aggregates must be a grouping
 	// key: PostgreSQL would also accept columns that depend on a grouped

@@ -84,15 +84,18 @@ func collationProbe(r route, exprs []*pg.Node) string {
 			texts[i] = "NULL::text"
 			continue
 		}
-		t, err := deparseExpr(e)
+		// The probe runs without the statement's parameters: one in an
+		// expression (a FILTER's comparison) or in its WITH or FROM (a
+		// CTE's filter, a join condition) reads as NULL, which changes no
+		// column's collation.
+		e = &pg.Node{Node: &pg.Node_CoalesceExpr{CoalesceExpr: &pg.CoalesceExpr{Args: []*pg.Node{proto.Clone(e).(*pg.Node)}}}}
+		nullParams(e.ProtoReflect())
+		t, err := deparseExpr(e.GetCoalesceExpr().Args[0])
 		if err != nil {
 			return ""
 		}
 		texts[i] = probeHead + t + probeTail
 	}
-	// The probe runs without the statement's parameters: a parameter in
-	// its WITH or FROM (a CTE's filter, a join condition) reads as NULL,
-	// which changes no column's collation.
 	nullParams(s.ProtoReflect())
 	inner, err := deparseStmt(s)
 	if err != nil {

@@ -216,6 +216,8 @@ func explainLines(m *shardmap.Map, p *Plan, r *Routing) []string {
 		switch {
 		case q.Agg.Window:
 			add(0, "Lattice FanOut: rows gathered for window functions over "+over)
+		case q.Agg.Gathered:
+			add(0, "Lattice FanOut: rows gathered for aggregates over "+over)
 		case q.Agg.SetOp:
 			add(0, "Lattice FanOut: branch rows gathered for a set operation over "+over)
 		default:

@@ -121,7 +121,7 @@ func (p *planner) fanOut(r route, s *pg.SelectStmt) route {
 		r.keyedWindows = p.treeWindowsByKey(r, s)
 	}
 	if _, window := findAggregates(scan, r.multi != nil); (window || len(s.WindowClause) > 0) && !r.keyedWindows {
-		return p.windowFanOut(r, s)
+		return p.rowsFanOut(r, s, windowWords)
 	}
 	switch {
 	case len(s.LockingClause) > 0:

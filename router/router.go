@@ -322,6 +322,8 @@ func (p *Plan) String() string {
 			switch {
 			case p.Agg.Window:
 				form = "window"
+			case p.Agg.Gathered:
+				form = "rows"
 			case p.Agg.SetOp:
 				form = "setop"
 			}

@@ -1,6 +1,7 @@
 package router
 
 import (
+	"slices"
 	"strconv"
 
 	pg "github.com/pganalyze/pg_query_go/v6"
@@ -29,15 +30,27 @@ import (
 
 var windowWords = stepWords{in: "in a window function", sel: "a SELECT with window functions", plural: "window functions"}
 
-// windowFanOut plans a fan-out SELECT whose windows run in the final step.
-func (p *planner) windowFanOut(r route, s *pg.SelectStmt) route {
+// Aggregates the two-step form cannot combine on the nodes (FILTER,
+// ORDER BY inside the call, string_agg, bool_and, stddev, percentiles and
+// the like), GROUPING SETS, ROLLUP and CUBE, GROUP BY DISTINCT and
+// DISTINCT ON run in the same final step over the gathered rows: the
+// nodes ship, inside each aggregate, its arguments, FILTER and ORDER BY
+// as columns, and the grouping keys as columns; PostgreSQL groups and
+// aggregates them once, whole. Outside the aggregates, the final step
+// reads only grouping keys, so a column that is neither grouped nor
+// aggregated is refused here, as the two-step form refuses it.
+
+// rowsFanOut plans a fan-out SELECT whose final step runs over the
+// statement's own rows, gathered: windows (w is windowWords) or
+// aggregates and groupings (w is aggWords).
+func (p *planner) rowsFanOut(r route, s *pg.SelectStmt, w stepWords) route {
 	tree := r.tree
 	keyHint, no := fanRefusal(tree)
 	switch {
 	case len(s.LockingClause) > 0:
 		return no("Lock rows by shard key: SELECT ... WHERE "+tree.KeyColumn+" = <value> FOR UPDATE.", "FOR UPDATE/SHARE over several shards is not supported")
 	}
-	if hint, why := stepWithProblem(s.WithClause, windowWords.plural); why != "" {
+	if hint, why := stepWithProblem(s.WithClause, w.plural); why != "" {
 		return no(keyHint+hint, "%s", why)
 	}
 	// What the final step computes must not read a table: it runs over
@@ -46,10 +59,15 @@ func (p *planner) windowFanOut(r route, s *pg.SelectStmt) route {
 	scan = append(scan, s.TargetList...)
 	scan = append(scan, s.SortClause...)
 	scan = append(scan, s.WindowClause...)
-	if hasSubLink(scan) {
-		return no(keyHint+", or compute it in the application.", "a subquery beside a window function over several shards is not supported")
+	scan = append(scan, s.GroupClause...)
+	scan = append(scan, s.DistinctClause...)
+	if s.HavingClause != nil {
+		scan = append(scan, s.HavingClause)
 	}
-	in, bad := stepInput(r, s, windowWords)
+	if hasSubLink(scan) {
+		return no(keyHint+", or compute it in the application.", "a subquery beside %s over several shards is not supported", w.plural)
+	}
+	in, bad := stepInput(r, s, w)
 	if bad != nil {
 		return bad(no, keyHint)
 	}
@@ -64,36 +82,158 @@ func (p *planner) windowFanOut(r route, s *pg.SelectStmt) route {
 		shipped = append(shipped, e)
 		return columnNode("lattice_c" + strconv.Itoa(len(shipped)))
 	}
-	var rewrite func(n *pg.Node) *pg.Node
-	rewrite = func(n *pg.Node) *pg.Node {
-		if n == nil {
-			return nil
+	// A problem found while rewriting: the refusal's hint and reason.
+	var problem, problemHint string
+	// row rewrites an expression over one row: its largest parts without
+	// a window or an aggregate become columns.
+	var row func(n *pg.Node) *pg.Node
+	row = func(n *pg.Node) *pg.Node {
+		if n == nil || problem != "" {
+			return n
 		}
 		if _, constant := asConstant(n); constant {
 			return n
 		}
 		if sb := n.GetSortBy(); sb != nil {
-			sb.Node = rewrite(sb.Node)
+			sb.Node = row(sb.Node)
 			return n
 		}
-		if shippable(n) && !hasWindow(n) {
+		if isStar(n) {
+			// A whole row's type is its shard's; the final step has none.
+			problem, problemHint = "a whole-row reference ("+deparseOr(n, "*")+") "+w.in+" over several shards is not supported", ", or name the columns"
+			return n
+		}
+		if shippable(n) && !hasWindow(n) && !hasAggregate(n) {
 			return ship(n)
 		}
-		rewriteChildren(n.ProtoReflect(), rewrite)
+		rewriteChildren(n.ProtoReflect(), row)
 		return n
 	}
+	grouped := len(s.GroupClause) > 0 || s.HavingClause != nil
+	if !grouped {
+		agg, _ := aggregates(append(append(append([]*pg.Node(nil), s.TargetList...), s.SortClause...), s.WindowClause...))
+		grouped = agg != ""
+	}
+	// outer rewrites an expression over groups: a grouping key becomes
+	// its column, an aggregate's inside is rewritten over rows, and any
+	// other column is refused.
+	outer := row
+	var groups []*pg.Node
+	if grouped {
+		outer = func(n *pg.Node) *pg.Node {
+			if n == nil || problem != "" {
+				return n
+			}
+			for _, g := range groups {
+				if sameExpr(g, n, r) {
+					return ship(g)
+				}
+			}
+			if sb := n.GetSortBy(); sb != nil {
+				sb.Node = outer(sb.Node)
+				return n
+			}
+			if n.GetColumnRef() != nil {
+				problem, problemHint = "column "+exprName(n)+" is neither grouped nor aggregated", ". List the column in GROUP BY, or use it inside an aggregate"
+				return n
+			}
+			if fc := n.GetFuncCall(); fc != nil && fc.Over == nil && fc.AggWithinGroup {
+				// An ordered-set aggregate's direct arguments are
+				// evaluated once per group.
+				for i, a := range fc.Args {
+					fc.Args[i] = outer(a)
+				}
+				for _, o := range fc.AggOrder {
+					row(o)
+				}
+				fc.AggFilter = row(fc.AggFilter)
+				return n
+			}
+			if fc := n.GetFuncCall(); fc != nil && fc.Over == nil && isAggregateCall(fc) || n.GetJsonArrayAgg() != nil || n.GetJsonObjectAgg() != nil {
+				rewriteChildren(n.ProtoReflect(), row)
+				return n
+			}
+			rewriteChildren(n.ProtoReflect(), outer)
+			return n
+		}
+	}
+	// Grouping keys, and DISTINCT ON's items, by position or output name
+	// are resolved against the select list as PostgreSQL does: GROUP BY
+	// takes an input column first, DISTINCT ON an output name.
+	resolve := func(g *pg.Node, inputFirst bool) (*pg.Node, bool) {
+		if c := g.GetAConst(); c != nil && c.GetIval() != nil {
+			k := int(c.GetIval().Ival)
+			if k < 1 || k > len(in.targets) {
+				return nil, false
+			}
+			return in.targets[k-1].Val, true
+		}
+		name, ok := bareName(g)
+		if !ok {
+			return g, true
+		}
+		for _, t := range in.targets {
+			if t.Name != name {
+				continue
+			}
+			if inputFirst && (in.joined || len(tree.Columns) == 0) && !sameExpr(t.Val, g, r) {
+				return nil, false // another table's column, or an output name: the proxy cannot tell
+			}
+			if !inputFirst || !slices.Contains(tree.Columns, name) {
+				return t.Val, true
+			}
+		}
+		return g, true
+	}
+	var groupItem func(g *pg.Node) *pg.Node
+	groupItem = func(g *pg.Node) *pg.Node {
+		if gs := g.GetGroupingSet(); gs != nil {
+			for i, c := range gs.Content {
+				gs.Content[i] = groupItem(c)
+			}
+			return g
+		}
+		e, ok := resolve(g, true)
+		if !ok {
+			problem, problemHint = "the proxy cannot tell whether GROUP BY "+exprName(g)+" names an output column", ". Group by the expression instead of the output name or position"
+			return g
+		}
+		groups = append(groups, e)
+		return ship(e)
+	}
 	final := proto.Clone(s).(*pg.SelectStmt)
+	for i, g := range final.GroupClause {
+		final.GroupClause[i] = groupItem(g)
+	}
 	final.TargetList = nil
 	for _, t := range in.targets {
 		t = proto.Clone(t).(*pg.ResTarget)
-		t.Val = rewrite(t.Val)
+		t.Val = outer(t.Val)
 		final.TargetList = append(final.TargetList, &pg.Node{Node: &pg.Node_ResTarget{ResTarget: t}})
 	}
-	for _, w := range final.WindowClause {
-		rewriteChildren(w.ProtoReflect(), rewrite)
+	final.HavingClause = outer(final.HavingClause)
+	for i, d := range final.DistinctClause {
+		if d.Node == nil {
+			continue // plain DISTINCT
+		}
+		e, ok := resolve(d, false)
+		if !ok {
+			problem, problemHint = "a DISTINCT ON position is not in the select list", ". Use a position between 1 and the number of output columns"
+			break
+		}
+		if e != d {
+			continue // a position or an output name: the final step resolves it alike
+		}
+		final.DistinctClause[i] = outer(d)
 	}
-	if !finalSort(final.SortClause, in.targets, rewrite) {
+	for _, wc := range final.WindowClause {
+		rewriteChildren(wc.ProtoReflect(), outer)
+	}
+	if !finalSort(final.SortClause, in.targets, outer) {
 		return refusedRoute(fanError(tree.Name))
+	}
+	if problem != "" {
+		return no(keyHint+problemHint+".", "%s", problem)
 	}
 	final.WhereClause, final.WithClause = nil, nil
 	final.FromClause = []*pg.Node{{Node: &pg.Node_RangeVar{RangeVar: &pg.RangeVar{Relname: aggSource, Inh: true, Relpersistence: "p"}}}}
@@ -117,10 +257,11 @@ func (p *planner) windowFanOut(r route, s *pg.SelectStmt) route {
 		partial.TargetList = append(partial.TargetList, resTarget("lattice_c"+strconv.Itoa(i+1), e))
 	}
 	if len(shipped) == 0 {
-		// Nothing to carry (row_number() OVER ()): the rows still count.
+		// Nothing to carry (row_number() OVER (), count(*)): the rows
+		// still count.
 		partial.TargetList = append(partial.TargetList, resTarget("lattice_c1", intConst(1)))
 	}
-	ap := &AggPlan{refs: in.refs, Columns: len(partial.TargetList), Window: true}
+	ap := &AggPlan{refs: in.refs, Columns: len(partial.TargetList), Gathered: true, Window: w == windowWords}
 	whole := proto.Clone(s).(*pg.SelectStmt)
 	whole.FromClause, whole.WhereClause = in.src, in.where
 	if !ap.texts(partial, whole, final) {
@@ -128,15 +269,15 @@ func (p *planner) windowFanOut(r route, s *pg.SelectStmt) route {
 	}
 	if len(shipped) > 0 {
 		if ap.CollationProbe = collationProbe(r, shipped); ap.CollationProbe == "" {
-			// Without the nodes' collations the final step would order
-			// and partition text under the catalog's default.
-			return no(keyHint+", or compute it in the application.", "the proxy cannot find the collations of the columns the windows read")
+			// Without the nodes' collations the final step would order,
+			// group and partition text under the catalog's default.
+			return no(keyHint+", or compute it in the application.", "the proxy cannot find the collations of the columns %s read", w.plural)
 		}
 	}
 	// The nodes evaluate the shipped expressions: a user-defined
 	// aggregate among them would aggregate per node, which the proxy
-	// refuses once the catalog tells (the window calls themselves run in
-	// the final step, whole).
+	// refuses once the catalog tells (the window and aggregate calls
+	// themselves run in the final step, whole).
 	r.kind, r.sel, r.fan = FanOut, s, &fanPlan{calls: functionNames(shipped), agg: ap}
 	return r
 }
@@ -148,10 +289,39 @@ func shippable(n *pg.Node) bool {
 	switch n.Node.(type) {
 	case *pg.Node_ColumnRef, *pg.Node_AExpr, *pg.Node_FuncCall, *pg.Node_TypeCast, *pg.Node_BoolExpr,
 		*pg.Node_NullTest, *pg.Node_BooleanTest, *pg.Node_CaseExpr, *pg.Node_CoalesceExpr, *pg.Node_MinMaxExpr,
-		*pg.Node_AIndirection, *pg.Node_CollateClause, *pg.Node_RowExpr, *pg.Node_AArrayExpr, *pg.Node_SqlvalueFunction:
+		*pg.Node_AIndirection, *pg.Node_CollateClause, *pg.Node_AArrayExpr, *pg.Node_SqlvalueFunction:
 		return true
 	}
 	return false
+}
+
+// hasAggregate reports whether n calls an aggregate outside a window.
+func hasAggregate(n *pg.Node) bool {
+	agg, _ := aggregates([]*pg.Node{n})
+	return agg != ""
+}
+
+// exprName names expression n in a message: a bare name quoted, as the
+// other refusals quote it, else its text.
+func exprName(n *pg.Node) string {
+	if name, ok := bareName(n); ok {
+		return qn(name)
+	}
+	return deparseOr(n, "?")
+}
+
+// deparseOr is the text of expression n, or fallback.
+func deparseOr(n *pg.Node, fallback string) string {
+	if t, err := deparseExpr(n); err == nil {
+		return t
+	}
+	return fallback
+}
+
+// isAggregateCall reports whether fc, not a window call, is an aggregate:
+// a built-in one by name, or by the syntax only aggregates take.
+func isAggregateCall(fc *pg.FuncCall) bool {
+	return aggregateNames[funcName(fc)] || fc.AggStar || fc.AggDistinct || len(fc.AggOrder) > 0 || fc.AggFilter != nil || fc.AggWithinGroup
 }
 
 // hasWindow reports whether n calls a window function.
