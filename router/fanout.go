@@ -666,6 +666,8 @@ func figure(n *pg.Node) (string, int, bool) {
 		return name, st, true
 	case *pg.Node_AArrayExpr:
 		return "array", 2, true
+	case *pg.Node_GroupingFunc:
+		return "grouping", 2, true
 	case *pg.Node_RowExpr:
 		return "row", 2, true
 	case *pg.Node_CoalesceExpr:
