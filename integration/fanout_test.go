@@ -143,6 +143,12 @@ func TestFanOut(t *testing.T) {
 		{sql: `SELECT count(DISTINCT (qty, ok)), jsonb_agg(id ORDER BY id) FILTER (WHERE id < 12) FROM fan`},
 		{sql: `SELECT qty + 1 AS q1, string_agg(DISTINCT name, '|' ORDER BY name) FROM fan WHERE qty > 45 GROUP BY qty ORDER BY q1`, ordered: true},
 		{sql: `SELECT string_agg(name, ',') FROM fan WHERE id < 0`},
+		// A derived table the shards cannot compute apart runs in the
+		// final step, with the outer query around it.
+		{sql: `SELECT count(*) FROM (SELECT DISTINCT qty, ok FROM fan WHERE id > $1) x WHERE x.qty > $2`, args: []any{100, 10}},
+		{sql: `SELECT x.ok, max(x.c) FROM (SELECT ok, qty, count(*) AS c FROM fan GROUP BY ok, qty) x GROUP BY x.ok ORDER BY 1`, ordered: true},
+		{sql: `SELECT * FROM (SELECT qty, string_agg(name, ',' ORDER BY name, id) AS l FROM fan WHERE id < 50 GROUP BY qty) x WHERE qty > 20`},
+		{sql: `SELECT count(*) FROM (SELECT id, rank() OVER (ORDER BY price NULLS FIRST, id) AS r FROM fan) x WHERE r <= $1`, args: []any{10}},
 		// Windows: partitioned by the key they run on the shards; others in
 		// the final step over the nodes' rows.
 		{sql: `SELECT id, qty, rank() OVER (PARTITION BY id ORDER BY qty) AS r FROM fan ORDER BY r, id LIMIT 20`, ordered: true},

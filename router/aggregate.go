@@ -167,15 +167,16 @@ func aggregating(s *pg.SelectStmt, scan []*pg.Node, top bool) bool {
 	return agg != "" || len(s.GroupClause) > 0 || s.GroupDistinct || s.HavingClause != nil || len(s.DistinctClause) > 0
 }
 
-// aggFanOut plans an aggregating fan-out SELECT.
-func (p *planner) aggFanOut(r route, s *pg.SelectStmt) route {
+// aggFanOut plans an aggregating fan-out SELECT; wrap, when not nil, puts
+// its final step and whole statement inside an outer query (derived.go).
+func (p *planner) aggFanOut(r route, s *pg.SelectStmt, wrap func(final, whole *pg.SelectStmt) (*pg.SelectStmt, *pg.SelectStmt)) route {
 	tree := r.tree
 	keyHint, no := fanRefusal(tree)
 	switch {
 	case len(s.DistinctClause) > 1 || len(s.DistinctClause) == 1 && s.DistinctClause[0].Node != nil, s.GroupDistinct:
 		// DISTINCT ON and GROUP BY DISTINCT run in a final step over
 		// the gathered rows (windowstep.go).
-		return p.rowsFanOut(r, s, aggWords)
+		return p.rowsFanOut(r, s, aggWords, wrap)
 	case len(s.LockingClause) > 0:
 		return no("Lock rows by shard key: SELECT ... WHERE "+tree.KeyColumn+" = <value> FOR UPDATE.", "FOR UPDATE/SHARE over several shards is not supported")
 	}
@@ -185,7 +186,7 @@ func (p *planner) aggFanOut(r route, s *pg.SelectStmt) route {
 	multi := r.multi != nil
 	for _, g := range s.GroupClause {
 		if g.GetGroupingSet() != nil {
-			return p.rowsFanOut(r, s, aggWords)
+			return p.rowsFanOut(r, s, aggWords, wrap)
 		}
 	}
 	var scan []*pg.Node
@@ -349,7 +350,7 @@ func (p *planner) aggFanOut(r route, s *pg.SelectStmt) route {
 	if problem != "" {
 		// An aggregate the partial rows cannot combine runs whole, over
 		// the gathered rows.
-		return p.rowsFanOut(r, s, aggWords)
+		return p.rowsFanOut(r, s, aggWords, wrap)
 	}
 	// What is left of a column outside the aggregates must be a grouping
 	// key: PostgreSQL would also accept columns that depend on a grouped
@@ -409,6 +410,9 @@ func (p *planner) aggFanOut(r route, s *pg.SelectStmt) route {
 	ap := &AggPlan{aggs: aggs, refs: refs, Columns: len(partial.TargetList)}
 	whole := proto.Clone(s).(*pg.SelectStmt)
 	whole.FromClause, whole.WhereClause = src, where
+	if wrap != nil {
+		final, whole = wrap(final, whole)
+	}
 	if !ap.texts(partial, whole, final) {
 		return refusedRoute(fanError(tree.Name))
 	}

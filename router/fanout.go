@@ -111,7 +111,7 @@ func (p *planner) fanOut(r route, s *pg.SelectStmt) route {
 	}
 	scan := selectScan(s)
 	if aggregating(s, scan, r.multi != nil) {
-		return p.aggFanOut(r, s)
+		return p.aggFanOut(r, s, nil)
 	}
 	// A correlated subquery's window over several tree references runs
 	// per outer row, on its shard, and one partitioned by the key on the
@@ -121,7 +121,7 @@ func (p *planner) fanOut(r route, s *pg.SelectStmt) route {
 		r.keyedWindows = p.treeWindowsByKey(r, s)
 	}
 	if _, window := findAggregates(scan, r.multi != nil); (window || len(s.WindowClause) > 0) && !r.keyedWindows {
-		return p.rowsFanOut(r, s, windowWords)
+		return p.rowsFanOut(r, s, windowWords, nil)
 	}
 	switch {
 	case len(s.LockingClause) > 0:

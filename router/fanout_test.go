@@ -26,6 +26,9 @@ func TestFanOutRefusals(t *testing.T) {
 		{`SELECT c.name AS n, string_agg(sku, ',') FROM catalogue c JOIN plans USING (name) GROUP BY n`, "cannot tell whether GROUP BY \"n\" names an output column"},
 		{`SELECT c.name AS n, count(*) FROM catalogue c JOIN plans USING (name) GROUP BY ROLLUP (n)`, "cannot tell whether GROUP BY \"n\" names an output column"},
 		{`SELECT string_agg(name, ',') FROM catalogue FOR UPDATE`, "FOR UPDATE/SHARE"},
+		// A derived table in the final step: its outer query reads no table.
+		{`SELECT x.n FROM (SELECT name AS n, count(*) FROM catalogue GROUP BY name) x WHERE x.n IN (SELECT name FROM plans)`, "not correlated"},
+		{`SELECT count(*) FROM (SELECT DISTINCT name FROM catalogue FOR UPDATE) x`, "not correlated"},
 		{`SELECT *, count(*) FROM catalogue c, generate_series(1, 2) g GROUP BY 1`, "the columns of *"},
 		// Windows, locking.
 		{`SELECT DISTINCT name, rank() OVER (ORDER BY price) FROM catalogue`, "window functions beside DISTINCT over several shards"},
@@ -37,7 +40,8 @@ func TestFanOutRefusals(t *testing.T) {
 		{`SELECT * FROM catalogue c FOR SHARE OF c SKIP LOCKED`, "FOR UPDATE/SHARE"},
 		// Set operations and nesting: a part that is not correlated on the key.
 		{`SELECT sku FROM catalogue UNION ALL SELECT 'x'`, "reads no tree in its own FROM"},
-		{`SELECT * FROM (SELECT count(*) FROM catalogue) s`, "inside a subquery, CTE or set operation"},
+		{`SELECT * FROM (SELECT sku FROM catalogue ORDER BY price LIMIT 3) s`, "inside a subquery, CTE or set operation"},
+		{`SELECT (SELECT count(*) FROM catalogue)`, "inside a subquery, CTE or set operation"},
 		{`WITH c AS MATERIALIZED (SELECT * FROM catalogue) SELECT * FROM c`, "inside a subquery, CTE or set operation"},
 		{`SELECT * FROM catalogue JOIN customers ON true`, "together with"},
 		{`SELECT * FROM catalogue a, catalogue b`, "not joined on equal shard keys"},

@@ -86,6 +86,9 @@ func (p *planner) multiRoute(root proto.Message, w *walker, name string, trees [
 		return refusedRoute(refused("Add "+k+" = <value> to the WHERE clause of each part so that the statement runs on one shard.",
 			"%s over several tree references that does not fix the shard key %s is not supported yet (only SELECT runs over every shard)", name, qn(k)))
 	}
+	if d, ok := p.derivedFanOut(root, refs, r.cols); ok {
+		return d
+	}
 	return refusedRoute(c.refusal(name, res))
 }
 

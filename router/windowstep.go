@@ -42,8 +42,10 @@ var windowWords = stepWords{in: "in a window function", sel: "a SELECT with wind
 
 // rowsFanOut plans a fan-out SELECT whose final step runs over the
 // statement's own rows, gathered: windows (w is windowWords) or
-// aggregates and groupings (w is aggWords).
-func (p *planner) rowsFanOut(r route, s *pg.SelectStmt, w stepWords) route {
+// aggregates and groupings (w is aggWords). wrap, when not nil, puts the
+// final step and the whole statement (for one node) inside an outer
+// query (derived.go).
+func (p *planner) rowsFanOut(r route, s *pg.SelectStmt, w stepWords, wrap func(final, whole *pg.SelectStmt) (*pg.SelectStmt, *pg.SelectStmt)) route {
 	tree := r.tree
 	keyHint, no := fanRefusal(tree)
 	switch {
@@ -264,6 +266,9 @@ func (p *planner) rowsFanOut(r route, s *pg.SelectStmt, w stepWords) route {
 	ap := &AggPlan{refs: in.refs, Columns: len(partial.TargetList), Gathered: true, Window: w == windowWords}
 	whole := proto.Clone(s).(*pg.SelectStmt)
 	whole.FromClause, whole.WhereClause = in.src, in.where
+	if wrap != nil {
+		final, whole = wrap(final, whole)
+	}
 	if !ap.texts(partial, whole, final) {
 		return refusedRoute(fanError(tree.Name))
 	}

@@ -1,0 +1,75 @@
+package router
+
+import (
+	pg "github.com/pganalyze/pg_query_go/v6"
+	"google.golang.org/protobuf/proto"
+)
+
+// A SELECT whose only tree reference is the FROM of a derived table that
+// the shards cannot compute apart (it aggregates, groups, is DISTINCT or
+// has windows without the key), and whose outer query reads that derived
+// table alone:
+//
+//	SELECT count(*) FROM (SELECT DISTINCT region, plan FROM customers) x
+//
+// The derived table runs in an aggregate's final step (aggregate.go) or
+// the gathered one (windowstep.go), with the outer query around it as
+// written, on the catalog node. The outer query reads no
+// table (a subquery there is refused): the final step runs on a pooled
+// catalog-node backend, which does not see the client's transaction.
+
+// derivedFanOut plans such a statement; false when it is not one, and the
+// caller's refusal stands.
+func (p *planner) derivedFanOut(root proto.Message, refs []treeRef, cols []*pg.ColumnRef) (route, bool) {
+	outer, ok := root.(*pg.SelectStmt)
+	if !ok || outer.Op != pg.SetOperation_SETOP_NONE || len(refs) != 1 || len(outer.FromClause) != 1 ||
+		outer.WithClause != nil || len(outer.LockingClause) > 0 || outer.IntoClause != nil {
+		return route{}, false
+	}
+	rs := outer.FromClause[0].GetRangeSubselect()
+	if rs == nil || rs.Lateral || rs.Subquery == nil {
+		return route{}, false
+	}
+	inner := rs.Subquery.GetSelectStmt()
+	ref := refs[0]
+	if inner == nil || inner.Op != pg.SetOperation_SETOP_NONE || len(inner.FromClause) != 1 {
+		return route{}, false
+	}
+	if rv := inner.FromClause[0].GetRangeVar(); rv == nil || rv.Location != ref.rv.Location {
+		return route{}, false
+	}
+	var scan []*pg.Node
+	scan = append(scan, outer.TargetList...)
+	scan = append(scan, outer.SortClause...)
+	scan = append(scan, outer.GroupClause...)
+	scan = append(scan, outer.DistinctClause...)
+	scan = append(scan, outer.WindowClause...)
+	scan = append(scan, outer.WhereClause, outer.HavingClause, outer.LimitCount, outer.LimitOffset)
+	if hasSubLink(scan) {
+		return route{}, false
+	}
+	r := route{tree: ref.tree, rv: ref.rv, cols: cols, sel: inner}
+	wrap := func(final, whole *pg.SelectStmt) (*pg.SelectStmt, *pg.SelectStmt) {
+		around := func(in *pg.SelectStmt) *pg.SelectStmt {
+			o := proto.Clone(outer).(*pg.SelectStmt)
+			o.FromClause[0].GetRangeSubselect().Subquery = &pg.Node{Node: &pg.Node_SelectStmt{SelectStmt: in}}
+			return o
+		}
+		return around(final), around(whole)
+	}
+	// A derived table of plain rows runs on the shards when it can (the
+	// caller refused it: a LIMIT, say); gathering them all is no answer.
+	var d route
+	switch innerScan := selectScan(inner); {
+	case aggregating(inner, innerScan, false):
+		d = p.aggFanOut(r, inner, wrap)
+	case hasWindow(&pg.Node{Node: &pg.Node_SelectStmt{SelectStmt: inner}}) || len(inner.WindowClause) > 0:
+		d = p.rowsFanOut(r, inner, windowWords, wrap)
+	default:
+		return route{}, false
+	}
+	if d.kind == Refused {
+		return route{}, false
+	}
+	return d, true
+}
