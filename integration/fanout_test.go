@@ -143,6 +143,7 @@ func TestFanOut(t *testing.T) {
 		{sql: `SELECT count(DISTINCT (qty, ok)), jsonb_agg(id ORDER BY id) FILTER (WHERE id < 12) FROM fan`},
 		{sql: `SELECT qty + 1 AS q1, string_agg(DISTINCT name, '|' ORDER BY name) FROM fan WHERE qty > 45 GROUP BY qty ORDER BY q1`, ordered: true},
 		{sql: `SELECT string_agg(name, ',') FROM fan WHERE id < 0`},
+		{sql: `SELECT qty % 4 AS m, name, jsonb_agg(id ORDER BY id) FILTER (WHERE id < 90) FROM fan WHERE id < 400 GROUP BY GROUPING SETS ((qty % 4, name), ())`},
 		// A derived table the shards cannot compute apart runs in the
 		// final step, with the outer query around it.
 		{sql: `SELECT count(*) FROM (SELECT DISTINCT qty, ok FROM fan WHERE id > $1) x WHERE x.qty > $2`, args: []any{100, 10}},

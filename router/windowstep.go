@@ -117,18 +117,19 @@ func (p *planner) rowsFanOut(r route, s *pg.SelectStmt, w stepWords, wrap func(f
 		grouped = agg != ""
 	}
 	// outer rewrites an expression over groups: a grouping key becomes
-	// its column, an aggregate's inside is rewritten over rows, and any
-	// other column is refused.
+	// its final form, an aggregate's inside is rewritten over rows, and
+	// any other column is refused.
 	outer := row
-	var groups []*pg.Node
+	type groupKey struct{ expr, final *pg.Node }
+	var groups []groupKey
 	if grouped {
 		outer = func(n *pg.Node) *pg.Node {
 			if n == nil || problem != "" {
 				return n
 			}
 			for _, g := range groups {
-				if sameExpr(g, n, r) {
-					return ship(g)
+				if sameExpr(g.expr, n, r) {
+					return proto.Clone(g.final).(*pg.Node)
 				}
 			}
 			if sb := n.GetSortBy(); sb != nil {
@@ -187,11 +188,20 @@ func (p *planner) rowsFanOut(r route, s *pg.SelectStmt, w stepWords, wrap func(f
 		}
 		return g, true
 	}
-	var groupItem func(g *pg.Node) *pg.Node
-	groupItem = func(g *pg.Node) *pg.Node {
+	// groupItem rewrites a GROUP BY item; inSet: inside a grouping set,
+	// where PostgreSQL reads a parenthesized list (a row constructor) as
+	// a set of keys, not one row-valued key.
+	var groupItem func(g *pg.Node, inSet bool) *pg.Node
+	groupItem = func(g *pg.Node, inSet bool) *pg.Node {
 		if gs := g.GetGroupingSet(); gs != nil {
 			for i, c := range gs.Content {
-				gs.Content[i] = groupItem(c)
+				gs.Content[i] = groupItem(c, true)
+			}
+			return g
+		}
+		if re := g.GetRowExpr(); re != nil && inSet && re.RowFormat == pg.CoercionForm_COERCE_IMPLICIT_CAST {
+			for i, a := range re.Args {
+				re.Args[i] = groupItem(a, true)
 			}
 			return g
 		}
@@ -200,12 +210,15 @@ func (p *planner) rowsFanOut(r route, s *pg.SelectStmt, w stepWords, wrap func(f
 			problem, problemHint = "the proxy cannot tell whether GROUP BY "+exprName(g)+" names an output column", ". Group by the expression instead of the output name or position"
 			return g
 		}
-		groups = append(groups, e)
-		return ship(e)
+		// A key that is one shippable expression becomes one column;
+		// another (a row constructor) its parts' columns.
+		f := row(proto.Clone(e).(*pg.Node))
+		groups = append(groups, groupKey{e, f})
+		return proto.Clone(f).(*pg.Node)
 	}
 	final := proto.Clone(s).(*pg.SelectStmt)
 	for i, g := range final.GroupClause {
-		final.GroupClause[i] = groupItem(g)
+		final.GroupClause[i] = groupItem(g, false)
 	}
 	final.TargetList = nil
 	for _, t := range in.targets {
