@@ -88,8 +88,8 @@ func pageRanges(pages int64) [][2]int64 {
 // under the slot's exported snapshot, into the target tables, and commits
 // them with the progress row (see the top of this file), and returns the
 // rows and bytes of COPY data it moved. It calls imported once every
-// source transaction has imported the snapshot, before its own copies
-// begin.
+// source transaction has imported the snapshot and every extra connection
+// pair is ready to copy, before its own copies begin.
 func (sh *Shadow) copyRows(ctx context.Context, src *pgx.Conn, snapshot string, start pglogrepl.LSN, imported func() error) (int64, int64, error) {
 	sp := sh.spec
 	chunks, err := sh.copyChunks(ctx, src)
@@ -201,12 +201,13 @@ func (sh *Shadow) copyOwn(ctx context.Context, src *pgx.Conn, snapshot string, q
 }
 
 // copyOnNewConns copies ranges from the queue over a new pair of
-// connections and commits them on the target. It calls imported once its
-// source transaction has imported the snapshot, or failed to.
-func (sh *Shadow) copyOnNewConns(ctx context.Context, snapshot string, queue <-chan copyChunk, imported func()) (int64, int64, error) {
+// connections and commits them on the target. It calls ready once its
+// source transaction has imported the snapshot and its target transaction
+// is open, or once either failed.
+func (sh *Shadow) copyOnNewConns(ctx context.Context, snapshot string, queue <-chan copyChunk, ready func()) (int64, int64, error) {
 	sp := sh.spec
 	var once sync.Once
-	defer once.Do(imported)
+	defer once.Do(ready)
 	src, err := pgx.Connect(ctx, sp.SourceDSN)
 	if err != nil {
 		return 0, 0, fmt.Errorf("migrator: connect to source: %w", err)
@@ -215,7 +216,6 @@ func (sh *Shadow) copyOnNewConns(ctx context.Context, snapshot string, queue <-c
 	if err := useSnapshot(ctx, src, snapshot); err != nil {
 		return 0, 0, err
 	}
-	once.Do(imported)
 	cfg, err := shadowTargetConfig(sp.TargetDSN, sp.ID)
 	if err != nil {
 		return 0, 0, err
@@ -233,6 +233,10 @@ func (sh *Shadow) copyOnNewConns(ctx context.Context, snapshot string, queue <-c
 		return 0, 0, err
 	}
 	defer tx.Rollback(context.Background())
+	// Ready only once it can take a range: the shadow's own connection,
+	// open already, starts when every extra one is, or it would take every
+	// range while they still connect to the target.
+	once.Do(ready)
 	rows, bytes, err := sh.copyQueue(ctx, src, tx, queue)
 	if err != nil {
 		return 0, 0, err
