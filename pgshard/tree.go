@@ -237,6 +237,9 @@ func prepareTree(ctx context.Context, tx pgx.Tx, spec TreeSpec) (*shardmap.Tree,
 	if err != nil {
 		return nil, nil, err
 	}
+	if err := checkReaders(ctx, tx, template, spec.Table); err != nil {
+		return nil, nil, err
+	}
 	ddl, err := buildDDL(ti)
 	if err != nil {
 		return nil, nil, fmt.Errorf("pgshard: DDL of %s: %w", template, err)
@@ -679,6 +682,34 @@ func quoted(name string) string { return `"` + name + `"` }
 
 // checkTable applies the rules a tree must meet and returns the key's
 // hashing family.
+// checkReaders refuses a table that views, materialized views, rules,
+// SQL-standard function bodies or policies of other tables read: on the
+// catalog node they would go on reading its template, which the tree
+// leaves empty, and answer as if the tree had no rows.
+func checkReaders(ctx context.Context, tx pgx.Tx, template, table string) error {
+	rows, err := tx.Query(ctx, `SELECT DISTINCT pg_catalog.pg_describe_object(d.classid, d.objid, 0)
+FROM pg_catalog.pg_depend d
+WHERE d.refclassid = 'pg_catalog.pg_class'::regclass AND d.refobjid = $1::regclass AND d.deptype = 'n'
+  AND (d.classid = 'pg_catalog.pg_rewrite'::regclass AND (SELECT r.ev_class FROM pg_catalog.pg_rewrite r WHERE r.oid = d.objid) <> $1::regclass
+    OR d.classid = 'pg_catalog.pg_proc'::regclass
+    OR d.classid = 'pg_catalog.pg_policy'::regclass AND (SELECT p.polrelid FROM pg_catalog.pg_policy p WHERE p.oid = d.objid) <> $1::regclass)
+ORDER BY 1`, template)
+	if err != nil {
+		return fmt.Errorf("pgshard: objects reading %s: %w", template, err)
+	}
+	readers, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return fmt.Errorf("pgshard: objects reading %s: %w", template, err)
+	}
+	if len(readers) == 0 {
+		return nil
+	}
+	return &sqlstate.Error{Code: sqlstate.DependentObjectsStillExist,
+		Message: fmt.Sprintf("cannot make table %s a tree while other objects read it: %s", quoted(table), strings.Join(readers, ", ")),
+		Detail:  "They run on the catalog node, where the table is left empty once its rows move to the shards: they would answer as if it had no rows.",
+		Hint:    "Drop them, make the tree, and read it through the proxy instead."}
+}
+
 func checkTable(ti *tableInfo, keyColumn string) (shardmap.KeyType, error) {
 	rel := quoted(ti.Name)
 	unsupported := func(msg, detail, hint string) error {

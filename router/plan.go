@@ -389,6 +389,16 @@ func (p *planner) route(n *pg.Node) (out route) {
 			return refusedRoute(ddlRefusal(name, t))
 		}
 	}
+	switch root.(type) {
+	case *pg.CreateFunctionStmt, *pg.DoStmt:
+		t := p.bodyTree(root)
+		if t == nil && len(trees) > 0 {
+			t = trees[0] // a SQL-standard body, walked with the statement
+		}
+		if t != nil {
+			return refusedRoute(bodyRefusal(name, t))
+		}
+	}
 	// A notification reaches only listeners of the node that commits it, and
 	// the proxy's listeners are on the catalog node.
 	notify := slices.Contains(functionNames([]*pg.Node{n}), "pg_notify")
