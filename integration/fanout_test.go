@@ -150,6 +150,9 @@ func TestFanOut(t *testing.T) {
 		{sql: `SELECT x.ok, max(x.c) FROM (SELECT ok, qty, count(*) AS c FROM fan GROUP BY ok, qty) x GROUP BY x.ok ORDER BY 1`, ordered: true},
 		{sql: `SELECT * FROM (SELECT qty, string_agg(name, ',' ORDER BY name, id) AS l FROM fan WHERE id < 50 GROUP BY qty) x WHERE qty > 20`},
 		{sql: `SELECT count(*) FROM (SELECT id, rank() OVER (ORDER BY price NULLS FIRST, id) AS r FROM fan) x WHERE r <= $1`, args: []any{10}},
+		{sql: `SELECT (SELECT count(*) FROM fan WHERE qty > $1) AS c, $2::int + 1 AS m`, args: []any{25, 4}},
+		{sql: `SELECT EXISTS (SELECT 1 FROM fan GROUP BY qty HAVING count(*) > 70)`},
+		{sql: `SELECT ARRAY(SELECT ok FROM fan GROUP BY ok ORDER BY ok)`},
 		// Windows: partitioned by the key they run on the shards; others in
 		// the final step over the nodes' rows.
 		{sql: `SELECT id, qty, rank() OVER (PARTITION BY id ORDER BY qty) AS r FROM fan ORDER BY r, id LIMIT 20`, ordered: true},

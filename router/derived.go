@@ -3,14 +3,16 @@ package router
 import (
 	pg "github.com/pganalyze/pg_query_go/v6"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 )
 
 // A SELECT whose only tree reference is the FROM of a derived table that
 // the shards cannot compute apart (it aggregates, groups, is DISTINCT or
 // has windows without the key), and whose outer query reads that derived
-// table alone:
+// table alone, or the one subquery of a SELECT without FROM:
 //
 //	SELECT count(*) FROM (SELECT DISTINCT region, plan FROM customers) x
+//	SELECT (SELECT count(*) FROM customers) AS n
 //
 // The derived table runs in an aggregate's final step (aggregate.go) or
 // the gathered one (windowstep.go), with the outer query around it as
@@ -22,15 +24,11 @@ import (
 // caller's refusal stands.
 func (p *planner) derivedFanOut(root proto.Message, refs []treeRef, cols []*pg.ColumnRef) (route, bool) {
 	outer, ok := root.(*pg.SelectStmt)
-	if !ok || outer.Op != pg.SetOperation_SETOP_NONE || len(refs) != 1 || len(outer.FromClause) != 1 ||
+	if !ok || outer.Op != pg.SetOperation_SETOP_NONE || len(refs) != 1 ||
 		outer.WithClause != nil || len(outer.LockingClause) > 0 || outer.IntoClause != nil {
 		return route{}, false
 	}
-	rs := outer.FromClause[0].GetRangeSubselect()
-	if rs == nil || rs.Lateral || rs.Subquery == nil {
-		return route{}, false
-	}
-	inner := rs.Subquery.GetSelectStmt()
+	inner, put := derivedInner(outer)
 	ref := refs[0]
 	if inner == nil || inner.Op != pg.SetOperation_SETOP_NONE || len(inner.FromClause) != 1 {
 		return route{}, false
@@ -38,21 +36,11 @@ func (p *planner) derivedFanOut(root proto.Message, refs []treeRef, cols []*pg.C
 	if rv := inner.FromClause[0].GetRangeVar(); rv == nil || rv.Location != ref.rv.Location {
 		return route{}, false
 	}
-	var scan []*pg.Node
-	scan = append(scan, outer.TargetList...)
-	scan = append(scan, outer.SortClause...)
-	scan = append(scan, outer.GroupClause...)
-	scan = append(scan, outer.DistinctClause...)
-	scan = append(scan, outer.WindowClause...)
-	scan = append(scan, outer.WhereClause, outer.HavingClause, outer.LimitCount, outer.LimitOffset)
-	if hasSubLink(scan) {
-		return route{}, false
-	}
 	r := route{tree: ref.tree, rv: ref.rv, cols: cols, sel: inner}
 	wrap := func(final, whole *pg.SelectStmt) (*pg.SelectStmt, *pg.SelectStmt) {
 		around := func(in *pg.SelectStmt) *pg.SelectStmt {
 			o := proto.Clone(outer).(*pg.SelectStmt)
-			o.FromClause[0].GetRangeSubselect().Subquery = &pg.Node{Node: &pg.Node_SelectStmt{SelectStmt: in}}
+			put(o, &pg.Node{Node: &pg.Node_SelectStmt{SelectStmt: in}})
 			return o
 		}
 		return around(final), around(whole)
@@ -72,4 +60,61 @@ func (p *planner) derivedFanOut(root proto.Message, refs []treeRef, cols []*pg.C
 		return route{}, false
 	}
 	return d, true
+}
+
+// derivedInner finds the one subquery of outer that holds its tree: the
+// whole FROM, a derived table, with no subquery in outer's clauses; or,
+// in a SELECT without FROM, its one subquery (scalar, EXISTS or ARRAY).
+// put places a rewritten subquery in a copy of outer.
+func derivedInner(outer *pg.SelectStmt) (*pg.SelectStmt, func(o *pg.SelectStmt, sub *pg.Node)) {
+	var scan []*pg.Node
+	scan = append(scan, outer.TargetList...)
+	scan = append(scan, outer.SortClause...)
+	scan = append(scan, outer.GroupClause...)
+	scan = append(scan, outer.DistinctClause...)
+	scan = append(scan, outer.WindowClause...)
+	scan = append(scan, outer.WhereClause, outer.HavingClause, outer.LimitCount, outer.LimitOffset)
+	if len(outer.FromClause) == 1 {
+		rs := outer.FromClause[0].GetRangeSubselect()
+		if rs == nil || rs.Lateral || rs.Subquery == nil || hasSubLink(scan) {
+			return nil, nil
+		}
+		return rs.Subquery.GetSelectStmt(), func(o *pg.SelectStmt, sub *pg.Node) {
+			o.FromClause[0].GetRangeSubselect().Subquery = sub
+		}
+	}
+	if len(outer.FromClause) != 0 {
+		return nil, nil
+	}
+	var links []*pg.SubLink
+	var visit func(m protoreflect.Message)
+	visit = func(m protoreflect.Message) {
+		if l, ok := m.Interface().(*pg.SubLink); ok {
+			links = append(links, l) // not inside it: its own subqueries are its part
+			return
+		}
+		eachChild(m, visit)
+	}
+	for _, n := range scan {
+		if n != nil {
+			visit(n.ProtoReflect())
+		}
+	}
+	if len(links) != 1 {
+		return nil, nil
+	}
+	at := links[0].Location
+	return links[0].Subselect.GetSelectStmt(), func(o *pg.SelectStmt, sub *pg.Node) {
+		var list []*pg.Node
+		list = append(list, o.TargetList...)
+		list = append(list, o.SortClause...)
+		list = append(list, o.WhereClause, o.HavingClause)
+		anyNode(list, func(m protoreflect.Message) bool {
+			if l, ok := m.Interface().(*pg.SubLink); ok && l.Location == at {
+				l.Subselect = sub
+				return true
+			}
+			return false
+		})
+	}
 }
