@@ -1,0 +1,150 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// aggregateQueries generates n aggregating SELECTs over table @T from
+// seed: aggregates the two steps combine and ones that run over the
+// gathered rows, grouping sets, HAVING, DISTINCT ON, windows over groups,
+// a derived table and a scalar subquery around them.
+func aggregateQueries(seed uint64, n int) []string {
+	rng := rand.New(rand.NewPCG(seed, seed))
+	aggs := []string{"count(*)", "count(n)", "sum(id)", "string_agg(s, ',' ORDER BY s, id)", "array_agg(id ORDER BY id) FILTER (WHERE id < 40)",
+		"bool_and(id > 3)", "bool_or(n > 600)", "max(s)", "min(n)", "avg(id)::numeric(20,4)", "stddev_samp(id)::numeric(20,4)",
+		"percentile_disc(0.5) WITHIN GROUP (ORDER BY id)", "count(DISTINCT g)", "count(*) FILTER (WHERE g > 2)",
+		"sum(n) FILTER (WHERE s LIKE 'v1%')", "count(DISTINCT (g, s))", "mode() WITHIN GROUP (ORDER BY g)", "bit_or(id)", "min(ts)"}
+	keys := []string{"g", "s", "g % 3", "(id % 4)", "j->>'a'", "n IS NULL", "upper(s)"}
+	wheres := []string{"", "WHERE id < 300", "WHERE n > 100", "WHERE g IN (1, 2)", "WHERE s <> 'v3'", "WHERE id % 7 = 0", "WHERE false"}
+	pick := func(from []string, k int) []string {
+		out := slices.Clone(from)
+		rng.Shuffle(len(out), func(i, j int) { out[i], out[j] = out[j], out[i] })
+		return out[:k]
+	}
+	var qs []string
+	for range n {
+		k := pick(keys, 1+rng.IntN(2))
+		a := pick(aggs, 1+rng.IntN(2))
+		w := wheres[rng.IntN(len(wheres))]
+		var sel []string
+		for i, x := range k {
+			sel = append(sel, fmt.Sprintf("%s AS k%d", x, i))
+		}
+		for i, x := range a {
+			sel = append(sel, fmt.Sprintf("%s AS a%d", x, i))
+		}
+		from := fmt.Sprintf("SELECT %s FROM @T %s", strings.Join(sel, ", "), w)
+		group := strings.Join(k, ", ")
+		var q string
+		switch rng.IntN(8) {
+		case 0:
+			q = from + " GROUP BY " + group
+		case 1:
+			q = from + " GROUP BY ROLLUP (" + group + ")"
+		case 2:
+			q = from + " GROUP BY GROUPING SETS ((" + group + "), ())"
+		case 3:
+			q = from + " GROUP BY DISTINCT " + group + ", ()"
+		case 4:
+			q = from + " GROUP BY " + group + fmt.Sprintf(" HAVING count(*) > %d", []int{1, 10, 100}[rng.IntN(3)])
+		case 5:
+			q = fmt.Sprintf("SELECT DISTINCT ON (%s) %s AS d, id, s FROM @T %s ORDER BY %s, s DESC, id", k[0], k[0], w, k[0])
+		case 6:
+			q = fmt.Sprintf("SELECT count(*), count(DISTINCT a0) FROM (%s GROUP BY %s) sub", from, group)
+		default:
+			q = fmt.Sprintf("SELECT (SELECT %s FROM @T %s) AS x", a[0], w)
+		}
+		qs = append(qs, q)
+	}
+	return qs
+}
+
+// TestAggregatesEqualPostgres runs generated aggregating SELECTs on a
+// tree and on a plain table holding the same rows, in the simple and the
+// extended protocol, while the tree is resharded: each result must be
+// PostgreSQL's, rows in any order.
+func TestAggregatesEqualPostgres(t *testing.T) {
+	resetNodes(t)
+	p := startProxy(t, 3)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	c := connect(t, p.DSN("lattice"))
+	const cols = `(id int PRIMARY KEY, g int, s text, n numeric, ts timestamptz, j jsonb)`
+	const fill = `SELECT i, i % 7, 'v' || (i % 13), CASE WHEN i % 5 = 0 THEN NULL ELSE i / 3.0 END,
+		timestamptz '2026-01-01' + i * interval '1 hour', jsonb_build_object('a', i % 4) FROM generate_series(1, 6000) i`
+	for _, table := range []string{"agt", "agp"} {
+		mustExec(t, c, `CREATE TABLE `+table+` `+cols)
+		mustExec(t, c, `INSERT INTO `+table+` `+fill)
+	}
+	mustExec(t, c, `SELECT lattice_create_tree('agt', 'id', shard_count => 8)`)
+
+	// Reshards run beside the queries, so that some read mixed shards
+	// and frozen slots.
+	pool, err := pgxpool.New(ctx, p.DSN("lattice"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	resharding := make(chan error, 1)
+	stop := make(chan struct{})
+	var reshards atomic.Int32
+	go func() {
+		for _, n := range []int{16, 5, 11, 8} {
+			if _, err := pool.Exec(ctx, "SELECT lattice_reshard('agt', $1)", n); err != nil {
+				resharding <- err
+				return
+			}
+			for {
+				var done bool
+				if err := pool.QueryRow(ctx, "SELECT lattice_reshard_complete('agt')").Scan(&done); err != nil {
+					resharding <- err
+					return
+				}
+				if done {
+					reshards.Add(1)
+					break
+				}
+				select {
+				case <-stop:
+					resharding <- nil
+					return
+				case <-time.After(50 * time.Millisecond):
+				}
+			}
+		}
+		resharding <- nil
+	}()
+	modes := []pgx.QueryExecMode{pgx.QueryExecModeSimpleProtocol, pgx.QueryExecModeCacheStatement}
+	for i, q := range aggregateQueries(1, 120) {
+		mode := modes[i%len(modes)]
+		got, gerr := queryStrings(t, c, strings.ReplaceAll(q, "@T", "agt"), mode)
+		want, werr := queryStrings(t, c, strings.ReplaceAll(q, "@T", "agp"), mode)
+		if werr != nil {
+			t.Fatalf("on the plain table: %s: %v", q, werr)
+		}
+		if gerr != nil {
+			t.Errorf("through the tree: %s: %v", q, gerr)
+			continue
+		}
+		slices.Sort(got)
+		slices.Sort(want)
+		if !slices.Equal(got, want) {
+			t.Errorf("%s: %d rows through the tree, %d on one table; %s", q, len(got), len(want), firstDiff(got, want))
+		}
+	}
+	t.Logf("%d of 4 reshards completed while the queries ran", reshards.Load())
+	close(stop)
+	if err := <-resharding; err != nil {
+		t.Fatalf("reshard: %v", err)
+	}
+}
