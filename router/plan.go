@@ -441,8 +441,11 @@ func (p *planner) route(n *pg.Node) (out route) {
 	case *pg.PrepareStmt:
 		return refusedRoute(refused("Use the extended query protocol (Parse/Bind), which every driver offers.",
 			"PREPARE of a statement on tree %s is not supported", qn(tree.Name)))
-	case *pg.CreateTableAsStmt, *pg.ViewStmt:
-		return refusedRoute(refused("Read the rows by shard key and write them with INSERT ... VALUES.",
+	case *pg.ViewStmt:
+		return refusedRoute(refused("Write the view's query in the statements that need it (a CTE serves), so that the proxy routes it to the shards.",
+			"%s reading tree %s is not supported: the view would live on the catalog node, where the tree is an empty template", name, qn(tree.Name)))
+	case *pg.CreateTableAsStmt:
+		return refusedRoute(refused("Create the table and make it a tree (lattice_create_tree), then fill it with INSERT ... SELECT; or read the rows through the proxy and write them with INSERT ... VALUES.",
 			"%s reading tree %s is not supported: the tree's rows live on the shards", name, qn(tree.Name)))
 	default:
 		return refusedRoute(ddlRefusal(name, tree))
