@@ -141,8 +141,8 @@ func plpgsqlQueries(stmt string) []string {
 	return out
 }
 
-// bodyRefusal refuses a body that reads tree t.
+// bodyRefusal refuses a body that uses tree t.
 func bodyRefusal(name string, t *shardmap.Tree) *sqlstate.Error {
 	return refused("Read the tree from the application, through the proxy (a function may read ordinary and reference tables), or create the function on the nodes against the shard tables (lattice_sNNNN."+quoteIdent(t.Name)+").",
-		"%s whose body reads tree %s is not supported: it would run on the catalog node, where the tree is an empty template", name, qn(t.Name))
+		"%s whose body uses tree %s is not supported: it would run on the catalog node, where the tree is an empty template", name, qn(t.Name))
 }

@@ -45,7 +45,7 @@ func TestBodyReadsTree(t *testing.T) {
 			if p.Kind != Refused || p.Err.Code != sqlstate.FeatureNotSupported || p.Err.Hint == "" {
 				t.Fatalf("kind %v %+v, want Refused with 0A000 and a hint", p.Kind, p.Err)
 			}
-			if !strings.Contains(p.Err.Message, `body reads tree "`+c.tree+`"`) {
+			if !strings.Contains(p.Err.Message, `body uses tree "`+c.tree+`"`) {
 				t.Errorf("message %q does not name tree %s", p.Err.Message, c.tree)
 			}
 		})
