@@ -88,6 +88,14 @@ func TestFanOut(t *testing.T) {
 		{sql: `SELECT * FROM fan ORDER BY id LIMIT 3`, ordered: true},
 		{sql: `SELECT id FROM fan WHERE qty = $1 ORDER BY id LIMIT $2 OFFSET $3`, ordered: true, args: []any{7, 5, 2}},
 		{sql: `SELECT id FROM fan ORDER BY id LIMIT 0`, ordered: true},
+		// WITH TIES: each node's first rows and their ties, then the
+		// statement's over them.
+		{sql: `SELECT id, qty FROM fan ORDER BY qty FETCH FIRST 5 ROWS WITH TIES`},
+		{sql: `SELECT id, ok FROM fan WHERE qty < $1 ORDER BY ok DESC, qty * 2 FETCH FIRST $2 ROWS WITH TIES`, args: []any{20, 7}},
+		// OFFSET among ties skips rows PostgreSQL picks at will: here the
+		// order is unique, so the rows after OFFSET are known.
+		{sql: `SELECT id FROM fan ORDER BY qty DESC, id OFFSET $1 ROWS FETCH FIRST $2 ROWS WITH TIES`, ordered: true, args: []any{40, 6}},
+		{sql: `SELECT name, price FROM fan ORDER BY 2 NULLS FIRST, name FETCH FIRST 4 ROWS WITH TIES`},
 		{sql: `SELECT id, qty + 1 AS q FROM fan ORDER BY q DESC, id LIMIT 10`, ordered: true},
 		{sql: `SELECT id FROM fan ORDER BY price * 2 NULLS FIRST, id LIMIT 15`, ordered: true},
 		{sql: `SELECT id, name FROM fan ORDER BY created DESC LIMIT 5 OFFSET 10`, ordered: true},

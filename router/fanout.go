@@ -127,7 +127,7 @@ func (p *planner) fanOut(r route, s *pg.SelectStmt) route {
 	case len(s.LockingClause) > 0:
 		return no("Lock rows by shard key: SELECT ... WHERE "+tree.KeyColumn+" = <value> FOR UPDATE.", "FOR UPDATE/SHARE over several shards is not supported")
 	case s.LimitOption == pg.LimitOption_LIMIT_OPTION_WITH_TIES:
-		return no(keyHint+", or use LIMIT without WITH TIES.", "FETCH FIRST ... WITH TIES over several shards is not supported")
+		return p.rowsFanOut(r, s, tiesWords, nil)
 	}
 	// Windows here are partitioned by the key and run whole on each shard:
 	// their names are no aggregate to combine (rank is also a

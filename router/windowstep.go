@@ -3,6 +3,7 @@ package router
 import (
 	"slices"
 	"strconv"
+	"strings"
 
 	pg "github.com/pganalyze/pg_query_go/v6"
 	"google.golang.org/protobuf/proto"
@@ -29,6 +30,14 @@ import (
 // transaction.
 
 var windowWords = stepWords{in: "in a window function", sel: "a SELECT with window functions", plural: "window functions"}
+
+// FETCH FIRST n ROWS WITH TIES over several shards keeps the rows tied
+// with the n-th, which no node can tell alone: each node returns its own
+// first n (+ OFFSET) rows with their ties, in the statement's order, and
+// the final step takes the statement's over them. The rows tied with the
+// statement's last one are among them: a node's rows that sort before or
+// with it are within that node's first n and ties.
+var tiesWords = stepWords{in: "in FETCH FIRST ... WITH TIES", sel: "a SELECT with FETCH FIRST ... WITH TIES", plural: "FETCH FIRST ... WITH TIES"}
 
 // Aggregates the two-step form cannot combine on the nodes (FILTER,
 // ORDER BY inside the call, string_agg, bool_and, stddev, percentiles and
@@ -276,7 +285,10 @@ func (p *planner) rowsFanOut(r route, s *pg.SelectStmt, w stepWords, wrap func(f
 		// still count.
 		partial.TargetList = append(partial.TargetList, resTarget("lattice_c1", intConst(1)))
 	}
-	ap := &AggPlan{refs: in.refs, Columns: len(partial.TargetList), Gathered: true, Window: w == windowWords}
+	if w == tiesWords && !tiesOnNodes(partial, final, s) {
+		return no(keyHint+", or order by columns of the select list.", "FETCH FIRST ... WITH TIES over several shards needs every ORDER BY key in the select list")
+	}
+	ap := &AggPlan{refs: in.refs, Columns: len(partial.TargetList), Gathered: true, Window: w == windowWords, Ties: w == tiesWords}
 	whole := proto.Clone(s).(*pg.SelectStmt)
 	whole.FromClause, whole.WhereClause = in.src, in.where
 	if wrap != nil {
@@ -298,6 +310,49 @@ func (p *planner) rowsFanOut(r route, s *pg.SelectStmt, w stepWords, wrap func(f
 	// themselves run in the final step, whole).
 	r.kind, r.sel, r.fan = FanOut, s, &fanPlan{calls: functionNames(shipped), agg: ap}
 	return r
+}
+
+// tiesOnNodes gives the partial query of s the final step's order and
+// FETCH FIRST LIMIT + OFFSET ROWS WITH TIES, so that each node returns only
+// the rows that may be the statement's. Every sort key must be a column
+// the partial query outputs; it reports false otherwise.
+func tiesOnNodes(partial, final, s *pg.SelectStmt) bool {
+	for _, sn := range final.SortClause {
+		sb := proto.Clone(sn).(*pg.Node).GetSortBy()
+		key := sb.Node
+		if c := key.GetAConst(); c != nil && c.GetIval() != nil {
+			k := int(c.GetIval().Ival)
+			if k < 1 || k > len(final.TargetList) {
+				return false
+			}
+			key = final.TargetList[k-1].GetResTarget().Val
+		} else if name, ok := bareName(key); ok && !strings.HasPrefix(name, "lattice_c") {
+			i := slices.IndexFunc(final.TargetList, func(t *pg.Node) bool { return t.GetResTarget().Name == name })
+			if i < 0 {
+				return false
+			}
+			key = final.TargetList[i].GetResTarget().Val
+		}
+		if name, ok := bareName(key); !ok || !strings.HasPrefix(name, "lattice_c") {
+			return false
+		}
+		sb.Node = proto.Clone(key).(*pg.Node)
+		partial.SortClause = append(partial.SortClause, &pg.Node{Node: &pg.Node_SortBy{SortBy: sb}})
+	}
+	partial.LimitOption = pg.LimitOption_LIMIT_OPTION_WITH_TIES
+	partial.LimitCount = s.LimitCount
+	if s.LimitOffset != nil {
+		// bigint, as PostgreSQL reads both (parameters of unknown type
+		// would leave + unresolved); OFFSET NULL is 0.
+		int8 := func(n *pg.Node) *pg.Node {
+			return &pg.Node{Node: &pg.Node_TypeCast{TypeCast: &pg.TypeCast{Arg: n, TypeName: &pg.TypeName{
+				Names: []*pg.Node{{Node: &pg.Node_String_{String_: &pg.String{Sval: "pg_catalog"}}}, {Node: &pg.Node_String_{String_: &pg.String{Sval: "int8"}}}}, Typemod: -1}}}}
+		}
+		offset := &pg.Node{Node: &pg.Node_CoalesceExpr{CoalesceExpr: &pg.CoalesceExpr{Args: []*pg.Node{int8(s.LimitOffset), intConst(0)}}}}
+		partial.LimitCount = &pg.Node{Node: &pg.Node_AExpr{AExpr: &pg.A_Expr{Kind: pg.A_Expr_Kind_AEXPR_OP,
+			Name: []*pg.Node{{Node: &pg.Node_String_{String_: &pg.String{Sval: "+"}}}}, Lexpr: int8(s.LimitCount), Rexpr: offset}}}
+	}
+	return len(partial.SortClause) > 0
 }
 
 // shippable reports whether n is an expression a node can compute as a
