@@ -161,6 +161,10 @@ func TestFanOut(t *testing.T) {
 		{sql: `SELECT (SELECT count(*) FROM fan WHERE qty > $1) AS c, $2::int + 1 AS m`, args: []any{25, 4}},
 		{sql: `SELECT EXISTS (SELECT 1 FROM fan GROUP BY qty HAVING count(*) > 70)`},
 		{sql: `SELECT ARRAY(SELECT ok FROM fan GROUP BY ok ORDER BY ok)`},
+		// A derived table or subquery with LIMIT: each node's first rows.
+		{sql: `SELECT x.id FROM (SELECT id, price FROM fan ORDER BY price DESC NULLS LAST, id LIMIT $1) x ORDER BY x.id`, ordered: true, args: []any{12}},
+		{sql: `SELECT (SELECT name FROM fan ORDER BY created DESC, id LIMIT 1)`},
+		{sql: `SELECT count(*), sum(q) FROM (SELECT qty AS q FROM fan ORDER BY qty DESC, id OFFSET 5 LIMIT 20) t`},
 		// Windows: partitioned by the key they run on the shards; others in
 		// the final step over the nodes' rows.
 		{sql: `SELECT id, qty, rank() OVER (PARTITION BY id ORDER BY qty) AS r FROM fan ORDER BY r, id LIMIT 20`, ordered: true},

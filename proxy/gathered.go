@@ -27,11 +27,11 @@ func (s *session) overGathered(a *router.AggPlan, held int64) *sqlstate.Error {
 			Detail:  "UNION, INTERSECT and EXCEPT whose branches do not output the shard key at one position compare every branch's rows, gathered in one place.",
 			Hint:    "Output the shard key at the same position in every branch so that each shard compares its own rows, use UNION ALL, narrow the WHERE clauses, or raise --max-merge-memory."}
 	}
-	if a.Ties {
+	if a.Limited {
 		return &sqlstate.Error{Code: sqlstate.ProgramLimitExceeded,
-			Message: fmt.Sprintf("FETCH FIRST ... WITH TIES over several shards gathers more than %d bytes of rows (--max-merge-memory)", s.srv.cfg.MaxMergeMemory),
-			Detail:  "Each node returns its first rows and every row tied with them, gathered in one place.",
-			Hint:    "Order by more columns so that fewer rows tie, narrow the WHERE clause, or raise --max-merge-memory."}
+			Message: fmt.Sprintf("LIMIT or FETCH FIRST over several shards gathers more than %d bytes of rows (--max-merge-memory)", s.srv.cfg.MaxMergeMemory),
+			Detail:  "Each node returns its first LIMIT + OFFSET rows, and with WITH TIES every row tied with them, gathered in one place.",
+			Hint:    "Lower the LIMIT or OFFSET, order by more columns so that fewer rows tie, narrow the WHERE clause, or raise --max-merge-memory."}
 	}
 	if !a.Window {
 		return &sqlstate.Error{Code: sqlstate.ProgramLimitExceeded,

@@ -65,10 +65,10 @@ type AggPlan struct {
 	// text as the nodes do; "" when no partial column can have one.
 	CollationProbe string
 	// Gathered marks a final step over the statement's own rows rather
-	// than one partial row per group (windowstep.go): windows, FETCH
-	// FIRST ... WITH TIES, or aggregates the partial rows could not
-	// combine. Window and Ties tell which.
-	Gathered, Window, Ties bool
+	// than one partial row per group (windowstep.go): windows, aggregates
+	// the partial rows could not combine, or each node's first rows for
+	// a LIMIT or FETCH FIRST ... WITH TIES. Window and Limited tell which.
+	Gathered, Window, Limited bool
 	// SetOp marks the final step of a set operation (setopstep.go): the
 	// partial rows are its branches' rows, tagged.
 	SetOp bool

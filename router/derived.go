@@ -45,14 +45,18 @@ func (p *planner) derivedFanOut(root proto.Message, refs []treeRef, cols []*pg.C
 		}
 		return around(final), around(whole)
 	}
-	// A derived table of plain rows runs on the shards when it can (the
-	// caller refused it: a LIMIT, say); gathering them all is no answer.
+	// A derived table of plain rows runs on the shards when it can; the
+	// caller refused this one. With a LIMIT each node returns its first
+	// rows; without one, gathering them all is no answer.
 	var d route
 	switch innerScan := selectScan(inner); {
 	case aggregating(inner, innerScan, false):
 		d = p.aggFanOut(r, inner, wrap)
 	case hasWindow(&pg.Node{Node: &pg.Node_SelectStmt{SelectStmt: inner}}) || len(inner.WindowClause) > 0:
 		d = p.rowsFanOut(r, inner, windowWords, wrap)
+	case inner.LimitCount != nil && len(inner.DistinctClause) == 0 && len(inner.LockingClause) == 0:
+		// Each node's first rows, in its order (limitOnNodes).
+		d = p.rowsFanOut(r, inner, limitWords, wrap)
 	default:
 		return route{}, false
 	}

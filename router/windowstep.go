@@ -39,6 +39,10 @@ var windowWords = stepWords{in: "in a window function", sel: "a SELECT with wind
 // with it are within that node's first n and ties.
 var tiesWords = stepWords{in: "in FETCH FIRST ... WITH TIES", sel: "a SELECT with FETCH FIRST ... WITH TIES", plural: "FETCH FIRST ... WITH TIES"}
 
+// A derived table or subquery of plain rows with LIMIT (derived.go) is
+// cut alike: each node's first LIMIT + OFFSET rows in its order.
+var limitWords = stepWords{in: "in a subquery with LIMIT", sel: "a subquery with LIMIT", plural: "LIMIT in a subquery"}
+
 // Aggregates the two-step form cannot combine on the nodes (FILTER,
 // ORDER BY inside the call, string_agg, bool_and, stddev, percentiles and
 // the like), GROUPING SETS, ROLLUP and CUBE, GROUP BY DISTINCT and
@@ -285,10 +289,11 @@ func (p *planner) rowsFanOut(r route, s *pg.SelectStmt, w stepWords, wrap func(f
 		// still count.
 		partial.TargetList = append(partial.TargetList, resTarget("lattice_c1", intConst(1)))
 	}
-	if w == tiesWords && !tiesOnNodes(partial, final, s) {
-		return no(keyHint+", or order by columns of the select list.", "FETCH FIRST ... WITH TIES over several shards needs every ORDER BY key in the select list")
+	limited := w == tiesWords || w == limitWords
+	if limited && !limitOnNodes(partial, final, s) {
+		return no(keyHint+", or order by columns of the select list.", "%s over several shards needs every ORDER BY key in the select list", w.plural)
 	}
-	ap := &AggPlan{refs: in.refs, Columns: len(partial.TargetList), Gathered: true, Window: w == windowWords, Ties: w == tiesWords}
+	ap := &AggPlan{refs: in.refs, Columns: len(partial.TargetList), Gathered: true, Window: w == windowWords, Limited: limited}
 	whole := proto.Clone(s).(*pg.SelectStmt)
 	whole.FromClause, whole.WhereClause = in.src, in.where
 	if wrap != nil {
@@ -312,11 +317,12 @@ func (p *planner) rowsFanOut(r route, s *pg.SelectStmt, w stepWords, wrap func(f
 	return r
 }
 
-// tiesOnNodes gives the partial query of s the final step's order and
-// FETCH FIRST LIMIT + OFFSET ROWS WITH TIES, so that each node returns only
-// the rows that may be the statement's. Every sort key must be a column
-// the partial query outputs; it reports false otherwise.
-func tiesOnNodes(partial, final, s *pg.SelectStmt) bool {
+// limitOnNodes gives the partial query of s the final step's order and
+// s's LIMIT (or FETCH FIRST ... WITH TIES) of LIMIT + OFFSET rows, so that
+// each node returns only the rows that may be the statement's. Every sort
+// key must be a column the partial query outputs; it reports false
+// otherwise, and for WITH TIES without ORDER BY.
+func limitOnNodes(partial, final, s *pg.SelectStmt) bool {
 	for _, sn := range final.SortClause {
 		sb := proto.Clone(sn).(*pg.Node).GetSortBy()
 		key := sb.Node
@@ -339,7 +345,7 @@ func tiesOnNodes(partial, final, s *pg.SelectStmt) bool {
 		sb.Node = proto.Clone(key).(*pg.Node)
 		partial.SortClause = append(partial.SortClause, &pg.Node{Node: &pg.Node_SortBy{SortBy: sb}})
 	}
-	partial.LimitOption = pg.LimitOption_LIMIT_OPTION_WITH_TIES
+	partial.LimitOption = s.LimitOption
 	partial.LimitCount = s.LimitCount
 	if s.LimitOffset != nil {
 		// bigint, as PostgreSQL reads both (parameters of unknown type
@@ -352,7 +358,7 @@ func tiesOnNodes(partial, final, s *pg.SelectStmt) bool {
 		partial.LimitCount = &pg.Node{Node: &pg.Node_AExpr{AExpr: &pg.A_Expr{Kind: pg.A_Expr_Kind_AEXPR_OP,
 			Name: []*pg.Node{{Node: &pg.Node_String_{String_: &pg.String{Sval: "+"}}}}, Lexpr: int8(s.LimitCount), Rexpr: offset}}}
 	}
-	return len(partial.SortClause) > 0
+	return len(partial.SortClause) > 0 || s.LimitOption != pg.LimitOption_LIMIT_OPTION_WITH_TIES
 }
 
 // shippable reports whether n is an expression a node can compute as a
