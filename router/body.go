@@ -29,18 +29,7 @@ func (p *planner) bodyTree(root any) *shardmap.Tree {
 		if s.SqlBody != nil {
 			return nil // a SQL-standard body is walked with the statement
 		}
-		lang, body = "sql", ""
-		for _, o := range s.Options {
-			d := o.GetDefElem()
-			switch d.GetDefname() {
-			case "language":
-				lang = strings.ToLower(d.Arg.GetString_().GetSval())
-			case "as":
-				if items := d.Arg.GetList().GetItems(); len(items) > 0 {
-					body = items[0].GetString_().GetSval()
-				}
-			}
-		}
+		lang, body = languageAndBody(s.Options, "sql")
 		if lang == "plpgsql" {
 			text, err := pg.Deparse(&pg.ParseResult{Version: parseVersion, Stmts: []*pg.RawStmt{{Stmt: &pg.Node{Node: &pg.Node_CreateFunctionStmt{CreateFunctionStmt: s}}}}})
 			if err != nil {
@@ -49,16 +38,7 @@ func (p *planner) bodyTree(root any) *shardmap.Tree {
 			stmt = text
 		}
 	case *pg.DoStmt:
-		lang = "plpgsql"
-		for _, o := range s.Args {
-			d := o.GetDefElem()
-			switch d.GetDefname() {
-			case "language":
-				lang = strings.ToLower(d.Arg.GetString_().GetSval())
-			case "as":
-				body = d.Arg.GetString_().GetSval()
-			}
-		}
+		lang, body = languageAndBody(s.Args, "plpgsql")
 		tag := "$lattice_do$"
 		for strings.Contains(body, tag) {
 			tag = "$lattice_do" + tag[1:]
@@ -95,6 +75,27 @@ func (p *planner) bodyTree(root any) *shardmap.Tree {
 		}
 	}
 	return nil
+}
+
+// languageAndBody reads the LANGUAGE (lang when none is given) and the
+// body of a CREATE FUNCTION's options or a DO's arguments: a function's
+// AS is a list whose first item is the body, a DO's the body itself.
+func languageAndBody(opts []*pg.Node, lang string) (string, string) {
+	var body string
+	for _, o := range opts {
+		d := o.GetDefElem()
+		switch d.GetDefname() {
+		case "language":
+			lang = strings.ToLower(d.Arg.GetString_().GetSval())
+		case "as":
+			if items := d.Arg.GetList().GetItems(); len(items) > 0 {
+				body = items[0].GetString_().GetSval()
+			} else {
+				body = d.Arg.GetString_().GetSval()
+			}
+		}
+	}
+	return lang, body
 }
 
 // plpgsqlQueries lists the SQL of a PL/pgSQL function's statements and
