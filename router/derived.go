@@ -71,13 +71,7 @@ func (p *planner) derivedFanOut(root proto.Message, refs []treeRef, cols []*pg.C
 // in a SELECT without FROM, its one subquery (scalar, EXISTS or ARRAY).
 // put places a rewritten subquery in a copy of outer.
 func derivedInner(outer *pg.SelectStmt) (*pg.SelectStmt, func(o *pg.SelectStmt, sub *pg.Node)) {
-	var scan []*pg.Node
-	scan = append(scan, outer.TargetList...)
-	scan = append(scan, outer.SortClause...)
-	scan = append(scan, outer.GroupClause...)
-	scan = append(scan, outer.DistinctClause...)
-	scan = append(scan, outer.WindowClause...)
-	scan = append(scan, outer.WhereClause, outer.HavingClause, outer.LimitCount, outer.LimitOffset)
+	scan := outerClauses(outer)
 	if len(outer.FromClause) == 1 {
 		rs := outer.FromClause[0].GetRangeSubselect()
 		if rs == nil || rs.Lateral || rs.Subquery == nil || hasSubLink(scan) {
@@ -109,11 +103,7 @@ func derivedInner(outer *pg.SelectStmt) (*pg.SelectStmt, func(o *pg.SelectStmt, 
 	}
 	at := links[0].Location
 	return links[0].Subselect.GetSelectStmt(), func(o *pg.SelectStmt, sub *pg.Node) {
-		var list []*pg.Node
-		list = append(list, o.TargetList...)
-		list = append(list, o.SortClause...)
-		list = append(list, o.WhereClause, o.HavingClause)
-		anyNode(list, func(m protoreflect.Message) bool {
+		anyNode(outerClauses(o), func(m protoreflect.Message) bool {
 			if l, ok := m.Interface().(*pg.SubLink); ok && l.Location == at {
 				l.Subselect = sub
 				return true
@@ -121,4 +111,10 @@ func derivedInner(outer *pg.SelectStmt) (*pg.SelectStmt, func(o *pg.SelectStmt, 
 			return false
 		})
 	}
+}
+
+// outerClauses are every clause of a SELECT but FROM and WITH: where
+// derivedInner looks for the subquery, and where it puts it back.
+func outerClauses(s *pg.SelectStmt) []*pg.Node {
+	return append(finalClauses(s), s.WhereClause, s.LimitCount, s.LimitOffset)
 }

@@ -70,16 +70,7 @@ func (p *planner) rowsFanOut(r route, s *pg.SelectStmt, w stepWords, wrap func(f
 	}
 	// What the final step computes must not read a table: it runs over
 	// the gathered rows only.
-	var scan []*pg.Node
-	scan = append(scan, s.TargetList...)
-	scan = append(scan, s.SortClause...)
-	scan = append(scan, s.WindowClause...)
-	scan = append(scan, s.GroupClause...)
-	scan = append(scan, s.DistinctClause...)
-	if s.HavingClause != nil {
-		scan = append(scan, s.HavingClause)
-	}
-	if hasSubLink(scan) {
+	if hasSubLink(finalClauses(s)) {
 		return no(keyHint+", or compute it in the application.", "a subquery beside %s over several shards is not supported", w.plural)
 	}
 	in, bad := stepInput(r, s, w)
@@ -315,6 +306,21 @@ func (p *planner) rowsFanOut(r route, s *pg.SelectStmt, w stepWords, wrap func(f
 	// themselves run in the final step, whole).
 	r.kind, r.sel, r.fan = FanOut, s, &fanPlan{calls: functionNames(shipped), agg: ap}
 	return r
+}
+
+// finalClauses are the clauses of s that the final step computes: the
+// select list, ORDER BY, WINDOW, GROUP BY, DISTINCT ON and HAVING.
+func finalClauses(s *pg.SelectStmt) []*pg.Node {
+	var out []*pg.Node
+	out = append(out, s.TargetList...)
+	out = append(out, s.SortClause...)
+	out = append(out, s.WindowClause...)
+	out = append(out, s.GroupClause...)
+	out = append(out, s.DistinctClause...)
+	if s.HavingClause != nil {
+		out = append(out, s.HavingClause)
+	}
+	return out
 }
 
 // limitOnNodes gives the partial query of s the final step's order and
