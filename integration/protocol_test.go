@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"os"
 	"os/exec"
@@ -236,6 +237,48 @@ func TestProtocol(t *testing.T) {
 			}
 			// Another client takes the same pooled backend in between.
 			mustExec(t, c, `SELECT 1`)
+		}
+	})
+
+	t.Run("startup parameters as PostgreSQL takes them", func(t *testing.T) {
+		// lib/pq's TestRuntimeParameters found these: a list setting's
+		// value taken as one name, options winning over an explicit
+		// parameter, and an unknown parameter accepted.
+		connectWith := func(params map[string]string) (*pgx.Conn, error) {
+			cfg, err := pgx.ParseConfig(p.DSN("lattice"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			maps.Copy(cfg.RuntimeParams, params)
+			return pgx.ConnectConfig(ctx, cfg)
+		}
+		for _, tc := range []struct {
+			params     map[string]string
+			show, want string
+		}{
+			{map[string]string{"search_path": "a, b"}, "search_path", "a, b"},
+			{map[string]string{"options": "-c search_path=x", "search_path": "y, public"}, "search_path", "y, public"},
+			{map[string]string{"options": "-c DateStyle=German", "DateStyle": "ISO, DMY"}, "DateStyle", "ISO, DMY"},
+		} {
+			oc, err := connectWith(tc.params)
+			if err != nil {
+				t.Fatalf("%v: %v", tc.params, err)
+			}
+			for i := 0; i < 3; i++ {
+				var got string
+				if err := oc.QueryRow(ctx, "SHOW "+tc.show).Scan(&got); err != nil || got != tc.want {
+					t.Fatalf("%v: SHOW %s = %q (%v), want %q", tc.params, tc.show, got, err, tc.want)
+				}
+				mustExec(t, c, `SELECT 1`) // another client takes the pooled backend in between
+			}
+			oc.Close(ctx)
+		}
+		for params, code := range map[string]string{"doesnotexist": "42704", "work_mem": "22023"} {
+			_, err := connectWith(map[string]string{params: "foo"})
+			var pe *pgconn.PgError
+			if !errors.As(err, &pe) || pe.Code != code || pe.Severity != "FATAL" {
+				t.Fatalf("startup %s=foo: %v, want FATAL %s", params, err, code)
+			}
 		}
 	})
 

@@ -37,7 +37,11 @@ func (s *session) statementTimeout() time.Duration {
 	var d time.Duration
 	for _, list := range lists {
 		for _, v := range list {
-			if v.name == "statement_timeout" {
+			switch {
+			case v.name != "statement_timeout":
+			case v.value != "":
+				d = timeoutValue(v.value)
+			default:
 				d = parseTimeout(v.stmt)
 			}
 		}
@@ -57,6 +61,11 @@ func parseTimeout(stmt string) time.Duration {
 	if strings.HasPrefix(v, "'") {
 		v = strings.ReplaceAll(v[1:len(v)-1], "''", "'")
 	}
+	return timeoutValue(v)
+}
+
+// timeoutValue reads a statement_timeout value as PostgreSQL does.
+func timeoutValue(v string) time.Duration {
 	v = strings.TrimSpace(v)
 	num := strings.TrimRightFunc(v, func(r rune) bool { return r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r == ' ' })
 	unit := strings.TrimSpace(v[len(num):])

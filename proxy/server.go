@@ -260,8 +260,12 @@ func (s *Server) greet(ctx context.Context, sess *session, st *Startup) error {
 		return sqlstate.As(unwrapPg(err))
 	}
 	defaults := maps.Clone(be.StartupParams)
-	s.pools.Release(be)
 	sess.settings = newSettings(params, defaults)
+	if err := applyStartup(ctx, be, sess.settings); err != nil {
+		s.pools.Release(be)
+		return err
+	}
+	s.pools.Release(be)
 	for k, v := range params {
 		if _, reported := defaults[k]; reported {
 			defaults[k] = v
@@ -278,6 +282,25 @@ func (s *Server) greet(ctx context.Context, sess *session, st *Startup) error {
 	sess.client.Send(&pgproto3.BackendKeyData{ProcessID: sess.key.ProcessID, SecretKey: secret})
 	sess.client.Send(&pgproto3.ReadyForQuery{TxStatus: 'I'})
 	return sess.flush()
+}
+
+// applyStartup brings be to the session's startup settings, so that a
+// parameter PostgreSQL rejects (an unknown name, a bad value) fails the
+// connection, as it would at PostgreSQL's own startup, rather than the
+// session's first statement. be keeps the settings for that statement.
+func applyStartup(ctx context.Context, be *pgshard.Conn, st *settings) error {
+	q := st.replay(be.Settings)
+	if q == "" {
+		return nil
+	}
+	if err := execAll(ctx, []*pgshard.Conn{be}, q)[0]; err != nil {
+		be.Settings = unknownSettings // some of them may have been applied
+		e := *sqlstate.As(err)
+		e.Severity = sqlstate.SeverityFatal
+		return &e
+	}
+	be.Settings = st.fp
+	return nil
 }
 
 // tenantName refuses a database no tenant may be: the templates, from

@@ -8,7 +8,7 @@ import (
 
 func TestSettingsReplay(t *testing.T) {
 	s := newSettings(map[string]string{"application_name": "psql", "client_encoding": "UTF8"}, map[string]string{"client_encoding": "UTF8"})
-	if got := s.replay(""); got != `RESET ALL; SET "application_name" = 'psql'` {
+	if got := s.replay(""); got != `RESET ALL; SELECT pg_catalog.set_config('application_name', 'psql', false)` {
 		t.Fatalf("startup replay = %q", got)
 	}
 	s.apply("SET search_path TO a, b")
@@ -18,12 +18,12 @@ func TestSettingsReplay(t *testing.T) {
 		t.Fatal("a backend in the same state needs no replay")
 	}
 	s.apply("RESET search_path")
-	if got := s.replay(fp); got != `RESET ALL; SET "application_name" = 'psql'; SET application_name = 'x'` {
+	if got := s.replay(fp); got != `RESET ALL; SELECT pg_catalog.set_config('application_name', 'psql', false); SET application_name = 'x'` {
 		t.Fatalf("after RESET: %q", got)
 	}
 	s.apply("RESET ALL")
 	s.reset()
-	if got := s.replay(fp); got != `RESET ALL; SET "application_name" = 'psql'` {
+	if got := s.replay(fp); got != `RESET ALL; SELECT pg_catalog.set_config('application_name', 'psql', false)` {
 		t.Fatalf("after RESET ALL: %q", got)
 	}
 }
@@ -57,6 +57,8 @@ func TestStartupSettings(t *testing.T) {
 			want: map[string]string{"application_name": "psql", "client_encoding": "UTF8"}},
 		{name: "options -c", params: map[string]string{"options": `-c search_path=app -csearch\ x=1 --statement-timeout=5s`},
 			want: map[string]string{"search_path": "app", "search x": "1", "statement_timeout": "5s"}},
+		{name: "a parameter wins over options", params: map[string]string{"options": "-c client_encoding=LATIN1 -c search_path=x", "client_encoding": "UTF8"},
+			want: map[string]string{"client_encoding": "UTF8", "search_path": "x"}},
 		{name: "sql_ascii encoding", params: map[string]string{"client_encoding": "sql_ascii"}, want: map[string]string{"client_encoding": "sql_ascii"}},
 		{name: "latin1 refused", params: map[string]string{"client_encoding": "LATIN1"}, wantCode: "0A000"},
 		{name: "latin1 in options refused", params: map[string]string{"options": "-c client_encoding=LATIN1"}, wantCode: "0A000"},

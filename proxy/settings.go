@@ -25,8 +25,9 @@ type settings struct {
 }
 
 type setting struct {
-	name string // lower-case parameter name
-	stmt string // statement that applies it
+	name  string // lower-case parameter name
+	stmt  string // statement that applies it
+	value string // a startup setting's value; a SET's is in its stmt
 }
 
 func newSettings(params map[string]string, backendDefaults map[string]string) *settings {
@@ -36,7 +37,10 @@ func newSettings(params map[string]string, backendDefaults map[string]string) *s
 		if def, ok := backendDefaults[name]; ok && def == value {
 			continue
 		}
-		s.base = append(s.base, setting{name: lname, stmt: "SET " + quoteIdent(lname) + " = " + quoteLiteral(value)})
+		// set_config takes the value as the startup packet gives it: SET
+		// would make 'a, b' one name of a list setting (search_path).
+		s.base = append(s.base, setting{name: lname, value: value,
+			stmt: "SELECT pg_catalog.set_config(" + quoteLiteral(lname) + ", " + quoteLiteral(value) + ", false)"})
 	}
 	// Deterministic order so that equal states have equal fingerprints.
 	slices.SortFunc(s.base, func(a, b setting) int { return strings.Compare(a.name, b.name) })
@@ -47,7 +51,11 @@ func newSettings(params map[string]string, backendDefaults map[string]string) *s
 func (s *settings) refresh() {
 	s.catalogLate = false
 	for _, v := range slices.Concat(s.base, s.set) {
-		if v.name == "search_path" && strings.Contains(strings.ToLower(v.stmt), "pg_catalog") {
+		text := v.stmt
+		if v.value != "" {
+			text = v.value
+		}
+		if v.name == "search_path" && strings.Contains(strings.ToLower(text), "pg_catalog") {
 			s.catalogLate = true
 		}
 	}

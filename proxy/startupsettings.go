@@ -12,13 +12,11 @@ import (
 // and --name=value items become settings of their own, and each setting is
 // checked as a SET would be, so a client cannot connect with, say, a
 // client_encoding under which its keys would hash to the wrong shard.
+//
+// The options come first and the other parameters after them, so that a
+// parameter given both ways takes its own value, as in PostgreSQL.
 func startupSettings(params map[string]string) (map[string]string, error) {
 	out := make(map[string]string, len(params))
-	for name, value := range params {
-		if name != "options" {
-			out[name] = value
-		}
-	}
 	words := splitOptions(params["options"])
 	for i := 0; i < len(words); i++ {
 		w := words[i]
@@ -41,6 +39,11 @@ func startupSettings(params map[string]string) (map[string]string, error) {
 			return nil, sqlstate.New(sqlstate.InvalidParameterValue, "invalid startup option %q: want name=value", item)
 		}
 		out[name] = value
+	}
+	for name, value := range params {
+		if name != "options" {
+			out[name] = value
+		}
 	}
 	for name, value := range out {
 		if err := router.CheckSetting(name, value); err != nil {
