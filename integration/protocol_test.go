@@ -67,6 +67,28 @@ func TestProtocol(t *testing.T) {
 		}
 	})
 
+	t.Run("syntax error points where PostgreSQL's does", func(t *testing.T) {
+		// psql draws its caret, and lib/pq its context, from the position.
+		direct := connect(t, testNodeDSN(t, 0))
+		for _, sql := range []string{
+			`select !@#`,
+			"SELECT 1;\nSELECT 'ä€' AS x FROM catalogue WHERE sku = 'a' AND;",
+			"create table t1 (a int);\n  create table t2 (a int,);",
+		} {
+			for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeSimpleProtocol, pgx.QueryExecModeExec} {
+				if mode == pgx.QueryExecModeExec && strings.Count(sql, ";") > 1 {
+					continue // one statement a Parse
+				}
+				_, want := direct.Exec(ctx, sql, mode)
+				_, got := c.Exec(ctx, sql, mode)
+				var wp, gp *pgconn.PgError
+				if !errors.As(want, &wp) || !errors.As(got, &gp) || gp.Code != "42601" || gp.Position != wp.Position || wp.Position == 0 {
+					t.Fatalf("%q (%v): through Lattice %v at %d, on PostgreSQL %v at %d", sql, mode, got, posOf(gp), want, posOf(wp))
+				}
+			}
+		}
+	})
+
 	t.Run("pipeline with error in the middle", func(t *testing.T) {
 		b := &pgx.Batch{}
 		b.Queue(`SELECT qty FROM catalogue WHERE sku = $1`, "sku1")
@@ -458,4 +480,12 @@ func TestPgbench(t *testing.T) {
 			}
 		})
 	}
+}
+
+// posOf is a PgError's position, for a message; 0 without one.
+func posOf(e *pgconn.PgError) int32 {
+	if e == nil {
+		return 0
+	}
+	return e.Position
 }

@@ -26,8 +26,8 @@ type Error struct {
 	Hint     string
 	Where    string // context, PostgreSQL's CONTEXT line: "COPY t, line 3"
 	// Position is the 1-based character position of a syntax error in the
-	// statement the router parsed; 0 when unknown. It is not sent: the
-	// router parses one statement of the client's query string at a time.
+	// client's query string (the router parses it whole); 0 when unknown.
+	// psql and drivers point at the error with it.
 	Position int
 
 	// pg is the backend error this one came from, whose remaining fields
@@ -137,6 +137,9 @@ func (e *Error) Response() *pgproto3.ErrorResponse {
 	r.Detail = e.Detail
 	r.Hint = e.Hint
 	r.Where = e.Where
+	if e.pg == nil {
+		r.Position = int32(e.Position)
+	}
 	return r
 }
 

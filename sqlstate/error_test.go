@@ -219,7 +219,10 @@ func TestResponse(t *testing.T) {
 				r.Message != tc.e.Message || r.Detail != tc.e.Detail || r.Hint != tc.e.Hint || r.Where != tc.e.Where {
 				t.Errorf("Response() = %+v, want the fields of %+v", r, tc.e)
 			}
-			if r.Position != 0 || r.ConstraintName != "" || r.Routine != "" {
+			if r.Position != int32(tc.e.Position) {
+				t.Errorf("Response().Position = %d, want the router's %d", r.Position, tc.e.Position)
+			}
+			if r.ConstraintName != "" || r.Routine != "" {
 				t.Errorf("Response() = %+v: fields set that Lattice's own errors do not have", r)
 			}
 		})
