@@ -218,3 +218,59 @@ func heldBackends(t *testing.T, p *proxyProc, want string) {
 		t.Fatalf("/metrics has no %q", line)
 	}
 }
+
+// TestListenBackendLost: when the backend that holds a session's LISTENs
+// dies, the session ends with FATAL 08006, idle or not, as the client's own
+// PostgreSQL connection would have: a client that went on would wait for
+// notifications that never come. A new session listens again.
+func TestListenBackendLost(t *testing.T) {
+	resetNodes(t)
+	p := startProxy(t, 1, "--pool-size", "4")
+	ctx := context.Background()
+	direct := connect(t, testNodeDSN(t, 0))
+	terminateListener := func() {
+		t.Helper()
+		var n int
+		if err := direct.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE query ILIKE 'LISTEN %'`).Scan(&n); err != nil || n != 1 {
+			t.Fatalf("terminating the listen backend: %d %v", n, err)
+		}
+	}
+	wantEnded := func(err error, c *pgx.Conn) {
+		t.Helper()
+		var pe *pgconn.PgError
+		if !errors.As(err, &pe) || pe.Code != "08006" || pe.SeverityUnlocalized != "FATAL" || !c.IsClosed() {
+			t.Fatalf("after the listen backend died: %v (closed %v), want FATAL 08006 and the end of the connection", err, c.IsClosed())
+		}
+	}
+
+	// Idle: the client hears of it while it waits for a notification.
+	idle := connect(t, p.DSN("lattice"))
+	mustExec(t, idle, `LISTEN lost`)
+	terminateListener()
+	wctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	_, err := idle.WaitForNotification(wctx)
+	cancel()
+	wantEnded(err, idle)
+
+	// Busy: a session that reads no notifications runs statements; the
+	// one after the loss is its last.
+	busy := connect(t, p.DSN("lattice"))
+	mustExec(t, busy, `LISTEN lost`)
+	tx, err := busy.Begin(ctx) // not idle: the proxy's reader does not write to it
+	if err != nil {
+		t.Fatal(err)
+	}
+	terminateListener()
+	time.Sleep(100 * time.Millisecond)
+	if err := tx.Commit(ctx); err != nil {
+		wantEnded(err, busy)
+	} else {
+		_, err = busy.Exec(ctx, `SELECT 1`)
+		wantEnded(err, busy)
+	}
+
+	again := connect(t, p.DSN("lattice"))
+	mustExec(t, again, `LISTEN lost`)
+	mustExec(t, connect(t, p.DSN("lattice")), `NOTIFY lost, 'back'`)
+	wantNote(t, waitNote(t, again), "lost", "back")
+}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
 )
 
 // metricSum adds up the series of a metric whose labels include match.
@@ -413,8 +414,9 @@ func hintOf(err error) string {
 
 // TestPinBackendLost: when the pinned backend dies, the statement on it
 // fails and the pin is gone: the gauge says so before the client hears of
-// it. (The backend's FATAL error reaches the client as it is, so drivers
-// close their connection, as they would with PostgreSQL.)
+// it. The backend's FATAL error reaches the client as it is, and then the
+// proxy ends the session with FATAL 08006, so that a client whose driver
+// reads on after a FATAL does not go on without its state.
 func TestPinBackendLost(t *testing.T) {
 	resetNodes(t)
 	p := startProxy(t, 1, "--pool-size", "2")
@@ -434,6 +436,38 @@ func TestPinBackendLost(t *testing.T) {
 	b := connect(t, p.DSN("lattice"))
 	if got := oneString(t, b, `SELECT to_regclass('pg_temp.gone')::text`, pgx.QueryExecModeSimpleProtocol); got != "<null>" {
 		t.Fatalf("after the pinned backend died another session sees %s", got)
+	}
+
+	// A client that does not close on the relayed FATAL (libpq and psql
+	// read on) must not go on believing it holds its advisory lock: the
+	// proxy ends the session, as PostgreSQL's end of the connection would.
+	w := dialWire(t, p.DSN("lattice"))
+	got := w.round(&pgproto3.Query{String: `SELECT pg_advisory_lock(42), pg_backend_pid()`})
+	_, pid, ok = strings.Cut(strings.Fields(got)[1], ",")
+	pid = strings.TrimSuffix(pid, ")")
+	if !ok {
+		t.Fatalf("advisory lock: %s", got)
+	}
+	if err := connect(t, testNodeDSN(t, 0)).QueryRow(ctx, `SELECT pg_terminate_backend($1::int)`, pid).Scan(&ok); err != nil || !ok {
+		t.Fatalf("pg_terminate_backend(%s): %v %v", pid, ok, err)
+	}
+	if got := w.round(&pgproto3.Query{String: `SELECT 1`}); !strings.HasPrefix(got, "ErrorResponse") {
+		t.Fatalf("the statement on the lost pinned backend: %s", got)
+	}
+	w.send(&pgproto3.Query{String: `SELECT 2`})
+	var after []string
+	for {
+		msg, err := w.fe.Receive()
+		if err != nil {
+			break
+		}
+		after = append(after, fmt.Sprintf("%T", msg))
+		if e, ok := msg.(*pgproto3.ErrorResponse); ok {
+			after[len(after)-1] += ":" + e.Severity + ":" + e.Code
+		}
+	}
+	if len(after) != 1 || after[0] != "*pgproto3.ErrorResponse:FATAL:08006" {
+		t.Fatalf("after the lost advisory lock the session answered %v, want one FATAL 08006 and its end", after)
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgproto3"
 
@@ -85,6 +86,11 @@ func (l *listener) read() {
 		msg, err := l.be.Receive()
 		l.mu.Lock()
 		if err != nil {
+			if !l.closed && l.idle && l.clientErr == nil {
+				// The client waits for its next query, as a listening
+				// client of PostgreSQL's would see its connection end.
+				l.endIdleClient(err)
+			}
 			l.closed, l.err = true, err
 			l.cond.Broadcast()
 			l.mu.Unlock()
@@ -132,6 +138,26 @@ func (l *listener) writeClient(n *pgproto3.NotificationResponse) {
 	if err != nil {
 		l.clientErr = err
 	}
+}
+
+// endIdleClient ends the idle client's connection when the listen backend
+// is lost, with the FATAL error the session would send. Called with mu
+// held, as writeClient; the session's read of the client then fails.
+func (l *listener) endIdleClient(err error) {
+	buf, encErr := listenLostError(err).Response().Encode(nil)
+	if encErr == nil {
+		_ = l.conn.SetWriteDeadline(time.Now().Add(time.Second))
+		_, _ = l.conn.Write(buf)
+	}
+	l.clientErr = errClientGone
+	_ = l.conn.Close()
+}
+
+// listenLostError is what ends a session whose listen backend was lost.
+func listenLostError(err error) *sqlstate.Error {
+	e := sqlstate.Fatal(sqlstate.ConnectionFailure, "terminating connection: lost the LISTEN connection: %v", err)
+	e.Hint = "Reconnect and LISTEN again: notifications sent meanwhile were not delivered."
+	return e
 }
 
 // copyListenMessage detaches msg from the Frontend's reused buffers. Only
@@ -257,8 +283,7 @@ func (s *session) listenRun(x *exchange, sql string, hide bool) bool {
 }
 
 func (s *session) listenLost(x *exchange, err error) {
-	s.log.Warn("LISTEN backend lost", "node", s.srv.catalogNode, "err", err)
-	s.dropListener()
+	s.listenGone(err)
 	if !x.errored {
 		x.errored = true
 		s.send(sqlstate.New(sqlstate.ConnectionFailure, "lost the LISTEN connection to node %s: %v", s.srv.catalogNode, err).Response())
@@ -344,11 +369,14 @@ func (s *session) syncListener() {
 	}
 }
 
-// listenGone tells the client, with a warning, that its LISTENs ended.
+// listenGone ends the session once the client has its current answer: its
+// LISTENs ended with the backend, and a client that went on would wait for
+// notifications that never come. A driver's listener reconnects and listens
+// again, as after losing a PostgreSQL connection.
 func (s *session) listenGone(err error) {
-	s.log.Warn("LISTEN backend lost", "node", s.srv.catalogNode, "err", err)
+	s.log.Warn("LISTEN backend lost; ending the session", "node", s.srv.catalogNode, "err", err)
 	s.dropListener()
-	s.send(sqlstate.Warning(sqlstate.ConnectionFailure, "lost the LISTEN connection to node %s: %v; the session listens to nothing now", s.srv.catalogNode, err).Notice())
+	s.stateLost = listenLostError(err)
 }
 
 // returnListener gives the listen backend back to the pool after UNLISTEN *:
@@ -371,11 +399,11 @@ func (s *session) dropListener() {
 		return
 	}
 	s.listener = nil
-	l.be.MarkBroken()
-	s.srv.pools.ReleaseHeld(l.be) // closes the socket, which ends the reader
 	l.mu.Lock()
-	l.closed = true
+	l.closed = true    // before the socket closes: the reader must not end the client
 	l.cond.Broadcast() // a reader waiting for queue room
 	l.mu.Unlock()
+	l.be.MarkBroken()
+	s.srv.pools.ReleaseHeld(l.be) // closes the socket, which ends the reader
 	<-l.done
 }

@@ -176,7 +176,9 @@ func (s *session) checkPin() {
 	if be == nil || !be.Broken() {
 		return
 	}
-	s.log.Warn("pinned backend lost; its temp tables, locks, prepared statements and cursors are gone", "node", be.Node, "reason", s.pin.reasons.String())
+	s.log.Warn("pinned backend lost; its temp tables, locks, prepared statements and cursors are gone; ending the session", "node", be.Node, "reason", s.pin.reasons.String())
+	s.stateLost = sqlstate.Fatal(sqlstate.ConnectionFailure, "terminating connection: the backend on node %s that held this session's state (%s) was lost", be.Node, s.pin.reasons.String())
+	s.stateLost.Hint = "Reconnect: that state went with the backend, as it would with a PostgreSQL connection."
 	if be.Pinned() {
 		s.srv.pools.Unpin(be) // closes it: it is broken
 	}

@@ -400,6 +400,11 @@ func (sess *session) loop(ctx context.Context) {
 	// session is between queries and notifications may flow.
 	ready := true
 	for {
+		if ready && sess.stateLost != nil {
+			sess.send(sess.stateLost.Response())
+			_ = sess.client.Flush()
+			return
+		}
 		if ready {
 			sess.enterIdle()
 		}

@@ -110,6 +110,12 @@ type session struct {
 
 	listener *listener // the session's LISTEN backend, nil until it runs LISTEN
 	pin      pinState  // the catalog-node backend kept for session state (pin.go)
+	// stateLost is set when the backend that held the session's own state
+	// (its pin, its LISTENs) died: the session ends with it, FATAL, once
+	// the client has its current answer, as its PostgreSQL connection
+	// would have ended. Going on would leave a client that believes it
+	// holds a lock, or listens, when it does not.
+	stateLost *sqlstate.Error
 	// untracked: a statement of this exchange may leave session state the
 	// proxy does not track; the backends it takes are probed (untracked.go).
 	untracked bool
