@@ -1,0 +1,164 @@
+package integration
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+)
+
+// driverSuite is a driver's own test suite, run by `go test` in a copy of
+// the driver's module as the repository's go.mod pins it.
+type driverSuite struct {
+	module string   // the module path, "github.com/jackc/pgx/v5"
+	short  string   // what the module's root package is called in names
+	pkgs   []string // packages to test, relative to the module
+	// env gives the environment that points the suite at dsn.
+	env func(dsn string) []string
+	// known is the testdata file of the tests no transaction-pooling proxy
+	// can pass: "pkg Test[/subtest]  # why", one a line.
+	known string
+	// run narrows the suite with a -run pattern; "" runs all of it.
+	run     string
+	timeout time.Duration
+}
+
+// compare runs the suite on plain PostgreSQL and through the proxy, and
+// fails on a test that fails only through the proxy, unless known lists it.
+func (d driverSuite) compare(t *testing.T, direct, lattice string) {
+	t.Helper()
+	src := moduleSource(t, d.module)
+	onPostgres := d.failures(t, src, direct)
+	onLattice := d.failures(t, src, lattice)
+	known := knownPoolingFailures(t, d.known)
+	var unexpected []string
+	for name, out := range onLattice {
+		if _, ok := onPostgres[name]; ok {
+			continue
+		}
+		if _, ok := known[name]; ok {
+			continue
+		}
+		unexpected = append(unexpected, name)
+		t.Logf("%s fails only through Lattice:\n%s", name, out)
+	}
+	sort.Strings(unexpected)
+	if len(unexpected) > 0 {
+		t.Fatalf("%d %s tests fail only through Lattice: %s", len(unexpected), d.short, strings.Join(unexpected, ", "))
+	}
+}
+
+// moduleSource copies a module the repository uses into a writable dir.
+func moduleSource(t *testing.T, module string) string {
+	t.Helper()
+	root, err := repoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(goTool(), "list", "-m", "-f", "{{.Dir}}", module)
+	cmd.Dir = root
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dst := filepath.Join(t.TempDir(), filepath.Base(module))
+	if out, err := exec.Command("cp", "-r", strings.TrimSpace(string(out)), dst).CombinedOutput(); err != nil {
+		t.Fatalf("copy %s: %v %s", module, err, out)
+	}
+	if out, err := exec.Command("chmod", "-R", "u+w", dst).CombinedOutput(); err != nil {
+		t.Fatalf("chmod: %v %s", err, out)
+	}
+	return dst
+}
+
+// failures runs the suite against dsn and returns its failing tests
+// ("pkg Test/sub") with their output.
+func (d driverSuite) failures(t *testing.T, dir, dsn string) map[string]string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), d.timeout)
+	defer cancel()
+	args := append([]string{"test", "-count=1", "-p", "1", "-json"}, d.pkgs...)
+	if d.run != "" {
+		args = append(args, "-run", d.run)
+	}
+	cmd := exec.CommandContext(ctx, goTool(), args...)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), d.env(dsn)...)
+	var stdout bytes.Buffer
+	cmd.Stdout = &stdout
+	cmd.Stderr = &stdout
+	runErr := cmd.Run() // a failing test fails go test; the events say which
+	outputs := map[string]*strings.Builder{}
+	failed := map[string]string{}
+	passed := 0
+	sc := bufio.NewScanner(bytes.NewReader(stdout.Bytes()))
+	sc.Buffer(make([]byte, 1<<20), 1<<24)
+	for sc.Scan() {
+		var e struct{ Action, Package, Test, Output string }
+		if json.Unmarshal(sc.Bytes(), &e) != nil || e.Test == "" {
+			continue
+		}
+		pkg := strings.TrimPrefix(strings.TrimPrefix(e.Package, d.module), "/")
+		if pkg == "" {
+			pkg = d.short
+		}
+		name := pkg + " " + e.Test
+		switch e.Action {
+		case "output":
+			if outputs[name] == nil {
+				outputs[name] = &strings.Builder{}
+			}
+			outputs[name].WriteString(e.Output)
+		case "fail":
+			failed[name] = ""
+			if b := outputs[name]; b != nil {
+				failed[name] = b.String()
+			}
+		case "pass":
+			passed++
+		}
+	}
+	if passed == 0 {
+		// A suite that did not build or could not connect would otherwise
+		// compare as equal on both sides.
+		t.Fatalf("%s suite against %s: no test passed (%v):\n%s", d.short, dsn, runErr, tail(stdout.Bytes(), 4000))
+	}
+	t.Logf("%s suite against %s: %d passed, %d failed", d.short, dsn, passed, len(failed))
+	return failed
+}
+
+// knownPoolingFailures reads a testdata file of "pkg Test  # reason" lines.
+func knownPoolingFailures(t *testing.T, file string) map[string]string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("testdata", file))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	for _, line := range strings.Split(string(b), "\n") {
+		name, reason, _ := strings.Cut(line, "#")
+		if name = strings.TrimSpace(name); name != "" {
+			out[name] = strings.TrimSpace(reason)
+		}
+	}
+	return out
+}
+
+// asUser is dsn with user as its user.
+func asUser(t *testing.T, dsn, user string) string {
+	t.Helper()
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = url.User(user)
+	return u.String()
+}
