@@ -67,23 +67,38 @@ func TestProtocol(t *testing.T) {
 		}
 	})
 
-	t.Run("syntax error points where PostgreSQL's does", func(t *testing.T) {
+	t.Run("an error points where PostgreSQL's does", func(t *testing.T) {
 		// psql draws its caret, and lib/pq its context, from the position.
+		// The catalog node's template of a tree has the tree's columns, so
+		// PostgreSQL's own answer there is the one to match; the proxy
+		// rewrites the statements it sends for a tree. Where the rewrite
+		// moves the client's words around (HAVING into the partial query's
+		// select list) the proxy may leave the position out, but never
+		// point elsewhere.
 		direct := connect(t, testNodeDSN(t, 0))
-		for _, sql := range []string{
-			`select !@#`,
-			"SELECT 1;\nSELECT 'ä€' AS x FROM catalogue WHERE sku = 'a' AND;",
-			"create table t1 (a int);\n  create table t2 (a int,);",
+		for _, tc := range []struct {
+			sql     string
+			mayOmit bool
+		}{
+			{sql: `select !@#`},
+			{sql: "SELECT 1;\nSELECT 'ä€' AS x FROM catalogue WHERE sku = 'a' AND;"},
+			{sql: "create table t1 (a int);\n  create table t2 (a int,);"},
+			{sql: `select nosuch from catalogue`},
+			{sql: `select * from catalogue where sku = 'sku1' and nosuch = 1`},
+			{sql: "select 'ä€', sku\nfrom catalogue where qty > 0 and nosuch2 = 'x' order by sku"},
+			{sql: `select count(*), sum(qty) from catalogue where nosuch3 > 1`},
+			{sql: `select name, count(*) from catalogue group by name having max(nosuch4) > 1`, mayOmit: true},
 		} {
 			for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeSimpleProtocol, pgx.QueryExecModeExec} {
-				if mode == pgx.QueryExecModeExec && strings.Count(sql, ";") > 1 {
+				if mode == pgx.QueryExecModeExec && strings.Count(tc.sql, ";") > 1 {
 					continue // one statement a Parse
 				}
-				_, want := direct.Exec(ctx, sql, mode)
-				_, got := c.Exec(ctx, sql, mode)
+				_, want := direct.Exec(ctx, tc.sql, mode)
+				_, got := c.Exec(ctx, tc.sql, mode)
 				var wp, gp *pgconn.PgError
-				if !errors.As(want, &wp) || !errors.As(got, &gp) || gp.Code != "42601" || gp.Position != wp.Position || wp.Position == 0 {
-					t.Fatalf("%q (%v): through Lattice %v at %d, on PostgreSQL %v at %d", sql, mode, got, posOf(gp), want, posOf(wp))
+				if !errors.As(want, &wp) || !errors.As(got, &gp) || gp.Code != wp.Code || wp.Position == 0 ||
+					gp.Position != wp.Position && !(tc.mayOmit && gp.Position == 0) {
+					t.Fatalf("%q (%v): through Lattice %v at %d, on PostgreSQL %v at %d", tc.sql, mode, got, posOf(gp), want, posOf(wp))
 				}
 			}
 		}

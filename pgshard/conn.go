@@ -71,6 +71,10 @@ type Conn struct {
 	// the connection.
 	checkParam func(name, value string) error
 	refusal    error
+	// failedText is the text of the Parse or Query the backend's last
+	// error answered, "" for another request: the statement an error's
+	// position points into.
+	failedText string
 
 	prepared map[string]string // statement key -> server-side name
 	names    map[string]string // server-side name -> statement key

@@ -27,6 +27,7 @@ type request struct {
 	name string // reqParse: statement; reqBind: portal; reqClose: statement or portal
 	stmt string // reqBind: the statement bound
 	obj  byte   // reqClose: 'S' or 'P'
+	text string // reqParse, reqSync of a Query: the statement text
 }
 
 // resultEpoch counts the times a statement's result columns were seen to
@@ -55,12 +56,14 @@ func (c *Conn) Send(msg pgproto3.FrontendMessage) {
 	defer c.mu.Unlock()
 	switch m := msg.(type) {
 	case *pgproto3.Parse:
-		c.push(request{kind: reqParse, name: m.Name})
+		c.push(request{kind: reqParse, name: m.Name, text: m.Query})
 	case *pgproto3.Bind:
 		c.push(request{kind: reqBind, name: m.DestinationPortal, stmt: m.PreparedStatement})
 	case *pgproto3.Close:
 		c.push(request{kind: reqClose, name: m.Name, obj: m.ObjectType})
-	case *pgproto3.Sync, *pgproto3.Query:
+	case *pgproto3.Query:
+		c.push(request{kind: reqSync, text: m.String})
+	case *pgproto3.Sync:
 		c.push(request{kind: reqSync})
 	}
 	c.fe.Send(msg)
@@ -182,6 +185,10 @@ func (c *Conn) failed(e *pgproto3.ErrorResponse) {
 	if e.Severity == "FATAL" || e.Severity == "PANIC" {
 		c.broken = true
 	}
+	c.failedText = ""
+	if q := c.queued(); len(q) > 0 {
+		c.failedText = q[0].text
+	}
 	if ResultTypeChanged(e) {
 		// The statement's columns changed under it: PostgreSQL will fail
 		// every Bind of it from now on, so it is prepared anew next time.
@@ -216,6 +223,7 @@ func (c *Conn) skipped(r request) {
 // out of a transaction block no portal is left.
 func (c *Conn) ready(status byte) {
 	c.TxStatus = status
+	c.failedText = "" // read at the error; not kept to pin a large text
 	for q := c.queued(); len(q) > 0; q = c.queued() {
 		r := q[0]
 		c.pop()
@@ -230,6 +238,14 @@ func (c *Conn) ready(status byte) {
 	if status == 'I' {
 		clear(c.portals)
 	}
+}
+
+// FailedText is the statement text of the Parse or Query the backend's
+// last error answered, "" when that error answered another request.
+func (c *Conn) FailedText() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.failedText
 }
 
 // Idle reports whether every request sent was answered.

@@ -471,7 +471,7 @@ func (s *session) runFinal(f *fanOut, x *exchange, be *pgshard.Conn, pending int
 		case *pgproto3.ErrorResponse:
 			if !x.errored {
 				x.errored = true
-				s.send(f.stop.explain(m))
+				s.send(clientPosition(f.stop.explain(m), f.client, be))
 			}
 		case *pgproto3.BindComplete:
 			if phase == before {

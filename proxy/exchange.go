@@ -73,6 +73,8 @@ type step struct {
 	// lead are rows of the proxy's sent before the step's first row or
 	// its end: Lattice's plan ahead of a node's EXPLAIN (explain.go).
 	lead []pgproto3.BackendMessage
+	// client is the client's statement text the step serves (exchange.client).
+	client string
 	// more are the marks of the step's later statements, one per
 	// CommandComplete after the first (load.go countLoad).
 	more []loadMark
@@ -99,9 +101,15 @@ type exchange struct {
 	// sentSinceSync marks backends that were sent work in a part of the batch
 	// already played at a Flush: they still need their Sync.
 	sentSinceSync map[*pgshard.Conn]bool
+	// client is the client's text of the statement being added: each step
+	// takes it, so that a backend error's position can point into it.
+	client string
 }
 
-func (x *exchange) add(st step) { x.steps = append(x.steps, st) }
+func (x *exchange) add(st step) {
+	st.client = x.client
+	x.steps = append(x.steps, st)
+}
 
 func (x *exchange) synthetic(msgs ...pgproto3.BackendMessage) {
 	x.add(step{kind: stepSynthetic, msgs: msgs})
@@ -156,6 +164,7 @@ func (s *session) play(x *exchange) error {
 			continue
 		}
 		if st.kind == stepFanOut {
+			st.fan.client = st.client
 			err := st.fan.play(s, x)
 			if err == nil && !x.errored {
 				st.fan.load.done(nil) // a read of each shard it merged
@@ -236,7 +245,7 @@ func (s *session) playStep(x *exchange, st *step) error {
 				x.stale = &cp
 			case !x.errored:
 				x.errored = true
-				s.send(m)
+				s.send(clientPosition(m, st.client, be))
 			}
 			if st.kind == stepQuery || st.kind == stepHiddenQuery || st.kind == stepSync || st.query {
 				continue // wait for ReadyForQuery

@@ -39,6 +39,7 @@ func (s *session) extendedMsg(ctx context.Context, msg pgproto3.FrontendMessage)
 	if s.skipping {
 		return nil
 	}
+	s.x.client = s.clientText(msg)
 	switch m := msg.(type) {
 	case *pgproto3.Parse:
 		s.parse(ctx, m)
@@ -62,6 +63,32 @@ func (s *session) extendedMsg(ctx context.Context, msg pgproto3.FrontendMessage)
 		return s.flushBatch()
 	}
 	return nil
+}
+
+// clientText is the client's text of the statement msg works on, "" for
+// none: the steps msg adds take it (exchange.client).
+func (s *session) clientText(msg pgproto3.FrontendMessage) string {
+	var st *clientStmt
+	switch m := msg.(type) {
+	case *pgproto3.Parse:
+		return m.Query
+	case *pgproto3.Bind:
+		st = s.stmts[m.PreparedStatement]
+	case *pgproto3.Describe:
+		if m.ObjectType == 'S' {
+			st = s.stmts[m.Name]
+		} else if p := s.portals[m.Name]; p != nil {
+			st = p.stmt
+		}
+	case *pgproto3.Execute:
+		if p := s.portals[m.Portal]; p != nil {
+			st = p.stmt
+		}
+	}
+	if st == nil {
+		return ""
+	}
+	return st.sql
 }
 
 func (s *session) parse(ctx context.Context, m *pgproto3.Parse) {

@@ -22,6 +22,7 @@ import (
 // keys, with OFFSET and LIMIT applied after the merge.
 type fanOut struct {
 	plan   *router.Plan
+	client string // the client's statement text, for an error's position
 	parts  []*fanPart
 	limit  int64 // -1: none
 	offset int64
@@ -341,7 +342,7 @@ func (f *fanOut) next(s *session, x *exchange, p *fanPart, keep bool) ([][]byte,
 			x.failed[p.be] = true
 			if !x.errored {
 				x.errored = true
-				s.send(f.stop.explain(m))
+				s.send(clientPosition(f.stop.explain(m), f.client, p.be))
 			}
 			p.done = true
 			return nil, nil

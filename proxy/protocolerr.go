@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5/pgproto3"
 
 	"github.com/lattice-db/lattice/pgshard"
+	"github.com/lattice-db/lattice/router"
 	"github.com/lattice-db/lattice/sqlstate"
 )
 
@@ -53,4 +54,21 @@ func backendLost(be *pgshard.Conn, err error) *sqlstate.Error {
 		return e
 	}
 	return sqlstate.New(sqlstate.ConnectionFailure, "lost connection to node %s: %v", be.Node, err)
+}
+
+// clientPosition is a backend's error with its position moved from the
+// statement the proxy sent to the same place in the client's text (the
+// proxy rewrites statements on trees), or left out where it cannot be
+// placed there: psql draws its caret from it. m is not changed.
+func clientPosition(m *pgproto3.ErrorResponse, client string, be *pgshard.Conn) *pgproto3.ErrorResponse {
+	if m.Position == 0 || client == "" {
+		return m
+	}
+	sent := be.FailedText()
+	if sent == "" || sent == client {
+		return m
+	}
+	cp := *m
+	cp.Position = int32(router.ClientPosition(client, sent, int(m.Position)))
+	return &cp
 }

@@ -21,6 +21,7 @@ func (s *session) simpleQuery(ctx context.Context, sql string) error {
 	defer func() { s.simple = false }()
 	for attempt := 0; ; attempt++ {
 		s.x.reset()
+		s.x.client = sql
 		s.runQuery(ctx, sql, attempt < maxStaleRetries)
 		s.sendBackends()
 		if err := s.play(&s.x); err != nil {
