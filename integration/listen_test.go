@@ -274,3 +274,44 @@ func TestListenBackendLost(t *testing.T) {
 	mustExec(t, connect(t, p.DSN("lattice")), `NOTIFY lost, 'back'`)
 	wantNote(t, waitNote(t, again), "lost", "back")
 }
+
+// TestListenInQueryString: LISTEN beside other statements in one simple
+// query string runs as PostgreSQL runs it, in one implicit transaction: a
+// NOTIFY in the same string reaches the session itself, and an error in
+// the string undoes the LISTEN. A string that also needs a tree or session
+// state is refused (lib/pq's TestConnectorWithNotificationHandler_Simple
+// sends the first form).
+func TestListenInQueryString(t *testing.T) {
+	resetNodes(t)
+	p := startProxy(t, 1, "--pool-size", "4")
+	ctx := context.Background()
+	c := connect(t, p.DSN("lattice"))
+	other := connect(t, p.DSN("lattice"))
+	mustExec(t, other, `CREATE TABLE things (id bigint PRIMARY KEY)`)
+	mustExec(t, other, `SELECT lattice_create_tree('things', 'id', shard_count => 4)`)
+	simple := func(sql string) error {
+		_, err := c.Exec(ctx, sql, pgx.QueryExecModeSimpleProtocol)
+		return err
+	}
+
+	if err := simple(`LISTEN self; NOTIFY self, 'one'`); err != nil {
+		t.Fatal(err)
+	}
+	wantNote(t, waitNote(t, c), "self", "one")
+	mustExec(t, other, `NOTIFY self, 'two'`)
+	wantNote(t, waitNote(t, c), "self", "two")
+
+	if err := simple(`LISTEN undone; SELECT 1/0`); pgCode(err) != "22012" {
+		t.Fatalf("LISTEN then an error: %v, want 22012", err)
+	}
+	mustExec(t, other, `NOTIFY undone, 'lost'`)
+	mustExec(t, other, `NOTIFY self, 'three'`)
+	wantNote(t, waitNote(t, c), "self", "three") // nothing on undone came first
+
+	if err := simple(`LISTEN t; INSERT INTO things VALUES (1)`); pgCode(err) != "0A000" {
+		t.Fatalf("LISTEN beside a statement on a tree: %v, want 0A000", err)
+	}
+	if err := simple(`LISTEN t; UNLISTEN *`); pgCode(err) != "0A000" {
+		t.Fatalf("LISTEN beside UNLISTEN *: %v, want 0A000", err)
+	}
+}

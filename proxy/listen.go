@@ -338,6 +338,50 @@ func (s *session) listenCommand(ctx context.Context, p *router.Plan) {
 	}})
 }
 
+// listenMulti runs a query string that holds LISTEN or UNLISTEN besides
+// other statements (LISTEN a; NOTIFY a, 'x') on the session's listen
+// backend, as one Query, so that it keeps PostgreSQL's implicit
+// transaction: the LISTEN takes effect at its commit, with the rest. The
+// other statements must be ones any backend of the catalog node may run
+// (no tree, no session state, no transaction control or SET): the listen
+// backend keeps only the session's LISTENs. UNLISTEN *, which gives the
+// backend back, runs as a query of its own.
+func (s *session) listenMulti(ctx context.Context, plans []*router.Plan) {
+	for _, p := range plans {
+		if s.tx.active || len(s.tx.conns) > 0 || s.pin.be != nil || unlistenAll(p.SQL) ||
+			!isListenPlan(p) && (p.Kind != router.Catalog || p.Pin != 0 || p.Unpin != 0 || p.Hides != 0) {
+			e := sqlstate.New(sqlstate.FeatureNotSupported, "%s cannot be combined with this statement in one query string through the Lattice proxy: %s", listenWord(plans), firstWord(p.SQL))
+			e.Hint = "send LISTEN and UNLISTEN with statements on ordinary tables only, outside a transaction block, or as a query of their own"
+			s.fail(e)
+			return
+		}
+	}
+	sql := s.x.client // the client's whole string, as PostgreSQL would get it
+	s.x.add(step{kind: stepSynthetic, then: func(x *exchange) {
+		if x.errored {
+			return
+		}
+		if s.listener == nil {
+			if err := s.startListener(ctx); err != nil {
+				x.errored = true
+				s.send(sqlstate.As(err).Response())
+				return
+			}
+		}
+		s.listenRun(x, sql, false)
+	}})
+}
+
+// listenWord is the first of LISTEN and UNLISTEN among plans.
+func listenWord(plans []*router.Plan) string {
+	for _, p := range plans {
+		if isListenPlan(p) {
+			return firstWord(p.SQL)
+		}
+	}
+	return ""
+}
+
 // syncListener delivers the notifications that arrived during a query
 // before the query's ReadyForQuery, as PostgreSQL does: a Sync on the listen
 // backend flushes out what it received up to now.

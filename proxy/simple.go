@@ -115,6 +115,10 @@ func (s *session) forwardQuery(ctx context.Context, node, sql string, loads []lo
 // Query, so PostgreSQL keeps its implicit-transaction semantics, when every
 // statement goes to one node; otherwise it is refused.
 func (s *session) simpleMulti(ctx context.Context, v *shardmap.View, plans []*router.Plan) {
+	if slices.ContainsFunc(plans, isListenPlan) {
+		s.listenMulti(ctx, plans)
+		return
+	}
 	node := ""
 	parts := make([]string, 0, len(plans))
 	// txStmts are the statements that act on the whole transaction; they
@@ -139,12 +143,6 @@ func (s *session) simpleMulti(ctx context.Context, v *shardmap.View, plans []*ro
 		}
 		switch p.Kind {
 		case router.Catalog, router.LocalSet, router.Transaction, router.SessionSet:
-			if isListenPlan(p) {
-				e := sqlstate.New(sqlstate.FeatureNotSupported, "%s cannot be combined with other statements in one query string through the Lattice proxy", firstWord(p.SQL))
-				e.Hint = "send it as a query of its own"
-				s.fail(e)
-				return
-			}
 			err := s.catalogGuard(p)
 			if err == nil {
 				err = s.sharedNames(p)
