@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"fmt"
 	"net/url"
 	"testing"
 	"time"
@@ -20,12 +21,23 @@ func TestLibPqSuite(t *testing.T) {
 	p := startProxy(t, 1, "--pool-size", "20")
 	connect(t, p.DSN("lattice")) // the first session of the tenant makes its role
 	role := pgshard.TenantRole("lattice")
-	pq := driverSuite{
-		module: "github.com/lib/pq", short: "pq", pkgs: []string{"."},
-		env:   func(dsn string) []string { return libpqEnv(t, dsn) },
-		known: "pq-pooling.txt", timeout: 10 * time.Minute,
+	// The second run sends every parameter in binary (binary_parameters=yes).
+	for _, binary := range []bool{false, true} {
+		t.Run(fmt.Sprintf("binary_parameters=%v", binary), func(t *testing.T) {
+			pq := driverSuite{
+				module: "github.com/lib/pq", short: "pq", pkgs: []string{"."},
+				env: func(dsn string) []string {
+					env := libpqEnv(t, dsn)
+					if binary {
+						env = append(env, "PQTEST_BINARY_PARAMETERS=1")
+					}
+					return env
+				},
+				known: "pq-pooling.txt", timeout: 10 * time.Minute,
+			}
+			pq.compare(t, asUser(t, testNodeDSN(t, 0), role), asUser(t, p.DSN("lattice"), role))
+		})
 	}
-	pq.compare(t, asUser(t, testNodeDSN(t, 0), role), asUser(t, p.DSN("lattice"), role))
 }
 
 // libpqEnv is the PG* environment that points lib/pq's tests at dsn.
