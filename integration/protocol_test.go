@@ -83,6 +83,7 @@ func TestProtocol(t *testing.T) {
 			{sql: `select !@#`},
 			{sql: "SELECT 1;\nSELECT 'ä€' AS x FROM catalogue WHERE sku = 'a' AND;"},
 			{sql: "create table t1 (a int);\n  create table t2 (a int,);"},
+			{sql: `select 1 from nosuchtable`},
 			{sql: `select nosuch from catalogue`},
 			{sql: `select * from catalogue where sku = 'sku1' and nosuch = 1`},
 			{sql: "select 'ä€', sku\nfrom catalogue where qty > 0 and nosuch2 = 'x' order by sku"},

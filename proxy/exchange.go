@@ -107,7 +107,9 @@ type exchange struct {
 }
 
 func (x *exchange) add(st step) {
-	st.client = x.client
+	if st.client == "" {
+		st.client = x.client
+	}
 	x.steps = append(x.steps, st)
 }
 

@@ -39,7 +39,9 @@ func (s *session) extendedMsg(ctx context.Context, msg pgproto3.FrontendMessage)
 	if s.skipping {
 		return nil
 	}
-	s.x.client = s.clientText(msg)
+	// Each message sets the client text its steps take (exchange.client)
+	// where it finds its statement.
+	s.x.client = ""
 	switch m := msg.(type) {
 	case *pgproto3.Parse:
 		s.parse(ctx, m)
@@ -65,33 +67,8 @@ func (s *session) extendedMsg(ctx context.Context, msg pgproto3.FrontendMessage)
 	return nil
 }
 
-// clientText is the client's text of the statement msg works on, "" for
-// none: the steps msg adds take it (exchange.client).
-func (s *session) clientText(msg pgproto3.FrontendMessage) string {
-	var st *clientStmt
-	switch m := msg.(type) {
-	case *pgproto3.Parse:
-		return m.Query
-	case *pgproto3.Bind:
-		st = s.stmts[m.PreparedStatement]
-	case *pgproto3.Describe:
-		if m.ObjectType == 'S' {
-			st = s.stmts[m.Name]
-		} else if p := s.portals[m.Name]; p != nil {
-			st = p.stmt
-		}
-	case *pgproto3.Execute:
-		if p := s.portals[m.Portal]; p != nil {
-			st = p.stmt
-		}
-	}
-	if st == nil {
-		return ""
-	}
-	return st.sql
-}
-
 func (s *session) parse(ctx context.Context, m *pgproto3.Parse) {
+	s.x.client = m.Query
 	if _, exists := s.stmts[m.Name]; exists && m.Name != "" {
 		s.fail(sqlstate.New(sqlstate.DuplicatePreparedStatement, "prepared statement \"%s\" already exists", m.Name))
 		return
@@ -150,6 +127,7 @@ func (s *session) bind(ctx context.Context, m *pgproto3.Bind) {
 		s.fail(sqlstate.New(sqlstate.InvalidSQLStatementName, "prepared statement \"%s\" does not exist", m.PreparedStatement))
 		return
 	}
+	s.x.client = st.sql
 	if _, open := s.portals[m.DestinationPortal]; open && m.DestinationPortal != "" {
 		s.fail(sqlstate.New(sqlstate.DuplicateCursor, "cursor \"%s\" already exists", m.DestinationPortal))
 		return
@@ -371,6 +349,7 @@ func (s *session) describe(ctx context.Context, m *pgproto3.Describe) {
 		s.fail(sqlstate.New(sqlstate.InvalidSQLStatementName, "prepared statement \"%s\" does not exist", m.Name))
 		return
 	}
+	s.x.client = st.sql
 	p := st.plan
 	if p == nil || p.Kind == router.Transaction || p.Kind == router.SessionSet || p.Kind == router.Discard || p.Kind == router.DDL || isListenPlan(p) {
 		s.x.synthetic(&pgproto3.ParameterDescription{ParameterOIDs: st.oids}, &pgproto3.NoData{})
@@ -436,6 +415,7 @@ func (s *session) describePortal(ctx context.Context, name string) {
 		s.fail(sqlstate.New(sqlstate.InvalidCursorName, "portal \"%s\" does not exist", name))
 		return
 	}
+	s.x.client = portal.stmt.sql
 	if portal.fan != nil && portal.fan.agg != nil {
 		s.describeAggPortal(ctx, portal)
 		return
@@ -469,6 +449,7 @@ func (s *session) executeMsg(ctx context.Context, m *pgproto3.Execute) {
 		s.fail(sqlstate.New(sqlstate.InvalidCursorName, "portal \"%s\" does not exist", m.Portal))
 		return
 	}
+	s.x.client = portal.stmt.sql
 	s.run(ctx, portal, m.MaxRows)
 }
 

@@ -77,7 +77,7 @@ func (s *session) parseNow(ctx context.Context) {
 		// which the proxy keeps nothing in, so that it fails as the
 		// client's Parse would now.
 		be.Send(&pgproto3.Parse{Query: a.st.sql, ParameterOIDs: a.st.oids})
-		s.x.add(step{kind: stepParse, be: be})
+		s.x.add(step{kind: stepParse, be: be, client: a.st.sql}) // sent ahead of the message at hand
 	} else {
 		s.prepareOn(be, a.st.sql, a.st.oids, a.st.epoch)
 	}
