@@ -376,6 +376,47 @@ func TestProtocol(t *testing.T) {
 	})
 }
 
+// TestCancelBeforeTheBackendHasIt: a CancelRequest that comes while the
+// proxy still holds the client's statement (here waiting for a backend of
+// a full pool) cancels it once it is sent, as PostgreSQL, which has the
+// statement by then, would. lib/pq's TestContextCancelExec failed through
+// the proxy under load: its cancel came 10 ms after the query and was lost.
+func TestCancelBeforeTheBackendHasIt(t *testing.T) {
+	resetNodes(t)
+	p := startProxy(t, 1, "--pool-size", "1", "--max-user-backends", "1")
+	ctx := context.Background()
+	holder := connect(t, p.DSN("lattice"))
+	c := connect(t, p.DSN("lattice")) // startup takes a backend too
+	tx, err := holder.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustExec(t, holder, `SELECT 1`) // the pool's one backend is the transaction's
+	done := make(chan error, 1)
+	start := time.Now()
+	go func() {
+		_, err := c.Exec(context.Background(), `SELECT pg_sleep(5)`)
+		done <- err
+	}()
+	time.Sleep(300 * time.Millisecond) // the statement waits for the backend
+	if err := c.PgConn().CancelRequest(ctx); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if pgCode(err) != "57014" {
+			t.Fatalf("after %v: %v, want 57014: the cancel came after the statement", time.Since(start), err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the statement neither ended nor was cancelled")
+	}
+	mustExec(t, c, `SELECT 1`) // nothing left to cancel the next statement
+}
+
 // TestBadInput sends what a broken or hostile client might and checks each
 // gets a clear error while another client keeps working.
 func TestBadInput(t *testing.T) {

@@ -411,6 +411,7 @@ func (sess *session) loop(ctx context.Context) {
 		idleTx := sess.idleDeadline(ready)
 		sess.sendOnPause(ctx)
 		sess.serving.Store(0)
+		sess.cancelPending.Store(false)
 		msg, err := sess.receive()
 		sess.served++
 		sess.serving.Store(sess.served)

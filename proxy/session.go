@@ -94,6 +94,11 @@ type session struct {
 
 	activeMu sync.Mutex
 	active   []*pgshard.Conn // backends running this session's work, for CancelRequest
+	// cancelPending is a CancelRequest that came while the session held
+	// the client's statement: sendBackends forwards it once more after it
+	// sends the statement, which a backend may not have had yet when the
+	// request came (it would have ignored it). Cleared between messages.
+	cancelPending atomic.Bool
 
 	// serving counts the client's messages, and is 0 while the session
 	// waits for the next: the server's look for clients gone in the
@@ -418,6 +423,14 @@ func (s *session) cancel(ctx context.Context) {
 	defer done()
 	s.activeMu.Lock()
 	defer s.activeMu.Unlock()
+	if s.serving.Load() != 0 {
+		s.cancelPending.Store(true)
+	}
+	s.cancelActive(ctx)
+}
+
+// cancelActive sends a CancelRequest to each active backend; activeMu held.
+func (s *session) cancelActive(ctx context.Context) {
 	for _, be := range s.active {
 		if err := be.Cancel(ctx); err != nil {
 			s.log.Warn("cancel request failed", "node", be.Node, "err", err)
@@ -445,6 +458,14 @@ func (s *session) sendBackends() {
 				be.MarkBroken()
 			}
 		}
+	}
+	if s.cancelPending.Swap(false) {
+		// The client cancelled what it sent before the backends had it.
+		ctx, done := context.WithTimeout(context.Background(), cancelTimeout)
+		defer done()
+		s.activeMu.Lock()
+		defer s.activeMu.Unlock()
+		s.cancelActive(ctx)
 	}
 }
 
