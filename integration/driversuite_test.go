@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"maps"
 	"net/url"
 	"os"
 	"os/exec"
@@ -55,23 +56,15 @@ func (d driverSuite) compare(t *testing.T, direct, lattice string) {
 	// A test that passed on PostgreSQL and has no result through the proxy
 	// did not run: its package stopped (a panic, a hang cut by the timeout).
 	// Names are compared without their long numbers (withoutLongNumbers).
-	ran := map[string]bool{}
-	for name := range passedOnLattice {
-		ran[withoutLongNumbers(name)] = true
-	}
-	for name := range onLattice {
-		ran[withoutLongNumbers(name)] = true
-	}
+	ran := nameSet(passedOnLattice)
+	maps.Copy(ran, nameSet(onLattice))
 	for name := range passedOnPostgres {
 		top, _, _ := strings.Cut(name, "/")
 		if !ran[withoutLongNumbers(name)] && !skipped[top] {
 			onLattice[name] = "no result through Lattice: its package stopped before it ran or ended"
 		}
 	}
-	failedOnPostgres := map[string]bool{}
-	for name := range onPostgres {
-		failedOnPostgres[withoutLongNumbers(name)] = true
-	}
+	failedOnPostgres := nameSet(onPostgres)
 	var unexpected []string
 	for name, out := range onLattice {
 		if failedOnPostgres[withoutLongNumbers(name)] {
@@ -114,10 +107,7 @@ func (d driverSuite) again(t *testing.T, src, lattice string, names []string) []
 	once := d
 	once.run = strings.Join(run, "|")
 	_, passed := once.results(t, src, lattice, "")
-	passedNow := map[string]bool{}
-	for name := range passed {
-		passedNow[withoutLongNumbers(name)] = true
-	}
+	passedNow := nameSet(passed)
 	var still []string
 	for _, name := range names {
 		if passedNow[withoutLongNumbers(name)] {
@@ -127,6 +117,17 @@ func (d driverSuite) again(t *testing.T, src, lattice string, names []string) []
 		still = append(still, name)
 	}
 	return still
+}
+
+// nameSet is the test names of sets, without their long numbers.
+func nameSet[V any](sets ...map[string]V) map[string]bool {
+	out := map[string]bool{}
+	for _, set := range sets {
+		for name := range set {
+			out[withoutLongNumbers(name)] = true
+		}
+	}
+	return out
 }
 
 // longNumber is a run of digits a temporary directory's name has.
