@@ -356,6 +356,11 @@ func TestFanOut(t *testing.T) {
 			if rows, err := queryStrings(t, c, `SELECT my_total(qty), rank() OVER (ORDER BY 1) FROM fan`, mode); pgCode(err) != "0A000" {
 				t.Fatalf("user-defined aggregate beside a window: want 0A000, got %v %v", rows, err)
 			}
+			// In a subquery over the outer row's columns only, it
+			// aggregates the outer SELECT.
+			if rows, err := queryStrings(t, c, `SELECT (SELECT my_total(qty)) FROM fan`, mode); pgCode(err) != "0A000" {
+				t.Fatalf("user-defined aggregate of the outer SELECT in a subquery: want 0A000, got %v %v", rows, err)
+			}
 		}
 		if _, err := queryStrings(t, c, `SELECT lower(name) FROM fan LIMIT 1`); err != nil {
 			t.Fatalf("ordinary function refused: %v", err)

@@ -189,6 +189,10 @@ func TestJoinsEqualPostgres(t *testing.T) {
 		// The join form the refusal of a scalar subquery beside
 		// aggregates names.
 		{sql: `SELECT c.name, c.customer_id, count(o.order_id) FROM jc c LEFT JOIN jo o USING (customer_id) GROUP BY c.name, c.customer_id`},
+		// An aggregate in a subquery that names no outer column aggregates
+		// the subquery, on each shard.
+		{sql: `SELECT o.customer_id, o.order_id, (SELECT max(fee) FROM jo_plans) AS top_fee, (SELECT count(*) FROM jo_plans p WHERE p.plan = c.plan) AS n FROM jo o JOIN jc c USING (customer_id) ORDER BY 1, 2`, ordered: true},
+		{sql: `SELECT customer_id, order_id, (SELECT min(p.fee) FROM jo_plans p WHERE p.fee > jo.total / 10) FROM jo WHERE total > $1`, args: []any{40}},
 	}
 	// Refused, with a hint that names the fix.
 	refusedCases := []struct{ sql, hint string }{
@@ -209,6 +213,11 @@ func TestJoinsEqualPostgres(t *testing.T) {
 		// MATERIALIZED.
 		{`WITH t AS (SELECT customer_id, total FROM jo) SELECT count(*) FROM t a JOIN t b USING (customer_id)`, "customer_id = <value>"},
 		{`WITH t AS MATERIALIZED (SELECT customer_id, total FROM jo) SELECT count(*) FROM t`, "customer_id = <value>"},
+		// An aggregate in a subquery over outer columns only aggregates the
+		// outer SELECT (one row), which cannot carry the subquery.
+		{`SELECT (SELECT max(o.total)) FROM jo o JOIN jc c USING (customer_id)`, "join the subquery's table and group by its columns"},
+		{`SELECT (SELECT sum(total) FROM jo_plans LIMIT 1) FROM jo o JOIN jc c USING (customer_id)`, "join the subquery's table and group by its columns"},
+		{`SELECT (SELECT max(c.name)) FROM jc c`, "join the subquery's table and group by its columns"},
 	}
 
 	// Writes over several references, compared by their RETURNING rows,

@@ -161,10 +161,15 @@ func (a *AggPlan) combine(i int, oids []uint32) (string, *sqlstate.Error) {
 }
 
 // aggregating reports whether a SELECT needs the two-step form; top
-// leaves out the aggregates of subqueries (a correlated subquery of a
-// statement over several tree references aggregates per outer row).
-func aggregating(s *pg.SelectStmt, scan []*pg.Node, top bool) bool {
+// leaves out the aggregates that belong to its subqueries (a correlated
+// subquery of a statement over several tree references aggregates per
+// outer row), but not those that aggregate s from inside one
+// (outerAggregate).
+func (p *planner) aggregating(s *pg.SelectStmt, scan []*pg.Node, top bool) bool {
 	agg, _ := findAggregates(scan, top)
+	if agg == "" && top {
+		agg = p.outerAggregate(s, scan)
+	}
 	return agg != "" || len(s.GroupClause) > 0 || s.GroupDistinct || s.HavingClause != nil || len(s.DistinctClause) > 0
 }
 

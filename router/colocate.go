@@ -347,7 +347,7 @@ func (c *colocation) keyedDerived(v *pg.RangeSubselect, lv, sub int, nullable bo
 		return noName
 	}
 	own := -1 // the reference whose key each row is of
-	grouped := aggregating(s, append(append([]*pg.Node{s.HavingClause}, s.TargetList...), s.SortClause...), true)
+	grouped := c.p.aggregating(s, append(append([]*pg.Node{s.HavingClause}, s.TargetList...), s.SortClause...), true)
 	if grouped {
 		for _, g := range s.GroupClause {
 			if i, key := c.resolve(g, sub); i >= 0 && key && c.refs[i].level == sub && !c.refs[i].nullable && !c.refs[i].derived {

@@ -292,7 +292,7 @@ func (p *planner) copyQuery(c *CopySpec, s *pg.CopyStmt) route {
 		r.kind = Copy
 		return r
 	case FanOut:
-		if r.sel != nil && aggregating(r.sel, selectScan(r.sel), false) {
+		if r.sel != nil && p.aggregating(r.sel, selectScan(r.sel), false) {
 			return refusedRoute(refused("Fix the shard key in WHERE to read one shard, or COPY the rows and aggregate in the application.",
 				"COPY (SELECT ...) over several shards of tree %s with aggregates, GROUP BY, HAVING or DISTINCT is not supported: the proxy does not merge COPY output", qn(r.tree.Name)))
 		}

@@ -50,7 +50,7 @@ func (p *planner) derivedFanOut(root proto.Message, refs []treeRef, cols []*pg.C
 	// rows; without one, gathering them all is no answer.
 	var d route
 	switch innerScan := selectScan(inner); {
-	case aggregating(inner, innerScan, false):
+	case p.aggregating(inner, innerScan, false):
 		d = p.aggFanOut(r, inner, wrap)
 	case hasWindow(&pg.Node{Node: &pg.Node_SelectStmt{SelectStmt: inner}}) || len(inner.WindowClause) > 0:
 		d = p.rowsFanOut(r, inner, windowWords, wrap)

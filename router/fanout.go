@@ -110,7 +110,7 @@ func (p *planner) fanOut(r route, s *pg.SelectStmt) route {
 			"an outer join keeps the rows of %s, which every shard holds whole, against the tree: each shard would add its own unmatched rows", from)
 	}
 	scan := selectScan(s)
-	if aggregating(s, scan, r.multi != nil) {
+	if p.aggregating(s, scan, true) {
 		return p.aggFanOut(r, s, nil)
 	}
 	// A correlated subquery's window over several tree references runs
@@ -132,7 +132,10 @@ func (p *planner) fanOut(r route, s *pg.SelectStmt) route {
 	// Windows here are partitioned by the key and run whole on each shard:
 	// their names are no aggregate to combine (rank is also a
 	// hypothetical-set aggregate in the catalog).
-	f := &fanPlan{calls: callNames(scan, r.multi != nil, true)}
+	// A subquery's calls run whole on each shard, but those that may
+	// belong to this level: the proxy checks them for user-defined
+	// aggregates.
+	f := &fanPlan{calls: p.withOuterCalls(s, scan, callNames(scan, true, true))}
 	var msg string
 	if f.limit, msg = limitValue(s.LimitCount, "LIMIT"); msg != "" {
 		return no(keyHint+", or give LIMIT as an integer constant or a $n parameter.", "%s", msg)

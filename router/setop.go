@@ -165,6 +165,9 @@ func (c *colocation) setOpBranch(s *pg.SelectStmt) (arm setOpArm, why, hint stri
 	}
 	scan := selectScan(s)
 	agg, window := findAggregates(scan, true)
+	if agg == "" {
+		agg = c.p.outerAggregate(s, scan)
+	}
 	switch {
 	case agg != "" || len(s.GroupClause) > 0 || s.HavingClause != nil:
 		return arm, "aggregates or GROUP BY in a branch of a set operation over several shards are not supported", ""
@@ -175,7 +178,7 @@ func (c *colocation) setOpBranch(s *pg.SelectStmt) (arm setOpArm, why, hint stri
 	case s.WithClause != nil || len(s.SortClause) > 0 || s.LimitCount != nil || s.LimitOffset != nil || len(s.LockingClause) > 0 || s.IntoClause != nil:
 		return arm, "WITH, ORDER BY, LIMIT, OFFSET, FOR UPDATE or INTO inside a set operation over several shards is not supported", ""
 	}
-	arm.calls = findFunctionNames(scan, true)
+	arm.calls = c.p.withOuterCalls(s, scan, findFunctionNames(scan, true))
 	for i, t := range s.TargetList {
 		rt := t.GetResTarget()
 		if rt == nil || isStar(rt.Val) {
