@@ -165,6 +165,13 @@ func TestFanOut(t *testing.T) {
 		{sql: `SELECT x.id FROM (SELECT id, price FROM fan ORDER BY price DESC NULLS LAST, id LIMIT $1) x ORDER BY x.id`, ordered: true, args: []any{12}},
 		{sql: `SELECT (SELECT name FROM fan ORDER BY created DESC, id LIMIT 1)`},
 		{sql: `SELECT count(*), sum(q) FROM (SELECT qty AS q FROM fan ORDER BY qty DESC, id OFFSET 5 LIMIT 20) t`},
+		// EXISTS without LIMIT reads each node's first row, a scalar
+		// subquery its first two.
+		{sql: `SELECT EXISTS (SELECT 1 FROM fan WHERE qty > $1)`, args: []any{48}},
+		{sql: `SELECT EXISTS (SELECT 1 FROM fan WHERE qty > $1)`, args: []any{60}},
+		{sql: `SELECT 'none' AS r WHERE NOT EXISTS (SELECT id FROM fan WHERE name = $1)`, args: []any{"nobody"}},
+		{sql: `SELECT (SELECT id FROM fan WHERE name = $1 AND price = 1.3) AS one`, args: []any{"name 17"}},
+		{sql: `SELECT (SELECT id FROM fan WHERE qty > 60) AS none`},
 		// Windows: partitioned by the key they run on the shards; others in
 		// the final step over the nodes' rows.
 		{sql: `SELECT id, qty, rank() OVER (PARTITION BY id ORDER BY qty) AS r FROM fan ORDER BY r, id LIMIT 20`, ordered: true},
@@ -330,6 +337,17 @@ func TestFanOut(t *testing.T) {
 		}
 		if got, err := queryStrings(t, c, `SELECT count(*) FROM fan`); err != nil || len(got) != 1 || got[0] != "3000" {
 			t.Fatalf("after the transaction: %v %v", got, err)
+		}
+	})
+
+	t.Run("a scalar subquery of several rows fails as on one table", func(t *testing.T) {
+		for _, mode := range modes {
+			for _, table := range []string{"fan", "plain"} {
+				rows, err := queryStrings(t, c, `SELECT (SELECT id FROM `+table+` WHERE qty = 7)`, mode)
+				if pgCode(err) != "21000" {
+					t.Fatalf("%s: want 21000 (more than one row), got %v %v", table, rows, err)
+				}
+			}
 		}
 	})
 

@@ -28,7 +28,7 @@ func (p *planner) derivedFanOut(root proto.Message, refs []treeRef, cols []*pg.C
 		outer.WithClause != nil || len(outer.LockingClause) > 0 || outer.IntoClause != nil {
 		return route{}, false
 	}
-	inner, put := derivedInner(outer)
+	inner, put, link := derivedInner(outer)
 	ref := refs[0]
 	if inner == nil || inner.Op != pg.SetOperation_SETOP_NONE || len(inner.FromClause) != 1 {
 		return route{}, false
@@ -57,6 +57,12 @@ func (p *planner) derivedFanOut(root proto.Message, refs []treeRef, cols []*pg.C
 	case inner.LimitCount != nil && len(inner.DistinctClause) == 0 && len(inner.LockingClause) == 0:
 		// Each node's first rows, in its order (limitOnNodes).
 		d = p.rowsFanOut(r, inner, limitWords, wrap)
+	case link != nil && len(inner.DistinctClause) == 0 && len(inner.LockingClause) == 0 && rowsNeeded(link) > 0:
+		// EXISTS reads one row and a scalar subquery at most two (a
+		// second is an error): so many of each node's rows, gathered,
+		// give the subquery's result.
+		inner.LimitCount, inner.LimitOption = intConst(rowsNeeded(link)), pg.LimitOption_LIMIT_OPTION_COUNT
+		d = p.rowsFanOut(r, inner, limitWords, wrap)
 	default:
 		return route{}, false
 	}
@@ -66,23 +72,36 @@ func (p *planner) derivedFanOut(root proto.Message, refs []treeRef, cols []*pg.C
 	return d, true
 }
 
+// rowsNeeded is how many rows of a subquery without LIMIT decide its
+// sublink, or 0 when every row may.
+func rowsNeeded(link *pg.SubLink) int {
+	switch link.SubLinkType {
+	case pg.SubLinkType_EXISTS_SUBLINK:
+		return 1
+	case pg.SubLinkType_EXPR_SUBLINK:
+		return 2
+	}
+	return 0
+}
+
 // derivedInner finds the one subquery of outer that holds its tree: the
 // whole FROM, a derived table, with no subquery in outer's clauses; or,
-// in a SELECT without FROM, its one subquery (scalar, EXISTS or ARRAY).
-// put places a rewritten subquery in a copy of outer.
-func derivedInner(outer *pg.SelectStmt) (*pg.SelectStmt, func(o *pg.SelectStmt, sub *pg.Node)) {
+// in a SELECT without FROM, its one subquery (scalar, EXISTS or ARRAY),
+// returned with its sublink. put places a rewritten subquery in a copy
+// of outer.
+func derivedInner(outer *pg.SelectStmt) (*pg.SelectStmt, func(o *pg.SelectStmt, sub *pg.Node), *pg.SubLink) {
 	scan := outerClauses(outer)
 	if len(outer.FromClause) == 1 {
 		rs := outer.FromClause[0].GetRangeSubselect()
 		if rs == nil || rs.Lateral || rs.Subquery == nil || hasSubLink(scan) {
-			return nil, nil
+			return nil, nil, nil
 		}
 		return rs.Subquery.GetSelectStmt(), func(o *pg.SelectStmt, sub *pg.Node) {
 			o.FromClause[0].GetRangeSubselect().Subquery = sub
-		}
+		}, nil
 	}
 	if len(outer.FromClause) != 0 {
-		return nil, nil
+		return nil, nil, nil
 	}
 	var links []*pg.SubLink
 	var visit func(m protoreflect.Message)
@@ -99,7 +118,7 @@ func derivedInner(outer *pg.SelectStmt) (*pg.SelectStmt, func(o *pg.SelectStmt, 
 		}
 	}
 	if len(links) != 1 {
-		return nil, nil
+		return nil, nil, nil
 	}
 	at := links[0].Location
 	return links[0].Subselect.GetSelectStmt(), func(o *pg.SelectStmt, sub *pg.Node) {
@@ -110,7 +129,7 @@ func derivedInner(outer *pg.SelectStmt) (*pg.SelectStmt, func(o *pg.SelectStmt, 
 			}
 			return false
 		})
-	}
+	}, links[0]
 }
 
 // outerClauses are every clause of a SELECT but FROM and WITH: where
