@@ -63,6 +63,11 @@ func (p *planner) derivedFanOut(root proto.Message, refs []treeRef, cols []*pg.C
 		// give the subquery's result.
 		inner.LimitCount, inner.LimitOption = intConst(rowsNeeded(link)), pg.LimitOption_LIMIT_OPTION_COUNT
 		d = p.rowsFanOut(r, inner, limitWords, wrap)
+	case link != nil && rowsNeeded(link) == 0:
+		// The refusal the caller would give speaks of pairs of
+		// references, which this statement does not have.
+		return refusedRoute(refused("Test a value with EXISTS (SELECT 1 FROM "+ref.tree.Name+" WHERE ...), collect the rows with an aggregate (SELECT array_agg(...) FROM "+ref.tree.Name+"), or add LIMIT to the subquery.",
+			"SELECT without FROM reads tree %s in an IN, ANY, ALL or ARRAY subquery, which needs every row of it over every shard, and the proxy does not gather a tree's rows whole", qn(ref.tree.Name))), true
 	default:
 		return route{}, false
 	}
