@@ -20,7 +20,13 @@ import (
 //     picked so that a plain sum of hash_record_extended, which combines the
 //     column hashes linearly, comes out the same;
 //   - a numeric value rewritten with another scale (5 as 5.00), equal to
-//     numeric and so to its hash, different as text.
+//     numeric and so to its hash, different as text;
+//   - a value changed beside a text column named x, the alias the
+//     comparison gives the table: a bare x there is the column, and the
+//     rows were compared by that column alone.
+//
+// The move must stop for differing slots, not for a comparison that
+// could not run.
 func TestVerifyCatchesSubtleCorruption(t *testing.T) {
 	for _, tc := range []struct {
 		name, columns string
@@ -32,6 +38,14 @@ func TestVerifyCatchesSubtleCorruption(t *testing.T) {
 		{"numeric scale", "v numeric NOT NULL", func(t *testing.T, ctx context.Context, c *pgx.Conn, table string) string {
 			var key string
 			if err := c.QueryRow(ctx, fmt.Sprintf("UPDATE %s SET v = v::numeric(20,2) WHERE k = (SELECT min(k) FROM %s) RETURNING k",
+				table, table)).Scan(&key); err != nil {
+				t.Fatal(err)
+			}
+			return key
+		}},
+		{"a column named x", "x text NOT NULL, v numeric NOT NULL DEFAULT 1", func(t *testing.T, ctx context.Context, c *pgx.Conn, table string) string {
+			var key string
+			if err := c.QueryRow(ctx, fmt.Sprintf("UPDATE %s SET v = v + 1 WHERE k = (SELECT min(k) FROM %s) RETURNING k",
 				table, table)).Scan(&key); err != nil {
 				t.Fatal(err)
 			}
@@ -68,10 +82,13 @@ func TestVerifyCatchesSubtleCorruption(t *testing.T) {
 				t.Fatal(err)
 			}
 			pollUntil(t, time.Minute, "the move to be verified or to fail", func() (bool, error) {
-				var phase string
-				err := admin.QueryRow(ctx, "SELECT phase FROM lattice_reshard_status('items')").Scan(&phase)
+				var phase, slots string
+				err := admin.QueryRow(ctx, "SELECT phase, coalesce(verify_failed_slots::text, '') FROM lattice_reshard_status('items')").Scan(&phase, &slots)
 				if phase == "idle" {
 					t.Fatalf("the reshard completed: the corruption of %s went unseen", key)
+				}
+				if phase == "verify_failed" && slots == "" {
+					t.Fatalf("the comparison could not run, rather than finding the slot of %s", key)
 				}
 				return phase == "verify_failed", err
 			})
@@ -97,4 +114,29 @@ func swapUnseenByLinearHash(t *testing.T, ctx context.Context, c *pgx.Conn, tabl
 		t.Fatal(err)
 	}
 	return a + " and " + b
+}
+
+// TestVerifyColumnNamedX: a table with a column named x, the alias the
+// comparison gives the table, reshards to its end. A bare x in the row
+// hash was that bigint column, hash_record_extended(bigint) does not
+// exist, and every move of such a table stopped in verify_failed.
+func TestVerifyColumnNamedX(t *testing.T) {
+	resetNodes(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	p := startProxy(t, 2, "--reshard-tick", "200ms")
+	admin := connect(t, p.DSN("lattice"))
+	mustExec(t, admin, "CREATE TABLE points (k text PRIMARY KEY, x bigint NOT NULL, y bigint)")
+	mustExec(t, admin, "INSERT INTO points SELECT 'k' || g, g, -g FROM generate_series(1, 2000) g")
+	mustExec(t, admin, "SELECT lattice_create_tree('points', 'k', shard_count => 2)")
+	mustExec(t, admin, "SELECT lattice_reshard('points', 3)")
+	pollUntil(t, time.Minute, "the reshard to complete", func() (bool, error) {
+		var phase, lastError string
+		var complete bool
+		err := admin.QueryRow(ctx, "SELECT phase, coalesce(last_error, ''), lattice_reshard_complete('points') FROM lattice_reshard_status('points')").Scan(&phase, &lastError, &complete)
+		if phase == "verify_failed" {
+			t.Fatalf("the move stopped in verify_failed: %s", lastError)
+		}
+		return complete, err
+	})
 }

@@ -37,10 +37,12 @@ import (
 // two values whose texts differ.
 const exactHashTypes = "'{bool,bytea,int2,int4,int8,oid,text,varchar,date,time,timestamp,timestamptz,uuid}'::regtype[]"
 
-// Row hash expressions of alias x.
+// Row hash expressions of alias x. The row is x.*, never a bare x: a bare
+// name is a column before it is a table, so a table with a column named x
+// would hash that column alone (or fail for want of a record).
 const (
-	textRowHash   = "hashtextextended(x::text, 0)"
-	recordRowHash = "hashint8extended(hash_record_extended(x, 0), 0)"
+	textRowHash   = "hashtextextended(x.*::text, 0)"
+	recordRowHash = "hashint8extended(hash_record_extended(x.*, 0), 0)"
 )
 
 // rowHashSQL is the row hash expression for table, read on c (the source).

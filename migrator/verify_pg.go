@@ -422,7 +422,7 @@ func keyExpr(ctx context.Context, c *pgx.Conn, table string) (string, error) {
 
 // rowHashes reads key -> row hash of one slot.
 func rowHashes(ctx context.Context, sd side, t *shardmap.Tree, key string, slot int) (map[string]string, error) {
-	rows, err := sd.conn.Query(ctx, fmt.Sprintf("SELECT %s, hashtextextended(x::text, 0)::text FROM %s x WHERE %s",
+	rows, err := sd.conn.Query(ctx, fmt.Sprintf("SELECT %s, "+textRowHash+"::text FROM %s x WHERE %s",
 		key, sd.rows(), btreeindex.SlotPredicate(t, "x", [][2]int{{slot, slot}})))
 	if err != nil {
 		return nil, err
@@ -515,7 +515,7 @@ func (c clusterNodes) RepairRows(ctx context.Context, t *shardmap.Tree, mig *sha
 		// The source's row, if it has one, as the text of its row type:
 		// source and target tables have the template's definition.
 		var row *string
-		err := src.QueryRow(ctx, fmt.Sprintf("SELECT x::text FROM %s x WHERE %s AND %s = $1", srcTable, pred, key), d.Key).Scan(&row)
+		err := src.QueryRow(ctx, fmt.Sprintf("SELECT x.*::text FROM %s x WHERE %s AND %s = $1", srcTable, pred, key), d.Key).Scan(&row)
 		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 			return err
 		}
