@@ -6,7 +6,6 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -95,35 +94,7 @@ func TestAggregatesEqualPostgres(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	resharding := make(chan error, 1)
-	stop := make(chan struct{})
-	var reshards atomic.Int32
-	go func() {
-		for _, n := range []int{16, 5, 11, 8} {
-			if _, err := pool.Exec(ctx, "SELECT lattice_reshard('agt', $1)", n); err != nil {
-				resharding <- err
-				return
-			}
-			for {
-				var done bool
-				if err := pool.QueryRow(ctx, "SELECT lattice_reshard_complete('agt')").Scan(&done); err != nil {
-					resharding <- err
-					return
-				}
-				if done {
-					reshards.Add(1)
-					break
-				}
-				select {
-				case <-stop:
-					resharding <- nil
-					return
-				case <-time.After(50 * time.Millisecond):
-				}
-			}
-		}
-		resharding <- nil
-	}()
+	reshards := startReshardsBeside(ctx, pool, "agt", 16, 5, 11, 8)
 	modes := []pgx.QueryExecMode{pgx.QueryExecModeSimpleProtocol, pgx.QueryExecModeCacheStatement}
 	for i, q := range aggregateQueries(1, 120) {
 		mode := modes[i%len(modes)]
@@ -142,9 +113,9 @@ func TestAggregatesEqualPostgres(t *testing.T) {
 			t.Errorf("%s: %d rows through the tree, %d on one table; %s", q, len(got), len(want), firstDiff(got, want))
 		}
 	}
-	t.Logf("%d of 4 reshards completed while the queries ran", reshards.Load())
-	close(stop)
-	if err := <-resharding; err != nil {
+	completed, err := reshards.stop()
+	t.Logf("%d of 4 reshards completed while the queries ran", completed)
+	if err != nil {
 		t.Fatalf("reshard: %v", err)
 	}
 }
