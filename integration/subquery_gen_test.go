@@ -149,20 +149,7 @@ func TestSubqueriesEqualPostgres(t *testing.T) {
 	resetNodes(t)
 	p := startProxy(t, 3)
 	c := connect(t, p.DSN("lattice"))
-	tables := []struct{ name, cols, fill string }{
-		{"sqa", "(a int PRIMARY KEY, x int, y text)", "SELECT g, g % 9, 'y' || g % 5 FROM generate_series(1, 400) g"},
-		{"sqb", "(a int, b int, z int, PRIMARY KEY (a, b))", "SELECT g, h, g * h % 11 FROM generate_series(1, 400) g, generate_series(1, g % 4) h"},
-		{"sqr", "(r int PRIMARY KEY, w int, y2 text)", "SELECT g, g * 3, 'r' || g FROM generate_series(0, 8) g"},
-	}
-	for _, tb := range tables {
-		for _, name := range []string{tb.name, tb.name + "_p"} {
-			mustExec(t, c, "CREATE TABLE "+name+" "+tb.cols)
-			mustExec(t, c, "INSERT INTO "+name+" "+tb.fill)
-		}
-	}
-	mustExec(t, c, `SELECT lattice_create_tree('sqa', 'a', shard_count => 8)`)
-	mustExec(t, c, `SELECT lattice_create_tree('sqb', 'a', colocate_with => 'sqa')`)
-	mustExec(t, c, `SELECT lattice_create_reference_table('sqr')`)
+	makeGenTables(t, c)
 	// The group reshards beside the statements: some read mixed shards
 	// and frozen slots.
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
@@ -173,18 +160,9 @@ func TestSubqueriesEqualPostgres(t *testing.T) {
 	}
 	defer pool.Close()
 	reshards := startReshardsBeside(ctx, pool, "sqa", 16, 5, 11)
-	plain := regexp.MustCompile(`\b(sqa|sqb|sqr)\b`)
 	modes := []pgx.QueryExecMode{pgx.QueryExecModeSimpleProtocol, pgx.QueryExecModeCacheStatement}
 	ran, refused := 0, 0
-	// LATTICE_GEN_SEED draws other statements, to look further.
-	seed := uint64(7)
-	if v := os.Getenv("LATTICE_GEN_SEED"); v != "" {
-		n, err := strconv.ParseUint(v, 10, 64)
-		if err != nil {
-			t.Fatalf("LATTICE_GEN_SEED: %v", err)
-		}
-		seed = n
-	}
+	seed := genSeed(t)
 	queries := append(subqueryQueries(seed, 160), shapeQueries(seed+4, 200)...)
 	// The statements run again until the reshards have completed, or a
 	// minute has passed, so that many of them meet a migration.
@@ -192,7 +170,7 @@ func TestSubqueriesEqualPostgres(t *testing.T) {
 		for i, q := range queries {
 			mode := modes[i%len(modes)]
 			got, gerr := queryStrings(t, c, q, mode)
-			want, werr := queryStrings(t, c, plain.ReplaceAllString(q, "${1}_p"), mode)
+			want, werr := queryStrings(t, c, onPlainTables(q), mode)
 			switch {
 			case gerr != nil && pgCode(gerr) == "0A000":
 				refused++
@@ -221,4 +199,44 @@ func TestSubqueriesEqualPostgres(t *testing.T) {
 	if ran < (ran+refused)/3 {
 		t.Fatalf("only %d of %d statements ran", ran, ran+refused)
 	}
+}
+
+// makeGenTables makes the generated statements' tables through the proxy:
+// tree sqa, its colocated sqb and reference table sqr, and plain copies
+// of each (sqa_p, sqb_p, sqr_p) on the catalog node.
+func makeGenTables(t *testing.T, c *pgx.Conn) {
+	t.Helper()
+	tables := []struct{ name, cols, fill string }{
+		{"sqa", "(a int PRIMARY KEY, x int, y text)", "SELECT g, g % 9, 'y' || g % 5 FROM generate_series(1, 400) g"},
+		{"sqb", "(a int, b int, z int, PRIMARY KEY (a, b))", "SELECT g, h, g * h % 11 FROM generate_series(1, 400) g, generate_series(1, g % 4) h"},
+		{"sqr", "(r int PRIMARY KEY, w int, y2 text)", "SELECT g, g * 3, 'r' || g FROM generate_series(0, 8) g"},
+	}
+	for _, tb := range tables {
+		for _, name := range []string{tb.name, tb.name + "_p"} {
+			mustExec(t, c, "CREATE TABLE "+name+" "+tb.cols)
+			mustExec(t, c, "INSERT INTO "+name+" "+tb.fill)
+		}
+	}
+	mustExec(t, c, `SELECT lattice_create_tree('sqa', 'a', shard_count => 8)`)
+	mustExec(t, c, `SELECT lattice_create_tree('sqb', 'a', colocate_with => 'sqa')`)
+	mustExec(t, c, `SELECT lattice_create_reference_table('sqr')`)
+}
+
+var genTableNames = regexp.MustCompile(`\b(sqa|sqb|sqr)\b`)
+
+// onPlainTables is a generated statement over the plain copies.
+func onPlainTables(q string) string { return genTableNames.ReplaceAllString(q, "${1}_p") }
+
+// genSeed draws the generated statements: LATTICE_GEN_SEED draws others,
+// to look further.
+func genSeed(t *testing.T) uint64 {
+	v := os.Getenv("LATTICE_GEN_SEED")
+	if v == "" {
+		return 7
+	}
+	n, err := strconv.ParseUint(v, 10, 64)
+	if err != nil {
+		t.Fatalf("LATTICE_GEN_SEED: %v", err)
+	}
+	return n
 }

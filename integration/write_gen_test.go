@@ -1,0 +1,139 @@
+package integration
+
+import (
+	"context"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// writeQueries generates n writes over sqa and its colocated sqb (with
+// RETURNING): UPDATE and DELETE filtered by their own columns, by EXISTS
+// and IN over the other member and the reference table, joined with
+// FROM and USING; INSERT ... SELECT from the other member; multi-row
+// INSERT and upserts across shards.
+func writeQueries(seed uint64, n int) []string {
+	rng := rand.New(rand.NewPCG(seed, seed))
+	filters := []string{
+		"o.x > 5",
+		"o.a % 7 = 0",
+		"o.y = 'y3'",
+		"EXISTS (SELECT 1 FROM sqb b WHERE b.a = o.a AND b.z > 5)",
+		"NOT EXISTS (SELECT 1 FROM sqb b WHERE b.a = o.a)",
+		"o.x IN (SELECT r FROM sqr WHERE w > 9)",
+		"o.a IN (SELECT a FROM sqb WHERE z = 3)",
+		"o.a < 20 OR o.x = 2",
+	}
+	forms := []string{
+		"UPDATE sqa o SET x = o.x + 1 WHERE @F RETURNING o.a, o.x",
+		"UPDATE sqa o SET y = (SELECT r.y2 FROM sqr r WHERE r.r = o.x) WHERE @F RETURNING o.a, o.y",
+		"UPDATE sqb i SET z = i.z * 2 FROM sqa o WHERE o.a = i.a AND @F RETURNING i.a, i.b, i.z",
+		"DELETE FROM sqb i USING sqa o WHERE o.a = i.a AND @F RETURNING i.a, i.b",
+		"DELETE FROM sqa o WHERE @F RETURNING o.a",
+		"INSERT INTO sqb (a, b, z) SELECT o.a, 100 + o.x, o.x FROM sqa o WHERE @F RETURNING a, b, z",
+		"UPDATE sqa o SET x = (SELECT count(*) FROM sqb b WHERE b.a = o.a) WHERE @F RETURNING o.a, o.x",
+		"INSERT INTO sqa (a, x, y) VALUES (@N1, 1, 'n'), (@N2, 2, 'n'), (5, 3, 'n') ON CONFLICT (a) DO UPDATE SET x = EXCLUDED.x + sqa.x RETURNING a, x, y",
+		"INSERT INTO sqa AS o (a, x, y) SELECT a + 1000, x, y FROM sqa o WHERE @F ON CONFLICT DO NOTHING RETURNING a",
+	}
+	var out []string
+	for range n {
+		q := forms[rng.IntN(len(forms))]
+		q = strings.ReplaceAll(q, "@F", filters[rng.IntN(len(filters))])
+		q = strings.ReplaceAll(q, "@N1", strconv.Itoa(401+rng.IntN(50)))
+		q = strings.ReplaceAll(q, "@N2", strconv.Itoa(1+rng.IntN(400)))
+		out = append(out, q)
+	}
+	return out
+}
+
+// TestWritesEqualPostgres runs writeQueries through the proxy and on plain
+// tables of the same rows, each in a transaction that is rolled back,
+// while the trees reshard: each is refused (0A000), or fails as on the
+// plain tables, or returns their rows and leaves both tables as the plain
+// tables are left.
+func TestWritesEqualPostgres(t *testing.T) {
+	resetNodes(t)
+	p := startProxy(t, 3)
+	c := connect(t, p.DSN("lattice"))
+	makeGenTables(t, c)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	pool, err := pgxpool.New(ctx, p.DSN("lattice"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	reshards := startReshardsBeside(ctx, pool, "sqa", 16, 5, 11)
+	modes := []pgx.QueryExecMode{pgx.QueryExecModeSimpleProtocol, pgx.QueryExecModeCacheStatement}
+	// write runs q in a transaction it rolls back and returns its rows
+	// and, as a count and a sum of row hashes, the rows of sqa and sqb
+	// after it (of their plain copies with plain).
+	write := func(q string, plain bool, mode pgx.QueryExecMode) ([]string, []string, error) {
+		tx, err := c.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(ctx)
+		rows, err := queryStrings(t, c, q, mode)
+		if err != nil {
+			return nil, nil, err
+		}
+		var after []string
+		for _, table := range []string{"sqa", "sqb"} {
+			sql := "SELECT count(*), coalesce(sum(hashtextextended(t.*::text, 0)), 0) FROM " + table + " t"
+			if plain {
+				sql = onPlainTables(sql)
+			}
+			got, err := queryStrings(t, c, sql, mode)
+			if err != nil {
+				t.Fatalf("%s after %s: %v", table, q, err)
+			}
+			after = append(after, got...)
+		}
+		return rows, after, nil
+	}
+	ran, refused := 0, 0
+	queries := writeQueries(genSeed(t), 100)
+	for start := time.Now(); ; {
+		for i, q := range queries {
+			mode := modes[i%len(modes)]
+			got, gotAfter, gerr := write(q, false, mode)
+			want, wantAfter, werr := write(onPlainTables(q), true, mode)
+			switch {
+			case gerr != nil && pgCode(gerr) == "0A000":
+				refused++
+			case gerr != nil || werr != nil:
+				if pgCode(gerr) != pgCode(werr) {
+					t.Errorf("%s: through the trees %v, on plain tables %v", q, gerr, werr)
+				}
+			default:
+				ran++
+				slices.Sort(got)
+				slices.Sort(want)
+				if !slices.Equal(got, want) {
+					t.Errorf("%s: %d rows returned through the trees, %d on plain tables; %s", q, len(got), len(want), firstDiff(got, want))
+				}
+				if !slices.Equal(gotAfter, wantAfter) {
+					t.Errorf("%s: the trees hold %v after it, the plain tables %v", q, gotAfter, wantAfter)
+				}
+			}
+		}
+		if t.Failed() || reshards.count() == 3 || time.Since(start) > time.Minute {
+			break
+		}
+	}
+	completed, err := reshards.stop()
+	t.Logf("%d writes ran, %d were refused; %d of 3 reshards completed meanwhile", ran, refused, completed)
+	if err != nil {
+		t.Fatalf("reshard: %v", err)
+	}
+	if ran < (ran+refused)/2 {
+		t.Fatalf("only %d of %d writes ran", ran, ran+refused)
+	}
+}
