@@ -114,6 +114,10 @@ func shapeQueries(seed uint64, n int) []string {
 		{cols: []string{"DISTINCT o.x", "o.y"}},
 		{cols: []string{"DISTINCT ON (o.x) o.x", "o.a"}},
 		{cols: []string{"o.a", "o.t"}},
+		{cols: []string{"o.t", "o.a"}},
+		{cols: []string{"o.x", "o.t", "o.a"}},
+		{cols: []string{"o.m", "o.a"}},
+		{cols: []string{"o.m", "o.y", "o.a"}},
 		{cols: []string{"DISTINCT o.t"}},
 		{cols: []string{"o.t", "count(*)", "min(o.a)"}, grouped: true},
 		{cols: []string{"min(o.t)", "max(o.t)", "count(DISTINCT o.t)"}},
@@ -219,8 +223,9 @@ func makeGenTables(t *testing.T, c *pgx.Conn) {
 	tables := []struct{ name, cols, fill string }{
 		// t sorts under an ICU collation, which does not order bytes: the
 		// proxy's merges and final steps must order and compare it so.
-		{"sqa", `(a int PRIMARY KEY, x int, y text, t text COLLATE "en-US-x-icu")`, `SELECT g, g % 9, 'y' || g % 5,
-			CASE WHEN g % 17 = 0 THEN NULL ELSE (ARRAY['zoë','Zoe','émile','Emile','emile','Ärger','arger','b','B','_x','', 'a b', 'ab', 'résumé', 'resume'])[1 + g % 15] END
+		{"sqa", `(a int PRIMARY KEY, x int, y text, t text COLLATE "en-US-x-icu", m int)`, `SELECT g, g % 9, 'y' || g % 5,
+			CASE WHEN g % 17 = 0 THEN NULL ELSE (ARRAY['zoë','Zoe','émile','Emile','emile','Ärger','arger','b','B','_x','', 'a b', 'ab', 'résumé', 'resume'])[1 + g % 15] END,
+			CASE WHEN g % 13 = 0 THEN NULL ELSE g % 6 END
 			FROM generate_series(1, 400) g`},
 		{"sqb", "(a int, b int, z int, PRIMARY KEY (a, b))", "SELECT g, h, g * h % 11 FROM generate_series(1, 400) g, generate_series(1, g % 4) h"},
 		{"sqr", "(r int PRIMARY KEY, w int, y2 text)", "SELECT g, g * 3, 'r' || g FROM generate_series(0, 8) g"},
