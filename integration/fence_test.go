@@ -217,6 +217,51 @@ func TestFenceArmAfterConnectionLoss(t *testing.T) {
 	}
 }
 
+// TestFenceArmGivenUpNeverCommits: an arm whose freeze budget ends while
+// it waits for the table's lock returns only once its backend can no
+// longer commit. pgconn gives up on a context's end by closing the
+// connection, and the backend, still waiting, would take the lock when the
+// writer ends and fence the slots of a freeze that was rolled back.
+func TestFenceArmGivenUpNeverCommits(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cl, table, conn := fencedShard(t)
+	fence := fencedSlots()
+	if err := cl.PrepareSlotFence(ctx, "n1", fence); err != nil {
+		t.Fatal(err)
+	}
+	writer := connect(t, testNodeDSN(t, 0))
+	tx, err := writer.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, "LOCK TABLE "+table+" IN ROW EXCLUSIVE MODE"); err != nil {
+		t.Fatal(err)
+	}
+	// The budget ends inside the arm's first lock wait (50 ms), and the
+	// writer ends at once after.
+	actx, acancel := context.WithTimeout(ctx, 20*time.Millisecond)
+	_, err = cl.ArmSlotFence(actx, "n1", fence)
+	acancel()
+	if rerr := tx.Rollback(ctx); rerr != nil {
+		t.Fatal(rerr)
+	}
+	if err == nil {
+		t.Fatal("the arm passed a held lock")
+	}
+	time.Sleep(300 * time.Millisecond)
+	var triggers int
+	if err := conn.QueryRow(ctx, "SELECT count(*) FROM pg_trigger WHERE tgname LIKE 'lattice_fence_m_%'").Scan(&triggers); err != nil {
+		t.Fatal(err)
+	}
+	if triggers != 0 {
+		t.Fatalf("the arm given up (%v) committed %d fence triggers after it returned", err, triggers)
+	}
+	if _, err := conn.Exec(ctx, "INSERT INTO "+table+" VALUES ($1, 1)", keyInSlots(t, 2048, 4095, true)); err != nil {
+		t.Fatalf("a write after the arm was given up: %v", err)
+	}
+}
+
 // TestFenceArmConnectionWarmed: a prepare readies the connection the arm
 // will take, so the arm inside the pause loads no catalog cache: its
 // first prepare on a connection runs the arm's statements on a temporary

@@ -290,8 +290,12 @@ func (c *Cluster) ArmSlotFences(ctx context.Context, node string, fs []SlotFence
 	}
 	sql := strings.Join(append(stmts, "SELECT pg_current_wal_lsn()::text"), ";\n")
 	resent, lockWaits := false, 0
+	var unanswered []uint32
 	for {
-		lsn, broken, err := armOnce(ctx, p, sql)
+		lsn, pid, broken, err := armOnce(ctx, p, sql)
+		if broken {
+			unanswered = append(unanswered, pid)
+		}
 		// A connection that broke while idle (never pinged) is closed by
 		// the pool; the arm, which can run again, goes once more on
 		// another.
@@ -300,6 +304,11 @@ func (c *Cluster) ArmSlotFences(ctx context.Context, node string, fs []SlotFence
 			continue
 		}
 		if !sqlstate.Is(err, sqlstate.LockNotAvailable) || ctx.Err() != nil {
+			if err != nil {
+				// The caller rolls the freeze back on this error: no arm
+				// may commit after it.
+				err = errors.Join(err, c.endArms(ctx, node, fs[0].Tree.Tenant, unanswered))
+			}
 			if err != nil && lockWaits > 0 && ctx.Err() != nil {
 				return "", fmt.Errorf("pgshard: fence slots of shard %d on %s: transactions writing to the table held its lock through %d attempts of %s each, until the freeze's budget ended: %w",
 					fs[0].Shard, node, lockWaits, fenceLockTimeout, err)
@@ -312,6 +321,43 @@ func (c *Cluster) ArmSlotFences(ctx context.Context, node string, fs []SlotFence
 		lockWaits++
 	}
 }
+
+// endArms ends the backends of arms whose connection was closed under
+// them, and waits until they have exited. pgconn gives up a statement
+// when its context ends by closing the connection, without a cancel, and
+// a backend waiting for the table's lock notices that only when it next
+// writes to the client: given the lock a moment later, it would commit
+// the fence and hand the slots over after the freeze was rolled back, and
+// the thawed slots' writes would meet the fence (LT001) with the source's
+// ownership record short of them. Once the backend has exited, the arm
+// has committed or never will, and the rollback's drop sees which.
+func (c *Cluster) endArms(ctx context.Context, node, tenant string, pids []uint32) error {
+	if len(pids) == 0 {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), endArmTimeout)
+	defer cancel()
+	p, err := c.Admin(ctx, node, tenant)
+	if err != nil {
+		return fmt.Errorf("pgshard: end the fence's unanswered arm on %s: %w", node, err)
+	}
+	// pg_terminate_backend's own timeout waits for the exit; a pid that
+	// has exited already is not in pg_stat_activity.
+	var left int
+	err = p.QueryRow(ctx, `SELECT count(*) FILTER (WHERE NOT pg_terminate_backend(pid, $2))
+FROM pg_catalog.pg_stat_activity WHERE pid = ANY ($1)`, pids, endArmTimeout.Milliseconds()/2).Scan(&left)
+	if err == nil && left > 0 {
+		err = errors.New("the backend did not exit")
+	}
+	if err != nil {
+		return fmt.Errorf("pgshard: end the fence's unanswered arm on %s (pids %v): %w", node, pids, err)
+	}
+	return nil
+}
+
+// endArmTimeout bounds endArms, outside the freeze's budget, which has
+// ended when it runs.
+const endArmTimeout = 5 * time.Second
 
 // handoverSQL takes the fenced slots out of the shard's ownership record
 // and records where they go: from this transaction on the shard accepts no
@@ -331,21 +377,23 @@ func (f SlotFence) handoverSQL() []string {
 
 // armOnce runs the statements of ArmSlotFence as one simple query (one
 // implicit transaction) and returns the value of the last one; broken says
-// the error came with the connection's end.
-func armOnce(ctx context.Context, p *pgxpool.Pool, sql string) (lsn string, broken bool, err error) {
+// the error came with the connection's end, and pid names its backend,
+// which may still be running the arm.
+func armOnce(ctx context.Context, p *pgxpool.Pool, sql string) (lsn string, pid uint32, broken bool, err error) {
 	conn, err := p.Acquire(ctx)
 	if err != nil {
-		return "", false, err
+		return "", 0, false, err
 	}
 	defer conn.Release()
+	pid = conn.Conn().PgConn().PID()
 	res, err := conn.Conn().PgConn().Exec(ctx, sql).ReadAll()
 	if err != nil {
-		return "", conn.Conn().IsClosed(), err
+		return "", pid, conn.Conn().IsClosed(), err
 	}
 	if last := res[len(res)-1]; len(last.Rows) == 1 && len(last.Rows[0]) == 1 {
-		return string(last.Rows[0][0]), false, nil
+		return string(last.Rows[0][0]), pid, false, nil
 	}
-	return "", false, errors.New("no WAL position in the reply")
+	return "", pid, false, errors.New("no WAL position in the reply")
 }
 
 // dropRetryMax caps the wait between attempts to drop a fence.
