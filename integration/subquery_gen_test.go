@@ -99,6 +99,9 @@ func shapeQueries(seed uint64, n int) []string {
 		" WHERE o.x = (SELECT max(r.r) FROM sqr r WHERE r.w < 15)",
 		" WHERE o.t < 'emile'",
 		" WHERE o.t BETWEEN 'a' AND 'Z'",
+		" WHERE o.a = 37",
+		" WHERE o.a IN (12, 200, 333)",
+		" WHERE o.a BETWEEN 100 AND 140 AND o.x < 7",
 	}
 	lists := []struct {
 		cols    []string
@@ -154,8 +157,8 @@ func shapeQueries(seed uint64, n int) []string {
 }
 
 // TestSubqueriesEqualPostgres runs subqueryQueries and shapeQueries
-// through the proxy and on plain tables of the same rows, while the trees
-// reshard: each is refused (0A000), or fails as on the plain tables, or
+// through the proxy and on plain tables of the same rows, in turn in each
+// of genRuns, while the trees reshard: each is refused (0A000), or fails as on the plain tables, or
 // returns their rows.
 func TestSubqueriesEqualPostgres(t *testing.T) {
 	resetNodes(t)
@@ -172,7 +175,6 @@ func TestSubqueriesEqualPostgres(t *testing.T) {
 	}
 	defer pool.Close()
 	reshards := startReshardsBeside(ctx, pool, "sqa", 16, 5, 11)
-	modes := []pgx.QueryExecMode{pgx.QueryExecModeSimpleProtocol, pgx.QueryExecModeCacheStatement}
 	ran, refused := 0, 0
 	seed := genSeed(t)
 	queries := append(subqueryQueries(seed, 160), shapeQueries(seed+4, 200)...)
@@ -180,15 +182,15 @@ func TestSubqueriesEqualPostgres(t *testing.T) {
 	// minute has passed, so that many of them meet a migration.
 	for start := time.Now(); ; {
 		for i, q := range queries {
-			mode := modes[i%len(modes)]
-			got, gerr := queryStrings(t, c, q, mode)
-			want, werr := queryStrings(t, c, onPlainTables(q), mode)
+			run := genRuns[i%len(genRuns)]
+			got, gerr := runGen(t, c, q, run)
+			want, werr := runGen(t, c, onPlainTables(q), run)
 			switch {
 			case gerr != nil && pgCode(gerr) == "0A000":
 				refused++
 			case gerr != nil || werr != nil:
 				if pgCode(gerr) != pgCode(werr) {
-					t.Errorf("%s: through the trees %v, on plain tables %v", q, gerr, werr)
+					t.Errorf("%s (%s): through the trees %v, on plain tables %v", q, run, gerr, werr)
 				}
 			default:
 				ran++
@@ -197,7 +199,7 @@ func TestSubqueriesEqualPostgres(t *testing.T) {
 					slices.Sort(want)
 				}
 				if !slices.Equal(got, want) {
-					t.Errorf("%s: %d rows through the trees, %d on plain tables; %s", q, len(got), len(want), firstDiff(got, want))
+					t.Errorf("%s (%s): %d rows through the trees, %d on plain tables; %s", q, run, len(got), len(want), firstDiff(got, want))
 				}
 			}
 		}

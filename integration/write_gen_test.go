@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -29,6 +28,9 @@ func writeQueries(seed uint64, n int) []string {
 		"o.x IN (SELECT r FROM sqr WHERE w > 9)",
 		"o.a IN (SELECT a FROM sqb WHERE z = 3)",
 		"o.a < 20 OR o.x = 2",
+		"o.a = 37",
+		"o.a IN (12, 200, 333)",
+		"o.a = 150 AND o.x > 1",
 	}
 	forms := []string{
 		"UPDATE sqa o SET x = o.x + 1 WHERE @F RETURNING o.a, o.x",
@@ -53,7 +55,8 @@ func writeQueries(seed uint64, n int) []string {
 }
 
 // TestWritesEqualPostgres runs writeQueries through the proxy and on plain
-// tables of the same rows, each in a transaction that is rolled back,
+// tables of the same rows, in turn in each of genRuns, each in a
+// transaction that is rolled back,
 // while the trees reshard: each is refused (0A000), or fails as on the
 // plain tables, or returns their rows and leaves both tables as the plain
 // tables are left.
@@ -70,17 +73,16 @@ func TestWritesEqualPostgres(t *testing.T) {
 	}
 	defer pool.Close()
 	reshards := startReshardsBeside(ctx, pool, "sqa", 16, 5, 11)
-	modes := []pgx.QueryExecMode{pgx.QueryExecModeSimpleProtocol, pgx.QueryExecModeCacheStatement}
 	// write runs q in a transaction it rolls back and returns its rows
 	// and, as a count and a sum of row hashes, the rows of sqa and sqb
 	// after it (of their plain copies with plain).
-	write := func(q string, plain bool, mode pgx.QueryExecMode) ([]string, []string, error) {
+	write := func(q string, plain bool, run genRun) ([]string, []string, error) {
 		tx, err := c.Begin(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer tx.Rollback(ctx)
-		rows, err := queryStrings(t, c, q, mode)
+		rows, err := runGen(t, c, q, run)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -90,7 +92,7 @@ func TestWritesEqualPostgres(t *testing.T) {
 			if plain {
 				sql = onPlainTables(sql)
 			}
-			got, err := queryStrings(t, c, sql, mode)
+			got, err := queryStrings(t, c, sql)
 			if err != nil {
 				t.Fatalf("%s after %s: %v", table, q, err)
 			}
@@ -102,25 +104,25 @@ func TestWritesEqualPostgres(t *testing.T) {
 	queries := writeQueries(genSeed(t), 100)
 	for start := time.Now(); ; {
 		for i, q := range queries {
-			mode := modes[i%len(modes)]
-			got, gotAfter, gerr := write(q, false, mode)
-			want, wantAfter, werr := write(onPlainTables(q), true, mode)
+			run := genRuns[i%len(genRuns)]
+			got, gotAfter, gerr := write(q, false, run)
+			want, wantAfter, werr := write(onPlainTables(q), true, run)
 			switch {
 			case gerr != nil && pgCode(gerr) == "0A000":
 				refused++
 			case gerr != nil || werr != nil:
 				if pgCode(gerr) != pgCode(werr) {
-					t.Errorf("%s: through the trees %v, on plain tables %v", q, gerr, werr)
+					t.Errorf("%s (%s): through the trees %v, on plain tables %v", q, run, gerr, werr)
 				}
 			default:
 				ran++
 				slices.Sort(got)
 				slices.Sort(want)
 				if !slices.Equal(got, want) {
-					t.Errorf("%s: %d rows returned through the trees, %d on plain tables; %s", q, len(got), len(want), firstDiff(got, want))
+					t.Errorf("%s (%s): %d rows returned through the trees, %d on plain tables; %s", q, run, len(got), len(want), firstDiff(got, want))
 				}
 				if !slices.Equal(gotAfter, wantAfter) {
-					t.Errorf("%s: the trees hold %v after it, the plain tables %v", q, gotAfter, wantAfter)
+					t.Errorf("%s (%s): the trees hold %v after it, the plain tables %v", q, run, gotAfter, wantAfter)
 				}
 			}
 		}
