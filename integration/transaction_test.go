@@ -272,13 +272,71 @@ func TestTransaction(t *testing.T) {
 			run(t, `RELEASE SAVEPOINT s1`)
 			run(t, `COMMIT`)
 			want(t, map[int64]int64{a: 1})
-			// Once the transaction spans nodes, savepoints are refused.
+		})
+		t.Run(mode.name+"/savepoints over several nodes", func(t *testing.T) {
+			clean(t)
+			// Node 2 joins after s1 and node 3 after s2: each makes the
+			// savepoints again, so ROLLBACK TO s1 undoes all they did.
 			run(t, `BEGIN`)
-			run(t, ins(a2, 2))
-			run(t, ins(b, 3))
-			fails(t, `SAVEPOINT s2`, "0A000")
+			run(t, `SAVEPOINT s0`)
+			run(t, ins(a, 1))
+			run(t, `SAVEPOINT s1`)
+			run(t, ins(b, 2))
+			run(t, `SAVEPOINT s2`)
+			run(t, ins(cc, 3))
+			run(t, `RELEASE SAVEPOINT s2`)
+			run(t, `ROLLBACK TO SAVEPOINT s1`)
+			run(t, ins(b, 4))
+			fails(t, `ROLLBACK TO SAVEPOINT s2`, "3B001")
+			run(t, `ROLLBACK TO s1`)
+			run(t, ins(b, 5))
+			run(t, `RELEASE s1`)
+			run(t, `COMMIT`)
+			want(t, map[int64]int64{a: 1, b: 5})
+
+			// An error on one node: the others went on, and ROLLBACK TO
+			// brings the failed one back.
+			clean(t)
+			run(t, `BEGIN`)
+			run(t, ins(a, 1))
+			run(t, ins(b, 2))
+			run(t, `SAVEPOINT s`)
+			run(t, ins(a2, 3))
+			fails(t, ins(b, 4), "23505")
+			fails(t, `SAVEPOINT t`, "25P02")
+			fails(t, `RELEASE s`, "25P02")
+			run(t, `ROLLBACK TO SAVEPOINT s`)
+			run(t, ins(cc, 5))
+			run(t, `COMMIT`)
+			want(t, map[int64]int64{a: 1, b: 2, cc: 5})
+
+			// Before any node: the proxy keeps the savepoints, and knows
+			// the names.
+			clean(t)
+			run(t, `BEGIN`)
+			run(t, `SAVEPOINT "Early"`)
+			fails(t, `ROLLBACK TO SAVEPOINT early`, "3B001")
 			run(t, `ROLLBACK`)
-			want(t, map[int64]int64{a: 1})
+			run(t, `BEGIN`)
+			run(t, `SAVEPOINT "Early"`)
+			run(t, ins(a, 1))
+			run(t, ins(b, 2))
+			run(t, `ROLLBACK TO "Early"`)
+			run(t, ins(cc, 3))
+			run(t, `COMMIT`)
+			want(t, map[int64]int64{cc: 3})
+
+			// A SET LOCAL made after a savepoint is undone by ROLLBACK TO
+			// on the nodes that join later too.
+			run(t, `BEGIN`)
+			run(t, `SET LOCAL application_name = 'kept'`)
+			run(t, `SAVEPOINT s`)
+			run(t, `SET LOCAL application_name = 'undone'`)
+			run(t, `ROLLBACK TO s`)
+			if _, rows := run(t, fmt.Sprintf(`SELECT current_setting('application_name') FROM acct WHERE id = %d`, cc)); len(rows) != 1 || rows[0][0] != "kept" {
+				t.Fatalf("application_name %v on the node that joined last, want the SET LOCAL made before the savepoint", rows)
+			}
+			run(t, `COMMIT`)
 		})
 		t.Run(mode.name+"/update and delete without the key", func(t *testing.T) {
 			clean(t)

@@ -76,7 +76,7 @@ func (s *session) txChain(ctx context.Context, p *router.Plan) {
 // chained opens the session's new transaction after AND CHAIN.
 func (s *session) chained(begin string, local []string) {
 	s.tx.active, s.tx.failed, s.tx.implicit = true, false, false
-	s.tx.begin, s.tx.local, s.tx.deferred = begin, local, nil
+	s.tx.begin, s.tx.local, s.tx.savepoints = begin, local, nil
 }
 
 // endedTx reports whether the COMMIT just queued ended the transaction

@@ -51,8 +51,10 @@ type session struct {
 		// ReadyForQuery (endImplicit).
 		implicit bool
 		begin    string   // the BEGIN statement, replayed on every node the transaction touches
-		deferred []string // SAVEPOINT and friends issued before a backend was chosen
 		local    []string // SET LOCAL, SET TRANSACTION: replayed on every node that joins
+		// savepoints are the transaction's savepoints, oldest first: made
+		// again, among the SET LOCALs, on every node that joins.
+		savepoints []savepoint
 		// conns hold the transaction, one backend per node, in the order
 		// the nodes joined.
 		conns []*pgshard.Conn
@@ -304,9 +306,7 @@ func (s *session) backend(ctx context.Context, node string) (*pgshard.Conn, erro
 	}
 	s.tx.conns = append(s.tx.conns, be)
 	be.Wrote = false
-	prologue := append(append([]string{s.tx.begin}, s.tx.local...), s.tx.deferred...)
-	s.tx.deferred = nil
-	be.Send(&pgproto3.Query{String: strings.Join(prologue, "; ")})
+	be.Send(&pgproto3.Query{String: s.txPrologue()})
 	s.x.add(step{kind: stepHiddenQuery, be: be})
 	return be, nil
 }
@@ -551,7 +551,7 @@ func (s *session) finish() {
 // resetTx forgets a transaction that ended on every backend.
 func (s *session) resetTx() {
 	s.tx.active, s.tx.failed, s.tx.implicit = false, false, false
-	s.tx.deferred, s.tx.local, s.tx.begin = nil, nil, ""
+	s.tx.savepoints, s.tx.local, s.tx.begin = nil, nil, ""
 	s.tx.wrote = s.tx.wrote[:0]
 }
 

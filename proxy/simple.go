@@ -201,11 +201,20 @@ func (s *session) simpleMulti(ctx context.Context, v *shardmap.View, plans []*ro
 		s.fail(e)
 		return
 	}
-	if s.tx.active {
-		for _, p := range txStmts {
-			if p.Kind == router.LocalSet {
-				s.tx.local = append(s.tx.local, p.SQL)
-			}
+	// The string's SET LOCALs and savepoints are made again on the nodes
+	// the transaction touches later.
+	inTx := s.tx.active
+	for _, p := range plans {
+		switch {
+		case p.Kind == router.Transaction && p.Tx == router.Begin && !inTx,
+			p.Kind == router.Transaction && (p.Tx == router.Commit || p.Tx == router.Rollback) && !p.Chain:
+			inTx = p.Tx == router.Begin
+			s.tx.local, s.tx.savepoints = nil, nil
+		case !inTx:
+		case p.Kind == router.LocalSet:
+			s.tx.local = append(s.tx.local, p.SQL)
+		case p.Kind == router.Transaction && (p.Tx == router.Savepoint || p.Tx == router.Release || p.Tx == router.RollbackTo):
+			s.applySavepoint(p)
 		}
 	}
 	if err := s.multiSets(sets, txStmts); err != nil {
@@ -283,7 +292,7 @@ func (s *session) txControl(ctx context.Context, p *router.Plan) {
 			s.x.synthetic(sqlstate.Warning(sqlstate.ActiveSQLTransaction, "there is already a transaction in progress").Notice(), commandComplete("BEGIN"))
 			return
 		}
-		s.tx.active, s.tx.failed, s.tx.deferred = true, false, nil
+		s.tx.active, s.tx.failed, s.tx.savepoints = true, false, nil
 		s.tx.begin = "BEGIN"
 		if p.TxOptions != "" {
 			s.tx.begin = "BEGIN " + p.TxOptions
@@ -298,7 +307,7 @@ func (s *session) txControl(ctx context.Context, p *router.Plan) {
 			s.x.synthetic(sqlstate.Warning(sqlstate.NoActiveSQLTransaction, "there is no transaction in progress").Notice(), commandComplete(tag))
 			return
 		}
-		s.tx.active, s.tx.failed, s.tx.deferred = false, false, nil
+		s.tx.active, s.tx.failed, s.tx.savepoints = false, false, nil
 		if s.tx.setInTx {
 			// No backend holds the transaction any more: nothing committed.
 			s.settings.restore(s.tx.setsBefore)
@@ -310,10 +319,15 @@ func (s *session) txControl(ctx context.Context, p *router.Plan) {
 			s.fail(sqlstate.New(sqlstate.NoActiveSQLTransaction, "%s can only be used in transaction blocks", strings.ToUpper(firstWord(p.SQL))))
 			return
 		}
-		if p.Tx == router.RollbackTo && s.tx.failed {
-			s.tx.failed = false
+		if s.tx.failed && p.Tx != router.RollbackTo {
+			s.fail(sqlstate.New(sqlstate.InFailedSQLTransaction, "current transaction is aborted, commands ignored until end of transaction block"))
+			return
 		}
-		s.tx.deferred = append(s.tx.deferred, p.SQL)
+		if !s.applySavepoint(p) {
+			s.fail(noSavepoint(p))
+			return
+		}
+		s.tx.failed = false
 		s.x.synthetic(commandComplete(savepointTag(p.Tx)))
 	default:
 		s.fail(sqlstate.New(sqlstate.FeatureNotSupported, "%s is not supported through the Lattice proxy", firstWord(p.SQL)))
@@ -333,8 +347,8 @@ func savepointTag(t router.TxKind) string {
 // afterTxEnd follows a COMMIT just queued (the last step) on be, the one
 // backend of the transaction: when it did not commit after all, SETs made
 // inside the transaction are undone, on be by PostgreSQL and here by
-// restoring the session's settings. (ROLLBACK TO SAVEPOINT undoing a SET is
-// not tracked.)
+// restoring the session's settings. (ROLLBACK TO SAVEPOINT restores them
+// in applySavepoint.)
 func (s *session) afterTxEnd(be *pgshard.Conn) {
 	if !s.tx.setInTx {
 		return

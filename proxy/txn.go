@@ -43,7 +43,7 @@ func (s *session) spanNodes(n int) {
 		return
 	}
 	s.tx.active, s.tx.implicit, s.tx.failed = true, true, false
-	s.tx.begin, s.tx.deferred = "BEGIN", nil
+	s.tx.begin, s.tx.savepoints = "BEGIN", nil
 	// Backends this extended batch already used run in PostgreSQL's own
 	// implicit transaction: BEGIN turns it into a block that keeps what
 	// they ran, so it commits or rolls back with the rest.
@@ -89,13 +89,19 @@ func (s *session) txOnBackends(ctx context.Context, p *router.Plan) {
 		s.undoTxSets(conns)
 		s.leaveTx()
 	default:
-		if len(conns) > 1 {
-			e := sqlstate.New(sqlstate.FeatureNotSupported, "%s is not supported in a transaction that spans several nodes (%s)", firstWord(p.SQL), nodeList(conns))
-			e.Hint = "use savepoints in transactions that stay on one node, or roll back the whole transaction"
-			s.fail(e)
+		// Every node holds the savepoints (savepoint.go). One that failed
+		// would answer SAVEPOINT or RELEASE with 25P02 while the others
+		// went on, so the proxy answers for them all.
+		if p.Tx != router.RollbackTo && s.txStatus() == 'E' {
+			s.fail(sqlstate.New(sqlstate.InFailedSQLTransaction, "current transaction is aborted, commands ignored until end of transaction block"))
 			return
 		}
-		s.forwardTx(conns[0], p.SQL, false)
+		// An unknown name: each node answers 3B001, and the client sees
+		// the first.
+		s.applySavepoint(p)
+		for i, be := range conns {
+			s.forwardTx(be, p.SQL, i > 0)
+		}
 	}
 }
 

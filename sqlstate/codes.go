@@ -74,7 +74,8 @@ const (
 	UniqueViolation = "23505"
 )
 
-// Classes 25 and 26, invalid transaction state and statement name.
+// Classes 25, 26 and 3B: invalid transaction state, statement name and
+// savepoint.
 const (
 	// ActiveSQLTransaction: a statement that cannot run inside a transaction
 	// block (tree DDL, DISCARD ALL), or a BEGIN inside one (a warning).
@@ -83,6 +84,9 @@ const (
 	NoActiveSQLTransaction = "25P01"
 	// InFailedSQLTransaction: a statement in a transaction already aborted.
 	InFailedSQLTransaction = "25P02"
+	// InvalidSavepointSpecification: RELEASE or ROLLBACK TO a savepoint
+	// the transaction does not hold.
+	InvalidSavepointSpecification = "3B001"
 	// IdleInTransactionTimeout: a session idle in a transaction past the
 	// proxy's --idle-in-transaction-timeout.
 	IdleInTransactionTimeout = "25P03"

@@ -1,0 +1,72 @@
+package proxy
+
+import (
+	"slices"
+	"strings"
+
+	"github.com/lattice-db/lattice/router"
+	"github.com/lattice-db/lattice/sqlstate"
+)
+
+// savepoint is one the session's transaction holds. Every node of the
+// transaction holds it too: one that joins later makes it again in its
+// place among the transaction's SET LOCALs (txPrologue), so that ROLLBACK
+// TO undoes on each node what ran there after it, and RELEASE and ROLLBACK
+// TO are sent to every node.
+type savepoint struct {
+	name  string
+	local int       // how many of tx.local were made before it
+	sets  []setting // the session's SETs when it was made
+}
+
+// applySavepoint records SAVEPOINT, RELEASE or ROLLBACK TO; false when
+// there is no savepoint of that name to release or roll back to.
+func (s *session) applySavepoint(p *router.Plan) bool {
+	if p.Tx == router.Savepoint {
+		s.tx.savepoints = append(s.tx.savepoints, savepoint{name: p.Savepoint, local: len(s.tx.local), sets: slices.Clone(s.settings.set)})
+		return true
+	}
+	// As in PostgreSQL, the latest savepoint of the name.
+	i := len(s.tx.savepoints) - 1
+	for i >= 0 && s.tx.savepoints[i].name != p.Savepoint {
+		i--
+	}
+	if i < 0 {
+		return false
+	}
+	if p.Tx == router.Release {
+		s.tx.savepoints = s.tx.savepoints[:i]
+		return true
+	}
+	// ROLLBACK TO keeps the savepoint and undoes the SET LOCALs and SETs
+	// made after it.
+	sp := s.tx.savepoints[i]
+	s.tx.savepoints = s.tx.savepoints[:i+1]
+	s.tx.local = s.tx.local[:sp.local]
+	if !slices.Equal(s.settings.set, sp.sets) {
+		s.settings.restore(slices.Clone(sp.sets))
+		for _, be := range s.tx.conns {
+			be.Settings = unknownSettings
+		}
+	}
+	return true
+}
+
+// noSavepoint is the error for RELEASE or ROLLBACK TO an unknown savepoint.
+func noSavepoint(p *router.Plan) *sqlstate.Error {
+	return sqlstate.New(sqlstate.InvalidSavepointSpecification, "savepoint %q does not exist", p.Savepoint)
+}
+
+// txPrologue is what a node joining the transaction runs first: BEGIN,
+// then the SET LOCALs and savepoints in the order they were made.
+func (s *session) txPrologue() string {
+	stmts := []string{s.tx.begin}
+	done := 0
+	for _, sp := range s.tx.savepoints {
+		stmts = append(stmts, s.tx.local[done:sp.local]...)
+		stmts = append(stmts, "SAVEPOINT "+quoteIdent(sp.name))
+		done = sp.local
+	}
+	stmts = append(stmts, s.tx.local[done:]...)
+	return strings.Join(stmts, "; ")
+}
