@@ -448,6 +448,39 @@ func TestTransaction(t *testing.T) {
 			t.Fatalf("rows %v after the failed batch", got)
 		}
 	})
+	t.Run("extended batch rolling back to a savepoint", func(t *testing.T) {
+		// The failed node's part is back once ROLLBACK TO runs, in the same
+		// pipeline as statements for other nodes: those go to their own
+		// nodes, which join with the savepoint.
+		mustExec(t, c, `DELETE FROM acct`)
+		ctx := context.Background()
+		// Unnamed statements, as PostgreSQL parses nothing but the end of a
+		// failed transaction: a batch of prepared ones fails at its Parse.
+		c := connect(t, p.DSN("lattice")+"&default_query_exec_mode=exec")
+		tx, err := c.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(ctx)
+		mustExec(t, c, `INSERT INTO acct (id, bal) VALUES ($1, 1)`, a)
+		mustExec(t, c, `SAVEPOINT s`)
+		if _, err := c.Exec(ctx, `INSERT INTO acct (id, bal) VALUES ($1, 1)`, a); pgCode(err) != "23505" {
+			t.Fatalf("duplicate: %v, want 23505", err)
+		}
+		batch := &pgx.Batch{}
+		batch.Queue(`ROLLBACK TO SAVEPOINT s`)
+		batch.Queue(`INSERT INTO acct (id, bal) VALUES ($1, 2)`, b)
+		batch.Queue(`INSERT INTO acct (id, bal) VALUES ($1, 3)`, cc)
+		if err := c.SendBatch(ctx, batch).Close(); err != nil {
+			t.Fatalf("batch: %v", err)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if got, want := allRows(t, 3, "acct"), map[int64]int64{a: 1, b: 2, cc: 3}; !maps.Equal(got, want) {
+			t.Fatalf("rows %v after the batch, want %v", got, want)
+		}
+	})
 	t.Run("extended batch ending a transaction", func(t *testing.T) {
 		// After COMMIT in a pipeline, the next statement runs on its own,
 		// even on a node the transaction did not touch: once after a

@@ -98,9 +98,15 @@ func (s *session) txOnBackends(ctx context.Context, p *router.Plan) {
 		}
 		// An unknown name: each node answers 3B001, and the client sees
 		// the first.
-		s.applySavepoint(p)
+		known := s.applySavepoint(p)
 		for i, be := range conns {
 			s.forwardTx(be, p.SQL, i > 0)
+			if known && p.Tx == router.RollbackTo {
+				// It brings a failed part back: what the batch queues
+				// after it goes where it would once it has run, not to
+				// the 25P02 of the status read before it.
+				be.TxStatus = 'T'
+			}
 		}
 	}
 }
