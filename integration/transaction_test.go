@@ -480,6 +480,17 @@ func TestTransaction(t *testing.T) {
 		if got, want := allRows(t, 3, "acct"), map[int64]int64{a: 1, b: 2, cc: 3}; !maps.Equal(got, want) {
 			t.Fatalf("rows %v after the batch, want %v", got, want)
 		}
+		// Without BEGIN the batch is no transaction block, though the
+		// proxy holds its writes over several nodes in one.
+		batch = &pgx.Batch{}
+		batch.Queue(`UPDATE acct SET bal = bal + 1 WHERE bal >= 0`)
+		batch.Queue(`SAVEPOINT s`)
+		if err := c.SendBatch(ctx, batch).Close(); pgCode(err) != "25P01" {
+			t.Fatalf("SAVEPOINT in a batch without BEGIN: %v, want 25P01", err)
+		}
+		if got, want := allRows(t, 3, "acct"), map[int64]int64{a: 1, b: 2, cc: 3}; !maps.Equal(got, want) {
+			t.Fatalf("rows %v after the failed batch, want %v", got, want)
+		}
 	})
 	t.Run("extended batch ending a transaction", func(t *testing.T) {
 		// After COMMIT in a pipeline, the next statement runs on its own,

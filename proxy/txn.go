@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -89,6 +90,12 @@ func (s *session) txOnBackends(ctx context.Context, p *router.Plan) {
 		s.undoTxSets(conns)
 		s.leaveTx()
 	default:
+		if s.tx.implicit {
+			// The proxy's BEGIN made the nodes' transaction a block; the
+			// client's is PostgreSQL's implicit one, which has none.
+			s.fail(sqlstate.New(sqlstate.NoActiveSQLTransaction, "%s can only be used in transaction blocks", strings.ToUpper(firstWord(p.SQL))))
+			return
+		}
 		// Every node holds the savepoints (savepoint.go). One that failed
 		// would answer SAVEPOINT or RELEASE with 25P02 while the others
 		// went on, so the proxy answers for them all.
