@@ -52,6 +52,12 @@ func (s *session) applySavepoint(p *router.Plan) bool {
 	return true
 }
 
+// notInBlock is PostgreSQL's error for a savepoint outside a transaction
+// block.
+func notInBlock(p *router.Plan) *sqlstate.Error {
+	return sqlstate.New(sqlstate.NoActiveSQLTransaction, "%s can only be used in transaction blocks", strings.ToUpper(firstWord(p.SQL)))
+}
+
 // noSavepoint is the error for RELEASE or ROLLBACK TO an unknown savepoint.
 func noSavepoint(p *router.Plan) *sqlstate.Error {
 	return sqlstate.New(sqlstate.InvalidSavepointSpecification, "savepoint %q does not exist", p.Savepoint)

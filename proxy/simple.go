@@ -316,11 +316,11 @@ func (s *session) txControl(ctx context.Context, p *router.Plan) {
 		s.x.synthetic(commandComplete(tag))
 	case router.Savepoint, router.Release, router.RollbackTo:
 		if !s.tx.active {
-			s.fail(sqlstate.New(sqlstate.NoActiveSQLTransaction, "%s can only be used in transaction blocks", strings.ToUpper(firstWord(p.SQL))))
+			s.fail(notInBlock(p))
 			return
 		}
 		if s.tx.failed && p.Tx != router.RollbackTo {
-			s.fail(sqlstate.New(sqlstate.InFailedSQLTransaction, "current transaction is aborted, commands ignored until end of transaction block"))
+			s.fail(errAbortedTx)
 			return
 		}
 		if !s.applySavepoint(p) {

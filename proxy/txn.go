@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -93,14 +92,14 @@ func (s *session) txOnBackends(ctx context.Context, p *router.Plan) {
 		if s.tx.implicit {
 			// The proxy's BEGIN made the nodes' transaction a block; the
 			// client's is PostgreSQL's implicit one, which has none.
-			s.fail(sqlstate.New(sqlstate.NoActiveSQLTransaction, "%s can only be used in transaction blocks", strings.ToUpper(firstWord(p.SQL))))
+			s.fail(notInBlock(p))
 			return
 		}
 		// Every node holds the savepoints (savepoint.go). One that failed
 		// would answer SAVEPOINT or RELEASE with 25P02 while the others
 		// went on, so the proxy answers for them all.
 		if p.Tx != router.RollbackTo && s.txStatus() == 'E' {
-			s.fail(sqlstate.New(sqlstate.InFailedSQLTransaction, "current transaction is aborted, commands ignored until end of transaction block"))
+			s.fail(errAbortedTx)
 			return
 		}
 		// An unknown name: each node answers 3B001, and the client sees
