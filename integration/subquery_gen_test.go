@@ -158,23 +158,14 @@ func shapeQueries(seed uint64, n int) []string {
 
 // TestSubqueriesEqualPostgres runs subqueryQueries and shapeQueries
 // through the proxy and on plain tables of the same rows, in turn in each
-// of genRuns, while the trees reshard: each is refused (0A000), or fails as on the plain tables, or
-// returns their rows.
+// of genRuns, while the trees reshard: each is refused (0A000), or fails
+// as on the plain tables, or returns their rows.
 func TestSubqueriesEqualPostgres(t *testing.T) {
 	resetNodes(t)
 	p := startProxy(t, 3)
 	c := connect(t, p.DSN("lattice"))
 	makeGenTables(t, c)
-	// The group reshards beside the statements: some read mixed shards
-	// and frozen slots.
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
-	defer cancel()
-	pool, err := pgxpool.New(ctx, p.DSN("lattice"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	reshards := startReshardsBeside(ctx, pool, "sqa", 16, 5, 11)
+	reshards := reshardGenGroup(t, p)
 	ran, refused := 0, 0
 	seed := genSeed(t)
 	queries := append(subqueryQueries(seed, 160), shapeQueries(seed+4, 200)...)
@@ -215,6 +206,21 @@ func TestSubqueriesEqualPostgres(t *testing.T) {
 	if ran < (ran+refused)/3 {
 		t.Fatalf("only %d of %d statements ran", ran, ran+refused)
 	}
+}
+
+// reshardGenGroup reshards the group of makeGenTables to 16, 5 and 11
+// shards beside a test's statements, through a pool that the test's end
+// closes: some statements read mixed shards and frozen slots.
+func reshardGenGroup(t *testing.T, p *proxyProc) *reshardsBeside {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	t.Cleanup(cancel)
+	pool, err := pgxpool.New(ctx, p.DSN("lattice"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return startReshardsBeside(ctx, pool, "sqa", 16, 5, 11)
 }
 
 // makeGenTables makes the generated statements' tables through the proxy:

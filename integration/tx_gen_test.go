@@ -1,15 +1,12 @@
 package integration
 
 import (
-	"context"
 	"fmt"
 	"math/rand/v2"
 	"slices"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // genTx is a generated transaction: its statements in order, then COMMIT
@@ -76,14 +73,7 @@ func TestTransactionsEqualPostgres(t *testing.T) {
 	trees := connect(t, p.DSN("lattice"))
 	plain := connect(t, p.DSN("lattice"))
 	makeGenTables(t, trees)
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
-	defer cancel()
-	pool, err := pgxpool.New(ctx, p.DSN("lattice"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	reshards := startReshardsBeside(ctx, pool, "sqa", 16, 5, 11)
+	reshards := reshardGenGroup(t, p)
 	ran, refused, committed := 0, 0, 0
 	txs := txQueries(genSeed(t), 60)
 	for start := time.Now(); ; {

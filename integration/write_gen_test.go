@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // writeQueries generates n writes over sqa and its colocated sqb (with
@@ -67,23 +66,16 @@ func TestWritesEqualPostgres(t *testing.T) {
 	p := startProxy(t, 3)
 	c := connect(t, p.DSN("lattice"))
 	makeGenTables(t, c)
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
-	defer cancel()
-	pool, err := pgxpool.New(ctx, p.DSN("lattice"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	reshards := startReshardsBeside(ctx, pool, "sqa", 16, 5, 11)
+	reshards := reshardGenGroup(t, p)
 	// write runs q in a transaction it rolls back and returns its rows
 	// and, as a count and a sum of row hashes, the rows of sqa and sqb
 	// after it (of their plain copies with plain).
 	write := func(q string, plain bool, run genRun) ([]string, []string, error) {
-		tx, err := c.Begin(ctx)
+		tx, err := c.Begin(context.Background())
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer tx.Rollback(ctx)
+		defer tx.Rollback(context.Background())
 		rows, err := runGen(t, c, q, run)
 		if err != nil {
 			return nil, nil, err
