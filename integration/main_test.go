@@ -1,5 +1,6 @@
 // Package integration holds the end-to-end tests: real PostgreSQL nodes, a
-// real redis-server and the lattice binary built with the race detector.
+// real redis-server and the lattice binary (built with the race detector
+// for the tests where it serves concurrent work: binary_test.go).
 //
 // TestMain starts 3 PostgreSQL 15 nodes and one redis-server under a temp dir
 // for the whole package run. Set LATTICE_TEST_KEEP=1 to keep that dir (data
@@ -46,9 +47,7 @@ var harness struct {
 	nodes []*localnode.Postgres
 	redis *localnode.Redis
 
-	buildOnce sync.Once
-	binary    string
-	buildErr  error
+	plain, race latticeBuild // the proxy under test (binary_test.go)
 
 	proxySeq atomic.Int64
 }
@@ -292,50 +291,6 @@ func goTool() string {
 		return p
 	}
 	return filepath.Join(runtime.GOROOT(), "bin", "go")
-}
-
-// latticeBinary builds ./cmd/lattice with -race once per package run, on
-// first use, so that tests which do not need it run even if it fails to
-// build. LATTICE_TEST_BINARY names one built already (scripts/test.sh
-// builds it once for its parts, which would otherwise each link their own).
-func latticeBinary(t testing.TB) string {
-	t.Helper()
-	harness.buildOnce.Do(func() {
-		if bin := os.Getenv("LATTICE_TEST_BINARY"); bin != "" {
-			harness.binary = bin
-			return
-		}
-		start := time.Now()
-		root, err := repoRoot()
-		if err != nil {
-			harness.buildErr = err
-			return
-		}
-		out := filepath.Join(harness.dir, "lattice")
-		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
-		defer cancel()
-		// Benchmarks set LATTICE_TEST_RACE=0: the race detector slows the
-		// proxy several times over.
-		args := []string{"build", "-race", "-o", out, "./cmd/lattice"}
-		if os.Getenv("LATTICE_TEST_RACE") == "0" {
-			args = []string{"build", "-o", out, "./cmd/lattice"}
-		}
-		cmd := exec.CommandContext(ctx, goTool(), args...)
-		cmd.Dir = root
-		var buf bytes.Buffer
-		cmd.Stdout = &buf
-		cmd.Stderr = &buf
-		if err := cmd.Run(); err != nil {
-			harness.buildErr = fmt.Errorf("go %v: %w\n%s", args, err, buf.String())
-			return
-		}
-		harness.binary = out
-		slog.Info("integration: built lattice", "binary", out, "took", time.Since(start).Round(time.Millisecond))
-	})
-	if harness.buildErr != nil {
-		t.Fatalf("lattice binary unavailable: %v", harness.buildErr)
-	}
-	return harness.binary
 }
 
 // syncBuffer is a bytes.Buffer safe for the process's writer and the test.

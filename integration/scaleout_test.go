@@ -17,23 +17,30 @@ import (
 func nodeBytes(t *testing.T, ctx context.Context, pool *pgxpool.Pool, tree string) map[string]int64 {
 	t.Helper()
 	out := map[string]int64{}
+	conns := map[string]*pgx.Conn{} // one a node: a new backend is dear on a 2-core machine
+	defer func() {
+		for _, c := range conns {
+			c.Close(ctx)
+		}
+	}()
 	for idx, ns := range shardNodes(t, ctx, pool, tree) {
 		node, state, _ := strings.Cut(ns, "/")
 		if state != "active" {
 			continue
 		}
-		i, err := strconv.Atoi(strings.TrimPrefix(node, "n"))
-		if err != nil {
-			t.Fatalf("node name %q", node)
-		}
-		c, err := pgx.Connect(ctx, testNodeDSN(t, i-1))
-		if err != nil {
-			t.Fatal(err)
+		c := conns[node]
+		if c == nil {
+			i, err := strconv.Atoi(strings.TrimPrefix(node, "n"))
+			if err != nil {
+				t.Fatalf("node name %q", node)
+			}
+			if c, err = pgx.Connect(ctx, testNodeDSN(t, i-1)); err != nil {
+				t.Fatal(err)
+			}
+			conns[node] = c
 		}
 		var n int64
-		err = c.QueryRow(ctx, "SELECT pg_total_relation_size($1)", fmt.Sprintf("lattice_s%04d.%s", idx, tree)).Scan(&n)
-		c.Close(ctx)
-		if err != nil {
+		if err := c.QueryRow(ctx, "SELECT pg_total_relation_size($1)", fmt.Sprintf("lattice_s%04d.%s", idx, tree)).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
 		out[node] += n

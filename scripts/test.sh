@@ -24,9 +24,15 @@ if ! $GO test -race -c -o "$out/integration.test" ./integration; then
 	echo "scripts/test.sh: building the integration tests failed" >&2
 	exit 1
 fi
-# The proxy the parts start, built once rather than linked by each part.
-if ! $GO build -race -o "$out/lattice" ./cmd/lattice; then
+# The proxy the parts start, built once rather than linked by each part:
+# with the race detector for the tests that serve concurrent work, without
+# it for the rest (integration/binary_test.go says which and why).
+if ! $GO build -race -o "$out/lattice-race" ./cmd/lattice; then
 	echo "scripts/test.sh: building lattice with -race failed" >&2
+	exit 1
+fi
+if ! $GO build -o "$out/lattice" ./cmd/lattice; then
+	echo "scripts/test.sh: building lattice failed" >&2
 	exit 1
 fi
 # vet with -race reads the export data the race builds above left in the
@@ -66,7 +72,7 @@ units() {
 }
 run packages units
 for h in "${!part[@]}"; do
-	run "integration-$((h + 1))" env LATTICE_NETNS_ID=$((h + 1)) LATTICE_TEST_BINARY="$out/lattice" bash -c \
+	run "integration-$((h + 1))" env LATTICE_NETNS_ID=$((h + 1)) LATTICE_TEST_BINARY="$out/lattice" LATTICE_TEST_RACE_BINARY="$out/lattice-race" bash -c \
 		'cd integration && exec "$0" -test.v -test.run "^($1)\$" -test.timeout "$2"' "$out/integration.test" "${part[h]}" "$TIMEOUT"
 done
 
