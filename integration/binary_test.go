@@ -103,12 +103,11 @@ func buildLattice(race bool) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	out := filepath.Join(harness.dir, "lattice")
-	args := []string{"build", "-o", out, "./cmd/lattice"}
+	out, args := filepath.Join(harness.dir, "lattice"), []string{"build"}
 	if race {
-		out += "-race"
-		args = []string{"build", "-race", "-o", out, "./cmd/lattice"}
+		out, args = out+"-race", append(args, "-race")
 	}
+	args = append(args, "-o", out, "./cmd/lattice")
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, goTool(), args...)
@@ -141,6 +140,29 @@ func TestRaceProxyTestsExist(t *testing.T) {
 	for name := range raceProxyTests {
 		if !strings.Contains(src.String(), "\nfunc "+name+"(t *testing.T)") {
 			t.Errorf("raceProxyTests names %s, which is no test of this package", name)
+		}
+	}
+}
+
+// TestRaceProxyChoice checks which tests get the race-built proxy: those
+// listed, their subtests too, and every test or none as LATTICE_TEST_RACE
+// says.
+func TestRaceProxyChoice(t *testing.T) {
+	for _, c := range []struct {
+		env, test string
+		want      bool
+	}{
+		{"", "TestDoS", true},
+		{"", "TestDoS/oversize_bind", true},
+		{"", "TestFanOut", false},
+		{"", "TestFanOut/TestDoS", false},
+		{"", "BenchmarkPipeline", false},
+		{"0", "TestDoS", false},
+		{"all", "TestFanOut", true},
+	} {
+		t.Setenv("LATTICE_TEST_RACE", c.env)
+		if got := raceProxy(c.test); got != c.want {
+			t.Errorf("LATTICE_TEST_RACE=%q: raceProxy(%q) = %v, want %v", c.env, c.test, got, c.want)
 		}
 	}
 }
