@@ -128,6 +128,10 @@ func (s *session) bind(ctx context.Context, m *pgproto3.Bind) {
 		return
 	}
 	s.x.client = st.sql
+	if n := len(m.ParameterFormatCodes); n > 1 && n != len(m.Parameters) {
+		s.fail(sqlstate.New(sqlstate.ProtocolViolation, "bind message has %d parameter formats but %d parameters", n, len(m.Parameters)))
+		return
+	}
 	if _, open := s.portals[m.DestinationPortal]; open && m.DestinationPortal != "" {
 		s.fail(sqlstate.New(sqlstate.DuplicateCursor, "cursor \"%s\" already exists", m.DestinationPortal))
 		return

@@ -112,8 +112,17 @@ func runSession(t *testing.T, srv *Server, client []byte) *dribbleConn {
 	t.Helper()
 	conn := &dribbleConn{in: client}
 	done := make(chan struct{})
+	var panicked string
 	go func() {
 		defer close(done)
+		// A panic here would kill the fuzzing process with no input
+		// recorded ("terminated unexpectedly"): fail the input instead.
+		defer func() {
+			if r := recover(); r != nil {
+				buf := make([]byte, 64<<10)
+				panicked = fmt.Sprintf("%v\n%s", r, buf[:runtime.Stack(buf, false)])
+			}
+		}()
 		ctx := context.Background()
 		st, err := Handshake(ctx, conn, srv.cfg.Startup)
 		if err != nil || st.Cancel != nil {
@@ -136,6 +145,9 @@ func runSession(t *testing.T, srv *Server, client []byte) *dribbleConn {
 	}()
 	select {
 	case <-done:
+		if panicked != "" {
+			t.Fatalf("the session panicked on input %q: %s", client, panicked)
+		}
 	case <-time.After(10 * time.Second):
 		buf := make([]byte, 1<<20)
 		t.Fatalf("session did not end on input %q:\n%s", client, buf[:runtime.Stack(buf, true)])
@@ -191,6 +203,12 @@ func TestSessionProtocolErrors(t *testing.T) {
 		{"password after startup", encode(&pgproto3.PasswordMessage{Password: "x"}), "FATAL 08P01"},
 		{"empty query then terminate", encode(&pgproto3.Query{String: ""}, &pgproto3.Terminate{}), "EmptyQueryResponse ReadyForQuery"},
 		{"refused statement", encode(&pgproto3.Query{String: "SELECT 1 FROM t FOR UPDATE"}), "ERROR 0A000 ReadyForQuery"},
+		{"split insert bound with too few parameters", encode(&pgproto3.Parse{Query: "INSERT INTO t VALUES ($1, $3, 'x'), ($2, 'y', 'z')"},
+			&pgproto3.Bind{Parameters: [][]byte{[]byte("k1"), []byte("k2")}}, &pgproto3.Execute{}, &pgproto3.Sync{}), "ParseComplete ERROR 08P01 ReadyForQuery"},
+		{"split insert bound with too many parameters", encode(&pgproto3.Parse{Query: "INSERT INTO t VALUES ($1, 'x', 'x'), ($2, 'y', 'z')"},
+			&pgproto3.Bind{Parameters: [][]byte{[]byte("k1"), []byte("k2"), []byte("k3")}}, &pgproto3.Execute{}, &pgproto3.Sync{}), "ParseComplete ERROR 08P01 ReadyForQuery"},
+		{"more parameter formats than parameters", encode(&pgproto3.Parse{Query: "INSERT INTO t VALUES ($1, 'x', 'x'), ($2, 'y', 'z')"},
+			&pgproto3.Bind{ParameterFormatCodes: []int16{0, 0, 0}, Parameters: [][]byte{[]byte("k1"), []byte("k2")}}, &pgproto3.Execute{}, &pgproto3.Sync{}), "ParseComplete ERROR 08P01 ReadyForQuery"},
 		{"parse error then sync", encode(&pgproto3.Parse{Query: "SELEC"}, &pgproto3.Bind{}, &pgproto3.Sync{}), "ERROR 42601 ReadyForQuery"},
 		{"copy with unreachable node", cat(encode(&pgproto3.Query{String: "COPY t FROM STDIN"}),
 			encode(&pgproto3.CopyData{Data: []byte("k\tb\tc\n")}, &pgproto3.CopyDone{})), "CopyInResponse ERROR 08006 ReadyForQuery"},

@@ -42,6 +42,13 @@ func (b *Bind) count() int {
 	return len(b.Params)
 }
 
+func (b *Bind) oids() []uint32 {
+	if b == nil {
+		return nil
+	}
+	return b.OIDs
+}
+
 // param returns parameter n (1-based) with its format and declared type.
 func (b *Bind) param(n int) (val []byte, format int16, oid uint32) {
 	val = b.Params[n-1]
@@ -232,6 +239,12 @@ func (r *Routing) single(m *shardmap.Map, p *Plan, b *Bind) *sqlstate.Error {
 // every row goes to one shard, the statement runs there unchanged but for
 // the tree's name.
 func (r *Routing) insertSplit(m *shardmap.Map, p *Plan, b *Bind) *sqlstate.Error {
+	// Each part gets only its rows' parameters, so no backend sees the
+	// whole Bind: its count is checked here, as PostgreSQL checks it.
+	if want := max(p.split.maxParam, len(b.oids())); b.count() != want {
+		return &sqlstate.Error{Code: sqlstate.ProtocolViolation, Message: "bind message supplies " + strconv.Itoa(b.count()) +
+			" parameters, but the statement requires " + strconv.Itoa(want)}
+	}
 	index := map[int]int{}
 	for i, key := range p.Rows {
 		slot, err := KeySlot(p.Tree.KeyType, len(m.Slots), key, b)
