@@ -64,6 +64,7 @@ const (
 	connTooMany
 	connRejected
 	connGone
+	connPanicked
 )
 
 var connOutcomeNames = [...]string{
@@ -74,6 +75,7 @@ var connOutcomeNames = [...]string{
 	connTooMany:       "too_many_clients",
 	connRejected:      "rejected",           // the tenant's database did not answer (e.g. 3D000)
 	connGone:          "gone_mid_statement", // the client left while a statement ran; its backend work was cancelled
+	connPanicked:      "panicked",           // a bug in the proxy ended the session (logged with its stack)
 }
 
 // NewMetrics creates the instruments and registers them with reg (nil: not

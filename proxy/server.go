@@ -228,6 +228,7 @@ func (s *Server) serveConn(ctx context.Context, conn net.Conn) {
 	s.register(sess)
 	defer s.unregister(sess)
 	defer sess.release()
+	defer s.recoverSession(sess)
 	sess.loop(ctx)
 }
 
