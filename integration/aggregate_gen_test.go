@@ -23,7 +23,7 @@ func aggregateQueries(seed uint64, n int) []string {
 		"bool_and(id > 3)", "bool_or(n > 600)", "max(s)", "min(n)", "avg(id)::numeric(20,4)", "stddev_samp(id)::numeric(20,4)",
 		"percentile_disc(0.5) WITHIN GROUP (ORDER BY id)", "count(DISTINCT g)", "count(*) FILTER (WHERE g > 2)",
 		"sum(n) FILTER (WHERE s LIKE 'v1%')", "count(DISTINCT (g, s))", "mode() WITHIN GROUP (ORDER BY g)", "bit_or(id)", "min(ts)"}
-	keys := []string{"g", "s", "g % 3", "(id % 4)", "j->>'a'", "n IS NULL", "upper(s)"}
+	keys := []string{"g", "s", "g % 3", "(id % 4)", "j->>'a'", "n IS NULL", "upper(s)", "id"} // id, the key: groups run whole on the shards
 	wheres := []string{"", "WHERE id < 300", "WHERE n > 100", "WHERE g IN (1, 2)", "WHERE s <> 'v3'", "WHERE id % 7 = 0", "WHERE false"}
 	pick := func(from []string, k int) []string {
 		out := slices.Clone(from)

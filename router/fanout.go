@@ -110,8 +110,16 @@ func (p *planner) fanOut(r route, s *pg.SelectStmt) route {
 			"an outer join keeps the rows of %s, which every shard holds whole, against the tree: each shard would add its own unmatched rows", from)
 	}
 	scan := selectScan(s)
-	if p.aggregating(s, scan, true) {
-		return p.aggFanOut(r, s, nil)
+	grouped := p.aggregating(s, scan, true)
+	if grouped {
+		// The two steps' planning decides what is refused: a statement
+		// they take reads only grouped or aggregated columns, so it runs
+		// on each shard alike, where a mixed shard is a derived table,
+		// which has no primary key for a functional dependency.
+		agg := p.aggFanOut(r, s, nil)
+		if agg.kind != FanOut || !p.groupedByKey(r, s) {
+			return agg
+		}
 	}
 	// A correlated subquery's window over several tree references runs
 	// per outer row, on its shard, and one partitioned by the key on the
@@ -135,7 +143,10 @@ func (p *planner) fanOut(r route, s *pg.SelectStmt) route {
 	// A subquery's calls run whole on each shard, but those that may
 	// belong to this level: the proxy checks them for user-defined
 	// aggregates.
-	f := &fanPlan{calls: p.withOuterCalls(s, scan, callNames(scan, true, true))}
+	f := &fanPlan{}
+	if !grouped {
+		f.calls = p.withOuterCalls(s, scan, callNames(scan, true, true))
+	}
 	var msg string
 	if f.limit, msg = limitValue(s.LimitCount, "LIMIT"); msg != "" {
 		return no(keyHint+", or give LIMIT as an integer constant or a $n parameter.", "%s", msg)
@@ -275,6 +286,28 @@ func (p *planner) fanOut(r route, s *pg.SelectStmt) route {
 	}
 	r.kind, r.sel, r.fan = FanOut, s, f
 	return r
+}
+
+// groupedByKey reports whether an aggregating SELECT of one tree groups by
+// the tree's key column: each group's rows are then in one shard, so the
+// statement runs whole on every shard, aggregates, HAVING and any function
+// included, and the groups are merged as the rows of a plain fan-out,
+// without the final step on the catalog node. DISTINCT (equal rows of groups on different
+// shards), grouping sets (groups across keys) and windows (over the groups
+// of every shard) keep the two steps.
+func (p *planner) groupedByKey(r route, s *pg.SelectStmt) bool {
+	if r.multi != nil || len(s.DistinctClause) > 0 || s.GroupDistinct || len(s.WindowClause) > 0 ||
+		hasWindowCall(s) || hasWindowCall(&pg.SelectStmt{TargetList: s.SortClause}) {
+		return false
+	}
+	key := false
+	for _, g := range s.GroupClause {
+		if g.GetGroupingSet() != nil {
+			return false
+		}
+		key = key || p.isKeyColumn(g, r.rv, r.tree)
+	}
+	return key
 }
 
 // sortDirection is an ORDER BY item's direction and NULLS placement as a
