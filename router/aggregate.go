@@ -176,6 +176,19 @@ func (p *planner) aggregating(s *pg.SelectStmt, scan []*pg.Node, top bool) bool 
 // aggFanOut plans an aggregating fan-out SELECT; wrap, when not nil, puts
 // its final step and whole statement inside an outer query (derived.go).
 func (p *planner) aggFanOut(r route, s *pg.SelectStmt, wrap func(final, whole *pg.SelectStmt) (*pg.SelectStmt, *pg.SelectStmt)) route {
+	return p.aggSteps(r, s, wrap, false)
+}
+
+// aggAccepts reports whether the two steps take s: whether it reads only
+// grouped or aggregated columns (whether its aggregates combine or not),
+// with none of the constructs they refuse. It renders nothing.
+func (p *planner) aggAccepts(r route, s *pg.SelectStmt) bool {
+	return p.aggSteps(r, s, nil, true).kind == FanOut
+}
+
+// aggSteps is aggFanOut, or with check aggAccepts: a FanOut route with no
+// plan when the statement passes the checks.
+func (p *planner) aggSteps(r route, s *pg.SelectStmt, wrap func(final, whole *pg.SelectStmt) (*pg.SelectStmt, *pg.SelectStmt), check bool) route {
 	tree := r.tree
 	keyHint, no := fanRefusal(tree)
 	switch {
@@ -313,6 +326,8 @@ func (p *planner) aggFanOut(r route, s *pg.SelectStmt, wrap func(final, whole *p
 				calls = append(calls, fc)
 				call := len(aggs)
 				switch {
+				case check:
+					// Only the columns outside aggregates matter.
 				case kind == AggDistinct && fc.Args[0].GetRowExpr() != nil:
 					// A row value cannot be a partial column: it has no
 					// type the final step could read back.
@@ -332,6 +347,9 @@ func (p *planner) aggFanOut(r route, s *pg.SelectStmt, wrap func(final, whole *p
 				return columnNode("lattice_agg_" + strconv.Itoa(call+1))
 			}
 			if name := funcName(fc); aggregateNames[name] || fc.AggStar || fc.AggDistinct || len(fc.AggOrder) > 0 || fc.AggFilter != nil || fc.AggWithinGroup {
+				if check {
+					return columnNode("lattice_agg_0")
+				}
 				problem = name + "()"
 				return n
 			}
@@ -369,6 +387,10 @@ func (p *planner) aggFanOut(r route, s *pg.SelectStmt, wrap func(final, whole *p
 	outside = append(outside, final.WindowClause...)
 	if col := strayColumn(outside); col != "" {
 		return no("List the column in GROUP BY, or use it inside an aggregate.", "column %s is neither grouped nor aggregated", qn(col))
+	}
+	if check {
+		r.kind = FanOut
+		return r
 	}
 	for _, d := range distinctCalls {
 		g := addGroup(d.fc.Args[0])

@@ -111,15 +111,12 @@ func (p *planner) fanOut(r route, s *pg.SelectStmt) route {
 	}
 	scan := selectScan(s)
 	grouped := p.aggregating(s, scan, true)
-	if grouped {
-		// The two steps' planning decides what is refused: a statement
-		// they take reads only grouped or aggregated columns, so it runs
-		// on each shard alike, where a mixed shard is a derived table,
-		// which has no primary key for a functional dependency.
-		agg := p.aggFanOut(r, s, nil)
-		if agg.kind != FanOut || !p.groupedByKey(r, s) {
-			return agg
-		}
+	// Grouped by the key, what the two steps accept runs whole on the
+	// shards: a statement they take reads only grouped or aggregated
+	// columns, so it runs alike on a mixed shard, which is a derived table
+	// with no primary key for a functional dependency to lean on.
+	if grouped && !(p.groupedByKey(r, s) && p.aggAccepts(r, s)) {
+		return p.aggFanOut(r, s, nil)
 	}
 	// A correlated subquery's window over several tree references runs
 	// per outer row, on its shard, and one partitioned by the key on the
