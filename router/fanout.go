@@ -302,6 +302,20 @@ func (p *planner) groupedByKey(r route, s *pg.SelectStmt) bool {
 		if g.GetGroupingSet() != nil {
 			return false
 		}
+		if c := g.GetAConst(); c != nil && c.GetIval() != nil {
+			// GROUP BY 1: the output column at that position, counted
+			// only where no * before it hides how many columns it has.
+			k := int(c.GetIval().Ival)
+			if k < 1 || k > len(s.TargetList) {
+				return false
+			}
+			for _, t := range s.TargetList[:k] {
+				if t.GetResTarget() == nil || isStar(t.GetResTarget().Val) {
+					return false
+				}
+			}
+			g = s.TargetList[k-1].GetResTarget().Val
+		}
 		key = key || p.isKeyColumn(g, r.rv, r.tree)
 	}
 	return key
