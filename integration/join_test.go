@@ -111,6 +111,10 @@ func TestJoinsEqualPostgres(t *testing.T) {
 		{sql: `SELECT o.status, count(i.line), coalesce(sum(i.qty), 0) FROM jo o LEFT JOIN ji i ON i.cust = o.customer_id AND i.order_id = o.order_id GROUP BY o.status ORDER BY 1`, ordered: true},
 		{sql: `SELECT c.region, count(o.customer_id), count(*) FROM jc c LEFT JOIN jo o ON o.customer_id = c.customer_id AND o.total > 50 GROUP BY 1 ORDER BY 1`, ordered: true},
 		{sql: `SELECT count(c.customer_id), count(o.customer_id), count(*) FROM jc c FULL JOIN jo o ON o.customer_id = c.customer_id AND o.total > 50`},
+		// Grouped by a key, the whole statement runs on each shard; not
+		// by the nullable side's, whose NULL group spans every shard.
+		{sql: `SELECT c.customer_id, c.name, count(o.order_id), max(o.total) FROM jc c LEFT JOIN jo o USING (customer_id) GROUP BY c.customer_id, c.name HAVING count(*) > 1 ORDER BY 3 DESC, 1 LIMIT 7`, ordered: true},
+		{sql: `SELECT o.customer_id, count(*) FROM jc c LEFT JOIN jo o ON o.customer_id = c.customer_id AND o.total > 50 GROUP BY o.customer_id ORDER BY 1 NULLS FIRST`, ordered: true},
 		{sql: `SELECT count(*), min(c.name) FROM jc c WHERE EXISTS (SELECT 1 FROM jo o WHERE o.customer_id = c.customer_id AND o.status = 'paid')`},
 		{sql: `SELECT c.region, count(*) FROM jc c WHERE c.customer_id NOT IN (SELECT cust FROM ji) GROUP BY c.region ORDER BY 2 DESC, 1`, ordered: true},
 		{sql: `SELECT count(*), sum(t.n), max(t.n) FROM jc c JOIN (SELECT cust, count(*) AS n FROM ji GROUP BY cust) t ON t.cust = c.customer_id`},

@@ -285,16 +285,30 @@ func (p *planner) fanOut(r route, s *pg.SelectStmt) route {
 	return r
 }
 
-// groupedByKey reports whether an aggregating SELECT of one tree groups by
-// the tree's key column: each group's rows are then in one shard, so the
-// statement runs whole on every shard, aggregates, HAVING and any function
-// included, and the groups are merged as the rows of a plain fan-out,
-// without the final step on the catalog node. DISTINCT (equal rows of groups on different
-// shards), grouping sets (groups across keys) and windows (over the groups
-// of every shard) keep the two steps.
+// groupedByKey reports whether an aggregating SELECT groups by the key of
+// one of its top-level tree references that is on no nullable side: each
+// group's rows then have one key, and so are in one shard (over several
+// references, colocated ones joined on the key, each row combines rows of
+// one key). The statement runs whole on every shard, aggregates, HAVING
+// and any function included, and the groups are merged as the rows of a
+// plain fan-out, without the final step on the catalog node. DISTINCT
+// (equal rows of groups on different shards), grouping sets (groups
+// across keys) and windows (over the groups of every shard) keep the two
+// steps.
 func (p *planner) groupedByKey(r route, s *pg.SelectStmt) bool {
-	if r.multi != nil || len(s.DistinctClause) > 0 || s.GroupDistinct || len(s.WindowClause) > 0 ||
+	if len(s.DistinctClause) > 0 || s.GroupDistinct || len(s.WindowClause) > 0 ||
 		hasWindowCall(s) || hasWindowCall(&pg.SelectStmt{TargetList: s.SortClause}) {
+		return false
+	}
+	isKey := func(g *pg.Node) bool {
+		if r.multi == nil {
+			return p.isKeyColumn(g, r.rv, r.tree)
+		}
+		for _, m := range r.multi {
+			if m.level == 0 && !m.nullable && !m.derived && p.isKeyColumn(g, m.rv, m.tree) {
+				return true
+			}
+		}
 		return false
 	}
 	key := false
@@ -316,7 +330,7 @@ func (p *planner) groupedByKey(r route, s *pg.SelectStmt) bool {
 			}
 			g = s.TargetList[k-1].GetResTarget().Val
 		}
-		key = key || p.isKeyColumn(g, r.rv, r.tree)
+		key = key || isKey(g)
 	}
 	return key
 }
