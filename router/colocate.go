@@ -399,6 +399,12 @@ func (c *colocation) keyedDerived(v *pg.RangeSubselect, lv, sub int, nullable bo
 // hasWindowCall reports whether a SELECT's own target list or HAVING calls
 // a window function (f(...) OVER ...).
 func hasWindowCall(s *pg.SelectStmt) bool {
+	return windowCallIn(s.TargetList...) || windowCallIn(s.HavingClause)
+}
+
+// windowCallIn reports whether nodes call a window function outside their
+// subqueries, whose windows are their own level's.
+func windowCallIn(nodes ...*pg.Node) bool {
 	found := false
 	var walk func(m protoreflect.Message)
 	walk = func(m protoreflect.Message) {
@@ -406,7 +412,7 @@ func hasWindowCall(s *pg.SelectStmt) bool {
 			found = true
 		}
 		if _, ok := m.Interface().(*pg.SubLink); found || ok {
-			return // a subquery's windows are its own level's
+			return
 		}
 		rangeFields(m, func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
 			if fd.Kind() != protoreflect.MessageKind || fd.IsMap() {
@@ -422,11 +428,10 @@ func hasWindowCall(s *pg.SelectStmt) bool {
 			return true
 		})
 	}
-	for _, t := range s.TargetList {
-		walk(t.ProtoReflect())
-	}
-	if s.HavingClause != nil {
-		walk(s.HavingClause.ProtoReflect())
+	for _, n := range nodes {
+		if n != nil {
+			walk(n.ProtoReflect())
+		}
 	}
 	return found
 }

@@ -297,7 +297,7 @@ func (p *planner) fanOut(r route, s *pg.SelectStmt) route {
 // steps.
 func (p *planner) groupedByKey(r route, s *pg.SelectStmt) bool {
 	if len(s.DistinctClause) > 0 || s.GroupDistinct || len(s.WindowClause) > 0 ||
-		hasWindowCall(s) || hasWindowCall(&pg.SelectStmt{TargetList: s.SortClause}) {
+		hasWindowCall(s) || windowCallIn(s.SortClause...) {
 		return false
 	}
 	isKey := func(g *pg.Node) bool {
