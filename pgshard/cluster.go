@@ -57,6 +57,8 @@ type Cluster struct {
 
 	looks *looks[lookKey, map[string]bool] // Present's, per node
 
+	spares spares // Borrow's idle connections
+
 	armWarm sync.Map // *pgx.Conn -> struct{}: an arm connection warmArm readied
 }
 
@@ -160,6 +162,7 @@ func (c *Cluster) SetNodes(nodes []Node) (gone []string, err error) {
 	c.nodes.Store(next)
 	var closing []*pgxpool.Pool
 	for _, name := range gone {
+		c.spares.drop(name)
 		for k, p := range c.admin {
 			if k.node == name {
 				closing = append(closing, p)
@@ -438,13 +441,14 @@ func (c *Cluster) connect(ctx context.Context, node, tenant string) (*pgx.Conn, 
 	return conn, nil
 }
 
-// Close closes every control pool.
+// Close closes every control pool and spare connection.
 func (c *Cluster) Close() {
 	c.mu.Lock()
 	pools := c.admin
 	c.admin = nil
 	c.closed = true
 	c.mu.Unlock()
+	c.spares.close()
 	for _, p := range pools {
 		p.Close()
 	}
