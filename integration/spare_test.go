@@ -113,3 +113,35 @@ func waitBackends(t *testing.T, ctx context.Context, conn *pgx.Conn, pids []uint
 	t.Fatalf("%d of backends %v alive, want %d", alive, pids, want)
 }
 
+// TestMigrationBackends: a migration opens few backends of its own: its
+// replication connection and the shadow copy's connection to the target,
+// with every other connection it needs (snapshots, comparison, the shadow
+// copy's setup and drop) a spare given back by an earlier one. Each new
+// backend costs the node a fork, and each migration used to open nine.
+func TestMigrationBackends(t *testing.T) {
+	resetNodes(t)
+	p := startProxy(t, 2, "--max-concurrent-migrations", "1")
+	c := connect(t, p.DSN("lattice"))
+	observedTree(t, c, 2000, 4)
+	reshardAndWait(t, c, 5) // warms the spares and the pools up
+	sessions := func() int64 {
+		var n int64
+		for i := range 2 {
+			node := connect(t, testNodeDSN(t, i))
+			var s int64
+			if err := node.QueryRow(context.Background(), "SELECT sum(sessions) FROM pg_stat_database").Scan(&s); err != nil {
+				t.Fatal(err)
+			}
+			node.Close(context.Background())
+			n += s - 1 // not this one
+		}
+		return n
+	}
+	before := sessions()
+	reshardAndWait(t, c, 9) // four splits
+	opened := sessions() - before
+	t.Logf("4 migrations opened %d backends", opened)
+	if opened > 4*5 {
+		t.Fatalf("4 migrations opened %d backends, more than 5 each", opened)
+	}
+}

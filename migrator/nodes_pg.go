@@ -58,6 +58,7 @@ func (c clusterNodes) shadowSpec(ts []*shardmap.Tree, mig *shardmap.Migration) (
 	if len(ts) > 1 {
 		spec.Members = ts
 	}
+	spec.borrowSource = func(ctx context.Context) (borrowed, error) { return c.borrow(ctx, mig.SourceNode, t.Tenant) }
 	return spec, nil
 }
 
@@ -78,5 +79,23 @@ func (c clusterNodes) DropShadow(ctx context.Context, ts []*shardmap.Tree, mig *
 	if err != nil {
 		return err
 	}
-	return DropShadow(ctx, spec)
+	if err := spec.validate(); err != nil {
+		return err
+	}
+	// DropShadow's work, on spare connections.
+	src, err := spec.sourceConn(ctx)
+	if err != nil {
+		return err
+	}
+	err = dropShadowSource(ctx, spec, src.Conn)
+	src.giveBack(ctx)
+	if err != nil {
+		return err
+	}
+	tgt, err := c.borrow(ctx, mig.TargetNode, ts[0].Tenant)
+	if err != nil {
+		return err
+	}
+	defer tgt.giveBack(ctx)
+	return dropShadowProgress(ctx, spec, tgt.Conn)
 }

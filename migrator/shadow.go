@@ -42,6 +42,18 @@ type ShadowSpec struct {
 	// replication slot and one snapshot, a COPY each in one target
 	// transaction (docs/DESIGN.md section 4.1). Nil: Tree alone.
 	Members []*shardmap.Tree
+	// borrowSource, if set, lends the connection to the source that sets
+	// the copy up and reads its rows (a spare); otherwise the copy opens
+	// one to SourceDSN.
+	borrowSource func(context.Context) (borrowed, error)
+}
+
+// sourceConn is the connection that sets the copy up.
+func (sp ShadowSpec) sourceConn(ctx context.Context) (borrowed, error) {
+	if sp.borrowSource != nil {
+		return sp.borrowSource(ctx)
+	}
+	return ownConn(ctx, sp.SourceDSN)
 }
 
 // trees are the trees whose tables the copy moves.
@@ -215,11 +227,12 @@ func connectReplication(ctx context.Context, dsn string) (*pgconn.PgConn, error)
 // (copychunks.go).
 func (sh *Shadow) copyFresh(ctx context.Context) error {
 	sp := sh.spec
-	src, err := pgx.Connect(ctx, sp.SourceDSN)
+	lent, err := sp.sourceConn(ctx)
 	if err != nil {
 		return fmt.Errorf("migrator: connect to source: %w", err)
 	}
-	defer src.Close(context.Background())
+	defer lent.giveBack(context.Background())
+	src := lent.Conn
 	pub := pgx.Identifier{sp.Name()}.Sanitize()
 	var published []string
 	for _, t := range sp.trees() {
@@ -406,22 +419,35 @@ func DropShadow(ctx context.Context, spec ShadowSpec) error {
 		return err
 	}
 	defer src.Close(context.Background())
-	if err := dropSlot(ctx, src, spec.Name()); err != nil {
+	if err := dropShadowSource(ctx, spec, src); err != nil {
 		return err
-	}
-	if err := dropPublication(ctx, src, spec.Name()); err != nil {
-		return fmt.Errorf("migrator: drop publication: %w", err)
 	}
 	tgt, err := pgx.Connect(ctx, spec.TargetDSN)
 	if err != nil {
 		return err
 	}
 	defer tgt.Close(context.Background())
+	return dropShadowProgress(ctx, spec, tgt)
+}
+
+// dropShadowSource drops the shadow copy's slot and publication.
+func dropShadowSource(ctx context.Context, spec ShadowSpec, src *pgx.Conn) error {
+	if err := dropSlot(ctx, src, spec.Name()); err != nil {
+		return err
+	}
+	if err := dropPublication(ctx, src, spec.Name()); err != nil {
+		return fmt.Errorf("migrator: drop publication: %w", err)
+	}
+	return nil
+}
+
+// dropShadowProgress deletes the shadow copy's progress row.
+func dropShadowProgress(ctx context.Context, spec ShadowSpec, tgt *pgx.Conn) error {
 	var exists bool
 	if err := tgt.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, progressTable(spec.Target)).Scan(&exists); err != nil || !exists {
 		return err
 	}
-	_, err = tgt.Exec(ctx, "DELETE FROM "+progressTable(spec.Target)+" WHERE migration = $1", spec.ID)
+	_, err := tgt.Exec(ctx, "DELETE FROM "+progressTable(spec.Target)+" WHERE migration = $1", spec.ID)
 	return err
 }
 

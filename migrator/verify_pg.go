@@ -55,11 +55,11 @@ type pgSnapshots struct {
 	trees    []*shardmap.Tree // every table of the move (a colocation group's members)
 	mig      *shardmap.Migration
 	timeout  time.Duration
-	src, tgt *pgx.Conn // the exporting transactions
+	src, tgt borrowed // the exporting transactions
 	srcID    string
 	tgtID    string
 	// The comparison's transactions, which import the snapshots.
-	isrc, itgt *pgx.Conn
+	isrc, itgt borrowed
 }
 
 func (c clusterNodes) connectTenant(ctx context.Context, node, tenant string) (*pgx.Conn, error) {
@@ -83,10 +83,10 @@ func (c clusterNodes) OpenSnapshots(ctx context.Context, ts []*shardmap.Tree, mi
 	t := ts[0]
 	s := &pgSnapshots{nodes: c, t: t, trees: ts, mig: mig, timeout: timeout}
 	var err error
-	if s.src, err = c.connectTenant(ctx, mig.SourceNode, t.Tenant); err != nil {
+	if s.src, err = c.borrow(ctx, mig.SourceNode, t.Tenant); err != nil {
 		return nil, err
 	}
-	if s.tgt, err = c.connectTenant(ctx, mig.TargetNode, t.Tenant); err != nil {
+	if s.tgt, err = c.borrow(ctx, mig.TargetNode, t.Tenant); err != nil {
 		s.Close()
 		return nil, err
 	}
@@ -98,12 +98,12 @@ func (c clusterNodes) OpenSnapshots(ctx context.Context, ts []*shardmap.Tree, mi
 func (s *pgSnapshots) TakeTarget(ctx context.Context) error {
 	again := s.tgtID != ""
 	s.tgtID = ""
-	return export(ctx, s.tgt, again, &s.tgtID)
+	return export(ctx, s.tgt.Conn, again, &s.tgtID)
 }
 
 // TakeSource implements Snapshots.
 func (s *pgSnapshots) TakeSource(ctx context.Context) error {
-	return export(ctx, s.src, false, &s.srcID)
+	return export(ctx, s.src.Conn, false, &s.srcID)
 }
 
 // export opens a REPEATABLE READ transaction on c and exports its
@@ -138,10 +138,8 @@ func both(f, g func() error) error {
 func (s *pgSnapshots) Close() {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	for _, c := range []*pgx.Conn{s.src, s.tgt, s.isrc, s.itgt} {
-		if c != nil {
-			c.Close(ctx)
-		}
+	for _, b := range []*borrowed{&s.src, &s.tgt, &s.isrc, &s.itgt} {
+		b.giveBack(ctx)
 	}
 }
 
@@ -182,16 +180,14 @@ func (s *pgSnapshots) Compare(ctx context.Context) (*shardmap.Verification, erro
 	if s.srcID == "" || s.tgtID == "" {
 		return nil, errors.New("migrator: a snapshot of the freeze is missing (its export failed)")
 	}
-	src, err := s.nodes.connectTenant(ctx, s.mig.SourceNode, s.t.Tenant)
-	if err != nil {
+	var err error
+	if s.isrc, err = s.nodes.borrow(ctx, s.mig.SourceNode, s.t.Tenant); err != nil {
 		return nil, err
 	}
-	s.isrc = src
-	tgt, err := s.nodes.connectTenant(ctx, s.mig.TargetNode, s.t.Tenant)
-	if err != nil {
+	if s.itgt, err = s.nodes.borrow(ctx, s.mig.TargetNode, s.t.Tenant); err != nil {
 		return nil, err
 	}
-	s.itgt = tgt
+	src, tgt := s.isrc.Conn, s.itgt.Conn
 	if err := beginCompare(ctx, src, s.srcID, s.timeout); err != nil {
 		return nil, fmt.Errorf("migrator: import source snapshot: %w", err)
 	}
@@ -199,10 +195,8 @@ func (s *pgSnapshots) Compare(ctx context.Context) (*shardmap.Verification, erro
 		return nil, fmt.Errorf("migrator: import target snapshot: %w", err)
 	}
 	// The imports hold the snapshots now.
-	for _, c := range []*pgx.Conn{s.src, s.tgt} {
-		c.Close(ctx)
-	}
-	s.src, s.tgt = nil, nil
+	s.src.giveBack(ctx)
+	s.tgt.giveBack(ctx)
 	// One snapshot a side covers every table of the move. The target's may
 	// have been exported after the flip (flipsnap.go): its rows as of the
 	// flip are read through the write log, under the same snapshot.

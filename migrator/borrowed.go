@@ -1,0 +1,54 @@
+package migrator
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// borrowed is a connection in use that goes back where it came from when
+// done: a spare (pgshard.Cluster.Borrow) goes back to the spares, a
+// connection of its own is closed. Every move borrows seven: two for its
+// snapshots, two for its comparison, one to set its shadow copy up and two
+// to drop it.
+type borrowed struct {
+	*pgx.Conn
+	give func()
+}
+
+func (c clusterNodes) borrow(ctx context.Context, node, tenant string) (borrowed, error) {
+	conn, give, err := c.Borrow(ctx, node, tenant)
+	if err != nil {
+		return borrowed{}, fmt.Errorf("migrator: connect to %s: %w", node, err)
+	}
+	return borrowed{Conn: conn, give: give}, nil
+}
+
+// ownConn opens a connection to dsn that giveBack closes.
+func ownConn(ctx context.Context, dsn string) (borrowed, error) {
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return borrowed{}, err
+	}
+	return borrowed{Conn: conn, give: func() { conn.Close(context.Background()) }}, nil
+}
+
+// giveBackTimeout bounds the ROLLBACK of a connection given back.
+const giveBackTimeout = 5 * time.Second
+
+// giveBack ends the connection's transaction, so that it can serve again,
+// and hands it back; a spare whose ROLLBACK fails is closed instead.
+func (b *borrowed) giveBack(ctx context.Context) {
+	if b.Conn == nil {
+		return
+	}
+	if !b.IsClosed() && b.PgConn().TxStatus() != 'I' {
+		ctx, cancel := context.WithTimeout(ctx, giveBackTimeout)
+		_, _ = b.Exec(ctx, "ROLLBACK")
+		cancel()
+	}
+	b.give()
+	*b = borrowed{}
+}
