@@ -12,7 +12,7 @@ import (
 // next Borrow (each move's snapshots, comparison and shadow setup and drop
 // reuse backends instead of forking one each), as a new connection would:
 // a statement pgx cached for one borrower does not fail the next after DDL
-// changed its result. One given back inside a transaction is closed, not
+// changed its result, and a setting one changed is reset. One given back inside a transaction is closed, not
 // lent. Borrow never waits for a connection, and at most eight are kept
 // idle.
 func TestSpareConnections(t *testing.T) {
@@ -60,6 +60,19 @@ func TestSpareConnections(t *testing.T) {
 	}
 	if err := selectAll(b); err != nil {
 		t.Fatalf("a statement the last borrower left prepared: %v", err)
+	}
+	mustExec(b, "SET application_name = 'lattice-shadow x'")
+	give()
+	b, give, err = cl.Borrow(ctx, "n1", "lattice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var name string
+	if err := b.QueryRow(ctx, "SELECT current_setting('application_name')").Scan(&name); err != nil {
+		t.Fatal(err)
+	}
+	if pid := b.PgConn().PID(); pid != first || name != "lattice-admin" {
+		t.Fatalf("backend %d (first %d) lent with application_name %q, want the first with lattice-admin", pid, first, name)
 	}
 
 	mustExec(b, "BEGIN")
@@ -114,10 +127,10 @@ func waitBackends(t *testing.T, ctx context.Context, conn *pgx.Conn, pids []uint
 }
 
 // TestMigrationBackends: a migration opens few backends of its own: its
-// replication connection and the shadow copy's connection to the target,
-// with every other connection it needs (snapshots, comparison, the shadow
-// copy's setup and drop) a spare given back by an earlier one. Each new
-// backend costs the node a fork, and each migration used to open nine.
+// replication connection, with every other connection it needs (the shadow
+// copy's source and target, snapshots, comparison, the copy's drop) a spare
+// given back by an earlier one. Each new backend costs the node a fork, and
+// each migration used to open nine.
 func TestMigrationBackends(t *testing.T) {
 	resetNodes(t)
 	p := startProxy(t, 2, "--max-concurrent-migrations", "1")
@@ -138,10 +151,31 @@ func TestMigrationBackends(t *testing.T) {
 		return n
 	}
 	before := sessions()
+	// The shadow copy's target connection, a spare, carries the run's
+	// label, which a later run of the migration ends it by.
+	labelled := make(chan bool, 1)
+	ctx, stop := context.WithCancel(context.Background())
+	nodes := []*pgx.Conn{connect(t, testNodeDSN(t, 0)), connect(t, testNodeDSN(t, 1))}
+	go func() {
+		seen := false
+		for ctx.Err() == nil && !seen {
+			for _, node := range nodes {
+				var here bool
+				_ = node.QueryRow(ctx, "SELECT EXISTS (SELECT FROM pg_stat_activity WHERE application_name LIKE 'lattice-shadow %')").Scan(&here)
+				seen = seen || here
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		labelled <- seen
+	}()
 	reshardAndWait(t, c, 9) // four splits
+	stop()
+	if !<-labelled {
+		t.Error("no target connection labelled lattice-shadow <migration> during the reshard")
+	}
 	opened := sessions() - before
 	t.Logf("4 migrations opened %d backends", opened)
-	if opened > 4*5 {
-		t.Fatalf("4 migrations opened %d backends, more than 5 each", opened)
+	if opened > 4*4 {
+		t.Fatalf("4 migrations opened %d backends, more than 4 each", opened)
 	}
 }

@@ -10,9 +10,10 @@ import (
 
 // borrowed is a connection in use that goes back where it came from when
 // done: a spare (pgshard.Cluster.Borrow) goes back to the spares, a
-// connection of its own is closed. Every move borrows seven: two for its
-// snapshots, two for its comparison, one to set its shadow copy up and two
-// to drop it.
+// connection of its own is closed. Every move borrows eight: two for its
+// shadow copy (the source it reads, the target it writes), two for its
+// snapshots, two for its comparison, and two to drop the copy's slot,
+// publication and progress row.
 type borrowed struct {
 	*pgx.Conn
 	give func()

@@ -59,6 +59,7 @@ func (c clusterNodes) shadowSpec(ts []*shardmap.Tree, mig *shardmap.Migration) (
 		spec.Members = ts
 	}
 	spec.borrowSource = func(ctx context.Context) (borrowed, error) { return c.borrow(ctx, mig.SourceNode, t.Tenant) }
+	spec.borrowTarget = func(ctx context.Context) (borrowed, error) { return c.borrow(ctx, mig.TargetNode, t.Tenant) }
 	return spec, nil
 }
 

@@ -44,8 +44,10 @@ type ShadowSpec struct {
 	Members []*shardmap.Tree
 	// borrowSource, if set, lends the connection to the source that sets
 	// the copy up and reads its rows (a spare); otherwise the copy opens
-	// one to SourceDSN.
-	borrowSource func(context.Context) (borrowed, error)
+	// one to SourceDSN. borrowTarget, likewise, the target connection the
+	// copy and the stream write through; otherwise it is opened to
+	// TargetDSN.
+	borrowSource, borrowTarget func(context.Context) (borrowed, error)
 }
 
 // sourceConn is the connection that sets the copy up.
@@ -105,7 +107,7 @@ type Shadow struct {
 	log  *slog.Logger
 
 	repl   *pgconn.PgConn
-	target *pgx.Conn
+	target borrowed
 	tables map[string]*shadowTable // by tree name, which is the table's name in every shard schema
 
 	mu      sync.Mutex
@@ -152,7 +154,7 @@ func (sh *Shadow) start(ctx context.Context) error {
 	sp := sh.spec
 	var err error
 	var ended int
-	if sh.target, ended, err = connectShadowTarget(ctx, sp.TargetDSN, sp.ID); err != nil {
+	if sh.target, ended, err = connectShadowTarget(ctx, sp); err != nil {
 		return err
 	}
 	if ended > 0 {
@@ -161,12 +163,12 @@ func (sh *Shadow) start(ctx context.Context) error {
 	sh.tables = map[string]*shadowTable{}
 	for _, t := range sp.trees() {
 		st := &shadowTable{tree: t}
-		if st.cols, st.pkey, err = tableColumns(ctx, sh.target, pgshard.ShardTable(t, sp.Target)); err != nil {
+		if st.cols, st.pkey, err = tableColumns(ctx, sh.target.Conn, pgshard.ShardTable(t, sp.Target)); err != nil {
 			return err
 		}
 		sh.tables[t.Name] = st
 	}
-	if err := replicaForForeignKeys(ctx, sh.target, shadowTables(sp)); err != nil {
+	if err := replicaForForeignKeys(ctx, sh.target.Conn, shadowTables(sp)); err != nil {
 		return err
 	}
 	if _, err := sh.target.Exec(ctx, "CREATE TABLE IF NOT EXISTS "+progressTable(sp.Target)+
@@ -402,9 +404,7 @@ func (sh *Shadow) closeConns() {
 	if sh.repl != nil {
 		sh.repl.Close(ctx)
 	}
-	if sh.target != nil {
-		sh.target.Close(ctx)
-	}
+	sh.target.giveBack(ctx)
 }
 
 // DropShadow removes what a shadow copy made: its slot and publication on

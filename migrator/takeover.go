@@ -28,26 +28,43 @@ const ghostWait = 10 * time.Second
 func shadowAppName(id string) string { return "lattice-shadow " + id }
 
 // connectShadowTarget connects to the target as migration id's run, after
-// ending the connections of its earlier runs there.
-func connectShadowTarget(ctx context.Context, dsn, id string) (*pgx.Conn, int, error) {
-	cfg, err := shadowTargetConfig(dsn, id)
-	if err != nil {
-		return nil, 0, err
-	}
-	c, err := pgx.ConnectConfig(ctx, cfg)
-	if err != nil {
-		return nil, 0, fmt.Errorf("migrator: connect to target: %w", err)
+// ending the connections of its earlier runs there: on a spare labelled
+// for the run, as a new connection of the run would be (the spares' reset
+// takes the label and the setting off when it goes back), or, with no
+// spares, on a connection of its own.
+func connectShadowTarget(ctx context.Context, sp ShadowSpec) (borrowed, int, error) {
+	var c borrowed
+	var err error
+	if sp.borrowTarget != nil {
+		if c, err = sp.borrowTarget(ctx); err != nil {
+			return borrowed{}, 0, err
+		}
+		if _, err = c.Exec(ctx, "SELECT set_config('application_name', $1, false), set_config($2, 'on', false)",
+			shadowAppName(sp.ID), pgshard.MigratorSetting); err != nil {
+			c.giveBack(context.Background())
+			return borrowed{}, 0, fmt.Errorf("migrator: label the target connection: %w", err)
+		}
+	} else {
+		cfg, err := shadowTargetConfig(sp.TargetDSN, sp.ID)
+		if err != nil {
+			return borrowed{}, 0, err
+		}
+		conn, err := pgx.ConnectConfig(ctx, cfg)
+		if err != nil {
+			return borrowed{}, 0, fmt.Errorf("migrator: connect to target: %w", err)
+		}
+		c = borrowed{Conn: conn, give: func() { conn.Close(context.Background()) }}
 	}
 	var ended, alive int
 	err = c.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE NOT pg_terminate_backend(pid, $2))
 		FROM pg_stat_activity WHERE application_name = $1 AND usename = current_user AND pid <> pg_backend_pid()`,
-		shadowAppName(id), ghostWait.Milliseconds()).Scan(&ended, &alive)
+		shadowAppName(sp.ID), ghostWait.Milliseconds()).Scan(&ended, &alive)
 	if err == nil && alive > 0 {
 		err = fmt.Errorf("%d connections of an earlier run did not end within %s", alive, ghostWait)
 	}
 	if err != nil {
-		c.Close(context.Background())
-		return nil, 0, fmt.Errorf("migrator: end earlier runs of %s on the target: %w", id, err)
+		c.giveBack(context.Background())
+		return borrowed{}, 0, fmt.Errorf("migrator: end earlier runs of %s on the target: %w", sp.ID, err)
 	}
 	return c, ended, nil
 }

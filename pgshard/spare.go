@@ -61,8 +61,7 @@ type spares struct {
 // connect's: an idle spare if there is one, or a new one. give hands it
 // back. A connection given back closed, inside a transaction, or beyond
 // the spares kept is closed instead, so a borrower that gives up midway
-// needs no cleanup. A borrower must leave no other session state behind:
-// settings are SET LOCAL only, and no temporary tables or session locks.
+// needs no cleanup; one given back idle is reset (reusable).
 func (c *Cluster) Borrow(ctx context.Context, node, tenant string) (conn *pgx.Conn, give func(), err error) {
 	k := adminKey{node: node, tenant: tenant, role: "spare"}
 	where := c.address(node)
@@ -100,15 +99,20 @@ func (c *Cluster) giver(k adminKey, conn *pgx.Conn, where nodeAddress) func() {
 }
 
 // reusable says whether conn can serve another borrower as a new
-// connection would: open, in no transaction, and with its prepared
-// statements deallocated, since a statement pgx cached for one borrower
-// fails another's once DDL changed its result's type (0A000).
+// connection would: open, in no transaction, and reset by DISCARD ALL (a
+// shadow copy labels its target connection and sets the migrator's
+// setting) with pgx's statement caches emptied too, since a statement pgx
+// cached for one borrower fails another's once DDL changed its result's
+// type (0A000), or once DISCARD ALL deallocated it (26000).
 func reusable(conn *pgx.Conn) bool {
 	if conn.IsClosed() || conn.PgConn().TxStatus() != 'I' {
 		return false
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), spareCloseTimeout)
 	defer cancel()
+	if _, err := conn.PgConn().Exec(ctx, "DISCARD ALL").ReadAll(); err != nil {
+		return false
+	}
 	return conn.DeallocateAll(ctx) == nil
 }
 
