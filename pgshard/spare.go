@@ -8,9 +8,10 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// Spare connections serve the migrator's short transactions: a move's
-// snapshots and comparison, the drop of its shadow copy. Each used to open
-// a connection of its own, six a migration, and a new PostgreSQL backend
+// Spare connections serve the migrator's connections that live no longer
+// than a step of a migration: its shadow copy's source and target, its
+// snapshots and comparison, the drop of its shadow copy. Each used to be a
+// connection of its own, eight a migration, and a new PostgreSQL backend
 // costs a fork and cold caches: 25 to 35 ms of CPU each on the 2-core
 // virtual machines the tests run on, and as much again in latency.
 //
@@ -28,7 +29,8 @@ const (
 	// lent, as pgxpool does, so that one the node dropped meanwhile
 	// costs a round trip rather than the borrower's statement.
 	spareCheckIdle = time.Second
-	// spareCloseTimeout bounds the Terminate of a connection not kept.
+	// spareCloseTimeout bounds the reset of a connection given back, and
+	// the Terminate of one not kept.
 	spareCloseTimeout = 5 * time.Second
 )
 
