@@ -27,13 +27,22 @@ func (c clusterNodes) borrow(ctx context.Context, node, tenant string) (borrowed
 	return borrowed{Conn: conn, give: give}, nil
 }
 
-// ownConn opens a connection to dsn that giveBack closes.
-func ownConn(ctx context.Context, dsn string) (borrowed, error) {
-	conn, err := pgx.Connect(ctx, dsn)
+// ownConn opens a connection with cfg that giveBack closes.
+func ownConn(ctx context.Context, cfg *pgx.ConnConfig) (borrowed, error) {
+	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
 		return borrowed{}, err
 	}
 	return borrowed{Conn: conn, give: func() { conn.Close(context.Background()) }}, nil
+}
+
+// ownConnTo is ownConn to dsn.
+func ownConnTo(ctx context.Context, dsn string) (borrowed, error) {
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		return borrowed{}, err
+	}
+	return ownConn(ctx, cfg)
 }
 
 // giveBackTimeout bounds the ROLLBACK of a connection given back.

@@ -80,23 +80,5 @@ func (c clusterNodes) DropShadow(ctx context.Context, ts []*shardmap.Tree, mig *
 	if err != nil {
 		return err
 	}
-	if err := spec.validate(); err != nil {
-		return err
-	}
-	// DropShadow's work, on spare connections.
-	src, err := spec.sourceConn(ctx)
-	if err != nil {
-		return err
-	}
-	err = dropShadowSource(ctx, spec, src.Conn)
-	src.giveBack(ctx)
-	if err != nil {
-		return err
-	}
-	tgt, err := c.borrow(ctx, mig.TargetNode, ts[0].Tenant)
-	if err != nil {
-		return err
-	}
-	defer tgt.giveBack(ctx)
-	return dropShadowProgress(ctx, spec, tgt.Conn)
+	return DropShadow(ctx, spec) // on spare connections
 }

@@ -50,12 +50,22 @@ type ShadowSpec struct {
 	borrowSource, borrowTarget func(context.Context) (borrowed, error)
 }
 
-// sourceConn is the connection that sets the copy up.
+// sourceConn is a connection to the source: the one that sets the copy
+// up, or one that drops it.
 func (sp ShadowSpec) sourceConn(ctx context.Context) (borrowed, error) {
 	if sp.borrowSource != nil {
 		return sp.borrowSource(ctx)
 	}
-	return ownConn(ctx, sp.SourceDSN)
+	return ownConnTo(ctx, sp.SourceDSN)
+}
+
+// targetConn is a connection to the target, not labelled for the run
+// (connectShadowTarget labels one).
+func (sp ShadowSpec) targetConn(ctx context.Context) (borrowed, error) {
+	if sp.borrowTarget != nil {
+		return sp.borrowTarget(ctx)
+	}
+	return ownConnTo(ctx, sp.TargetDSN)
 }
 
 // trees are the trees whose tables the copy moves.
@@ -414,20 +424,21 @@ func DropShadow(ctx context.Context, spec ShadowSpec) error {
 	if err := spec.validate(); err != nil {
 		return err
 	}
-	src, err := pgx.Connect(ctx, spec.SourceDSN)
+	src, err := spec.sourceConn(ctx)
 	if err != nil {
 		return err
 	}
-	defer src.Close(context.Background())
-	if err := dropShadowSource(ctx, spec, src); err != nil {
-		return err
-	}
-	tgt, err := pgx.Connect(ctx, spec.TargetDSN)
+	err = dropShadowSource(ctx, spec, src.Conn)
+	src.giveBack(ctx)
 	if err != nil {
 		return err
 	}
-	defer tgt.Close(context.Background())
-	return dropShadowProgress(ctx, spec, tgt)
+	tgt, err := spec.targetConn(ctx)
+	if err != nil {
+		return err
+	}
+	defer tgt.giveBack(ctx)
+	return dropShadowProgress(ctx, spec, tgt.Conn)
 }
 
 // dropShadowSource drops the shadow copy's slot and publication.

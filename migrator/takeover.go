@@ -49,11 +49,9 @@ func connectShadowTarget(ctx context.Context, sp ShadowSpec) (borrowed, int, err
 		if err != nil {
 			return borrowed{}, 0, err
 		}
-		conn, err := pgx.ConnectConfig(ctx, cfg)
-		if err != nil {
+		if c, err = ownConn(ctx, cfg); err != nil {
 			return borrowed{}, 0, fmt.Errorf("migrator: connect to target: %w", err)
 		}
-		c = borrowed{Conn: conn, give: func() { conn.Close(context.Background()) }}
 	}
 	var ended, alive int
 	err = c.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE NOT pg_terminate_backend(pid, $2))
