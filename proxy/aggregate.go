@@ -118,6 +118,7 @@ func (f *fanOut) playAgg(s *session, x *exchange) error {
 	size := 0
 	var held int64       // bytes of rows gathered so far
 	var cp *pgshard.Conn // the final backend, once the rows go to a temporary table
+	var cpEnd string     // what cp runs after the final query
 	defer func() {
 		if cp != nil {
 			s.releaseFinal(cp)
@@ -154,7 +155,7 @@ func (f *fanOut) playAgg(s *session, x *exchange) error {
 			}
 			values = append(values, row...)
 			if base+len(values) > maxFinalParams || int64(size) > min(maxFinalBytes, s.srv.cfg.MaxMergeMemory) {
-				if cp = s.beginCopy(f, x); cp == nil {
+				if cp, cpEnd = s.beginCopy(f, x); cp == nil {
 					values = nil
 					continue
 				}
@@ -220,7 +221,7 @@ func (f *fanOut) playAgg(s *session, x *exchange) error {
 			return fail(rerr)
 		}
 		return s.runFinal(f, x, cp, 1, &pgproto3.Parse{Query: sql, ParameterOIDs: oids},
-			&pgproto3.Bind{Parameters: f.agg.params, ParameterFormatCodes: formats, ResultFormatCodes: f.agg.results}, true)
+			&pgproto3.Bind{Parameters: f.agg.params, ParameterFormatCodes: formats, ResultFormatCodes: f.agg.results}, cpEnd)
 	}
 	var src strings.Builder
 	rows := len(values) / a.Columns
@@ -273,13 +274,20 @@ func (f *fanOut) playAgg(s *session, x *exchange) error {
 		return nil
 	}
 	defer s.releaseFinal(be)
-	pending := 0
-	if q := s.prologue(be); q != "" {
-		be.Send(&pgproto3.Query{String: q})
-		pending++
+	pending, end, tx := 0, "", s.txContext()
+	if tx != "" {
+		end = "ROLLBACK"
+	}
+	// The transaction is a query of its own: in one with the prologue's
+	// statements, BEGIN ISOLATION LEVEL would come after them and fail.
+	for _, q := range []string{s.prologue(be), tx} {
+		if q != "" {
+			be.Send(&pgproto3.Query{String: q})
+			pending++
+		}
 	}
 	return s.runFinal(f, x, be, pending, &pgproto3.Parse{Query: sql, ParameterOIDs: oids},
-		&pgproto3.Bind{Parameters: params, ParameterFormatCodes: formats, ResultFormatCodes: f.agg.results}, false)
+		&pgproto3.Bind{Parameters: params, ParameterFormatCodes: formats, ResultFormatCodes: f.agg.results}, end)
 }
 
 // collatedSource is the final step's source lattice_p over inner (a FROM
@@ -312,7 +320,11 @@ const partialTable = "lattice_partial"
 
 // finalBackend takes a backend of the catalog node for the final query: one
 // of its own, so that the final query never interleaves with the batch the
-// client's other statements are in.
+// client's other statements are in. Inside a transaction block the final
+// query runs in a transaction of that backend begun as the client's was,
+// with its SET LOCALs (txContext), and rolled back after: a SET LOCAL
+// TimeZone formats its timestamps, and current_setting reads the block's
+// isolation level and settings, as on the nodes.
 func (s *session) finalBackend(f *fanOut, x *exchange) *pgshard.Conn {
 	be, err := s.srv.pools.Acquire(f.agg.ctx, s.user, s.srv.catalogNode, s.tenant)
 	if err != nil {
@@ -334,21 +346,26 @@ func (s *session) releaseFinal(be *pgshard.Conn) {
 }
 
 // beginCopy takes the final backend and starts COPY into a temporary table
-// typed like the partial columns. It reports a failure to the client and
-// returns nil.
-func (s *session) beginCopy(f *fanOut, x *exchange) *pgshard.Conn {
+// typed like the partial columns, and returns what the backend runs after
+// the final query. Outside a transaction block the table lives in a
+// transaction that ends with COMMIT (ON COMMIT DROP). Inside one it is made
+// first, on its own, since the block may be READ ONLY, which refuses
+// CREATE but not COPY into a temporary table; the final query's
+// transaction (txContext) then fills it, and ROLLBACK and DROP end both.
+// It reports a failure to the client and returns nil.
+func (s *session) beginCopy(f *fanOut, x *exchange) (*pgshard.Conn, string) {
 	be := s.finalBackend(f, x)
 	if be == nil {
-		return nil
+		return nil, ""
 	}
-	fail := func(err error) *pgshard.Conn {
+	fail := func(err error) (*pgshard.Conn, string) {
 		be.MarkBroken()
 		s.releaseFinal(be)
 		if !x.errored {
 			x.errored = true
 			s.send(sqlstate.As(err).Response())
 		}
-		return nil
+		return nil, ""
 	}
 	// The column types, typmods included, by PostgreSQL's own names.
 	var q strings.Builder
@@ -388,16 +405,24 @@ func (s *session) beginCopy(f *fanOut, x *exchange) *pgshard.Conn {
 	if len(types) != len(f.fields) {
 		return fail(sqlstate.New(sqlstate.InternalError, "cannot name the types of the partial columns"))
 	}
-	var ddl strings.Builder
-	ddl.WriteString("BEGIN; CREATE TEMPORARY TABLE " + partialTable + " (")
+	var table strings.Builder
+	table.WriteString("CREATE TEMPORARY TABLE " + partialTable + " (")
 	for i, t := range types {
 		if i > 0 {
-			ddl.WriteString(", ")
+			table.WriteString(", ")
 		}
-		fmt.Fprintf(&ddl, "lattice_c%d %s", i+1, t)
+		fmt.Fprintf(&table, "lattice_c%d %s", i+1, t)
 	}
-	ddl.WriteString(") ON COMMIT DROP; COPY " + partialTable + " FROM STDIN")
-	be.Send(&pgproto3.Query{String: ddl.String()})
+	table.WriteString(")")
+	copyIn := "COPY " + partialTable + " FROM STDIN"
+	tx, end, before := s.txContext(), "COMMIT", 0
+	if tx == "" {
+		be.Send(&pgproto3.Query{String: "BEGIN; " + table.String() + " ON COMMIT DROP; " + copyIn})
+	} else {
+		be.Send(&pgproto3.Query{String: table.String()})
+		be.Send(&pgproto3.Query{String: joinStatements(tx, copyIn)})
+		end, before = "ROLLBACK; DROP TABLE pg_temp."+partialTable, 1
+	}
 	if err := be.Flush(); err != nil {
 		return fail(err)
 	}
@@ -408,11 +433,13 @@ func (s *session) beginCopy(f *fanOut, x *exchange) *pgshard.Conn {
 		}
 		switch m := msg.(type) {
 		case *pgproto3.CopyInResponse:
-			return be
+			return be, end
 		case *pgproto3.ErrorResponse:
 			return fail(sqlstate.New(m.Code, "%s", m.Message))
 		case *pgproto3.ReadyForQuery:
-			return fail(sqlstate.New(sqlstate.InternalError, "COPY of the partial rows did not start"))
+			if before--; before < 0 {
+				return fail(sqlstate.New(sqlstate.InternalError, "COPY of the partial rows did not start"))
+			}
 		}
 	}
 }
@@ -432,23 +459,25 @@ func copyLine(be *pgshard.Conn, buf []byte, row [][]byte) ([]byte, error) {
 	return buf[:0], nil
 }
 
-// runFinal sends the final query (and, after COPY, the COMMIT that drops
-// the temporary table) and forwards the final query's rows. pending counts
-// the ReadyForQuery messages of what was sent before.
-func (s *session) runFinal(f *fanOut, x *exchange, be *pgshard.Conn, pending int, parse *pgproto3.Parse, bind *pgproto3.Bind, commit bool) error {
+// runFinal sends the final query, then end (what ends the transaction the
+// final query ran in, if any, and drops a temporary table), and forwards
+// the final query's rows. pending counts the ReadyForQuery messages of what
+// was sent before.
+func (s *session) runFinal(f *fanOut, x *exchange, be *pgshard.Conn, pending int, parse *pgproto3.Parse, bind *pgproto3.Bind, end string) error {
 	be.Send(parse)
 	be.Send(bind)
 	if f.simple {
 		be.Send(&pgproto3.Describe{ObjectType: 'P'})
 	}
 	be.Send(&pgproto3.Execute{})
-	if commit {
-		be.Send(&pgproto3.Parse{Query: "COMMIT"})
-		be.Send(&pgproto3.Bind{})
-		be.Send(&pgproto3.Execute{})
-	}
 	be.Send(&pgproto3.Sync{})
 	pending++
+	if end != "" {
+		// A query of its own, after the Sync: it runs when the final
+		// query failed too, and leaves the backend out of any transaction.
+		be.Send(&pgproto3.Query{String: end})
+		pending++
+	}
 	if err := be.Flush(); err != nil {
 		be.MarkBroken()
 		return err

@@ -76,3 +76,20 @@ func (s *session) txPrologue() string {
 	stmts = append(stmts, s.tx.local[done:]...)
 	return strings.Join(stmts, "; ")
 }
+
+// txContext is what a backend outside the transaction runs to evaluate an
+// expression as the transaction block would (the final step of an
+// aggregate, aggregate.go): BEGIN with the block's options, then its SET
+// LOCALs, without the savepoints, which nothing there rolls back to. It is
+// "" outside a block. The caller ends that transaction.
+func (s *session) txContext() string {
+	if !s.tx.active || s.tx.begin == "" {
+		return ""
+	}
+	return joinStatements(append([]string{s.tx.begin}, s.tx.local...)...)
+}
+
+// joinStatements joins statements into one simple query, skipping empty ones.
+func joinStatements(stmts ...string) string {
+	return strings.Join(slices.DeleteFunc(slices.Clone(stmts), func(q string) bool { return q == "" }), "; ")
+}
