@@ -2,8 +2,10 @@ package integration
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -80,4 +82,94 @@ func TestFinalStepInTransaction(t *testing.T) {
 			})
 		}
 	}
+}
+
+// TestHelperBackendsParseAsTheSession: the proxy's own statements that read
+// the nodes' values back in text form, the sort in PostgreSQL of a fan-out
+// under a collation the merge cannot reproduce and the final step of an
+// aggregate, parse them under the session's settings and the transaction
+// block's SET LOCALs. Run on a pooled backend another client just left at
+// the default DateStyle (ISO, MDY), the German "27.01.1970" failed to parse
+// (22008), and "02.03.1970" would have been read as the 3rd of February.
+// The tree's shards are off the catalog node, so that the statement's own
+// backends there are not the helpers'.
+func TestHelperBackendsParseAsTheSession(t *testing.T) {
+	resetNodes(t)
+	p := startProxy(t, 3)
+	ctx := context.Background()
+	c := connect(t, p.DSN("lattice"))
+	other := connect(t, p.DSN("lattice"))
+	const fill = `SELECT i, date '1970-01-01' + i * 11, 'n' || i % 2 FROM generate_series(1, 60) i`
+	mustExec(t, c, `CREATE TABLE dated (k bigint PRIMARY KEY, d date NOT NULL, n text NOT NULL)`)
+	mustExec(t, c, `INSERT INTO dated `+fill)
+	mustExec(t, c, `SELECT lattice_create_tree('dated', 'k', shard_count => 4)`)
+	mustExec(t, c, `CREATE TABLE dated_plain (k bigint PRIMARY KEY, d date NOT NULL, n text NOT NULL)`)
+	mustExec(t, c, `INSERT INTO dated_plain `+fill)
+	mustExec(t, c, `SELECT lattice_drain_node('n1')`)
+	deadline := time.Now().Add(30 * time.Second)
+	for drained := false; !drained; time.Sleep(100 * time.Millisecond) {
+		if err := c.QueryRow(ctx, `SELECT lattice_drain_complete('n1')`).Scan(&drained); err != nil || time.Now().After(deadline) {
+			t.Fatalf("drain of n1: done %v, %v", drained, err)
+		}
+	}
+
+	same := func(t *testing.T, sql string, mode pgx.QueryExecMode) {
+		t.Helper()
+		// Twice: the first run's collation probe sets the session's
+		// settings on the helper it takes; the second takes its sort's
+		// helper straight from the other client, at the defaults.
+		for range 2 {
+			mustExec(t, other, `SELECT 1`)
+			got, err := rawStrings(ctx, c, sql, mode)
+			if err != nil {
+				t.Fatalf("through the tree: %v", err)
+			}
+			want, err := rawStrings(ctx, c, strings.ReplaceAll(sql, "FROM dated", "FROM dated_plain"), mode)
+			if err != nil {
+				t.Fatalf("on the plain table: %v", err)
+			}
+			if !slices.Equal(got, want) {
+				t.Fatalf("%d rows through the tree, %d on one table; first difference:\n%s", len(got), len(want), firstDiff(got, want))
+			}
+		}
+	}
+	// The merge cannot order und-x-icu: the nodes' rows go to PostgreSQL
+	// with their sort values, the dates in the session's DateStyle.
+	sorted := `SELECT n COLLATE "und-x-icu" AS n, d, k FROM dated ORDER BY n, d DESC, k`
+	grouped := `SELECT n, min(d)::text, max(d)::text, count(*) FROM dated GROUP BY n ORDER BY n`
+	modes := map[string]pgx.QueryExecMode{"simple": pgx.QueryExecModeSimpleProtocol, "extended": pgx.QueryExecModeCacheStatement}
+	for name, mode := range modes {
+		t.Run(name+" session", func(t *testing.T) {
+			mustExec(t, c, `SET DateStyle = 'German'`)
+			defer mustExec(t, c, `RESET DateStyle`)
+			same(t, sorted, mode)
+			same(t, grouped, mode)
+		})
+		t.Run(name+" transaction", func(t *testing.T) {
+			mustExec(t, c, `BEGIN`)
+			defer mustExec(t, c, `ROLLBACK`)
+			mustExec(t, c, `SET LOCAL DateStyle = 'German'`)
+			same(t, sorted, mode)
+			same(t, grouped, mode)
+		})
+	}
+}
+
+// rawStrings runs sql and returns each row's values as the server sent
+// them, joined by "|": a date in the session's DateStyle stays as it is.
+func rawStrings(ctx context.Context, c *pgx.Conn, sql string, mode pgx.QueryExecMode) ([]string, error) {
+	rows, err := c.Query(ctx, sql, mode)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var vals []string
+		for _, v := range rows.RawValues() {
+			vals = append(vals, string(v))
+		}
+		out = append(out, strings.Join(vals, "|"))
+	}
+	return out, rows.Err()
 }

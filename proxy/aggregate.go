@@ -274,18 +274,7 @@ func (f *fanOut) playAgg(s *session, x *exchange) error {
 		return nil
 	}
 	defer s.releaseFinal(be)
-	pending, end, tx := 0, "", s.txContext()
-	if tx != "" {
-		end = "ROLLBACK"
-	}
-	// The transaction is a query of its own: in one with the prologue's
-	// statements, BEGIN ISOLATION LEVEL would come after them and fail.
-	for _, q := range []string{s.prologue(be), tx} {
-		if q != "" {
-			be.Send(&pgproto3.Query{String: q})
-			pending++
-		}
-	}
+	pending, end := s.asClient(be)
 	return s.runFinal(f, x, be, pending, &pgproto3.Parse{Query: sql, ParameterOIDs: oids},
 		&pgproto3.Bind{Parameters: params, ParameterFormatCodes: formats, ResultFormatCodes: f.agg.results}, end)
 }
@@ -322,7 +311,7 @@ const partialTable = "lattice_partial"
 // of its own, so that the final query never interleaves with the batch the
 // client's other statements are in. Inside a transaction block the final
 // query runs in a transaction of that backend begun as the client's was,
-// with its SET LOCALs (txContext), and rolled back after: a SET LOCAL
+// with its SET LOCALs (asClient), and rolled back after: a SET LOCAL
 // TimeZone formats its timestamps, and current_setting reads the block's
 // isolation level and settings, as on the nodes.
 func (s *session) finalBackend(f *fanOut, x *exchange) *pgshard.Conn {

@@ -76,6 +76,31 @@ func (s *session) helperBackend(ctx context.Context) (*pgshard.Conn, func(), err
 	return be, func() { s.putBack(be) }, nil
 }
 
+// asClient makes be, a helper backend, read and print values as the
+// client's session does: it sends the session's settings (prologue) and,
+// inside a transaction block, the block's BEGIN and SET LOCALs
+// (txContext), since a value in text form parses and prints by DateStyle,
+// TimeZone, IntervalStyle and the like (SET DateStyle = German makes
+// "02.03.1970" the 2nd of March; a backend left at MDY reads the 3rd of
+// February). It returns how many ReadyForQuery messages what it sent
+// answers with, and the statement that ends the transaction it began (""
+// for none), which the caller sends as a query of its own after its Sync.
+func (s *session) asClient(be *pgshard.Conn) (pending int, end string) {
+	tx := s.txContext()
+	if tx != "" {
+		end = "ROLLBACK"
+	}
+	// Apart: in one query with the prologue's statements, BEGIN ISOLATION
+	// LEVEL would come after them and fail.
+	for _, q := range []string{s.prologue(be), tx} {
+		if q != "" {
+			be.Send(&pgproto3.Query{String: q})
+			pending++
+		}
+	}
+	return pending, end
+}
+
 // runProbe runs a collation probe on a pooled catalog-node backend, with
 // the session's settings (its search_path names the functions a sort
 // expression calls).

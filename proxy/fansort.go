@@ -158,10 +158,17 @@ func (s *session) postgresOrder(ctx context.Context, keys []btreeindex.SortKey, 
 		return nil, err
 	}
 	defer release()
+	// The sort values are the nodes' text: they parse as the session's.
+	pending, end := s.asClient(be)
 	be.Send(&pgproto3.Parse{Query: sql, ParameterOIDs: oids})
 	be.Send(&pgproto3.Bind{Parameters: btreeindex.SortValues(keys, rows), ParameterFormatCodes: formats})
 	be.Send(&pgproto3.Execute{})
 	be.Send(&pgproto3.Sync{})
+	pending++
+	if end != "" {
+		be.Send(&pgproto3.Query{String: end})
+		pending++
+	}
 	if err := be.Flush(); err != nil {
 		be.MarkBroken()
 		return nil, err
@@ -185,8 +192,13 @@ func (s *session) postgresOrder(ctx context.Context, keys []btreeindex.SortKey, 
 			seen[i-1] = true
 			order = append(order, i-1)
 		case *pgproto3.ErrorResponse:
-			failed = sqlstate.New(m.Code, "%s", m.Message)
+			if failed == nil {
+				failed = sqlstate.New(m.Code, "%s", m.Message)
+			}
 		case *pgproto3.ReadyForQuery:
+			if pending--; pending > 0 {
+				continue
+			}
 			if failed == nil && len(order) != len(rows) {
 				failed = sqlstate.New(sqlstate.InternalError, "the sort in PostgreSQL returned %d of %d rows", len(order), len(rows))
 			}
