@@ -34,6 +34,29 @@ func TestComparable(t *testing.T) {
 	}
 }
 
+// TestDecodes tells a first row the merge can read from one it cannot: a
+// date or timestamp in text form is read in DateStyle ISO only.
+func TestDecodes(t *testing.T) {
+	ts, date := Column{OID: pgtype.TimestamptzOID}, Column{OID: pgtype.DateOID}
+	for _, c := range []struct {
+		name string
+		cols []Column
+		row  [][]byte
+		want bool
+	}{
+		{"no row", []Column{ts}, nil, true},
+		{"ISO", []Column{ts}, [][]byte{[]byte("1970-01-02 03:46:40+00")}, true},
+		{"German", []Column{ts}, [][]byte{[]byte("02.01.1970 03:46:40 UTC")}, false},
+		{"SQL date", []Column{date}, [][]byte{[]byte("01/02/1970")}, false},
+		{"NULL", []Column{date}, [][]byte{nil}, true},
+		{"integers", []Column{int8Text}, [][]byte{[]byte("42")}, true},
+	} {
+		if got := Decodes(c.cols, []SortKey{{Column: 0}}, c.row); got != c.want {
+			t.Errorf("%s: Decodes = %v, want %v", c.name, got, c.want)
+		}
+	}
+}
+
 // TestDecodeBPChar orders char(n) under C as bpcharcmp does: without its
 // trailing blanks, so "a" (padded) comes before "a\x01" (padded).
 func TestDecodeBPChar(t *testing.T) {

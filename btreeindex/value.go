@@ -161,6 +161,22 @@ func Comparable(cols []Column, keys []SortKey) bool {
 	return true
 }
 
+// Decodes reports whether decode reads every key of row (nil: no row to
+// tell by, true). A date or timestamp that Comparable accepts arrives as
+// text in the session's DateStyle, which the merge reads only in ISO: a
+// fan-out whose first row does not decode is sorted by PostgreSQL instead.
+func Decodes(cols []Column, keys []SortKey, row [][]byte) bool {
+	if row == nil {
+		return true
+	}
+	for _, k := range keys {
+		if _, err := decode(cols, k, row); err != nil {
+			return false
+		}
+	}
+	return true
+}
+
 // decodeInt decodes an integer or an oid as PostgreSQL sends it: decimal
 // text, or big-endian binary of the type's width. It does what pgtype's
 // scans do, without the allocation of scanning through an interface, for

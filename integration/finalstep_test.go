@@ -91,6 +91,8 @@ func TestFinalStepInTransaction(t *testing.T) {
 // block's SET LOCALs. Run on a pooled backend another client just left at
 // the default DateStyle (ISO, MDY), the German "27.01.1970" failed to parse
 // (22008), and "02.03.1970" would have been read as the 3rd of February.
+// Dates in that DateStyle, which the merge cannot read, are sorted there
+// too (they were refused, 0A000).
 // The tree's shards are off the catalog node, so that the statement's own
 // backends there are not the helpers'.
 func TestHelperBackendsParseAsTheSession(t *testing.T) {
@@ -136,6 +138,8 @@ func TestHelperBackendsParseAsTheSession(t *testing.T) {
 	// The merge cannot order und-x-icu: the nodes' rows go to PostgreSQL
 	// with their sort values, the dates in the session's DateStyle.
 	sorted := `SELECT n COLLATE "und-x-icu" AS n, d, k FROM dated ORDER BY n, d DESC, k`
+	// The merge reads dates in DateStyle ISO only: these go to PostgreSQL too.
+	dates := `SELECT d, k FROM dated ORDER BY d DESC, k LIMIT 20`
 	grouped := `SELECT n, min(d)::text, max(d)::text, count(*) FROM dated GROUP BY n ORDER BY n`
 	modes := map[string]pgx.QueryExecMode{"simple": pgx.QueryExecModeSimpleProtocol, "extended": pgx.QueryExecModeCacheStatement}
 	for name, mode := range modes {
@@ -143,6 +147,7 @@ func TestHelperBackendsParseAsTheSession(t *testing.T) {
 			mustExec(t, c, `SET DateStyle = 'German'`)
 			defer mustExec(t, c, `RESET DateStyle`)
 			same(t, sorted, mode)
+			same(t, dates, mode)
 			same(t, grouped, mode)
 		})
 		t.Run(name+" transaction", func(t *testing.T) {
@@ -150,6 +155,7 @@ func TestHelperBackendsParseAsTheSession(t *testing.T) {
 			defer mustExec(t, c, `ROLLBACK`)
 			mustExec(t, c, `SET LOCAL DateStyle = 'German'`)
 			same(t, sorted, mode)
+			same(t, dates, mode)
 			same(t, grouped, mode)
 		})
 	}

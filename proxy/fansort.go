@@ -12,10 +12,10 @@ import (
 )
 
 // A fan-out's ORDER BY is merged in the proxy when the merge can compare
-// its keys as PostgreSQL does (btreeindex.Comparable): numbers, dates,
-// uuids, and text under a collation that orders bytes (COLLATE "C", or a
-// column or database whose collation is C or POSIX, as the collation probe
-// says). Otherwise the rows are gathered and PostgreSQL orders them on the
+// its keys as PostgreSQL does (btreeindex.Comparable): numbers, dates
+// (binary, or text in DateStyle ISO), uuids, and text under a collation
+// that orders bytes (COLLATE "C", or a column or database whose collation
+// is C or POSIX, as the collation probe says). Otherwise the rows are gathered and PostgreSQL orders them on the
 // catalog node (btreeindex.SortQuery), so that text under en_US, an ICU
 // collation or any other sorts exactly as one node would sort it.
 
@@ -40,7 +40,12 @@ func (f *fanOut) sortKeys(s *session, x *exchange, parts []*partSource) (keys []
 		return keys, nil, nil
 	}
 	cols := parts[0].Columns()
-	if btreeindex.Comparable(cols, keys) || f.plan.CollationProbe == "" {
+	// In the simple protocol the first row is at hand: a date in another
+	// DateStyle than ISO shows there that the merge cannot read the keys.
+	mergeable := func() bool {
+		return btreeindex.Comparable(cols, keys) && btreeindex.Decodes(cols, keys, parts[0].first)
+	}
+	if mergeable() || f.plan.CollationProbe == "" {
 		return keys, nil, nil // without a probe every key has COLLATE "C": the merge names what it cannot order
 	}
 	c, err := s.collationsOf(f.ctx, f.plan.CollationProbe, len(keys))
@@ -51,7 +56,7 @@ func (f *fanOut) sortKeys(s *session, x *exchange, parts []*partSource) (keys []
 	for i := range keys {
 		keys[i].ByteOrder = keys[i].ByteOrder || c.bytes[i]
 	}
-	if btreeindex.Comparable(cols, keys) {
+	if mergeable() {
 		return keys, nil, nil
 	}
 	for i, k := range keys {
