@@ -720,3 +720,45 @@ func describeMsgs(msgs []pgproto3.BackendMessage) string {
 	}
 	return b.String()
 }
+
+// TestCopyTagCountsRows: the tag of a COPY FROM, and of an INSERT ... SELECT
+// whose rows the proxy loads, counts the rows loaded and nothing else. A
+// client whose startup settings differ from the nodes' defaults has them
+// replayed on each backend it takes, each with set_config, whose "SELECT 1"
+// was added to the count: 101 rows for 100 (pgx's CopyFrom returns it).
+func TestCopyTagCountsRows(t *testing.T) {
+	resetNodes(t)
+	p := startProxy(t, 3)
+	ctx := context.Background()
+	c := connect(t, p.DSN("lattice"))
+	mustExec(t, c, `CREATE TABLE tagged (k bigint PRIMARY KEY, v text)`)
+	mustExec(t, c, fmt.Sprintf(`SELECT lattice_create_tree('tagged', 'k', shard_count => %d)`, copyShards))
+	var rows bytes.Buffer
+	for i := range 100 {
+		fmt.Fprintf(&rows, "%d\tv%d\n", i, i)
+	}
+	for i := range 3 {
+		cfg, err := pgx.ParseConfig(p.DSN("lattice"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		// A name no backend has yet: every backend the load takes gets it.
+		cfg.RuntimeParams["application_name"] = fmt.Sprintf("tagged %d", i)
+		app, err := pgx.ConnectConfig(ctx, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mustExec(t, app, `TRUNCATE tagged`)
+		if n, err := copyFrom(app, `COPY tagged FROM STDIN`, rows.Bytes()); err != nil || n != 100 {
+			t.Fatalf("COPY of 100 rows: tag counts %d, %v", n, err)
+		}
+		tag, err := app.Exec(ctx, `INSERT INTO tagged (k, v) SELECT g, 'pulled' FROM generate_series(1000, 1049) g`)
+		if err != nil || tag.String() != "INSERT 0 50" {
+			t.Fatalf("INSERT ... SELECT of 50 rows: %v, %v", tag, err)
+		}
+		if n := countWhere(t, app, "tagged", "true"); n != 150 {
+			t.Fatalf("%d rows in the tree, want 150", n)
+		}
+		app.Close(ctx)
+	}
+}

@@ -31,8 +31,12 @@ const (
 // copyNode is one node's backend during COPY FROM.
 type copyNode struct {
 	be      *pgshard.Conn
-	pending int   // commands sent whose ReadyForQuery was not read yet
-	count   int64 // rows the node confirmed
+	pending int // commands sent whose ReadyForQuery was not read yet
+	// hidden counts the first of those, which bring the backend to the
+	// session's settings and open its transaction: their tags are not
+	// rows (a startup setting's set_config answers "SELECT 1").
+	hidden int
+	count  int64 // rows the node confirmed
 }
 
 // copyShard buffers the rows of one shard.
@@ -325,10 +329,11 @@ func (ci *copyIn) node(s *session, node string) *copyNode {
 			ci.setErr(err)
 			return nil
 		}
-		cn = &copyNode{be: be, pending: queued}
+		cn = &copyNode{be: be, pending: queued, hidden: queued}
 		if !ci.inTx {
 			be.Send(&pgproto3.Query{String: "BEGIN"})
 			cn.pending++
+			cn.hidden++
 		}
 		ci.nodes[node] = cn
 		ci.order = append(ci.order, cn)
@@ -397,11 +402,16 @@ func (ci *copyIn) readReply(s *session, cn *copyNode, see func(pgproto3.BackendM
 			s.send(m)
 		case *pgproto3.ReadyForQuery:
 			cn.pending--
+			if cn.hidden > 0 {
+				cn.hidden--
+			}
 			return
 		case *pgproto3.CommandComplete:
 			cn.be.NoteCommand(m.CommandTag)
 			if see == nil {
-				cn.count += rowsAffected(m.CommandTag)
+				if cn.hidden == 0 {
+					cn.count += rowsAffected(m.CommandTag)
+				}
 				continue
 			}
 			see(m)
