@@ -40,6 +40,7 @@ type session struct {
 	user, tenant string
 	key          CancelKey
 	settings     *settings
+	shadow       shadowState // which bare names the session's search_path resolves elsewhere (shadow.go)
 
 	tx struct {
 		active bool // BEGIN seen (or an implicit transaction started), whether or not a backend holds it yet

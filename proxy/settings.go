@@ -22,6 +22,9 @@ type settings struct {
 	// another schema, whose functions then take built-ins' names
 	// (router.HidesByPath).
 	catalogLate bool
+	// searchPath: the session set a search_path, under which a tree's
+	// bare name may mean another schema's relation (shadow.go).
+	searchPath bool
 }
 
 type setting struct {
@@ -49,8 +52,9 @@ func newSettings(params map[string]string, backendDefaults map[string]string) *s
 }
 
 func (s *settings) refresh() {
-	s.catalogLate = false
+	s.catalogLate, s.searchPath = false, false
 	for _, v := range slices.Concat(s.base, s.set) {
+		s.searchPath = s.searchPath || v.name == "search_path"
 		text := v.stmt
 		if v.value != "" {
 			text = v.value

@@ -1,0 +1,174 @@
+package proxy
+
+import (
+	"context"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgproto3"
+
+	"github.com/lattice-db/lattice/pgshard"
+	"github.com/lattice-db/lattice/router"
+	"github.com/lattice-db/lattice/shardmap"
+	"github.com/lattice-db/lattice/sqlstate"
+)
+
+// The router takes a bare name, or public.<name>, of a tree or reference
+// table to be that table, whatever the search_path. PostgreSQL resolves a
+// bare name by the search_path: under SET search_path = other, public a
+// table other.orders is what it reads for "orders". So once a session sets
+// a search_path (or a transaction a SET LOCAL one), the proxy asks the
+// catalog node, under the session's settings, which of the tenant's names
+// resolve elsewhere than public (or nowhere), and refuses a statement that
+// names one, rather than read the tree where PostgreSQL would read the
+// other table. The answer is kept until the settings, the tenant's trees or
+// the result epoch (DDL through this proxy) change. A schema named after
+// the user under the default search_path ("$user", public) is not looked
+// for: the session set no search_path.
+
+// shadowState is what the session last learned, and under what.
+type shadowState struct {
+	fp, local    string          // the settings' fingerprint and the SET LOCALs
+	trees, epoch uint64          // the view's TreesVersion and the result epoch
+	names        map[string]bool // shadowed name -> whether it resolves to another relation (false: to none)
+}
+
+// shadowSQL lists the names of $1 that do not resolve to public.<name>,
+// and whether they resolve at all. Every name is pg_catalog-qualified: it
+// runs under the session's search_path.
+const shadowSQL = `SELECT n, pg_catalog.to_regclass(pg_catalog.quote_ident(n)) IS NOT NULL FROM pg_catalog.unnest($1::pg_catalog.text[]) AS n
+WHERE pg_catalog.to_regclass(pg_catalog.quote_ident(n)) IS DISTINCT FROM pg_catalog.to_regclass(pg_catalog.concat('public.', pg_catalog.quote_ident(n)))`
+
+// shadowCheck refuses p when it names a tree or reference table whose bare
+// name the session's search_path resolves elsewhere.
+func (s *session) shadowCheck(ctx context.Context, v *shardmap.View, p *router.Plan) error {
+	local := false
+	for _, stmt := range s.tx.local {
+		local = local || strings.Contains(strings.ToLower(stmt), "search_path")
+	}
+	if !s.settings.searchPath && !local || v == nil {
+		return nil
+	}
+	now := shadowState{fp: s.settings.fp, trees: v.TreesVersion, epoch: pgshard.ResultEpoch()}
+	if local {
+		now.local = strings.Join(s.tx.local, "\x00")
+	}
+	if s.shadow.names == nil || s.shadow.fp != now.fp || s.shadow.local != now.local || s.shadow.trees != now.trees || s.shadow.epoch != now.epoch {
+		names, err := s.shadowedNames(ctx, v)
+		if err != nil {
+			return err
+		}
+		now.names = names
+		s.shadow = now
+	}
+	for name, exists := range s.shadow.names {
+		if !namesRelation(p.SQL, name) {
+			continue
+		}
+		if !exists {
+			e := sqlstate.New(sqlstate.UndefinedTable, "relation %q does not exist", name)
+			e.Detail = "The session's search_path does not include public, where the table " + quoteIdent(name) + " is."
+			e.Hint = "Name it public." + quoteIdent(name) + ", or put public in the search_path."
+			return e
+		}
+		e := sqlstate.New(sqlstate.FeatureNotSupported, "%q names another relation under the session's search_path than the table public.%s that Lattice distributes", name, quoteIdent(name))
+		e.Detail = "Through the proxy a bare name always means public." + quoteIdent(name) + ", which is not what PostgreSQL would read here."
+		e.Hint = "Qualify the name: public." + quoteIdent(name) + " for the distributed table, or the other table's schema."
+		return e
+	}
+	return nil
+}
+
+// shadowedNames asks the catalog node which of the view's names the
+// session's search_path resolves elsewhere.
+func (s *session) shadowedNames(ctx context.Context, v *shardmap.View) (map[string]bool, error) {
+	var arr strings.Builder
+	arr.WriteByte('{')
+	sep := ""
+	add := func(name string) {
+		arr.WriteString(sep + `"` + strings.NewReplacer(`\`, `\\`, `"`, `\"`).Replace(name) + `"`)
+		sep = ","
+	}
+	for name := range v.Trees {
+		add(name)
+	}
+	for name := range v.References {
+		add(name)
+	}
+	arr.WriteByte('}')
+	be, release, err := s.helperBackend(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	pending, end := s.asClient(be)
+	be.Send(&pgproto3.Parse{Query: shadowSQL})
+	be.Send(&pgproto3.Bind{Parameters: [][]byte{[]byte(arr.String())}})
+	be.Send(&pgproto3.Execute{})
+	be.Send(&pgproto3.Sync{})
+	pending++
+	if end != "" {
+		be.Send(&pgproto3.Query{String: end})
+		pending++
+	}
+	if err := be.Flush(); err != nil {
+		be.MarkBroken()
+		return nil, err
+	}
+	names := map[string]bool{}
+	var failed error
+	for pending > 0 {
+		msg, err := be.Receive()
+		if err != nil {
+			be.MarkBroken()
+			return nil, err
+		}
+		switch m := msg.(type) {
+		case *pgproto3.DataRow:
+			if len(m.Values) == 2 {
+				names[string(m.Values[0])] = string(m.Values[1]) == "t"
+			}
+		case *pgproto3.ErrorResponse:
+			if failed == nil {
+				failed = sqlstate.New(m.Code, "%s", m.Message)
+			}
+		case *pgproto3.ReadyForQuery:
+			pending--
+		}
+	}
+	return names, failed
+}
+
+// namesRelation reports whether sql may name name as a bare identifier:
+// the name, in any case, between characters that cannot continue an
+// identifier, and not after a dot. It may see one in a string or a
+// comment too; the cost is a refusal with a hint in a session whose
+// search_path already shadows the name.
+func namesRelation(sql, name string) bool {
+	lower, want := strings.ToLower(sql), strings.ToLower(name)
+	for i := 0; ; {
+		j := strings.Index(lower[i:], want)
+		if j < 0 {
+			return false
+		}
+		at, past := i+j, i+j+len(want)
+		before := byte(' ')
+		if at > 0 {
+			before = lower[at-1]
+		}
+		if before == '"' && at > 1 && lower[at-2] == '.' {
+			before = '.' // "schema"."name"
+		}
+		after := byte(' ')
+		if past < len(lower) {
+			after = lower[past]
+		}
+		if !identChar(before) && before != '.' && !identChar(after) {
+			return true
+		}
+		i = at + 1
+	}
+}
+
+func identChar(c byte) bool {
+	return c == '_' || c == '$' || c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 0x80
+}
