@@ -101,6 +101,52 @@ func (s *session) asClient(be *pgshard.Conn) (pending int, end string) {
 	return pending, end
 }
 
+// helperQuery runs one statement on a helper backend as the client
+// (asClient) and hands each row to row; it returns the first error, the
+// statement's or the backend's.
+func (s *session) helperQuery(ctx context.Context, parse *pgproto3.Parse, bind *pgproto3.Bind, row func([][]byte) error) error {
+	be, release, err := s.helperBackend(ctx)
+	if err != nil {
+		return err
+	}
+	defer release()
+	pending, end := s.asClient(be)
+	be.Send(parse)
+	be.Send(bind)
+	be.Send(&pgproto3.Execute{})
+	be.Send(&pgproto3.Sync{})
+	pending++
+	if end != "" {
+		be.Send(&pgproto3.Query{String: end})
+		pending++
+	}
+	if err := be.Flush(); err != nil {
+		be.MarkBroken()
+		return err
+	}
+	var failed error
+	for pending > 0 {
+		msg, err := be.Receive()
+		if err != nil {
+			be.MarkBroken()
+			return err
+		}
+		switch m := msg.(type) {
+		case *pgproto3.DataRow:
+			if err := row(m.Values); err != nil && failed == nil {
+				failed = err
+			}
+		case *pgproto3.ErrorResponse:
+			if failed == nil {
+				failed = sqlstate.New(m.Code, "%s", m.Message)
+			}
+		case *pgproto3.ReadyForQuery:
+			pending--
+		}
+	}
+	return failed
+}
+
 // runProbe runs a collation probe on a pooled catalog-node backend, with
 // the session's settings (its search_path names the functions a sort
 // expression calls).

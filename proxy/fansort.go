@@ -158,56 +158,22 @@ func (s *session) postgresOrder(ctx context.Context, keys []btreeindex.SortKey, 
 		return nil, e
 	}
 	sql, oids, formats := btreeindex.SortQuery(keys, collations, cols, len(rows))
-	be, release, err := s.helperBackend(ctx)
-	if err != nil {
-		return nil, err
-	}
-	defer release()
-	// The sort values are the nodes' text: they parse as the session's.
-	pending, end := s.asClient(be)
-	be.Send(&pgproto3.Parse{Query: sql, ParameterOIDs: oids})
-	be.Send(&pgproto3.Bind{Parameters: btreeindex.SortValues(keys, rows), ParameterFormatCodes: formats})
-	be.Send(&pgproto3.Execute{})
-	be.Send(&pgproto3.Sync{})
-	pending++
-	if end != "" {
-		be.Send(&pgproto3.Query{String: end})
-		pending++
-	}
-	if err := be.Flush(); err != nil {
-		be.MarkBroken()
-		return nil, err
-	}
 	order := make([]int, 0, len(rows))
 	seen := make([]bool, len(rows))
-	var failed error
-	for {
-		msg, err := be.Receive()
-		if err != nil {
-			be.MarkBroken()
-			return nil, err
-		}
-		switch m := msg.(type) {
-		case *pgproto3.DataRow:
-			i, err := strconv.Atoi(string(m.Values[0]))
+	// The sort values are the nodes' text: they parse as the session's.
+	err := s.helperQuery(ctx, &pgproto3.Parse{Query: sql, ParameterOIDs: oids},
+		&pgproto3.Bind{Parameters: btreeindex.SortValues(keys, rows), ParameterFormatCodes: formats},
+		func(values [][]byte) error {
+			i, err := strconv.Atoi(string(values[0]))
 			if err != nil || i < 1 || i > len(rows) || seen[i-1] {
-				failed = sqlstate.New(sqlstate.InternalError, "the sort in PostgreSQL returned row %q", m.Values[0])
-				continue
+				return sqlstate.New(sqlstate.InternalError, "the sort in PostgreSQL returned row %q", values[0])
 			}
 			seen[i-1] = true
 			order = append(order, i-1)
-		case *pgproto3.ErrorResponse:
-			if failed == nil {
-				failed = sqlstate.New(m.Code, "%s", m.Message)
-			}
-		case *pgproto3.ReadyForQuery:
-			if pending--; pending > 0 {
-				continue
-			}
-			if failed == nil && len(order) != len(rows) {
-				failed = sqlstate.New(sqlstate.InternalError, "the sort in PostgreSQL returned %d of %d rows", len(order), len(rows))
-			}
-			return order, failed
-		}
+			return nil
+		})
+	if err == nil && len(order) != len(rows) {
+		err = sqlstate.New(sqlstate.InternalError, "the sort in PostgreSQL returned %d of %d rows", len(order), len(rows))
 	}
+	return order, err
 }

@@ -95,47 +95,15 @@ func (s *session) shadowedNames(ctx context.Context, v *shardmap.View) (map[stri
 		add(name)
 	}
 	arr.WriteByte('}')
-	be, release, err := s.helperBackend(ctx)
-	if err != nil {
-		return nil, err
-	}
-	defer release()
-	pending, end := s.asClient(be)
-	be.Send(&pgproto3.Parse{Query: shadowSQL})
-	be.Send(&pgproto3.Bind{Parameters: [][]byte{[]byte(arr.String())}})
-	be.Send(&pgproto3.Execute{})
-	be.Send(&pgproto3.Sync{})
-	pending++
-	if end != "" {
-		be.Send(&pgproto3.Query{String: end})
-		pending++
-	}
-	if err := be.Flush(); err != nil {
-		be.MarkBroken()
-		return nil, err
-	}
 	names := map[string]bool{}
-	var failed error
-	for pending > 0 {
-		msg, err := be.Receive()
-		if err != nil {
-			be.MarkBroken()
-			return nil, err
-		}
-		switch m := msg.(type) {
-		case *pgproto3.DataRow:
-			if len(m.Values) == 2 {
-				names[string(m.Values[0])] = string(m.Values[1]) == "t"
+	err := s.helperQuery(ctx, &pgproto3.Parse{Query: shadowSQL}, &pgproto3.Bind{Parameters: [][]byte{[]byte(arr.String())}},
+		func(values [][]byte) error {
+			if len(values) == 2 {
+				names[string(values[0])] = string(values[1]) == "t"
 			}
-		case *pgproto3.ErrorResponse:
-			if failed == nil {
-				failed = sqlstate.New(m.Code, "%s", m.Message)
-			}
-		case *pgproto3.ReadyForQuery:
-			pending--
-		}
-	}
-	return names, failed
+			return nil
+		})
+	return names, err
 }
 
 // namesRelation reports whether sql may name name as a bare identifier:
