@@ -453,24 +453,10 @@ func copyLine(be *pgshard.Conn, buf []byte, row [][]byte) ([]byte, error) {
 // the final query's rows. pending counts the ReadyForQuery messages of what
 // was sent before.
 func (s *session) runFinal(f *fanOut, x *exchange, be *pgshard.Conn, pending int, parse *pgproto3.Parse, bind *pgproto3.Bind, end string) error {
-	be.Send(parse)
-	be.Send(bind)
-	if f.simple {
-		be.Send(&pgproto3.Describe{ObjectType: 'P'})
-	}
-	be.Send(&pgproto3.Execute{})
-	be.Send(&pgproto3.Sync{})
-	pending++
-	if end != "" {
-		// A query of its own, after the Sync: it runs when the final
-		// query failed too, and leaves the backend out of any transaction.
-		be.Send(&pgproto3.Query{String: end})
-		pending++
-	}
-	if err := be.Flush(); err != nil {
-		be.MarkBroken()
+	if err := sendStatement(be, parse, bind, f.simple, end); err != nil {
 		return err
 	}
+	pending += statementAnswers(end)
 	// Only the final query's own responses reach the client: those after
 	// its BindComplete, up to its CommandComplete.
 	const before, forwarding, after = 0, 1, 2

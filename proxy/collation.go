@@ -111,19 +111,10 @@ func (s *session) helperQuery(ctx context.Context, parse *pgproto3.Parse, bind *
 	}
 	defer release()
 	pending, end := s.asClient(be)
-	be.Send(parse)
-	be.Send(bind)
-	be.Send(&pgproto3.Execute{})
-	be.Send(&pgproto3.Sync{})
-	pending++
-	if end != "" {
-		be.Send(&pgproto3.Query{String: end})
-		pending++
-	}
-	if err := be.Flush(); err != nil {
-		be.MarkBroken()
+	if err := sendStatement(be, parse, bind, false, end); err != nil {
 		return err
 	}
+	pending += statementAnswers(end)
 	var failed error
 	for pending > 0 {
 		msg, err := be.Receive()
@@ -145,6 +136,37 @@ func (s *session) helperQuery(ctx context.Context, parse *pgproto3.Parse, bind *
 		}
 	}
 	return failed
+}
+
+// sendStatement sends one extended-protocol statement and its Sync to be,
+// then end, if any, as a query of its own after the Sync: it runs when the
+// statement failed too, and leaves the backend out of any transaction. A
+// failed send marks be broken.
+func sendStatement(be *pgshard.Conn, parse *pgproto3.Parse, bind *pgproto3.Bind, describe bool, end string) error {
+	be.Send(parse)
+	be.Send(bind)
+	if describe {
+		be.Send(&pgproto3.Describe{ObjectType: 'P'})
+	}
+	be.Send(&pgproto3.Execute{})
+	be.Send(&pgproto3.Sync{})
+	if end != "" {
+		be.Send(&pgproto3.Query{String: end})
+	}
+	if err := be.Flush(); err != nil {
+		be.MarkBroken()
+		return err
+	}
+	return nil
+}
+
+// statementAnswers is how many ReadyForQuery messages what sendStatement
+// sent answers with.
+func statementAnswers(end string) int {
+	if end != "" {
+		return 2
+	}
+	return 1
 }
 
 // runProbe runs a collation probe on a pooled catalog-node backend, with
