@@ -4,6 +4,9 @@ import (
 	"container/heap"
 	"context"
 	"errors"
+	"slices"
+
+	"github.com/lattice-db/lattice/sqlstate"
 )
 
 // RowSource is one stream of rows for a Merge, already sorted by the
@@ -26,7 +29,10 @@ type RowSource interface {
 // Merge is the rows of several sources as one stream. With sort keys it is
 // a k-way merge: each source's rows must come in key order, and the merge
 // yields them in that order, a tie going to the source listed first, so
-// that the output is deterministic. With no keys it is the concatenation of
+// that the output is deterministic. A source whose row sorts before its
+// previous one stops the merge with an error: its node orders the keys
+// otherwise than the merge compares them (a node whose collation differs
+// from the catalog node's), and merging on would answer in a wrong order. With no keys it is the concatenation of
 // the sources in order, each read to its end before the next is touched.
 type Merge struct {
 	keys    []SortKey
@@ -47,6 +53,30 @@ type cursor struct {
 	row   [][]byte
 	keys  []value
 	ended bool // src returned its end, or the merge closed it: never closed (again)
+	// The keys of the source's previous row, their bytes copied into
+	// prevBuf: a source reuses a row's memory when it reads the next.
+	prev    []value
+	prevBuf []byte
+}
+
+// keepKeys makes c's current keys its previous ones, copying their bytes.
+func (c *cursor) keepKeys() {
+	c.prev, c.keys = c.keys, c.prev[:0]
+	need := 0
+	for i := range c.prev {
+		need += len(c.prev[i].b)
+	}
+	if need == 0 {
+		return
+	}
+	c.prevBuf = slices.Grow(c.prevBuf[:0], need)
+	for i := range c.prev {
+		if b := c.prev[i].b; len(b) > 0 {
+			at := len(c.prevBuf)
+			c.prevBuf = append(c.prevBuf, b...)
+			c.prev[i].b = c.prevBuf[at:len(c.prevBuf):len(c.prevBuf)]
+		}
+	}
 }
 
 // NewMerge merges srcs by keys (concatenates them when keys is empty). One
@@ -124,8 +154,13 @@ func (m *Merge) concat(ctx context.Context) ([][]byte, error) {
 	return nil, nil
 }
 
-// advance reads c's next row and decodes its sort values.
+// advance reads c's next row, decodes its sort values and checks that they
+// do not sort before the previous row's.
 func (m *Merge) advance(ctx context.Context, c *cursor) error {
+	had := c.row != nil
+	if had {
+		c.keepKeys()
+	}
 	row, err := c.src.Next(ctx)
 	if err != nil {
 		return err
@@ -146,7 +181,22 @@ func (m *Merge) advance(ctx context.Context, c *cursor) error {
 		}
 		c.keys = append(c.keys, v)
 	}
+	if had && m.outOfOrder(c) {
+		e := sqlstate.New(sqlstate.InternalError, "the rows of part %d of an ordered read over several shards came out of order: its node sorts the ORDER BY keys otherwise than the proxy merges them", c.index+1)
+		e.Hint = `give every node the catalog node's collation (the databases' locale), or add COLLATE "C" to the ORDER BY item`
+		return e
+	}
 	return nil
+}
+
+// outOfOrder reports whether c's row sorts before its previous one.
+func (m *Merge) outOfOrder(c *cursor) bool {
+	for n, k := range m.keys {
+		if d := compareKey(&c.keys[n], &c.prev[n], k); d != 0 {
+			return d < 0
+		}
+	}
+	return false
 }
 
 // fail stops the merge with err: every source that has not ended is

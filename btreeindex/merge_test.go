@@ -284,6 +284,24 @@ func TestMergeErrors(t *testing.T) {
 			closed:  []int{1, 1},
 		},
 		{
+			// Its node sorts otherwise than the merge compares: merging on
+			// would answer in a wrong order.
+			name: "a source out of order", keys: asc,
+			sources: [][][]string{{{"1"}, {"3"}, {"2"}, {"9"}}, {{"2"}, {"8"}}},
+			want:    []string{"1", "2", "3"},
+			code:    sqlstate.InternalError,
+			closed:  []int{1, 1},
+		},
+		{
+			// The previous row's text is compared after the source has
+			// overwritten its buffer with the next row.
+			name: "text out of byte order", keys: []SortKey{{Column: 1, ByteOrder: true}},
+			sources: [][][]string{{{"1", "a"}, {"2", "c"}, {"3", "b"}}, {{"4", "z"}}},
+			want:    []string{"1|a", "2|c"},
+			code:    sqlstate.InternalError,
+			closed:  []int{1, 1},
+		},
+		{
 			name:    "no keys: a source fails, the later ones are closed unread",
 			sources: [][][]string{{{"1"}}, {{"2"}, {"3"}}, {{"4"}}, {}},
 			failAt:  map[int]int{1: 1},

@@ -6,7 +6,7 @@ import "strconv"
 // each row, and the order PostgreSQL sorted the node's rows in.
 //
 // Collations: the merge reproduces the order of text only under a
-// collation that compares bytes ("C", "POSIX"); ByteOrder says the key has
+// collation that compares bytes ("C", "POSIX", "C.UTF-8"); ByteOrder says the key has
 // it, written in the statement or found by the proxy's collation probe.
 // Text under any other collation is ordered by PostgreSQL (SortQuery).
 type SortKey struct {

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"strings"
 
 	"github.com/jackc/pgx/v5/pgproto3"
 
@@ -50,11 +51,38 @@ func (s *session) bindExplain(ctx context.Context, v *shardmap.View, portal *cli
 	if !s.bindOn(ctx, part, t.Node, t.SQL, m, m.DestinationPortal, false) {
 		return false
 	}
+	bytewise, err := s.sortsAsBytes(ctx, q)
+	if err != nil {
+		s.fail(err)
+		return false
+	}
 	lead := make([]pgproto3.BackendMessage, len(r.Explain))
 	for i, line := range r.Explain {
+		if bytewise {
+			line = strings.Replace(line, router.PostgresSortNote, "", 1)
+		}
 		lead[i] = &pgproto3.DataRow{Values: [][]byte{[]byte(line)}}
 	}
 	part.parts[0].lead = lead
 	portal.parts = append(portal.parts, part.parts...)
 	return true
+}
+
+// sortsAsBytes reports whether the collation probe of a fan-out's ORDER BY
+// finds every key without a collation or in one that orders as bytes: the
+// merge then orders the rows itself, as the fan-out would.
+func (s *session) sortsAsBytes(ctx context.Context, q *router.Plan) (bool, error) {
+	if q.Kind != router.FanOut || q.CollationProbe == "" || len(q.Sort) == 0 {
+		return false, nil
+	}
+	c, err := s.collationsOf(ctx, q.CollationProbe, len(q.Sort))
+	if err != nil {
+		return false, err
+	}
+	for i := range q.Sort {
+		if !c.bytes[i] && c.names[i] != "" {
+			return false, nil
+		}
+	}
+	return true, nil
 }

@@ -15,7 +15,8 @@ import (
 // its keys as PostgreSQL does (btreeindex.Comparable): numbers, dates
 // (binary, or text in DateStyle ISO), uuids, and text under a collation
 // that orders bytes (COLLATE "C", or a column or database whose collation
-// is C or POSIX, as the collation probe says). Otherwise the rows are gathered and PostgreSQL orders them on the
+// is C, POSIX or C.UTF-8, as the collation probe says). Otherwise the rows
+// are gathered and PostgreSQL orders them on the
 // catalog node (btreeindex.SortQuery), so that text under en_US, an ICU
 // collation or any other sorts exactly as one node would sort it.
 

@@ -1,6 +1,7 @@
 package router
 
 import (
+	"fmt"
 	"strconv"
 	"strings"
 
@@ -15,19 +16,28 @@ import (
 // catalog node, where each tree has its template: one statement whose one
 // row gives, for each expression, the collation PostgreSQL derives for it
 // (pg_collation_for, NULL for a type without collation or an indeterminate
-// one) and whether that collation orders strings as their bytes ("C" and
-// "POSIX", or the database default when it is one of them). The probe
+// one) and whether that collation orders strings as their bytes. The probe
 // keeps the statement's WITH and FROM, the FROM on the nullable side of
 // a LEFT JOIN ... ON false, so that it reads no rows and still returns one.
+
+// Byte order: a libc collation whose locale is C or POSIX compares with
+// strcmp; one whose locale is C.UTF-8 (also spelled C.utf8, the default of
+// initdb on Debian and of many container images) compares code points,
+// which in a UTF8 database is the order of the bytes too (glibc 2.35 gave
+// it strcmp's order, and Debian's own C.UTF-8 before it sorted by code
+// point). The database default counts when its own locale is one of them.
+// A node whose libc orders C.UTF-8 otherwise shows as a part that comes
+// out of order, which the merge refuses (btreeindex.Merge).
+const byteLocale = "IN ('C', 'POSIX') OR pg_catalog.pg_encoding_to_char(d.encoding) = 'UTF8' AND pg_catalog.lower(pg_catalog.replace(%s, '-', '')) = 'c.utf8'"
 
 // The pieces of a probe around each expression and each collation name.
 // The type check keeps pg_collation_for from failing on a type without
 // collation; to_regcollation reads the name back without failing.
-const (
+var (
 	probeHead = "(SELECT CASE WHEN lattice_t.typcollation <> 0 THEN pg_catalog.pg_collation_for(lattice_x.v) END FROM (SELECT "
 	probeTail = " AS v) AS lattice_x, pg_catalog.pg_type AS lattice_t WHERE lattice_t.oid = pg_catalog.pg_typeof(lattice_x.v))"
-	bytesHead = "COALESCE((SELECT c.collprovider = 'c' AND c.collcollate IN ('C', 'POSIX')" +
-		" OR c.collprovider = 'd' AND d.datlocprovider = 'c' AND d.datcollate IN ('C', 'POSIX')" +
+	bytesHead = "COALESCE((SELECT c.collprovider = 'c' AND (c.collcollate " + fmt.Sprintf(byteLocale, "c.collcollate") + ")" +
+		" OR c.collprovider = 'd' AND d.datlocprovider = 'c' AND (d.datcollate " + fmt.Sprintf(byteLocale, "d.datcollate") + ")" +
 		" FROM pg_catalog.pg_collation AS c, pg_catalog.pg_database AS d WHERE c.oid = pg_catalog.to_regcollation("
 	bytesTail = ") AND d.datname = pg_catalog.current_database()), false)"
 )

@@ -260,6 +260,11 @@ func explainNodes(add func(int, string), r *Routing) {
 	}
 }
 
+// PostgresSortNote ends the merge line of a fan-out whose keys may be
+// text in a collation the merge cannot reproduce; the proxy drops it when
+// the collation probe finds that every key orders as bytes.
+const PostgresSortNote = " (text keys in a collation that does not order as bytes: sorted by PostgreSQL on the catalog node)"
+
 // mergeText says how the proxy merges a plain fan-out's rows.
 func mergeText(q *Plan, r *Routing) string {
 	var b strings.Builder
@@ -274,7 +279,7 @@ func mergeText(q *Plan, r *Routing) string {
 			b.WriteString("column " + strconv.Itoa(k.Column+1) + " " + k.Order())
 		}
 		if q.CollationProbe != "" {
-			b.WriteString(" (text keys in a collation that does not order as bytes: sorted by PostgreSQL on the catalog node)")
+			b.WriteString(PostgresSortNote)
 		}
 	}
 	if q.Hidden > 0 {
