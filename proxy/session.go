@@ -102,6 +102,11 @@ type session struct {
 	// sends the statement, which a backend may not have had yet when the
 	// request came (it would have ignored it). Cleared between messages.
 	cancelPending atomic.Bool
+	// deadlock is the cycle across nodes that made the detector cancel
+	// this session's waiting statement (deadlock.go): the cancel's 57014
+	// goes to the client as 40P01. Set under activeMu; cleared at
+	// ReadyForQuery.
+	deadlock atomic.Pointer[string]
 
 	// serving counts the client's messages, and is 0 while the session
 	// waits for the next: the server's look for clients gone in the
@@ -203,6 +208,14 @@ type splitState struct {
 func (s *session) send(m pgproto3.BackendMessage) {
 	if pd, ok := m.(*pgproto3.ParameterDescription); ok && len(pd.ParameterOIDs) > maxWireCount {
 		m = (*wideParameterDescription)(pd)
+	}
+	if e, ok := m.(*pgproto3.ErrorResponse); ok && e.Code == sqlstate.QueryCanceled {
+		if d := s.deadlock.Load(); d != nil {
+			m = deadlockError(e, *d)
+		}
+	}
+	if _, ok := m.(*pgproto3.ReadyForQuery); ok {
+		s.deadlock.Store(nil)
 	}
 	s.client.Send(m)
 	switch m := m.(type) {

@@ -520,6 +520,7 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, ready func(pg
 	errc := make(chan error, 2)
 	go func() { errc <- adm.Serve(ctx, aln) }()
 	go func() { errc <- srv.Serve(ctx, ln) }()
+	bg.Go(func() { srv.RunDeadlockDetector(bgCtx, proxy.DeadlockConfig{LockWaits: cluster.LockWaits}) })
 	err = <-errc
 	if err == nil {
 		err = <-errc
