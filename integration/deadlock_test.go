@@ -27,11 +27,11 @@ func TestDeadlockAcrossNodes(t *testing.T) {
 	mustExec(t, c, `SELECT lattice_create_tree('dl', 'k', shard_count => 4)`)
 	k1, k2 := keyOnNode(t, 0, "dl"), keyOnNode(t, 1, "dl")
 
-	run := func(t *testing.T, first, second int64, crossNode bool) {
+	run := func(t *testing.T, first, second int64, crossNode bool, other *proxyProc) {
 		t.Helper()
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		defer cancel()
-		a, b := connect(t, p.DSN("lattice")), connect(t, p.DSN("lattice"))
+		a, b := connect(t, p.DSN("lattice")), connect(t, other.DSN("lattice"))
 		for _, x := range []struct {
 			c *pgx.Conn
 			k int64
@@ -81,8 +81,9 @@ func TestDeadlockAcrossNodes(t *testing.T) {
 		}
 	}
 
-	t.Run("across nodes", func(t *testing.T) {
-		run(t, k1, k2, true)
+	// checkValues: each deadlock's committed transaction added 1 to both rows.
+	checkValues := func(t *testing.T, want int) {
+		t.Helper()
 		var v1, v2 int
 		for _, x := range []struct {
 			k int64
@@ -92,9 +93,20 @@ func TestDeadlockAcrossNodes(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		if v1 != 1 || v2 != 1 {
-			t.Fatalf("v = %d, %d after one transaction committed and one rolled back, want 1, 1", v1, v2)
+		if v1 != want || v2 != want {
+			t.Fatalf("v = %d, %d, want %d: one transaction of each deadlock commits, one rolls back", v1, v2, want)
 		}
+	}
+
+	t.Run("across nodes", func(t *testing.T) {
+		run(t, k1, k2, true, p)
+		checkValues(t, 1)
+	})
+	// Each proxy sees the other's session through the backends it shares
+	// in Redis; both pick the same victim, and its proxy cancels it.
+	t.Run("across proxies", func(t *testing.T) {
+		run(t, k1, k2, true, startProxy(t, 2))
+		checkValues(t, 2)
 	})
 	t.Run("on one node", func(t *testing.T) {
 		n1 := connect(t, testNodeDSN(t, 0))
@@ -109,6 +121,6 @@ func TestDeadlockAcrossNodes(t *testing.T) {
 		if err := n1.QueryRow(ctx, `SELECT k FROM `+schema+`.dl WHERE k <> $1 LIMIT 1`, k1).Scan(&other); err != nil {
 			t.Fatal(err)
 		}
-		run(t, k1, other, false)
+		run(t, k1, other, false, p)
 	})
 }

@@ -2,8 +2,10 @@ package proxy
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -23,8 +25,12 @@ import (
 // cancels the waiting statement of one session on a cycle that crosses
 // nodes; the client gets 40P01, as from PostgreSQL, and the others go on
 // once it rolls back. Cycles within one node are PostgreSQL's to break.
-// A cycle through another proxy's session is not seen: its backends are
-// unknown here (DESIGN.md section 15).
+// Proxies that hold transactions over several nodes share their backends
+// through Redis (Share), so a cycle through sessions of several proxies is
+// one graph to each; each picks the same victim, and its own proxy cancels
+// it. A victim is canceled only when two looks in a row chose it, so that
+// a backend that changed hands between the reads cannot make a cycle that
+// is not there (DESIGN.md section 15).
 
 // DeadlockConfig is what the detector needs of the nodes.
 type DeadlockConfig struct {
@@ -34,6 +40,28 @@ type DeadlockConfig struct {
 	// LockWaits reads a node's backends waiting for a lock longer than
 	// older (pgshard.Cluster.LockWaits).
 	LockWaits func(ctx context.Context, node string, older time.Duration) ([]pgshard.LockWait, error)
+	// Share publishes this proxy's backends held by sessions over several
+	// nodes (an encoded []sharedBackend) and returns the other proxies';
+	// nil sees this proxy's sessions only.
+	Share func(ctx context.Context, mine []byte) ([][]byte, error)
+	// ProxyID names this proxy's sessions to the others.
+	ProxyID string
+}
+
+// sharedBackend is a backend of a session over several nodes, as the
+// proxies share them.
+type sharedBackend struct {
+	Session string `json:"s"` // proxy id and session key
+	Node    string `json:"n"`
+	PID     uint32 `json:"p"`
+}
+
+// owner is the session a backend belongs to, by its name across the
+// proxies (sharedBackend.Session), and the session itself when it is one
+// of this proxy.
+type owner struct {
+	local *session
+	id    string
 }
 
 // DefaultDeadlockTimeout is PostgreSQL's default deadlock_timeout.
@@ -53,29 +81,61 @@ func (s *Server) RunDeadlockDetector(ctx context.Context, cfg DeadlockConfig) {
 	}
 	t := time.NewTicker(every)
 	defer t.Stop()
+	var chosen map[backendKey]bool
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
-		if err := s.breakDeadlocks(ctx, cfg.LockWaits, every); err != nil && ctx.Err() == nil {
+		var err error
+		if chosen, err = s.breakDeadlocks(ctx, cfg, every, chosen); err != nil && ctx.Err() == nil {
 			s.log.Warn("deadlock detector: cannot read the nodes' lock waits", "err", err)
 		}
 	}
 }
 
-// breakDeadlocks looks once, and cancels one session on each cycle found.
-func (s *Server) breakDeadlocks(ctx context.Context, lockWaits func(context.Context, string, time.Duration) ([]pgshard.LockWait, error), older time.Duration) error {
-	owners, nodes := s.heldBackends()
-	if len(nodes) < 2 {
-		return nil // no session of this proxy spans nodes: no cycle of ours can
+// breakDeadlocks looks once. It returns the waiting backends of the
+// victims it chose, and cancels those chosen in the last look too.
+func (s *Server) breakDeadlocks(ctx context.Context, cfg DeadlockConfig, older time.Duration, last map[backendKey]bool) (map[backendKey]bool, error) {
+	owners, mine := s.heldBackends(cfg.ProxyID)
+	if len(mine) == 0 {
+		return nil, nil // no session of this proxy spans nodes: no cycle of ours can
 	}
+	if cfg.Share != nil {
+		payload, err := json.Marshal(mine)
+		if err != nil {
+			return nil, err
+		}
+		theirs, err := cfg.Share(ctx, payload)
+		if err != nil {
+			return nil, err
+		}
+		for _, p := range theirs {
+			var bs []sharedBackend
+			if json.Unmarshal(p, &bs) != nil {
+				continue
+			}
+			for _, b := range bs {
+				k := backendKey{b.Node, b.PID}
+				if owners[k].local == nil {
+					owners[k] = owner{id: b.Session}
+				}
+			}
+		}
+	}
+	var nodes []string
+	for _, b := range mine {
+		if !slices.Contains(nodes, b.Node) {
+			nodes = append(nodes, b.Node)
+		}
+	}
+	slices.Sort(nodes)
 	g := newWaitGraph()
 	for _, node := range nodes {
-		waits, err := lockWaits(ctx, node, older)
+		waits, err := cfg.LockWaits(ctx, node, older)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		for _, w := range waits {
 			for _, b := range w.Blockers {
@@ -83,34 +143,45 @@ func (s *Server) breakDeadlocks(ctx context.Context, lockWaits func(context.Cont
 			}
 		}
 	}
+	chosen := make(map[backendKey]bool)
 	for _, cycle := range g.crossNodeCycles() {
 		victim := cycle.victim()
-		if victim == nil {
-			continue
+		if victim == nil || victim.sess == nil {
+			continue // another proxy's session: that proxy cancels it
 		}
-		victim.sess.deadlockVictim(ctx, victim.waiting, cycle.describe())
+		var again []backendKey
+		for _, k := range victim.waiting {
+			chosen[k] = true
+			if last[k] {
+				again = append(again, k)
+			}
+		}
+		if len(again) > 0 {
+			victim.sess.deadlockVictim(ctx, again, cycle.describe())
+		}
 	}
-	return nil
+	return chosen, nil
 }
 
 // heldBackends maps every backend a session of this proxy holds to its
-// session, and lists the nodes of those sessions that hold backends on
-// more than one.
-func (s *Server) heldBackends() (map[backendKey]*session, []string) {
+// session, and lists the backends of those sessions that hold backends on
+// more than one node.
+func (s *Server) heldBackends(proxyID string) (map[backendKey]owner, []sharedBackend) {
 	s.mu.Lock()
 	sessions := make([]*session, 0, len(s.sessions))
 	for _, sess := range s.sessions {
 		sessions = append(sessions, sess)
 	}
 	s.mu.Unlock()
-	owners := make(map[backendKey]*session)
-	var nodes []string
+	owners := make(map[backendKey]owner)
+	var mine []sharedBackend
 	for _, sess := range sessions {
 		sess.activeMu.Lock()
 		var first string
 		spans := false
+		id := proxyID + "/" + strconv.FormatUint(uint64(sess.key.ProcessID), 10)
 		for _, be := range sess.active {
-			owners[backendKey{be.Node, be.PID()}] = sess
+			owners[backendKey{be.Node, be.PID()}] = owner{local: sess, id: id}
 			if first == "" {
 				first = be.Node
 			}
@@ -118,15 +189,12 @@ func (s *Server) heldBackends() (map[backendKey]*session, []string) {
 		}
 		if spans {
 			for _, be := range sess.active {
-				if !slices.Contains(nodes, be.Node) {
-					nodes = append(nodes, be.Node)
-				}
+				mine = append(mine, sharedBackend{Session: id, Node: be.Node, PID: be.PID()})
 			}
 		}
 		sess.activeMu.Unlock()
 	}
-	slices.Sort(nodes)
-	return owners, nodes
+	return owners, mine
 }
 
 // waitGraph has a vertex per session of this proxy, and one per backend
@@ -139,6 +207,7 @@ type waitGraph struct {
 
 type waitVertex struct {
 	sess    *session // nil for a backend of no session of this proxy
+	session bool     // a session of this proxy or of another
 	name    string
 	out     []waitEdge
 	waiting []backendKey // the session's backends that wait
@@ -152,22 +221,22 @@ type waitEdge struct {
 
 func newWaitGraph() *waitGraph { return &waitGraph{ids: make(map[any]int)} }
 
-func (g *waitGraph) vertex(owners map[backendKey]*session, k backendKey) int {
+func (g *waitGraph) vertex(owners map[backendKey]owner, k backendKey) int {
 	var id any = k
 	name := fmt.Sprintf("pid %d on %s", k.pid, k.node)
-	if sess := owners[k]; sess != nil {
-		id, name = sess, fmt.Sprintf("session %d", sess.key.ProcessID)
+	o := owners[k]
+	if o.id != "" {
+		id, name = o.id, "session "+o.id
 	}
 	if i, ok := g.ids[id]; ok {
 		return i
 	}
 	g.ids[id] = len(g.verts)
-	sess, _ := id.(*session)
-	g.verts = append(g.verts, waitVertex{sess: sess, name: name})
+	g.verts = append(g.verts, waitVertex{sess: o.local, session: o.id != "", name: name})
 	return len(g.verts) - 1
 }
 
-func (g *waitGraph) edge(owners map[backendKey]*session, node string, waiter, blocker uint32, since time.Time) {
+func (g *waitGraph) edge(owners map[backendKey]owner, node string, waiter, blocker uint32, since time.Time) {
 	w := g.vertex(owners, backendKey{node, waiter})
 	b := g.vertex(owners, backendKey{node, blocker})
 	if w == b {
@@ -260,13 +329,18 @@ func (c waitCycle) crossesNodes() bool {
 	return false
 }
 
-// victim is the session of this proxy on the cycle whose waiting statement
-// began last, as PostgreSQL cancels the waiter that found the deadlock.
+// victim is the session on the cycle, of any proxy, whose waiting
+// statement began last, as PostgreSQL cancels the waiter that found the
+// deadlock; every proxy that sees the cycle picks the same. Ties go to
+// the name, so that they too pick the same.
 func (c waitCycle) victim() *waitVertex {
 	var v *waitVertex
 	for _, i := range c.verts {
 		w := &c.g.verts[i]
-		if w.sess != nil && len(w.waiting) > 0 && (v == nil || w.since.After(v.since)) {
+		if !w.session || len(w.waiting) == 0 {
+			continue
+		}
+		if v == nil || w.since.After(v.since) || w.since.Equal(v.since) && w.name > v.name {
 			v = w
 		}
 	}

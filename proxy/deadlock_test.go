@@ -11,10 +11,12 @@ import (
 func TestWaitGraphCycles(t *testing.T) {
 	a, b, c := &session{}, &session{}, &session{}
 	a.key.ProcessID, b.key.ProcessID, c.key.ProcessID = 1, 2, 3
-	owners := map[backendKey]*session{
-		{"n1", 11}: a, {"n2", 12}: a,
-		{"n1", 21}: b, {"n2", 22}: b,
-		{"n1", 31}: c, {"n2", 32}: c,
+	owners := map[backendKey]owner{
+		{"n1", 11}: {a, "p1/1"}, {"n2", 12}: {a, "p1/1"},
+		{"n1", 21}: {b, "p1/2"}, {"n2", 22}: {b, "p1/2"},
+		{"n1", 31}: {c, "p1/3"}, {"n2", 32}: {c, "p1/3"},
+		// A session of another proxy, as it shared its backends.
+		{"n1", 41}: {nil, "p2/9"}, {"n2", 42}: {nil, "p2/9"},
 	}
 	t0 := time.Unix(1000, 0)
 	type wait struct {
@@ -34,6 +36,8 @@ func TestWaitGraphCycles(t *testing.T) {
 		{"a chain is no cycle", []wait{{"n1", 11, 21, 0}, {"n2", 22, 32, 1}}, 0, nil},
 		{"through another client's backend", []wait{{"n1", 11, 99, 0}, {"n1", 99, 21, 3}, {"n2", 22, 12, 1}}, 1, b},
 		{"three sessions", []wait{{"n1", 11, 21, 0}, {"n2", 22, 32, 2}, {"n1", 31, 11, 1}}, 1, b},
+		{"through another proxy's session, ours the victim", []wait{{"n1", 11, 41, 2}, {"n2", 42, 12, 1}}, 1, a},
+		{"through another proxy's session, its the victim", []wait{{"n1", 11, 41, 0}, {"n2", 42, 12, 1}}, 1, nil},
 		{"a cycle beside other waits", []wait{{"n1", 11, 21, 0}, {"n2", 22, 12, 1}, {"n1", 31, 99, 0}, {"n2", 98, 32, 0}}, 1, b},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -50,7 +54,7 @@ func TestWaitGraphCycles(t *testing.T) {
 			}
 			v := cycles[0].victim()
 			if v == nil || v.sess != tc.victim {
-				t.Fatalf("victim %+v, want session %d", v, tc.victim.key.ProcessID)
+				t.Fatalf("victim %v, want %p (nil: the other proxy's)", v.name, tc.victim)
 			}
 			if cycles[0].describe() == "" {
 				t.Error("no description")

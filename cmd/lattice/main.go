@@ -520,7 +520,15 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, ready func(pg
 	errc := make(chan error, 2)
 	go func() { errc <- adm.Serve(ctx, aln) }()
 	go func() { errc <- srv.Serve(ctx, ln) }()
-	bg.Go(func() { srv.RunDeadlockDetector(bgCtx, proxy.DeadlockConfig{LockWaits: cluster.LockWaits}) })
+	bg.Go(func() {
+		srv.RunDeadlockDetector(bgCtx, proxy.DeadlockConfig{
+			LockWaits: cluster.LockWaits,
+			ProxyID:   proxyID,
+			Share: func(ctx context.Context, mine []byte) ([][]byte, error) {
+				return store.ShareLockHolders(ctx, proxyID, mine, 3*proxy.DefaultDeadlockTimeout)
+			},
+		})
+	})
 	err = <-errc
 	if err == nil {
 		err = <-errc
