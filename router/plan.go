@@ -177,6 +177,7 @@ func (p *planner) apply(pl *Plan, r route, start, end int) {
 		pl.Func, pl.Compose, pl.Tag = r.fn, r.comp, "SELECT"
 	case FanOut:
 		pl.Keys, pl.KeyArray = r.keys, r.keyArray
+		pl.every = new(allShards)
 		if r.fan.agg != nil {
 			pl.Tree, pl.Agg, pl.Calls = r.tree, r.fan.agg, r.fan.calls
 			return

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 
 	"github.com/jackc/pgx/v5/pgtype"
 
@@ -293,28 +294,75 @@ func (r *Routing) writeAll(m *shardmap.Map, p *Plan) {
 
 func (r *Routing) fanOut(m *shardmap.Map, p *Plan, b *Bind) *sqlstate.Error {
 	r.Frozen = len(m.Frozen) > 0
-	groups := nodeGroups(m, keyShards(m, p, b))
+	only := keyShards(m, p, b)
+	if p.Agg == nil {
+		if err := r.limits(p, b); err != nil {
+			return err
+		}
+	}
+	if only == nil && p.every.get(r, m) {
+		return nil
+	}
+	r.fanTargets(m, p, nodeGroups(m, only))
+	if only == nil {
+		p.every.put(r, m)
+	}
+	return nil
+}
+
+// fanTargets renders a fan-out's statement for each node's shards.
+func (r *Routing) fanTargets(m *shardmap.Map, p *Plan, groups []nodeGroup) {
 	if p.Agg != nil {
 		if len(groups) == 1 {
 			r.Whole = true
 			srcs := btreeindex.Sources(m, p.Tree, groups[0].shards)
 			r.Targets = []Target{{Node: groups[0].node, Shard: -1, Shards: groups[0].shards, Sources: srcs, SQL: p.RenderWhole(srcs)}}
-			return nil
+			return
 		}
 		for _, g := range groups {
 			srcs := btreeindex.Sources(m, p.Tree, g.shards)
 			r.Targets = append(r.Targets, Target{Node: g.node, Shard: -1, Shards: g.shards, Sources: srcs, SQL: p.RenderPartial(srcs)})
 		}
-		return nil
-	}
-	if err := r.limits(p, b); err != nil {
-		return err
+		return
 	}
 	for _, g := range groups {
 		srcs := btreeindex.Sources(m, p.Tree, g.shards)
 		r.Targets = append(r.Targets, Target{Node: g.node, Shard: -1, Shards: g.shards, Sources: srcs, SQL: p.RenderFanOut(srcs, r.PerNode)})
 	}
-	return nil
+}
+
+// allShards keeps a FanOut plan's routing over every shard of one map:
+// rendering a branch per shard is most of the cost of resolving a
+// fan-out, and a plan whose WHERE does not restrict the key renders the
+// same statements for every execution on one map. Maps are immutable and
+// a new epoch is a new *Map (shardmap.View), so the map's pointer names
+// what the targets were made from; the node's row bound (PerNode) is in
+// the statement, so it is part of the key. Sessions share the plan: the
+// entry is swapped whole.
+type allShards struct {
+	last atomic.Pointer[allShardsEntry]
+}
+
+type allShardsEntry struct {
+	m       *shardmap.Map
+	perNode int64
+	whole   bool
+	targets []Target
+}
+
+// get fills r's targets from the entry made for m, if there is one.
+func (e *allShards) get(r *Routing, m *shardmap.Map) bool {
+	x := e.last.Load()
+	if x == nil || x.m != m || x.perNode != r.PerNode {
+		return false
+	}
+	r.Targets, r.Whole = append(r.Targets[:0], x.targets...), x.whole
+	return true
+}
+
+// put keeps r's targets, made over every shard of m.
+func (e *allShards) put(r *Routing, m *shardmap.Map) {
+	e.last.Store(&allShardsEntry{m: m, perNode: r.PerNode, whole: r.Whole, targets: slices.Clone(r.Targets)})
 }
 
 // copyPlan resolves COPY: FROM STDIN routes its rows as they arrive; TO

@@ -415,3 +415,58 @@ func TestResolveToAllocs(t *testing.T) {
 		t.Errorf("Resolve: %v allocations, want 2 (the routing with its target, the rendered statement)", n)
 	}
 }
+
+// TestResolveFanOutReuse: a fan-out over every shard resolves on one map
+// as it did the first time, and on a new map (a shard moved) as a fresh
+// plan does; one whose WHERE picks shards by key resolves per Bind.
+func TestResolveFanOutReuse(t *testing.T) {
+	plan := func(sql string) *Plan {
+		t.Helper()
+		plans, err := NewPlanner(0).Plan(sql, testTrees(), 1)
+		if err != nil || plans[0].Kind != FanOut {
+			t.Fatalf("plan %q: %v %v", sql, plans, err)
+		}
+		return plans[0]
+	}
+	m := shardmap.NewIdentityMap("t", "orders", 4096, 16, []string{"n1", "n2"})
+	moved := m.Clone()
+	sh := moved.Shards[3]
+	sh.Node = "n3"
+	moved.Shards[3] = sh
+	bind := func(vals ...int64) *Bind {
+		b := &Bind{}
+		for _, v := range vals {
+			b.Params, b.Formats, b.OIDs = append(b.Params, be8(v)), append(b.Formats, 1), append(b.OIDs, 20)
+		}
+		return b
+	}
+	for _, c := range []struct {
+		sql   string
+		binds []*Bind
+	}{
+		{"SELECT id, total FROM orders WHERE total BETWEEN $1 AND $2 ORDER BY total", []*Bind{bind(1, 2), bind(5, 9)}},
+		{"SELECT id FROM orders ORDER BY id LIMIT $1", []*Bind{bind(5), bind(7), bind(5)}},
+		{"SELECT count(*) FROM orders WHERE total > $1", []*Bind{bind(1), bind(2)}},
+		{"SELECT total FROM orders WHERE id IN ($1, $2)", []*Bind{bind(1, 2), bind(3, 900), bind(1, 2)}},
+	} {
+		t.Run(c.sql, func(t *testing.T) {
+			shared := plan(c.sql)
+			for _, mp := range []*shardmap.Map{m, moved, m} {
+				v := &shardmap.View{Maps: map[string]*shardmap.Map{"orders": mp}}
+				for _, b := range c.binds {
+					var got Routing
+					if err := ResolveTo(&got, v, shared, b); err != nil {
+						t.Fatal(err)
+					}
+					want, err := Resolve(v, plan(c.sql), b)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if fmt.Sprint(got) != fmt.Sprint(*want) {
+						t.Fatalf("reused:\n%v\nfresh:\n%v", got, *want)
+					}
+				}
+			}
+		})
+	}
+}

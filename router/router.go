@@ -241,6 +241,7 @@ type Plan struct {
 
 	render *renderer      // Single, InsertSplit, WriteAll: the statement in pieces around each reference to the tree
 	fan    *fanRender     // FanOut: the per-shard branch and the outer ORDER BY
+	every  *allShards     // FanOut: its targets over every shard of the last map resolved
 	split  *splitter      // InsertSplit: head, rows and tail for RenderRows
 	write  *writeRenderer // WriteAll: the statement cut for RenderFiltered
 	src    *planSource    // while planning only: what a shape template is made from
