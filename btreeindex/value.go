@@ -46,7 +46,7 @@ type value struct {
 // types whose order the merge reproduces exactly are accepted: integers
 // (int2, int4, int8, oid), float4 and float8, numeric, bool, uuid, date,
 // timestamp and timestamptz in either format, and text, varchar, name and
-// char(n) in text format under a byte-order collation.
+// char(n) in either format under a byte-order collation.
 func decode(cols []Column, k SortKey, row [][]byte) (value, error) {
 	if k.Column >= len(cols) || k.Column >= len(row) {
 		return value{}, sqlstate.New(sqlstate.InternalError, "sort column %d out of range", k.Column)
@@ -122,14 +122,16 @@ func decode(cols []Column, k SortKey, row [][]byte) (value, error) {
 			return value{}, unsupported()
 		}
 		return value{kind: 't', i: v.Time.UnixMicro(), inf: int(v.InfinityModifier)}, nil
+	// Text, varchar, name and char(n) send the same bytes in both formats
+	// (textsend: the string in the client encoding).
 	case pgtype.TextOID, pgtype.VarcharOID, pgtype.NameOID:
-		if k.ByteOrder && c.Format == 0 {
+		if k.ByteOrder {
 			return value{kind: 'B', b: raw}, nil
 		}
 	case pgtype.BPCharOID:
 		// char(n) compares without its trailing blanks (bpcharcmp), so
 		// "a" comes before "a\x01" although its padding does not.
-		if k.ByteOrder && c.Format == 0 {
+		if k.ByteOrder {
 			return value{kind: 'B', b: bytes.TrimRight(raw, " ")}, nil
 		}
 	}
@@ -138,7 +140,7 @@ func decode(cols []Column, k SortKey, row [][]byte) (value, error) {
 
 // Comparable reports whether the merge can order rows of cols by keys: each
 // key's column has a type decode accepts, text-like ones only with
-// ByteOrder and in text format. A key it cannot compare must be sorted by
+// ByteOrder. A key it cannot compare must be sorted by
 // PostgreSQL itself (SortQuery). A date or timestamp that does not decode
 // still fails at its row.
 func Comparable(cols []Column, keys []SortKey) bool {
@@ -151,7 +153,7 @@ func Comparable(cols []Column, keys []SortKey) bool {
 		case pgtype.Int2OID, pgtype.Int4OID, pgtype.Int8OID, pgtype.OIDOID, pgtype.Float4OID, pgtype.Float8OID,
 			pgtype.NumericOID, pgtype.BoolOID, pgtype.UUIDOID, pgtype.DateOID, pgtype.TimestampOID, pgtype.TimestamptzOID:
 		case pgtype.TextOID, pgtype.VarcharOID, pgtype.NameOID, pgtype.BPCharOID:
-			if !k.ByteOrder || c.Format != 0 {
+			if !k.ByteOrder {
 				return false
 			}
 		default:

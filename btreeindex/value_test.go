@@ -101,26 +101,28 @@ func TestDecodeOrder(t *testing.T) {
 	}
 }
 
-// TestDecodeText orders text, varchar and name only under the byte order
-// of COLLATE "C", and only in text format, as the merge did in the proxy.
+// TestDecodeText orders text, varchar and name only under a byte-order
+// collation, in either format: both send the string's bytes.
 func TestDecodeText(t *testing.T) {
 	c := SortKey{ByteOrder: true}
 	for _, oid := range []uint32{pgtype.TextOID, pgtype.VarcharOID, pgtype.NameOID} {
-		var prev value
-		for i, s := range []string{"", "A", "B", "a", "ab", "b", "é"} {
-			v, err := decode([]Column{{OID: oid}}, c, [][]byte{[]byte(s)})
-			if err != nil {
-				t.Fatalf("oid %d %q: %v", oid, s, err)
+		for _, format := range []int16{0, 1} {
+			var prev value
+			for i, s := range []string{"", "A", "B", "a", "ab", "b", "é"} {
+				v, err := decode([]Column{{OID: oid, Format: format}}, c, [][]byte{[]byte(s)})
+				if err != nil {
+					t.Fatalf("oid %d %q: %v", oid, s, err)
+				}
+				if i > 0 && compareValues(&prev, &v) >= 0 {
+					t.Errorf("oid %d: %q does not follow the value before it", oid, s)
+				}
+				prev = v
 			}
-			if i > 0 && compareValues(&prev, &v) >= 0 {
-				t.Errorf("oid %d: %q does not follow the value before it", oid, s)
-			}
-			prev = v
 		}
 		for _, bad := range []struct {
 			k      SortKey
 			format int16
-		}{{SortKey{}, 0}, {c, 1}} {
+		}{{SortKey{}, 0}, {SortKey{}, 1}} {
 			_, err := decode([]Column{{OID: oid, Format: bad.format}}, bad.k, [][]byte{[]byte("a")})
 			var e *sqlstate.Error
 			if !errors.As(err, &e) || e.Code != sqlstate.FeatureNotSupported || e.Hint == "" {
