@@ -37,12 +37,7 @@ func TestFanOutCollations(t *testing.T) {
 		}
 		vals = append(vals, fmt.Sprintf("(%d, %s, %s, %s, %d)", i, t, v, v, i%17))
 	}
-	fill := " VALUES " + strings.Join(vals, ", ")
-	mustExec(t, c, `CREATE TABLE coll `+cols)
-	mustExec(t, c, `INSERT INTO coll`+fill)
-	mustExec(t, c, `SELECT lattice_create_tree('coll', 'id', shard_count => 16)`)
-	mustExec(t, c, `CREATE TABLE coll_plain `+cols)
-	mustExec(t, c, `INSERT INTO coll_plain`+fill)
+	treeWithTwin(t, c, "coll", cols, " VALUES "+strings.Join(vals, ", "))
 
 	// The data must tell the collations apart, or the test proves nothing.
 	icu, _ := queryStrings(t, c, `SELECT t FROM coll_plain ORDER BY t, id`)
@@ -81,17 +76,7 @@ func TestFanOutCollations(t *testing.T) {
 	modes := map[string]pgx.QueryExecMode{"extended": pgx.QueryExecModeCacheStatement, "simple": pgx.QueryExecModeSimpleProtocol}
 	check := func(t *testing.T, sql string, mode pgx.QueryExecMode) {
 		t.Helper()
-		gotHead, got, err := queryTyped(t, c, sql, mode)
-		if err != nil {
-			t.Fatalf("through the tree: %v", err)
-		}
-		wantHead, want, err := queryTyped(t, c, strings.ReplaceAll(sql, "FROM coll", "FROM coll_plain"), mode)
-		if err != nil {
-			t.Fatalf("on the plain table: %v", err)
-		}
-		if gotHead != wantHead || !slices.Equal(got, want) {
-			t.Fatalf("%s %d rows through the tree, %s %d on one table; first difference:\n%s", gotHead, len(got), wantHead, len(want), firstDiff(got, want))
-		}
+		sameAsTwin(t, c, "coll", sql, mode) // c: the connection of the moment
 	}
 	for name, mode := range modes {
 		for _, sql := range cases {
@@ -147,12 +132,7 @@ func TestFanOutMergesCodePoints(t *testing.T) {
 		}
 		vals = append(vals, fmt.Sprintf("(%d, %s, %s)", i, u, w))
 	}
-	fill := " VALUES " + strings.Join(vals, ", ")
-	mustExec(t, c, `CREATE TABLE cu `+cols)
-	mustExec(t, c, `INSERT INTO cu`+fill)
-	mustExec(t, c, `SELECT lattice_create_tree('cu', 'id', shard_count => 16)`)
-	mustExec(t, c, `CREATE TABLE cu_plain `+cols)
-	mustExec(t, c, `INSERT INTO cu_plain`+fill)
+	treeWithTwin(t, c, "cu", cols, " VALUES "+strings.Join(vals, ", "))
 
 	cases := []string{
 		`SELECT u FROM cu ORDER BY u`,
@@ -170,17 +150,7 @@ func TestFanOutMergesCodePoints(t *testing.T) {
 	for name, mode := range runModes {
 		for _, sql := range cases {
 			t.Run(name+"/"+sql, func(t *testing.T) {
-				gotHead, got, err := queryTyped(t, c, sql, mode...)
-				if err != nil {
-					t.Fatalf("through the tree: %v", err)
-				}
-				wantHead, want, err := queryTyped(t, c, strings.ReplaceAll(sql, "FROM cu", "FROM cu_plain"), mode...)
-				if err != nil {
-					t.Fatalf("on the plain table: %v", err)
-				}
-				if gotHead != wantHead || !slices.Equal(got, want) {
-					t.Fatalf("%s %d rows through the tree, %s %d on one table; first difference:\n%s", gotHead, len(got), wantHead, len(want), firstDiff(got, want))
-				}
+				sameAsTwin(t, c, "cu", sql, mode...)
 				plan, err := queryStrings(t, c, "EXPLAIN "+sql, mode[0])
 				if err != nil {
 					t.Fatal(err)
@@ -223,4 +193,33 @@ func TestFanOutMergesCodePoints(t *testing.T) {
 			}
 		}
 	})
+}
+
+// treeWithTwin makes tree name (key id, 16 shards) and name_plain, an
+// ordinary table of the same rows on the catalog node, whose answers are
+// PostgreSQL's own.
+func treeWithTwin(t *testing.T, c *pgx.Conn, name, cols, values string) {
+	t.Helper()
+	mustExec(t, c, `CREATE TABLE `+name+` `+cols)
+	mustExec(t, c, `INSERT INTO `+name+values)
+	mustExec(t, c, `SELECT lattice_create_tree('`+name+`', 'id', shard_count => 16)`)
+	mustExec(t, c, `CREATE TABLE `+name+`_plain `+cols)
+	mustExec(t, c, `INSERT INTO `+name+`_plain`+values)
+}
+
+// sameAsTwin runs sql through the tree and on its twin (FROM name made
+// FROM name_plain) and fails on any difference of columns or rows.
+func sameAsTwin(t *testing.T, c *pgx.Conn, name, sql string, args ...any) {
+	t.Helper()
+	gotHead, got, err := queryTyped(t, c, sql, args...)
+	if err != nil {
+		t.Fatalf("through the tree: %v", err)
+	}
+	wantHead, want, err := queryTyped(t, c, strings.ReplaceAll(sql, "FROM "+name, "FROM "+name+"_plain"), args...)
+	if err != nil {
+		t.Fatalf("on the plain table: %v", err)
+	}
+	if gotHead != wantHead || !slices.Equal(got, want) {
+		t.Fatalf("%s %d rows through the tree, %s %d on one table; first difference:\n%s", gotHead, len(got), wantHead, len(want), firstDiff(got, want))
+	}
 }
