@@ -20,7 +20,8 @@ import (
 // lock the first holds. Each node sees one wait and no cycle, so neither
 // PostgreSQL breaks it, and both would wait for ever. The detector looks
 // for such cycles as PostgreSQL looks for its own: when a lock wait has
-// lasted DeadlockTimeout, it reads every node's waits (pg_blocking_pids),
+// lasted a second (deadlock_timeout's default, DeadlockConfig.Every), it
+// reads every node's waits (pg_blocking_pids),
 // joins the backends of each session of this proxy into one vertex, and
 // cancels the waiting statement of one session on a cycle that crosses
 // nodes; the client gets 40P01, as from PostgreSQL, and the others go on
