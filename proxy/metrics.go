@@ -44,12 +44,14 @@ var queryKindNames = [...]string{
 	router.Explain:     "explain",
 	kindMulti:          "multi",
 	kindUnplanned:      "unplanned",
+	kindFastpath:       "fastpath",
 }
 
 // Query kinds besides the router's, numbered after its last kind.
 const (
 	kindMulti     = router.Explain + 1 + iota // a Query message of several statements
 	kindUnplanned                             // a statement that failed to plan (syntax error, unknown portal)
+	kindFastpath                              // a fastpath function call (FunctionCall message, fastpath.go)
 )
 
 // kindNone is a message with nothing to count (an empty query).

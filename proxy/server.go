@@ -431,7 +431,7 @@ func (sess *session) loop(ctx context.Context) {
 			return
 		}
 		switch m := msg.(type) {
-		case *pgproto3.Query:
+		case *pgproto3.Query, *pgproto3.FunctionCall:
 			if len(sess.x.steps) > 0 {
 				// An extended batch without its Sync: PostgreSQL answers
 				// its messages before the Query.
@@ -446,7 +446,11 @@ func (sess *session) loop(ctx context.Context) {
 			}
 			sess.ahead = nil
 			start := time.Now()
-			err = sess.simpleQuery(ctx, m.String)
+			if q, ok := m.(*pgproto3.Query); ok {
+				err = sess.simpleQuery(ctx, q.String)
+			} else {
+				err = sess.functionCall(ctx, m.(*pgproto3.FunctionCall))
+			}
 			sess.srv.metrics.query(sess.qkind, start)
 			ready = true
 		case *pgproto3.Parse, *pgproto3.Bind, *pgproto3.Describe, *pgproto3.Execute,

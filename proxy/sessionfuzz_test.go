@@ -213,6 +213,10 @@ func TestSessionProtocolErrors(t *testing.T) {
 		{"copy with unreachable node", cat(encode(&pgproto3.Query{String: "COPY t FROM STDIN"}),
 			encode(&pgproto3.CopyData{Data: []byte("k\tb\tc\n")}, &pgproto3.CopyDone{})), "CopyInResponse ERROR 08006 ReadyForQuery"},
 		{"oversized copy data", cat(encode(&pgproto3.Query{String: "COPY t FROM STDIN"}), msgHeader('d', 1<<30)), "CopyInResponse FATAL 08P01"},
+		{"fastpath call of a function that is not a large object's", encode(&pgproto3.FunctionCall{Function: 2078, ArgFormatCodes: []uint16{0},
+			Arguments: [][]byte{[]byte("x")}}, &pgproto3.Query{String: ""}), "ERROR 0A000 ReadyForQuery EmptyQueryResponse ReadyForQuery"},
+		{"fastpath lo_creat with unreachable node", encode(&pgproto3.FunctionCall{Function: 957, ArgFormatCodes: []uint16{1},
+			Arguments: [][]byte{{0, 6, 0, 0}}, ResultFormatCode: 1}), "ERROR 08006 ReadyForQuery"},
 		{"bad copy data", cat(encode(&pgproto3.Query{String: "COPY t FROM STDIN (FORMAT csv)"}),
 			encode(&pgproto3.CopyData{Data: []byte("\"k\n")}, &pgproto3.CopyDone{})), "CopyInResponse ERROR 22P04 ReadyForQuery"},
 	}
@@ -266,6 +270,8 @@ func FuzzSession(f *testing.F) {
 		encode(&pgproto3.Parse{Query: "SELEC"}, &pgproto3.Bind{}, &pgproto3.Execute{}, &pgproto3.Sync{}, &pgproto3.Query{String: ""}),
 		cat(encode(&pgproto3.Query{String: "SELECT 1"}), msgHeader('Q', 1<<20)),
 		cat(msgHeader('B', 12), []byte{0, 0, 0, 1, 0, 0, 0, 0}),
+		encode(&pgproto3.FunctionCall{Function: 952, ArgFormatCodes: []uint16{1, 1}, Arguments: [][]byte{{0, 0, 64, 0}, {0, 2, 0, 0}}, ResultFormatCode: 1},
+			&pgproto3.Parse{Query: "SELECT 1"}, &pgproto3.FunctionCall{Function: 1}, &pgproto3.Sync{}),
 	}
 	for _, s := range seeds {
 		f.Add(s)

@@ -35,6 +35,13 @@ func (s *session) simpleQuery(ctx context.Context, sql string) error {
 			s.log.Warn("map refresh after LT001 failed", "err", err)
 		}
 	}
+	return s.endQuery(ctx)
+}
+
+// endQuery ends a message of the simple protocol once its exchange has
+// played: the backends go back, an implicit transaction ends, and the
+// client gets ReadyForQuery.
+func (s *session) endQuery(ctx context.Context) error {
 	ok := !s.x.errored
 	s.x.reset()
 	s.finish()
