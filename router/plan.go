@@ -1010,8 +1010,8 @@ func (p *planner) transaction(pl *Plan, t *pg.TransactionStmt) {
 			what = "this transaction statement"
 		}
 		pl.Kind, pl.Tx = Refused, PrepareTx
-		pl.Err = refused("Use ordinary transactions (BEGIN ... COMMIT).",
-			"%s is not supported: the proxy pools backend connections and does not run two-phase commit", what)
+		pl.Err = refused("Use ordinary transactions (BEGIN ... COMMIT): a COMMIT over several nodes is already atomic, by the proxy's own two-phase commit.",
+			"%s is not supported through the Lattice proxy: a transaction prepared by a client would outlive the pooled backends of its session", what)
 	}
 }
 
