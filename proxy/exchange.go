@@ -106,6 +106,25 @@ type exchange struct {
 	client string
 }
 
+// uses reports whether the step reads responses of be: its own backend,
+// or one of a fan-out's parts. A fan-out bound in an earlier batch of the
+// transaction and executed in this one has only its parts here, and each
+// needs this batch's Sync, or its node would keep the rows in its output
+// buffer and the merge would wait for them forever.
+func (st *step) uses(be *pgshard.Conn) bool {
+	if st.be == be {
+		return true
+	}
+	if st.fan != nil {
+		for _, p := range st.fan.parts {
+			if p.be == be {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 func (x *exchange) add(st step) {
 	if st.client == "" {
 		st.client = x.client

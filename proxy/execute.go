@@ -252,10 +252,26 @@ func (s *session) runFanOut(portal *clientPortal, maxRows uint32) {
 		s.x.add(step{kind: stepFanOut, fan: f})
 		return
 	}
-	if maxRows > 0 {
-		s.fail(sqlstate.New(sqlstate.FeatureNotSupported, "fetching a SELECT over several shards in batches (Execute with a row limit) is not supported"))
+	if portal.held != nil {
+		s.x.add(step{kind: stepSynthetic, then: func(*exchange) { s.sendBatch(portal.held, maxRows) }})
 		return
 	}
+	if maxRows > 0 {
+		// The first batch: the merge's rows go into the portal, and the
+		// batch is handed out from there.
+		held := s.holdRows(portal)
+		s.x.add(step{kind: stepSynthetic, then: func(*exchange) { s.capture = held }})
+		s.executeFanOut(portal)
+		s.x.add(step{kind: stepSynthetic, then: func(x *exchange) { s.endHold(x, portal, maxRows) }})
+		return
+	}
+	s.executeFanOut(portal)
+}
+
+// executeFanOut sends the Execute of every part of a fan-out bound in the
+// extended protocol, and the merge's step.
+func (s *session) executeFanOut(portal *clientPortal) {
+	f := portal.fan
 	if (len(f.plan.Sort) > 0 || f.agg != nil) && f.fields == nil {
 		// The merge needs the column types: describe the first part for
 		// the proxy alone.

@@ -556,8 +556,8 @@ func (s *session) sync(ctx context.Context) error {
 // inBatch reports whether be received anything since the last Sync. A pinned
 // backend left alone needs no Sync.
 func (s *session) inBatch(be *pgshard.Conn) bool {
-	for _, st := range s.x.steps {
-		if st.be == be {
+	for i := range s.x.steps {
+		if s.x.steps[i].uses(be) {
 			return true
 		}
 	}
@@ -575,6 +575,11 @@ func (s *session) flushBatch() error {
 	for _, st := range s.x.steps {
 		if st.be != nil {
 			s.x.sentSinceSync[st.be] = true
+		}
+		if st.fan != nil {
+			for _, p := range st.fan.parts {
+				s.x.sentSinceSync[p.be] = true
+			}
 		}
 	}
 	// The client may see results before Sync: no retry after a Flush.

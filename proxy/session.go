@@ -120,6 +120,9 @@ type session struct {
 	// copying is the relay of the client's COPY FROM STDIN to a backend,
 	// until the session has taken its last read (copyin.go).
 	copying *copyRelay
+	// capture takes the rows the merge of a fan-out sends while it fills
+	// a portal for batched fetches (fanbatch.go).
+	capture *heldRows
 
 	listener *listener // the session's LISTEN backend, nil until it runs LISTEN
 	pin      pinState  // the catalog-node backend kept for session state (pin.go)
@@ -187,6 +190,9 @@ type clientPortal struct {
 	run   func(context.Context)
 	split *splitState
 	fan   *fanOut
+	// held are a fan-out's rows merged at its first Execute with a row
+	// limit, handed out batch by batch (fanbatch.go).
+	held  *heldRows
 	parts []portalPart
 	bind  *pgproto3.Bind // a Single plan's Bind, kept to route it again after LT001
 	// fmtBuf, partBuf and bound hold the result formats, the one part and
@@ -216,6 +222,9 @@ func (s *session) send(m pgproto3.BackendMessage) {
 	}
 	if _, ok := m.(*pgproto3.ReadyForQuery); ok {
 		s.deadlock.Store(nil)
+	}
+	if s.capture != nil && s.capture.take(m, s.srv.cfg.MaxMergeMemory) {
+		return
 	}
 	s.client.Send(m)
 	switch m := m.(type) {
