@@ -51,6 +51,14 @@ var driverSteps = []driverStep{
 	{"copy_out", "23"},
 }
 
+// Steps some clients take besides driverSteps: a fan-out read in batches
+// of 7 (an Execute with a row limit), and a large object written and read
+// back by fastpath calls.
+var (
+	fetchSizeStep   = driverStep{"fetch_size", "1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20"}
+	largeObjectStep = driverStep{"large_object", "hello"}
+)
+
 func stepsWithout(keys ...string) []driverStep {
 	return slices.DeleteFunc(slices.Clone(driverSteps), func(s driverStep) bool { return slices.Contains(keys, s.key) })
 }
@@ -437,7 +445,7 @@ func TestDriverPsycopg2(t *testing.T) {
 	requirePythonModule(t, "psycopg2", "python3-psycopg2")
 	p := driverTree(t)
 	got := runClient(t, exec.CommandContext(clientContext(t), systemPython, filepath.Join(driversDir, "python", "psycopg2_driver.py"), p.DSN("lattice")))
-	checkSteps(t, got, driverSteps)
+	checkSteps(t, got, append([]driverStep{largeObjectStep}, driverSteps...))
 }
 
 const jdbcJar = "/usr/share/java/postgresql.jar"
@@ -450,5 +458,5 @@ func TestDriverJDBC(t *testing.T) {
 	url := fmt.Sprintf("jdbc:postgresql://%s:%s/lattice?user=lattice&sslmode=disable&prepareThreshold=2", host, port)
 	// java runs a single source file directly (JEP 330).
 	got := runClient(t, exec.CommandContext(clientContext(t), "java", "-cp", jdbcJar, filepath.Join(driversDir, "java", "Driver.java"), url))
-	checkSteps(t, got, append([]driverStep{{"server_prepared", "true"}}, driverSteps...))
+	checkSteps(t, got, append([]driverStep{{"server_prepared", "true"}, fetchSizeStep, largeObjectStep}, driverSteps...))
 }

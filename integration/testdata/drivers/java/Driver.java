@@ -13,9 +13,12 @@ import java.sql.Statement;
 import java.util.ArrayList;
 import java.util.List;
 
+import org.postgresql.PGConnection;
 import org.postgresql.PGStatement;
 import org.postgresql.copy.CopyManager;
 import org.postgresql.core.BaseConnection;
+import org.postgresql.largeobject.LargeObject;
+import org.postgresql.largeobject.LargeObjectManager;
 
 public class Driver {
     static void out(String k, Object v) {
@@ -91,6 +94,29 @@ public class Driver {
                 }
             }
             out("fanout_param", grp);
+
+            // A fetch size inside a transaction makes pgjdbc read the
+            // result in batches (Execute with a row limit).
+            c.setAutoCommit(false);
+            try (Statement st = c.createStatement()) {
+                st.setFetchSize(7);
+                try (ResultSet rs = st.executeQuery("SELECT id FROM drv ORDER BY id")) {
+                    out("fetch_size", ids(rs));
+                }
+            }
+            c.commit();
+            // Large objects go by fastpath function calls.
+            LargeObjectManager lom = c.unwrap(PGConnection.class).getLargeObjectAPI();
+            long oid = lom.createLO(LargeObjectManager.READWRITE);
+            try (LargeObject lo = lom.open(oid, LargeObjectManager.WRITE)) {
+                lo.write("hello".getBytes());
+            }
+            c.commit();
+            try (LargeObject lo = lom.open(oid, LargeObjectManager.READ)) {
+                out("large_object", new String(lo.read(100)));
+            }
+            c.commit();
+            c.setAutoCommit(true);
 
             try (PreparedStatement ps = c.prepareStatement("INSERT INTO drv (id, grp, name) VALUES (?, ?, ?)")) {
                 ps.setLong(1, 1);

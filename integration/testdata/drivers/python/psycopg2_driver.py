@@ -37,6 +37,19 @@ def main(dsn):
     cur.execute("SELECT id FROM drv WHERE grp = %s ORDER BY id", (1,))
     out("fanout_param", ",".join(str(r[0]) for r in cur.fetchall()))
 
+    # Large objects go by fastpath function calls (libpq's lo_* API).
+    c.autocommit = False
+    lo = c.lobject(0, "wb")
+    lo.write(b"hello")
+    oid = lo.oid
+    lo.close()
+    c.commit()
+    lo = c.lobject(oid, "rb")
+    out("large_object", lo.read().decode())
+    lo.close()
+    c.commit()
+    c.autocommit = True
+
     try:
         cur.execute("INSERT INTO drv (id, grp, name) VALUES (%s, %s, %s)", (1, 1, "dup"))
         out("unique", "no error")
