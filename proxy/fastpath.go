@@ -54,7 +54,7 @@ func (s *session) functionCall(ctx context.Context, m *pgproto3.FunctionCall) er
 		e := sqlstate.New(sqlstate.FeatureNotSupported, "fastpath function call of function OID %d is not supported through the Lattice proxy: only the large-object functions (lo_open, loread, lowrite and the rest of libpq's lo_* calls) are", m.Function)
 		e.Hint = "call the function in a statement: SELECT f(...)"
 		s.fail(e)
-	case s.tx.failed || s.txStatus() == 'E':
+	case s.txStatus() == 'E':
 		s.fail(errAbortedTx)
 	default:
 		be, err := s.backend(ctx, s.srv.catalogNode)
