@@ -23,18 +23,18 @@ import (
 type heldRows struct {
 	rows  [][][]byte
 	bytes int64
-	// others is what the session's other portals held when this one
-	// began to fill.
-	others int64
-	err    *sqlstate.Error // set when the rows passed the memory bound
+	// room is what the portal may hold: --max-merge-memory less what
+	// the session's other portals held when this one began to fill.
+	room int64
+	over bool // the rows passed the memory bound
 }
 
 // holdRows gives portal the store its first Execute fills.
 func (s *session) holdRows(portal *clientPortal) *heldRows {
-	h := &heldRows{}
+	h := &heldRows{room: s.srv.cfg.MaxMergeMemory}
 	for _, p := range s.portals {
 		if p.held != nil && p != portal {
-			h.others += p.held.bytes
+			h.room -= p.held.bytes
 		}
 	}
 	portal.held = h
@@ -44,22 +44,17 @@ func (s *session) holdRows(portal *clientPortal) *heldRows {
 // take keeps a message the merge sends while h is filled: its rows (copied,
 // as the merge reuses their buffers) and its CommandComplete, whose count
 // each batch gives anew. Anything else goes on to the client.
-func (h *heldRows) take(m pgproto3.BackendMessage, limit int64) bool {
+func (h *heldRows) take(m pgproto3.BackendMessage) bool {
 	switch m := m.(type) {
 	case *pgproto3.DataRow:
-		if h.err != nil {
+		if h.over {
 			return true
 		}
-		row := make([][]byte, len(m.Values))
-		for i, v := range m.Values {
-			if v != nil {
-				row[i] = append(make([]byte, 0, len(v)), v...)
-			}
-		}
+		row := copyRow(m.Values)
 		h.rows = append(h.rows, row)
 		h.bytes += rowSize(row)
-		if h.others+h.bytes > limit {
-			h.err = batchOverMemory(limit)
+		if h.bytes > h.room {
+			h.over = true
 			h.rows, h.bytes = nil, 0
 		}
 		return true
@@ -84,10 +79,10 @@ func (s *session) endHold(x *exchange, portal *clientPortal, maxRows uint32) {
 		portal.held = nil
 		return
 	}
-	if h.err != nil {
+	if h.over {
 		x.errored = true
 		portal.held = nil
-		s.send(h.err.Response())
+		s.send(batchOverMemory(s.srv.cfg.MaxMergeMemory).Response())
 		return
 	}
 	s.sendBatch(h, maxRows)

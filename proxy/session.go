@@ -223,7 +223,7 @@ func (s *session) send(m pgproto3.BackendMessage) {
 	if _, ok := m.(*pgproto3.ReadyForQuery); ok {
 		s.deadlock.Store(nil)
 	}
-	if s.capture != nil && s.capture.take(m, s.srv.cfg.MaxMergeMemory) {
+	if s.capture != nil && s.capture.take(m) {
 		return
 	}
 	s.client.Send(m)
