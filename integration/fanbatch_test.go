@@ -75,8 +75,9 @@ func fetchBatches(ctx context.Context, pc *pgconn.PgConn, sqls []string, fetches
 // the same rows, PortalSuspended after each full batch, the batch's own
 // count in the tag, two portals read in turn, the merge on the proxy and
 // the final step on the catalog node. Every portal is bound in a batch of
-// its own before its first Execute, as a transaction allows. Past --max-merge-memory it fails
-// with 53200 and the session goes on.
+// its own before its first Execute, as a transaction allows. Past
+// --max-merge-memory, for one portal or for two together, it fails with
+// 53200 and the session goes on.
 func TestFanOutBatches(t *testing.T) {
 	resetNodes(t)
 	p := startProxy(t, 2, "--max-merge-memory", "200000")
@@ -130,6 +131,16 @@ func TestFanOutBatches(t *testing.T) {
 	}
 	if !strings.HasPrefix(got, "| ERROR 53200 ") || !strings.Contains(got, "in batches") {
 		t.Fatalf("a batched fetch past --max-merge-memory: %q, want 53200", got)
+	}
+	// 1,200 of those rows fit alone, and two portals of them do not: the
+	// bound holds for all of a session's portals together.
+	half := `SELECT id, name FROM batched WHERE id BETWEEN 101 AND 1300 ORDER BY id`
+	got, err = fetchBatches(ctx, c.PgConn(), []string{half, half}, [][2]int{{0, 10}, {1, 10}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lines := strings.Split(got, "\n"); len(lines) < 2 || !strings.HasSuffix(lines[0], "| suspended") || !strings.HasPrefix(lines[1], "| ERROR 53200 ") {
+		t.Fatalf("two portals that fit only alone: %q, want the first suspended and the second 53200", got)
 	}
 	var n int
 	if err := c.QueryRow(ctx, `SELECT count(*) FROM batched`).Scan(&n); err != nil || n != 3100 {
