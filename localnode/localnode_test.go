@@ -450,3 +450,28 @@ func TestStartPostgresFromTemplate(t *testing.T) {
 		t.Fatalf("node b sees node a's table: %d, %v", n, err)
 	}
 }
+
+// TestWaitReadyWantsItsOwnServer: a server starting on a port another
+// server holds (two processes handed the same free port) is not ready
+// while its process lives, though the port answers; once its process
+// exits, as PostgreSQL does when its bind fails, the start fails.
+func TestWaitReadyWantsItsOwnServer(t *testing.T) {
+	requireTools(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	base := serverTempDir(t)
+	other, err := StartPostgres(ctx, filepath.Join(base, "other"), "other", PostgresOptions{Fast: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Stop()
+	p := &Postgres{Name: "late", Dir: filepath.Join(base, "late"), Port: other.Port, opts: PostgresOptions{StartTimeout: 10 * time.Second}}
+	pr, err := startProc("/bin/sleep", []string{"1"}, base, filepath.Join(base, "sleep.log"), nil, syscall.SIGKILL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pr.stop(syscall.SIGKILL, time.Second)
+	if err := p.waitReady(ctx, pr); err == nil || !strings.Contains(err.Error(), "exited") {
+		t.Fatalf("waitReady on another server's port: %v, want the process's exit", err)
+	}
+}

@@ -360,7 +360,11 @@ func (p *Postgres) startTimeout() time.Duration {
 }
 
 // waitReady polls with a real connection and query until the server answers,
-// the process exits, or the deadline passes.
+// the process exits, or the deadline passes. The server must be p's own:
+// two processes starting servers at once (make test's parts) can be handed
+// the same free port, and the one whose bind failed would otherwise take
+// the other's server, until its own exited, for ready (ci-123: both then
+// created their database on it).
 func (p *Postgres) waitReady(ctx context.Context, pr *proc) error {
 	ctx, cancel := context.WithTimeout(ctx, p.startTimeout())
 	defer cancel()
@@ -372,8 +376,12 @@ func (p *Postgres) waitReady(ctx context.Context, pr *proc) error {
 		cctx, ccancel := context.WithTimeout(ctx, 3*time.Second)
 		conn, err := pgx.Connect(cctx, p.DSN("postgres"))
 		if err == nil {
-			_, err = conn.Exec(cctx, "SELECT 1")
+			var dir string
+			err = conn.QueryRow(cctx, "SELECT current_setting('data_directory')").Scan(&dir)
 			conn.Close(context.Background())
+			if own, aerr := filepath.Abs(p.Dir); err == nil && aerr == nil && filepath.Clean(dir) != own {
+				err = fmt.Errorf("port %d answers for data directory %s, not %s", p.Port, dir, p.Dir)
+			}
 		}
 		ccancel()
 		if err == nil {
