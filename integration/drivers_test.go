@@ -52,11 +52,13 @@ var driverSteps = []driverStep{
 }
 
 // Steps some clients take besides driverSteps: a fan-out read in batches
-// of 7 (an Execute with a row limit), and a large object written and read
-// back by fastpath calls.
+// of 7 (an Execute with a row limit), a large object written and read back
+// by fastpath calls, and fan-outs read through named cursors (DECLARE and
+// FETCH), in a transaction and WITH HOLD.
 var (
 	fetchSizeStep   = driverStep{"fetch_size", "1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20"}
 	largeObjectStep = driverStep{"large_object", "hello"}
+	namedCursorStep = driverStep{"named_cursor", "20,16,12,8,4,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20"}
 )
 
 func stepsWithout(keys ...string) []driverStep {
@@ -445,7 +447,7 @@ func TestDriverPsycopg2(t *testing.T) {
 	requirePythonModule(t, "psycopg2", "python3-psycopg2")
 	p := driverTree(t)
 	got := runClient(t, exec.CommandContext(clientContext(t), systemPython, filepath.Join(driversDir, "python", "psycopg2_driver.py"), p.DSN("lattice")))
-	checkSteps(t, got, append([]driverStep{largeObjectStep}, driverSteps...))
+	checkSteps(t, got, append([]driverStep{namedCursorStep, largeObjectStep}, driverSteps...))
 }
 
 const jdbcJar = "/usr/share/java/postgresql.jar"

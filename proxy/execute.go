@@ -67,7 +67,14 @@ func (s *session) execute(ctx context.Context, v *shardmap.View, portal *clientP
 			break
 		}
 		return s.bindOn(ctx, portal, s.catalogTarget(p), p.SQL, m, m.DestinationPortal, false)
+	case router.Cursor:
+		return s.declare(ctx, v, portal, p.Cursor)
 	case router.Catalog:
+		if p.Cursor != nil {
+			if bound, ok := s.cursorStatement(portal, p.Cursor); bound {
+				return ok
+			}
+		}
 		if isListenPlan(p) {
 			// Runs on the session's listen backend.
 			portal.run = func(ctx context.Context) { s.listenCommand(ctx, p) }

@@ -544,6 +544,7 @@ func (s *session) sync(ctx context.Context) error {
 	if err := s.endImplicit(ctx, ok); err != nil {
 		s.send(err.Response())
 	}
+	s.settleCursors(ok)
 	if s.txStatus() == 'I' {
 		// Portals live until their transaction ends.
 		clear(s.portals)

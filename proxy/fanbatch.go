@@ -27,23 +27,23 @@ type heldRows struct {
 	// the session's other portals held when this one began to fill.
 	room int64
 	over bool // the rows passed the memory bound
+	// describe takes the RowDescription too, into desc (a cursor's query,
+	// run in the simple protocol: cursor.go).
+	describe bool
+	desc     *pgproto3.RowDescription
 }
 
 // holdRows gives portal the store its first Execute fills.
 func (s *session) holdRows(portal *clientPortal) *heldRows {
-	h := &heldRows{room: s.srv.cfg.MaxMergeMemory}
-	for _, p := range s.portals {
-		if p.held != nil && p != portal {
-			h.room -= p.held.bytes
-		}
-	}
+	h := &heldRows{room: s.srv.cfg.MaxMergeMemory - s.heldBytes(portal.held)}
 	portal.held = h
 	return h
 }
 
 // take keeps a message the merge sends while h is filled: its rows (copied,
 // as the merge reuses their buffers) and its CommandComplete, whose count
-// each batch gives anew. Anything else goes on to the client.
+// each batch gives anew, and for a cursor the RowDescription. Anything else
+// goes on to the client.
 func (h *heldRows) take(m pgproto3.BackendMessage) bool {
 	switch m := m.(type) {
 	case *pgproto3.DataRow:
@@ -60,6 +60,11 @@ func (h *heldRows) take(m pgproto3.BackendMessage) bool {
 		return true
 	case *pgproto3.CommandComplete:
 		return true
+	case *pgproto3.RowDescription:
+		if h.describe {
+			h.desc = &pgproto3.RowDescription{Fields: copyFields(m.Fields)}
+		}
+		return h.describe
 	}
 	return false
 }

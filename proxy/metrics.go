@@ -42,6 +42,7 @@ var queryKindNames = [...]string{
 	router.Copy:        "copy",
 	router.RefWrite:    "reference_write",
 	router.Explain:     "explain",
+	router.Cursor:      "cursor",
 	kindMulti:          "multi",
 	kindUnplanned:      "unplanned",
 	kindFastpath:       "fastpath",
@@ -49,9 +50,9 @@ var queryKindNames = [...]string{
 
 // Query kinds besides the router's, numbered after its last kind.
 const (
-	kindMulti     = router.Explain + 1 + iota // a Query message of several statements
-	kindUnplanned                             // a statement that failed to plan (syntax error, unknown portal)
-	kindFastpath                              // a fastpath function call (FunctionCall message, fastpath.go)
+	kindMulti     = router.Cursor + 1 + iota // a Query message of several statements
+	kindUnplanned                            // a statement that failed to plan (syntax error, unknown portal)
+	kindFastpath                             // a fastpath function call (FunctionCall message, fastpath.go)
 )
 
 // kindNone is a message with nothing to count (an empty query).

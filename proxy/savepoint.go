@@ -34,6 +34,7 @@ func (s *session) applySavepoint(p *router.Plan) bool {
 	if i < 0 {
 		return false
 	}
+	s.savepointCursors(p.Tx, i)
 	if p.Tx == router.Release {
 		s.tx.savepoints = s.tx.savepoints[:i]
 		return true

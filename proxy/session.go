@@ -123,6 +123,10 @@ type session struct {
 	// capture takes the rows the merge of a fan-out sends while it fills
 	// a portal for batched fetches (fanbatch.go).
 	capture *heldRows
+	// cursors are the session's cursors over trees, by name (cursor.go);
+	// cursorEnd is how the COMMIT or ROLLBACK running ends them.
+	cursors   map[string]*treeCursor
+	cursorEnd cursorEnd
 
 	listener *listener // the session's LISTEN backend, nil until it runs LISTEN
 	pin      pinState  // the catalog-node backend kept for session state (pin.go)

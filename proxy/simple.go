@@ -48,6 +48,7 @@ func (s *session) endQuery(ctx context.Context) error {
 	if err := s.endImplicit(ctx, ok); err != nil {
 		s.send(err.Response())
 	}
+	s.settleCursors(ok)
 	if len(s.portals) > 0 && s.txStatus() == 'I' {
 		// Portals live until their transaction ends.
 		clear(s.portals)
@@ -147,6 +148,15 @@ func (s *session) simpleMulti(ctx context.Context, v *shardmap.View, plans []*ro
 		}
 		if p.Kind == router.SessionSet {
 			sets = append(sets, p.SQL)
+		}
+		if c := p.Cursor; c != nil && len(s.cursors) > 0 && (s.cursors[c.Name] != nil || c.Op == router.CursorClose && c.Name == "") {
+			e := sqlstate.New(sqlstate.FeatureNotSupported, "%s of a cursor over trees cannot be combined with other statements in one query string", strings.ToUpper(firstWord(p.SQL)))
+			e.Hint = "send it as a query of its own"
+			s.fail(e)
+			return
+		}
+		if p.Kind == router.Transaction {
+			s.noteTxEnd(p)
 		}
 		switch p.Kind {
 		case router.Catalog, router.LocalSet, router.Transaction, router.SessionSet:
@@ -273,6 +283,7 @@ func (s *session) catalogGuard(p *router.Plan) error {
 // backend: each node the transaction touches gets BEGIN replayed before its
 // first statement. COMMIT over several nodes is a two-phase commit.
 func (s *session) txControl(ctx context.Context, p *router.Plan) {
+	s.noteTxEnd(p)
 	if p.Tx != router.Savepoint && p.Tx != router.Release {
 		// The transaction ends or rolls back to a savepoint: the locks
 		// its writes took may go.
@@ -420,6 +431,7 @@ func (s *session) discardAll() {
 	s.discardPin()
 	s.stmts = map[string]*clientStmt{}
 	s.portals = map[string]*clientPortal{}
+	clear(s.cursors)
 	// DISCARD ALL includes UNLISTEN *.
 	s.x.add(step{kind: stepSynthetic, then: func(*exchange) { s.dropListener() }})
 	s.x.synthetic(commandComplete("DISCARD ALL"))

@@ -130,6 +130,8 @@ func (p *planner) planWritten(n *pg.Node, start, end int) *Plan {
 		if s.DiscardStmt.Target == pg.DiscardMode_DISCARD_ALL {
 			pl.Kind, pl.Tag = Discard, "DISCARD ALL"
 		}
+	case *pg.Node_DeclareCursorStmt:
+		p.declareCursor(pl, s.DeclareCursorStmt, n, start, end)
 	case *pg.Node_ExplainStmt:
 		r := p.route(s.ExplainStmt.Query)
 		switch r.kind {
@@ -155,9 +157,15 @@ func (p *planner) planWritten(n *pg.Node, start, end int) *Plan {
 	default:
 		if !p.ddl(pl, n, start, end) {
 			p.apply(pl, p.route(n), start, end)
+			if pl.Kind == Catalog {
+				pl.Cursor = cursorStatement(n)
+			}
 		}
 	}
-	applyPins(pl, n)
+	if pl.Kind != Cursor {
+		// The proxy holds a cursor over trees: no backend keeps state.
+		applyPins(pl, n)
+	}
 	pl.Reparse = pl.Kind == Catalog && reparsed(n)
 	if pl.Kind != Refused {
 		if err := guardSetConfig(n); err != nil {

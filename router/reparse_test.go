@@ -24,7 +24,7 @@ func TestReparse(t *testing.T) {
 		{`EXECUTE q(3)`, Catalog, true},
 		{`EXPLAIN EXECUTE q(1)`, Catalog, false},
 		{`SELECT 1`, Catalog, false},
-		{`DECLARE c CURSOR FOR SELECT * FROM orders`, Refused, false},
+		{`DECLARE c CURSOR FOR SELECT * FROM orders`, Cursor, false},
 	}
 	pl := NewPlanner(100)
 	for _, c := range cases {

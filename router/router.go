@@ -94,9 +94,12 @@ const (
 	// a WriteAll; Plan.Explain): the proxy sends Lattice's plan of it,
 	// then the first node's EXPLAIN of its part (explain.go).
 	Explain
+	// Cursor is DECLARE of a cursor over trees (Plan.Cursor): the proxy
+	// runs its query and holds the rows for FETCH and MOVE (cursor.go).
+	Cursor
 )
 
-var kindNames = [...]string{"Catalog", "Single", "InsertSplit", "Function", "Transaction", "SessionSet", "LocalSet", "Discard", "Refused", "FanOut", "WriteAll", "DDL", "Copy", "RefWrite", "Explain"}
+var kindNames = [...]string{"Catalog", "Single", "InsertSplit", "Function", "Transaction", "SessionSet", "LocalSet", "Discard", "Refused", "FanOut", "WriteAll", "DDL", "Copy", "RefWrite", "Explain", "Cursor"}
 
 func (k Kind) String() string {
 	if k >= 0 && int(k) < len(kindNames) {
@@ -221,6 +224,7 @@ type Plan struct {
 	Agg       *AggPlan             // FanOut that aggregates, groups or removes duplicates: partial query per node, final query over the partial rows (Sort, Hidden, Limit and Offset are then unused: the final query applies them)
 	Copy      *CopySpec            // Copy; RefWrite: a COPY FROM STDIN into a reference table
 	Explain   *ExplainPlan         // Explain
+	Cursor    *CursorPlan          // Cursor; Catalog: a cursor statement (DECLARE, FETCH, MOVE, CLOSE), for the proxy to tell its own cursors by name
 	// References are the reference tables the statement names (a
 	// RefWrite's written one first): every node it runs on must hold their
 	// copies.
@@ -368,6 +372,9 @@ func (p *Plan) String() string {
 	}
 	if p.Reparse {
 		b.WriteString(" reparse")
+	}
+	if p.Cursor != nil {
+		b.WriteString(" cursor=" + p.Cursor.String())
 	}
 	if p.Tag != "" {
 		b.WriteString(" tag=" + p.Tag)

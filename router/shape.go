@@ -108,10 +108,11 @@ func shapeKey(sql string, toks []token) string {
 // template makes the shape template of a single-statement string planned
 // as pl (nil when the plan cannot be derived from tokens).
 func (p *planner) template(stmt *pg.Node, pl *Plan) *shapeTemplate {
-	if pl.Kind != Catalog && pl.Kind != Single && pl.Kind != InsertSplit || pl.Pin|pl.Unpin != 0 || len(pl.KeyAlso) > 0 || callsSetConfig(stmt) {
+	if pl.Kind != Catalog && pl.Kind != Single && pl.Kind != InsertSplit || pl.Pin|pl.Unpin != 0 || len(pl.KeyAlso) > 0 || pl.Cursor != nil || callsSetConfig(stmt) {
 		// Session state can depend on a constant (set_config's is_local
 		// 'on' or 'off', its setting's name, which guardSetConfig
-		// checks): such plans are never derived from a shape.
+		// checks), and a cursor statement carries what its constants
+		// say (FETCH's count): such plans are never derived from a shape.
 		return nil
 	}
 	toks := p.tokens()

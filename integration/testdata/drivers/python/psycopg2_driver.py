@@ -37,6 +37,24 @@ def main(dsn):
     cur.execute("SELECT id FROM drv WHERE grp = %s ORDER BY id", (1,))
     out("fanout_param", ",".join(str(r[0]) for r in cur.fetchall()))
 
+    # Named (server-side) cursors send DECLARE, FETCH FORWARD itersize and
+    # CLOSE: one in a transaction, and one WITH HOLD in autocommit, as
+    # Django's iterator() declares it.
+    c.autocommit = False
+    named = c.cursor("drv_named")
+    named.itersize = 6
+    named.execute("SELECT id FROM drv WHERE grp = %s ORDER BY id DESC", (0,))
+    ids = [r[0] for r in named]
+    named.close()
+    c.commit()
+    c.autocommit = True
+    held = c.cursor("drv_held", withhold=True)
+    held.itersize = 4
+    held.execute("SELECT id FROM drv ORDER BY id")
+    ids += [r[0] for r in held]
+    held.close()
+    out("named_cursor", ",".join(str(i) for i in ids))
+
     # Large objects go by fastpath function calls (libpq's lo_* API).
     c.autocommit = False
     lo = c.lobject(0, "wb")

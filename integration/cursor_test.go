@@ -1,0 +1,139 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// cursorStep runs sql as a simple query and describes what came back: the
+// columns, rows and tag of its last result, or its error's SQLSTATE.
+func cursorStep(t *testing.T, c *pgx.Conn, sql string) string {
+	t.Helper()
+	res, err := c.PgConn().Exec(context.Background(), sql).ReadAll()
+	if err != nil {
+		return "ERROR " + pgCode(err)
+	}
+	last := res[len(res)-1]
+	if last.Err != nil {
+		return "ERROR " + pgCode(last.Err)
+	}
+	var b strings.Builder
+	for _, f := range last.FieldDescriptions {
+		b.WriteString(f.Name + " ")
+	}
+	fmt.Fprintf(&b, "%v %s", textRows(last.Rows), last.CommandTag)
+	return b.String()
+}
+
+// TestTreeCursors: a cursor over a tree (DECLARE ... CURSOR FOR a SELECT
+// over several shards, or one) answers FETCH and MOVE in every direction,
+// ends with its transaction or savepoint, and fails, as a PostgreSQL
+// cursor over one table with the same rows does, statement by statement:
+// each script runs through the tree on one session and over the plain
+// twin, a cursor of the catalog node's PostgreSQL, on another. Then what
+// only the proxy's cursors have: its memory bound (53200) and a clear
+// refusal in the extended protocol.
+func TestTreeCursors(t *testing.T) {
+	resetNodes(t)
+	p := startProxy(t, 2, "--max-merge-memory", "100000")
+	tree, plain := connect(t, p.DSN("lattice")), connect(t, p.DSN("lattice"))
+	treeWithTwin(t, tree, "curs", `(id int PRIMARY KEY, grp int NOT NULL, name text NOT NULL)`,
+		` SELECT g, g % 4, 'name-' || g FROM generate_series(1, 40) g`)
+	byID := `SELECT id, name FROM curs ORDER BY id`
+	scripts := []struct {
+		name   string
+		script []string
+	}{
+		{"every direction of a SCROLL cursor", []string{"BEGIN", "DECLARE c SCROLL CURSOR FOR " + byID,
+			"FETCH 3 FROM c", "FETCH NEXT FROM c", "FETCH 0 FROM c", "FETCH PRIOR FROM c", "FETCH BACKWARD 2 FROM c",
+			"FETCH ABSOLUTE 10 FROM c", "FETCH ABSOLUTE -2 FROM c", "FETCH RELATIVE -3 FROM c", "FETCH RELATIVE 0 FROM c",
+			"MOVE FORWARD 5 IN c", "FETCH FIRST FROM c", "FETCH LAST FROM c", "FETCH NEXT FROM c", "FETCH RELATIVE 0 FROM c",
+			"FETCH BACKWARD 3 FROM c", "FETCH BACKWARD ALL FROM c", "FETCH PRIOR FROM c", "MOVE LAST IN c", "FETCH ALL FROM c",
+			"FETCH FORWARD ALL FROM c", "MOVE ABSOLUTE 0 IN c", "FETCH 5 FROM c", "FETCH -2 FROM c", "MOVE BACKWARD ALL IN c",
+			"FETCH ABSOLUTE 100 FROM c", "FETCH ABSOLUTE -100 FROM c", "FETCH RELATIVE 41 FROM c", "MOVE RELATIVE -1 IN c",
+			"FETCH FORWARD 1000 FROM c", "CLOSE c", "FETCH 1 FROM c", "ROLLBACK"}},
+		{"one shard, a grouped query, an empty one", []string{"BEGIN",
+			"DECLARE one CURSOR FOR SELECT * FROM curs WHERE id = 7", "FETCH ALL FROM one", "FETCH ALL FROM one",
+			"DECLARE agg CURSOR FOR SELECT grp, count(*), max(name) FROM curs GROUP BY grp ORDER BY grp", "FETCH 2 FROM agg", "FETCH 5 FROM agg",
+			"DECLARE none CURSOR FOR SELECT id FROM curs WHERE id < 0", "FETCH 3 FROM none", "MOVE 3 IN none", "COMMIT"}},
+		{"NO SCROLL goes forward only", []string{"BEGIN", "DECLARE n NO SCROLL CURSOR FOR " + byID,
+			"FETCH 2 FROM n", "FETCH ABSOLUTE 5 FROM n", "FETCH RELATIVE 2 FROM n", "MOVE 3 IN n", "FETCH 1 FROM n", "FETCH PRIOR FROM n", "ROLLBACK",
+			"BEGIN", "DECLARE n NO SCROLL CURSOR FOR " + byID, "FETCH 4 FROM n", "FETCH ABSOLUTE 2 FROM n", "ROLLBACK",
+			"BEGIN", "DECLARE n NO SCROLL CURSOR FOR " + byID, "FETCH 4 FROM n", "FETCH RELATIVE 0 FROM n", "ROLLBACK"}},
+		{"cursors end with their transaction", []string{"DECLARE w CURSOR FOR " + byID,
+			"DECLARE h CURSOR WITH HOLD FOR " + byID, "FETCH 2 FROM h",
+			"BEGIN", "FETCH 2 FROM h", "ROLLBACK", "FETCH 1 FROM h",
+			"BEGIN", "DECLARE h2 CURSOR WITH HOLD FOR " + byID, "FETCH 1 FROM h2", "ROLLBACK", "FETCH 1 FROM h2",
+			"BEGIN", "DECLARE h3 CURSOR WITH HOLD FOR " + byID, "COMMIT", "FETCH 1 FROM h3",
+			"BEGIN", "DECLARE t CURSOR FOR " + byID, "COMMIT", "FETCH 1 FROM t",
+			"BEGIN", "DECLARE h4 CURSOR WITH HOLD FOR " + byID, "SELECT 1/0", "COMMIT", "FETCH 1 FROM h4",
+			"BEGIN", "DECLARE t CURSOR FOR " + byID, "COMMIT AND CHAIN", "FETCH 1 FROM t", "ROLLBACK",
+			"CLOSE ALL", "FETCH 1 FROM h", "FETCH 1 FROM h3"}},
+		{"savepoints", []string{"BEGIN", "SAVEPOINT a", "DECLARE s CURSOR FOR " + byID, "FETCH 1 FROM s", "ROLLBACK TO a", "FETCH 1 FROM s", "ROLLBACK",
+			"BEGIN", "DECLARE before CURSOR FOR " + byID, "SAVEPOINT a", "FETCH 3 FROM before", "SAVEPOINT b", "DECLARE s2 CURSOR FOR " + byID,
+			"RELEASE b", "ROLLBACK TO a", "FETCH 1 FROM before", "FETCH 1 FROM s2", "ROLLBACK",
+			"BEGIN", "SAVEPOINT a", "DECLARE s3 CURSOR FOR " + byID, "RELEASE a", "FETCH 2 FROM s3", "COMMIT"}},
+		{"errors", []string{"BEGIN", "DECLARE d CURSOR FOR " + byID, "DECLARE d CURSOR FOR " + byID, "ROLLBACK",
+			"BEGIN", "DECLARE d CURSOR FOR " + byID, "SELECT 1/0", "FETCH 1 FROM d", "ROLLBACK",
+			"BEGIN", "DECLARE d CURSOR FOR SELECT nosuch FROM curs", "ROLLBACK",
+			"BEGIN", "DECLARE d CURSOR FOR " + byID, "DISCARD ALL", "ROLLBACK"}},
+	}
+	for _, sc := range scripts {
+		t.Run(sc.name, func(t *testing.T) {
+			// Each script from a clean session, whatever the one before
+			// left when it failed.
+			for _, c := range []*pgx.Conn{tree, plain} {
+				cursorStep(t, c, "ROLLBACK")
+				cursorStep(t, c, "CLOSE ALL")
+			}
+			for _, sql := range sc.script {
+				got := cursorStep(t, tree, sql)
+				want := cursorStep(t, plain, strings.ReplaceAll(sql, "FROM curs", "FROM curs_plain"))
+				if got != want {
+					t.Fatalf("%s\nthrough the tree: %s\non one table:     %s", sql, got, want)
+				}
+			}
+		})
+	}
+
+	cursorStep(t, tree, "ROLLBACK")
+	// The rows of this cursor need more than the 100,000 bytes allowed:
+	// 53200 at DECLARE, and the session goes on.
+	mustExec(t, tree, `INSERT INTO curs SELECT g, 0, repeat('x', 200) FROM generate_series(41, 1040) g`)
+	mustExec(t, tree, "BEGIN")
+	_, err := tree.PgConn().Exec(context.Background(), "DECLARE big CURSOR FOR "+byID).ReadAll()
+	if pgCode(err) != "53200" || !strings.Contains(err.Error(), "cursor over trees") {
+		t.Fatalf("a cursor past --max-merge-memory: %v, want 53200", err)
+	}
+	mustExec(t, tree, "ROLLBACK")
+	if got := cursorStep(t, tree, "SELECT count(*) FROM curs"); !strings.Contains(got, "[[1040]]") {
+		t.Fatalf("after the refused cursor: %s", got)
+	}
+
+	// The extended protocol: refused with a hint, and the session goes on.
+	extended := func(sql string) error {
+		return tree.PgConn().ExecParams(context.Background(), sql, nil, nil, nil, nil).Read().Err
+	}
+	mustExec(t, tree, "BEGIN")
+	err = extended("DECLARE x CURSOR FOR SELECT id FROM curs WHERE id < 5")
+	if pgCode(err) != "0A000" {
+		t.Fatalf("DECLARE over a tree in the extended protocol: %v, want 0A000", err)
+	}
+	mustExec(t, tree, "ROLLBACK")
+	mustExec(t, tree, "BEGIN")
+	if got := cursorStep(t, tree, "DECLARE x CURSOR FOR SELECT id FROM curs WHERE id < 5"); !strings.HasSuffix(got, "DECLARE CURSOR") {
+		t.Fatalf("DECLARE: %s", got)
+	}
+	err = extended("FETCH 1 FROM x")
+	if pgCode(err) != "0A000" {
+		t.Fatalf("FETCH of a tree cursor in the extended protocol: %v, want 0A000", err)
+	}
+	mustExec(t, tree, "ROLLBACK")
+	if got := cursorStep(t, tree, "SELECT 1"); got != "?column? [[1]] SELECT 1" {
+		t.Fatalf("the session after the refusals: %s", got)
+	}
+}
