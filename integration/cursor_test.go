@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgproto3"
 )
 
 // cursorStep runs sql as a simple query and describes what came back: the
@@ -29,6 +30,26 @@ func cursorStep(t *testing.T, c *pgx.Conn, sql string) string {
 	return b.String()
 }
 
+// extendedStep is cursorStep in the extended protocol, with text
+// parameters and the given result formats.
+func extendedStep(t *testing.T, c *pgx.Conn, sql string, params []string, formats []int16) string {
+	t.Helper()
+	var vals [][]byte
+	for _, p := range params {
+		vals = append(vals, []byte(p))
+	}
+	r := c.PgConn().ExecParams(context.Background(), sql, vals, nil, nil, formats).Read()
+	if r.Err != nil {
+		return "ERROR " + pgCode(r.Err)
+	}
+	var b strings.Builder
+	for _, f := range r.FieldDescriptions {
+		b.WriteString(f.Name + " ")
+	}
+	fmt.Fprintf(&b, "%v %s", textRows(r.Rows), r.CommandTag)
+	return b.String()
+}
+
 // TestTreeCursors: a cursor over a tree (DECLARE ... CURSOR FOR a SELECT
 // over several shards, or one) answers FETCH and MOVE in every direction,
 // ends with its transaction or savepoint, and fails, as a PostgreSQL
@@ -36,7 +57,8 @@ func cursorStep(t *testing.T, c *pgx.Conn, sql string) string {
 // each script runs through the tree on one session and over the plain
 // twin, a cursor of the catalog node's PostgreSQL, on another. Then what
 // only the proxy's cursors have: its memory bound (53200) and a clear
-// refusal in the extended protocol.
+// refusal of binary results; and the extended protocol, as psycopg 3
+// sends a server-side cursor's statements.
 func TestTreeCursors(t *testing.T) {
 	resetNodes(t)
 	p := startProxy(t, 2, "--max-merge-memory", "100000")
@@ -114,23 +136,58 @@ func TestTreeCursors(t *testing.T) {
 		t.Fatalf("after the refused cursor: %s", got)
 	}
 
-	// The extended protocol: refused with a hint, and the session goes on.
-	extended := func(sql string) error {
-		return tree.PgConn().ExecParams(context.Background(), sql, nil, nil, nil, nil).Read().Err
+	// The extended protocol, as psycopg 3 sends a server-side cursor's
+	// statements: DECLARE with a parameter, a Describe of the cursor as a
+	// portal, FETCH with text results. Binary results are refused.
+	extended := []struct {
+		sql    string
+		params []string
+	}{
+		{"BEGIN", nil},
+		{"DECLARE e CURSOR FOR SELECT id, name FROM curs WHERE grp = $1 AND id < $2 ORDER BY id DESC", []string{"2", "30"}},
+		{"FETCH FORWARD 3 FROM e", nil},
+		{"MOVE 2 IN e", nil},
+		{"FETCH FORWARD 100 FROM e", nil},
+		{"FETCH BACKWARD 2 FROM e", nil},
+		{"CLOSE e", nil},
+		{"COMMIT", nil},
+	}
+	for _, st := range extended {
+		got := extendedStep(t, tree, st.sql, st.params, nil)
+		want := extendedStep(t, plain, strings.ReplaceAll(st.sql, "FROM curs", "FROM curs_plain"), st.params, nil)
+		if got != want {
+			t.Fatalf("extended %s\nthrough the tree: %s\non one table:     %s", st.sql, got, want)
+		}
 	}
 	mustExec(t, tree, "BEGIN")
-	err = extended("DECLARE x CURSOR FOR SELECT id FROM curs WHERE id < 5")
-	if pgCode(err) != "0A000" {
-		t.Fatalf("DECLARE over a tree in the extended protocol: %v, want 0A000", err)
-	}
-	mustExec(t, tree, "ROLLBACK")
-	mustExec(t, tree, "BEGIN")
-	if got := cursorStep(t, tree, "DECLARE x CURSOR FOR SELECT id FROM curs WHERE id < 5"); !strings.HasSuffix(got, "DECLARE CURSOR") {
+	if got := extendedStep(t, tree, "DECLARE x CURSOR FOR SELECT id FROM curs WHERE id < 5", nil, nil); !strings.HasSuffix(got, "DECLARE CURSOR") {
 		t.Fatalf("DECLARE: %s", got)
 	}
-	err = extended("FETCH 1 FROM x")
-	if pgCode(err) != "0A000" {
-		t.Fatalf("FETCH of a tree cursor in the extended protocol: %v, want 0A000", err)
+	// The cursor described as a portal, as psycopg 3 does after DECLARE.
+	pc := tree.PgConn()
+	pc.Frontend().Send(&pgproto3.Describe{ObjectType: 'P', Name: "x"})
+	pc.Frontend().Send(&pgproto3.Sync{})
+	if err := pc.Frontend().Flush(); err != nil {
+		t.Fatal(err)
+	}
+	var described string
+	for {
+		msg, err := pc.ReceiveMessage(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rd, ok := msg.(*pgproto3.RowDescription); ok {
+			described = string(rd.Fields[0].Name)
+		}
+		if _, ok := msg.(*pgproto3.ReadyForQuery); ok {
+			break
+		}
+	}
+	if described != "id" {
+		t.Fatalf("Describe of the cursor as a portal: columns %q, want id", described)
+	}
+	if got := extendedStep(t, tree, "FETCH 1 FROM x", nil, []int16{1}); got != "ERROR 0A000" {
+		t.Fatalf("FETCH of a tree cursor in binary: %s, want 0A000", got)
 	}
 	mustExec(t, tree, "ROLLBACK")
 	if got := cursorStep(t, tree, "SELECT 1"); got != "?column? [[1]] SELECT 1" {

@@ -440,7 +440,7 @@ func TestDriverPsycopg3(t *testing.T) {
 	requirePythonModule(t, "psycopg", "python3-psycopg")
 	p := driverTree(t)
 	got := runClient(t, exec.CommandContext(clientContext(t), systemPython, filepath.Join(driversDir, "python", "psycopg3_driver.py"), p.DSN("lattice")))
-	checkSteps(t, got, driverSteps)
+	checkSteps(t, got, append([]driverStep{namedCursorStep}, driverSteps...))
 }
 
 func TestDriverPsycopg2(t *testing.T) {

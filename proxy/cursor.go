@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"slices"
 	"strconv"
 
 	"github.com/jackc/pgx/v5/pgproto3"
@@ -20,8 +21,11 @@ import (
 // direction; NO SCROLL refuses going back, as PostgreSQL does). The rows
 // count, with the fan-out portals held for batched fetches, against
 // --max-merge-memory: a result that does not fit gets 53200 at DECLARE.
-// They are served in the simple query protocol, in which psycopg2's named
-// cursors, Django's iterator() and psql send them.
+// Both protocols serve them: the simple one, in which psycopg2's named
+// cursors, Django's iterator() and psql send them, and the extended one,
+// in which psycopg 3's server-side cursors DECLARE with parameters,
+// describe the cursor as a portal and FETCH, all with text results (the
+// rows are held as text; binary results get 0A000).
 
 // treeCursor is a cursor over trees the session holds.
 type treeCursor struct {
@@ -51,11 +55,15 @@ func duplicateCursor(name string) *sqlstate.Error {
 	return sqlstate.New(sqlstate.DuplicateCursor, "cursor \"%s\" already exists", name)
 }
 
-func treeCursorExtended(what string) *sqlstate.Error {
-	e := sqlstate.New(sqlstate.FeatureNotSupported, "%s of a cursor over trees in the extended query protocol is not supported", what)
-	e.Hint = "Send DECLARE, FETCH and MOVE of a cursor over trees as simple queries, as psycopg2's named cursors do, or fetch a portal in batches (an Execute with a row limit)."
+func binaryCursor(what string) *sqlstate.Error {
+	e := sqlstate.New(sqlstate.FeatureNotSupported, "%s of a cursor over trees in binary format is not supported: the proxy holds its rows as text", what)
+	e.Hint = "Ask for text results (result format 0), or fetch a portal in batches (an Execute with a row limit)."
 	return e
 }
+
+// textOnly reports whether formats (a Bind's result format codes) ask for
+// text results only.
+func textOnly(formats []int16) bool { return !slices.Contains(formats, 1) }
 
 func cursorOverMemory(limit int64) *sqlstate.Error {
 	e := sqlstate.New(sqlstate.OutOfMemory, "out of memory: a cursor over trees holds its rows in the proxy, and they need more than %d bytes", limit)
@@ -66,11 +74,9 @@ func cursorOverMemory(limit int64) *sqlstate.Error {
 
 // declare binds DECLARE of a cursor over trees: its query is bound as a
 // statement of its own, and its run fills the cursor.
-func (s *session) declare(ctx context.Context, v *shardmap.View, portal *clientPortal, c *router.CursorPlan) bool {
+func (s *session) declare(ctx context.Context, v *shardmap.View, portal *clientPortal, c *router.CursorPlan, m *pgproto3.Bind) bool {
 	var err *sqlstate.Error
 	switch {
-	case !s.simple:
-		err = treeCursorExtended("DECLARE")
 	case c.Binary:
 		err = sqlstate.New(sqlstate.FeatureNotSupported, "BINARY cursors over trees are not supported")
 		err.Hint = "Declare the cursor without BINARY: the proxy holds its rows as text."
@@ -92,8 +98,12 @@ func (s *session) declare(ctx context.Context, v *shardmap.View, portal *clientP
 		s.fail(sqlstate.New(sqlstate.InternalError, "the query of cursor %q planned as %d statements, not one SELECT over trees", c.Name, len(plans)))
 		return false
 	}
-	query := &clientPortal{stmt: &clientStmt{sql: c.Query, plan: plans[0], trees: v.TreesVersion}}
-	if !s.execute(ctx, v, query, &noParams) {
+	// The query takes the DECLARE's parameters ($n stay in the deparsed
+	// query) and gives text rows, whatever results the Bind asked for.
+	b := *m
+	b.ResultFormatCodes = nil
+	query := &clientPortal{stmt: &clientStmt{sql: c.Query, plan: plans[0], trees: v.TreesVersion, oids: portal.stmt.oids, epoch: portal.stmt.epoch}}
+	if !s.execute(ctx, v, query, &b) {
 		return false
 	}
 	cur := &treeCursor{rows: &heldRows{describe: true}, hold: c.Hold, noScroll: c.NoScroll,
@@ -103,6 +113,11 @@ func (s *session) declare(ctx context.Context, v *shardmap.View, portal *clientP
 			cur.rows.room = s.srv.cfg.MaxMergeMemory - s.heldBytes(nil)
 			s.capture = cur.rows
 		}})
+		if !s.simple {
+			// An Execute sends no RowDescription: the query's portal is
+			// described for the cursor, as a client's would be.
+			s.describeBound(ctx, query)
+		}
 		s.run(ctx, query, 0)
 		s.x.add(step{kind: stepSynthetic, then: func(x *exchange) { s.endDeclare(x, c.Name, cur) }})
 	}
@@ -156,8 +171,8 @@ func (s *session) cursorStatement(portal *clientPortal, c *router.CursorPlan) (b
 	if cur == nil {
 		return false, false
 	}
-	if c.Op != router.CursorClose && !s.simple {
-		s.fail(treeCursorExtended(cursorOpName(c.Op)))
+	if c.Op == router.CursorFetch && !textOnly(portal.resultFmt) {
+		s.fail(binaryCursor("FETCH"))
 		return true, false
 	}
 	portal.run = func(context.Context) {
@@ -180,13 +195,6 @@ func (s *session) cursorStatement(portal *clientPortal, c *router.CursorPlan) (b
 	return true, true
 }
 
-func cursorOpName(op router.CursorOp) string {
-	if op == router.CursorMove {
-		return "MOVE"
-	}
-	return "FETCH"
-}
-
 // fetch serves FETCH or MOVE over cur's rows.
 func (s *session) fetch(cur *treeCursor, c *router.CursorPlan) *sqlstate.Error {
 	from, n, step, err := cur.move(c.Direction, c.Count)
@@ -197,7 +205,10 @@ func (s *session) fetch(cur *treeCursor, c *router.CursorPlan) *sqlstate.Error {
 		s.send(commandComplete("MOVE " + strconv.Itoa(n)))
 		return nil
 	}
-	s.send(cur.rows.desc)
+	if s.simple {
+		// The extended protocol's Describe gives it (describeCursor).
+		s.send(cur.rows.desc)
+	}
 	for i := 0; i < n; i++ {
 		s.send(&pgproto3.DataRow{Values: cur.rows.rows[from+i*step]})
 	}
@@ -327,6 +338,27 @@ func (s *session) savepointCursors(tx router.TxKind, i int) {
 			cur.depth = i
 		}
 	}
+}
+
+// describeCursor answers a Describe of a statement or portal that FETCHes,
+// MOVEs or CLOSEs a cursor the session holds, or of the cursor itself as a
+// portal (cur alone), as PostgreSQL describes them. It reports whether it
+// answered.
+func (s *session) describeCursor(c *router.CursorPlan, cur *treeCursor, statement *clientStmt) bool {
+	if c != nil {
+		if cur = s.cursors[c.Name]; cur == nil || c.Op == router.CursorDeclare {
+			return false
+		}
+	}
+	if statement != nil {
+		s.x.synthetic(&pgproto3.ParameterDescription{ParameterOIDs: statement.oids})
+	}
+	if c != nil && c.Op != router.CursorFetch {
+		s.x.answer(noDataMsgs)
+		return true
+	}
+	s.x.synthetic(cur.rows.desc)
+	return true
 }
 
 // heldBytes is what the session's held rows take but except's: its

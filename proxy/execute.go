@@ -68,7 +68,7 @@ func (s *session) execute(ctx context.Context, v *shardmap.View, portal *clientP
 		}
 		return s.bindOn(ctx, portal, s.catalogTarget(p), p.SQL, m, m.DestinationPortal, false)
 	case router.Cursor:
-		return s.declare(ctx, v, portal, p.Cursor)
+		return s.declare(ctx, v, portal, p.Cursor, m)
 	case router.Catalog:
 		if p.Cursor != nil {
 			if bound, ok := s.cursorStatement(portal, p.Cursor); bound {

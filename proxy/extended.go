@@ -363,6 +363,9 @@ func (s *session) describe(ctx context.Context, m *pgproto3.Describe) {
 		s.describeComposed(ctx, st)
 		return
 	}
+	if p.Cursor != nil && s.describeCursor(p.Cursor, nil, st) {
+		return
+	}
 	if p.Kind == router.Function {
 		fields, err := s.describeFunction(p.Func.Name)
 		if err != nil {
@@ -416,25 +419,23 @@ func (s *session) describeFunction(name string) ([]pgproto3.FieldDescription, er
 func (s *session) describePortal(ctx context.Context, name string) {
 	portal, ok := s.portals[name]
 	if !ok {
+		if cur := s.cursors[name]; cur != nil {
+			// A SQL cursor is a portal too (psycopg 3 describes its
+			// server-side cursors so).
+			s.describeCursor(nil, cur, nil)
+			return
+		}
 		s.fail(sqlstate.New(sqlstate.InvalidCursorName, "portal \"%s\" does not exist", name))
 		return
 	}
 	s.x.client = portal.stmt.sql
-	if portal.fan != nil && portal.fan.agg != nil {
-		s.describeAggPortal(ctx, portal)
-		return
-	}
-	if len(portal.parts) > 0 {
-		part := portal.parts[0]
-		s.out.sendDescribe(part.be, 'P', part.name)
-		st := step{kind: stepDescribePortal, be: part.be}
-		if portal.fan != nil {
-			st.trim, st.capture = portal.fan.plan.Hidden, portal.fan
-		}
-		s.x.add(st)
+	if s.describeBound(ctx, portal) {
 		return
 	}
 	p := portal.stmt.plan
+	if p != nil && p.Cursor != nil && s.describeCursor(p.Cursor, nil, nil) {
+		return
+	}
 	if p != nil && p.Kind == router.Function {
 		fields, err := s.describeFunction(p.Func.Name)
 		if err != nil {
@@ -445,6 +446,27 @@ func (s *session) describePortal(ctx context.Context, name string) {
 		return
 	}
 	s.x.answer(noDataMsgs)
+}
+
+// describeBound describes a portal bound on backends by its first part's
+// portal there (an aggregate's by its final statement); it reports false
+// for a portal bound on none.
+func (s *session) describeBound(ctx context.Context, portal *clientPortal) bool {
+	if portal.fan != nil && portal.fan.agg != nil {
+		s.describeAggPortal(ctx, portal)
+		return true
+	}
+	if len(portal.parts) == 0 {
+		return false
+	}
+	part := portal.parts[0]
+	s.out.sendDescribe(part.be, 'P', part.name)
+	st := step{kind: stepDescribePortal, be: part.be}
+	if portal.fan != nil {
+		st.trim, st.capture = portal.fan.plan.Hidden, portal.fan
+	}
+	s.x.add(st)
+	return true
 }
 
 func (s *session) executeMsg(ctx context.Context, m *pgproto3.Execute) {

@@ -29,6 +29,20 @@ def main(dsn):
         out("fanout", ",".join(str(r[0]) for r in c.execute("SELECT id FROM drv ORDER BY id")))
         out("fanout_param", ",".join(str(r[0]) for r in c.execute("SELECT id FROM drv WHERE grp = %s ORDER BY id", (1,), prepare=True)))
 
+        # Server-side cursors: DECLARE with a parameter, a Describe of the
+        # cursor as a portal, FETCH FORWARD itersize, CLOSE, all in the
+        # extended protocol; one in a transaction, one WITH HOLD.
+        with c.transaction():
+            with c.cursor(name="drv_named") as named:
+                named.itersize = 6
+                named.execute("SELECT id FROM drv WHERE grp = %s ORDER BY id DESC", (0,))
+                ids = [r[0] for r in named]
+        with c.cursor(name="drv_held", withhold=True) as held:
+            held.itersize = 4
+            held.execute("SELECT id FROM drv ORDER BY id")
+            ids += [r[0] for r in held]
+        out("named_cursor", ",".join(str(i) for i in ids))
+
         try:
             c.execute("INSERT INTO drv (id, grp, name) VALUES (%s, %s, %s)", (1, 1, "dup"), prepare=True)
             out("unique", "no error")
