@@ -106,6 +106,10 @@ func (s *session) declare(ctx context.Context, v *shardmap.View, portal *clientP
 	if !s.execute(ctx, v, query, &b) {
 		return false
 	}
+	// Never retried alone after LT001 (staleext.go): its rows must go into
+	// the cursor. (A SELECT meets no fence; the simple protocol runs the
+	// whole DECLARE again.)
+	query.bind = nil
 	cur := &treeCursor{rows: &heldRows{describe: true}, hold: c.Hold, noScroll: c.NoScroll,
 		pending: s.tx.active, depth: len(s.tx.savepoints)}
 	portal.run = func(ctx context.Context) {
