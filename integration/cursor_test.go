@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
 )
 
@@ -18,16 +19,7 @@ func cursorStep(t *testing.T, c *pgx.Conn, sql string) string {
 	if err != nil {
 		return "ERROR " + pgCode(err)
 	}
-	last := res[len(res)-1]
-	if last.Err != nil {
-		return "ERROR " + pgCode(last.Err)
-	}
-	var b strings.Builder
-	for _, f := range last.FieldDescriptions {
-		b.WriteString(f.Name + " ")
-	}
-	fmt.Fprintf(&b, "%v %s", textRows(last.Rows), last.CommandTag)
-	return b.String()
+	return describeResult(res[len(res)-1])
 }
 
 // extendedStep is cursorStep in the extended protocol, with text
@@ -38,7 +30,11 @@ func extendedStep(t *testing.T, c *pgx.Conn, sql string, params []string, format
 	for _, p := range params {
 		vals = append(vals, []byte(p))
 	}
-	r := c.PgConn().ExecParams(context.Background(), sql, vals, nil, nil, formats).Read()
+	return describeResult(c.PgConn().ExecParams(context.Background(), sql, vals, nil, nil, formats).Read())
+}
+
+// describeResult is a result's columns, rows and tag, or its SQLSTATE.
+func describeResult(r *pgconn.Result) string {
 	if r.Err != nil {
 		return "ERROR " + pgCode(r.Err)
 	}
