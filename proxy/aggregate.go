@@ -453,7 +453,7 @@ func copyLine(be *pgshard.Conn, buf []byte, row [][]byte) ([]byte, error) {
 // the final query's rows. pending counts the ReadyForQuery messages of what
 // was sent before.
 func (s *session) runFinal(f *fanOut, x *exchange, be *pgshard.Conn, pending int, parse *pgproto3.Parse, bind *pgproto3.Bind, end string) error {
-	if err := sendStatement(be, parse, bind, f.simple, end); err != nil {
+	if err := sendStatement(be, parse, []*pgproto3.Bind{bind}, f.simple, end); err != nil {
 		return err
 	}
 	pending += statementAnswers(end)

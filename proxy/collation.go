@@ -102,16 +102,17 @@ func (s *session) asClient(be *pgshard.Conn) (pending int, end string) {
 }
 
 // helperQuery runs one statement on a helper backend as the client
-// (asClient) and hands each row to row; it returns the first error, the
-// statement's or the backend's.
-func (s *session) helperQuery(ctx context.Context, parse *pgproto3.Parse, bind *pgproto3.Bind, row func([][]byte) error) error {
+// (asClient), once for each of binds in one pipeline, and hands each row to
+// row; it returns the first error, the statement's or the backend's. A
+// row's values are the backend's read buffer: row copies what it keeps.
+func (s *session) helperQuery(ctx context.Context, parse *pgproto3.Parse, binds []*pgproto3.Bind, row func([][]byte) error) error {
 	be, release, err := s.helperBackend(ctx)
 	if err != nil {
 		return err
 	}
 	defer release()
 	pending, end := s.asClient(be)
-	if err := sendStatement(be, parse, bind, false, end); err != nil {
+	if err := sendStatement(be, parse, binds, false, end); err != nil {
 		return err
 	}
 	pending += statementAnswers(end)
@@ -142,13 +143,15 @@ func (s *session) helperQuery(ctx context.Context, parse *pgproto3.Parse, bind *
 // then end, if any, as a query of its own after the Sync: it runs when the
 // statement failed too, and leaves the backend out of any transaction. A
 // failed send marks be broken.
-func sendStatement(be *pgshard.Conn, parse *pgproto3.Parse, bind *pgproto3.Bind, describe bool, end string) error {
+func sendStatement(be *pgshard.Conn, parse *pgproto3.Parse, binds []*pgproto3.Bind, describe bool, end string) error {
 	be.Send(parse)
-	be.Send(bind)
-	if describe {
-		be.Send(&pgproto3.Describe{ObjectType: 'P'})
+	for _, bind := range binds {
+		be.Send(bind)
+		if describe {
+			be.Send(&pgproto3.Describe{ObjectType: 'P'})
+		}
+		be.Send(&pgproto3.Execute{})
 	}
-	be.Send(&pgproto3.Execute{})
 	be.Send(&pgproto3.Sync{})
 	if end != "" {
 		be.Send(&pgproto3.Query{String: end})

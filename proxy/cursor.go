@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"context"
-	"slices"
 	"strconv"
 
 	"github.com/jackc/pgx/v5/pgproto3"
@@ -24,8 +23,9 @@ import (
 // Both protocols serve them: the simple one, in which psycopg2's named
 // cursors, Django's iterator() and psql send them, and the extended one,
 // in which psycopg 3's server-side cursors DECLARE with parameters,
-// describe the cursor as a portal and FETCH, all with text results (the
-// rows are held as text; binary results get 0A000).
+// describe the cursor as a portal and FETCH, and in which pgx FETCHes with
+// binary results (the rows are held as text, and PostgreSQL converts what
+// a FETCH asks for in binary: cursorbinary.go).
 
 // treeCursor is a cursor over trees the session holds.
 type treeCursor struct {
@@ -54,16 +54,6 @@ const (
 func duplicateCursor(name string) *sqlstate.Error {
 	return sqlstate.New(sqlstate.DuplicateCursor, "cursor \"%s\" already exists", name)
 }
-
-func binaryCursor(what string) *sqlstate.Error {
-	e := sqlstate.New(sqlstate.FeatureNotSupported, "%s of a cursor over trees in binary format is not supported: the proxy holds its rows as text", what)
-	e.Hint = "Ask for text results (result format 0), or fetch a portal in batches (an Execute with a row limit)."
-	return e
-}
-
-// textOnly reports whether formats (a Bind's result format codes) ask for
-// text results only.
-func textOnly(formats []int16) bool { return !slices.Contains(formats, 1) }
 
 func cursorOverMemory(limit int64) *sqlstate.Error {
 	e := sqlstate.New(sqlstate.OutOfMemory, "out of memory: a cursor over trees holds its rows in the proxy, and they need more than %d bytes", limit)
@@ -175,11 +165,8 @@ func (s *session) cursorStatement(portal *clientPortal, c *router.CursorPlan) (b
 	if cur == nil {
 		return false, false
 	}
-	if c.Op == router.CursorFetch && !textOnly(portal.resultFmt) {
-		s.fail(binaryCursor("FETCH"))
-		return true, false
-	}
-	portal.run = func(context.Context) {
+	formats := portal.resultFmt
+	portal.run = func(ctx context.Context) {
 		s.x.add(step{kind: stepSynthetic, then: func(x *exchange) {
 			if x.errored {
 				return
@@ -189,9 +176,9 @@ func (s *session) cursorStatement(portal *clientPortal, c *router.CursorPlan) (b
 				s.send(commandComplete("CLOSE CURSOR"))
 				return
 			}
-			if err := s.fetch(cur, c); err != nil {
+			if err := s.fetch(ctx, cur, c, formats); err != nil {
 				x.errored = true
-				s.send(err.Response())
+				s.send(sqlstate.As(err).Response())
 			}
 		}})
 	}
@@ -199,8 +186,10 @@ func (s *session) cursorStatement(portal *clientPortal, c *router.CursorPlan) (b
 	return true, true
 }
 
-// fetch serves FETCH or MOVE over cur's rows.
-func (s *session) fetch(cur *treeCursor, c *router.CursorPlan) *sqlstate.Error {
+// fetch serves FETCH or MOVE over cur's rows, in the result formats of
+// the FETCH's Bind. A FETCH that fails leaves the cursor where it was.
+func (s *session) fetch(ctx context.Context, cur *treeCursor, c *router.CursorPlan, formats []int16) error {
+	pos := cur.pos
 	from, n, step, err := cur.move(c.Direction, c.Count)
 	if err != nil {
 		return err
@@ -209,12 +198,21 @@ func (s *session) fetch(cur *treeCursor, c *router.CursorPlan) *sqlstate.Error {
 		s.send(commandComplete("MOVE " + strconv.Itoa(n)))
 		return nil
 	}
+	rows := make([][][]byte, n)
+	for i := range rows {
+		rows[i] = cur.rows.rows[from+i*step]
+	}
+	rows, cerr := s.binaryRows(ctx, cur.rows.desc.Fields, formats, rows)
+	if cerr != nil {
+		cur.pos = pos
+		return cerr
+	}
 	if s.simple {
 		// The extended protocol's Describe gives it (describeCursor).
 		s.send(cur.rows.desc)
 	}
-	for i := 0; i < n; i++ {
-		s.send(&pgproto3.DataRow{Values: cur.rows.rows[from+i*step]})
+	for _, row := range rows {
+		s.send(&pgproto3.DataRow{Values: row})
 	}
 	s.send(commandComplete("FETCH " + strconv.Itoa(n)))
 	return nil
@@ -346,9 +344,9 @@ func (s *session) savepointCursors(tx router.TxKind, i int) {
 
 // describeCursor answers a Describe of a statement or portal that FETCHes,
 // MOVEs or CLOSEs a cursor the session holds, or of the cursor itself as a
-// portal (cur alone), as PostgreSQL describes them. It reports whether it
-// answered.
-func (s *session) describeCursor(c *router.CursorPlan, cur *treeCursor, statement *clientStmt) bool {
+// portal (cur alone), as PostgreSQL describes them; formats are a FETCH
+// portal's result formats. It reports whether it answered.
+func (s *session) describeCursor(c *router.CursorPlan, cur *treeCursor, statement *clientStmt, formats []int16) bool {
 	if c != nil {
 		if cur = s.cursors[c.Name]; cur == nil || c.Op == router.CursorDeclare {
 			return false
@@ -361,7 +359,11 @@ func (s *session) describeCursor(c *router.CursorPlan, cur *treeCursor, statemen
 		s.x.answer(noDataMsgs)
 		return true
 	}
-	s.x.synthetic(cur.rows.desc)
+	if len(formats) == 0 {
+		s.x.synthetic(cur.rows.desc)
+		return true
+	}
+	s.x.synthetic(&pgproto3.RowDescription{Fields: resultFields(cur.rows.desc.Fields, formats)})
 	return true
 }
 

@@ -363,7 +363,7 @@ func (s *session) describe(ctx context.Context, m *pgproto3.Describe) {
 		s.describeComposed(ctx, st)
 		return
 	}
-	if p.Cursor != nil && s.describeCursor(p.Cursor, nil, st) {
+	if p.Cursor != nil && s.describeCursor(p.Cursor, nil, st, nil) {
 		return
 	}
 	if p.Kind == router.Function {
@@ -422,7 +422,7 @@ func (s *session) describePortal(ctx context.Context, name string) {
 		if cur := s.cursors[name]; cur != nil {
 			// A SQL cursor is a portal too (psycopg 3 describes its
 			// server-side cursors so).
-			s.describeCursor(nil, cur, nil)
+			s.describeCursor(nil, cur, nil, nil)
 			return
 		}
 		s.fail(sqlstate.New(sqlstate.InvalidCursorName, "portal \"%s\" does not exist", name))
@@ -433,7 +433,7 @@ func (s *session) describePortal(ctx context.Context, name string) {
 		return
 	}
 	p := portal.stmt.plan
-	if p != nil && p.Cursor != nil && s.describeCursor(p.Cursor, nil, nil) {
+	if p != nil && p.Cursor != nil && s.describeCursor(p.Cursor, nil, nil, portal.resultFmt) {
 		return
 	}
 	if p != nil && p.Kind == router.Function {

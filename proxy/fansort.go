@@ -163,7 +163,7 @@ func (s *session) postgresOrder(ctx context.Context, keys []btreeindex.SortKey, 
 	seen := make([]bool, len(rows))
 	// The sort values are the nodes' text: they parse as the session's.
 	err := s.helperQuery(ctx, &pgproto3.Parse{Query: sql, ParameterOIDs: oids},
-		&pgproto3.Bind{Parameters: btreeindex.SortValues(keys, rows), ParameterFormatCodes: formats},
+		[]*pgproto3.Bind{{Parameters: btreeindex.SortValues(keys, rows), ParameterFormatCodes: formats}},
 		func(values [][]byte) error {
 			i, err := strconv.Atoi(string(values[0]))
 			if err != nil || i < 1 || i > len(rows) || seen[i-1] {

@@ -96,7 +96,7 @@ func (s *session) shadowedNames(ctx context.Context, v *shardmap.View) (map[stri
 	}
 	arr.WriteByte('}')
 	names := map[string]bool{}
-	err := s.helperQuery(ctx, &pgproto3.Parse{Query: shadowSQL}, &pgproto3.Bind{Parameters: [][]byte{[]byte(arr.String())}},
+	err := s.helperQuery(ctx, &pgproto3.Parse{Query: shadowSQL}, []*pgproto3.Bind{{Parameters: [][]byte{[]byte(arr.String())}}},
 		func(values [][]byte) error {
 			if len(values) == 2 {
 				names[string(values[0])] = string(values[1]) == "t"
