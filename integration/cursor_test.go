@@ -183,6 +183,34 @@ func TestTreeCursors(t *testing.T) {
 		t.Fatalf("Describe of the cursor as a portal: columns %q, want id", described)
 	}
 	mustExec(t, tree, "ROLLBACK")
+	// FETCH handed out in batches (an Execute with a row limit), as
+	// PostgreSQL does: the cursor moves by the whole FETCH at once.
+	for _, c := range []*pgx.Conn{tree, plain} {
+		mustExec(t, c, "BEGIN")
+	}
+	// The first 40 rows: the cursor of all would pass the memory bound.
+	first := `SELECT id, name FROM curs WHERE id <= 40 ORDER BY id`
+	mustExec(t, tree, "DECLARE b SCROLL CURSOR FOR "+first)
+	mustExec(t, plain, "DECLARE b SCROLL CURSOR FOR "+strings.ReplaceAll(first, "FROM curs", "FROM curs_plain"))
+	for _, batch := range []struct {
+		sql     string
+		maxRows []uint32
+	}{
+		{"FETCH 5 FROM b", []uint32{2, 2, 2, 2}},
+		{"FETCH 1 FROM b", []uint32{0, 0}},
+		{"FETCH BACKWARD 4 FROM b", []uint32{4, 1}},
+		{"FETCH 3 FROM b", []uint32{10}},
+		{"MOVE 2 IN b", []uint32{1}},
+		{"FETCH ALL FROM b", []uint32{7, 7, 7, 7, 7, 7}},
+	} {
+		got, want := cursorBatches(t, tree, batch.sql, batch.maxRows), cursorBatches(t, plain, batch.sql, batch.maxRows)
+		if got != want {
+			t.Fatalf("%s in batches of %v\nthrough the tree: %s\non one table:     %s", batch.sql, batch.maxRows, got, want)
+		}
+	}
+	for _, c := range []*pgx.Conn{tree, plain} {
+		mustExec(t, c, "ROLLBACK")
+	}
 	binaryFetches(t, tree)
 	if got := cursorStep(t, tree, "SELECT 1"); got != "?column? [[1]] SELECT 1" {
 		t.Fatalf("the session after the refusals: %s", got)
@@ -228,6 +256,43 @@ func binaryFetches(t *testing.T, c *pgx.Conn) {
 	mustExec(t, c, "ROLLBACK")
 	mustExec(t, c, "RESET DateStyle")
 	mustExec(t, c, "RESET IntervalStyle")
+}
+
+// cursorBatches binds sql in the extended protocol and executes it once
+// per row limit in maxRows, in one pipeline, and describes each answer
+// (fetchBatches binds all its statements before their Executes, and a
+// FETCH's Bind must follow its cursor's DECLARE).
+func cursorBatches(t *testing.T, c *pgx.Conn, sql string, maxRows []uint32) string {
+	t.Helper()
+	f := c.PgConn().Frontend()
+	f.Send(&pgproto3.Parse{Query: sql})
+	f.Send(&pgproto3.Bind{})
+	for _, n := range maxRows {
+		f.Send(&pgproto3.Execute{MaxRows: n})
+	}
+	f.Send(&pgproto3.Sync{})
+	if err := f.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	for {
+		msg, err := c.PgConn().ReceiveMessage(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch m := msg.(type) {
+		case *pgproto3.DataRow:
+			fmt.Fprintf(&b, "%q ", m.Values)
+		case *pgproto3.CommandComplete:
+			fmt.Fprintf(&b, "[%s] ", m.CommandTag)
+		case *pgproto3.PortalSuspended:
+			b.WriteString("[suspended] ")
+		case *pgproto3.ErrorResponse:
+			fmt.Fprintf(&b, "ERROR %s ", m.Code)
+		case *pgproto3.ReadyForQuery:
+			return b.String()
+		}
+	}
 }
 
 // rawFetch runs sql as pgx's Query does (binary results for the types it

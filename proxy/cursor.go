@@ -166,19 +166,23 @@ func (s *session) cursorStatement(portal *clientPortal, c *router.CursorPlan) (b
 		return false, false
 	}
 	formats := portal.resultFmt
-	portal.run = func(ctx context.Context) {
+	portal.fetch = func(ctx context.Context, maxRows uint32) {
 		s.x.add(step{kind: stepSynthetic, then: func(x *exchange) {
 			if x.errored {
 				return
 			}
-			if c.Op == router.CursorClose {
+			switch {
+			case c.Op == router.CursorClose:
 				delete(s.cursors, c.Name)
 				s.send(commandComplete("CLOSE CURSOR"))
-				return
-			}
-			if err := s.fetch(ctx, cur, c, formats); err != nil {
-				x.errored = true
-				s.send(sqlstate.As(err).Response())
+			case portal.held != nil:
+				// A later Execute of a FETCH handed out in batches.
+				s.sendBatch(portal.held, maxRows)
+			default:
+				if err := s.fetch(ctx, portal, cur, c, formats, maxRows); err != nil {
+					x.errored = true
+					s.send(sqlstate.As(err).Response())
+				}
 			}
 		}})
 	}
@@ -188,7 +192,10 @@ func (s *session) cursorStatement(portal *clientPortal, c *router.CursorPlan) (b
 
 // fetch serves FETCH or MOVE over cur's rows, in the result formats of
 // the FETCH's Bind. A FETCH that fails leaves the cursor where it was.
-func (s *session) fetch(ctx context.Context, cur *treeCursor, c *router.CursorPlan, formats []int16) error {
+// As in PostgreSQL, an Execute with a row limit moves the cursor by the
+// whole FETCH, and portal hands the rows out in batches of that limit;
+// an Execute after the last row gives none.
+func (s *session) fetch(ctx context.Context, portal *clientPortal, cur *treeCursor, c *router.CursorPlan, formats []int16, maxRows uint32) error {
 	pos := cur.pos
 	from, n, step, err := cur.move(c.Direction, c.Count)
 	if err != nil {
@@ -211,10 +218,17 @@ func (s *session) fetch(ctx context.Context, cur *treeCursor, c *router.CursorPl
 		// The extended protocol's Describe gives it (describeCursor).
 		s.send(cur.rows.desc)
 	}
-	for _, row := range rows {
-		s.send(&pgproto3.DataRow{Values: row})
+	held := &heldRows{rows: rows, tag: "FETCH"}
+	if !s.simple {
+		// Counted as a fan-out portal's are; the cursor counts them too.
+		// Kept after its last row, so that the portal's next Execute
+		// gives none (FETCH 0) rather than FETCH again.
+		for _, row := range rows {
+			held.bytes += rowSize(row)
+		}
+		portal.held = held
 	}
-	s.send(commandComplete("FETCH " + strconv.Itoa(n)))
+	s.sendBatch(held, maxRows)
 	return nil
 }
 

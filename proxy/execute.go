@@ -237,6 +237,8 @@ func (s *session) bindWith(ctx context.Context, portal *clientPortal, node, sql 
 // none; always 0 in the simple protocol).
 func (s *session) run(ctx context.Context, portal *clientPortal, maxRows uint32) {
 	switch {
+	case portal.fetch != nil:
+		portal.fetch(ctx, maxRows)
 	case portal.run != nil:
 		portal.run(ctx)
 	case portal.fan != nil:

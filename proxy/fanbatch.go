@@ -31,6 +31,9 @@ type heldRows struct {
 	// run in the simple protocol: cursor.go).
 	describe bool
 	desc     *pgproto3.RowDescription
+	// tag is each batch's command tag before its count: SELECT, or FETCH
+	// for a cursor's FETCH.
+	tag string
 }
 
 // holdRows gives portal the store its first Execute fills.
@@ -112,5 +115,9 @@ func (s *session) sendBatch(h *heldRows, maxRows uint32) {
 		s.send(&pgproto3.PortalSuspended{})
 		return
 	}
-	s.send(commandComplete("SELECT " + strconv.Itoa(n)))
+	tag := h.tag
+	if tag == "" {
+		tag = "SELECT"
+	}
+	s.send(commandComplete(tag + " " + strconv.Itoa(n)))
 }

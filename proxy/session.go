@@ -191,11 +191,15 @@ type clientPortal struct {
 	resultFmt []int16
 	// run is what the proxy does itself at Execute, for statements it
 	// answers or runs on several backends its own way.
-	run   func(context.Context)
+	run func(context.Context)
+	// fetch is a FETCH of a cursor over trees, which an Execute with a
+	// row limit hands out in batches (cursor.go).
+	fetch func(ctx context.Context, maxRows uint32)
 	split *splitState
 	fan   *fanOut
 	// held are a fan-out's rows merged at its first Execute with a row
-	// limit, handed out batch by batch (fanbatch.go).
+	// limit, or a cursor FETCH's rows, handed out batch by batch
+	// (fanbatch.go).
 	held  *heldRows
 	parts []portalPart
 	bind  *pgproto3.Bind // a Single plan's Bind, kept to route it again after LT001
