@@ -8,6 +8,11 @@
 # (integration/admin_test.go, driven headless over the DevTools protocol). As root it installs what is missing with
 # apt-get; otherwise it prints the exact command and fails. Quick when
 # everything is there: it only looks at files.
+#   scripts/ensure-tools.sh [test]
+# With "test" (make test), as root, also ip, tc and iptables (iproute2,
+# iptables): the network partition tests (integration/netns_test.go) make
+# namespaces and drop packets, which needs root, so a run as another user
+# skips them and needs neither.
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -54,6 +59,16 @@ fi
 if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1 && ! command -v google-chrome >/dev/null 2>&1; then
 	missing_pkgs+=(chromium)
 	missing_what+=(chromium)
+fi
+if [[ "${1:-}" == test && "$(id -u)" -eq 0 ]]; then
+	if ! command -v ip >/dev/null 2>&1 || ! command -v tc >/dev/null 2>&1; then
+		missing_pkgs+=(iproute2)
+		missing_what+=("ip and tc")
+	fi
+	if ! command -v iptables >/dev/null 2>&1; then
+		missing_pkgs+=(iptables)
+		missing_what+=(iptables)
+	fi
 fi
 if ! command -v go >/dev/null 2>&1; then
 	echo "ensure-tools: go is not on PATH; install Go 1.26 or newer (https://go.dev/doc/install)" >&2
