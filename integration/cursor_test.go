@@ -2,9 +2,12 @@ package integration
 
 import (
 	"context"
+	"crypto/md5"
+	"encoding/hex"
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -217,6 +220,34 @@ func TestTreeCursors(t *testing.T) {
 	}
 }
 
+// TestTreeCursorWideFetch: a FETCH in binary of 40,000 rows of a tree
+// cursor, 11 MB of values, more than the sockets' buffers hold, comes
+// whole. Its conversion's Binds go to PostgreSQL in rounds, each read
+// before the next (helperQuery); sent in one pipeline they stalled both
+// ends until the backend's write timed out.
+func TestTreeCursorWideFetch(t *testing.T) {
+	resetNodes(t)
+	p := startProxy(t, 2, "--max-merge-memory", "64MB")
+	c := connect(t, p.DSN("lattice"))
+	const rows = 40_000
+	mustExec(t, c, `CREATE TABLE wide (id int PRIMARY KEY, pad text NOT NULL)`)
+	mustExec(t, c, fmt.Sprintf(`INSERT INTO wide SELECT g, repeat(md5(g::text), 8) FROM generate_series(1, %d) g`, rows))
+	mustExec(t, c, `SELECT lattice_create_tree('wide', 'id', shard_count => 4)`)
+	mustExec(t, c, "BEGIN")
+	mustExec(t, c, "DECLARE w CURSOR FOR SELECT id, pad FROM wide ORDER BY id")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	r := c.PgConn().ExecParams(ctx, "FETCH ALL FROM w", nil, nil, nil, []int16{1}).Read()
+	if r.Err != nil || len(r.Rows) != rows || r.CommandTag.String() != fmt.Sprintf("FETCH %d", rows) {
+		t.Fatalf("FETCH ALL in binary: %v, %d rows, tag %q", r.Err, len(r.Rows), r.CommandTag)
+	}
+	sum := md5.Sum([]byte(fmt.Sprint(rows)))
+	if last := r.Rows[rows-1]; string(last[1]) != strings.Repeat(hex.EncodeToString(sum[:]), 8) || len(last[0]) != 4 {
+		t.Fatalf("the last row: %x", last)
+	}
+	mustExec(t, c, "ROLLBACK")
+}
+
 // binaryFetches: FETCH in binary, as pgx's Query sends it, gives the very
 // bytes PostgreSQL's own cursor gives, for values of many types printed
 // in other DateStyle and IntervalStyle settings than pgx's; a column
@@ -242,6 +273,15 @@ func binaryFetches(t *testing.T, c *pgx.Conn) {
 		if !strings.Contains(got, "format 1") || got != want {
 			t.Fatalf("%s in binary\nthrough the tree: %s\non one table:     %s", fetch, got, want)
 		}
+	}
+	// 75 kB of values: the conversion's Binds go in two rounds.
+	wide := `SELECT id, rpad(name, 250, '.') FROM curs WHERE id <= 300 ORDER BY id`
+	mustExec(t, c, "DECLARE wide CURSOR FOR "+wide)
+	binary := []int16{1}
+	got, fetched := strings.CutSuffix(describeResult(c.PgConn().ExecParams(ctx, "FETCH ALL FROM wide", nil, nil, nil, binary).Read()), "FETCH 300")
+	want, selected := strings.CutSuffix(describeResult(c.PgConn().ExecParams(ctx, wide, nil, nil, nil, binary).Read()), "SELECT 300")
+	if got != want || !fetched || !selected {
+		t.Fatalf("FETCH ALL of 300 wide rows in binary\nfrom the cursor: %.300s\nfrom the SELECT: %.300s", got, want)
 	}
 	mustExec(t, c, "DECLARE rec CURSOR FOR SELECT id, ROW(id, t) FROM typed WHERE id < 3")
 	rows, err := c.Query(ctx, "FETCH 1 FROM rec")

@@ -102,9 +102,14 @@ func (s *session) asClient(be *pgshard.Conn) (pending int, end string) {
 }
 
 // helperQuery runs one statement on a helper backend as the client
-// (asClient), once for each of binds in one pipeline, and hands each row to
-// row; it returns the first error, the statement's or the backend's. A
-// row's values are the backend's read buffer: row copies what it keeps.
+// (asClient), once for each of binds, and hands each row to row; it
+// returns the first error, the statement's or the backend's. A row's
+// values are the backend's read buffer: row copies what it keeps. The
+// Binds go in rounds of about helperRoundBytes, each read to its
+// ReadyForQuery before the next is sent: a pipeline larger than the
+// sockets' buffers would leave the backend blocked writing answers the
+// proxy does not read yet, while the proxy is blocked writing Binds the
+// backend does not read. A failed round ends it.
 func (s *session) helperQuery(ctx context.Context, parse *pgproto3.Parse, binds []*pgproto3.Bind, row func([][]byte) error) error {
 	be, release, err := s.helperBackend(ctx)
 	if err != nil {
@@ -112,16 +117,60 @@ func (s *session) helperQuery(ctx context.Context, parse *pgproto3.Parse, binds 
 	}
 	defer release()
 	pending, end := s.asClient(be)
-	if err := sendStatement(be, parse, binds, false, end); err != nil {
-		return err
-	}
-	pending += statementAnswers(end)
 	var failed error
-	for pending > 0 {
+	for first := true; first || len(binds) > 0 && failed == nil; first = false {
+		n, size := 0, 0
+		for n < len(binds) && (n == 0 || size < helperRoundBytes) {
+			for _, p := range binds[n].Parameters {
+				size += len(p) + 4
+			}
+			n++
+		}
+		round := binds[:n]
+		binds = binds[n:]
+		stmt := parse
+		if !first {
+			stmt = nil // the unnamed statement lasts until the next Parse
+		}
+		e := end
+		if len(binds) > 0 {
+			e = ""
+		}
+		if err := sendStatement(be, stmt, round, false, e); err != nil {
+			return err
+		}
+		pending += statementAnswers(e)
+		if failed, err = readHelper(be, &pending, row); err != nil {
+			return err
+		}
+	}
+	if len(binds) > 0 && end != "" {
+		// A round failed before the last: end its transaction still.
+		be.Send(&pgproto3.Query{String: end})
+		if err := be.Flush(); err != nil {
+			be.MarkBroken()
+			return err
+		}
+		pending++
+		if _, err := readHelper(be, &pending, row); err != nil {
+			return err
+		}
+	}
+	return failed
+}
+
+// helperRoundBytes bounds the parameter bytes of one round of helperQuery.
+const helperRoundBytes = 64 << 10
+
+// readHelper reads be's answers until pending ReadyForQuery messages have
+// come, hands the rows to row, and returns the first error of a statement
+// or of row (failed), or be's (err, which marks it broken).
+func readHelper(be *pgshard.Conn, pending *int, row func([][]byte) error) (failed, err error) {
+	for *pending > 0 {
 		msg, err := be.Receive()
 		if err != nil {
 			be.MarkBroken()
-			return err
+			return failed, err
 		}
 		switch m := msg.(type) {
 		case *pgproto3.DataRow:
@@ -133,10 +182,10 @@ func (s *session) helperQuery(ctx context.Context, parse *pgproto3.Parse, binds 
 				failed = sqlstate.New(m.Code, "%s", m.Message)
 			}
 		case *pgproto3.ReadyForQuery:
-			pending--
+			*pending--
 		}
 	}
-	return failed
+	return failed, nil
 }
 
 // sendStatement sends one extended-protocol statement and its Sync to be,
@@ -144,7 +193,9 @@ func (s *session) helperQuery(ctx context.Context, parse *pgproto3.Parse, binds 
 // statement failed too, and leaves the backend out of any transaction. A
 // failed send marks be broken.
 func sendStatement(be *pgshard.Conn, parse *pgproto3.Parse, binds []*pgproto3.Bind, describe bool, end string) error {
-	be.Send(parse)
+	if parse != nil {
+		be.Send(parse)
+	}
 	for _, bind := range binds {
 		be.Send(bind)
 		if describe {

@@ -15,8 +15,9 @@ import (
 // in the result formats a FETCH's Bind asked for (pgx asks for binary for
 // every type it knows). PostgreSQL converts them: a helper backend, with
 // the session's settings, reads each value with its type's input function
-// and sends it with its send function, in one pipeline of "SELECT $1, ..."
-// whose parameters have the columns' types. So the bytes are the ones
+// and sends it with its send function: "SELECT $1, ..." whose parameters
+// have the columns' types, bound once per row (helperQuery pipelines the
+// Binds in rounds). So the bytes are the ones
 // PostgreSQL sends for the value, under the DateStyle and IntervalStyle
 // the text was printed in, and a type without a binary form (an anonymous
 // record) fails as it would.
