@@ -109,7 +109,9 @@ func (s *session) asClient(be *pgshard.Conn) (pending int, end string) {
 // ReadyForQuery before the next is sent: a pipeline larger than the
 // sockets' buffers would leave the backend blocked writing answers the
 // proxy does not read yet, while the proxy is blocked writing Binds the
-// backend does not read. A failed round ends it.
+// backend does not read. A failed round ends the work; its helper, left
+// inside the transaction asClient began, is closed rather than pooled
+// (pgshard's Release).
 func (s *session) helperQuery(ctx context.Context, parse *pgproto3.Parse, binds []*pgproto3.Bind, row func([][]byte) error) error {
 	be, release, err := s.helperBackend(ctx)
 	if err != nil {
@@ -141,18 +143,6 @@ func (s *session) helperQuery(ctx context.Context, parse *pgproto3.Parse, binds 
 		}
 		pending += statementAnswers(e)
 		if failed, err = readHelper(be, &pending, row); err != nil {
-			return err
-		}
-	}
-	if len(binds) > 0 && end != "" {
-		// A round failed before the last: end its transaction still.
-		be.Send(&pgproto3.Query{String: end})
-		if err := be.Flush(); err != nil {
-			be.MarkBroken()
-			return err
-		}
-		pending++
-		if _, err := readHelper(be, &pending, row); err != nil {
 			return err
 		}
 	}
