@@ -31,14 +31,14 @@ type heldRows struct {
 	// run in the simple protocol: cursor.go).
 	describe bool
 	desc     *pgproto3.RowDescription
-	// tag is each batch's command tag before its count: SELECT, or FETCH
-	// for a cursor's FETCH.
+	// tag is each batch's command tag before its count: SELECT for a
+	// fan-out's rows, FETCH for a cursor's FETCH.
 	tag string
 }
 
 // holdRows gives portal the store its first Execute fills.
 func (s *session) holdRows(portal *clientPortal) *heldRows {
-	h := &heldRows{room: s.srv.cfg.MaxMergeMemory - s.heldBytes(portal.held)}
+	h := &heldRows{room: s.srv.cfg.MaxMergeMemory - s.heldBytes(portal.held), tag: "SELECT"}
 	portal.held = h
 	return h
 }
@@ -115,9 +115,5 @@ func (s *session) sendBatch(h *heldRows, maxRows uint32) {
 		s.send(&pgproto3.PortalSuspended{})
 		return
 	}
-	tag := h.tag
-	if tag == "" {
-		tag = "SELECT"
-	}
-	s.send(commandComplete(tag + " " + strconv.Itoa(n)))
+	s.send(commandComplete(h.tag + " " + strconv.Itoa(n)))
 }
