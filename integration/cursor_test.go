@@ -65,6 +65,8 @@ func TestTreeCursors(t *testing.T) {
 	treeWithTwin(t, tree, "curs", `(id int PRIMARY KEY, grp int NOT NULL, name text NOT NULL)`,
 		` SELECT g, g % 4, 'name-' || g FROM generate_series(1, 40) g`)
 	byID := `SELECT id, name FROM curs ORDER BY id`
+	// A cursor of the catalog node's, of the same shape.
+	catalogRows := `SELECT 1 AS id, relname::text AS name FROM pg_class WHERE relname = 'pg_class'`
 	scripts := []struct {
 		name   string
 		script []string
@@ -98,6 +100,11 @@ func TestTreeCursors(t *testing.T) {
 			"BEGIN", "DECLARE before CURSOR FOR " + byID, "SAVEPOINT a", "FETCH 3 FROM before", "SAVEPOINT b", "DECLARE s2 CURSOR FOR " + byID,
 			"RELEASE b", "ROLLBACK TO a", "FETCH 1 FROM before", "FETCH 1 FROM s2", "ROLLBACK",
 			"BEGIN", "SAVEPOINT a", "DECLARE s3 CURSOR FOR " + byID, "RELEASE a", "FETCH 2 FROM s3", "COMMIT"}},
+		{"one namespace with the catalog node's cursors", []string{"BEGIN", "DECLARE n CURSOR FOR " + catalogRows, "DECLARE n CURSOR FOR " + byID, "ROLLBACK",
+			"BEGIN", "DECLARE n CURSOR FOR " + catalogRows, "FETCH 1 FROM n", "CLOSE n", "DECLARE n CURSOR FOR " + byID, "FETCH 1 FROM n", "COMMIT",
+			"BEGIN", "DO $$DECLARE r refcursor := 'fn'; BEGIN OPEN r FOR SELECT 1; END$$", "DECLARE fn CURSOR FOR " + byID, "ROLLBACK",
+			"DECLARE wh CURSOR WITH HOLD FOR " + catalogRows, "DECLARE wh CURSOR WITH HOLD FOR " + byID, "FETCH 1 FROM wh",
+			"CLOSE wh", "DECLARE wh CURSOR WITH HOLD FOR " + byID, "FETCH 1 FROM wh", "CLOSE wh"}},
 		{"errors", []string{"BEGIN", "DECLARE d CURSOR FOR " + byID, "DECLARE d CURSOR FOR " + byID, "ROLLBACK",
 			"BEGIN", "DECLARE d CURSOR FOR " + byID, "SELECT 1/0", "FETCH 1 FROM d", "ROLLBACK",
 			"BEGIN", "DECLARE d CURSOR FOR SELECT nosuch FROM curs", "ROLLBACK",
@@ -150,6 +157,15 @@ func TestTreeCursors(t *testing.T) {
 		{"FETCH BACKWARD 2 FROM e", nil},
 		{"CLOSE e", nil},
 		{"COMMIT", nil},
+		// With a cursor of the catalog node's in the transaction: the
+		// names are checked there, before the query's parts are bound.
+		{"BEGIN", nil},
+		{"DECLARE k CURSOR FOR " + catalogRows, nil},
+		{"DECLARE e CURSOR FOR SELECT id, name FROM curs WHERE grp = $1 ORDER BY id", []string{"3"}},
+		{"FETCH 2 FROM e", nil},
+		{"FETCH 1 FROM k", nil},
+		{"DECLARE k CURSOR FOR SELECT id, name FROM curs WHERE grp = $1 ORDER BY id", []string{"1"}},
+		{"ROLLBACK", nil},
 	}
 	for _, st := range extended {
 		got := extendedStep(t, tree, st.sql, st.params, nil)

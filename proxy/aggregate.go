@@ -106,11 +106,9 @@ func (s *session) startAggFanOut(ctx context.Context, p *router.Plan, nodes, sql
 // transaction of the final backend) with COPY, so the proxy never holds
 // more than the VALUES bound.
 func (f *fanOut) playAgg(s *session, x *exchange) error {
-	live := f.parts[:0:0]
-	for _, p := range f.parts {
-		if !x.failed[p.be] {
-			live = append(live, p)
-		}
+	live, err := f.liveParts(x)
+	if err != nil {
+		return err
 	}
 	a := f.plan.Agg
 	base := len(f.agg.params)

@@ -2,10 +2,12 @@ package proxy
 
 import (
 	"context"
+	"slices"
 	"strconv"
 
 	"github.com/jackc/pgx/v5/pgproto3"
 
+	"github.com/lattice-db/lattice/pgshard"
 	"github.com/lattice-db/lattice/router"
 	"github.com/lattice-db/lattice/shardmap"
 	"github.com/lattice-db/lattice/sqlstate"
@@ -92,6 +94,13 @@ func (s *session) declare(ctx context.Context, v *shardmap.View, portal *clientP
 	// query) and gives text rows, whatever results the Bind asked for.
 	b := *m
 	b.ResultFormatCodes = nil
+	// Queued before the query's parts are bound: on the catalog node they
+	// may share its backend, and the check's unnamed portal would take the
+	// place of theirs.
+	if err := s.checkCatalogCursor(ctx, c.Name); err != nil {
+		s.fail(err)
+		return false
+	}
 	query := &clientPortal{stmt: &clientStmt{sql: c.Query, plan: plans[0], trees: v.TreesVersion, oids: portal.stmt.oids, epoch: portal.stmt.epoch}}
 	if !s.execute(ctx, v, query, &b) {
 		return false
@@ -116,6 +125,35 @@ func (s *session) declare(ctx context.Context, v *shardmap.View, portal *clientP
 		s.x.add(step{kind: stepSynthetic, then: func(x *exchange) { s.endDeclare(x, c.Name, cur) }})
 	}
 	return true
+}
+
+// checkCatalogCursor queues, on the session's catalog-node backend when it
+// holds one (in its transaction, or pinned), a DECLARE and a CLOSE of
+// name: a cursor the catalog node already holds by that name, declared
+// there by SQL or by a function, fails the DECLARE with PostgreSQL's own
+// 42P03, as one namespace of cursors would. A session that holds no such
+// backend has no cursor there: one without WITH HOLD ends with its
+// transaction, and one with it pins the session (pin.go, untracked.go).
+func (s *session) checkCatalogCursor(ctx context.Context, name string) error {
+	if s.pin.be == nil && !slices.ContainsFunc(s.tx.conns, func(be *pgshard.Conn) bool { return be.Node == s.srv.catalogNode }) {
+		return nil
+	}
+	be, err := s.backend(ctx, s.srv.catalogNode)
+	if err != nil {
+		return err
+	}
+	// WITH HOLD: allowed outside a transaction block too. The CLOSE must
+	// not run after a failed DECLARE, where it would close the catalog
+	// node's cursor: it shares the DECLARE's Query, or its batch, which an
+	// error skips to the Sync.
+	declare, closeIt := "DECLARE "+quoteIdent(name)+" CURSOR WITH HOLD FOR SELECT", "CLOSE "+quoteIdent(name)
+	if s.simple {
+		s.hiddenSQL(be, declare+"; "+closeIt)
+		return nil
+	}
+	s.hiddenSQL(be, declare)
+	s.hiddenSQL(be, closeIt)
+	return nil
 }
 
 // endDeclare keeps the cursor once its query's rows are all in.

@@ -152,11 +152,9 @@ func (f *fanOut) play(s *session, x *exchange) error {
 	if f.agg != nil {
 		return f.playAgg(s, x)
 	}
-	live := f.parts[:0:0]
-	for _, p := range f.parts {
-		if !x.failed[p.be] {
-			live = append(live, p)
-		}
+	live, err := f.liveParts(x)
+	if err != nil {
+		return err
 	}
 	var sent, skipped int64
 	emit := func(row [][]byte) {
@@ -232,6 +230,26 @@ func (f *fanOut) play(s *session, x *exchange) error {
 		}
 	}
 	return nil
+}
+
+// liveParts returns the parts whose backends have not failed earlier in
+// the exchange. Such a backend, in the extended protocol, skips the part
+// up to its Sync; in the simple one it answers the part's Query with
+// 25P02 and ReadyForQuery, which are read here, or they would wait on the
+// connection and answer its next statement.
+func (f *fanOut) liveParts(x *exchange) ([]*fanPart, error) {
+	live := f.parts[:0:0]
+	for _, p := range f.parts {
+		switch {
+		case !x.failed[p.be]:
+			live = append(live, p)
+		case f.simple:
+			if err := waitReady(x, p.be); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return live, nil
 }
 
 // partSource is a fan-out part as the merge reads it. A part's
