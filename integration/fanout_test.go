@@ -361,6 +361,11 @@ func TestFanOut(t *testing.T) {
 				}
 			}
 		}
+		// In a query string with other statements: refused, saying why.
+		_, err := c.PgConn().Exec(context.Background(), `SELECT 1; SELECT count(*) FROM fan`).ReadAll()
+		if pgCode(err) != "0A000" || !strings.Contains(err.Error(), "SELECT cannot be combined with other statements in one query string: it reads several shards") {
+			t.Fatalf("a fan-out in a query string of two statements: %v", err)
+		}
 		// A user-defined aggregate looks like any function to the router;
 		// the catalog tells, instead of one row per node coming back.
 		mustExec(t, c, `CREATE AGGREGATE my_total(integer) (sfunc = int4pl, stype = integer, initcond = '0')`)

@@ -193,7 +193,7 @@ func (s *session) simpleMulti(ctx context.Context, v *shardmap.View, plans []*ro
 			s.fail(p.Err)
 			return
 		default:
-			e := sqlstate.New(sqlstate.FeatureNotSupported, "%s cannot be combined with other statements in one query string", p.Kind)
+			e := sqlstate.New(sqlstate.FeatureNotSupported, "%s cannot be combined with other statements in one query string: %s", strings.ToUpper(firstWord(p.SQL)), alone(p.Kind))
 			e.Hint = "send it as a query of its own"
 			s.fail(e)
 			return
@@ -527,4 +527,32 @@ func (s *session) callFunction(ctx context.Context, f *router.FuncCall, args []*
 	}
 	msgs = append(msgs, commandComplete("SELECT "+strconv.Itoa(len(enc))))
 	s.x.synthetic(msgs...)
+}
+
+// alone says, for the multi-statement error, why a statement of kind k
+// runs only as a query string of its own: the proxy runs it its own way,
+// not as one node's part of a shared string.
+func alone(k router.Kind) string {
+	switch k {
+	case router.FanOut:
+		return "it reads several shards"
+	case router.WriteAll:
+		return "it writes to several shards"
+	case router.InsertSplit:
+		return "its rows go to several shards"
+	case router.Function:
+		return "it calls a Lattice function"
+	case router.DDL:
+		return "it changes every shard of a tree"
+	case router.Copy:
+		return "it copies rows of a tree"
+	case router.RefWrite:
+		return "it writes a reference table on every node"
+	case router.Explain:
+		return "it explains a statement over trees"
+	case router.Discard:
+		return "it discards the session's state"
+	default:
+		return "the proxy runs it on its own"
+	}
 }
