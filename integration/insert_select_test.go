@@ -2,12 +2,15 @@ package integration
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // TestInsertSelectPulled: INSERT ... SELECT into a tree from a SELECT that
@@ -105,8 +108,13 @@ func TestInsertSelectPulled(t *testing.T) {
 		// twice (each shard's own statement): the plain load below passes.
 		{`INSERT INTO pulled (k, v) SELECT g, repeat('x', 100) FROM generate_series(20000, 25599) g ON CONFLICT DO NOTHING`, "53200"},
 	} {
-		if _, err := c.Exec(ctx, tc.sql); pgCode(err) != tc.code {
+		_, err := c.Exec(ctx, tc.sql)
+		if pgCode(err) != tc.code {
 			t.Errorf("%s: got %v, want SQLSTATE %s", tc.sql, err, tc.code)
+		}
+		// The client sent no COPY: no context names the proxy's own.
+		if pe := (*pgconn.PgError)(nil); errors.As(err, &pe) && strings.Contains(pe.Where, "COPY") {
+			t.Errorf("%s: error context %q", tc.sql, pe.Where)
 		}
 	}
 	if n := count("true"); n != total {

@@ -3,6 +3,7 @@ package proxy
 import (
 	"context"
 	"strconv"
+	"strings"
 
 	"github.com/jackc/pgx/v5/pgproto3"
 
@@ -216,6 +217,11 @@ func (s *session) endCopyIn(x *exchange, ci *copyIn, tag string) error {
 		ci.rollback(s)
 		if !x.errored {
 			x.errored = true
+			if ci.pull != nil {
+				// The client sent an INSERT: the COPY that loads its rows
+				// and that COPY's line numbers are the proxy's own.
+				ci.err.Where = withoutCopyContext(ci.err.Where)
+			}
 			s.send(ci.err)
 		}
 		return nil
@@ -636,4 +642,17 @@ func (s *session) abandonParts(parts []*pgshard.Conn) {
 		be.MarkBroken()
 		s.dropBackend(be)
 	}
+}
+
+// withoutCopyContext drops the lines of an error's context that PostgreSQL
+// adds for a COPY FROM ("COPY t, line 3[, column c: ...]").
+func withoutCopyContext(where string) string {
+	lines := strings.Split(where, "\n")
+	kept := lines[:0]
+	for _, l := range lines {
+		if !strings.HasPrefix(l, "COPY ") {
+			kept = append(kept, l)
+		}
+	}
+	return strings.Join(kept, "\n")
 }
