@@ -211,6 +211,47 @@ func TestExplainOverShards(t *testing.T) {
 		}
 	})
 
+	t.Run("one shard", func(t *testing.T) {
+		head := regexp.MustCompile(`^Lattice Single: (SELECT|UPDATE) on shard (\d+) of tree ex_acc on node (n\d)$`)
+		for _, m := range modes {
+			for _, tc := range []struct {
+				sql, pg string // pg: what PostgreSQL's plan starts a line with, before the shard table
+			}{
+				{`EXPLAIN (VERBOSE, COSTS OFF) SELECT name FROM ex_acc WHERE acc = $1`, "Index Scan using ex_acc_pkey on "},
+				{`EXPLAIN (ANALYZE, VERBOSE, COSTS OFF, TIMING OFF) UPDATE ex_acc SET name = name WHERE acc = $1`, "Update on "},
+			} {
+				lines := explain(t, c, m.mode, tc.sql, 7)
+				text := strings.Join(lines, "\n")
+				got := head.FindStringSubmatch(lines[0])
+				if got == nil || !slices.Contains(shardsOf[got[3]], got[2]) {
+					t.Fatalf("%s %s: the first line names no shard of its node (%v):\n%s", m.name, tc.sql, shardsOf, text)
+				}
+				shard, node := got[2], got[3]
+				table := "lattice_s" + strings.Repeat("0", 4-len(shard)) + shard + ".ex_acc"
+				what := "PostgreSQL plan on node " + node + ", shard " + shard
+				if strings.Contains(tc.sql, "ANALYZE") {
+					what += " (ANALYZE ran the statement)"
+				}
+				split := slices.Index(lines, what+":")
+				if split < 0 || !strings.HasPrefix(lines[1], "  SQL: ") || !strings.Contains(lines[1], table) ||
+					!slices.ContainsFunc(lines[split+1:], func(l string) bool { return strings.Contains(l, tc.pg+table) }) {
+					t.Fatalf("%s %s:\n%s", m.name, tc.sql, text)
+				}
+				// The row is in that shard, on that node.
+				direct := connect(t, testNodeDSN(t, int(node[1]-'1')))
+				var n int
+				if err := direct.QueryRow(ctx, `SELECT count(*) FROM `+table+` WHERE acc = 7`).Scan(&n); err != nil || n != 1 {
+					t.Fatalf("%s: %d rows of key 7 in %s on %s (%v)", m.name, n, table, node, err)
+				}
+			}
+		}
+		// Other formats are PostgreSQL's own, for the tools that read them.
+		var plan string
+		if err := c.QueryRow(ctx, `EXPLAIN (FORMAT JSON) SELECT name FROM ex_acc WHERE acc = 7`).Scan(&plan); err != nil || !strings.HasPrefix(strings.TrimSpace(plan), "[") {
+			t.Fatalf("EXPLAIN (FORMAT JSON) on one shard: %q, %v", plan, err)
+		}
+	})
+
 	t.Run("in a transaction", func(t *testing.T) {
 		tx, err := c.Begin(ctx)
 		if err != nil {

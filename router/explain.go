@@ -13,11 +13,13 @@ import (
 )
 
 // EXPLAIN of a statement over several shards (a FanOut, a WriteAll or an
-// InsertSplit)
+// InsertSplit), or in text of one on one shard (a Single),
 // shows Lattice's plan first, as Citus's EXPLAIN does: the nodes and the
 // shards each reads, the statement each node runs, and the merge. Then
 // comes PostgreSQL's own EXPLAIN of one part, the first node's, run there
-// with the client's options. The explained statement is planned as if it
+// with the client's options. A Single's is the shard and node and the
+// statement it runs, and EXPLAIN ANALYZE runs it whole, as PostgreSQL
+// would. The explained statement is planned as if it
 // had been sent alone, so the SQL shown is what the proxy would send.
 //
 // EXPLAIN ANALYZE runs what it explains. Of a SELECT it runs the first
@@ -29,7 +31,7 @@ import (
 // ExplainPlan is an EXPLAIN of a statement over several shards.
 type ExplainPlan struct {
 	// Query is the explained statement's plan, as if it were sent alone:
-	// FanOut, WriteAll or InsertSplit.
+	// FanOut, WriteAll, InsertSplit or Single.
 	Query *Plan
 	// Prefix is the EXPLAIN and its options as the client wrote them, put
 	// before the part the first node explains.
@@ -179,6 +181,16 @@ func explainLines(m *shardmap.Map, p *Plan, r *Routing) []string {
 	}
 	over := fmt.Sprintf("%d %s of %s on %d %s", shards, plural(shards, "shard"), trees, len(nodes), plural(len(nodes), "node"))
 	switch {
+	case q.Kind == Single:
+		t := r.Targets[0]
+		add(0, fmt.Sprintf("Lattice Single: %s on shard %d of %s on node %s", e.Verb, t.Shard, trees, t.Node))
+		add(1, "SQL: "+t.SQL)
+		what := fmt.Sprintf("PostgreSQL plan on node %s, shard %d", t.Node, t.Shard)
+		if e.Analyze {
+			what += " (ANALYZE ran the statement)"
+		}
+		add(0, what+":")
+		return out
 	case q.Kind == WriteAll || q.Kind == InsertSplit:
 		how := "in one transaction"
 		if len(nodes) > 1 {

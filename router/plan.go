@@ -136,7 +136,13 @@ func (p *planner) planWritten(n *pg.Node, start, end int) *Plan {
 		r := p.route(s.ExplainStmt.Query)
 		switch r.kind {
 		case Single:
-			p.apply(pl, r, start, end)
+			// In text, the shard and node head PostgreSQL's plan; other
+			// formats are PostgreSQL's alone, for the tools that read them.
+			if _, format := explainOptions(s.ExplainStmt.Options); format == "text" {
+				p.explain(pl, s.ExplainStmt, r, start, end)
+			} else {
+				p.apply(pl, r, start, end)
+			}
 		case Function:
 			fn := r.fn
 			if r.comp != nil {

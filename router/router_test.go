@@ -146,7 +146,8 @@ UNION ALL SELECT 'y'`, kind: Single, key: `'x'`},
 		{sql: `INSERT INTO orders (id) OVERRIDING SYSTEM VALUE VALUES (5)`, kind: Single, key: `'5'`},
 
 		// EXPLAIN.
-		{sql: `EXPLAIN ANALYZE DELETE FROM orders WHERE id = $1`, kind: Single, key: `$1`, render: `EXPLAIN ANALYZE DELETE FROM lattice_s0001.orders WHERE id = $1`},
+		{sql: `EXPLAIN ANALYZE DELETE FROM orders WHERE id = $1`, kind: Explain},
+		{sql: `EXPLAIN (ANALYZE, FORMAT JSON) DELETE FROM orders WHERE id = $1`, kind: Single, key: `$1`, render: `EXPLAIN (ANALYZE, FORMAT JSON) DELETE FROM lattice_s0001.orders WHERE id = $1`},
 		{sql: `EXPLAIN SELECT lattice_trees()`, kind: Refused, errHas: "EXPLAIN of lattice_trees"},
 		{sql: `EXPLAIN CREATE TABLE x AS SELECT * FROM orders WHERE id = 1`, kind: Refused, errHas: "CREATE TABLE AS"},
 
