@@ -94,6 +94,43 @@ func TestShadowCopyWaitNamed(t *testing.T) {
 	noLastError(t, ctx, c, "slotheld")
 }
 
+// TestFreezeIgnoresCatalogStatements keeps two statements of the catalog
+// node running through the proxy, in the simple and the extended protocol,
+// and reshards. Neither reads a tree, so no freeze waits for them: the
+// reshard completes while both still run. (Each held the whole shard map
+// while it ran, and a freeze waited for every statement planned before it.)
+func TestFreezeIgnoresCatalogStatements(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	p, c := heldTree(t, ctx, "catwait")
+	sctx, stop := context.WithCancel(ctx)
+	defer stop()
+	ended := make(chan error, 2)
+	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeSimpleProtocol, pgx.QueryExecModeExec} {
+		sleeper := connect(t, p.DSN("lattice"))
+		defer sleeper.Close(ctx)
+		go func() {
+			_, err := sleeper.Exec(sctx, `SELECT pg_sleep($1)`, mode, 600)
+			ended <- err
+		}()
+	}
+	waitNodeQueries(t, ctx, 1, "%pg_sleep(%", 2)
+	mustExec(t, c, `SELECT lattice_reshard('catwait', 4)`)
+	wctx, wcancel := context.WithTimeout(ctx, time.Minute)
+	defer wcancel()
+	waitComplete(t, wctx, p, c, "catwait")
+	select {
+	case err := <-ended:
+		t.Fatalf("a sleeper ended before the reshard completed: %v", err)
+	default:
+	}
+	stop()
+	var rows int
+	if err := c.QueryRow(ctx, `SELECT count(*) FROM catwait`).Scan(&rows); err != nil || rows != 1000 {
+		t.Fatalf("after the reshard: %d rows (%v), want 1000", rows, err)
+	}
+}
+
 // heldTree starts a proxy over 2 nodes and makes tree name of 1000 rows
 // (k 1 to 1000, v 0) in 2 shards, one on each node.
 func heldTree(t *testing.T, ctx context.Context, name string) (*proxyProc, *pgx.Conn) {

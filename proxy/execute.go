@@ -70,6 +70,7 @@ func (s *session) execute(ctx context.Context, v *shardmap.View, portal *clientP
 	case router.Cursor:
 		return s.declare(ctx, v, portal, p.Cursor, m)
 	case router.Catalog:
+		s.releaseView(v)
 		if p.Cursor != nil {
 			if bound, ok := s.cursorStatement(portal, p.Cursor); bound {
 				return ok

@@ -82,6 +82,9 @@ func (s *session) parse(ctx context.Context, m *pgproto3.Parse) {
 		s.fail(err)
 		return
 	}
+	// A Parse routes nothing: its Bind holds the view it routes by, and
+	// narrows or gives back a hold of its own (narrowView, releaseView).
+	s.releaseView(v)
 	if len(plans) > 1 {
 		s.fail(sqlstate.New(sqlstate.SyntaxError, "cannot insert multiple commands into a prepared statement"))
 		return

@@ -91,6 +91,22 @@ func (s *session) releaseViews() {
 	s.freshView = -1
 }
 
+// releaseView gives back the hold the current statement took on v, when
+// it took one of its own: a statement of the catalog node routes by no
+// tree's map, so no acknowledgement need wait for it. Held, a long one (a
+// report over ordinary tables, a wait for a lock) held every migration's
+// freeze of the tenant back for its whole run. A hold shared with an
+// earlier statement of the batch stays, for that statement.
+func (s *session) releaseView(v *shardmap.View) {
+	i := s.freshView
+	s.freshView = -1
+	if s.srv.cfg.Registration == nil || i < 0 || i >= len(s.views) || s.views[i] != (viewHold{v: v}) {
+		return
+	}
+	s.srv.cfg.Registration.Release(v)
+	s.views = slices.Delete(s.views, i, i+1)
+}
+
 // viewHold is a view held for the session's statements: the whole view
 // (tree ""), or one slot of one tree's map.
 type viewHold struct {
