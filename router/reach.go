@@ -200,11 +200,16 @@ func reachName(n *pg.Node) string {
 	return stmtName(n)
 }
 
-// applyReach refuses, on pl, a statement that reaches outside the tenant.
+// applyReach refuses, on pl, a statement that reaches outside the tenant,
+// or past a tree to its shards' tables (shardtables.go).
 // It runs after every other classification, so that nothing a statement
 // also is (a tree statement, a pin) lets it through.
 func applyReach(pl *Plan, n *pg.Node) {
-	if e := outsideStatement(n); e != nil {
+	e := outsideStatement(n)
+	if e == nil {
+		e = shardTableStatement(n)
+	}
+	if e != nil {
 		*pl = Plan{Kind: Refused, SQL: pl.SQL, Err: e}
 	}
 }
