@@ -98,13 +98,9 @@ func (s *session) releaseViews() {
 // freeze of the tenant back for its whole run. A hold shared with an
 // earlier statement of the batch stays, for that statement.
 func (s *session) releaseView(v *shardmap.View) {
-	i := s.freshView
-	s.freshView = -1
-	if s.srv.cfg.Registration == nil || i < 0 || i >= len(s.views) || s.views[i] != (viewHold{v: v}) {
-		return
+	if i, ok := s.ownHold(v); ok {
+		s.dropHold(v, i)
 	}
-	s.srv.cfg.Registration.Release(v)
-	s.views = slices.Delete(s.views, i, i+1)
 }
 
 // viewHold is a view held for the session's statements: the whole view
@@ -121,20 +117,34 @@ type viewHold struct {
 // for itself can be narrowed; one it shares with an earlier statement of
 // the batch covers that statement too, and stays whole.
 func (s *session) narrowView(v *shardmap.View, tree string, slot int) {
-	i := s.freshView
-	s.freshView = -1
-	if s.srv.cfg.Registration == nil || i < 0 || i >= len(s.views) || s.views[i] != (viewHold{v: v}) {
+	i, ok := s.ownHold(v)
+	if !ok {
 		return
 	}
 	h := viewHold{v: v, tree: tree, slot: slot}
 	if slices.Contains(s.views, h) {
 		// The batch already holds that slot: the statement's own hold goes.
-		s.srv.cfg.Registration.Release(v)
-		s.views = slices.Delete(s.views, i, i+1)
+		s.dropHold(v, i)
 		return
 	}
 	s.srv.cfg.Registration.Narrow(v, tree, slot)
 	s.views[i] = h
+}
+
+// ownHold is the index in s.views of the whole hold of v that the current
+// statement took for itself, if it took one; either way the statement's
+// hold is no longer fresh.
+func (s *session) ownHold(v *shardmap.View) (int, bool) {
+	i := s.freshView
+	s.freshView = -1
+	ok := s.srv.cfg.Registration != nil && i >= 0 && i < len(s.views) && s.views[i] == (viewHold{v: v})
+	return i, ok
+}
+
+// dropHold gives back the whole hold of v at s.views[i].
+func (s *session) dropHold(v *shardmap.View, i int) {
+	s.srv.cfg.Registration.Release(v)
+	s.views = slices.Delete(s.views, i, i+1)
 }
 
 // frozenTree reports the tree of p, and its map, when p would touch a
