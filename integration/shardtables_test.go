@@ -2,14 +2,18 @@ package integration
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // TestShardTablesWrittenOnlyThroughTree: through the proxy a shard's table
 // can be read by name, but not written or changed: a row put there
 // directly, whose key the shard may not own, would be found by no routed
 // statement. Each write and change gets 42501 and the tree is as it was.
+// An error of a shard's table names the tree's schema.
 func TestShardTablesWrittenOnlyThroughTree(t *testing.T) {
 	resetNodes(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -36,6 +40,13 @@ func TestShardTablesWrittenOnlyThroughTree(t *testing.T) {
 		if _, err := c.Exec(ctx, sql); pgCode(err) != "42501" {
 			t.Errorf("%s: %v, want 42501", sql, err)
 		}
+	}
+	// An error of a shard's table names the tree's schema, as on one
+	// server, not the shard's.
+	_, err := c.Exec(ctx, `INSERT INTO st VALUES (1, 1)`)
+	var pe *pgconn.PgError
+	if !errors.As(err, &pe) || pe.Code != "23505" || pe.SchemaName != "public" || pe.TableName != "st" {
+		t.Fatalf("a duplicate key through the tree: %#v, want 23505 on public.st", err)
 	}
 	var rows, sum int
 	if err := c.QueryRow(ctx, `SELECT count(*), sum(v) FROM st`).Scan(&rows, &sum); err != nil || rows != 100 || sum != 5050 {

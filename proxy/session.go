@@ -223,10 +223,11 @@ func (s *session) send(m pgproto3.BackendMessage) {
 	if pd, ok := m.(*pgproto3.ParameterDescription); ok && len(pd.ParameterOIDs) > maxWireCount {
 		m = (*wideParameterDescription)(pd)
 	}
-	if e, ok := m.(*pgproto3.ErrorResponse); ok && e.Code == sqlstate.QueryCanceled {
-		if d := s.deadlock.Load(); d != nil {
-			m = deadlockError(e, *d)
+	if e, ok := m.(*pgproto3.ErrorResponse); ok {
+		if d := s.deadlock.Load(); d != nil && e.Code == sqlstate.QueryCanceled {
+			e = deadlockError(e, *d)
 		}
+		m = withTreeSchema(e)
 	}
 	if _, ok := m.(*pgproto3.ReadyForQuery); ok {
 		s.deadlock.Store(nil)
@@ -692,4 +693,16 @@ func leadingWord(sql string) string {
 		return w[0]
 	}
 	return ""
+}
+
+// withTreeSchema names the tree's schema, public, in an error that names a
+// shard's (lattice_s0006, a constraint of a shard table): the client's
+// table is the tree.
+func withTreeSchema(e *pgproto3.ErrorResponse) *pgproto3.ErrorResponse {
+	if !shardmap.IsSchemaName(e.SchemaName) {
+		return e
+	}
+	cp := *e
+	cp.SchemaName = "public"
+	return &cp
 }

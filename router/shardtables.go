@@ -1,11 +1,10 @@
 package router
 
 import (
-	"regexp"
-
 	pg "github.com/pganalyze/pg_query_go/v6"
 	"google.golang.org/protobuf/reflect/protoreflect"
 
+	"github.com/lattice-db/lattice/shardmap"
 	"github.com/lattice-db/lattice/sqlstate"
 )
 
@@ -21,11 +20,7 @@ import (
 // ANALYZE that names a shard schema, is refused, wherever that appears in
 // it.
 
-// shardSchemaName matches shardmap.SchemaName's names as PostgreSQL folds
-// an unquoted identifier.
-var shardSchemaName = regexp.MustCompile(`^lattice_s[0-9]{4,}$`)
-
-func isShardSchema(name string) bool { return shardSchemaName.MatchString(name) }
+func isShardSchema(name string) bool { return shardmap.IsSchemaName(name) }
 
 // shardTableStatement returns the refusal of a statement that writes a
 // shard table or changes a shard schema, or nil.

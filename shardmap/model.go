@@ -6,6 +6,7 @@ package shardmap
 import (
 	"errors"
 	"fmt"
+	"regexp"
 	"sort"
 	"strings"
 	"time"
@@ -125,6 +126,11 @@ func inRanges(ranges [][2]int, slot int) bool {
 
 // SchemaName is the schema that holds shard idx on its node.
 func SchemaName(idx int) string { return fmt.Sprintf("lattice_s%04d", idx) }
+
+// IsSchemaName reports whether name is one SchemaName makes.
+func IsSchemaName(name string) bool { return schemaNamePattern.MatchString(name) }
+
+var schemaNamePattern = regexp.MustCompile(`^lattice_s[0-9]{4,}$`)
 
 // NewIdentityMap spreads slotCount slots over shardCount shards in contiguous,
 // equal ranges (shard i owns [i*S/n, (i+1)*S/n)), placing shard i on
