@@ -282,6 +282,38 @@ func TestCopyFrom(t *testing.T) {
 			}
 		})
 	}
+	// An error a shard's COPY reports names the client's line, as one
+	// table's COPY does: each shard numbers the rows it was sent from 1.
+	var wide bytes.Buffer
+	wide.WriteString("k,v,n\n")
+	for i := 0; i < 60000; i++ {
+		fmt.Fprintf(&wide, "w%d,%s,%d\n", i, strings.Repeat("p", 50), i)
+	}
+	wide.WriteString("wbad,v,not a number\n")
+	for _, tc := range []struct {
+		name, sql string
+		data      []byte
+	}{
+		{"a column, text", `COPY %s FROM STDIN`, []byte("3000001\ta\t1\n3000002\tb\t2\n3000003\tc\tx\n")},
+		{"a duplicate key", `COPY %s FROM STDIN`, []byte("2000001\ta\t1\n2000002\tb\t2\n2000001\tc\t3\n")},
+		{"csv with a header, past several COPYs of each shard", `COPY %s FROM STDIN (FORMAT csv, HEADER true)`, wide.Bytes()},
+	} {
+		t.Run("line of "+tc.name, func(t *testing.T) {
+			tree, plain := "ci", "ci_plain"
+			if strings.HasPrefix(tc.name, "csv") {
+				tree, plain = "ct", "ct_plain"
+			}
+			var got, want *pgconn.PgError
+			_, terr := copyFrom(c, fmt.Sprintf(tc.sql, tree), tc.data)
+			_, perr := copyFrom(c, fmt.Sprintf(tc.sql, plain), tc.data)
+			if !errors.As(terr, &got) || !errors.As(perr, &want) {
+				t.Fatalf("tree: %v; plain: %v; want an error of each", terr, perr)
+			}
+			if wantWhere := strings.Replace(want.Where, plain, tree, 1); got.Code != want.Code || got.Where != wantWhere {
+				t.Fatalf("tree: %s %q\nplain: %s %q", got.Code, got.Where, want.Code, wantWhere)
+			}
+		})
+	}
 	t.Run("client CopyFail", func(t *testing.T) {
 		r := io.MultiReader(bytes.NewReader(manyThenBad.Bytes()[:100000]), iotest.ErrReader(errors.New("client gave up")))
 		_, err := c.PgConn().CopyFrom(context.Background(), r, `COPY ct FROM STDIN`)

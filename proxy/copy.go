@@ -2,6 +2,8 @@ package proxy
 
 import (
 	"context"
+	"encoding/binary"
+	"regexp"
 	"strconv"
 	"strings"
 
@@ -38,6 +40,11 @@ type copyNode struct {
 	// rows (a startup setting's set_config answers "SELECT 1").
 	hidden int
 	count  int64 // rows the node confirmed
+	// sent are the client's line numbers of the rows of each COPY sent and
+	// not answered yet, oldest first (copyShard.lines): a node numbers the
+	// lines of each COPY from 1, in the context of an error
+	// (clientLineContext).
+	sent [][]byte
 }
 
 // copyShard buffers the rows of one shard.
@@ -45,6 +52,11 @@ type copyShard struct {
 	schema string
 	node   *copyNode
 	data   []byte
+	// lines are the client's line numbers of the rows in data, each as
+	// the uvarint of its distance from the one before (the first from
+	// 0): about a byte a row, as rows of one shard come close together.
+	lines    []byte
+	lastLine int64
 }
 
 // copyIn is the state of one COPY FROM STDIN into a tree.
@@ -61,6 +73,7 @@ type copyIn struct {
 	pull   *pullSource      // an INSERT ... SELECT's rows come from its SELECT, not the client
 	held   []byte           // the SELECT's rows the proxy holds (insertpull.go)
 	spec   *router.CopySpec // the plan's, or its first columns (router.CopySpec.FirstColumns)
+	line   int64            // the client's line number of the last row routed: PostgreSQL's count, the header included
 }
 
 // copyOut is one COPY ... TO STDOUT over the nodes.
@@ -95,10 +108,12 @@ func (s *session) startCopy(ctx context.Context, v *shardmap.View, p *router.Pla
 				}
 			}
 		}
-		s.x.add(step{kind: stepCopy, copyIn: &copyIn{
-			ctx: ctx, plan: p, m: m, inTx: s.tx.active,
-			nodes: map[string]*copyNode{}, shards: map[int]*copyShard{}, pull: pull, spec: p.Copy,
-		}})
+		ci := &copyIn{ctx: ctx, plan: p, m: m, inTx: s.tx.active,
+			nodes: map[string]*copyNode{}, shards: map[int]*copyShard{}, pull: pull, spec: p.Copy}
+		if p.Copy.Header && p.Copy.Format != router.CopyBinary {
+			ci.line = 1 // PostgreSQL counts the header line
+		}
+		s.x.add(step{kind: stepCopy, copyIn: ci})
 		return
 	}
 	if !p.Copy.Query || p.Copy.QueryKind != router.Single {
@@ -271,6 +286,9 @@ func (ci *copyIn) route(s *session, rp *rowParser, final bool) {
 		}
 		sh.data = append(sh.data, row...)
 		ci.total += len(row)
+		ci.line++
+		sh.lines = binary.AppendUvarint(sh.lines, uint64(ci.line-sh.lastLine))
+		sh.lastLine = ci.line
 		if ci.spec.Conflict != "" {
 			// One statement per shard: a key given twice then fails as
 			// PostgreSQL fails it (21000), rather than updating twice.
@@ -358,11 +376,15 @@ func (ci *copyIn) flushShard(s *session, sh *copyShard) {
 	fe := cn.be
 	if ci.spec.Conflict != "" {
 		fe.Send(&pgproto3.Query{String: ci.spec.RenderUpsert(sh.schema, copyTextValues(sh.data))})
+		sh.lines = sh.lines[:0]
 	} else {
 		fe.Send(&pgproto3.Query{String: ci.spec.RenderFrom(sh.schema)})
 		fe.Send(&pgproto3.CopyData{Data: sh.data})
 		fe.Send(&pgproto3.CopyDone{})
+		cn.sent = append(cn.sent, sh.lines)
+		sh.lines = nil
 	}
+	sh.lastLine = 0
 	cn.pending++
 	ci.total -= len(sh.data)
 	if ci.spec.Format == router.CopyBinary {
@@ -392,6 +414,7 @@ func (ci *copyIn) readReply(s *session, cn *copyNode, see func(pgproto3.BackendM
 		ci.lost(s, cn, err)
 		return
 	}
+	var lines []byte // the client's line numbers of a COPY's rows, once it started
 	for {
 		msg, err := cn.be.Receive()
 		if err != nil {
@@ -399,9 +422,21 @@ func (ci *copyIn) readReply(s *session, cn *copyNode, see func(pgproto3.BackendM
 			return
 		}
 		switch m := msg.(type) {
+		case *pgproto3.CopyInResponse:
+			// The command is one of flushShard's COPYs, answered in the
+			// order they were sent. One that failed before it started
+			// takes none, and misnumbers only errors after the first,
+			// which no client sees.
+			if len(cn.sent) > 0 {
+				lines, cn.sent = cn.sent[0], cn.sent[1:]
+			}
+			if see != nil {
+				see(m)
+			}
 		case *pgproto3.ErrorResponse:
 			if ci.err == nil {
 				cp := *m // the message is reused by the next Receive
+				cp.Where = clientLineContext(cp.Where, lines)
 				ci.err = &cp
 			}
 		case *pgproto3.NoticeResponse:
@@ -655,4 +690,35 @@ func withoutCopyContext(where string) string {
 		}
 	}
 	return strings.Join(kept, "\n")
+}
+
+// copyLineContext finds the line number in the context PostgreSQL gives an
+// error of COPY FROM ("COPY t, line 3", then ", column c: ..." or the
+// line's text).
+var copyLineContext = regexp.MustCompile(`(?m)^(COPY [^\n]*?, line )([0-9]+)`)
+
+// clientLineContext puts, in the context of an error of one of the proxy's
+// COPYs into a shard, the client's line number of the failing row where
+// the node gave its own: the node numbers the rows of each COPY it was
+// sent from 1. lines are that COPY's (copyShard.lines); without them the
+// context is left as it is.
+func clientLineContext(where string, lines []byte) string {
+	loc := copyLineContext.FindStringSubmatchIndex(where)
+	if loc == nil || lines == nil {
+		return where
+	}
+	n, err := strconv.Atoi(where[loc[4]:loc[5]])
+	if err != nil || n < 1 {
+		return where
+	}
+	var line int64
+	for i := 0; i < n; i++ {
+		d, k := binary.Uvarint(lines)
+		if k <= 0 {
+			return where
+		}
+		line += int64(d)
+		lines = lines[k:]
+	}
+	return where[:loc[4]] + strconv.FormatInt(line, 10) + where[loc[5]:]
 }
