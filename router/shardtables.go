@@ -20,18 +20,17 @@ import (
 // ANALYZE that names a shard schema, is refused, wherever that appears in
 // it.
 
-func isShardSchema(name string) bool { return shardmap.IsSchemaName(name) }
-
 // shardTableStatement returns the refusal of a statement that writes a
 // shard table or changes a shard schema, or nil.
 func shardTableStatement(n *pg.Node) *sqlstate.Error {
-	read := false
+	// byWrites: a read, a write or a VACUUM may name a shard schema; only
+	// the tables it writes are judged.
+	byWrites := false
 	switch n.Node.(type) {
 	case *pg.Node_SelectStmt, *pg.Node_InsertStmt, *pg.Node_UpdateStmt, *pg.Node_DeleteStmt, *pg.Node_MergeStmt,
 		*pg.Node_CopyStmt, *pg.Node_ExplainStmt, *pg.Node_DeclareCursorStmt, *pg.Node_PrepareStmt,
 		*pg.Node_VacuumStmt:
-		// Judged by what they write, below.
-		read = true
+		byWrites = true
 	}
 	var bad string
 	var visit func(m protoreflect.Message)
@@ -43,20 +42,20 @@ func shardTableStatement(n *pg.Node) *sqlstate.Error {
 		case *pg.A_Const:
 			return // a literal's text names nothing
 		case *pg.RangeVar:
-			if !read && isShardSchema(v.Schemaname) {
+			if !byWrites && shardmap.IsSchemaName(v.Schemaname) {
 				bad = v.Schemaname + "." + v.Relname
 			}
 		case *pg.String:
 			// DROP SCHEMA, DROP TABLE s.t and other lists of names.
-			if !read && isShardSchema(v.Sval) {
+			if !byWrites && shardmap.IsSchemaName(v.Sval) {
 				bad = v.Sval
 			}
 		case *pg.CreateSchemaStmt:
-			if isShardSchema(v.Schemaname) {
+			if shardmap.IsSchemaName(v.Schemaname) {
 				bad = v.Schemaname
 			}
 		case *pg.AlterObjectSchemaStmt:
-			if isShardSchema(v.Newschema) {
+			if shardmap.IsSchemaName(v.Newschema) {
 				bad = v.Newschema
 			}
 		case *pg.InsertStmt:
@@ -86,7 +85,7 @@ func shardTableStatement(n *pg.Node) *sqlstate.Error {
 
 // writtenShardTable names rv when it is a shard table, or is "".
 func writtenShardTable(rv *pg.RangeVar) string {
-	if rv == nil || !isShardSchema(rv.Schemaname) {
+	if rv == nil || !shardmap.IsSchemaName(rv.Schemaname) {
 		return ""
 	}
 	return rv.Schemaname + "." + rv.Relname
