@@ -123,6 +123,10 @@ func (f *fanOut) playAgg(s *session, x *exchange) error {
 		}
 	}()
 	var copyBuf []byte
+	// COPY takes no parameters: its rows go to the table from the first
+	// (typed by the parts' RowDescription, read with it). A failure is the
+	// client's error, and the parts' rows are read and dropped.
+	copyTo := a.CopyTo != ""
 	for _, p := range live {
 		for {
 			row, err := f.next(s, x, p, cp == nil)
@@ -131,6 +135,9 @@ func (f *fanOut) playAgg(s *session, x *exchange) error {
 			}
 			if row == nil {
 				break
+			}
+			if copyTo && cp == nil && !x.errored {
+				cp, cpEnd = s.beginCopy(f, x)
 			}
 			if x.errored {
 				continue
@@ -172,6 +179,9 @@ func (f *fanOut) playAgg(s *session, x *exchange) error {
 				return err
 			}
 		}
+	}
+	if copyTo && cp == nil && !x.errored {
+		cp, cpEnd = s.beginCopy(f, x) // no rows
 	}
 	if x.errored {
 		if cp != nil {
@@ -218,8 +228,12 @@ func (f *fanOut) playAgg(s *session, x *exchange) error {
 			cp.MarkBroken()
 			return fail(rerr)
 		}
+		results := f.agg.results
+		if a.CopyTo != "" {
+			results = nil // COPY's format is in its options
+		}
 		return s.runFinal(f, x, cp, 1, &pgproto3.Parse{Query: sql, ParameterOIDs: oids},
-			&pgproto3.Bind{Parameters: f.agg.params, ParameterFormatCodes: formats, ResultFormatCodes: f.agg.results}, cpEnd)
+			&pgproto3.Bind{Parameters: f.agg.params, ParameterFormatCodes: formats, ResultFormatCodes: results}, cpEnd)
 	}
 	var src strings.Builder
 	rows := len(values) / a.Columns
@@ -380,8 +394,10 @@ func (s *session) beginCopy(f *fanOut, x *exchange) (*pgshard.Conn, string) {
 		}
 		switch m := msg.(type) {
 		case *pgproto3.DataRow:
-			for _, v := range m.Values {
-				types = append(types, string(v))
+			if pending == 1 { // the prologue's set_config calls return rows too
+				for _, v := range m.Values {
+					types = append(types, string(v))
+				}
 			}
 		case *pgproto3.ErrorResponse:
 			return fail(sqlstate.New(m.Code, "%s", m.Message))
@@ -479,7 +495,7 @@ func (s *session) runFinal(f *fanOut, x *exchange, be *pgshard.Conn, pending int
 			if phase == before {
 				phase = forwarding
 			}
-		case *pgproto3.RowDescription, *pgproto3.DataRow:
+		case *pgproto3.RowDescription, *pgproto3.DataRow, *pgproto3.CopyOutResponse, *pgproto3.CopyData, *pgproto3.CopyDone:
 			if phase == forwarding && !x.errored {
 				s.send(m)
 			}

@@ -33,6 +33,12 @@ func (s *session) overGathered(a *router.AggPlan, held int64) *sqlstate.Error {
 			Detail:  "Each node returns its first LIMIT + OFFSET rows, and with WITH TIES every row tied with them, gathered in one place.",
 			Hint:    "Lower the LIMIT or OFFSET, order by more columns so that fewer rows tie, narrow the WHERE clause, or raise --max-merge-memory."}
 	}
+	if a.Sorted {
+		return &sqlstate.Error{Code: sqlstate.ProgramLimitExceeded,
+			Message: fmt.Sprintf("COPY (SELECT ... ORDER BY ...) over several shards gathers more than %d bytes of rows (--max-merge-memory)", s.srv.cfg.MaxMergeMemory),
+			Detail:  "PostgreSQL sorts the rows of every shard in one place for the COPY's order.",
+			Hint:    "COPY without ORDER BY, whose rows stream from each node as they come, add a LIMIT, narrow the WHERE clause, or raise --max-merge-memory."}
+	}
 	if !a.Window {
 		return &sqlstate.Error{Code: sqlstate.ProgramLimitExceeded,
 			Message: fmt.Sprintf("aggregates over several shards gather more than %d bytes of rows (--max-merge-memory)", s.srv.cfg.MaxMergeMemory),

@@ -69,9 +69,17 @@ type AggPlan struct {
 	// the partial rows could not combine, or each node's first rows for
 	// a LIMIT or FETCH FIRST ... WITH TIES. Window and Limited tell which.
 	Gathered, Window, Limited bool
+	// Sorted marks a final step that only orders and cuts the gathered
+	// rows, for a COPY (copy.go).
+	Sorted bool
 	// SetOp marks the final step of a set operation (setopstep.go): the
 	// partial rows are its branches' rows, tagged.
 	SetOp bool
+	// CopyTo, for a COPY (query) TO STDOUT (copy.go), is its options:
+	// the final step, or the statement run whole on one node, is
+	// COPY (...) TO STDOUT with them, and the proxy never puts rows in
+	// parameters of the final query, which COPY does not take.
+	CopyTo string
 }
 
 const aggSource = "lattice_src"
@@ -85,7 +93,15 @@ func (p *Plan) RenderPartial(schemas []btreeindex.Source) string {
 // RenderWhole is the statement itself over the given shard schemas, for a
 // node that holds every shard of the tree: no final step is needed.
 func (p *Plan) RenderWhole(schemas []btreeindex.Source) string {
-	return p.renderRefs(p.Agg.whole, schemas)
+	return p.Agg.copyTo(p.renderRefs(p.Agg.whole, schemas))
+}
+
+// copyTo is query as the COPY the plan is, if it is one.
+func (a *AggPlan) copyTo(query string) string {
+	if a.CopyTo == "" {
+		return query
+	}
+	return "COPY (" + query + ") TO STDOUT" + a.CopyTo
 }
 
 // RenderFinal is the final query over source (a FROM item ending in
@@ -107,7 +123,7 @@ func (a *AggPlan) RenderFinal(oids []uint32, source string) (string, *sqlstate.E
 		}
 		b.WriteString(a.final[i+1])
 	}
-	return b.String(), nil
+	return a.copyTo(b.String()), nil
 }
 
 const (

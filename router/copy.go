@@ -278,8 +278,13 @@ func contains(list []string, s string) bool {
 	return false
 }
 
-// copyQuery plans COPY (query) TO STDOUT: the query must run on one shard
-// or be a plain concatenation of every shard's rows.
+// copyQuery plans COPY (query) TO STDOUT. A query on one shard runs there
+// whole; plain rows of every shard are each node's COPY of its shards,
+// concatenated. A query that needs rows of several shards combined
+// (aggregates, DISTINCT, windows, set operations, ORDER BY, LIMIT,
+// OFFSET) runs as the same SELECT would, in two steps, and its final step
+// on the catalog node is the COPY, in the client's options
+// (AggPlan.CopyTo): PostgreSQL formats the output.
 func (p *planner) copyQuery(c *CopySpec, s *pg.CopyStmt) route {
 	c.Query = true
 	r := p.route(s.Query)
@@ -292,18 +297,16 @@ func (p *planner) copyQuery(c *CopySpec, s *pg.CopyStmt) route {
 		r.kind = Copy
 		return r
 	case FanOut:
-		if r.sel != nil && p.aggregating(r.sel, selectScan(r.sel), false) {
-			return refusedRoute(refused("Fix the shard key in WHERE to read one shard, or COPY the rows and aggregate in the application.",
-				"COPY (SELECT ...) over several shards of tree %s with aggregates, GROUP BY, HAVING or DISTINCT is not supported: the proxy does not merge COPY output", qn(r.tree.Name)))
+		if r.fan.agg == nil && (len(r.fan.sort) > 0 || r.fan.limit != nil || r.fan.offset != nil) {
+			// The proxy merges a SELECT's sorted rows itself; here
+			// PostgreSQL sorts the gathered rows in the final step.
+			if r = p.rowsFanOut(r, r.sel, copyWords, nil); r.kind != FanOut {
+				return r
+			}
 		}
 		if r.fan.agg != nil {
-			// Each node's COPY would run the statement over its own shards.
-			return refusedRoute(refused("Fix the shard key in WHERE to read one shard, or run the query without COPY.",
-				"COPY (SELECT ...) over several shards of tree %s with window functions or a set operation that run in a final step is not supported: the proxy does not run that step for COPY", qn(r.tree.Name)))
-		}
-		if len(r.fan.sort) > 0 || r.fan.limit != nil || r.fan.offset != nil {
-			return refusedRoute(refused("Fix the shard key in WHERE to read one shard, or drop ORDER BY, LIMIT and OFFSET and sort in the application.",
-				"COPY (SELECT ...) over several shards of tree %s with ORDER BY, LIMIT or OFFSET is not supported: the proxy does not merge COPY output", qn(r.tree.Name)))
+			r.fan.agg.CopyTo = c.options(c.Header)
+			return r
 		}
 		c.QueryKind = FanOut
 		r.cp = c

@@ -393,7 +393,7 @@ func checkAggSQL(t testing.TB, p *Plan) {
 				t.Fatalf("%s: renders to %s, which does not parse as one statement: %v", p.SQL, sql, err)
 			}
 			seen := map[string]int{}
-			for _, r := range walkStmt(res.Stmts[0].Stmt.GetSelectStmt()).rels {
+			for _, r := range walkStmt(selectOf(res.Stmts[0].Stmt)).rels {
 				if r.rv.Relname == p.Tree.Name {
 					seen[r.rv.Schemaname]++
 				}
@@ -497,6 +497,14 @@ func TestRenderFiltered(t *testing.T) {
 	}
 }
 
+// selectOf is the SELECT of a statement: itself, or a COPY's query.
+func selectOf(n *pg.Node) *pg.SelectStmt {
+	if c := n.GetCopyStmt(); c != nil {
+		return c.Query.GetSelectStmt()
+	}
+	return n.GetSelectStmt()
+}
+
 // treeRefs counts the query's references to the tree, and those of them
 // inside a subquery.
 func treeRefs(t testing.TB, sql, tree string) (all, nested int) {
@@ -505,7 +513,7 @@ func treeRefs(t testing.TB, sql, tree string) (all, nested int) {
 	if err != nil || len(res.Stmts) != 1 {
 		t.Fatalf("%s does not parse: %v", sql, err)
 	}
-	for _, r := range walkStmt(res.Stmts[0].Stmt.GetSelectStmt()).rels {
+	for _, r := range walkStmt(selectOf(res.Stmts[0].Stmt)).rels {
 		if r.rv.Relname == tree {
 			all++
 			if r.nested {

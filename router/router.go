@@ -333,6 +333,12 @@ func (p *Plan) String() string {
 				form = "setop"
 			}
 			fmt.Fprintf(&b, " tree=%s %s columns=%d params=%v/%v", p.Tree.Name, form, p.Agg.Columns, p.Agg.PartialParams, p.Agg.FinalParams)
+			if p.Agg.Limited {
+				b.WriteString(" limited")
+			}
+			if p.Agg.CopyTo != "" {
+				b.WriteString(" copy_to=" + strings.TrimSpace(p.Agg.CopyTo))
+			}
 			break
 		}
 		fmt.Fprintf(&b, " tree=%s sort=[", p.Tree.Name)

@@ -43,6 +43,11 @@ var tiesWords = stepWords{in: "in FETCH FIRST ... WITH TIES", sel: "a SELECT wit
 // cut alike: each node's first LIMIT + OFFSET rows in its order.
 var limitWords = stepWords{in: "in a subquery with LIMIT", sel: "a subquery with LIMIT", plural: "LIMIT in a subquery"}
 
+// COPY (SELECT ... ORDER BY ... LIMIT ...) over several shards sorts its
+// rows in the final step (copy.go), each node's first LIMIT + OFFSET rows
+// when the sort keys are in the select list, else all of them.
+var copyWords = stepWords{in: "in COPY (SELECT ...)", sel: "a COPY (SELECT ...) with ORDER BY, LIMIT or OFFSET", plural: "ORDER BY, LIMIT or OFFSET in COPY (SELECT ...)"}
+
 // Aggregates the two-step form cannot combine on the nodes (FILTER,
 // ORDER BY inside the call, string_agg, bool_and, stddev, percentiles and
 // the like), GROUPING SETS, ROLLUP and CUBE, GROUP BY DISTINCT and
@@ -284,7 +289,14 @@ func (p *planner) rowsFanOut(r route, s *pg.SelectStmt, w stepWords, wrap func(f
 	if limited && !limitOnNodes(partial, final, s) {
 		return no(keyHint+", or order by columns of the select list.", "%s over several shards needs every ORDER BY key in the select list", w.plural)
 	}
-	ap := &AggPlan{refs: in.refs, Columns: len(partial.TargetList), Gathered: true, Window: w == windowWords, Limited: limited}
+	if w == copyWords && s.LimitCount != nil {
+		// Cut on the nodes when it can be; otherwise the final step
+		// sorts and cuts every row.
+		if limited = limitOnNodes(partial, final, s); !limited {
+			partial.SortClause, partial.LimitCount, partial.LimitOption = nil, nil, pg.LimitOption_LIMIT_OPTION_DEFAULT
+		}
+	}
+	ap := &AggPlan{refs: in.refs, Columns: len(partial.TargetList), Gathered: true, Window: w == windowWords, Limited: limited, Sorted: w == copyWords}
 	whole := proto.Clone(s).(*pg.SelectStmt)
 	whole.FromClause, whole.WhereClause = in.src, in.where
 	if wrap != nil {
