@@ -353,6 +353,15 @@ func (s *session) playStep(x *exchange, st *step) error {
 			st.staleRetry = false
 			s.send(msg)
 		}
+		if st.rowsOnly && st.split.order != nil && st.split.order.err != nil && !x.errored {
+			// The parts' writes must not commit: the proxy's own
+			// transaction rolls back on the error, the client's fails.
+			x.errored = true
+			s.send(st.split.order.err.Response())
+			if s.tx.active {
+				s.tx.failed = true
+			}
+		}
 		if stepDone(st.kind, msg) {
 			return nil
 		}
@@ -394,7 +403,15 @@ func (sp *splitState) suppressed(msg pgproto3.BackendMessage) bool {
 		if sp.prefix == "" {
 			sp.prefix = strings.TrimRight(string(m.CommandTag), "0123456789")
 		}
+		if sp.order != nil {
+			sp.order.partDone()
+		}
 		return true
+	case *pgproto3.DataRow:
+		if sp.order != nil {
+			sp.order.add(m.Values)
+			return true
+		}
 	}
 	return false
 }

@@ -302,6 +302,13 @@ func (s *session) runParts(portal *clientPortal, maxRows uint32) {
 	sp := portal.split
 	if sp != nil {
 		sp.count, sp.rowDescSent = 0, false
+		if sp.order != nil {
+			// The parts answer in portal order; queryParts says otherwise.
+			sp.order.reset()
+			for i := range portal.parts {
+				sp.order.seq = append(sp.order.seq, i)
+			}
+		}
 	}
 	if s.simple {
 		s.queryParts(portal)
@@ -324,6 +331,9 @@ func (s *session) runParts(portal *clientPortal, maxRows uint32) {
 	if sp != nil {
 		s.x.add(step{kind: stepSynthetic, then: func(x *exchange) {
 			if !x.errored {
+				if sp.order != nil {
+					sp.order.flush(s.send)
+				}
 				s.send(sp.tag())
 			}
 		}})
@@ -353,12 +363,21 @@ func (s *session) queryParts(portal *clientPortal) {
 	var order []*pgshard.Conn
 	sqls := map[*pgshard.Conn][]string{}
 	loads := map[*pgshard.Conn][]loadMark{}
-	for _, part := range parts {
+	indexes := map[*pgshard.Conn][]int{}
+	for i, part := range parts {
 		if _, ok := sqls[part.be]; !ok {
 			order = append(order, part.be)
 		}
 		sqls[part.be] = append(sqls[part.be], part.sql)
 		loads[part.be] = append(loads[part.be], part.load)
+		indexes[part.be] = append(indexes[part.be], i)
+	}
+	if sp != nil && sp.order != nil {
+		// Each backend answers its parts in turn, backend after backend.
+		sp.order.seq = sp.order.seq[:0]
+		for _, be := range order {
+			sp.order.seq = append(sp.order.seq, indexes[be]...)
+		}
 	}
 	for _, be := range order {
 		be.Send(&pgproto3.Query{String: strings.Join(sqls[be], ";\n")})

@@ -264,10 +264,20 @@ func (s *session) bindSplit(ctx context.Context, v *shardmap.View, portal *clien
 		nodes[sh.Node] = true
 	}
 	countSplitRows(p, shards)
-	s.spanNodes(len(nodes))
 	if len(shards) > 1 {
 		portal.split = &splitState{}
+		if p.InOrder {
+			portal.split.order = newReturnOrder(len(p.Rows), s.srv.cfg.MaxMergeMemory)
+			for _, sh := range shards {
+				portal.split.order.addPart(sh.Rows)
+			}
+			// Its RETURNING rows can fail in the proxy after every
+			// part ran: the proxy, not PostgreSQL, ends the
+			// transaction, on one node too.
+			s.spanNodes(max(len(nodes), 2))
+		}
 	}
+	s.spanNodes(len(nodes))
 	for i, sh := range shards {
 		b, partOIDs := splitBind(m, sh.Params, portal.stmt.oids)
 		name := partPortal(m.DestinationPortal, i)

@@ -217,6 +217,9 @@ type splitState struct {
 	rowDescSent bool
 	count       int64
 	prefix      string // the command tag without its count: "UPDATE ", "INSERT 0 "
+	// order, for an INSERT whose RETURNING rows go back in VALUES order,
+	// holds them until the tag.
+	order *returnOrder
 }
 
 func (s *session) send(m pgproto3.BackendMessage) {

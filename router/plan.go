@@ -242,6 +242,7 @@ func (p *planner) apply(pl *Plan, r route, start, end int) {
 		}
 		pl.src = &planSource{refs: refs, keyLocs: r.keyLocs, keyCasts: r.keyCasts}
 		if r.kind == InsertSplit {
+			pl.InOrder = r.inOrder
 			rows, err := p.valuesRows(r)
 			var sp *splitter
 			if err == nil {
@@ -303,6 +304,9 @@ type route struct {
 	// rows' keys come from filtered reads, so its WHERE takes no filter.
 	insert bool
 	refs   []string // the reference tables named (reference.go)
+	// inOrder: an InsertSplit whose RETURNING rows go back in VALUES
+	// order (Plan.InOrder).
+	inOrder bool
 }
 
 // refTree is the tree of rv when rv is one of the route's tree references.
@@ -899,6 +903,8 @@ func (p *planner) insert(r route, s *pg.InsertStmt) route {
 		return r
 	}
 	r.kind, r.rows = InsertSplit, rows
+	oc := s.OnConflictClause
+	r.inOrder = len(s.ReturningList) > 0 && (oc == nil || oc.Action == pg.OnConflictAction_ONCONFLICT_UPDATE && oc.WhereClause == nil)
 	return r
 }
 

@@ -191,12 +191,18 @@ func (f *FuncCall) String() string {
 // Plan is the routing of one statement. Plans are shared between sessions
 // through the cache: treat every field as read-only.
 type Plan struct {
-	Kind      Kind
-	SQL       string               // this statement's text (trimmed, without the trailing semicolon)
-	Tree      *shardmap.Tree       // Single, InsertSplit, FanOut, WriteAll
-	Key       Value                // Single: the shard key value
-	KeyAlso   []Value              // Single over several levels pinned to different values ($1 and $2): each must fall in Key's slot
-	Rows      []Value              // InsertSplit: key value of each VALUES row in order
+	Kind    Kind
+	SQL     string         // this statement's text (trimmed, without the trailing semicolon)
+	Tree    *shardmap.Tree // Single, InsertSplit, FanOut, WriteAll
+	Key     Value          // Single: the shard key value
+	KeyAlso []Value        // Single over several levels pinned to different values ($1 and $2): each must fall in Key's slot
+	Rows    []Value        // InsertSplit: key value of each VALUES row in order
+	// InOrder marks an InsertSplit whose RETURNING gives one row for each
+	// VALUES row (no ON CONFLICT, or DO UPDATE without WHERE): the proxy
+	// returns them in VALUES order, as PostgreSQL does, rather than shard
+	// by shard. Clients pair them with the rows they sent (Django's
+	// bulk_create sets its objects' database defaults from them).
+	InOrder   bool
 	Func      *FuncCall            // Function: SELECT f(...) or SELECT * FROM f(...), answered by the proxy alone
 	Compose   *ComposePlan         // Function: instead of Func, a SELECT composed around lattice calls, run on the catalog node over their rows
 	Tx        TxKind               // Transaction (and PrepareTx for a refused PREPARE TRANSACTION family statement)
@@ -267,6 +273,9 @@ func (p *Plan) String() string {
 			b.WriteString(v.String())
 		}
 		b.WriteByte(']')
+		if p.InOrder {
+			b.WriteString(" returning_in_order")
+		}
 	case Function:
 		if p.Compose != nil {
 			b.WriteString(" compose " + p.Compose.String())
