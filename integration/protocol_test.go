@@ -398,7 +398,14 @@ func TestCancelBeforeTheBackendHasIt(t *testing.T) {
 		_, err := c.Exec(context.Background(), `SELECT pg_sleep(5)`)
 		done <- err
 	}()
-	time.Sleep(300 * time.Millisecond) // the statement waits for the backend
+	// The cancel must reach the proxy while the statement waits for the
+	// backend: a cancel with no statement running is dropped, as
+	// PostgreSQL drops it. A fixed sleep was too short on a loaded machine.
+	for deadline := time.Now().Add(10 * time.Second); metricSum(t, p, "lattice_pool_backends_waiting", nil) < 1; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the statement never waited for the pool's backend")
+		}
+	}
 	if err := c.PgConn().CancelRequest(ctx); err != nil {
 		t.Fatal(err)
 	}

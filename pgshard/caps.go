@@ -120,8 +120,10 @@ func (p *Pools) closeIdleOn(node string) bool {
 	return true
 }
 
-// takeUser takes a token of user's, waiting at most AcquireTimeout.
-func (p *Pools) takeUser(ctx context.Context, user string) (*userCap, error) {
+// takeUser takes a token of user's, waiting at most AcquireTimeout. A wait
+// counts in the waits of pl, the pool the token is for: the statement
+// waits for a backend there.
+func (p *Pools) takeUser(ctx context.Context, user string, pl *pool) (*userCap, error) {
 	p.mu.Lock()
 	uc := p.users[user]
 	if uc == nil {
@@ -135,6 +137,9 @@ func (p *Pools) takeUser(ctx context.Context, user string) (*userCap, error) {
 		return uc, nil
 	default:
 	}
+	pl.waits.Add(1)
+	pl.waiting.Add(1)
+	defer pl.waiting.Add(-1)
 	t := time.NewTimer(p.cfg.AcquireTimeout)
 	defer t.Stop()
 	select {

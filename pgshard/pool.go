@@ -161,7 +161,7 @@ func (p *Pools) Acquire(ctx context.Context, user, node, tenant string) (*Conn, 
 	if err != nil {
 		return nil, err
 	}
-	uc, err := p.takeUser(ctx, user)
+	uc, err := p.takeUser(ctx, user, pl)
 	if err != nil {
 		return nil, err
 	}
