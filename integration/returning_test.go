@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgproto3"
 )
 
 // TestInsertReturningOrder: a multi-row INSERT ... RETURNING over several
@@ -101,5 +102,56 @@ func TestInsertReturningOrder(t *testing.T) {
 				}
 			})
 		})
+	}
+}
+
+// TestSplitReturningRowLimit: an Execute with a row limit of a statement
+// split across shards gets every row, in VALUES order, and the tag: the
+// parts used to suspend at the limit one by one.
+func TestSplitReturningRowLimit(t *testing.T) {
+	resetNodes(t)
+	p := startProxy(t, 3)
+	c := connect(t, p.DSN("lattice"))
+	mustExec(t, c, `CREATE TABLE lim (k bigint PRIMARY KEY, v text)`)
+	mustExec(t, c, `SELECT lattice_create_tree('lim', 'k', shard_count => 16)`)
+	fe := c.PgConn().Frontend()
+	for _, tc := range []struct{ sql, tag string }{
+		{`INSERT INTO lim VALUES (901, 'a'), (902, 'b'), (903, 'c'), (904, 'd'), (905, 'e') RETURNING k`, "INSERT 0 5"},
+		{`UPDATE lim SET v = v || '!' RETURNING v`, "UPDATE 5"},
+	} {
+		fe.Send(&pgproto3.Parse{Query: tc.sql})
+		fe.Send(&pgproto3.Bind{})
+		fe.Send(&pgproto3.Execute{MaxRows: 2})
+		fe.Send(&pgproto3.Sync{})
+		if err := fe.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		var rows []string
+		var got []string
+		for {
+			m, err := fe.Receive()
+			if err != nil {
+				t.Fatal(err)
+			}
+			switch m := m.(type) {
+			case *pgproto3.DataRow:
+				rows = append(rows, string(m.Values[0]))
+			case *pgproto3.ErrorResponse:
+				got = append(got, "error "+m.Code+" "+m.Message)
+			case *pgproto3.CommandComplete:
+				got = append(got, string(m.CommandTag))
+			case *pgproto3.PortalSuspended:
+				got = append(got, "suspended")
+			}
+			if _, ok := m.(*pgproto3.ReadyForQuery); ok {
+				break
+			}
+		}
+		if len(got) != 1 || got[0] != tc.tag || len(rows) != 5 {
+			t.Fatalf("%s with a row limit of 2: rows %v, then %v; want 5 rows and %s", tc.sql, rows, got, tc.tag)
+		}
+		if strings.HasPrefix(tc.sql, "INSERT") && !slices.Equal(rows, []string{"901", "902", "903", "904", "905"}) {
+			t.Fatalf("rows %v, want them in VALUES order", rows)
+		}
 	}
 }

@@ -318,8 +318,15 @@ func (s *session) runParts(portal *clientPortal, maxRows uint32) {
 			s.retryBuf = extRetry{stmt: portal.stmt, bind: portal.bind, step: len(s.x.steps)}
 			s.extRetry = &s.retryBuf
 		}
+		partMax := maxRows
+		if sp != nil {
+			// Each part would suspend at the limit, and the client get a
+			// PortalSuspended per part: the parts run whole, and the
+			// client gets every row at once, then the tag.
+			partMax = 0
+		}
 		for i, part := range portal.parts {
-			s.out.sendExecute(part.be, part.name, maxRows)
+			s.out.sendExecute(part.be, part.name, partMax)
 			st := step{kind: stepExecute, be: part.be, staleRetry: retry, load: part.load, lead: part.lead}
 			portal.parts[i].lead = nil // sent once, before the first rows
 			if sp != nil {
