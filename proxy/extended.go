@@ -264,6 +264,7 @@ func (s *session) bindSplit(ctx context.Context, v *shardmap.View, portal *clien
 		nodes[sh.Node] = true
 	}
 	countSplitRows(p, shards)
+	span := len(nodes)
 	if len(shards) > 1 {
 		portal.split = &splitState{}
 		if p.InOrder {
@@ -274,10 +275,10 @@ func (s *session) bindSplit(ctx context.Context, v *shardmap.View, portal *clien
 			// Its RETURNING rows can fail in the proxy after every
 			// part ran: the proxy, not PostgreSQL, ends the
 			// transaction, on one node too.
-			s.spanNodes(max(len(nodes), 2))
+			span = max(span, 2)
 		}
 	}
-	s.spanNodes(len(nodes))
+	s.spanNodes(span)
 	for i, sh := range shards {
 		b, partOIDs := splitBind(m, sh.Params, portal.stmt.oids)
 		name := partPortal(m.DestinationPortal, i)
