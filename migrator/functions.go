@@ -29,13 +29,18 @@ type Functions struct {
 	ops     *TreeOpRunner
 	merger  *Merger      // nil until SetMerger
 	snaps   *Snapshotter // nil until SetSnapshotter
+	// perNode finds a column default that would differ between a
+	// reference table's copies; the router's parser is wired in by the
+	// binary, so that the migrator does not import the router.
+	perNode pgshard.ReferenceCheck
 }
 
 // NewFunctions wires the functions to the nodes, the map store, the
 // proxy's map cache (refreshed after a change so that the caller's next
-// statement already routes by it) and the reshard coordinator.
-func NewFunctions(cluster *pgshard.Cluster, store Store, cache *shardmap.Cache, coord *Coordinator) *Functions {
-	return &Functions{cluster: cluster, store: store, cache: cache, coord: coord}
+// statement already routes by it), the reshard coordinator and the check
+// of a reference table's column defaults.
+func NewFunctions(cluster *pgshard.Cluster, store Store, cache *shardmap.Cache, coord *Coordinator, perNode pgshard.ReferenceCheck) *Functions {
+	return &Functions{cluster: cluster, store: store, cache: cache, coord: coord, perNode: perNode}
 }
 
 func field(name string, oid uint32) pgproto3.FieldDescription {

@@ -47,7 +47,7 @@ func newNodeTestFunctions(t *testing.T, wrap func(*shardmap.RedisStore) NodeRegi
 	}
 	reg := wrap(store)
 	watch := shardmap.NewNodeWatch(reg, time.Second, nil, func(*shardmap.Nodes) error { return nil }, nil)
-	f := NewFunctions(nil, store, nil, nil)
+	f := NewFunctions(nil, store, nil, nil, nil)
 	f.SetNodeAdmin(NodeAdmin{Registry: reg, Watch: watch})
 	return f, store
 }

@@ -9,7 +9,6 @@ import (
 	"github.com/jackc/pgx/v5/pgproto3"
 	"github.com/jackc/pgx/v5/pgtype"
 
-	"github.com/lattice-db/lattice/router"
 	"github.com/lattice-db/lattice/shardmap"
 	"github.com/lattice-db/lattice/sqlstate"
 )
@@ -74,7 +73,7 @@ func (f *Functions) callReference(ctx context.Context, tenant, name string, args
 	var msg string
 	switch name {
 	case "lattice_create_reference_table":
-		ref, n, err := f.cluster.CreateReference(ctx, rs, f.store, tenant, table, router.PerNodeValue)
+		ref, n, err := f.cluster.CreateReference(ctx, rs, f.store, tenant, table, f.perNode)
 		if err != nil {
 			return nil, true, err
 		}

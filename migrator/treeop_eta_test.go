@@ -20,7 +20,7 @@ func TestTreeOpETA(t *testing.T) {
 	if err := s.CreateTree(ctx, tree, shardmap.NewIdentityMap("app", "items", 16, 4, []string{"n1"})); err != nil {
 		t.Fatal(err)
 	}
-	f := NewFunctions(nil, s, nil, nil)
+	f := NewFunctions(nil, s, nil, nil, nil)
 	started := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	now := started.Add(60 * time.Second)
 	state := func(v any) json.RawMessage {

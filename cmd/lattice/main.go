@@ -452,7 +452,7 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, ready func(pg
 		}
 	}
 
-	fns := migrator.NewFunctions(cluster, store, cache, coord)
+	fns := migrator.NewFunctions(cluster, store, cache, coord, router.PerNodeValue)
 	fns.SetTreeOps(treeOps)
 	fns.SetSnapshotter(migrator.NewSnapshotter(runner, cluster, migrator.NewSnapshotMetrics(adm.Registry)))
 	cluster.SetReferences(store) // a node gets the reference tables before its first shard
