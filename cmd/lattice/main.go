@@ -24,6 +24,7 @@ import (
 	"github.com/lattice-db/lattice/admin"
 	"github.com/lattice-db/lattice/migrator"
 	"github.com/lattice-db/lattice/pgshard"
+	"github.com/lattice-db/lattice/procs"
 	"github.com/lattice-db/lattice/proxy"
 	"github.com/lattice-db/lattice/router"
 	"github.com/lattice-db/lattice/secret"
@@ -370,6 +371,7 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, ready func(pg
 		Prepare: cluster.EnsureRole, CheckParam: checkReported}, cluster.ClientDSN)
 	defer pools.Close()
 	go reapIdle(ctx, pools)
+	procs.Run(ctx, log)
 
 	nodeWatch := shardmap.NewNodeWatch(store, time.Second, cluster.Seed, func(n *shardmap.Nodes) error {
 		gone, err := cluster.ApplyRegistry(n)

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"runtime"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/lattice-db/lattice/admin"
@@ -29,6 +31,10 @@ func registerProxyMetrics(adm *admin.Server, srv *proxy.Server, pools *pgshard.P
 		}
 		return 0
 	}))
+	adm.Registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "lattice_proxy_procs",
+		Help: "GOMAXPROCS now: sized to the CPU the proxy uses, unless $GOMAXPROCS fixes it.",
+	}, func() float64 { return float64(runtime.GOMAXPROCS(0)) }))
 	adm.Registry.MustRegister(poolCollector{pools})
 }
 
