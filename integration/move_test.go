@@ -399,7 +399,7 @@ func TestMoveCrashChunks(t *testing.T) {
 	resetNodes(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	fast := []string{"--reshard-lease", "3s", "--reshard-tick", "200ms"}
+	fast := []string{"--reshard-lease", "3s", "--reshard-tick", "200ms", "--copy-workers", "4"}
 	b := startProxy(t, 3, append([]string{"--coordinator=false"}, fast...)...)
 	a := startProxyEnv(t, 3, []string{"LATTICE_TEST_CRASH_AT=copy"}, fast...)
 	pool, err := pgxpool.New(ctx, b.DSN("lattice"))

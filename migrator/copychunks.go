@@ -14,10 +14,12 @@ import (
 )
 
 // A copy of whole tables (a move, a resize) is split into page ranges of
-// the source tables, copied at once over up to copyWorkers pairs of
-// connections, each pair one source transaction under the slot's exported
-// snapshot and one target transaction: one COPY pipe keeps one core of the
-// target busy parsing and inserting, and the target has more.
+// the source tables, copied at once over up to ShadowSpec.Workers pairs of
+// connections (--copy-workers), each pair one source transaction under the
+// slot's exported snapshot and one target transaction: one COPY pipe keeps
+// one core of the target busy parsing and inserting, and a node with cores
+// to spare can take more. On 2 cores shared by both nodes, one pair was
+// fastest (docs/DESIGN.md section 5.1, step 3).
 //
 // Restart safety: the target's moving slots are emptied, and committed,
 // before any range is copied. The ranges of the extra connections commit
@@ -28,11 +30,6 @@ import (
 // again and copies everything under a new slot's snapshot: exactly once.
 // The extra target connections carry the run's application name, so that a
 // later run ends them as it ends the shadow's own (takeover.go).
-
-// copyWorkers bounds the connection pairs one copy uses (the shadow's own
-// and up to copyWorkers-1 more to each node); --max-concurrent-migrations
-// copies at once use at most that many times as many.
-const copyWorkers = 4
 
 // copyChunkMinPages is the fewest source pages (8 KiB each) a range covers:
 // a smaller table is copied over fewer connections, or the shadow's alone,
@@ -48,7 +45,7 @@ type copyChunk struct {
 
 // copyChunks plans the ranges of every table: a table the copy filters by
 // slot (a split or a fold, its source holding other slots too) is one
-// range; a whole table is cut into up to copyWorkers even page ranges.
+// range; a whole table is cut into up to one even page range per worker.
 func (sh *Shadow) copyChunks(ctx context.Context, src *pgx.Conn) ([]copyChunk, error) {
 	sp := sh.spec
 	var chunks []copyChunk
@@ -63,19 +60,22 @@ func (sh *Shadow) copyChunks(ctx context.Context, src *pgx.Conn) ([]copyChunk, e
 			pgshard.ShardTable(t, sp.Source)).Scan(&pages); err != nil {
 			return nil, fmt.Errorf("migrator: size of %s on the source: %w", t.Name, err)
 		}
-		for _, r := range pageRanges(pages) {
+		for _, r := range pageRanges(pages, sp.workers()) {
 			chunks = append(chunks, copyChunk{st: st, from: r[0], to: r[1]})
 		}
 	}
 	return chunks, nil
 }
 
-// pageRanges cuts a table of pages into up to copyWorkers even ranges
+// workers is the connection pairs a Whole copy uses at once.
+func (sp ShadowSpec) workers() int { return max(1, sp.Workers) }
+
+// pageRanges cuts a table of pages into up to workers even ranges
 // [from, to) of at least copyChunkMinPages each, or one. The last is open
 // (to = -1): rows the snapshot sees lie below the size read before it, but
 // a range that misses none does not depend on it.
-func pageRanges(pages int64) [][2]int64 {
-	n := max(1, min(copyWorkers, pages/copyChunkMinPages))
+func pageRanges(pages int64, workers int) [][2]int64 {
+	n := max(1, min(int64(workers), pages/copyChunkMinPages))
 	out := make([][2]int64, n)
 	for i := range n {
 		out[i] = [2]int64{i * pages / n, (i + 1) * pages / n}
@@ -112,7 +112,7 @@ func (sh *Shadow) copyRows(ctx context.Context, src *pgx.Conn, snapshot string, 
 		rows, bytes int64
 		err         error
 	}
-	extra := min(copyWorkers, len(chunks)) - 1
+	extra := min(sp.workers(), len(chunks)) - 1
 	results := make(chan result, extra)
 	var importing sync.WaitGroup
 	importing.Add(extra)

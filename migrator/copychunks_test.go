@@ -9,18 +9,21 @@ import (
 
 func TestPageRanges(t *testing.T) {
 	for _, tc := range []struct {
-		pages int64
-		want  string
+		pages   int64
+		workers int
+		want    string
 	}{
-		{0, "[[0 -1]]"},
-		{copyChunkMinPages*2 - 1, "[[0 -1]]"},
-		{copyChunkMinPages * 2, "[[0 128] [128 -1]]"},
-		{385, "[[0 128] [128 256] [256 -1]]"},
-		{1000, "[[0 250] [250 500] [500 750] [750 -1]]"},
-		{1003, "[[0 250] [250 501] [501 752] [752 -1]]"},
+		{0, 4, "[[0 -1]]"},
+		{copyChunkMinPages*2 - 1, 4, "[[0 -1]]"},
+		{copyChunkMinPages * 2, 4, "[[0 128] [128 -1]]"},
+		{385, 4, "[[0 128] [128 256] [256 -1]]"},
+		{1000, 4, "[[0 250] [250 500] [500 750] [750 -1]]"},
+		{1003, 4, "[[0 250] [250 501] [501 752] [752 -1]]"},
+		{1000, 2, "[[0 500] [500 -1]]"},
+		{1000, 1, "[[0 -1]]"},
 	} {
-		if got := fmt.Sprint(pageRanges(tc.pages)); got != tc.want {
-			t.Errorf("pageRanges(%d) = %s, want %s", tc.pages, got, tc.want)
+		if got := fmt.Sprint(pageRanges(tc.pages, tc.workers)); got != tc.want {
+			t.Errorf("pageRanges(%d, %d) = %s, want %s", tc.pages, tc.workers, got, tc.want)
 		}
 	}
 }

@@ -107,7 +107,7 @@ func NewMerger(cluster *pgshard.Cluster, store MergeStore, ops *TreeOpRunner, me
 	if metrics == nil {
 		metrics = NewMergeMetrics(nil)
 	}
-	mg := &Merger{copy: &MergeCopy{Cluster: cluster, Maps: store, Log: log}, store: store, ops: ops, notify: clusterNodes{cluster}.Notify,
+	mg := &Merger{copy: &MergeCopy{Cluster: cluster, Maps: store, Log: log}, store: store, ops: ops, notify: clusterNodes{Cluster: cluster}.Notify,
 		metrics: metrics, log: log}
 	ops.Handle(shardmap.OpMerge, mg.run)
 	return mg

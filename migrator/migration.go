@@ -29,6 +29,9 @@ type Options struct {
 	// ReleaseBatch is about how many rows of the source one release
 	// transaction scans (a block range of that many rows; release_pg.go).
 	ReleaseBatch int
+	// CopyWorkers is how many connection pairs a copy of whole tables (a
+	// move, a resize) uses at once (copychunks.go).
+	CopyWorkers int
 	// AckPoll is how often acknowledgements are polled.
 	AckPoll time.Duration
 	// SkipVerify turns off the verification of each move (verify.go).
@@ -46,6 +49,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.ReleaseBatch <= 0 {
 		o.ReleaseBatch = 10000
+	}
+	if o.CopyWorkers <= 0 {
+		o.CopyWorkers = 1
 	}
 	if o.AckPoll <= 0 {
 		o.AckPoll = 5 * time.Millisecond
@@ -96,7 +102,7 @@ type Runner struct {
 
 // NewRunner returns a runner. metrics and log may be nil.
 func NewRunner(cluster *pgshard.Cluster, store Store, opts Options, metrics *Metrics, log *slog.Logger) *Runner {
-	return newRunner(clusterNodes{cluster}, store, opts, metrics, log)
+	return newRunner(clusterNodes{Cluster: cluster, copyWorkers: opts.CopyWorkers}, store, opts, metrics, log)
 }
 
 // newRunner is NewRunner on any Nodes.

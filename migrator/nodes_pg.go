@@ -13,6 +13,7 @@ import (
 // clusterNodes is Nodes on the real cluster.
 type clusterNodes struct {
 	*pgshard.Cluster
+	copyWorkers int // ShadowSpec.Workers
 }
 
 var _ Nodes = clusterNodes{}
@@ -54,7 +55,7 @@ func (c clusterNodes) shadowSpec(ts []*shardmap.Tree, mig *shardmap.Migration) (
 		return ShadowSpec{}, err
 	}
 	spec := ShadowSpec{ID: mig.ID, Tree: t, SourceDSN: src, TargetDSN: dst, Source: mig.Source, Target: mig.Target, Slots: mig.Slots,
-		Whole: mig.Kind == shardmap.Move || mig.Kind == shardmap.Resize, Reindex: mig.Kind == shardmap.Resize}
+		Whole: mig.Kind == shardmap.Move || mig.Kind == shardmap.Resize, Reindex: mig.Kind == shardmap.Resize, Workers: c.copyWorkers}
 	if len(ts) > 1 {
 		spec.Members = ts
 	}

@@ -52,7 +52,7 @@ func RecoverMaps(ctx context.Context, cluster *pgshard.Cluster, store Store, opt
 	if log == nil {
 		log = slog.Default()
 	}
-	rc := &recovery{cluster: cluster, nodes: clusterNodes{cluster}, store: store, opts: opts, log: log,
+	rc := &recovery{cluster: cluster, nodes: clusterNodes{Cluster: cluster}, store: store, opts: opts, log: log,
 		runner: NewRunner(cluster, store, Options{}, nil, log)}
 	dbs, err := cluster.Databases(ctx)
 	if err != nil {

@@ -37,6 +37,9 @@ type ShadowSpec struct {
 	// resize): a btree index filled row by row splits its pages half and
 	// half whatever its fillfactor, a built one packs them to it.
 	Reindex bool
+	// Workers is how many connection pairs a Whole copy uses at once, one
+	// page range each (copychunks.go); below 1, one.
+	Workers int
 	// Members are the tables the copy moves when Tree is in a colocation
 	// group: every member, Tree among them, in one publication, one
 	// replication slot and one snapshot, a COPY each in one target

@@ -200,6 +200,7 @@ func (c *serveConfig) flags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.Autonomic.Tick, "autonomic-interval", 5*time.Second, "how often the split monitor and healing pass over the trees")
 	fs.DurationVar(&c.Migration.FreezeBudget, "freeze-budget", 2*time.Second, "longest write pause of one freeze; a freeze that does not fit is rolled back and retried")
 	fs.Int64Var(&c.Migration.FreezeLag, "freeze-lag", 256<<10, "replication lag in bytes under which a migration freezes")
+	fs.IntVar(&c.Migration.CopyWorkers, "copy-workers", 1, "connection pairs (one to each node) a move's or a resize's copy uses at once, each copying a page range of the shard; more go faster only where the nodes have idle cores (on 2 cores shared by both nodes one was fastest), and each holds a connection more on each node")
 	fs.IntVar(&c.Migration.ReleaseBatch, "release-batch", 10000, "about how many rows of a split's source one release transaction scans for moved rows to delete")
 	fs.BoolFunc("verify-moves", "compare each move's slots on source and target, under snapshots taken in the freeze, before its source is released (true or false; default true)", func(v string) error {
 		on, err := strconv.ParseBool(v)
