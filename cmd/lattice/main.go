@@ -200,7 +200,7 @@ func (c *serveConfig) flags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.Autonomic.Tick, "autonomic-interval", 5*time.Second, "how often the split monitor and healing pass over the trees")
 	fs.DurationVar(&c.Migration.FreezeBudget, "freeze-budget", 2*time.Second, "longest write pause of one freeze; a freeze that does not fit is rolled back and retried")
 	fs.Int64Var(&c.Migration.FreezeLag, "freeze-lag", 256<<10, "replication lag in bytes under which a migration freezes")
-	fs.IntVar(&c.Migration.CopyWorkers, "copy-workers", 1, "connection pairs (one to each node) a move's or a resize's copy uses at once, each copying a page range of the shard; more go faster only where the nodes have idle cores (on 2 cores shared by both nodes one was fastest), and each holds a connection more on each node")
+	fs.IntVar(&c.Migration.CopyWorkers, "copy-workers", 1, "connection pairs (one to each node, 1 to 16) a move's or a resize's copy uses at once, each copying a page range of the shard; more go faster only where the nodes have idle cores (on 2 cores shared by both nodes one was fastest), and each holds a connection more on each node")
 	fs.IntVar(&c.Migration.ReleaseBatch, "release-batch", 10000, "about how many rows of a split's source one release transaction scans for moved rows to delete")
 	fs.BoolFunc("verify-moves", "compare each move's slots on source and target, under snapshots taken in the freeze, before its source is released (true or false; default true)", func(v string) error {
 		on, err := strconv.ParseBool(v)
@@ -240,6 +240,10 @@ func planner(cfg serveConfig) *router.Planner {
 // stall there (stall-after-prepare); the crash-recovery integration tests
 // set it. Read once at start.
 const crashHookEnv = "LATTICE_TEST_CRASH_2PC"
+
+// maxCopyWorkers bounds --copy-workers: each pair is a connection more on
+// both nodes, times --max-concurrent-migrations.
+const maxCopyWorkers = 16
 
 // parseFlags parses args, then fills every flag not given on the command line
 // from its LATTICE_* environment variable.
@@ -294,6 +298,10 @@ func serveCmd(ctx context.Context, args []string) error {
 // serve runs the proxy and the admin endpoint until ctx ends. ready, when
 // set, receives the listening addresses.
 func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, ready func(pgAddr, adminAddr string)) error {
+	// 0 takes the migrator's default of one pair (the demo sets no options).
+	if n := cfg.Migration.CopyWorkers; n < 0 || n > maxCopyWorkers {
+		return fmt.Errorf("--copy-workers %d: give 1 to %d connection pairs per copy", n, maxCopyWorkers)
+	}
 	var users *proxy.Users
 	if cfg.UsersFile != "" {
 		u, err := proxy.LoadUsers(cfg.UsersFile)
