@@ -528,10 +528,12 @@ func pauseStats(d []time.Duration) string {
 // benchTree starts a proxy over 2 fresh nodes and creates tree name of
 // rows rows (bigint key, about 80 bytes a row) in shards shards, the nodes
 // vacuumed and analyzed after, for the migration benchmarks.
+// LATTICE_BENCH_PROXY_ARGS adds flags to the proxy's command line, to weigh
+// a setting against the default (--verify-moves=false, say).
 func benchTree(b *testing.B, name string, rows, shards int) (*proxyProc, *pgx.Conn) {
 	b.Helper()
 	resetNodes(b)
-	p := startProxy(b, 2)
+	p := startProxy(b, 2, strings.Fields(os.Getenv("LATTICE_BENCH_PROXY_ARGS"))...)
 	c := connect(b, p.DSN("lattice"))
 	mustExec(b, c, fmt.Sprintf(`CREATE TABLE %s (k bigint PRIMARY KEY, n int8 NOT NULL, pad text NOT NULL)`, name))
 	mustExec(b, c, fmt.Sprintf(`INSERT INTO %s SELECT g, g, repeat(md5(g::text), 2) FROM generate_series(1, %d) g`, name, rows))

@@ -46,10 +46,17 @@ import (
 // are not logged: the stream only writes before the flip, and a repair
 // writes the source's rows. A tenant's write that sets it is logged.
 
-// writeLogLockTimeout bounds each attempt to attach or drop the trigger,
-// which waits for the writers inside the target table (a fold survivor
-// has clients); attempts repeat until ctx ends.
-const writeLogLockTimeout = 50 * time.Millisecond
+// writeLogLockTimeout bounds each attempt to attach the trigger, which
+// waits for the writers inside the target table (a fold survivor has
+// clients); attempts repeat until ctx ends. Dropping it, at the release,
+// waits for the readers too, which queue behind the attempt: each waits
+// at most writeLogDropLockTimeout, and the attempts back off up to
+// dropBackoffMax.
+const (
+	writeLogLockTimeout     = 50 * time.Millisecond
+	writeLogDropLockTimeout = 10 * time.Millisecond
+	dropBackoffMax          = time.Second
+)
 
 // errNoWriteLog: the target holds no write log for the move (verification
 // was off when it froze, or an older build froze it).
@@ -134,7 +141,7 @@ func (c clusterNodes) PrepareWriteLog(ctx context.Context, ts []*shardmap.Tree, 
 			"CREATE OR REPLACE TRIGGER "+pgx.Identifier{writeLogName(t, mig)}.Sanitize()+" AFTER INSERT OR UPDATE OR DELETE ON "+table+
 				" FOR EACH ROW WHEN (NOT "+pgshard.MigratorBypass(conn.Conn().Config().User)+") EXECUTE FUNCTION "+
 				pgx.Identifier{shardmap.SchemaName(mig.Target), writeLogName(t, mig)}.Sanitize()+"()")
-		if err := execLocked(ctx, conn.Conn(), stmts); err != nil {
+		if err := execLocked(ctx, conn.Conn(), writeLogLockTimeout, 0, stmts); err != nil {
 			return fmt.Errorf("migrator: write log of %s on %s: %w", table, mig.TargetNode, err)
 		}
 	}
@@ -142,7 +149,11 @@ func (c clusterNodes) PrepareWriteLog(ctx context.Context, ts []*shardmap.Tree, 
 }
 
 // DropWriteLog implements VerifyNodes: the release's, once the move is
-// verified; missing pieces are fine.
+// verified; missing pieces are fine. The trigger goes alone, in a
+// transaction of its own: its drop takes the target table's ACCESS
+// EXCLUSIVE lock, and the table serves clients since the flip, whose
+// statements queue behind the lock; the function and the log table follow
+// under no lock on the shard table.
 func (c clusterNodes) DropWriteLog(ctx context.Context, ts []*shardmap.Tree, mig *shardmap.Migration) error {
 	conn, err := c.targetConn(ctx, ts, mig)
 	if err != nil {
@@ -155,28 +166,41 @@ func (c clusterNodes) DropWriteLog(ctx context.Context, ts []*shardmap.Tree, mig
 		if err := conn.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", table).Scan(&exists); err != nil {
 			return err
 		}
-		var stmts []string
 		if exists {
-			stmts = append(stmts, "DROP TRIGGER IF EXISTS "+pgx.Identifier{writeLogName(t, mig)}.Sanitize()+" ON "+table)
+			drop := []string{"DROP TRIGGER IF EXISTS " + pgx.Identifier{writeLogName(t, mig)}.Sanitize() + " ON " + table}
+			if err := execLocked(ctx, conn.Conn(), writeLogDropLockTimeout, dropBackoffMax, drop); err != nil {
+				return fmt.Errorf("migrator: drop write log of %s on %s: %w", table, mig.TargetNode, err)
+			}
 		}
-		stmts = append(stmts,
-			"DROP FUNCTION IF EXISTS "+pgx.Identifier{shardmap.SchemaName(mig.Target), writeLogName(t, mig)}.Sanitize()+"()",
-			"DROP TABLE IF EXISTS "+writeLogTable(t, mig))
-		if err := execLocked(ctx, conn.Conn(), stmts); err != nil {
+		rest := []string{
+			"DROP FUNCTION IF EXISTS " + pgx.Identifier{shardmap.SchemaName(mig.Target), writeLogName(t, mig)}.Sanitize() + "()",
+			"DROP TABLE IF EXISTS " + writeLogTable(t, mig)}
+		if err := execLocked(ctx, conn.Conn(), writeLogLockTimeout, 0, rest); err != nil {
 			return fmt.Errorf("migrator: drop write log of %s on %s: %w", table, mig.TargetNode, err)
 		}
 	}
 	return nil
 }
 
-// execLocked runs stmts in one transaction with a short lock_timeout,
-// again while the lock is not granted in time.
-func execLocked(ctx context.Context, c *pgx.Conn, stmts []string) error {
-	sql := fmt.Sprintf("SET LOCAL lock_timeout = '%dms';\n", writeLogLockTimeout.Milliseconds()) + strings.Join(stmts, ";\n")
-	for {
+// execLocked runs stmts in one transaction, sent as one query string, with
+// lock_timeout timeout, again while the lock is not granted in time: at
+// once when backoffMax is 0, else after a wait that starts at timeout and
+// doubles up to backoffMax, to let the statements queued behind the
+// attempt through.
+func execLocked(ctx context.Context, c *pgx.Conn, timeout, backoffMax time.Duration, stmts []string) error {
+	sql := fmt.Sprintf("SET LOCAL lock_timeout = '%dms';\n", timeout.Milliseconds()) + strings.Join(stmts, ";\n")
+	for wait := timeout; ; wait = min(2*wait, backoffMax) {
 		_, err := c.PgConn().Exec(ctx, sql).ReadAll()
 		if !sqlstate.Is(err, sqlstate.LockNotAvailable) || ctx.Err() != nil {
 			return err
+		}
+		if backoffMax == 0 {
+			continue
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(wait):
 		}
 	}
 }

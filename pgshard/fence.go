@@ -399,18 +399,24 @@ func armOnce(ctx context.Context, p *pgxpool.Pool, sql string) (lsn string, pid 
 // dropRetryMax caps the wait between attempts to drop a fence.
 const dropRetryMax = time.Second
 
+// dropLockTimeout is how long one attempt to drop a fence waits for the
+// table's ACCESS EXCLUSIVE lock. The table serves its other slots, and
+// every statement on it queues behind the waiting drop, so a point read
+// is held at most this long by an attempt; the drop is not in a hurry.
+const dropLockTimeout = 10 * time.Millisecond
+
 // DropSlotFence removes a fence; a missing one is fine. Dropping a trigger
 // takes the table's ACCESS EXCLUSIVE lock, which waits for every running
 // statement on the shard, a long read included, and every later statement
 // on the shard would queue behind that wait. So each attempt waits at most
-// fenceLockTimeout, and the attempts back off (up to dropRetryMax) to let
+// dropLockTimeout, and the attempts back off (up to dropRetryMax) to let
 // the queued statements through, until ctx ends.
 func (c *Cluster) DropSlotFence(ctx context.Context, node string, f SlotFence) error {
 	p, err := c.Admin(ctx, node, f.Tree.Tenant)
 	if err != nil {
 		return err
 	}
-	for wait := fenceLockTimeout; ; wait = min(2*wait, dropRetryMax) {
+	for wait := dropLockTimeout; ; wait = min(2*wait, dropRetryMax) {
 		err = dropFenceOnce(ctx, p, f)
 		if !sqlstate.Is(err, sqlstate.LockNotAvailable) || ctx.Err() != nil {
 			break
@@ -426,52 +432,47 @@ func (c *Cluster) DropSlotFence(ctx context.Context, node string, f SlotFence) e
 	return nil
 }
 
-// dropFenceOnce is one attempt of DropSlotFence, in one transaction.
+// dropFenceOnce is one attempt of DropSlotFence: one transaction sent as
+// one query string, so that the table's ACCESS EXCLUSIVE lock, which the
+// triggers' drop takes, is held for no round trip to the proxy. The
+// handover's rows go first, under no lock on the shard table; the function
+// goes last, once nothing depends on it.
 func dropFenceOnce(ctx context.Context, p *pgxpool.Pool, f SlotFence) error {
+	conn, err := p.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
 	table := ShardTable(f.Tree, f.Shard)
-	return pgx.BeginFunc(ctx, p, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL lock_timeout = '%dms'", fenceLockTimeout.Milliseconds())); err != nil {
-			return err
-		}
-		var exists bool
-		if err := tx.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, table).Scan(&exists); err != nil {
-			return err
-		}
-		var stmts []string
-		if exists {
-			stmts = append(stmts, "DROP TRIGGER IF EXISTS "+quoteIdent(f.trigger())+" ON "+table,
-				"DROP TRIGGER IF EXISTS "+quoteIdent(f.trigger()+"_t")+" ON "+table)
-		}
-		stmts = append(stmts, "DROP FUNCTION IF EXISTS "+f.function())
-		for _, s := range stmts {
-			if _, err := tx.Exec(ctx, s); err != nil {
-				return err
-			}
-		}
-		if f.Handover == nil {
-			return nil
-		}
-		return dropHandover(ctx, tx, f)
-	})
+	schema := quoteIdent(shardmap.SchemaName(f.Shard))
+	var tableExists, movingExists bool
+	if err := conn.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL, to_regclass($2) IS NOT NULL`,
+		table, schema+"."+MovingTable).Scan(&tableExists, &movingExists); err != nil {
+		return err
+	}
+	stmts := []string{fmt.Sprintf("SET LOCAL lock_timeout = '%dms'", dropLockTimeout.Milliseconds())}
+	if f.Handover != nil && movingExists {
+		stmts = append(stmts, dropHandoverSQL(f, schema))
+	}
+	if tableExists {
+		stmts = append(stmts, "DROP TRIGGER IF EXISTS "+quoteIdent(f.trigger())+" ON "+table,
+			"DROP TRIGGER IF EXISTS "+quoteIdent(f.trigger()+"_t")+" ON "+table)
+	}
+	stmts = append(stmts, "DROP FUNCTION IF EXISTS "+f.function())
+	_, err = conn.Conn().PgConn().Exec(ctx, strings.Join(stmts, ";\n")).ReadAll()
+	return err
 }
 
-// dropHandover deletes the fence's MovingTable row and, for a rolled-back
-// freeze, gives its slots back to the ownership record. The row is what
-// is given back, so a fence that was only prepared, or whose row a
-// recovery already took, gives nothing.
-func dropHandover(ctx context.Context, tx pgx.Tx, f SlotFence) error {
-	schema := quoteIdent(shardmap.SchemaName(f.Shard))
-	var exists bool
-	if err := tx.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, schema+"."+MovingTable).Scan(&exists); err != nil || !exists {
-		return err
-	}
-	// The fence's own table's row only: a colocation group's members are
-	// fenced and dropped table by table.
+// dropHandoverSQL deletes the fence's MovingTable row and, for a
+// rolled-back freeze, gives its slots back to the ownership record. The row
+// is what is given back, so a fence that was only prepared, or whose row a
+// recovery already took, gives nothing. The fence's own table's row only:
+// a colocation group's members are fenced and dropped table by table.
+func dropHandoverSQL(f SlotFence, schema string) string {
+	where := " WHERE migration = " + quoteLiteral(f.Migration) + " AND tree = " + quoteLiteral(f.Tree.Name)
 	if !f.Handover.GiveBack {
-		_, err := tx.Exec(ctx, `DELETE FROM `+schema+`.`+MovingTable+` WHERE migration = $1 AND tree = $2`, f.Migration, f.Tree.Name)
-		return err
+		return "DELETE FROM " + schema + "." + MovingTable + where
 	}
-	_, err := tx.Exec(ctx, `WITH gone AS (DELETE FROM `+schema+`.`+MovingTable+` WHERE migration = $1 AND tree = $2 RETURNING tree, slots)
-UPDATE `+schema+`.`+OwnerTable+` o SET slots = o.slots + gone.slots, updated = now() FROM gone WHERE o.tree = gone.tree`, f.Migration, f.Tree.Name)
-	return err
+	return "WITH gone AS (DELETE FROM " + schema + "." + MovingTable + where + " RETURNING tree, slots)\n" +
+		"UPDATE " + schema + "." + OwnerTable + " o SET slots = o.slots + gone.slots, updated = now() FROM gone WHERE o.tree = gone.tree"
 }
