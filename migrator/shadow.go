@@ -471,8 +471,8 @@ func dropShadowProgress(ctx context.Context, spec ShadowSpec, tgt *pgx.Conn) err
 // dropped between them fails the write with "cache lookup failed for
 // publication" (XX000). Writers wait for the lock instead, and see the
 // publication gone when they get it. The lock is taken with a short
-// lock_timeout and retried, as the fence's is, so that writers queued
-// behind it are not held for long.
+// lock_timeout and retried, backing off, as the fence's is, so that
+// writers queued behind it are not held for long.
 func dropPublication(ctx context.Context, conn *pgx.Conn, name string) error {
 	rows, err := conn.Query(ctx, `SELECT format('%I.%I', schemaname, tablename) FROM pg_catalog.pg_publication_tables WHERE pubname = $1`, name)
 	if err != nil {
@@ -482,22 +482,16 @@ func dropPublication(ctx context.Context, conn *pgx.Conn, name string) error {
 	if err != nil {
 		return err
 	}
-	sql := "DROP PUBLICATION IF EXISTS " + pgx.Identifier{name}.Sanitize()
+	var stmts []string
 	if len(tables) > 0 {
-		sql = fmt.Sprintf("SET LOCAL lock_timeout = '%dms';\nLOCK TABLE %s IN SHARE ROW EXCLUSIVE MODE;\n%s",
-			publicationLockTimeout.Milliseconds(), strings.Join(tables, ", "), sql)
+		stmts = append(stmts, "LOCK TABLE "+strings.Join(tables, ", ")+" IN SHARE ROW EXCLUSIVE MODE")
 	}
-	for {
-		// One simple query: one implicit transaction.
-		_, err := conn.PgConn().Exec(ctx, sql).ReadAll()
-		if !sqlstate.Is(err, sqlstate.LockNotAvailable) || ctx.Err() != nil {
-			return err
-		}
-	}
+	stmts = append(stmts, "DROP PUBLICATION IF EXISTS "+pgx.Identifier{name}.Sanitize())
+	return execLocked(ctx, conn, publicationLockTimeout, dropBackoffMax, stmts)
 }
 
 // publicationLockTimeout bounds each attempt to lock a publication's tables.
-const publicationLockTimeout = 50 * time.Millisecond
+const publicationLockTimeout = 10 * time.Millisecond
 
 // slotReleaseWait bounds how long dropping a slot waits for the walsender
 // of a stream just stopped: the server ends it shortly after the client
