@@ -168,6 +168,27 @@ func startServers(ctx context.Context) error {
 	return nil
 }
 
+// nodeSettings are the postgresql.conf settings LATTICE_TEST_PG_SETTINGS
+// adds to the harness's nodes, as name=value words, to watch the nodes
+// through a run: LATTICE_TEST_PG_SETTINGS='log_lock_waits=on
+// deadlock_timeout=5ms' logs every lock wait past 5 ms to each node's
+// lattice-postgres.log, which LATTICE_TEST_KEEP=1 keeps.
+func nodeSettings() (map[string]string, error) {
+	words := strings.Fields(os.Getenv("LATTICE_TEST_PG_SETTINGS"))
+	if len(words) == 0 {
+		return nil, nil
+	}
+	settings := make(map[string]string, len(words))
+	for _, w := range words {
+		name, value, ok := strings.Cut(w, "=")
+		if !ok || name == "" {
+			return nil, fmt.Errorf("LATTICE_TEST_PG_SETTINGS: %q is not name=value", w)
+		}
+		settings[name] = value
+	}
+	return settings, nil
+}
+
 // nodeTemplate is where the harness keeps the data directory that every
 // node it starts copies (localnode.PostgresOptions.Template).
 func nodeTemplate() string { return filepath.Join(harness.dir, "template") }
@@ -176,6 +197,10 @@ func nodeTemplate() string { return filepath.Join(harness.dir, "template") }
 // redis-server (dir/redis) in parallel. On error it returns what did start,
 // for the caller to stop: the nodes slice has a nil for each that did not.
 func startCluster(ctx context.Context, dir string, n int) ([]*localnode.Postgres, *localnode.Redis, error) {
+	settings, err := nodeSettings()
+	if err != nil {
+		return nil, nil, err
+	}
 	nodes := make([]*localnode.Postgres, n)
 	var rd *localnode.Redis
 	errs := make([]error, n+1)
@@ -186,7 +211,7 @@ func startCluster(ctx context.Context, dir string, n int) ([]*localnode.Postgres
 			defer wg.Done()
 			name := fmt.Sprintf("n%d", i+1)
 			nodes[i], errs[i] = localnode.StartPostgres(ctx, filepath.Join(dir, name), name,
-				localnode.PostgresOptions{Fast: true, Template: nodeTemplate()})
+				localnode.PostgresOptions{Fast: true, Settings: settings, Template: nodeTemplate()})
 		}()
 	}
 	wg.Add(1)
