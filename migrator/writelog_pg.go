@@ -15,7 +15,6 @@ import (
 	"github.com/lattice-db/lattice/btreeindex"
 	"github.com/lattice-db/lattice/pgshard"
 	"github.com/lattice-db/lattice/shardmap"
-	"github.com/lattice-db/lattice/sqlstate"
 )
 
 // The write log of a move's target (docs/DESIGN.md 5.5) keeps, for each key
@@ -183,26 +182,15 @@ func (c clusterNodes) DropWriteLog(ctx context.Context, ts []*shardmap.Tree, mig
 }
 
 // execLocked runs stmts in one transaction, sent as one query string, with
-// lock_timeout timeout, again while the lock is not granted in time: at
-// once when backoffMax is 0, else after a wait that starts at timeout and
-// doubles up to backoffMax, to let the statements queued behind the
-// attempt through.
+// lock_timeout timeout, again while the lock is not granted in time
+// (pgshard.RetryLockTimeouts: at once when backoffMax is 0, else backing
+// off from timeout up to backoffMax).
 func execLocked(ctx context.Context, c *pgx.Conn, timeout, backoffMax time.Duration, stmts []string) error {
 	sql := fmt.Sprintf("SET LOCAL lock_timeout = '%dms';\n", timeout.Milliseconds()) + strings.Join(stmts, ";\n")
-	for wait := timeout; ; wait = min(2*wait, backoffMax) {
+	return pgshard.RetryLockTimeouts(ctx, timeout, backoffMax, func() error {
 		_, err := c.PgConn().Exec(ctx, sql).ReadAll()
-		if !sqlstate.Is(err, sqlstate.LockNotAvailable) || ctx.Err() != nil {
-			return err
-		}
-		if backoffMax == 0 {
-			continue
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(wait):
-		}
-	}
+		return err
+	})
 }
 
 // loggedComparison compares a move as of its flip without the freeze's

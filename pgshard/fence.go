@@ -416,20 +416,33 @@ func (c *Cluster) DropSlotFence(ctx context.Context, node string, f SlotFence) e
 	if err != nil {
 		return err
 	}
-	for wait := dropLockTimeout; ; wait = min(2*wait, dropRetryMax) {
-		err = dropFenceOnce(ctx, p, f)
-		if !sqlstate.Is(err, sqlstate.LockNotAvailable) || ctx.Err() != nil {
-			break
-		}
-		select {
-		case <-ctx.Done():
-		case <-time.After(wait):
-		}
-	}
+	err = RetryLockTimeouts(ctx, dropLockTimeout, dropRetryMax, func() error { return dropFenceOnce(ctx, p, f) })
 	if err != nil {
 		return fmt.Errorf("pgshard: drop fence of shard %d on %s: %w", f.Shard, node, err)
 	}
 	return nil
+}
+
+// RetryLockTimeouts runs attempt again while it fails for want of a lock
+// (a lock_timeout, 55P03) and ctx lasts: at once when backoffMax is 0,
+// else after a wait that starts at first and doubles up to backoffMax, to
+// let the statements queued behind the attempt through. It returns the
+// last attempt's error.
+func RetryLockTimeouts(ctx context.Context, first, backoffMax time.Duration, attempt func() error) error {
+	for wait := first; ; wait = min(2*wait, backoffMax) {
+		err := attempt()
+		if !sqlstate.Is(err, sqlstate.LockNotAvailable) || ctx.Err() != nil {
+			return err
+		}
+		if backoffMax == 0 {
+			continue
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(wait):
+		}
+	}
 }
 
 // dropFenceOnce is one attempt of DropSlotFence: one transaction sent as
