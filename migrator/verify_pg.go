@@ -162,8 +162,10 @@ func (sd side) rows() string {
 	return sd.table
 }
 
-// begin opens the comparison's transaction on c, under snapshot if one is
-// given.
+// beginCompare opens the comparison's transaction on c, under snapshot if
+// one is given. Its scans run without parallel workers: the two sides scan
+// at once already, and on a small machine the workers only contend with
+// them (docs/DESIGN.md 5.5).
 func beginCompare(ctx context.Context, c *pgx.Conn, snapshot string, timeout time.Duration) error {
 	sql := "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
 	if snapshot != "" {
