@@ -256,10 +256,14 @@ func onPlainTables(q string) string { return genTableNames.ReplaceAllString(q, "
 
 // genSeed draws the generated statements: LATTICE_GEN_SEED draws others,
 // to look further.
-func genSeed(t *testing.T) uint64 {
+func genSeed(t *testing.T) uint64 { return genSeedOr(t, 7) }
+
+// genSeedOr is genSeed for a test whose statements are drawn from seed
+// unless LATTICE_GEN_SEED says otherwise.
+func genSeedOr(t *testing.T, seed uint64) uint64 {
 	v := os.Getenv("LATTICE_GEN_SEED")
 	if v == "" {
-		return 7
+		return seed
 	}
 	n, err := strconv.ParseUint(v, 10, 64)
 	if err != nil {

@@ -308,7 +308,11 @@ func (a *Autonomic) act(ctx context.Context, t *shardmap.Tree, v autonomic.View,
 			a.metrics.HotKeyRanges.WithLabelValues(t.MapName(), t.Tenant).Inc()
 		}
 	}
-	place := a.placer(ctx, v)
+	var place func(autonomic.Split) string
+	if len(d.Splits) > 0 {
+		// Placing reads the node registry: only for a pass that splits.
+		place = a.placer(ctx, v)
+	}
 	for _, sp := range d.Splits {
 		mig, err := a.coord.runner.startSplit(ctx, t, sp.Shard, splitAt{from: sp.From, node: place(sp), origin: shardmap.OriginAutosplit})
 		if err != nil {

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -235,7 +236,7 @@ func (c *Cache) load(ctx context.Context, tenant string, tc *tenantCache) (*View
 	}
 	seq := tc.begun.Add(1)
 
-	trees, ms, lost, err := c.readTrees(ctx, tenant)
+	trees, ms, lost, err := c.readTrees(ctx, tenant, tc.view.Load())
 	if err != nil {
 		return nil, err
 	}
@@ -280,7 +281,13 @@ func (c *Cache) load(ctx context.Context, tenant string, tc *tenantCache) (*View
 // the nodes hold templates) instead of as a drop, which would send the
 // tree's statements to its empty template on the catalog node. A tree still
 // listed without a map on the second read is left out, as a drop leaves it.
-func (c *Cache) readTrees(ctx context.Context, tenant string) (map[string]*Tree, map[string]*Map, bool, error) {
+//
+// A map that old, the view being replaced, holds at an epoch no lower than
+// the stored one is kept without being read: load would keep it over what
+// the read returned anyway, and the maps' epochs, read in one round trip,
+// are a few bytes where a map is tens of kilobytes of JSON. So a refresh
+// of a tenant whose maps did not change reads no map.
+func (c *Cache) readTrees(ctx context.Context, tenant string, old *View) (map[string]*Tree, map[string]*Map, bool, error) {
 	for attempt := 0; ; attempt++ {
 		list, err := c.store.Trees(ctx, tenant)
 		if err != nil {
@@ -290,11 +297,19 @@ func (c *Cache) readTrees(ctx context.Context, tenant string) (map[string]*Tree,
 		if err != nil {
 			return nil, nil, false, err
 		}
+		epochs, err := c.storedEpochs(ctx, tenant, old, list)
+		if err != nil {
+			return nil, nil, false, err
+		}
 		trees := make(map[string]*Tree, len(list))
 		ms := make(map[string]*Map, len(list))
 		shared := make(map[string]*Map) // by map name: one read per colocation group
 		unmapped := false
 		for _, t := range list {
+			if om := keptMap(old, t, epochs); om != nil {
+				trees[t.Name], ms[t.Name] = t, om
+				continue
+			}
 			m, ok := shared[t.MapName()]
 			if !ok {
 				m, err = c.store.Map(ctx, tenant, t.MapName())
@@ -313,6 +328,40 @@ func (c *Cache) readTrees(ctx context.Context, tenant string) (map[string]*Tree,
 			return trees, ms, lost, nil
 		}
 	}
+}
+
+// storedEpochs reads the stored epochs of the maps of list that old holds
+// too; nil when old holds none.
+func (c *Cache) storedEpochs(ctx context.Context, tenant string, old *View, list []*Tree) (map[string]uint64, error) {
+	if old == nil {
+		return nil, nil
+	}
+	var names []string
+	for _, t := range list {
+		if old.Maps[t.Name] != nil && !slices.Contains(names, t.MapName()) {
+			names = append(names, t.MapName())
+		}
+	}
+	if len(names) == 0 {
+		return nil, nil
+	}
+	return c.store.MapEpochs(ctx, tenant, names)
+}
+
+// keptMap is old's map of t if load would keep it over the stored one: the
+// same tree (not one dropped and created again, whose epochs start over),
+// under the same map name, at an epoch no lower than the stored one. nil
+// means the map must be read.
+func keptMap(old *View, t *Tree, epochs map[string]uint64) *Map {
+	if old == nil {
+		return nil
+	}
+	ot, om := old.Trees[t.Name], old.Maps[t.Name]
+	stored, ok := epochs[t.MapName()]
+	if ot == nil || om == nil || !ok || !ot.Created.Equal(t.Created) || ot.MapName() != t.MapName() || om.Epoch < stored {
+		return nil
+	}
+	return om
 }
 
 // loadMap re-reads the map stored under name (a tree's, or a colocation

@@ -459,3 +459,56 @@ func TestCacheEventDuringRefresh(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// mapCountingStore counts map reads.
+type mapCountingStore struct {
+	Store
+	maps atomic.Int32
+}
+
+func (s *mapCountingStore) Map(ctx context.Context, tenant, tree string) (*Map, error) {
+	s.maps.Add(1)
+	return s.Store.Map(ctx, tenant, tree)
+}
+
+// TestCacheRefreshReadsChangedMaps: a refresh reads only the maps whose
+// stored epoch passed the cached one, and installs those.
+func TestCacheRefreshReadsChangedMaps(t *testing.T) {
+	ctx := context.Background()
+	s, _ := newTestStore(t)
+	for _, name := range []string{"a", "b", "c"} {
+		mustCreate(t, s, "app", name)
+	}
+	ms := &mapCountingStore{Store: s}
+	c := newTestCache(t, ms, time.Hour)
+	first := view(t, c, "app")
+	if n := ms.maps.Load(); n != 3 {
+		t.Fatalf("first load read %d maps, want 3", n)
+	}
+
+	ms.maps.Store(0)
+	v, err := c.Refresh(ctx, "app")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := ms.maps.Load(); n != 0 {
+		t.Errorf("a refresh with no map changed read %d maps, want 0", n)
+	}
+	for _, name := range []string{"a", "b", "c"} {
+		if v.Maps[name] != first.Maps[name] {
+			t.Errorf("map %s replaced though unchanged", name)
+		}
+	}
+
+	swap(t, s, "app", "b")
+	ms.maps.Store(0)
+	if v, err = c.Refresh(ctx, "app"); err != nil {
+		t.Fatal(err)
+	}
+	if n := ms.maps.Load(); n != 1 {
+		t.Errorf("a refresh after one map changed read %d maps, want 1", n)
+	}
+	if epochOf(v, "b") != 2 || v.Maps["a"] != first.Maps["a"] || v.Maps["c"] != first.Maps["c"] {
+		t.Errorf("after b's swap: epochs a %d b %d c %d, want 1 2 1 with a and c kept", epochOf(v, "a"), epochOf(v, "b"), epochOf(v, "c"))
+	}
+}

@@ -78,20 +78,30 @@ func TestPutMigrationOnlyCreatesInPrepare(t *testing.T) {
 	}
 }
 
-// flushOnMap is a store that loses everything just before its first Map
-// read: the tree list was read while the tree was still there.
+// flushOnMap is a store that loses everything just before its first read
+// of a map or of map epochs: the tree list was read while the tree was
+// still there.
 type flushOnMap struct {
 	Store
 	flush func()
 	done  bool
 }
 
-func (f *flushOnMap) Map(ctx context.Context, tenant, name string) (*Map, error) {
+func (f *flushOnMap) flushOnce() {
 	if !f.done {
 		f.done = true
 		f.flush()
 	}
+}
+
+func (f *flushOnMap) Map(ctx context.Context, tenant, name string) (*Map, error) {
+	f.flushOnce()
 	return f.Store.Map(ctx, tenant, name)
+}
+
+func (f *flushOnMap) MapEpochs(ctx context.Context, tenant string, names []string) (map[string]uint64, error) {
+	f.flushOnce()
+	return f.Store.MapEpochs(ctx, tenant, names)
 }
 
 // TestCacheLossBetweenReads: the store is flushed between the read of the

@@ -293,6 +293,36 @@ func (s *RedisStore) Map(ctx context.Context, tenant, tree string) (*Map, error)
 	return m, nil
 }
 
+// MapEpochs implements Store.
+func (s *RedisStore) MapEpochs(ctx context.Context, tenant string, names []string) (map[string]uint64, error) {
+	cmds := make([]*redis.StringCmd, len(names))
+	_, err := s.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, name := range names {
+			cmds[i] = p.HGet(ctx, s.mapKey(tenant, name), "epoch")
+		}
+		return nil
+	})
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return nil, fmt.Errorf("shardmap: read map epochs of %s: %w", tenant, err)
+	}
+	out := make(map[string]uint64, len(names))
+	for i, cmd := range cmds {
+		v, err := cmd.Result()
+		if errors.Is(err, redis.Nil) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("shardmap: read map epoch of %s/%s: %w", tenant, names[i], err)
+		}
+		e, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("shardmap: map epoch of %s/%s: %w", tenant, names[i], err)
+		}
+		out[names[i]] = e
+	}
+	return out, nil
+}
+
 // CreateTree implements Store.
 func (s *RedisStore) CreateTree(ctx context.Context, t *Tree, m *Map) error {
 	if t.Tenant != m.Tenant || t.MapName() != m.Tree {

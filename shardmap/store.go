@@ -60,6 +60,9 @@ type Store interface {
 	// Map returns the map stored under name, or ErrNotFound: a tree's, by
 	// Tree.MapName (its colocation group's, for a member of one).
 	Map(ctx context.Context, tenant, tree string) (*Map, error)
+	// MapEpochs returns the stored epoch of each map named, in one round
+	// trip, without the maps; a map not found has none in the result.
+	MapEpochs(ctx context.Context, tenant string, names []string) (map[string]uint64, error)
 	// CreateTree registers t with its first map m in one step and publishes
 	// a "tree" event; ErrExists if t is already registered. A zero t.Created
 	// is set to now: it is how a Cache tells a re-created tree (whose epochs
