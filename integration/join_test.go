@@ -117,6 +117,10 @@ func TestJoinsEqualPostgres(t *testing.T) {
 		{sql: `SELECT o.customer_id, count(*) FROM jc c LEFT JOIN jo o ON o.customer_id = c.customer_id AND o.total > 50 GROUP BY o.customer_id ORDER BY 1 NULLS FIRST`, ordered: true},
 		{sql: `SELECT count(*), min(c.name) FROM jc c WHERE EXISTS (SELECT 1 FROM jo o WHERE o.customer_id = c.customer_id AND o.status = 'paid')`},
 		{sql: `SELECT c.region, count(*) FROM jc c WHERE c.customer_id NOT IN (SELECT cust FROM ji) GROUP BY c.region ORDER BY 2 DESC, 1`, ordered: true},
+		// IN over the nullable side of an outer join, as a row filter: a
+		// NULL key's answer, false on some shards and NULL over all of
+		// them, drops the row either way.
+		{sql: `SELECT c.customer_id, o.order_id FROM jc c LEFT JOIN jo o ON o.customer_id = c.customer_id AND o.total > 50 WHERE o.customer_id IN (SELECT cust FROM ji WHERE cust < 5) OR c.customer_id > 65`},
 		{sql: `SELECT count(*), sum(t.n), max(t.n) FROM jc c JOIN (SELECT cust, count(*) AS n FROM ji GROUP BY cust) t ON t.cust = c.customer_id`},
 		{sql: `SELECT max(l.total), count(*) FROM jc c CROSS JOIN LATERAL (SELECT o.total FROM jo o WHERE o.customer_id = c.customer_id ORDER BY o.total DESC LIMIT 1) l`},
 		{sql: `SELECT o.status, count(*) FROM jo o JOIN ji i ON i.cust = o.customer_id AND i.order_id = o.order_id WHERE i.qty > $1 GROUP BY 1 ORDER BY 1`, ordered: true, args: []any{2}},
@@ -222,6 +226,12 @@ func TestJoinsEqualPostgres(t *testing.T) {
 		{`SELECT (SELECT max(o.total)) FROM jo o JOIN jc c USING (customer_id)`, "join the subquery's table and group by its columns"},
 		{`SELECT (SELECT sum(total) FROM jo_plans LIMIT 1) FROM jo o JOIN jc c USING (customer_id)`, "join the subquery's table and group by its columns"},
 		{`SELECT (SELECT max(c.name)) FROM jc c`, "join the subquery's table and group by its columns"},
+		// NOT IN over the nullable side of an outer join: customers 61 to
+		// 70, with no orders, have a NULL o.customer_id, and NULL NOT IN
+		// (the subquery) is true on the shards whose part of it is empty,
+		// NULL over all of them. Run on the shards, they came back.
+		{`SELECT c.customer_id, o.order_id FROM jc c LEFT JOIN jo o ON o.customer_id = c.customer_id WHERE o.customer_id NOT IN (SELECT cust FROM ji WHERE cust < 5)`, "NOT EXISTS"},
+		{`SELECT c.customer_id, o.customer_id IN (SELECT cust FROM ji WHERE cust < 5) FROM jc c LEFT JOIN jo o USING (customer_id)`, "NOT EXISTS"},
 	}
 
 	// Writes over several references, compared by their RETURNING rows,

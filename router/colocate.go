@@ -116,6 +116,7 @@ type level struct {
 
 // inLink is key IN (SELECT b.key ...) found in level outer.
 type inLink struct {
+	link *pg.SubLink
 	test *pg.Node
 	sub  int
 }
@@ -247,7 +248,7 @@ func (c *colocation) visit(m protoreflect.Message, lv int, kind levelKind, nulla
 		sub := len(c.levels)
 		c.node(v.Subselect, lv, levelSub, false)
 		if v.SubLinkType == pg.SubLinkType_ANY_SUBLINK && (len(v.OperName) == 0 || isPlainEq(v.OperName)) && lv >= 0 {
-			c.levels[lv].in = append(c.levels[lv].in, inLink{test: v.Testexpr, sub: sub})
+			c.levels[lv].in = append(c.levels[lv].in, inLink{link: v, test: v.Testexpr, sub: sub})
 		}
 		return
 	}
@@ -600,6 +601,48 @@ func conjuncts(n *pg.Node, out []*pg.Node) []*pg.Node {
 	return append(out, n)
 }
 
+// inExact reports whether key IN (SELECT b.key ...), in, answers on a
+// shard what it answers over every shard, for the outer rows of the shard;
+// x is the reference whose key is tested. A shard's part of the subquery
+// holds every row of the outer row's key, and no NULL (a tree's key is in
+// its primary key, and inTarget takes no reference on a nullable side), so
+// for a key that is not NULL the answers agree. A NULL key, which a
+// reference on the nullable side of an outer join gives, is NULL IN (the
+// subquery's rows): false on a shard where the subquery is empty, NULL
+// where it is not, so shards disagree with the whole unless the test is
+// one of the level's row filters (filters), where false and NULL alike
+// drop the row. key NOT IN (...) over such a reference is refused: its
+// NULL rows would pass on the shards whose part of the subquery is empty.
+func (c *colocation) inExact(l level, in inLink, x int) bool {
+	return !c.refs[x].nullable && !c.refs[x].derived || filters(l, in.link)
+}
+
+// filters reports whether link is one of the level's row filters: reached
+// from its WHERE or a JOIN's ON through AND and OR alone. A filter keeps
+// only true rows, under AND and OR too, so false and NULL are alike there;
+// under NOT, in a target list or in a CASE they are not.
+func filters(l level, link *pg.SubLink) bool {
+	var found bool
+	var walk func(n *pg.Node)
+	walk = func(n *pg.Node) {
+		if n == nil || found {
+			return
+		}
+		if b := n.GetBoolExpr(); b != nil && b.Boolop != pg.BoolExprType_NOT_EXPR {
+			for _, a := range b.Args {
+				walk(a)
+			}
+			return
+		}
+		found = n.GetSubLink() == link
+	}
+	walk(l.where)
+	for _, q := range l.quals {
+		walk(q)
+	}
+	return found
+}
+
 // keyEquality reads a = b where both sides name shard keys of tree
 // references seen from level lv.
 func (c *colocation) keyEquality(n *pg.Node, lv int) (int, int, bool) {
@@ -704,6 +747,9 @@ type colocResult struct {
 	a, b int
 	// nonKey marks a join of trees on columns that are not their keys.
 	nonKey bool
+	// nullIn marks a key IN (SELECT ...) of reference a that would have
+	// anchored subquery reference b but for inExact.
+	nullIn bool
 }
 
 // conclude decides, from the levels' links, whether the statement runs on
@@ -716,6 +762,7 @@ func (c *colocation) conclude() colocResult {
 	}
 	corr := make([]bool, len(c.levels)) // level correlated to an enclosing reference (which one: corrTo)
 	corrTo := make([][]int, len(c.levels))
+	inexact := map[int]int{} // a subquery's level -> the reference whose key IN it is not exact
 	res := colocResult{a: -1, b: -1}
 	// Equalities of other columns are fine beside a key link; they name
 	// the problem when the references end up unlinked.
@@ -769,6 +816,10 @@ func (c *colocation) conclude() colocResult {
 		for _, in := range l.in {
 			x, key := c.resolve(in.test, lv)
 			if x < 0 || !key {
+				continue
+			}
+			if !c.inExact(*l, in, x) {
+				inexact[in.sub] = x
 				continue
 			}
 			if y, ok := c.inTarget(in.sub); ok {
@@ -879,6 +930,9 @@ func (c *colocation) conclude() colocResult {
 	for lv := 1; lv < len(c.levels); lv++ {
 		if len(c.levels[lv].refs) > 0 && !corr[lv] && !c.levels[lv].keyed && !c.levels[lv].arm && lv != c.source {
 			r := c.levels[lv].refs[0]
+			if x, ok := inexact[lv]; ok {
+				return colocResult{a: x, b: r, nullIn: true}
+			}
 			other := -1
 			if len(c.refs) > 0 && c.refs[0].level != lv {
 				other = 0

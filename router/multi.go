@@ -103,6 +103,21 @@ func (c *colocation) refusal(name string, res colocResult) *sqlstate.Error {
 		}
 		return qn(r.tree.Name)
 	}
+	if res.nullIn {
+		a, b := c.refs[res.a], c.refs[res.b]
+		inner := b.name()
+		if inner == a.name() {
+			inner = "x" // the subquery's own name would hide the outer one
+		}
+		from := qn(b.tree.Name)
+		if inner != b.tree.Name {
+			from += " " + qn(inner)
+		}
+		return refused(fmt.Sprintf("Write NOT EXISTS (SELECT 1 FROM %s WHERE %s.%s = %s.%s ...) instead of NOT IN, which treats a NULL key the same on every shard, or test IN only in a WHERE or ON condition, where a NULL answer drops the row as false does.",
+			from, qn(inner), qn(b.tree.KeyColumn), qn(a.name()), qn(a.tree.KeyColumn)),
+			"%s: the key of tree reference %s, on the nullable side of an outer join, is tested with IN (SELECT ... FROM %s) outside a row filter: for a NULL key that answer differs shard by shard",
+			name, desc(res.a), desc(res.b))
+	}
 	if res.a >= 0 && res.b >= 0 {
 		if res.nonKey {
 			hint = "Join the trees on their shard keys (a." + k + " = b." + k + "); rows with equal values of other columns may live on different shards. To join on another column, make the smaller table a reference table."
