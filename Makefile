@@ -5,7 +5,7 @@
 
 GO ?= go
 
-.PHONY: all build tools demo test vet fuzz bench tpcc clean
+.PHONY: all build tools demo test vet fuzz hunt bench tpcc clean
 
 all: build
 
@@ -54,6 +54,11 @@ fuzz:
 		echo "fuzz $$pkg $$name for $${n} executions"; \
 		$(GO) test -run '^$$' -fuzz "^$$name\$$" -fuzztime $${n}x $$pkg; \
 	done
+
+# The generated differential tests over other seeds than make test's
+# (scripts/hunt.sh): make hunt SEEDS="101 102 103", or 20 seeds from 1000.
+hunt: tools
+	GO="$(GO)" bash scripts/hunt.sh $(SEEDS)
 
 # The published benchmark suite; writes bench/results.md. BENCH_SECONDS and
 # the other settings at the top of bench/suite.sh make it shorter or longer.
