@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -337,8 +336,10 @@ func (c *Cache) storedEpochs(ctx context.Context, tenant string, old *View, list
 		return nil, nil
 	}
 	var names []string
+	seen := map[string]bool{}
 	for _, t := range list {
-		if old.Maps[t.Name] != nil && !slices.Contains(names, t.MapName()) {
+		if old.Maps[t.Name] != nil && !seen[t.MapName()] {
+			seen[t.MapName()] = true
 			names = append(names, t.MapName())
 		}
 	}
