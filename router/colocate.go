@@ -606,7 +606,9 @@ func conjuncts(n *pg.Node, out []*pg.Node) []*pg.Node {
 // x is the reference whose key is tested. A shard's part of the subquery
 // holds every row of the outer row's key, and no NULL (a tree's key is in
 // its primary key, and inTarget takes no reference on a nullable side), so
-// for a key that is not NULL the answers agree. A NULL key, which a
+// for a key that is not NULL the answers agree: x's key is one unless x is
+// on a nullable side (a keyed derived table's key is that of a reference on
+// no nullable side inside it). A NULL key, which a
 // reference on the nullable side of an outer join gives, is NULL IN (the
 // subquery's rows): false on a shard where the subquery is empty, NULL
 // where it is not, so shards disagree with the whole unless the test is
@@ -614,7 +616,7 @@ func conjuncts(n *pg.Node, out []*pg.Node) []*pg.Node {
 // drop the row. key NOT IN (...) over such a reference is refused: its
 // NULL rows would pass on the shards whose part of the subquery is empty.
 func (c *colocation) inExact(l level, in inLink, x int) bool {
-	return !c.refs[x].nullable && !c.refs[x].derived || filters(l, in.link)
+	return !c.refs[x].nullable || filters(l, in.link)
 }
 
 // filters reports whether link is one of the level's row filters: reached
