@@ -179,8 +179,13 @@ func (s *session) checkPin() {
 	s.log.Warn("pinned backend lost; its temp tables, locks, prepared statements and cursors are gone; ending the session", "node", be.Node, "reason", s.pin.reasons.String())
 	s.stateLost = sqlstate.Fatal(sqlstate.ConnectionFailure, "terminating connection: the backend on node %s that held this session's state (%s) was lost", be.Node, s.pin.reasons.String())
 	s.stateLost.Hint = "Reconnect: that state went with the backend, as it would with a PostgreSQL connection."
+	s.dropPin(be)
+}
+
+// dropPin ends the pin of broken backend be, which the pool closes.
+func (s *session) dropPin(be *pgshard.Conn) {
 	if be.Pinned() {
-		s.srv.pools.Unpin(be) // closes it: it is broken
+		s.srv.pools.Unpin(be)
 	}
 	s.pin = pinState{}
 	s.srv.pinned.Add(-1)
@@ -229,10 +234,15 @@ func (s *session) resetBackend(be *pgshard.Conn) {
 	}
 }
 
-// releasePin ends the pin of a session that is going away.
+// releasePin ends the pin of a session that is going away. Its backend is
+// broken when the session left a transaction open (release closes it to
+// roll that back), which is no loss to report.
 func (s *session) releasePin() {
-	s.checkPin()
-	if s.pin.be != nil {
+	switch be := s.pin.be; {
+	case be == nil:
+	case be.Broken():
+		s.dropPin(be)
+	default:
 		s.unpin()
 	}
 }
