@@ -22,7 +22,7 @@ const (
 	DDLAlter       DDLOp = iota // ALTER TABLE: template and shards, logged
 	DDLCreateIndex              // CREATE INDEX: template and shards, logged
 	DDLDropIndex                // DROP INDEX: template and shards, logged
-	DDLTruncate                 // TRUNCATE: shards only (the template is empty and fenced), not logged
+	DDLTruncate                 // TRUNCATE: shards (the template is empty and fenced: only locked), not logged
 	DDLDropTable                // DROP TABLE: template, shards and the registry entry
 )
 
@@ -261,7 +261,9 @@ func (c *Cluster) ddlOn(ctx context.Context, tx pgx.Tx, t *shardmap.Tree, d Tree
 	var stmt string
 	switch {
 	case d.Op == DDLTruncate && tg.shard < 0:
-		return nil // the template is empty, and its fence refuses TRUNCATE
+		// The template is empty, and its fence refuses TRUNCATE; its lock
+		// is the one LOCK TABLE on the tree takes (router/plan.go).
+		stmt = "LOCK TABLE " + pgx.Identifier{"public", t.Name}.Sanitize() + " IN ACCESS EXCLUSIVE MODE"
 	case d.Op == DDLDropTable && tg.shard >= 0:
 		return dropShardTx(ctx, tx, t, tg.shard)
 	case d.Op == DDLDropTable:

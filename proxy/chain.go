@@ -102,11 +102,17 @@ func (s *session) endedTx() bool {
 func chainedLocal(local []string) []string {
 	var out []string
 	for _, stmt := range local {
-		w := sqlWords(stmt, 3)
-		if len(w) >= 2 && strings.EqualFold(w[0], "SET") && strings.EqualFold(w[1], "TRANSACTION") &&
-			(len(w) < 3 || !strings.EqualFold(w[2], "SNAPSHOT")) {
+		w := sqlWords(stmt, 2)
+		if len(w) == 2 && strings.EqualFold(w[0], "SET") && strings.EqualFold(w[1], "TRANSACTION") && !importsSnapshot(stmt) {
 			out = append(out, stmt)
 		}
 	}
 	return out
+}
+
+// importsSnapshot reports SET TRANSACTION SNAPSHOT, whose snapshot exists
+// only on the node that exported it.
+func importsSnapshot(stmt string) bool {
+	w := sqlWords(stmt, 3)
+	return len(w) == 3 && strings.EqualFold(w[0], "SET") && strings.EqualFold(w[1], "TRANSACTION") && strings.EqualFold(w[2], "SNAPSHOT")
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -330,6 +331,13 @@ func (s *session) backend(ctx context.Context, node string) (*pgshard.Conn, erro
 		if be.Node == node {
 			return be, nil
 		}
+	}
+	if s.tx.active && node != s.srv.catalogNode && slices.ContainsFunc(s.tx.local, importsSnapshot) {
+		// Exported on the catalog node (the only node a client reaches
+		// with pg_export_snapshot), it would be unknown on this one.
+		e := sqlstate.New(sqlstate.FeatureNotSupported, "this transaction imported a snapshot with SET TRANSACTION SNAPSHOT, which exists only on the catalog node, and now reads node %s", node)
+		e.Hint = "Read trees on several nodes without an imported snapshot: pg_dump without --jobs, or dump a lattice_snapshot copy of the tree."
+		return nil, e
 	}
 	be, err := s.acquire(ctx, node)
 	if err != nil {

@@ -35,6 +35,20 @@ func TestGuardSettings(t *testing.T) {
 		{`SELECT set_config('lattice.' || 'migrator', 'on', false)`, sqlstate.CantChangeRuntimeParam},
 		{`SELECT set_config('lattice.migrator'::text, 'on', false)`, sqlstate.CantChangeRuntimeParam},
 		{`SELECT set_config('lattice.migrator', 'on', true), * FROM orders WHERE id = 1`, sqlstate.InsufficientPrivilege},
+		// pg_dump's form: the name is the one row's, a constant after all.
+		{`SELECT set_config(name, 'view, foreign-table', false) FROM pg_settings WHERE name = 'restrict_nonsystem_relation_kind'`, ""},
+		{`SELECT pg_catalog.set_config("name", 'x', false) FROM pg_catalog.pg_settings WHERE 'search_path' = name`, ""},
+		{`SELECT set_config(pg_settings.name, 'x', false) FROM pg_settings WHERE name = 'search_path'`, sqlstate.CantChangeRuntimeParam},
+		{`SELECT set_config(name, 'x', false), * FROM pg_settings WHERE name = 'search_path'`, ""},
+		{`SELECT set_config(name, 'on', false) FROM pg_settings WHERE name = 'lattice.migrator'`, sqlstate.InsufficientPrivilege},
+		{`SELECT set_config(name, 'replica', false) FROM pg_settings WHERE name = 'session_replication_role'`, sqlstate.InsufficientPrivilege},
+		{`SELECT set_config(name, 'off', false) FROM pg_settings WHERE name = 'standard_conforming_strings'`, sqlstate.FeatureNotSupported},
+		{`SELECT set_config(name, 'replica', false) FROM pg_settings WHERE name LIKE 'session_repl%'`, sqlstate.CantChangeRuntimeParam},
+		{`SELECT set_config(name, 'replica', false) FROM pg_settings WHERE name = 'search_path' OR true`, sqlstate.CantChangeRuntimeParam},
+		{`SELECT set_config(name, 'replica', false) FROM pg_settings s WHERE name = 'search_path'`, sqlstate.CantChangeRuntimeParam},
+		{`SELECT set_config(name, 'replica', false) FROM pg_settings, pg_class WHERE name = 'search_path'`, sqlstate.CantChangeRuntimeParam},
+		{`SELECT set_config(name, 'replica', false) FROM myschema.pg_settings WHERE name = 'search_path'`, sqlstate.CantChangeRuntimeParam},
+		{`SELECT (SELECT set_config(name, 'on', false) FROM pg_settings WHERE name = 'search_path'), set_config(name, 'on', false) FROM pg_settings WHERE name LIKE 'lattice%'`, sqlstate.CantChangeRuntimeParam},
 		{`SELECT set_config('search_path', 'x', false)`, ""},
 		{`SELECT set_config('search_path', $1, true)`, ""},
 		{`SELECT set_config('standard_conforming_strings', 'on', true)`, ""},
@@ -55,6 +69,29 @@ func TestGuardSettings(t *testing.T) {
 		}
 		if got != c.code {
 			t.Errorf("%s: refused with %q (%v), want %q", c.sql, got, p.Err, c.code)
+		}
+	}
+}
+
+// TestSettingRowNamed: the set_config of SELECT ... FROM pg_settings WHERE
+// name = 'constant' reaches the backend with the constant as its name, so
+// no pg_settings or = of the client's can make it set another setting.
+func TestSettingRowNamed(t *testing.T) {
+	for _, c := range []struct{ sql, want string }{
+		{`SELECT set_config(name, 'view, foreign-table', false) FROM pg_settings WHERE name = 'restrict_nonsystem_relation_kind'`,
+			`SELECT set_config('restrict_nonsystem_relation_kind', 'view, foreign-table', false) FROM pg_settings WHERE name = 'restrict_nonsystem_relation_kind'`},
+		{`select set_config(NAME, 'a', false), set_config("name", 'b', true) from pg_settings where name = 'search_path';`,
+			`select set_config('search_path', 'a', false), set_config('search_path', 'b', true) from pg_settings where name = 'search_path'`},
+		{`SELECT 1; SELECT set_config(name, 'x', false) FROM pg_settings WHERE name = 'it''s'`,
+			`SELECT set_config('it''s', 'x', false) FROM pg_settings WHERE name = 'it''s'`},
+	} {
+		plans, err := NewPlanner(100).Plan(c.sql, moreTrees(), 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := plans[len(plans)-1]
+		if p.Kind != Catalog || p.SQL != c.want {
+			t.Errorf("%s: %v %q, want Catalog %q", c.sql, p.Kind, p.SQL, c.want)
 		}
 	}
 }

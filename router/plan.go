@@ -174,7 +174,21 @@ func (p *planner) planWritten(n *pg.Node, start, end int) *Plan {
 	}
 	pl.Reparse = pl.Kind == Catalog && reparsed(n)
 	if pl.Kind != Refused {
-		if err := guardSetConfig(n); err != nil {
+		named, err := guardSetConfig(n)
+		if err == nil && len(named) > 0 {
+			if pl.Kind != Catalog {
+				err = &sqlstate.Error{Code: sqlstate.CantChangeRuntimeParam,
+					Message: "set_config with a setting name read from pg_settings is supported through the Lattice proxy only in a statement over catalog tables",
+					Hint:    "Name the setting with a string literal, or use SET."}
+			} else if sql, ok := nameSettings(p.sql, start, end, named); ok {
+				pl.SQL = sql
+			} else {
+				err = &sqlstate.Error{Code: sqlstate.CantChangeRuntimeParam,
+					Message: "set_config with a setting name that is not a string constant is not supported through the Lattice proxy",
+					Hint:    "Name the setting with a string literal, as in set_config('search_path', $1, false), or use SET."}
+			}
+		}
+		if err != nil {
 			*pl = Plan{Kind: Refused, SQL: pl.SQL, Err: err}
 		}
 	}
@@ -466,6 +480,15 @@ func (p *planner) route(n *pg.Node) (out route) {
 	case *pg.CreateTableAsStmt:
 		return refusedRoute(refused("Create the table and make it a tree (lattice_create_tree), then fill it with INSERT ... SELECT; or read the rows through the proxy and write them with INSERT ... VALUES.",
 			"%s reading tree %s is not supported: the tree's rows live on the shards", name, qn(tree.Name)))
+	case *pg.LockStmt:
+		if root.(*pg.LockStmt).Mode == accessShareLock {
+			// Locks the template, which every DDL and TRUNCATE of a tree
+			// locks first (pgshard/ddl.go): pg_dump's lock, holding the
+			// table's definition still. Stronger modes would hold off row
+			// writes in PostgreSQL; the template sees none.
+			return route{kind: Catalog}
+		}
+		return refusedRoute(ddlRefusal(name, tree))
 	default:
 		return refusedRoute(ddlRefusal(name, tree))
 	}
@@ -564,6 +587,10 @@ func everyShard(w, r route, where *pg.Node) route {
 	return r
 }
 
+// accessShareLock is LOCK TABLE's ACCESS SHARE mode (PostgreSQL's lock
+// mode number).
+const accessShareLock = 1
+
 func ddlRefusal(name string, t *shardmap.Tree) *sqlstate.Error {
 	shards := "lattice_sNNNN." + quoteIdent(t.Name)
 	hint := "Change the table before making it a tree (lattice_create_tree), or apply the change to every shard table (" + shards + ") on the nodes directly."
@@ -571,7 +598,7 @@ func ddlRefusal(name string, t *shardmap.Tree) *sqlstate.Error {
 	case "TRUNCATE TABLE":
 		hint = "Delete rows by shard key (DELETE ... WHERE " + t.KeyColumn + " = ...), or truncate every shard table (" + shards + ") on the nodes directly."
 	case "LOCK TABLE":
-		hint = "Lock rows by shard key with SELECT ... WHERE " + t.KeyColumn + " = ... FOR UPDATE."
+		hint = "Lock rows by shard key with SELECT ... WHERE " + t.KeyColumn + " = ... FOR UPDATE; LOCK TABLE ... IN ACCESS SHARE MODE, which holds off DDL and TRUNCATE, is supported."
 	case "VACUUM", "ANALYZE", "CLUSTER", "REINDEX":
 		hint = "Run it on the nodes, against every shard table (" + shards + ")."
 	case "GRANT", "REVOKE":
