@@ -24,6 +24,7 @@ const (
 	DDLDropIndex                // DROP INDEX: template and shards, logged
 	DDLTruncate                 // TRUNCATE: shards (the template is empty and fenced: only locked), not logged
 	DDLDropTable                // DROP TABLE: template, shards and the registry entry
+	DDLVacuum                   // VACUUM, ANALYZE: shards one by one, outside a transaction, not logged
 )
 
 func (o DDLOp) String() string {
@@ -38,6 +39,8 @@ func (o DDLOp) String() string {
 		return "truncate"
 	case DDLDropTable:
 		return "drop-table"
+	case DDLVacuum:
+		return "vacuum"
 	}
 	return fmt.Sprintf("DDLOp(%d)", int(o))
 }
@@ -92,6 +95,10 @@ func (c *Cluster) RunTreeDDL(ctx context.Context, store DDLStore, d TreeDDL, com
 	if d.Tenant == "" {
 		d.Tenant = c.DefaultTenant()
 	}
+	if d.Op == DDLVacuum {
+		// Changes no definition: it may run beside a reshard.
+		return c.vacuumShards(ctx, store, d)
+	}
 	if err := refuseDuringReshard(ctx, store, d); err != nil {
 		return err
 	}
@@ -108,6 +115,29 @@ func (c *Cluster) RunTreeDDL(ctx context.Context, store DDLStore, d TreeDDL, com
 		return err
 	}
 	log.Info("tree DDL done", "op", d.Op, "elapsed", time.Since(start).Round(time.Millisecond))
+	return nil
+}
+
+// vacuumShards runs VACUUM or ANALYZE d on every shard table of the tree,
+// one at a time and each outside a transaction, as PostgreSQL runs it over
+// a list of tables. The template holds no rows and is left alone.
+func (c *Cluster) vacuumShards(ctx context.Context, store shardmap.Store, d TreeDDL) error {
+	t, m, err := readTree(ctx, store, d)
+	if err != nil {
+		return err
+	}
+	shards := c.ddlTargets(m)[1:]
+	for i, tg := range shards {
+		p, err := c.Admin(ctx, tg.node, t.Tenant)
+		if err == nil {
+			_, err = p.Exec(ctx, d.Statement(tg.schema))
+		}
+		if err != nil {
+			return &sqlstate.Error{Code: sqlstate.As(err).Code, Message: fmt.Sprintf("pgshard: node %s, %s: %v", tg.node, tableName(t, tg), err),
+				Detail: fmt.Sprintf("%d of the tree's %d shard tables were done before it.", i, len(shards)),
+				Hint:   "Run the statement again once the cause is fixed."}
+		}
+	}
 	return nil
 }
 

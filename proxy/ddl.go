@@ -105,11 +105,14 @@ func (s *session) runDDL(ctx context.Context, t *shardmap.Tree, p *router.Plan) 
 		Cascade:      p.DDL.Cascade,
 	}
 	err := s.srv.cfg.TreeDDL(ctx, d)
-	// Statements parsed from now on get backend statements of their own,
-	// with the tree's new columns (even if the DDL failed part-way).
-	pgshard.ResultsChanged()
-	if _, rerr := s.srv.cache.Refresh(ctx, s.tenant); rerr != nil {
-		s.log.Warn("map refresh after tree DDL failed", "err", rerr)
+	if d.Op != pgshard.DDLVacuum {
+		// Statements parsed from now on get backend statements of their
+		// own, with the tree's new columns (even if the DDL failed
+		// part-way).
+		pgshard.ResultsChanged()
+		if _, rerr := s.srv.cache.Refresh(ctx, s.tenant); rerr != nil {
+			s.log.Warn("map refresh after tree DDL failed", "err", rerr)
+		}
 	}
 	if err != nil {
 		s.fail(err)
@@ -124,6 +127,7 @@ var ddlOps = map[router.DDLOp]pgshard.DDLOp{
 	router.DDLDropIndex:   pgshard.DDLDropIndex,
 	router.DDLTruncate:    pgshard.DDLTruncate,
 	router.DDLDropTable:   pgshard.DDLDropTable,
+	router.DDLVacuum:      pgshard.DDLVacuum,
 }
 
 // bindDDL binds a DDL plan: a tree's DDL runs at Execute; the DROP INDEX of

@@ -32,9 +32,12 @@ const (
 	// proxy refuses it if one of Indexes is a tree's (it would change the
 	// template only) and runs it on the catalog node otherwise.
 	DDLIndexCheck
+	// DDLVacuum is VACUUM or ANALYZE of one tree: every shard table, one by
+	// one outside a transaction, not logged.
+	DDLVacuum
 )
 
-var ddlOpNames = [...]string{"alter", "create-index", "drop-index", "truncate", "drop-table", "index-check"}
+var ddlOpNames = [...]string{"alter", "create-index", "drop-index", "truncate", "drop-table", "index-check", "vacuum"}
 
 func (o DDLOp) String() string {
 	if o >= 0 && int(o) < len(ddlOpNames) {
@@ -46,7 +49,7 @@ func (o DDLOp) String() string {
 // DDLPlan is the tree-specific part of a DDL plan.
 type DDLPlan struct {
 	Op           DDLOp
-	Concurrently bool     // CREATE/DROP INDEX CONCURRENTLY: runs per table, outside a transaction
+	Concurrently bool     // CREATE/DROP INDEX CONCURRENTLY, VACUUM, ANALYZE: runs per table, outside a transaction
 	Index        string   // DDLDropIndex: the index name (case-folded)
 	Indexes      []string // DDLDropIndex, DDLIndexCheck: the public or unqualified index names the statement names
 	Cascade      bool     // DROP ... CASCADE
@@ -113,6 +116,8 @@ func (p *planner) ddl(pl *Plan, n *pg.Node, start, end int) bool {
 		op, target = DDLCreateIndex, s.IndexStmt.Relation
 	case *pg.Node_TruncateStmt:
 		op = DDLTruncate
+	case *pg.Node_VacuumStmt:
+		op = DDLVacuum
 	case *pg.Node_DropStmt:
 		return p.dropDDL(pl, s.DropStmt)
 	case *pg.Node_CreateStmt:
@@ -178,6 +183,8 @@ func (p *planner) ddl(pl *Plan, n *pg.Node, start, end int) bool {
 	case *pg.Node_IndexStmt:
 		err = checkIndex(tree, s.IndexStmt)
 		d.Concurrently, d.Logged = s.IndexStmt.Concurrent, true
+	case *pg.Node_VacuumStmt:
+		d.Concurrently = true
 	case *pg.Node_TruncateStmt:
 		if len(s.TruncateStmt.Relations) != 1 {
 			err = refused("Truncate the tree in a statement of its own.",
@@ -234,6 +241,8 @@ func ddlTag(n *pg.Node) string {
 		return "CREATE INDEX"
 	case *pg.Node_TruncateStmt:
 		return "TRUNCATE TABLE"
+	case *pg.Node_VacuumStmt:
+		return stmtName(n)
 	}
 	return "ALTER TABLE"
 }
