@@ -77,6 +77,10 @@ func (s *session) txChain(ctx context.Context, p *router.Plan) {
 func (s *session) chained(begin string, local []string) {
 	s.tx.active, s.tx.failed, s.tx.implicit = true, false, false
 	s.tx.begin, s.tx.local, s.tx.savepoints = begin, local, nil
+	// The new transaction's snapshots are taken under today's routing, or
+	// a later one; the ended one's view stands in for it, which can only
+	// fail a statement that would have passed.
+	s.tx.isolation = ""
 }
 
 // endedTx reports whether the COMMIT just queued ended the transaction

@@ -43,6 +43,11 @@ func (s *session) execute(ctx context.Context, v *shardmap.View, portal *clientP
 		s.fail(errAbortedTx)
 		return false
 	}
+	s.noteRouting(v)
+	if err := s.checkRouting(ctx, v, p); err != nil {
+		s.fail(err)
+		return false
+	}
 	if p.Tree != nil || len(p.References) > 0 {
 		if err := s.shadowCheck(ctx, v, p); err != nil {
 			s.fail(err)

@@ -68,6 +68,11 @@ type session struct {
 		// their slots froze: it holds their tables' locks, which a
 		// freeze's fence waits for (freezepass.go).
 		wrote []shardRef
+		// routing is the view of the statement that first took a backend
+		// into the transaction, under which its snapshots were taken, and
+		// isolation its isolation level once asked (snaprouting.go).
+		routing   *shardmap.View
+		isolation string
 	}
 	used []*pgshard.Conn // backends taken for the current exchange, outside any transaction
 	aux  []*pgshard.Conn // backends that only describe statements, outside any transaction
@@ -596,6 +601,7 @@ func (s *session) resetTx() {
 	s.tx.active, s.tx.failed, s.tx.implicit = false, false, false
 	s.tx.savepoints, s.tx.local, s.tx.begin = nil, nil, ""
 	s.tx.wrote = s.tx.wrote[:0]
+	s.tx.routing, s.tx.isolation = nil, ""
 }
 
 // release returns everything at session end; a transaction left open is

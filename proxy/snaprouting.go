@@ -1,0 +1,118 @@
+package proxy
+
+import (
+	"context"
+	"maps"
+	"slices"
+	"time"
+
+	"github.com/lattice-db/lattice/router"
+	"github.com/lattice-db/lattice/shardmap"
+	"github.com/lattice-db/lattice/sqlstate"
+)
+
+// A transaction under REPEATABLE READ or SERIALIZABLE reads each node under
+// the snapshot that node took at the transaction's first statement there,
+// while the proxy routes each statement by the map of its moment. After a
+// flip or a release the two disagree: the source of a split, its moved rows
+// deleted after the snapshot, still shows them to it, and the new map reads
+// them from the target too (a row twice); a target filled after the
+// snapshot shows it nothing (a row lost). So once a tree's routing changed
+// since the transaction's first statement took its view (tx.routing), a
+// statement of such a transaction that reads or writes the tree gets a
+// serialization failure, which such transactions are written to retry. A
+// READ COMMITTED transaction takes a snapshot per statement, within the
+// statement's own view: it goes on.
+
+// isolationTimeout bounds the one query that asks a transaction's backend
+// for its isolation level.
+const isolationTimeout = 5 * time.Second
+
+// noteRouting keeps v as the transaction's routing while no node holds a
+// part of it yet: the view the snapshots are taken under.
+func (s *session) noteRouting(v *shardmap.View) {
+	if s.tx.active && len(s.tx.conns) == 0 {
+		s.tx.routing, s.tx.isolation = v, ""
+	}
+}
+
+// checkRouting fails a statement of p's trees routed by v when the
+// transaction holds snapshots taken under another routing of them and its
+// isolation level keeps those snapshots.
+func (s *session) checkRouting(ctx context.Context, v *shardmap.View, p *router.Plan) error {
+	if !s.tx.active || len(s.tx.conns) == 0 || s.tx.routing == nil || s.tx.routing == v {
+		return nil
+	}
+	var moved *shardmap.Tree
+	for _, t := range planTrees(p) {
+		if !sameRouting(s.tx.routing.Maps[t.Name], v.Maps[t.Name]) {
+			moved = t
+			break
+		}
+	}
+	if moved == nil {
+		return nil
+	}
+	keeps, err := s.keepsSnapshot(ctx)
+	if err != nil || !keeps {
+		return err
+	}
+	e := sqlstate.New(sqlstate.SerializationFailure, "could not serialize access: tree %q was resharded since this transaction took its snapshot", moved.Name)
+	e.Detail = "Under its snapshot the rows that moved are where they were, while the tree's map now says where they are: reading them could show a row twice or not at all."
+	e.Hint = "Retry the transaction, as for any serialization failure. A READ COMMITTED transaction is not affected."
+	return e
+}
+
+// keepsSnapshot reports whether the transaction runs under REPEATABLE READ
+// or SERIALIZABLE, asking its first backend once. A backend with work of
+// this exchange queued cannot be asked in between: the answer is then
+// yes, which costs at worst a retry.
+func (s *session) keepsSnapshot(ctx context.Context) (bool, error) {
+	if s.tx.isolation == "" {
+		be := s.tx.conns[0]
+		if be.TxStatus == 'E' || s.tx.failed {
+			return false, nil // the statement fails as it is
+		}
+		if s.inBatch(be) {
+			return true, nil
+		}
+		ctx, cancel := context.WithTimeout(ctx, isolationTimeout)
+		row, err := queryRow(ctx, be, "SHOW transaction_isolation")
+		cancel()
+		if err != nil {
+			return false, err
+		}
+		if len(row) != 1 {
+			return false, sqlstate.New(sqlstate.InternalError, "node %s answered SHOW transaction_isolation with %d columns", be.Node, len(row))
+		}
+		s.tx.isolation = string(row[0])
+	}
+	return s.tx.isolation == "repeatable read" || s.tx.isolation == "serializable", nil
+}
+
+// planTrees are the trees p reads or writes: its own (with its colocation
+// group, which shares its map) and the trees an INSERT ... SELECT loads
+// from.
+func planTrees(p *router.Plan) []*shardmap.Tree {
+	var out []*shardmap.Tree
+	for ; p != nil; p = sourcePlan(p) {
+		if p.Tree != nil {
+			out = append(out, p.Tree)
+		}
+	}
+	return out
+}
+
+func sourcePlan(p *router.Plan) *router.Plan {
+	if p.Copy == nil {
+		return nil
+	}
+	return p.Copy.Source
+}
+
+// sameRouting reports whether two maps of a tree send every slot to the
+// same table, read alike: the same owners, nodes, states and mixed marks.
+// Frozen and freezing slots do not count; a map that went is a change.
+func sameRouting(a, b *shardmap.Map) bool {
+	return a != nil && b != nil && slices.Equal(a.Slots, b.Slots) && maps.Equal(a.Shards, b.Shards)
+}
