@@ -97,3 +97,73 @@ func readEveryKey(ctx context.Context, c *pgx.Conn) error {
 	}
 	return nil
 }
+
+// TestImportedSnapshotAcrossReshard: a transaction that imported another's
+// snapshot (pg_dump --jobs, on a deployment of one node) reads a tree under
+// the exporter's routing: it reads every row while the tree stays put, and
+// gets 40001 once a reshard flipped since the export. A snapshot no open
+// transaction of the proxy exported is refused for trees.
+func TestImportedSnapshotAcrossReshard(t *testing.T) {
+	resetNodes(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	p := startProxy(t, 1)
+	admin, err := pgxpool.New(ctx, p.DSN("lattice"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	for _, q := range []string{
+		"CREATE TABLE rr (k int PRIMARY KEY, v int NOT NULL)",
+		"INSERT INTO rr SELECT g, g * 10 FROM generate_series(1, 2000) g",
+		"SELECT lattice_create_tree('rr', 'k', shard_count => 2)",
+	} {
+		if _, err := admin.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	leader := connect(t, p.DSN("lattice"))
+	mustExec(t, leader, "BEGIN ISOLATION LEVEL REPEATABLE READ")
+	var id string
+	if err := leader.QueryRow(ctx, "SELECT pg_export_snapshot()").Scan(&id); err != nil {
+		t.Fatal(err)
+	}
+	worker := func() *pgx.Conn {
+		c := connect(t, p.DSN("lattice"))
+		mustExec(t, c, "BEGIN ISOLATION LEVEL REPEATABLE READ")
+		mustExec(t, c, "SET TRANSACTION SNAPSHOT '"+id+"'")
+		return c
+	}
+	w := worker()
+	if err := readEveryKey(ctx, w); err != nil {
+		t.Fatalf("an imported snapshot, no reshard: %v", err)
+	}
+	mustExec(t, w, "ROLLBACK")
+
+	if _, err := admin.Exec(ctx, "SELECT lattice_reshard('rr', 4)"); err != nil {
+		t.Fatal(err)
+	}
+	pollUntil(t, 2*time.Minute, "the reshard of rr to flip", func() (bool, error) {
+		var owning int
+		err := admin.QueryRow(ctx, "SELECT count(*) FROM lattice_shards('rr') WHERE slot_count > 0").Scan(&owning)
+		return owning == 4, err
+	})
+	w = worker()
+	if err := readEveryKey(ctx, w); pgCode(err) != "40001" {
+		t.Fatalf("an imported snapshot after the flip: %v, want 40001", err)
+	}
+	mustExec(t, w, "ROLLBACK")
+	mustExec(t, leader, "ROLLBACK")
+	waitReshardComplete(t, ctx, admin, "rr", 2*time.Minute)
+
+	// Exported on the node, past the proxy.
+	node := connect(t, testNodeDSN(t, 0))
+	mustExec(t, node, "BEGIN ISOLATION LEVEL REPEATABLE READ")
+	if err := node.QueryRow(ctx, "SELECT pg_export_snapshot()").Scan(&id); err != nil {
+		t.Fatal(err)
+	}
+	w = worker()
+	if err := readEveryKey(ctx, w); pgCode(err) != "0A000" {
+		t.Fatalf("a snapshot exported past the proxy: %v, want 0A000", err)
+	}
+}

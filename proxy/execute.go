@@ -43,7 +43,7 @@ func (s *session) execute(ctx context.Context, v *shardmap.View, portal *clientP
 		s.fail(errAbortedTx)
 		return false
 	}
-	s.noteRouting(v)
+	s.noteRouting(v, p)
 	if err := s.checkRouting(ctx, v, p); err != nil {
 		s.fail(err)
 		return false

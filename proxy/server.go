@@ -104,6 +104,7 @@ type Server struct {
 	clients  atomic.Int64 // connected clients, those in startup included
 	startups *startupSlots
 	pinned   atomic.Int64 // sessions pinned to a backend (pin.go)
+	exports  snapshotExports
 	mu       sync.Mutex
 	sessions map[uint32]*session // by the process id handed to the client, for CancelRequest
 	wg       sync.WaitGroup

@@ -73,6 +73,7 @@ type session struct {
 		// isolation its isolation level once asked (snaprouting.go).
 		routing   *shardmap.View
 		isolation string
+		exported  bool // its snapshot was exported: Server.exports has its routing
 	}
 	used []*pgshard.Conn // backends taken for the current exchange, outside any transaction
 	aux  []*pgshard.Conn // backends that only describe statements, outside any transaction
@@ -602,6 +603,7 @@ func (s *session) resetTx() {
 	s.tx.savepoints, s.tx.local, s.tx.begin = nil, nil, ""
 	s.tx.wrote = s.tx.wrote[:0]
 	s.tx.routing, s.tx.isolation = nil, ""
+	s.forgetExport()
 }
 
 // release returns everything at session end; a transaction left open is
@@ -629,6 +631,7 @@ func (s *session) release() {
 		s.putBack(be)
 	}
 	s.tx.conns, s.used, s.aux = nil, nil, nil
+	s.forgetExport()
 	s.releasePin()
 }
 

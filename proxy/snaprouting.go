@@ -4,6 +4,8 @@ import (
 	"context"
 	"maps"
 	"slices"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/lattice-db/lattice/router"
@@ -29,33 +31,108 @@ import (
 const isolationTimeout = 5 * time.Second
 
 // noteRouting keeps v as the transaction's routing while no node holds a
-// part of it yet: the view the snapshots are taken under.
-func (s *session) noteRouting(v *shardmap.View) {
-	if s.tx.active && len(s.tx.conns) == 0 {
+// part of it yet: the view the snapshots are taken under. A statement that
+// exports the transaction's snapshot records that routing for the
+// transactions that import it.
+func (s *session) noteRouting(v *shardmap.View, p *router.Plan) {
+	if s.tx.active && len(s.tx.conns) == 0 && s.tx.routing != v {
+		s.forgetExport()
 		s.tx.routing, s.tx.isolation = v, ""
 	}
+	if s.tx.active && p.Kind == router.Catalog && exportsSnapshot(p.SQL) {
+		s.srv.exports.add(s, s.tx.routing)
+		s.tx.exported = true
+	}
+}
+
+// forgetExport takes the transaction's export, if any, off the proxy's.
+func (s *session) forgetExport() {
+	if s.tx.exported {
+		s.srv.exports.remove(s)
+		s.tx.exported = false
+	}
+}
+
+// exportsSnapshot reports a statement that may call pg_export_snapshot. It
+// may say yes of one that does not (a comment, a literal): that only makes
+// importers stricter.
+func exportsSnapshot(sql string) bool {
+	return strings.Contains(sql, "xport_snapshot") || strings.Contains(sql, "XPORT_SNAPSHOT")
+}
+
+// snapshotExports are the routings under which the open transactions of a
+// proxy's sessions exported their snapshots, by session.
+type snapshotExports struct {
+	mu sync.Mutex
+	by map[*session]*shardmap.View
+}
+
+func (e *snapshotExports) add(s *session, v *shardmap.View) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.by == nil {
+		e.by = map[*session]*shardmap.View{}
+	}
+	e.by[s] = v
+}
+
+func (e *snapshotExports) remove(s *session) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	delete(e.by, s)
+}
+
+// views are the routings of tenant's open exports.
+func (e *snapshotExports) views(tenant string) []*shardmap.View {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var out []*shardmap.View
+	for _, v := range e.by {
+		if v.Tenant == tenant {
+			out = append(out, v)
+		}
+	}
+	return out
 }
 
 // checkRouting fails a statement of p's trees routed by v when the
 // transaction holds snapshots taken under another routing of them and its
-// isolation level keeps those snapshots.
+// isolation level keeps those snapshots. A transaction that imported a
+// snapshot (SET TRANSACTION SNAPSHOT) took it under the routing of the
+// transaction that exported it: every export open on this proxy counts.
 func (s *session) checkRouting(ctx context.Context, v *shardmap.View, p *router.Plan) error {
-	if !s.tx.active || len(s.tx.conns) == 0 || s.tx.routing == nil || s.tx.routing == v {
+	if !s.tx.active || len(s.tx.conns) == 0 || s.tx.routing == nil {
 		return nil
 	}
+	trees := planTrees(p)
+	if len(trees) == 0 {
+		return nil
+	}
+	imported := slices.ContainsFunc(s.tx.local, importsSnapshot)
+	under := []*shardmap.View{s.tx.routing}
+	if imported {
+		if under = s.srv.exports.views(s.tenant); len(under) == 0 {
+			e := sqlstate.New(sqlstate.FeatureNotSupported, "this transaction imported a snapshot that no open transaction of this Lattice proxy exported, so the routing of tree %q under it is unknown", trees[0].Name)
+			e.Hint = "Export the snapshot (pg_export_snapshot) through the same proxy and keep that transaction open, as pg_dump --jobs does."
+			return e
+		}
+	}
 	var moved *shardmap.Tree
-	for _, t := range planTrees(p) {
-		if !sameRouting(s.tx.routing.Maps[t.Name], v.Maps[t.Name]) {
-			moved = t
-			break
+	for _, t := range trees {
+		for _, u := range under {
+			if u != v && !sameRouting(u.Maps[t.Name], v.Maps[t.Name]) {
+				moved = t
+			}
 		}
 	}
 	if moved == nil {
 		return nil
 	}
-	keeps, err := s.keepsSnapshot(ctx)
-	if err != nil || !keeps {
-		return err
+	if !imported { // an import needs REPEATABLE READ or SERIALIZABLE
+		keeps, err := s.keepsSnapshot(ctx)
+		if err != nil || !keeps {
+			return err
+		}
 	}
 	e := sqlstate.New(sqlstate.SerializationFailure, "could not serialize access: tree %q was resharded since this transaction took its snapshot", moved.Name)
 	e.Detail = "Under its snapshot the rows that moved are where they were, while the tree's map now says where they are: reading them could show a row twice or not at all."
