@@ -104,11 +104,14 @@ func (s *session) checkRouting(ctx context.Context, v *shardmap.View, p *router.
 	if !s.tx.active || len(s.tx.conns) == 0 || s.tx.routing == nil {
 		return nil
 	}
+	imported := len(s.tx.local) > 0 && slices.ContainsFunc(s.tx.local, importsSnapshot)
+	if !imported && s.tx.routing == v {
+		return nil // the common case: no map changed since the first statement
+	}
 	trees := planTrees(p)
 	if len(trees) == 0 {
 		return nil
 	}
-	imported := slices.ContainsFunc(s.tx.local, importsSnapshot)
 	under := []*shardmap.View{s.tx.routing}
 	if imported {
 		if under = s.srv.exports.views(s.tenant); len(under) == 0 {
