@@ -22,20 +22,7 @@ func TestSnapshotAcrossReshard(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	p := startProxy(t, 2)
-	admin, err := pgxpool.New(ctx, p.DSN("lattice"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close()
-	for _, q := range []string{
-		"CREATE TABLE rr (k int PRIMARY KEY, v int NOT NULL)",
-		"INSERT INTO rr SELECT g, g * 10 FROM generate_series(1, 2000) g",
-		"SELECT lattice_create_tree('rr', 'k', shard_count => 2)",
-	} {
-		if _, err := admin.Exec(ctx, q); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-	}
+	admin := makeRR(t, ctx, p)
 	shards := 2
 	for _, c := range []struct {
 		name  string
@@ -59,14 +46,7 @@ func TestSnapshotAcrossReshard(t *testing.T) {
 			if _, err := admin.Exec(ctx, fmt.Sprintf("SELECT lattice_reshard('rr', %d)", shards)); err != nil {
 				t.Fatal(err)
 			}
-			// A migration flipped. Its release, and a migration that waits
-			// for it, may wait for the transaction: dropping a source's
-			// fence waits for the locks its reads took.
-			pollUntil(t, 2*time.Minute, "a migration of rr to flip", func() (bool, error) {
-				var owning int
-				err := admin.QueryRow(ctx, "SELECT count(*) FROM lattice_shards('rr') WHERE slot_count > 0").Scan(&owning)
-				return owning != before, err
-			})
+			waitFlip(t, ctx, admin, before)
 			err := readEveryKey(ctx, conn)
 			switch {
 			case c.fails && pgCode(err) != "40001":
@@ -78,6 +58,41 @@ func TestSnapshotAcrossReshard(t *testing.T) {
 			waitReshardComplete(t, ctx, admin, "rr", 2*time.Minute)
 		})
 	}
+}
+
+// makeRR makes tree rr of 2000 rows in two shards through p, and returns a
+// pool of p that the test's end closes.
+func makeRR(t *testing.T, ctx context.Context, p *proxyProc) *pgxpool.Pool {
+	t.Helper()
+	pool, err := pgxpool.New(ctx, p.DSN("lattice"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	for _, q := range []string{
+		"CREATE TABLE rr (k int PRIMARY KEY, v int NOT NULL)",
+		"INSERT INTO rr SELECT g, g * 10 FROM generate_series(1, 2000) g",
+		"SELECT lattice_create_tree('rr', 'k', shard_count => 2)",
+	} {
+		if _, err := pool.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	return pool
+}
+
+// waitFlip waits until a migration of rr flipped: the shards that own
+// slots are no longer the owning ones before. Waiting for every flip could
+// wait forever: a release, and a migration that waits for it, may wait for
+// the test's open transaction, since dropping a source's fence waits for
+// the locks its reads took.
+func waitFlip(t *testing.T, ctx context.Context, pool *pgxpool.Pool, owning int) {
+	t.Helper()
+	pollUntil(t, 2*time.Minute, "a migration of rr to flip", func() (bool, error) {
+		var n int
+		err := pool.QueryRow(ctx, "SELECT count(*) FROM lattice_shards('rr') WHERE slot_count > 0").Scan(&n)
+		return n != owning, err
+	})
 }
 
 // readEveryKey reads rr's keys one by one in a few statements and then
@@ -109,20 +124,7 @@ func TestImportedSnapshotAcrossReshard(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	p := startProxy(t, 1)
-	admin, err := pgxpool.New(ctx, p.DSN("lattice"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close()
-	for _, q := range []string{
-		"CREATE TABLE rr (k int PRIMARY KEY, v int NOT NULL)",
-		"INSERT INTO rr SELECT g, g * 10 FROM generate_series(1, 2000) g",
-		"SELECT lattice_create_tree('rr', 'k', shard_count => 2)",
-	} {
-		if _, err := admin.Exec(ctx, q); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-	}
+	admin := makeRR(t, ctx, p)
 	leader := connect(t, p.DSN("lattice"))
 	mustExec(t, leader, "BEGIN ISOLATION LEVEL REPEATABLE READ")
 	var id string
@@ -144,11 +146,7 @@ func TestImportedSnapshotAcrossReshard(t *testing.T) {
 	if _, err := admin.Exec(ctx, "SELECT lattice_reshard('rr', 4)"); err != nil {
 		t.Fatal(err)
 	}
-	pollUntil(t, 2*time.Minute, "a migration of rr to flip", func() (bool, error) {
-		var owning int
-		err := admin.QueryRow(ctx, "SELECT count(*) FROM lattice_shards('rr') WHERE slot_count > 0").Scan(&owning)
-		return owning > 2, err
-	})
+	waitFlip(t, ctx, admin, 2)
 	w = worker()
 	if err := readEveryKey(ctx, w); pgCode(err) != "40001" {
 		t.Fatalf("an imported snapshot after the flip: %v, want 40001", err)
