@@ -32,6 +32,7 @@ func TestSnapshotAcrossReshard(t *testing.T) {
 		{"repeatable read, first on the catalog node", []string{"BEGIN ISOLATION LEVEL REPEATABLE READ", "SELECT 1"}, true},
 		{"repeatable read, first on the tree", []string{"BEGIN ISOLATION LEVEL REPEATABLE READ", "SELECT count(*) FROM rr"}, true},
 		{"serializable by SET TRANSACTION", []string{"BEGIN", "SET TRANSACTION ISOLATION LEVEL SERIALIZABLE", "SELECT 1"}, true},
+		{"repeatable read, begun in one query string", []string{"BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT 1"}, true},
 		{"repeatable read by the session's default", []string{"SET default_transaction_isolation = 'repeatable read'", "BEGIN", "SELECT count(*) FROM rr"}, true},
 		{"read committed", []string{"RESET default_transaction_isolation", "BEGIN", "SELECT count(*) FROM rr"}, false},
 	} {

@@ -137,6 +137,11 @@ func (s *session) simpleMulti(ctx context.Context, v *shardmap.View, plans []*ro
 	loads := make([]loadMark, len(plans)) // one per statement, each answering one CommandComplete
 	for i, p := range plans {
 		var n, sql string
+		s.noteRouting(v, p)
+		if err := s.checkRouting(ctx, v, p); err != nil {
+			s.fail(err)
+			return
+		}
 		pin, unpin = pin|p.Pin, unpin|p.Unpin
 		s.noteHides(p)
 		if p.Kind == router.LocalSet || p.Kind == router.Transaction && p.Tx != router.Begin {

@@ -31,11 +31,13 @@ import (
 const isolationTimeout = 5 * time.Second
 
 // noteRouting keeps v as the transaction's routing while no node holds a
-// part of it yet: the view the snapshots are taken under. A statement that
-// exports the transaction's snapshot records that routing for the
-// transactions that import it.
+// part of it yet: the view the snapshots are taken under. Outside a
+// transaction too, since a query string may open one (BEGIN; SELECT ...)
+// whose statements take their backends together. A statement that exports
+// the transaction's snapshot records that routing for the transactions
+// that import it.
 func (s *session) noteRouting(v *shardmap.View, p *router.Plan) {
-	if s.tx.active && len(s.tx.conns) == 0 && s.tx.routing != v {
+	if len(s.tx.conns) == 0 && s.tx.routing != v {
 		s.forgetExport()
 		s.tx.routing, s.tx.isolation = v, ""
 	}
