@@ -4,7 +4,6 @@ import (
 	"context"
 	"log/slog"
 	"net"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -338,7 +337,7 @@ func (s *session) backend(ctx context.Context, node string) (*pgshard.Conn, erro
 			return be, nil
 		}
 	}
-	if s.tx.active && node != s.srv.catalogNode && slices.ContainsFunc(s.tx.local, importsSnapshot) {
+	if s.tx.active && node != s.srv.catalogNode && s.importedSnapshot() {
 		// Exported on the catalog node (the only node a client reaches
 		// with pg_export_snapshot), it would be unknown on this one.
 		e := sqlstate.New(sqlstate.FeatureNotSupported, "this transaction imported a snapshot with SET TRANSACTION SNAPSHOT, which exists only on the catalog node, and now reads node %s", node)

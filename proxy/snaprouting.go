@@ -47,6 +47,12 @@ func (s *session) noteRouting(v *shardmap.View, p *router.Plan) {
 	}
 }
 
+// importedSnapshot reports a transaction that imported a snapshot with SET
+// TRANSACTION SNAPSHOT.
+func (s *session) importedSnapshot() bool {
+	return len(s.tx.local) > 0 && slices.ContainsFunc(s.tx.local, importsSnapshot)
+}
+
 // forgetExport takes the transaction's export, if any, off the proxy's.
 func (s *session) forgetExport() {
 	if s.tx.exported {
@@ -106,7 +112,7 @@ func (s *session) checkRouting(ctx context.Context, v *shardmap.View, p *router.
 	if !s.tx.active || len(s.tx.conns) == 0 || s.tx.routing == nil {
 		return nil
 	}
-	imported := len(s.tx.local) > 0 && slices.ContainsFunc(s.tx.local, importsSnapshot)
+	imported := s.importedSnapshot()
 	if !imported && s.tx.routing == v {
 		return nil // the common case: no map changed since the first statement
 	}
