@@ -15,6 +15,10 @@
 # turn while the kit runs on Lattice (the first 15 s into the run, each
 # once the last completed), and reports each reshard's time and how many
 # freezes flipped and rolled back (lattice_migrator_freeze_seconds).
+# TPCC_ELASTIC=1 starts Lattice on two nodes instead and, while the kit runs
+# (15 s into the run), adds the third with lattice_add_node, rebalances the
+# warehouse group, drains n2 and removes it, each step once the one before
+# completed, and reports each step's time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/pglocal.sh
@@ -34,10 +38,13 @@ cleanup() {
 trap cleanup EXIT
 p1=$(free_port); p2=$(free_port); p3=$(free_port); pp=$(free_port); lport=$(free_port); aport=$(free_port)
 start_pg n1 "$p1"; start_pg n2 "$p2"; start_pg n3 "$p3"; start_pg plain "$pp"
+n3dsn="postgres://lattice@127.0.0.1:$p3/postgres?sslmode=disable"
+n3flag=(--node "n3=$n3dsn")
+[ -n "${TPCC_ELASTIC:-}" ] && n3flag=()
 "$bin" serve --listen 127.0.0.1:$lport --admin 127.0.0.1:$aport \
   --node "n1=postgres://lattice@127.0.0.1:$p1/postgres?sslmode=disable" \
   --node "n2=postgres://lattice@127.0.0.1:$p2/postgres?sslmode=disable" \
-  --node "n3=postgres://lattice@127.0.0.1:$p3/postgres?sslmode=disable" --log-level warn 2>"$work/lattice.log" &
+  "${n3flag[@]}" --log-level warn 2>"$work/lattice.log" &
 lpid=$!
 for _ in $(seq 100); do psql -qAt "postgres://lattice@127.0.0.1:$lport/postgres" -c 'select 1' >/dev/null 2>&1 && break; sleep 0.2; done
 ticks() { awk '{print $14+$15}' "/proc/$1/stat"; } # utime+stime of a process, in clock ticks
@@ -55,6 +62,25 @@ reshards() {
     o = $0; sub(/.*outcome="/, "", o); sub(/".*/, "", o); n[o] += $NF }
     END { printf "lattice freezes during the run so far: %d flipped, %d rolled back\n", n["flipped"], n["rolled_back"] }'
 }
+# elastic DSN: n3 joins, the warehouse group is rebalanced, n2 is drained
+# and removed.
+elastic() {
+  sleep 15
+  step() { # label statement completion-query
+    local t0; t0=$(date +%s)
+    psql -qAt "$1" -c "$3" >/dev/null || { failed=1; return 1; }
+    if [ -n "$4" ]; then
+      until [ "$(psql -qAt "$1" -c "$4")" = t ]; do sleep 1; done
+    fi
+    echo "lattice $2: $(( $(date +%s) - t0 )) s"
+  }
+  step "$1" "add n3" "SELECT lattice_add_node('n3', '$n3dsn')" \
+    "SELECT count(*) = 3 FROM lattice_nodes() WHERE reachable" || return
+  step "$1" "rebalance of warehouse" "SELECT lattice_rebalance('warehouse')" "SELECT lattice_rebalance_complete('warehouse')" || return
+  step "$1" "drain of n2" "SELECT lattice_drain_node('n2')" "SELECT lattice_drain_complete('n2')" || return
+  step "$1" "removal of n2" "SELECT lattice_remove_node('n2')" "" || return
+  psql -qAt "$1" -c "SELECT 'lattice shards per node after: ' || string_agg(node || ' ' || shards || ' (' || pg_size_pretty(bytes) || ')', ', ' ORDER BY node) FROM lattice_nodes()"
+}
 side() { # label port [extra prepare args]
   local label=$1 dsn="postgres://lattice@127.0.0.1:$2/postgres?sslmode=disable"; shift 2
   tp() { "$work/tpcc" -dsn "$dsn" -warehouses "$wh" -threads "$threads" "$@"; }
@@ -65,6 +91,7 @@ side() { # label port [extra prepare args]
   tp -time "$secs" run >"$work/$label.run" 2>&1 &
   local run=$!
   [ "$label" = lattice ] && [ -n "${TPCC_RESHARD:-}" ] && reshards "$dsn"
+  [ "$label" = lattice ] && [ -n "${TPCC_ELASTIC:-}" ] && elastic "$dsn"
   wait "$run" || { grep -vE '^\[|^tpmC|errors:' "$work/$label.run" | head -20 | sed "s/^/$label run: /"; failed=1; }
   grep -E '^\[Summary\]|^tpmC|errors:' "$work/$label.run" | sed "s/^/$label /" || true
   if tp check >"$work/$label.check" 2>&1; then
