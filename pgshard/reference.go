@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -514,7 +515,17 @@ func (c *Cluster) CopyReferences(ctx context.Context, store shardmap.ReferenceSt
 	return nil
 }
 
-func (c *Cluster) copyReference(ctx context.Context, store shardmap.ReferenceStore, ref *shardmap.Reference, node string) error {
+func (c *Cluster) copyReference(ctx context.Context, store shardmap.ReferenceStore, ref *shardmap.Reference, node string) (err error) {
+	marked, err := c.markChanging(ctx, store, ref)
+	if err != nil {
+		return err
+	}
+	recorded := false
+	defer func() {
+		if err != nil && !recorded {
+			err = errors.Join(err, c.unmark(ctx, store, marked, ref.Nodes))
+		}
+	}()
 	src, err := c.lockReference(ctx, ref.Tenant, ref.Name)
 	if err != nil {
 		return err
@@ -546,21 +557,74 @@ func (c *Cluster) copyReference(ctx context.Context, store shardmap.ReferenceSto
 		}
 		c.log.Info("reference table copied to a node", "tenant", ref.Tenant, "table", ref.Name, "node", node, "rows", n)
 	}
-	grown := *ref
-	grown.Nodes = nodes
-	if err := store.PutReference(ctx, &grown, ref); err != nil {
+	recorded = true
+	grown := *marked
+	grown.Nodes, grown.Changing = nodes, false
+	if err := store.PutReference(ctx, &grown, marked); err != nil {
 		return fmt.Errorf("pgshard: node %s has its copy of reference table %s, but the registry was not updated (writes are refused until it is): %w", node, ref.Name, err)
 	}
 	return nil
 }
 
-type referenceStore struct{ shardmap.ReferenceStore }
+type referenceStore struct {
+	shardmap.ReferenceStore
+	settle ReferenceSettler
+}
+
+// ReferenceSettler waits until every proxy has acknowledged ref's entry
+// and no write planned on an older entry runs (migrator.Runner's
+// SettleReference).
+type ReferenceSettler func(ctx context.Context, ref *shardmap.Reference) error
 
 // SetReferences makes CreateShard give a node its copies of the tenant's
 // reference tables before the node's first shard of a tree, so that a
-// join of the tree with a reference table finds the copy there.
-func (c *Cluster) SetReferences(store shardmap.ReferenceStore) {
-	c.refs.Store(&referenceStore{store})
+// join of the tree with a reference table finds the copy there. settle
+// (nil: none) is what a change of a table's copies waits for after marking
+// them changing (markChanging).
+func (c *Cluster) SetReferences(store shardmap.ReferenceStore, settle ReferenceSettler) {
+	c.refs.Store(&referenceStore{store, settle})
+}
+
+// settleBudget bounds the wait for the proxies' acknowledgement of a
+// Changing entry, within the proxies' hold of the table's writes.
+const settleBudget = 5 * time.Second
+
+// markChanging writes ref's entry as Changing and waits until every proxy
+// holds the table's new writes (docs/DESIGN.md 4.3): the copies are then
+// changed with no write in flight that carries the old list, which the
+// fence would refuse with LT001 in the middle of its transaction. It
+// returns the entry as stored now. A proxy that does not acknowledge
+// within settleBudget is not waited for longer: the fence keeps its writes
+// from a wrong set of copies, at worst with that LT001.
+func (c *Cluster) markChanging(ctx context.Context, store shardmap.ReferenceStore, ref *shardmap.Reference) (*shardmap.Reference, error) {
+	rs := c.refs.Load()
+	if rs == nil || rs.settle == nil {
+		return ref, nil
+	}
+	marked := *ref
+	marked.Changing = true
+	if err := store.PutReference(ctx, &marked, ref); err != nil {
+		return nil, err
+	}
+	sctx, cancel := context.WithTimeout(ctx, settleBudget)
+	defer cancel()
+	if err := rs.settle(sctx, &marked); err != nil {
+		if ctx.Err() != nil || !errors.Is(err, context.DeadlineExceeded) {
+			return nil, errors.Join(err, c.unmark(ctx, store, &marked, ref.Nodes))
+		}
+		c.log.Warn("reference table: not every proxy acknowledged that its copies are changing; going on", "tenant", ref.Tenant, "table", ref.Name, "err", err)
+	}
+	return &marked, nil
+}
+
+// unmark puts back the entry of a change that did not happen, with nodes.
+func (c *Cluster) unmark(ctx context.Context, store shardmap.ReferenceStore, marked *shardmap.Reference, nodes []string) error {
+	if !marked.Changing {
+		return nil
+	}
+	back := *marked
+	back.Changing, back.Nodes = false, nodes
+	return store.PutReference(context.WithoutCancel(ctx), &back, marked)
 }
 
 func (c *Cluster) referencesFor(ctx context.Context, node, tenant string) error {
@@ -607,6 +671,10 @@ func (c *Cluster) releaseReference(ctx context.Context, store shardmap.Reference
 	if err != nil {
 		return err
 	}
+	marked, err := c.markChanging(ctx, store, ref)
+	if err != nil {
+		return err
+	}
 	var nodes []string
 	err = pgx.BeginFunc(ctx, p, func(tx pgx.Tx) error {
 		// The table lock first, in the order a writer takes them.
@@ -616,11 +684,11 @@ func (c *Cluster) releaseReference(ctx context.Context, store shardmap.Reference
 		return tx.QueryRow(ctx, `UPDATE `+referenceMeta+` SET nodes = array_remove(nodes, $2) WHERE name = $1 RETURNING nodes`, ref.Name, node).Scan(&nodes)
 	})
 	if err != nil {
-		return err
+		return errors.Join(err, c.unmark(ctx, store, marked, ref.Nodes))
 	}
-	shrunk := *ref
-	shrunk.Nodes = slices.Sorted(slices.Values(nodes))
-	if err := store.PutReference(ctx, &shrunk, ref); err != nil {
+	shrunk := *marked
+	shrunk.Nodes, shrunk.Changing = slices.Sorted(slices.Values(nodes)), false
+	if err := store.PutReference(ctx, &shrunk, marked); err != nil {
 		return fmt.Errorf("the catalog node no longer lists node %s, but the registry was not updated (writes are refused until it is): %w", node, err)
 	}
 	if err := c.dropCopies(ctx, ref.Tenant, ref.Name, []string{node}); err != nil {

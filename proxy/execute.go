@@ -170,6 +170,10 @@ func (s *session) execute(ctx context.Context, v *shardmap.View, portal *clientP
 		if p.Compose != nil {
 			return s.bindComposed(ctx, portal, m)
 		}
+		// A Lattice function routes by no map of the view, and some wait
+		// for every proxy's acknowledgement: this one's too (a node's
+		// removal changes the copies of reference tables).
+		s.releaseView(v)
 		args, named, err := s.funcArgs(p.Func, m, st.oids)
 		if err != nil {
 			s.fail(err)

@@ -191,15 +191,19 @@ func (s *session) holdFrozen(ctx context.Context, m *shardmap.Map, start time.Ti
 }
 
 // planHeld plans a simple Query, holding it while one of its statements
-// would touch frozen slots, and plans it again on the newer view.
+// would touch frozen slots or write a reference table whose copies are
+// changing, and plans it again on the newer view.
 func (s *session) planHeld(ctx context.Context, sql string) ([]*router.Plan, *shardmap.View, error) {
 	plans, v, err := s.plan(ctx, sql)
 	for start := time.Now(); err == nil; {
-		m := s.frozenPlans(v, plans)
-		if m == nil {
+		if m := s.frozenPlans(v, plans); m != nil {
+			err = s.holdFrozen(ctx, m, start, nil)
+		} else if r := s.changingPlans(v, plans); r != nil && time.Since(start) < holdTimeout {
+			err = s.holdReference(ctx, r, start, nil)
+		} else {
 			break
 		}
-		if err = s.holdFrozen(ctx, m, start, nil); err == nil {
+		if err == nil {
 			plans, v, err = s.plan(ctx, sql)
 		}
 	}
@@ -216,22 +220,26 @@ func (s *session) frozenPlans(v *shardmap.View, plans []*router.Plan) *shardmap.
 }
 
 // bindHeld holds a statement at Bind while it would touch frozen slots
-// under v, and returns the view to bind it on; false when it failed (the
+// under v, or write a reference table whose copies are changing
+// (refhold.go), and returns the view to bind it on; false when it failed (the
 // error is queued) or the batch is being skipped.
 func (s *session) bindHeld(ctx context.Context, st *clientStmt, v *shardmap.View, m *pgproto3.Bind) (*shardmap.View, bool) {
 	for start := time.Now(); ; {
-		fm, frozen := frozenTree(v, st.plan, m, st.oids)
-		if !frozen || s.passesFreeze(v, st.plan, m, st.oids) {
+		var err error
+		if fm, frozen := frozenTree(v, st.plan, m, st.oids); frozen && !s.passesFreeze(v, st.plan, m, st.oids) {
+			err = s.holdFrozen(ctx, fm, start, s.flushBatch)
+		} else if r := s.changingReference(v, st.plan); r != nil && time.Since(start) < holdTimeout {
+			err = s.holdReference(ctx, r, start, s.flushBatch)
+		} else {
 			return v, true
 		}
-		if err := s.holdFrozen(ctx, fm, start, s.flushBatch); err != nil {
+		if err != nil {
 			s.fail(err)
 			return nil, false
 		}
 		if s.skipping {
 			return nil, false // what ran before it failed: skipped up to Sync
 		}
-		var err error
 		if v, err = s.view(ctx); err == nil {
 			err = s.replan(st, v)
 		}

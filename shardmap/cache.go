@@ -215,6 +215,35 @@ func (c *Cache) Wait(ctx context.Context, tenant, tree string, minEpoch uint64) 
 	}
 }
 
+// WaitReference waits until the cached entry of tenant's reference table
+// name has reached minEpoch or is gone, and returns the view that has it.
+// The registry's event wakes it; it also reads the store itself at every
+// refresh interval.
+func (c *Cache) WaitReference(ctx context.Context, tenant, name string, minEpoch uint64) (*View, error) {
+	tc := c.tenant(tenant)
+	v, err := c.View(ctx, tenant)
+	if err != nil {
+		return nil, err
+	}
+	poll := time.NewTicker(c.refresh)
+	defer poll.Stop()
+	for {
+		if r := v.References[name]; r == nil || r.Epoch >= minEpoch {
+			return v, nil
+		}
+		select {
+		case <-v.next:
+		case <-poll.C:
+			if _, err := c.load(ctx, tenant, tc); err != nil && ctx.Err() == nil {
+				c.log.WarnContext(ctx, "shardmap: cache read while waiting failed", "tenant", tenant, "reference", name, "err", err)
+			}
+		case <-ctx.Done():
+			return nil, fmt.Errorf("shardmap: wait for reference table %s/%s epoch %d: %w", tenant, name, minEpoch, ctx.Err())
+		}
+		v = tc.view.Load()
+	}
+}
+
 func (c *Cache) tenant(name string) *tenantCache {
 	if v, ok := c.tenants.Load(name); ok {
 		return v.(*tenantCache)

@@ -29,7 +29,19 @@ type Reference struct {
 	// Nodes hold a complete copy, sorted; writes go to every one of them.
 	Nodes   []string  `json:"nodes"`
 	Created time.Time `json:"created"`
+	// Epoch counts the entry's writes (PutReference). Proxies acknowledge
+	// it as they do a map's, under ReferenceAckName.
+	Epoch uint64 `json:"epoch,omitempty"`
+	// Changing marks copies about to be added or dropped: proxies hold new
+	// writes of the table until the entry changes again, so that none
+	// carries a list of copies the fence is about to refuse.
+	Changing bool `json:"changing,omitempty"`
 }
+
+// ReferenceAckName is the name a reference table's entry is acknowledged
+// under, beside the trees' maps. The NUL byte keeps it apart from every
+// table name, which PostgreSQL never lets hold one.
+func ReferenceAckName(table string) string { return "\x00reference:" + table }
 
 // Holds reports whether node has a copy of r.
 func (r *Reference) Holds(node string) bool { return slices.Contains(r.Nodes, node) }
@@ -41,7 +53,7 @@ type ReferenceStore interface {
 	References(ctx context.Context, tenant string) ([]*Reference, error)
 	// PutReference creates or replaces r's entry when the stored entry is
 	// still prev (nil: none), and publishes a "tree" event; ErrConflict
-	// otherwise.
+	// otherwise. It sets r.Epoch to one past prev's.
 	PutReference(ctx context.Context, r, prev *Reference) error
 	// DeleteReference removes the entry if it is still prev, and publishes
 	// a "tree" event; ErrConflict otherwise.
@@ -61,15 +73,18 @@ var ErrIsTree = errors.New("shardmap: the name is a tree's")
 
 func (s *RedisStore) referencesKey(tenant string) string { return s.tenantTag(tenant) + ":references" }
 
-// KEYS: references, trees. ARGV: name, entry as stored ("" for none), new
-// entry ("" to delete), channel, event. Returns -1 on a conflict, -2 when
-// the name is a tree's.
+// KEYS: references, trees, the entry's acknowledgements. ARGV: name, entry
+// as stored ("" for none), new entry ("" to delete), channel, event.
+// Returns -1 on a conflict, -2 when the name is a tree's. A deleted entry
+// takes its acknowledgements along: one made again under the name starts
+// its epochs over.
 var referenceScript = redis.NewScript(`
 local cur = redis.call('HGET', KEYS[1], ARGV[1])
 if cur == false then cur = '' end
 if cur ~= ARGV[2] then return -1 end
 if ARGV[3] == '' then
   redis.call('HDEL', KEYS[1], ARGV[1])
+  redis.call('DEL', KEYS[3])
 else
   if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 then return -2 end
   redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
@@ -109,6 +124,10 @@ func (s *RedisStore) PutReference(ctx context.Context, r, prev *Reference) error
 		r.Created = time.Now().UTC()
 	}
 	r.Nodes = slices.Sorted(slices.Values(r.Nodes))
+	r.Epoch = 1
+	if prev != nil {
+		r.Epoch = prev.Epoch + 1
+	}
 	return s.swapReference(ctx, r.Tenant, r.Name, r, prev)
 }
 
@@ -126,7 +145,7 @@ func (s *RedisStore) swapReference(ctx context.Context, tenant, name string, r, 
 	if err != nil {
 		return err
 	}
-	n, err := referenceScript.Run(ctx, s.client, []string{s.referencesKey(tenant), s.treesKey(tenant)},
+	n, err := referenceScript.Run(ctx, s.client, []string{s.referencesKey(tenant), s.treesKey(tenant), s.acksKey(tenant, ReferenceAckName(name))},
 		name, pj, rj, s.channel, s.event(EventTree, tenant, name, 0)).Int()
 	if err != nil {
 		return fmt.Errorf("shardmap: write reference table %s/%s: %w", tenant, name, err)

@@ -340,7 +340,9 @@ func (r *Registration) beat(ctx context.Context) {
 // colocation group's members share one map and one set of acks under the
 // group's name; each member is also acknowledged under its own name as
 // soon as this proxy routes by it, which is what the creation of a tree
-// waits for (a tree alone is acknowledged so under its map's name).
+// waits for (a tree alone is acknowledged so under its map's name). A
+// reference table's entry is acknowledged the same way, under
+// ReferenceAckName, once no statement planned on an older entry runs.
 func (r *Registration) acknowledge(ctx context.Context) {
 	type ack struct {
 		id    treeID
@@ -349,18 +351,18 @@ func (r *Registration) acknowledge(ctx context.Context) {
 	var acks []ack
 	queued := map[treeID]bool{}
 	seen := map[treeID]bool{}
-	consider := func(id treeID, m *Map) {
+	consider := func(id treeID, epoch uint64, olderInUse func() bool) {
 		seen[id] = true
-		if r.acked[id] > m.Epoch {
+		if r.acked[id] > epoch {
 			// The map was dropped and made again (its epochs start
 			// over) and the drop took its acknowledgements along.
 			delete(r.acked, id)
 		}
-		if queued[id] || r.acked[id] >= m.Epoch || r.olderInUse(id.tree, m) {
+		if queued[id] || r.acked[id] >= epoch || olderInUse() {
 			return
 		}
 		queued[id] = true
-		acks = append(acks, ack{id, m.Epoch})
+		acks = append(acks, ack{id, epoch})
 	}
 	r.mu.Lock()
 	r.cache.tenants.Range(func(k, val any) bool {
@@ -370,12 +372,15 @@ func (r *Registration) acknowledge(ctx context.Context) {
 		}
 		for name, m := range v.Maps {
 			group := v.Trees[name].MapName()
-			consider(treeID{v.Tenant, group}, m)
+			consider(treeID{v.Tenant, group}, m.Epoch, func() bool { return r.olderInUse(group, m) })
 			if group != name {
 				// No statement holds a map by a member's name, so
-				// olderInUse never holds this one up.
-				consider(treeID{v.Tenant, name}, m)
+				// nothing running holds this one up.
+				consider(treeID{v.Tenant, name}, m.Epoch, func() bool { return false })
 			}
+		}
+		for name, ref := range v.References {
+			consider(treeID{v.Tenant, ReferenceAckName(name)}, ref.Epoch, func() bool { return r.olderReferenceInUse(name, ref.Epoch) })
 		}
 		return true
 	})
@@ -414,6 +419,18 @@ func (r *Registration) olderInUse(name string, cur *Map) bool {
 	for u := range r.slotsInUse {
 		t, m := u.v.Trees[u.tree], u.v.Maps[u.tree]
 		if t != nil && m != nil && t.MapName() == name && m.Epoch < cur.Epoch && slotMoved(m, cur, u.slot) {
+			return true
+		}
+	}
+	return false
+}
+
+// olderReferenceInUse reports whether a running statement was planned on
+// an entry of reference table name older than epoch: a write planned so
+// carries the copies of that entry. Called with mu held.
+func (r *Registration) olderReferenceInUse(name string, epoch uint64) bool {
+	for v := range r.inUse {
+		if ref := v.References[name]; ref != nil && ref.Epoch < epoch {
 			return true
 		}
 	}

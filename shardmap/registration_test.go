@@ -424,3 +424,73 @@ func servingProxy(t *testing.T, s *RedisStore, coord Coordination) (*Cache, *Reg
 	release()
 	return c, r
 }
+
+// A reference table's entry is acknowledged like a map: once no statement
+// planned on an older entry runs. Deleting the entry takes its
+// acknowledgements along, so a table made again under the name is waited
+// for from its first epoch.
+func TestRegistrationAcknowledgesReferenceEntries(t *testing.T) {
+	s, _ := newTestStore(t)
+	ctx := context.Background()
+	c := NewCache(s, time.Hour, nil)
+	r := NewRegistration("p1", s, c, time.Minute, time.Hour, nil)
+	r.beat(ctx)
+	ack := ReferenceAckName("item")
+	acked := func() uint64 {
+		t.Helper()
+		acks, err := s.Acks(ctx, "t", ack)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return acks["p1"]
+	}
+	put := func(ref, prev *Reference) *Reference {
+		t.Helper()
+		if err := s.PutReference(ctx, ref, prev); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Refresh(ctx, "t"); err != nil {
+			t.Fatal(err)
+		}
+		return ref
+	}
+	first := put(&Reference{Tenant: "t", Name: "item", Nodes: []string{"n1", "n2"}}, nil)
+	if first.Epoch != 1 {
+		t.Fatalf("a new entry's epoch: %d, want 1", first.Epoch)
+	}
+	old, release, err := r.Acquire(ctx, "t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.acknowledge(ctx)
+	if got := acked(); got != 1 {
+		t.Fatalf("acknowledged %d, want 1", got)
+	}
+	marked := put(&Reference{Tenant: "t", Name: "item", Nodes: first.Nodes, Changing: true}, first)
+	// A write planned on the first entry still runs: the mark waits.
+	r.acknowledge(ctx)
+	if got := acked(); got != 1 {
+		t.Fatalf("acknowledged %d while a statement ran on epoch %d", got, old.References["item"].Epoch)
+	}
+	release()
+	r.acknowledge(ctx)
+	if got := acked(); got != marked.Epoch {
+		t.Fatalf("after the statement ended: acknowledged %d, want %d", got, marked.Epoch)
+	}
+
+	if err := s.DeleteReference(ctx, marked); err != nil {
+		t.Fatal(err)
+	}
+	if acks, _ := s.Acks(ctx, "t", ack); len(acks) != 0 {
+		t.Fatalf("acknowledgements left after the entry's deletion: %v", acks)
+	}
+	if _, err := c.Refresh(ctx, "t"); err != nil {
+		t.Fatal(err)
+	}
+	r.acknowledge(ctx)
+	again := put(&Reference{Tenant: "t", Name: "item", Nodes: []string{"n1"}}, nil)
+	r.acknowledge(ctx)
+	if got := acked(); got != again.Epoch {
+		t.Fatalf("the entry made again: acknowledged %d, want %d", got, again.Epoch)
+	}
+}

@@ -466,7 +466,9 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger, ready func(pg
 	fns := migrator.NewFunctions(cluster, store, cache, coord, router.PerNodeValue)
 	fns.SetTreeOps(treeOps)
 	fns.SetSnapshotter(migrator.NewSnapshotter(runner, cluster, migrator.NewSnapshotMetrics(adm.Registry)))
-	cluster.SetReferences(store) // a node gets the reference tables before its first shard
+	// A node gets the reference tables before its first shard; a change of
+	// a table's copies waits for the proxies to hold its writes first.
+	cluster.SetReferences(store, runner.SettleReference)
 	fns.SetMerger(migrator.NewMerger(cluster, store, treeOps, migrator.NewMergeMetrics(adm.Registry), log))
 	fns.SetNodeAdmin(migrator.NodeAdmin{Registry: store, Watch: nodeWatch, Requirements: pgshard.NodeRequirements{
 		FreeSlots:            max(1, cfg.Reshard.MaxConcurrentMigrations),

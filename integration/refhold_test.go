@@ -1,0 +1,155 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// TestReferenceCopiesChangeUnderWrites writes a reference table in the
+// middle of transactions, through two proxies, while a node joins (it gets
+// its copy before its first shard, under the catalog copy's table lock)
+// and leaves again (its copy is released). Each proxy holds the table's
+// writes while its copies change, so no write fails; before, every write
+// that queued behind the copy's lock got LT001 ("the copies of reference
+// table ... are on nodes ... now") mid-transaction. Every copy holds every
+// committed write.
+func TestReferenceCopiesChangeUnderWrites(t *testing.T) {
+	resetNodes(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	var pools []*pgxpool.Pool
+	var conns []*pgx.Conn
+	var procs []*proxyProc
+	for range 2 {
+		p := startProxy(t, 2) // n1 and n2; n3 joins later
+		procs = append(procs, p)
+		pool, err := pgxpool.New(ctx, p.DSN("lattice"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pool.Close()
+		pools = append(pools, pool)
+		conns = append(conns, connect(t, p.DSN("lattice")))
+	}
+	admin := pools[0]
+	for _, q := range []string{
+		`CREATE TABLE item (i_id int PRIMARY KEY, i_im_id int NOT NULL, i_name text NOT NULL, i_price numeric(7,2) NOT NULL, i_data text)`,
+		// Enough rows that copying them to a node takes a while.
+		`INSERT INTO item SELECT i, i % 7, 'item-' || i, (i * 13 % 10000) / 100.0, repeat('x', 40) FROM generate_series(1, 200000) i`,
+		`SELECT lattice_create_reference_table('item')`,
+		`CREATE TABLE stock (s_w_id int PRIMARY KEY, s_quantity int NOT NULL)`,
+		`INSERT INTO stock SELECT w, 0 FROM generate_series(1, 64) w`,
+		`SELECT lattice_create_tree('stock', 's_w_id', shard_count => 2)`,
+	} {
+		if _, err := admin.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+
+	// Each transaction writes the tree first, so that a refused write of
+	// the reference table fails a transaction already under way.
+	var committed atomic.Int64
+	var mu sync.Mutex
+	var failures []string
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			pool := pools[w%2]
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				id := 1_000_000*(w+1) + i
+				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+					if _, err := tx.Exec(ctx, `UPDATE stock SET s_quantity = s_quantity + 1 WHERE s_w_id = $1`, 1+id%64); err != nil {
+						return err
+					}
+					_, err := tx.Exec(ctx, `INSERT INTO item VALUES ($1, 1, 'w', 1.00, 'w')`, id)
+					return err
+				})
+				if err != nil {
+					mu.Lock()
+					failures = append(failures, fmt.Sprintf("writer %d, item %d: %v", w, id, err))
+					mu.Unlock()
+					continue
+				}
+				committed.Add(1)
+			}
+		}()
+	}
+	finish := func() {
+		close(stop)
+		wg.Wait()
+	}
+
+	step := func(q, done string) {
+		t.Helper()
+		before := committed.Load()
+		start := time.Now()
+		if _, err := admin.Exec(ctx, q); err != nil {
+			finish()
+			t.Fatalf("%s: %v", q, err)
+		}
+		if done != "" {
+			waitFor(t, ctx, admin, done, nil, func() error { finish(); return nil })
+		}
+		t.Logf("%s: %s, %d transactions committed meanwhile", q, time.Since(start).Round(time.Millisecond), committed.Load()-before)
+	}
+	time.Sleep(300 * time.Millisecond)
+	step(fmt.Sprintf(`SELECT lattice_add_node('n3', '%s')`, testNodeDSN(t, 2)), "")
+	for _, c := range conns {
+		waitNodes(t, c, "n1,n2,n3")
+	}
+	// n3's first shard: the node gets its copy of item first.
+	step(`SELECT lattice_move_shard('stock', 0, 'n3')`, `SELECT lattice_rebalance_complete('stock')`)
+	step(`SELECT lattice_drain_node('n3')`, `SELECT lattice_drain_complete('n3')`)
+	// The removal takes n3 out of item's copies.
+	step(`SELECT lattice_remove_node('n3')`, "")
+	time.Sleep(300 * time.Millisecond)
+	finish()
+
+	for _, f := range failures {
+		t.Error(f)
+	}
+	var copies []string
+	for i := range 2 {
+		n := connect(t, testNodeDSN(t, i))
+		var sum string
+		var rows int64
+		if err := n.QueryRow(ctx, `SELECT count(*), md5(string_agg(format('%s|%s|%s|%s|%s', i_id, i_im_id, i_name, i_price, i_data), ',' ORDER BY i_id)) FROM public.item`).Scan(&rows, &sum); err != nil {
+			t.Fatal(err)
+		}
+		if want := 200_000 + committed.Load(); rows != want {
+			t.Errorf("n%d's copy of item has %d rows, want %d (%d committed writes)", i+1, rows, want, committed.Load())
+		}
+		copies = append(copies, sum)
+	}
+	if copies[0] != copies[1] {
+		t.Errorf("the copies of item differ: n1 %s, n2 %s", copies[0], copies[1])
+	}
+	var gone bool
+	if err := connect(t, testNodeDSN(t, 2)).QueryRow(ctx, `SELECT to_regclass('public.item') IS NULL`).Scan(&gone); err != nil || !gone {
+		t.Errorf("n3 keeps its copy of item after its removal (%v)", err)
+	}
+	// Every change waited for both proxies, the one that ran the Lattice
+	// function included (its own statement holds no entry back).
+	for i, p := range procs {
+		if strings.Contains(p.Log(), "not every proxy acknowledged") {
+			t.Errorf("proxy %d: a change of item's copies went on without every acknowledgement", i)
+		}
+	}
+	t.Logf("%d transactions committed, %d failed", committed.Load(), len(failures))
+}

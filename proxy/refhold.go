@@ -1,0 +1,82 @@
+package proxy
+
+import (
+	"context"
+	"slices"
+	"time"
+
+	"github.com/lattice-db/lattice/router"
+	"github.com/lattice-db/lattice/shardmap"
+	"github.com/lattice-db/lattice/sqlstate"
+)
+
+// Before a node gets or loses its copy of a reference table, pgshard marks
+// the table's entry Changing and waits until every proxy has acknowledged
+// that entry; only then does it lock the catalog copy, change the copies
+// and the list the fences check, and write the new entry. A write planned
+// under the marked entry is held here until the new one arrives, as a
+// statement on frozen slots is held for a flip. Without the hold, every
+// write that queued behind the copy's table lock carried the old list and
+// got LT001 once the lock went, in the middle of its transaction (three
+// TPC-C payments of a run that added a node and drained one).
+//
+// A write of a table its transaction already wrote is not held: the
+// transaction holds the table's lock, which the copy waits for, so the
+// list has not changed yet, and the write passes the fence.
+
+// changingReference is the first reference table p writes or reads whose
+// copies are about to change under v, unless the session's transaction
+// already wrote it.
+func (s *session) changingReference(v *shardmap.View, p *router.Plan) *shardmap.Reference {
+	if p == nil || p.Kind != router.RefWrite {
+		return nil
+	}
+	for _, name := range p.References {
+		if r := v.Reference(name); r != nil && r.Changing && !(s.tx.active && slices.Contains(s.tx.wroteRefs, name)) {
+			return r
+		}
+	}
+	return nil
+}
+
+func (s *session) changingPlans(v *shardmap.View, plans []*router.Plan) *shardmap.Reference {
+	for _, p := range plans {
+		if r := s.changingReference(v, p); r != nil {
+			return r
+		}
+	}
+	return nil
+}
+
+// holdReference waits, holding no view, until ref's entry is replaced.
+// Work queued before the statement in an extended batch is played first
+// (flush). Once holdTimeout from start has passed it stops waiting without
+// an error: the statement goes on under the entry it has, and the fence
+// refuses it (LT001) only if the copies changed meanwhile.
+func (s *session) holdReference(ctx context.Context, ref *shardmap.Reference, start time.Time, flush func() error) error {
+	if flush != nil && len(s.x.steps) > 0 {
+		if err := flush(); err != nil {
+			return err
+		}
+	}
+	s.releaseViews()
+	wctx, cancel := context.WithDeadline(ctx, start.Add(holdTimeout))
+	defer cancel()
+	if _, err := s.srv.cache.WaitReference(wctx, s.tenant, ref.Name, ref.Epoch+1); err != nil && ctx.Err() != nil {
+		return sqlstate.New(sqlstate.QueryCanceled, "canceling statement: %v", ctx.Err())
+	}
+	return nil
+}
+
+// noteRefWrite records, in the session's transaction, the reference tables
+// p writes: their locks are the transaction's until it ends.
+func (s *session) noteRefWrite(p *router.Plan) {
+	if !s.tx.active {
+		return
+	}
+	for _, name := range p.References {
+		if !slices.Contains(s.tx.wroteRefs, name) {
+			s.tx.wroteRefs = append(s.tx.wroteRefs, name)
+		}
+	}
+}
