@@ -116,8 +116,44 @@ func TestReferenceCopiesChangeUnderWrites(t *testing.T) {
 	// n3's first shard: the node gets its copy of item first.
 	step(`SELECT lattice_move_shard('stock', 0, 'n3')`, `SELECT lattice_rebalance_complete('stock')`)
 	step(`SELECT lattice_drain_node('n3')`, `SELECT lattice_drain_complete('n3')`)
-	// The removal takes n3 out of item's copies.
-	step(`SELECT lattice_remove_node('n3')`, "")
+
+	// The removal takes n3 out of item's copies. A transaction that locked
+	// a row of item (on the catalog copy) holds the removal's table lock
+	// back: its write of item goes on rather than wait for the removal.
+	locker, err := pools[1].Begin(ctx)
+	if err != nil {
+		finish()
+		t.Fatal(err)
+	}
+	defer locker.Rollback(context.WithoutCancel(ctx))
+	if _, err := locker.Exec(ctx, `SELECT i_price FROM item WHERE i_id = 1 FOR UPDATE`); err != nil {
+		finish()
+		t.Fatal(err)
+	}
+	removed := make(chan error, 1)
+	go func() {
+		_, err := admin.Exec(ctx, `SELECT lattice_remove_node('n3')`)
+		removed <- err
+	}()
+	catalog := connect(t, testNodeDSN(t, 0))
+	pollUntil(t, time.Minute, "the removal to wait for the row lock", func() (bool, error) {
+		var waiting bool
+		err := catalog.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks l JOIN pg_class c ON c.oid = l.relation
+			WHERE c.relname = 'item' AND l.mode = 'ExclusiveLock' AND NOT l.granted)`).Scan(&waiting)
+		return waiting, err
+	})
+	if _, err := locker.Exec(ctx, `UPDATE item SET i_price = i_price + 1 WHERE i_id = 1`); err != nil {
+		finish()
+		t.Fatalf("a write of item by the transaction the removal waits for: %v", err)
+	}
+	if err := locker.Commit(ctx); err != nil {
+		finish()
+		t.Fatal(err)
+	}
+	if err := <-removed; err != nil {
+		finish()
+		t.Fatalf("lattice_remove_node: %v", err)
+	}
 	time.Sleep(300 * time.Millisecond)
 	finish()
 
@@ -132,7 +168,7 @@ func TestReferenceCopiesChangeUnderWrites(t *testing.T) {
 		if err := n.QueryRow(ctx, `SELECT count(*), md5(string_agg(format('%s|%s|%s|%s|%s', i_id, i_im_id, i_name, i_price, i_data), ',' ORDER BY i_id)) FROM public.item`).Scan(&rows, &sum); err != nil {
 			t.Fatal(err)
 		}
-		if want := 200_000 + committed.Load(); rows != want {
+		if want := 200_000 + committed.Load(); rows != want { // the locker's write is an update
 			t.Errorf("n%d's copy of item has %d rows, want %d (%d committed writes)", i+1, rows, want, committed.Load())
 		}
 		copies = append(copies, sum)
@@ -145,11 +181,21 @@ func TestReferenceCopiesChangeUnderWrites(t *testing.T) {
 		t.Errorf("n3 keeps its copy of item after its removal (%v)", err)
 	}
 	// Every change waited for both proxies, the one that ran the Lattice
-	// function included (its own statement holds no entry back).
+	// function included (its own statement holds no entry back), and the
+	// proxies held writes meanwhile, each until the change was done.
+	var released float64
 	for i, p := range procs {
 		if strings.Contains(p.Log(), "not every proxy acknowledged") {
 			t.Errorf("proxy %d: a change of item's copies went on without every acknowledgement", i)
 		}
+		if n := metricSum(t, p, "lattice_proxy_reference_holds_total", map[string]string{"outcome": "timed_out"}); n != 0 {
+			t.Errorf("proxy %d: %v writes held until the hold timed out", i, n)
+		}
+		released += metricSum(t, p, "lattice_proxy_reference_holds_total", map[string]string{"outcome": "released"})
 	}
+	if released == 0 {
+		t.Error("no write was held while item's copies changed")
+	}
+	t.Logf("%v writes held and released", released)
 	t.Logf("%d transactions committed, %d failed", committed.Load(), len(failures))
 }

@@ -76,6 +76,11 @@ func (s *session) execute(ctx context.Context, v *shardmap.View, portal *clientP
 		return s.declare(ctx, v, portal, p.Cursor, m)
 	case router.Catalog:
 		s.releaseView(v)
+		if len(p.References) > 0 && !p.Anywhere {
+			// FOR UPDATE or FOR SHARE of a reference table (or a read
+			// beside an ordinary table): the catalog copy's rows.
+			s.noteRefLock(p)
+		}
 		if p.Cursor != nil {
 			if bound, ok := s.cursorStatement(portal, p.Cursor); bound {
 				return ok

@@ -22,6 +22,10 @@ type Metrics struct {
 	// untracked counts session state found by the probe after a function,
 	// DO or CALL (untracked.go), by reason and what the proxy did.
 	untracked *prometheus.CounterVec
+	// refHolds counts writes held while a reference table's copies
+	// changed (refhold.go): released by the new entry, or let go after
+	// holdTimeout.
+	refHolds [2]prometheus.Counter
 }
 
 // queryKindNames label lattice_proxy_query_duration_seconds: the router's
@@ -105,7 +109,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Name: "lattice_proxy_untracked_state_total",
 		Help: "Backends found holding session state made inside a function, DO block or procedure, by the state (or probe_failed) and the action: pinned (the session keeps its catalog-node backend), reset (DISCARD ALL) or closed.",
 	}, []string{"reason", "action"})
-	m := &Metrics{errors: errs, pins: map[string]prometheus.Counter{}, untracked: untracked}
+	refHolds := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "lattice_proxy_reference_holds_total",
+		Help: "Writes of a reference table held while its copies changed (a node got or lost its copy), by outcome: released (the new copies arrived) or timed_out (let go after 10 s, to the copies the proxy knew).",
+	}, []string{"outcome"})
+	m := &Metrics{errors: errs, pins: map[string]prometheus.Counter{}, untracked: untracked,
+		refHolds: [2]prometheus.Counter{refHolds.WithLabelValues("released"), refHolds.WithLabelValues("timed_out")}}
 	for _, r := range router.PinAll.Names() {
 		m.pins[r] = pins.WithLabelValues(r)
 	}
@@ -116,7 +125,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		m.conns[i] = conns.WithLabelValues(name)
 	}
 	if reg != nil {
-		reg.MustRegister(queries, conns, errs, pins, untracked)
+		reg.MustRegister(queries, conns, errs, pins, untracked, refHolds)
 	}
 	return m
 }
@@ -132,6 +141,16 @@ func (m *Metrics) conn(outcome int) { m.conns[outcome].Inc() }
 func (m *Metrics) errorSent(code string) { m.errors.WithLabelValues(code).Inc() }
 
 func (m *Metrics) pinnedFor(reason string) { m.pins[reason].Inc() }
+
+// referenceHeld counts a write held for a change of a reference table's
+// copies: released, or timed out.
+func (m *Metrics) referenceHeld(released bool) {
+	if released {
+		m.refHolds[0].Inc()
+	} else {
+		m.refHolds[1].Inc()
+	}
+}
 
 func (m *Metrics) untrackedFound(reason, action string) {
 	m.untracked.WithLabelValues(reason, action).Inc()

@@ -50,7 +50,7 @@ func (s *session) referenceRead(v *shardmap.View, p *router.Plan) string {
 // them, in the session's transaction (an implicit one outside a block, even
 // on one node: the fence reads a SET LOCAL).
 func (s *session) bindRefWrite(ctx context.Context, v *shardmap.View, p *router.Plan, portal *clientPortal, m *pgproto3.Bind) bool {
-	s.noteRefWrite(p)
+	s.noteRefLock(p)
 	if p.Copy != nil {
 		portal.run = func(ctx context.Context) { s.runRefCopy(ctx, portal) }
 		s.bindComplete()

@@ -20,19 +20,21 @@ import (
 // got LT001 once the lock went, in the middle of its transaction (three
 // TPC-C payments of a run that added a node and drained one).
 //
-// A write of a table its transaction already wrote is not held: the
-// transaction holds the table's lock, which the copy waits for, so the
-// list has not changed yet, and the write passes the fence.
+// A write of a table its transaction already wrote, or read with FOR
+// UPDATE or FOR SHARE (on the catalog copy), is not held: the transaction
+// holds a lock on the table that the change's lock waits for, so the
+// list has not changed yet, and the write passes the fence. Held, it would
+// wait for a change that waits for its transaction.
 
 // changingReference is the first reference table p writes or reads whose
 // copies are about to change under v, unless the session's transaction
-// already wrote it.
+// holds a lock on it.
 func (s *session) changingReference(v *shardmap.View, p *router.Plan) *shardmap.Reference {
 	if p == nil || p.Kind != router.RefWrite {
 		return nil
 	}
 	for _, name := range p.References {
-		if r := v.Reference(name); r != nil && r.Changing && !(s.tx.active && slices.Contains(s.tx.wroteRefs, name)) {
+		if r := v.Reference(name); r != nil && r.Changing && !(s.tx.active && slices.Contains(s.tx.lockedRefs, name)) {
 			return r
 		}
 	}
@@ -62,21 +64,24 @@ func (s *session) holdReference(ctx context.Context, ref *shardmap.Reference, st
 	s.releaseViews()
 	wctx, cancel := context.WithDeadline(ctx, start.Add(holdTimeout))
 	defer cancel()
-	if _, err := s.srv.cache.WaitReference(wctx, s.tenant, ref.Name, ref.Epoch+1); err != nil && ctx.Err() != nil {
+	_, err := s.srv.cache.WaitReference(wctx, s.tenant, ref.Name, ref.Epoch+1)
+	if err != nil && ctx.Err() != nil {
 		return sqlstate.New(sqlstate.QueryCanceled, "canceling statement: %v", ctx.Err())
 	}
+	s.srv.metrics.referenceHeld(err == nil)
 	return nil
 }
 
-// noteRefWrite records, in the session's transaction, the reference tables
-// p writes: their locks are the transaction's until it ends.
-func (s *session) noteRefWrite(p *router.Plan) {
+// noteRefLock records, in the session's transaction, the reference tables
+// p writes or locks rows of: their locks are the transaction's until it
+// ends (or rolls back to a savepoint, which forgets them all).
+func (s *session) noteRefLock(p *router.Plan) {
 	if !s.tx.active {
 		return
 	}
 	for _, name := range p.References {
-		if !slices.Contains(s.tx.wroteRefs, name) {
-			s.tx.wroteRefs = append(s.tx.wroteRefs, name)
+		if !slices.Contains(s.tx.lockedRefs, name) {
+			s.tx.lockedRefs = append(s.tx.lockedRefs, name)
 		}
 	}
 }

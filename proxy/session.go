@@ -67,8 +67,9 @@ type session struct {
 		// their slots froze: it holds their tables' locks, which a
 		// freeze's fence waits for (freezepass.go).
 		wrote []shardRef
-		// wroteRefs are the reference tables it wrote (refhold.go).
-		wroteRefs []string
+		// lockedRefs are the reference tables whose catalog copy it wrote
+		// or locked rows of (refhold.go).
+		lockedRefs []string
 		// routing is the view of the statement that first took a backend
 		// into the transaction, under which its snapshots were taken, and
 		// isolation its isolation level once asked (snaprouting.go).
@@ -602,7 +603,7 @@ func (s *session) finish() {
 func (s *session) resetTx() {
 	s.tx.active, s.tx.failed, s.tx.implicit = false, false, false
 	s.tx.savepoints, s.tx.local, s.tx.begin = nil, nil, ""
-	s.tx.wrote, s.tx.wroteRefs = s.tx.wrote[:0], s.tx.wroteRefs[:0]
+	s.tx.wrote, s.tx.lockedRefs = s.tx.wrote[:0], s.tx.lockedRefs[:0]
 	s.tx.routing, s.tx.isolation = nil, ""
 	s.forgetExport()
 }

@@ -292,7 +292,7 @@ func (s *session) txControl(ctx context.Context, p *router.Plan) {
 	if p.Tx != router.Savepoint && p.Tx != router.Release {
 		// The transaction ends or rolls back to a savepoint: the locks
 		// its writes took may go.
-		s.tx.wrote, s.tx.wroteRefs = s.tx.wrote[:0], s.tx.wroteRefs[:0]
+		s.tx.wrote, s.tx.lockedRefs = s.tx.wrote[:0], s.tx.lockedRefs[:0]
 	}
 	if p.Chain {
 		s.txChain(ctx, p)
