@@ -11,6 +11,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/lattice-db/lattice/shardmap"
 )
 
 // TestReferenceCopiesChangeUnderWrites writes a reference table in the
@@ -198,4 +200,52 @@ func TestReferenceCopiesChangeUnderWrites(t *testing.T) {
 	}
 	t.Logf("%v writes held and released", released)
 	t.Logf("%d transactions committed, %d failed", committed.Load(), len(failures))
+}
+
+// TestReferenceStaleChangeMark leaves a reference table's entry marked
+// changing, as a proxy killed in the middle of a change of its copies
+// would: once the mark is older than shardmap.MaxChange, writes of the
+// table are not held for it any more, and go to the copies the entry
+// lists.
+func TestReferenceStaleChangeMark(t *testing.T) {
+	resetNodes(t)
+	p := startProxy(t, 2)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c := connect(t, p.DSN("lattice"))
+	mustExec(t, c, `CREATE TABLE item (i_id int PRIMARY KEY, i_im_id int NOT NULL, i_name text NOT NULL, i_price numeric(7,2) NOT NULL, i_data text)`)
+	mustExec(t, c, `SELECT lattice_create_reference_table('item')`)
+	store, err := shardmap.OpenRedis(ctx, testRedisURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	refs, err := store.References(ctx, "lattice")
+	if err != nil || len(refs) != 1 {
+		t.Fatalf("reference tables: %v, %v", refs, err)
+	}
+	stale := *refs[0]
+	stale.ChangingSince = time.Now().Add(-shardmap.MaxChange - time.Second)
+	if err := store.PutReference(ctx, &stale, refs[0]); err != nil {
+		t.Fatal(err)
+	}
+	// Once the proxy acknowledged the marked entry, its view has it.
+	pollUntil(t, 10*time.Second, "the proxy to acknowledge the marked entry", func() (bool, error) {
+		acks, err := store.Acks(ctx, "lattice", shardmap.ReferenceAckName("item"))
+		for _, e := range acks {
+			if e >= stale.Epoch {
+				return true, err
+			}
+		}
+		return false, err
+	})
+	for _, proto := range []pgx.QueryExecMode{pgx.QueryExecModeSimpleProtocol, pgx.QueryExecModeExec} {
+		if _, err := c.Exec(ctx, `INSERT INTO item VALUES ($1, 1, 'i', 1.00, 'd')`, proto, int(proto)+1); err != nil {
+			t.Fatalf("a write beside a stale mark (%v): %v", proto, err)
+		}
+	}
+	if n := metricSum(t, p, "lattice_proxy_reference_holds_total", nil); n != 0 {
+		t.Errorf("%v writes held for a stale mark", n)
+	}
+	sameCopies(t, ctx, []*pgx.Conn{connect(t, testNodeDSN(t, 0)), connect(t, testNodeDSN(t, 1))}, "")
 }

@@ -559,7 +559,7 @@ func (c *Cluster) copyReference(ctx context.Context, store shardmap.ReferenceSto
 	}
 	recorded = true
 	grown := *marked
-	grown.Nodes, grown.Changing = nodes, false
+	grown.Nodes, grown.ChangingSince = nodes, time.Time{}
 	if err := store.PutReference(ctx, &grown, marked); err != nil {
 		return fmt.Errorf("pgshard: node %s has its copy of reference table %s, but the registry was not updated (writes are refused until it is): %w", node, ref.Name, err)
 	}
@@ -602,7 +602,7 @@ func (c *Cluster) markChanging(ctx context.Context, store shardmap.ReferenceStor
 		return ref, nil
 	}
 	marked := *ref
-	marked.Changing = true
+	marked.ChangingSince = time.Now().UTC()
 	if err := store.PutReference(ctx, &marked, ref); err != nil {
 		return nil, err
 	}
@@ -619,11 +619,11 @@ func (c *Cluster) markChanging(ctx context.Context, store shardmap.ReferenceStor
 
 // unmark puts back the entry of a change that did not happen, with nodes.
 func (c *Cluster) unmark(ctx context.Context, store shardmap.ReferenceStore, marked *shardmap.Reference, nodes []string) error {
-	if !marked.Changing {
+	if marked.ChangingSince.IsZero() {
 		return nil
 	}
 	back := *marked
-	back.Changing, back.Nodes = false, nodes
+	back.ChangingSince, back.Nodes = time.Time{}, nodes
 	return store.PutReference(context.WithoutCancel(ctx), &back, marked)
 }
 
@@ -687,7 +687,7 @@ func (c *Cluster) releaseReference(ctx context.Context, store shardmap.Reference
 		return errors.Join(err, c.unmark(ctx, store, marked, ref.Nodes))
 	}
 	shrunk := *marked
-	shrunk.Nodes, shrunk.Changing = slices.Sorted(slices.Values(nodes)), false
+	shrunk.Nodes, shrunk.ChangingSince = slices.Sorted(slices.Values(nodes)), time.Time{}
 	if err := store.PutReference(ctx, &shrunk, marked); err != nil {
 		return fmt.Errorf("the catalog node no longer lists node %s, but the registry was not updated (writes are refused until it is): %w", node, err)
 	}

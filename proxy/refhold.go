@@ -27,42 +27,55 @@ import (
 // wait for a change that waits for its transaction.
 
 // changingReference is the first reference table p writes or reads whose
-// copies are about to change under v, unless the session's transaction
-// holds a lock on it.
-func (s *session) changingReference(v *shardmap.View, p *router.Plan) *shardmap.Reference {
+// copies are changing under v, unless the session's transaction holds a
+// lock on it, and the time its hold ends: holdTimeout from start, or the
+// mark's end (shardmap.MaxChange) if that comes first. Nil once that time
+// has passed.
+func (s *session) changingReference(v *shardmap.View, p *router.Plan, start time.Time) (*shardmap.Reference, time.Time) {
 	if p == nil || p.Kind != router.RefWrite {
-		return nil
+		return nil, time.Time{}
 	}
 	for _, name := range p.References {
-		if r := v.Reference(name); r != nil && r.Changing && !(s.tx.active && slices.Contains(s.tx.lockedRefs, name)) {
-			return r
+		r := v.Reference(name)
+		if r == nil || r.ChangingSince.IsZero() || s.tx.active && slices.Contains(s.tx.lockedRefs, name) {
+			continue
+		}
+		now := time.Now()
+		if until, ok := r.Changing(now); ok {
+			end := start.Add(holdTimeout)
+			if until.Before(end) {
+				end = until
+			}
+			if now.Before(end) {
+				return r, end
+			}
 		}
 	}
-	return nil
+	return nil, time.Time{}
 }
 
-func (s *session) changingPlans(v *shardmap.View, plans []*router.Plan) *shardmap.Reference {
+func (s *session) changingPlans(v *shardmap.View, plans []*router.Plan, start time.Time) (*shardmap.Reference, time.Time) {
 	for _, p := range plans {
-		if r := s.changingReference(v, p); r != nil {
-			return r
+		if r, end := s.changingReference(v, p, start); r != nil {
+			return r, end
 		}
 	}
-	return nil
+	return nil, time.Time{}
 }
 
-// holdReference waits, holding no view, until ref's entry is replaced.
-// Work queued before the statement in an extended batch is played first
-// (flush). Once holdTimeout from start has passed it stops waiting without
-// an error: the statement goes on under the entry it has, and the fence
-// refuses it (LT001) only if the copies changed meanwhile.
-func (s *session) holdReference(ctx context.Context, ref *shardmap.Reference, start time.Time, flush func() error) error {
+// holdReference waits, holding no view, until ref's entry is replaced or
+// end. Work queued before the statement in an extended batch is played
+// first (flush). At end it stops waiting without an error: the statement
+// goes on under the entry it has, and the fence refuses it (LT001) only
+// if the copies changed meanwhile.
+func (s *session) holdReference(ctx context.Context, ref *shardmap.Reference, end time.Time, flush func() error) error {
 	if flush != nil && len(s.x.steps) > 0 {
 		if err := flush(); err != nil {
 			return err
 		}
 	}
 	s.releaseViews()
-	wctx, cancel := context.WithDeadline(ctx, start.Add(holdTimeout))
+	wctx, cancel := context.WithDeadline(ctx, end)
 	defer cancel()
 	_, err := s.srv.cache.WaitReference(wctx, s.tenant, ref.Name, ref.Epoch+1)
 	if err != nil && ctx.Err() != nil {

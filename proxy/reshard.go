@@ -198,8 +198,8 @@ func (s *session) planHeld(ctx context.Context, sql string) ([]*router.Plan, *sh
 	for start := time.Now(); err == nil; {
 		if m := s.frozenPlans(v, plans); m != nil {
 			err = s.holdFrozen(ctx, m, start, nil)
-		} else if r := s.changingPlans(v, plans); r != nil && time.Since(start) < holdTimeout {
-			err = s.holdReference(ctx, r, start, nil)
+		} else if r, end := s.changingPlans(v, plans, start); r != nil {
+			err = s.holdReference(ctx, r, end, nil)
 		} else {
 			break
 		}
@@ -228,8 +228,8 @@ func (s *session) bindHeld(ctx context.Context, st *clientStmt, v *shardmap.View
 		var err error
 		if fm, frozen := frozenTree(v, st.plan, m, st.oids); frozen && !s.passesFreeze(v, st.plan, m, st.oids) {
 			err = s.holdFrozen(ctx, fm, start, s.flushBatch)
-		} else if r := s.changingReference(v, st.plan); r != nil && time.Since(start) < holdTimeout {
-			err = s.holdReference(ctx, r, start, s.flushBatch)
+		} else if r, end := s.changingReference(v, st.plan, start); r != nil {
+			err = s.holdReference(ctx, r, end, s.flushBatch)
 		} else {
 			return v, true
 		}

@@ -32,10 +32,25 @@ type Reference struct {
 	// Epoch counts the entry's writes (PutReference). Proxies acknowledge
 	// it as they do a map's, under ReferenceAckName.
 	Epoch uint64 `json:"epoch,omitempty"`
-	// Changing marks copies about to be added or dropped: proxies hold new
-	// writes of the table until the entry changes again, so that none
-	// carries a list of copies the fence is about to refuse.
-	Changing bool `json:"changing,omitempty"`
+	// ChangingSince marks copies about to be added or dropped (zero: none):
+	// proxies hold new writes of the table until the entry changes again,
+	// so that none carries a list of copies the fence is about to refuse.
+	ChangingSince time.Time `json:"changing_since,omitzero"`
+}
+
+// MaxChange is how long a change of a reference table's copies holds its
+// writes at most. A mark older than that was left by a change that did
+// not finish (its proxy died): writes go on, checked by the fence.
+const MaxChange = 30 * time.Second
+
+// Changing reports whether r's copies are changing at now, and until when
+// its writes are held.
+func (r *Reference) Changing(now time.Time) (time.Time, bool) {
+	if r.ChangingSince.IsZero() {
+		return time.Time{}, false
+	}
+	until := r.ChangingSince.Add(MaxChange)
+	return until, now.Before(until)
 }
 
 // ReferenceAckName is the name a reference table's entry is acknowledged

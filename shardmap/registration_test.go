@@ -466,7 +466,7 @@ func TestRegistrationAcknowledgesReferenceEntries(t *testing.T) {
 	if got := acked(); got != 1 {
 		t.Fatalf("acknowledged %d, want 1", got)
 	}
-	marked := put(&Reference{Tenant: "t", Name: "item", Nodes: first.Nodes, Changing: true}, first)
+	marked := put(&Reference{Tenant: "t", Name: "item", Nodes: first.Nodes, ChangingSince: time.Now()}, first)
 	// A write planned on the first entry still runs: the mark waits.
 	r.acknowledge(ctx)
 	if got := acked(); got != 1 {
