@@ -17,8 +17,8 @@ import (
 
 // TestReferenceCopiesChangeUnderWrites writes a reference table in the
 // middle of transactions, through two proxies, while a node joins (it gets
-// its copy before its first shard, under the catalog copy's table lock)
-// and leaves again (its copy is released). Each proxy holds the table's
+// its copy before its first shards, which two moves place at once, under
+// the catalog copy's table lock) and leaves again (its copy is released). Each proxy holds the table's
 // writes while its copies change, so no write fails; before, every write
 // that queued behind the copy's lock got LT001 ("the copies of reference
 // table ... are on nodes ... now") mid-transaction. Every copy holds every
@@ -49,7 +49,7 @@ func TestReferenceCopiesChangeUnderWrites(t *testing.T) {
 		`SELECT lattice_create_reference_table('item')`,
 		`CREATE TABLE stock (s_w_id int PRIMARY KEY, s_quantity int NOT NULL)`,
 		`INSERT INTO stock SELECT w, 0 FROM generate_series(1, 64) w`,
-		`SELECT lattice_create_tree('stock', 's_w_id', shard_count => 2)`,
+		`SELECT lattice_create_tree('stock', 's_w_id', shard_count => 6)`,
 	} {
 		if _, err := admin.Exec(ctx, q); err != nil {
 			t.Fatalf("%s: %v", q, err)
@@ -115,8 +115,9 @@ func TestReferenceCopiesChangeUnderWrites(t *testing.T) {
 	for _, c := range conns {
 		waitNodes(t, c, "n1,n2,n3")
 	}
-	// n3's first shard: the node gets its copy of item first.
-	step(`SELECT lattice_move_shard('stock', 0, 'n3')`, `SELECT lattice_rebalance_complete('stock')`)
+	// n3's first shards, two moves at once: the node gets its copy of item
+	// first, once.
+	step(`SELECT lattice_rebalance('stock', by => 'slots')`, `SELECT lattice_rebalance_complete('stock')`)
 	step(`SELECT lattice_drain_node('n3')`, `SELECT lattice_drain_complete('n3')`)
 
 	// The removal takes n3 out of item's copies. A transaction that locked
@@ -189,6 +190,9 @@ func TestReferenceCopiesChangeUnderWrites(t *testing.T) {
 	for i, p := range procs {
 		if strings.Contains(p.Log(), "not every proxy acknowledged") {
 			t.Errorf("proxy %d: a change of item's copies went on without every acknowledgement", i)
+		}
+		if strings.Contains(p.Log(), "migration failed") {
+			t.Errorf("proxy %d: a migration failed:\n%s", i, p.Log())
 		}
 		if n := metricSum(t, p, "lattice_proxy_reference_holds_total", map[string]string{"outcome": "timed_out"}); n != 0 {
 			t.Errorf("proxy %d: %v writes held until the hold timed out", i, n)

@@ -49,6 +49,9 @@ type Cluster struct {
 	roles     sync.Map                              // roleKey -> struct{}: EnsureRole succeeded
 	roleLocks sync.Map                              // roleKey -> *sync.Mutex
 	refs      atomic.Pointer[referenceStore]        // SetReferences: copied to a node before its first shard
+	// refChanges lets one change of reference tables' copies run at a
+	// time in this process (changeReferences).
+	refChanges sync.Mutex
 
 	mu      sync.Mutex
 	admin   map[adminKey]*pgxpool.Pool

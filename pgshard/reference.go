@@ -500,19 +500,62 @@ ORDER BY 1, 2 LIMIT 1`, referenceQuoted(name), fenceTrigger).Scan(&child, &con)
 // the writes of proxies that know the old list (LT001), so no write misses
 // the new copy.
 func (c *Cluster) CopyReferences(ctx context.Context, store shardmap.ReferenceStore, tenant, node string) error {
+	return c.changeReferences(ctx, store, tenant,
+		func(ref *shardmap.Reference) bool { return !ref.Holds(node) },
+		func(ctx context.Context, ref *shardmap.Reference) error {
+			return c.copyReference(ctx, store, ref, node)
+		})
+}
+
+// changeAttempts bounds the tries of one table's change that keeps meeting
+// other writes of its entry.
+const changeAttempts = 5
+
+// changeReferences runs change on each of tenant's reference tables that
+// need it, one change at a time in this process: the migrations that
+// place a node's first shards of several trees at once all give it the
+// same copies, and each would otherwise mark the entries the others
+// marked. A change that meets another's write of the entry (another
+// proxy's, shardmap.ErrConflict) reads the entry again and goes on from
+// there.
+func (c *Cluster) changeReferences(ctx context.Context, store shardmap.ReferenceStore, tenant string,
+	need func(*shardmap.Reference) bool, change func(context.Context, *shardmap.Reference) error) error {
+	c.refChanges.Lock()
+	defer c.refChanges.Unlock()
 	refs, err := store.References(ctx, tenant)
 	if err != nil {
 		return err
 	}
 	for _, ref := range refs {
-		if ref.Holds(node) {
-			continue
-		}
-		if err := c.copyReference(ctx, store, ref, node); err != nil {
-			return err
+		for attempt := 1; ref != nil && need(ref); attempt++ {
+			err := change(ctx, ref)
+			if err == nil {
+				break
+			}
+			if !errors.Is(err, shardmap.ErrConflict) || attempt == changeAttempts {
+				return err
+			}
+			if ref, err = referenceEntry(ctx, store, tenant, ref.Name); err != nil {
+				return err
+			}
 		}
 	}
 	return nil
+}
+
+// referenceEntry reads the entry of tenant's reference table name, nil
+// when there is none any more.
+func referenceEntry(ctx context.Context, store shardmap.ReferenceStore, tenant, name string) (*shardmap.Reference, error) {
+	refs, err := store.References(ctx, tenant)
+	if err != nil {
+		return nil, err
+	}
+	for _, r := range refs {
+		if r.Name == name {
+			return r, nil
+		}
+	}
+	return nil, nil
 }
 
 func (c *Cluster) copyReference(ctx context.Context, store shardmap.ReferenceStore, ref *shardmap.Reference, node string) (err error) {
@@ -586,8 +629,11 @@ func (c *Cluster) SetReferences(store shardmap.ReferenceStore, settle ReferenceS
 }
 
 // settleBudget bounds the wait for the proxies' acknowledgement of a
-// Changing entry, within the proxies' hold of the table's writes.
-const settleBudget = 5 * time.Second
+// changing entry, well within the proxies' hold of the table's writes. A
+// statement planned before the mark that waits for a row lock of a
+// transaction whose write is held keeps the acknowledgement back until
+// then.
+const settleBudget = 2 * time.Second
 
 // markChanging writes ref's entry as Changing and waits until every proxy
 // holds the table's new writes (docs/DESIGN.md 4.3): the copies are then
@@ -651,19 +697,14 @@ func (c *Cluster) ReleaseReferences(ctx context.Context, store shardmap.Referenc
 	if node == c.Catalog().Name {
 		return sqlstate.New(sqlstate.ObjectNotInPrerequisiteState, "node %s is the catalog node and keeps every reference table", node)
 	}
-	refs, err := store.References(ctx, tenant)
-	if err != nil {
-		return err
-	}
-	for _, ref := range refs {
-		if !ref.Holds(node) {
-			continue
-		}
-		if err := c.releaseReference(ctx, store, ref, node); err != nil {
-			return fmt.Errorf("pgshard: take node %s out of reference table %s of %s: %w", node, ref.Name, tenant, err)
-		}
-	}
-	return nil
+	return c.changeReferences(ctx, store, tenant,
+		func(ref *shardmap.Reference) bool { return ref.Holds(node) },
+		func(ctx context.Context, ref *shardmap.Reference) error {
+			if err := c.releaseReference(ctx, store, ref, node); err != nil {
+				return fmt.Errorf("pgshard: take node %s out of reference table %s of %s: %w", node, ref.Name, tenant, err)
+			}
+			return nil
+		})
 }
 
 func (c *Cluster) releaseReference(ctx context.Context, store shardmap.ReferenceStore, ref *shardmap.Reference, node string) error {
