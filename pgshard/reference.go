@@ -494,11 +494,12 @@ ORDER BY 1, 2 LIMIT 1`, referenceQuoted(name), fenceTrigger).Scan(&child, &con)
 
 // CopyReferences gives node a copy of each of tenant's reference tables it
 // lacks, before the node serves the tenant (a shard is created there).
-// Each copy is taken under the catalog copy's table lock, which holds every
-// write back; the node joins the table's list on the catalog node in the
-// same transaction, and in store after it: until then the fence refuses
-// the writes of proxies that know the old list (LT001), so no write misses
-// the new copy.
+// The entry is marked changing first, so that the proxies hold the table's
+// writes (markChanging). Each copy is taken under the catalog copy's table
+// lock, which holds every write back; the node joins the table's list on
+// the catalog node in the same transaction, and in store after it: until
+// then the fence refuses the writes of proxies that know the old list
+// (LT001), so no write misses the new copy.
 func (c *Cluster) CopyReferences(ctx context.Context, store shardmap.ReferenceStore, tenant, node string) error {
 	return c.changeReferences(ctx, store, tenant,
 		func(ref *shardmap.Reference) bool { return !ref.Holds(node) },
