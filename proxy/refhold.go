@@ -11,8 +11,8 @@ import (
 )
 
 // Before a node gets or loses its copy of a reference table, pgshard marks
-// the table's entry Changing and waits until every proxy has acknowledged
-// that entry; only then does it lock the catalog copy, change the copies
+// the table's entry as changing (ChangingSince) and waits until every
+// proxy has acknowledged that entry; only then does it lock the catalog copy, change the copies
 // and the list the fences check, and write the new entry. A write planned
 // under the marked entry is held here until the new one arrives, as a
 // statement on frozen slots is held for a flip. Without the hold, every
