@@ -64,10 +64,9 @@ func TestReferenceTables(t *testing.T) {
 	c := connect(t, p.DSN("lattice"))
 	nodes := []*pgx.Conn{connect(t, testNodeDSN(t, 0)), connect(t, testNodeDSN(t, 1))}
 
-	const itemCols = `(i_id int PRIMARY KEY, i_im_id int NOT NULL, i_name text NOT NULL, i_price numeric(7,2) NOT NULL, i_data text)`
 	const itemFill = `SELECT i, i % 7, 'item-' || i, (i * 13 % 10000) / 100.0, repeat('x', i % 5) FROM generate_series(1, 100) i`
 	for _, tbl := range []string{"item", "item_plain"} {
-		mustExec(t, c, `CREATE TABLE `+tbl+` `+itemCols)
+		mustExec(t, c, `CREATE TABLE `+tbl+` `+itemColumns)
 		mustExec(t, c, `INSERT INTO `+tbl+` `+itemFill)
 	}
 	var msg string
@@ -418,7 +417,7 @@ func TestReferenceRemoveNode(t *testing.T) {
 	defer cancel()
 	c := connect(t, p.DSN("lattice"))
 	nodes := []*pgx.Conn{connect(t, testNodeDSN(t, 0)), connect(t, testNodeDSN(t, 1)), connect(t, testNodeDSN(t, 2))}
-	mustExec(t, c, `CREATE TABLE item (i_id int PRIMARY KEY, i_im_id int NOT NULL, i_name text NOT NULL, i_price numeric(7,2) NOT NULL, i_data text)`)
+	mustExec(t, c, itemTable)
 	mustExec(t, c, `INSERT INTO item SELECT i, i % 3, 'item-' || i, i, 'd' FROM generate_series(1, 20) i`)
 	mustExec(t, c, `SELECT lattice_create_reference_table('item')`)
 	sameCopies(t, ctx, nodes, "")

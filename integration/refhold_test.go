@@ -43,63 +43,21 @@ func TestReferenceCopiesChangeUnderWrites(t *testing.T) {
 	}
 	admin := pools[0]
 	for _, q := range []string{
-		`CREATE TABLE item (i_id int PRIMARY KEY, i_im_id int NOT NULL, i_name text NOT NULL, i_price numeric(7,2) NOT NULL, i_data text)`,
+		itemTable,
 		// Enough rows that copying them to a node takes a while.
 		`INSERT INTO item SELECT i, i % 7, 'item-' || i, (i * 13 % 10000) / 100.0, repeat('x', 40) FROM generate_series(1, 200000) i`,
-		`SELECT lattice_create_reference_table('item')`,
-		`CREATE TABLE stock (s_w_id int PRIMARY KEY, s_quantity int NOT NULL)`,
-		`INSERT INTO stock SELECT w, 0 FROM generate_series(1, 64) w`,
-		`SELECT lattice_create_tree('stock', 's_w_id', shard_count => 6)`,
 	} {
 		if _, err := admin.Exec(ctx, q); err != nil {
 			t.Fatalf("%s: %v", q, err)
 		}
 	}
+	refAndStock(t, ctx, admin)
 
-	// Each transaction writes the tree first, so that a refused write of
-	// the reference table fails a transaction already under way.
-	var committed atomic.Int64
-	var mu sync.Mutex
-	var failures []string
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for w := range 4 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			pool := pools[w%2]
-			for i := 0; ; i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				id := 1_000_000*(w+1) + i
-				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-					if _, err := tx.Exec(ctx, `UPDATE stock SET s_quantity = s_quantity + 1 WHERE s_w_id = $1`, 1+id%64); err != nil {
-						return err
-					}
-					_, err := tx.Exec(ctx, `INSERT INTO item VALUES ($1, 1, 'w', 1.00, 'w')`, id)
-					return err
-				})
-				if err != nil {
-					mu.Lock()
-					failures = append(failures, fmt.Sprintf("writer %d, item %d: %v", w, id, err))
-					mu.Unlock()
-					continue
-				}
-				committed.Add(1)
-			}
-		}()
-	}
-	finish := func() {
-		close(stop)
-		wg.Wait()
-	}
-
+	load := startRefWriters(ctx, pools)
+	finish := load.finish
 	step := func(q, done string) {
 		t.Helper()
-		before := committed.Load()
+		before := load.committed.Load()
 		start := time.Now()
 		if _, err := admin.Exec(ctx, q); err != nil {
 			finish()
@@ -108,7 +66,7 @@ func TestReferenceCopiesChangeUnderWrites(t *testing.T) {
 		if done != "" {
 			waitFor(t, ctx, admin, done, nil, func() error { finish(); return nil })
 		}
-		t.Logf("%s: %s, %d transactions committed meanwhile", q, time.Since(start).Round(time.Millisecond), committed.Load()-before)
+		t.Logf("%s: %s, %d transactions committed meanwhile", q, time.Since(start).Round(time.Millisecond), load.committed.Load()-before)
 	}
 	time.Sleep(300 * time.Millisecond)
 	step(fmt.Sprintf(`SELECT lattice_add_node('n3', '%s')`, testNodeDSN(t, 2)), "")
@@ -160,7 +118,7 @@ func TestReferenceCopiesChangeUnderWrites(t *testing.T) {
 	time.Sleep(300 * time.Millisecond)
 	finish()
 
-	for _, f := range failures {
+	for _, f := range load.failures {
 		t.Error(f)
 	}
 	var copies []string
@@ -171,8 +129,8 @@ func TestReferenceCopiesChangeUnderWrites(t *testing.T) {
 		if err := n.QueryRow(ctx, `SELECT count(*), md5(string_agg(format('%s|%s|%s|%s|%s', i_id, i_im_id, i_name, i_price, i_data), ',' ORDER BY i_id)) FROM public.item`).Scan(&rows, &sum); err != nil {
 			t.Fatal(err)
 		}
-		if want := 200_000 + committed.Load(); rows != want { // the locker's write is an update
-			t.Errorf("n%d's copy of item has %d rows, want %d (%d committed writes)", i+1, rows, want, committed.Load())
+		if want := 200_000 + load.committed.Load(); rows != want { // the locker's write is an update
+			t.Errorf("n%d's copy of item has %d rows, want %d (%d committed writes)", i+1, rows, want, load.committed.Load())
 		}
 		copies = append(copies, sum)
 	}
@@ -203,7 +161,7 @@ func TestReferenceCopiesChangeUnderWrites(t *testing.T) {
 		t.Error("no write was held while item's copies changed")
 	}
 	t.Logf("%v writes held and released", released)
-	t.Logf("%d transactions committed, %d failed", committed.Load(), len(failures))
+	t.Logf("%d transactions committed, %d failed", load.committed.Load(), len(load.failures))
 }
 
 // TestReferenceStaleChangeMark leaves a reference table's entry marked
@@ -217,7 +175,7 @@ func TestReferenceStaleChangeMark(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	c := connect(t, p.DSN("lattice"))
-	mustExec(t, c, `CREATE TABLE item (i_id int PRIMARY KEY, i_im_id int NOT NULL, i_name text NOT NULL, i_price numeric(7,2) NOT NULL, i_data text)`)
+	mustExec(t, c, itemTable)
 	mustExec(t, c, `SELECT lattice_create_reference_table('item')`)
 	store, err := shardmap.OpenRedis(ctx, testRedisURL(t))
 	if err != nil {
@@ -252,4 +210,80 @@ func TestReferenceStaleChangeMark(t *testing.T) {
 		t.Errorf("%v writes held for a stale mark", n)
 	}
 	sameCopies(t, ctx, []*pgx.Conn{connect(t, testNodeDSN(t, 0)), connect(t, testNodeDSN(t, 1))}, "")
+}
+
+// itemColumns are the columns of TPC-C's item table, which the reference
+// table tests use.
+const itemColumns = `(i_id int PRIMARY KEY, i_im_id int NOT NULL, i_name text NOT NULL, i_price numeric(7,2) NOT NULL, i_data text)`
+
+const itemTable = `CREATE TABLE item ` + itemColumns
+
+// refAndStock makes item, made and filled already, a reference table, and
+// a tree stock of 64 rows in 6 shards beside it.
+func refAndStock(t *testing.T, ctx context.Context, admin *pgxpool.Pool) {
+	t.Helper()
+	for _, q := range []string{
+		`SELECT lattice_create_reference_table('item')`,
+		`CREATE TABLE stock (s_w_id int PRIMARY KEY, s_quantity int NOT NULL)`,
+		`INSERT INTO stock SELECT w, 0 FROM generate_series(1, 64) w`,
+		`SELECT lattice_create_tree('stock', 's_w_id', shard_count => 6)`,
+	} {
+		if _, err := admin.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+}
+
+// refWriters are four writers, each transaction of which updates a row of
+// the tree stock and then inserts a row of item, alternating between
+// pools: a refused write of item fails a transaction already under way.
+type refWriters struct {
+	committed atomic.Int64
+	last      [4]atomic.Int64 // each writer's last committed item
+	mu        sync.Mutex
+	failures  []string
+	stop      chan struct{}
+	stopOnce  sync.Once
+	wg        sync.WaitGroup
+}
+
+func startRefWriters(ctx context.Context, pools []*pgxpool.Pool) *refWriters {
+	l := &refWriters{stop: make(chan struct{})}
+	for w := range len(l.last) {
+		l.wg.Add(1)
+		go func() {
+			defer l.wg.Done()
+			pool := pools[w%len(pools)]
+			for i := 0; ; i++ {
+				select {
+				case <-l.stop:
+					return
+				default:
+				}
+				id := 1_000_000*(w+1) + i
+				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+					if _, err := tx.Exec(ctx, `UPDATE stock SET s_quantity = s_quantity + 1 WHERE s_w_id = $1`, 1+id%64); err != nil {
+						return err
+					}
+					_, err := tx.Exec(ctx, `INSERT INTO item VALUES ($1, 1, 'w', 1.00, 'w')`, id)
+					return err
+				})
+				if err != nil {
+					l.mu.Lock()
+					l.failures = append(l.failures, fmt.Sprintf("writer %d, item %d: %v", w, id, err))
+					l.mu.Unlock()
+					continue
+				}
+				l.committed.Add(1)
+				l.last[w].Store(int64(id))
+			}
+		}()
+	}
+	return l
+}
+
+// finish stops the writers and waits for them.
+func (l *refWriters) finish() {
+	l.stopOnce.Do(func() { close(l.stop) })
+	l.wg.Wait()
 }
