@@ -212,6 +212,115 @@ func TestReferenceStaleChangeMark(t *testing.T) {
 	sameCopies(t, ctx, []*pgx.Conn{connect(t, testNodeDSN(t, 0)), connect(t, testNodeDSN(t, 1))}, "")
 }
 
+// TestReferenceUndistributeUnderLoad turns a reference table back into an
+// ordinary table while transactions write it through two proxies and
+// readers check, through the other proxy, that each committed write is
+// there. The change holds the table's writes as a change of its copies
+// does: none fails (before, the writes between the registry's change and
+// the fence's removal met the fence, LT001), and no read misses a write,
+// since the proxies read the catalog copy alone before the other copies
+// go.
+func TestReferenceUndistributeUnderLoad(t *testing.T) {
+	resetNodes(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	var pools []*pgxpool.Pool
+	var procs []*proxyProc
+	for range 2 {
+		p := startProxy(t, 2)
+		procs = append(procs, p)
+		pool, err := pgxpool.New(ctx, p.DSN("lattice"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pool.Close()
+		pools = append(pools, pool)
+	}
+	admin := pools[0]
+	mustExec(t, connect(t, procs[0].DSN("lattice")), itemTable)
+	if _, err := admin.Exec(ctx, `INSERT INTO item SELECT i, 1, 'item', 1.00, 'd' FROM generate_series(1, 20000) i`); err != nil {
+		t.Fatal(err)
+	}
+	refAndStock(t, ctx, admin)
+
+	load := startRefWriters(ctx, pools)
+	// Readers look, through the proxy the writer did not use, for the
+	// last row each writer committed.
+	var stale []string
+	var mu sync.Mutex
+	readers := make(chan struct{})
+	var rg sync.WaitGroup
+	for r := range 2 {
+		rg.Add(1)
+		go func() {
+			defer rg.Done()
+			for {
+				select {
+				case <-readers:
+					return
+				default:
+				}
+				for w := r; w < len(load.last); w += 2 {
+					id := load.last[w].Load()
+					if id == 0 {
+						continue
+					}
+					var n int
+					err := pools[(w+1)%2].QueryRow(ctx, `SELECT count(*) FROM item WHERE i_id = $1`, id).Scan(&n)
+					if err != nil || n != 1 {
+						mu.Lock()
+						stale = append(stale, fmt.Sprintf("reader %d, item %d of writer %d: %d rows, %v", r, id, w, n, err))
+						mu.Unlock()
+					}
+				}
+			}
+		}()
+	}
+	time.Sleep(500 * time.Millisecond)
+	before := load.committed.Load()
+	if _, err := admin.Exec(ctx, `SELECT lattice_undistribute_table('item')`); err != nil {
+		load.finish()
+		t.Fatalf("lattice_undistribute_table: %v", err)
+	}
+	time.Sleep(500 * time.Millisecond)
+	load.finish()
+	close(readers)
+	rg.Wait()
+
+	for _, f := range load.failures {
+		t.Error(f)
+	}
+	for _, s := range stale {
+		t.Error("stale read: " + s)
+	}
+	t.Logf("%d transactions committed, %d of them before the change", load.committed.Load(), before)
+	var rows int64
+	if err := connect(t, testNodeDSN(t, 0)).QueryRow(ctx, `SELECT count(*) FROM public.item`).Scan(&rows); err != nil {
+		t.Fatal(err)
+	}
+	if want := 20_000 + load.committed.Load(); rows != want {
+		t.Errorf("the catalog node's item has %d rows, want %d", rows, want)
+	}
+	var gone bool
+	if err := connect(t, testNodeDSN(t, 1)).QueryRow(ctx, `SELECT to_regclass('public.item') IS NULL`).Scan(&gone); err != nil || !gone {
+		t.Errorf("n2 keeps its copy of item (%v)", err)
+	}
+	var released float64
+	for i, p := range procs {
+		if strings.Contains(p.Log(), "not every proxy acknowledged") {
+			t.Errorf("proxy %d: the change went on without every acknowledgement", i)
+		}
+		if n := metricSum(t, p, "lattice_proxy_reference_holds_total", map[string]string{"outcome": "timed_out"}); n != 0 {
+			t.Errorf("proxy %d: %v writes held until the hold timed out", i, n)
+		}
+		released += metricSum(t, p, "lattice_proxy_reference_holds_total", map[string]string{"outcome": "released"})
+	}
+	if released == 0 {
+		t.Error("no write was held while item became an ordinary table")
+	}
+	t.Logf("%v writes held and released", released)
+}
+
 // itemColumns are the columns of TPC-C's item table, which the reference
 // table tests use.
 const itemColumns = `(i_id int PRIMARY KEY, i_im_id int NOT NULL, i_name text NOT NULL, i_price numeric(7,2) NOT NULL, i_data text)`

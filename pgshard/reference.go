@@ -418,21 +418,18 @@ func (c *Cluster) unrecord(ctx context.Context, tenant, name string) error {
 }
 
 // UndistributeReference turns tenant's reference table name back into an
-// ordinary table on the catalog node. The registry entry goes first, so
-// that proxies stop reading the other copies; the catalog copy's fence
-// and meta row next (a proxy that still writes every copy until then
-// passes the fence, and writes the copies that are about to go); the
-// other copies last.
+// ordinary table on the catalog node, as a change of its copies
+// (markChanging): the proxies hold its writes while the catalog copy's
+// fence and meta row go, under the table lock; then the entry lists the
+// catalog node alone, so that once every proxy has acknowledged it no
+// statement reads another copy; then the entry goes, which lets the held
+// writes go to the catalog node; the other copies go last. Without the
+// hold, a write between the entry's removal and the fence's met the fence
+// (LT001) in the middle of its transaction.
 func (c *Cluster) UndistributeReference(ctx context.Context, store shardmap.ReferenceStore, tenant, name string, refresh func(context.Context) error) error {
-	refs, err := store.References(ctx, tenant)
+	ref, err := referenceEntry(ctx, store, tenant, name)
 	if err != nil {
 		return err
-	}
-	var ref *shardmap.Reference
-	for _, r := range refs {
-		if r.Name == name {
-			ref = r
-		}
 	}
 	if ref == nil {
 		return sqlstate.New(sqlstate.WrongObjectType, "%s is not a reference table", quoted(name))
@@ -440,16 +437,28 @@ func (c *Cluster) UndistributeReference(ctx context.Context, store shardmap.Refe
 	if err := c.refuseTreeReferences(ctx, tenant, name); err != nil {
 		return err
 	}
-	if err := store.DeleteReference(ctx, ref); err != nil {
+	c.refChanges.Lock()
+	defer c.refChanges.Unlock()
+	marked, err := c.markChanging(ctx, store, ref)
+	if err != nil {
 		return err
+	}
+	if err := c.unrecord(ctx, tenant, name); err != nil {
+		return errors.Join(fmt.Errorf("pgshard: reference table %s keeps its fence: %w", name, err), c.unmark(ctx, store, marked, ref.Nodes))
+	}
+	alone := *marked
+	alone.Nodes = []string{c.Catalog().Name}
+	if err := store.PutReference(ctx, &alone, marked); err != nil {
+		return fmt.Errorf("pgshard: reference table %s has no fence any more, but its registry entry was not changed; run lattice_undistribute_table again: %w", name, err)
+	}
+	c.settleChange(ctx, &alone)
+	if err := store.DeleteReference(ctx, &alone); err != nil {
+		return fmt.Errorf("pgshard: reference table %s has no fence any more, but its registry entry was not removed; run lattice_undistribute_table again: %w", name, err)
 	}
 	if refresh != nil {
 		if err := refresh(ctx); err != nil {
 			return err
 		}
-	}
-	if err := c.unrecord(ctx, tenant, name); err != nil {
-		return fmt.Errorf("pgshard: reference table %s is unregistered, but its catalog copy keeps its fence: %w", name, err)
 	}
 	var others []string
 	for _, n := range ref.Nodes {
@@ -653,15 +662,28 @@ func (c *Cluster) markChanging(ctx context.Context, store shardmap.ReferenceStor
 	if err := store.PutReference(ctx, &marked, ref); err != nil {
 		return nil, err
 	}
-	sctx, cancel := context.WithTimeout(ctx, settleBudget)
-	defer cancel()
-	if err := rs.settle(sctx, &marked); err != nil {
-		if ctx.Err() != nil || !errors.Is(err, context.DeadlineExceeded) {
-			return nil, errors.Join(err, c.unmark(ctx, store, &marked, ref.Nodes))
-		}
-		c.log.Warn("reference table: not every proxy acknowledged that its copies are changing; going on", "tenant", ref.Tenant, "table", ref.Name, "err", err)
+	if err := c.settleChange(ctx, &marked); err != nil {
+		return nil, errors.Join(err, c.unmark(ctx, store, &marked, ref.Nodes))
 	}
 	return &marked, nil
+}
+
+// settleChange waits, at most settleBudget, until every proxy has
+// acknowledged ref's entry. It fails only when ctx ends or the wait
+// cannot be made; past the budget it logs and lets the change go on.
+func (c *Cluster) settleChange(ctx context.Context, ref *shardmap.Reference) error {
+	rs := c.refs.Load()
+	if rs == nil || rs.settle == nil {
+		return nil
+	}
+	sctx, cancel := context.WithTimeout(ctx, settleBudget)
+	defer cancel()
+	err := rs.settle(sctx, ref)
+	if err != nil && ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
+		c.log.Warn("reference table: not every proxy acknowledged that its copies are changing; going on", "tenant", ref.Tenant, "table", ref.Name, "err", err)
+		return nil
+	}
+	return err
 }
 
 // unmark puts back the entry of a change that did not happen, with nodes.
