@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/lattice-db/lattice/btreeindex"
 	"github.com/lattice-db/lattice/pgshard"
@@ -96,9 +98,15 @@ func (sh *Shadow) copyRows(ctx context.Context, src *pgx.Conn, snapshot string, 
 	if err != nil {
 		return 0, 0, err
 	}
-	for _, t := range sp.trees() {
-		if _, err := sh.target.Exec(ctx, "DELETE FROM "+pgshard.ShardTable(t, sp.Target)+" WHERE "+btreeindex.SlotPredicate(t, "", sp.Slots)); err != nil {
-			return 0, 0, fmt.Errorf("migrator: clear target slots of %s: %w", t.Name, err)
+	extra := min(sp.workers(), len(chunks)) - 1
+	// One connection filling targets that hold the moving slots alone
+	// empties them in its own transaction and copies with FREEZE
+	// (freezeTargets); otherwise each target's moving slots are deleted
+	// first.
+	freeze := sp.Fresh && extra == 0
+	if !freeze {
+		if err := clearTargets(ctx, sh.target.Conn, sp); err != nil {
+			return 0, 0, err
 		}
 	}
 	queue := make(chan copyChunk, len(chunks))
@@ -112,7 +120,6 @@ func (sh *Shadow) copyRows(ctx context.Context, src *pgx.Conn, snapshot string, 
 		rows, bytes int64
 		err         error
 	}
-	extra := min(sp.workers(), len(chunks)) - 1
 	results := make(chan result, extra)
 	var importing sync.WaitGroup
 	importing.Add(extra)
@@ -125,7 +132,7 @@ func (sh *Shadow) copyRows(ctx context.Context, src *pgx.Conn, snapshot string, 
 			results <- result{n, b, err}
 		}()
 	}
-	tx, rows, bytes, err := sh.copyOwn(copyCtx, src, snapshot, queue, func() error {
+	tx, rows, bytes, err := sh.copyOwn(copyCtx, src, snapshot, queue, freeze, func() error {
 		importing.Wait()
 		if err := copyCtx.Err(); err != nil {
 			return err // a worker failed; its error is the cause
@@ -183,7 +190,7 @@ func firstCause(errs []error) error {
 // in the target transaction it returns open, for copyRows to commit last.
 // It calls imported once its source transaction has imported the
 // snapshot.
-func (sh *Shadow) copyOwn(ctx context.Context, src *pgx.Conn, snapshot string, queue <-chan copyChunk, imported func() error) (pgx.Tx, int64, int64, error) {
+func (sh *Shadow) copyOwn(ctx context.Context, src *pgx.Conn, snapshot string, queue <-chan copyChunk, freeze bool, imported func() error) (pgx.Tx, int64, int64, error) {
 	err := useSnapshot(ctx, src, snapshot)
 	if err == nil {
 		err = imported()
@@ -196,8 +203,54 @@ func (sh *Shadow) copyOwn(ctx context.Context, src *pgx.Conn, snapshot string, q
 	if err != nil {
 		return nil, 0, 0, err
 	}
-	rows, bytes, err := sh.copyQueue(ctx, src, tx, queue)
+	if freeze {
+		if freeze, err = freezeTargets(ctx, tx, sh.spec); err != nil {
+			return tx, 0, 0, err
+		}
+	}
+	rows, bytes, err := sh.copyQueue(ctx, src, tx, queue, freeze)
 	return tx, rows, bytes, err
+}
+
+// clearTargets deletes what an earlier run left of the moving slots in
+// the target tables.
+func clearTargets(ctx context.Context, c interface {
+	Exec(context.Context, string, ...any) (pgconn.CommandTag, error)
+}, sp ShadowSpec) error {
+	for _, t := range sp.trees() {
+		if _, err := c.Exec(ctx, "DELETE FROM "+pgshard.ShardTable(t, sp.Target)+" WHERE "+btreeindex.SlotPredicate(t, "", sp.Slots)); err != nil {
+			return fmt.Errorf("migrator: clear target slots of %s: %w", t.Name, err)
+		}
+	}
+	return nil
+}
+
+// freezeTargets empties the target tables in tx, which then copies into
+// them with COPY FREEZE: PostgreSQL writes the rows frozen and marks
+// their pages all-visible, as it may for a table truncated in the
+// copying transaction. So the first scan of the copy (the move's
+// comparison, then the clients' reads) neither looks up each row's
+// transaction nor dirties every page to set its hint bits, and vacuum
+// has nothing to freeze later. Nothing else reads the targets before the
+// flip. A TRUNCATE that fails (a foreign key from a table outside the
+// copy) is undone and the slots are deleted instead, without FREEZE; it
+// reports whether the copy may freeze.
+func freezeTargets(ctx context.Context, tx pgx.Tx, sp ShadowSpec) (bool, error) {
+	var tables []string
+	for _, t := range sp.trees() {
+		tables = append(tables, pgshard.ShardTable(t, sp.Target))
+	}
+	sub, err := tx.Begin(ctx)
+	if err != nil {
+		return false, err
+	}
+	if _, err := sub.Exec(ctx, "TRUNCATE "+strings.Join(tables, ", ")); err == nil {
+		return true, sub.Commit(ctx)
+	}
+	if err := sub.Rollback(ctx); err != nil {
+		return false, err
+	}
+	return false, clearTargets(ctx, tx, sp)
 }
 
 // copyOnNewConns copies ranges from the queue over a new pair of
@@ -237,7 +290,7 @@ func (sh *Shadow) copyOnNewConns(ctx context.Context, snapshot string, queue <-c
 	// open already, starts when every extra one is, or it would take every
 	// range while they still connect to the target.
 	once.Do(ready)
-	rows, bytes, err := sh.copyQueue(ctx, src, tx, queue)
+	rows, bytes, err := sh.copyQueue(ctx, src, tx, queue, false)
 	if err != nil {
 		return 0, 0, err
 	}
@@ -257,10 +310,10 @@ func useSnapshot(ctx context.Context, src *pgx.Conn, snapshot string) error {
 }
 
 // copyQueue copies ranges from the queue until it is empty.
-func (sh *Shadow) copyQueue(ctx context.Context, src *pgx.Conn, tx pgx.Tx, queue <-chan copyChunk) (int64, int64, error) {
+func (sh *Shadow) copyQueue(ctx context.Context, src *pgx.Conn, tx pgx.Tx, queue <-chan copyChunk, freeze bool) (int64, int64, error) {
 	var rows, bytes int64
 	for c := range queue {
-		n, b, err := sh.copyChunk(ctx, src, tx, c)
+		n, b, err := sh.copyChunk(ctx, src, tx, c, freeze)
 		if err != nil {
 			return 0, 0, err
 		}
@@ -271,11 +324,15 @@ func (sh *Shadow) copyQueue(ctx context.Context, src *pgx.Conn, tx pgx.Tx, queue
 
 // copyChunk pipes one range's rows from src's transaction into the target
 // table in tx.
-func (sh *Shadow) copyChunk(ctx context.Context, src *pgx.Conn, tx pgx.Tx, c copyChunk) (int64, int64, error) {
+func (sh *Shadow) copyChunk(ctx context.Context, src *pgx.Conn, tx pgx.Tx, c copyChunk, freeze bool) (int64, int64, error) {
 	sp := sh.spec
 	out := copyOutSQL(sp, c)
 	target := pgshard.ShardTable(c.st.tree, sp.Target)
-	r := pgshard.PipeCopy(ctx, src.PgConn(), out, tx.Conn().PgConn(), "COPY "+target+" ("+quoteAll(c.st.cols)+") FROM STDIN (FORMAT binary)")
+	opts := "FORMAT binary"
+	if freeze {
+		opts += ", FREEZE"
+	}
+	r := pgshard.PipeCopy(ctx, src.PgConn(), out, tx.Conn().PgConn(), "COPY "+target+" ("+quoteAll(c.st.cols)+") FROM STDIN ("+opts+")")
 	if err := r.Err(); err != nil {
 		return 0, 0, fmt.Errorf("migrator: copy %s from shard %d into %d: %w", c.st.tree.Name, sp.Source, sp.Target, err)
 	}

@@ -55,7 +55,8 @@ func (c clusterNodes) shadowSpec(ts []*shardmap.Tree, mig *shardmap.Migration) (
 		return ShadowSpec{}, err
 	}
 	spec := ShadowSpec{ID: mig.ID, Tree: t, SourceDSN: src, TargetDSN: dst, Source: mig.Source, Target: mig.Target, Slots: mig.Slots,
-		Whole: mig.Kind == shardmap.Move || mig.Kind == shardmap.Resize, Reindex: mig.Kind == shardmap.Resize, Workers: c.copyWorkers}
+		Whole: mig.Kind == shardmap.Move || mig.Kind == shardmap.Resize, Reindex: mig.Kind == shardmap.Resize, Workers: c.copyWorkers,
+		Fresh: mig.Kind != shardmap.Fold}
 	if len(ts) > 1 {
 		spec.Members = ts
 	}

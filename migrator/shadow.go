@@ -33,6 +33,10 @@ type ShadowSpec struct {
 	// resize, which takes an unmixed shard with all its slots), so the copy reads the
 	// table without the slot filter.
 	Whole bool
+	// Fresh says the target tables hold rows of Slots only (a split, a
+	// move or a resize, not a fold's survivor), so one connection may
+	// empty them and copy with FREEZE (freezeTargets).
+	Fresh bool
 	// Reindex rebuilds the target's indexes in the copy's transaction (a
 	// resize): a btree index filled row by row splits its pages half and
 	// half whatever its fillfactor, a built one packs them to it.
