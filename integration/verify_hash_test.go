@@ -19,6 +19,8 @@ import (
 //   - values swapped between two rows of a table hashed by its columns,
 //     picked so that a plain sum of hash_record_extended, which combines the
 //     column hashes linearly, comes out the same;
+//   - the values of two columns of a row swapped, which a row hash that
+//     combined its column hashes alike would miss;
 //   - a numeric value rewritten with another scale (5 as 5.00), equal to
 //     numeric and so to its hash, different as text;
 //   - a value changed beside a text column named x, the alias the
@@ -38,6 +40,14 @@ func TestVerifyCatchesSubtleCorruption(t *testing.T) {
 		{"numeric scale", "v numeric NOT NULL", func(t *testing.T, ctx context.Context, c *pgx.Conn, table string) string {
 			var key string
 			if err := c.QueryRow(ctx, fmt.Sprintf("UPDATE %s SET v = v::numeric(20,2) WHERE k = (SELECT min(k) FROM %s) RETURNING k",
+				table, table)).Scan(&key); err != nil {
+				t.Fatal(err)
+			}
+			return key
+		}},
+		{"values swapped between columns", "v bigint NOT NULL, w bigint NOT NULL DEFAULT 0", func(t *testing.T, ctx context.Context, c *pgx.Conn, table string) string {
+			var key string
+			if err := c.QueryRow(ctx, fmt.Sprintf("UPDATE %s SET v = w, w = v WHERE k = (SELECT min(k) FROM %s) RETURNING k",
 				table, table)).Scan(&key); err != nil {
 				t.Fatal(err)
 			}
