@@ -30,6 +30,14 @@ func pgCode(err error) string {
 	return ""
 }
 
+func pgHint(err error) string {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		return pe.Hint
+	}
+	return ""
+}
+
 // setupCatalogue creates tree catalogue(sku text key) with n rows through p.
 func setupCatalogue(t testing.TB, c *pgx.Conn, n int) {
 	t.Helper()

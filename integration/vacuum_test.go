@@ -2,14 +2,16 @@ package integration
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 )
 
-// TestVacuumTree: VACUUM and ANALYZE of a tree through the proxy run on
-// every shard table, on every node, and answer with PostgreSQL's tags;
-// VACUUM inside a transaction block gets 25001 as in PostgreSQL, and a
-// list that also names another table is refused with a hint.
+// TestVacuumTree: VACUUM, ANALYZE and REINDEX TABLE of a tree through the
+// proxy run on every shard table, on every node, and answer with
+// PostgreSQL's tags; VACUUM inside a transaction block gets 25001 as in
+// PostgreSQL, and a list that also names another table is refused with a
+// hint, as is REINDEX INDEX of a tree's index.
 func TestVacuumTree(t *testing.T) {
 	resetNodes(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -20,7 +22,7 @@ func TestVacuumTree(t *testing.T) {
 		"CREATE TABLE vt (k int PRIMARY KEY, v text)",
 		"INSERT INTO vt SELECT g, 'v' || g FROM generate_series(1, 2000) g",
 		"SELECT lattice_create_tree('vt', 'k', shard_count => 4)",
-		"CREATE TABLE vplain (p int)",
+		"CREATE TABLE vplain (p int PRIMARY KEY)",
 		"DELETE FROM vt WHERE k % 2 = 0",
 	} {
 		mustExec(t, c, q)
@@ -61,6 +63,48 @@ func TestVacuumTree(t *testing.T) {
 	if err := c.QueryRow(ctx, "SELECT count(*) FROM vt").Scan(&n); err != nil || n != 1000 {
 		t.Fatalf("rows after VACUUM FULL: %d, %v; want 1000", n, err)
 	}
+
+	// The shard tables' index files: a REINDEX writes each anew.
+	indexFiles := func() map[string]string {
+		out := map[string]string{}
+		for n := range 2 {
+			node := connect(t, testNodeDSN(t, n))
+			rows, err := node.Query(ctx, `SELECT format('n%s %s', $1::int, indexrelid::regclass), pg_relation_filenode(indexrelid)::text
+				FROM pg_index WHERE indrelid IN (SELECT oid FROM pg_class WHERE relname = 'vt' AND relnamespace::regnamespace::text LIKE 'lattice_s%')`, n+1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for rows.Next() {
+				var ix, file string
+				if err := rows.Scan(&ix, &file); err != nil {
+					t.Fatal(err)
+				}
+				out[ix] = file
+			}
+			node.Close(ctx)
+		}
+		return out
+	}
+	for _, q := range []string{"REINDEX TABLE vt", "REINDEX (VERBOSE) TABLE CONCURRENTLY public.vt"} {
+		before := indexFiles()
+		tag, err := c.Exec(ctx, q)
+		if err != nil || tag.String() != "REINDEX" {
+			t.Fatalf("%s: tag %q, %v; want REINDEX", q, tag, err)
+		}
+		after := indexFiles()
+		if len(before) != 4 || len(after) != 4 {
+			t.Fatalf("%s: the shard tables have %d and %d indexes, want 4", q, len(before), len(after))
+		}
+		for ix, file := range before {
+			if after[ix] == file {
+				t.Errorf("%s: index %s keeps its file %s", q, ix, file)
+			}
+		}
+	}
+	if _, err := c.Exec(ctx, "REINDEX INDEX vt_pkey"); pgCode(err) != "0A000" || !strings.Contains(pgHint(err), "REINDEX TABLE vt") {
+		t.Fatalf("REINDEX INDEX of a tree's index: %v (hint %q), want 0A000 naming REINDEX TABLE", err, pgHint(err))
+	}
+	mustExec(t, c, "REINDEX INDEX vplain_pkey")
 
 	mustExec(t, c, "BEGIN")
 	if _, err := c.Exec(ctx, "VACUUM vt"); pgCode(err) != "25001" {

@@ -24,7 +24,7 @@ const (
 	DDLDropIndex                // DROP INDEX: template and shards, logged
 	DDLTruncate                 // TRUNCATE: shards (the template is empty and fenced: only locked), not logged
 	DDLDropTable                // DROP TABLE: template, shards and the registry entry
-	DDLVacuum                   // VACUUM, ANALYZE: shards one by one, outside a transaction, not logged
+	DDLMaintain                 // VACUUM, ANALYZE, REINDEX TABLE: shards one by one, outside a transaction, not logged
 )
 
 func (o DDLOp) String() string {
@@ -39,8 +39,8 @@ func (o DDLOp) String() string {
 		return "truncate"
 	case DDLDropTable:
 		return "drop-table"
-	case DDLVacuum:
-		return "vacuum"
+	case DDLMaintain:
+		return "maintain"
 	}
 	return fmt.Sprintf("DDLOp(%d)", int(o))
 }
@@ -95,9 +95,9 @@ func (c *Cluster) RunTreeDDL(ctx context.Context, store DDLStore, d TreeDDL, com
 	if d.Tenant == "" {
 		d.Tenant = c.DefaultTenant()
 	}
-	if d.Op == DDLVacuum {
+	if d.Op == DDLMaintain {
 		// Changes no definition: it may run beside a reshard.
-		return c.vacuumShards(ctx, store, d)
+		return c.maintainShards(ctx, store, d)
 	}
 	if err := refuseDuringReshard(ctx, store, d); err != nil {
 		return err
@@ -118,10 +118,11 @@ func (c *Cluster) RunTreeDDL(ctx context.Context, store DDLStore, d TreeDDL, com
 	return nil
 }
 
-// vacuumShards runs VACUUM or ANALYZE d on every shard table of the tree,
-// one at a time and each outside a transaction, as PostgreSQL runs it over
-// a list of tables. The template holds no rows and is left alone.
-func (c *Cluster) vacuumShards(ctx context.Context, store shardmap.Store, d TreeDDL) error {
+// maintainShards runs VACUUM, ANALYZE or REINDEX TABLE d on every shard
+// table of the tree, one at a time and each outside a transaction, as
+// PostgreSQL runs VACUUM over a list of tables. The template holds no rows
+// and is left alone.
+func (c *Cluster) maintainShards(ctx context.Context, store shardmap.Store, d TreeDDL) error {
 	t, m, err := readTree(ctx, store, d)
 	if err != nil {
 		return err

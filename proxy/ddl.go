@@ -48,6 +48,10 @@ func (s *session) ddlTree(ctx context.Context, v *shardmap.View, p *router.Plan)
 			e := sqlstate.New(sqlstate.FeatureNotSupported, "DROP INDEX of index %q of tree %q together with other indexes is not supported", ix, t.Name)
 			e.Hint = "Drop the tree's index in a statement of its own."
 			return nil, nil, e
+		case p.DDL.Op == router.DDLIndexCheck && p.Tag == "REINDEX":
+			e := sqlstate.New(sqlstate.FeatureNotSupported, "REINDEX INDEX on index %q of tree %q is not supported", ix, t.Name)
+			e.Hint = "Reindex the tree's table: REINDEX TABLE " + t.Name + " rebuilds its indexes on every shard."
+			return nil, nil, e
 		case p.DDL.Op == router.DDLIndexCheck:
 			e := sqlstate.New(sqlstate.FeatureNotSupported, "%s on index %q of tree %q is not supported", p.Tag, ix, t.Name)
 			e.Hint = "Drop the index and create it again with the new name or settings."
@@ -105,7 +109,7 @@ func (s *session) runDDL(ctx context.Context, t *shardmap.Tree, p *router.Plan) 
 		Cascade:      p.DDL.Cascade,
 	}
 	err := s.srv.cfg.TreeDDL(ctx, d)
-	if d.Op != pgshard.DDLVacuum {
+	if d.Op != pgshard.DDLMaintain {
 		// Statements parsed from now on get backend statements of their
 		// own, with the tree's new columns (even if the DDL failed
 		// part-way).
@@ -127,7 +131,7 @@ var ddlOps = map[router.DDLOp]pgshard.DDLOp{
 	router.DDLDropIndex:   pgshard.DDLDropIndex,
 	router.DDLTruncate:    pgshard.DDLTruncate,
 	router.DDLDropTable:   pgshard.DDLDropTable,
-	router.DDLVacuum:      pgshard.DDLVacuum,
+	router.DDLMaintain:    pgshard.DDLMaintain,
 }
 
 // bindDDL binds a DDL plan: a tree's DDL runs at Execute; the DROP INDEX of

@@ -32,12 +32,12 @@ const (
 	// proxy refuses it if one of Indexes is a tree's (it would change the
 	// template only) and runs it on the catalog node otherwise.
 	DDLIndexCheck
-	// DDLVacuum is VACUUM or ANALYZE of one tree: every shard table, one by
-	// one outside a transaction, not logged.
-	DDLVacuum
+	// DDLMaintain is VACUUM, ANALYZE or REINDEX TABLE of one tree: every
+	// shard table, one by one outside a transaction, not logged.
+	DDLMaintain
 )
 
-var ddlOpNames = [...]string{"alter", "create-index", "drop-index", "truncate", "drop-table", "index-check", "vacuum"}
+var ddlOpNames = [...]string{"alter", "create-index", "drop-index", "truncate", "drop-table", "index-check", "maintain"}
 
 func (o DDLOp) String() string {
 	if o >= 0 && int(o) < len(ddlOpNames) {
@@ -49,7 +49,7 @@ func (o DDLOp) String() string {
 // DDLPlan is the tree-specific part of a DDL plan.
 type DDLPlan struct {
 	Op           DDLOp
-	Concurrently bool     // CREATE/DROP INDEX CONCURRENTLY, VACUUM, ANALYZE: runs per table, outside a transaction
+	Concurrently bool     // CREATE/DROP INDEX CONCURRENTLY, VACUUM, ANALYZE, REINDEX: runs per table, outside a transaction
 	Index        string   // DDLDropIndex: the index name (case-folded)
 	Indexes      []string // DDLDropIndex, DDLIndexCheck: the public or unqualified index names the statement names
 	Cascade      bool     // DROP ... CASCADE
@@ -117,7 +117,16 @@ func (p *planner) ddl(pl *Plan, n *pg.Node, start, end int) bool {
 	case *pg.Node_TruncateStmt:
 		op = DDLTruncate
 	case *pg.Node_VacuumStmt:
-		op = DDLVacuum
+		op = DDLMaintain
+	case *pg.Node_ReindexStmt:
+		switch s.ReindexStmt.Kind {
+		case pg.ReindexObjectType_REINDEX_OBJECT_INDEX:
+			return indexCheck(pl, "REINDEX", s.ReindexStmt.Relation)
+		case pg.ReindexObjectType_REINDEX_OBJECT_TABLE:
+			op, target = DDLMaintain, s.ReindexStmt.Relation
+		default:
+			return false // a schema, the database or the system: the catalog node's
+		}
 	case *pg.Node_DropStmt:
 		return p.dropDDL(pl, s.DropStmt)
 	case *pg.Node_CreateStmt:
@@ -183,7 +192,7 @@ func (p *planner) ddl(pl *Plan, n *pg.Node, start, end int) bool {
 	case *pg.Node_IndexStmt:
 		err = checkIndex(tree, s.IndexStmt)
 		d.Concurrently, d.Logged = s.IndexStmt.Concurrent, true
-	case *pg.Node_VacuumStmt:
+	case *pg.Node_VacuumStmt, *pg.Node_ReindexStmt:
 		d.Concurrently = true
 	case *pg.Node_TruncateStmt:
 		if len(s.TruncateStmt.Relations) != 1 {
@@ -241,7 +250,7 @@ func ddlTag(n *pg.Node) string {
 		return "CREATE INDEX"
 	case *pg.Node_TruncateStmt:
 		return "TRUNCATE TABLE"
-	case *pg.Node_VacuumStmt:
+	case *pg.Node_VacuumStmt, *pg.Node_ReindexStmt:
 		return stmtName(n)
 	}
 	return "ALTER TABLE"
