@@ -7,7 +7,7 @@ import (
 	"time"
 )
 
-// TestVacuumTree: VACUUM, ANALYZE and REINDEX TABLE of a tree through the
+// TestVacuumTree: VACUUM, ANALYZE, REINDEX TABLE and CLUSTER of a tree through the
 // proxy run on every shard table, on every node, and answer with
 // PostgreSQL's tags; VACUUM inside a transaction block gets 25001 as in
 // PostgreSQL, and a list that also names another table is refused with a
@@ -100,6 +100,24 @@ func TestVacuumTree(t *testing.T) {
 				t.Errorf("%s: index %s keeps its file %s", q, ix, file)
 			}
 		}
+	}
+	// CLUSTER rewrites every shard table in its index's order and marks
+	// the index as the one to cluster on.
+	tag, err := c.Exec(ctx, "CLUSTER vt USING vt_pkey")
+	if err != nil || tag.String() != "CLUSTER" {
+		t.Fatalf("CLUSTER: tag %q, %v; want CLUSTER", tag, err)
+	}
+	for n := range 2 {
+		node := connect(t, testNodeDSN(t, n))
+		var shards, clustered int
+		if err := node.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE indisclustered) FROM pg_index
+			WHERE indrelid IN (SELECT oid FROM pg_class WHERE relname = 'vt' AND relnamespace::regnamespace::text LIKE 'lattice_s%')`).Scan(&shards, &clustered); err != nil {
+			t.Fatal(err)
+		}
+		if shards == 0 || clustered != shards {
+			t.Errorf("n%d: %d of its %d shard tables clustered on their key", n+1, clustered, shards)
+		}
+		node.Close(ctx)
 	}
 	if _, err := c.Exec(ctx, "REINDEX INDEX vt_pkey"); pgCode(err) != "0A000" || !strings.Contains(pgHint(err), "REINDEX TABLE vt") {
 		t.Fatalf("REINDEX INDEX of a tree's index: %v (hint %q), want 0A000 naming REINDEX TABLE", err, pgHint(err))

@@ -24,7 +24,7 @@ const (
 	DDLDropIndex                // DROP INDEX: template and shards, logged
 	DDLTruncate                 // TRUNCATE: shards (the template is empty and fenced: only locked), not logged
 	DDLDropTable                // DROP TABLE: template, shards and the registry entry
-	DDLMaintain                 // VACUUM, ANALYZE, REINDEX TABLE: shards one by one, outside a transaction, not logged
+	DDLMaintain                 // VACUUM, ANALYZE, REINDEX TABLE, CLUSTER: shards one by one, outside a transaction, not logged
 )
 
 func (o DDLOp) String() string {
@@ -118,7 +118,7 @@ func (c *Cluster) RunTreeDDL(ctx context.Context, store DDLStore, d TreeDDL, com
 	return nil
 }
 
-// maintainShards runs VACUUM, ANALYZE or REINDEX TABLE d on every shard
+// maintainShards runs VACUUM, ANALYZE, REINDEX TABLE or CLUSTER d on every shard
 // table of the tree, one at a time and each outside a transaction, as
 // PostgreSQL runs VACUUM over a list of tables. The template holds no rows
 // and is left alone.

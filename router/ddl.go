@@ -32,8 +32,8 @@ const (
 	// proxy refuses it if one of Indexes is a tree's (it would change the
 	// template only) and runs it on the catalog node otherwise.
 	DDLIndexCheck
-	// DDLMaintain is VACUUM, ANALYZE or REINDEX TABLE of one tree: every
-	// shard table, one by one outside a transaction, not logged.
+	// DDLMaintain is VACUUM, ANALYZE, REINDEX TABLE or CLUSTER of one tree:
+	// every shard table, one by one outside a transaction, not logged.
 	DDLMaintain
 )
 
@@ -49,7 +49,7 @@ func (o DDLOp) String() string {
 // DDLPlan is the tree-specific part of a DDL plan.
 type DDLPlan struct {
 	Op           DDLOp
-	Concurrently bool     // CREATE/DROP INDEX CONCURRENTLY, VACUUM, ANALYZE, REINDEX: runs per table, outside a transaction
+	Concurrently bool     // CREATE/DROP INDEX CONCURRENTLY, VACUUM, ANALYZE, REINDEX, CLUSTER: runs per table, outside a transaction
 	Index        string   // DDLDropIndex: the index name (case-folded)
 	Indexes      []string // DDLDropIndex, DDLIndexCheck: the public or unqualified index names the statement names
 	Cascade      bool     // DROP ... CASCADE
@@ -118,6 +118,11 @@ func (p *planner) ddl(pl *Plan, n *pg.Node, start, end int) bool {
 		op = DDLTruncate
 	case *pg.Node_VacuumStmt:
 		op = DDLMaintain
+	case *pg.Node_ClusterStmt:
+		if s.ClusterStmt.Relation == nil {
+			return false // every table clustered before: the catalog node's
+		}
+		op, target = DDLMaintain, s.ClusterStmt.Relation
 	case *pg.Node_ReindexStmt:
 		switch s.ReindexStmt.Kind {
 		case pg.ReindexObjectType_REINDEX_OBJECT_INDEX:
@@ -192,7 +197,7 @@ func (p *planner) ddl(pl *Plan, n *pg.Node, start, end int) bool {
 	case *pg.Node_IndexStmt:
 		err = checkIndex(tree, s.IndexStmt)
 		d.Concurrently, d.Logged = s.IndexStmt.Concurrent, true
-	case *pg.Node_VacuumStmt, *pg.Node_ReindexStmt:
+	case *pg.Node_VacuumStmt, *pg.Node_ReindexStmt, *pg.Node_ClusterStmt:
 		d.Concurrently = true
 	case *pg.Node_TruncateStmt:
 		if len(s.TruncateStmt.Relations) != 1 {
@@ -250,7 +255,7 @@ func ddlTag(n *pg.Node) string {
 		return "CREATE INDEX"
 	case *pg.Node_TruncateStmt:
 		return "TRUNCATE TABLE"
-	case *pg.Node_VacuumStmt, *pg.Node_ReindexStmt:
+	case *pg.Node_VacuumStmt, *pg.Node_ReindexStmt, *pg.Node_ClusterStmt:
 		return stmtName(n)
 	}
 	return "ALTER TABLE"

@@ -599,8 +599,6 @@ func ddlRefusal(name string, t *shardmap.Tree) *sqlstate.Error {
 		hint = "Delete rows by shard key (DELETE ... WHERE " + t.KeyColumn + " = ...), or truncate every shard table (" + shards + ") on the nodes directly."
 	case "LOCK TABLE":
 		hint = "Lock rows by shard key with SELECT ... WHERE " + t.KeyColumn + " = ... FOR UPDATE; LOCK TABLE ... IN ACCESS SHARE MODE, which holds off DDL and TRUNCATE, is supported."
-	case "CLUSTER":
-		hint = "Run it on the nodes, against every shard table (" + shards + ")."
 	case "GRANT", "REVOKE":
 		hint = "Grant on every shard table (" + shards + ") on the nodes directly, and on the template public." + quoteIdent(t.Name) + "."
 	}
