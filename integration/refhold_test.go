@@ -321,6 +321,82 @@ func TestReferenceUndistributeUnderLoad(t *testing.T) {
 	t.Logf("%v writes held and released", released)
 }
 
+// TestReferenceChangeGivesUpALock: a transaction left open after it locked
+// a row of a reference table holds the catalog copy's table lock that a
+// change of the copies needs. The change waits for it a bounded time and
+// gives up with 55P03 and a hint, rather than keep the writes it holds
+// waiting until their hold ends and they meet the fence (LT001): under
+// writers through two proxies no write fails and no hold times out. Once
+// the transaction ends, the change runs.
+func TestReferenceChangeGivesUpALock(t *testing.T) {
+	resetNodes(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	var pools []*pgxpool.Pool
+	var procs []*proxyProc
+	for range 2 {
+		p := startProxy(t, 2)
+		procs = append(procs, p)
+		pool, err := pgxpool.New(ctx, p.DSN("lattice"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pool.Close()
+		pools = append(pools, pool)
+	}
+	admin := pools[0]
+	mustExec(t, connect(t, procs[0].DSN("lattice")), itemTable)
+	if _, err := admin.Exec(ctx, `INSERT INTO item SELECT i, 1, 'item', 1.00, 'd' FROM generate_series(1, 1000) i`); err != nil {
+		t.Fatal(err)
+	}
+	refAndStock(t, ctx, admin)
+	locker, err := pools[1].Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer locker.Rollback(context.WithoutCancel(ctx))
+	if _, err := locker.Exec(ctx, `SELECT i_price FROM item WHERE i_id = 1 FOR UPDATE`); err != nil {
+		t.Fatal(err)
+	}
+	load := startRefWriters(ctx, pools)
+	time.Sleep(300 * time.Millisecond)
+	start := time.Now()
+	_, err = admin.Exec(ctx, `SELECT lattice_undistribute_table('item')`)
+	if pgCode(err) != "55P03" || !strings.Contains(pgHint(err), "End the transactions") {
+		load.finish()
+		t.Fatalf("undistributing under a transaction's lock: %v (hint %q), want 55P03 with a hint", err, pgHint(err))
+	}
+	t.Logf("gave up after %s: %v", time.Since(start).Round(time.Millisecond), err)
+	time.Sleep(300 * time.Millisecond)
+	during := load.committed.Load()
+	if err := locker.Commit(ctx); err != nil {
+		load.finish()
+		t.Fatal(err)
+	}
+	if _, err := admin.Exec(ctx, `SELECT lattice_undistribute_table('item')`); err != nil {
+		load.finish()
+		t.Fatalf("undistributing once the transaction ended: %v", err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	load.finish()
+	for _, f := range load.failures {
+		t.Error(f)
+	}
+	t.Logf("%d transactions committed, %d of them before the lock went", load.committed.Load(), during)
+	for i, p := range procs {
+		if n := metricSum(t, p, "lattice_proxy_reference_holds_total", map[string]string{"outcome": "timed_out"}); n != 0 {
+			t.Errorf("proxy %d: %v writes held until the hold timed out", i, n)
+		}
+	}
+	var rows int64
+	if err := connect(t, testNodeDSN(t, 0)).QueryRow(ctx, `SELECT count(*) FROM public.item`).Scan(&rows); err != nil {
+		t.Fatal(err)
+	}
+	if want := 1000 + load.committed.Load(); rows != want {
+		t.Errorf("the catalog node's item has %d rows, want %d", rows, want)
+	}
+}
+
 // itemColumns are the columns of TPC-C's item table, which the reference
 // table tests use.
 const itemColumns = `(i_id int PRIMARY KEY, i_im_id int NOT NULL, i_name text NOT NULL, i_price numeric(7,2) NOT NULL, i_data text)`

@@ -150,7 +150,7 @@ func (c *Cluster) lockReference(ctx context.Context, tenant, name string) (*refe
 	}
 	// The table lock first: a writer takes it before its fence reads the
 	// meta row, so taking them in the other order could deadlock.
-	if _, err := tx.Exec(ctx, "LOCK TABLE "+referenceQuoted(name)+" IN EXCLUSIVE MODE"); err != nil {
+	if err := lockReferenceTable(ctx, tx, name); err != nil {
 		return fail(err)
 	}
 	if s.ti, err = inspectTable(ctx, tx, name); err != nil {
@@ -404,17 +404,43 @@ func (c *Cluster) unrecord(ctx context.Context, tenant, name string) error {
 		return err
 	}
 	return pgx.BeginFunc(ctx, p, func(tx pgx.Tx) error {
-		for _, s := range []string{
-			"LOCK TABLE " + referenceQuoted(name) + " IN EXCLUSIVE MODE",
-			"DROP TRIGGER IF EXISTS " + referenceTrigger + " ON " + referenceQuoted(name),
-		} {
-			if _, err := tx.Exec(ctx, s); err != nil {
-				return err
-			}
+		if err := lockReferenceTable(ctx, tx, name); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, "DROP TRIGGER IF EXISTS "+referenceTrigger+" ON "+referenceQuoted(name)); err != nil {
+			return err
 		}
 		_, err := tx.Exec(ctx, `DELETE FROM `+referenceMeta+` WHERE name = $1`, name)
 		return err
 	})
+}
+
+// referenceLockWait bounds a change's wait for the catalog copy's table
+// lock. A transaction that holds a lock on the table (one left open after
+// it wrote the table or locked rows of it) would keep the change waiting,
+// and behind the change's queued lock every new write of the table, with
+// the writes the proxies hold for the change until their hold ends (10 s)
+// and they meet the fence after it. Past this wait, shorter than the hold
+// less the settling, the change gives up: its entry is unmarked, which
+// lets the held writes go to the copies that have not changed.
+const referenceLockWait = 5 * time.Second
+
+// lockReferenceTable takes the catalog copy's table lock in tx, waiting at
+// most referenceLockWait, and fails with 55P03 past it.
+func lockReferenceTable(ctx context.Context, tx pgx.Tx, name string) error {
+	_, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL lock_timeout = %d", referenceLockWait.Milliseconds()))
+	if err == nil {
+		_, err = tx.Exec(ctx, "LOCK TABLE "+referenceQuoted(name)+" IN EXCLUSIVE MODE")
+	}
+	if sqlstate.Is(err, sqlstate.LockNotAvailable) {
+		e := sqlstate.New(sqlstate.LockNotAvailable, "reference table %s: transactions held a lock on its catalog copy for %s; nothing was changed", quoted(name), referenceLockWait)
+		e.Hint = "End the transactions that hold table " + name + " on the catalog node (pg_locks; pg_stat_activity shows those idle in a transaction) and run the statement again. A move or a node's first shard tries again by itself."
+		return e
+	}
+	if err == nil {
+		_, err = tx.Exec(ctx, "SET LOCAL lock_timeout = 0")
+	}
+	return err
 }
 
 // UndistributeReference turns tenant's reference table name back into an
@@ -742,7 +768,7 @@ func (c *Cluster) releaseReference(ctx context.Context, store shardmap.Reference
 	var nodes []string
 	err = pgx.BeginFunc(ctx, p, func(tx pgx.Tx) error {
 		// The table lock first, in the order a writer takes them.
-		if _, err := tx.Exec(ctx, "LOCK TABLE "+referenceQuoted(ref.Name)+" IN EXCLUSIVE MODE"); err != nil {
+		if err := lockReferenceTable(ctx, tx, ref.Name); err != nil {
 			return err
 		}
 		return tx.QueryRow(ctx, `UPDATE `+referenceMeta+` SET nodes = array_remove(nodes, $2) WHERE name = $1 RETURNING nodes`, ref.Name, node).Scan(&nodes)
