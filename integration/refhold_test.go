@@ -27,31 +27,15 @@ func TestReferenceCopiesChangeUnderWrites(t *testing.T) {
 	resetNodes(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	var pools []*pgxpool.Pool
+	// n1 and n2; n3 joins later. Enough rows that copying them to a node
+	// takes a while.
+	pools, procs := itemUnderTwoProxies(t, ctx,
+		`INSERT INTO item SELECT i, i % 7, 'item-' || i, (i * 13 % 10000) / 100.0, repeat('x', 40) FROM generate_series(1, 200000) i`)
 	var conns []*pgx.Conn
-	var procs []*proxyProc
-	for range 2 {
-		p := startProxy(t, 2) // n1 and n2; n3 joins later
-		procs = append(procs, p)
-		pool, err := pgxpool.New(ctx, p.DSN("lattice"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer pool.Close()
-		pools = append(pools, pool)
+	for _, p := range procs {
 		conns = append(conns, connect(t, p.DSN("lattice")))
 	}
 	admin := pools[0]
-	for _, q := range []string{
-		itemTable,
-		// Enough rows that copying them to a node takes a while.
-		`INSERT INTO item SELECT i, i % 7, 'item-' || i, (i * 13 % 10000) / 100.0, repeat('x', 40) FROM generate_series(1, 200000) i`,
-	} {
-		if _, err := admin.Exec(ctx, q); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-	}
-	refAndStock(t, ctx, admin)
 
 	load := startRefWriters(ctx, pools)
 	finish := load.finish
@@ -224,24 +208,8 @@ func TestReferenceUndistributeUnderLoad(t *testing.T) {
 	resetNodes(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	var pools []*pgxpool.Pool
-	var procs []*proxyProc
-	for range 2 {
-		p := startProxy(t, 2)
-		procs = append(procs, p)
-		pool, err := pgxpool.New(ctx, p.DSN("lattice"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer pool.Close()
-		pools = append(pools, pool)
-	}
+	pools, procs := itemUnderTwoProxies(t, ctx, `INSERT INTO item SELECT i, 1, 'item', 1.00, 'd' FROM generate_series(1, 20000) i`)
 	admin := pools[0]
-	mustExec(t, connect(t, procs[0].DSN("lattice")), itemTable)
-	if _, err := admin.Exec(ctx, `INSERT INTO item SELECT i, 1, 'item', 1.00, 'd' FROM generate_series(1, 20000) i`); err != nil {
-		t.Fatal(err)
-	}
-	refAndStock(t, ctx, admin)
 
 	load := startRefWriters(ctx, pools)
 	// Readers look, through the proxy the writer did not use, for the
@@ -332,24 +300,8 @@ func TestReferenceChangeGivesUpALock(t *testing.T) {
 	resetNodes(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	var pools []*pgxpool.Pool
-	var procs []*proxyProc
-	for range 2 {
-		p := startProxy(t, 2)
-		procs = append(procs, p)
-		pool, err := pgxpool.New(ctx, p.DSN("lattice"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer pool.Close()
-		pools = append(pools, pool)
-	}
+	pools, procs := itemUnderTwoProxies(t, ctx, `INSERT INTO item SELECT i, 1, 'item', 1.00, 'd' FROM generate_series(1, 1000) i`)
 	admin := pools[0]
-	mustExec(t, connect(t, procs[0].DSN("lattice")), itemTable)
-	if _, err := admin.Exec(ctx, `INSERT INTO item SELECT i, 1, 'item', 1.00, 'd' FROM generate_series(1, 1000) i`); err != nil {
-		t.Fatal(err)
-	}
-	refAndStock(t, ctx, admin)
 	locker, err := pools[1].Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -403,20 +355,36 @@ const itemColumns = `(i_id int PRIMARY KEY, i_im_id int NOT NULL, i_name text NO
 
 const itemTable = `CREATE TABLE item ` + itemColumns
 
-// refAndStock makes item, made and filled already, a reference table, and
-// a tree stock of 64 rows in 6 shards beside it.
-func refAndStock(t *testing.T, ctx context.Context, admin *pgxpool.Pool) {
+// itemUnderTwoProxies starts two proxies over nodes n1 and n2, with a pool
+// to each, and makes item, filled by fill, a reference table, with a tree
+// stock of 64 rows in 6 shards beside it.
+func itemUnderTwoProxies(t *testing.T, ctx context.Context, fill string) ([]*pgxpool.Pool, []*proxyProc) {
 	t.Helper()
+	var pools []*pgxpool.Pool
+	var procs []*proxyProc
+	for range 2 {
+		p := startProxy(t, 2)
+		procs = append(procs, p)
+		pool, err := pgxpool.New(ctx, p.DSN("lattice"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(pool.Close)
+		pools = append(pools, pool)
+	}
 	for _, q := range []string{
+		itemTable,
+		fill,
 		`SELECT lattice_create_reference_table('item')`,
 		`CREATE TABLE stock (s_w_id int PRIMARY KEY, s_quantity int NOT NULL)`,
 		`INSERT INTO stock SELECT w, 0 FROM generate_series(1, 64) w`,
 		`SELECT lattice_create_tree('stock', 's_w_id', shard_count => 6)`,
 	} {
-		if _, err := admin.Exec(ctx, q); err != nil {
+		if _, err := pools[0].Exec(ctx, q); err != nil {
 			t.Fatalf("%s: %v", q, err)
 		}
 	}
+	return pools, procs
 }
 
 // refWriters are four writers, each transaction of which updates a row of
