@@ -477,7 +477,9 @@ func (c *Cluster) UndistributeReference(ctx context.Context, store shardmap.Refe
 	if err := store.PutReference(ctx, &alone, marked); err != nil {
 		return fmt.Errorf("pgshard: reference table %s has no fence any more, but its registry entry was not changed; run lattice_undistribute_table again: %w", name, err)
 	}
-	c.settleChange(ctx, &alone)
+	if err := c.settleChange(ctx, &alone); err != nil {
+		return fmt.Errorf("pgshard: reference table %s has no fence any more, but the proxies were not seen to read its catalog copy alone; run lattice_undistribute_table again: %w", name, err)
+	}
 	if err := store.DeleteReference(ctx, &alone); err != nil {
 		return fmt.Errorf("pgshard: reference table %s has no fence any more, but its registry entry was not removed; run lattice_undistribute_table again: %w", name, err)
 	}
