@@ -128,23 +128,14 @@ func TestReferenceCopiesChangeUnderWrites(t *testing.T) {
 	// Every change waited for both proxies, the one that ran the Lattice
 	// function included (its own statement holds no entry back), and the
 	// proxies held writes meanwhile, each until the change was done.
-	var released float64
 	for i, p := range procs {
-		if strings.Contains(p.Log(), "not every proxy acknowledged") {
-			t.Errorf("proxy %d: a change of item's copies went on without every acknowledgement", i)
-		}
 		if strings.Contains(p.Log(), "migration failed") {
 			t.Errorf("proxy %d: a migration failed:\n%s", i, p.Log())
 		}
-		if n := metricSum(t, p, "lattice_proxy_reference_holds_total", map[string]string{"outcome": "timed_out"}); n != 0 {
-			t.Errorf("proxy %d: %v writes held until the hold timed out", i, n)
-		}
-		released += metricSum(t, p, "lattice_proxy_reference_holds_total", map[string]string{"outcome": "released"})
 	}
-	if released == 0 {
+	if heldWrites(t, procs) == 0 {
 		t.Error("no write was held while item's copies changed")
 	}
-	t.Logf("%v writes held and released", released)
 	t.Logf("%d transactions committed, %d failed", load.committed.Load(), len(load.failures))
 }
 
@@ -273,20 +264,9 @@ func TestReferenceUndistributeUnderLoad(t *testing.T) {
 	if err := connect(t, testNodeDSN(t, 1)).QueryRow(ctx, `SELECT to_regclass('public.item') IS NULL`).Scan(&gone); err != nil || !gone {
 		t.Errorf("n2 keeps its copy of item (%v)", err)
 	}
-	var released float64
-	for i, p := range procs {
-		if strings.Contains(p.Log(), "not every proxy acknowledged") {
-			t.Errorf("proxy %d: the change went on without every acknowledgement", i)
-		}
-		if n := metricSum(t, p, "lattice_proxy_reference_holds_total", map[string]string{"outcome": "timed_out"}); n != 0 {
-			t.Errorf("proxy %d: %v writes held until the hold timed out", i, n)
-		}
-		released += metricSum(t, p, "lattice_proxy_reference_holds_total", map[string]string{"outcome": "released"})
-	}
-	if released == 0 {
+	if heldWrites(t, procs) == 0 {
 		t.Error("no write was held while item became an ordinary table")
 	}
-	t.Logf("%v writes held and released", released)
 }
 
 // TestReferenceChangeGivesUpALock: a transaction left open after it locked
@@ -335,11 +315,7 @@ func TestReferenceChangeGivesUpALock(t *testing.T) {
 		t.Error(f)
 	}
 	t.Logf("%d transactions committed, %d of them before the lock went", load.committed.Load(), during)
-	for i, p := range procs {
-		if n := metricSum(t, p, "lattice_proxy_reference_holds_total", map[string]string{"outcome": "timed_out"}); n != 0 {
-			t.Errorf("proxy %d: %v writes held until the hold timed out", i, n)
-		}
-	}
+	heldWrites(t, procs)
 	var rows int64
 	if err := connect(t, testNodeDSN(t, 0)).QueryRow(ctx, `SELECT count(*) FROM public.item`).Scan(&rows); err != nil {
 		t.Fatal(err)
@@ -347,6 +323,25 @@ func TestReferenceChangeGivesUpALock(t *testing.T) {
 	if want := 1000 + load.committed.Load(); rows != want {
 		t.Errorf("the catalog node's item has %d rows, want %d", rows, want)
 	}
+}
+
+// heldWrites fails t if a proxy let a held write of a reference table go
+// when its hold timed out, or saw a change go on without every proxy's
+// acknowledgement; it returns the writes held and released.
+func heldWrites(t *testing.T, procs []*proxyProc) float64 {
+	t.Helper()
+	var released float64
+	for i, p := range procs {
+		if strings.Contains(p.Log(), "not every proxy acknowledged") {
+			t.Errorf("proxy %d: a change of item's copies went on without every acknowledgement", i)
+		}
+		if n := metricSum(t, p, "lattice_proxy_reference_holds_total", map[string]string{"outcome": "timed_out"}); n != 0 {
+			t.Errorf("proxy %d: %v writes held until the hold timed out", i, n)
+		}
+		released += metricSum(t, p, "lattice_proxy_reference_holds_total", map[string]string{"outcome": "released"})
+	}
+	t.Logf("%v writes held and released", released)
+	return released
 }
 
 // itemColumns are the columns of TPC-C's item table, which the reference
