@@ -325,6 +325,61 @@ func TestReferenceChangeGivesUpALock(t *testing.T) {
 	}
 }
 
+// TestReferenceUndistributeAgain makes item ordinary while a view on n2,
+// made there directly, keeps n2's copy from being dropped: the call fails
+// with that drop's SQLSTATE and a hint, writes go on meanwhile without a
+// hold, and once the view is gone a second call drops the copy it left.
+func TestReferenceUndistributeAgain(t *testing.T) {
+	resetNodes(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	pools, procs := itemUnderTwoProxies(t, ctx, `INSERT INTO item SELECT i, 1, 'item', 1.00, 'd' FROM generate_series(1, 1000) i`)
+	admin := pools[0]
+	n2 := connect(t, testNodeDSN(t, 1))
+	mustExec(t, n2, `CREATE VIEW item_ids AS SELECT i_id FROM public.item`)
+	load := startRefWriters(ctx, pools)
+	time.Sleep(300 * time.Millisecond)
+	_, err := admin.Exec(ctx, `SELECT lattice_undistribute_table('item')`)
+	if pgCode(err) != "2BP01" || !strings.Contains(pgHint(err), "lattice_undistribute_table('item') again") {
+		load.finish()
+		t.Fatalf("undistributing while n2's copy cannot be dropped: %v (hint %q), want 2BP01 with a hint", err, pgHint(err))
+	}
+	t.Logf("first call: %v", err)
+	time.Sleep(300 * time.Millisecond)
+	between := load.committed.Load()
+	time.Sleep(500 * time.Millisecond)
+	if load.committed.Load() == between {
+		load.finish()
+		t.Fatal("no write of item committed after the failed call")
+	}
+	mustExec(t, n2, `DROP VIEW item_ids`)
+	if _, err := admin.Exec(ctx, `SELECT lattice_undistribute_table('item')`); err != nil {
+		load.finish()
+		t.Fatalf("undistributing again: %v", err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	load.finish()
+	for _, f := range load.failures {
+		t.Error(f)
+	}
+	heldWrites(t, procs)
+	var left bool
+	if err := n2.QueryRow(ctx, `SELECT to_regclass('public.item') IS NOT NULL`).Scan(&left); err != nil || left {
+		t.Errorf("n2 still holds a copy of item: %v, %v", left, err)
+	}
+	var rows int64
+	if err := connect(t, testNodeDSN(t, 0)).QueryRow(ctx, `SELECT count(*) FROM public.item`).Scan(&rows); err != nil {
+		t.Fatal(err)
+	}
+	if want := 1000 + load.committed.Load(); rows != want {
+		t.Errorf("the catalog node's item has %d rows, want %d", rows, want)
+	}
+	var refs int
+	if err := admin.QueryRow(ctx, `SELECT count(*) FROM lattice_reference_tables()`).Scan(&refs); err != nil || refs != 0 {
+		t.Errorf("lattice_reference_tables lists %d tables (%v), want none", refs, err)
+	}
+}
+
 // heldWrites fails t if a proxy let a held write of a reference table go
 // when its hold timed out, or saw a change go on without every proxy's
 // acknowledgement; it returns the writes held and released.

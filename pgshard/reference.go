@@ -291,6 +291,10 @@ func (c *Cluster) dropCopies(ctx context.Context, tenant, name string, nodes []s
 	ctx = context.WithoutCancel(ctx)
 	var errs []error
 	for _, node := range nodes {
+		if _, ok := c.Node(node); !ok {
+			c.log.Info("reference table: a copy left on a node no longer registered", "tenant", tenant, "table", name, "node", node)
+			continue
+		}
 		var err error
 		// A pooled control connection the node has closed (a restart) fails
 		// once: try again, past every connection the pool may hold.
@@ -474,11 +478,21 @@ func (c *Cluster) UndistributeReference(ctx context.Context, store shardmap.Refe
 	}
 	alone := *marked
 	alone.Nodes = []string{c.Catalog().Name}
+	alone.Dropping = leaving(ref, c.Catalog().Name)
 	if err := store.PutReference(ctx, &alone, marked); err != nil {
 		return fmt.Errorf("pgshard: reference table %s has no fence any more, but its registry entry was not changed; run lattice_undistribute_table again: %w", name, err)
 	}
 	if err := c.settleChange(ctx, &alone); err != nil {
 		return fmt.Errorf("pgshard: reference table %s has no fence any more, but the proxies were not seen to read its catalog copy alone; run lattice_undistribute_table again: %w", name, err)
+	}
+	// The other copies go while the entry still names them, so that a
+	// failed drop is tried again by the next call rather than forgotten.
+	if err := c.dropCopies(ctx, tenant, name, alone.Dropping); err != nil {
+		// Nothing reads or writes them any more: until that call, the
+		// table's writes go on, unheld, to its catalog copy alone.
+		kept := alone
+		kept.ChangingSince = time.Time{}
+		return errors.Join(undistributeDropError(name, err), store.PutReference(context.WithoutCancel(ctx), &kept, &alone))
 	}
 	if err := store.DeleteReference(ctx, &alone); err != nil {
 		return fmt.Errorf("pgshard: reference table %s has no fence any more, but its registry entry was not removed; run lattice_undistribute_table again: %w", name, err)
@@ -488,17 +502,29 @@ func (c *Cluster) UndistributeReference(ctx context.Context, store shardmap.Refe
 			return err
 		}
 	}
-	var others []string
-	for _, n := range ref.Nodes {
-		if n != c.Catalog().Name {
-			others = append(others, n)
-		}
-	}
-	if err := c.dropCopies(ctx, tenant, name, others); err != nil {
-		return fmt.Errorf("pgshard: %s is an ordinary table again, but dropping its other copies failed: %w", name, err)
-	}
 	c.log.Info("reference table made ordinary", "tenant", tenant, "table", name)
 	return nil
+}
+
+// leaving are the nodes whose copies of ref an undistribution drops: every
+// node but the catalog, with those an earlier call left to drop.
+func leaving(ref *shardmap.Reference, catalog string) []string {
+	out := slices.Clone(ref.Dropping)
+	for _, n := range ref.Nodes {
+		if n != catalog && !slices.Contains(out, n) {
+			out = append(out, n)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// undistributeDropError is the error of an undistribution whose other
+// copies could not all be dropped, with the failure's SQLSTATE.
+func undistributeDropError(name string, err error) error {
+	e := sqlstate.New(sqlstate.As(err).Code, "reference table %s is read and written on the catalog node alone, but dropping its other copies failed: %v", quoted(name), err)
+	e.Hint = "Remove what keeps the copy from being dropped on that node, then run SELECT lattice_undistribute_table(" + quoteLiteral(name) + ") again."
+	return e
 }
 
 // refuseTreeReferences refuses to make reference table name ordinary while

@@ -36,6 +36,9 @@ type Reference struct {
 	// proxies hold new writes of the table until the entry changes again,
 	// so that none carries a list of copies the fence is about to refuse.
 	ChangingSince time.Time `json:"changing_since,omitzero"`
+	// Dropping are nodes whose copies an undistribution still has to drop:
+	// no statement reads or writes them any more, and a retry drops them.
+	Dropping []string `json:"dropping,omitempty"`
 }
 
 // MaxChange is how long a change of a reference table's copies holds its
