@@ -2,16 +2,22 @@ package integration
 
 import (
 	"context"
+	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // TestVacuumTree: VACUUM, ANALYZE, REINDEX TABLE and CLUSTER of a tree through the
 // proxy run on every shard table, on every node, and answer with
 // PostgreSQL's tags; VACUUM inside a transaction block gets 25001 as in
 // PostgreSQL, and a list that also names another table is refused with a
-// hint, as is REINDEX INDEX of a tree's index.
+// hint, as is REINDEX INDEX of a tree's index. VERBOSE's INFO lines of
+// every shard table reach the client.
 func TestVacuumTree(t *testing.T) {
 	resetNodes(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -53,6 +59,40 @@ func TestVacuumTree(t *testing.T) {
 		tag, err := c.Exec(ctx, q.sql)
 		if err != nil || tag.String() != q.tag {
 			t.Fatalf("%s: tag %q, %v; want %s", q.sql, tag, err, q.tag)
+		}
+	}
+	// The shards' notices reach the client, in either protocol.
+	for _, q := range []struct {
+		sql  string
+		args []any
+		word string
+	}{
+		{"VACUUM (VERBOSE) vt", nil, "vacuuming"},
+		{"ANALYZE VERBOSE vt", []any{pgx.QueryExecModeExec}, "analyzing"},
+	} {
+		cfg, err := pgx.ParseConfig(p.DSN("lattice"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var infos []string
+		cfg.OnNotice = func(_ *pgconn.PgConn, n *pgconn.Notice) {
+			if n.Severity == "INFO" {
+				infos = append(infos, n.Message)
+			}
+		}
+		vc, err := pgx.ConnectConfig(ctx, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := vc.Exec(ctx, q.sql, q.args...); err != nil {
+			t.Fatalf("%s: %v", q.sql, err)
+		}
+		vc.Close(ctx)
+		for shard := range 4 {
+			name := fmt.Sprintf(`lattice_s%04d.vt"`, shard)
+			if !slices.ContainsFunc(infos, func(m string) bool { return strings.HasPrefix(m, q.word) && strings.Contains(m, name) }) {
+				t.Errorf("%s: no INFO %q of shard %d among the %d the client got: %q", q.sql, q.word, shard, len(infos), infos)
+			}
 		}
 	}
 	if tables, vacuumed, analysed, dead := stats(); vacuumed != tables || analysed != tables || dead != 0 {

@@ -428,6 +428,12 @@ func (c *Cluster) pool(ctx context.Context, k adminKey, maxConns int32, dsn func
 // connect opens a dedicated connection, outside the control pools, for a
 // transaction that holds locks for a long time.
 func (c *Cluster) connect(ctx context.Context, node, tenant string) (*pgx.Conn, error) {
+	return c.connectConfig(ctx, node, tenant, nil)
+}
+
+// connectConfig is connect with the connection's configuration changed
+// by tune (nil: none) before it connects.
+func (c *Cluster) connectConfig(ctx context.Context, node, tenant string, tune func(*pgx.ConnConfig)) (*pgx.Conn, error) {
 	dsn, err := c.TenantDSN(node, tenant)
 	if err != nil {
 		return nil, err
@@ -437,6 +443,9 @@ func (c *Cluster) connect(ctx context.Context, node, tenant string) (*pgx.Conn, 
 		return nil, fmt.Errorf("pgshard: node %s: %w", node, err)
 	}
 	controlSession(cfg)
+	if tune != nil {
+		tune(cfg)
+	}
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("pgshard: node %s: %w", node, err)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/lattice-db/lattice/shardmap"
@@ -61,6 +62,10 @@ type TreeDDL struct {
 	Log string
 	// Cascade is DROP TABLE ... CASCADE (on the template: views over it).
 	Cascade bool
+	// OnNotice, when set, gets the notices of a DDLMaintain statement's
+	// shards (VACUUM VERBOSE's INFO lines, a skipped table's WARNING), in
+	// order, for the client.
+	OnNotice func(*pgconn.Notice)
 }
 
 // ddlTarget is one table a DDL statement runs against.
@@ -128,11 +133,14 @@ func (c *Cluster) maintainShards(ctx context.Context, store shardmap.Store, d Tr
 		return err
 	}
 	shards := c.ddlTargets(m)[1:]
-	for i, tg := range shards {
-		p, err := c.Admin(ctx, tg.node, t.Tenant)
-		if err == nil {
-			_, err = p.Exec(ctx, d.Statement(tg.schema))
+	conns := map[string]*pgx.Conn{}
+	defer func() {
+		for _, conn := range conns {
+			conn.Close(context.WithoutCancel(ctx))
 		}
+	}()
+	for i, tg := range shards {
+		err := c.maintainShard(ctx, conns, t.Tenant, tg.node, d, tg.schema)
 		if err != nil {
 			return &sqlstate.Error{Code: sqlstate.As(err).Code, Message: fmt.Sprintf("pgshard: node %s, %s: %v", tg.node, tableName(t, tg), err),
 				Detail: fmt.Sprintf("%d of the tree's %d shard tables were done before it.", i, len(shards)),
@@ -140,6 +148,32 @@ func (c *Cluster) maintainShards(ctx context.Context, store shardmap.Store, d Tr
 		}
 	}
 	return nil
+}
+
+// maintainShard runs d on one shard table: through the control pool, or,
+// when d relays notices, on a connection of its own per node (conns),
+// whose notices go to d.OnNotice (a pooled connection's go to no one).
+func (c *Cluster) maintainShard(ctx context.Context, conns map[string]*pgx.Conn, tenant, node string, d TreeDDL, schema string) error {
+	if d.OnNotice == nil {
+		p, err := c.Admin(ctx, node, tenant)
+		if err == nil {
+			_, err = p.Exec(ctx, d.Statement(schema))
+		}
+		return err
+	}
+	conn := conns[node]
+	if conn == nil {
+		var err error
+		conn, err = c.connectConfig(ctx, node, tenant, func(cfg *pgx.ConnConfig) {
+			cfg.OnNotice = func(_ *pgconn.PgConn, n *pgconn.Notice) { d.OnNotice(n) }
+		})
+		if err != nil {
+			return err
+		}
+		conns[node] = conn
+	}
+	_, err := conn.Exec(ctx, d.Statement(schema))
+	return err
 }
 
 // ddlLockClass is the first key of the advisory lock, on the catalog node,

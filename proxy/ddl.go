@@ -108,7 +108,14 @@ func (s *session) runDDL(ctx context.Context, t *shardmap.Tree, p *router.Plan) 
 		Log:          p.DDL.Log(),
 		Cascade:      p.DDL.Cascade,
 	}
+	var notices relayedNotices
+	if d.Op == pgshard.DDLMaintain {
+		d.OnNotice = notices.add
+	}
 	err := s.srv.cfg.TreeDDL(ctx, d)
+	if len(notices.msgs) > 0 {
+		s.x.synthetic(notices.msgs...)
+	}
 	if d.Op != pgshard.DDLMaintain {
 		// Statements parsed from now on get backend statements of their
 		// own, with the tree's new columns (even if the DDL failed

@@ -7,6 +7,13 @@
 // non-test code fails TestNoLiteralCodes: add the code here instead.
 package sqlstate
 
+// Class 01, warning.
+const (
+	// WarningCode: a warning of no narrower class (a maintenance
+	// statement's notices that were not all kept).
+	WarningCode = "01000"
+)
+
 // Class 08, connection exception.
 const (
 	// SQLClientUnableToEstablishSQLConnection: lattice_add_node could not
