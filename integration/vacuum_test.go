@@ -17,7 +17,8 @@ import (
 // PostgreSQL's tags; VACUUM inside a transaction block gets 25001 as in
 // PostgreSQL, and a list that also names another table is refused with a
 // hint, as is REINDEX INDEX of a tree's index. VERBOSE's INFO lines of
-// every shard table reach the client.
+// every shard table reach the client, and CLUSTER ... USING marks the
+// shards a later reshard makes too.
 func TestVacuumTree(t *testing.T) {
 	resetNodes(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -143,21 +144,40 @@ func TestVacuumTree(t *testing.T) {
 	}
 	// CLUSTER rewrites every shard table in its index's order and marks
 	// the index as the one to cluster on.
+	// clustered fails t unless want shard tables, over both nodes, are
+	// all marked clustered on their key.
+	clustered := func(when string, want int) {
+		t.Helper()
+		var shards, marked int
+		for n := range 2 {
+			node := connect(t, testNodeDSN(t, n))
+			var a, b int
+			if err := node.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE indisclustered) FROM pg_index
+				WHERE indrelid IN (SELECT oid FROM pg_class WHERE relname = 'vt' AND relnamespace::regnamespace::text LIKE 'lattice_s%')`).Scan(&a, &b); err != nil {
+				t.Fatal(err)
+			}
+			node.Close(ctx)
+			shards, marked = shards+a, marked+b
+		}
+		if shards != want || marked != shards {
+			t.Errorf("%s: %d of %d shard tables clustered on their key, want all of %d", when, marked, shards, want)
+		}
+	}
 	tag, err := c.Exec(ctx, "CLUSTER vt USING vt_pkey")
 	if err != nil || tag.String() != "CLUSTER" {
 		t.Fatalf("CLUSTER: tag %q, %v; want CLUSTER", tag, err)
 	}
-	for n := range 2 {
-		node := connect(t, testNodeDSN(t, n))
-		var shards, clustered int
-		if err := node.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE indisclustered) FROM pg_index
-			WHERE indrelid IN (SELECT oid FROM pg_class WHERE relname = 'vt' AND relnamespace::regnamespace::text LIKE 'lattice_s%')`).Scan(&shards, &clustered); err != nil {
+	clustered("after CLUSTER USING", 4)
+	// Shards made by a reshard get the mark, so CLUSTER alone runs on them.
+	mustExec(t, c, "SELECT lattice_reshard('vt', 8)")
+	for done := false; !done; time.Sleep(50 * time.Millisecond) {
+		if err := c.QueryRow(ctx, "SELECT lattice_reshard_complete('vt')").Scan(&done); err != nil {
 			t.Fatal(err)
 		}
-		if shards == 0 || clustered != shards {
-			t.Errorf("n%d: %d of its %d shard tables clustered on their key", n+1, clustered, shards)
-		}
-		node.Close(ctx)
+	}
+	clustered("after the reshard to 8", 8)
+	if _, err := c.Exec(ctx, "CLUSTER vt"); err != nil {
+		t.Fatalf("CLUSTER without USING after the reshard: %v", err)
 	}
 	if _, err := c.Exec(ctx, "REINDEX INDEX vt_pkey"); pgCode(err) != "0A000" || !strings.Contains(pgHint(err), "REINDEX TABLE vt") {
 		t.Fatalf("REINDEX INDEX of a tree's index: %v (hint %q), want 0A000 naming REINDEX TABLE", err, pgHint(err))

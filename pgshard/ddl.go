@@ -147,7 +147,8 @@ func (c *Cluster) maintainShards(ctx context.Context, store shardmap.Store, d Tr
 				Hint:   "Run the statement again once the cause is fixed."}
 		}
 	}
-	return nil
+	// CLUSTER ... USING: shards made later are marked too.
+	return appendLog(ctx, store, t, d.Log)
 }
 
 // maintainShard runs d on one shard table: through the control pool, or,
@@ -488,18 +489,24 @@ func (c *Cluster) concurrentDDL(ctx context.Context, store shardmap.Store, d Tre
 		}
 		return runErr
 	}
-	if d.Log == "" {
+	// The index is on every table: the log must get it.
+	return appendLog(ctx, store, t, d.Log)
+}
+
+// appendLog appends entry ("" for none) to t's DDL log, for a statement
+// that has already run on every table outside a transaction: a lost
+// compare-and-set is retried on the fresh entry.
+func appendLog(ctx context.Context, store shardmap.Store, t *shardmap.Tree, entry string) error {
+	if entry == "" {
 		return nil
 	}
-	// The index is on every table: the log must get it, so a lost
-	// compare-and-set is retried on the fresh entry.
 	for attempt := 0; ; attempt++ {
 		cur, err := store.Tree(ctx, t.Tenant, t.Name)
 		if err != nil {
 			return fmt.Errorf("pgshard: record DDL of tree %s: %w", t.Name, err)
 		}
 		next := *cur
-		next.DDL = append(slices.Clone(cur.DDL), d.Log)
+		next.DDL = append(slices.Clone(cur.DDL), entry)
 		err = store.SwapTree(ctx, &next, cur)
 		if err == nil {
 			return nil

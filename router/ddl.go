@@ -197,8 +197,16 @@ func (p *planner) ddl(pl *Plan, n *pg.Node, start, end int) bool {
 	case *pg.Node_IndexStmt:
 		err = checkIndex(tree, s.IndexStmt)
 		d.Concurrently, d.Logged = s.IndexStmt.Concurrent, true
-	case *pg.Node_VacuumStmt, *pg.Node_ReindexStmt, *pg.Node_ClusterStmt:
+	case *pg.Node_VacuumStmt, *pg.Node_ReindexStmt:
 		d.Concurrently = true
+	case *pg.Node_ClusterStmt:
+		// USING marks the index to cluster on, as ALTER TABLE ... CLUSTER
+		// ON does: logged as that, a shard made later gets the mark, and a
+		// CLUSTER without USING finds it there too.
+		d.Concurrently = true
+		if ix := s.ClusterStmt.Indexname; ix != "" {
+			d.Logged, d.log = true, "ALTER TABLE {{table}} CLUSTER ON "+quoteIdent(ix)
+		}
 	case *pg.Node_TruncateStmt:
 		if len(s.TruncateStmt.Relations) != 1 {
 			err = refused("Truncate the tree in a statement of its own.",
@@ -220,7 +228,9 @@ func (p *planner) ddl(pl *Plan, n *pg.Node, start, end int) bool {
 	if err != nil {
 		return p.refuse(pl, err)
 	}
-	d.log = strings.Join(rd.texts, "{{table}}")
+	if d.log == "" {
+		d.log = strings.Join(rd.texts, "{{table}}")
+	}
 	if d.Concurrently {
 		d.log = p.withoutConcurrently(d.log)
 	}
