@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
@@ -225,16 +226,22 @@ func clearTargets(ctx context.Context, c interface {
 	return nil
 }
 
+// truncateLockWait bounds freezeTargets' wait for the targets' locks.
+const truncateLockWait = time.Second
+
 // freezeTargets empties the target tables in tx, which then copies into
 // them with COPY FREEZE: PostgreSQL writes the rows frozen and marks
 // their pages all-visible, as it may for a table truncated in the
 // copying transaction. So the first scan of the copy (the move's
 // comparison, then the clients' reads) neither looks up each row's
 // transaction nor dirties every page to set its hint bits, and vacuum
-// has nothing to freeze later. Nothing else reads the targets before the
-// flip. A TRUNCATE that fails (a foreign key from a table outside the
-// copy) is undone and the slots are deleted instead, without FREEZE; it
-// reports whether the copy may freeze.
+// has nothing to freeze later. No client reads the targets before the
+// flip, but a session on the node may lock them (a pg_dump of the node
+// holds every table for the whole dump), and the TRUNCATE's lock would
+// wait for it: it waits truncateLockWait at most. A TRUNCATE that fails
+// so, or otherwise (a foreign key from a table outside the copy), is
+// undone and the slots are deleted instead, which no reader holds up,
+// and copied without FREEZE; it reports whether the copy may freeze.
 func freezeTargets(ctx context.Context, tx pgx.Tx, sp ShadowSpec) (bool, error) {
 	var tables []string
 	for _, t := range sp.trees() {
@@ -244,7 +251,8 @@ func freezeTargets(ctx context.Context, tx pgx.Tx, sp ShadowSpec) (bool, error) 
 	if err != nil {
 		return false, err
 	}
-	if _, err := sub.Exec(ctx, "TRUNCATE "+strings.Join(tables, ", ")); err == nil {
+	wait := fmt.Sprintf("SET LOCAL lock_timeout = %d", truncateLockWait.Milliseconds())
+	if _, err := sub.Exec(ctx, wait+"; TRUNCATE "+strings.Join(tables, ", ")+"; SET LOCAL lock_timeout = DEFAULT"); err == nil {
 		return true, sub.Commit(ctx)
 	}
 	if err := sub.Rollback(ctx); err != nil {
