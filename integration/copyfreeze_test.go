@@ -22,21 +22,9 @@ func TestShadowCopyFreezes(t *testing.T) {
 	resetNodes(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	p := startProxy(t, 2, "--reshard-tick", "200ms")
-	pool, err := pgxpool.New(ctx, p.DSN("lattice"))
-	if err != nil {
+	pool := itemsTree(t, ctx, startProxy(t, 2, "--reshard-tick", "200ms"))
+	if _, err := pool.Exec(ctx, "SELECT lattice_reshard('items', 4)"); err != nil {
 		t.Fatal(err)
-	}
-	defer pool.Close()
-	for _, q := range []string{
-		"CREATE TABLE items (k bigint PRIMARY KEY, v text NOT NULL)",
-		"INSERT INTO items SELECT g, md5(g::text) FROM generate_series(1, 20000) g",
-		"SELECT lattice_create_tree('items', 'k', shard_count => 2)",
-		"SELECT lattice_reshard('items', 4)",
-	} {
-		if _, err := pool.Exec(ctx, q); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
 	}
 	waitFor(t, ctx, pool, "SELECT lattice_reshard_complete('items')", nil, func() error { return nil })
 	before := shardNodes(t, ctx, pool, "items")
@@ -77,21 +65,7 @@ func TestShadowCopyLockedTarget(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	hold := holdFile(t)
-	p := startProxyEnv(t, 2, []string{"LATTICE_TEST_HOLD_AT=prepare:" + hold}, "--reshard-tick", "200ms")
-	pool, err := pgxpool.New(ctx, p.DSN("lattice"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	for _, q := range []string{
-		"CREATE TABLE items (k bigint PRIMARY KEY, v text NOT NULL)",
-		"INSERT INTO items SELECT g, md5(g::text) FROM generate_series(1, 20000) g",
-		"SELECT lattice_create_tree('items', 'k', shard_count => 2)",
-	} {
-		if _, err := pool.Exec(ctx, q); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-	}
+	pool := itemsTree(t, ctx, startProxyEnv(t, 2, []string{"LATTICE_TEST_HOLD_AT=prepare:" + hold}, "--reshard-tick", "200ms"))
 	want := itemsDigest(t, ctx, pool)
 	before := shardNodes(t, ctx, pool, "items")
 	from, to := 0, 1
@@ -142,6 +116,16 @@ func TestShadowCopyLockedTarget(t *testing.T) {
 	if pages == 0 || frozen == pages {
 		t.Errorf("shard 0 on n%d: %d of its %d pages all-frozen, want the copy without FREEZE", to+1, frozen, pages)
 	}
+}
+
+// itemsTree makes items, a tree of 20,000 rows in 2 shards, through p and
+// returns a pool to p, closed when t ends.
+func itemsTree(t *testing.T, ctx context.Context, p *proxyProc) *pgxpool.Pool {
+	t.Helper()
+	return proxyPool(t, ctx, p,
+		"CREATE TABLE items (k bigint PRIMARY KEY, v text NOT NULL)",
+		"INSERT INTO items SELECT g, md5(g::text) FROM generate_series(1, 20000) g",
+		"SELECT lattice_create_tree('items', 'k', shard_count => 2)")
 }
 
 // itemsDigest is the row count and an order-free digest of items' rows.

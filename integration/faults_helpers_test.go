@@ -530,14 +530,20 @@ func endPresence(t *testing.T, ctx context.Context, dsn, cluster string) {
 	}
 }
 
-// proxyPool is a pgx pool on p's lattice database, closed when the test ends.
-func proxyPool(t *testing.T, ctx context.Context, p *proxyProc) *pgxpool.Pool {
+// proxyPool is a pgx pool on p's lattice database, closed when the test
+// ends, on which the setup statements have run, in order.
+func proxyPool(t *testing.T, ctx context.Context, p *proxyProc, setup ...string) *pgxpool.Pool {
 	t.Helper()
 	pool, err := pgxpool.New(ctx, p.DSN("lattice"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
+	for _, q := range setup {
+		if _, err := pool.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
 	return pool
 }
 

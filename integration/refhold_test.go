@@ -309,18 +309,27 @@ func TestReferenceChangeGivesUpALock(t *testing.T) {
 		load.finish()
 		t.Fatalf("undistributing once the transaction ended: %v", err)
 	}
+	finishRefWriters(t, ctx, load, procs, 1000)
+	t.Logf("%d transactions committed, %d of them before the lock went", load.committed.Load(), during)
+}
+
+// finishRefWriters stops load once item became an ordinary table, and
+// fails t on a failed write, a held write whose hold timed out, or a
+// committed write missing from the catalog node's item, which held base
+// rows before the writers began.
+func finishRefWriters(t *testing.T, ctx context.Context, load *refWriters, procs []*proxyProc, base int64) {
+	t.Helper()
 	time.Sleep(300 * time.Millisecond)
 	load.finish()
 	for _, f := range load.failures {
 		t.Error(f)
 	}
-	t.Logf("%d transactions committed, %d of them before the lock went", load.committed.Load(), during)
 	heldWrites(t, procs)
 	var rows int64
 	if err := connect(t, testNodeDSN(t, 0)).QueryRow(ctx, `SELECT count(*) FROM public.item`).Scan(&rows); err != nil {
 		t.Fatal(err)
 	}
-	if want := 1000 + load.committed.Load(); rows != want {
+	if want := base + load.committed.Load(); rows != want {
 		t.Errorf("the catalog node's item has %d rows, want %d", rows, want)
 	}
 }
@@ -357,22 +366,10 @@ func TestReferenceUndistributeAgain(t *testing.T) {
 		load.finish()
 		t.Fatalf("undistributing again: %v", err)
 	}
-	time.Sleep(300 * time.Millisecond)
-	load.finish()
-	for _, f := range load.failures {
-		t.Error(f)
-	}
-	heldWrites(t, procs)
+	finishRefWriters(t, ctx, load, procs, 1000)
 	var left bool
 	if err := n2.QueryRow(ctx, `SELECT to_regclass('public.item') IS NOT NULL`).Scan(&left); err != nil || left {
 		t.Errorf("n2 still holds a copy of item: %v, %v", left, err)
-	}
-	var rows int64
-	if err := connect(t, testNodeDSN(t, 0)).QueryRow(ctx, `SELECT count(*) FROM public.item`).Scan(&rows); err != nil {
-		t.Fatal(err)
-	}
-	if want := 1000 + load.committed.Load(); rows != want {
-		t.Errorf("the catalog node's item has %d rows, want %d", rows, want)
 	}
 	var refs int
 	if err := admin.QueryRow(ctx, `SELECT count(*) FROM lattice_reference_tables()`).Scan(&refs); err != nil || refs != 0 {

@@ -65,21 +65,10 @@ func TestSnapshotAcrossReshard(t *testing.T) {
 // pool of p that the test's end closes.
 func makeRR(t *testing.T, ctx context.Context, p *proxyProc) *pgxpool.Pool {
 	t.Helper()
-	pool, err := pgxpool.New(ctx, p.DSN("lattice"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	for _, q := range []string{
+	return proxyPool(t, ctx, p,
 		"CREATE TABLE rr (k int PRIMARY KEY, v int NOT NULL)",
 		"INSERT INTO rr SELECT g, g * 10 FROM generate_series(1, 2000) g",
-		"SELECT lattice_create_tree('rr', 'k', shard_count => 2)",
-	} {
-		if _, err := pool.Exec(ctx, q); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-	}
-	return pool
+		"SELECT lattice_create_tree('rr', 'k', shard_count => 2)")
 }
 
 // waitFlip waits until a migration of rr flipped: the shards that own
