@@ -25,7 +25,7 @@ const (
 	DDLDropIndex                // DROP INDEX: template and shards, logged
 	DDLTruncate                 // TRUNCATE: shards (the template is empty and fenced: only locked), not logged
 	DDLDropTable                // DROP TABLE: template, shards and the registry entry
-	DDLMaintain                 // VACUUM, ANALYZE, REINDEX TABLE, CLUSTER: shards one by one, outside a transaction, not logged
+	DDLMaintain                 // VACUUM, ANALYZE, REINDEX TABLE, CLUSTER: shards one by one, outside a transaction, logged only as CLUSTER ... USING's mark
 )
 
 func (o DDLOp) String() string {
@@ -151,22 +151,17 @@ func (c *Cluster) maintainShards(ctx context.Context, store shardmap.Store, d Tr
 	return appendLog(ctx, store, t, d.Log)
 }
 
-// maintainShard runs d on one shard table: through the control pool, or,
-// when d relays notices, on a connection of its own per node (conns),
-// whose notices go to d.OnNotice (a pooled connection's go to no one).
+// maintainShard runs d on one shard table, on a connection of its own per
+// node (conns), whose notices go to d.OnNotice: a pooled connection's
+// would go to no one.
 func (c *Cluster) maintainShard(ctx context.Context, conns map[string]*pgx.Conn, tenant, node string, d TreeDDL, schema string) error {
-	if d.OnNotice == nil {
-		p, err := c.Admin(ctx, node, tenant)
-		if err == nil {
-			_, err = p.Exec(ctx, d.Statement(schema))
-		}
-		return err
-	}
 	conn := conns[node]
 	if conn == nil {
 		var err error
 		conn, err = c.connectConfig(ctx, node, tenant, func(cfg *pgx.ConnConfig) {
-			cfg.OnNotice = func(_ *pgconn.PgConn, n *pgconn.Notice) { d.OnNotice(n) }
+			if d.OnNotice != nil {
+				cfg.OnNotice = func(_ *pgconn.PgConn, n *pgconn.Notice) { d.OnNotice(n) }
+			}
 		})
 		if err != nil {
 			return err
