@@ -16,6 +16,8 @@ type SlotCounters struct {
 	// arr is made at the first bump, so that a proxy caching many idle
 	// trees holds no counters for them.
 	arr atomic.Pointer[[]slotCounter]
+	// index is the last map Shards counted on, with each shard's slots.
+	index atomic.Pointer[shardSlots]
 }
 
 // slotCounter fits a publication interval: 2^32 statements or rows on one
@@ -79,69 +81,88 @@ func (c *SlotCounters) Row(slot int) {
 // through the shard's slots from statement to statement, and a write's
 // rows spread evenly over the shard's slots: a shard's rates stay exact,
 // and its load midpoint is then its slot midpoint, as without load data.
-// It walks m's slots twice; a statement that already reads or writes
-// every shard can afford that.
+// It finds each shard's slots in an index of m (slotsOf), so a read costs
+// a bump per shard, not a walk over the map's slots.
 func (c *SlotCounters) Shards(m *Map, shards []int, write bool, rows int64) {
 	if c == nil || m == nil || len(m.Slots) != c.slots || len(shards) == 0 {
 		return
 	}
-	type share struct {
-		want            bool
-		k, seen, pick   int64
-		base, remainder int64
-	}
-	n := 0
-	for _, idx := range shards {
-		if idx < m.HighWater { // every shard index is below it
-			n = max(n, idx+1)
-		}
-	}
-	sh := make([]share, n)
-	for _, idx := range shards {
-		if idx >= 0 && idx < n {
-			sh[idx].want = true
-		}
-	}
-	for _, idx := range m.Slots {
-		if uint(idx) < uint(len(sh)) && sh[idx].want {
-			sh[idx].k++
-		}
+	owned := c.slotsOf(m)
+	var counted []bool // a shard listed twice counts once
+	if len(shards) > 1 {
+		counted = make([]bool, len(owned))
 	}
 	turn := int64(c.turn.Add(1))
-	for i := range sh {
-		if s := &sh[i]; s.k > 0 {
-			s.pick = turn % s.k
-			s.base, s.remainder = max(rows, 0)/s.k, max(rows, 0)%s.k
-		}
-	}
 	a := c.array()
-	for slot, idx := range m.Slots {
-		if uint(idx) >= uint(len(sh)) || sh[idx].k == 0 {
+	for _, idx := range shards {
+		if uint(idx) >= uint(len(owned)) || len(owned[idx]) == 0 {
 			continue
 		}
-		s := &sh[idx]
-		i := s.seen
-		s.seen++
-		if i == s.pick {
-			if write {
-				a[slot].writes.Add(1)
-			} else {
-				a[slot].reads.Add(1)
+		if counted != nil {
+			if counted[idx] {
+				continue
 			}
+			counted[idx] = true
 		}
+		own := owned[idx]
+		k := int64(len(own))
+		pick := turn % k
 		if !write {
+			a[own[pick]].reads.Add(1)
 			continue
 		}
+		a[own[pick]].writes.Add(1)
 		// The remainder goes to the k slots from the picked one on, so
 		// that it too turns through the shard.
-		n := s.base
-		if (i-s.pick+s.k)%s.k < s.remainder {
-			n++
-		}
-		if n > 0 {
-			a[slot].rows.Add(uint32(min(n, 1<<31)))
+		base, remainder := max(rows, 0)/k, max(rows, 0)%k
+		for i, slot := range own {
+			n := base
+			if (int64(i)-pick+k)%k < remainder {
+				n++
+			}
+			if n > 0 {
+				a[slot].rows.Add(uint32(min(n, 1<<31)))
+			}
 		}
 	}
+}
+
+// shardSlots are the slots of each shard of one map, in slot order.
+type shardSlots struct {
+	m     *Map
+	slots [][]int32 // by shard index
+}
+
+// slotsOf returns the slots of each shard of m, by shard index, made from
+// one walk over m's slots the first time m is counted and kept until
+// another map is: maps change only with the tree's epochs.
+func (c *SlotCounters) slotsOf(m *Map) [][]int32 {
+	if ix := c.index.Load(); ix != nil && ix.m == m {
+		return ix.slots
+	}
+	n := 0
+	for _, idx := range m.Slots {
+		n = max(n, idx+1)
+	}
+	counts := make([]int, n)
+	for _, idx := range m.Slots {
+		if idx >= 0 {
+			counts[idx]++
+		}
+	}
+	all := make([]int32, 0, len(m.Slots))
+	slots := make([][]int32, n)
+	for idx, k := range counts {
+		slots[idx] = all[len(all) : len(all) : len(all)+k]
+		all = all[:len(all)+k]
+	}
+	for slot, idx := range m.Slots {
+		if idx >= 0 {
+			slots[idx] = append(slots[idx], int32(slot))
+		}
+	}
+	c.index.Store(&shardSlots{m: m, slots: slots})
+	return slots
 }
 
 // take returns what was counted since the last take, non-zero slots only,

@@ -143,6 +143,12 @@ func TestLoadCountersShards(t *testing.T) {
 			c.Shards(m, []int{-1, 4, 99}, true, 5)
 			c.Shards(m, nil, false, 0)
 		}, want{}},
+		{"a shard listed twice", func(c *SlotCounters) { c.Shards(m, []int{1, 1}, false, 0) },
+			want{reads: [16]uint64{5: 1}}},
+		{"a map that changed", func(c *SlotCounters) {
+			c.Shards(m, []int{1}, false, 0) // shard 1 owns slots 4..7
+			c.Shards(NewIdentityMap("app", "orders", 16, 2, []string{"n1"}), []int{1}, false, 0) // then 8..15
+		}, want{reads: [16]uint64{5: 1, 10: 1}}},
 		{"a map of another slot count", func(c *SlotCounters) {
 			c.Shards(NewIdentityMap("app", "orders", 32, 4, []string{"n1"}), []int{0}, true, 5)
 		}, want{}},
@@ -162,4 +168,25 @@ func TestLoadCountersShards(t *testing.T) {
 	}
 	var nilCounters *SlotCounters
 	nilCounters.Shards(m, []int{0}, true, 1)
+}
+
+// BenchmarkSlotCountersShards is the proxy's cost of counting one fan-out
+// read over every shard of a 16-shard tree, and of a write's rows.
+func BenchmarkSlotCountersShards(b *testing.B) {
+	m := NewIdentityMap("app", "orders", DefaultSlotCount, 16, []string{"n1", "n2"})
+	all := make([]int, 16)
+	for i := range all {
+		all[i] = i
+	}
+	c := newSlotCounters(DefaultSlotCount)
+	b.Run("read", func(b *testing.B) {
+		for b.Loop() {
+			c.Shards(m, all, false, 0)
+		}
+	})
+	b.Run("write", func(b *testing.B) {
+		for b.Loop() {
+			c.Shards(m, all, true, 100)
+		}
+	})
 }
