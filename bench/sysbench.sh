@@ -18,13 +18,18 @@ chmod 755 "$work"
 ports=()
 cleanup() {
   [ -n "${lpid:-}" ] && kill "$lpid" 2>/dev/null && wait "$lpid" 2>/dev/null
+  [ -n "${rpid:-}" ] && kill "$rpid" 2>/dev/null && wait "$rpid" 2>/dev/null
   stop_pg n1 n2 plain
   rm -rf "$work"
 }
 trap cleanup EXIT
-p1=$(free_port); p2=$(free_port); pp=$(free_port); lport=$(free_port); aport=$(free_port)
+p1=$(free_port); p2=$(free_port); pp=$(free_port); lport=$(free_port); aport=$(free_port); rport=$(free_port)
 start_pg n1 "$p1"; start_pg n2 "$p2"; start_pg plain "$pp"
-"$bin" serve --listen 127.0.0.1:$lport --admin 127.0.0.1:$aport \
+# A redis-server of its own, as in production: the embedded one would
+# serve the load counters' writes on the proxy's CPU, which is measured.
+redis-server --bind 127.0.0.1 --port "$rport" --save '' --appendonly no >"$work/redis.log" 2>&1 &
+rpid=$!
+"$bin" serve --listen 127.0.0.1:$lport --admin 127.0.0.1:$aport --redis "redis://127.0.0.1:$rport/0" \
   --node "n1=postgres://lattice@127.0.0.1:$p1/postgres?sslmode=disable" \
   --node "n2=postgres://lattice@127.0.0.1:$p2/postgres?sslmode=disable" --log-level warn 2>"$work/lattice.log" &
 lpid=$!
