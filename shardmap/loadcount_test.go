@@ -146,8 +146,9 @@ func TestLoadCountersShards(t *testing.T) {
 		{"a shard listed twice", func(c *SlotCounters) { c.Shards(m, []int{1, 1}, false, 0) },
 			want{reads: [16]uint64{5: 1}}},
 		{"a map that changed", func(c *SlotCounters) {
-			c.Shards(m, []int{1}, false, 0) // shard 1 owns slots 4..7
-			c.Shards(NewIdentityMap("app", "orders", 16, 2, []string{"n1"}), []int{1}, false, 0) // then 8..15
+			// Shard 1 owns slots 4..7, then 8..15.
+			c.Shards(m, []int{1}, false, 0)
+			c.Shards(NewIdentityMap("app", "orders", 16, 2, []string{"n1"}), []int{1}, false, 0)
 		}, want{reads: [16]uint64{5: 1, 10: 1}}},
 		{"a map of another slot count", func(c *SlotCounters) {
 			c.Shards(NewIdentityMap("app", "orders", 32, 4, []string{"n1"}), []int{0}, true, 5)
