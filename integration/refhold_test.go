@@ -313,6 +313,64 @@ func TestReferenceChangeGivesUpALock(t *testing.T) {
 	t.Logf("%d transactions committed, %d of them before the lock went", load.committed.Load(), during)
 }
 
+// TestReferenceChangeAfterPreparedWrite: a transaction that prepares a
+// write of a reference table (pgx's Prepare: Parse, Describe, Sync) holds
+// the catalog copy's lock from that Parse on, as PostgreSQL takes it when
+// it parses. A change marked after that waits for the transaction; the
+// transaction's write, bound under the mark, must not be held for the
+// change, so the transaction commits and the change goes on. Held, the
+// write waited for the change and the change for it, until the change
+// gave up (55P03).
+func TestReferenceChangeAfterPreparedWrite(t *testing.T) {
+	resetNodes(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	pools, procs := itemUnderTwoProxies(t, ctx, `INSERT INTO item SELECT i, 1, 'item', 1.00, 'd' FROM generate_series(1, 1000) i`)
+	tx, err := pools[1].Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	// A read puts the catalog node's backend in the transaction, where the
+	// Parse then goes.
+	if _, err := tx.Exec(ctx, `SELECT count(*) FROM item`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Prepare(ctx, "add_item", `INSERT INTO item VALUES ($1, 1, 'p', 1.00, 'p')`); err != nil {
+		t.Fatal(err)
+	}
+	changed := make(chan error, 1)
+	go func() {
+		_, err := pools[0].Exec(ctx, `SELECT lattice_undistribute_table('item')`)
+		changed <- err
+	}()
+	n1 := connect(t, testNodeDSN(t, 0))
+	pollUntil(t, time.Minute, "the change to wait for the catalog copy's lock", func() (bool, error) {
+		select {
+		case err := <-changed:
+			t.Fatalf("the change did not wait for the transaction that prepared a write of item: %v", err)
+		default:
+		}
+		var waiting bool
+		err := n1.QueryRow(ctx, `SELECT count(*) > 0 FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'LOCK TABLE %item%'`).Scan(&waiting)
+		return waiting, err
+	})
+	if _, err := tx.Exec(ctx, "add_item", 5000); err != nil {
+		t.Fatalf("the prepared write under the change's mark: %v", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-changed; err != nil {
+		t.Fatalf("undistributing while a transaction had prepared a write of item: %v", err)
+	}
+	heldWrites(t, procs)
+	var rows int64
+	if err := n1.QueryRow(ctx, `SELECT count(*) FROM public.item`).Scan(&rows); err != nil || rows != 1001 {
+		t.Errorf("the catalog node's item has %d rows (%v), want 1001", rows, err)
+	}
+}
+
 // finishRefWriters stops load once item became an ordinary table, and
 // fails t on a failed write, a held write whose hold timed out, or a
 // committed write missing from the catalog node's item, which held base

@@ -230,6 +230,16 @@ func (s *session) statementOn(be *pgshard.Conn, st *clientStmt, sql string) stri
 	return s.prepareOn(be, sql, st.oids, st.epoch)
 }
 
+// parsedOn reports whether statementOn(be, st, st.sql) would send no Parse.
+func (s *session) parsedOn(be *pgshard.Conn, st *clientStmt) bool {
+	if st.plan != nil && st.plan.Reparse {
+		return false
+	}
+	s.keyBuf = appendPreparedKey(s.keyBuf[:0], st.sql, st.oids, st.epoch)
+	_, ok := be.Prepared(s.keyBuf)
+	return ok
+}
+
 // appendPreparedKey appends the name of a backend statement to b: its
 // text, parameter types and the result epoch of the client statement it
 // serves. The key is built in the session's buffer and looked up without
@@ -405,6 +415,9 @@ func (s *session) describe(ctx context.Context, m *pgproto3.Describe) {
 	be, err := s.describeBackend(ctx)
 	if err != nil {
 		s.fail(err)
+		return
+	}
+	if !s.parsedOn(be, st) && !s.describeHeld(ctx, st) {
 		return
 	}
 	name := s.statementOn(be, st, st.sql)

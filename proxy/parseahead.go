@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgproto3"
 
@@ -59,6 +60,12 @@ func (s *session) parseNow(ctx context.Context) {
 	a := s.ahead
 	s.ahead = nil
 	if a == nil || s.skipping || a.step != len(s.x.steps)-1 || s.stmts[a.name] != a.st {
+		return
+	}
+	if r, _, err := s.parseLock(ctx, a.st.plan, time.Now()); r != nil || err != nil {
+		// It would lock a reference table whose copies are changing: its
+		// Describe or Bind waits for the change, and the proxy's answer
+		// stays.
 		return
 	}
 	// The backend's answer replaces the proxy's, after what taking the

@@ -87,6 +87,10 @@ type session struct {
 	// ahead is the client's last Parse while its answer is the proxy's own
 	// and the next message may want the backend's (parseahead.go).
 	ahead *parseAhead
+	// parsedRefs are the reference tables whose catalog copy a Parse of
+	// the current exchange locked on a backend outside any transaction,
+	// until that backend's Sync (refhold.go).
+	parsedRefs []string
 	// skipping is set after an error in an extended batch: messages are
 	// ignored until Sync, as PostgreSQL does.
 	skipping bool
@@ -573,6 +577,7 @@ func (s *session) finish() {
 		s.putBack(be)
 	}
 	s.aux = s.aux[:0]
+	s.parsedRefs = s.parsedRefs[:0]
 	if len(s.tx.conns) == 0 {
 		return
 	}
