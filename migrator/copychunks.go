@@ -133,7 +133,7 @@ func (sh *Shadow) copyRows(ctx context.Context, src *pgx.Conn, snapshot string, 
 			results <- result{n, b, err}
 		}()
 	}
-	tx, rows, bytes, err := sh.copyOwn(copyCtx, src, snapshot, queue, freeze, func() error {
+	tx, rebuild, rows, bytes, err := sh.copyOwn(copyCtx, src, snapshot, queue, freeze, func() error {
 		importing.Wait()
 		if err := copyCtx.Err(); err != nil {
 			return err // a worker failed; its error is the cause
@@ -154,9 +154,20 @@ func (sh *Shadow) copyRows(ctx context.Context, src *pgx.Conn, snapshot string, 
 	if err := firstCause(errs); err != nil {
 		return 0, 0, err
 	}
+	built := time.Now()
+	if err := rebuild.build(ctx, tx); err != nil {
+		return 0, 0, err
+	}
+	if len(rebuild.sql) > 0 {
+		sh.log.Info("indexes built after the copy", "tables", len(rebuild.tables), "statements", len(rebuild.sql), "took", time.Since(built))
+	}
 	if sp.Reindex {
 		for _, t := range sp.trees() {
-			if _, err := tx.Exec(ctx, "REINDEX TABLE "+pgshard.ShardTable(t, sp.Target)); err != nil {
+			table := pgshard.ShardTable(t, sp.Target)
+			if rebuild.tables[table] {
+				continue // built whole after the copy
+			}
+			if _, err := tx.Exec(ctx, "REINDEX TABLE "+table); err != nil {
 				return 0, 0, fmt.Errorf("migrator: rebuild the indexes of %s on the target: %w", t.Name, err)
 			}
 		}
@@ -188,29 +199,45 @@ func firstCause(errs []error) error {
 }
 
 // copyOwn copies ranges from the queue over the shadow's own connections,
-// in the target transaction it returns open, for copyRows to commit last.
+// in the target transaction it returns open, for copyRows to commit last,
+// with the indexes it dropped to build after the copy (deferindex.go).
 // It calls imported once its source transaction has imported the
 // snapshot.
-func (sh *Shadow) copyOwn(ctx context.Context, src *pgx.Conn, snapshot string, queue <-chan copyChunk, freeze bool, imported func() error) (pgx.Tx, int64, int64, error) {
+func (sh *Shadow) copyOwn(ctx context.Context, src *pgx.Conn, snapshot string, queue <-chan copyChunk, freeze bool, imported func() error) (pgx.Tx, indexRebuild, int64, int64, error) {
+	var rebuild indexRebuild
 	err := useSnapshot(ctx, src, snapshot)
 	if err == nil {
 		err = imported()
 	}
 	if err != nil {
-		return nil, 0, 0, err
+		return nil, rebuild, 0, 0, err
 	}
 	defer src.Exec(context.Background(), "ROLLBACK")
 	tx, err := sh.target.Begin(ctx)
 	if err != nil {
-		return nil, 0, 0, err
+		return nil, rebuild, 0, 0, err
 	}
 	if freeze {
 		if freeze, err = freezeTargets(ctx, tx, sh.spec); err != nil {
-			return tx, 0, 0, err
+			return tx, rebuild, 0, 0, err
+		}
+	}
+	if freeze {
+		if rebuild, err = dropIndexes(ctx, tx, targetTables(sh.spec)); err != nil {
+			return tx, rebuild, 0, 0, err
 		}
 	}
 	rows, bytes, err := sh.copyQueue(ctx, src, tx, queue, freeze)
-	return tx, rows, bytes, err
+	return tx, rebuild, rows, bytes, err
+}
+
+// targetTables are the copy's target tables, quoted.
+func targetTables(sp ShadowSpec) []string {
+	var tables []string
+	for _, t := range sp.trees() {
+		tables = append(tables, pgshard.ShardTable(t, sp.Target))
+	}
+	return tables
 }
 
 // clearTargets deletes what an earlier run left of the moving slots in
@@ -243,10 +270,7 @@ const truncateLockWait = time.Second
 // undone and the slots are deleted instead, which no reader holds up,
 // and copied without FREEZE; it reports whether the copy may freeze.
 func freezeTargets(ctx context.Context, tx pgx.Tx, sp ShadowSpec) (bool, error) {
-	var tables []string
-	for _, t := range sp.trees() {
-		tables = append(tables, pgshard.ShardTable(t, sp.Target))
-	}
+	tables := targetTables(sp)
 	sub, err := tx.Begin(ctx)
 	if err != nil {
 		return false, err

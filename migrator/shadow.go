@@ -39,7 +39,9 @@ type ShadowSpec struct {
 	Fresh bool
 	// Reindex rebuilds the target's indexes in the copy's transaction (a
 	// resize): a btree index filled row by row splits its pages half and
-	// half whatever its fillfactor, a built one packs them to it.
+	// half whatever its fillfactor, a built one packs them to it. A target
+	// whose indexes the copy built after filling it (deferindex.go) needs
+	// no rebuild.
 	Reindex bool
 	// Workers is how many connection pairs a Whole copy uses at once, one
 	// page range each (copychunks.go); below 1, one.
