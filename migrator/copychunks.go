@@ -155,16 +155,16 @@ func (sh *Shadow) copyRows(ctx context.Context, src *pgx.Conn, snapshot string, 
 		return 0, 0, err
 	}
 	built := time.Now()
-	if err := rebuild.build(ctx, tx); err != nil {
+	if err := rebuild.Build(ctx, tx); err != nil {
 		return 0, 0, err
 	}
-	if len(rebuild.sql) > 0 {
-		sh.log.Info("indexes built after the copy", "tables", len(rebuild.tables), "statements", len(rebuild.sql), "took", time.Since(built))
+	if !rebuild.Empty() {
+		sh.log.Info("indexes built after the copy", "tables", len(rebuild.Tables), "statements", rebuild.Statements(), "took", time.Since(built))
 	}
 	if sp.Reindex {
 		for _, t := range sp.trees() {
 			table := pgshard.ShardTable(t, sp.Target)
-			if rebuild.tables[table] {
+			if rebuild.Tables[table] {
 				continue // built whole after the copy
 			}
 			if _, err := tx.Exec(ctx, "REINDEX TABLE "+table); err != nil {
@@ -200,11 +200,11 @@ func firstCause(errs []error) error {
 
 // copyOwn copies ranges from the queue over the shadow's own connections,
 // in the target transaction it returns open, for copyRows to commit last,
-// with the indexes it dropped to build after the copy (deferindex.go).
+// with the indexes it dropped to build after the copy (pgshard/deferindex.go).
 // It calls imported once its source transaction has imported the
 // snapshot.
-func (sh *Shadow) copyOwn(ctx context.Context, src *pgx.Conn, snapshot string, queue <-chan copyChunk, freeze bool, imported func() error) (pgx.Tx, indexRebuild, int64, int64, error) {
-	var rebuild indexRebuild
+func (sh *Shadow) copyOwn(ctx context.Context, src *pgx.Conn, snapshot string, queue <-chan copyChunk, freeze bool, imported func() error) (pgx.Tx, pgshard.IndexRebuild, int64, int64, error) {
+	var rebuild pgshard.IndexRebuild
 	err := useSnapshot(ctx, src, snapshot)
 	if err == nil {
 		err = imported()
@@ -223,7 +223,7 @@ func (sh *Shadow) copyOwn(ctx context.Context, src *pgx.Conn, snapshot string, q
 		}
 	}
 	if freeze {
-		if rebuild, err = dropIndexes(ctx, tx, targetTables(sh.spec)); err != nil {
+		if rebuild, err = pgshard.DropIndexes(ctx, tx, targetTables(sh.spec)); err != nil {
 			return tx, rebuild, 0, 0, err
 		}
 	}

@@ -40,7 +40,7 @@ type ShadowSpec struct {
 	// Reindex rebuilds the target's indexes in the copy's transaction (a
 	// resize): a btree index filled row by row splits its pages half and
 	// half whatever its fillfactor, a built one packs them to it. A target
-	// whose indexes the copy built after filling it (deferindex.go) needs
+	// whose indexes the copy built after filling it (pgshard/deferindex.go) needs
 	// no rebuild.
 	Reindex bool
 	// Workers is how many connection pairs a Whole copy uses at once, one

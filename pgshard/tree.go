@@ -357,8 +357,7 @@ func (c *Cluster) copyRows(ctx context.Context, src *pgconn.PgConn, t *shardmap.
 		node := m.Shards[idx].Node
 		out := "COPY (SELECT " + cols + " FROM " + template + " WHERE " + btreeindex.SlotPredicate(t, "", m.SlotRanges(idx)) +
 			") TO STDOUT (FORMAT binary)"
-		in := "COPY " + ShardTable(t, idx) + " (" + cols + ") FROM STDIN (FORMAT binary)"
-		n, err := c.pipeCopy(ctx, src, node, t.Tenant, out, in)
+		n, err := c.fillShard(ctx, src, node, t.Tenant, ShardTable(t, idx), cols, out)
 		if err != nil {
 			return total, fmt.Errorf("pgshard: copy rows of %s into shard %d on %s: %w", t.Name, idx, node, err)
 		}
@@ -385,6 +384,62 @@ func (c *Cluster) pipeCopy(ctx context.Context, src *pgconn.PgConn, node, tenant
 		return 0, err
 	}
 	return r.Written, nil
+}
+
+// fillShard runs the COPY TO out on src and streams it into columns cols of
+// a new shard's table on node; it returns the row count both agree on. One
+// transaction truncates the table, drops its indexes, copies with FREEZE
+// and builds the indexes after the rows (deferindex.go): a new tree's
+// creation holds its table's writers for the whole copy, and COPY into a
+// table with its indexes took two to three times as long. Where the table
+// cannot be truncated at once (a foreign key referencing it, a lock), it is
+// filled as it is.
+func (c *Cluster) fillShard(ctx context.Context, src *pgconn.PgConn, node, tenant, table, cols, out string) (int64, error) {
+	p, err := c.Admin(ctx, node, tenant)
+	if err != nil {
+		return 0, err
+	}
+	dst, err := p.Acquire(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("node %s: %w", node, err)
+	}
+	defer dst.Release()
+	tx, err := dst.Begin(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("node %s: %w", node, err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	in := "COPY " + table + " (" + cols + ") FROM STDIN (FORMAT binary)"
+	var rebuild IndexRebuild
+	if truncated(ctx, tx, table) {
+		in = "COPY " + table + " (" + cols + ") FROM STDIN (FORMAT binary, FREEZE)"
+		if rebuild, err = DropIndexes(ctx, tx, []string{table}); err != nil {
+			return 0, err
+		}
+	}
+	r := PipeCopy(ctx, src, out, tx.Conn().PgConn(), in)
+	if err := r.Err(); err != nil {
+		return 0, err
+	}
+	if err := rebuild.Build(ctx, tx); err != nil {
+		return 0, err
+	}
+	return r.Written, tx.Commit(ctx)
+}
+
+// truncated empties table in tx, waiting a second at most for its lock,
+// and reports whether it did; a TRUNCATE that failed is undone.
+func truncated(ctx context.Context, tx pgx.Tx, table string) bool {
+	sub, err := tx.Begin(ctx)
+	if err != nil {
+		return false
+	}
+	if _, err := sub.Exec(ctx, "SET LOCAL lock_timeout = 1000; TRUNCATE "+table+"; SET LOCAL lock_timeout = DEFAULT"); err != nil {
+		// A rollback that failed too leaves tx failed: the copy says so.
+		_ = sub.Rollback(ctx)
+		return false
+	}
+	return sub.Commit(ctx) == nil
 }
 
 // fenceTemplate empties the template and installs the fence. TRUNCATE comes

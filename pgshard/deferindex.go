@@ -1,4 +1,4 @@
-package migrator
+package pgshard
 
 import (
 	"context"
@@ -14,11 +14,11 @@ import (
 // data. On the 2-core test machine COPY of 250,000 rows into a table with
 // a bigint primary key took 780-810 ms, into the bare table 200-320 ms and
 // the key's build after it 130-150 ms. So a copy whose transaction
-// truncated its targets (freezeTargets: no one else sees them until it
-// commits) drops their indexes first and builds them again before it
-// commits (indexRebuild). The drop, the copy and the build are one
-// transaction: a crash or a failure anywhere in it leaves the table as it
-// was.
+// truncated its targets (no one else sees them until it commits: a shadow
+// copy's, migrator.freezeTargets, and a new tree's shards, copyRows)
+// drops their indexes first and builds them again before it commits
+// (IndexRebuild). The drop, the copy and the build are one transaction: a
+// crash or a failure anywhere in it leaves the table as it was.
 //
 // A table keeps its indexes, and is filled as before, when rebuilding
 // them could lose something that a CREATE INDEX from pg_get_indexdef and an
@@ -28,14 +28,14 @@ import (
 // index in a tablespace of its own, with a comment or with per-column
 // statistics targets, or one not valid. The CLUSTER mark is set again.
 
-// indexRebuild is what dropIndexes took off the copy's targets.
-type indexRebuild struct {
-	tables map[string]bool // the targets whose indexes were all dropped
+// IndexRebuild is what DropIndexes took off a copy's targets.
+type IndexRebuild struct {
+	Tables map[string]bool // the targets whose indexes were all dropped
 	sql    []string        // the statements that make them again, in order
 }
 
 // targetIndexes lists the indexes of the tables named by $1 (quoted, as
-// pgshard.ShardTable writes them), each with what rebuilding it needs and
+// ShardTable writes them), each with what rebuilding it needs and
 // whether its table must keep its indexes.
 const targetIndexes = `
 SELECT q.name, quote_ident(ic.relname), pg_get_indexdef(i.indexrelid),
@@ -57,12 +57,12 @@ type targetIndex struct {
 	clustered, keep                    bool
 }
 
-// dropIndexes drops, in tx, the indexes of every table of tables that may
+// DropIndexes drops, in tx, the indexes of every table of tables that may
 // lose them (above), and returns what builds them again.
-func dropIndexes(ctx context.Context, tx pgx.Tx, tables []string) (indexRebuild, error) {
+func DropIndexes(ctx context.Context, tx pgx.Tx, tables []string) (IndexRebuild, error) {
 	rows, err := tx.Query(ctx, targetIndexes, tables)
 	if err != nil {
-		return indexRebuild{}, fmt.Errorf("migrator: list the target's indexes: %w", err)
+		return IndexRebuild{}, fmt.Errorf("pgshard: list the target's indexes: %w", err)
 	}
 	idx, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (targetIndex, error) {
 		var x targetIndex
@@ -70,7 +70,7 @@ func dropIndexes(ctx context.Context, tx pgx.Tx, tables []string) (indexRebuild,
 		return x, err
 	})
 	if err != nil {
-		return indexRebuild{}, fmt.Errorf("migrator: list the target's indexes: %w", err)
+		return IndexRebuild{}, fmt.Errorf("pgshard: list the target's indexes: %w", err)
 	}
 	kept := map[string]bool{}
 	for _, x := range idx {
@@ -78,13 +78,13 @@ func dropIndexes(ctx context.Context, tx pgx.Tx, tables []string) (indexRebuild,
 			kept[x.table] = true
 		}
 	}
-	rb := indexRebuild{tables: map[string]bool{}}
+	rb := IndexRebuild{Tables: map[string]bool{}}
 	var drops []string
 	for _, x := range idx {
 		if kept[x.table] {
 			continue
 		}
-		rb.tables[x.table] = true
+		rb.Tables[x.table] = true
 		rb.sql = append(rb.sql, x.def)
 		name := x.name
 		if x.constraint != "" {
@@ -106,21 +106,27 @@ func dropIndexes(ctx context.Context, tx pgx.Tx, tables []string) (indexRebuild,
 		return rb, nil
 	}
 	if _, err := tx.Exec(ctx, strings.Join(drops, "; ")); err != nil {
-		return indexRebuild{}, fmt.Errorf("migrator: drop the target's indexes before the copy: %w", err)
+		return IndexRebuild{}, fmt.Errorf("pgshard: drop the target's indexes before the copy: %w", err)
 	}
 	return rb, nil
 }
 
-// build makes the dropped indexes again, in the copy's transaction.
-func (rb indexRebuild) build(ctx context.Context, tx pgx.Tx) error {
-	if len(rb.sql) == 0 {
+// Build makes the dropped indexes again, in the copy's transaction.
+func (rb IndexRebuild) Build(ctx context.Context, tx pgx.Tx) error {
+	if rb.Empty() {
 		return nil
 	}
 	if _, err := tx.Exec(ctx, strings.Join(rb.sql, "; ")); err != nil {
-		return fmt.Errorf("migrator: build the target's indexes after the copy: %w", err)
+		return fmt.Errorf("pgshard: build the target's indexes after the copy: %w", err)
 	}
 	return nil
 }
+
+// Empty reports whether nothing was dropped.
+func (rb IndexRebuild) Empty() bool { return len(rb.sql) == 0 }
+
+// Statements counts the statements Build runs.
+func (rb IndexRebuild) Statements() int { return len(rb.sql) }
 
 // schemaOf is the quoted schema of a table quoted as "schema"."table".
 func schemaOf(table string) string {
