@@ -23,20 +23,7 @@ func TestShadowCopyFreezes(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	pool := itemsTree(t, ctx, startProxy(t, 2, "--reshard-tick", "200ms"))
-	if _, err := pool.Exec(ctx, "SELECT lattice_reshard('items', 4)"); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, ctx, pool, "SELECT lattice_reshard_complete('items')", nil, func() error { return nil })
-	before := shardNodes(t, ctx, pool, "items")
-	to := "n2"
-	if before[0] == "n2/active" {
-		to = "n1"
-	}
-	if _, err := pool.Exec(ctx, fmt.Sprintf("SELECT lattice_move_shard('items', 0, '%s')", to)); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, ctx, pool, "SELECT lattice_rebalance_complete('items')", nil, func() error { return nil })
-
+	splitAndMove(t, ctx, pool, "items")
 	after := shardNodes(t, ctx, pool, "items")
 	// Shards 2 and 3 are the splits' targets, shard 0 the move's.
 	for _, idx := range []int{0, 2, 3} {
@@ -116,6 +103,24 @@ func TestShadowCopyLockedTarget(t *testing.T) {
 	if pages == 0 || frozen == pages {
 		t.Errorf("shard 0 on n%d: %d of its %d pages all-frozen, want the copy without FREEZE", to+1, frozen, pages)
 	}
+}
+
+// splitAndMove reshards tree from 2 shards to 4 (shards 2 and 3 are the
+// splits' targets), then moves shard 0 to the other node.
+func splitAndMove(t *testing.T, ctx context.Context, pool *pgxpool.Pool, tree string) {
+	t.Helper()
+	if _, err := pool.Exec(ctx, "SELECT lattice_reshard($1, 4)", tree); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, ctx, pool, fmt.Sprintf("SELECT lattice_reshard_complete('%s')", tree), nil, func() error { return nil })
+	to := "n2"
+	if shardNodes(t, ctx, pool, tree)[0] == "n2/active" {
+		to = "n1"
+	}
+	if _, err := pool.Exec(ctx, "SELECT lattice_move_shard($1, 0, $2)", tree, to); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, ctx, pool, fmt.Sprintf("SELECT lattice_rebalance_complete('%s')", tree), nil, func() error { return nil })
 }
 
 // itemsTree makes items, a tree of 20,000 rows in 2 shards, through p and

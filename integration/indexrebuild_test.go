@@ -48,19 +48,7 @@ func TestCopyRebuildsIndexes(t *testing.T) {
 	if _, err := pool.Exec(ctx, "CLUSTER gear USING gear_v"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := pool.Exec(ctx, "SELECT lattice_reshard('gear', 4)"); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, ctx, pool, "SELECT lattice_reshard_complete('gear')", nil, func() error { return nil })
-	before := shardNodes(t, ctx, pool, "gear")
-	to := "n2"
-	if before[0] == "n2/active" {
-		to = "n1"
-	}
-	if _, err := pool.Exec(ctx, fmt.Sprintf("SELECT lattice_move_shard('gear', 0, '%s')", to)); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, ctx, pool, "SELECT lattice_rebalance_complete('gear')", nil, func() error { return nil })
+	splitAndMove(t, ctx, pool, "gear")
 	if !strings.Contains(p.Log(), "indexes built after the copy") {
 		t.Error("no copy built its target's indexes after the copy")
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/lattice-db/lattice/btreeindex"
 	"github.com/lattice-db/lattice/shardmap"
@@ -370,13 +371,9 @@ func (c *Cluster) copyRows(ctx context.Context, src *pgconn.PgConn, t *shardmap.
 // pipeCopy runs the COPY TO out on src and streams it into the COPY FROM in on
 // node; it returns the row count both agree on.
 func (c *Cluster) pipeCopy(ctx context.Context, src *pgconn.PgConn, node, tenant, out, in string) (int64, error) {
-	p, err := c.Admin(ctx, node, tenant)
+	dst, err := c.adminConn(ctx, node, tenant)
 	if err != nil {
 		return 0, err
-	}
-	dst, err := p.Acquire(ctx)
-	if err != nil {
-		return 0, fmt.Errorf("node %s: %w", node, err)
 	}
 	defer dst.Release()
 	r := PipeCopy(ctx, src, out, dst.Conn().PgConn(), in)
@@ -384,6 +381,19 @@ func (c *Cluster) pipeCopy(ctx context.Context, src *pgconn.PgConn, node, tenant
 		return 0, err
 	}
 	return r.Written, nil
+}
+
+// adminConn takes a control connection to tenant's database on node.
+func (c *Cluster) adminConn(ctx context.Context, node, tenant string) (*pgxpool.Conn, error) {
+	p, err := c.Admin(ctx, node, tenant)
+	if err != nil {
+		return nil, err
+	}
+	conn, err := p.Acquire(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("node %s: %w", node, err)
+	}
+	return conn, nil
 }
 
 // fillShard runs the COPY TO out on src and streams it into columns cols of
@@ -395,13 +405,9 @@ func (c *Cluster) pipeCopy(ctx context.Context, src *pgconn.PgConn, node, tenant
 // cannot be truncated at once (a foreign key referencing it, a lock), it is
 // filled as it is.
 func (c *Cluster) fillShard(ctx context.Context, src *pgconn.PgConn, node, tenant, table, cols, out string) (int64, error) {
-	p, err := c.Admin(ctx, node, tenant)
+	dst, err := c.adminConn(ctx, node, tenant)
 	if err != nil {
 		return 0, err
-	}
-	dst, err := p.Acquire(ctx)
-	if err != nil {
-		return 0, fmt.Errorf("node %s: %w", node, err)
 	}
 	defer dst.Release()
 	tx, err := dst.Begin(ctx)
