@@ -442,6 +442,43 @@ func TestReferenceUndistributeAgain(t *testing.T) {
 	}
 }
 
+// TestRemoveNodeDropsALeftCopy: an undistribution that could not drop
+// n2's copy (a view on it, made there) leaves it to drop. Once the view is
+// gone, draining and removing n2 drops the copy there and takes n2 out of
+// the entry, which no later call could do: it skips a node no longer
+// registered. The next call then finds nothing left to drop.
+func TestRemoveNodeDropsALeftCopy(t *testing.T) {
+	resetNodes(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	pools, _ := itemUnderTwoProxies(t, ctx, `INSERT INTO item SELECT i, 1, 'item', 1.00, 'd' FROM generate_series(1, 100) i`)
+	admin := pools[0]
+	n2 := connect(t, testNodeDSN(t, 1))
+	mustExec(t, n2, `CREATE VIEW item_ids AS SELECT i_id FROM public.item`)
+	if _, err := admin.Exec(ctx, `SELECT lattice_undistribute_table('item')`); pgCode(err) != "2BP01" {
+		t.Fatalf("undistributing while n2's copy cannot be dropped: %v, want 2BP01", err)
+	}
+	mustExec(t, n2, `DROP VIEW item_ids`)
+	if _, err := admin.Exec(ctx, `SELECT lattice_drain_node('n2')`); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, ctx, admin, "SELECT lattice_drain_complete('n2')", nil, func() error { return nil })
+	if _, err := admin.Exec(ctx, `SELECT lattice_remove_node('n2')`); err != nil {
+		t.Fatal(err)
+	}
+	var left bool
+	if err := n2.QueryRow(ctx, `SELECT to_regclass('public.item') IS NOT NULL`).Scan(&left); err != nil || left {
+		t.Errorf("n2 keeps its copy of item after its removal: %v, %v", left, err)
+	}
+	if _, err := admin.Exec(ctx, `SELECT lattice_undistribute_table('item')`); err != nil {
+		t.Fatalf("undistributing after n2's removal: %v", err)
+	}
+	var refs int
+	if err := admin.QueryRow(ctx, `SELECT count(*) FROM lattice_reference_tables()`).Scan(&refs); err != nil || refs != 0 {
+		t.Errorf("lattice_reference_tables lists %d tables (%v), want none", refs, err)
+	}
+}
+
 // heldWrites fails t if a proxy let a held write of a reference table go
 // when its hold timed out, or saw a change go on without every proxy's
 // acknowledgement; it returns the writes held and released.

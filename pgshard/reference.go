@@ -775,13 +775,31 @@ func (c *Cluster) ReleaseReferences(ctx context.Context, store shardmap.Referenc
 		return sqlstate.New(sqlstate.ObjectNotInPrerequisiteState, "node %s is the catalog node and keeps every reference table", node)
 	}
 	return c.changeReferences(ctx, store, tenant,
-		func(ref *shardmap.Reference) bool { return ref.Holds(node) },
+		func(ref *shardmap.Reference) bool { return ref.Holds(node) || slices.Contains(ref.Dropping, node) },
 		func(ctx context.Context, ref *shardmap.Reference) error {
+			if !ref.Holds(node) {
+				return c.forgetDropping(ctx, store, ref, node)
+			}
 			if err := c.releaseReference(ctx, store, ref, node); err != nil {
 				return fmt.Errorf("pgshard: take node %s out of reference table %s of %s: %w", node, ref.Name, tenant, err)
 			}
 			return nil
 		})
+}
+
+// forgetDropping drops the copy of ref on node, which an undistribution
+// that failed there left to drop, before the node is removed, and takes
+// the node out of the entry's dropping list: once it is removed, no later
+// undistribution can reach it. A copy that cannot be dropped is logged, to
+// be dropped by hand.
+func (c *Cluster) forgetDropping(ctx context.Context, store shardmap.ReferenceStore, ref *shardmap.Reference, node string) error {
+	if err := c.dropCopies(ctx, ref.Tenant, ref.Name, []string{node}); err != nil {
+		c.log.Warn("a copy of a table that is no longer a reference table stays on a node being removed; drop it there by hand",
+			"tenant", ref.Tenant, "table", ref.Name, "node", node, "err", err)
+	}
+	kept := *ref
+	kept.Dropping = slices.DeleteFunc(slices.Clone(ref.Dropping), func(n string) bool { return n == node })
+	return store.PutReference(ctx, &kept, ref)
 }
 
 func (c *Cluster) releaseReference(ctx context.Context, store shardmap.ReferenceStore, ref *shardmap.Reference, node string) error {
