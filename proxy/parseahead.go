@@ -62,18 +62,19 @@ func (s *session) parseNow(ctx context.Context) {
 	if a == nil || s.skipping || a.step != len(s.x.steps)-1 || s.stmts[a.name] != a.st {
 		return
 	}
-	if r, _, err := s.parseLock(ctx, a.st.plan, time.Now()); r != nil || err != nil {
-		// It would lock a reference table whose copies are changing: its
-		// Describe or Bind waits for the change, and the proxy's answer
-		// stays.
-		return
-	}
 	// The backend's answer replaces the proxy's, after what taking the
 	// backend queued (its settings).
 	answer := s.x.steps[a.step]
 	s.x.steps = s.x.steps[:a.step]
 	be, err := s.describeBackend(ctx)
 	if err != nil {
+		s.x.steps = append(s.x.steps, answer)
+		return
+	}
+	if r, _, err := s.parseLock(ctx, a.st.plan, time.Now()); r != nil || err != nil {
+		// It would lock a reference table whose copies are changing: its
+		// Describe or Bind waits for the change, and the proxy's answer
+		// stays.
 		s.x.steps = append(s.x.steps, answer)
 		return
 	}
