@@ -401,15 +401,8 @@ func TestReferenceUndistributeAgain(t *testing.T) {
 	resetNodes(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	pools, procs := itemUnderTwoProxies(t, ctx, `INSERT INTO item SELECT i, 1, 'item', 1.00, 'd' FROM generate_series(1, 1000) i`)
+	pools, procs, n2 := undistributeBlocked(t, ctx)
 	admin := pools[0]
-	n2 := connect(t, testNodeDSN(t, 1))
-	mustExec(t, n2, `CREATE VIEW item_ids AS SELECT i_id FROM public.item`)
-	_, err := admin.Exec(ctx, `SELECT lattice_undistribute_table('item')`)
-	if pgCode(err) != "2BP01" || !strings.Contains(pgHint(err), "lattice_undistribute_table('item') again") {
-		t.Fatalf("undistributing while n2's copy cannot be dropped: %v (hint %q), want 2BP01 with a hint", err, pgHint(err))
-	}
-	t.Logf("first call: %v", err)
 	for i, pool := range pools {
 		start := time.Now()
 		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
@@ -442,6 +435,24 @@ func TestReferenceUndistributeAgain(t *testing.T) {
 	}
 }
 
+// undistributeBlocked makes item, of 1,000 rows, a reference table under
+// two proxies (itemUnderTwoProxies), keeps n2's copy from being dropped by
+// a view made there, item_ids, and has lattice_undistribute_table fail on
+// it with that drop's SQLSTATE and the hint to run it again. It returns
+// the pools, the proxies and a connection to n2.
+func undistributeBlocked(t *testing.T, ctx context.Context) ([]*pgxpool.Pool, []*proxyProc, *pgx.Conn) {
+	t.Helper()
+	pools, procs := itemUnderTwoProxies(t, ctx, `INSERT INTO item SELECT i, 1, 'item', 1.00, 'd' FROM generate_series(1, 1000) i`)
+	n2 := connect(t, testNodeDSN(t, 1))
+	mustExec(t, n2, `CREATE VIEW item_ids AS SELECT i_id FROM public.item`)
+	_, err := pools[0].Exec(ctx, `SELECT lattice_undistribute_table('item')`)
+	if pgCode(err) != "2BP01" || !strings.Contains(pgHint(err), "lattice_undistribute_table('item') again") {
+		t.Fatalf("undistributing while n2's copy cannot be dropped: %v (hint %q), want 2BP01 with a hint", err, pgHint(err))
+	}
+	t.Logf("first call: %v", err)
+	return pools, procs, n2
+}
+
 // TestRemoveNodeDropsALeftCopy: an undistribution that could not drop
 // n2's copy (a view on it, made there) leaves it to drop. Once the view is
 // gone, draining and removing n2 drops the copy there and takes n2 out of
@@ -451,13 +462,8 @@ func TestRemoveNodeDropsALeftCopy(t *testing.T) {
 	resetNodes(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	pools, _ := itemUnderTwoProxies(t, ctx, `INSERT INTO item SELECT i, 1, 'item', 1.00, 'd' FROM generate_series(1, 100) i`)
+	pools, _, n2 := undistributeBlocked(t, ctx)
 	admin := pools[0]
-	n2 := connect(t, testNodeDSN(t, 1))
-	mustExec(t, n2, `CREATE VIEW item_ids AS SELECT i_id FROM public.item`)
-	if _, err := admin.Exec(ctx, `SELECT lattice_undistribute_table('item')`); pgCode(err) != "2BP01" {
-		t.Fatalf("undistributing while n2's copy cannot be dropped: %v, want 2BP01", err)
-	}
 	mustExec(t, n2, `DROP VIEW item_ids`)
 	if _, err := admin.Exec(ctx, `SELECT lattice_drain_node('n2')`); err != nil {
 		t.Fatal(err)
