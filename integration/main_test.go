@@ -562,14 +562,15 @@ func (p *proxyProc) cleanup(t testing.TB) {
 	if t.Failed() {
 		t.Logf("lattice serve %q exit: %v\n--- proxy log (%s) ---\n%s", p.Args, p.waitErr, p.logPath, log)
 		if stacks != "" {
-			t.Logf("--- the proxy's sessions and migrations when the test failed ---\n%s", stacks)
+			t.Logf("--- the proxy's sessions, migrations and coordinator when the test failed ---\n%s", stacks)
 		}
 	}
 }
 
 // workStacks is the stacks of the running proxy's goroutines that serve a
-// session or run a migration, from its pprof endpoint: a statement or a
-// migration that stalls shows where it waits, which its log does not.
+// session, run a migration or tick a coordinator, from its pprof endpoint:
+// a statement, a migration or a reshard that stalls shows where it waits,
+// which its log does not.
 func (p *proxyProc) workStacks() string {
 	if p.exited() || p.AdminToken == "" {
 		return ""
@@ -592,7 +593,7 @@ func (p *proxyProc) workStacks() string {
 	}
 	var work []string
 	for _, g := range strings.Split(string(body), "\n\n") {
-		if strings.Contains(g, "proxy.(*session)") || strings.Contains(g, "migrator.(*Runner)") {
+		if strings.Contains(g, "proxy.(*session)") || strings.Contains(g, "migrator.(*Runner)") || strings.Contains(g, "migrator.(*Coordinator)") {
 			work = append(work, g)
 		}
 	}

@@ -199,9 +199,22 @@ func unflipped(migs []*shardmap.Migration, kind shardmap.MigrationKind) int {
 	return n
 }
 
+// tickBudget bounds a tick's own reads and writes (Redis, and the nodes'
+// row counts and sizes). tickAll ticks one tree after another, so a call
+// that never returns (a node's answer lost on a dead TCP connection, a
+// catalog read queued behind a lock) would stall every tree's reshard and
+// outlive the lease; past the budget the tick fails, is logged, and the
+// next one tries again on a fresh connection. Half the lease, so that the
+// coordinator still renews it in time. The migrations a tick starts run
+// under the coordinator's own context, not this one.
+func (c *Coordinator) tickBudget() time.Duration { return c.opts.LeaseTTL / 2 }
+
 func (c *Coordinator) tick(ctx context.Context, r *shardmap.Reshard) error {
+	run := ctx
+	ctx, cancel := context.WithTimeout(ctx, c.tickBudget())
+	defer cancel()
 	if r.Kind != shardmap.IntentReshard {
-		return c.tickRebalance(ctx, r)
+		return c.tickRebalance(ctx, run, r)
 	}
 	u, err := c.runner.unitOf(ctx, r.Tenant, r.Tree) // r.Tree names the map: a colocation group reshards as one
 	if err != nil {
@@ -228,7 +241,7 @@ func (c *Coordinator) tick(ctx context.Context, r *shardmap.Reshard) error {
 			held = true // lattice_repair_migration moves it on
 			continue
 		}
-		c.ensureRunning(ctx, mig)
+		c.ensureRunning(run, mig)
 	}
 	if held {
 		// The reshard does not go on past a move that failed its
@@ -254,7 +267,7 @@ func (c *Coordinator) tick(ctx context.Context, r *shardmap.Reshard) error {
 			if err != nil {
 				return err
 			}
-			c.ensureRunning(ctx, mig)
+			c.ensureRunning(run, mig)
 			need--
 		}
 		return nil
@@ -291,7 +304,7 @@ func (c *Coordinator) tick(ctx context.Context, r *shardmap.Reshard) error {
 		if err != nil {
 			return err
 		}
-		c.ensureRunning(ctx, mig)
+		c.ensureRunning(run, mig)
 		need--
 	}
 	return nil

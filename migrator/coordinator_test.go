@@ -1,8 +1,11 @@
 package migrator
 
 import (
+	"context"
+	"errors"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/lattice-db/lattice/shardmap"
 )
@@ -68,5 +71,51 @@ func TestComparisonsAndFreezesApart(t *testing.T) {
 		if got := holdsComparison(o, mig); got != tc.cmp {
 			t.Errorf("%s %s->%s: holds the comparison %v, want %v", tc.phase, tc.source, tc.target, got, tc.cmp)
 		}
+	}
+}
+
+// TestTickBoundedByBudget: a shrink's first tick asks the nodes for row
+// counts and never gets an answer. The tick gives up at its budget (half
+// the lease), and a later tick plans the folds, so the reshard completes.
+// Without the budget the coordinator waited on that call for ever, and no
+// tree's reshard went on (TestPartitions, lossy link, ci of 5ad9ea7).
+func TestTickBoundedByBudget(t *testing.T) {
+	r := newRig(t)
+	r.nodes.rowCountStalls = 1
+	c := NewCoordinator("c1", r.runner(""), CoordinatorOptions{Tick: 20 * time.Millisecond, LeaseTTL: 400 * time.Millisecond}, nil)
+	ctx, cancel := context.WithCancel(r.ctx)
+	ran := make(chan struct{})
+	go func() {
+		defer close(ran)
+		c.Run(ctx)
+	}()
+	defer func() {
+		cancel()
+		<-ran
+	}()
+	if _, err := c.Reshard(r.ctx, "app", "items", 2); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		_, err := r.store.Reshard(r.ctx, "app", "items")
+		if errors.Is(err, shardmap.ErrNotFound) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the shrink did not complete in 20 s after a row count that never answered (map %v)", r.mapNow().Shards)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got := r.mapNow().DistinctShards(); got != 2 {
+		t.Fatalf("shrunk to %d shards, want 2", got)
+	}
+	r.nodes.mu.Lock()
+	defer r.nodes.mu.Unlock()
+	if r.nodes.rowCountStalls != 0 {
+		t.Fatal("no row count stalled: the test tested nothing")
 	}
 }

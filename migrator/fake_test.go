@@ -55,6 +55,10 @@ type fakeNodes struct {
 	// held is how many looks before a freeze find a long transaction on
 	// the source table.
 	held int
+	// rowCountStalls is how many TreeRowCount calls never answer, as a
+	// node whose answer was lost on a dead connection: they return only
+	// when their context ends.
+	rowCountStalls int
 	// dropBlocked, when set, holds every fence's removal until it is
 	// closed, as a long transaction on the table would.
 	dropBlocked chan struct{}
@@ -248,11 +252,25 @@ func (f *fakeNodes) InstallSlotFence(ctx context.Context, node string, fc pgshar
 }
 
 func (f *fakeNodes) TreeRowCount(ctx context.Context, t *shardmap.Tree, m *shardmap.Map) (map[int]int64, error) {
+	f.mu.Lock()
+	stall := f.rowCountStalls > 0
+	if stall {
+		f.rowCountStalls--
+	}
+	f.mu.Unlock()
+	if stall {
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
+	return f.rowCounts(t, m), nil
+}
+
+func (f *fakeNodes) rowCounts(t *shardmap.Tree, m *shardmap.Map) map[int]int64 {
 	out := map[int]int64{}
 	for idx := range m.Shards {
 		out[idx] = int64(f.rows(idx, [][2]int{{0, t.SlotCount - 1}}))
 	}
-	return out, nil
+	return out
 }
 
 // ShardSizes weighs each row as 100 bytes.
@@ -266,8 +284,7 @@ func (f *fakeNodes) ShardSizes(ctx context.Context, t *shardmap.Tree, m *shardma
 }
 
 func (f *fakeNodes) TreeEmpty(ctx context.Context, t *shardmap.Tree, m *shardmap.Map) (bool, error) {
-	n, _ := f.TreeRowCount(ctx, t, m)
-	for _, c := range n {
+	for _, c := range f.rowCounts(t, m) {
 		if c > 0 {
 			return false, nil
 		}

@@ -212,8 +212,9 @@ func placeShards(m *shardmap.Map, weights map[int]int64, flying []*shardmap.Migr
 
 // tickRebalance is one tick of a rebalance, a drain or a move: it starts
 // the plan's next moves while fewer than MaxConcurrentMigrations are in
-// flight, and completes the intent once nothing is left to move.
-func (c *Coordinator) tickRebalance(ctx context.Context, r *shardmap.Reshard) error {
+// flight, and completes the intent once nothing is left to move. ctx is
+// the tick's (tickBudget), run the one the moves it starts run under.
+func (c *Coordinator) tickRebalance(ctx, run context.Context, r *shardmap.Reshard) error {
 	u, err := c.runner.unitOf(ctx, r.Tenant, r.Tree)
 	if err != nil {
 		return err
@@ -229,7 +230,7 @@ func (c *Coordinator) tickRebalance(ctx context.Context, r *shardmap.Reshard) er
 	}
 	flying := inFlight(migs)
 	for _, mig := range flying {
-		c.ensureRunning(ctx, mig)
+		c.ensureRunning(run, mig)
 	}
 	plan, err := c.rebalancePlan(ctx, r, t, m, flying, planTolerance)
 	if err != nil {
@@ -257,7 +258,7 @@ func (c *Coordinator) tickRebalance(ctx context.Context, r *shardmap.Reshard) er
 		if err := c.store.UpdateReshard(ctx, r); err != nil {
 			return err
 		}
-		c.ensureRunning(ctx, mig)
+		c.ensureRunning(run, mig)
 	}
 	return nil
 }
