@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgproto3"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/lattice-db/lattice/shardmap"
@@ -313,61 +315,123 @@ func TestReferenceChangeGivesUpALock(t *testing.T) {
 	t.Logf("%d transactions committed, %d of them before the lock went", load.committed.Load(), during)
 }
 
-// TestReferenceChangeAfterPreparedWrite: a transaction that prepares a
-// write of a reference table (pgx's Prepare: Parse, Describe, Sync) holds
-// the catalog copy's lock from that Parse on, as PostgreSQL takes it when
-// it parses. A change marked after that waits for the transaction; the
-// transaction's write, bound under the mark, must not be held for the
-// change, so the transaction commits and the change goes on. Held, the
-// write waited for the change and the change for it, until the change
-// gave up (55P03).
+// TestReferenceChangeAfterPreparedWrite: a write of a reference table
+// whose Parse went to the catalog node before its Bind (pgx's Prepare:
+// Parse, Describe, Sync; or Parse and Describe with a Flush) holds the
+// catalog copy's lock from that Parse on, as PostgreSQL takes it when it
+// parses: in a transaction that was on the catalog node before, in one
+// that was only on another node (the Parse brings the catalog node in),
+// and outside a transaction until the Sync. A change marked after that
+// waits for it, and for another writer of the table; the write, bound
+// under the mark, is not held for the change, so it commits, and the
+// change goes on once the other writer ends. Held, the write waited for
+// the change and the change for it, until the change gave up (55P03).
+// Parsed on a backend the write did not then run on, the lock was that
+// backend's: the write went unheld to the catalog copy, behind the change,
+// while holding the copy on the other node that the change had to drop
+// next, until the change gave up (55P03).
 func TestReferenceChangeAfterPreparedWrite(t *testing.T) {
-	resetNodes(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	pools, procs := itemUnderTwoProxies(t, ctx, `INSERT INTO item SELECT i, 1, 'item', 1.00, 'd' FROM generate_series(1, 1000) i`)
-	tx, err := pools[1].Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(context.WithoutCancel(ctx))
-	// A read puts the catalog node's backend in the transaction, where the
-	// Parse then goes.
-	if _, err := tx.Exec(ctx, `SELECT count(*) FROM item`); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := tx.Prepare(ctx, "add_item", `INSERT INTO item VALUES ($1, 1, 'p', 1.00, 'p')`); err != nil {
-		t.Fatal(err)
-	}
-	changed := make(chan error, 1)
-	go func() {
-		_, err := pools[0].Exec(ctx, `SELECT lattice_undistribute_table('item')`)
-		changed <- err
-	}()
-	n1 := connect(t, testNodeDSN(t, 0))
-	pollUntil(t, time.Minute, "the change to wait for the catalog copy's lock", func() (bool, error) {
-		select {
-		case err := <-changed:
-			t.Fatalf("the change did not wait for the transaction that prepared a write of item: %v", err)
-		default:
+	const insert = `INSERT INTO item VALUES ($1, 1, 'p', 1.00, 'p')`
+	inTx := func(first func(*testing.T) string) func(*testing.T, context.Context, *proxyProc, *pgxpool.Pool) (func() error, func() error) {
+		return func(t *testing.T, ctx context.Context, _ *proxyProc, pool *pgxpool.Pool) (func() error, func() error) {
+			tx, err := pool.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+			if _, err := tx.Exec(ctx, first(t)); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := tx.Prepare(ctx, "add_item", insert); err != nil {
+				t.Fatal(err)
+			}
+			write := func() error {
+				_, err := tx.Exec(ctx, "add_item", 5000)
+				return err
+			}
+			return write, func() error { return tx.Commit(ctx) }
 		}
-		var waiting bool
-		err := n1.QueryRow(ctx, `SELECT count(*) > 0 FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'LOCK TABLE %item%'`).Scan(&waiting)
-		return waiting, err
-	})
-	if _, err := tx.Exec(ctx, "add_item", 5000); err != nil {
-		t.Fatalf("the prepared write under the change's mark: %v", err)
 	}
-	if err := tx.Commit(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := <-changed; err != nil {
-		t.Fatalf("undistributing while a transaction had prepared a write of item: %v", err)
-	}
-	heldWrites(t, procs)
-	var rows int64
-	if err := n1.QueryRow(ctx, `SELECT count(*) FROM public.item`).Scan(&rows); err != nil || rows != 1001 {
-		t.Errorf("the catalog node's item has %d rows (%v), want 1001", rows, err)
+	for _, tc := range []struct {
+		name string
+		// prepare parses the write through p (pool is on p) and returns
+		// the write's Bind and the end of its transaction.
+		prepare func(t *testing.T, ctx context.Context, p *proxyProc, pool *pgxpool.Pool) (write, end func() error)
+	}{
+		{"transaction on the catalog node", inTx(func(*testing.T) string { return `SELECT count(*) FROM item` })},
+		{"transaction on another node", inTx(func(t *testing.T) string {
+			return fmt.Sprintf(`SELECT s_quantity FROM stock WHERE s_w_id = %d`, keyOnNode(t, 1, "stock", "s_w_id"))
+		})},
+		{"no transaction, Parse and Describe flushed", func(t *testing.T, _ context.Context, p *proxyProc, _ *pgxpool.Pool) (func() error, func() error) {
+			w := dialWire(t, p.DSN("lattice"))
+			w.send(&pgproto3.Parse{Query: insert, ParameterOIDs: []uint32{pgtype.Int4OID}}, &pgproto3.Describe{ObjectType: 'S'}, &pgproto3.Flush{})
+			if got := w.read(func(m pgproto3.BackendMessage) bool { _, ok := m.(*pgproto3.NoData); return ok }); got != "ParseComplete ParameterDescription NoData" {
+				t.Fatalf("Parse and Describe of the write: %s", got)
+			}
+			write := func() error {
+				got := w.round(&pgproto3.Bind{Parameters: [][]byte{[]byte("5000")}}, &pgproto3.Execute{}, &pgproto3.Sync{})
+				if got != "BindComplete CommandComplete ReadyForQuery:I" {
+					return fmt.Errorf("Bind, Execute, Sync: %s", got)
+				}
+				return nil
+			}
+			return write, func() error { return nil }
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			resetNodes(t)
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+			defer cancel()
+			pools, procs := itemUnderTwoProxies(t, ctx, `INSERT INTO item SELECT i, 1, 'item', 1.00, 'd' FROM generate_series(1, 1000) i`)
+			write, end := tc.prepare(t, ctx, procs[1], pools[1])
+			n1 := connect(t, testNodeDSN(t, 0))
+			other, err := n1.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer other.Rollback(context.WithoutCancel(ctx))
+			if _, err := other.Exec(ctx, `LOCK TABLE public.item IN ROW EXCLUSIVE MODE`); err != nil {
+				t.Fatal(err)
+			}
+			changed := make(chan error, 1)
+			go func() {
+				_, err := pools[0].Exec(ctx, `SELECT lattice_undistribute_table('item')`)
+				changed <- err
+			}()
+			watch := connect(t, testNodeDSN(t, 0))
+			pollUntil(t, time.Minute, "the change to wait for the catalog copy's lock", func() (bool, error) {
+				select {
+				case err := <-changed:
+					t.Fatalf("the change did not wait for the writers of item: %v", err)
+				default:
+				}
+				var waiting bool
+				err := watch.QueryRow(ctx, `SELECT count(*) > 0 FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'LOCK TABLE %item%'`).Scan(&waiting)
+				return waiting, err
+			})
+			if err := write(); err != nil {
+				t.Fatalf("the prepared write under the change's mark: %v", err)
+			}
+			if err := end(); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case err := <-changed:
+				t.Fatalf("the change ended while another writer held item: %v", err)
+			default:
+			}
+			if err := other.Commit(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if err := <-changed; err != nil {
+				t.Fatalf("undistributing while a write of item was prepared: %v", err)
+			}
+			heldWrites(t, procs)
+			var rows int64
+			if err := watch.QueryRow(ctx, `SELECT count(*) FROM public.item`).Scan(&rows); err != nil || rows != 1001 {
+				t.Errorf("the catalog node's item has %d rows (%v), want 1001", rows, err)
+			}
+		})
 	}
 }
 

@@ -200,8 +200,9 @@ func TestSimplePrepared(t *testing.T) {
 	})
 }
 
-// keyOnNode is the smallest key of tree's rows on node i.
-func keyOnNode(t *testing.T, i int, tree string) int64 {
+// keyOnNode is the smallest key of tree's rows on node i, the key column
+// k unless key names another.
+func keyOnNode(t *testing.T, i int, tree string, key ...string) int64 {
 	t.Helper()
 	ctx := context.Background()
 	c := connect(t, testNodeDSN(t, i))
@@ -210,8 +211,12 @@ func keyOnNode(t *testing.T, i int, tree string) int64 {
 		WHERE c.relname = $1 AND n.nspname LIKE 'lattice\_s%' ORDER BY 1 LIMIT 1`, tree).Scan(&schema); err != nil {
 		t.Fatalf("no shard of %s on node %d: %v", tree, i+1, err)
 	}
+	col := "k"
+	if len(key) > 0 {
+		col = key[0]
+	}
 	var k int64
-	if err := c.QueryRow(ctx, fmt.Sprintf("SELECT min(k) FROM %s.%s", schema, tree)).Scan(&k); err != nil {
+	if err := c.QueryRow(ctx, fmt.Sprintf("SELECT min(%s) FROM %s.%s", col, schema, tree)).Scan(&k); err != nil {
 		t.Fatal(err)
 	}
 	return k

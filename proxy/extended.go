@@ -412,7 +412,7 @@ func (s *session) describe(ctx context.Context, m *pgproto3.Describe) {
 		s.x.synthetic(&pgproto3.ParameterDescription{ParameterOIDs: oids}, &pgproto3.RowDescription{Fields: fields})
 		return
 	}
-	be, err := s.describeBackend(ctx)
+	be, err := s.parseBackend(ctx, st.plan)
 	if err != nil {
 		s.fail(err)
 		return

@@ -66,7 +66,7 @@ func (s *session) parseNow(ctx context.Context) {
 	// backend queued (its settings).
 	answer := s.x.steps[a.step]
 	s.x.steps = s.x.steps[:a.step]
-	be, err := s.describeBackend(ctx)
+	be, err := s.parseBackend(ctx, a.st.plan)
 	if err != nil {
 		s.x.steps = append(s.x.steps, answer)
 		return

@@ -437,6 +437,23 @@ func (s *session) describeBackend(ctx context.Context) (*pgshard.Conn, error) {
 	return be, nil
 }
 
+// parseBackend is where a Parse of p goes ahead of its Bind, or for its
+// Describe: describeBackend's, except for a statement that locks a
+// reference table's catalog copy (locksReferences). PostgreSQL takes that
+// lock at the Parse and keeps it to the end of the backend's transaction,
+// and the session counts it as its own (parseLock), so the Parse goes to
+// the backend the statement runs on: in a transaction, the transaction's
+// own on the catalog node, which joins it now; outside one, the exchange's,
+// which its Bind takes. On an auxiliary backend the lock was another
+// transaction's: the Bind ran elsewhere, past a change of the copies that
+// it did not wait for, or queued behind one that waited for the lock.
+func (s *session) parseBackend(ctx context.Context, p *router.Plan) (*pgshard.Conn, error) {
+	if locksReferences(p) {
+		return s.backend(ctx, s.srv.catalogNode)
+	}
+	return s.describeBackend(ctx)
+}
+
 // catalogTarget is the node for a Catalog plan: the catalog node, except
 // that a read naming no relation follows the session's open transaction.
 func (s *session) catalogTarget(p *router.Plan) string {
