@@ -126,9 +126,16 @@ func (r *Runner) verifyMove(ctx context.Context, u unit, mig *shardmap.Migration
 		if ctx.Err() != nil {
 			return err
 		}
-		// A move that could not be compared waits for an operator like
-		// one that differs: no comparison later could tell the target's
-		// rows as of the flip any better.
+		if connFailure(err) {
+			// A node out of reach says nothing of the copy: the run
+			// fails, and the next compares from the target's write log,
+			// which holds the target's rows as of the flip until the
+			// release (a lossy link failed three folds' comparisons here
+			// at once, and held them for an operator).
+			return fmt.Errorf("migrator: compare the move's rows: %w", err)
+		}
+		// Any other error (a statement timeout) would come again: the
+		// move waits for an operator like one that differs.
 		return r.failVerify(ctx, mig, &shardmap.Verification{At: time.Now().UTC()}, "verification could not run: "+err.Error(), log)
 	}
 	r.metrics.VerifySeconds.WithLabelValues(mig.Tree, mig.Tenant).Observe(v.Seconds)

@@ -3,9 +3,12 @@ package migrator
 import (
 	"errors"
 	"fmt"
+	"net"
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/lattice-db/lattice/shardmap"
 )
@@ -173,9 +176,45 @@ func TestReshardHoldsAtVerifyFailed(t *testing.T) {
 	}
 }
 
-// TestVerifyErrorHolds: a comparison that cannot run (a statement timeout)
-// holds the move in verify_failed like a mismatch, since its snapshots
-// cannot be taken again; the operator's repair lets it go on.
+// TestVerifyUnreachableRetries: a comparison that fails because a node is
+// out of reach (a socket error, SQLSTATE 08006) fails the run, not the
+// move: the next run compares from the target's write log and releases.
+// Held in verify_failed, the move waited for an operator (TestPartitions,
+// lossy link: three folds at once).
+func TestVerifyUnreachableRetries(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		err  error
+	}{
+		{"socket error", &net.OpError{Op: "read", Net: "tcp", Err: errors.New("connection reset by peer")}},
+		{"08006", &pgconn.PgError{Code: "08006", Message: "connection failure"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRig(t)
+			mig := r.start(shardmap.Split)
+			r.nodes.compareErr = tc.err
+			if _, err := r.run(r.runner(""), mig); err == nil {
+				t.Fatal("the run went on past a comparison that could not reach a node")
+			}
+			rec := r.stored(mig)
+			if rec == nil || rec.Phase == shardmap.PhaseVerifyFailed || r.nodes.called("delete") {
+				t.Fatalf("after a comparison that could not reach a node: %+v (released: %v)", rec, r.nodes.called("delete"))
+			}
+			r.nodes.compareErr = nil
+			if _, err := r.run(r.runner(""), rec); err != nil {
+				t.Fatal(err)
+			}
+			if rec := r.stored(mig); rec != nil && rec.Phase != shardmap.PhaseDone {
+				t.Fatalf("after the network came back: %+v", rec)
+			}
+			r.checkMoved(mig)
+		})
+	}
+}
+
+// TestVerifyErrorHolds: a comparison that cannot run for a reason that
+// would come again (a statement timeout) holds the move in verify_failed
+// like a mismatch; the operator's repair lets it go on.
 func TestVerifyErrorHolds(t *testing.T) {
 	r := newRig(t)
 	mig := r.start(shardmap.Split)
