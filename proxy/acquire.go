@@ -1,11 +1,51 @@
 package proxy
 
 import (
+	"context"
 	"errors"
 
 	"github.com/lattice-db/lattice/pgshard"
 	"github.com/lattice-db/lattice/sqlstate"
 )
+
+// errCanceledWaiting is the statement a CancelRequest ended while it
+// waited for a backend, in PostgreSQL's words for a cancelled statement.
+var errCanceledWaiting = sqlstate.New(sqlstate.QueryCanceled, "canceling statement due to user request")
+
+// poolAcquire takes a backend of node from the pools. A CancelRequest that
+// comes before the statement reached a backend, or while it waits for one
+// (a full pool, the user's cap), ends it with 57014, as PostgreSQL's ends
+// a lock wait. Forwarded to the backend once the statement was sent, the
+// cancel could reach it before it read the statement, and PostgreSQL drops
+// a cancel that finds its backend waiting for a command: the statement
+// then ran to its end.
+func (s *session) poolAcquire(ctx context.Context, node string) (*pgshard.Conn, error) {
+	wctx, stop := context.WithCancelCause(ctx)
+	defer stop(nil)
+	s.activeMu.Lock()
+	if s.cancelPending.Load() {
+		s.activeMu.Unlock()
+		return nil, errCanceledWaiting
+	}
+	s.stopWait = stop
+	s.activeMu.Unlock()
+	be, err := s.srv.pools.Acquire(wctx, s.user, node, s.tenant)
+	s.activeMu.Lock()
+	s.stopWait = nil
+	s.activeMu.Unlock()
+	if err != nil && context.Cause(wctx) == errCanceledWaiting {
+		return nil, errCanceledWaiting
+	}
+	return be, err
+}
+
+// stopWaiting ends the wait of poolAcquire, if the session is in one, for a
+// CancelRequest; activeMu held.
+func (s *session) stopWaiting() {
+	if s.stopWait != nil {
+		s.stopWait(errCanceledWaiting)
+	}
+}
 
 // acquireError is what a client sees when no backend of node could be had:
 // the pools' own refusal as it is (a cap of the node or the user reached,

@@ -115,6 +115,9 @@ type session struct {
 	// sends the statement, which a backend may not have had yet when the
 	// request came (it would have ignored it). Cleared between messages.
 	cancelPending atomic.Bool
+	// stopWait ends poolAcquire's wait for a backend, nil when there is
+	// none; under activeMu.
+	stopWait context.CancelCauseFunc
 	// deadlock is the cycle across nodes that made the detector cancel
 	// this session's waiting statement (deadlock.go): the cancel's 57014
 	// goes to the client as 40P01. Set under activeMu; cleared at
@@ -382,7 +385,7 @@ func (s *session) acquire(ctx context.Context, node string) (*pgshard.Conn, erro
 	be := s.pinnedBackend(node)
 	if be == nil {
 		var err error
-		if be, err = s.srv.pools.Acquire(ctx, s.user, node, s.tenant); err != nil {
+		if be, err = s.poolAcquire(ctx, node); err != nil {
 			return nil, acquireError(node, err)
 		}
 	}
@@ -497,6 +500,7 @@ func (s *session) cancel(ctx context.Context) {
 	defer s.activeMu.Unlock()
 	if s.serving.Load() != 0 {
 		s.cancelPending.Store(true)
+		s.stopWaiting()
 	}
 	s.cancelActive(ctx)
 }
