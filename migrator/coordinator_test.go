@@ -78,7 +78,7 @@ func TestComparisonsAndFreezesApart(t *testing.T) {
 // counts and never gets an answer. The tick gives up at its budget (half
 // the lease), and a later tick plans the folds, so the reshard completes.
 // Without the budget the coordinator waited on that call for ever, and no
-// tree's reshard went on (TestPartitions, lossy link, ci of 5ad9ea7).
+// tree's reshard went on.
 func TestTickBoundedByBudget(t *testing.T) {
 	r := newRig(t)
 	r.nodes.rowCountStalls = 1
