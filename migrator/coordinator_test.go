@@ -1,7 +1,6 @@
 package migrator
 
 import (
-	"context"
 	"errors"
 	"slices"
 	"testing"
@@ -83,16 +82,7 @@ func TestTickBoundedByBudget(t *testing.T) {
 	r := newRig(t)
 	r.nodes.rowCountStalls = 1
 	c := NewCoordinator("c1", r.runner(""), CoordinatorOptions{Tick: 20 * time.Millisecond, LeaseTTL: 400 * time.Millisecond}, nil)
-	ctx, cancel := context.WithCancel(r.ctx)
-	ran := make(chan struct{})
-	go func() {
-		defer close(ran)
-		c.Run(ctx)
-	}()
-	defer func() {
-		cancel()
-		<-ran
-	}()
+	r.runCoordinator(t, c)
 	if _, err := c.Reshard(r.ctx, "app", "items", 2); err != nil {
 		t.Fatal(err)
 	}

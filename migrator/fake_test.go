@@ -752,6 +752,20 @@ func newRig(t *testing.T) *testRig {
 	return r
 }
 
+// runCoordinator runs c until the test ends.
+func (r *testRig) runCoordinator(t *testing.T, c *Coordinator) {
+	ctx, cancel := context.WithCancel(r.ctx)
+	ran := make(chan struct{})
+	go func() {
+		defer close(ran)
+		c.Run(ctx)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-ran
+	})
+}
+
 // runner is a fresh Runner, as a restarted process has: no snapshots
 // held. A crash at point (if not empty) panics out of its run.
 func (r *testRig) runner(point string) *Runner {

@@ -1,7 +1,6 @@
 package migrator
 
 import (
-	"context"
 	"errors"
 	"testing"
 	"time"
@@ -42,16 +41,7 @@ func TestNudgeStartsAtOnce(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			r := newRig(t)
 			c := NewCoordinator("c1", r.runner(""), CoordinatorOptions{Tick: time.Hour, MaxConcurrentMigrations: 2}, nil)
-			ctx, cancel := context.WithCancel(r.ctx)
-			ran := make(chan struct{})
-			go func() {
-				defer close(ran)
-				c.Run(ctx)
-			}()
-			defer func() {
-				cancel()
-				<-ran
-			}()
+			r.runCoordinator(t, c)
 			if err := tc.intent(r, c); err != nil {
 				t.Fatal(err)
 			}
