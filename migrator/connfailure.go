@@ -7,6 +7,8 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/lattice-db/lattice/sqlstate"
 )
 
 // connFailure reports whether err says a node could not be reached or the
@@ -25,7 +27,11 @@ func connFailure(err error) bool {
 	}
 	var pg *pgconn.PgError
 	if errors.As(err, &pg) {
-		return strings.HasPrefix(pg.Code, "08") || pg.Code == "57P01" || pg.Code == "57P02" || pg.Code == "57P03"
+		switch pg.Code {
+		case sqlstate.AdminShutdown, sqlstate.CrashShutdown, sqlstate.CannotConnectNow:
+			return true
+		}
+		return strings.HasPrefix(pg.Code, "08") // connection exception
 	}
 	return false
 }

@@ -229,8 +229,14 @@ const (
 	// QueryCanceled: a statement or COPY canceled by the client, or a
 	// statement_timeout.
 	QueryCanceled = "57014"
+	// AdminShutdown: never sent; read from a node that ended the session
+	// as it shut down.
+	AdminShutdown = "57P01"
+	// CrashShutdown: never sent; read from a node that ended the session
+	// after another of its backends crashed.
+	CrashShutdown = "57P02"
 	// CannotConnectNow: the proxy cannot reach Redis and cannot vouch for
-	// its cached shard map.
+	// its cached shard map; a node still starting up.
 	CannotConnectNow = "57P03"
 	// SystemError: the shard map store is out of reach, or a tree has no map.
 	SystemError = "58000"
