@@ -172,6 +172,10 @@ func TestRedisDown(t *testing.T) {
 		stop := startWriters(ctx, pool, "rd_reshard", 2, l)
 		defer stop()
 
+		// Shard 0's split is held in its copy (the lock keeps its
+		// publication from being made) until Redis is down, so that a
+		// migration is in flight then, however fast the others run.
+		held := fc.lockShard(t, ctx, "rd_reshard", 0, "SHARE UPDATE EXCLUSIVE")
 		if _, err := pool.Exec(ctx, "SELECT lattice_reshard('rd_reshard', 8)"); err != nil {
 			t.Fatal(err)
 		}
@@ -184,6 +188,7 @@ func TestRedisDown(t *testing.T) {
 		if err := fc.redis.Stop(); err != nil {
 			t.Fatal(err)
 		}
+		held()
 		t.Logf("redis stopped with migrations in phases %v", at)
 		// Down past the proxy's lease: the writers go on from the cached map.
 		waitServedFromCache(t, p, l)

@@ -268,10 +268,15 @@ func TestRecoverMapMidReshard(t *testing.T) {
 	admin := load.pools[0]
 	stop, wg, errs := load.seedAndRun(t, ctx, 4)
 	defer stop()
+	// Shard 0's split is held in its copy (the lock keeps its publication
+	// from being made) until Redis is flushed, so that the flush comes
+	// with migrations flipped and one in flight: unheld, the four splits
+	// ran from start to end in under a second, and a loaded run looked
+	// before and after (ci-416).
+	held := fc.lockShard(t, ctx, "catalogue", 0, "SHARE UPDATE EXCLUSIVE")
 	if _, err := admin.Exec(ctx, "SELECT lattice_reshard('catalogue', 8)"); err != nil {
 		t.Fatal(err)
 	}
-	// Flush once some migration has flipped and others are still in flight.
 	pollUntil(t, 90*time.Second, "a migration to flip with others in flight", func() (bool, error) {
 		phases, err := migrationPhases(ctx, fc, "catalogue")
 		if err != nil {
@@ -290,6 +295,7 @@ func TestRecoverMapMidReshard(t *testing.T) {
 	})
 	fc.flushRedis(t, ctx)
 	t.Log("redis flushed mid-reshard")
+	held()
 	pollUntil(t, 30*time.Second, "the proxies to refuse the tenant", func() (bool, error) {
 		for _, pool := range load.pools {
 			if _, err := pool.Exec(ctx, "SELECT 1"); sqlState(err) != "LT002" {
