@@ -18,20 +18,27 @@ var errCanceledWaiting = sqlstate.New(sqlstate.QueryCanceled, "canceling stateme
 // a lock wait. Forwarded to the backend once the statement was sent, the
 // cancel could reach it before it read the statement, and PostgreSQL drops
 // a cancel that finds its backend waiting for a command: the statement
-// then ran to its end.
+// then ran to its end. The waits share one context, made again only after
+// a cancel ended it, so that a checkout allocates nothing.
 func (s *session) poolAcquire(ctx context.Context, node string) (*pgshard.Conn, error) {
-	wctx, stop := context.WithCancelCause(ctx)
-	defer stop(nil)
 	s.activeMu.Lock()
 	if s.cancelPending.Load() {
 		s.activeMu.Unlock()
 		return nil, errCanceledWaiting
 	}
-	s.stopWait = stop
+	if s.waitCtx == nil || s.waitParent != ctx || s.waitCtx.Err() != nil {
+		if s.stopWait != nil {
+			s.stopWait(nil)
+		}
+		s.waitParent = ctx
+		s.waitCtx, s.stopWait = context.WithCancelCause(ctx)
+	}
+	wctx := s.waitCtx
+	s.waiting = true
 	s.activeMu.Unlock()
 	be, err := s.srv.pools.Acquire(wctx, s.user, node, s.tenant)
 	s.activeMu.Lock()
-	s.stopWait = nil
+	s.waiting = false
 	s.activeMu.Unlock()
 	if err != nil && context.Cause(wctx) == errCanceledWaiting {
 		return nil, errCanceledWaiting
@@ -42,8 +49,17 @@ func (s *session) poolAcquire(ctx context.Context, node string) (*pgshard.Conn, 
 // stopWaiting ends the wait of poolAcquire, if the session is in one, for a
 // CancelRequest; activeMu held.
 func (s *session) stopWaiting() {
-	if s.stopWait != nil {
+	if s.waiting {
 		s.stopWait(errCanceledWaiting)
+	}
+}
+
+// endWaits releases the waits' context when the session ends.
+func (s *session) endWaits() {
+	s.activeMu.Lock()
+	defer s.activeMu.Unlock()
+	if s.stopWait != nil {
+		s.stopWait(nil)
 	}
 }
 

@@ -115,9 +115,13 @@ type session struct {
 	// sends the statement, which a backend may not have had yet when the
 	// request came (it would have ignored it). Cleared between messages.
 	cancelPending atomic.Bool
-	// stopWait ends poolAcquire's wait for a backend, nil when there is
-	// none; under activeMu.
-	stopWait context.CancelCauseFunc
+	// waitCtx is the context poolAcquire waits for a backend under, made
+	// from waitParent; stopWait ends it, and waiting says a wait is under
+	// way. All under activeMu.
+	waitCtx    context.Context
+	waitParent context.Context
+	stopWait   context.CancelCauseFunc
+	waiting    bool
 	// deadlock is the cycle across nodes that made the detector cancel
 	// this session's waiting statement (deadlock.go): the cancel's 57014
 	// goes to the client as 40P01. Set under activeMu; cleared at
@@ -661,6 +665,7 @@ func (s *session) release() {
 	s.tx.conns, s.used, s.aux = nil, nil, nil
 	s.forgetExport()
 	s.releasePin()
+	s.endWaits()
 }
 
 // fail reports err (ours, not a backend's) to the client and applies
