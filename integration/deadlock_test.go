@@ -25,7 +25,7 @@ func TestDeadlockAcrossNodes(t *testing.T) {
 	mustExec(t, c, `CREATE TABLE dl (k bigint PRIMARY KEY, v int NOT NULL)`)
 	mustExec(t, c, `INSERT INTO dl SELECT i, 0 FROM generate_series(1, 200) i`)
 	mustExec(t, c, `SELECT lattice_create_tree('dl', 'k', shard_count => 4)`)
-	k1, k2 := keyOnNode(t, 0, "dl"), keyOnNode(t, 1, "dl")
+	k1, k2 := keyOnNode(t, 0, "dl", "k"), keyOnNode(t, 1, "dl", "k")
 
 	run := func(t *testing.T, first, second int64, crossNode bool, other *proxyProc) {
 		t.Helper()

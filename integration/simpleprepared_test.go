@@ -123,7 +123,7 @@ func TestSimplePrepared(t *testing.T) {
 		// The commit plays the batch before its Sync: the first
 		// statement can no longer be routed again then. The proxy used
 		// to crash at the Sync (a slice past the steps it had played).
-		a, b := keyOnNode(t, 0, "typed"), keyOnNode(t, 1, "typed")
+		a, b := keyOnNode(t, 0, "typed", "k"), keyOnNode(t, 1, "typed", "k")
 		bothWires(t, direct, proxied, seq(
 			execOne("", fmt.Sprintf("SELECT i FROM typed WHERE k = %d", a)),
 			execOne("", "BEGIN"),
@@ -200,9 +200,8 @@ func TestSimplePrepared(t *testing.T) {
 	})
 }
 
-// keyOnNode is the smallest key of tree's rows on node i, the key column
-// k unless key names another.
-func keyOnNode(t *testing.T, i int, tree string, key ...string) int64 {
+// keyOnNode is the smallest value of key column key of tree's rows on node i.
+func keyOnNode(t *testing.T, i int, tree, key string) int64 {
 	t.Helper()
 	ctx := context.Background()
 	c := connect(t, testNodeDSN(t, i))
@@ -211,12 +210,8 @@ func keyOnNode(t *testing.T, i int, tree string, key ...string) int64 {
 		WHERE c.relname = $1 AND n.nspname LIKE 'lattice\_s%' ORDER BY 1 LIMIT 1`, tree).Scan(&schema); err != nil {
 		t.Fatalf("no shard of %s on node %d: %v", tree, i+1, err)
 	}
-	col := "k"
-	if len(key) > 0 {
-		col = key[0]
-	}
 	var k int64
-	if err := c.QueryRow(ctx, fmt.Sprintf("SELECT min(%s) FROM %s.%s", col, schema, tree)).Scan(&k); err != nil {
+	if err := c.QueryRow(ctx, fmt.Sprintf("SELECT min(%s) FROM %s.%s", key, schema, tree)).Scan(&k); err != nil {
 		t.Fatal(err)
 	}
 	return k
