@@ -171,7 +171,7 @@ func beginCompare(ctx context.Context, c *pgx.Conn, snapshot string, timeout tim
 	if snapshot != "" {
 		sql += "; SET TRANSACTION SNAPSHOT " + quoteLiteral(snapshot)
 	}
-	sql += "; " + settingsSQL(false) + fmt.Sprintf("; SET LOCAL statement_timeout = %d", timeout.Milliseconds())
+	sql += "; " + settingsSQL(false) + fmt.Sprintf("; SET LOCAL statement_timeout = %d", timeout.Milliseconds()) + "; " + serialScans
 	_, err := c.PgConn().Exec(ctx, sql).ReadAll()
 	return err
 }
@@ -533,3 +533,8 @@ func formatSlots(d []shardmap.SlotDiff) string {
 	}
 	return strings.Join(parts, ", ")
 }
+
+// serialScans keeps a comparison's scans to its own backend: its two sides
+// already scan at once, and a Gather's workers beside them hand every row
+// to the leader through a queue, CPU the sides need on a small machine.
+const serialScans = "SET LOCAL max_parallel_workers_per_gather = 0"
