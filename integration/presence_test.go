@@ -2,10 +2,6 @@ package integration
 
 import (
 	"context"
-	"fmt"
-	"log/slog"
-	"net"
-	"sync"
 	"testing"
 	"time"
 
@@ -54,73 +50,12 @@ func TestPresenceCountsOwnRole(t *testing.T) {
 	named("", proxy)
 	named(imposter, fake)
 
-	got, err := ctCluster(t, 1).Present(ctx, cluster, []string{"n1"})
+	got, err := ctCluster(t, 1).Present(ctx, cluster, "n1")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !got[proxy] || got[fake] || len(got) != 1 {
 		t.Fatalf("present: %v; want only %q, the control role's session (not %s's %q)", got, proxy, imposter, fake)
-	}
-}
-
-// TestPresentFirstAnswer: the presence check asks every node at once and
-// takes the first answer, so a node that does not answer (here, a listener
-// that accepts and never replies) does not hold up a freeze's flip, which
-// waits for the check.
-func TestPresentFirstAnswer(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	var silent []net.Conn
-	var mu sync.Mutex
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			silent = append(silent, c)
-			mu.Unlock()
-		}
-	}()
-	t.Cleanup(func() {
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range silent {
-			c.Close()
-		}
-	})
-	cfg, err := pgx.ParseConfig(testNodeDSN(t, 0))
-	if err != nil {
-		t.Fatal(err)
-	}
-	const cluster = "present-first-answer"
-	name := pgshard.PresenceName(cluster, "p")
-	cfg.RuntimeParams["application_name"] = name
-	proxy, err := pgx.ConnectConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { proxy.Close(context.Background()) })
-
-	stalled := fmt.Sprintf("postgres://%s@%s/postgres?sslmode=disable", cfg.User, ln.Addr())
-	c, err := pgshard.NewCluster([]pgshard.Node{{Name: "n1", DSN: stalled}, {Name: "n2", DSN: testNodeDSN(t, 0)}},
-		slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
-	got, err := c.Present(ctx, cluster, []string{"n1", "n2"})
-	if err != nil {
-		t.Fatalf("present with n1 silent: %v", err)
-	}
-	if !got[name] || len(got) != 1 {
-		t.Fatalf("present: %v, want only %q", got, name)
 	}
 }
 
@@ -143,7 +78,7 @@ WHERE pid <> pg_backend_pid() AND application_name = 'lattice-admin' AND query L
 	if ended != 1 {
 		t.Fatalf("ended %d look connections, want 1", ended)
 	}
-	if _, err := c.Present(ctx, cluster, []string{"n1"}); err != nil {
+	if _, err := c.Present(ctx, cluster, "n1"); err != nil {
 		t.Fatalf("present after the look connection ended: %v", err)
 	}
 }

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/lattice-db/lattice/pgshard"
-	"github.com/lattice-db/lattice/shardmap"
 )
 
 // cutOffPoll is how often a wait for acknowledgements looks again while a
@@ -33,23 +32,20 @@ func (c *clusterID) get(ctx context.Context, s Store) (string, error) {
 	return c.id, nil
 }
 
-// cutOff lists the presence sessions, on a node of m, of proxies that
-// are not among live (read before them): proxies cut off from Redis. Their
-// registrations lapsed, but each may serve from its cached maps for as long
-// as it holds its presence (shardmap.Registration), so no newer epoch may
-// count as acknowledged while one is there.
-func (r *Runner) cutOff(ctx context.Context, m *shardmap.Map, live []string) ([]string, error) {
+// cutOff lists the presence sessions, on the catalog node, of proxies
+// that are not among live (read before them): proxies cut off from Redis.
+// Their registrations lapsed, but each may serve from its cached maps for
+// as long as it holds its presence on every node it knows
+// (shardmap.Registration). The catalog node is the one every proxy knows:
+// a node added since a proxy was cut off lacks that proxy's session, so
+// its answer, taken first, let a move onto it flip past a proxy still
+// serving the old map.
+func (r *Runner) cutOff(ctx context.Context, live []string) ([]string, error) {
 	cluster, err := r.clusterID.get(ctx, r.store)
 	if err != nil {
 		return nil, err
 	}
-	var nodes []string
-	for _, sh := range m.Shards {
-		if sh.State != shardmap.ShardRetired && !slices.Contains(nodes, sh.Node) {
-			nodes = append(nodes, sh.Node)
-		}
-	}
-	present, err := r.cluster.Present(ctx, cluster, nodes)
+	present, err := r.cluster.Present(ctx, cluster, r.cluster.NodeNames()[0])
 	if err != nil {
 		return nil, err
 	}

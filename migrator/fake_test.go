@@ -55,6 +55,8 @@ type fakeNodes struct {
 	// held is how many looks before a freeze find a long transaction on
 	// the source table.
 	held int
+	// present are the presence sessions each node lists.
+	present map[string]map[string]bool
 	// rowCountStalls is how many TreeRowCount calls never answer, as a
 	// node whose answer was lost on a dead connection: they return only
 	// when their context ends.
@@ -292,8 +294,10 @@ func (f *fakeNodes) TreeEmpty(ctx context.Context, t *shardmap.Tree, m *shardmap
 	return true, nil
 }
 
-func (f *fakeNodes) Present(ctx context.Context, cluster string, nodes []string) (map[string]bool, error) {
-	return map[string]bool{}, nil
+func (f *fakeNodes) Present(ctx context.Context, cluster, node string) (map[string]bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return maps.Clone(f.present[node]), nil
 }
 
 func (f *fakeNodes) WarmPresence(ctx context.Context, cluster string) {}

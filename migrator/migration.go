@@ -662,12 +662,12 @@ func (r *Runner) waitLagging(ctx context.Context, t *shardmap.Tree, m *shardmap.
 }
 
 // waitCutOff completes waitAcks once waitLagging found live: it waits while
-// proxies cut off from Redis are present on the nodes, reading the registry
-// and then the nodes again.
+// proxies cut off from Redis are present on the catalog node, reading the
+// registry and then the node again.
 func (r *Runner) waitCutOff(ctx context.Context, t *shardmap.Tree, m *shardmap.Map, live []string) error {
 	reported := false
 	for {
-		cut, err := r.cutOff(ctx, m, live)
+		cut, err := r.cutOff(ctx, live)
 		if err != nil || len(cut) == 0 {
 			return err
 		}

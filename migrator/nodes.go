@@ -52,11 +52,11 @@ type Nodes interface {
 	// and a rebalance's plan).
 	ShardSizes(ctx context.Context, t *shardmap.Tree, m *shardmap.Map) (map[int]pgshard.ShardSize, error)
 
-	// Present lists the presence sessions of cluster's proxies on one of
-	// nodes (section 12).
-	Present(ctx context.Context, cluster string, nodes []string) (map[string]bool, error)
-	// WarmPresence opens, before a freeze's pause, the connections that
-	// Present's looks take, and looks once on each.
+	// Present lists the presence sessions of cluster's proxies on node
+	// (section 12).
+	Present(ctx context.Context, cluster, node string) (map[string]bool, error)
+	// WarmPresence opens, before a freeze's pause, the connection that
+	// Present's looks on the catalog node take, and looks once on it.
 	WarmPresence(ctx context.Context, cluster string)
 	// WALPosition is node's current WAL position.
 	WALPosition(ctx context.Context, node, tenant string) (pglogrepl.LSN, error)

@@ -245,50 +245,29 @@ func (p *Presence) connect(ctx context.Context, n Node) (*pgx.Conn, error) {
 }
 
 // Present returns the application_names of the presence sessions of the
-// deployment cluster, as the first of nodes that answers lists them (every
-// database's sessions), read after Present was called: a proxy serves from
-// its cached maps only while it is present on every node, so any one node
-// shows all such proxies. It asks every node at once and takes the first
-// answer: a freeze's flip waits for it, and one node's busy CPU (the
-// fence's node's, often) made the look take up to 400 ms in make bench's
-// point-select run, ten times its median.
+// deployment cluster on node (every database's sessions), read after
+// Present was called. The coordinator asks the catalog node: every proxy
+// holds a session there, and a proxy cut off from Redis serves from its
+// cached maps only while it is present on every node it knows, so the
+// catalog node shows every such proxy. A node added since a proxy was cut
+// off does not: the proxy never learnt of it.
 //
 // A node's looks run one at a time on a connection of their own, kept
 // open (lookPool), and calls share them (looks): a call waits for the
 // node's next look, never one already under way, which would have read
 // the sessions before the call.
-func (c *Cluster) Present(ctx context.Context, cluster string, nodes []string) (map[string]bool, error) {
-	type answer struct {
-		names map[string]bool
-		err   error
-	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	answers := make(chan answer, len(nodes))
-	for _, node := range nodes {
-		l := c.looks.join(lookKey{node: node, cluster: cluster})
-		go func() {
-			select {
-			case <-l.done:
-				// A copy: calls share the look, and a caller may change its answer.
-				answers <- answer{maps.Clone(l.val), l.err}
-			case <-ctx.Done():
-			}
-		}()
-	}
-	var errs []error
-	for range nodes {
-		select {
-		case <-ctx.Done():
-			return nil, fmt.Errorf("pgshard: presence sessions: %w", ctx.Err())
-		case a := <-answers:
-			if a.err == nil {
-				return a.names, nil
-			}
-			errs = append(errs, a.err)
+func (c *Cluster) Present(ctx context.Context, cluster, node string) (map[string]bool, error) {
+	l := c.looks.join(lookKey{node: node, cluster: cluster})
+	select {
+	case <-l.done:
+		if l.err != nil {
+			return nil, fmt.Errorf("pgshard: presence sessions on %s: %w", node, l.err)
 		}
+		// A copy: calls share the look, and a caller may change its answer.
+		return maps.Clone(l.val), nil
+	case <-ctx.Done():
+		return nil, fmt.Errorf("pgshard: presence sessions on %s: %w", node, ctx.Err())
 	}
-	return nil, fmt.Errorf("pgshard: presence sessions: %w", errors.Join(errs...))
 }
 
 // lookKey names a node's looks for one deployment's presence sessions.
@@ -343,27 +322,25 @@ func (c *Cluster) present(ctx context.Context, cluster, node string) (_ map[stri
 
 // warmTimeout bounds WarmPresence: opening a connection took up to 400 ms
 // in make bench's point-select run, and a node that does not answer must
-// not hold up a freeze, whose look then asks the others.
+// not hold up a freeze, whose look then reports it.
 const warmTimeout = 2 * time.Second
 
-// WarmPresence opens the connections of Present's looks on every node that
-// has none, and looks once on each, so that a freeze's first look neither
-// opens a connection inside its write pause nor runs as a new backend's
-// first query (prepared, over cold catalog caches): measured, those made
-// the first freezes of a reshard the slowest. A node that cannot be
-// reached is left to the look to report.
+// WarmPresence opens the connection of Present's looks on the catalog node
+// if it has none, and looks once on it, so that a freeze's first look
+// neither opens a connection inside its write pause nor runs as a new
+// backend's first query (prepared, over cold catalog caches): measured,
+// those made the first freezes of a reshard the slowest. A node that
+// cannot be reached is left to the look to report.
 func (c *Cluster) WarmPresence(ctx context.Context, cluster string) {
 	ctx, cancel := context.WithTimeout(ctx, warmTimeout)
 	defer cancel()
-	_ = forEachNode(ctx, c.NodeNames(), func(ctx context.Context, node string) error {
-		p, err := c.lookPool(ctx, node)
-		if err != nil {
-			return err
-		}
-		if s := p.Stat(); s.IdleConns()+s.AcquiredConns() > 0 {
-			return nil // open; a look may hold it meanwhile
-		}
-		_, _, err = c.present(ctx, cluster, node)
-		return err
-	})
+	node := c.Catalog().Name
+	p, err := c.lookPool(ctx, node)
+	if err != nil {
+		return
+	}
+	if s := p.Stat(); s.IdleConns()+s.AcquiredConns() > 0 {
+		return // open; a look may hold it meanwhile
+	}
+	_, _, _ = c.present(ctx, cluster, node)
 }
