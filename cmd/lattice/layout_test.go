@@ -19,6 +19,7 @@ func TestLayout(t *testing.T) {
 		t.Fatal(err)
 	}
 	allowed := arrows(t, string(design))
+	used := map[string]bool{} // "pkg dep"
 	cmd := exec.Command("go", "list", "-f", `{{.ImportPath}} {{join .Imports " "}}`, "./...")
 	cmd.Dir = "../.."
 	out, err := cmd.Output()
@@ -40,6 +41,15 @@ func TestLayout(t *testing.T) {
 			}
 			if !may[dep] {
 				t.Errorf("%s imports %s, an arrow docs/DESIGN.md section 9 does not have", pkg, dep)
+			}
+			used[pkg+" "+dep] = true
+		}
+	}
+	// An arrow no import follows says the design is wider than the code.
+	for pkg, may := range allowed {
+		for dep := range may {
+			if !used[pkg+" "+dep] {
+				t.Errorf("docs/DESIGN.md section 9 has %s ─> %s, but %s does not import %s", pkg, dep, pkg, dep)
 			}
 		}
 	}
@@ -70,7 +80,11 @@ func arrows(t *testing.T, design string) map[string]map[string]bool {
 			}
 		}
 		for _, pkg := range strings.Split(from, ",") {
-			allowed[strings.TrimSpace(pkg)] = may
+			pkg = strings.TrimSpace(pkg)
+			if _, twice := allowed[pkg]; twice {
+				t.Errorf("docs/DESIGN.md section 9 names %s on two arrow lines", pkg)
+			}
+			allowed[pkg] = may
 		}
 	}
 	return allowed
