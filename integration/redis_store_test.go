@@ -142,8 +142,9 @@ func TestRedisStoreSubscribe(t *testing.T) {
 	if err := s.SwapMap(ctx, m, 1); err != nil {
 		t.Fatal(err)
 	}
-	tr.ShardCount = 8
-	if err := s.UpdateTree(ctx, tr); err != nil {
+	next := *tr
+	next.ShardCount = 8
+	if err := s.SwapTree(ctx, &next, tr); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.DeleteTree(ctx, tenant, "catalogue"); err != nil {

@@ -444,9 +444,9 @@ func (c *Coordinator) complete(ctx context.Context, u unit, r *shardmap.Reshard)
 	if err != nil {
 		return err
 	}
+	shards := m.DistinctShards()
 	for _, t := range u.trees {
-		t.ShardCount = m.DistinctShards()
-		if err := c.store.UpdateTree(ctx, t); err != nil {
+		if err := setShardCount(ctx, c.store, t.Tenant, t.Name, shards); err != nil {
 			return err
 		}
 	}
@@ -456,9 +456,31 @@ func (c *Coordinator) complete(ctx context.Context, u unit, r *shardmap.Reshard)
 	c.metrics.ReshardCompleted.WithLabelValues(r.Tree, t.Tenant).Inc()
 	c.metrics.CoordinatorCompleted.WithLabelValues(r.Tree, t.Tenant, "reshard").Inc()
 	c.runner.publish(ctx, Event{Event: EventReshardCompleted, Tenant: t.Tenant, Tree: r.Tree, Epoch: m.Epoch,
-		Reshard: r.OpID, From: r.From, To: r.Target, Shards: t.ShardCount})
-	c.log.Info("reshard completed", "tree", r.Tree, "tables", u.names(), "tenant", t.Tenant, "shards", t.ShardCount, "took", time.Since(r.Started))
+		Reshard: r.OpID, From: r.From, To: r.Target, Shards: shards})
+	c.log.Info("reshard completed", "tree", r.Tree, "tables", u.names(), "tenant", t.Tenant, "shards", shards, "took", time.Since(r.Started))
 	return c.store.ReleaseLease(ctx, t.Tenant, r.Tree, c.id)
+}
+
+// setShardCount records n as the registry shard count of tree name. The
+// count is all the coordinator owns of the entry, so it is set by
+// compare-and-set on the entry as stored now, read again on a conflict:
+// writing back an entry read earlier lost the DDL, colocation join or
+// tree option another writer stored in between.
+func setShardCount(ctx context.Context, store Store, tenant, name string, n int) error {
+	for {
+		cur, err := store.Tree(ctx, tenant, name)
+		if err != nil {
+			return err
+		}
+		if cur.ShardCount == n {
+			return nil
+		}
+		next := *cur
+		next.ShardCount = n
+		if err := store.SwapTree(ctx, &next, cur); !errors.Is(err, shardmap.ErrConflict) {
+			return err
+		}
+	}
 }
 
 // Rejected is a reshard refused before a coordinator starts: the client
@@ -578,6 +600,14 @@ func repinFence(t *shardmap.Tree, op string, idx int) pgshard.SlotFence {
 // frozen, every shard fenced, and the probe repeated under the fence: only
 // then can no write slip in between. The map becomes an identity map over
 // shards 0..n-1, reviving retired indices as empty shards.
+//
+// The new shards are built from the registry entry read again once every
+// proxy acknowledged the frozen map, not from t: DDL that passed its
+// reshard check before the intent was stored has run to its end by then
+// (an acknowledgement waits for the statement), and DDL from then on is
+// refused, so that entry carries every change the new shards must replay.
+// A colocation join is refused once the intent is stored; one made before
+// sends the tree to the migrations.
 func (c *Coordinator) tryRepin(ctx context.Context, t *shardmap.Tree, op *shardmap.Reshard) (bool, error) {
 	if t.Group != "" {
 		return false, nil // a colocation group is resharded by migrations, empty or not
@@ -611,6 +641,13 @@ func (c *Coordinator) tryRepin(ctx context.Context, t *shardmap.Tree, op *shardm
 	}
 	if err := c.runner.waitAcks(pctx, t, frozen); err != nil {
 		return false, nil
+	}
+	t, err = c.store.Tree(pctx, t.Tenant, t.Name)
+	if err != nil {
+		return false, err
+	}
+	if t.Group != "" {
+		return false, nil // it joined a colocation group before the intent was stored
 	}
 	for idx, sh := range frozen.Shards {
 		if sh.State == shardmap.ShardRetired {
@@ -662,8 +699,7 @@ func (c *Coordinator) tryRepin(ctx context.Context, t *shardmap.Tree, op *shardm
 			c.log.Warn("re-pin: drop fence", "shard", idx, "err", err)
 		}
 	}
-	t.ShardCount = n
-	if err := c.store.UpdateTree(ctx, t); err != nil {
+	if err := setShardCount(ctx, c.store, t.Tenant, t.Name, n); err != nil {
 		return true, err
 	}
 	if err := c.store.FinishReshard(ctx, t.Tenant, t.Name, op.OpID); err != nil {

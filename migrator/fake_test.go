@@ -64,6 +64,8 @@ type fakeNodes struct {
 	// dropBlocked, when set, holds every fence's removal until it is
 	// closed, as a long transaction on the table would.
 	dropBlocked chan struct{}
+	// built is the DDL log each created shard table replayed, by index.
+	built map[int][]string
 }
 
 // fakeWriteLog is a target's write log: each key's row before the first
@@ -82,7 +84,7 @@ var _ Nodes = (*fakeNodes)(nil)
 
 func newFakeNodes() *fakeNodes {
 	return &fakeNodes{nodes: []string{"n1", "n2"}, tables: map[int]map[int]map[string]string{},
-		copied: map[string]bool{}, fences: map[string]bool{}, logs: map[string]*fakeWriteLog{}}
+		copied: map[string]bool{}, fences: map[string]bool{}, logs: map[string]*fakeWriteLog{}, built: map[int][]string{}}
 }
 
 func (f *fakeNodes) call(format string, args ...any) {
@@ -163,6 +165,9 @@ func (f *fakeNodes) CreateShard(ctx context.Context, t *shardmap.Tree, idx int, 
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.call("create %d %s", idx, t.Name)
+	if _, ok := f.tables[idx]; !ok {
+		f.built[idx] = slices.Clone(t.DDL) // an existing table is kept, as CREATE ... IF NOT EXISTS does
+	}
 	f.table(idx)
 	return nil
 }

@@ -27,7 +27,7 @@ func TestForgetReservedKeepsSameTree(t *testing.T) {
 			r := newRig(t)
 			tree := *r.tree
 			tree.Created = created
-			if err := r.store.UpdateTree(r.ctx, &tree); err != nil {
+			if err := r.store.SwapTree(r.ctx, &tree, r.tree); err != nil {
 				t.Fatal(err)
 			}
 			run := r.runner("")
@@ -41,7 +41,7 @@ func TestForgetReservedKeepsSameTree(t *testing.T) {
 			if starting.Created.IsZero() {
 				// The cache holds the zero time too: nothing to tell
 				// incarnations apart by.
-				if err := r.store.UpdateTree(r.ctx, &starting); err != nil {
+				if err := r.store.SwapTree(r.ctx, &starting, &tree); err != nil {
 					t.Fatal(err)
 				}
 				run.forgetReserved(&starting)

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -136,8 +137,9 @@ func TestCacheFollowsEvents(t *testing.T) {
 			return s.CreateTree(ctx, tr, m)
 		}, func(v *View) bool { return v.Trees["accounts"] != nil && v.Maps["accounts"] != nil }},
 		{"update", func() error {
-			tr.DDL = append(tr.DDL, "CREATE INDEX ON {{table}} (title)")
-			return s.UpdateTree(ctx, tr)
+			next := *tr
+			next.DDL = append(slices.Clone(tr.DDL), "CREATE INDEX ON {{table}} (title)")
+			return s.SwapTree(ctx, &next, tr)
 		}, func(v *View) bool { return len(v.Trees["catalogue"].DDL) == 2 }},
 		{"delete", func() error { return s.DeleteTree(ctx, "app", "accounts") },
 			func(v *View) bool { return v.Trees["accounts"] == nil && v.Maps["accounts"] == nil }},

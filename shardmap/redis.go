@@ -204,13 +204,6 @@ if ARGV[7] ~= '' then redis.call('SADD', KEYS[3], ARGV[1]) end
 redis.call('PUBLISH', ARGV[5], ARGV[6])
 return 1`)
 
-	// KEYS: trees. ARGV: name, tree JSON, channel, event.
-	updateScript = redis.NewScript(`
-if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then return 0 end
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-redis.call('PUBLISH', ARGV[3], ARGV[4])
-return 1`)
-
 	// KEYS: trees. ARGV: name, expected tree JSON, tree JSON, channel, event.
 	// Returns -1 if the tree does not exist, 0 when it is not the expected one.
 	swapTreeScript = redis.NewScript(`
@@ -351,23 +344,6 @@ func (s *RedisStore) CreateTree(ctx context.Context, t *Tree, m *Map) error {
 		return fmt.Errorf("shardmap: create tree %s/%s: %w", t.Tenant, t.Name, ErrExists)
 	case 2:
 		return fmt.Errorf("shardmap: create tree %s/%s: %w", t.Tenant, t.Name, ErrNameInUse)
-	}
-	return nil
-}
-
-// UpdateTree implements Store.
-func (s *RedisStore) UpdateTree(ctx context.Context, t *Tree) error {
-	tj, err := json.Marshal(t)
-	if err != nil {
-		return fmt.Errorf("shardmap: encode tree %s/%s: %w", t.Tenant, t.Name, err)
-	}
-	n, err := updateScript.Run(ctx, s.client, []string{s.treesKey(t.Tenant)},
-		t.Name, tj, s.channel, s.event(EventTree, t.Tenant, t.Name, 0)).Int()
-	if err != nil {
-		return fmt.Errorf("shardmap: update tree %s/%s: %w", t.Tenant, t.Name, err)
-	}
-	if n == 0 {
-		return fmt.Errorf("shardmap: update tree %s/%s: %w", t.Tenant, t.Name, ErrNotFound)
 	}
 	return nil
 }

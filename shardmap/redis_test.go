@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -107,27 +108,23 @@ func TestCreateTree(t *testing.T) {
 	}
 }
 
-func TestUpdateDeleteTree(t *testing.T) {
+func TestSwapDeleteTree(t *testing.T) {
 	ctx := context.Background()
 	s, _ := newTestStore(t)
 	tr, m := mustCreate(t, s, "app", "catalogue")
 
-	tr.ShardCount = 16
-	tr.DDL = append(tr.DDL, "CREATE INDEX ON {{table}} (title)")
-	if err := s.UpdateTree(ctx, tr); err != nil {
+	next := *tr
+	next.ShardCount = 16
+	next.DDL = append(slices.Clone(tr.DDL), "CREATE INDEX ON {{table}} (title)")
+	if err := s.SwapTree(ctx, &next, tr); err != nil {
 		t.Fatal(err)
 	}
 	got, err := s.Tree(ctx, "app", "catalogue")
 	if err != nil || got.ShardCount != 16 || len(got.DDL) != 2 {
-		t.Fatalf("after update: %+v, %v", got, err)
+		t.Fatalf("after swap: %+v, %v", got, err)
 	}
 	if cur, _ := s.Map(ctx, "app", "catalogue"); cur.Epoch != 1 {
-		t.Errorf("UpdateTree changed the map epoch to %d", cur.Epoch)
-	}
-
-	missing, _ := testTree("app", "missing")
-	if err := s.UpdateTree(ctx, missing); !errors.Is(err, ErrNotFound) {
-		t.Errorf("UpdateTree(missing): %v, want ErrNotFound", err)
+		t.Errorf("SwapTree changed the map epoch to %d", cur.Epoch)
 	}
 
 	if err := s.DeleteTree(ctx, "app", "catalogue"); err != nil {
@@ -283,7 +280,9 @@ func TestSubscribe(t *testing.T) {
 	if err := s.SwapMap(ctx, m, 1); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.UpdateTree(ctx, tr); err != nil {
+	next := *tr
+	next.ShardCount = 8
+	if err := s.SwapTree(ctx, &next, tr); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.SwapMap(ctx, m, 1); !errors.Is(err, ErrConflict) {

@@ -71,13 +71,12 @@ type Store interface {
 	// CreateColocated registers t in the colocation group of anchor, whose
 	// map it shares (group.go).
 	CreateColocated(ctx context.Context, t, anchor *Tree, epoch uint64) error
-	// UpdateTree replaces a registry entry (DDL log, shard count), not its
-	// map, and publishes a "tree" event; ErrNotFound if it is not registered.
-	UpdateTree(ctx context.Context, t *Tree) error
 	// SwapTree replaces the registry entry prev with t only if the stored
-	// entry is still prev (compare-and-set), and publishes a "tree" event;
-	// ErrConflict when another writer changed it, ErrNotFound if it is gone.
-	// DDL on a tree appends to t.DDL with it.
+	// entry is still prev (compare-and-set), not its map, and publishes a
+	// "tree" event; ErrConflict when another writer changed it, ErrNotFound
+	// if it is gone. It is the only way an entry changes, so that no writer
+	// (DDL appending to t.DDL, a tree option, the coordinator's shard
+	// count) loses another's change.
 	SwapTree(ctx context.Context, t, prev *Tree) error
 	// DeleteTree removes a tree and publishes a "tree" event; ErrNotFound if
 	// it is not registered. Its map and coordination keys go with it, or,
