@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"strings"
 	"testing"
@@ -21,6 +22,9 @@ type wire struct {
 	fe *pgproto3.Frontend
 	// types adds each column's type to a RowDescription's summary.
 	types bool
+	// pid and key are the BackendKeyData the server sent, for cancel.
+	pid uint32
+	key []byte
 }
 
 func dialWire(t testing.TB, dsn string) *wire {
@@ -36,7 +40,30 @@ func dialWire(t testing.TB, dsn string) *wire {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { hj.Conn.Close() })
-	return &wire{t: t, nc: hj.Conn, fe: pgproto3.NewFrontend(hj.Conn, hj.Conn)}
+	return &wire{t: t, nc: hj.Conn, fe: pgproto3.NewFrontend(hj.Conn, hj.Conn), pid: hj.PID, key: hj.SecretKey}
+}
+
+// cancel sends a CancelRequest for the connection and returns once the
+// server closed the request's connection, as it does when it has handled it.
+func (w *wire) cancel() {
+	w.t.Helper()
+	c, err := net.DialTimeout(w.nc.RemoteAddr().Network(), w.nc.RemoteAddr().String(), 20*time.Second)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+	req := &pgproto3.CancelRequest{ProcessID: w.pid, SecretKey: w.key}
+	buf, err := req.Encode(nil)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	if _, err := c.Write(buf); err != nil {
+		w.t.Fatal(err)
+	}
+	if _, err := c.Read(make([]byte, 1)); !errors.Is(err, io.EOF) {
+		w.t.Fatalf("cancel request: %v, want the server to close", err)
+	}
 }
 
 // round sends msgs and reads up to the ReadyForQuery of every Sync or Query

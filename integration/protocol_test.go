@@ -18,6 +18,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
 
 	"github.com/lattice-db/lattice/localnode"
 )
@@ -433,6 +434,69 @@ func TestCancelBeforeTheBackendHasIt(t *testing.T) {
 		t.Fatal(err)
 	}
 	mustExec(t, c, `SELECT 1`) // nothing left to cancel the next statement
+}
+
+// TestCancelInAnExtendedBatch: a CancelRequest that comes after the client's
+// batch began and before its ReadyForQuery is not lost while the batch's
+// messages wait in the proxy for the Sync, and one that comes after the
+// ReadyForQuery cancels nothing later. The proxy sends an extended batch's
+// Execute at Sync: a cancel that came between the Bind and the Execute was
+// dropped by the idle backend and forgotten by the proxy at the next
+// message, so the statement ran to its end. The Flush makes the client wait
+// until the proxy has the batch, so the cancel comes in it.
+func TestCancelInAnExtendedBatch(t *testing.T) {
+	resetNodes(t)
+	p := startProxy(t, 1)
+	sleep := []pgproto3.FrontendMessage{
+		&pgproto3.Parse{Query: "SELECT pg_sleep(5)"},
+		&pgproto3.Bind{},
+		&pgproto3.Flush{},
+	}
+	run := []pgproto3.FrontendMessage{&pgproto3.Execute{}, &pgproto3.Sync{}}
+	cases := []struct {
+		name   string
+		before []pgproto3.FrontendMessage // a round ahead of the batch
+		rest   []pgproto3.FrontendMessage // the batch's messages after the cancel
+		want   string
+		after  string // a Query then, ending what before began
+	}{
+		{"outside a transaction", nil, run, "ErrorResponse:57014 ReadyForQuery:I", "SELECT 1"},
+		{"in a transaction", []pgproto3.FrontendMessage{&pgproto3.Query{String: "BEGIN"}}, run,
+			"ErrorResponse:57014 ReadyForQuery:E", "ROLLBACK"},
+		// The Describe goes to the backend at the Flush, before the Execute:
+		// a cancel forwarded after it finds the backend idle.
+		{"a Describe and Flush before the Execute", nil,
+			seq([]pgproto3.FrontendMessage{&pgproto3.Describe{ObjectType: 'P'}, &pgproto3.Flush{}}, run),
+			"ErrorResponse:57014 ReadyForQuery:I", "SELECT 1"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			w := dialWire(t, p.DSN("lattice"))
+			if tc.before != nil {
+				w.round(tc.before...)
+			}
+			w.send(sleep...)
+			if got := w.read(func(m pgproto3.BackendMessage) bool { _, ok := m.(*pgproto3.BindComplete); return ok }); got != "ParseComplete BindComplete" {
+				t.Fatalf("Parse, Bind: %s", got)
+			}
+			w.cancel()
+			start := time.Now()
+			if got := w.round(tc.rest...); got != tc.want {
+				t.Fatalf("after %v: %s, want %s", time.Since(start), got, tc.want)
+			}
+			if got := w.round(&pgproto3.Query{String: tc.after}); strings.Contains(got, "Error") {
+				t.Fatalf("%s after the canceled batch: %s", tc.after, got)
+			}
+		})
+	}
+	t.Run("after ReadyForQuery", func(t *testing.T) {
+		w := dialWire(t, p.DSN("lattice"))
+		w.round(seq(execOne("", "SELECT 1"), syncMsg)...)
+		w.cancel() // too late: the batch is over
+		if got := w.round(seq(execOne("", "SELECT pg_sleep(0.2)"), syncMsg)...); got != "ParseComplete BindComplete DataRow() CommandComplete ReadyForQuery:I" {
+			t.Fatalf("the next statement: %s", got)
+		}
+	})
 }
 
 // TestBadInput sends what a broken or hostile client might and checks each

@@ -8,9 +8,9 @@ import (
 	"github.com/lattice-db/lattice/sqlstate"
 )
 
-// errCanceledWaiting is the statement a CancelRequest ended while it
-// waited for a backend, in PostgreSQL's words for a cancelled statement.
-var errCanceledWaiting = sqlstate.New(sqlstate.QueryCanceled, "canceling statement due to user request")
+// errCanceled is the statement a CancelRequest ended before it went
+// to a backend, in PostgreSQL's words for a cancelled statement.
+var errCanceled = sqlstate.New(sqlstate.QueryCanceled, "canceling statement due to user request")
 
 // poolAcquire takes a backend of node from the pools. A CancelRequest that
 // comes before the statement reached a backend, or while it waits for one
@@ -22,9 +22,9 @@ var errCanceledWaiting = sqlstate.New(sqlstate.QueryCanceled, "canceling stateme
 // a cancel ended it, so that a checkout allocates nothing.
 func (s *session) poolAcquire(ctx context.Context, node string) (*pgshard.Conn, error) {
 	s.activeMu.Lock()
-	if s.cancelPending.Load() {
+	if s.cancelPending() {
 		s.activeMu.Unlock()
-		return nil, errCanceledWaiting
+		return nil, errCanceled
 	}
 	if s.waitCtx == nil || s.waitParent != ctx || s.waitCtx.Err() != nil {
 		if s.stopWait != nil {
@@ -40,8 +40,8 @@ func (s *session) poolAcquire(ctx context.Context, node string) (*pgshard.Conn, 
 	s.activeMu.Lock()
 	s.waiting = false
 	s.activeMu.Unlock()
-	if err != nil && context.Cause(wctx) == errCanceledWaiting {
-		return nil, errCanceledWaiting
+	if err != nil && context.Cause(wctx) == errCanceled {
+		return nil, errCanceled
 	}
 	return be, err
 }
@@ -50,7 +50,7 @@ func (s *session) poolAcquire(ctx context.Context, node string) (*pgshard.Conn, 
 // CancelRequest; activeMu held.
 func (s *session) stopWaiting() {
 	if s.waiting {
-		s.stopWait(errCanceledWaiting)
+		s.stopWait(errCanceled)
 	}
 }
 

@@ -39,6 +39,12 @@ func (s *session) extendedMsg(ctx context.Context, msg pgproto3.FrontendMessage)
 	if s.skipping {
 		return nil
 	}
+	if s.cancelPending() {
+		// The client cancelled the batch before this message's work went
+		// out: sent at Sync, a forwarded cancel would find the backend idle.
+		s.fail(errCanceled)
+		return nil
+	}
 	// Each message sets the client text its steps take (exchange.client)
 	// where it finds its statement.
 	s.x.client = ""

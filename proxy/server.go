@@ -413,10 +413,15 @@ func (sess *session) loop(ctx context.Context) {
 		idleTx := sess.idleDeadline(ready)
 		sess.sendOnPause(ctx)
 		sess.serving.Store(0)
-		sess.cancelPending.Store(false)
+		if ready {
+			sess.batch.Store(0) // a cancel now finds nothing of the client's to end
+		}
 		msg, err := sess.receive()
 		sess.served++
 		sess.serving.Store(sess.served)
+		if ready {
+			sess.batch.Store(sess.served)
+		}
 		if idleTx {
 			if err != nil && idleTimedOut(err) {
 				sess.endIdleTransaction()

@@ -110,11 +110,17 @@ type session struct {
 
 	activeMu sync.Mutex
 	active   []*pgshard.Conn // backends running this session's work, for CancelRequest
-	// cancelPending is a CancelRequest that came while the session held
-	// the client's statement: sendBackends forwards it once more after it
-	// sends the statement, which a backend may not have had yet when the
-	// request came (it would have ignored it). Cleared between messages.
-	cancelPending atomic.Bool
+	// batch numbers the client's batch the session is in, from its first
+	// message to its ReadyForQuery (the message's count in served), and is
+	// 0 between batches; canceled is the batch a CancelRequest came in
+	// (cancelPending). Numbered, a cancel that comes as its batch ends
+	// cannot hit the next one.
+	batch    atomic.Uint64
+	canceled atomic.Uint64
+	// cancelSent is the batch whose cancel sendBackends forwarded after
+	// sending its statements, which a backend may not have had yet when
+	// the request came (it would have ignored it).
+	cancelSent uint64
 	// waitCtx is the context poolAcquire waits for a backend under, made
 	// from waitParent; stopWait ends it, and waiting says a wait is under
 	// way. All under activeMu.
@@ -502,11 +508,19 @@ func (s *session) cancel(ctx context.Context) {
 	defer done()
 	s.activeMu.Lock()
 	defer s.activeMu.Unlock()
-	if s.serving.Load() != 0 {
-		s.cancelPending.Store(true)
+	if b := s.batch.Load(); b != 0 {
+		s.canceled.Store(b)
 		s.stopWaiting()
 	}
 	s.cancelActive(ctx)
+}
+
+// cancelPending reports a CancelRequest that came in the client's current
+// batch: what of the batch has not gone out yet ends with 57014 (poolAcquire,
+// extendedMsg), and sendBackends forwards it after what has.
+func (s *session) cancelPending() bool {
+	b := s.batch.Load()
+	return b != 0 && s.canceled.Load() == b
 }
 
 // cancelActive sends a CancelRequest to each active backend; activeMu held.
@@ -539,8 +553,9 @@ func (s *session) sendBackends() {
 			}
 		}
 	}
-	if s.cancelPending.Swap(false) {
+	if s.cancelPending() && s.cancelSent != s.batch.Load() {
 		// The client cancelled what it sent before the backends had it.
+		s.cancelSent = s.batch.Load()
 		ctx, done := context.WithTimeout(context.Background(), cancelTimeout)
 		defer done()
 		s.activeMu.Lock()
