@@ -539,3 +539,111 @@ func TestPinExtended(t *testing.T) {
 	want(other, `CREATE TEMP TABLE ext (v int)`, "CREATE TABLE [I]")
 	wantPinned(t, p, 1)
 }
+
+// TestTempTableUnderTreeName: a temporary relation named like a tree or a
+// reference table is refused (0A000, with a hint to use another name),
+// however the statement makes it: TEMP, pg_temp or the session's
+// pg_temp_N, IF NOT EXISTS, AS, SELECT INTO, a view (also one made
+// temporary by reading a temporary table), a sequence, or a rename.
+// PostgreSQL would look in pg_temp first, so the session's bare name would
+// mean the temporary relation while the proxy routes it to the tree:
+// DELETE FROM tt meant for the scratch table would empty the tree. Before,
+// CREATE TEMP TABLE IF NOT EXISTS tt, CREATE TABLE pg_temp.tt and every
+// form for a reference table made one. Temporary relations under other
+// names, and CREATE TABLE IF NOT EXISTS of the tree itself, still work.
+func TestTempTableUnderTreeName(t *testing.T) {
+	resetNodes(t)
+	p := startProxy(t, 2)
+	ctx := context.Background()
+	c := connect(t, p.DSN("lattice"))
+	mustExec(t, c, `CREATE TABLE tt (k bigint PRIMARY KEY, v int)`)
+	mustExec(t, c, `INSERT INTO tt SELECT g, g FROM generate_series(1, 10) g`)
+	mustExec(t, c, `SELECT lattice_create_tree('tt', 'k', shard_count => 4)`)
+	mustExec(t, c, `CREATE TABLE tref (id int PRIMARY KEY, name text)`)
+	mustExec(t, c, `INSERT INTO tref VALUES (1, 'one')`)
+	mustExec(t, c, `SELECT lattice_create_reference_table('tref')`)
+
+	// {temp} is the session's own temporary schema, pg_temp_N.
+	var refused []string
+	for _, name := range []string{"tt", "tref"} {
+		for _, sql := range []string{
+			`CREATE TEMP TABLE %s (k bigint)`,
+			`CREATE TEMP TABLE IF NOT EXISTS %s (k bigint)`,
+			`CREATE TEMPORARY TABLE IF NOT EXISTS %s (LIKE scratch)`,
+			`CREATE TABLE pg_temp.%s (k bigint)`,
+			`CREATE TABLE IF NOT EXISTS pg_temp.%s (k bigint)`,
+			`CREATE TABLE {temp}.%s (k bigint)`,
+			`CREATE TEMP TABLE %s AS SELECT 1 AS k`,
+			`CREATE TEMP TABLE IF NOT EXISTS %s AS SELECT 1 AS k`,
+			`EXPLAIN ANALYZE CREATE TEMP TABLE %s AS SELECT 1 AS k`,
+			`SELECT 1 AS k INTO TEMP %s`,
+			`SELECT 1 AS k INTO pg_temp.%s`,
+			`CREATE TEMP VIEW %s AS SELECT 1 AS k`,
+			`CREATE OR REPLACE VIEW pg_temp.%s AS SELECT 1 AS k`,
+			`CREATE VIEW %s AS SELECT * FROM scratch`,
+			`CREATE TEMP SEQUENCE %s`,
+			`CREATE SEQUENCE IF NOT EXISTS pg_temp.%s`,
+			`ALTER TABLE scratch RENAME TO %s`,
+			`ALTER TABLE pg_temp.scratch RENAME TO %s`,
+			`ALTER TABLE IF EXISTS {temp}.scratch RENAME TO %s`,
+		} {
+			refused = append(refused, fmt.Sprintf(sql, name))
+		}
+	}
+	tempSchema := func(t *testing.T) string {
+		t.Helper()
+		return oneString(t, c, `SELECT nspname::text FROM pg_catalog.pg_namespace WHERE oid = pg_catalog.pg_my_temp_schema()`)
+	}
+	for _, sql := range refused {
+		for _, simple := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%s simple=%v", sql, simple), func(t *testing.T) {
+				mustExec(t, c, `CREATE TEMP TABLE scratch (k bigint)`)
+				defer mustExec(t, c, `DISCARD TEMP`)
+				sql := strings.ReplaceAll(sql, "{temp}", tempSchema(t))
+				var err error
+				if simple {
+					_, err = c.Exec(ctx, sql)
+				} else {
+					_, err = c.PgConn().ExecParams(ctx, sql, nil, nil, nil, nil).Close()
+				}
+				if pgCode(err) != "0A000" || !strings.Contains(hintOf(err), "another name") {
+					t.Errorf("%s: %v (hint %q), want 0A000 with a hint to use another name", sql, err, hintOf(err))
+				}
+				if got := oneString(t, c, `SELECT count(*)::text FROM pg_catalog.pg_class WHERE relpersistence = 't' AND relname IN ('tt', 'tref')`); got != "0" {
+					t.Errorf("after %s: %s temporary relations named tt or tref", sql, got)
+				}
+				if got := oneString(t, c, `SELECT count(*)::text FROM tt`); got != "10" {
+					t.Fatalf("after %s the tree has %s rows, want 10", sql, got)
+				}
+			})
+		}
+	}
+
+	// Other names, and the tree's own CREATE TABLE IF NOT EXISTS (a no-op).
+	for _, sql := range []string{
+		`CREATE TABLE IF NOT EXISTS tt (k bigint PRIMARY KEY, v int)`,
+		`CREATE TABLE IF NOT EXISTS tref (id int PRIMARY KEY, name text)`,
+		`CREATE TEMP TABLE scratch (k bigint)`,
+		`INSERT INTO scratch VALUES (1), (2)`,
+		`CREATE TEMP TABLE scratch2 AS SELECT * FROM scratch`,
+		`SELECT * INTO TEMP scratch3 FROM scratch`,
+		`CREATE VIEW scratch_v AS SELECT * FROM scratch`,
+		`CREATE TEMP SEQUENCE scratch_s`,
+		`ALTER TABLE scratch3 RENAME TO scratch4`,
+		`DELETE FROM scratch WHERE k = 1`,
+	} {
+		mustExec(t, c, sql)
+	}
+	for sql, want := range map[string]string{
+		`SELECT count(*)::text FROM scratch`:     "1",
+		`SELECT count(*)::text FROM scratch_v`:   "1",
+		`SELECT count(*)::text FROM scratch4`:    "2",
+		`SELECT nextval('scratch_s')::text`:      "1",
+		`SELECT count(*)::text FROM tt`:          "10",
+		`SELECT count(*)::text FROM public.tref`: "1",
+	} {
+		if got := oneString(t, c, sql); got != want {
+			t.Fatalf("%s = %s, want %s", sql, got, want)
+		}
+	}
+}

@@ -95,3 +95,72 @@ func TestSearchPathShadowsTree(t *testing.T) {
 		expect(t, c, `SELECT v FROM sp WHERE k = 1`, 1, "")
 	})
 }
+
+// TestSearchPathShadowsTreeInQueryString: a query string of several
+// statements gets the same check as a statement of its own, statement by
+// statement, so that under SET search_path = other, public a bare name is
+// refused rather than read or written as the tree where PostgreSQL would
+// read or write other.sp. A string that sets the search_path itself and
+// then names a tree is refused too: its statements are checked before its
+// SET runs. Before, each of these read or wrote the tree.
+func TestSearchPathShadowsTreeInQueryString(t *testing.T) {
+	resetNodes(t)
+	p := startProxy(t, 2)
+	ctx := context.Background()
+	c := connect(t, p.DSN("lattice"))
+	mustExec(t, c, `CREATE TABLE sp (k bigint PRIMARY KEY, v int)`)
+	mustExec(t, c, `INSERT INTO sp SELECT g, g FROM generate_series(1, 20) g`)
+	mustExec(t, c, `SELECT lattice_create_tree('sp', 'k', shard_count => 4)`)
+	// Schemas outlive resetNodes: their own names, made afresh.
+	mustExec(t, c, `DROP SCHEMA IF EXISTS qs_other, qs_empty CASCADE`)
+	mustExec(t, c, `CREATE SCHEMA qs_other`)
+	mustExec(t, c, `CREATE TABLE qs_other.sp (k bigint PRIMARY KEY, v int)`)
+	mustExec(t, c, `INSERT INTO qs_other.sp VALUES (1, 111)`)
+	mustExec(t, c, `CREATE SCHEMA qs_empty`)
+
+	for _, tc := range []struct {
+		path string // the session's search_path, "" for the default
+		sql  string
+		code string // "" for success
+	}{
+		{"qs_other, public", `SELECT v FROM sp WHERE k = 1; SELECT 2`, "0A000"},
+		{"qs_other, public", `UPDATE sp SET v = 0 WHERE k = 1; SELECT 2`, "0A000"},
+		{"qs_other, public", `SELECT 2; DELETE FROM sp WHERE k = 1`, "0A000"},
+		{"qs_other, public", `INSERT INTO sp VALUES (21, 21); SELECT 2`, "0A000"},
+		{"qs_empty", `SELECT v FROM sp WHERE k = 1; SELECT 2`, "42P01"},
+		{"", `SET search_path = qs_other, public; DELETE FROM sp WHERE k = 1`, "0A000"},
+		{"", `BEGIN; SET LOCAL search_path = qs_other, public; DELETE FROM sp WHERE k = 1; COMMIT`, "0A000"},
+		// Whatever the path: the check runs before the SET.
+		{"", `SET search_path = public; UPDATE sp SET v = 0 WHERE k = 1`, "0A000"},
+		// Names PostgreSQL resolves as the proxy does.
+		{"qs_other, public", `SELECT v FROM public.sp WHERE k = 1; SELECT 2`, ""},
+		{"qs_other, public", `UPDATE qs_other.sp SET v = v WHERE k = 1; SELECT 2`, ""},
+		{"public, qs_other", `UPDATE sp SET v = v WHERE k = 1; SELECT 2`, ""},
+		{"", `UPDATE sp SET v = v WHERE k = 1; SET search_path = qs_other, public`, ""},
+		{"", `SELECT 1; SET search_path = qs_other, public; SELECT 2`, ""},
+	} {
+		t.Run(tc.path+": "+tc.sql, func(t *testing.T) {
+			if tc.path != "" {
+				mustExec(t, c, `SET search_path = `+tc.path)
+			}
+			_, err := c.Exec(ctx, tc.sql)
+			if got := pgCode(err); got != tc.code || tc.code == "" && err != nil {
+				t.Errorf("%s under search_path %q: %v (%q), want %q", tc.sql, tc.path, err, got, tc.code)
+			}
+			if tc.code != "" && err != nil && pgHint(err) == "" {
+				t.Errorf("%s: %v has no hint", tc.sql, err)
+			}
+			mustExec(t, c, `RESET search_path`)
+			// Nothing was written, to the tree or to qs_other.sp.
+			for _, q := range []struct {
+				sql  string
+				want int
+			}{{`SELECT v FROM public.sp WHERE k = 1`, 1}, {`SELECT count(*)::int FROM public.sp`, 20}, {`SELECT v FROM qs_other.sp WHERE k = 1`, 111}} {
+				var v int
+				if err := c.QueryRow(ctx, q.sql).Scan(&v); err != nil || v != q.want {
+					t.Fatalf("after %s: %s = %d (%v), want %d", tc.sql, q.sql, v, err, q.want)
+				}
+			}
+		})
+	}
+}

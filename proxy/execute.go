@@ -48,11 +48,9 @@ func (s *session) execute(ctx context.Context, v *shardmap.View, portal *clientP
 		s.fail(err)
 		return false
 	}
-	if p.Tree != nil || len(p.References) > 0 {
-		if err := s.shadowCheck(ctx, v, p); err != nil {
-			s.fail(err)
-			return false
-		}
+	if err := s.shadowCheck(ctx, v, p); err != nil {
+		s.fail(err)
+		return false
 	}
 	s.noteHides(p)
 	switch p.Kind {

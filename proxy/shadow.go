@@ -43,9 +43,9 @@ WHERE pg_catalog.to_regclass(pg_catalog.quote_ident(n)) IS DISTINCT FROM pg_cata
 func (s *session) shadowCheck(ctx context.Context, v *shardmap.View, p *router.Plan) error {
 	local := false
 	for _, stmt := range s.tx.local {
-		local = local || strings.Contains(strings.ToLower(stmt), "search_path")
+		local = local || mentionsSearchPath(stmt)
 	}
-	if !s.settings.searchPath && !local || v == nil {
+	if !s.settings.searchPath && !local || v == nil || !namesDistributed(p) {
 		return nil
 	}
 	now := shadowState{fp: s.settings.fp, trees: v.TreesVersion, epoch: pgshard.ResultEpoch()}
@@ -76,6 +76,38 @@ func (s *session) shadowCheck(ctx context.Context, v *shardmap.View, p *router.P
 		return e
 	}
 	return nil
+}
+
+// shadowCheckAfter is shadowCheck for a statement of a query string of
+// several, where pathSet reports that a statement before it in the string
+// sets the search_path. The check asks under the session's settings, which
+// that SET has not changed yet when the string is planned, so such a
+// statement naming a tree or reference table is refused: under the new
+// search_path PostgreSQL might read another table for its bare name.
+func (s *session) shadowCheckAfter(ctx context.Context, v *shardmap.View, p *router.Plan, pathSet bool) error {
+	if pathSet && namesDistributed(p) {
+		e := sqlstate.New(sqlstate.FeatureNotSupported, "%s on a tree or reference table after SET search_path in the same query string is not supported through the Lattice proxy", strings.ToUpper(firstWord(p.SQL)))
+		e.Detail = "The proxy checks which table a bare name means under the search_path before the query string runs, so it cannot follow a SET of search_path inside it."
+		e.Hint = "Send the SET as a query of its own."
+		return e
+	}
+	return s.shadowCheck(ctx, v, p)
+}
+
+// namesDistributed reports whether p names a tree or reference table,
+// whose bare names the router takes to be public's.
+func namesDistributed(p *router.Plan) bool {
+	return p.Tree != nil || len(p.References) > 0
+}
+
+// setsSearchPath reports whether p is a SET (or SET LOCAL, or RESET) of
+// the search_path.
+func setsSearchPath(p *router.Plan) bool {
+	return (p.Kind == router.SessionSet || p.Kind == router.LocalSet) && mentionsSearchPath(p.SQL)
+}
+
+func mentionsSearchPath(stmt string) bool {
+	return strings.Contains(strings.ToLower(stmt), "search_path")
 }
 
 // shadowedNames asks the catalog node which of the view's names the

@@ -135,6 +135,7 @@ func (s *session) simpleMulti(ctx context.Context, v *shardmap.View, plans []*ro
 	var pin, unpin router.Pin
 	var sets []string                     // SET and RESET, recorded once the string committed
 	loads := make([]loadMark, len(plans)) // one per statement, each answering one CommandComplete
+	pathSet := false                      // a statement before this one sets the search_path
 	for i, p := range plans {
 		var n, sql string
 		s.noteRouting(v, p)
@@ -142,6 +143,11 @@ func (s *session) simpleMulti(ctx context.Context, v *shardmap.View, plans []*ro
 			s.fail(err)
 			return
 		}
+		if err := s.shadowCheckAfter(ctx, v, p, pathSet); err != nil {
+			s.fail(err)
+			return
+		}
+		pathSet = pathSet || setsSearchPath(p)
 		pin, unpin = pin|p.Pin, unpin|p.Unpin
 		s.noteHides(p)
 		if p.Kind == router.LocalSet || p.Kind == router.Transaction && p.Tx != router.Begin {

@@ -117,9 +117,18 @@ func pins(n *pg.Node) (pin, unpin Pin, hides Hides) {
 }
 
 // tempRel reports a relation created as temporary: TEMP / TEMPORARY, or
-// named in schema pg_temp.
+// named in schema pg_temp or pg_temp_N (the session's temporary schema by
+// its own name, which PostgreSQL lets it use).
 func tempRel(rv *pg.RangeVar) bool {
-	return rv != nil && (rv.Relpersistence == "t" || strings.EqualFold(rv.Schemaname, "pg_temp"))
+	return rv != nil && (rv.Relpersistence == "t" || tempSchema(rv.Schemaname))
+}
+
+func tempSchema(name string) bool {
+	rest, ok := strings.CutPrefix(strings.ToLower(name), "pg_temp")
+	if n, numbered := strings.CutPrefix(rest, "_"); numbered {
+		return ok && n != "" && strings.Trim(n, "0123456789") == ""
+	}
+	return ok && rest == ""
 }
 
 // localSetConfig reports set_config(name, value, true): a setting for the

@@ -119,6 +119,10 @@ func (p *planner) plan(n *pg.Node, start, end int) *Plan {
 // planWritten plans the statement as written.
 func (p *planner) planWritten(n *pg.Node, start, end int) *Plan {
 	pl := &Plan{SQL: p.sql[start:end]}
+	if err := p.tempShadow(n); err != nil {
+		pl.Kind, pl.Err = Refused, err
+		return pl
+	}
 	switch s := n.Node.(type) {
 	case *pg.Node_TransactionStmt:
 		p.transaction(pl, s.TransactionStmt)
@@ -457,7 +461,8 @@ func (p *planner) route(n *pg.Node) (out route) {
 	if cs := n.GetCreateStmt(); cs != nil && cs.IfNotExists && len(treeRefs) == 1 && treeRefs[0].rv == cs.Relation {
 		// The tree's template table exists on the catalog node: PostgreSQL
 		// answers with a notice and changes nothing. Migrations that run
-		// CREATE TABLE IF NOT EXISTS at start-up keep working.
+		// CREATE TABLE IF NOT EXISTS at start-up keep working. (A TEMP one
+		// would be made in pg_temp: tempShadow refused it.)
 		return route{kind: Catalog}
 	}
 
