@@ -95,13 +95,16 @@ func (r *Runner) StartMove(ctx context.Context, t *shardmap.Tree, idx int, node 
 }
 
 // prepareMove creates the target tables on the target node (replaying
-// each tree's DDL log), owning no slot: one per member of the map.
+// each tree's DDL log), owning no slot: one per member of the map. No map
+// names a move's target, so the map is written once more, unchanged but
+// for its epoch, after the record: its acknowledgements are what
+// createTarget waits for.
 func (r *Runner) prepareMove(ctx context.Context, u unit, mig *shardmap.Migration) error {
-	m, err := r.store.Map(ctx, mig.Tenant, u.name())
+	m, err := r.updateMap(ctx, mig.Tenant, u.name(), func(*shardmap.Map) (bool, error) { return true, nil })
 	if err != nil {
 		return err
 	}
-	if err := r.createMembers(ctx, u, mig.Target, mig.TargetNode, m.Epoch); err != nil {
+	if err := r.createTarget(ctx, u, mig, m); err != nil {
 		return err
 	}
 	r.crash("prepare")
