@@ -138,6 +138,7 @@ func TestSearchPathShadowsTreeInQueryString(t *testing.T) {
 		{"public, qs_other", `UPDATE sp SET v = v WHERE k = 1; SELECT 2`, ""},
 		{"", `UPDATE sp SET v = v WHERE k = 1; SET search_path = qs_other, public`, ""},
 		{"", `SELECT 1; SET search_path = qs_other, public; SELECT 2`, ""},
+		{"", `SET search_path = qs_other, public; UPDATE public.sp SET v = v WHERE k = 1`, ""},
 	} {
 		t.Run(tc.path+": "+tc.sql, func(t *testing.T) {
 			if tc.path != "" {
