@@ -2,9 +2,11 @@ package integration
 
 import (
 	"context"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgproto3"
 )
 
 // TestSearchPathShadowsTree: under a search_path that puts another schema
@@ -138,6 +140,7 @@ func TestSearchPathShadowsTreeInQueryString(t *testing.T) {
 		{"public, qs_other", `UPDATE sp SET v = v WHERE k = 1; SELECT 2`, ""},
 		{"", `UPDATE sp SET v = v WHERE k = 1; SET search_path = qs_other, public`, ""},
 		{"", `SELECT 1; SET search_path = qs_other, public; SELECT 2`, ""},
+		{"", `SET search_path = qs_other, public; UPDATE public.sp SET v = v WHERE k = 1`, ""},
 	} {
 		t.Run(tc.path+": "+tc.sql, func(t *testing.T) {
 			if tc.path != "" {
@@ -163,4 +166,136 @@ func TestSearchPathShadowsTreeInQueryString(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestSearchPathShadowsTreeInBatch: an extended-protocol batch (one
+// pipeline, one Sync) that sets the search_path and then names a tree bare
+// is refused (0A000, with a hint), as a query string that does is: the
+// proxy records the SET only once the batch has played, so it checks the
+// later statements under the old path. Before, such a DELETE wrote the
+// tree where PostgreSQL would write pbo.pb. Qualified names, and batches
+// without a SET before the tree's statement, work.
+func TestSearchPathShadowsTreeInBatch(t *testing.T) {
+	resetNodes(t)
+	p := startProxy(t, 2)
+	ctx := context.Background()
+	c := connect(t, p.DSN("lattice"))
+	mustExec(t, c, `CREATE TABLE pb (k bigint PRIMARY KEY, v int)`)
+	mustExec(t, c, `INSERT INTO pb SELECT g, g FROM generate_series(1, 20) g`)
+	mustExec(t, c, `SELECT lattice_create_tree('pb', 'k', shard_count => 4)`)
+	// Schemas outlive resetNodes: their own names, made afresh.
+	mustExec(t, c, `DROP SCHEMA IF EXISTS pbo CASCADE`)
+	mustExec(t, c, `CREATE SCHEMA pbo`)
+	mustExec(t, c, `CREATE TABLE pbo.pb (k bigint PRIMARY KEY, v int)`)
+	mustExec(t, c, `INSERT INTO pbo.pb VALUES (1, 111)`)
+	// A Batch takes its connection's mode: prepared statements, or unnamed
+	// ones with every statement's Parse in the pipeline.
+	conns := map[pgx.QueryExecMode]*pgx.Conn{}
+	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeCacheStatement, pgx.QueryExecModeExec} {
+		cfg, err := pgx.ParseConfig(p.DSN("lattice"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.DefaultQueryExecMode = mode
+		if conns[mode], err = pgx.ConnectConfig(ctx, cfg); err != nil {
+			t.Fatal(err)
+		}
+		defer conns[mode].Close(ctx)
+	}
+
+	for _, tc := range []struct {
+		path  string   // the session's search_path, "" for the default
+		batch []string // a statement with $1 gets k = 1
+		code  string   // "" for success
+	}{
+		{"", []string{`SET search_path = pbo, public`, `DELETE FROM pb WHERE k = $1`}, "0A000"},
+		{"", []string{`SET search_path = pbo, public`, `UPDATE pb SET v = 0 WHERE k = $1`}, "0A000"},
+		{"", []string{`SET search_path = pbo, public`, `SELECT v FROM pb WHERE k = $1`}, "0A000"},
+		{"", []string{`BEGIN`, `SET LOCAL search_path = pbo, public`, `DELETE FROM pb WHERE k = $1`, `COMMIT`}, "0A000"},
+		{"public, pbo", []string{`RESET search_path`, `UPDATE pb SET v = 0 WHERE k = $1`}, "0A000"},
+		// Whatever the path: the check runs before the SET is recorded.
+		{"", []string{`SET search_path = public`, `UPDATE pb SET v = 0 WHERE k = $1`}, "0A000"},
+		// Names PostgreSQL resolves as the proxy does.
+		{"", []string{`SET search_path = pbo, public`, `UPDATE public.pb SET v = v WHERE k = $1`}, ""},
+		{"", []string{`SET search_path = pbo, public`, `UPDATE pbo.pb SET v = v WHERE k = $1`}, ""},
+		{"", []string{`SELECT 1`, `UPDATE pb SET v = v WHERE k = $1`}, ""},
+		{"public, pbo", []string{`UPDATE pb SET v = v WHERE k = $1`, `DELETE FROM pb WHERE k = $1 AND false`}, ""},
+		{"", []string{`UPDATE pb SET v = v WHERE k = $1`, `SET search_path = pbo, public`}, ""},
+	} {
+		for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeCacheStatement, pgx.QueryExecModeExec} {
+			t.Run(tc.path+": "+strings.Join(tc.batch, "; ")+" "+mode.String(), func(t *testing.T) {
+				c := conns[mode]
+				if tc.path != "" {
+					mustExec(t, c, `SET search_path = `+tc.path)
+				}
+				err := sendBatch(ctx, c, tc.batch)
+				if got := pgCode(err); got != tc.code || tc.code == "" && err != nil {
+					t.Errorf("batch under search_path %q: %v (%q), want %q", tc.path, err, got, tc.code)
+				}
+				if tc.code != "" && err != nil && pgHint(err) == "" {
+					t.Errorf("%v has no hint", err)
+				}
+				mustExec(t, c, `ROLLBACK`) // a refused batch may leave its transaction aborted
+				mustExec(t, c, `RESET search_path`)
+				// Nothing was written, to the tree or to pbo.pb.
+				for _, q := range []struct {
+					sql  string
+					want int
+				}{{`SELECT v FROM public.pb WHERE k = 1`, 1}, {`SELECT count(*)::int FROM public.pb`, 20}, {`SELECT v FROM pbo.pb WHERE k = 1`, 111}} {
+					var v int
+					if err := c.QueryRow(ctx, q.sql).Scan(&v); err != nil || v != q.want {
+						t.Fatalf("after the batch: %s = %d (%v), want %d", q.sql, v, err, q.want)
+					}
+				}
+			})
+		}
+	}
+	// A Flush plays what came before it, and the session has the SET from
+	// then on: the statements after it get the check under the new path.
+	t.Run("flush after the SET", func(t *testing.T) {
+		w := dialWire(t, p.DSN("lattice"))
+		stmt := func(sql string) []pgproto3.FrontendMessage {
+			return []pgproto3.FrontendMessage{&pgproto3.Parse{Query: sql}, &pgproto3.Bind{}, &pgproto3.Execute{}}
+		}
+		for _, tc := range []struct{ path, sql, code string }{
+			{"public, pbo", `DELETE FROM pb WHERE k = 1 AND false`, ""},
+			{"pbo, public", `DELETE FROM pb WHERE k = 1`, "0A000"},
+		} {
+			msgs := append(stmt(`SET search_path = `+tc.path), &pgproto3.Flush{})
+			msgs = append(append(msgs, stmt(tc.sql)...), &pgproto3.Sync{})
+			got := w.round(msgs...)
+			if failed := strings.Contains(got, "ErrorResponse"); failed != (tc.code != "") || failed && !strings.Contains(got, "ErrorResponse:"+tc.code) {
+				t.Errorf("SET search_path = %s, Flush, %s: %s, want error %q", tc.path, tc.sql, got, tc.code)
+			}
+			w.round(&pgproto3.Query{String: `RESET search_path`})
+		}
+		var v int
+		if err := c.QueryRow(ctx, `SELECT v FROM public.pb WHERE k = 1`).Scan(&v); err != nil || v != 1 {
+			t.Fatalf("after the batches: public.pb k = 1 has %d (%v), want 1", v, err)
+		}
+	})
+}
+
+// sendBatch sends stmts as one pgx Batch (one pipeline, one Sync), with
+// k = 1 for a statement that takes $1, and returns the first error.
+func sendBatch(ctx context.Context, c *pgx.Conn, stmts []string) error {
+	b := &pgx.Batch{}
+	for _, sql := range stmts {
+		if strings.Contains(sql, "$1") {
+			b.Queue(sql, 1)
+		} else {
+			b.Queue(sql)
+		}
+	}
+	br := c.SendBatch(ctx, b)
+	var first error
+	for range stmts {
+		if _, err := br.Exec(); err != nil && first == nil {
+			first = err
+		}
+	}
+	if err := br.Close(); err != nil && first == nil {
+		first = err
+	}
+	return first
 }

@@ -104,6 +104,9 @@ type exchange struct {
 	// client is the client's text of the statement being added: each step
 	// takes it, so that a backend error's position can point into it.
 	client string
+	// pathSet: a statement bound in this round sets the search_path, which
+	// the session records only once the round has played (shadowCheckAfter).
+	pathSet bool
 }
 
 // uses reports whether the step reads responses of be: its own backend,
@@ -156,6 +159,7 @@ func (x *exchange) reset() {
 	x.steps = x.steps[:0]
 	x.errored = false
 	x.stale = nil
+	x.pathSet = false
 	clear(x.failed)
 	clear(x.sentSinceSync)
 }

@@ -48,10 +48,11 @@ func (s *session) execute(ctx context.Context, v *shardmap.View, portal *clientP
 		s.fail(err)
 		return false
 	}
-	if err := s.shadowCheck(ctx, v, p); err != nil {
+	if err := s.shadowCheckAfter(ctx, v, p, s.x.pathSet); err != nil {
 		s.fail(err)
 		return false
 	}
+	s.x.pathSet = s.x.pathSet || setsSearchPath(p)
 	s.noteHides(p)
 	switch p.Kind {
 	case router.Refused:

@@ -646,6 +646,7 @@ func (s *session) flushBatch() error {
 		return err
 	}
 	s.x.steps = s.x.steps[:0]
+	s.x.pathSet = false // played: the session's settings have its SET now
 	if s.x.errored {
 		s.skipping = true
 	}

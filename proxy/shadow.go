@@ -78,20 +78,51 @@ func (s *session) shadowCheck(ctx context.Context, v *shardmap.View, p *router.P
 	return nil
 }
 
-// shadowCheckAfter is shadowCheck for a statement of a query string of
-// several, where pathSet reports that a statement before it in the string
-// sets the search_path. The check asks under the session's settings, which
-// that SET has not changed yet when the string is planned, so such a
-// statement naming a tree or reference table is refused: under the new
-// search_path PostgreSQL might read another table for its bare name.
+// shadowCheckAfter is shadowCheck for a statement that follows others
+// not yet played: in a query string of several, or in an extended batch
+// up to its Sync or Flush. pathSet reports that one of them sets the
+// search_path. The check asks under the session's settings, which that SET
+// has not changed yet (it is recorded once played), so such a statement
+// naming a tree or reference table bare is refused: under the new
+// search_path PostgreSQL might read another table for that name.
 func (s *session) shadowCheckAfter(ctx context.Context, v *shardmap.View, p *router.Plan, pathSet bool) error {
-	if pathSet && namesDistributed(p) {
-		e := sqlstate.New(sqlstate.FeatureNotSupported, "%s on a tree or reference table after SET search_path in the same query string is not supported through the Lattice proxy", strings.ToUpper(firstWord(p.SQL)))
-		e.Detail = "The proxy checks which table a bare name means under the search_path before the query string runs, so it cannot follow a SET of search_path inside it."
-		e.Hint = "Send the SET as a query of its own."
-		return e
+	if pathSet && namesDistributed(p) && namesBare(v, p.SQL) {
+		return s.pathSetEarlier(p)
 	}
 	return s.shadowCheck(ctx, v, p)
+}
+
+// namesBare reports whether sql may name one of the view's trees or
+// reference tables bare (all of them without a view), which a search_path
+// could resolve to another table; a qualified name it cannot.
+func namesBare(v *shardmap.View, sql string) bool {
+	if v == nil {
+		return true
+	}
+	for name := range v.Trees {
+		if namesRelation(sql, name) {
+			return true
+		}
+	}
+	for name := range v.References {
+		if namesRelation(sql, name) {
+			return true
+		}
+	}
+	return false
+}
+
+// pathSetEarlier is shadowCheckAfter's refusal, in the words of the
+// protocol the statement came by.
+func (s *session) pathSetEarlier(p *router.Plan) error {
+	where, hint := "query string", "Send the SET as a query of its own."
+	if !s.simple {
+		where, hint = "batch", "Send a Sync after the SET, before the statements that name the table bare."
+	}
+	e := sqlstate.New(sqlstate.FeatureNotSupported, "%s on a tree or reference table after SET search_path in the same %s is not supported through the Lattice proxy", strings.ToUpper(firstWord(p.SQL)), where)
+	e.Detail = "The proxy checks which table a bare name means under the search_path before the " + where + " runs, so it cannot follow a SET of search_path inside it."
+	e.Hint = hint
+	return e
 }
 
 // namesDistributed reports whether p names a tree or reference table,
