@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgproto3"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/lattice-db/lattice/shardmap"
@@ -149,4 +150,93 @@ func TestAckRecreatedTree(t *testing.T) {
 		acks, err := store.Acks(ctx, "lattice", "items")
 		return len(acks) == 1 && slices.Collect(maps.Values(acks))[0] == m.Epoch, err
 	})
+}
+
+// TestAckWaitsForTreeDDL: a tree DDL statement holds a view of the maps
+// while it runs, so a proxy acknowledges a newer epoch only once it ended:
+// a migration that waits for those acknowledgements then reads a DDL log
+// that records it (migrator createTarget). The DDL waits for a lock on one
+// shard table while the map is written again. Bound and executed in one
+// batch, it kept its view to the batch's end; bound before a Flush and
+// executed after it, it ran holding none, and the proxy acknowledged the
+// new epoch while it still ran.
+func TestAckWaitsForTreeDDL(t *testing.T) {
+	resetNodes(t)
+	p := startProxy(t, 2)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c := connect(t, p.DSN("lattice"))
+	mustExec(t, c, "CREATE TABLE ddlack (k text PRIMARY KEY, v int)")
+	mustExec(t, c, "SELECT lattice_create_tree('ddlack', 'k', shard_count => 2)")
+	store, err := shardmap.OpenRedis(ctx, testRedisURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	m, err := store.Map(ctx, "lattice", "ddlack")
+	if err != nil {
+		t.Fatal(err)
+	}
+	shardNode := testNodeDSN(t, int(m.Shards[0].Node[1]-'1'))
+	onShardNode := connect(t, shardNode)
+	acked := func() uint64 {
+		acks, err := store.Acks(ctx, "lattice", "ddlack")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return slices.Max(append(slices.Collect(maps.Values(acks)), 0))
+	}
+
+	for i, tc := range []struct {
+		name  string
+		flush bool // Flush between Bind and Execute
+	}{
+		{"one batch", false},
+		{"flush before execute", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			release := lockTable(t, ctx, shardNode, shardmap.SchemaName(0)+".ddlack", "ACCESS SHARE")
+			w := dialWire(t, p.DSN("lattice"))
+			w.send(&pgproto3.Parse{Query: fmt.Sprintf("ALTER TABLE ddlack ADD COLUMN c%d int", i)}, &pgproto3.Bind{})
+			if tc.flush {
+				w.send(&pgproto3.Flush{})
+				if got := w.read(isMsg[*pgproto3.BindComplete]); got != "ParseComplete BindComplete" {
+					t.Fatalf("before the Flush: %s", got)
+				}
+			}
+			w.send(&pgproto3.Execute{}, &pgproto3.Sync{})
+			pollUntil(t, 20*time.Second, "the DDL to wait for the shard's lock", func() (bool, error) {
+				var n int
+				err := onShardNode.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'").Scan(&n)
+				return n > 0, err
+			})
+
+			m, err := store.Map(ctx, "lattice", "ddlack")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := store.SwapMap(ctx, m, m.Epoch); err != nil { // m.Epoch is now the new one
+				t.Fatal(err)
+			}
+			// The proxy installs the map at once (a map event); a proxy
+			// that held no view for the DDL acknowledged it as quickly.
+			for end := time.Now().Add(3 * time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+				if e := acked(); e >= m.Epoch {
+					t.Fatalf("epoch %d acknowledged while the DDL still runs", e)
+				}
+			}
+			release()
+			if got := w.read(isMsg[*pgproto3.ReadyForQuery]); got != "ParseComplete BindComplete CommandComplete ReadyForQuery:I" && got != "CommandComplete ReadyForQuery:I" {
+				t.Fatalf("the DDL answered %s", got)
+			}
+			pollUntil(t, 20*time.Second, "the acknowledgement once the DDL ended", func() (bool, error) {
+				return acked() >= m.Epoch, nil
+			})
+		})
+	}
+}
+
+func isMsg[T pgproto3.BackendMessage](m pgproto3.BackendMessage) bool {
+	_, ok := m.(T)
+	return ok
 }

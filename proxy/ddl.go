@@ -99,6 +99,10 @@ func (s *session) runDDL(ctx context.Context, t *shardmap.Tree, p *router.Plan) 
 		s.fail(sqlstate.New(sqlstate.FeatureNotSupported, "%s on tree %q is not supported by this proxy", p.Tag, t.Name))
 		return
 	}
+	if err := s.holdForDDL(ctx); err != nil {
+		s.fail(err)
+		return
+	}
 	d := pgshard.TreeDDL{
 		Tenant:       s.tenant,
 		Tree:         t.Name,
@@ -130,6 +134,19 @@ func (s *session) runDDL(ctx context.Context, t *shardmap.Tree, p *router.Plan) 
 		return
 	}
 	s.x.synthetic(commandComplete(p.Tag))
+}
+
+// holdForDDL takes a view for a tree's DDL until the next release point:
+// a migration that waits for the acknowledgements of a newer epoch then
+// waits for the DDL to end and log itself (migrator createTarget). The
+// view taken at Bind does not cover it when a Flush came in between and
+// gave it back. A view the session already holds whole is not held twice.
+func (s *session) holdForDDL(ctx context.Context) error {
+	if s.srv.cfg.Registration == nil {
+		return nil
+	}
+	_, err := s.acquireView(ctx)
+	return err
 }
 
 var ddlOps = map[router.DDLOp]pgshard.DDLOp{

@@ -69,7 +69,8 @@ func (s *session) acquireView(ctx context.Context) (*shardmap.View, error) {
 //
 // A portal bound before a Flush may still be executed after it: a SELECT
 // took its snapshot at Bind, and a write to a slot that moved since is
-// rejected by the fence (LT001), so neither needs the view any more.
+// rejected by the fence (LT001), so neither needs the view any more. A
+// tree's DDL, which runs at Execute, takes a view again (holdForDDL).
 //
 // Within a statement a session may hold a view while it waits for a pool
 // backend, a node, or the rest of a batch the client is still sending.
