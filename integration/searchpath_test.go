@@ -299,3 +299,89 @@ func sendBatch(ctx context.Context, c *pgx.Conn, stmts []string) error {
 	}
 	return first
 }
+
+// TestSearchPathSetConfig: SELECT set_config('search_path', 'literal',
+// false) on its own is followed as SET search_path is: recorded, replayed
+// on the session's next backends, and the bare-name check runs under it,
+// so a tree's bare name that PostgreSQL would resolve to zzo.zz is refused
+// rather than read as the tree, and pg_dump's prologue (an empty path,
+// then qualified names) works. Any other set_config of search_path (local,
+// a parameter, inside a larger statement) is refused with 0A000. Before, a
+// set_config of search_path went unnoticed and the bare name read the tree.
+func TestSearchPathSetConfig(t *testing.T) {
+	resetNodes(t)
+	p := startProxy(t, 2)
+	ctx := context.Background()
+	c := connect(t, p.DSN("lattice"))
+	mustExec(t, c, `CREATE TABLE zz (k bigint PRIMARY KEY, v int)`)
+	mustExec(t, c, `INSERT INTO zz SELECT g, g FROM generate_series(1, 20) g`)
+	mustExec(t, c, `SELECT lattice_create_tree('zz', 'k', shard_count => 4)`)
+	mustExec(t, c, `DROP SCHEMA IF EXISTS zzo CASCADE`)
+	mustExec(t, c, `CREATE SCHEMA zzo`)
+	mustExec(t, c, `CREATE TABLE zzo.zz (k bigint PRIMARY KEY, v int)`)
+	mustExec(t, c, `INSERT INTO zzo.zz VALUES (1, 111)`)
+	modes := []pgx.QueryExecMode{pgx.QueryExecModeSimpleProtocol, pgx.QueryExecModeCacheStatement}
+	for _, tc := range []struct {
+		name, set string
+		args      []any
+		setCode   string // the set_config's own outcome
+		path      string // current_setting('search_path') afterwards
+		bareCode  string // SELECT v FROM zz WHERE k = 1 afterwards
+	}{
+		{name: "other first", set: `SELECT set_config('search_path', 'zzo, public', false)`, path: "zzo, public", bareCode: "0A000"},
+		{name: "qualified call", set: `SELECT pg_catalog.set_config('SEARCH_PATH', 'zzo, public', false)`, path: "zzo, public", bareCode: "0A000"},
+		{name: "pg_dump prologue", set: `SELECT pg_catalog.set_config('search_path', '', false)`, path: "", bareCode: "42P01"},
+		{name: "public first", set: `SELECT set_config('search_path', 'public, zzo', false)`, path: "public, zzo"},
+		{name: "local", set: `SELECT set_config('search_path', 'zzo, public', true)`, setCode: "0A000", path: `"$user", public`},
+		{name: "parameter", set: `SELECT set_config('search_path', $1, false)`, args: []any{"zzo, public"}, setCode: "0A000", path: `"$user", public`},
+		{name: "larger statement", set: `SELECT set_config('search_path', 'zzo, public', false), 1`, setCode: "0A000", path: `"$user", public`},
+		{name: "from a table", set: `SELECT set_config('search_path', 'zzo, public', false) FROM zzo.zz`, setCode: "0A000", path: `"$user", public`},
+	} {
+		for _, mode := range modes {
+			if tc.args != nil && mode == pgx.QueryExecModeSimpleProtocol {
+				continue
+			}
+			t.Run(tc.name+"/"+mode.String(), func(t *testing.T) {
+				sc := connect(t, p.DSN("lattice"))
+				defer sc.Close(ctx)
+				rows, err := sc.Query(ctx, tc.set, append([]any{mode}, tc.args...)...)
+				if err == nil {
+					for rows.Next() {
+					}
+					rows.Close()
+					err = rows.Err()
+				}
+				if got := pgCode(err); got != tc.setCode {
+					t.Fatalf("%s: %v, want %q", tc.set, err, tc.setCode)
+				}
+				// Several statements, so that pooled backends other than
+				// the set_config's carry the session's path too.
+				for i := 0; i < 4; i++ {
+					var path string
+					if err := sc.QueryRow(ctx, `SELECT current_setting('search_path')`, mode).Scan(&path); err != nil || path != tc.path {
+						t.Fatalf("search_path after %s: %q, %v; want %q", tc.set, path, err, tc.path)
+					}
+					var v int
+					err := sc.QueryRow(ctx, `SELECT v FROM zz WHERE k = 1`, mode).Scan(&v)
+					if got := pgCode(err); got != tc.bareCode || got == "" && v != 1 {
+						t.Fatalf("bare zz after %s: %d, %v; want 1 or %q", tc.set, v, err, tc.bareCode)
+					}
+					if err := sc.QueryRow(ctx, `SELECT v FROM public.zz WHERE k = 1`, mode).Scan(&v); err != nil || v != 1 {
+						t.Fatalf("public.zz after %s: %d, %v; want 1", tc.set, v, err)
+					}
+					if err := sc.QueryRow(ctx, `SELECT v FROM zzo.zz WHERE k = 1`, mode).Scan(&v); err != nil || v != 111 {
+						t.Fatalf("zzo.zz after %s: %d, %v; want 111", tc.set, v, err)
+					}
+				}
+			})
+		}
+	}
+	t.Run("then bare in the same string", func(t *testing.T) {
+		sc := connect(t, p.DSN("lattice"))
+		defer sc.Close(ctx)
+		_, err := sc.Exec(ctx, `SELECT set_config('search_path', 'zzo, public', false); SELECT v FROM zz WHERE k = 1`, pgx.QueryExecModeSimpleProtocol)
+		if pgCode(err) != "0A000" {
+			t.Fatalf("set_config then bare zz in one string: %v, want 0A000", err)
+		}
+	})
+}

@@ -119,6 +119,13 @@ func (s *session) execute(ctx context.Context, v *shardmap.View, portal *clientP
 			// Kept for a write that finds the table became a tree (retryable).
 			portal.bind = portal.bound.copyOf(m)
 		}
+		if p.SetPath != "" {
+			// Recorded, as SET search_path is, once the node accepted it.
+			portal.run = func(context.Context) {
+				s.runParts(portal, 0)
+				s.recordPath(portal.parts[0].be, p.SetPath)
+			}
+		}
 		if p.Unpin&router.PinPrepare != 0 && s.txStatus() != 'E' {
 			// DEALLOCATE ALL: the SQL-level statements go on the backend.
 			portal.run = func(context.Context) {

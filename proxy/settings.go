@@ -59,6 +59,7 @@ func (s *settings) refresh() {
 		if v.value != "" {
 			text = v.value
 		}
+		text = strings.TrimPrefix(text, router.PathConfigPrefix) // the value only
 		if v.name == "search_path" && strings.Contains(strings.ToLower(text), "pg_catalog") {
 			s.catalogLate = true
 		}
@@ -80,9 +81,13 @@ func (s *settings) refresh() {
 	s.fp = b.String()
 }
 
-// apply records a successful SET or RESET statement.
+// apply records a successful SET or RESET statement, or a set_config of
+// search_path the router took for one (router.Plan.SetPath).
 func (s *settings) apply(stmt string) {
 	verb, name := setTarget(stmt)
+	if strings.HasPrefix(stmt, router.PathConfigPrefix) {
+		verb, name = "set", "search_path"
+	}
 	switch {
 	case verb == "reset" && name == "all":
 		s.set = nil
@@ -184,6 +189,16 @@ func (s *session) recordSets(ctx context.Context, node string, sets []string) {
 		}
 		for _, stmt := range sets {
 			s.recordSet(be, stmt, wasInTx || be.TxStatus != 'I')
+		}
+	}})
+}
+
+// recordPath records, once PostgreSQL accepted it on be, a set_config of
+// search_path that runs as an ordinary catalog statement (router.Plan.SetPath).
+func (s *session) recordPath(be *pgshard.Conn, stmt string) {
+	s.x.add(step{kind: stepSynthetic, then: func(x *exchange) {
+		if !x.failed[be] {
+			s.recordSet(be, stmt, s.tx.active)
 		}
 	}})
 }

@@ -132,9 +132,9 @@ func namesDistributed(p *router.Plan) bool {
 }
 
 // setsSearchPath reports whether p is a SET (or SET LOCAL, or RESET) of
-// the search_path.
+// the search_path, or a set_config of it the router follows as a SET.
 func setsSearchPath(p *router.Plan) bool {
-	return (p.Kind == router.SessionSet || p.Kind == router.LocalSet) && mentionsSearchPath(p.SQL)
+	return (p.Kind == router.SessionSet || p.Kind == router.LocalSet) && mentionsSearchPath(p.SQL) || p.SetPath != ""
 }
 
 func mentionsSearchPath(stmt string) bool {

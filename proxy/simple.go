@@ -160,6 +160,9 @@ func (s *session) simpleMulti(ctx context.Context, v *shardmap.View, plans []*ro
 		if p.Kind == router.SessionSet {
 			sets = append(sets, p.SQL)
 		}
+		if p.SetPath != "" {
+			sets = append(sets, p.SetPath)
+		}
 		if c := p.Cursor; c != nil && len(s.cursors) > 0 && (s.cursors[c.Name] != nil || c.Op == router.CursorClose && c.Name == "") {
 			e := sqlstate.New(sqlstate.FeatureNotSupported, "%s of a cursor over trees cannot be combined with other statements in one query string", strings.ToUpper(firstWord(p.SQL)))
 			e.Hint = "send it as a query of its own"

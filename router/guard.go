@@ -45,8 +45,9 @@ func guardSetting(name, value string) *sqlstate.Error {
 // whose name is not a constant could be any setting, so it is refused too,
 // but for the one form whose name is a constant all the same (settingRow):
 // those calls are returned, for the statement to name their setting.
+// A set_config of search_path other than path (pathConfig) is refused.
 // Settings a function body makes at run time are out of the proxy's sight.
-func guardSetConfig(n *pg.Node) (map[*pg.FuncCall]string, *sqlstate.Error) {
+func guardSetConfig(n *pg.Node, path *pg.FuncCall) (map[*pg.FuncCall]string, *sqlstate.Error) {
 	var err *sqlstate.Error
 	named := map[*pg.FuncCall]string{} // set_config calls whose name settingRow fixed
 	var visit func(m protoreflect.Message)
@@ -66,7 +67,11 @@ func guardSetConfig(n *pg.Node) (map[*pg.FuncCall]string, *sqlstate.Error) {
 				if !ok || name.kind != litString {
 					err = &sqlstate.Error{Code: sqlstate.CantChangeRuntimeParam,
 						Message: "set_config with a setting name that is not a string constant is not supported through the Lattice proxy",
-						Hint:    "Name the setting with a string literal, as in set_config('search_path', $1, false), or use SET."}
+						Hint:    "Name the setting with a string literal, as in set_config('work_mem', $1, false), or use SET."}
+					return
+				}
+				if x != path && strings.EqualFold(name.text, "search_path") {
+					err = pathConfigRefused()
 					return
 				}
 				value, _ := bareConstant(x.Args[1])

@@ -37,9 +37,9 @@ func TestGuardSettings(t *testing.T) {
 		{`SELECT set_config('lattice.migrator', 'on', true), * FROM orders WHERE id = 1`, sqlstate.InsufficientPrivilege},
 		// pg_dump's form: the name is the one row's, a constant after all.
 		{`SELECT set_config(name, 'view, foreign-table', false) FROM pg_settings WHERE name = 'restrict_nonsystem_relation_kind'`, ""},
-		{`SELECT pg_catalog.set_config("name", 'x', false) FROM pg_catalog.pg_settings WHERE 'search_path' = name`, ""},
+		{`SELECT pg_catalog.set_config("name", 'x', false) FROM pg_catalog.pg_settings WHERE 'work_mem' = name`, ""},
 		{`SELECT set_config(pg_settings.name, 'x', false) FROM pg_settings WHERE name = 'search_path'`, sqlstate.CantChangeRuntimeParam},
-		{`SELECT set_config(name, 'x', false), * FROM pg_settings WHERE name = 'search_path'`, ""},
+		{`SELECT set_config(name, 'x', false), * FROM pg_settings WHERE name = 'work_mem'`, ""},
 		{`SELECT set_config(name, 'on', false) FROM pg_settings WHERE name = 'lattice.migrator'`, sqlstate.InsufficientPrivilege},
 		{`SELECT set_config(name, 'replica', false) FROM pg_settings WHERE name = 'session_replication_role'`, sqlstate.InsufficientPrivilege},
 		{`SELECT set_config(name, 'off', false) FROM pg_settings WHERE name = 'standard_conforming_strings'`, sqlstate.FeatureNotSupported},
@@ -48,9 +48,15 @@ func TestGuardSettings(t *testing.T) {
 		{`SELECT set_config(name, 'replica', false) FROM pg_settings s WHERE name = 'search_path'`, sqlstate.CantChangeRuntimeParam},
 		{`SELECT set_config(name, 'replica', false) FROM pg_settings, pg_class WHERE name = 'search_path'`, sqlstate.CantChangeRuntimeParam},
 		{`SELECT set_config(name, 'replica', false) FROM myschema.pg_settings WHERE name = 'search_path'`, sqlstate.CantChangeRuntimeParam},
-		{`SELECT (SELECT set_config(name, 'on', false) FROM pg_settings WHERE name = 'search_path'), set_config(name, 'on', false) FROM pg_settings WHERE name LIKE 'lattice%'`, sqlstate.CantChangeRuntimeParam},
+		{`SELECT (SELECT set_config(name, 'on', false) FROM pg_settings WHERE name = 'work_mem'), set_config(name, 'on', false) FROM pg_settings WHERE name LIKE 'lattice%'`, sqlstate.CantChangeRuntimeParam},
 		{`SELECT set_config('search_path', 'x', false)`, ""},
-		{`SELECT set_config('search_path', $1, true)`, ""},
+		// search_path only as a statement of its own, with literals (setpath.go).
+		{`SELECT set_config('search_path', $1, true)`, sqlstate.FeatureNotSupported},
+		{`SELECT set_config('search_path', 'x', true)`, sqlstate.FeatureNotSupported},
+		{`SELECT set_config('search_path', 'x', false), 1`, sqlstate.FeatureNotSupported},
+		{`SELECT set_config(name, 'x', false) FROM pg_settings WHERE name = 'search_path'`, sqlstate.FeatureNotSupported},
+		{`WITH s AS (SELECT set_config('Search_Path', 'x', false)) SELECT * FROM s`, sqlstate.FeatureNotSupported},
+		{`SELECT set_config('work_mem', $1, true)`, ""},
 		{`SELECT set_config('standard_conforming_strings', 'on', true)`, ""},
 
 		// A function's SET clause applies at every call.
@@ -80,8 +86,8 @@ func TestSettingRowNamed(t *testing.T) {
 	for _, c := range []struct{ sql, want string }{
 		{`SELECT set_config(name, 'view, foreign-table', false) FROM pg_settings WHERE name = 'restrict_nonsystem_relation_kind'`,
 			`SELECT set_config('restrict_nonsystem_relation_kind', 'view, foreign-table', false) FROM pg_settings WHERE name = 'restrict_nonsystem_relation_kind'`},
-		{`select set_config(NAME, 'a', false), set_config("name", 'b', true) from pg_settings where name = 'search_path';`,
-			`select set_config('search_path', 'a', false), set_config('search_path', 'b', true) from pg_settings where name = 'search_path'`},
+		{`select set_config(NAME, 'a', false), set_config("name", 'b', true) from pg_settings where name = 'work_mem';`,
+			`select set_config('work_mem', 'a', false), set_config('work_mem', 'b', true) from pg_settings where name = 'work_mem'`},
 		{`SELECT 1; SELECT set_config(name, 'x', false) FROM pg_settings WHERE name = 'it''s'`,
 			`SELECT set_config('it''s', 'x', false) FROM pg_settings WHERE name = 'it''s'`},
 	} {
@@ -101,8 +107,8 @@ func TestSettingRowNamed(t *testing.T) {
 func TestGuardNotDerivedFromShape(t *testing.T) {
 	pl := NewPlanner(100)
 	for i, sql := range []string{
-		`SELECT set_config('search_path', 'a', true)`,
-		`SELECT set_config('search_path', 'b', true)`,
+		`SELECT set_config('work_mem', 'a', true)`,
+		`SELECT set_config('work_mem', 'b', true)`,
 		`SELECT set_config('lattice.migrator', 'on', true)`,
 	} {
 		plans, err := pl.Plan(sql, moreTrees(), 1)

@@ -54,11 +54,13 @@ func TestPins(t *testing.T) {
 		{sql: `CLOSE c`},
 		{sql: `CLOSE ALL`, unpin: PinCursor},
 
-		{sql: `SELECT set_config('search_path', 'x', false)`, pin: PinSetConfig},
-		{sql: `SELECT set_config('search_path', 'x', $1)`, pin: PinSetConfig},
-		{sql: `SELECT set_config('search_path', 'x', 'off')`, pin: PinSetConfig},
-		{sql: `SELECT set_config('search_path', 'x', true)`},
-		{sql: `SELECT set_config('search_path', 'x', 'on')`, pin: PinSetConfig},
+		{sql: `SELECT set_config('work_mem', 'x', false)`, pin: PinSetConfig},
+		{sql: `SELECT set_config('work_mem', 'x', $1)`, pin: PinSetConfig},
+		{sql: `SELECT set_config('work_mem', 'x', 'off')`, pin: PinSetConfig},
+		{sql: `SELECT set_config('work_mem', 'x', true)`},
+		{sql: `SELECT set_config('work_mem', 'x', 'on')`, pin: PinSetConfig},
+		{sql: `SELECT set_config('search_path', 'x', false)`}, // replayed as a SET (setpath.go)
+		{sql: `SELECT pg_catalog.set_config('search_path', '', false)`},
 		{sql: `SELECT current_setting('search_path')`},
 
 		// On a tree: refused, since the state would stay on a pooled shard backend.

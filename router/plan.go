@@ -178,7 +178,12 @@ func (p *planner) planWritten(n *pg.Node, start, end int) *Plan {
 	}
 	pl.Reparse = pl.Kind == Catalog && reparsed(n)
 	if pl.Kind != Refused {
-		named, err := guardSetConfig(n)
+		path, replay := pathConfig(n)
+		named, err := guardSetConfig(n, path)
+		if err == nil && path != nil {
+			// Recorded and replayed as SET search_path is: nothing to pin.
+			pl.SetPath, pl.Pin = replay, pl.Pin&^PinSetConfig
+		}
 		if err == nil && len(named) > 0 {
 			if pl.Kind != Catalog {
 				err = &sqlstate.Error{Code: sqlstate.CantChangeRuntimeParam,
@@ -189,7 +194,7 @@ func (p *planner) planWritten(n *pg.Node, start, end int) *Plan {
 			} else {
 				err = &sqlstate.Error{Code: sqlstate.CantChangeRuntimeParam,
 					Message: "set_config with a setting name that is not a string constant is not supported through the Lattice proxy",
-					Hint:    "Name the setting with a string literal, as in set_config('search_path', $1, false), or use SET."}
+					Hint:    "Name the setting with a string literal, as in set_config('work_mem', $1, false), or use SET."}
 			}
 		}
 		if err != nil {

@@ -214,6 +214,7 @@ type Plan struct {
 	Notify    bool                 // Catalog: sends a notification (NOTIFY, pg_notify)
 	Pin       Pin                  // Catalog: session state the statement leaves on its backend (pin.go)
 	Unpin     Pin                  // Catalog: session state the statement ends
+	SetPath   string               // Catalog: SELECT set_config('search_path', ...) the session records as a SET (setpath.go); the statement that replays it
 	Hides     Hides                // may leave session state the router cannot see, inside a function, DO or CALL (untracked.go)
 	Reparse   bool                 // Catalog: FETCH or EXECUTE, whose result columns are a cursor's or a SQL-level statement's when parsed: a backend statement of it is parsed for each use, never kept (reparse.go)
 	Prepare   string               // Catalog: the statement SQL PREPARE creates, in the namespace it shares with protocol statements
@@ -384,6 +385,9 @@ func (p *Plan) String() string {
 	}
 	if p.Unpin != 0 {
 		b.WriteString(" unpin=" + p.Unpin.String())
+	}
+	if p.SetPath != "" {
+		b.WriteString(" setpath")
 	}
 	if p.Reparse {
 		b.WriteString(" reparse")
