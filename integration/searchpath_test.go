@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -21,12 +22,8 @@ func TestSearchPathShadowsTree(t *testing.T) {
 	p := startProxy(t, 2)
 	ctx := context.Background()
 	c := connect(t, p.DSN("lattice"))
-	mustExec(t, c, `CREATE TABLE sp (k bigint PRIMARY KEY, v int)`)
-	mustExec(t, c, `INSERT INTO sp SELECT g, g FROM generate_series(1, 20) g`)
-	mustExec(t, c, `SELECT lattice_create_tree('sp', 'k', shard_count => 4)`)
-	mustExec(t, c, `CREATE SCHEMA other`)
-	mustExec(t, c, `CREATE TABLE other.sp (k bigint PRIMARY KEY, v int)`)
-	mustExec(t, c, `INSERT INTO other.sp VALUES (1, 111)`)
+	shadowedTree(t, c, "sp", "other")
+	mustExec(t, c, `DROP SCHEMA IF EXISTS empty CASCADE`)
 	mustExec(t, c, `CREATE SCHEMA empty`)
 
 	// Both protocols: a statement's text is where the bare name is found.
@@ -110,14 +107,8 @@ func TestSearchPathShadowsTreeInQueryString(t *testing.T) {
 	p := startProxy(t, 2)
 	ctx := context.Background()
 	c := connect(t, p.DSN("lattice"))
-	mustExec(t, c, `CREATE TABLE sp (k bigint PRIMARY KEY, v int)`)
-	mustExec(t, c, `INSERT INTO sp SELECT g, g FROM generate_series(1, 20) g`)
-	mustExec(t, c, `SELECT lattice_create_tree('sp', 'k', shard_count => 4)`)
-	// Schemas outlive resetNodes: their own names, made afresh.
-	mustExec(t, c, `DROP SCHEMA IF EXISTS qs_other, qs_empty CASCADE`)
-	mustExec(t, c, `CREATE SCHEMA qs_other`)
-	mustExec(t, c, `CREATE TABLE qs_other.sp (k bigint PRIMARY KEY, v int)`)
-	mustExec(t, c, `INSERT INTO qs_other.sp VALUES (1, 111)`)
+	shadowedTree(t, c, "sp", "qs_other")
+	mustExec(t, c, `DROP SCHEMA IF EXISTS qs_empty CASCADE`)
 	mustExec(t, c, `CREATE SCHEMA qs_empty`)
 
 	for _, tc := range []struct {
@@ -180,14 +171,7 @@ func TestSearchPathShadowsTreeInBatch(t *testing.T) {
 	p := startProxy(t, 2)
 	ctx := context.Background()
 	c := connect(t, p.DSN("lattice"))
-	mustExec(t, c, `CREATE TABLE pb (k bigint PRIMARY KEY, v int)`)
-	mustExec(t, c, `INSERT INTO pb SELECT g, g FROM generate_series(1, 20) g`)
-	mustExec(t, c, `SELECT lattice_create_tree('pb', 'k', shard_count => 4)`)
-	// Schemas outlive resetNodes: their own names, made afresh.
-	mustExec(t, c, `DROP SCHEMA IF EXISTS pbo CASCADE`)
-	mustExec(t, c, `CREATE SCHEMA pbo`)
-	mustExec(t, c, `CREATE TABLE pbo.pb (k bigint PRIMARY KEY, v int)`)
-	mustExec(t, c, `INSERT INTO pbo.pb VALUES (1, 111)`)
+	shadowedTree(t, c, "pb", "pbo")
 	// A Batch takes its connection's mode: prepared statements, or unnamed
 	// ones with every statement's Parse in the pipeline.
 	conns := map[pgx.QueryExecMode]*pgx.Conn{}
@@ -313,13 +297,7 @@ func TestSearchPathSetConfig(t *testing.T) {
 	p := startProxy(t, 2)
 	ctx := context.Background()
 	c := connect(t, p.DSN("lattice"))
-	mustExec(t, c, `CREATE TABLE zz (k bigint PRIMARY KEY, v int)`)
-	mustExec(t, c, `INSERT INTO zz SELECT g, g FROM generate_series(1, 20) g`)
-	mustExec(t, c, `SELECT lattice_create_tree('zz', 'k', shard_count => 4)`)
-	mustExec(t, c, `DROP SCHEMA IF EXISTS zzo CASCADE`)
-	mustExec(t, c, `CREATE SCHEMA zzo`)
-	mustExec(t, c, `CREATE TABLE zzo.zz (k bigint PRIMARY KEY, v int)`)
-	mustExec(t, c, `INSERT INTO zzo.zz VALUES (1, 111)`)
+	shadowedTree(t, c, "zz", "zzo")
 	modes := []pgx.QueryExecMode{pgx.QueryExecModeSimpleProtocol, pgx.QueryExecModeCacheStatement}
 	for _, tc := range []struct {
 		name, set string
@@ -384,4 +362,20 @@ func TestSearchPathSetConfig(t *testing.T) {
 			t.Fatalf("set_config then bare zz in one string: %v, want 0A000", err)
 		}
 	})
+}
+
+// shadowedTree makes tree, of 4 shards with the rows (k, v = k) for k 1 to
+// 20, and schema.tree, an ordinary table on the catalog node holding the
+// one row (1, 111): what PostgreSQL reads for the tree's bare name under a
+// search_path that puts schema first. Schemas outlive resetNodes, so
+// schema is made afresh.
+func shadowedTree(t *testing.T, c *pgx.Conn, tree, schema string) {
+	t.Helper()
+	mustExec(t, c, fmt.Sprintf(`CREATE TABLE %s (k bigint PRIMARY KEY, v int)`, tree))
+	mustExec(t, c, fmt.Sprintf(`INSERT INTO %s SELECT g, g FROM generate_series(1, 20) g`, tree))
+	mustExec(t, c, fmt.Sprintf(`SELECT lattice_create_tree('%s', 'k', shard_count => 4)`, tree))
+	mustExec(t, c, fmt.Sprintf(`DROP SCHEMA IF EXISTS %s CASCADE`, schema))
+	mustExec(t, c, fmt.Sprintf(`CREATE SCHEMA %s`, schema))
+	mustExec(t, c, fmt.Sprintf(`CREATE TABLE %s.%s (k bigint PRIMARY KEY, v int)`, schema, tree))
+	mustExec(t, c, fmt.Sprintf(`INSERT INTO %s.%s VALUES (1, 111)`, schema, tree))
 }
