@@ -66,9 +66,6 @@ type fakeNodes struct {
 	dropBlocked chan struct{}
 	// built is the DDL log each created shard table replayed, by index.
 	built map[int][]string
-	// replayed is the DDL log of the last CreateShard of each "node/index"
-	// (a move's target has its source's index).
-	replayed map[string][]string
 }
 
 // fakeWriteLog is a target's write log: each key's row before the first
@@ -87,8 +84,7 @@ var _ Nodes = (*fakeNodes)(nil)
 
 func newFakeNodes() *fakeNodes {
 	return &fakeNodes{nodes: []string{"n1", "n2"}, tables: map[int]map[int]map[string]string{},
-		copied: map[string]bool{}, fences: map[string]bool{}, logs: map[string]*fakeWriteLog{}, built: map[int][]string{},
-		replayed: map[string][]string{}}
+		copied: map[string]bool{}, fences: map[string]bool{}, logs: map[string]*fakeWriteLog{}, built: map[int][]string{}}
 }
 
 func (f *fakeNodes) call(format string, args ...any) {
@@ -172,7 +168,6 @@ func (f *fakeNodes) CreateShard(ctx context.Context, t *shardmap.Tree, idx int, 
 	if _, ok := f.tables[idx]; !ok {
 		f.built[idx] = slices.Clone(t.DDL) // an existing table is kept, as CREATE ... IF NOT EXISTS does
 	}
-	f.replayed[fmt.Sprintf("%s/%d", node, idx)] = slices.Clone(t.DDL)
 	f.table(idx)
 	return nil
 }

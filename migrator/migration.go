@@ -494,13 +494,11 @@ func (r *Runner) prepare(ctx context.Context, u unit, mig *shardmap.Migration) e
 		return r.prepareMove(ctx, u, mig)
 	}
 	if mig.Kind == shardmap.Split || mig.Kind == shardmap.Resize {
-		// Read after the record, so no older than the map write that
-		// reserved the target.
 		m, err := r.store.Map(ctx, t.Tenant, t.MapName())
 		if err != nil {
 			return err
 		}
-		return r.createTarget(ctx, u, mig, m)
+		return r.createMembers(ctx, u, mig.Target, mig.TargetNode, m.Epoch)
 	}
 	m, err := r.updateMap(ctx, t.Tenant, t.MapName(), func(m *shardmap.Map) (bool, error) {
 		s := m.Shards[mig.Target]
@@ -518,27 +516,6 @@ func (r *Runner) prepare(ctx context.Context, u unit, mig *shardmap.Migration) e
 		return err
 	}
 	return r.waitAcks(ctx, t, m)
-}
-
-// createTarget creates mig's target tables from the DDL logs as they are
-// once every proxy acknowledged m, a map written no earlier than the write
-// that marked the target (a split's or resize's pending shard; a move's
-// is written after its record). DDL that passed its reshard check before
-// the record either read a map with the target in it, and so runs on the
-// target too, or was planned on an older map, and has ended by then (an
-// acknowledgement waits for the statement, which records itself in the
-// DDL log before it ends); later DDL is refused. Built from the entries
-// u holds, read as the run began, the target lacked such a statement's
-// column or index.
-func (r *Runner) createTarget(ctx context.Context, u unit, mig *shardmap.Migration, m *shardmap.Map) error {
-	if err := r.waitAcks(ctx, u.lead, m); err != nil {
-		return err
-	}
-	u, err := r.unitOf(ctx, mig.Tenant, mig.Tree)
-	if err != nil {
-		return err
-	}
-	return r.createMembers(ctx, u, mig.Target, mig.TargetNode, m.Epoch)
 }
 
 // sourceLSN is the source node's current WAL position.

@@ -95,16 +95,13 @@ func (r *Runner) StartMove(ctx context.Context, t *shardmap.Tree, idx int, node 
 }
 
 // prepareMove creates the target tables on the target node (replaying
-// each tree's DDL log), owning no slot: one per member of the map. No map
-// names a move's target, so the map is written once more, unchanged but
-// for its epoch, after the record: its acknowledgements are what
-// createTarget waits for.
+// each tree's DDL log), owning no slot: one per member of the map.
 func (r *Runner) prepareMove(ctx context.Context, u unit, mig *shardmap.Migration) error {
-	m, err := r.updateMap(ctx, mig.Tenant, u.name(), func(*shardmap.Map) (bool, error) { return true, nil })
+	m, err := r.store.Map(ctx, mig.Tenant, u.name())
 	if err != nil {
 		return err
 	}
-	if err := r.createTarget(ctx, u, mig, m); err != nil {
+	if err := r.createMembers(ctx, u, mig.Target, mig.TargetNode, m.Epoch); err != nil {
 		return err
 	}
 	r.crash("prepare")
