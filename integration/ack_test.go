@@ -154,8 +154,8 @@ func TestAckRecreatedTree(t *testing.T) {
 
 // TestAckWaitsForTreeDDL: a tree DDL statement holds a view of the maps
 // while it runs, so a proxy acknowledges a newer epoch only once it ended:
-// a migration that waits for those acknowledgements then reads a DDL log
-// that records it (migrator createTarget). The DDL waits for a lock on one
+// the empty-tree re-pin, which waits for those acknowledgements, then reads
+// a DDL log that records it (migrator tryRepin). The DDL waits for a lock on one
 // shard table while the map is written again. Bound and executed in one
 // batch, it kept its view to the batch's end; bound before a Flush and
 // executed after it, it ran holding none, and the proxy acknowledged the

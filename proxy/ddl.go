@@ -137,8 +137,8 @@ func (s *session) runDDL(ctx context.Context, t *shardmap.Tree, p *router.Plan) 
 }
 
 // holdForDDL takes a view for a tree's DDL until the next release point:
-// a migration that waits for the acknowledgements of a newer epoch then
-// waits for the DDL to end and log itself (migrator createTarget). The
+// the empty-tree re-pin, which waits for the acknowledgements of its frozen
+// map, then waits for the DDL to end and log itself (migrator tryRepin). The
 // view taken at Bind does not cover it when a Flush came in between and
 // gave it back. A view the session already holds whole is not held twice.
 func (s *session) holdForDDL(ctx context.Context) error {
