@@ -139,3 +139,129 @@ func TestDDLDuringReshard(t *testing.T) {
 		}
 	}
 }
+
+// TestDDLRunningWhenReshardStarts: a CREATE INDEX CONCURRENTLY that passed
+// its reshard check and still runs when a reshard starts reaches the new
+// shards. The statement holds its tree's DDL lock until it has logged
+// itself, and a split's prepare waits for that lock before it builds its
+// target from the DDL log. Before, the targets were built from the log
+// without the index, while the statement created it only on the shards of
+// the map it had read: after the reshard half the rows had no index.
+func TestDDLRunningWhenReshardStarts(t *testing.T) {
+	resetNodes(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	p := startProxy(t, 3)
+	pool, err := pgxpool.New(ctx, p.DSN("lattice"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	for _, q := range []string{
+		"CREATE TABLE ddlrun (k text PRIMARY KEY, v int)",
+		"INSERT INTO ddlrun SELECT 'k' || g, g FROM generate_series(1, 2000) g",
+		"SELECT lattice_create_tree('ddlrun', 'k', shard_count => 2)",
+	} {
+		if _, err := pool.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	var nodes []*pgx.Conn
+	for i := range 3 {
+		c, err := pgx.Connect(ctx, testNodeDSN(t, i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close(context.Background())
+		nodes = append(nodes, c)
+	}
+
+	// A transaction that holds a writer's lock on each shard table holds
+	// CREATE INDEX CONCURRENTLY at its first shard, after the template.
+	var holders []pgx.Tx
+	for _, tb := range ddlTables(t, nodes, "ddlrun") {
+		node, schema, _ := strings.Cut(tb, "/")
+		if schema == "public" {
+			continue
+		}
+		var i int
+		if _, err := fmt.Sscanf(node, "n%d", &i); err != nil {
+			t.Fatal(err)
+		}
+		c, err := pgx.Connect(ctx, testNodeDSN(t, i-1))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close(context.Background())
+		tx, err := c.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tx.Exec(ctx, "LOCK TABLE "+pgx.Identifier{schema, "ddlrun"}.Sanitize()+" IN ROW EXCLUSIVE MODE"); err != nil {
+			t.Fatal(err)
+		}
+		holders = append(holders, tx)
+	}
+	created := make(chan error, 1)
+	go func() {
+		_, err := pool.Exec(ctx, "CREATE INDEX CONCURRENTLY ddlrun_v ON ddlrun (v)")
+		created <- err
+	}()
+	for waiting := false; !waiting; {
+		for _, c := range nodes {
+			var n int
+			if err := c.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+WHERE query LIKE 'CREATE INDEX CONCURRENTLY%' AND wait_event_type = 'Lock'`).Scan(&n); err != nil {
+				t.Fatal(err)
+			}
+			waiting = waiting || n > 0
+		}
+		select {
+		case err := <-created:
+			t.Fatalf("CREATE INDEX CONCURRENTLY ended before the holders let it: %v", err)
+		case <-ctx.Done():
+			t.Fatal("CREATE INDEX CONCURRENTLY never waited for the holders")
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+
+	if _, err := pool.Exec(ctx, "SELECT lattice_reshard('ddlrun', 4)"); err != nil {
+		t.Fatal(err)
+	}
+	// Without the wait the splits build their targets at once; give them
+	// the time to, and see that none does while the statement runs.
+	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		if tables := ddlTables(t, nodes, "ddlrun"); len(tables) > 3 {
+			t.Logf("a split built its target while CREATE INDEX CONCURRENTLY ran: %v", tables)
+			break
+		}
+	}
+	for _, tx := range holders {
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := <-created; err != nil {
+		t.Fatalf("CREATE INDEX CONCURRENTLY: %v", err)
+	}
+	waitReshardComplete(t, ctx, pool, "ddlrun", 2*time.Minute)
+
+	tables := ddlTables(t, nodes, "ddlrun")
+	if len(tables) != 5 {
+		t.Fatalf("tables of ddlrun: %v, want the template and 4 shards", tables)
+	}
+	for _, tb := range tables {
+		node, schema, _ := strings.Cut(tb, "/")
+		var i int
+		if _, err := fmt.Sscanf(node, "n%d", &i); err != nil {
+			t.Fatal(err)
+		}
+		var def string
+		if err := nodes[i-1].QueryRow(ctx, ddlDefOf, schema, "ddlrun").Scan(&def); err != nil {
+			t.Fatalf("%s: %v", tb, err)
+		}
+		if !strings.Contains(def, "ddlrun_v ") || !strings.Contains(def, "invalid: 0") {
+			t.Errorf("%s lacks the index CREATE INDEX CONCURRENTLY made while the reshard started:\n%s", tb, def)
+		}
+	}
+}

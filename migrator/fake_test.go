@@ -66,6 +66,13 @@ type fakeNodes struct {
 	dropBlocked chan struct{}
 	// built is the DDL log each created shard table replayed, by index.
 	built map[int][]string
+	// replayed is the DDL log of the last CreateShard of each "node/index"
+	// (a move's target has its source's index).
+	replayed map[string][]string
+	// ddlRunning, when set, ends a DDL statement that holds its tree's DDL
+	// lock: WaitTreeDDL runs it, as the real wait returns only once the
+	// statement has logged itself.
+	ddlRunning func()
 }
 
 // fakeWriteLog is a target's write log: each key's row before the first
@@ -84,7 +91,8 @@ var _ Nodes = (*fakeNodes)(nil)
 
 func newFakeNodes() *fakeNodes {
 	return &fakeNodes{nodes: []string{"n1", "n2"}, tables: map[int]map[int]map[string]string{},
-		copied: map[string]bool{}, fences: map[string]bool{}, logs: map[string]*fakeWriteLog{}, built: map[int][]string{}}
+		copied: map[string]bool{}, fences: map[string]bool{}, logs: map[string]*fakeWriteLog{}, built: map[int][]string{},
+		replayed: map[string][]string{}}
 }
 
 func (f *fakeNodes) call(format string, args ...any) {
@@ -161,6 +169,18 @@ func (f *fakeNodes) rows(shard int, slots [][2]int) int {
 
 func (f *fakeNodes) NodeNames() []string { return f.nodes }
 
+func (f *fakeNodes) WaitTreeDDL(ctx context.Context, tenant string, trees []string) error {
+	f.mu.Lock()
+	f.call("waitddl %v", trees)
+	end := f.ddlRunning
+	f.ddlRunning = nil
+	f.mu.Unlock()
+	if end != nil {
+		end()
+	}
+	return nil
+}
+
 func (f *fakeNodes) CreateShard(ctx context.Context, t *shardmap.Tree, idx int, node string, slots [][2]int, epoch uint64) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -168,6 +188,7 @@ func (f *fakeNodes) CreateShard(ctx context.Context, t *shardmap.Tree, idx int, 
 	if _, ok := f.tables[idx]; !ok {
 		f.built[idx] = slices.Clone(t.DDL) // an existing table is kept, as CREATE ... IF NOT EXISTS does
 	}
+	f.replayed[fmt.Sprintf("%s/%d", node, idx)] = slices.Clone(t.DDL)
 	f.table(idx)
 	return nil
 }

@@ -498,6 +498,10 @@ func (r *Runner) prepare(ctx context.Context, u unit, mig *shardmap.Migration) e
 		if err != nil {
 			return err
 		}
+		u, err := r.afterTreeDDL(ctx, u)
+		if err != nil {
+			return err
+		}
 		return r.createMembers(ctx, u, mig.Target, mig.TargetNode, m.Epoch)
 	}
 	m, err := r.updateMap(ctx, t.Tenant, t.MapName(), func(m *shardmap.Map) (bool, error) {
@@ -516,6 +520,26 @@ func (r *Runner) prepare(ctx context.Context, u unit, mig *shardmap.Migration) e
 		return err
 	}
 	return r.waitAcks(ctx, t, m)
+}
+
+// afterTreeDDL waits, once the migration is recorded, for the DDL
+// statements on u's trees that passed their reshard check before the
+// record, and reads the trees' entries again: a target built from the DDL
+// log read at the run's start would lack what such a statement adds (a
+// column, or a unique index, whose absence lets duplicates in) while the
+// statement reached only the shards of the map it read. A statement that
+// takes the lock after the wait finds the record in its check and is
+// refused. The wait counts only DDL statements (pgshard ddllock.go), not
+// reads or proxies.
+func (r *Runner) afterTreeDDL(ctx context.Context, u unit) (unit, error) {
+	names := make([]string, len(u.trees))
+	for i, t := range u.trees {
+		names[i] = t.Name
+	}
+	if err := r.cluster.WaitTreeDDL(ctx, u.lead.Tenant, names); err != nil {
+		return unit{}, err
+	}
+	return r.unitOf(ctx, u.lead.Tenant, u.name())
 }
 
 // sourceLSN is the source node's current WAL position.

@@ -101,6 +101,10 @@ func (r *Runner) prepareMove(ctx context.Context, u unit, mig *shardmap.Migratio
 	if err != nil {
 		return err
 	}
+	u, err = r.afterTreeDDL(ctx, u)
+	if err != nil {
+		return err
+	}
 	if err := r.createMembers(ctx, u, mig.Target, mig.TargetNode, m.Epoch); err != nil {
 		return err
 	}

@@ -22,6 +22,9 @@ type Nodes interface {
 	// NodeNames lists the nodes in cluster order.
 	NodeNames() []string
 	CreateShard(ctx context.Context, t *shardmap.Tree, idx int, node string, slots [][2]int, epoch uint64) error
+	// WaitTreeDDL waits until no DDL statement on the trees holds their
+	// DDL lock on the catalog node.
+	WaitTreeDDL(ctx context.Context, tenant string, trees []string) error
 	DropShard(ctx context.Context, t *shardmap.Tree, idx int, node string) error
 	WriteOwnership(ctx context.Context, t *shardmap.Tree, idx int, node string, slots [][2]int, epoch uint64) error
 	// ClaimSlots adds slots to a shard's ownership record (a flipped

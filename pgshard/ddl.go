@@ -172,11 +172,6 @@ func (c *Cluster) maintainShard(ctx context.Context, conns map[string]*pgx.Conn,
 	return err
 }
 
-// ddlLockClass is the first key of the advisory lock, on the catalog node,
-// that serialises DDL on one tree across proxies (the second key hashes the
-// tree's name): a statement reads the registry entry only once it holds it.
-const ddlLockClass = 0x4c617432 // "Lat2"
-
 // readTree reads the registry entry and the map of d's tree.
 func readTree(ctx context.Context, store shardmap.Store, d TreeDDL) (*shardmap.Tree, *shardmap.Map, error) {
 	t, err := store.Tree(ctx, d.Tenant, d.Tree)
@@ -236,13 +231,18 @@ func (c *Cluster) transactionalDDL(ctx context.Context, store DDLStore, d TreeDD
 		txs = append(txs, n)
 		return n, nil
 	}
-	cat, err := open(c.Catalog().Name)
+	// The catalog node's transaction holds the tree's DDL lock (ddllock.go)
+	// to its commit: a statement reads the registry entry only once it
+	// holds it, and a migration's prepare waits for it.
+	catPool, err := c.Admin(ctx, c.Catalog().Name, d.Tenant)
 	if err != nil {
 		return err
 	}
-	if _, err := cat.tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1, hashtext($2))`, int32(ddlLockClass), d.Tree); err != nil {
-		return fmt.Errorf("pgshard: lock tree %s for DDL: %w", d.Tree, err)
+	catConn, catTx, err := beginTreeDDL(ctx, catPool, d.Tree)
+	if err != nil {
+		return err
 	}
+	txs = append(txs, &nodeTx{node: c.Catalog().Name, tx: catTx, conn: catConn})
 	t, m, err := readTree(ctx, store, d)
 	if err != nil {
 		return err
@@ -413,7 +413,19 @@ func checkTemplate(ctx context.Context, tx pgx.Tx, store shardmap.Store, t *shar
 // the invalid one it left where it failed, are dropped again, so the tree
 // is as it was. A DROP that fails leaves the index dropped on the tables
 // before; running DROP INDEX CONCURRENTLY IF EXISTS again finishes it.
-func (c *Cluster) concurrentDDL(ctx context.Context, store shardmap.Store, d TreeDDL) error {
+func (c *Cluster) concurrentDDL(ctx context.Context, store DDLStore, d TreeDDL) error {
+	// The tree's DDL lock is held from the reshard check to the log entry,
+	// as a transaction's is, so a migration recorded before the check
+	// refuses the statement, and one recorded after it waits for the entry
+	// before it builds its target from the log.
+	unlock, err := c.holdTreeDDL(ctx, d.Tenant, d.Tree)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	if err := refuseDuringReshard(ctx, store, d); err != nil {
+		return err
+	}
 	t, m, err := readTree(ctx, store, d)
 	if err != nil {
 		return err

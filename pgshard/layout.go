@@ -29,10 +29,13 @@ func (c *Cluster) SetLayout(ctx context.Context, store shardmap.Store, t *shardm
 		return nil, err
 	}
 	var stored *shardmap.Tree
-	err = pgx.BeginFunc(ctx, p, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1, hashtext($2))`, int32(ddlLockClass), t.Name); err != nil {
-			return err
-		}
+	conn, lockTx, err := beginTreeDDL(ctx, p, t.Name)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Release()
+	defer func() { _ = lockTx.Rollback(context.WithoutCancel(ctx)) }() // a no-op once committed
+	err = func(tx pgx.Tx) error {
 		btrees, err := templateBtrees(ctx, tx, t.Name)
 		if err != nil {
 			return err
@@ -62,7 +65,10 @@ func (c *Cluster) SetLayout(ctx context.Context, store shardmap.Store, t *shardm
 		}
 		stored = &next
 		return nil
-	})
+	}(lockTx)
+	if err == nil {
+		err = lockTx.Commit(ctx)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("pgshard: set the layout of tree %s/%s: %w", t.Tenant, t.Name, err)
 	}
