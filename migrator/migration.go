@@ -729,7 +729,15 @@ func (r *Runner) freezeAndFlip(ctx context.Context, u unit, mig *shardmap.Migrat
 		r.cluster.WarmPresence(ctx, cluster)
 	}
 	var snaps Snapshots
-	if !r.opts.SkipVerify {
+	if !r.opts.SkipVerify || mig.Compare {
+		// Recorded before the write log is made: whatever run flips or
+		// resumes the move compares it.
+		if !mig.Compare {
+			mig.Compare = true
+			if err := r.store.PutMigration(ctx, mig); err != nil {
+				return false, err
+			}
+		}
 		// The write log proves the move should this run die after the flip.
 		// Attaching its trigger waits for the target's writers, so a
 		// long transaction there would hold the move here: bounded like a

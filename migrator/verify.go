@@ -104,11 +104,13 @@ func (r *Runner) verifyMove(ctx context.Context, u unit, mig *shardmap.Migration
 	var cmp Comparison
 	if snaps := r.takeSnapshots(mig.ID); snaps != nil {
 		cmp = snaps
-	} else if !r.opts.SkipVerify {
+	} else if !r.opts.SkipVerify || mig.Compare {
 		// The snapshots died with the run that took them (a crash after
 		// the flip), or their export failed: the target's write log still
 		// shows its rows as of the flip, under the writes clients made
-		// since.
+		// since. A move that froze with its write log is compared even by
+		// a run started with --verify-moves=false: its source is released
+		// only once proven.
 		log.Info("move compared from the target's write log: the snapshots were lost with the run that took them, or not exported")
 		var err error
 		if cmp, err = r.cluster.OpenWriteLog(ctx, u.trees, mig, r.opts.VerifyTimeout); err != nil {

@@ -67,6 +67,10 @@ type Migration struct {
 	LastError  string         `json:"last_error,omitempty"`
 	// Verify is the last verification of the move, nil before one.
 	Verify *Verification `json:"verify,omitempty"`
+	// Compare: the move froze with its target's write log, so it is
+	// compared before its release by every run that resumes it, one
+	// started with --verify-moves=false included (migrator/verify.go).
+	Compare bool `json:"compare,omitempty"`
 	// Origin names the autonomic mechanism that started the migration
 	// (OriginAutosplit, OriginAutoheal), "" for an operator's (a reshard,
 	// a rebalance, a move): a shrink waits for healing's folds.
