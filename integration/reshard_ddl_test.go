@@ -65,6 +65,7 @@ func TestDDLDuringReshard(t *testing.T) {
 		{"alter table add column", "ALTER TABLE reshddl ADD COLUMN extra int"},
 		{"create index", "CREATE INDEX reshddl_v ON reshddl (v)"},
 		{"create index concurrently", "CREATE INDEX CONCURRENTLY reshddl_extra ON reshddl (extra)"},
+		{"cluster using", "CLUSTER reshddl USING reshddl_pkey"},
 		{"truncate", "TRUNCATE reshddl"},
 	}
 	for _, s := range stmts {

@@ -127,7 +127,20 @@ func (c *Cluster) RunTreeDDL(ctx context.Context, store DDLStore, d TreeDDL, com
 // table of the tree, one at a time and each outside a transaction, as
 // PostgreSQL runs VACUUM over a list of tables. The template holds no rows
 // and is left alone.
-func (c *Cluster) maintainShards(ctx context.Context, store shardmap.Store, d TreeDDL) error {
+func (c *Cluster) maintainShards(ctx context.Context, store DDLStore, d TreeDDL) error {
+	if d.Log != "" {
+		// CLUSTER ... USING marks the index, and the mark is logged for the
+		// shards made later: it is DDL in that, held and checked as CREATE
+		// INDEX CONCURRENTLY is, or a reshard's new shards could miss it.
+		unlock, err := c.holdTreeDDL(ctx, d.Tenant, d.Tree)
+		if err != nil {
+			return err
+		}
+		defer unlock()
+		if err := refuseDuringReshard(ctx, store, d); err != nil {
+			return err
+		}
+	}
 	t, m, err := readTree(ctx, store, d)
 	if err != nil {
 		return err

@@ -23,6 +23,7 @@ var ddlOpTags = map[DDLOp]string{
 	DDLDropIndex:   "DROP INDEX",
 	DDLTruncate:    "TRUNCATE",
 	DDLDropTable:   "DROP TABLE",
+	DDLMaintain:    "CLUSTER ... USING", // the only maintenance that is logged, and so checked
 }
 
 // refuseDuringReshard refuses DDL on a tree while a reshard of it runs. A
