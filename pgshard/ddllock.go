@@ -110,12 +110,19 @@ func (c *Cluster) WaitTreeDDL(ctx context.Context, tenant string, trees []string
 	if err != nil {
 		return err
 	}
+	start, tries := time.Now(), 0
 	err = retryDDLLock(ctx, func() (bool, error) {
 		// An implicit transaction: every lock taken goes at its end.
 		var ok bool
 		err := p.QueryRow(ctx, `SELECT bool_and(pg_try_advisory_xact_lock($1, hashtext(t))) FROM unnest($2::text[]) t`, int32(ddlLockClass), trees).Scan(&ok)
+		if tries++; err == nil && !ok && tries == 2 {
+			c.log.Info("pgshard: waiting for DDL running on the trees before their new shard is made", "tenant", tenant, "trees", trees)
+		}
 		return ok, err
 	})
+	if tries > 1 && err == nil {
+		c.log.Info("pgshard: DDL on the trees ended", "tenant", tenant, "trees", trees, "waited", time.Since(start).Round(time.Millisecond))
+	}
 	if err != nil {
 		return fmt.Errorf("pgshard: wait for DDL on %v: %w", trees, err)
 	}
