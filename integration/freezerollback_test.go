@@ -18,7 +18,11 @@ import (
 //
 // The final drain is held past the budget by a row lock on the target: an
 // update of that row, made through the proxy on the source, cannot be
-// applied there until the lock goes.
+// applied there until the lock goes. The freeze is held back until the
+// lock and the update are in place by the node-wide advisory lock its
+// fence's preparation takes on the source, before the pause: a move of
+// 100 rows otherwise flipped before the test took the row lock, and the
+// update, routed to the target, waited for that lock for ever.
 func TestFreezeRolledBackGivesSlotsBack(t *testing.T) {
 	resetNodes(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -53,6 +57,14 @@ func TestFreezeRolledBackGivesSlotsBack(t *testing.T) {
 		t.Fatal("shard 0 owns no slots before the move")
 	}
 
+	hold, err := n1.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hold.Rollback(context.WithoutCancel(ctx))
+	if _, err := hold.Exec(ctx, fencePrepareLock); err != nil {
+		t.Fatal(err)
+	}
 	mustExec(t, c, "SELECT lattice_move_shard('rb', 0, 'n2')")
 	pollUntil(t, 60*time.Second, "the move's copy to commit on n2", func() (bool, error) {
 		var made bool
@@ -72,6 +84,9 @@ func TestFreezeRolledBackGivesSlotsBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	mustExec(t, c, "UPDATE rb SET v = 7 WHERE id = $1", key)
+	if err := hold.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
 
 	pollUntil(t, 60*time.Second, "a freeze of the move to be rolled back", func() (bool, error) {
 		return strings.Contains(p.Log(), "freeze rolled back"), nil
@@ -103,3 +118,8 @@ func TestFreezeRolledBackGivesSlotsBack(t *testing.T) {
 		t.Fatalf("after the move: row %d has v = %d, want 7; %d rows, want 400", key, v, n)
 	}
 }
+
+// fencePrepareLock is the node-wide advisory lock (pgshard schemaLockClass,
+// -1) that a fence's preparation takes on the source node before a
+// freeze's pause: held, it keeps a migration out of its freeze.
+const fencePrepareLock = "SELECT pg_advisory_xact_lock(1281455153, -1)"

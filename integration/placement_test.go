@@ -30,10 +30,17 @@ func connect(t testing.TB, dsn string) *pgx.Conn {
 
 func mustExec(t testing.TB, c *pgx.Conn, sql string, args ...any) {
 	t.Helper()
-	if _, err := c.Exec(context.Background(), sql, args...); err != nil {
+	ctx, cancel := context.WithTimeout(context.Background(), mustExecTimeout)
+	defer cancel()
+	if _, err := c.Exec(ctx, sql, args...); err != nil {
 		t.Fatalf("%s: %v", sql, err)
 	}
 }
+
+// mustExecTimeout bounds one statement of mustExec: a statement stuck on a
+// lock the test itself holds fails the test in minutes, not at the
+// binary's timeout with every test after it.
+const mustExecTimeout = 5 * time.Minute
 
 // placementValue is a row's payload: varied bytes (quotes, backslashes,
 // multibyte, long) so a byte-for-byte read-back means something.
