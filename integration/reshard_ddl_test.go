@@ -18,36 +18,14 @@ import (
 // up differing from its source), and run once the reshard is complete, with
 // the template and every shard table, the new ones included, alike.
 func TestDDLDuringReshard(t *testing.T) {
-	resetNodes(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	p := startProxy(t, 3)
-	pool, err := pgxpool.New(ctx, p.DSN("lattice"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	for _, q := range []string{
-		"CREATE TABLE reshddl (k text PRIMARY KEY, v int)",
-		"INSERT INTO reshddl SELECT 'k' || g, g FROM generate_series(1, 2000) g",
-		"SELECT lattice_create_tree('reshddl', 'k', shard_count => 2)",
-	} {
-		if _, err := pool.Exec(ctx, q); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-	}
+	pool, nodes := reshardDDLTree(t, ctx, "reshddl")
 
 	// A transaction with an xid on every node holds the reshard in its
 	// copy phase: creating a migration's logical slot waits for it.
-	var nodes []*pgx.Conn
 	var blockers []pgx.Tx
-	for i := range 3 {
-		c, err := pgx.Connect(ctx, testNodeDSN(t, i))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close(context.Background())
-		nodes = append(nodes, c)
+	for _, c := range nodes {
 		tx, err := c.Begin(ctx)
 		if err != nil {
 			t.Fatal(err)
@@ -115,30 +93,62 @@ func TestDDLDuringReshard(t *testing.T) {
 	if err := pool.QueryRow(ctx, "SELECT count(*) FROM reshddl").Scan(&n); err != nil || n != 0 {
 		t.Fatalf("after TRUNCATE: %d rows (err %v), want 0", n, err)
 	}
-	tables := ddlTables(t, nodes, "reshddl")
-	if len(tables) != 5 {
-		t.Fatalf("tables of reshddl: %v, want the template and 4 shards", tables)
+	var first, firstTable string
+	for _, d := range shardDefs(t, ctx, nodes, "reshddl", 4) {
+		if !strings.Contains(d.def, "extra integer") || !strings.Contains(d.def, "reshddl_v ") || !strings.Contains(d.def, "reshddl_extra ") {
+			t.Fatalf("%s lacks the DDL run after the reshard:\n%s", d.table, d.def)
+		}
+		if first == "" {
+			first, firstTable = d.def, d.table
+		} else if d.def != first {
+			t.Fatalf("definitions differ:\n%s:\n%s\n%s:\n%s", firstTable, first, d.table, d.def)
+		}
 	}
-	var first string
+}
+
+// reshardDDLTree starts a proxy on 3 nodes with a tree name of 2,000 rows
+// in 2 shards, and connects to each node.
+func reshardDDLTree(t *testing.T, ctx context.Context, name string) (*pgxpool.Pool, []*pgx.Conn) {
+	t.Helper()
+	resetNodes(t)
+	p := startProxy(t, 3)
+	pool := proxyPool(t, ctx, p,
+		"CREATE TABLE "+name+" (k text PRIMARY KEY, v int)",
+		"INSERT INTO "+name+" SELECT 'k' || g, g FROM generate_series(1, 2000) g",
+		"SELECT lattice_create_tree('"+name+"', 'k', shard_count => 2)")
+	var nodes []*pgx.Conn
+	for i := range 3 {
+		nodes = append(nodes, connect(t, testNodeDSN(t, i)))
+	}
+	return pool, nodes
+}
+
+// shardDef is the definition of one table of a tree (ddlDefOf), at
+// "node/schema".
+type shardDef struct{ table, def string }
+
+// shardDefs reads the definition of the template and of every shard table
+// of tree name, and fails unless there are shards of them.
+func shardDefs(t *testing.T, ctx context.Context, nodes []*pgx.Conn, name string, shards int) []shardDef {
+	t.Helper()
+	tables := ddlTables(t, nodes, name)
+	if len(tables) != shards+1 {
+		t.Fatalf("tables of %s: %v, want the template and %d shards", name, tables, shards)
+	}
+	var out []shardDef
 	for _, tb := range tables {
 		node, schema, _ := strings.Cut(tb, "/")
 		var i int
 		if _, err := fmt.Sscanf(node, "n%d", &i); err != nil {
 			t.Fatal(err)
 		}
-		var def string
-		if err := nodes[i-1].QueryRow(ctx, ddlDefOf, schema, "reshddl").Scan(&def); err != nil {
+		d := shardDef{table: tb}
+		if err := nodes[i-1].QueryRow(ctx, ddlDefOf, schema, name).Scan(&d.def); err != nil {
 			t.Fatalf("%s: %v", tb, err)
 		}
-		if !strings.Contains(def, "extra integer") || !strings.Contains(def, "reshddl_v ") || !strings.Contains(def, "reshddl_extra ") {
-			t.Fatalf("%s lacks the DDL run after the reshard:\n%s", tb, def)
-		}
-		if first == "" {
-			first = def
-		} else if def != first {
-			t.Fatalf("definitions differ:\n%s:\n%s\n%s:\n%s", tables[0], first, tb, def)
-		}
+		out = append(out, d)
 	}
+	return out
 }
 
 // TestDDLRunningWhenReshardStarts: a CREATE INDEX CONCURRENTLY that passed
@@ -149,33 +159,9 @@ func TestDDLDuringReshard(t *testing.T) {
 // without the index, while the statement created it only on the shards of
 // the map it had read: after the reshard half the rows had no index.
 func TestDDLRunningWhenReshardStarts(t *testing.T) {
-	resetNodes(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	p := startProxy(t, 3)
-	pool, err := pgxpool.New(ctx, p.DSN("lattice"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	for _, q := range []string{
-		"CREATE TABLE ddlrun (k text PRIMARY KEY, v int)",
-		"INSERT INTO ddlrun SELECT 'k' || g, g FROM generate_series(1, 2000) g",
-		"SELECT lattice_create_tree('ddlrun', 'k', shard_count => 2)",
-	} {
-		if _, err := pool.Exec(ctx, q); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-	}
-	var nodes []*pgx.Conn
-	for i := range 3 {
-		c, err := pgx.Connect(ctx, testNodeDSN(t, i))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close(context.Background())
-		nodes = append(nodes, c)
-	}
+	pool, nodes := reshardDDLTree(t, ctx, "ddlrun")
 
 	// A transaction that holds a writer's lock on each shard table holds
 	// CREATE INDEX CONCURRENTLY at its first shard, after the template.
@@ -189,12 +175,7 @@ func TestDDLRunningWhenReshardStarts(t *testing.T) {
 		if _, err := fmt.Sscanf(node, "n%d", &i); err != nil {
 			t.Fatal(err)
 		}
-		c, err := pgx.Connect(ctx, testNodeDSN(t, i-1))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close(context.Background())
-		tx, err := c.Begin(ctx)
+		tx, err := connect(t, testNodeDSN(t, i-1)).Begin(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -247,22 +228,9 @@ WHERE query LIKE 'CREATE INDEX CONCURRENTLY%' AND wait_event_type = 'Lock'`).Sca
 	}
 	waitReshardComplete(t, ctx, pool, "ddlrun", 2*time.Minute)
 
-	tables := ddlTables(t, nodes, "ddlrun")
-	if len(tables) != 5 {
-		t.Fatalf("tables of ddlrun: %v, want the template and 4 shards", tables)
-	}
-	for _, tb := range tables {
-		node, schema, _ := strings.Cut(tb, "/")
-		var i int
-		if _, err := fmt.Sscanf(node, "n%d", &i); err != nil {
-			t.Fatal(err)
-		}
-		var def string
-		if err := nodes[i-1].QueryRow(ctx, ddlDefOf, schema, "ddlrun").Scan(&def); err != nil {
-			t.Fatalf("%s: %v", tb, err)
-		}
-		if !strings.Contains(def, "ddlrun_v ") || !strings.Contains(def, "invalid: 0") {
-			t.Errorf("%s lacks the index CREATE INDEX CONCURRENTLY made while the reshard started:\n%s", tb, def)
+	for _, d := range shardDefs(t, ctx, nodes, "ddlrun", 4) {
+		if !strings.Contains(d.def, "ddlrun_v ") || !strings.Contains(d.def, "invalid: 0") {
+			t.Errorf("%s lacks the index CREATE INDEX CONCURRENTLY made while the reshard started:\n%s", d.table, d.def)
 		}
 	}
 }

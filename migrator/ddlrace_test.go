@@ -19,18 +19,7 @@ func TestTargetReplaysDDLStillRunning(t *testing.T) {
 	for _, kind := range []shardmap.MigrationKind{shardmap.Split, shardmap.Move} {
 		t.Run(string(kind), func(t *testing.T) {
 			r := newRig(t)
-			run := r.runner("")
-			var mig *shardmap.Migration
-			var err error
-			if kind == shardmap.Split {
-				mig, err = run.StartSplit(r.ctx, r.tree, 0)
-			} else {
-				to := map[string]string{"n1": "n2", "n2": "n1"}[r.mapNow().Shards[0].Node]
-				mig, err = run.StartMove(r.ctx, r.tree, 0, to)
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
+			mig := r.start(kind)
 			r.nodes.mu.Lock()
 			r.nodes.ddlRunning = func() {
 				r.swapTree(func(t *shardmap.Tree) {
@@ -39,7 +28,7 @@ func TestTargetReplaysDDLStillRunning(t *testing.T) {
 				})
 			}
 			r.nodes.mu.Unlock()
-			if err := run.Run(r.ctx, mig); err != nil {
+			if err := r.runner("").Run(r.ctx, mig); err != nil {
 				t.Fatal(err)
 			}
 			r.nodes.mu.Lock()

@@ -845,14 +845,19 @@ func (r *testRig) mapNow() *shardmap.Map {
 	return m
 }
 
-// start records a split of shard 0 or a fold of shard 1 into shard 0.
+// start records a split of shard 0, a move of shard 0 to the other node,
+// or a fold of shard 1 into shard 0.
 func (r *testRig) start(kind shardmap.MigrationKind) *shardmap.Migration {
 	run := r.runner("")
 	var mig *shardmap.Migration
 	var err error
-	if kind == shardmap.Split {
+	switch kind {
+	case shardmap.Split:
 		mig, err = run.StartSplit(r.ctx, r.tree, 0)
-	} else {
+	case shardmap.Move:
+		to := map[string]string{"n1": "n2", "n2": "n1"}[r.mapNow().Shards[0].Node]
+		mig, err = run.StartMove(r.ctx, r.tree, 0, to)
+	default:
 		mig, err = run.StartFold(r.ctx, r.tree, 1, 0)
 	}
 	if err != nil {

@@ -132,14 +132,11 @@ func (c *Cluster) maintainShards(ctx context.Context, store DDLStore, d TreeDDL)
 		// CLUSTER ... USING marks the index, and the mark is logged for the
 		// shards made later: it is DDL in that, held and checked as CREATE
 		// INDEX CONCURRENTLY is, or a reshard's new shards could miss it.
-		unlock, err := c.holdTreeDDL(ctx, d.Tenant, d.Tree)
+		unlock, err := c.holdCheckedTreeDDL(ctx, store, d)
 		if err != nil {
 			return err
 		}
 		defer unlock()
-		if err := refuseDuringReshard(ctx, store, d); err != nil {
-			return err
-		}
 	}
 	t, m, err := readTree(ctx, store, d)
 	if err != nil {
@@ -427,18 +424,11 @@ func checkTemplate(ctx context.Context, tx pgx.Tx, store shardmap.Store, t *shar
 // is as it was. A DROP that fails leaves the index dropped on the tables
 // before; running DROP INDEX CONCURRENTLY IF EXISTS again finishes it.
 func (c *Cluster) concurrentDDL(ctx context.Context, store DDLStore, d TreeDDL) error {
-	// The tree's DDL lock is held from the reshard check to the log entry,
-	// as a transaction's is, so a migration recorded before the check
-	// refuses the statement, and one recorded after it waits for the entry
-	// before it builds its target from the log.
-	unlock, err := c.holdTreeDDL(ctx, d.Tenant, d.Tree)
+	unlock, err := c.holdCheckedTreeDDL(ctx, store, d)
 	if err != nil {
 		return err
 	}
 	defer unlock()
-	if err := refuseDuringReshard(ctx, store, d); err != nil {
-		return err
-	}
 	t, m, err := readTree(ctx, store, d)
 	if err != nil {
 		return err

@@ -101,6 +101,22 @@ func (c *Cluster) holdTreeDDL(ctx context.Context, tenant, tree string) (func(),
 	return release, nil
 }
 
+// holdCheckedTreeDDL takes d's tree's DDL lock for a statement that runs
+// outside a transaction, then checks for a reshard under it: a migration
+// recorded before the check refuses the statement, and one recorded after
+// it waits for the log entry before it builds its target from the log.
+func (c *Cluster) holdCheckedTreeDDL(ctx context.Context, store DDLStore, d TreeDDL) (func(), error) {
+	unlock, err := c.holdTreeDDL(ctx, d.Tenant, d.Tree)
+	if err != nil {
+		return nil, err
+	}
+	if err := refuseDuringReshard(ctx, store, d); err != nil {
+		unlock()
+		return nil, err
+	}
+	return unlock, nil
+}
+
 // WaitTreeDDL waits until no DDL statement on the trees (of tenant) holds
 // their DDL lock: one that passed its reshard check has then logged itself
 // or failed, and one that takes the lock later meets whatever the caller
