@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgproto3"
 )
 
@@ -63,5 +64,54 @@ func TestWriteBoundBeforeFlushSurvivesReshard(t *testing.T) {
 	}
 	if got == "CommandComplete ReadyForQuery:I" && v != 7 || n != 2000 {
 		t.Fatalf("after the reshard: row %s has v = %d after %q; %d rows, want 2000", key, v, got, n)
+	}
+}
+
+// TestReferenceWriteBoundBeforeFlushSurvivesCopy: a reference table's
+// write bound before a Flush and executed after it, while the table is
+// copied to a node that joins (a move places a shard there, and the copy
+// comes first), reaches every copy, the new one included. It holds no view
+// while it waits; the locks its Bind took on each copy hold the new copy
+// back until it has run.
+func TestReferenceWriteBoundBeforeFlushSurvivesCopy(t *testing.T) {
+	resetNodes(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	p := startProxy(t, 2, "--reshard-tick", "200ms")
+	pool := proxyPool(t, ctx, p,
+		"CREATE TABLE item (i_id int PRIMARY KEY, i_im_id int, i_name text, i_price numeric(5,2), i_data text)",
+		"INSERT INTO item SELECT i, i % 7, 'item-' || i, 1.50, 'x' FROM generate_series(1, 100) i",
+		"SELECT lattice_create_reference_table('item')",
+		"CREATE TABLE stock (s_i_id int PRIMARY KEY, s_quantity int NOT NULL)",
+		"INSERT INTO stock SELECT g, 10 FROM generate_series(1, 100) g",
+		"SELECT lattice_create_tree('stock', 's_i_id', shard_count => 2)")
+	if _, err := pool.Exec(ctx, "SELECT lattice_add_node('n3', $1)", testNodeDSN(t, 2)); err != nil {
+		t.Fatal(err)
+	}
+
+	w := dialWire(t, p.DSN("lattice"))
+	w.send(&pgproto3.Parse{Query: "UPDATE item SET i_name = 'bound' WHERE i_id = $1"},
+		&pgproto3.Bind{Parameters: [][]byte{text("5")}}, &pgproto3.Flush{})
+	if got := w.read(func(m pgproto3.BackendMessage) bool { _, ok := m.(*pgproto3.BindComplete); return ok }); got != "ParseComplete BindComplete" {
+		t.Fatalf("Parse, Bind, Flush: %s", got)
+	}
+	if _, err := pool.Exec(ctx, "SELECT lattice_move_shard('stock', 0, 'n3')"); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2 * time.Second)
+	if got := w.round(&pgproto3.Execute{}, &pgproto3.Sync{}); got != "CommandComplete ReadyForQuery:I" {
+		t.Fatalf("Execute, Sync: %s", got)
+	}
+	pollUntil(t, 2*time.Minute, "the move to complete", func() (bool, error) {
+		var ok bool
+		err := pool.QueryRow(ctx, "SELECT lattice_rebalance_complete('stock')").Scan(&ok)
+		return ok, err
+	})
+	var nodes []*pgx.Conn
+	for i := range 3 {
+		nodes = append(nodes, connect(t, testNodeDSN(t, i)))
+	}
+	if copies := sameCopies(t, ctx, nodes, ""); !strings.Contains(copies, "5|5|bound|") {
+		t.Fatalf("the copies lack the bound write: %.300s", copies)
 	}
 }
