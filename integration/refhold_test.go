@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -26,13 +27,17 @@ import (
 // table ... are on nodes ... now") mid-transaction. Every copy holds every
 // committed write.
 func TestReferenceCopiesChangeUnderWrites(t *testing.T) {
+	const refholdRows = 60_000
 	resetNodes(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	// n1 and n2; n3 joins later. Enough rows that copying them to a node
-	// takes a while.
+	// takes a while (a second or more, with dozens of writes held), and
+	// few enough that the copy ends within a proxy's 10 s hold on a busy
+	// 2-core machine: 200,000 rows once took 11.4 s there (CI run 427),
+	// and the writes held past the hold met the fence.
 	pools, procs := itemUnderTwoProxies(t, ctx,
-		`INSERT INTO item SELECT i, i % 7, 'item-' || i, (i * 13 % 10000) / 100.0, repeat('x', 40) FROM generate_series(1, 200000) i`)
+		`INSERT INTO item SELECT i, i % 7, 'item-' || i, (i * 13 % 10000) / 100.0, repeat('x', 40) FROM generate_series(1, `+strconv.Itoa(refholdRows)+`) i`)
 	var conns []*pgx.Conn
 	for _, p := range procs {
 		conns = append(conns, connect(t, p.DSN("lattice")))
@@ -115,7 +120,7 @@ func TestReferenceCopiesChangeUnderWrites(t *testing.T) {
 		if err := n.QueryRow(ctx, `SELECT count(*), md5(string_agg(format('%s|%s|%s|%s|%s', i_id, i_im_id, i_name, i_price, i_data), ',' ORDER BY i_id)) FROM public.item`).Scan(&rows, &sum); err != nil {
 			t.Fatal(err)
 		}
-		if want := 200_000 + load.committed.Load(); rows != want { // the locker's write is an update
+		if want := refholdRows + load.committed.Load(); rows != want { // the locker's write is an update
 			t.Errorf("n%d's copy of item has %d rows, want %d (%d committed writes)", i+1, rows, want, load.committed.Load())
 		}
 		copies = append(copies, sum)
