@@ -15,6 +15,7 @@ type DDLStore interface {
 	shardmap.Store
 	Reshard(ctx context.Context, tenant, tree string) (*shardmap.Reshard, error)
 	Migrations(ctx context.Context, tenant, tree string) ([]*shardmap.Migration, error)
+	TreeOps(ctx context.Context, tenant, tree string) ([]*shardmap.TreeOp, error)
 }
 
 var ddlOpTags = map[DDLOp]string{
@@ -58,10 +59,34 @@ func refuseDuringReshard(ctx context.Context, store DDLStore, d TreeDDL) error {
 		}
 	}
 	if busy == "" {
-		return nil
+		return refuseDuringSnapshot(ctx, store, d)
 	}
 	return &sqlstate.Error{Code: sqlstate.ObjectNotInPrerequisiteState,
 		Message: fmt.Sprintf("%s on tree %s is not allowed while the tree is being resharded", ddlOpTags[d.Op], quoted(d.Tree)),
 		Detail:  busy + ".",
 		Hint:    fmt.Sprintf("Wait until SELECT %s(%s) returns true, then run the statement again.", until, quoteLiteral(d.Tree))}
+}
+
+// refuseDuringSnapshot refuses DDL on a tree while a snapshot copies it.
+// The copy reads each shard under a snapshot exported at the pause, and a
+// TRUNCATE or a rewriting ALTER TABLE committed since is not MVCC-safe:
+// the shards not yet copied would read as empty, and the new tree would
+// silently lack their rows. A dropped column would be copied as NULLs.
+// DDL that passed this check before the snapshot was recorded holds its
+// shards' locks until it commits, so the pause's fences wait for it.
+func refuseDuringSnapshot(ctx context.Context, store DDLStore, d TreeDDL) error {
+	ops, err := store.TreeOps(ctx, d.Tenant, d.Tree)
+	if err != nil {
+		return err
+	}
+	for _, op := range ops {
+		if op.Kind != shardmap.OpSnapshot || op.Tree != d.Tree {
+			continue
+		}
+		return &sqlstate.Error{Code: sqlstate.ObjectNotInPrerequisiteState,
+			Message: fmt.Sprintf("%s on tree %s is not allowed while a snapshot of it is being taken", ddlOpTags[d.Op], quoted(d.Tree)),
+			Detail:  fmt.Sprintf("Snapshot %s into %s is in phase %s.", op.ID, quoted(op.Target), op.Phase),
+			Hint:    fmt.Sprintf("Wait until SELECT lattice_snapshot_complete(%s) returns true, then run the statement again.", quoteLiteral(op.Target))}
+	}
+	return nil
 }
