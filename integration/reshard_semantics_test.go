@@ -25,7 +25,8 @@ func (f *fakeInterlocks) ResizeInFlight(context.Context, string, string) bool { 
 func (f *fakeInterlocks) SnapshotOrMergeRunning(context.Context, string, string) bool {
 	return f.snapshot
 }
-func (f *fakeInterlocks) HoldFold(context.Context, string, string) bool { return false }
+func (f *fakeInterlocks) HoldFold(context.Context, string, string) bool        { return false }
+func (f *fakeInterlocks) HoldMoveRelease(context.Context, string, string) bool { return false }
 
 type reshardEnv struct {
 	t       *testing.T

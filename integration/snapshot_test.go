@@ -543,3 +543,91 @@ func TestSnapshotRefusesDDL(t *testing.T) {
 	}
 	checkBankCopy(t, ctx, pool, "sd_snap")
 }
+
+// TestSnapshotHoldsMoveRelease: a shard moved while a snapshot copies the
+// tree (held after each node's first shard) flips, but keeps its table on
+// its old node, which the snapshot copies from, until the snapshot is
+// complete. Before, the move dropped that table: the snapshot's copy
+// failed, and it paused the tree's writes and copied everything again.
+func TestSnapshotHoldsMoveRelease(t *testing.T) {
+	resetNodes(t)
+	hold := filepath.Join(t.TempDir(), "hold")
+	if err := os.WriteFile(hold, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p := startProxyEnv(t, 3, []string{"LATTICE_TEST_HOLD_AT=snapshot_copy:" + hold}, "--reshard-tick", "200ms")
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	pool := proxyPool(t, ctx, p)
+	createBank(t, ctx, pool, "sm", "shard_count => 6")
+	// The last shard of a node with several is copied after the hold.
+	byNode := map[string][]int{}
+	rows, err := pool.Query(ctx, "SELECT shard, node FROM lattice_shards('sm') ORDER BY shard")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var idx int
+		var node string
+		if err := rows.Scan(&idx, &node); err != nil {
+			t.Fatal(err)
+		}
+		byNode[node] = append(byNode[node], idx)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	moved, from := -1, ""
+	for n, idxs := range byNode {
+		if len(idxs) > 1 {
+			moved, from = idxs[len(idxs)-1], n
+		}
+	}
+	to := map[string]string{"n1": "n2", "n2": "n3", "n3": "n1"}[from]
+	if moved < 0 {
+		t.Fatalf("no node holds two shards of sm: %v", byNode)
+	}
+	if _, err := pool.Exec(ctx, "SELECT lattice_snapshot('sm', 'sm_snap')"); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, ctx, "the snapshot held in its copy", func() bool {
+		_, err := os.Stat(hold + ".reached")
+		return err == nil
+	})
+	if _, err := pool.Exec(ctx, "SELECT lattice_move_shard('sm', $1, $2)", moved, to); err != nil {
+		t.Fatal(err)
+	}
+	const held = `msg="move held: a snapshot of the tree runs"`
+	store := harnessStore(t)
+	onTarget := func() bool {
+		var node string
+		if err := pool.QueryRow(ctx, "SELECT node FROM lattice_shards('sm') WHERE shard = $1", moved).Scan(&node); err != nil {
+			t.Fatal(err)
+		}
+		return node == to
+	}
+	waitUntil(t, ctx, "the move held before its release, or done", func() bool {
+		migs, err := store.Migrations(ctx, "lattice", "sm")
+		return strings.Contains(p.Log(), held) || err == nil && len(migs) == 0 && onTarget()
+	})
+	if !onTarget() {
+		t.Fatalf("shard %d held before the move's flip to %s", moved, to)
+	}
+	if !strings.Contains(p.Log(), held) {
+		t.Errorf("the move of shard %d ended while the snapshot copied the tree", moved)
+	}
+	if err := os.Remove(hold); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, ctx, pool, "SELECT lattice_snapshot_complete('sm_snap') AND lattice_rebalance_complete('sm')", nil, func() error { return nil })
+	if strings.Contains(p.Log(), "snapshot resumed") {
+		t.Error("the snapshot failed and ran again: the move dropped a table it had still to copy")
+	}
+	checkBankCopy(t, ctx, pool, "sm_snap")
+	checkBankCopy(t, ctx, pool, "sm")
+	var left int
+	if err := connect(t, testNodeDSN(t, int(from[1]-'1'))).QueryRow(ctx,
+		"SELECT count(*) FROM pg_class WHERE relname = 'sm' AND relnamespace = to_regnamespace($1)", fmt.Sprintf("lattice_s%04d", moved)).Scan(&left); err != nil || left != 0 {
+		t.Errorf("the moved shard's old table is left on %s: %d (%v)", from, left, err)
+	}
+}

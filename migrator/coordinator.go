@@ -54,6 +54,9 @@ type Interlocks interface {
 	// HoldFold: a fold's final step (its freeze and flip) and the release
 	// of its donor wait while it answers yes.
 	HoldFold(ctx context.Context, tenant, tree string) bool
+	// HoldMoveRelease: a move's release, which drops the shard on its old
+	// node, waits while it answers yes.
+	HoldMoveRelease(ctx context.Context, tenant, tree string) bool
 }
 
 // NoInterlocks answers no to every interlock (tests without tree operations).
@@ -62,6 +65,7 @@ type NoInterlocks struct{}
 func (NoInterlocks) ResizeInFlight(context.Context, string, string) bool         { return false }
 func (NoInterlocks) SnapshotOrMergeRunning(context.Context, string, string) bool { return false }
 func (NoInterlocks) HoldFold(context.Context, string, string) bool               { return false }
+func (NoInterlocks) HoldMoveRelease(context.Context, string, string) bool        { return false }
 
 // Reshard phases as stored in the intent.
 const (

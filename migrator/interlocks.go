@@ -66,21 +66,43 @@ func (i TreeOpInterlocks) HoldFold(ctx context.Context, tenant, tree string) boo
 	return i.SnapshotOrMergeRunning(ctx, tenant, tree)
 }
 
+// HoldMoveRelease implements Interlocks: a snapshot of the tree (of any
+// member of its colocation group) is recorded. It copies each shard from
+// the node its pause found it on, and a move's release drops the table
+// there: the copy would fail and the snapshot pause and copy again. A
+// merge into the tree routes its rows again when a table is dropped under
+// it, so a merge holds no move.
+func (i TreeOpInterlocks) HoldMoveRelease(ctx context.Context, tenant, tree string) bool {
+	return i.running(ctx, tenant, tree, func(op *shardmap.TreeOp) bool {
+		return op.Kind == shardmap.OpSnapshot && op.OnMap(tree)
+	})
+}
+
 // foldHoldPoll is how often a held fold asks its interlocks again.
 const foldHoldPoll = 500 * time.Millisecond
 
-// holdFold waits while the interlocks hold a fold's final step: before its
-// freeze (draining meanwhile, when sh is its stream) and before its release
-// drops the donor. A snapshot or merge reads the shards it recorded when it
-// started, and a fold that went on would retire one under it.
-func (r *Runner) holdFold(ctx context.Context, t *shardmap.Tree, mig *shardmap.Migration, sh Stream) error {
-	if mig.Kind != shardmap.Fold && mig.Kind != shardmap.Resize {
-		return nil // a resize retires its source as a fold does
+// holdRetirement waits while the interlocks hold a migration that retires
+// its source's table. A fold's (or a resize's, which retires its source as
+// a fold does) final step is held: before its freeze (draining meanwhile,
+// when sh is its stream) and before its release drops the donor. A
+// snapshot or merge reads the shards it recorded when it started, and a
+// fold that went on would retire one under it. A move is held before its
+// release only (release), which drops the table on its old node.
+func (r *Runner) holdRetirement(ctx context.Context, t *shardmap.Tree, mig *shardmap.Migration, sh Stream, release bool) error {
+	var holds func(ctx context.Context, tenant, tree string) bool
+	why := "a snapshot of the tree or a merge into it runs"
+	switch {
+	case mig.Kind == shardmap.Fold || mig.Kind == shardmap.Resize:
+		holds = r.interlocks.HoldFold
+	case mig.Kind == shardmap.Move && release:
+		holds, why = r.interlocks.HoldMoveRelease, "a snapshot of the tree runs"
+	default:
+		return nil
 	}
 	held := false
-	for r.interlocks.HoldFold(ctx, mig.Tenant, mig.Tree) {
+	for holds(ctx, mig.Tenant, mig.Tree) {
 		if !held {
-			r.log.Info("fold held: a snapshot of the tree or a merge into it runs", "migration", mig.ID, "tree", mig.Tree, "phase", mig.Phase)
+			r.log.Info(string(mig.Kind)+" held: "+why, "migration", mig.ID, "tree", mig.Tree, "phase", mig.Phase)
 			held = true
 		}
 		if sh != nil {
@@ -95,7 +117,7 @@ func (r *Runner) holdFold(ctx context.Context, t *shardmap.Tree, mig *shardmap.M
 		}
 	}
 	if held {
-		r.log.Info("fold goes on: nothing holds it any more", "migration", mig.ID, "tree", mig.Tree)
+		r.log.Info(string(mig.Kind)+" goes on: nothing holds it any more", "migration", mig.ID, "tree", mig.Tree)
 	}
 	return nil
 }

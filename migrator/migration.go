@@ -376,7 +376,7 @@ func (r *Runner) Run(ctx context.Context, mig *shardmap.Migration) error {
 				}
 			}
 			r.crash("drain")
-			if err := r.holdFold(ctx, t, mig, sh); err != nil {
+			if err := r.holdRetirement(ctx, t, mig, sh, false); err != nil {
 				return err
 			}
 			if err := r.drainQuiet(ctx, t, mig, sh); err != nil {
@@ -456,7 +456,7 @@ func (r *Runner) Run(ctx context.Context, mig *shardmap.Migration) error {
 			log.Warn("migration waits for lattice_repair_migration: its verification failed", "error", mig.LastError)
 			return nil
 		case shardmap.PhaseRelease:
-			if err := r.holdFold(ctx, t, mig, nil); err != nil {
+			if err := r.holdRetirement(ctx, t, mig, nil, true); err != nil {
 				return err
 			}
 			if err := r.thawSlots(ctx, t, repairedSlots(mig)); err != nil {

@@ -145,6 +145,58 @@ func (c *countingInterlocks) HoldFold(ctx context.Context, tenant, tree string) 
 	return h
 }
 
+func (c *countingInterlocks) HoldMoveRelease(ctx context.Context, tenant, tree string) bool {
+	h := c.TreeOpInterlocks.HoldMoveRelease(ctx, tenant, tree)
+	if h {
+		c.held.Add(1)
+	}
+	return h
+}
+
+// TestMoveReleaseHeldBySnapshot: a move flips while a snapshot of the tree
+// is recorded, but keeps the table on its old node, which the snapshot
+// copies from, until the snapshot is gone; then it drops it and finishes.
+// A merge into the tree holds no move.
+func TestMoveReleaseHeldBySnapshot(t *testing.T) {
+	r := newRig(t)
+	merge := &shardmap.TreeOp{ID: "merge1", Tenant: "app", Kind: shardmap.OpMerge, Tree: "other", Target: "items", Attempt: "x"}
+	if _, err := r.store.StartTreeOp(r.ctx, merge); err != nil {
+		t.Fatal(err)
+	}
+	mig := r.start(shardmap.Move)
+	locks := &countingInterlocks{TreeOpInterlocks: TreeOpInterlocks{Store: r.store}}
+	run := r.runner("")
+	run.interlocks = locks
+	snap := &shardmap.TreeOp{ID: "snap1", Tenant: "app", Kind: shardmap.OpSnapshot, Tree: "items", Target: "copy", Attempt: "x"}
+	if _, err := r.store.StartTreeOp(r.ctx, snap); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- run.Run(r.ctx, mig) }()
+	deadline := time.Now().Add(30 * time.Second)
+	for locks.held.Load() < 3 {
+		if time.Now().After(deadline) {
+			t.Fatal("the move was never held")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if stored := r.stored(mig); stored == nil || stored.Phase != shardmap.PhaseRelease {
+		t.Fatalf("held move in phase %v, want %s", stored, shardmap.PhaseRelease)
+	}
+	if r.nodes.called("drop 0") {
+		t.Fatal("the moved shard's old table was dropped while the snapshot ran")
+	}
+	if err := r.store.FinishTreeOp(r.ctx, "app", "snap1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if !r.nodes.called("drop 0") || r.stored(mig) != nil {
+		t.Fatal("the move did not finish once the snapshot ended")
+	}
+}
+
 // TestFoldHeldBySnapshot: a fold neither freezes nor drops its donor while
 // a snapshot of the tree is recorded, and finishes once it is gone.
 func TestFoldHeldBySnapshot(t *testing.T) {
