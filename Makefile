@@ -46,7 +46,8 @@ test:
 # package's testdata/fuzz/<target>/ and fails the run.
 FUZZX ?= 1
 FUZZ_TARGETS = ./router:FuzzPlan:20000 ./router:FuzzRoute:16000 ./router:FuzzLexer:50000 \
-	./proxy:FuzzHandshake:35000 ./proxy:FuzzSession:37000 ./proxy:FuzzCopySplit:17000 ./proxy:FuzzCopyParse:30000
+	./proxy:FuzzHandshake:35000 ./proxy:FuzzSession:37000 ./proxy:FuzzCopySplit:17000 ./proxy:FuzzCopyParse:30000 \
+	./shardmap:FuzzMapJSON:30000
 
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \

@@ -25,11 +25,7 @@ func (c *CarriedMap) Decoded() (*Map, error) {
 	if c.decode != nil {
 		return c.decode(c.Map)
 	}
-	m := new(Map)
-	if err := json.Unmarshal(c.Map, m); err != nil {
-		return nil, err
-	}
-	return m, nil
+	return decodeMap(c.Map)
 }
 
 // decodeEvent reads an event. A carried map is cut out, not parsed: its

@@ -1,9 +1,6 @@
 package shardmap
 
-import (
-	"encoding/json"
-	"sync"
-)
+import "sync"
 
 // decodedMaps keeps, per map key, the stored JSON last read or written and
 // its decoded map. A migration reads its tree's map many times between two
@@ -32,8 +29,8 @@ func (d *decodedMaps) decode(key, raw string) (*Map, error) {
 	if m, ok := d.get(key, raw); ok {
 		return m, nil
 	}
-	m := new(Map)
-	if err := json.Unmarshal([]byte(raw), m); err != nil {
+	m, err := decodeMap([]byte(raw))
+	if err != nil {
 		return nil, err
 	}
 	d.put(key, raw, m)

@@ -381,10 +381,7 @@ func (s *RedisStore) SwapTree(ctx context.Context, t, prev *Tree) error {
 func (s *RedisStore) SwapMap(ctx context.Context, m *Map, expected uint64) error {
 	next := *m
 	next.Epoch = expected + 1
-	mj, err := json.Marshal(&next)
-	if err != nil {
-		return fmt.Errorf("shardmap: encode map of %s/%s: %w", m.Tenant, m.Tree, err)
-	}
+	mj := encodeMap(&next)
 	ev := s.event(EventMap, m.Tenant, m.Tree, next.Epoch)
 	key := s.mapKey(m.Tenant, m.Tree)
 	n, err := swapScript.Run(ctx, s.client, []string{key, s.treesKey(m.Tenant)},
