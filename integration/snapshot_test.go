@@ -318,20 +318,37 @@ func (c *countingHold) HoldFold(ctx context.Context, tenant, tree string) bool {
 	return h
 }
 
+// snapshotHoldProxy starts a proxy on fresh nodes whose snapshot runs are
+// held after each node's first copied shard while the returned path
+// exists (LATTICE_TEST_HOLD_AT); path.reached appears once one is.
+func snapshotHoldProxy(t *testing.T, nodes int) (*proxyProc, string) {
+	t.Helper()
+	resetNodes(t)
+	hold := filepath.Join(t.TempDir(), "hold")
+	if err := os.WriteFile(hold, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return startProxyEnv(t, nodes, []string{"LATTICE_TEST_HOLD_AT=snapshot_copy:" + hold}, "--reshard-tick", "200ms"), hold
+}
+
+// waitSnapshotHeld waits until a snapshot run is held (snapshotHoldProxy).
+func waitSnapshotHeld(t *testing.T, ctx context.Context, hold string) {
+	t.Helper()
+	waitUntil(t, ctx, "the snapshot held in its copy", func() bool {
+		_, err := os.Stat(hold + ".reached")
+		return err == nil
+	})
+}
+
 // TestSnapshotInterlocks holds two snapshots in their copy phase (the
 // test-only hold hook) and shows the specification's first rule: a fold of
 // the tree that was running goes on draining but neither freezes nor drops
 // its donor, and a shrink of the other tree starts no fold; both finish
 // once the snapshots are done, and the snapshots hold every row.
 func TestSnapshotInterlocks(t *testing.T) {
-	resetNodes(t)
-	hold := filepath.Join(t.TempDir(), "hold")
-	if err := os.WriteFile(hold, nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	p := startProxyEnv(t, 2, []string{"LATTICE_TEST_HOLD_AT=snapshot_copy:" + hold}, "--reshard-tick", "200ms")
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
+	p, hold := snapshotHoldProxy(t, 2)
 	pool := proxyPool(t, ctx, p)
 	createBank(t, ctx, pool, "fa", "shard_count => 4")
 	createBank(t, ctx, pool, "fb", "shard_count => 4")
@@ -503,23 +520,15 @@ func TestSnapshotCrash(t *testing.T) {
 // new tree would silently lack their rows. Once the snapshot is complete
 // the copy holds every row and the DDL runs.
 func TestSnapshotRefusesDDL(t *testing.T) {
-	resetNodes(t)
-	hold := filepath.Join(t.TempDir(), "hold")
-	if err := os.WriteFile(hold, nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	p := startProxyEnv(t, 2, []string{"LATTICE_TEST_HOLD_AT=snapshot_copy:" + hold}, "--reshard-tick", "200ms")
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
+	p, hold := snapshotHoldProxy(t, 2)
 	pool := proxyPool(t, ctx, p)
 	createBank(t, ctx, pool, "sd", "shard_count => 4")
 	if _, err := pool.Exec(ctx, "SELECT lattice_snapshot('sd', 'sd_snap')"); err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, ctx, "the snapshot held in its copy", func() bool {
-		_, err := os.Stat(hold + ".reached")
-		return err == nil
-	})
+	waitSnapshotHeld(t, ctx, hold)
 	ddl := []string{"TRUNCATE sd", "ALTER TABLE sd ALTER COLUMN bal TYPE numeric"}
 	for _, q := range ddl {
 		_, err := pool.Exec(ctx, q)
@@ -550,14 +559,9 @@ func TestSnapshotRefusesDDL(t *testing.T) {
 // complete. Before, the move dropped that table: the snapshot's copy
 // failed, and it paused the tree's writes and copied everything again.
 func TestSnapshotHoldsMoveRelease(t *testing.T) {
-	resetNodes(t)
-	hold := filepath.Join(t.TempDir(), "hold")
-	if err := os.WriteFile(hold, nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	p := startProxyEnv(t, 3, []string{"LATTICE_TEST_HOLD_AT=snapshot_copy:" + hold}, "--reshard-tick", "200ms")
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
+	p, hold := snapshotHoldProxy(t, 3)
 	pool := proxyPool(t, ctx, p)
 	createBank(t, ctx, pool, "sm", "shard_count => 6")
 	// The last shard of a node with several is copied after the hold.
@@ -590,10 +594,7 @@ func TestSnapshotHoldsMoveRelease(t *testing.T) {
 	if _, err := pool.Exec(ctx, "SELECT lattice_snapshot('sm', 'sm_snap')"); err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, ctx, "the snapshot held in its copy", func() bool {
-		_, err := os.Stat(hold + ".reached")
-		return err == nil
-	})
+	waitSnapshotHeld(t, ctx, hold)
 	if _, err := pool.Exec(ctx, "SELECT lattice_move_shard('sm', $1, $2)", moved, to); err != nil {
 		t.Fatal(err)
 	}

@@ -153,6 +153,19 @@ func (c *countingInterlocks) HoldMoveRelease(ctx context.Context, tenant, tree s
 	return h
 }
 
+// waitHeld waits until the interlocks have held a run three times; what
+// names the run in the failure.
+func (c *countingInterlocks) waitHeld(t *testing.T, what string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for c.held.Load() < 3 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s was never held", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 // TestMoveReleaseHeldBySnapshot: a move flips while a snapshot of the tree
 // is recorded, but keeps the table on its old node, which the snapshot
 // copies from, until the snapshot is gone; then it drops it and finishes.
@@ -173,13 +186,7 @@ func TestMoveReleaseHeldBySnapshot(t *testing.T) {
 	}
 	done := make(chan error, 1)
 	go func() { done <- run.Run(r.ctx, mig) }()
-	deadline := time.Now().Add(30 * time.Second)
-	for locks.held.Load() < 3 {
-		if time.Now().After(deadline) {
-			t.Fatal("the move was never held")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	locks.waitHeld(t, "the move")
 	if stored := r.stored(mig); stored == nil || stored.Phase != shardmap.PhaseRelease {
 		t.Fatalf("held move in phase %v, want %s", stored, shardmap.PhaseRelease)
 	}
@@ -222,13 +229,7 @@ func TestFoldHeldBySnapshot(t *testing.T) {
 			}
 			done := make(chan error, 1)
 			go func() { done <- run.Run(r.ctx, mig) }()
-			deadline := time.Now().Add(30 * time.Second)
-			for locks.held.Load() < 3 {
-				if time.Now().After(deadline) {
-					t.Fatal("the fold was never held")
-				}
-				time.Sleep(10 * time.Millisecond)
-			}
+			locks.waitHeld(t, "the fold")
 			stored := r.stored(mig)
 			if stored == nil || stored.Phase != at {
 				t.Fatalf("held fold in phase %v, want %s", stored, at)
