@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/lattice-db/lattice/migrator"
 	"github.com/lattice-db/lattice/shardmap"
 )
 
@@ -460,5 +461,80 @@ func TestMergeIntoResharding(t *testing.T) {
 	stored := readTreeRows(t, ctx, fc, tr, m) // each key once, on its slot's owner
 	if len(stored) != 1100 {
 		t.Errorf("%d rows in the target, want 1100", len(stored))
+	}
+}
+
+// TestMergeRefusedRows: a merge whose target refuses a row for good (a
+// source value its column type cannot take) stops as failed rather than
+// retrying forever: lattice_merge_complete reports the error, the status
+// shows it, the record holds no fold of the target, refuses no other merge
+// from the source and is not run again,
+// and lattice_merge run again once the row is fixed replaces it and merges
+// every row.
+func TestMergeRefusedRows(t *testing.T) {
+	resetNodes(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	p := startProxy(t, 2, "--reshard-tick", "200ms")
+	pool := proxyPool(t, ctx, p)
+	for _, q := range []string{
+		"CREATE TABLE mfs (id int PRIMARY KEY, v text)",
+		"INSERT INTO mfs SELECT g, g::text FROM generate_series(1, 200) g",
+		"UPDATE mfs SET v = 'abc' WHERE id = 150",
+		"SELECT lattice_create_tree('mfs', 'id', shard_count => 4)",
+		"CREATE TABLE mft (id int PRIMARY KEY, v int)",
+		"SELECT lattice_create_tree('mft', 'id', shard_count => 4)",
+		"CREATE TABLE mft2 (id int PRIMARY KEY, v text)",
+		"SELECT lattice_create_tree('mft2', 'id', shard_count => 4)",
+	} {
+		if _, err := pool.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	var first string
+	if err := pool.QueryRow(ctx, "SELECT lattice_merge('mfs', 'mft')").Scan(&first); err != nil {
+		t.Fatal(err)
+	}
+	var pgErr *pgconn.PgError
+	pollUntil(t, 30*time.Second, "lattice_merge_complete('mft') to report the refused row", func() (bool, error) {
+		var done bool
+		err := pool.QueryRow(ctx, "SELECT lattice_merge_complete('mft')").Scan(&done)
+		if done {
+			t.Fatal("the merge completed without the refused row")
+		}
+		return errors.As(err, &pgErr), nil
+	})
+	if pgErr.Code != "55000" || !strings.Contains(pgErr.Message, "invalid input syntax for type integer") || !strings.Contains(pgErr.Hint, "lattice_merge('mfs', 'mft')") {
+		t.Errorf("lattice_merge_complete: %s %q, hint %q", pgErr.Code, pgErr.Message, pgErr.Hint)
+	}
+	var phase, lastErr string
+	if err := pool.QueryRow(ctx, "SELECT phase, last_error FROM lattice_merge_status('mft')").Scan(&phase, &lastErr); err != nil || phase != shardmap.OpFailed || lastErr == "" {
+		t.Errorf("status: phase %q, last error %q (%v)", phase, lastErr, err)
+	}
+	if (migrator.TreeOpInterlocks{Store: harnessStore(t)}).HoldFold(ctx, "lattice", "mft") {
+		t.Error("the failed merge holds the target's folds")
+	}
+	// Nor does it refuse another merge from its source.
+	if _, err := pool.Exec(ctx, "SELECT lattice_merge('mfs', 'mft2')"); err != nil {
+		t.Errorf("another merge from the failed merge's source: %v", err)
+	} else {
+		waitMerged(t, ctx, pool, "mft2", time.Minute)
+	}
+	time.Sleep(time.Second) // five ticks
+	if n := strings.Count(p.Log(), `msg="tree operation run" op=`+first); n != 1 {
+		t.Errorf("the failed merge ran %d times, want once", n)
+	}
+
+	if _, err := pool.Exec(ctx, "UPDATE mfs SET v = '150' WHERE id = 150"); err != nil {
+		t.Fatal(err)
+	}
+	var second string
+	if err := pool.QueryRow(ctx, "SELECT lattice_merge('mfs', 'mft')").Scan(&second); err != nil || second == first {
+		t.Fatalf("lattice_merge again: %q (%v), want a new merge", second, err)
+	}
+	waitMerged(t, ctx, pool, "mft", time.Minute)
+	var n, sum int64
+	if err := pool.QueryRow(ctx, "SELECT count(*), sum(v) FROM mft").Scan(&n, &sum); err != nil || n != 200 || sum != 200*201/2 {
+		t.Fatalf("mft holds %d rows summing to %d (%v), want 200 summing to %d", n, sum, err, 200*201/2)
 	}
 }

@@ -64,6 +64,7 @@ type Event struct {
 	SourceTree string             `json:"source_tree,omitempty"` // a merge's source (Tree is its target)
 	Rows       *int64             `json:"rows,omitempty"`        // rows copied, at completion
 	Layout     *btreeindex.Layout `json:"layout,omitempty"`      // a resize's storage parameters
+	Error      string             `json:"error,omitempty"`       // merge_failed: what the target refused
 }
 
 // eventTimeout bounds one notification: an event is never worth holding a

@@ -33,7 +33,7 @@ func (i TreeOpInterlocks) running(ctx context.Context, tenant, tree string, matc
 		return true
 	}
 	for _, op := range ops {
-		if match(op) {
+		if op.Phase != shardmap.OpFailed && match(op) {
 			return true
 		}
 	}

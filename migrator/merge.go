@@ -9,6 +9,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/lattice-db/lattice/pgshard"
@@ -22,6 +23,7 @@ const (
 	EventMergeRedrained = "merge_redrained" // a recorded source shard moved or retired: the source's current shards are drained again
 	EventMergeCompleted = "merge_completed"
 	EventMergeAbandoned = "merge_abandoned" // a tree of the merge was dropped
+	EventMergeFailed    = "merge_failed"    // the target refused rows for good (Merger.fail)
 )
 
 // Merge phases after shardmap.OpIntent.
@@ -55,6 +57,7 @@ type MergeMetrics struct {
 	Redrains  *prometheus.CounterVec
 	Rows      *prometheus.CounterVec
 	Seconds   *prometheus.HistogramVec
+	Failed    *prometheus.CounterVec
 }
 
 // NewMergeMetrics creates the instruments and registers them with reg (nil:
@@ -74,13 +77,16 @@ func NewMergeMetrics(reg prometheus.Registerer) *MergeMetrics {
 		Rows: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "lattice_merge_rows_total", Help: "Rows merges inserted or updated in the tree.",
 		}, tt),
+		Failed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "lattice_merge_failed_total", Help: "Merges into the tree that failed for good: the tree refused rows.",
+		}, tt),
 		Seconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "lattice_merge_seconds", Help: "Duration of each merge, from its record to its completion.",
 			Buckets: []float64{1, 5, 10, 30, 60, 300, 900, 3600, 14400},
 		}, tt),
 	}
 	if reg != nil {
-		reg.MustRegister(m.Started, m.Completed, m.Redrains, m.Rows, m.Seconds)
+		reg.MustRegister(m.Started, m.Completed, m.Redrains, m.Rows, m.Seconds, m.Failed)
 	}
 	return m
 }
@@ -134,6 +140,20 @@ func (mg *Merger) Start(ctx context.Context, tenant, source, target, onConflict 
 	}
 	op := &shardmap.TreeOp{Tenant: tenant, Kind: shardmap.OpMerge, Tree: st.Name, Target: tt.Name,
 		Map: st.MapName(), TargetMap: tt.MapName(), State: state}
+	// A merge into target that failed for good is replaced: it would
+	// report its error after this one completed.
+	failed, err := mg.merges(ctx, tenant, tt.Name)
+	if err != nil {
+		return "", err
+	}
+	for _, f := range failed {
+		if f.Phase != shardmap.OpFailed {
+			continue
+		}
+		if err := mg.store.FinishTreeOp(ctx, tenant, f.ID); err != nil {
+			return "", err
+		}
+	}
 	cur, err := mg.ops.Start(ctx, op)
 	if err != nil {
 		return "", err
@@ -159,13 +179,24 @@ func (mg *Merger) tree(ctx context.Context, tenant, name string) (*shardmap.Tree
 	return t, err
 }
 
-// Complete reports whether no merge into target runs.
+// Complete reports whether no merge into target runs. A merge into it that
+// failed for good is its error, so that a script waiting for the merge
+// stops.
 func (mg *Merger) Complete(ctx context.Context, tenant, target string) (bool, error) {
 	if _, err := mg.tree(ctx, tenant, target); err != nil {
 		return false, err
 	}
 	ops, err := mg.merges(ctx, tenant, target)
-	return err == nil && len(ops) == 0, err
+	if err != nil {
+		return false, err
+	}
+	for _, op := range ops {
+		if op.Phase == shardmap.OpFailed {
+			return false, sqlstate.New(sqlstate.ObjectNotInPrerequisiteState, "merge %s of tree %s into %s failed: %s", op.ID, op.Tree, op.Target, op.LastError).
+				WithHint(fmt.Sprintf("Fix the rows or the target's definition, then run SELECT lattice_merge(%s, %s) again: it merges every row again, an upsert.", quoteLiteral(op.Tree), quoteLiteral(op.Target)))
+		}
+	}
+	return len(ops) == 0, nil
 }
 
 // merges lists the running merges into target.
@@ -245,6 +276,9 @@ func (r *mergeRun) drain(ctx context.Context, spec MergeSpec) error {
 			n, err := mg.copy.DrainShard(ctx, spec, s)
 			mg.metrics.Rows.WithLabelValues(op.Target, op.Tenant).Add(float64(n))
 			gone := errors.Is(err, ErrSourceGone)
+			if refused(err) {
+				return r.fail(ctx, err)
+			}
 			if err != nil && !gone {
 				return err // the runner records it
 			}
@@ -283,6 +317,36 @@ func (r *mergeRun) drain(ctx context.Context, spec MergeSpec) error {
 	mg.log.Info("merge completed", "merge", op.ID, "source", op.Tree, "target", op.Target, "tenant", op.Tenant,
 		"rows", op.RowsDone, "redrains", r.state.Redrains)
 	return nil
+}
+
+// refused reports an error of the target's that no retry gets past: a
+// value it cannot take (class 22), a constraint (class 23), a column or
+// key the target no longer has.
+func refused(err error) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return false
+	}
+	switch pgErr.Code[:2] {
+	case "22", "23":
+		return true
+	}
+	switch pgErr.Code {
+	case sqlstate.UndefinedColumn, sqlstate.DatatypeMismatch, sqlstate.InvalidColumnReference:
+		return true
+	}
+	return false
+}
+
+// fail ends a merge the target refuses, keeping what it merged so far: it
+// holds nothing from then on, lattice_merge_complete reports the error,
+// and a lattice_merge of the trees replaces it once the rows or the target
+// are fixed (merging again is an upsert).
+func (r *mergeRun) fail(ctx context.Context, cause error) error {
+	mg, op := r.mg, r.run.Op
+	mg.metrics.Failed.WithLabelValues(op.Target, op.Tenant).Inc()
+	mg.publish(ctx, Event{Event: EventMergeFailed, Tenant: op.Tenant, Tree: op.Target, Operation: op.ID, SourceTree: op.Tree, Error: cause.Error()})
+	return r.run.Fail(ctx, cause)
 }
 
 // publish sends a merge event; a failure is logged and the merge goes on.

@@ -30,9 +30,24 @@ func (run *TreeOpRun) Save(ctx context.Context) error {
 	return run.store.UpdateTreeOp(ctx, run.Op)
 }
 
+// Fail records Op as failed for good (shardmap.OpFailed) with cause, and
+// returns the error the handler returns then: no run takes the operation
+// again, and its record stays to report cause until the operation is
+// started again.
+func (run *TreeOpRun) Fail(ctx context.Context, cause error) error {
+	run.Op.Phase, run.Op.LastError = shardmap.OpFailed, cause.Error()
+	if err := run.Save(ctx); err != nil {
+		return err
+	}
+	return fmt.Errorf("%w: %w", errFailedForGood, cause)
+}
+
+// errFailedForGood marks what a handler returns after Fail.
+var errFailedForGood = errors.New("failed for good")
+
 // TreeOpHandler carries one kind of tree operation to its end and returns
 // nil when it is finished (the record is removed then), an error to have
-// the next tick run it again.
+// the next tick run it again, or what TreeOpRun.Fail returns.
 type TreeOpHandler func(ctx context.Context, run *TreeOpRun) error
 
 // TreeOpRunner resumes recorded tree operations (snapshot, merge, resize)
@@ -128,7 +143,7 @@ func (r *TreeOpRunner) Tick(ctx context.Context) {
 		r.mu.Lock()
 		h, busy := r.handlers[op.Kind], r.running[op.ID]
 		r.mu.Unlock()
-		if busy || h == nil {
+		if busy || h == nil || op.Phase == shardmap.OpFailed {
 			continue
 		}
 		ok, err := r.store.AcquireLease(ctx, op.Tenant, op.TreeMap(), r.id, r.opts.LeaseTTL)
@@ -180,7 +195,10 @@ func (r *TreeOpRunner) start(ctx context.Context, op *shardmap.TreeOp, h TreeOpH
 		if err == nil {
 			err = r.store.FinishTreeOp(ctx, op.Tenant, op.ID)
 		}
-		if err != nil && ctx.Err() == nil {
+		switch {
+		case errors.Is(err, errFailedForGood):
+			log.Error("tree operation failed; it runs no more", "err", err)
+		case err != nil && ctx.Err() == nil:
 			log.Warn("tree operation failed; the next tick resumes it", "phase", op.Phase, "err", err)
 			if !errors.Is(err, shardmap.ErrAttempt) && !errors.Is(err, shardmap.ErrNotFound) {
 				op.LastError = fmt.Sprint(err)

@@ -27,6 +27,12 @@ const (
 // their own phases after it.
 const OpIntent = "intent"
 
+// OpFailed is the phase of an operation that failed for good (a merge
+// whose rows the target refuses): it runs no more and conflicts with
+// nothing, and its record stays only to report the error, until the
+// operation is started again.
+const OpFailed = "failed"
+
 // TreeOp is one running tree operation as recorded in the store before it
 // acts, so that whoever holds the tree's coordinator lease resumes it after
 // a crash and finds everything it created. Tree is the tree it reads or
@@ -94,7 +100,7 @@ var ErrAttempt = errors.New("shardmap: tree operation claimed by another run")
 // TreeOps is the store's side for tree operations. RedisStore implements it.
 type TreeOps interface {
 	// StartTreeOp records op (in OpIntent, with its first Attempt) unless a
-	// running operation conflicts: one of the same kind on the same map (a
+	// running operation (not OpFailed) conflicts: one of the same kind on the same map (a
 	// colocation group's members share one), or one that names op's Target
 	// as its tree or target. It returns that
 	// operation instead (op is stored when it returns nil).
@@ -136,8 +142,10 @@ for i = 2, #all, 2 do
   local omap = o['map'] or ''
   if omap == '' then omap = o['tree'] end
   if o['id'] == ARGV[1] then return all[i] end
-  if o['kind'] == ARGV[3] and (o['tree'] == ARGV[4] or omap == ARGV[6]) then return all[i] end
-  if ARGV[5] ~= '' and (o['tree'] == ARGV[5] or otarget == ARGV[5]) then return all[i] end
+  if o['phase'] ~= 'failed' then
+    if o['kind'] == ARGV[3] and (o['tree'] == ARGV[4] or omap == ARGV[6]) then return all[i] end
+    if ARGV[5] ~= '' and (o['tree'] == ARGV[5] or otarget == ARGV[5]) then return all[i] end
+  end
 end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 return ''`)
