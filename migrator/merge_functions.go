@@ -136,10 +136,10 @@ func mergeStateOf(op *shardmap.TreeOp) MergeState {
 // mergeETA extrapolates the seconds a merge has left from the source
 // shards its pass drained, as lattice_reshard_status does from shards; nil
 // until one is. A re-drain starts a new pass, so the ETA is NULL again
-// until the new pass drains a shard.
+// until the new pass drains a shard. A failed merge has none.
 func mergeETA(op *shardmap.TreeOp, st MergeState, now time.Time) *float64 {
 	done, total := len(st.Done), len(st.Sources)
-	if done == 0 || total == 0 {
+	if done == 0 || total == 0 || op.Phase == shardmap.OpFailed {
 		return nil
 	}
 	eta := now.Sub(op.Started).Seconds() * float64(max(total-done, 0)) / float64(done)
