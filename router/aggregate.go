@@ -737,8 +737,9 @@ func finalPieces(text string, naggs int) ([]string, []int, bool) {
 	return pieces, holes, sources == 1
 }
 
-// paramNumbers lists the $n a statement references, in increasing order.
-func paramNumbers(s *pg.SelectStmt) []int {
+// paramNumbers lists the $n the statements or clauses reference, in
+// increasing order.
+func paramNumbers(ms ...proto.Message) []int {
 	seen := map[int]bool{}
 	var visit func(m protoreflect.Message)
 	visit = func(m protoreflect.Message) {
@@ -747,7 +748,9 @@ func paramNumbers(s *pg.SelectStmt) []int {
 		}
 		eachChild(m, visit)
 	}
-	visit(s.ProtoReflect())
+	for _, m := range ms {
+		visit(m.ProtoReflect())
+	}
 	var out []int
 	for n := 1; len(out) < len(seen); n++ {
 		if seen[n] {
@@ -782,6 +785,13 @@ func (a *AggPlan) texts(partial, whole, final *pg.SelectStmt) bool {
 	if a.final, a.holes, ok = finalPieces(ftext, len(a.aggs)); !ok {
 		return false
 	}
-	a.PartialParams, a.FinalParams = paramNumbers(partial), paramNumbers(final)
+	// A sampled reference's clause is in the partial query's text only.
+	partials := []proto.Message{partial}
+	for _, r := range a.refs {
+		if r.sampled != nil {
+			partials = append(partials, r.sampled)
+		}
+	}
+	a.PartialParams, a.FinalParams = paramNumbers(partials...), paramNumbers(final)
 	return true
 }

@@ -30,6 +30,12 @@ import (
 type aggRef struct {
 	tree  *shardmap.Tree
 	alias string // the reference's alias, or the tree's name
+	// sample is the reference's TABLESAMPLE clause, " TABLESAMPLE ...",
+	// which each of its shards takes: as PostgreSQL samples each partition
+	// of a partitioned table, the shards' samples together are a sample of
+	// the tree.
+	sample  string
+	sampled *pg.RangeTableSample // the clause sample is deparsed from
 }
 
 // aggText is a deparsed statement cut at its tree references: holes[i]
@@ -49,10 +55,13 @@ type refPlacer struct {
 	names []string      // each reference's relation name
 	deep  bool          // inside subqueries too, or only in FROM lists and joins
 	found []int         // how often each reference was placed
+	// samples are the TABLESAMPLE clauses of sampled references, which the
+	// placeholders replace with the references.
+	samples []*pg.RangeTableSample
 }
 
 func newRefPlacer(rvs []*pg.RangeVar, deep bool) *refPlacer {
-	rp := &refPlacer{at: map[int32]int{}, deep: deep, found: make([]int, len(rvs))}
+	rp := &refPlacer{at: map[int32]int{}, deep: deep, found: make([]int, len(rvs)), samples: make([]*pg.RangeTableSample, len(rvs))}
 	for i, rv := range rvs {
 		rp.at[rv.Location] = i
 		rp.names = append(rp.names, rv.Relname)
@@ -76,6 +85,14 @@ func (rp *refPlacer) walk(n *pg.Node) *pg.Node {
 		}
 		return n
 	}
+	if ts := n.GetRangeTableSample(); ts != nil {
+		if v := ts.Relation.GetRangeVar(); v != nil {
+			if i, ok := rp.at[v.Location]; ok && v.Relname == rp.names[i] {
+				rp.samples[i] = ts
+				return rp.walk(ts.Relation)
+			}
+		}
+	}
 	if j := n.GetJoinExpr(); j != nil && !rp.deep {
 		j.Larg, j.Rarg = rp.walk(j.Larg), rp.walk(j.Rarg)
 		return n
@@ -85,6 +102,28 @@ func (rp *refPlacer) walk(n *pg.Node) *pg.Node {
 	}
 	return n
 }
+
+// sampleRefs gives refs the TABLESAMPLE clauses the placer took out.
+func (rp *refPlacer) sampleRefs(refs []aggRef) bool {
+	for i, ts := range rp.samples {
+		if ts == nil {
+			continue
+		}
+		rv := &pg.RangeVar{Relname: sampleName, Inh: true, Relpersistence: "p"}
+		from := &pg.RangeTableSample{Relation: &pg.Node{Node: &pg.Node_RangeVar{RangeVar: rv}}, Method: ts.Method, Args: ts.Args, Repeatable: ts.Repeatable}
+		sel := &pg.SelectStmt{TargetList: []*pg.Node{resTarget("", &pg.Node{Node: &pg.Node_ColumnRef{ColumnRef: &pg.ColumnRef{Fields: []*pg.Node{{Node: &pg.Node_AStar{AStar: &pg.A_Star{}}}}}}})}, FromClause: []*pg.Node{{Node: &pg.Node_RangeTableSample{RangeTableSample: from}}}}
+		text, err := pg.Deparse(&pg.ParseResult{Version: parseVersion, Stmts: []*pg.RawStmt{{Stmt: &pg.Node{Node: &pg.Node_SelectStmt{SelectStmt: sel}}}}})
+		_, clause, ok := strings.Cut(text, sampleName)
+		if err != nil || !ok {
+			return false
+		}
+		refs[i].sample, refs[i].sampled = clause, ts
+	}
+	return true
+}
+
+// sampleName stands for a sampled reference while its clause is deparsed.
+const sampleName = "lattice_sampled"
 
 // once reports whether every reference was placed exactly once.
 func (rp *refPlacer) once() bool {
@@ -140,7 +179,7 @@ func (p *Plan) renderRefs(t aggText, schemas []btreeindex.Source) string {
 			if j > 0 {
 				b.WriteString(" UNION ALL ")
 			}
-			b.WriteString("SELECT * FROM " + quoteIdent(s.Schema) + "." + quoteIdent(ref.tree.Name))
+			b.WriteString("SELECT * FROM " + quoteIdent(s.Schema) + "." + quoteIdent(ref.tree.Name) + ref.sample)
 			if s.Filter != "" {
 				b.WriteString(" WHERE " + memberFilter(s.Filter, p.Tree, ref.tree))
 			}
@@ -229,7 +268,7 @@ func stepInput(r route, s *pg.SelectStmt, w stepWords) (stepIn, func(no noFunc, 
 	if multi {
 		in.where = placer.place(in.where)
 	}
-	if !placer.once() {
+	if !placer.once() || !placer.sampleRefs(in.refs) {
 		if multi {
 			return in, refuse(".", "a tree reference outside FROM and WHERE in "+w.sel+" over several shards is not supported")
 		}

@@ -490,9 +490,12 @@ func (c *colocation) join(j *pg.JoinExpr, lv int, nullable bool) {
 }
 
 // usingSide is the tree reference whose key is a JOIN side's column col:
-// the side is a tree reference or a keyed derived table keyed on col, or
+// the side is a tree reference (sampled or not) or a keyed derived table keyed on col, or
 // an inner or left join by USING (col) whose left side is one.
 func (c *colocation) usingSide(n *pg.Node, from, to int, col string) int {
+	if ts := n.GetRangeTableSample(); ts != nil {
+		n = ts.Relation // a sampled tree reference is still the reference
+	}
 	if rv := n.GetRangeVar(); rv != nil {
 		for i := from; i < to; i++ {
 			if c.refs[i].rv == rv && c.refs[i].tree.KeyColumn == col {

@@ -111,7 +111,7 @@ func (p *planner) setOpStep(r route, s *pg.SelectStmt, arm setOpArm, no func(hin
 	whole := wholer.place(&pg.Node{Node: &pg.Node_SelectStmt{SelectStmt: s}}).GetSelectStmt()
 	refs, _ := aggRefs(r)
 	ap := &AggPlan{refs: refs, Columns: width + 1, SetOp: true}
-	if !wholer.once() || !ap.texts(partial, whole, final) {
+	if !wholer.once() || !wholer.sampleRefs(refs) || !ap.texts(partial, whole, final) {
 		return refusedRoute(fanError(r.tree.Name))
 	}
 	// The tag has no collation; each output column has the one the set
