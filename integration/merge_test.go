@@ -468,9 +468,9 @@ func TestMergeIntoResharding(t *testing.T) {
 // source value its column type cannot take) stops as failed rather than
 // retrying forever: lattice_merge_complete reports the error, the status
 // shows it, the record holds no fold of the target, refuses no other merge
-// from the source and is not run again,
-// and lattice_merge run again once the row is fixed replaces it and merges
-// every row.
+// from the source and is not run again, and lattice_merge run again once
+// the row is fixed replaces it and merges every row. A failed merge whose
+// source is dropped is forgotten.
 func TestMergeRefusedRows(t *testing.T) {
 	resetNodes(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -537,4 +537,24 @@ func TestMergeRefusedRows(t *testing.T) {
 	if err := pool.QueryRow(ctx, "SELECT count(*), sum(v) FROM mft").Scan(&n, &sum); err != nil || n != 200 || sum != 200*201/2 {
 		t.Fatalf("mft holds %d rows summing to %d (%v), want 200 summing to %d", n, sum, err, 200*201/2)
 	}
+
+	// A merge that failed from a source dropped since is forgotten.
+	for _, q := range []string{"UPDATE mfs SET v = 'abc' WHERE id = 150", "SELECT lattice_merge('mfs', 'mft')"} {
+		if _, err := pool.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	pollUntil(t, 30*time.Second, "the merge to fail again", func() (bool, error) {
+		var phase string
+		err := pool.QueryRow(ctx, "SELECT phase FROM lattice_merge_status('mft')").Scan(&phase)
+		return phase == shardmap.OpFailed, err
+	})
+	if _, err := pool.Exec(ctx, "DROP TABLE mfs"); err != nil {
+		t.Fatal(err)
+	}
+	waitMerged(t, ctx, pool, "mft", 30*time.Second)
+	pollUntil(t, 30*time.Second, "the failed merge's record to go", func() (bool, error) {
+		ops, err := harnessStore(t).TreeOps(ctx, "lattice", "mft")
+		return len(ops) == 0, err
+	})
 }

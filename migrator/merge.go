@@ -190,13 +190,20 @@ func (mg *Merger) Complete(ctx context.Context, tenant, target string) (bool, er
 	if err != nil {
 		return false, err
 	}
+	running := false
 	for _, op := range ops {
-		if op.Phase == shardmap.OpFailed {
-			return false, sqlstate.New(sqlstate.ObjectNotInPrerequisiteState, "merge %s of tree %s into %s failed: %s", op.ID, op.Tree, op.Target, op.LastError).
-				WithHint(fmt.Sprintf("Fix the rows or the target's definition, then run SELECT lattice_merge(%s, %s) again: it merges every row again, an upsert.", quoteLiteral(op.Tree), quoteLiteral(op.Target)))
+		if op.Phase != shardmap.OpFailed {
+			running = true
+			continue
 		}
+		// One from a source dropped since is forgotten at the next tick.
+		if _, err := mg.store.Tree(ctx, tenant, op.Tree); errors.Is(err, shardmap.ErrNotFound) {
+			continue
+		}
+		return false, sqlstate.New(sqlstate.ObjectNotInPrerequisiteState, "merge %s of tree %s into %s failed: %s", op.ID, op.Tree, op.Target, op.LastError).
+			WithHint(fmt.Sprintf("Fix the rows or the target's definition, then run SELECT lattice_merge(%s, %s) again: it merges every row again, an upsert.", quoteLiteral(op.Tree), quoteLiteral(op.Target)))
 	}
-	return len(ops) == 0, nil
+	return !running, nil
 }
 
 // merges lists the running merges into target.

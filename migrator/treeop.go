@@ -143,7 +143,11 @@ func (r *TreeOpRunner) Tick(ctx context.Context) {
 		r.mu.Lock()
 		h, busy := r.handlers[op.Kind], r.running[op.ID]
 		r.mu.Unlock()
-		if busy || h == nil || op.Phase == shardmap.OpFailed {
+		if op.Phase == shardmap.OpFailed {
+			r.forgetFailed(ctx, op)
+			continue
+		}
+		if busy || h == nil {
 			continue
 		}
 		ok, err := r.store.AcquireLease(ctx, op.Tenant, op.TreeMap(), r.id, r.opts.LeaseTTL)
@@ -151,6 +155,23 @@ func (r *TreeOpRunner) Tick(ctx context.Context) {
 			continue
 		}
 		r.start(ctx, op, h)
+	}
+}
+
+// forgetFailed removes the record of a failed operation once its tree or
+// its target was dropped: nothing can start it again then, and its error
+// concerns no tree.
+func (r *TreeOpRunner) forgetFailed(ctx context.Context, op *shardmap.TreeOp) {
+	for _, name := range []string{op.Tree, op.Target} {
+		if name == "" {
+			continue
+		}
+		if _, err := r.store.Tree(ctx, op.Tenant, name); errors.Is(err, shardmap.ErrNotFound) {
+			if err := r.store.FinishTreeOp(ctx, op.Tenant, op.ID); err != nil {
+				r.log.Warn("tree operation: forget a failed one whose tree is gone", "op", op.ID, "err", err)
+			}
+			return
+		}
 	}
 }
 
