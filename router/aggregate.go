@@ -653,6 +653,11 @@ func resTarget(name string, val *pg.Node) *pg.Node {
 	return &pg.Node{Node: &pg.Node_ResTarget{ResTarget: &pg.ResTarget{Name: name, Val: val}}}
 }
 
+// starTarget is a select list's *.
+func starTarget() *pg.Node {
+	return resTarget("", &pg.Node{Node: &pg.Node_ColumnRef{ColumnRef: &pg.ColumnRef{Fields: []*pg.Node{{Node: &pg.Node_AStar{AStar: &pg.A_Star{}}}}}}})
+}
+
 func intConst(i int) *pg.Node {
 	return &pg.Node{Node: &pg.Node_AConst{AConst: &pg.A_Const{Val: &pg.A_Const_Ival{Ival: &pg.Integer{Ival: int32(i)}}}}}
 }

@@ -111,7 +111,7 @@ func (rp *refPlacer) sampleRefs(refs []aggRef) bool {
 		}
 		rv := &pg.RangeVar{Relname: sampleName, Inh: true, Relpersistence: "p"}
 		from := &pg.RangeTableSample{Relation: &pg.Node{Node: &pg.Node_RangeVar{RangeVar: rv}}, Method: ts.Method, Args: ts.Args, Repeatable: ts.Repeatable}
-		sel := &pg.SelectStmt{TargetList: []*pg.Node{resTarget("", &pg.Node{Node: &pg.Node_ColumnRef{ColumnRef: &pg.ColumnRef{Fields: []*pg.Node{{Node: &pg.Node_AStar{AStar: &pg.A_Star{}}}}}}})}, FromClause: []*pg.Node{{Node: &pg.Node_RangeTableSample{RangeTableSample: from}}}}
+		sel := &pg.SelectStmt{TargetList: []*pg.Node{starTarget()}, FromClause: []*pg.Node{{Node: &pg.Node_RangeTableSample{RangeTableSample: from}}}}
 		text, err := pg.Deparse(&pg.ParseResult{Version: parseVersion, Stmts: []*pg.RawStmt{{Stmt: &pg.Node{Node: &pg.Node_SelectStmt{SelectStmt: sel}}}}})
 		_, clause, ok := strings.Cut(text, sampleName)
 		if err != nil || !ok {

@@ -63,8 +63,7 @@ func (p *planner) setOpStep(r route, s *pg.SelectStmt, arm setOpArm, no func(hin
 		WithClause: &pg.WithClause{Ctes: []*pg.Node{{Node: &pg.Node_CommonTableExpr{CommonTableExpr: &pg.CommonTableExpr{
 			Ctename: setOpRows, Ctematerialized: pg.CTEMaterialize_CTEMaterializeDefault,
 			Ctequery: &pg.Node{Node: &pg.Node_SelectStmt{SelectStmt: &pg.SelectStmt{
-				TargetList: []*pg.Node{{Node: &pg.Node_ResTarget{ResTarget: &pg.ResTarget{Val: &pg.Node{Node: &pg.Node_ColumnRef{ColumnRef: &pg.ColumnRef{
-					Fields: []*pg.Node{{Node: &pg.Node_AStar{AStar: &pg.A_Star{}}}}}}}}}}},
+				TargetList:  []*pg.Node{starTarget()},
 				FromClause:  []*pg.Node{{Node: &pg.Node_RangeVar{RangeVar: &pg.RangeVar{Relname: aggSource, Inh: true, Relpersistence: "p"}}}},
 				LimitOption: pg.LimitOption_LIMIT_OPTION_DEFAULT,
 				Op:          pg.SetOperation_SETOP_NONE,
