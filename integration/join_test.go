@@ -104,6 +104,11 @@ func TestJoinsEqualPostgres(t *testing.T) {
 		{sql: `SELECT c.name, count(o.order_id), sum(o.total) FROM jc c LEFT JOIN jo o ON o.customer_id = c.customer_id GROUP BY c.name ORDER BY c.name`, ordered: true},
 		{sql: `SELECT c.plan, count(DISTINCT c.customer_id), count(DISTINCT o.status), avg(o.total) FROM jc c JOIN jo o USING (customer_id) GROUP BY c.plan HAVING count(*) > 5 ORDER BY 1 NULLS FIRST`, ordered: true},
 		{sql: `SELECT DISTINCT c.region FROM jc c JOIN jo o USING (customer_id) WHERE o.status = 'void' ORDER BY 1`, ordered: true},
+		// NATURAL joins the keys when they share a name (and every other
+		// column of a shared name).
+		{sql: `SELECT c.region, count(*), sum(o.total) FROM jc c NATURAL JOIN jo o GROUP BY 1 ORDER BY 1`, ordered: true},
+		{sql: `SELECT customer_id, name, order_id FROM jc NATURAL LEFT JOIN jo WHERE customer_id > 55 ORDER BY 1, 3 NULLS FIRST`, ordered: true},
+		{sql: `SELECT count(*) FROM jo a NATURAL JOIN jo b`},
 		{sql: `SELECT DISTINCT c.name FROM jc c JOIN ji i ON i.cust = c.customer_id ORDER BY c.name DESC LIMIT 6`, ordered: true},
 		{sql: `SELECT min(c.name), max(c.name), min(i.sku), max(i.sku), count(DISTINCT i.sku) FROM jc c JOIN ji i ON i.cust = c.customer_id`},
 		{sql: `SELECT i.sku, count(*), sum(i.qty) FROM jo o JOIN ji i ON i.cust = o.customer_id AND i.order_id = o.order_id GROUP BY i.sku ORDER BY i.sku`, ordered: true},

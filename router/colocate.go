@@ -481,17 +481,34 @@ func (c *colocation) join(j *pg.JoinExpr, lv int, nullable bool) {
 	// USING (k) joins the two sides' k: each side's k is its one tree
 	// reference with key k when the side is that reference itself.
 	for _, u := range j.UsingClause {
-		col := u.GetString_().GetSval()
-		a, b := c.usingSide(j.Larg, before, mid, col), c.usingSide(j.Rarg, mid, len(c.refs), col)
-		if a >= 0 && b >= 0 {
-			c.using = append(c.using, usingLink{level: lv, a: a, b: b})
+		c.linkUsing(j, lv, before, mid, u.GetString_().GetSval())
+	}
+	// NATURAL joins every column name the two sides share: when a tree
+	// reference's key on the left has the name of one on the right, the
+	// two keys are among them.
+	if j.IsNatural {
+		for i := before; i < mid; i++ {
+			if c.linkUsing(j, lv, before, mid, c.refs[i].tree.KeyColumn) {
+				break
+			}
 		}
 	}
 }
 
+// linkUsing records that j joins its two sides' column col, when each
+// side's col is a tree reference's key; it reports whether it did.
+func (c *colocation) linkUsing(j *pg.JoinExpr, lv, before, mid int, col string) bool {
+	a, b := c.usingSide(j.Larg, before, mid, col), c.usingSide(j.Rarg, mid, len(c.refs), col)
+	if a < 0 || b < 0 {
+		return false
+	}
+	c.using = append(c.using, usingLink{level: lv, a: a, b: b})
+	return true
+}
+
 // usingSide is the tree reference whose key is a JOIN side's column col:
 // the side is a tree reference (sampled or not) or a keyed derived table keyed on col, or
-// an inner or left join by USING (col) whose left side is one.
+// an inner or left join by USING (col) or NATURAL whose left side is one.
 func (c *colocation) usingSide(n *pg.Node, from, to int, col string) int {
 	if ts := n.GetRangeTableSample(); ts != nil {
 		n = ts.Relation // a sampled tree reference is still the reference
@@ -513,6 +530,11 @@ func (c *colocation) usingSide(n *pg.Node, from, to int, col string) int {
 		return -1
 	}
 	if j := n.GetJoinExpr(); j != nil && j.Alias == nil && (j.Jointype == pg.JoinType_JOIN_INNER || j.Jointype == pg.JoinType_JOIN_LEFT) {
+		// Under NATURAL, col is the left side's whether or not the right
+		// has one too.
+		if j.IsNatural {
+			return c.usingSide(j.Larg, from, to, col)
+		}
 		for _, u := range j.UsingClause {
 			if u.GetString_().GetSval() == col {
 				return c.usingSide(j.Larg, from, to, col)
