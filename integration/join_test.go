@@ -109,6 +109,9 @@ func TestJoinsEqualPostgres(t *testing.T) {
 		{sql: `SELECT c.region, count(*), sum(o.total) FROM jc c NATURAL JOIN jo o GROUP BY 1 ORDER BY 1`, ordered: true},
 		{sql: `SELECT customer_id, name, order_id FROM jc NATURAL LEFT JOIN jo WHERE customer_id > 55 ORDER BY 1, 3 NULLS FIRST`, ordered: true},
 		{sql: `SELECT count(*) FROM jo a NATURAL JOIN jo b`},
+		// A row IN a subquery, the keys at one position.
+		{sql: `SELECT count(*), sum(qty) FROM ji WHERE (cust, order_id) IN (SELECT customer_id, order_id FROM jo WHERE status = 'paid')`},
+		{sql: `SELECT o.customer_id, o.order_id FROM jo o WHERE (o.order_id, o.customer_id) NOT IN (SELECT i.order_id, i.cust FROM ji i WHERE i.qty > 2) ORDER BY 1, 2`, ordered: true},
 		{sql: `SELECT DISTINCT c.name FROM jc c JOIN ji i ON i.cust = c.customer_id ORDER BY c.name DESC LIMIT 6`, ordered: true},
 		{sql: `SELECT min(c.name), max(c.name), min(i.sku), max(i.sku), count(DISTINCT i.sku) FROM jc c JOIN ji i ON i.cust = c.customer_id`},
 		{sql: `SELECT i.sku, count(*), sum(i.qty) FROM jo o JOIN ji i ON i.cust = o.customer_id AND i.order_id = o.order_id GROUP BY i.sku ORDER BY i.sku`, ordered: true},

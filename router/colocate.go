@@ -841,18 +841,29 @@ func (c *colocation) conclude() colocResult {
 			}
 		}
 		for _, in := range l.in {
-			x, key := c.resolve(in.test, lv)
-			if x < 0 || !key {
-				continue
+			// (a, b) IN (SELECT x, y ...) compares by position: a row
+			// whose key differs from the outer row's compares false
+			// whatever the other columns hold, so a key at one position
+			// anchors the subquery as key IN (SELECT key ...) does.
+			tests := []*pg.Node{in.test}
+			if r := in.test.GetRowExpr(); r != nil {
+				tests = r.Args
 			}
-			if !c.inExact(*l, in, x) {
-				inexact[in.sub] = x
-				continue
-			}
-			if y, ok := c.inTarget(in.sub); ok {
-				corr[in.sub], corrTo[in.sub] = true, append(corrTo[in.sub], x)
-			} else if y >= 0 {
-				note("compared by IN on a column that is not the subquery tree's shard key", x, y, true)
+			for i, test := range tests {
+				x, key := c.resolve(test, lv)
+				if x < 0 || !key {
+					continue
+				}
+				if !c.inExact(*l, in, x) {
+					inexact[in.sub] = x
+					break
+				}
+				if y, ok := c.inTarget(in.sub, i, len(tests)); ok {
+					corr[in.sub], corrTo[in.sub] = true, append(corrTo[in.sub], x)
+					break
+				} else if y >= 0 {
+					note("compared by IN on a column that is not the subquery tree's shard key", x, y, true)
+				}
 			}
 		}
 	}
@@ -972,21 +983,22 @@ func (c *colocation) conclude() colocResult {
 	return colocResult{fanOut: true}
 }
 
-// inTarget is, for the subquery of key IN (SELECT ...), the tree reference
-// whose key is its one output column, when the subquery's rows are its
+// inTarget is, for the subquery of key IN (SELECT ...), or of a row of
+// width columns IN it with the key at pos, the tree reference whose key is
+// its output column at pos, when the subquery's rows are its
 // FROM's rows as they are: no grouping, limit or window may pick rows
 // across shards. It returns false and the reference of a non-key column
 // (or -1) otherwise.
-func (c *colocation) inTarget(sub int) (int, bool) {
+func (c *colocation) inTarget(sub, pos, width int) (int, bool) {
 	if sub >= len(c.levels) {
 		return -1, false
 	}
 	s, ok := c.levels[sub].stmt.(*pg.SelectStmt)
-	if !ok || s.Op != pg.SetOperation_SETOP_NONE || len(s.TargetList) != 1 || len(s.GroupClause) > 0 || s.HavingClause != nil ||
+	if !ok || s.Op != pg.SetOperation_SETOP_NONE || len(s.TargetList) != width || len(s.GroupClause) > 0 || s.HavingClause != nil ||
 		s.LimitCount != nil || s.LimitOffset != nil || len(s.WindowClause) > 0 || len(s.DistinctClause) > 0 && s.DistinctClause[0].Node != nil {
 		return -1, false
 	}
-	rt := s.TargetList[0].GetResTarget()
+	rt := s.TargetList[pos].GetResTarget()
 	if rt == nil {
 		return -1, false
 	}
