@@ -87,6 +87,8 @@ func shapeQueries(seed uint64, n int) []string {
 		"sqa o, LATERAL (SELECT count(*) AS c, max(b.z) AS mz FROM sqb b WHERE b.a = o.a) l",
 		"sqa o JOIN c USING (a)",
 		"sqa o JOIN (SELECT a, sum(z) AS sz FROM sqb GROUP BY a) g USING (a)",
+		"sqa o NATURAL JOIN sqb i",
+		"sqa o NATURAL LEFT JOIN sqb i",
 	}
 	wheres := []string{
 		"",
@@ -102,6 +104,8 @@ func shapeQueries(seed uint64, n int) []string {
 		" WHERE o.a = 37",
 		" WHERE o.a IN (12, 200, 333)",
 		" WHERE o.a BETWEEN 100 AND 140 AND o.x < 7",
+		" WHERE (o.a, o.x) IN (SELECT b.a, b.z FROM sqb b WHERE b.b > 1)",
+		" WHERE (o.x, o.a) NOT IN (SELECT b.z, b.a FROM sqb b)",
 	}
 	lists := []struct {
 		cols    []string

@@ -32,9 +32,12 @@ func writeQueries(seed uint64, n int) []string {
 		"o.a = 37",
 		"o.a IN (12, 200, 333)",
 		"o.a = 150 AND o.x > 1",
+		"(o.a, o.x) IN (SELECT b.a, b.z FROM sqb b WHERE b.b > 1)",
+		"(o.x, o.a) NOT IN (SELECT b.z, b.a FROM sqb b)",
 	}
 	forms := []string{
 		"UPDATE sqa o SET x = o.x + 1 WHERE @F RETURNING o.a, o.x",
+		"UPDATE sqa o SET a = o.a, x = o.x - 1 WHERE @F RETURNING o.a, o.x",
 		"UPDATE sqa o SET y = (SELECT r.y2 FROM sqr r WHERE r.r = o.x) WHERE @F RETURNING o.a, o.y",
 		"UPDATE sqb i SET z = i.z * 2 FROM sqa o WHERE o.a = i.a AND @F RETURNING i.a, i.b, i.z",
 		"DELETE FROM sqb i USING sqa o WHERE o.a = i.a AND @F RETURNING i.a, i.b",

@@ -128,6 +128,9 @@ type colocation struct {
 	levels []level
 	ctes   map[*pg.RangeVar]bool
 	using  []usingLink
+	// keyByConstants: an UPDATE's SET of the key is allowed by two
+	// constants being alike (keyassign.go).
+	keyByConstants bool
 	// source is the level of an INSERT's SELECT (0 for none): over every
 	// shard its rows stand alone, as the top level's do, since each
 	// shard's part inserts what that shard's part of the SELECT gives.
@@ -187,8 +190,11 @@ func (c *colocation) visit(m protoreflect.Message, lv int, kind levelKind, nulla
 		if t, _ := c.p.lookup(v.Relation); t != nil {
 			for _, x := range v.TargetList {
 				if rt := x.GetResTarget(); rt != nil && rt.Name == t.KeyColumn {
-					c.fail(refused("Delete the row and insert it again with the new key.",
-						"UPDATE of tree %s assigns the shard key %s, which would move the row to another shard", qn(t.Name), qn(t.KeyColumn)))
+					kept, byConstants := keyKept(rt, v.Relation, t.KeyColumn, v.WhereClause)
+					if !kept {
+						c.fail(keyAssignRefusal(t))
+					}
+					c.keyByConstants = c.keyByConstants || byConstants
 				}
 			}
 		}

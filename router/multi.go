@@ -66,7 +66,7 @@ func (p *planner) multiRoute(root proto.Message, w *walker, name string, trees [
 			break
 		}
 	}
-	r := route{tree: first.tree, rv: first.rv, multi: refs, cols: publicRefs(w.cols, refs)}
+	r := route{tree: first.tree, rv: first.rv, multi: refs, cols: publicRefs(w.cols, refs), keyByConstants: c.keyByConstants}
 	if res.single {
 		r.kind, r.key, r.keyAlso = Single, res.key, res.also
 		return r

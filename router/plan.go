@@ -263,7 +263,7 @@ func (p *planner) apply(pl *Plan, r route, start, end int) {
 				return
 			}
 		}
-		pl.src = &planSource{refs: refs, keyLocs: r.keyLocs, keyCasts: r.keyCasts}
+		pl.src = &planSource{refs: refs, keyLocs: r.keyLocs, keyCasts: r.keyCasts, keyByConstants: r.keyByConstants}
 		if r.kind == InsertSplit {
 			pl.InOrder = r.inOrder
 			rows, err := p.valuesRows(r)
@@ -288,6 +288,9 @@ type planSource struct {
 	rows     []span         // InsertSplit: the VALUES rows
 	keyLocs  []int32        // location of each key constant or parameter
 	keyCasts []*pg.TypeName // the cast over each key, or nil
+	// keyByConstants: an UPDATE that sets the key is allowed by two
+	// constants being alike (keyassign.go).
+	keyByConstants bool
 }
 
 // route is the routing decision for one statement (before rendering).
@@ -300,10 +303,12 @@ type route struct {
 	tree     *shardmap.Tree
 	key      Value
 	keyAlso  []Value // Single over several levels: the other values levels are pinned to
-	rows     []Value
-	fn       *FuncCall
-	comp     *ComposePlan // Function: a composed statement (fn is nil)
-	err      *sqlstate.Error
+	// keyByConstants: see planSource.
+	keyByConstants bool
+	rows           []Value
+	fn             *FuncCall
+	comp           *ComposePlan // Function: a composed statement (fn is nil)
+	err            *sqlstate.Error
 
 	rv       *pg.RangeVar    // the tree reference
 	cols     []*pg.ColumnRef // public.tree.col references to requalify
@@ -573,8 +578,11 @@ func (p *planner) route(n *pg.Node) (out route) {
 	case *pg.UpdateStmt:
 		for _, t := range s.TargetList {
 			if rt := t.GetResTarget(); rt != nil && rt.Name == tree.KeyColumn {
-				return refusedRoute(refused("Delete the row and insert it again with the new key.",
-					"UPDATE of tree %s assigns the shard key %s, which would move the row to another shard", qn(tree.Name), qn(tree.KeyColumn)))
+				kept, byConstants := keyKept(rt, s.Relation, tree.KeyColumn, s.WhereClause)
+				if !kept {
+					return refusedRoute(keyAssignRefusal(tree))
+				}
+				r.keyByConstants = r.keyByConstants || byConstants
 			}
 		}
 		return everyShard(p.where(r, name, s.WhereClause), r, s.WhereClause)

@@ -108,11 +108,14 @@ func shapeKey(sql string, toks []token) string {
 // template makes the shape template of a single-statement string planned
 // as pl (nil when the plan cannot be derived from tokens).
 func (p *planner) template(stmt *pg.Node, pl *Plan) *shapeTemplate {
-	if pl.Kind != Catalog && pl.Kind != Single && pl.Kind != InsertSplit || pl.Pin|pl.Unpin != 0 || len(pl.KeyAlso) > 0 || pl.Cursor != nil || callsSetConfig(stmt) {
+	if pl.Kind != Catalog && pl.Kind != Single && pl.Kind != InsertSplit || pl.Pin|pl.Unpin != 0 || len(pl.KeyAlso) > 0 || pl.Cursor != nil || callsSetConfig(stmt) ||
+		pl.src != nil && pl.src.keyByConstants {
 		// Session state can depend on a constant (set_config's is_local
 		// 'on' or 'off', its setting's name, which guardSetConfig
-		// checks), and a cursor statement carries what its constants
-		// say (FETCH's count): such plans are never derived from a shape.
+		// checks), a cursor statement carries what its constants say
+		// (FETCH's count), and an UPDATE may set the key to the constant
+		// its WHERE compares it with (keyassign.go): such plans are never
+		// derived from a shape.
 		return nil
 	}
 	toks := p.tokens()
