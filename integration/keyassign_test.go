@@ -57,6 +57,24 @@ func TestUpdateKeepsKey(t *testing.T) {
 	if orm != 1 || all != 10 || kept != 10 || moved != 0 || onShard != 200 {
 		t.Fatalf("after the updates: %d orm, %d all, %d kept, %d moved rows, %d of 200 with their keys; want 1, 10, 10, 0, 200", orm, all, kept, moved, onShard)
 	}
+	// Upserts that set the key to the conflicting row's: one row, rows
+	// split by shard, and rows the proxy pulls from a SELECT.
+	for _, u := range []struct {
+		q    string
+		args []any
+	}{
+		{`INSERT INTO ka (k, id, v) VALUES ($1, $2, 'up1') ON CONFLICT (k, id) DO UPDATE SET k = excluded.k, id = excluded.id, v = excluded.v`, []any{5, 5}},
+		{`INSERT INTO ka AS a (k, id, v) VALUES (1, 1, 'up2'), (2, 2, 'up2'), (3, 3, 'up2') ON CONFLICT (id, k) DO UPDATE SET k = a.k, v = excluded.v`, nil},
+		{`INSERT INTO ka (k, id, v) SELECT g % 20, g, 'up3' FROM generate_series(100, 109) g ON CONFLICT (k, id) DO UPDATE SET k = excluded.k, v = excluded.v`, nil},
+	} {
+		if _, err := c.Exec(ctx, u.q, u.args...); err != nil {
+			t.Fatalf("%s: %v", u.q, err)
+		}
+	}
+	var ups int
+	if err := c.QueryRow(ctx, `SELECT count(*) FROM ka WHERE v LIKE 'up%' AND k = id % 20`).Scan(&ups); err != nil || ups != 14 {
+		t.Fatalf("after the upserts: %d rows updated in place, %v; want 14", ups, err)
+	}
 	// Each row is read by its key, so each is on its key's shard.
 	for k := range 20 {
 		var rows int

@@ -172,11 +172,8 @@ const conflictPlaceholder = "VALUES ('lattice pulled rows')"
 // which are the same on every shard.
 func conflictText(ins *pg.InsertStmt, tree *shardmap.Tree) (string, *sqlstate.Error) {
 	name := qn(tree.Name)
-	for _, t := range ins.OnConflictClause.TargetList {
-		if rt := t.GetResTarget(); rt != nil && rt.Name == tree.KeyColumn {
-			return "", refused("Leave the key out of DO UPDATE SET: the conflicting row already has it.",
-				"INSERT ... ON CONFLICT DO UPDATE on tree %s assigns the shard key %s", name, qn(tree.KeyColumn))
-		}
+	if err := upsertKeyRefusal(ins, tree); err != nil {
+		return "", err
 	}
 	values := &pg.Node{Node: &pg.Node_SelectStmt{SelectStmt: &pg.SelectStmt{
 		ValuesLists: []*pg.Node{pg.MakeListNode([]*pg.Node{pg.MakeAConstStrNode("lattice pulled rows", -1)})},

@@ -99,3 +99,51 @@ func keyAssignRefusal(t *shardmap.Tree) *sqlstate.Error {
 	return refused("Delete the row and insert it again with the new key. An UPDATE that keeps the key leaves it out of SET, or sets it to itself or to the value (constant or $n) that the WHERE compares it with.",
 		"UPDATE of tree %s assigns the shard key %s, which would move the row to another shard", qn(t.Name), qn(t.KeyColumn))
 }
+
+// upsertKeyRefusal is the error of an INSERT ... ON CONFLICT DO UPDATE on
+// tree t (into ins) that may change the key, nil when none may. DO UPDATE
+// SET key = excluded.key keeps it when the conflict target names the key
+// column: the conflicting row then has the proposed row's key. SET key =
+// key keeps it always.
+func upsertKeyRefusal(ins *pg.InsertStmt, t *shardmap.Tree) *sqlstate.Error {
+	oc := ins.OnConflictClause
+	if oc == nil {
+		return nil
+	}
+	for _, x := range oc.TargetList {
+		rt := x.GetResTarget()
+		if rt == nil || rt.Name != t.KeyColumn {
+			continue
+		}
+		if len(rt.Indirection) == 0 && (namesKey(rt.Val, ins.Relation, t.KeyColumn) || isExcludedKey(rt.Val, t.KeyColumn) && conflictOnKey(oc, t.KeyColumn)) {
+			continue
+		}
+		return refused("Leave the key out of DO UPDATE SET, or set it to excluded."+quoteIdent(t.KeyColumn)+" with the key in the conflict target: the conflicting row already has it.",
+			"INSERT ... ON CONFLICT DO UPDATE on tree %s assigns the shard key %s", qn(t.Name), qn(t.KeyColumn))
+	}
+	return nil
+}
+
+// isExcludedKey reports whether n is excluded.key.
+func isExcludedKey(n *pg.Node, key string) bool {
+	c := n.GetColumnRef()
+	if c == nil || len(c.Fields) != 2 {
+		return false
+	}
+	a, b := c.Fields[0].GetString_(), c.Fields[1].GetString_()
+	return a != nil && b != nil && a.Sval == "excluded" && b.Sval == key
+}
+
+// conflictOnKey reports whether the conflict target of oc names column key
+// itself among its columns.
+func conflictOnKey(oc *pg.OnConflictClause, key string) bool {
+	if oc.Infer == nil {
+		return false
+	}
+	for _, e := range oc.Infer.IndexElems {
+		if ie := e.GetIndexElem(); ie != nil && ie.Expr == nil && ie.Name == key {
+			return true
+		}
+	}
+	return false
+}

@@ -168,13 +168,8 @@ func (p *planner) insertSelect(c *colocation, s *pg.InsertStmt, name string) rou
 	if keyIdx < 0 || keyIdx >= len(sel.TargetList) {
 		return refuse("INSERT ... SELECT into tree %s does not name the shard key %s in its column list", qn(tree.Name), qn(tree.KeyColumn))
 	}
-	if oc := s.OnConflictClause; oc != nil {
-		for _, t := range oc.TargetList {
-			if rt := t.GetResTarget(); rt != nil && rt.Name == tree.KeyColumn {
-				return refusedRoute(refused("Leave the key out of DO UPDATE SET: the conflicting row already has it.",
-					"INSERT ... ON CONFLICT DO UPDATE on tree %s assigns the shard key %s", qn(tree.Name), qn(tree.KeyColumn)))
-			}
-		}
+	if err := upsertKeyRefusal(s, tree); err != nil {
+		return refusedRoute(err)
 	}
 	// The target is written, not read: it needs no anchor of its own.
 	c.levels[target.level].refs = c.levels[target.level].refs[1:]

@@ -906,13 +906,8 @@ func (p *planner) insert(r route, s *pg.InsertStmt) route {
 		return refusedRoute(refused("Select the rows first, then send them with INSERT ... VALUES (a multi-row INSERT is split by shard).",
 			"INSERT ... SELECT into tree %s is not supported", qn(tree.Name)))
 	}
-	if oc := s.OnConflictClause; oc != nil {
-		for _, t := range oc.TargetList {
-			if rt := t.GetResTarget(); rt != nil && rt.Name == tree.KeyColumn {
-				return refusedRoute(refused("Leave the key out of DO UPDATE SET: the conflicting row already has it.",
-					"INSERT ... ON CONFLICT DO UPDATE on tree %s assigns the shard key %s", qn(tree.Name), qn(tree.KeyColumn)))
-			}
-		}
+	if err := upsertKeyRefusal(s, tree); err != nil {
+		return refusedRoute(err)
 	}
 	rows := make([]Value, 0, len(sel.ValuesLists))
 	anchors := make([]int32, 0, len(sel.ValuesLists))
