@@ -17,7 +17,8 @@ import (
 // RETURNING): UPDATE and DELETE filtered by their own columns, by EXISTS
 // and IN over the other member and the reference table, joined with
 // FROM and USING; INSERT ... SELECT from the other member; multi-row
-// INSERT and upserts across shards.
+// INSERT and upserts across shards; writing CTEs of one key read by
+// another write.
 func writeQueries(seed uint64, n int) []string {
 	rng := rand.New(rand.NewPCG(seed, seed))
 	filters := []string{
@@ -46,6 +47,8 @@ func writeQueries(seed uint64, n int) []string {
 		"UPDATE sqa o SET x = (SELECT count(*) FROM sqb b WHERE b.a = o.a) WHERE @F RETURNING o.a, o.x",
 		"INSERT INTO sqa (a, x, y) VALUES (@N1, 1, 'n'), (@N2, 2, 'n'), (5, 3, 'n') ON CONFLICT (a) DO UPDATE SET x = EXCLUDED.x + sqa.x RETURNING a, x, y",
 		"INSERT INTO sqa AS o (a, x, y) SELECT a + 1000, x, y FROM sqa o WHERE @F ON CONFLICT DO NOTHING RETURNING a",
+		"WITH d AS (DELETE FROM sqb WHERE a = @N2 AND z > 3 RETURNING *) INSERT INTO sqb (a, b, z) SELECT a, b + 1000, z FROM d RETURNING a, b, z",
+		"WITH u AS (UPDATE sqa SET x = x + 1 WHERE a = @N2 RETURNING a, x) UPDATE sqb i SET z = u.x FROM u WHERE u.a = i.a RETURNING i.a, i.b, i.z",
 	}
 	var out []string
 	for range n {

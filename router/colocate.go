@@ -109,9 +109,9 @@ type level struct {
 	pins   []Value        // key values its WHERE fixes
 	pinned []int          // the references those pins are on
 	in     []inLink
-	keyed  bool // a derived table of per-shard rows: anchored by its parent's joins (keyedDerived)
+	keyed  bool // a derived table or writing CTE of per-shard rows: anchored by the joins of asRef's level (keyedDerived, writecte.go)
 	arm    bool // a branch of the statement's own set operation: its rows are top-level rows (setop.go)
-	asRef  int  // with keyed: its reference in the parent level
+	asRef  int  // with keyed: its reference in the level that reads it
 }
 
 // inLink is key IN (SELECT b.key ...) found in level outer.
@@ -128,6 +128,15 @@ type colocation struct {
 	levels []level
 	ctes   map[*pg.RangeVar]bool
 	using  []usingLink
+	// cteBodies are the levels of the statement's CTE bodies by name
+	// (-1 for a name defined twice), cteRefs the references to CTEs
+	// (writecte.go).
+	cteBodies   map[string]int
+	cteRefs     []cteRef
+	writeBodies []int // the levels of the keyed writing CTEs
+	// joins are the statement's JOINs, for the USING and NATURAL joins of
+	// a writing CTE, keyed after the walk.
+	joins []joinAt
 	// keyByConstants: an UPDATE's SET of the key is allowed by two
 	// constants being alike (keyassign.go).
 	keyByConstants bool
@@ -161,6 +170,7 @@ func (p *planner) colocation(root proto.Message, w *walker) *colocation {
 		}
 	}
 	c.visit(root.ProtoReflect(), -1, levelTop, false)
+	c.keyWriteCTEs()
 	return c
 }
 
@@ -247,6 +257,7 @@ func (c *colocation) visit(m protoreflect.Message, lv int, kind levelKind, nulla
 		c.join(v, lv, nullable)
 		return
 	case *pg.CommonTableExpr:
+		c.defineCTE(v.Ctename, len(c.levels))
 		c.node(v.Ctequery, lv, levelDerived, false)
 		return
 	case *pg.SubLink:
@@ -317,6 +328,9 @@ func (c *colocation) rangeVar(v *pg.RangeVar, lv int, nullable bool) {
 		name = v.Alias.Aliasname
 	}
 	if c.ctes[v] || lv < 0 {
+		if c.ctes[v] && lv >= 0 {
+			c.cteRefs = append(c.cteRefs, cteRef{rv: v, level: lv, nullable: nullable})
+		}
 		c.addName(lv, name, noName)
 		return
 	}
@@ -486,6 +500,7 @@ func (c *colocation) join(j *pg.JoinExpr, lv int, nullable bool) {
 	}
 	// USING (k) joins the two sides' k: each side's k is its one tree
 	// reference with key k when the side is that reference itself.
+	c.joins = append(c.joins, joinAt{j: j, level: lv})
 	for _, u := range j.UsingClause {
 		c.linkUsing(j, lv, before, mid, u.GetString_().GetSval())
 	}
@@ -880,9 +895,10 @@ func (c *colocation) conclude() colocResult {
 	// pins travel up a chain of them.
 	for lv := len(c.levels) - 1; lv > 0; lv-- {
 		if l := c.levels[lv]; l.keyed && !c.refs[l.asRef].nullable {
-			c.levels[l.parent].pins = append(c.levels[l.parent].pins, l.pins...)
+			at := c.refs[l.asRef].level
+			c.levels[at].pins = append(c.levels[at].pins, l.pins...)
 			if len(l.pins) > 0 {
-				c.levels[l.parent].pinned = append(c.levels[l.parent].pinned, l.asRef)
+				c.levels[at].pinned = append(c.levels[at].pinned, l.asRef)
 			}
 		}
 	}
@@ -935,7 +951,7 @@ func (c *colocation) conclude() colocResult {
 				anchored[lv] = true
 			}
 		}
-		if l.keyed && anchored[l.parent] {
+		if l.keyed && anchored[c.refs[l.asRef].level] {
 			anchored[lv] = true
 		}
 		for _, v := range l.pins {

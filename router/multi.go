@@ -58,6 +58,9 @@ func (p *planner) multiRoute(root proto.Message, w *walker, name string, trees [
 		c.markArms(setOp)
 	}
 	res := c.conclude()
+	if err := c.singleWriteCTE(res, name); err != nil {
+		return refusedRoute(err)
+	}
 	refs := c.trees()
 	first := refs[0]
 	for _, ref := range refs {
@@ -183,6 +186,9 @@ func (p *planner) insertSelect(c *colocation, s *pg.InsertStmt, name string) rou
 		c.source = src
 	}
 	res := c.conclude()
+	if err := c.singleWriteCTE(res, name); err != nil {
+		return refusedRoute(err)
+	}
 	val := sel.TargetList[keyIdx].GetResTarget().GetVal()
 	k, isConst := asConstant(val)
 	if !res.single && res.why == "" && isConst && len(c.refs) == 1 {
