@@ -2,11 +2,9 @@ package integration
 
 import (
 	"context"
-	"errors"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // TestWriteCTEMovesRows moves a key's rows to a colocated archive tree
@@ -51,9 +49,7 @@ func TestWriteCTEMovesRows(t *testing.T) {
 		`WITH d AS (DELETE FROM wo RETURNING *) INSERT INTO wa (cid, oid, amt) SELECT cid, oid, amt FROM d WHERE cid = 5`,
 		`WITH d AS (DELETE FROM wo WHERE cid = 5 RETURNING *) SELECT count(*) FROM d WHERE cid = 6`,
 	} {
-		_, err := c.Exec(ctx, q)
-		var pe *pgconn.PgError
-		if !errors.As(err, &pe) || pe.Code != "0A000" {
+		if _, err := c.Exec(ctx, q); pgCode(err) != "0A000" {
 			t.Fatalf("%s: want 0A000, got %v", q, err)
 		}
 	}
