@@ -134,6 +134,9 @@ type colocation struct {
 	cteBodies   map[string]int
 	cteRefs     []cteRef
 	writeBodies []int // the levels of the keyed writing CTEs
+	// unpinnedWrite names the tree of a writing CTE read by the statement
+	// that is not keyed for want of its own key (writecte.go).
+	unpinnedWrite string
 	// joins are the statement's JOINs, for the USING and NATURAL joins of
 	// a writing CTE, keyed after the walk.
 	joins []joinAt

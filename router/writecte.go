@@ -65,7 +65,11 @@ func (c *colocation) keyWriteCTEs() {
 			continue
 		}
 		key, own := c.returnedKey(body)
-		if own < 0 || !c.pinsItself(body, own) {
+		if own < 0 {
+			continue
+		}
+		if !c.pinsItself(body, own) {
+			c.unpinnedWrite = c.refs[own].tree.Name
 			continue
 		}
 		c.writeBodies = append(c.writeBodies, body)
@@ -165,6 +169,11 @@ func (c *colocation) pinsItself(body, own int) bool {
 // that contradicts the CTE's own empties the statement's rows, not the
 // CTE's writes.
 func (c *colocation) singleWriteCTE(res colocResult, name string) *sqlstate.Error {
+	if !res.single && c.unpinnedWrite != "" {
+		// Refused anyway (its level is anchored by nothing): say why.
+		return refused("Add the key = <value> to the CTE's own WHERE, or run the CTE's statement and the rest as two statements in one transaction.",
+			"%s: a CTE that writes tree %s runs only where its own WHERE fixes the shard key", name, qn(c.unpinnedWrite))
+	}
 	if len(c.writeBodies) == 0 {
 		return nil
 	}
