@@ -223,7 +223,8 @@ func (c *colocation) visit(m protoreflect.Message, lv int, kind levelKind, nulla
 		c.stmtChildren(m, nl, nullable)
 		return
 	case *pg.MergeStmt:
-		c.fail(refused("Use INSERT ... ON CONFLICT, UPDATE or DELETE with the shard key in WHERE.", "MERGE with a tree is not supported"))
+		c.fail(refused("MERGE into a tree from a source that reads no tree (a one-row VALUES or SELECT, a reference table), with the key fixed in ON; or use INSERT ... ON CONFLICT, UPDATE or DELETE.",
+			"MERGE whose source reads a tree is not supported"))
 		return
 	case *pg.RangeVar:
 		c.rangeVar(v, lv, nullable)

@@ -481,8 +481,6 @@ func (p *planner) route(n *pg.Node) (out route) {
 	case *pg.CopyStmt:
 		return p.copyRoute(root.(*pg.CopyStmt))
 	case *pg.MergeStmt:
-		return refusedRoute(refused("Use INSERT ... ON CONFLICT, UPDATE or DELETE with the shard key in WHERE.",
-			"MERGE with tree %s is not supported", qn(tree.Name)))
 	case *pg.DeclareCursorStmt:
 		return refusedRoute(refused("Run the query without a cursor, with the shard key in WHERE.",
 			"DECLARE CURSOR over tree %s is not supported", qn(tree.Name)))
@@ -590,6 +588,8 @@ func (p *planner) route(n *pg.Node) (out route) {
 		return everyShard(p.where(r, name, s.WhereClause), r, s.WhereClause)
 	case *pg.InsertStmt:
 		return p.insert(r, s)
+	case *pg.MergeStmt:
+		return p.merge(r, s)
 	}
 	return refusedRoute(ddlRefusal(name, tree))
 }

@@ -111,6 +111,7 @@ func shapeCorpus(t testing.TB) []string {
 		`UPDATE invoices i SET account_id = 7, amount = 0 FROM accounts a WHERE a.account_id = i.account_id AND i.account_id = 7`,
 		`WITH d AS (DELETE FROM payments WHERE acct = 7 RETURNING *) INSERT INTO invoices (account_id, invoice_id, amount) SELECT acct, invoice_id, paid FROM d WHERE acct = 7`,
 		`WITH u AS (UPDATE invoices SET amount = 1 WHERE account_id = 7 RETURNING account_id) SELECT count(*) FROM u JOIN accounts a USING (account_id) WHERE a.account_id = 7`,
+		`MERGE INTO accounts a USING (SELECT 7 AS id) s ON a.account_id = s.id WHEN NOT MATCHED THEN INSERT (account_id, name) VALUES (7, 'n')`,
 		`UPDATE orders SET total = total + 1.5 WHERE id = 77 RETURNING total * 2`,
 		`INSERT INTO orders (id, customer, total) VALUES (1, 2, 3.5), (-4, 5, 6), ('7', 8, 9)`,
 		`INSERT INTO catalogue (sku, name) VALUES ('a', 'b'), ('c', 'd') ON CONFLICT (sku) DO UPDATE SET name = 'z'`,
