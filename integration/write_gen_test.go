@@ -18,7 +18,7 @@ import (
 // and IN over the other member and the reference table, joined with
 // FROM and USING; INSERT ... SELECT from the other member; multi-row
 // INSERT and upserts across shards; writing CTEs of one key read by
-// another write.
+// another write; MERGE of one key.
 func writeQueries(seed uint64, n int) []string {
 	rng := rand.New(rand.NewPCG(seed, seed))
 	filters := []string{
@@ -49,6 +49,8 @@ func writeQueries(seed uint64, n int) []string {
 		"INSERT INTO sqa AS o (a, x, y) SELECT a + 1000, x, y FROM sqa o WHERE @F ON CONFLICT DO NOTHING RETURNING a",
 		"WITH d AS (DELETE FROM sqb WHERE a = @N2 AND z > 3 RETURNING *) INSERT INTO sqb (a, b, z) SELECT a, b + 1000, z FROM d RETURNING a, b, z",
 		"WITH u AS (UPDATE sqa SET x = x + 1 WHERE a = @N2 RETURNING a, x) UPDATE sqb i SET z = u.x FROM u WHERE u.a = i.a RETURNING i.a, i.b, i.z",
+		"MERGE INTO sqb t USING (VALUES (@N2, 2)) s(a, b) ON t.a = s.a AND t.b = s.b WHEN MATCHED THEN UPDATE SET z = t.z + 1 WHEN NOT MATCHED THEN INSERT (a, b, z) VALUES (s.a, s.b, 0)",
+		"MERGE INTO sqa t USING sqr r ON t.a = @N2 AND t.x = r.r WHEN MATCHED AND r.w > 9 THEN DELETE WHEN MATCHED THEN UPDATE SET y = r.y2",
 	}
 	var out []string
 	for range n {
