@@ -261,7 +261,7 @@ func (c *colocation) visit(m protoreflect.Message, lv int, kind levelKind, nulla
 		c.join(v, lv, nullable)
 		return
 	case *pg.CommonTableExpr:
-		c.defineCTE(v.Ctename, len(c.levels))
+		c.defineCTE(v.Ctename, len(c.levels), len(v.Aliascolnames) > 0)
 		c.node(v.Ctequery, lv, levelDerived, false)
 		return
 	case *pg.SubLink:

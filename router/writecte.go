@@ -41,12 +41,13 @@ type cteRef struct {
 	nullable bool
 }
 
-// defineCTE records that CTE name's body is level body.
-func (c *colocation) defineCTE(name string, body int) {
+// defineCTE records that CTE name's body is level body. One with a
+// column list renames what it returns: it is not keyed.
+func (c *colocation) defineCTE(name string, body int, columns bool) {
 	if c.cteBodies == nil {
 		c.cteBodies = map[string]int{}
 	}
-	if _, dup := c.cteBodies[name]; dup {
+	if _, dup := c.cteBodies[name]; dup || columns {
 		body = -1 // defined at two levels: which one a reference sees is not modelled
 	}
 	c.cteBodies[name] = body
