@@ -97,7 +97,7 @@ func TestInsertSelectPulled(t *testing.T) {
 		{`INSERT INTO pulled (k) SELECT g FROM generate_series(3200, 3201) g RETURNING k`, "0A000"},
 		// A key given twice, as PostgreSQL refuses it in one statement.
 		{`INSERT INTO pulled (k, v) SELECT 1, 'twice' UNION ALL SELECT 1, 'twice' ON CONFLICT (k) DO UPDATE SET v = excluded.v`, "21000"},
-		{`INSERT INTO pulled (k, v) SELECT g, 'x' FROM generate_series(1, 3) g ON CONFLICT (k) DO UPDATE SET k = excluded.k`, "0A000"},
+		{`INSERT INTO pulled (k, v) SELECT g, 'x' FROM generate_series(1, 3) g ON CONFLICT (k) DO UPDATE SET k = excluded.k + 1`, "0A000"},
 		// 40,000 rows of 100 bytes pass --max-message-memory 1MB: loaded
 		// as they are read, they fit (below), but ON CONFLICT holds them.
 		{`INSERT INTO pulled (k, v) SELECT g, repeat('x', 100) FROM generate_series(10000, 50000) g ON CONFLICT DO NOTHING`, "53200"},
