@@ -572,17 +572,9 @@ func (c *colocation) usingSide(n *pg.Node, from, to int, col string) int {
 // resolve finds the tree reference a column reference names as seen from
 // level lv, and reports whether it names that reference's shard key.
 func (c *colocation) resolve(n *pg.Node, lv int) (int, bool) {
-	col := n.GetColumnRef()
-	if col == nil {
+	f, ok := columnFields(n)
+	if !ok {
 		return -1, false
-	}
-	f := make([]string, len(col.Fields))
-	for i, x := range col.Fields {
-		s := x.GetString_()
-		if s == nil {
-			return -1, false
-		}
-		f[i] = s.Sval
 	}
 	var name, column string
 	switch len(f) {

@@ -591,17 +591,9 @@ func bareName(n *pg.Node) (string, bool) {
 // treeColumn returns the column a reference names when it is a column of
 // the tree written as col, ref.col or public.tree.col.
 func treeColumn(n *pg.Node, r route) (string, bool) {
-	c := n.GetColumnRef()
-	if c == nil {
+	f, ok := columnFields(n)
+	if !ok {
 		return "", false
-	}
-	f := make([]string, len(c.Fields))
-	for i, x := range c.Fields {
-		s := x.GetString_()
-		if s == nil {
-			return "", false
-		}
-		f[i] = s.Sval
 	}
 	ref := r.rv.Relname
 	if r.rv.Alias != nil {

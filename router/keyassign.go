@@ -48,17 +48,9 @@ func keyKept(rt *pg.ResTarget, rel *pg.RangeVar, key string, where *pg.Node) (ke
 // namesKey reports whether n is a reference to rel's column key, bare or
 // qualified by rel's alias (or its name, when it has none).
 func namesKey(n *pg.Node, rel *pg.RangeVar, key string) bool {
-	c := n.GetColumnRef()
-	if c == nil {
+	f, ok := columnFields(n)
+	if !ok {
 		return false
-	}
-	var f []string
-	for _, x := range c.Fields {
-		s := x.GetString_()
-		if s == nil {
-			return false
-		}
-		f = append(f, s.Sval)
 	}
 	name := rel.Relname
 	if rel.Alias != nil {
@@ -146,4 +138,22 @@ func conflictOnKey(oc *pg.OnConflictClause, key string) bool {
 		}
 	}
 	return false
+}
+
+// columnFields are the names of a column reference (col, t.col,
+// schema.t.col); false for anything else, a * among them.
+func columnFields(n *pg.Node) ([]string, bool) {
+	c := n.GetColumnRef()
+	if c == nil {
+		return nil, false
+	}
+	f := make([]string, len(c.Fields))
+	for i, x := range c.Fields {
+		s := x.GetString_()
+		if s == nil {
+			return nil, false
+		}
+		f[i] = s.Sval
+	}
+	return f, true
 }

@@ -171,17 +171,9 @@ func mergeSource(n *pg.Node) mergeSourceRow {
 // column is the expression of the source column n names (alias.col, or a
 // bare col unless qualifiedOnly), nil when n names none.
 func (s mergeSourceRow) column(n *pg.Node, qualifiedOnly bool) *pg.Node {
-	c := n.GetColumnRef()
-	if c == nil || s.cols == nil {
+	f, ok := columnFields(n)
+	if !ok || s.cols == nil {
 		return nil
-	}
-	var f []string
-	for _, x := range c.Fields {
-		str := x.GetString_()
-		if str == nil {
-			return nil
-		}
-		f = append(f, str.Sval)
 	}
 	switch {
 	case len(f) == 2 && f[0] == s.alias:

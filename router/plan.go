@@ -838,17 +838,9 @@ func isPlainEq(names []*pg.Node) bool {
 // key, ref.key (ref is the alias, or the table name when there is no
 // alias), or public.table.key when there is no alias.
 func (p *planner) isKeyColumn(n *pg.Node, rv *pg.RangeVar, t *shardmap.Tree) bool {
-	c := n.GetColumnRef()
-	if c == nil {
+	f, ok := columnFields(n)
+	if !ok {
 		return false
-	}
-	f := make([]string, len(c.Fields))
-	for i, x := range c.Fields {
-		s := x.GetString_()
-		if s == nil {
-			return false
-		}
-		f[i] = s.Sval
 	}
 	ref := rv.Relname
 	if rv.Alias != nil {
