@@ -45,8 +45,9 @@ func keyKept(rt *pg.ResTarget, rel *pg.RangeVar, key string, where *pg.Node) (ke
 	return false, false
 }
 
-// namesKey reports whether n is a reference to rel's column key, bare or
-// qualified by rel's alias (or its name, when it has none).
+// namesKey reports whether n is a reference to rel's column key: bare,
+// qualified by rel's alias (or its name, when it has none), or
+// public.rel.key when it has no alias.
 func namesKey(n *pg.Node, rel *pg.RangeVar, key string) bool {
 	f, ok := columnFields(n)
 	if !ok {
@@ -61,6 +62,8 @@ func namesKey(n *pg.Node, rel *pg.RangeVar, key string) bool {
 		return f[0] == key
 	case 2:
 		return f[0] == name && f[1] == key
+	case 3:
+		return rel.Alias == nil && f[0] == "public" && f[1] == rel.Relname && f[2] == key
 	}
 	return false
 }

@@ -838,23 +838,7 @@ func isPlainEq(names []*pg.Node) bool {
 // key, ref.key (ref is the alias, or the table name when there is no
 // alias), or public.table.key when there is no alias.
 func (p *planner) isKeyColumn(n *pg.Node, rv *pg.RangeVar, t *shardmap.Tree) bool {
-	f, ok := columnFields(n)
-	if !ok {
-		return false
-	}
-	ref := rv.Relname
-	if rv.Alias != nil {
-		ref = rv.Alias.Aliasname
-	}
-	switch len(f) {
-	case 1:
-		return f[0] == t.KeyColumn
-	case 2:
-		return f[0] == ref && f[1] == t.KeyColumn
-	case 3:
-		return rv.Alias == nil && f[0] == "public" && f[1] == rv.Relname && f[2] == t.KeyColumn
-	}
-	return false
+	return namesKey(n, rv, t.KeyColumn)
 }
 
 // insert routes INSERT ... VALUES into a tree.
